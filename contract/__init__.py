@@ -1,0 +1,1 @@
+"""Shared contract between the partitioner and the node agent (no kopf, no Kubernetes client)."""

@@ -1,0 +1,255 @@
+"""The NodePartitioning contract (``gpuslice.io/v1alpha1``), defined once as pydantic models.
+
+One cluster-scoped ``NodePartitioning`` per opted-in node, named after the node.
+
+* ``spec`` is written by the partitioner only: the plan id, the mode, and per GPU index the
+  desired MIG instances (profile + start slot) or MPS slices (memory MiB + active-thread %).
+* ``status`` is written by the node agent only: the generation it observed, per GPU the actual
+  instances or slices with their device ids and whether a pod holds them, conditions
+  (``Applied``, ``Degraded`` with a reason) and the last error.
+
+The CRD YAML is generated from these models (:func:`crd_manifest`); a test fails if the
+committed CRD (``charts/gpuslice/crds/``) drifts from it.  This module imports neither kopf nor
+a Kubernetes client, so both the partitioner and the node agent depend on it alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "API_VERSION",
+    "GROUP",
+    "KIND",
+    "PLURAL",
+    "VERSION",
+    "ActualGpu",
+    "ActualMigInstance",
+    "ActualMpsSlice",
+    "Condition",
+    "DesiredGpu",
+    "DesiredMigInstance",
+    "DesiredMpsSlice",
+    "NodePartitioning",
+    "NodePartitioningSpec",
+    "NodePartitioningStatus",
+    "ObjectMeta",
+    "crd_manifest",
+]
+
+GROUP = "gpuslice.io"
+VERSION = "v1alpha1"
+API_VERSION: Final = "gpuslice.io/v1alpha1"
+KIND: Final = "NodePartitioning"
+PLURAL = "nodepartitionings"
+SINGULAR = "nodepartitioning"
+SHORT_NAMES = ["np", "nodepart"]
+
+Mode = Literal["mig", "mps", "hybrid"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+class DesiredMigInstance(_Model):
+    """A MIG GPU instance the node should have, at an exact memory-slot start."""
+
+    profile: str = Field(description="MIG profile name, e.g. 1g.10gb", min_length=1)
+    start: int = Field(ge=0, description="Memory-slot start of the placement")
+
+
+class DesiredMpsSlice(_Model):
+    """An MPS slice the node should advertise as nvidia.com/gpu-<N>gb."""
+
+    memoryMiB: int = Field(ge=1, description="Pinned device memory limit of the slice, MiB")
+    activeThreadPercentage: int = Field(
+        ge=1, le=100, description="CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+    )
+
+
+class DesiredGpu(_Model):
+    index: int = Field(ge=0, description="GPU index on the node (NVML order)")
+    mig: list[DesiredMigInstance] = Field(default_factory=list)
+    mps: list[DesiredMpsSlice] = Field(default_factory=list)
+
+
+class NodePartitioningSpec(_Model):
+    """Desired state, written by the partitioner."""
+
+    planId: str = Field(default="", description="Id of the plan that produced this spec")
+    mode: Mode = Field(description="mig, mps or hybrid")
+    gpus: list[DesiredGpu] = Field(default_factory=list)
+
+
+class ActualMigInstance(_Model):
+    profile: str
+    start: int = Field(ge=0)
+    deviceId: str = Field(default="", description="MIG device UUID advertised to the kubelet")
+    used: bool = Field(default=False, description="Allocated to a pod or running processes")
+
+
+class ActualMpsSlice(_Model):
+    memoryMiB: int = Field(ge=1)
+    activeThreadPercentage: int = Field(ge=1, le=100)
+    deviceId: str = Field(default="")
+    used: bool = False
+
+
+class ActualGpu(_Model):
+    index: int = Field(ge=0)
+    uuid: str = ""
+    model: str = ""
+    migEnabled: bool = False
+    mig: list[ActualMigInstance] = Field(default_factory=list)
+    mps: list[ActualMpsSlice] = Field(default_factory=list)
+
+
+class Condition(_Model):
+    type: Literal["Applied", "Degraded", "Ready"]
+    status: Literal["True", "False", "Unknown"]
+    reason: str = ""
+    message: str = ""
+    lastTransitionTime: str = Field(default="", description="RFC 3339")
+    observedGeneration: int = 0
+
+
+class NodePartitioningStatus(_Model):
+    """Actual state, written by the node agent."""
+
+    observedGeneration: int = 0
+    planId: str = Field(default="", description="planId of the spec last applied")
+    gpus: list[ActualGpu] = Field(default_factory=list)
+    conditions: list[Condition] = Field(default_factory=list)
+    lastError: str = ""
+
+
+class ObjectMeta(BaseModel):
+    """The subset of Kubernetes metadata the contract needs (other fields pass through)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    resourceVersion: str | None = None
+    generation: int | None = None
+    uid: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class NodePartitioning(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    apiVersion: Literal["gpuslice.io/v1alpha1"] = API_VERSION
+    kind: Literal["NodePartitioning"] = KIND
+    metadata: ObjectMeta
+    spec: NodePartitioningSpec
+    status: NodePartitioningStatus | None = None
+
+    def condition(self, type_: str) -> Condition | None:
+        if self.status is None:
+            return None
+        return next((c for c in self.status.conditions if c.type == type_), None)
+
+    @property
+    def applied(self) -> bool:
+        """True when the agent has applied the current generation of the spec."""
+        if self.status is None or self.metadata.generation is None:
+            return False
+        c = self.condition("Applied")
+        return (
+            self.status.observedGeneration >= self.metadata.generation
+            and c is not None
+            and c.status == "True"
+        )
+
+
+def _openapi(model: type[BaseModel]) -> dict[str, Any]:
+    """Turn a pydantic JSON schema into a self-contained structural OpenAPI v3 schema."""
+    schema = model.model_json_schema(ref_template="#/$defs/{model}")
+    defs = schema.pop("$defs", {})
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            if "$ref" in node:
+                return walk(defs[node["$ref"].split("/")[-1]])
+            out: dict[str, Any] = {}
+            for k, v in node.items():
+                if k in ("title", "additionalProperties"):
+                    continue
+                if k == "const":
+                    out["enum"] = [v]
+                    continue
+                out[k] = walk(v)
+            if "anyOf" in out:  # Optional[X]: pydantic emits anyOf [X, null]
+                opts = [o for o in out.pop("anyOf") if o.get("type") != "null"]
+                if len(opts) == 1:
+                    out.update(opts[0])
+                    out["nullable"] = True
+            if out.get("type") == "object" and "properties" not in out:
+                out["x-kubernetes-preserve-unknown-fields"] = True
+            return out
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+
+    result: dict[str, Any] = walk(schema)
+    return result
+
+
+def crd_manifest() -> dict[str, Any]:
+    """The CustomResourceDefinition for NodePartitioning, generated from the models."""
+    spec_schema = _openapi(NodePartitioningSpec)
+    status_schema = _openapi(NodePartitioningStatus)
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PLURAL}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "scope": "Cluster",
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": SINGULAR,
+                "shortNames": SHORT_NAMES,
+            },
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": [
+                        {"name": "Node", "type": "string", "jsonPath": ".metadata.name"},
+                        {"name": "Mode", "type": "string", "jsonPath": ".spec.mode"},
+                        {"name": "Plan", "type": "string", "jsonPath": ".spec.planId"},
+                        {
+                            "name": "Applied",
+                            "type": "string",
+                            "jsonPath": '.status.conditions[?(@.type=="Applied")].status',
+                        },
+                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                    ],
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": "Desired (spec, by the partitioner) and actual (status, "
+                            "by the node agent) GPU partitioning of one node.",
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": spec_schema,
+                                "status": status_schema,
+                            },
+                            "required": ["spec"],
+                        }
+                    },
+                }
+            ],
+        },
+    }

@@ -1,0 +1,1 @@
+"""gpuslice command-line entry point (``gpuslice``)."""

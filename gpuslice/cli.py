@@ -1,0 +1,56 @@
+"""``gpuslice`` — one console script, one subcommand per job.
+
+Each subcommand lives in ``gpuslice/commands/<name>.py`` and exposes ``HELP`` (one line),
+``add_arguments(parser)`` and ``run(args) -> int``.  Modules are imported only when their
+subcommand runs, so ``gpuslice plan`` never imports kopf or grpc.
+
+Exit codes: 0 success, 1 runtime failure, 2 bad input (the message names the object and the fix).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# subcommand -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "plan": (
+        "gpuslice.commands.plan",
+        "plan a pending batch (built-in demo or a kubectl snapshot)",
+    ),
+    "bench": ("gpuslice.commands.bench", "run a benchmark (planner)"),
+}
+
+EXIT_BAD_INPUT = 2
+
+
+class BadInput(Exception):
+    """Raised by a subcommand for invalid user input: printed, exit code 2."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpuslice", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_module, help_) in COMMANDS.items():
+        sub.add_parser(name, help=help_, add_help=False)
+    args, rest = parser.parse_known_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_BAD_INPUT
+    module = importlib.import_module(COMMANDS[args.command][0])
+    cmd_parser = argparse.ArgumentParser(prog=f"gpuslice {args.command}", description=module.HELP)
+    module.add_arguments(cmd_parser)
+    cmd_args = cmd_parser.parse_args(rest)
+    try:
+        return int(module.run(cmd_args))
+    except BadInput as e:
+        print(f"gpuslice {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The node agent (DaemonSet): applies NodePartitioning specs through NVML, runs MPS, device plugin."""

@@ -1,0 +1,1 @@
+"""The partitioner controller (kopf): pending pods -> batches -> plans -> NodePartitioning specs."""

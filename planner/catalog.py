@@ -1,0 +1,360 @@
+"""GPU catalog: models, MIG profiles, placement grids and the lookups that resolve them.
+
+Model
+-----
+A *geometry* is the placement grid one family of GPUs shares: ``memory_slots`` memory slices,
+``compute_slices`` compute slices, and a list of profile *shapes* (``1g``, ``1g+me``,
+``1g.2m`` = one compute slice with double memory, ``2g``, ``3g``, ``4g``, ``7g``, ...), each with
+its NVML profile id, compute slices, memory slices, maximum count and allowed start slots.
+
+A *GPU model* names one geometry (or none: MPS-only GPUs such as V100 or T4), its total memory,
+its PCI device ids, the ``nvidia.com/gpu.product`` spellings it is known by, and per shape the
+driver's profile name (``1g.10gb``) and memory in MiB.  A :class:`MigProfile` is the join of
+the two, which is what the planner and the fake NVML work with.
+
+Lookups
+-------
+* :meth:`Catalog.model_for_product` takes the GPU Feature Discovery label in any of its
+  sanitised spellings (``NVIDIA-A100-SXM4-80GB``, ``A100-SXM4-80GB``, ``NVIDIA A100 80GB PCIe``,
+  with ``-SHARED`` or a ``-MIG-<profile>`` suffix).
+* :meth:`Catalog.model_for_pci_id` takes ``0x20B210DE``, ``20b2`` or ``10de:20b2``.
+* :meth:`GpuModel.profile` resolves a profile name *by shape*: ``<c>g.<m>gb[+suffix]`` picks the
+  profile with ``c`` compute slices and the same suffix whose memory is closest to ``m`` GB, so
+  driver variants such as ``7g.79gb`` or ``3g.39gb`` (A100-80GB on 535.x) and ``1g.24gb``
+  (GB200) resolve to the catalog's profile.
+
+Users add or override models with their own JSON or YAML file in the same format
+(:func:`parse_catalog` with ``base=``; the edges read the files, see ``contract.catalog_files``);
+a model of the same name replaces the built-in one.  The built-in catalog is package data read
+once, like a constant; the planner itself does no other I/O.
+Unknown models and profiles raise :class:`UnknownGpuModel` / :class:`UnknownProfile` naming the
+input and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from typing import Any
+
+__all__ = [
+    "Catalog",
+    "CatalogError",
+    "GpuModel",
+    "MigProfile",
+    "UnknownGpuModel",
+    "UnknownProfile",
+    "default_catalog",
+    "parse_catalog",
+    "sanitize_product",
+]
+
+
+class CatalogError(ValueError):
+    """A catalog file or lookup is invalid."""
+
+
+class UnknownGpuModel(CatalogError):
+    """No model in the catalog matches a product label or PCI id."""
+
+
+class UnknownProfile(CatalogError):
+    """A MIG profile name does not resolve on a GPU model."""
+
+
+_PROFILE_NAME = re.compile(r"^(?P<compute>\d+)g\.(?P<mem>\d+)gb(?P<suffix>(\+[a-z.]+)*)$")
+
+
+@dataclass(frozen=True, slots=True)
+class MigProfile:
+    """One MIG GPU-instance profile on one GPU model."""
+
+    name: str
+    """Driver name, e.g. ``1g.10gb`` or ``1g.10gb+me``; also the resource suffix."""
+    shape: str
+    """Family-independent shape key: ``1g``, ``1g+me``, ``1g.2m``, ``2g``, ``3g``, ``4g``, ``7g``..."""
+    profile_id: int
+    """NVML GPU-instance profile id (``nvmlGpuInstanceProfileInfo_t.id``)."""
+    nvml_index: int
+    """The ``NVML_GPU_INSTANCE_PROFILE_*`` index constant."""
+    compute: int
+    memory_slices: int
+    memory_mib: int
+    max_count: int
+    starts: tuple[int, ...]
+    variant: str = ""
+    """Suffix after the base name: ``""``, ``+me``, ``+me.all``, ``+gfx``..."""
+
+    @property
+    def resource(self) -> str:
+        """Kubernetes extended resource name for this profile."""
+        return f"nvidia.com/mig-{self.name}"
+
+    @property
+    def has_media_extensions(self) -> bool:
+        return self.variant.startswith("+me")
+
+    @property
+    def memory_gb(self) -> int:
+        """The GB figure in the profile name (``10`` for ``1g.10gb``)."""
+        m = _PROFILE_NAME.match(self.name)
+        return int(m.group("mem")) if m else round(self.memory_mib / 1024)
+
+    def span(self, start: int) -> range:
+        """Memory slots an instance of this profile occupies when placed at ``start``."""
+        return range(start, start + self.memory_slices)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuModel:
+    """One GPU model: memory, ids, and (if MIG-capable) its placement grid and profiles."""
+
+    name: str
+    memory_mib: int
+    pci_device_ids: tuple[str, ...]
+    product_aliases: tuple[str, ...]
+    memory_slots: int = 0
+    compute_slices: int = 0
+    profiles: tuple[MigProfile, ...] = ()
+    placements_captured: bool = True
+    """False where placements were inferred from identical profile ids, not captured."""
+    note: str = ""
+    _by_name: Mapping[str, MigProfile] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def mig_capable(self) -> bool:
+        return bool(self.profiles)
+
+    def profile(self, name: str) -> MigProfile:
+        """Resolve a profile name (exact, or by shape for driver variants)."""
+        key = name.strip().lower()
+        if key.startswith("nvidia.com/mig-"):
+            key = key[len("nvidia.com/mig-") :]
+        found = self._by_name.get(key)
+        if found is not None:
+            return found
+        m = _PROFILE_NAME.match(key)
+        if m is None:
+            raise UnknownProfile(
+                f"MIG profile {name!r} is not of the form '<compute>g.<memory>gb[+variant]' "
+                f"(e.g. {self.profiles[0].name if self.profiles else '1g.10gb'})"
+            )
+        compute, mem, suffix = int(m.group("compute")), int(m.group("mem")), m.group("suffix")
+        same = [p for p in self.profiles if p.compute == compute and p.variant == suffix]
+        if not same:
+            raise UnknownProfile(
+                f"MIG profile {name!r} does not exist on {self.name}; valid profiles: "
+                f"{', '.join(p.name for p in self.profiles) or 'none (not MIG-capable)'}"
+            )
+        best = min(same, key=lambda p: (abs(p.memory_gb - mem), p.memory_slices))
+        # Accept driver variants within 15 % of the catalog figure (7g.79gb vs 7g.80gb);
+        # reject a different size class (1g.40gb on an A100-80GB).
+        if abs(best.memory_gb - mem) > max(2, 0.15 * best.memory_gb):
+            raise UnknownProfile(
+                f"MIG profile {name!r} does not exist on {self.name}; closest is {best.name}; "
+                f"valid profiles: {', '.join(p.name for p in self.profiles)}"
+            )
+        return best
+
+    def profile_by_id(self, profile_id: int) -> MigProfile:
+        for p in self.profiles:
+            if p.profile_id == profile_id:
+                return p
+        raise UnknownProfile(f"NVML profile id {profile_id} does not exist on {self.name}")
+
+    def profile_by_shape(self, shape: str) -> MigProfile:
+        for p in self.profiles:
+            if p.shape == shape:
+                return p
+        raise UnknownProfile(f"MIG shape {shape!r} does not exist on {self.name}")
+
+
+def sanitize_product(label: str) -> str:
+    """Normalise an ``nvidia.com/gpu.product`` value for matching.
+
+    Upper-case, spaces and underscores to ``-``, the ``NVIDIA-``/``TESLA-`` vendor prefix kept
+    only as part of the alias list, GFD's ``-SHARED`` and ``-MIG-<profile>`` suffixes removed.
+    """
+    s = re.sub(r"[\s_]+", "-", label.strip()).upper()
+    s = re.sub(r"-MIG-\d+G\.\d+GB.*$", "", s)
+    s = re.sub(r"-SHARED$", "", s)
+    if s.startswith("NVIDIA-"):
+        s = s[len("NVIDIA-") :]
+    return s
+
+
+def _norm_pci(pci: str) -> str:
+    s = pci.strip().lower()
+    if s.startswith("0x"):
+        s = s[2:]
+    if ":" in s:  # "10de:20b2"
+        s = s.split(":")[-1]
+    if len(s) == 8 and s.endswith("10de"):  # NVML pciDeviceId 0x20B210DE
+        s = s[:4]
+    return s.upper()
+
+
+@dataclass(frozen=True, slots=True)
+class Catalog:
+    """All known GPU models, with lookups by name, product label and PCI id."""
+
+    models: tuple[GpuModel, ...]
+    _by_name: Mapping[str, GpuModel] = field(repr=False, compare=False)
+    _by_alias: Mapping[str, GpuModel] = field(repr=False, compare=False)
+    _by_pci: Mapping[str, GpuModel] = field(repr=False, compare=False)
+
+    @classmethod
+    def of(cls, models: Iterable[GpuModel]) -> Catalog:
+        ms = tuple(models)
+        by_name = {m.name.upper(): m for m in ms}
+        by_alias: dict[str, GpuModel] = {}
+        by_pci: dict[str, GpuModel] = {}
+        for m in ms:
+            for alias in (m.name, *m.product_aliases):
+                by_alias[sanitize_product(alias)] = m
+            for pci in m.pci_device_ids:
+                by_pci[_norm_pci(pci)] = m
+        return cls(ms, by_name, by_alias, by_pci)
+
+    def model(self, name: str) -> GpuModel:
+        """Look a model up by its catalog name, falling back to product-label matching."""
+        found = self._by_name.get(name.upper())
+        return found if found is not None else self.model_for_product(name)
+
+    def model_for_product(self, label: str) -> GpuModel:
+        found = self._by_alias.get(sanitize_product(label))
+        if found is None:
+            raise UnknownGpuModel(
+                f"unknown GPU model {label!r} (nvidia.com/gpu.product); known: "
+                f"{', '.join(m.name for m in self.models)}. Add it with a catalog override file "
+                f"(see README, 'GPU catalog')"
+            )
+        return found
+
+    def model_for_pci_id(self, pci_id: str) -> GpuModel:
+        found = self._by_pci.get(_norm_pci(pci_id))
+        if found is None:
+            raise UnknownGpuModel(
+                f"unknown GPU PCI device id {pci_id!r}; add the model with a catalog override file"
+            )
+        return found
+
+    def merged(self, other: Sequence[GpuModel]) -> Catalog:
+        """This catalog with ``other``'s models added; same-named models are replaced."""
+        names = {m.name.upper() for m in other}
+        return Catalog.of([*(m for m in self.models if m.name.upper() not in names), *other])
+
+
+def _req(d: Mapping[str, Any], key: str, where: str) -> Any:
+    if key not in d:
+        raise CatalogError(f"{where}: missing field {key!r}")
+    return d[key]
+
+
+def _parse_models(
+    doc: Mapping[str, Any], base_geometries: Mapping[str, Any], where: str
+) -> list[GpuModel]:
+    geometries = {**base_geometries, **doc.get("geometries", {})}
+    out: list[GpuModel] = []
+    for i, md in enumerate(_req(doc, "models", where)):
+        mwhere = f"{where}: models[{i}] ({md.get('name', '?')})"
+        name = str(_req(md, "name", mwhere))
+        geo_name = md.get("geometry")
+        profiles: list[MigProfile] = []
+        slots = compute = 0
+        if geo_name is not None:
+            if geo_name not in geometries:
+                raise CatalogError(
+                    f"{mwhere}: unknown geometry {geo_name!r}; known: {sorted(geometries)}"
+                )
+            geo = geometries[geo_name]
+            slots, compute = int(geo["memory_slots"]), int(geo["compute_slices"])
+            names = md.get("profiles", {})
+            for pd in geo["profiles"]:
+                shape = str(pd["shape"])
+                if shape not in names:
+                    continue  # a model may lack a shape (e.g. B200 4g on old drivers)
+                pn = names[shape]
+                pname = str(_req(pn, "name", f"{mwhere} profile {shape}")).lower()
+                starts = tuple(int(s) for s in pd["starts"])
+                size = int(pd["memory_slices"])
+                if any(s < 0 or s + size > slots for s in starts):
+                    raise CatalogError(
+                        f"{mwhere}: profile {pname} has a start outside the {slots}-slot grid"
+                    )
+                variant = shape[shape.index("+") :] if "+" in shape else ""
+                profiles.append(
+                    MigProfile(
+                        name=pname,
+                        shape=shape,
+                        profile_id=int(pd["profile_id"]),
+                        nvml_index=int(pd.get("nvml_index", -1)),
+                        compute=int(pd["compute"]),
+                        memory_slices=size,
+                        memory_mib=int(_req(pn, "memory_mib", f"{mwhere} profile {shape}")),
+                        max_count=int(pd["max_count"]),
+                        starts=starts,
+                        variant=variant,
+                    )
+                )
+            unknown = set(names) - {str(p["shape"]) for p in geo["profiles"]}
+            if unknown:
+                raise CatalogError(
+                    f"{mwhere}: profiles for shapes not in geometry {geo_name}: {sorted(unknown)}"
+                )
+        out.append(
+            GpuModel(
+                name=name,
+                memory_mib=int(_req(md, "memory_mib", mwhere)),
+                pci_device_ids=tuple(str(p).upper() for p in md.get("pci_device_ids", ())),
+                product_aliases=tuple(str(a) for a in md.get("product_aliases", ())),
+                memory_slots=slots,
+                compute_slices=compute,
+                profiles=tuple(profiles),
+                placements_captured=bool(md.get("placements_captured", True)),
+                note=str(md.get("note", "")),
+                _by_name={p.name: p for p in profiles},
+            )
+        )
+    return out
+
+
+def _read_doc(text: str, where: str) -> Mapping[str, Any]:
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        import yaml  # YAML only for user files; the built-in catalog is JSON
+
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise CatalogError(f"{where}: neither valid JSON nor YAML: {e}") from e
+    if not isinstance(doc, dict):
+        raise CatalogError(f"{where}: expected a mapping with a 'models' list")
+    return doc
+
+
+def parse_catalog(text: str, where: str = "<catalog>", base: Catalog | None = None) -> Catalog:
+    """Parse catalog text (JSON or YAML). With ``base``, models are merged over it."""
+    doc = _read_doc(text, where)
+    geos = _builtin_doc()["geometries"]
+    models = _parse_models(doc, geos, where)
+    return base.merged(models) if base is not None else Catalog.of(models)
+
+
+@cache
+def _builtin_doc() -> Mapping[str, Any]:
+    text = resources.files("planner").joinpath("data/gpu_catalog.json").read_text()
+    doc: Mapping[str, Any] = json.loads(text)
+    return doc
+
+
+@cache
+def default_catalog() -> Catalog:
+    """The catalog shipped with gpuslice (``planner/data/gpu_catalog.json``)."""
+    doc = _builtin_doc()
+    return Catalog.of(_parse_models(doc, doc["geometries"], "built-in catalog"))

@@ -1,0 +1,50 @@
+"""Planner settings: one frozen dataclass, every field documented with its default."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+__all__ = ["PlannerSettings", "Policy", "ThreadPolicy"]
+
+
+class Policy(StrEnum):
+    CPSAT = "cpsat"
+    """OR-Tools CP-SAT batch planner (default)."""
+    GREEDY = "greedy"
+    """nos-like one-pass greedy baseline."""
+
+
+class ThreadPolicy(StrEnum):
+    PROPORTIONAL = "proportional"
+    """MPS active-thread % proportional to the slice's share of usable memory."""
+    FULL = "full"
+    """Every MPS client may use 100 % of the threads (no compute limit)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerSettings:
+    policy: Policy = Policy.CPSAT
+    """Which planner decides."""
+    time_limit_s: float = 1.0
+    """CP-SAT wall-clock limit per plan; the best solution found by then is used."""
+    seed: int = 0
+    """CP-SAT random seed; with ``num_workers=1`` the plan is deterministic for a given input."""
+    num_workers: int = 1
+    """CP-SAT search workers. 1 keeps plans deterministic; more can be faster on big clusters."""
+    weight_destroy: int = 4
+    """Churn cost of destroying one free MIG instance / MPS slice."""
+    weight_create: int = 2
+    """Churn cost of creating one MIG instance / MPS slice."""
+    weight_gpu_touched: int = 8
+    """Churn cost of changing a GPU's layout at all."""
+    weight_free_gpu: int = 4
+    """Value of leaving a GPU with nothing on it (whole 7g still possible)."""
+    weight_free_block: int = 1
+    """Value per free memory slot kept in the largest aligned free block of a GPU."""
+    mps_reserve_mib: int = 512
+    """GPU memory kept free for the MPS server on each MPS GPU."""
+    mps_thread_policy: ThreadPolicy = ThreadPolicy.PROPORTIONAL
+    """How active-thread percentages are set for MPS slices."""
+    max_candidate_nodes: int = 64
+    """Per pod group, at most this many candidate nodes enter the CP-SAT model (pruning)."""

@@ -1,0 +1,183 @@
+"""The planner's input and output types: a cluster snapshot in, a plan out. Pure data.
+
+Input (:class:`Snapshot`)
+-------------------------
+* :class:`NodeState` — a node that takes part in planning: name, mode (``mig``/``mps``/
+  ``hybrid``), catalog GPU model name, CPU (milli) and memory (MiB) still allocatable, and its
+  GPUs.  Each :class:`GpuState` lists the MIG instances (:class:`MigInstance`: profile name,
+  start slot, used or free) or MPS slices (:class:`MpsSlice`: memory MiB, used or free) it has
+  now.  ``gpu_memory_mib`` overrides the catalog memory (the ``nvidia.com/gpu.memory`` label).
+* :class:`PendingPod` — a pod waiting for slices: per extended resource a count
+  (``nvidia.com/mig-1g.10gb: 2``, ``nvidia.com/gpu-10gb: 1``), CPU and memory requests,
+  priority, and the nodes it may go to (after nodeSelector, affinity, taints; ``None`` = any).
+
+Output (:class:`Plan`)
+----------------------
+* ``layouts``: for every GPU whose layout changes, the *full* desired layout — every MIG
+  instance with its start, or every MPS slice with its memory and active-thread percentage.
+  GPUs not listed keep their current layout.
+* ``assignments``: the expected pod -> (node, per-resource GPU indices) placement.
+* ``unplaced``: a reason for every pending pod the plan cannot place.
+
+Resource names: ``nvidia.com/mig-<profile>`` (MIG), ``nvidia.com/gpu-<N>gb`` (an MPS slice of
+``N`` GiB = ``N * 1024`` MiB of GPU memory).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+__all__ = [
+    "MIG_RESOURCE_PREFIX",
+    "MPS_RESOURCE",
+    "Assignment",
+    "GpuState",
+    "MigInstance",
+    "Mode",
+    "MpsSlice",
+    "NodeState",
+    "PendingPod",
+    "Plan",
+    "PlannedGpu",
+    "PlannedSlice",
+    "Snapshot",
+    "Unplaced",
+    "is_partitionable_resource",
+    "mig_profile_of",
+    "mps_gb_of",
+    "mps_resource",
+]
+
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+MPS_RESOURCE = re.compile(r"^nvidia\.com/gpu-(?P<gb>\d+)gb$")
+
+
+def mig_profile_of(resource: str) -> str | None:
+    """``nvidia.com/mig-1g.10gb`` -> ``1g.10gb``; ``None`` for other resources."""
+    if resource.startswith(MIG_RESOURCE_PREFIX):
+        return resource[len(MIG_RESOURCE_PREFIX) :]
+    return None
+
+
+def mps_gb_of(resource: str) -> int | None:
+    """``nvidia.com/gpu-10gb`` -> ``10``; ``None`` for other resources."""
+    m = MPS_RESOURCE.match(resource)
+    return int(m.group("gb")) if m else None
+
+
+def mps_resource(gb: int) -> str:
+    return f"nvidia.com/gpu-{gb}gb"
+
+
+def is_partitionable_resource(resource: str) -> bool:
+    return mig_profile_of(resource) is not None or mps_gb_of(resource) is not None
+
+
+class Mode(StrEnum):
+    MIG = "mig"
+    MPS = "mps"
+    HYBRID = "hybrid"
+    """MIG instances with MPS inside them (planned as MIG by this version; see README)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MigInstance:
+    profile: str
+    start: int
+    used: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class MpsSlice:
+    memory_mib: int
+    used: bool = False
+    thread_percentage: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuState:
+    index: int
+    mig: tuple[MigInstance, ...] = ()
+    mps: tuple[MpsSlice, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    name: str
+    mode: Mode
+    model: str
+    gpus: tuple[GpuState, ...]
+    cpu_milli_free: int = 1 << 40
+    memory_mib_free: int = 1 << 50
+    gpu_memory_mib: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PendingPod:
+    name: str
+    """Unique key, e.g. ``namespace/name``."""
+    requests: Mapping[str, int]
+    """Partitionable resource -> count."""
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    priority: int = 0
+    eligible_nodes: frozenset[str] | None = None
+    """Nodes the pod may run on; ``None`` means any node of the snapshot."""
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    nodes: tuple[NodeState, ...]
+    pods: tuple[PendingPod, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedSlice:
+    """An MPS slice in a desired layout."""
+
+    memory_mib: int
+    thread_percentage: int
+    used: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedGpu:
+    """The full desired layout of one GPU (exactly one of ``mig``/``mps`` is meaningful)."""
+
+    node: str
+    index: int
+    mig: tuple[tuple[str, int], ...] = ()
+    """(profile name, start) for every instance, sorted by start."""
+    mps: tuple[PlannedSlice, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    node: str
+    gpus: Mapping[str, tuple[int, ...]]
+    """Resource -> the GPU index of each unit requested."""
+
+
+class Unplaced(StrEnum):
+    """Machine-readable reason codes; the plan's ``unplaced`` map adds the human text."""
+
+    NO_ELIGIBLE_NODE = "no eligible node"
+    EXCEEDS_GPU = "exceeds any GPU"
+    UNKNOWN_RESOURCE = "unknown resource"
+    CAPACITY = "capacity"
+    NODE_RESOURCES = "node cpu/memory"
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    layouts: Mapping[tuple[str, int], PlannedGpu]
+    assignments: Mapping[str, Assignment]
+    unplaced: Mapping[str, str]
+    """Pod -> human-readable reason starting with an :class:`Unplaced` code."""
+    policy: str = "cpsat"
+    status: str = ""
+    """Solver status (``OPTIMAL``, ``FEASIBLE``, ``GREEDY_FALLBACK`` ...)."""
+    stats: Mapping[str, float] = field(default_factory=dict)

@@ -1,0 +1,1 @@
+"""Simulator and benchmarks: trace loaders, the what-if engine, planner benchmarks."""
