@@ -21,6 +21,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "plan a pending batch (built-in demo or a kubectl snapshot)",
     ),
     "bench": ("gpuslice.commands.bench", "run a benchmark (planner)"),
+    "simulate": ("gpuslice.commands.simulate", "what-if simulator (default: built-in workload and cluster)"),
+    "sweep": (
+        "gpuslice.commands.sweep",
+        "tune batch timeout/idle and planner weights with the time replay",
+    ),
+    "partitioner": ("gpuslice.commands.partitioner", "run the partitioner controller (kopf)"),
+    "agent": ("gpuslice.commands.agent", "run the node agent (use --fake without a GPU)"),
 }
 
 EXIT_BAD_INPUT = 2

@@ -6,6 +6,7 @@ cd "$root"
 py="$(bash scripts/bootstrap.sh test | tail -n 1)"
 bin="$(dirname "$py")"
 echo "== ruff"; "$bin/ruff" check .
-echo "== mypy"; "$bin/mypy" planner contract partitioner node_agent simulations gpuslice
+echo "== mypy (strict: planner, contract)"; "$bin/mypy" --strict planner contract
+echo "== mypy (edges)"; "$bin/mypy" partitioner node_agent simulations gpuslice
 echo "== import-linter"; "$bin/lint-imports"
 echo "== pytest"; "$py" -m pytest -q -p no:cacheprovider "$@"

@@ -1,0 +1,124 @@
+{{/*
+Names, labels and shared pod pieces. Component names: partitioner, agent.
+*/}}
+
+{{- define "gpuslice.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpuslice.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* "<fullname>-<suffix>", kept within 63 characters. Call with (list $ "suffix"). */}}
+{{- define "gpuslice.componentName" -}}
+{{- $root := index . 0 }}
+{{- $suffix := index . 1 }}
+{{- printf "%s-%s" (include "gpuslice.fullname" $root | trunc (int (sub 62 (len $suffix)))) $suffix | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpuslice.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/name: {{ include "gpuslice.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: gpuslice
+{{- end }}
+
+{{/* Selector labels of one component. Call with (list $ "partitioner"). */}}
+{{- define "gpuslice.selectorLabels" -}}
+{{- $root := index . 0 -}}
+app.kubernetes.io/name: {{ include "gpuslice.name" $root }}
+app.kubernetes.io/instance: {{ $root.Release.Name }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end }}
+
+{{- define "gpuslice.image" -}}
+{{- $img := .Values.image }}
+{{- $repo := $img.repository }}
+{{- if $img.registry }}{{ $repo = printf "%s/%s" $img.registry $img.repository }}{{ end }}
+{{- if $img.digest }}
+{{- printf "%s@%s" $repo $img.digest }}
+{{- else }}
+{{- printf "%s:%s" $repo (default .Chart.AppVersion $img.tag) }}
+{{- end }}
+{{- end }}
+
+{{- define "gpuslice.partitionerServiceAccount" -}}
+{{ include "gpuslice.componentName" (list . "partitioner") }}
+{{- end }}
+
+{{- define "gpuslice.agentServiceAccount" -}}
+{{ include "gpuslice.componentName" (list . "agent") }}
+{{- end }}
+
+{{- define "gpuslice.catalogConfigMap" -}}
+{{ include "gpuslice.componentName" (list . "catalog") }}
+{{- end }}
+
+{{/* Mount point of the catalog override ConfigMap in both components. */}}
+{{- define "gpuslice.catalogDir" -}}/etc/gpuslice/catalog{{- end }}
+
+{{/* Comma-separated catalog override paths in file-name order (GPUSLICE_CATALOG_FILES). */}}
+{{- define "gpuslice.catalogFiles" -}}
+{{- $dir := include "gpuslice.catalogDir" . }}
+{{- $paths := list }}
+{{- range $name := keys .Values.catalog.files | sortAlpha }}
+{{- $paths = append $paths (printf "%s/%s" $dir $name) }}
+{{- end }}
+{{- join "," $paths }}
+{{- end }}
+
+{{/* Pod annotation that rolls both components when the catalog overrides change. */}}
+{{- define "gpuslice.catalogChecksum" -}}
+checksum/catalog: {{ toJson .Values.catalog.files | sha256sum }}
+{{- end }}
+
+{{/* Env shared by both components. */}}
+{{- define "gpuslice.commonEnv" -}}
+- name: GPUSLICE_LOG_LEVEL
+  value: {{ .Values.logging.level | quote }}
+- name: GPUSLICE_LOG_FORMAT
+  value: {{ .Values.logging.format | quote }}
+- name: GPUSLICE_CATALOG_FILES
+  value: {{ include "gpuslice.catalogFiles" . | quote }}
+{{- end }}
+
+{{/* Volume and mount of the catalog overrides (callers add them only when there are any). */}}
+{{- define "gpuslice.catalogVolume" -}}
+- name: catalog
+  configMap:
+    name: {{ include "gpuslice.catalogConfigMap" . }}
+{{- end }}
+
+{{- define "gpuslice.catalogVolumeMount" -}}
+- name: catalog
+  mountPath: {{ include "gpuslice.catalogDir" . }}
+  readOnly: true
+{{- end }}
+
+{{/* True (non-empty) when the cluster serves admissionregistration.k8s.io/v1 policies. */}}
+{{- define "gpuslice.admissionPolicySupported" -}}
+{{- if semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version }}true{{ end }}
+{{- end }}
+
+{{/* Checks the schema cannot express (relations between values); renders nothing. */}}
+{{- define "gpuslice.validate" -}}
+{{- $b := .Values.partitioner.batch }}
+{{- if gt (float64 $b.idleSeconds) (float64 $b.timeoutSeconds) }}
+{{- fail (printf "partitioner.batch.idleSeconds (%v) must not exceed partitioner.batch.timeoutSeconds (%v): the idle window closes a batch early, the timeout bounds it" $b.idleSeconds $b.timeoutSeconds) }}
+{{- end }}
+{{- if eq (int .Values.partitioner.metricsPort) (int .Values.partitioner.healthPort) }}
+{{- fail (printf "partitioner.metricsPort and partitioner.healthPort are both %v: give them different ports" .Values.partitioner.metricsPort) }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,176 @@
+"""Client of the kubelet PodResources API v1: which device ids the kubelet has given to pods.
+
+Model
+-----
+The kubelet serves ``v1.PodResourcesLister`` on a root-owned unix socket (by default
+:data:`POD_RESOURCES_SOCKET`; the agent mounts ``/var/lib/kubelet/pod-resources`` as a hostPath).
+Two unary calls matter to gpuslice:
+
+* ``List`` -> per pod, per container, a list of ``ContainerDevices`` (resource name + device ids).
+  Every id in there is *in use*: the reconciler must never destroy the MIG instance or MPS slice
+  behind it. :meth:`PodResourcesClient.list` flattens the answer into :class:`ContainerAllocation`
+  rows; :meth:`PodResourcesClient.in_use_device_ids` is the union of their ids.
+* ``GetAllocatableResources`` -> every device the kubelet considers allocatable, one
+  ``ContainerDevices`` entry per device (and per NUMA node); :meth:`PodResourcesClient.allocatable`
+  groups them by resource name.
+
+The client keeps one ``grpc.aio`` channel (opened lazily on the running event loop, and reopened
+after an ``UNAVAILABLE`` answer, so a restarted kubelet is reached on the next call) and raises :class:`PodResourcesError` on any failure, so that an
+in-use question is never answered with a silently empty set. Responses may exceed gRPC's default
+4 MiB receive limit on busy nodes; the channel accepts 16 MiB, like Kubernetes' own clients.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from node_agent.proto import podresources_v1_pb2 as pb
+from node_agent.proto import podresources_v1_pb2_grpc as pb_grpc
+
+__all__ = [
+    "MAX_RECEIVE_MESSAGE_BYTES",
+    "POD_RESOURCES_SOCKET",
+    "ContainerAllocation",
+    "PodResourcesClient",
+    "PodResourcesError",
+]
+
+POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+"""Where the kubelet serves the PodResources API."""
+
+MAX_RECEIVE_MESSAGE_BYTES = 16 * 1024 * 1024
+"""Receive limit for List answers (gRPC's default is 4 MiB; Kubernetes' clients use 16 MiB)."""
+
+
+class PodResourcesError(RuntimeError):
+    """A PodResources call failed: the answer is unknown (not empty)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerAllocation:
+    """Device ids of one extended resource that the kubelet assigned to one container."""
+
+    namespace: str
+    pod: str
+    container: str
+    resource: str
+    device_ids: tuple[str, ...]
+
+
+class PodResourcesClient:
+    """Async client of ``v1.PodResourcesLister`` on the unix socket ``socket_path``.
+
+    Use it as an async context manager, or call :meth:`close` when done. The channel belongs to
+    the event loop of the first call.
+    """
+
+    def __init__(self, socket_path: str = POD_RESOURCES_SOCKET, *, timeout_s: float = 10.0) -> None:
+        if not socket_path.startswith("/"):
+            raise ValueError(
+                f"PodResources socket path {socket_path!r} must be absolute, "
+                f"e.g. {POD_RESOURCES_SOCKET!r}"
+            )
+        if timeout_s <= 0:
+            raise ValueError(f"PodResources timeout_s must be > 0, got {timeout_s}")
+        self.socket_path = socket_path
+        self.timeout_s = timeout_s
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: Any = None
+
+    async def __aenter__(self) -> PodResourcesClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the channel (a later call opens a new one)."""
+        channel, self._channel, self._stub = self._channel, None, None
+        if channel is not None:
+            await channel.close()
+
+    def _lister(self) -> Any:
+        if self._stub is None:
+            self._channel = grpc.aio.insecure_channel(
+                f"unix:{self.socket_path}",
+                options=[
+                    ("grpc.max_receive_message_length", MAX_RECEIVE_MESSAGE_BYTES),
+                    # own subchannels: a reopened channel dials afresh instead of inheriting a
+                    # shared subchannel that is still backing off from the old kubelet
+                    ("grpc.use_local_subchannel_pool", 1),
+                ],
+            )
+            self._stub = pb_grpc.PodResourcesListerStub(self._channel)
+        return self._stub
+
+    async def _call(self, method: str, request: Any) -> Any:
+        try:
+            return await getattr(self._lister(), method)(request, timeout=self.timeout_s)
+        except grpc.aio.AioRpcError as err:
+            hint = ""
+            if err.code() == grpc.StatusCode.UNAVAILABLE:
+                # a fresh channel next time: no waiting out gRPC's reconnect backoff after a
+                # kubelet restart
+                await self.close()
+                hint = (
+                    " (is the kubelet running and its pod-resources directory mounted into the "
+                    "agent, hostPath /var/lib/kubelet/pod-resources?)"
+                )
+            raise PodResourcesError(
+                f"PodResources {method} on unix:{self.socket_path} failed: "
+                f"{err.code().name}: {err.details()}{hint}"
+            ) from err
+
+    async def list(self) -> list[ContainerAllocation]:
+        """``List``: one row per (pod, container, resource) holding at least one device."""
+        reply: pb.ListPodResourcesResponse = await self._call("List", pb.ListPodResourcesRequest())
+        rows: list[ContainerAllocation] = []
+        for pod in reply.pod_resources:
+            for container in pod.containers:
+                for devs in container.devices:
+                    if devs.device_ids:
+                        rows.append(
+                            ContainerAllocation(
+                                namespace=pod.namespace,
+                                pod=pod.name,
+                                container=container.name,
+                                resource=devs.resource_name,
+                                device_ids=tuple(devs.device_ids),
+                            )
+                        )
+        return rows
+
+    async def allocatable(self) -> dict[str, set[str]]:
+        """``GetAllocatableResources``: resource name -> allocatable device ids."""
+        reply: pb.AllocatableResourcesResponse = await self._call(
+            "GetAllocatableResources", pb.AllocatableResourcesRequest()
+        )
+        return _group(reply.devices)
+
+    async def in_use_device_ids(self) -> set[str]:
+        """Every device id assigned to a container of a pod the kubelet knows (any resource)."""
+        return {d for row in await self.list() for d in row.device_ids}
+
+    async def in_use_by_resource(self) -> dict[str, set[str]]:
+        """Resource name -> device ids assigned to containers."""
+        out: dict[str, set[str]] = {}
+        for row in await self.list():
+            out.setdefault(row.resource, set()).update(row.device_ids)
+        return out
+
+
+def _group(devices: Any) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for devs in devices:
+        out.setdefault(devs.resource_name, set()).update(devs.device_ids)
+    return out

@@ -1,0 +1,145 @@
+"""Which nodes a pending pod may run on: the scheduler's hard node filters, on plain API objects.
+
+A pod may go to a node when all of these hold (the kube-scheduler's NodeUnschedulable,
+NodeAffinity and TaintToleration filters):
+
+* the node is not cordoned (``spec.unschedulable``), unless the pod tolerates
+  ``node.kubernetes.io/unschedulable``;
+* every ``spec.nodeSelector`` key/value equals the node's label;
+* ``requiredDuringSchedulingIgnoredDuringExecution`` node affinity: at least one of the
+  ``nodeSelectorTerms`` matches, where a term matches when all its ``matchExpressions``
+  (operators ``In``, ``NotIn``, ``Exists``, ``DoesNotExist``, ``Gt``, ``Lt`` on labels) and all
+  its ``matchFields`` (``metadata.name`` with ``In``/``NotIn``) hold; a term with neither
+  matches nothing;
+* every taint with effect ``NoSchedule`` or ``NoExecute`` is tolerated by some toleration
+  (``PreferNoSchedule`` is a preference and is ignored).
+
+An unknown operator matches nothing (the API server would have rejected it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+__all__ = [
+    "affinity_matches",
+    "eligible_nodes",
+    "node_selector_matches",
+    "pod_fits_node",
+    "taints_tolerated",
+    "tolerates",
+]
+
+_HARD_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+_CORDON_TAINT = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
+
+
+def _labels(node: Mapping[str, Any]) -> Mapping[str, str]:
+    labels: Mapping[str, str] = (node.get("metadata") or {}).get("labels") or {}
+    return labels
+
+
+def node_selector_matches(pod_spec: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
+    labels = _labels(node)
+    selector: Mapping[str, str] = pod_spec.get("nodeSelector") or {}
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def _as_int(value: str) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _expression_matches(expr: Mapping[str, Any], values: Mapping[str, str]) -> bool:
+    key, op = expr.get("key", ""), expr.get("operator", "")
+    wanted: list[str] = list(expr.get("values") or ())
+    present = key in values
+    actual = values.get(key)
+    match op:
+        case "In":
+            return present and actual in wanted
+        case "NotIn":
+            return not present or actual not in wanted
+        case "Exists":
+            return present
+        case "DoesNotExist":
+            return not present
+        case "Gt" | "Lt":
+            if not present or len(wanted) != 1:
+                return False
+            have, bound = _as_int(actual or ""), _as_int(wanted[0])
+            if have is None or bound is None:
+                return False
+            return have > bound if op == "Gt" else have < bound
+        case _:
+            return False
+
+
+def _term_matches(term: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
+    exprs = term.get("matchExpressions") or ()
+    fields = term.get("matchFields") or ()
+    if not exprs and not fields:
+        return False
+    labels = _labels(node)
+    name = (node.get("metadata") or {}).get("name", "")
+    field_values = {"metadata.name": name}
+    for f in fields:
+        if f.get("key") != "metadata.name" or f.get("operator") not in ("In", "NotIn"):
+            return False
+    return all(_expression_matches(e, labels) for e in exprs) and all(
+        _expression_matches(f, field_values) for f in fields
+    )
+
+
+def affinity_matches(pod_spec: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
+    """The pod's required node affinity holds on the node (true when it has none)."""
+    node_affinity = (pod_spec.get("affinity") or {}).get("nodeAffinity") or {}
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+    if required is None:
+        return True
+    terms = required.get("nodeSelectorTerms") or ()
+    return any(_term_matches(t, node) for t in terms)
+
+
+def tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
+    """One toleration tolerates one taint (key, operator Equal/Exists, value, effect)."""
+    effect = toleration.get("effect") or ""
+    if effect and effect != taint.get("effect"):
+        return False
+    key = toleration.get("key") or ""
+    operator = toleration.get("operator") or "Equal"
+    if operator == "Exists":
+        return not key or key == taint.get("key")
+    if operator != "Equal":
+        return False
+    return key == taint.get("key") and (toleration.get("value") or "") == (taint.get("value") or "")
+
+
+def taints_tolerated(pod_spec: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
+    node_spec = node.get("spec") or {}
+    taints: list[Mapping[str, Any]] = [
+        t for t in (node_spec.get("taints") or ()) if t.get("effect") in _HARD_EFFECTS
+    ]
+    if node_spec.get("unschedulable"):
+        taints.append(_CORDON_TAINT)
+    tolerations = pod_spec.get("tolerations") or ()
+    return all(any(tolerates(tol, taint) for tol in tolerations) for taint in taints)
+
+
+def pod_fits_node(pod: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
+    spec = pod.get("spec") or {}
+    return (
+        node_selector_matches(spec, node)
+        and affinity_matches(spec, node)
+        and taints_tolerated(spec, node)
+    )
+
+
+def eligible_nodes(pod: Mapping[str, Any], nodes: Iterable[Mapping[str, Any]]) -> frozenset[str]:
+    """Names of the nodes among ``nodes`` the pod may be scheduled to."""
+    return frozenset(
+        (n.get("metadata") or {}).get("name", "") for n in nodes if pod_fits_node(pod, n)
+    )

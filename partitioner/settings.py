@@ -1,0 +1,100 @@
+"""Partitioner settings: pydantic-settings, from ``GPUSLICE_*`` environment variables and flags.
+
+Every field has a documented default; ``gpuslice partitioner --help`` lists them as flags
+(``--batch-timeout-seconds``) and the environment spells them ``GPUSLICE_BATCH_TIMEOUT_SECONDS``.
+Lists (``catalog_files``) are comma-separated in the environment.  The settings do not depend
+on a namespace: the partitioner watches Nodes, Pods and NodePartitionings cluster-wide.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from partitioner.batching import BatchPolicy
+from planner.settings import PlannerSettings, Policy
+
+__all__ = ["PartitionerSettings"]
+
+
+class PartitionerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GPUSLICE_", extra="forbid", frozen=True)
+
+    batch_timeout_seconds: float = Field(
+        60.0, gt=0, description="Plan a batch at the latest this long after its first pod."
+    )
+    batch_idle_seconds: float = Field(
+        10.0, gt=0, description="Plan a batch when no new pod arrived for this long."
+    )
+    retry_seconds: float = Field(
+        60.0,
+        ge=0,
+        description="A pod planned but still pending opens a new batch again after this long.",
+    )
+    cycle_seconds: float = Field(
+        1.0, gt=0, description="How often the controller re-evaluates the cluster state."
+    )
+    planner_policy: Policy = Field(Policy.CPSAT, description="cpsat or greedy.")
+    planner_time_limit_seconds: float = Field(
+        1.0, gt=0, description="CP-SAT wall-clock limit per plan."
+    )
+    planner_seed: int = Field(0, description="CP-SAT random seed.")
+    weight_destroy: int = Field(4, ge=0, description="Churn cost per free instance destroyed.")
+    weight_create: int = Field(2, ge=0, description="Churn cost per instance created.")
+    weight_gpu_touched: int = Field(8, ge=0, description="Churn cost per GPU reconfigured.")
+    weight_free_gpu: int = Field(4, ge=0, description="Value of a GPU left entirely free.")
+    weight_free_block: int = Field(1, ge=0, description="Value per slot of the largest free block.")
+    mps_reserve_mib: int = Field(512, ge=0, description="GPU memory kept for the MPS server.")
+    catalog_files: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="GPU catalog override files (JSON/YAML), comma-separated in the environment.",
+    )
+    metrics_port: int = Field(8080, ge=0, le=65535, description="Prometheus /metrics port.")
+    health_port: int = Field(8081, ge=0, le=65535, description="Liveness/readiness /healthz port.")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="Log level."
+    )
+    log_format: Literal["text", "json"] = Field("text", description="Log line format.")
+
+    @field_validator("catalog_files", mode="before")
+    @classmethod
+    def _split_files(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [f.strip() for f in value.split(",") if f.strip()]
+        return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_level(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _ports_differ(self) -> PartitionerSettings:
+        if self.metrics_port and self.metrics_port == self.health_port:
+            raise ValueError(
+                f"metrics_port and health_port are both {self.metrics_port}; give them "
+                f"different ports (defaults 8080 and 8081)"
+            )
+        return self
+
+    def batch_policy(self) -> BatchPolicy:
+        return BatchPolicy(
+            timeout=self.batch_timeout_seconds,
+            idle=self.batch_idle_seconds,
+            retry=self.retry_seconds,
+        )
+
+    def planner_settings(self) -> PlannerSettings:
+        return PlannerSettings(
+            policy=self.planner_policy,
+            time_limit_s=self.planner_time_limit_seconds,
+            seed=self.planner_seed,
+            weight_destroy=self.weight_destroy,
+            weight_create=self.weight_create,
+            weight_gpu_touched=self.weight_gpu_touched,
+            weight_free_gpu=self.weight_free_gpu,
+            weight_free_block=self.weight_free_block,
+            mps_reserve_mib=self.mps_reserve_mib,
+        )

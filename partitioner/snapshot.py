@@ -1,0 +1,510 @@
+"""Kubernetes objects -> the planner's :class:`~planner.snapshot.Snapshot`. Pure.
+
+Model
+-----
+The input is a :class:`ClusterView`: the raw API objects (plain dicts, as watched or as printed
+by ``kubectl get -o json``) of Nodes, Pods and NodePartitionings.  :func:`read_cluster` turns
+it into a :class:`ClusterReading`:
+
+* **GPU nodes.** A node opts in with ``gpuslice.io/partitioning=mig|mps|hybrid`` (wins) or
+  nos's ``nos.nebuly.com/gpu-partitioning=mig|mps``.  Its GPU model, count and memory come
+  from GPU Feature Discovery's ``nvidia.com/gpu.product``, ``nvidia.com/gpu.count`` and
+  ``nvidia.com/gpu.memory`` (MiB) labels.  An opted-in node whose labels are missing, malformed
+  or name an unknown model becomes a :class:`NodeProblem` (reason + message naming the fix) and
+  takes no part in planning.
+* **Current layouts.** Per GPU, the instances/slices and whether a pod holds them come from the
+  node's NodePartitioning ``status`` (written by the node agent).  Without a status the GPUs
+  are taken as unpartitioned (the agent never destroys a slice in use, whatever the spec says).
+* **Busy nodes.** A node whose NodePartitioning carries a plan (``spec.planId``) the agent has
+  not yet observed (``status.observedGeneration < metadata.generation``), or observed but not
+  applied and not given up on (no ``Degraded`` condition), is busy: it is left out of the
+  snapshot and the pods that plan was for (annotation ``gpuslice.io/planned-pods``) are *in
+  flight*, not candidates.  A busy node never blocks other nodes.
+* **Free CPU and memory.** Node ``status.allocatable`` minus the requests of the pods bound to
+  it that have not finished.
+* **Candidates.** A pod is batchable when it requests a partitionable resource
+  (``nvidia.com/mig-<profile>``, ``nvidia.com/gpu-<N>gb``), is ``Pending`` with no
+  ``nodeName``, its ``PodScheduled`` condition is ``False``/``Unschedulable``, it is not
+  nominated, not being deleted and not owned by a DaemonSet.  Its eligible nodes are the GPU
+  nodes passing nodeSelector, required node affinity and taints (:mod:`.eligibility`).  A
+  batchable pod is then either *rejected* with a reason (no eligible node of the right mode, a
+  MIG profile no eligible GPU has, a malformed quantity), *waiting* (in flight, or all its
+  eligible nodes busy), or a *candidate* (:class:`~planner.snapshot.PendingPod`, eligible nodes
+  restricted to the nodes in the snapshot).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from decimal import Decimal
+from typing import Any
+
+from pydantic import ValidationError
+
+from contract.nodepartitioning import KIND as NP_KIND
+from contract.nodepartitioning import NodePartitioning
+from partitioner.eligibility import eligible_nodes
+from partitioner.quantities import QuantityError, cpu_milli, memory_mib, pod_requests
+from planner.catalog import Catalog, CatalogError, GpuModel
+from planner.snapshot import (
+    GpuState,
+    MigInstance,
+    Mode,
+    MpsSlice,
+    NodeState,
+    PendingPod,
+    Snapshot,
+    is_partitionable_resource,
+    mig_profile_of,
+    mps_gb_of,
+)
+
+__all__ = [
+    "GPUSLICE_LABEL",
+    "NOS_LABEL",
+    "PLANNED_PODS_ANNOTATION",
+    "ClusterReading",
+    "ClusterView",
+    "GpuNode",
+    "NodeProblem",
+    "is_batchable",
+    "opted_in",
+    "pod_key",
+    "read_cluster",
+    "read_node",
+    "snapshot_from_kubectl_list",
+]
+
+NOS_LABEL = "nos.nebuly.com/gpu-partitioning"
+GPUSLICE_LABEL = "gpuslice.io/partitioning"
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+COUNT_LABEL = "nvidia.com/gpu.count"
+MEMORY_LABEL = "nvidia.com/gpu.memory"
+PLANNED_PODS_ANNOTATION = "gpuslice.io/planned-pods"
+"""On a NodePartitioning: JSON list of the pod keys its current spec was written for."""
+
+_MIG_MODES = (Mode.MIG, Mode.HYBRID)
+
+Obj = Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """Raw API objects by key: nodes and partitionings by name, pods by ``namespace/name``."""
+
+    nodes: Mapping[str, Obj] = field(default_factory=dict)
+    pods: Mapping[str, Obj] = field(default_factory=dict)
+    partitionings: Mapping[str, Obj] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuNode:
+    """An opted-in node with valid GPU labels."""
+
+    name: str
+    mode: Mode
+    model: GpuModel
+    gpu_count: int
+    gpu_memory_mib: int | None
+    cpu_milli: int
+    memory_mib: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeProblem:
+    name: str
+    reason: str
+    """CamelCase, for Events and the node condition."""
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterReading:
+    gpu_nodes: Mapping[str, GpuNode]
+    """Opted-in nodes with valid labels (busy ones included)."""
+    problems: Mapping[str, NodeProblem]
+    """Opted-in nodes that cannot be planned, and why."""
+    partitionings: Mapping[str, NodePartitioning]
+    """Valid NodePartitioning objects by name."""
+    invalid_partitionings: Mapping[str, str]
+    """NodePartitioning name -> validation error."""
+    busy: frozenset[str]
+    """GPU nodes whose last spec is not applied yet."""
+    nodes: tuple[NodeState, ...]
+    """The snapshot's nodes: GPU nodes that are not busy, sorted by name."""
+    candidates: Mapping[str, PendingPod]
+    rejected: Mapping[str, str]
+    """Batchable pod -> why it cannot be planned at all."""
+    waiting: Mapping[str, str]
+    """Batchable pod -> why it is left out of this batch."""
+    batchable: frozenset[str]
+
+    def snapshot(self, pods: Iterable[str] | None = None) -> Snapshot:
+        """The planner input for ``pods`` (default: all candidates)."""
+        keys = sorted(self.candidates) if pods is None else sorted(pods)
+        return Snapshot(nodes=self.nodes, pods=tuple(self.candidates[k] for k in keys))
+
+
+def pod_key(pod: Obj) -> str:
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def _name(obj: Obj) -> str:
+    return str((obj.get("metadata") or {}).get("name", ""))
+
+
+def _positive_int(text: str) -> int | None:
+    try:
+        value = int(text)
+    except (TypeError, ValueError):
+        return None
+    return value if value > 0 else None
+
+
+def opted_in(node: Obj) -> bool:
+    """The node carries an opt-in label (whatever its value)."""
+    labels: Mapping[str, str] = (node.get("metadata") or {}).get("labels") or {}
+    return labels.get(GPUSLICE_LABEL) is not None or labels.get(NOS_LABEL) is not None
+
+
+def read_node(node: Obj, catalog: Catalog) -> GpuNode | NodeProblem | None:
+    """A node's GPU facts, the problem that keeps it out of planning, or ``None`` (not opted in)."""
+    name = _name(node)
+    labels: Mapping[str, str] = (node.get("metadata") or {}).get("labels") or {}
+    allowed: tuple[str, ...]
+    if labels.get(GPUSLICE_LABEL) is not None:
+        key, allowed = GPUSLICE_LABEL, ("mig", "mps", "hybrid")
+    elif labels.get(NOS_LABEL) is not None:
+        key, allowed = NOS_LABEL, ("mig", "mps")
+    else:
+        return None
+    value = str(labels[key])
+    if value not in allowed:
+        return NodeProblem(
+            name,
+            "InvalidPartitioningLabel",
+            f"label {key}={value!r} is not one of {', '.join(allowed)}; fix or remove the label",
+        )
+    mode = Mode(value)
+    product = labels.get(PRODUCT_LABEL)
+    if not product:
+        return NodeProblem(
+            name,
+            "MissingGpuLabels",
+            f"opted in ({key}={value}) but has no {PRODUCT_LABEL} label; run NVIDIA GPU "
+            f"Feature Discovery on the node or set the label",
+        )
+    try:
+        model = catalog.model_for_product(product)
+    except CatalogError as e:
+        return NodeProblem(name, "UnknownGpuModel", str(e))
+    count = _positive_int(labels.get(COUNT_LABEL, ""))
+    if count is None:
+        return NodeProblem(
+            name,
+            "InvalidGpuLabels",
+            f"label {COUNT_LABEL}={labels.get(COUNT_LABEL)!r} is missing or not a positive "
+            f"integer; run GPU Feature Discovery or set it to the number of GPUs",
+        )
+    memory: int | None = None
+    if labels.get(MEMORY_LABEL) is not None:
+        memory = _positive_int(labels[MEMORY_LABEL])
+        if memory is None:
+            return NodeProblem(
+                name,
+                "InvalidGpuLabels",
+                f"label {MEMORY_LABEL}={labels[MEMORY_LABEL]!r} is not a positive integer (MiB)",
+            )
+    if mode in _MIG_MODES and not model.mig_capable:
+        return NodeProblem(
+            name,
+            "MigNotSupported",
+            f"{key}={value} but {model.name} is not MIG-capable; use mode mps",
+        )
+    alloc = (node.get("status") or {}).get("allocatable") or {}
+    try:
+        cpu = cpu_milli(alloc["cpu"]) if "cpu" in alloc else 1 << 40
+        mem = memory_mib(alloc["memory"]) if "memory" in alloc else 1 << 50
+    except QuantityError as e:
+        return NodeProblem(name, "InvalidAllocatable", f"status.allocatable: {e}")
+    return GpuNode(name, mode, model, count, memory, cpu, mem)
+
+
+def _owned_by_daemonset(pod: Obj) -> bool:
+    owners = (pod.get("metadata") or {}).get("ownerReferences") or ()
+    return any(o.get("kind") == "DaemonSet" for o in owners)
+
+
+def _partitionable(pod: Obj) -> list[str]:
+    names: set[str] = set()
+    for c in [
+        *(pod.get("spec") or {}).get("containers", ()),
+        *(pod.get("spec") or {}).get("initContainers", ()),
+    ]:
+        res = c.get("resources") or {}
+        names.update(res.get("requests") or {})
+        names.update(res.get("limits") or {})
+    return sorted(n for n in names if is_partitionable_resource(n))
+
+
+def is_batchable(pod: Obj) -> bool:
+    """Pending, unschedulable, unbound, not nominated, not a DaemonSet's, wants a slice."""
+    meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+    if meta.get("deletionTimestamp") or spec.get("nodeName") or status.get("nominatedNodeName"):
+        return False
+    if status.get("phase") != "Pending" or _owned_by_daemonset(pod):
+        return False
+    scheduled = next(
+        (c for c in status.get("conditions") or () if c.get("type") == "PodScheduled"), None
+    )
+    if scheduled is None or scheduled.get("status") != "False":
+        return False
+    if scheduled.get("reason") != "Unschedulable":
+        return False
+    return bool(_partitionable(pod))
+
+
+def _status_gpus(np: NodePartitioning | None, count: int) -> tuple[GpuState, ...]:
+    actual = {g.index: g for g in (np.status.gpus if np and np.status else ())}
+    gpus = []
+    for i in range(count):
+        g = actual.get(i)
+        if g is None:
+            gpus.append(GpuState(i))
+            continue
+        gpus.append(
+            GpuState(
+                i,
+                mig=tuple(MigInstance(m.profile, m.start, m.used) for m in g.mig),
+                mps=tuple(MpsSlice(s.memoryMiB, s.used, s.activeThreadPercentage) for s in g.mps),
+            )
+        )
+    return tuple(gpus)
+
+
+def is_busy(np: NodePartitioning) -> bool:
+    """The partitioner wrote a plan the agent has not applied (nor given up on) yet."""
+    if not np.spec.planId or np.applied:
+        return False
+    generation = np.metadata.generation or 0
+    observed = np.status.observedGeneration if np.status else 0
+    if observed >= generation:
+        degraded = np.condition("Degraded")
+        return not (degraded is not None and degraded.status == "True")
+    return True
+
+
+def planned_pods(np: NodePartitioning) -> list[str]:
+    raw = np.metadata.annotations.get(PLANNED_PODS_ANNOTATION, "")
+    try:
+        pods = json.loads(raw) if raw else []
+    except json.JSONDecodeError:
+        return []
+    return [str(p) for p in pods] if isinstance(pods, list) else []
+
+
+def _as_count(value: Decimal, resource: str) -> int:
+    if value != value.to_integral_value() or value < 0:
+        raise QuantityError(f"{resource}: {value} is not a whole number of devices")
+    return int(value)
+
+
+def _classify_pod(
+    pod: Obj, gpu_nodes: Mapping[str, GpuNode], view: ClusterView
+) -> PendingPod | str:
+    """The pod as a planner input, or the reason it can never be placed now."""
+    try:
+        requests = pod_requests(pod)
+        slices = {r: _as_count(v, r) for r, v in requests.items() if is_partitionable_resource(r)}
+        cpu = cpu_milli(requests.get("cpu", 0))
+        mem = memory_mib(requests.get("memory", 0))
+    except QuantityError as e:
+        return f"invalid resource request: {e}"
+    slices = {r: n for r, n in slices.items() if n > 0}
+    eligible = eligible_nodes(pod, (view.nodes[n] for n in sorted(gpu_nodes)))
+    for resource in sorted(slices):
+        profile, gb = mig_profile_of(resource), mps_gb_of(resource)
+        modes = _MIG_MODES if profile is not None else (Mode.MPS,)
+        kind = "MIG" if profile is not None else "MPS"
+        fitting = [gpu_nodes[n] for n in sorted(eligible) if gpu_nodes[n].mode in modes]
+        if not fitting:
+            return (
+                f"no eligible node: no opted-in {kind} node matches the pod's nodeSelector, "
+                f"affinity and tolerations (for {resource})"
+            )
+        if gb is not None and gb <= 0:
+            return f"unknown resource {resource}: an MPS slice needs at least 1 GB"
+        if profile is not None and not any(_has_profile(n.model, profile) for n in fitting):
+            models = sorted({n.model.name for n in fitting})
+            valid = ", ".join(p.name for p in fitting[0].model.profiles)
+            return (
+                f"unknown resource {resource}: no eligible GPU ({', '.join(models)}) has MIG "
+                f"profile {profile}; valid on {fitting[0].model.name}: {valid}"
+            )
+    priority = (pod.get("spec") or {}).get("priority") or 0
+    return PendingPod(
+        name=pod_key(pod),
+        requests=slices,
+        cpu_milli=cpu,
+        memory_mib=mem,
+        priority=int(priority),
+        eligible_nodes=frozenset(eligible),
+    )
+
+
+def _has_profile(model: GpuModel, profile: str) -> bool:
+    try:
+        model.profile(profile)
+    except CatalogError:
+        return False
+    return True
+
+
+def _free_node_resources(
+    view: ClusterView, gpu_nodes: Mapping[str, GpuNode]
+) -> dict[str, tuple[int, int]]:
+    free = {n: (g.cpu_milli, g.memory_mib) for n, g in gpu_nodes.items()}
+    for pod in view.pods.values():
+        node = (pod.get("spec") or {}).get("nodeName")
+        phase = (pod.get("status") or {}).get("phase")
+        if node not in free or phase in ("Succeeded", "Failed"):
+            continue
+        try:
+            req = pod_requests(pod)
+            cpu, mem = cpu_milli(req.get("cpu", 0)), memory_mib(req.get("memory", 0))
+        except QuantityError:
+            continue  # the API server admitted it; count nothing rather than guess
+        c, m = free[node]
+        free[node] = (c - cpu, m - mem)
+    return free
+
+
+def read_cluster(view: ClusterView, catalog: Catalog) -> ClusterReading:
+    gpu_nodes: dict[str, GpuNode] = {}
+    problems: dict[str, NodeProblem] = {}
+    for name in sorted(view.nodes):
+        got = read_node(view.nodes[name], catalog)
+        if isinstance(got, GpuNode):
+            gpu_nodes[name] = got
+        elif isinstance(got, NodeProblem):
+            problems[name] = got
+
+    partitionings: dict[str, NodePartitioning] = {}
+    invalid: dict[str, str] = {}
+    for name, raw in view.partitionings.items():
+        try:
+            partitionings[name] = NodePartitioning.model_validate(dict(raw))
+        except ValidationError as e:
+            invalid[name] = (
+                f"{NP_KIND} {name} is invalid: {e.error_count()} error(s): {e.errors()[0]['msg']} at {'.'.join(str(p) for p in e.errors()[0]['loc'])}"
+            )
+
+    busy = frozenset(
+        n for n in gpu_nodes if n in invalid or (n in partitionings and is_busy(partitionings[n]))
+    )
+    in_flight: dict[str, str] = {}
+    for n in sorted(busy):
+        np = partitionings.get(n)
+        for p in planned_pods(np) if np else ():
+            in_flight[p] = (
+                f"in flight: waiting for node {n} to apply plan {np.spec.planId if np else ''}"
+            )
+
+    free = _free_node_resources(view, gpu_nodes)
+    nodes = tuple(
+        NodeState(
+            name=g.name,
+            mode=g.mode,
+            model=g.model.name,
+            gpus=_status_gpus(partitionings.get(g.name), g.gpu_count),
+            cpu_milli_free=max(0, free[g.name][0]),
+            memory_mib_free=max(0, free[g.name][1]),
+            gpu_memory_mib=g.gpu_memory_mib,
+        )
+        for g in gpu_nodes.values()
+        if g.name not in busy
+    )
+    plannable = frozenset(n.name for n in nodes)
+
+    candidates: dict[str, PendingPod] = {}
+    rejected: dict[str, str] = {}
+    waiting: dict[str, str] = {}
+    batchable = set()
+    for key in sorted(view.pods):
+        pod = view.pods[key]
+        if not is_batchable(pod):
+            continue
+        batchable.add(key)
+        if key in in_flight:
+            waiting[key] = in_flight[key]
+            continue
+        pending = _classify_pod(pod, gpu_nodes, view)
+        if isinstance(pending, str):
+            rejected[key] = pending
+            continue
+        eligible = pending.eligible_nodes or frozenset()
+        usable = eligible & plannable
+        if not usable:
+            waiting[key] = "all eligible nodes are applying a previous plan: " + ", ".join(
+                sorted(eligible)
+            )
+            continue
+        candidates[key] = replace(pending, eligible_nodes=usable)
+    return ClusterReading(
+        gpu_nodes=gpu_nodes,
+        problems=problems,
+        partitionings=partitionings,
+        invalid_partitionings=invalid,
+        busy=busy,
+        nodes=nodes,
+        candidates=candidates,
+        rejected=rejected,
+        waiting=waiting,
+        batchable=frozenset(batchable),
+    )
+
+
+def view_from_items(items: Iterable[Obj]) -> ClusterView:
+    """Split a list of API objects (any order, any kinds) into a :class:`ClusterView`."""
+    nodes: dict[str, Obj] = {}
+    pods: dict[str, Obj] = {}
+    nps: dict[str, Obj] = {}
+    for item in items:
+        kind = item.get("kind")
+        if kind == "Node":
+            nodes[_name(item)] = item
+        elif kind == "Pod":
+            pods[pod_key(item)] = item
+        elif kind == NP_KIND:
+            nps[_name(item)] = item
+    return ClusterView(nodes, pods, nps)
+
+
+def snapshot_from_kubectl_list(
+    doc: Mapping[str, Any], catalog: Catalog
+) -> tuple[Snapshot, list[str]]:
+    """Planner input from ``kubectl get nodes,pods,nodepartitionings -A -o json`` output.
+
+    Every candidate pod is included (no batch window); the second value lists, one line each,
+    what was left out and why (node problems, busy nodes, rejected and waiting pods).
+    """
+    if not isinstance(doc, Mapping) or not isinstance(doc.get("items"), list):
+        raise ValueError(
+            "expected a Kubernetes List with an 'items' array, as printed by "
+            "'kubectl get nodes,pods,nodepartitionings -A -o json'"
+        )
+    reading = read_cluster(view_from_items(doc["items"]), catalog)
+    notes = [f"node {p.name}: {p.reason}: {p.message}" for p in reading.problems.values()]
+    notes += [f"{NP_KIND} {n}: {msg}" for n, msg in sorted(reading.invalid_partitionings.items())]
+    notes += [f"node {n}: skipped, its last spec is not applied yet" for n in sorted(reading.busy)]
+    notes += [f"pod {p}: cannot place: {r}" for p, r in sorted(reading.rejected.items())]
+    notes += [f"pod {p}: {r}" for p, r in sorted(reading.waiting.items())]
+    if not reading.gpu_nodes and not reading.problems:
+        notes.append(
+            f"no node is opted in: label GPU nodes {GPUSLICE_LABEL}=mig|mps|hybrid or "
+            f"{NOS_LABEL}=mig|mps"
+        )
+    return reading.snapshot(), notes

@@ -1,0 +1,181 @@
+"""Carry out the decision step's actions against the Kubernetes API.
+
+* Spec writes are JSON merge patches carrying the ``metadata.resourceVersion`` the decision
+  was made from: the API server refuses them with 409 if anyone changed the object since
+  (optimistic concurrency).  A refused write is reported (Warning Event on the
+  NodePartitioning, ``conflicts`` in the :class:`Outcome`) and not retried here: the pods are
+  still pending and the next cycle plans them again from fresh state.
+* Creating a NodePartitioning that already exists (409) is not an error; deleting one that is
+  gone (404) neither.
+* Node conditions are strategic-merge patches of ``status.conditions`` (merged by ``type``, so
+  the kubelet's conditions stay).
+* Every action is independent: one failure is logged and the others still run.
+
+The objects the API returns are handed back (``Outcome.objects``) so the controller's cache
+sees its own writes before the watch does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from contract.nodepartitioning import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from partitioner.actions import (
+    NODE_CONDITION,
+    Action,
+    CreatePartitioning,
+    DeletePartitioning,
+    EmitEvent,
+    ObjectRef,
+    SetNodeCondition,
+    WriteSpec,
+)
+from partitioner.events import event_body, event_namespace
+from partitioner.kubeapi import STRATEGIC_MERGE_PATCH, ApiError, Conflict, KubeApi, NotFound
+from partitioner.snapshot import PLANNED_PODS_ANNOTATION
+
+__all__ = ["NP_PATH", "Outcome", "execute"]
+
+NP_PATH = f"/apis/{GROUP}/{VERSION}/{PLURAL}"
+log = logging.getLogger("gpuslice.partitioner.writer")
+
+
+@dataclass
+class Outcome:
+    objects: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """NodePartitioning name -> its latest state (returned by a create or a write, or re-read
+    after a conflict), for the controller's cache."""
+    deleted: list[str] = field(default_factory=list)
+    written: list[str] = field(default_factory=list)
+    """Nodes whose spec was written."""
+    conflicts: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Node whose spec write was refused with 409 -> the pods that plan was for."""
+    failures: list[str] = field(default_factory=list)
+    events: int = 0
+
+
+def _np_ref(name: str) -> ObjectRef:
+    return ObjectRef(KIND, name, api_version=API_VERSION)
+
+
+class _Writer:
+    def __init__(self, api: KubeApi, instance: str, wall: Callable[[], datetime.datetime]) -> None:
+        self.api, self.instance, self.wall = api, instance, wall
+        self.out = Outcome()
+
+    async def event(self, ev: EmitEvent) -> None:
+        path = f"/api/v1/namespaces/{event_namespace(ev)}/events"
+        try:
+            await self.api.create(path, event_body(ev, self.wall(), self.instance))
+            self.out.events += 1
+        except ApiError as e:
+            log.warning(
+                "could not post event %s on %s %s: %s", ev.reason, ev.ref.kind, ev.ref.name, e
+            )
+
+    async def create(self, a: CreatePartitioning) -> None:
+        body = {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "metadata": {
+                "name": a.node,
+                "ownerReferences": [
+                    {"apiVersion": "v1", "kind": "Node", "name": a.node, "uid": a.node_uid}
+                ]
+                if a.node_uid
+                else [],
+            },
+            "spec": a.spec.model_dump(mode="json"),
+        }
+        try:
+            self.out.objects[a.node] = await self.api.create(NP_PATH, body)
+            log.info("created %s %s (mode %s)", KIND, a.node, a.spec.mode)
+        except Conflict:
+            log.debug("%s %s already exists", KIND, a.node)
+
+    async def delete(self, a: DeletePartitioning) -> None:
+        try:
+            await self.api.delete(f"{NP_PATH}/{a.node}")
+            log.info("deleted %s %s: node opted out or is gone", KIND, a.node)
+        except NotFound:
+            pass
+        self.out.deleted.append(a.node)
+
+    async def write(self, a: WriteSpec) -> None:
+        meta: dict[str, Any] = {
+            "annotations": {PLANNED_PODS_ANNOTATION: json.dumps(list(a.planned_pods))}
+        }
+        if a.resource_version is not None:
+            meta["resourceVersion"] = a.resource_version
+        patch = {"metadata": meta, "spec": a.spec.model_dump(mode="json")}
+        try:
+            self.out.objects[a.node] = await self.api.patch(f"{NP_PATH}/{a.node}", patch)
+        except Conflict as e:
+            self.out.conflicts[a.node] = a.planned_pods
+            with contextlib.suppress(ApiError):  # else the watch brings it
+                self.out.objects[a.node] = await self.api.request("GET", f"{NP_PATH}/{a.node}")
+            message = (
+                f"plan {a.spec.planId} not written: the object changed since it was read "
+                f"({e.status} {e.reason}); its pods are planned again next cycle"
+            )
+            log.warning("%s %s: %s", KIND, a.node, message)
+            await self.event(EmitEvent(_np_ref(a.node), "Warning", "SpecConflict", message))
+            return
+        self.out.written.append(a.node)
+        log.info(
+            "wrote %s %s plan %s for %d pod(s)", KIND, a.node, a.spec.planId, len(a.planned_pods)
+        )
+        for ev in a.on_success:
+            await self.event(ev)
+
+    async def condition(self, a: SetNodeCondition) -> None:
+        stamp = self.wall().astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        cond = {
+            "type": NODE_CONDITION,
+            "status": a.status,
+            "reason": a.reason,
+            "message": a.message,
+            "lastTransitionTime": stamp,
+            "lastHeartbeatTime": stamp,
+        }
+        patch = {"status": {"conditions": [cond]}}
+        await self.api.patch(f"/api/v1/nodes/{a.node}/status", patch, STRATEGIC_MERGE_PATCH)
+
+    async def run(self, a: Action) -> None:
+        match a:
+            case EmitEvent():
+                await self.event(a)
+            case CreatePartitioning():
+                await self.create(a)
+            case DeletePartitioning():
+                await self.delete(a)
+            case WriteSpec():
+                await self.write(a)
+            case SetNodeCondition():
+                await self.condition(a)
+
+
+async def execute(
+    api: KubeApi,
+    actions: Iterable[Action],
+    *,
+    instance: str = "",
+    wall: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC),
+) -> Outcome:
+    """Run every action in order; failures are logged and collected, never raised."""
+    writer = _Writer(api, instance, wall)
+    for action in actions:
+        try:
+            await writer.run(action)
+        except (ApiError, aiohttp.ClientError, TimeoutError) as e:
+            log.warning("%s failed: %s", type(action).__name__, e)
+            writer.out.failures.append(f"{type(action).__name__}: {e}")
+    return writer.out

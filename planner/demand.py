@@ -1,0 +1,448 @@
+"""What pending pods ask for, resolved against the nodes that could serve them.
+
+Model
+-----
+A pending pod requests partitionable resources (``nvidia.com/mig-<profile>: k`` or
+``nvidia.com/gpu-<N>gb: k``).  All of a pod's units go to ONE node (the kube-scheduler then
+picks the devices on that node), so a request is resolved *per node*, against that node's GPU
+model:
+
+* a MIG resource resolves to a :class:`~planner.catalog.MigProfile` via
+  :meth:`GpuModel.profile <planner.catalog.GpuModel.profile>` (which normalises driver
+  variants such as ``7g.79gb``); a MIG pod may go to ``mig`` and ``hybrid`` nodes;
+* an MPS resource ``nvidia.com/gpu-<N>gb`` is one slice of ``N * 1024`` MiB; an MPS pod may go
+  to ``mps`` nodes.  A GPU offers ``memory - settings.mps_reserve_mib`` MiB to slices.
+
+A pod is *eligible* for a node iff it names the node (or names none), the node's mode matches
+the pod's resource kind, every requested profile exists on the node's model, every unit fits
+an empty GPU of the node, the units together fit the node's GPUs if they were all empty (a
+necessary count/size check, not a packing), and the node's free CPU and memory hold the pod.
+
+Unplaced reasons (texts start with an :class:`~planner.snapshot.Unplaced` code):
+
+* ``unknown resource: ...`` — a request that is neither a MIG nor an MPS resource, a
+  non-positive count, a pod mixing MIG and MPS, or a pod without any partitionable request;
+* ``exceeds any GPU of model X: ...`` — every node of the right mode rejects the pod only
+  because a unit is larger than its whole GPU;
+* ``no eligible node: ...`` — no node passes the eligibility test (the text lists why, per node);
+* ``node cpu/memory: ...`` — nodes would fit the GPU request but lack free CPU or memory;
+* ``capacity: ...`` — the pod is eligible somewhere, but the plan had no room for it.
+
+Pod groups: pods with the same requests, CPU, memory, priority and eligible nodes are
+interchangeable for the planner, which decides how many of each group go to each node
+(:func:`group_pods`).  Priorities become objective weights with :func:`priority_weights`:
+one pod of a higher priority outweighs all pods of lower priorities together.
+
+Everything here is a pure function of its arguments.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from planner.catalog import Catalog, CatalogError, GpuModel, MigProfile, UnknownGpuModel
+from planner.settings import PlannerSettings
+from planner.snapshot import Mode, NodeState, PendingPod, Unplaced, mig_profile_of, mps_gb_of
+
+__all__ = [
+    "Eligibility",
+    "NodeDemand",
+    "PodGroup",
+    "Rejection",
+    "RequestKind",
+    "ResolvedRequest",
+    "SnapshotError",
+    "capacity_reason",
+    "eligibility",
+    "group_pods",
+    "mps_slice_mib",
+    "mps_usable_mib",
+    "node_model",
+    "pod_kind",
+    "priority_weights",
+    "resolve_on_node",
+]
+
+MIB_PER_GIB = 1024
+
+
+class SnapshotError(ValueError):
+    """The snapshot itself is unusable (unknown model, impossible current layout, ...)."""
+
+
+class RequestKind(StrEnum):
+    MIG = "mig"
+    MPS = "mps"
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """Why a pod cannot go to a node (or anywhere): a reason code plus human text."""
+
+    code: Unplaced
+    text: str
+    model: str = ""
+    """For :attr:`Unplaced.EXCEEDS_GPU`: the GPU model(s) the request exceeds."""
+    wrong_mode: bool = False
+    """The node is of the other partitioning mode (left out of summaries when others exist)."""
+
+    def __str__(self) -> str:
+        if self.code is Unplaced.EXCEEDS_GPU:
+            return f"{self.code.value} of model {self.model}: {self.text}"
+        return f"{self.code.value}: {self.text}"
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedRequest:
+    """One of a pod's resource requests, resolved on one node's GPU model."""
+
+    resource: str
+    """The resource name as the pod spelled it (the key of its ``Assignment.gpus``)."""
+    count: int
+    profile: MigProfile | None = None
+    """MIG: the catalog profile the name resolved to."""
+    mps_mib: int = 0
+    """MPS: the slice memory in MiB."""
+
+    @property
+    def key(self) -> str:
+        """What a GPU must offer per unit: the profile name (MIG) or ``mps:<MiB>`` (MPS)."""
+        if self.profile is not None:
+            return self.profile.name
+        return f"mps:{self.mps_mib}"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeDemand:
+    """A pod's whole request resolved on one node."""
+
+    node: str
+    kind: RequestKind
+    requests: tuple[ResolvedRequest, ...]
+
+    def units(self) -> dict[str, int]:
+        """Units needed per key (:attr:`ResolvedRequest.key`), merging name variants."""
+        out: Counter[str] = Counter()
+        for r in self.requests:
+            out[r.key] += r.count
+        return dict(out)
+
+
+@dataclass(frozen=True, slots=True)
+class Eligibility:
+    """The nodes a pod may go to, with its request resolved on each; or why there are none."""
+
+    demands: Mapping[str, NodeDemand]
+    """Eligible node name -> resolved demand, in node-name order."""
+    reason: Rejection | None
+    """Set iff ``demands`` is empty."""
+
+
+def mps_slice_mib(gb: int) -> int:
+    """Memory of an ``nvidia.com/gpu-<gb>gb`` slice in MiB."""
+    return gb * MIB_PER_GIB
+
+
+def node_model(node: NodeState, catalog: Catalog) -> GpuModel:
+    """The catalog model of ``node``; :class:`SnapshotError` naming the node if unknown."""
+    try:
+        model = catalog.model(node.model)
+    except UnknownGpuModel as e:
+        raise SnapshotError(f"node {node.name}: {e}") from e
+    if node.mode in (Mode.MIG, Mode.HYBRID) and not model.mig_capable:
+        raise SnapshotError(
+            f"node {node.name}: mode {node.mode.value} but model {model.name} does not support "
+            f"MIG; label the node for MPS or fix its model"
+        )
+    return model
+
+
+def mps_usable_mib(node: NodeState, model: GpuModel, settings: PlannerSettings) -> int:
+    """GPU memory one MPS GPU of ``node`` offers to slices: total minus the server reserve."""
+    total = node.gpu_memory_mib if node.gpu_memory_mib is not None else model.memory_mib
+    return max(0, total - settings.mps_reserve_mib)
+
+
+def pod_kind(pod: PendingPod) -> RequestKind | Rejection:
+    """Whether ``pod`` asks for MIG or MPS slices, or why its requests are unusable."""
+    kinds: set[RequestKind] = set()
+    for resource, count in sorted(pod.requests.items()):
+        if count < 0:
+            return Rejection(
+                Unplaced.UNKNOWN_RESOURCE, f"{resource} has a negative count ({count})"
+            )
+        if count == 0:
+            continue
+        gb = mps_gb_of(resource)
+        if mig_profile_of(resource) is not None:
+            kinds.add(RequestKind.MIG)
+        elif gb is not None and gb > 0:
+            kinds.add(RequestKind.MPS)
+        else:
+            return Rejection(
+                Unplaced.UNKNOWN_RESOURCE,
+                f"{resource} is neither a MIG resource (nvidia.com/mig-<profile>) nor an MPS "
+                f"slice (nvidia.com/gpu-<N>gb with N >= 1)",
+            )
+    if not kinds:
+        return Rejection(Unplaced.UNKNOWN_RESOURCE, "the pod requests no MIG or MPS resource")
+    if len(kinds) > 1:
+        return Rejection(
+            Unplaced.UNKNOWN_RESOURCE,
+            "the pod requests both MIG and MPS resources; one pod must use one kind",
+        )
+    return kinds.pop()
+
+
+def _resolve_requests(
+    pod: PendingPod, kind: RequestKind, node: NodeState, model: GpuModel
+) -> tuple[ResolvedRequest, ...] | Rejection:
+    out: list[ResolvedRequest] = []
+    for resource, count in sorted(pod.requests.items()):
+        if count == 0:
+            continue
+        if kind is RequestKind.MPS:
+            gb = mps_gb_of(resource)
+            assert gb is not None
+            out.append(ResolvedRequest(resource, count, mps_mib=mps_slice_mib(gb)))
+            continue
+        name = mig_profile_of(resource)
+        assert name is not None
+        try:
+            profile = model.profile(name)
+        except CatalogError as e:
+            largest = max(model.profiles, key=lambda p: (p.memory_mib, p.compute))
+            if _larger_than(name, largest):
+                return Rejection(
+                    Unplaced.EXCEEDS_GPU,
+                    f"{resource} is larger than its largest profile {largest.name}",
+                    model.name,
+                )
+            return Rejection(Unplaced.NO_ELIGIBLE_NODE, f"node {node.name}: {e}")
+        out.append(ResolvedRequest(resource, count, profile=profile))
+    return tuple(out)
+
+
+def _larger_than(profile_name: str, largest: MigProfile) -> bool:
+    """True if ``<c>g.<m>gb`` asks for more compute or memory than ``largest`` has."""
+    head = profile_name.split("+")[0]
+    try:
+        c_txt, m_txt = head.split(".")
+        compute, mem = int(c_txt.rstrip("g")), int(m_txt.rstrip("gb"))
+    except ValueError:
+        return False
+    return compute > largest.compute or mem > largest.memory_gb
+
+
+def resolve_on_node(
+    pod: PendingPod, node: NodeState, model: GpuModel, settings: PlannerSettings
+) -> NodeDemand | Rejection:
+    """Resolve ``pod``'s requests on ``node`` and check every eligibility rule but the name.
+
+    ``model`` must be ``node``'s catalog model (see :func:`node_model`).
+    """
+    kind = pod_kind(pod)
+    if isinstance(kind, Rejection):
+        return kind
+    want = (Mode.MIG, Mode.HYBRID) if kind is RequestKind.MIG else (Mode.MPS,)
+    if node.mode not in want:
+        return Rejection(
+            Unplaced.NO_ELIGIBLE_NODE,
+            f"node {node.name} is in {node.mode.value} mode, the pod needs {kind.value}",
+            wrong_mode=True,
+        )
+    if not node.gpus:
+        return Rejection(Unplaced.NO_ELIGIBLE_NODE, f"node {node.name} has no GPUs")
+    requests = _resolve_requests(pod, kind, node, model)
+    if isinstance(requests, Rejection):
+        return requests
+    n_gpus = len(node.gpus)
+    if kind is RequestKind.MPS:
+        usable = mps_usable_mib(node, model, settings)
+        for r in requests:
+            if r.mps_mib > usable:
+                return Rejection(
+                    Unplaced.EXCEEDS_GPU,
+                    f"{r.resource} needs {r.mps_mib} MiB, a GPU offers {usable} MiB to MPS "
+                    f"slices (memory minus the {settings.mps_reserve_mib} MiB server reserve)",
+                    model.name,
+                )
+        total = sum(r.mps_mib * r.count for r in requests)
+        if total > usable * n_gpus:
+            return Rejection(
+                Unplaced.NO_ELIGIBLE_NODE,
+                f"node {node.name}: {total} MiB of slices exceed its {n_gpus} GPU(s) "
+                f"x {usable} MiB",
+            )
+    else:
+        per_profile: Counter[MigProfile] = Counter()
+        for r in requests:
+            assert r.profile is not None
+            per_profile[r.profile] += r.count
+        for prof, count in per_profile.items():
+            if count > prof.max_count * n_gpus:
+                return Rejection(
+                    Unplaced.NO_ELIGIBLE_NODE,
+                    f"node {node.name}: {count} x {prof.name} exceed {n_gpus} GPU(s) "
+                    f"x {prof.max_count} per GPU",
+                )
+        compute = sum(p.compute * c for p, c in per_profile.items())
+        slots = sum(p.memory_slices * c for p, c in per_profile.items())
+        if compute > model.compute_slices * n_gpus or slots > model.memory_slots * n_gpus:
+            return Rejection(
+                Unplaced.NO_ELIGIBLE_NODE,
+                f"node {node.name}: the request needs {compute} compute / {slots} memory "
+                f"slices, its {n_gpus} GPU(s) have {model.compute_slices * n_gpus} / "
+                f"{model.memory_slots * n_gpus}",
+            )
+    if pod.cpu_milli > node.cpu_milli_free or pod.memory_mib > node.memory_mib_free:
+        return Rejection(
+            Unplaced.NODE_RESOURCES,
+            f"node {node.name} has {node.cpu_milli_free}m CPU / {node.memory_mib_free} MiB "
+            f"free, the pod needs {pod.cpu_milli}m / {pod.memory_mib} MiB",
+        )
+    return NodeDemand(node.name, kind, requests)
+
+
+def eligibility(
+    pod: PendingPod,
+    nodes: Sequence[NodeState],
+    models: Mapping[str, GpuModel],
+    settings: PlannerSettings,
+) -> Eligibility:
+    """Resolve ``pod`` on every node it may use; if none accepts it, the summarised reason.
+
+    ``models`` maps node name -> catalog model (see :func:`node_model`).
+    """
+    kind = pod_kind(pod)
+    if isinstance(kind, Rejection):
+        return Eligibility({}, kind)
+    named = [n for n in nodes if pod.eligible_nodes is None or n.name in pod.eligible_nodes]
+    if not named:
+        return Eligibility(
+            {},
+            Rejection(
+                Unplaced.NO_ELIGIBLE_NODE,
+                "none of the nodes the pod may use (nodeSelector/affinity/taints) is a "
+                "partitionable GPU node in this snapshot",
+            ),
+        )
+    demands: dict[str, NodeDemand] = {}
+    rejections: list[Rejection] = []
+    exceeded_models: list[str] = []
+    for node in sorted(named, key=lambda n: n.name):
+        got = resolve_on_node(pod, node, models[node.name], settings)
+        if isinstance(got, NodeDemand):
+            demands[node.name] = got
+        else:
+            rejections.append(got)
+            if got.code is Unplaced.EXCEEDS_GPU and models[node.name].name not in exceeded_models:
+                exceeded_models.append(models[node.name].name)
+    if demands:
+        return Eligibility(demands, None)
+    return Eligibility({}, _summarise(rejections, exceeded_models))
+
+
+def _summarise(all_rejections: Sequence[Rejection], exceeded_models: Sequence[str]) -> Rejection:
+    rejections = [r for r in all_rejections if not r.wrong_mode]
+    if not rejections:
+        return Rejection(
+            Unplaced.NO_ELIGIBLE_NODE,
+            f"none of the {len(all_rejections)} node(s) the pod may use is partitioned for "
+            f"its resources ({all_rejections[0].text})",
+        )
+    codes = {r.code for r in rejections}
+    if codes == {Unplaced.EXCEEDS_GPU}:
+        texts = sorted({r.text for r in rejections})
+        return Rejection(Unplaced.EXCEEDS_GPU, "; ".join(texts[:3]), ", ".join(exceeded_models))
+    if codes == {Unplaced.NODE_RESOURCES}:
+        return Rejection(Unplaced.NODE_RESOURCES, _first_texts(rejections))
+    return Rejection(Unplaced.NO_ELIGIBLE_NODE, _first_texts(rejections))
+
+
+def _first_texts(rejections: Sequence[Rejection], limit: int = 3) -> str:
+    shown = "; ".join(
+        r.text if r.code is Unplaced.NO_ELIGIBLE_NODE else str(r) for r in rejections[:limit]
+    )
+    more = len(rejections) - limit
+    return shown + (f"; and {more} more node(s)" if more > 0 else "")
+
+
+def capacity_reason(pod: PendingPod, eligible: Iterable[str]) -> str:
+    """Unplaced text for a pod that was eligible but did not fit this plan."""
+    names = sorted(eligible)
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    return (
+        f"{Unplaced.CAPACITY.value}: no room for "
+        f"{', '.join(f'{c} x {r}' for r, c in sorted(pod.requests.items()) if c)} on its "
+        f"{len(names)} eligible node(s) ({shown}) without moving slices in use or displacing "
+        f"pods of equal or higher priority"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PodGroup:
+    """Interchangeable pending pods: same requests, CPU, memory, priority and eligibility."""
+
+    pods: tuple[PendingPod, ...]
+    """Members in name order; a plan that places ``k`` of them places the first ``k``."""
+    demands: Mapping[str, NodeDemand]
+    """Eligible node -> the (shared) resolved demand."""
+
+    @property
+    def size(self) -> int:
+        return len(self.pods)
+
+    @property
+    def first(self) -> PendingPod:
+        return self.pods[0]
+
+
+def group_pods(
+    pods: Iterable[PendingPod], eligibilities: Mapping[str, Eligibility]
+) -> list[PodGroup]:
+    """Group eligible pods by (requests, cpu, memory, priority, eligible nodes).
+
+    Groups come in a deterministic order: priority descending, then first pod name.
+    """
+    buckets: dict[tuple[object, ...], list[PendingPod]] = defaultdict(list)
+    demands: dict[tuple[object, ...], Mapping[str, NodeDemand]] = {}
+    for pod in pods:
+        el = eligibilities[pod.name]
+        if not el.demands:
+            continue
+        key = (
+            tuple(sorted((r, c) for r, c in pod.requests.items() if c)),
+            pod.cpu_milli,
+            pod.memory_mib,
+            pod.priority,
+            tuple(el.demands),
+        )
+        buckets[key].append(pod)
+        demands.setdefault(key, el.demands)
+    groups = [
+        PodGroup(tuple(sorted(members, key=lambda p: p.name)), demands[key])
+        for key, members in buckets.items()
+    ]
+    groups.sort(key=lambda g: (-g.first.priority, g.first.name))
+    return groups
+
+
+def priority_weights(pods: Iterable[PendingPod]) -> dict[int, int]:
+    """Objective weight per priority value, strictly lexicographic across priorities.
+
+    With distinct priorities ``q_1 < q_2 < ...`` holding ``n_1, n_2, ...`` pods, weight
+    ``w_1 = 1`` and ``w_{j+1} = 1 + sum_{i<=j} w_i * n_i``: one pod of priority ``q_{j+1}``
+    is worth more than every lower-priority pod together, and within a priority every pod
+    counts the same.
+    """
+    counts = Counter(p.priority for p in pods)
+    weights: dict[int, int] = {}
+    below = 0
+    for prio in sorted(counts):
+        weights[prio] = below + 1
+        below += weights[prio] * counts[prio]
+    return weights

@@ -1,0 +1,665 @@
+"""The CP-SAT batch planner: per-GPU MIG layouts (and MPS slices) plus node-level pod placement.
+
+Formulation
+-----------
+Sets
+
+* ``N``: nodes that are a candidate of some pod group (others are left out and unchanged).
+* ``G``: pod groups (:func:`planner.demand.group_pods`); group ``g`` has ``n_g`` identical pods,
+  priority weight ``w_g`` (:func:`planner.demand.priority_weights`), CPU ``c_g``, memory
+  ``m_g``, and on each candidate node ``v`` in ``N_g`` needs ``u_{g,k}`` units of key ``k``
+  (a MIG profile name, or ``mps:<MiB>`` for an MPS slice size).
+* ``N_g``: the ``settings.max_candidate_nodes`` eligible nodes ranked best for ``g`` (most
+  pods servable by free instances now, then most memory not in use, then name), plus every
+  node the greedy warm start put a pod of ``g`` on.
+* ``H_v``: the MIG GPUs of node ``v``, grouped into classes of identical current layout
+  (same instances, same used flags); class ``h`` has ``|h|`` GPUs.
+* ``L_h``: candidate layouts of class ``h``: every valid layout (:mod:`planner.geometry`)
+  that keeps each USED instance exactly where it is, built from the profiles candidate pods
+  of ``v`` need plus the profiles of the class's free instances, reduced to its Pareto front
+  (below), always including the current layout and the greedy plan's layouts.
+
+Per candidate layout ``l`` of class ``h``: ``f_{l,k}`` = free (unused) instances of key ``k``,
+``churn_l = w_destroy |C \\ l| + w_create |l \\ C| + w_touched [l != C]`` (``C`` = current
+layout; only free instances can be destroyed since used ones are pinned), and
+``useful_l = w_free_gpu [l empty] + w_free_block * (largest memory-slice span of a profile that
+could still be placed on the unallocated slots)``.  Pareto reduction: ``l`` is dropped if
+another candidate has ``f >= f_l`` on every needed key, ``churn <= churn_l`` and
+``useful >= useful_l`` (ties keep the first); a dropped layout can be swapped for its
+dominator in any solution without breaking a constraint or worsening the objective, so the
+reduction is exact.
+
+Variables
+
+* ``y_{h,l}`` in ``[0, |h|]``: GPUs of class ``h`` that get layout ``l``.
+* ``x_{g,v}`` in ``[0, ub]``: pods of group ``g`` placed on node ``v`` (``ub`` from ``n_g``,
+  the node's CPU/memory and the most units of each key the node could offer).
+* MPS GPUs: ``keep``/``new``/``touched``/``empty`` per GPU, see :mod:`planner.mps`.
+
+Constraints
+
+* ``sum_l y_{h,l} = |h|`` for every class ``h``;
+* ``sum_v x_{g,v} <= n_g`` for every group ``g``;
+* per node ``v`` and key ``k``: ``sum_g u_{g,k} x_{g,v} <= sum_{h,l} f_{l,k} y_{h,l}``
+  (+ the MPS free-slice terms): every unit of every placed pod gets its own free instance on
+  that node (all of a pod's units on one node; the kube-scheduler picks the devices);
+* per node ``v``: ``sum_g c_g x_{g,v} <= cpu_free_v`` and ``sum_g m_g x_{g,v} <= mem_free_v``.
+
+Objective (lexicographic, by big-M scaling)
+
+``maximize  M1 * PLACED - M2 * CHURN + USEFUL`` with ``PLACED = sum w_g x_{g,v}``,
+``CHURN = sum churn_l y_{h,l} + MPS churn`` and ``USEFUL = sum useful_l y_{h,l} + MPS
+usefulness``.  All three are non-negative integers bounded by ``CHURN <= C*`` and
+``USEFUL <= U*`` (sums of per-class maxima), so ``M2 = U* + 1`` makes one unit of churn
+outweigh any usefulness difference and ``M1 = M2 C* + U* + 1`` makes one unit of ``PLACED``
+outweigh any churn/usefulness difference: the maximum is exactly the lexicographic optimum.
+The integers must stay below 2^53 (CP-SAT bounds objectives in doubles); when
+``M1 * max PLACED`` would not, the usefulness level is dropped, then the churn level, and
+``stats['objective_levels']`` says how many levels were optimised.  One solve keeps the time
+limit a single budget (sequential solves would have to split it).
+
+Search: one CP-SAT solve, ``num_workers``/``random_seed``/``max_time_in_seconds`` from the
+settings, hinted with the greedy plan; the best solution at the time limit is decoded.  With
+``num_workers=1`` the result is deterministic whenever the solve ends before the time limit
+(status ``OPTIMAL``); on a time-out it depends on how far the search got.
+
+Decoding: class counts go to the class's GPUs in index order, options in candidate order;
+each group's first pods (name order) go to its nodes in name order; on a node, pods in
+(priority desc, name) order take free instances of their keys in GPU-index order.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ortools.sat.python import cp_model
+
+from planner.catalog import CatalogError, GpuModel, MigProfile
+from planner.demand import (
+    Eligibility,
+    NodeDemand,
+    PodGroup,
+    SnapshotError,
+    capacity_reason,
+    group_pods,
+    mps_usable_mib,
+    priority_weights,
+)
+from planner.geometry import Layout, Placement, canonical, enumerate_layouts, layout_errors
+from planner.mps import MpsGpuVars, add_mps_gpu, mps_key, upper_bound
+from planner.settings import PlannerSettings, Policy
+from planner.snapshot import (
+    Assignment,
+    GpuState,
+    Mode,
+    NodeState,
+    PendingPod,
+    Plan,
+    PlannedGpu,
+    Snapshot,
+)
+
+__all__ = [
+    "CurrentMig",
+    "LayoutOption",
+    "candidate_layouts",
+    "current_mig",
+    "largest_free_block",
+    "layout_option",
+    "solve_batch",
+]
+
+_EXACT_INT = 1 << 53
+
+
+@dataclass(frozen=True, slots=True)
+class CurrentMig:
+    """A MIG GPU's layout now, and which of its instances are in use."""
+
+    layout: Layout
+    used: frozenset[Placement]
+
+    def key(self) -> tuple[object, ...]:
+        return tuple((p.profile.name, p.start, p in self.used) for p in self.layout)
+
+
+def current_mig(node: NodeState, gpu: GpuState, model: GpuModel) -> CurrentMig:
+    """Parse a GPU's current instances; :class:`SnapshotError` naming it if impossible."""
+    where = f"node {node.name} GPU {gpu.index}"
+    try:
+        placements = [(Placement(i.start, model.profile(i.profile)), i.used) for i in gpu.mig]
+    except CatalogError as e:
+        raise SnapshotError(f"{where}: {e}") from e
+    layout = canonical(p for p, _ in placements)
+    errors = layout_errors(model, layout)
+    if errors:
+        raise SnapshotError(
+            f"{where}: current MIG layout is impossible ({'; '.join(errors)}); fix the "
+            f"snapshot (the node agent reports what the GPU holds)"
+        )
+    return CurrentMig(layout, frozenset(p for p, used in placements if used))
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutOption:
+    """A candidate layout of a GPU with what it offers and costs (module docstring)."""
+
+    layout: Layout
+    free: Mapping[str, int]
+    """Needed profile name -> free (unused) instances of it in the layout."""
+    destroyed: int
+    created: int
+    churn: int
+    useful: int
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.destroyed or self.created)
+
+
+def largest_free_block(model: GpuModel, layout: Sequence[Placement]) -> int:
+    """Memory slices of the largest profile that could still be placed on unallocated slots."""
+    taken = {s for p in layout for s in p.profile.span(p.start)}
+    best = 0
+    for prof in model.profiles:
+        if prof.memory_slices > best and any(
+            taken.isdisjoint(prof.span(start)) for start in prof.starts
+        ):
+            best = prof.memory_slices
+    return best
+
+
+def layout_option(
+    model: GpuModel,
+    current: CurrentMig,
+    layout: Layout,
+    needed: frozenset[str],
+    settings: PlannerSettings,
+) -> LayoutOption:
+    """Score ``layout`` as a replacement of ``current`` (free units, churn, usefulness)."""
+    now, then = set(layout), set(current.layout)
+    destroyed, created = len(then - now), len(now - then)
+    free: Counter[str] = Counter(
+        p.profile.name for p in layout if p not in current.used and p.profile.name in needed
+    )
+    churn = (
+        settings.weight_destroy * destroyed
+        + settings.weight_create * created
+        + settings.weight_gpu_touched * (destroyed + created > 0)
+    )
+    useful = settings.weight_free_gpu * (not layout) + settings.weight_free_block * (
+        largest_free_block(model, layout)
+    )
+    return LayoutOption(layout, dict(free), destroyed, created, churn, useful)
+
+
+def candidate_layouts(
+    model: GpuModel,
+    current: CurrentMig,
+    needed: frozenset[MigProfile],
+    settings: PlannerSettings,
+) -> list[LayoutOption]:
+    """The Pareto front of layouts for one GPU; the current layout first (module docstring)."""
+    names = frozenset(p.name for p in needed)
+    addable = set(needed) | {p.profile for p in current.layout if p not in current.used}
+    pinned = sorted(current.used)
+    first = layout_option(model, current, current.layout, names, settings)
+    options = [first]
+    for layout in enumerate_layouts(model, pinned, addable):
+        if layout != current.layout:
+            options.append(layout_option(model, current, layout, names, settings))
+    keys = sorted(names)
+
+    def vector(o: LayoutOption) -> tuple[int, ...]:
+        return tuple(o.free.get(k, 0) for k in keys)
+
+    order = sorted(
+        range(len(options)),
+        key=lambda i: (options[i].churn, -options[i].useful, [-f for f in vector(options[i])], i),
+    )
+    front: list[tuple[LayoutOption, tuple[int, ...]]] = []
+    for i in order:
+        o, v = options[i], vector(options[i])
+        dominated = any(
+            f.churn <= o.churn
+            and f.useful >= o.useful
+            and all(a >= b for a, b in zip(fv, v, strict=True))
+            for f, fv in front
+        )
+        if not dominated or o is first:
+            front.append((o, v))
+    kept = {id(o) for o, _ in front}
+    return [o for o in options if id(o) in kept]
+
+
+# --------------------------------------------------------------------------- the batch model
+
+
+@dataclass(slots=True)
+class _MigClass:
+    node: str
+    indices: tuple[int, ...]
+    current: CurrentMig
+    options: list[LayoutOption]
+    counts: list[cp_model.IntVar] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _NodeInfo:
+    state: NodeState
+    model: GpuModel
+    is_mig: bool
+    free_now: Counter[str]
+    """Key -> free instances/slices the node has now."""
+    potential: int
+    """Memory slots (MIG) or MiB (MPS) not held by anything in use."""
+    mig: dict[int, CurrentMig] = field(default_factory=dict)
+
+
+def _node_info(node: NodeState, model: GpuModel, settings: PlannerSettings) -> _NodeInfo:
+    free_now: Counter[str] = Counter()
+    if node.mode in (Mode.MIG, Mode.HYBRID):
+        info = _NodeInfo(node, model, True, free_now, 0)
+        for gpu in node.gpus:
+            cur = current_mig(node, gpu, model)
+            info.mig[gpu.index] = cur
+            free_now.update(p.profile.name for p in cur.layout if p not in cur.used)
+            info.potential += model.memory_slots - sum(p.profile.memory_slices for p in cur.used)
+        return info
+    usable = mps_usable_mib(node, model, settings)
+    potential = 0
+    for gpu in node.gpus:
+        free_now.update(mps_key(s.memory_mib) for s in gpu.mps if not s.used)
+        potential += max(0, usable - sum(s.memory_mib for s in gpu.mps if s.used))
+    return _NodeInfo(node, model, False, free_now, potential)
+
+
+def _candidates(
+    group: PodGroup,
+    infos: Mapping[str, _NodeInfo],
+    limit: int,
+    warm_nodes: Sequence[str],
+) -> list[str]:
+    units = next(iter(group.demands.values())).units()
+
+    def rank(name: str) -> tuple[int, int, str]:
+        info = infos[name]
+        now = min(info.free_now[k] // u for k, u in units.items())
+        return (-min(now, group.size), -info.potential, name)
+
+    ranked = sorted(group.demands, key=rank)[: max(0, limit)]
+    extra = [n for n in warm_nodes if n in group.demands and n not in ranked]
+    return sorted({*ranked, *extra})
+
+
+@dataclass(slots=True)
+class _Model:
+    """The CP-SAT model under construction and its variable maps."""
+
+    cp: cp_model.CpModel = field(default_factory=cp_model.CpModel)
+    mig: list[_MigClass] = field(default_factory=list)
+    mps: list[MpsGpuVars] = field(default_factory=list)
+    x: dict[tuple[int, str], cp_model.IntVar] = field(default_factory=dict)
+    supply: dict[str, dict[str, list[tuple[int, cp_model.IntVar]]]] = field(
+        default_factory=lambda: defaultdict(lambda: defaultdict(list))
+    )
+    supply_max: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
+    churn_terms: list[tuple[int, cp_model.IntVar]] = field(default_factory=list)
+    churn_exprs: list[cp_model.LinearExpr] = field(default_factory=list)
+    useful_terms: list[tuple[int, cp_model.IntVar]] = field(default_factory=list)
+    useful_exprs: list[cp_model.LinearExpr] = field(default_factory=list)
+    churn_max: int = 0
+    useful_max: int = 0
+    n_layouts: int = 0
+
+
+def _add_mig_node(
+    m: _Model,
+    info: _NodeInfo,
+    needed: frozenset[MigProfile],
+    warm: Mapping[tuple[str, int], PlannedGpu],
+    settings: PlannerSettings,
+    cache: dict[tuple[object, ...], list[LayoutOption]],
+) -> None:
+    node = info.state.name
+    classes: dict[tuple[object, ...], list[int]] = defaultdict(list)
+    for index, cur in sorted(info.mig.items()):
+        classes[cur.key()].append(index)
+    needed_key = tuple(sorted(p.name for p in needed))
+    for key, indices in classes.items():
+        current = info.mig[indices[0]]
+        ckey = (info.model.name, key, needed_key)
+        if ckey not in cache:
+            cache[ckey] = candidate_layouts(info.model, current, needed, settings)
+        options = list(cache[ckey])
+        names = frozenset(p.name for p in needed)
+        for index in indices:
+            planned = warm.get((node, index))
+            if planned is None or not planned.mig:
+                continue
+            layout = _warm_layout(info.model, current, planned)
+            if layout is not None and all(o.layout != layout for o in options):
+                options.append(layout_option(info.model, current, layout, names, settings))
+        cls = _MigClass(node, tuple(indices), current, options)
+        size = len(indices)
+        for j, opt in enumerate(options):
+            var = m.cp.new_int_var(0, size, f"y[{node},{indices[0]},{j}]")
+            cls.counts.append(var)
+            for k, f in opt.free.items():
+                if f:
+                    m.supply[node][k].append((f, var))
+            if opt.churn:
+                m.churn_terms.append((opt.churn, var))
+            if opt.useful:
+                m.useful_terms.append((opt.useful, var))
+        m.cp.add(sum(cls.counts) == size)
+        for k in names:
+            m.supply_max[node][k] += size * max(o.free.get(k, 0) for o in options)
+        m.churn_max += size * max(o.churn for o in options)
+        m.useful_max += size * max(o.useful for o in options)
+        m.n_layouts += len(options)
+        m.mig.append(cls)
+
+
+def _warm_layout(model: GpuModel, current: CurrentMig, planned: PlannedGpu) -> Layout | None:
+    """The warm-start layout of a GPU if it is valid and keeps every used instance."""
+    try:
+        layout = canonical(Placement(start, model.profile(name)) for name, start in planned.mig)
+    except CatalogError:
+        return None
+    if layout_errors(model, layout) or not current.used <= set(layout):
+        return None
+    return layout
+
+
+def _add_mps_node(
+    m: _Model,
+    info: _NodeInfo,
+    need: Mapping[str, int],
+    settings: PlannerSettings,
+) -> None:
+    node = info.state.name
+    usable = mps_usable_mib(info.state, info.model, settings)
+    max_new = {int(k.split(":")[1]): units for k, units in need.items()}
+    for gpu in sorted(info.state.gpus, key=lambda g: g.index):
+        g = add_mps_gpu(m.cp, node, gpu, usable, max_new, settings)
+        m.mps.append(g)
+        for mib in max_new:
+            m.supply[node][mps_key(mib)].extend(g.free_units(mib))
+            m.supply_max[node][mps_key(mib)] += g.free_units_max(mib)
+        m.churn_exprs.append(g.churn)
+        m.useful_exprs.append(g.useful)
+        m.churn_max += g.churn_max
+        m.useful_max += g.useful_max
+
+
+def _pod_upper_bound(
+    group: PodGroup, demand: NodeDemand, info: _NodeInfo, supply_max: Mapping[str, int]
+) -> int:
+    pod = group.first
+    ub = group.size
+    if pod.cpu_milli > 0:
+        ub = min(ub, info.state.cpu_milli_free // pod.cpu_milli)
+    if pod.memory_mib > 0:
+        ub = min(ub, info.state.memory_mib_free // pod.memory_mib)
+    for k, u in demand.units().items():
+        ub = min(ub, supply_max.get(k, 0) // u)
+    return max(0, ub)
+
+
+@dataclass(frozen=True, slots=True)
+class _Scaling:
+    m1: int
+    m2: int
+    levels: int
+
+
+def _scaling(placed_max: int, churn_max: int, useful_max: int) -> _Scaling:
+    m2 = useful_max + 1
+    m1 = churn_max * m2 + useful_max + 1
+    if placed_max * m1 < _EXACT_INT:
+        return _Scaling(m1, m2, 3)
+    if placed_max * (churn_max + 1) < _EXACT_INT:
+        return _Scaling(churn_max + 1, 1, 2)
+    return _Scaling(1, 0, 1)
+
+
+def solve_batch(
+    snapshot: Snapshot,
+    models: Mapping[str, GpuModel],
+    eligibilities: Mapping[str, Eligibility],
+    settings: PlannerSettings,
+    warm_start: Plan | None = None,
+) -> Plan | None:
+    """Plan ``snapshot`` with CP-SAT (module docstring); ``None`` if no solution was found.
+
+    ``models`` maps node name -> catalog model and ``eligibilities`` pod name -> its
+    :func:`planner.demand.eligibility`.  ``warm_start`` (the greedy plan) seeds the search.
+    """
+    groups = group_pods(snapshot.pods, eligibilities)
+    weights = priority_weights(p for g in groups for p in g.pods)
+    nodes = {n.name: n for n in snapshot.nodes}
+    warm_layouts = dict(warm_start.layouts) if warm_start is not None else {}
+    warm_node = {pod: a.node for pod, a in (warm_start.assignments.items() if warm_start else ())}
+
+    infos: dict[str, _NodeInfo] = {}
+    for g in groups:
+        for name in g.demands:
+            if name not in infos:
+                infos[name] = _node_info(nodes[name], models[name], settings)
+    cands: list[list[str]] = []
+    need: dict[str, Counter[str]] = defaultdict(Counter)
+    for g in groups:
+        warm_nodes = sorted({warm_node[p.name] for p in g.pods if p.name in warm_node})
+        cs = _candidates(g, infos, settings.max_candidate_nodes, warm_nodes)
+        cands.append(cs)
+        for name in cs:
+            for k, u in g.demands[name].units().items():
+                need[name][k] += u * g.size
+
+    # Candidate layouts are built per model from every profile any node of that model needs,
+    # so GPU classes with the same current layout share one enumeration across nodes.
+    model_keys: dict[str, set[str]] = defaultdict(set)
+    for name, keys in need.items():
+        if infos[name].is_mig:
+            model_keys[infos[name].model.name].update(keys)
+    m = _Model()
+    cache: dict[tuple[object, ...], list[LayoutOption]] = {}
+    for name in sorted(need):
+        info = infos[name]
+        if info.is_mig:
+            needed = frozenset(info.model.profile(k) for k in model_keys[info.model.name])
+            _add_mig_node(m, info, needed, warm_layouts, settings, cache)
+        else:
+            _add_mps_node(m, info, need[name], settings)
+
+    placed_terms: list[tuple[int, cp_model.IntVar]] = []
+    per_node: dict[str, list[tuple[int, cp_model.IntVar]]] = defaultdict(list)
+    for gi, (g, cs) in enumerate(zip(groups, cands, strict=True)):
+        xs: list[cp_model.IntVar] = []
+        for name in cs:
+            ub = _pod_upper_bound(g, g.demands[name], infos[name], m.supply_max[name])
+            if ub == 0:
+                continue
+            x = m.cp.new_int_var(0, ub, f"x[{gi},{name}]")
+            m.x[(gi, name)] = x
+            xs.append(x)
+            per_node[name].append((gi, x))
+            placed_terms.append((weights[g.first.priority], x))
+        if len(xs) > 1:
+            m.cp.add(sum(xs) <= g.size)
+
+    for name, entries in per_node.items():
+        state = nodes[name]
+        demand_terms: dict[str, list[tuple[int, cp_model.IntVar]]] = defaultdict(list)
+        cpu: list[tuple[int, cp_model.IntVar]] = []
+        mem: list[tuple[int, cp_model.IntVar]] = []
+        for gi, x in entries:
+            g = groups[gi]
+            for k, u in g.demands[name].units().items():
+                demand_terms[k].append((u, x))
+            cpu.append((g.first.cpu_milli, x))
+            mem.append((g.first.memory_mib, x))
+        for k, terms in demand_terms.items():
+            m.cp.add(_wsum(terms) <= _wsum(m.supply[name][k]))
+        if sum(c * upper_bound(x) for c, x in cpu) > state.cpu_milli_free:
+            m.cp.add(_wsum(cpu) <= state.cpu_milli_free)
+        if sum(c * upper_bound(x) for c, x in mem) > state.memory_mib_free:
+            m.cp.add(_wsum(mem) <= state.memory_mib_free)
+
+    placed_max = sum(c * upper_bound(x) for c, x in placed_terms)
+    scale = _scaling(placed_max, m.churn_max, m.useful_max)
+    placed = _wsum(placed_terms)
+    churn = _wsum(m.churn_terms) + sum(m.churn_exprs)
+    useful = _wsum(m.useful_terms) + sum(m.useful_exprs)
+    objective = scale.m1 * placed
+    if scale.levels >= 2:
+        objective -= scale.m2 * churn
+    if scale.levels >= 3:
+        objective += useful
+    m.cp.maximize(objective)
+    _hint(m, groups, warm_layouts, warm_node)
+
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.01, settings.time_limit_s)
+    solver.parameters.num_workers = max(1, settings.num_workers)
+    solver.parameters.random_seed = settings.seed
+    status = solver.solve(m.cp)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+
+    layouts, free = _decode_gpus(m, solver, settings)
+    assignments = _decode_pods(m, solver, groups, cands, free)
+    unplaced: dict[str, str] = {}
+    for pod in snapshot.pods:
+        if pod.name in assignments:
+            continue
+        el = eligibilities[pod.name]
+        unplaced[pod.name] = capacity_reason(pod, el.demands) if el.demands else str(el.reason)
+    obj, bound = solver.objective_value, solver.best_objective_bound
+    stats: dict[str, float] = {
+        "solve_s": solver.wall_time,
+        "objective": obj,
+        "bound": bound,
+        "gap": (bound - obj) / max(1.0, abs(obj)),
+        "placed": float(len(assignments)),
+        "unplaced": float(len(unplaced)),
+        "placed_weight": float(solver.value(placed)),
+        "placed_weight_bound": float((int(bound) + scale.m2 * m.churn_max) // scale.m1),
+        "churn": float(solver.value(churn)),
+        "objective_levels": float(scale.levels),
+        "pod_groups": float(len(groups)),
+        "nodes_in_model": float(len(need)),
+        "gpu_classes": float(len(m.mig)),
+        "layouts": float(m.n_layouts),
+        "variables": float(len(m.cp.proto.variables)),
+        "gpus_touched": float(len(layouts)),
+    }
+    return Plan(
+        layouts=layouts,
+        assignments=assignments,
+        unplaced=unplaced,
+        policy=Policy.CPSAT.value,
+        status=solver.status_name(status),
+        stats=stats,
+    )
+
+
+def _wsum(terms: Sequence[tuple[int, cp_model.IntVar]]) -> cp_model.LinearExpr:
+    return cp_model.LinearExpr.weighted_sum([v for _, v in terms], [c for c, _ in terms])
+
+
+def _hint(
+    m: _Model,
+    groups: Sequence[PodGroup],
+    warm_layouts: Mapping[tuple[str, int], PlannedGpu],
+    warm_node: Mapping[str, str],
+) -> None:
+    if not warm_node and not warm_layouts:
+        return
+    for cls in m.mig:
+        counts = [0] * len(cls.options)
+        for index in cls.indices:
+            planned = warm_layouts.get((cls.node, index))
+            j = 0
+            if planned is not None:
+                want = sorted(planned.mig)
+                j = next(
+                    (
+                        i
+                        for i, o in enumerate(cls.options)
+                        if sorted((p.profile.name, p.start) for p in o.layout) == want
+                    ),
+                    0,
+                )
+            counts[j] += 1
+        for var, c in zip(cls.counts, counts, strict=True):
+            m.cp.add_hint(var, c)
+    for g in m.mps:
+        g.hint(m.cp, warm_layouts.get((g.node, g.gpu.index)))
+    for (gi, name), x in m.x.items():
+        n = sum(1 for p in groups[gi].pods if warm_node.get(p.name) == name)
+        m.cp.add_hint(x, min(n, upper_bound(x)))
+
+
+def _decode_gpus(
+    m: _Model,
+    solver: cp_model.CpSolver,
+    settings: PlannerSettings,
+) -> tuple[dict[tuple[str, int], PlannedGpu], dict[str, dict[str, list[int]]]]:
+    """Changed GPUs' full layouts, and per node and key the GPU index of each free unit."""
+    layouts: dict[tuple[str, int], PlannedGpu] = {}
+    free: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for cls in m.mig:
+        indices = iter(cls.indices)
+        for opt, var in zip(cls.options, cls.counts, strict=True):
+            for _ in range(solver.value(var)):
+                index = next(indices)
+                for p in opt.layout:
+                    if p not in cls.current.used:
+                        free[cls.node][p.profile.name].append(index)
+                if opt.changed:
+                    layouts[(cls.node, index)] = PlannedGpu(
+                        cls.node, index, mig=tuple((p.profile.name, p.start) for p in opt.layout)
+                    )
+    for g in m.mps:
+        slices, changed, sizes = g.decode(solver, settings.mps_thread_policy)
+        for mib in sizes:
+            free[g.node][mps_key(mib)].append(g.gpu.index)
+        if changed:
+            layouts[(g.node, g.gpu.index)] = PlannedGpu(g.node, g.gpu.index, mps=slices)
+    for per_key in free.values():
+        for lst in per_key.values():
+            lst.sort()
+    return layouts, free
+
+
+def _decode_pods(
+    m: _Model,
+    solver: cp_model.CpSolver,
+    groups: Sequence[PodGroup],
+    cands: Sequence[Sequence[str]],
+    free: Mapping[str, Mapping[str, list[int]]],
+) -> dict[str, Assignment]:
+    on_node: dict[str, list[tuple[PendingPod, NodeDemand]]] = defaultdict(list)
+    for gi, (g, cs) in enumerate(zip(groups, cands, strict=True)):
+        pods = iter(g.pods)
+        for name in cs:
+            x = m.x.get((gi, name))
+            for _ in range(solver.value(x) if x is not None else 0):
+                on_node[name].append((next(pods), g.demands[name]))
+    assignments: dict[str, Assignment] = {}
+    for name, entries in sorted(on_node.items()):
+        pool = {k: list(v) for k, v in free.get(name, {}).items()}
+        for pod, demand in sorted(entries, key=lambda e: (-e[0].priority, e[0].name)):
+            gpus: dict[str, tuple[int, ...]] = {}
+            for r in demand.requests:
+                take = pool[r.key][: r.count]
+                del pool[r.key][: r.count]
+                if len(take) < r.count:  # the model guarantees this never happens
+                    raise AssertionError(f"plan decoding: {pod.name} lacks {r.key} on {name}")
+                gpus[r.resource] = tuple(take)
+            assignments[pod.name] = Assignment(name, gpus)
+    return assignments

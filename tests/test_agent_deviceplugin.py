@@ -1,0 +1,407 @@
+"""Device plugin v1beta1 over real gRPC on unix sockets, against the fake kubelet (tests/fake_kubelet.py).
+
+Devices come from the node agent's own pure builder (``node_agent.devices.advertised_devices``)
+applied to an actual layout, so the envs checked here are the ones the agent would serve.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+
+import grpc
+import grpc.aio
+import pytest
+from fake_kubelet import FakeKubelet, eventually
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from contract.nodepartitioning import ActualGpu, ActualMigInstance, ActualMpsSlice
+from node_agent.deviceplugin import (
+    DevicePluginManager,
+    plugin_socket_name,
+    preferred_allocation,
+)
+from node_agent.devices import AdvertisedDevice, advertised_devices, mps_slice_id
+
+MIG_1G = "nvidia.com/mig-1g.10gb"
+MIG_3G = "nvidia.com/mig-3g.40gb"
+MPS_10 = "nvidia.com/gpu-10gb"
+GPU0 = "GPU-00000000-0000-0000-0000-000000000000"
+GPU1 = "GPU-11111111-1111-1111-1111-111111111111"
+PIPE_ROOT = "/run/gpuslice/mps"
+
+
+def mig_uuid(n: int) -> str:
+    return f"MIG-{n:08d}-aaaa-bbbb-cccc-000000000000"
+
+
+def mig_gpu(*instances: tuple[str, int, int]) -> ActualGpu:
+    """A MIG GPU 0 with (profile, start, uuid number) instances."""
+    return ActualGpu(
+        index=0,
+        uuid=GPU0,
+        model="H100-80GB",
+        migEnabled=True,
+        mig=[ActualMigInstance(profile=p, start=s, deviceId=mig_uuid(n)) for p, s, n in instances],
+    )
+
+
+def mps_gpu(index: int, uuid: str, slices: list[tuple[int, int]]) -> ActualGpu:
+    """An MPS GPU with (memory MiB, thread %) slices."""
+    return ActualGpu(
+        index=index,
+        uuid=uuid,
+        model="A100-80GB",
+        mps=[
+            ActualMpsSlice(
+                memoryMiB=m, activeThreadPercentage=p, deviceId=mps_slice_id(uuid, k, m, p)
+            )
+            for k, (m, p) in enumerate(slices)
+        ],
+    )
+
+
+@pytest.fixture
+def plugin_dir() -> Iterator[str]:
+    # short path: unix socket paths are limited to 107 bytes
+    path = tempfile.mkdtemp(prefix="gsdp-", dir="/tmp")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+async def kubelet(plugin_dir: str) -> AsyncIterator[FakeKubelet]:
+    k = FakeKubelet(plugin_dir)
+    await k.start()
+    yield k
+    await k.stop()
+
+
+@pytest.fixture
+async def manager(plugin_dir: str) -> AsyncIterator[DevicePluginManager]:
+    m = DevicePluginManager(plugin_dir, poll_interval_s=0.05, register_timeout_s=5)
+    await m.start()
+    yield m
+    await m.stop()
+
+
+async def registered(kubelet: FakeKubelet, resource: str, devices: dict[str, str]) -> None:
+    """Wait until ``resource`` is registered and its latest ListAndWatch list is ``devices``."""
+
+    def ok() -> bool:
+        conn = kubelet.registered(resource)
+        return conn is not None and conn.devices == devices
+
+    await eventually(ok, what=f"{resource} registered with devices {devices}")
+
+
+async def test_registration_request_and_first_list(
+    kubelet: FakeKubelet, manager: DevicePluginManager, plugin_dir: str
+) -> None:
+    devices = advertised_devices(
+        [mig_gpu(("1g.10gb", 0, 1), ("1g.10gb", 1, 2), ("3g.40gb", 4, 3))], mps_pipe_root=PIPE_ROOT
+    )
+    manager.set_devices(devices)
+    await registered(kubelet, MIG_1G, {mig_uuid(1): "Healthy", mig_uuid(2): "Healthy"})
+    await registered(kubelet, MIG_3G, {mig_uuid(3): "Healthy"})
+
+    by_resource = {r.resource_name: r for r in kubelet.registrations}
+    assert sorted(by_resource) == [MIG_1G, MIG_3G]
+    req = by_resource[MIG_1G]
+    assert req.version == "v1beta1"
+    assert req.endpoint == plugin_socket_name(MIG_1G) == "gpuslice-nvidia.com_mig-1g.10gb.sock"
+    assert os.path.exists(os.path.join(plugin_dir, req.endpoint))  # a file name, inside the dir
+    assert req.options.get_preferred_allocation_available is True
+    assert req.options.pre_start_required is False
+    conn = kubelet.registered(MIG_1G)
+    assert conn is not None
+    assert conn.options == req.options  # the options the kubelet will use match the request
+    assert [s.registered for s in manager.status()] == [True, True]
+
+
+async def test_listandwatch_update_after_layout_change_without_restart(
+    kubelet: FakeKubelet, manager: DevicePluginManager, plugin_dir: str
+) -> None:
+    manager.set_devices(advertised_devices([mig_gpu(("1g.10gb", 0, 1))], mps_pipe_root=PIPE_ROOT))
+    await registered(kubelet, MIG_1G, {mig_uuid(1): "Healthy"})
+    conn = kubelet.registered(MIG_1G)
+    socket_inode = os.stat(os.path.join(plugin_dir, plugin_socket_name(MIG_1G))).st_ino
+
+    # the layout changes: instance 1 goes, 2 and 3 come, 3 is unhealthy
+    layout = mig_gpu(("1g.10gb", 1, 2), ("1g.10gb", 2, 3))
+    manager.set_devices(
+        advertised_devices([layout], mps_pipe_root=PIPE_ROOT, unhealthy={mig_uuid(3)})
+    )
+    await registered(kubelet, MIG_1G, {mig_uuid(2): "Healthy", mig_uuid(3): "Unhealthy"})
+
+    assert kubelet.registered(MIG_1G) is conn  # same connection, same stream
+    assert conn is not None and not conn.stream_ended
+    assert conn.updates[0] == {mig_uuid(1): "Healthy"}  # the full list first, then the full list
+    assert len(kubelet.registrations) == 1  # not re-registered
+    assert os.stat(os.path.join(plugin_dir, plugin_socket_name(MIG_1G))).st_ino == socket_inode
+
+
+async def test_resource_that_disappears_is_stopped_and_new_one_registered(
+    kubelet: FakeKubelet, manager: DevicePluginManager, plugin_dir: str
+) -> None:
+    manager.set_devices(advertised_devices([mig_gpu(("1g.10gb", 0, 1))], mps_pipe_root=PIPE_ROOT))
+    await registered(kubelet, MIG_1G, {mig_uuid(1): "Healthy"})
+    old = kubelet.registered(MIG_1G)
+    manager.set_devices(advertised_devices([mig_gpu(("3g.40gb", 0, 7))], mps_pipe_root=PIPE_ROOT))
+    await registered(kubelet, MIG_3G, {mig_uuid(7): "Healthy"})
+    assert old is not None
+    await eventually(lambda: old.stream_ended, what="the removed plugin's stream to end")
+    assert not os.path.exists(os.path.join(plugin_dir, plugin_socket_name(MIG_1G)))
+    assert [s.resource for s in manager.status()] == [MIG_3G]
+
+
+async def test_allocate_mig_env(kubelet: FakeKubelet, manager: DevicePluginManager) -> None:
+    manager.set_devices(
+        advertised_devices([mig_gpu(("1g.10gb", 0, 1), ("1g.10gb", 1, 2))], mps_pipe_root=PIPE_ROOT)
+    )
+    await registered(kubelet, MIG_1G, {mig_uuid(1): "Healthy", mig_uuid(2): "Healthy"})
+    conn = kubelet.registered(MIG_1G)
+    assert conn is not None
+    reply = await conn.allocate([mig_uuid(2)], [mig_uuid(1)])  # two containers, answered in order
+    assert [dict(r.envs) for r in reply.container_responses] == [
+        {"NVIDIA_VISIBLE_DEVICES": mig_uuid(2)},
+        {"NVIDIA_VISIBLE_DEVICES": mig_uuid(1)},
+    ]
+    assert all(len(r.mounts) == 0 for r in reply.container_responses)
+
+
+async def test_allocate_mps_env_and_pipe_mount(
+    kubelet: FakeKubelet, manager: DevicePluginManager
+) -> None:
+    gpu = mps_gpu(3, GPU0, [(10240, 25), (10240, 50)])
+    manager.set_devices(advertised_devices([gpu], mps_pipe_root=PIPE_ROOT))
+    ids = [s.deviceId for s in gpu.mps]
+    await registered(kubelet, MPS_10, {i: "Healthy" for i in ids})
+    conn = kubelet.registered(MPS_10)
+    assert conn is not None
+    reply = await conn.allocate([ids[1]])
+    (resp,) = reply.container_responses
+    assert dict(resp.envs) == {
+        "NVIDIA_VISIBLE_DEVICES": GPU0,
+        "CUDA_MPS_PIPE_DIRECTORY": "/run/gpuslice/mps/gpu3",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=10240M",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",
+    }
+    assert [(m.container_path, m.host_path, m.read_only) for m in resp.mounts] == [
+        ("/run/gpuslice/mps/gpu3", "/run/gpuslice/mps/gpu3", False)
+    ]
+
+
+async def test_allocate_errors_name_the_device(
+    kubelet: FakeKubelet, manager: DevicePluginManager
+) -> None:
+    gpus = [mps_gpu(0, GPU0, [(10240, 50)]), mps_gpu(1, GPU1, [(10240, 50), (10240, 50)])]
+    ids = [s.deviceId for g in gpus for s in g.mps]
+    manager.set_devices(advertised_devices(gpus, mps_pipe_root=PIPE_ROOT, unhealthy={ids[2]}))
+    await registered(kubelet, MPS_10, {ids[0]: "Healthy", ids[1]: "Healthy", ids[2]: "Unhealthy"})
+    conn = kubelet.registered(MPS_10)
+    assert conn is not None
+
+    with pytest.raises(grpc.aio.AioRpcError) as unknown:
+        await conn.allocate([ids[0], "GPU-nope-mps9-10240m-50p"])
+    assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "'GPU-nope-mps9-10240m-50p'" in str(unknown.value.details())
+    assert MPS_10 in str(unknown.value.details())
+
+    with pytest.raises(grpc.aio.AioRpcError) as sick:
+        await conn.allocate([ids[2]])
+    assert sick.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert ids[2] in str(sick.value.details())
+
+    with pytest.raises(grpc.aio.AioRpcError) as split:  # one container, slices of two GPUs
+        await conn.allocate([ids[0], ids[1]])
+    assert split.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "different GPUs" in str(split.value.details())
+
+
+async def test_get_preferred_allocation_same_gpu_and_must_include(
+    kubelet: FakeKubelet, manager: DevicePluginManager
+) -> None:
+    gpus = [
+        mps_gpu(0, GPU0, [(10240, 25)] * 2),  # 2 slices
+        mps_gpu(1, GPU1, [(10240, 25)] * 3),  # 3 slices
+    ]
+    manager.set_devices(advertised_devices(gpus, mps_pipe_root=PIPE_ROOT))
+    g0 = [s.deviceId for s in gpus[0].mps]
+    g1 = [s.deviceId for s in gpus[1].mps]
+    await registered(kubelet, MPS_10, dict.fromkeys(g0 + g1, "Healthy"))
+    conn = kubelet.registered(MPS_10)
+    assert conn is not None
+    everything = sorted(g0 + g1)
+
+    # 2 fit on either GPU: the smallest GPU that fits (GPU0), keeping GPU1's 3 together
+    assert sorted(await conn.preferred(everything, [], 2)) == sorted(g0)
+    # 3 fit only on GPU1
+    assert sorted(await conn.preferred(everything, [], 3)) == sorted(g1)
+    # must_include a GPU1 slice: the rest comes from GPU1 too
+    picked = await conn.preferred(everything, [g1[2]], 2)
+    assert picked[0] == g1[2] and set(picked) <= set(g1) and len(picked) == 2
+    # must_include on GPU0, size 3: GPU0's other slice first, then the fewest more GPUs
+    picked = await conn.preferred(everything, [g0[0]], 3)
+    assert picked[:2] == [g0[0], g0[1]] and picked[2] in g1
+
+
+async def test_reregisters_after_kubelet_restart(
+    kubelet: FakeKubelet, manager: DevicePluginManager, plugin_dir: str
+) -> None:
+    manager.set_devices(
+        advertised_devices([mig_gpu(("1g.10gb", 0, 1), ("3g.40gb", 4, 2))], mps_pipe_root=PIPE_ROOT)
+    )
+    await registered(kubelet, MIG_1G, {mig_uuid(1): "Healthy"})
+    await registered(kubelet, MIG_3G, {mig_uuid(2): "Healthy"})
+    assert len(kubelet.registrations) == 2
+
+    await kubelet.restart()  # every socket deleted, a new kubelet.sock
+    assert not os.path.exists(os.path.join(plugin_dir, plugin_socket_name(MIG_1G)))
+    await registered(kubelet, MIG_1G, {mig_uuid(1): "Healthy"})
+    await registered(kubelet, MIG_3G, {mig_uuid(2): "Healthy"})
+    assert len(kubelet.registrations) == 4
+    assert os.path.exists(os.path.join(plugin_dir, plugin_socket_name(MIG_1G)))
+    conn = kubelet.registered(MIG_1G)
+    assert conn is not None
+    reply = await conn.allocate([mig_uuid(1)])  # the new kubelet can use the fresh socket
+    assert dict(reply.container_responses[0].envs) == {"NVIDIA_VISIBLE_DEVICES": mig_uuid(1)}
+
+
+async def test_reregisters_when_only_kubelet_sock_is_recreated(
+    kubelet: FakeKubelet, manager: DevicePluginManager
+) -> None:
+    manager.set_devices(advertised_devices([mig_gpu(("1g.10gb", 0, 1))], mps_pipe_root=PIPE_ROOT))
+    await registered(kubelet, MIG_1G, {mig_uuid(1): "Healthy"})
+    await kubelet.restart(wipe_plugin_sockets=False)  # new kubelet.sock inode, plugin socket kept
+    await registered(kubelet, MIG_1G, {mig_uuid(1): "Healthy"})
+    assert [r.resource_name for r in kubelet.registrations] == [MIG_1G, MIG_1G]
+
+
+async def test_registers_once_the_kubelet_appears_and_retries_rejections(plugin_dir: str) -> None:
+    manager = DevicePluginManager(plugin_dir, poll_interval_s=0.05)
+    await manager.start()
+    kubelet = FakeKubelet(plugin_dir)
+    try:
+        manager.set_devices(
+            advertised_devices([mig_gpu(("1g.10gb", 0, 1))], mps_pipe_root=PIPE_ROOT)
+        )
+        await eventually(
+            lambda: os.path.exists(os.path.join(plugin_dir, plugin_socket_name(MIG_1G))),
+            what="the plugin to serve before any kubelet exists",
+        )
+        assert [s.registered for s in manager.status()] == [False]
+        kubelet.reject_with = "not now"
+        await kubelet.start()
+        await eventually(lambda: len(kubelet.registrations) >= 2, what="registration retries")
+        assert kubelet.registered(MIG_1G) is None
+        kubelet.reject_with = None
+        await registered(kubelet, MIG_1G, {mig_uuid(1): "Healthy"})
+        await eventually(
+            lambda: [s.registered for s in manager.status()] == [True], what="status registered"
+        )
+    finally:
+        await manager.stop()
+        await kubelet.stop()
+
+
+async def test_set_devices_from_another_thread(
+    kubelet: FakeKubelet, manager: DevicePluginManager
+) -> None:
+    devices = advertised_devices([mig_gpu(("1g.10gb", 0, 1))], mps_pipe_root=PIPE_ROOT)
+    await asyncio.to_thread(manager.set_devices, devices)
+    await registered(kubelet, MIG_1G, {mig_uuid(1): "Healthy"})
+    devices = advertised_devices(
+        [mig_gpu(("1g.10gb", 0, 1), ("1g.10gb", 1, 2))], mps_pipe_root=PIPE_ROOT
+    )
+    await asyncio.to_thread(manager.set_devices, devices)
+    await registered(kubelet, MIG_1G, {mig_uuid(1): "Healthy", mig_uuid(2): "Healthy"})
+
+
+async def test_stop_ends_streams_and_removes_sockets(kubelet: FakeKubelet, plugin_dir: str) -> None:
+    manager = DevicePluginManager(plugin_dir, poll_interval_s=0.05)
+    await manager.start()
+    manager.set_devices(advertised_devices([mig_gpu(("1g.10gb", 0, 1))], mps_pipe_root=PIPE_ROOT))
+    await registered(kubelet, MIG_1G, {mig_uuid(1): "Healthy"})
+    await manager.stop()
+    conn = kubelet.registered(MIG_1G)
+    assert conn is not None
+    await eventually(lambda: conn.stream_ended, what="stream end after stop")
+    assert os.listdir(plugin_dir) == ["kubelet.sock"]
+
+
+def dev(resource: str, dev_id: str) -> AdvertisedDevice:
+    return AdvertisedDevice(id=dev_id, resource=resource, healthy=True, env={})
+
+
+@pytest.mark.parametrize(
+    ("devices", "message"),
+    [
+        ({"gpu-10gb": [dev("gpu-10gb", "a")]}, "'vendor.com/name'"),
+        ({"kubernetes.io/gpu": [dev("kubernetes.io/gpu", "a")]}, "other than kubernetes.io"),
+        ({MIG_1G: [dev(MIG_3G, "a")]}, "has resource 'nvidia.com/mig-3g.40gb'"),
+        ({MIG_1G: [dev(MIG_1G, "x" * 64)]}, "1 to 63 characters"),
+        ({MIG_1G: [dev(MIG_1G, "a"), dev(MIG_1G, "a")]}, "listed twice"),
+    ],
+)
+def test_set_devices_rejects_bad_input(
+    devices: dict[str, list[AdvertisedDevice]], message: str
+) -> None:
+    manager = DevicePluginManager("/var/lib/kubelet/device-plugins")
+    with pytest.raises(ValueError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        manager.set_devices(devices)
+
+
+def test_socket_path_too_long_is_rejected_early() -> None:
+    manager = DevicePluginManager("/" + "d" * 80)
+    with pytest.raises(ValueError, match="longer than 107 bytes"):
+        manager.set_devices({MIG_1G: [dev(MIG_1G, "a")]})
+
+
+def test_start_needs_the_plugin_directory(plugin_dir: str) -> None:
+    manager = DevicePluginManager(os.path.join(plugin_dir, "missing"))
+    with pytest.raises(FileNotFoundError, match="mount the kubelet"):
+        asyncio.run(manager.start())
+
+
+# -- preferred_allocation, the pure part ------------------------------------------------------
+
+groups_st = st.lists(st.integers(min_value=1, max_value=5), min_size=1, max_size=5)
+
+
+@settings(max_examples=150, deadline=None)
+@given(groups=groups_st, data=st.data())
+def test_preferred_allocation_properties(groups: list[int], data: st.DataObject) -> None:
+    ids = [f"g{g}-d{k}" for g, n in enumerate(groups) for k in range(n)]
+
+    def gpu_of(dev_id: str) -> str:
+        return dev_id.split("-")[0]
+
+    size = data.draw(st.integers(min_value=1, max_value=len(ids)))
+    must = data.draw(st.lists(st.sampled_from(ids), unique=True, max_size=size))
+    picked = preferred_allocation(ids, must, size, gpu_of)
+
+    assert len(picked) == len(set(picked)) == size
+    assert picked[: len(must)] == must
+    assert set(picked) <= set(ids)
+    if not must:  # as few GPUs as possible: the k largest groups are the best cover
+        cover, total = 0, 0
+        for n in sorted(groups, reverse=True):
+            cover, total = cover + 1, total + n
+            if total >= size:
+                break
+        assert len({gpu_of(p) for p in picked}) == cover
+    else:  # the GPUs of must_include are filled before any other GPU is touched
+        must_gpus = {gpu_of(m) for m in must}
+        extra = [p for p in picked[len(must) :]]
+        room = sum(n for g, n in enumerate(groups) if f"g{g}" in must_gpus) - len(must)
+        assert sum(gpu_of(p) in must_gpus for p in extra) == min(room, len(extra))
+
+
+def test_preferred_allocation_short_supply_and_oversized_must_include() -> None:
+    assert preferred_allocation(["a", "b"], [], 3, lambda d: d) == ["a", "b"]
+    assert preferred_allocation(["a", "b"], ["b", "a"], 1, lambda d: d) == ["b", "a"]

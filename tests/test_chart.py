@@ -1,0 +1,838 @@
+"""The Helm chart (``charts/gpuslice``), rendered offline and checked against Kubernetes' schemas.
+
+What is checked, and against what:
+
+* every manifest of the default values and of several variants validates, in strict mode, with
+  kubernetes-validate against Kubernetes 1.29 (the oldest supported release) and the newest
+  schema it ships; the one CRD-backed kind (ServiceMonitor) is checked structurally instead;
+* the chart's CRD equals the one generated from the contract (:func:`crd_manifest`);
+* ``helm lint --strict`` reports nothing; ``values.schema.json`` and the template guards reject
+  bad values with a message naming the key;
+* RBAC grants exactly the API calls each component declares in ``rbac-usage.yaml``;
+* the agent lands only on opted-in nodes, and the NOTES' NVIDIA device-plugin affinity selects
+  exactly the other nodes; the agent's privileges and host mounts are the documented ones;
+* the env the chart sets is accepted by the components' own settings classes, with the same
+  defaults, and a catalog override reaches them as readable files;
+* the Grafana dashboard queries exactly the metrics the operations guide documents.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import yaml
+from helm_python import _native
+
+from contract.catalog_files import load_catalog
+from contract.nodepartitioning import crd_manifest
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "charts" / "gpuslice"
+CRD_FILE = CHART / "crds" / "nodepartitioning.yaml"
+RBAC_USAGE = CHART / "rbac-usage.yaml"
+OPERATIONS_DOC = ROOT / "docs" / "operations.md"
+
+RELEASE, NAMESPACE = "gs", "gpu-system"
+OLDEST_KUBE = "1.29"
+NEWEST_KUBE = kubernetes_validate.utils.major_minor(kubernetes_validate.utils.latest_version())
+
+# Kinds whose schema comes from a third-party CRD, not from Kubernetes: checked structurally.
+CRD_BACKED_KINDS = {"ServiceMonitor"}
+
+Manifest = dict[str, Any]
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "service-monitor": {
+        "metrics": {
+            "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "kps"}}
+        }
+    },
+    "custom-catalog": {
+        "catalog": {
+            "files": {
+                "10-extra.yaml": "models:\n  - name: T4-16GB\n    memory_mib: 15360\n",
+                "20-extra.json": {"models": [{"name": "V100-32GB", "memory_mib": 32768}]},
+            }
+        }
+    },
+    "custom-images-resources": {
+        "image": {
+            "registry": "registry.example.internal:5000",
+            "repository": "ml/gpuslice",
+            "tag": "0.1.0-rc1",
+            "pullPolicy": "Always",
+        },
+        "imagePullSecrets": [{"name": "regcred"}],
+        "partitioner": {
+            "resources": {"requests": {"cpu": "1", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+            "tolerations": [
+                {"key": "dedicated", "operator": "Equal", "value": "ops", "effect": "NoSchedule"}
+            ],
+            "nodeSelector": {"kubernetes.io/os": "linux"},
+            "priorityClassName": "system-cluster-critical",
+        },
+        "agent": {
+            "resources": {
+                "requests": {"cpu": "100m", "memory": "64Mi"},
+                "limits": {"memory": "1Gi"},
+            },
+            "tolerations": [{"operator": "Exists"}],
+            "priorityClassName": "system-node-critical",
+            "runtimeClassName": "",
+        },
+    },
+    "digest-pinned": {"image": {"digest": "sha256:" + "a" * 64}},
+    "json-logs": {"logging": {"format": "json", "level": "DEBUG"}},
+    "privileged-agent-no-mps": {"agent": {"privileged": True, "hostIPC": False}},
+    "policy-audit-only": {"admissionPolicy": {"validationActions": ["Warn", "Audit"]}},
+    "minimal": {
+        "metrics": {"service": {"enabled": False}, "grafanaDashboard": {"enabled": False}},
+        "admissionPolicy": {"enabled": False},
+    },
+}
+
+
+# ------------------------------------------------------------------------------------ rendering
+
+
+@pytest.fixture(scope="module")
+def chart() -> Iterator[helm.Chart]:
+    with helm.Chart.load(CHART) as loaded:
+        yield loaded
+
+
+def render_files(
+    chart: helm.Chart, values: dict[str, Any], kube_version: str | None = None
+) -> dict[str, str]:
+    """Template path -> rendered text. ``kube_version`` plays the cluster's version.
+
+    ``Chart.render`` does not expose the renderer's ``kube_version`` option (``helm template
+    --kube-version``), so the native call is made directly for that case.
+    """
+    if kube_version is None:
+        return chart.render(values, name=RELEASE, namespace=NAMESPACE)
+    opts = {"name": RELEASE, "namespace": NAMESPACE, "kube_version": f"v{kube_version}.0"}
+    rendered = _native.call_string(
+        "helm_render", chart._raw(), json.dumps(values), json.dumps(opts)
+    )
+    files: dict[str, str] = json.loads(rendered)
+    return files
+
+
+def manifests(files: dict[str, str]) -> list[Manifest]:
+    out: list[Manifest] = []
+    for path, text in sorted(files.items()):
+        if path.endswith(".yaml"):
+            out.extend(doc for doc in yaml.safe_load_all(text) if doc)
+    return out
+
+
+def render(
+    chart: helm.Chart, values: dict[str, Any], kube_version: str | None = None
+) -> list[Manifest]:
+    return manifests(render_files(chart, values, kube_version))
+
+
+def one(docs: list[Manifest], kind: str, name_suffix: str = "") -> Manifest:
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(name_suffix)]
+    assert len(found) == 1, f"expected one {kind} named *{name_suffix}, got {len(found)}"
+    return found[0]
+
+
+def container(docs: list[Manifest], kind: str) -> dict[str, Any]:
+    pod = one(docs, kind)["spec"]["template"]["spec"]
+    assert len(pod["containers"]) == 1
+    c: dict[str, Any] = pod["containers"][0]
+    return c
+
+
+def env_of(c: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
+
+
+# ------------------------------------------------------------------------ schema validation
+
+
+def check_service_monitor(sm: Manifest, docs: list[Manifest]) -> None:
+    """Structural check of a ServiceMonitor: it must select the metrics Services by their labels
+    and scrape a port they all name."""
+    assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+    assert sm["metadata"]["namespace"] == NAMESPACE
+    spec = sm["spec"]
+    assert set(spec) <= {"namespaceSelector", "selector", "endpoints", "jobLabel"}
+    assert spec["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    want = spec["selector"]["matchLabels"]
+    services = [
+        s
+        for s in docs
+        if s["kind"] == "Service" and want.items() <= s["metadata"]["labels"].items()
+    ]
+    assert {s["metadata"]["labels"]["app.kubernetes.io/component"] for s in services} == {
+        "partitioner",
+        "agent",
+    }
+    for ep in spec["endpoints"]:
+        assert set(ep) <= {"port", "path", "interval", "scrapeTimeout"}
+        assert re.fullmatch(r"(\d+(ms|s|m|h))+", ep["interval"])
+        for s in services:
+            assert ep["port"] in {p["name"] for p in s["spec"]["ports"]}
+
+
+@pytest.mark.parametrize("kube", [OLDEST_KUBE, NEWEST_KUBE])
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_manifest_validates_strict(chart: helm.Chart, variant: str, kube: str) -> None:
+    docs = render(chart, VARIANTS[variant], kube_version=kube)
+    assert docs
+    for doc in docs:
+        if doc["kind"] in CRD_BACKED_KINDS:
+            check_service_monitor(doc, docs)
+            continue
+        try:
+            kubernetes_validate.validate(doc, kube, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            where = ".".join(str(p) for p in e.path)
+            pytest.fail(
+                f"{variant}: {doc['kind']}/{doc['metadata']['name']} at {where}: {e.message}"
+            )
+        except kubernetes_validate.SchemaNotFoundError as e:
+            pytest.fail(f"{variant}: {e.message}")
+
+
+def test_strict_validation_has_teeth(chart: helm.Chart) -> None:
+    """The validator used above rejects a typo'd field, so a pass means something."""
+    ds = one(render(chart, {}), "DaemonSet")
+    ds["spec"]["template"]["spec"]["hostIpc"] = True
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(ds, NEWEST_KUBE, strict=True)
+
+
+def test_admission_policy_needs_kubernetes_1_30(chart: helm.Chart) -> None:
+    old = render_files(chart, {}, kube_version="1.29")
+    assert not [d for d in manifests(old) if d["kind"].startswith("ValidatingAdmissionPolicy")]
+    notes = " ".join(old["gpuslice/templates/NOTES.txt"].split())
+    assert "policy that confines each agent to its own NodePartitioning was NOT installed" in notes
+
+    new = render_files(chart, {}, kube_version="1.30")
+    docs = manifests(new)
+    policy = one(docs, "ValidatingAdmissionPolicy")
+    binding = one(docs, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {
+        "policyName": policy["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
+    assert "WARNING" not in new["gpuslice/templates/NOTES.txt"]
+
+
+def test_admission_policy_targets_the_agent_and_its_node(chart: helm.Chart) -> None:
+    docs = render(chart, {})
+    spec = one(docs, "ValidatingAdmissionPolicy")["spec"]
+    agent_sa = one(docs, "ServiceAccount", "-agent")["metadata"]["name"]
+    assert spec["failurePolicy"] == "Fail"
+    (rule,) = spec["matchConstraints"]["resourceRules"]
+    assert rule["apiGroups"] == ["gpuslice.io"]
+    assert set(rule["resources"]) == {"nodepartitionings", "nodepartitionings/status"}
+    assert set(rule["operations"]) == {"CREATE", "UPDATE", "DELETE"}
+    (cond,) = spec["matchConditions"]
+    assert f"'system:serviceaccount:{NAMESPACE}:{agent_sa}'" in cond["expression"]
+    (var,) = spec["variables"]
+    assert "request.userInfo.extra['authentication.kubernetes.io/node-name']" in var["expression"]
+    exprs = [v["expression"] for v in spec["validations"]]
+    assert "variables.nodeName == '' || request.name == variables.nodeName" in exprs
+    assert "request.subResource == 'status'" in exprs
+
+
+# ------------------------------------------------------------------------------ CRD and lint
+
+
+def test_chart_crd_equals_generated_contract(chart: helm.Chart) -> None:
+    if not CRD_FILE.exists():
+        pytest.skip(f"{CRD_FILE.relative_to(ROOT)} not generated yet (written from crd_manifest())")
+    assert yaml.safe_load(CRD_FILE.read_text()) == crd_manifest()
+    assert [c["filename"] for c in chart.crds] == ["gpuslice/crds/nodepartitioning.yaml"]
+    assert yaml.safe_load(chart.crds[0]["data"]) == crd_manifest()
+    for kube in (OLDEST_KUBE, NEWEST_KUBE):
+        kubernetes_validate.validate(crd_manifest(), kube, strict=True)
+
+
+@pytest.mark.parametrize("variant", ["defaults", "service-monitor", "custom-catalog"])
+def test_lint_strict_reports_nothing(variant: str) -> None:
+    report = helm.lint(CHART, VARIANTS[variant], strict=True, namespace=NAMESPACE)
+    assert report["errors"] == []
+    assert report["messages"] == []
+
+
+def test_usage_list_is_not_packaged(chart: helm.Chart) -> None:
+    assert RBAC_USAGE.exists()
+    assert "rbac-usage.yaml" not in {f["name"] for f in chart.files}
+
+
+# ---------------------------------------------------------------------------- values checks
+
+
+def test_default_values_pass_the_schema(chart: helm.Chart) -> None:
+    chart.validate_schema(chart.values)
+    for values in VARIANTS.values():
+        chart.validate_schema(chart.merge_values(values))
+
+
+BAD_VALUES: list[tuple[dict[str, Any], str]] = [
+    ({"logging": {"format": "xml"}}, "/logging/format"),
+    ({"logging": {"level": "verbose"}}, "/logging/level"),
+    ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
+    ({"image": {"digest": "latest"}}, "/image/digest"),
+    ({"partitioner": {"batchTimeout": 30}}, "'batchTimeout' not allowed"),
+    ({"partitioner": {"batch": {"timeoutSeconds": 0}}}, "/partitioner/batch/timeoutSeconds"),
+    ({"partitioner": {"batch": {"idleSeconds": "10s"}}}, "/partitioner/batch/idleSeconds"),
+    ({"partitioner": {"planner": {"policy": "optimal"}}}, "/partitioner/planner/policy"),
+    (
+        {"partitioner": {"planner": {"weights": {"destroy": -1}}}},
+        "/partitioner/planner/weights/destroy",
+    ),
+    ({"partitioner": {"metricsPort": 70000}}, "/partitioner/metricsPort"),
+    (
+        {"agent": {"hostPaths": {"devicePluginDir": "var/lib/kubelet/device-plugins"}}},
+        "/agent/hostPaths/devicePluginDir",
+    ),
+    ({"agent": {"hostPaths": {"mpsPipeRoot": "/run/nvidia/mps/"}}}, "/agent/hostPaths/mpsPipeRoot"),
+    (
+        {"agent": {"tolerations": [{"key": "x", "operator": "Maybe"}]}},
+        "/agent/tolerations/0/operator",
+    ),
+    ({"agent": {"resources": {"limits": {"memory": "lots"}}}}, "/agent/resources/limits/memory"),
+    ({"catalog": {"files": {"a,b.yaml": "models: []"}}}, "invalid propertyName 'a,b.yaml'"),
+    ({"catalog": {"files": {"extra.yaml": {"gpus": []}}}}, "/catalog/files/extra.yaml"),
+    (
+        {"metrics": {"serviceMonitor": {"interval": "30 seconds"}}},
+        "/metrics/serviceMonitor/interval",
+    ),
+    (
+        {"admissionPolicy": {"validationActions": ["Deny", "Warn"]}},
+        "/admissionPolicy/validationActions",
+    ),
+    ({"admissionPolicy": {"validationActions": []}}, "/admissionPolicy/validationActions"),
+]
+
+
+@pytest.mark.parametrize(("values", "message"), BAD_VALUES, ids=[m for _, m in BAD_VALUES])
+def test_schema_rejects_bad_values(chart: helm.Chart, values: dict[str, Any], message: str) -> None:
+    with pytest.raises(helm.HelmValuesError, match=re.escape(message)):
+        chart.validate_schema(chart.merge_values(values))
+    with pytest.raises(helm.HelmValuesError):  # install and template validate too
+        chart.render(values, name=RELEASE, namespace=NAMESPACE)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (
+            {"partitioner": {"batch": {"timeoutSeconds": 5, "idleSeconds": 30}}},
+            "partitioner.batch.idleSeconds (30) must not exceed partitioner.batch.timeoutSeconds (5)",
+        ),
+        (
+            {"partitioner": {"metricsPort": 9000, "healthPort": 9000}},
+            "partitioner.metricsPort and partitioner.healthPort are both 9000",
+        ),
+        (
+            {"metrics": {"service": {"enabled": False}, "serviceMonitor": {"enabled": True}}},
+            "metrics.serviceMonitor.enabled needs metrics.service.enabled=true",
+        ),
+    ],
+)
+def test_templates_reject_inconsistent_values(
+    chart: helm.Chart, values: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(helm.HelmRenderError, match=re.escape(message)):
+        chart.render(values, name=RELEASE, namespace=NAMESPACE)
+
+
+# ------------------------------------------------------------------------------------- RBAC
+
+Permission = tuple[str, str, str]  # (apiGroup, resource, verb)
+
+
+def declared_usage() -> dict[str, set[Permission]]:
+    doc = yaml.safe_load(RBAC_USAGE.read_text())
+    return {
+        component: {(e["apiGroup"], e["resource"], v) for e in entries for v in e["verbs"]}
+        for component, entries in doc.items()
+    }
+
+
+def granted(role: Manifest) -> set[Permission]:
+    out: set[Permission] = set()
+    for rule in role["rules"]:
+        assert "resourceNames" not in rule and "nonResourceURLs" not in rule
+        for field in ("apiGroups", "resources", "verbs"):
+            assert "*" not in rule[field], f"wildcard in {role['metadata']['name']}: {rule}"
+        out |= {
+            (g, r, v) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
+        }
+    return out
+
+
+@pytest.mark.parametrize("component", ["partitioner", "agent"])
+def test_rbac_grants_exactly_the_declared_calls(chart: helm.Chart, component: str) -> None:
+    docs = render(chart, {})
+    role = one(docs, "ClusterRole", f"-{component}")
+    want = declared_usage()[component]
+    have = granted(role)
+    assert not want - have, f"{component} misses permissions it uses: {sorted(want - have)}"
+    assert not have - want, f"{component} has permissions it never uses: {sorted(have - want)}"
+
+    binding = one(docs, "ClusterRoleBinding", f"-{component}")
+    sa = one(docs, "ServiceAccount", f"-{component}")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NAMESPACE}
+    ]
+    workload = one(docs, "Deployment" if component == "partitioner" else "DaemonSet")
+    assert workload["spec"]["template"]["spec"]["serviceAccountName"] == sa["metadata"]["name"]
+
+
+def test_agent_cannot_write_spec_and_partitioner_cannot_write_status() -> None:
+    usage = declared_usage()
+    writes = {"create", "update", "patch", "delete", "deletecollection"}
+    assert not {p for p in usage["agent"] if p[1] == "nodepartitionings" and p[2] in writes}
+    assert not {p for p in usage["partitioner"] if p[1] == "nodepartitionings/status"}
+    assert not {p for p in usage["agent"] if p[1] in {"pods", "secrets", "configmaps"}}
+
+
+# ------------------------------------------------------------------------ agent placement
+
+NODE_LABELS: list[dict[str, str]] = [
+    {},
+    {"nos.nebuly.com/gpu-partitioning": "mig"},
+    {"nos.nebuly.com/gpu-partitioning": "mps"},
+    {"nos.nebuly.com/gpu-partitioning": "hybrid"},  # not a nos mode
+    {"gpuslice.io/partitioning": "mig"},
+    {"gpuslice.io/partitioning": "mps"},
+    {"gpuslice.io/partitioning": "hybrid"},
+    {"gpuslice.io/partitioning": "off"},
+    {"gpuslice.io/partitioning": "mig", "nos.nebuly.com/gpu-partitioning": "mps"},
+    {"nvidia.com/gpu.present": "true"},
+]
+OPTED_IN = [1, 2, 4, 5, 6, 8]
+
+
+def matches(term: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A nodeSelectorTerm's matchExpressions (ANDed), with Kubernetes' operator semantics."""
+    for expr in term["matchExpressions"]:
+        key, op, values = expr["key"], expr["operator"], expr.get("values", [])
+        ok = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": key not in labels or labels[key] not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[op]
+        if not ok:
+            return False
+    return True
+
+
+def schedulable(affinity: dict[str, Any], labels: dict[str, str]) -> bool:
+    terms = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    return any(matches(t, labels) for t in terms["nodeSelectorTerms"])  # terms are ORed
+
+
+def test_agent_runs_only_on_opted_in_nodes(chart: helm.Chart) -> None:
+    affinity = one(render(chart, {}), "DaemonSet")["spec"]["template"]["spec"]["affinity"]
+    placed = [i for i, labels in enumerate(NODE_LABELS) if schedulable(affinity, labels)]
+    assert placed == OPTED_IN
+
+
+def test_notes_device_plugin_affinity_selects_the_other_nodes(chart: helm.Chart) -> None:
+    """The NVIDIA device plugin snippet in NOTES.txt must cover exactly the nodes the agent
+    does not: none twice (double-booked GPUs), none left without a device plugin."""
+    notes = render_files(chart, {})["gpuslice/templates/NOTES.txt"]
+    block = re.search(r"\n( +)affinity:\n(?:\1 .*\n)+", notes)
+    assert block, "NOTES.txt lost its device-plugin affinity snippet"
+    nvidia = yaml.safe_load(block.group(0))["affinity"]
+    agent = one(render(chart, {}), "DaemonSet")["spec"]["template"]["spec"]["affinity"]
+    for labels in NODE_LABELS:
+        assert schedulable(agent, labels) != schedulable(nvidia, labels), labels
+
+
+# --------------------------------------------------------------------- pods and privileges
+
+
+def host_paths(pod: dict[str, Any]) -> dict[str, str]:
+    return {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+
+
+def test_agent_privileges_are_the_documented_minimum(chart: helm.Chart) -> None:
+    docs = render(chart, {})
+    pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    c = container(docs, "DaemonSet")
+    assert pod["hostIPC"] is True
+    assert not pod.get("hostPID") and not pod.get("hostNetwork")
+    assert pod["runtimeClassName"] == "nvidia"
+    sc = c["securityContext"]
+    assert sc["privileged"] is False and sc["runAsUser"] == 0 and sc["readOnlyRootFilesystem"]
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+
+    paths = host_paths(pod)
+    assert sorted(paths.values()) == [
+        "/run/nvidia/mps",
+        "/var/lib/kubelet/device-plugins",
+        "/var/lib/kubelet/pod-resources",
+        "/var/log/nvidia-mps",
+    ]
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    for name, path in paths.items():  # same path inside: the agent hands host paths to kubelet
+        assert mounts[name]["mountPath"] == path
+    assert mounts["pod-resources"].get("readOnly") is True
+    assert not any(mounts[n].get("readOnly") for n in ("device-plugins", "mps-pipes", "mps-logs"))
+
+    env = env_of(c)
+    assert env["GPUSLICE_DEVICE_PLUGIN_DIR"] == paths["device-plugins"]
+    assert env["GPUSLICE_POD_RESOURCES_SOCKET"] == paths["pod-resources"] + "/kubelet.sock"
+    assert env["GPUSLICE_MPS_PIPE_ROOT"] == paths["mps-pipes"]
+    assert env["GPUSLICE_MPS_LOG_ROOT"] == paths["mps-logs"]
+    assert env["NVIDIA_MIG_CONFIG_DEVICES"] == "all"
+    node_name = next(e for e in c["env"] if e["name"] == "GPUSLICE_NODE_NAME")
+    assert node_name["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+
+
+def test_agent_privileged_and_mig_only_variant(chart: helm.Chart) -> None:
+    docs = render(chart, VARIANTS["privileged-agent-no-mps"])
+    pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    sc = container(docs, "DaemonSet")["securityContext"]
+    assert sc["privileged"] is True and "capabilities" not in sc
+    assert pod["hostIPC"] is False
+
+
+def test_partitioner_is_unprivileged_single_and_recreated(chart: helm.Chart) -> None:
+    docs = render(chart, {})
+    deploy = one(docs, "Deployment")
+    assert deploy["spec"]["replicas"] == 1
+    assert deploy["spec"]["strategy"] == {"type": "Recreate"}
+    pod = deploy["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert not host_paths(pod)
+    assert not any(pod.get(k) for k in ("hostIPC", "hostPID", "hostNetwork"))
+    sc = container(docs, "Deployment")["securityContext"]
+    assert sc == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def test_custom_images_resources_and_tolerations_reach_the_pods(chart: helm.Chart) -> None:
+    values = VARIANTS["custom-images-resources"]
+    docs = render(chart, values)
+    for kind, comp in (("Deployment", "partitioner"), ("DaemonSet", "agent")):
+        pod = one(docs, kind)["spec"]["template"]["spec"]
+        c = container(docs, kind)
+        assert c["image"] == "registry.example.internal:5000/ml/gpuslice:0.1.0-rc1"
+        assert c["imagePullPolicy"] == "Always"
+        assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+        assert c["resources"] == values[comp]["resources"]
+        assert pod["tolerations"] == values[comp]["tolerations"]
+        assert pod["priorityClassName"] == values[comp]["priorityClassName"]
+    assert "runtimeClassName" not in one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    pinned = container(render(chart, VARIANTS["digest-pinned"]), "DaemonSet")["image"]
+    assert pinned == "ghcr.io/gpuslice/gpuslice@sha256:" + "a" * 64
+
+
+def test_names_fit_kubernetes_limits_with_a_long_release_name(chart: helm.Chart) -> None:
+    files = chart.render({}, name="r" * 53, namespace=NAMESPACE)
+    for doc in manifests(files):
+        assert len(doc["metadata"]["name"]) <= 63, doc["metadata"]["name"]
+        kubernetes_validate.validate(doc, NEWEST_KUBE, strict=True)
+
+
+# ---------------------------------------------------------------- settings and catalog env
+
+
+def apply_env(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
+    import os
+
+    for name in [n for n in os.environ if n.startswith("GPUSLICE_")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+
+def gpuslice_env(c: dict[str, Any]) -> dict[str, str]:
+    return {k: v for k, v in env_of(c).items() if k.startswith("GPUSLICE_")}
+
+
+@pytest.mark.parametrize("variant", ["defaults", "json-logs", "custom-catalog"])
+def test_partitioner_settings_accept_the_chart_env(
+    chart: helm.Chart, monkeypatch: pytest.MonkeyPatch, variant: str
+) -> None:
+    from partitioner.settings import PartitionerSettings
+
+    env = gpuslice_env(container(render(chart, VARIANTS[variant]), "Deployment"))
+    fields = {f"GPUSLICE_{name.upper()}" for name in PartitionerSettings.model_fields}
+    assert not set(env) - fields, f"chart sets env the partitioner ignores: {set(env) - fields}"
+    apply_env(monkeypatch, env)
+    from_chart = PartitionerSettings()
+    if variant == "defaults":  # the chart's defaults are the code's defaults
+        apply_env(monkeypatch, {})
+        assert from_chart == PartitionerSettings()
+    if variant == "json-logs":
+        assert (from_chart.log_format, from_chart.log_level) == ("json", "DEBUG")
+
+
+def test_partitioner_values_reach_its_settings(
+    chart: helm.Chart, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from partitioner.settings import PartitionerSettings
+
+    values = {
+        "partitioner": {
+            "batch": {"timeoutSeconds": 30, "idleSeconds": 2.5, "retrySeconds": 0},
+            "planner": {
+                "policy": "greedy",
+                "timeLimitSeconds": 0.25,
+                "weights": {"destroy": 7, "gpuTouched": 0},
+                "mpsReserveMiB": 1024,
+            },
+        }
+    }
+    apply_env(monkeypatch, gpuslice_env(container(render(chart, values), "Deployment")))
+    s = PartitionerSettings()
+    assert (s.batch_timeout_seconds, s.batch_idle_seconds, s.retry_seconds) == (30, 2.5, 0)
+    p = s.planner_settings()
+    assert (p.policy, p.time_limit_s, p.weight_destroy, p.weight_gpu_touched) == (
+        "greedy",
+        0.25,
+        7,
+        0,
+    )
+    assert p.mps_reserve_mib == 1024
+
+
+def test_agent_settings_accept_the_chart_env(
+    chart: helm.Chart, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agent_settings = pytest.importorskip(
+        "node_agent.settings", reason="node_agent/settings.py not written yet"
+    )
+    settings_cls = agent_settings.AgentSettings
+    env = gpuslice_env(container(render(chart, {}), "DaemonSet"))
+    env["GPUSLICE_NODE_NAME"] = "gpu-node-1"  # the downward API's value at run time
+    fields = {f"GPUSLICE_{name.upper()}" for name in settings_cls.model_fields}
+    assert not set(env) - fields, f"chart sets env the agent ignores: {set(env) - fields}"
+    apply_env(monkeypatch, env)
+    from_chart = settings_cls()
+    assert from_chart.node_name == "gpu-node-1"
+    apply_env(monkeypatch, {"GPUSLICE_NODE_NAME": "gpu-node-1"})
+    assert from_chart == settings_cls()  # the chart's defaults are the code's defaults
+
+
+def documented_catalog_example() -> dict[str, Any]:
+    """The catalog example commented in values.yaml, as values."""
+    text = (CHART / "values.yaml").read_text()
+    block = text.split("  # Example:\n", 1)[1].split("\n  files: {}", 1)[0]
+    example: dict[str, Any] = yaml.safe_load(
+        "\n".join(line.removeprefix("  # ") for line in block.splitlines())
+    )
+    return {"catalog": example}
+
+
+@pytest.mark.parametrize("variant", ["custom-catalog", "documented-example"])
+def test_catalog_override_reaches_both_components(
+    chart: helm.Chart, tmp_path: Path, variant: str
+) -> None:
+    values = documented_catalog_example() if variant == "documented-example" else VARIANTS[variant]
+    docs = render(chart, values)
+    cm = one(docs, "ConfigMap", "-catalog")
+    assert sorted(cm["data"]) == sorted(values["catalog"]["files"])
+    for kind in ("Deployment", "DaemonSet"):
+        pod = one(docs, kind)["spec"]["template"]["spec"]
+        c = container(docs, kind)
+        (vol,) = [
+            v
+            for v in pod["volumes"]
+            if v.get("configMap", {}).get("name") == cm["metadata"]["name"]
+        ]
+        (mount,) = [m for m in c["volumeMounts"] if m["name"] == vol["name"]]
+        paths = env_of(c)["GPUSLICE_CATALOG_FILES"].split(",")
+        assert paths == [f"{mount['mountPath']}/{k}" for k in sorted(cm["data"])]
+    # What the components read: the ConfigMap's files, in the env's order.
+    files = []
+    for key in sorted(cm["data"]):
+        (tmp_path / key).write_text(cm["data"][key])
+        files.append(tmp_path / key)
+    catalog = load_catalog(files)
+    for doc in values["catalog"]["files"].values():
+        models = (yaml.safe_load(doc) if isinstance(doc, str) else doc)["models"]
+        for model in models:
+            assert catalog.model(model["name"]).memory_mib == model["memory_mib"]
+
+
+def test_catalog_change_rolls_the_pods(chart: helm.Chart) -> None:
+    def checksum(values: dict[str, Any]) -> str:
+        pod = one(render(chart, values), "DaemonSet")["spec"]["template"]
+        value: str = pod["metadata"]["annotations"]["checksum/catalog"]
+        return value
+
+    assert checksum({}) != checksum(VARIANTS["custom-catalog"])
+
+
+# ----------------------------------------------------------------------------------- metrics
+
+DASHBOARD_METRICS = {
+    "gpuslice_pending_pods",
+    "gpuslice_batch_size",
+    "gpuslice_plan_duration_seconds",
+    "gpuslice_pods_planned_total",
+    "gpuslice_pods_unplaceable_total",
+    "gpuslice_gpus_reconfigured_total",
+    "gpuslice_spec_to_applied_seconds",
+}
+
+
+def dashboard_series(dashboard: dict[str, Any]) -> set[str]:
+    """Every series name the dashboard's queries read (e.g. ``..._seconds_bucket``)."""
+    return {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"\bgpuslice_[a-z_]+", target["expr"])
+    }
+
+
+def base_name(series: str) -> str:
+    return re.sub(r"_(bucket|sum|count)$", "", series)
+
+
+def load_dashboard(chart: helm.Chart) -> dict[str, Any]:
+    cm = one(render(chart, {}), "ConfigMap", "-dashboard")
+    (text,) = cm["data"].values()
+    dashboard: dict[str, Any] = json.loads(text)
+    return dashboard
+
+
+def test_dashboard_queries_the_documented_metrics(chart: helm.Chart) -> None:
+    dashboard = load_dashboard(chart)
+    assert dashboard["uid"] == "gpuslice-partitioner"
+    assert {base_name(s) for s in dashboard_series(dashboard)} == DASHBOARD_METRICS
+    documented = set(re.findall(r"^\| `(gpuslice_[a-z_]+)`", OPERATIONS_DOC.read_text(), re.M))
+    assert documented >= DASHBOARD_METRICS
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+
+
+def test_partitioner_exports_the_dashboard_metrics(chart: helm.Chart) -> None:
+    """Every series the dashboard reads is one the partitioner's registry exposes."""
+    metrics = pytest.importorskip(
+        "partitioner.metrics", reason="partitioner/metrics.py not written yet"
+    )
+    exported = {s.name for family in metrics.Metrics().registry.collect() for s in family.samples}
+    missing = dashboard_series(load_dashboard(chart)) - exported
+    assert not missing, (
+        f"the dashboard reads series the partitioner never exports: {sorted(missing)}"
+    )
+
+
+# ------------------------------------------------------------- admission policy, evaluated
+
+AGENT_USER = f"system:serviceaccount:{NAMESPACE}:{RELEASE}-gpuslice-agent"
+NODE_CLAIM = "authentication.kubernetes.io/node-name"
+
+
+def admission_request(
+    user: str = AGENT_USER, node: str | None = "gpu-1", name: str = "gpu-1", sub: str = "status"
+) -> dict[str, Any]:
+    extra = {NODE_CLAIM: [node]} if node is not None else {}
+    return {
+        "userInfo": {"username": user, "extra": extra},
+        "name": name,
+        "subResource": sub,
+        "operation": "UPDATE",
+    }
+
+
+def admit(policy: dict[str, Any], request: dict[str, Any]) -> list[str] | None:
+    """Evaluate a ValidatingAdmissionPolicy's CEL as the API server does, in order: None when
+    the match conditions exclude the request, else the messages of the failed validations."""
+    celpy = pytest.importorskip("celpy", reason="cel-python (test dependency) not installed")
+    env = celpy.Environment()
+
+    def evaluate(expr: str, activation: dict[str, Any]) -> Any:
+        return env.program(env.compile(expr)).evaluate(activation)
+
+    activation: dict[str, Any] = {"request": celpy.json_to_cel(request)}
+    if not all(evaluate(c["expression"], activation) for c in policy["matchConditions"]):
+        return None
+    variables: dict[str, Any] = {}
+    for var in policy["variables"]:
+        activation["variables"] = celpy.json_to_cel(variables)
+        variables[var["name"]] = evaluate(var["expression"], activation)
+    activation["variables"] = celpy.json_to_cel(variables)
+    failed = []
+    for check in policy["validations"]:
+        if not evaluate(check["expression"], activation):
+            if "messageExpression" in check:
+                failed.append(str(evaluate(check["messageExpression"], activation)))
+            else:
+                failed.append(" ".join(check["message"].split()))
+    return failed
+
+
+@pytest.mark.parametrize(
+    ("request_", "outcome"),
+    [
+        (admission_request(), []),
+        (
+            admission_request(name="gpu-2"),
+            ["the gpuslice agent on node gpu-1 may only write NodePartitioning gpu-1, not gpu-2"],
+        ),
+        (admission_request(node=None), ["carries no node claim"]),
+        (
+            admission_request(sub=""),
+            ["may only write the status of NodePartitioning gpu-1; the spec belongs"],
+        ),
+        # Not the agent: the policy does not apply (RBAC alone governs the partitioner).
+        (
+            admission_request(
+                user=f"system:serviceaccount:{NAMESPACE}:{RELEASE}-gpuslice-partitioner",
+                name="gpu-2",
+                sub="",
+            ),
+            None,
+        ),
+        (
+            admission_request(
+                user=f"system:serviceaccount:other:{RELEASE}-gpuslice-agent", name="gpu-2"
+            ),
+            None,
+        ),
+    ],
+    ids=[
+        "own-node-status",
+        "other-node",
+        "no-node-claim",
+        "own-spec",
+        "partitioner",
+        "other-namespace",
+    ],
+)
+def test_admission_policy_decisions(
+    chart: helm.Chart, request_: dict[str, Any], outcome: list[str] | None
+) -> None:
+    policy = one(render(chart, {}), "ValidatingAdmissionPolicy")["spec"]
+    failed = admit(policy, request_)
+    if outcome is None:
+        assert failed is None
+        return
+    assert failed is not None
+    assert len(failed) == len(outcome) and all(
+        want in got for want, got in zip(outcome, failed, strict=True)
+    ), failed

@@ -1,0 +1,160 @@
+"""The decision step as a plain function: housekeeping, conditions, batching, spec writes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from test_partitioner_snapshot import A100, node, np, pod, view
+
+from contract.gen_crd import DEFAULT_PATH, crd_yaml
+from partitioner.actions import (
+    CreatePartitioning,
+    DeletePartitioning,
+    EmitEvent,
+    SetNodeCondition,
+    WriteSpec,
+)
+from partitioner.batching import BatchPolicy
+from partitioner.decide import ControllerState, DecideConfig, decide
+from partitioner.settings import PartitionerSettings
+from planner.catalog import default_catalog
+from planner.greedy import plan_greedy
+from planner.snapshot import Plan
+
+CONFIG = DecideConfig(
+    catalog=default_catalog(),
+    policy=BatchPolicy(timeout=60, idle=10, retry=60),
+    planner=plan_greedy,
+)
+MIG = {"gpuslice.io/partitioning": "mig", **A100}
+
+
+def run(
+    state: ControllerState, objs: list[dict[str, Any]], now: float, config: DecideConfig = CONFIG
+) -> Any:
+    return decide(state, view(*objs), now, config)
+
+
+def test_housekeeping_creates_deletes_and_switches_mode() -> None:
+    objs = [
+        node("new", MIG),
+        node("gone-label", A100),
+        np("gone-label"),
+        np("gone-node"),
+        node("switch", {"gpuslice.io/partitioning": "mps", **A100}),
+        np("switch", plan="4", observed=1, applied=True),
+        node("broken", {"gpuslice.io/partitioning": "mig", "nvidia.com/gpu.count": "1"}),
+        np("broken"),
+    ]
+    d = run(ControllerState(), objs, 0)
+    creates = [a for a in d.actions if isinstance(a, CreatePartitioning)]
+    assert [(a.node, a.node_uid, a.spec.mode) for a in creates] == [("new", "uid-new", "mig")]
+    assert sorted(a.node for a in d.actions if isinstance(a, DeletePartitioning)) == [
+        "gone-label",
+        "gone-node",
+    ]
+    (switch,) = [a for a in d.actions if isinstance(a, WriteSpec)]
+    assert (switch.node, switch.spec.mode, switch.spec.planId, switch.spec.gpus) == (
+        "switch",
+        "mps",
+        "5",
+        [],
+    )
+    (cond,) = [a for a in d.actions if isinstance(a, SetNodeCondition)]
+    assert (cond.node, cond.status, cond.reason) == ("broken", "False", "MissingGpuLabels")
+    (ev,) = [a for a in d.actions if isinstance(a, EmitEvent)]
+    assert (ev.ref.kind, ev.ref.name, ev.type, ev.reason) == (
+        "Node",
+        "broken",
+        "Warning",
+        "MissingGpuLabels",
+    )
+
+
+def test_node_condition_is_set_once_and_cleared_when_fixed() -> None:
+    broken = node("b", {"gpuslice.io/partitioning": "mig", "nvidia.com/gpu.count": "1"})
+    d = run(ControllerState(), [broken], 0)
+    (cond,) = [a for a in d.actions if isinstance(a, SetNodeCondition)]
+    broken["status"]["conditions"] = [
+        {"type": "GpusliceReady", "status": "False", "reason": cond.reason, "message": cond.message}
+    ]
+    assert not run(d.state, [broken], 1).actions  # same problem: nothing new
+    fixed = node("b", MIG)
+    fixed["status"]["conditions"] = broken["status"]["conditions"]
+    d = run(d.state, [fixed, np("b")], 2)
+    assert [(a.node, a.status) for a in d.actions if isinstance(a, SetNodeCondition)] == [
+        ("b", "True")
+    ]
+
+
+def test_plan_writes_changed_nodes_only_after_the_window() -> None:
+    objs = [
+        node("n1", MIG),
+        np("n1", observed=1, applied=True),
+        pod("p", {"nvidia.com/mig-1g.10gb": "1"}),
+    ]
+    d = run(ControllerState(), objs, 100)
+    assert d.plan is None and d.state.window.is_open and not d.actions
+    d = run(d.state, objs, 110)
+    assert d.plan is not None and d.plan_id == "1" and d.batch == ("ns/p",)
+    (w,) = [a for a in d.actions if isinstance(a, WriteSpec)]
+    assert w.node == "n1" and w.resource_version == "7" and w.planned_pods == ("ns/p",)
+    assert [g.index for g in w.spec.gpus] == [0, 1] and w.spec.gpus[1].mig == []
+    assert [i.profile for i in w.spec.gpus[0].mig] == ["1g.10gb"]
+    assert [e.message for e in w.on_success] == [
+        "planned nvidia.com/mig-1g.10gb on node n1 GPU 0, plan 1"
+    ]
+    assert d.gpus_reconfigured == 1
+    assert not d.state.window.is_open
+
+
+def test_a_free_instance_needs_no_write() -> None:
+    gpus = [{"index": 0, "mig": [{"profile": "1g.10gb", "start": 0}]}]
+    obj = np("n1", observed=1, applied=True, gpus=gpus)
+    obj["spec"]["gpus"] = [{"index": 0, "mig": [{"profile": "1g.10gb", "start": 0}]}]
+    objs = [node("n1", MIG), obj, pod("p", {"nvidia.com/mig-1g.10gb": "1"})]
+    d = run(run(ControllerState(), objs, 0).state, objs, 10)
+    assert not [a for a in d.actions if isinstance(a, WriteSpec)]
+    (ev,) = [a for a in d.actions if isinstance(a, EmitEvent)]
+    assert ev.message.endswith("(no repartitioning needed)") and ev.ref.name == "p"
+
+
+def test_unplaced_pod_is_told_once_per_reason() -> None:
+    objs = [
+        node("n1", {**MIG, "nvidia.com/gpu.count": "1"}),
+        np("n1", observed=1, applied=True),
+        pod("big", {"nvidia.com/mig-7g.80gb": "2"}),
+    ]
+    d = run(run(ControllerState(), objs, 0).state, objs, 10)
+    (ev,) = [a for a in d.actions if isinstance(a, EmitEvent)]
+    assert ev.type == "Warning" and ev.message.startswith("cannot place: ")
+    d = run(run(d.state, objs, 80).state, objs, 90)  # retried after 60 s, same reason
+    assert d.plan is not None and not [a for a in d.actions if isinstance(a, EmitEvent)]
+
+
+def test_planner_failure_is_reported_and_closes_the_window() -> None:
+    def broken(*_: Any) -> Plan:
+        raise RuntimeError("boom")
+
+    config = DecideConfig(catalog=default_catalog(), policy=CONFIG.policy, planner=broken)
+    objs = [node("n1", MIG), np("n1"), pod("p", {"nvidia.com/mig-1g.10gb": "1"})]
+    d = run(run(ControllerState(), objs, 0, config).state, objs, 10, config)
+    assert "RuntimeError: boom" in d.error and not d.state.window.is_open
+
+
+def test_settings_from_environment(monkeypatch: Any) -> None:
+    monkeypatch.setenv("GPUSLICE_BATCH_IDLE_SECONDS", "3")
+    monkeypatch.setenv("GPUSLICE_CATALOG_FILES", "a.yaml, b.json")
+    monkeypatch.setenv("GPUSLICE_LOG_LEVEL", "debug")
+    s = PartitionerSettings()
+    assert (
+        s.batch_idle_seconds == 3
+        and s.catalog_files == ["a.yaml", "b.json"]
+        and s.log_level == "DEBUG"
+    )
+    assert s.batch_policy().idle == 3 and s.planner_settings().mps_reserve_mib == 512
+    assert PartitionerSettings(batch_idle_seconds=5).batch_idle_seconds == 5  # flags win
+
+
+def test_committed_crd_matches_the_contract() -> None:
+    assert DEFAULT_PATH.read_text() == crd_yaml(), "CRD drifted: run python -m contract.gen_crd"

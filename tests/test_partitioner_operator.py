@@ -1,0 +1,438 @@
+"""The real kopf operator against kmock (an HTTP Kubernetes API emulator), in looptime's fake time.
+
+kmock stores objects but neither assigns ``uid``/``resourceVersion``/``generation`` nor checks
+``resourceVersion`` preconditions.  :class:`ApiServer` adds exactly that (as the API server
+does): every create/patch gets a new resourceVersion, a spec change bumps ``generation``, and a
+patch carrying a stale ``metadata.resourceVersion`` is refused with 409 Conflict.  Objects
+are created and changed through the HTTP API, so the operator's watches see every change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import attrs
+import kmock
+import kopf
+import pytest
+
+from partitioner.operator import Controller, run_operator
+from partitioner.settings import PartitionerSettings
+from partitioner.snapshot import PLANNED_PODS_ANNOTATION
+
+NP = "gpuslice.io/v1alpha1/nodepartitionings"
+NP_PATH = "/apis/gpuslice.io/v1alpha1/nodepartitionings"
+A100 = {
+    "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+    "nvidia.com/gpu.count": "1",
+    "nvidia.com/gpu.memory": "81920",
+}
+PROFILE_1G_STARTS = range(7)  # facts/mig.md: 1g starts 0..6
+
+
+@attrs.define(kw_only=True)
+class ApiServer(kmock.KubernetesEmulator):
+    """kmock plus resourceVersion, generation, uid and 409 on a stale resourceVersion."""
+
+    _versions: Any = attrs.field(factory=lambda: itertools.count(1000), init=False)
+
+    async def _handle(self, request: kmock.Request) -> Any:
+        data = request.data
+        if request.resource is not None and isinstance(data, dict):
+            meta = data.setdefault("metadata", {})
+            if request.action == kmock.action.CREATE:
+                meta.setdefault("uid", str(uuid.uuid4()))
+                meta.setdefault("generation", 1)
+                meta["resourceVersion"] = str(next(self._versions))
+            elif request.action == kmock.action.UPDATE and request.name is not None:
+                key = (request.resource, request.namespace, request.name)
+                if key in self.objects and self.objects[key] is not None:
+                    current = self.objects[key]
+                    cur_meta = current.get("metadata") or {}
+                    wanted = meta.get("resourceVersion")
+                    if wanted is not None and wanted != cur_meta.get("resourceVersion"):
+                        raise kmock.KubernetesError(
+                            status=409,
+                            reason="Conflict",
+                            message=f"the object has been modified (have {cur_meta.get('resourceVersion')}, got {wanted})",
+                        )
+                    spec_changed = "spec" in data and data["spec"] != current.get("spec")
+                    if request.subresource is None and spec_changed:
+                        meta["generation"] = int(cur_meta.get("generation") or 1) + 1
+                meta["resourceVersion"] = str(next(self._versions))
+        return await super()._handle(request)
+
+
+@pytest.fixture
+def kmock_options() -> dict[str, Any]:
+    return {"cls": ApiServer}
+
+
+def declare(api: kmock.KubernetesEmulator) -> None:
+    verbs = {"list", "watch", "get", "create", "patch", "update", "delete"}
+    api.resources["v1/namespaces"] = {
+        "kind": "Namespace",
+        "singular": "namespace",
+        "namespaced": False,
+        "verbs": verbs,
+    }
+    api.resources["v1/nodes"] = {
+        "kind": "Node",
+        "singular": "node",
+        "namespaced": False,
+        "verbs": verbs,
+        "subresources": {"status"},
+    }
+    api.resources["v1/pods"] = {
+        "kind": "Pod",
+        "singular": "pod",
+        "namespaced": True,
+        "verbs": verbs,
+        "subresources": {"status"},
+    }
+    api.resources["v1/events"] = {
+        "kind": "Event",
+        "singular": "event",
+        "namespaced": True,
+        "verbs": verbs,
+    }
+    api.resources[NP] = {
+        "kind": "NodePartitioning",
+        "singular": "nodepartitioning",
+        "namespaced": False,
+        "verbs": verbs,
+        "subresources": {"status"},
+    }
+    api.objects["v1/namespaces", None, "default"] = {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": "default", "uid": "ns-default", "resourceVersion": "1"},
+    }
+
+
+def node(name: str, labels: dict[str, str], **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+        "spec": spec,
+        "status": {"allocatable": {"cpu": "64", "memory": "512Gi"}},
+    }
+
+
+def pod(name: str, resource: str, count: int = 1, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "resources": {"limits": {resource: str(count)}, "requests": {"cpu": "1"}},
+                }
+            ],
+            **spec,
+        },
+        "status": {
+            "phase": "Pending",
+            "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}],
+        },
+    }
+
+
+async def create(api: kmock.KubernetesEmulator, path: str, obj: dict[str, Any]) -> dict[str, Any]:
+    resp = await api.post(path, json=obj)
+    assert resp.status in (200, 201), await resp.text()
+    result: dict[str, Any] = await resp.json()
+    return result
+
+
+async def patch(api: kmock.KubernetesEmulator, path: str, body: dict[str, Any]) -> None:
+    resp = await api.patch(path, json=body)
+    assert resp.status == 200, await resp.text()
+
+
+def partitioning(api: kmock.KubernetesEmulator, name: str) -> dict[str, Any] | None:
+    key = (kmock.resource(NP), None, name)
+    if key not in api.objects or api.objects[key].deleted:
+        return None
+    return dict(api.objects[key])
+
+
+def events(api: kmock.KubernetesEmulator, reason: str | None = None) -> list[dict[str, Any]]:
+    out = []
+    for (res, _ns, _name), obj in api.objects.items():
+        if res == kmock.resource("v1/events") and not obj.deleted:
+            ev = dict(obj)
+            if reason is None or ev.get("reason") == reason:
+                out.append(ev)
+    return out
+
+
+def spec_writes(api: kmock.KubernetesEmulator, name: str) -> list[dict[str, Any]]:
+    return [
+        r.data
+        for r in list(api)
+        if str(r.method).upper().endswith("PATCH")
+        and r.url.path == f"{NP_PATH}/{name}"
+        and isinstance(r.data, dict)
+        and "spec" in r.data
+    ]
+
+
+async def eventually(check: Callable[[], Any], within: float, step: float = 0.5) -> Any:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while True:
+        result = check()
+        if result:
+            return result
+        if loop.time() >= deadline:
+            raise AssertionError(f"condition not met within {within}s of loop time")
+        await asyncio.sleep(step)
+
+
+def settings(**overrides: Any) -> PartitionerSettings:
+    base: dict[str, Any] = {
+        "batch_timeout_seconds": 60,
+        "batch_idle_seconds": 10,
+        "cycle_seconds": 1,
+        "planner_time_limit_seconds": 0.5,
+        "metrics_port": 0,
+        "health_port": 0,
+    }
+    return PartitionerSettings(**(base | overrides))
+
+
+@contextlib.asynccontextmanager
+async def operator(api: kmock.KubernetesEmulator, **overrides: Any) -> AsyncIterator[Controller]:
+    info = kopf.ConnectionInfo(server=str(api.url).rstrip("/"))
+    controller = Controller(settings(**overrides), connection=info)
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_operator(controller, stop_flag=stop))
+    try:
+        await eventually(lambda: controller.last_cycle is not None, within=30, step=0.1)
+        yield controller
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=30)
+    assert task.exception() is None
+
+
+@pytest.mark.looptime
+async def test_unschedulable_pod_gets_a_spec_within_the_batch_window(kmock: ApiServer) -> None:
+    declare(kmock)
+    await create(
+        kmock, "/api/v1/nodes", node("n1", {"nos.nebuly.com/gpu-partitioning": "mig", **A100})
+    )
+    async with operator(kmock):
+        np = await eventually(lambda: partitioning(kmock, "n1"), within=5)
+        assert np["spec"] == {"planId": "", "mode": "mig", "gpus": []}
+        assert np["metadata"]["ownerReferences"][0]["kind"] == "Node"
+
+        loop = asyncio.get_running_loop()
+        created_at = loop.time()
+        await create(kmock, "/api/v1/namespaces/default/pods", pod("p1", "nvidia.com/mig-1g.10gb"))
+        await asyncio.sleep(5)
+        assert spec_writes(kmock, "n1") == []  # the window is still open (idle 10 s)
+
+        await eventually(lambda: spec_writes(kmock, "n1"), within=10)
+        assert loop.time() - created_at <= 10 + 2  # idle time + one cycle + slack
+        spec = partitioning(kmock, "n1")
+        assert spec is not None
+        assert spec["spec"]["planId"] == "1"
+        assert spec["spec"]["mode"] == "mig"
+        (gpu,) = spec["spec"]["gpus"]
+        assert gpu["index"] == 0 and gpu["mps"] == []
+        (inst,) = gpu["mig"]
+        assert inst["profile"] == "1g.10gb" and inst["start"] in PROFILE_1G_STARTS
+        assert json.loads(spec["metadata"]["annotations"][PLANNED_PODS_ANNOTATION]) == [
+            "default/p1"
+        ]
+        (planned,) = await eventually(lambda: events(kmock, "Planned"), within=5)
+        assert planned["message"] == "planned nvidia.com/mig-1g.10gb on node n1 GPU 0, plan 1"
+        assert planned["involvedObject"]["name"] == "p1"
+
+        await asyncio.sleep(90)  # the pod stays pending, the spec is not applied: no rewrite
+        assert len(spec_writes(kmock, "n1")) == 1
+
+
+@pytest.mark.looptime
+async def test_node_with_unapplied_spec_is_skipped_while_another_is_planned(
+    kmock: ApiServer,
+) -> None:
+    declare(kmock)
+    await create(kmock, "/api/v1/nodes", node("busy", {"gpuslice.io/partitioning": "mig", **A100}))
+    await create(kmock, "/api/v1/nodes", node("free", {"gpuslice.io/partitioning": "mig", **A100}))
+    busy_spec = {
+        "planId": "5",
+        "mode": "mig",
+        "gpus": [{"index": 0, "mig": [{"profile": "7g.80gb", "start": 0}], "mps": []}],
+    }
+    np = await create(
+        kmock,
+        NP_PATH,
+        {
+            "apiVersion": "gpuslice.io/v1alpha1",
+            "kind": "NodePartitioning",
+            "metadata": {"name": "busy", "generation": 2},
+            "spec": busy_spec,
+        },
+    )
+    assert np["metadata"]["generation"] == 2
+    await patch(
+        kmock,
+        f"{NP_PATH}/busy/status",
+        {
+            "status": {
+                "observedGeneration": 1,
+                "conditions": [{"type": "Applied", "status": "False", "reason": "Pending"}],
+            }
+        },
+    )
+    await create(kmock, "/api/v1/namespaces/default/pods", pod("p1", "nvidia.com/mig-1g.10gb"))
+    async with operator(kmock):
+        await eventually(lambda: spec_writes(kmock, "free"), within=20)
+        free = partitioning(kmock, "free")
+        assert free is not None and free["spec"]["planId"] == "6"  # continues after plan 5
+        assert [i["profile"] for i in free["spec"]["gpus"][0]["mig"]] == ["1g.10gb"]
+        assert spec_writes(kmock, "busy") == []
+        busy = partitioning(kmock, "busy")
+        assert busy is not None and busy["spec"] == busy_spec
+
+
+@pytest.mark.looptime
+async def test_node_opting_out_is_cleaned_up(kmock: ApiServer) -> None:
+    declare(kmock)
+    await create(kmock, "/api/v1/nodes", node("n1", {"gpuslice.io/partitioning": "mps", **A100}))
+    async with operator(kmock):
+        np = await eventually(lambda: partitioning(kmock, "n1"), within=5)
+        assert np["spec"]["mode"] == "mps"
+        await patch(
+            kmock, "/api/v1/nodes/n1", {"metadata": {"labels": {"gpuslice.io/partitioning": None}}}
+        )
+        await eventually(lambda: partitioning(kmock, "n1") is None, within=5)
+        await asyncio.sleep(10)
+        assert partitioning(kmock, "n1") is None  # not re-created
+
+
+@pytest.mark.looptime
+async def test_restart_mid_batch_loses_nothing_and_duplicates_nothing(kmock: ApiServer) -> None:
+    declare(kmock)
+    await create(kmock, "/api/v1/nodes", node("n1", {"gpuslice.io/partitioning": "mig", **A100}))
+    async with operator(kmock):
+        await eventually(lambda: partitioning(kmock, "n1"), within=5)
+        await create(kmock, "/api/v1/namespaces/default/pods", pod("p1", "nvidia.com/mig-1g.10gb"))
+        await asyncio.sleep(4)  # mid-batch: the window (idle 10 s) is open
+    assert spec_writes(kmock, "n1") == []
+
+    async with operator(kmock):  # a new process: nothing carried over but the API state
+        await eventually(lambda: spec_writes(kmock, "n1"), within=15)
+        await asyncio.sleep(5)
+    assert len(spec_writes(kmock, "n1")) == 1
+    assert len(events(kmock, "Planned")) == 1
+
+    # Restart after the write, before the agent applied it, with a second free node: the pod
+    # is in flight to n1 and must not be planned again onto n2.
+    await create(kmock, "/api/v1/nodes", node("n2", {"gpuslice.io/partitioning": "mig", **A100}))
+    async with operator(kmock):
+        await asyncio.sleep(90)
+        assert partitioning(kmock, "n2") is not None
+    assert spec_writes(kmock, "n2") == []
+    assert len(spec_writes(kmock, "n1")) == 1
+    assert len(events(kmock, "Planned")) == 1
+    np = partitioning(kmock, "n1")
+    assert np is not None and np["spec"]["planId"] == "1"
+
+
+@pytest.mark.looptime
+async def test_malformed_labels_and_unknown_resources_get_events_no_crash(kmock: ApiServer) -> None:
+    declare(kmock)
+    await create(
+        kmock,
+        "/api/v1/nodes",
+        node(
+            "odd",
+            {
+                "gpuslice.io/partitioning": "mig",
+                "nvidia.com/gpu.product": "NVIDIA-Z999",
+                "nvidia.com/gpu.count": "1",
+            },
+        ),
+    )
+    await create(
+        kmock,
+        "/api/v1/nodes",
+        node(
+            "nocount",
+            {
+                "gpuslice.io/partitioning": "mig",
+                "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+                "nvidia.com/gpu.count": "two",
+            },
+        ),
+    )
+    await create(kmock, "/api/v1/nodes", node("n1", {"gpuslice.io/partitioning": "mig", **A100}))
+    await create(kmock, "/api/v1/namespaces/default/pods", pod("weird", "nvidia.com/mig-9g.99gb"))
+    await create(kmock, "/api/v1/namespaces/default/pods", pod("good", "nvidia.com/mig-2g.20gb"))
+    async with operator(kmock) as controller:
+        unknown = await eventually(lambda: events(kmock, "UnknownGpuModel"), within=5)
+        assert unknown[0]["involvedObject"] == {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "name": "odd",
+            "uid": unknown[0]["involvedObject"]["uid"],
+        }
+        assert "NVIDIA-Z999" in unknown[0]["message"]
+        bad = await eventually(lambda: events(kmock, "InvalidGpuLabels"), within=5)
+        assert bad[0]["involvedObject"]["name"] == "nocount"
+        cond = (dict(kmock.objects["v1/nodes", None, "odd"])["status"]["conditions"])[0]
+        assert (cond["type"], cond["status"], cond["reason"]) == (
+            "GpusliceReady",
+            "False",
+            "UnknownGpuModel",
+        )
+        assert partitioning(kmock, "odd") is None
+
+        (weird,) = await eventually(lambda: events(kmock, "Unplaceable"), within=5)
+        assert weird["involvedObject"]["name"] == "weird"
+        assert weird["message"].startswith("cannot place: unknown resource nvidia.com/mig-9g.99gb")
+
+        await eventually(lambda: spec_writes(kmock, "n1"), within=15)
+        (planned,) = events(kmock, "Planned")
+        assert planned["involvedObject"]["name"] == "good"
+        await asyncio.sleep(30)
+        assert len(events(kmock, "Unplaceable")) == 1  # reported once, not every cycle
+        assert len(events(kmock, "UnknownGpuModel")) == 1
+        assert controller.last_decision is not None and controller.last_decision.error == ""
+
+
+@pytest.mark.looptime
+async def test_conflicting_update_is_reported_and_retried(kmock: ApiServer) -> None:
+    declare(kmock)
+    await create(kmock, "/api/v1/nodes", node("n1", {"gpuslice.io/partitioning": "mig", **A100}))
+    async with operator(kmock) as controller:
+        await eventually(lambda: partitioning(kmock, "n1"), within=5)
+        await asyncio.sleep(2)
+        # Someone else writes the object; its watch event has not reached the operator yet.
+        kmock.objects[kmock.resource(NP), None, "n1"].patch({"metadata": {"resourceVersion": "77"}})
+        await create(kmock, "/api/v1/namespaces/default/pods", pod("p1", "nvidia.com/mig-1g.10gb"))
+
+        (conflict,) = await eventually(lambda: events(kmock, "SpecConflict"), within=15)
+        assert conflict["involvedObject"]["kind"] == "NodePartitioning"
+        assert "plan 1 not written" in conflict["message"]
+        assert controller.metrics.spec_conflicts._value.get() == 1
+
+        # Retried with the re-read resourceVersion in the next window: plan 2 lands.
+        await eventually(
+            lambda: (partitioning(kmock, "n1") or {}).get("spec", {}).get("planId") == "2",
+            within=15,
+        )
+        assert len(events(kmock, "Planned")) == 1

@@ -1,0 +1,259 @@
+"""Fixed cases for the CP-SAT MIG planner: placement, churn preference, reasons, determinism."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from planner import (
+    GpuState,
+    MigInstance,
+    Mode,
+    NodeState,
+    PendingPod,
+    Plan,
+    PlannerSettings,
+    Policy,
+    Snapshot,
+    SnapshotError,
+    plan,
+)
+from planner.demand import priority_weights
+from planner.greedy import plan_greedy
+
+A100 = "A100-SXM4-80GB"
+
+
+def gpu(index: int, *instances: tuple[str, int, bool]) -> GpuState:
+    return GpuState(index, tuple(MigInstance(p, s, used=u) for p, s, u in instances))
+
+
+def node(name: str, *gpus: GpuState, model: str = A100, **kw: int) -> NodeState:
+    return NodeState(name, Mode.MIG, model, gpus, **kw)
+
+
+def pod(name: str, profile: str, count: int = 1, **kw: object) -> PendingPod:
+    return PendingPod(name, {f"nvidia.com/mig-{profile}": count}, **kw)  # type: ignore[arg-type]
+
+
+def layout_of(result: Plan, snap: Snapshot, name: str, index: int) -> set[tuple[str, int]]:
+    planned = result.layouts.get((name, index))
+    if planned is not None:
+        return set(planned.mig)
+    current = next(g for n in snap.nodes if n.name == name for g in n.gpus if g.index == index)
+    return {(i.profile, i.start) for i in current.mig}
+
+
+def test_3g_beside_used_1g_at_slot_0_goes_to_slot_4() -> None:
+    snap = Snapshot((node("n", gpu(0, ("1g.10gb", 0, True))),), (pod("p", "3g.40gb"),))
+    result = plan(snap)
+    assert result.status == "OPTIMAL"
+    assert result.layouts["n", 0].mig == (("1g.10gb", 0), ("3g.40gb", 4))
+    assert result.assignments["p"].gpus == {"nvidia.com/mig-3g.40gb": (0,)}
+
+
+def test_3g_beside_used_1g_prefers_no_extra_gpu_but_never_moves_the_used_one() -> None:
+    snap = Snapshot(
+        (node("n", gpu(0, ("1g.10gb", 0, True)), gpu(1)),),
+        (pod("p", "3g.40gb"),),
+    )
+    result = plan(snap)
+    assert ("1g.10gb", 0) in layout_of(result, snap, "n", 0)
+    # keeping GPU 1 whole (usefulness) puts the 3g on GPU 0 at slot 4
+    assert result.layouts["n", 0].mig == (("1g.10gb", 0), ("3g.40gb", 4))
+    assert ("n", 1) not in result.layouts
+
+
+def test_used_instances_never_move_even_when_that_leaves_a_pod_unplaced() -> None:
+    snap = Snapshot(
+        (node("n", gpu(0, ("3g.40gb", 0, True), ("1g.10gb", 4, False))),),
+        (pod("p", "4g.40gb"),),
+    )
+    result = plan(snap)
+    assert result.unplaced["p"].startswith("capacity:")
+    assert result.layouts == {}
+
+
+def test_a_free_existing_instance_is_used_before_creating_one() -> None:
+    snap = Snapshot(
+        (node("n", gpu(0), gpu(1, ("2g.20gb", 2, False))),),
+        (pod("p", "2g.20gb"),),
+    )
+    result = plan(snap)
+    assert result.layouts == {}
+    assert result.assignments["p"].gpus == {"nvidia.com/mig-2g.20gb": (1,)}
+    assert result.stats["churn"] == 0
+
+
+def test_only_the_gpu_that_must_change_is_touched() -> None:
+    snap = Snapshot(
+        (node("n", gpu(0, ("1g.10gb", 0, False)), gpu(1), gpu(2, ("7g.80gb", 0, True))),),
+        (pod("p", "1g.10gb"), pod("q", "2g.20gb")),
+    )
+    result = plan(snap)
+    assert set(result.assignments) == {"p", "q"}
+    # 1g: the free one on GPU 0; 2g: created beside it on GPU 0 (GPU 1 stays whole)
+    assert set(result.layouts) == {("n", 0)}
+    assert ("1g.10gb", 0) in result.layouts["n", 0].mig
+
+
+def test_free_instances_in_the_way_are_destroyed_and_counted() -> None:
+    snap = Snapshot(
+        (node("n", gpu(0, ("1g.10gb", 0, False), ("1g.10gb", 1, False))),),
+        (pod("p", "7g.80gb"),),
+    )
+    result = plan(snap)
+    assert result.layouts["n", 0].mig == (("7g.80gb", 0),)
+    s = PlannerSettings()
+    assert result.stats["churn"] == 2 * s.weight_destroy + s.weight_create + s.weight_gpu_touched
+
+
+def test_higher_priority_wins_the_last_gpu() -> None:
+    snap = Snapshot(
+        (node("n", gpu(0)),),
+        (pod("low1", "3g.40gb"), pod("low2", "4g.40gb"), pod("high", "7g.80gb", priority=10)),
+    )
+    result = plan(snap)
+    assert set(result.assignments) == {"high"}
+    assert set(result.unplaced) == {"low1", "low2"}
+
+
+def test_multi_unit_pod_takes_units_on_one_node() -> None:
+    snap = Snapshot(
+        (
+            node("a", gpu(0, ("1g.10gb", 0, True))),
+            node("b", gpu(0, ("1g.10gb", 0, True)), gpu(1, ("1g.10gb", 0, True))),
+        ),
+        (pod("p", "3g.40gb", 2),),
+    )
+    result = plan(snap)
+    a = result.assignments["p"]
+    assert a.node == "b"
+    assert sorted(a.gpus["nvidia.com/mig-3g.40gb"]) == [0, 1]
+
+
+def test_node_cpu_limits_the_pods_on_it() -> None:
+    snap = Snapshot(
+        (node("a", gpu(0), cpu_milli_free=3000), node("b", gpu(0), cpu_milli_free=3000)),
+        (pod("p", "1g.10gb", cpu_milli=2000), pod("q", "1g.10gb", cpu_milli=2000)),
+    )
+    result = plan(snap)
+    assert {result.assignments["p"].node, result.assignments["q"].node} == {"a", "b"}
+
+
+def test_driver_variant_names_resolve_and_keep_the_pods_spelling() -> None:
+    snap = Snapshot((node("n", gpu(0)),), (pod("p", "3g.39gb"),))
+    result = plan(snap)
+    assert result.assignments["p"].gpus == {"nvidia.com/mig-3g.39gb": (0,)}
+    assert ("3g.40gb", 0) in result.layouts["n", 0].mig or ("3g.40gb", 4) in result.layouts[
+        "n", 0
+    ].mig
+
+
+def test_hybrid_nodes_are_planned_as_mig() -> None:
+    hybrid = NodeState("h", Mode.HYBRID, A100, (gpu(0),))
+    result = plan(Snapshot((hybrid,), (pod("p", "2g.20gb"),)))
+    assert result.assignments["p"].node == "h"
+
+
+@pytest.mark.parametrize(
+    ("snap_pod", "nodes", "reason"),
+    [
+        (PendingPod("p", {"example.com/fpga": 1}), None, "unknown resource: example.com/fpga"),
+        (
+            PendingPod("p", {"nvidia.com/mig-1g.10gb": 1, "nvidia.com/gpu-10gb": 1}),
+            None,
+            "unknown resource: the pod requests both MIG and MPS",
+        ),
+        (pod("p", "7g.80gb"), ["A30"], "exceeds any GPU of model A30"),
+        (pod("p", "1g.10gb", eligible_nodes=frozenset({"elsewhere"})), None, "no eligible node"),
+        (pod("p", "1g.5gb"), None, "no eligible node: node n0: MIG profile '1g.5gb'"),
+        (pod("p", "1g.10gb", cpu_milli=10_000), None, "node cpu/memory"),
+        (pod("p", "7g.80gb", 2), None, "no eligible node: node n0: 2 x 7g.80gb exceed"),
+    ],
+)
+def test_unplaced_reasons(snap_pod: PendingPod, nodes: list[str] | None, reason: str) -> None:
+    models = nodes or [A100]
+    snap = Snapshot(
+        tuple(node(f"n{i}", gpu(0), model=m, cpu_milli_free=4000) for i, m in enumerate(models)),
+        (snap_pod,),
+    )
+    result = plan(snap)
+    assert result.unplaced["p"].startswith(reason), result.unplaced["p"]
+
+
+def test_capacity_reason_when_eligible_but_full() -> None:
+    snap = Snapshot((node("n", gpu(0, ("7g.80gb", 0, True))),), (pod("p", "1g.10gb"),))
+    assert plan(snap).unplaced["p"].startswith("capacity: no room for 1 x nvidia.com/mig-1g.10gb")
+
+
+def test_bad_snapshots_raise_errors_naming_the_object() -> None:
+    with pytest.raises(SnapshotError, match="node n: unknown GPU model 'Z9000'"):
+        plan(Snapshot((node("n", gpu(0), model="Z9000"),), ()))
+    with pytest.raises(SnapshotError, match=r"node\(s\) \['n'\] more than once"):
+        plan(Snapshot((node("n", gpu(0)), node("n", gpu(0))), ()))
+    with pytest.raises(SnapshotError, match="node n GPU 0: current MIG layout is impossible"):
+        plan(Snapshot((node("n", gpu(0, ("3g.40gb", 0, True), ("4g.40gb", 0, False))),), ()))
+    with pytest.raises(SnapshotError, match="does not support MIG"):
+        plan(Snapshot((node("n", gpu(0), model="V100-16GB"),), ()))
+
+
+def random_cluster(seed: int, n_nodes: int, n_pods: int) -> Snapshot:
+    """A busy cluster: each A100 holds a few used/free instances; a mixed pending batch."""
+    rng = random.Random(seed)
+    menus = [
+        [("3g.40gb", 0), ("2g.20gb", 4), ("1g.10gb", 6)],
+        [("4g.40gb", 0), ("3g.40gb", 4)],
+        [("1g.10gb", 0), ("1g.10gb", 1), ("2g.20gb", 2), ("3g.40gb", 4)],
+        [("7g.80gb", 0)],
+        [],
+    ]
+    nodes = []
+    for k in range(n_nodes):
+        gpus = []
+        for i in range(8):
+            menu = rng.choice(menus)
+            gpus.append(gpu(i, *((p, s, rng.random() < 0.6) for p, s in menu)))
+        nodes.append(node(f"node-{k:03d}", *gpus, cpu_milli_free=64_000))
+    profiles = ["1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]
+    pods = tuple(
+        pod(
+            f"pod-{j:03d}", rng.choice(profiles), rng.choice([1, 1, 2]), priority=rng.choice([0, 1])
+        )
+        for j in range(n_pods)
+    )
+    return Snapshot(tuple(nodes), pods)
+
+
+def _weight(result: Plan, snap: Snapshot) -> int:
+    w = priority_weights(snap.pods)
+    prio = {p.name: p.priority for p in snap.pods}
+    return sum(w[prio[n]] for n in result.assignments)
+
+
+def test_same_input_and_seed_give_the_same_plan() -> None:
+    snap = random_cluster(7, 6, 25)
+    s = PlannerSettings(time_limit_s=5.0)
+    first, second = plan(snap, s), plan(snap, s)
+    assert first.status == "OPTIMAL"
+    assert first.layouts == second.layouts
+    assert first.assignments == second.assignments
+    assert first.unplaced == second.unplaced
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_cpsat_places_at_least_as_much_as_greedy(seed: int) -> None:
+    snap = random_cluster(seed, 8, 40)
+    s = PlannerSettings(time_limit_s=2.0)
+    cpsat, greedy = plan(snap, s), plan_greedy(snap, s)
+    assert _weight(cpsat, snap) >= _weight(greedy, snap)
+    assert plan(snap, PlannerSettings(policy=Policy.GREEDY)).status == "GREEDY"
+
+
+def test_candidate_node_pruning_keeps_the_greedy_nodes() -> None:
+    snap = random_cluster(4, 12, 40)
+    pruned = plan(snap, PlannerSettings(time_limit_s=5.0, max_candidate_nodes=1))
+    greedy = plan_greedy(snap)
+    assert pruned.policy == "cpsat"
+    assert _weight(pruned, snap) >= _weight(greedy, snap)
