@@ -1,0 +1,180 @@
+"""``gpuslice agent``: run the node agent (``--fake``: against the fake NVML, no GPU needed).
+
+With ``--fake`` the agent drives an in-memory NVML of catalog GPUs (``--fake-gpus
+A100-SXM4-80GB:2,A30:1``), reads its spec from a local file (``--spec``, JSON or YAML: a
+NodePartitioning or a bare spec; the status goes to ``<file>.status.json``) and prints the
+devices it would advertise.  ``--once`` runs a single pass and prints the status as JSON.
+Without ``--fake`` it uses pynvml, the kubelet's PodResources API and device-plugin sockets, and
+the NodePartitioning named after ``GPUSLICE_NODE_NAME`` in the cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpuslice.cli import BadInput
+
+HELP = "run the node agent (use --fake without a GPU)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--fake", action="store_true", help="use the fake NVML (no GPU needed)")
+    parser.add_argument(
+        "--fake-gpus",
+        default="A100-SXM4-80GB:1",
+        help="fake GPUs as MODEL:COUNT[,MODEL:COUNT] (catalog model names; default %(default)s)",
+    )
+    parser.add_argument(
+        "--fake-mig-enabled", action="store_true", help="fake GPUs start with MIG mode on"
+    )
+    parser.add_argument("--spec", help="(--fake) spec file, JSON or YAML; re-read when it changes")
+    parser.add_argument("--once", action="store_true", help="one reconcile pass, print the status")
+    parser.add_argument(
+        "--catalog-file", action="append", default=[], help="GPU catalog override file"
+    )
+
+
+def parse_fake_gpus(text: str) -> list[tuple[str, int]]:
+    out: list[tuple[str, int]] = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        name, _, count = part.rpartition(":")
+        if not name:
+            name, count = count, "1"
+        try:
+            n = int(count)
+        except ValueError:
+            n = -1
+        if n < 1:
+            raise BadInput(
+                f"--fake-gpus entry {part!r}: expected MODEL:COUNT with COUNT >= 1, "
+                "e.g. A100-SXM4-80GB:2"
+            )
+        out.append((name, n))
+    if not out:
+        raise BadInput("--fake-gpus is empty; e.g. --fake-gpus A100-SXM4-80GB:2")
+    return out
+
+
+class _NoPods:
+    """In-use source of a node without a kubelet: no device is held by a pod."""
+
+    async def in_use_device_ids(self) -> set[str]:
+        return set()
+
+
+def _print_devices(devices: Mapping[str, Sequence[Any]]) -> None:
+    summary = {r: [d.id for d in ds] for r, ds in devices.items()}
+    logging.getLogger("gpuslice.agent").info("advertised devices: %s", summary)
+
+
+def run(args: argparse.Namespace) -> int:
+    from contract.catalog_files import load_catalog
+    from node_agent.settings import AgentSettings
+    from planner.catalog import CatalogError
+
+    try:
+        settings = AgentSettings()  # type: ignore[call-arg]  # fields come from GPUSLICE_* env
+    except ValueError as e:
+        raise BadInput(f"invalid GPUSLICE_* agent settings: {e}") from e
+    logging.basicConfig(
+        level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        catalog = load_catalog([*settings.catalog_files, *args.catalog_file])
+    except CatalogError as e:
+        raise BadInput(str(e)) from e
+    if args.fake:
+        return asyncio.run(_run_fake(args, settings, catalog))
+    if args.spec:
+        raise BadInput("--spec is for --fake; the real agent reads its NodePartitioning")
+    return asyncio.run(_run_real(args, settings, catalog))
+
+
+async def _run_fake(args: argparse.Namespace, settings: Any, catalog: Any) -> int:
+    from node_agent.agent import Agent, FileSpecSource, InMemorySpecSource, SpecSource
+    from node_agent.mps import FakeSupervisor
+    from node_agent.nvml_fake import FakeNvml
+    from node_agent.reconciler import Reconciler
+    from planner.catalog import CatalogError
+
+    try:
+        models = [catalog.model(n) for n, c in parse_fake_gpus(args.fake_gpus) for _ in range(c)]
+    except CatalogError as e:
+        raise BadInput(f"--fake-gpus: {e}") from e
+    nvml = FakeNvml(models, mig_enabled=args.fake_mig_enabled)
+    reconciler = Reconciler(
+        nvml,
+        _NoPods(),
+        FakeSupervisor(),
+        catalog,
+        mps_pipe_root=settings.mps_pipe_root,
+        mps_log_root=settings.mps_log_root,
+        publish=_print_devices,
+    )
+    name = settings.node_name or "fake-node"
+    source: SpecSource = FileSpecSource(args.spec, name) if args.spec else InMemorySpecSource(name)
+    agent = Agent(
+        reconciler,
+        source,
+        resync_seconds=settings.resync_seconds,
+        retry_seconds=settings.retry_seconds,
+    )
+    if args.once:
+        try:
+            result = await agent.run_once()
+        except ValueError as e:
+            raise BadInput(str(e)) from e
+        json.dump(result.status.model_dump(mode="json"), sys.stdout, indent=2)
+        print()
+        return 0 if result.applied or args.spec is None else 1
+    await agent.run()
+    return 0
+
+
+async def _run_real(args: argparse.Namespace, settings: Any, catalog: Any) -> int:
+    from node_agent.agent import Agent, KubeSpecSource
+    from node_agent.deviceplugin import DevicePluginManager
+    from node_agent.mps import MpsControlSupervisor
+    from node_agent.nvml_pynvml import PynvmlAdapter
+    from node_agent.podresources import PodResourcesClient
+    from node_agent.reconciler import Reconciler
+
+    if not settings.node_name:
+        raise BadInput("GPUSLICE_NODE_NAME is not set (DaemonSet: downward API spec.nodeName)")
+    plugins = DevicePluginManager(settings.device_plugin_dir)
+    await plugins.start()
+    try:
+        reconciler = Reconciler(
+            PynvmlAdapter(),
+            PodResourcesClient(settings.pod_resources_socket),
+            MpsControlSupervisor(),
+            catalog,
+            mps_pipe_root=settings.mps_pipe_root,
+            mps_log_root=settings.mps_log_root,
+            publish=plugins.set_devices,
+        )
+        agent = Agent(
+            reconciler,
+            KubeSpecSource(settings.node_name),
+            resync_seconds=settings.resync_seconds,
+            retry_seconds=settings.retry_seconds,
+        )
+        if settings.metrics_port:
+            from prometheus_client import start_http_server
+
+            start_http_server(settings.metrics_port)
+        if args.once:
+            result = await agent.run_once()
+            json.dump(result.status.model_dump(mode="json"), sys.stdout, indent=2)
+            print()
+            return 0
+        await agent.run()
+    finally:
+        await plugins.stop()
+    return 0

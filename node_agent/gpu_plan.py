@@ -1,0 +1,272 @@
+"""The pure diff of one GPU: observed state + desired spec -> the safe operations to run.
+
+Model
+-----
+:class:`ObservedGpu` is what the agent read this pass: NVML facts (MIG mode, GPU instances with
+placement, compute instances and MIG UUID, processes) joined with the kubelet's in-use device
+ids, plus the agent's MPS slice table.  An instance or slice is *used* when a pod holds its
+device id or a process runs on it.  :func:`plan_gpu` returns a :class:`GpuPlan`, decided in this
+order, so a spec that cannot be applied touches nothing:
+
+1. **validate** the whole target against the catalog (known model and profiles, a valid
+   layout per :func:`planner.geometry.layout_errors`, MPS slices that fit the GPU memory);
+   failure -> ``blocked`` (Degraded), no operation.
+2. **protect** every used instance/slice: it must be part of the target exactly (same profile
+   at the same start; same memory and thread share), and a MIG mode change needs the GPU idle;
+   otherwise -> ``blocked`` (Degraded) with the device named, no operation.
+3. **diff**: destroy the free instances not wanted (CI before GI, done by the executor), switch
+   MIG mode if needed, create the wanted instances missing at their exact starts (plus the CI of
+   a wanted GI left without one), and rebuild the MPS slice table (keep matched slices, drop
+   free unmatched ones, add missing ones with fresh slot numbers).
+
+When the kubelet's in-use ids could not be read, every device counts as used; a plan that would
+then be blocked is reported as ``waiting`` (transient, retried) instead of Degraded.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from contract.nodepartitioning import DesiredGpu
+from node_agent.devices import mps_slice_id
+from node_agent.nvml import GpuInfo
+from planner.catalog import CatalogError, GpuModel, MigProfile
+from planner.geometry import Placement, layout_errors
+
+__all__ = ["Block", "GpuPlan", "MpsSlot", "ObservedGpu", "ObservedInstance", "plan_gpu"]
+
+
+@dataclass(frozen=True, slots=True)
+class ObservedInstance:
+    """One GPU instance as read from NVML, with its in-use facts."""
+
+    gi_id: int
+    profile_id: int
+    profile: MigProfile | None
+    """``None`` when the profile id is not in the catalog for this model."""
+    start: int
+    size: int
+    ci_ids: tuple[int, ...]
+    uuid: str
+    """MIG device UUID of its (first) compute instance; ``""`` if it has no CI."""
+    in_use: bool
+    """A pod holds the MIG device (PodResources), or in-use ids are unknown."""
+    busy: bool
+    """Processes run on it."""
+
+    @property
+    def used(self) -> bool:
+        return self.in_use or self.busy
+
+    @property
+    def name(self) -> str:
+        return self.profile.name if self.profile else f"profile-id-{self.profile_id}"
+
+    def __str__(self) -> str:
+        return f"{self.name}@{self.start}" + (f" ({self.uuid})" if self.uuid else "")
+
+
+@dataclass(frozen=True, slots=True)
+class MpsSlot:
+    """One MPS slice the agent advertises on a GPU."""
+
+    slot: int
+    memory_mib: int
+    thread_percentage: int
+    device_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ObservedGpu:
+    info: GpuInfo
+    model: GpuModel | None
+    instances: tuple[ObservedInstance, ...]
+    gpu_processes: int
+    """Processes on the GPU as a whole (MPS clients, or anything with MIG off)."""
+    slices: tuple[MpsSlot, ...] | None
+    """The MPS slice table; ``None`` when unknown (agent restarted, in-use ids unreadable)."""
+    used_slices: frozenset[str]
+    in_use_known: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """Why a GPU's spec cannot be applied (Degraded) -- or, if ``transient``, not yet."""
+
+    reason: str
+    message: str
+    transient: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GpuPlan:
+    gpu: int
+    destroy: tuple[ObservedInstance, ...] = ()
+    create_ci: tuple[ObservedInstance, ...] = ()
+    mig_mode: bool | None = None
+    """Switch MIG mode to this (after the destroys, before the creates)."""
+    create: tuple[Placement, ...] = ()
+    slices: tuple[MpsSlot, ...] | None = None
+    """The new MPS slice table; ``None`` = leave it as it is."""
+    block: Block | None = None
+
+    def is_noop(self) -> bool:
+        return (
+            not self.destroy
+            and not self.create_ci
+            and self.mig_mode is None
+            and not self.create
+            and self.slices is None
+        )
+
+
+def _blocked(obs: ObservedGpu, reason: str, message: str) -> GpuPlan:
+    i = obs.info.index
+    if not obs.in_use_known and reason in ("InstanceInUse", "SliceInUse", "GpuBusy"):
+        return GpuPlan(
+            i,
+            block=Block(
+                "InUseUnknown",
+                f"GPU {i}: kubelet in-use device ids unavailable; not changing it ({message})",
+                transient=True,
+            ),
+        )
+    return GpuPlan(i, block=Block(reason, f"GPU {i}: {message}"))
+
+
+def _target_layout(obs: ObservedGpu, desired: DesiredGpu) -> tuple[tuple[Placement, ...], str]:
+    model = obs.model
+    assert model is not None
+    try:
+        target = tuple(Placement(d.start, model.profile(d.profile)) for d in desired.mig)
+    except CatalogError as e:
+        return (), f"UnknownProfile: {e}"
+    errs = layout_errors(model, target)
+    if errs:
+        return (), "InvalidLayout: " + "; ".join(errs)
+    return target, ""
+
+
+def plan_gpu(obs: ObservedGpu, desired: DesiredGpu, mode: str) -> GpuPlan:
+    """The operations that move GPU ``obs`` to ``desired`` in ``mode`` (see module docstring)."""
+    i = obs.info.index
+    if obs.model is None:
+        return _blocked(
+            obs,
+            "UnknownGpuModel",
+            f"{obs.info.name} (PCI {obs.info.pci_device_id}) is not in the GPU catalog; add it "
+            "with a catalog override file (GPUSLICE_CATALOG_FILES)",
+        )
+    if mode == "mps":
+        return _plan_mps(obs, desired)
+    if not obs.model.mig_capable:
+        return _blocked(obs, "MigNotSupported", f"{obs.model.name} does not support MIG")
+    if desired.mps:
+        return _blocked(
+            obs, "InvalidSpec", f"MPS slices are listed but the node's mode is {mode!r}"
+        )
+    target, err = _target_layout(obs, desired)
+    if err:
+        reason, _, msg = err.partition(": ")
+        return _blocked(obs, reason, msg)
+
+    if not obs.info.mig_enabled:
+        used = _used_slices(obs)
+        if used or obs.gpu_processes or obs.slices is None:
+            what = ", ".join(used) or f"{obs.gpu_processes} process(es)"
+            if obs.slices is None:
+                return _blocked(obs, "GpuBusy", "MPS slices unknown")
+            return _blocked(obs, "GpuBusy", f"MIG mode is off and the GPU is in use ({what})")
+        return GpuPlan(i, mig_mode=True, create=target, slices=() if obs.slices else None)
+
+    wanted = {(p.profile.profile_id, p.start): p for p in target}
+    keep: set[tuple[int, int]] = set()
+    destroy: list[ObservedInstance] = []
+    create_ci: list[ObservedInstance] = []
+    conflicts: list[str] = []
+    for inst in obs.instances:
+        key = (inst.profile_id, inst.start)
+        if key in wanted and key not in keep:
+            keep.add(key)
+            if not inst.ci_ids:
+                create_ci.append(inst)
+        elif inst.used:
+            conflicts.append(str(inst))
+        else:
+            destroy.append(inst)
+    if conflicts:
+        return _blocked(
+            obs,
+            "InstanceInUse",
+            f"in-use instance(s) {', '.join(conflicts)} are not in the spec at the same "
+            "profile and start; they are kept and the spec is not applied",
+        )
+    create = tuple(p for k, p in wanted.items() if k not in keep)
+    return GpuPlan(i, destroy=tuple(destroy), create_ci=tuple(create_ci), create=create)
+
+
+def _used_slices(obs: ObservedGpu) -> list[str]:
+    if obs.slices is None:
+        return []
+    return [s.device_id for s in obs.slices if s.device_id in obs.used_slices]
+
+
+def _plan_mps(obs: ObservedGpu, desired: DesiredGpu) -> GpuPlan:
+    i = obs.info.index
+    model = obs.model
+    assert model is not None
+    if desired.mig:
+        return _blocked(obs, "InvalidSpec", "MIG instances are listed but the node's mode is 'mps'")
+    total = sum(s.memoryMiB for s in desired.mps)
+    if total > obs.info.memory_mib:
+        return _blocked(
+            obs,
+            "InvalidSpec",
+            f"MPS slices need {total} MiB but the GPU has {obs.info.memory_mib} MiB",
+        )
+    small = [s.memoryMiB for s in desired.mps if s.memoryMiB < 1024]
+    if small:
+        return _blocked(obs, "InvalidSpec", f"MPS slices under 1024 MiB ({small}) cannot be named")
+    destroy: list[ObservedInstance] = []
+    mig_mode: bool | None = None
+    if obs.info.mig_enabled:
+        used = [str(x) for x in obs.instances if x.used]
+        if used:
+            return _blocked(
+                obs, "InstanceInUse", f"MIG instance(s) {', '.join(used)} in use; MPS needs MIG off"
+            )
+        destroy = list(obs.instances)
+        mig_mode = False
+    if obs.slices is None:
+        return _blocked(obs, "SliceInUse", "MPS slice table unknown")
+    want = Counter((s.memoryMiB, s.activeThreadPercentage) for s in desired.mps)
+    kept: list[MpsSlot] = []
+    conflicts: list[str] = []
+    # used slices claim their desired twin first, so a free twin is the one dropped
+    for s in sorted(obs.slices, key=lambda s: s.device_id not in obs.used_slices):
+        key = (s.memory_mib, s.thread_percentage)
+        if want[key] > 0:
+            want[key] -= 1
+            kept.append(s)
+        elif s.device_id in obs.used_slices:
+            conflicts.append(s.device_id)
+    if conflicts:
+        return _blocked(
+            obs,
+            "SliceInUse",
+            f"in-use MPS slice(s) {', '.join(conflicts)} are not in the spec; they are kept and "
+            "the spec is not applied",
+        )
+    taken = {s.slot for s in kept}
+    new = list(kept)
+    slot = 0
+    for (mem, pct), n in sorted(want.items()):
+        for _ in range(n):
+            while slot in taken:
+                slot += 1
+            taken.add(slot)
+            new.append(MpsSlot(slot, mem, pct, mps_slice_id(obs.info.uuid, slot, mem, pct)))
+    new.sort(key=lambda s: s.slot)
+    slices = tuple(new) if tuple(new) != obs.slices else None
+    return GpuPlan(i, destroy=tuple(destroy), mig_mode=mig_mode, slices=slices)

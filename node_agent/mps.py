@@ -1,0 +1,163 @@
+"""MPS control daemons: one per GPU in MPS mode (and one per MIG instance in hybrid mode).
+
+Model
+-----
+A daemon is identified by a *key* (``gpu0``, or ``gpu0-mig4`` for the MIG instance at slot 4 in
+hybrid mode; the same name as its pipe directory, :func:`node_agent.devices.mps_pipe_directory`)
+and described by a :class:`MpsDaemonSpec`: the device it serves (GPU or MIG UUID), its pipe and
+log directories and the default active-thread percentage.  Clients (pods) find it through
+``CUDA_MPS_PIPE_DIRECTORY`` and may only *lower* their share with
+``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` and ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``.
+
+A :class:`ProcessSupervisor` starts, checks and stops daemons; the reconciler only says which
+keys should run (:meth:`ProcessSupervisor.ensure`) and which may stop.  It never stops a daemon
+whose GPU still has a slice in use: that would kill the pod's CUDA context.
+
+* :class:`MpsControlSupervisor` runs the real ``nvidia-cuda-mps-control -d`` with
+  ``CUDA_VISIBLE_DEVICES``, ``CUDA_MPS_PIPE_DIRECTORY`` and ``CUDA_MPS_LOG_DIRECTORY`` set, then
+  ``set_default_active_thread_percentage``; liveness is ``get_server_list`` answering; stop is
+  ``quit``.  Commands go through an injectable runner so the logic is unit-testable.
+* :class:`FakeSupervisor` keeps the set of running keys in memory, with failure knobs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+__all__ = [
+    "FakeSupervisor",
+    "MpsControlSupervisor",
+    "MpsDaemonSpec",
+    "MpsError",
+    "ProcessSupervisor",
+    "Runner",
+]
+
+CONTROL = "nvidia-cuda-mps-control"
+
+
+class MpsError(RuntimeError):
+    """An MPS control daemon could not be started or stopped."""
+
+
+@dataclass(frozen=True, slots=True)
+class MpsDaemonSpec:
+    key: str
+    device_uuid: str
+    """``CUDA_VISIBLE_DEVICES`` of the daemon: a GPU UUID, or a MIG UUID (hybrid)."""
+    pipe_dir: str
+    log_dir: str
+    default_thread_percentage: int = 100
+
+
+class ProcessSupervisor(Protocol):
+    def ensure(self, spec: MpsDaemonSpec) -> None:
+        """Start the daemon unless it runs already (idempotent); raise :class:`MpsError`."""
+        ...
+
+    def stop(self, key: str) -> None:
+        """Stop the daemon ``key`` if it runs (idempotent)."""
+        ...
+
+    def running(self) -> set[str]:
+        """Keys of the daemons that are up now."""
+        ...
+
+
+Runner = Callable[[Sequence[str], Mapping[str, str], str | None], tuple[int, str]]
+"""``(argv, extra env, stdin) -> (exit code, combined output)``."""
+
+
+def subprocess_runner(
+    argv: Sequence[str], env: Mapping[str, str], stdin: str | None
+) -> tuple[int, str]:
+    try:
+        p = subprocess.run(
+            list(argv),
+            input=stdin,
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return 127, str(e)
+    return p.returncode, (p.stdout or "") + (p.stderr or "")
+
+
+class MpsControlSupervisor:
+    """Real daemons via ``nvidia-cuda-mps-control`` (see the module docstring)."""
+
+    def __init__(self, runner: Runner = subprocess_runner) -> None:
+        self._run = runner
+        self._specs: dict[str, MpsDaemonSpec] = {}
+
+    @staticmethod
+    def _env(spec: MpsDaemonSpec) -> dict[str, str]:
+        return {
+            "CUDA_VISIBLE_DEVICES": spec.device_uuid,
+            "CUDA_MPS_PIPE_DIRECTORY": spec.pipe_dir,
+            "CUDA_MPS_LOG_DIRECTORY": spec.log_dir,
+        }
+
+    def _alive(self, spec: MpsDaemonSpec) -> bool:
+        rc, _ = self._run([CONTROL], self._env(spec), "get_server_list\n")
+        return rc == 0
+
+    def ensure(self, spec: MpsDaemonSpec) -> None:
+        self._specs[spec.key] = spec
+        if self._alive(spec):
+            return
+        os.makedirs(spec.pipe_dir, exist_ok=True)
+        os.makedirs(spec.log_dir, exist_ok=True)
+        env = self._env(spec)
+        rc, out = self._run([CONTROL, "-d"], env, None)
+        if rc != 0:
+            raise MpsError(
+                f"MPS daemon {spec.key}: '{CONTROL} -d' failed ({rc}): {out.strip()}; check that "
+                f"the agent runs privileged with the NVIDIA driver and {spec.pipe_dir} is writable"
+            )
+        cmd = f"set_default_active_thread_percentage {spec.default_thread_percentage}\n"
+        rc, out = self._run([CONTROL], env, cmd)
+        if rc != 0:
+            raise MpsError(f"MPS daemon {spec.key}: {cmd.strip()} failed ({rc}): {out.strip()}")
+
+    def stop(self, key: str) -> None:
+        spec = self._specs.pop(key, None)
+        if spec is not None:
+            self._run([CONTROL], self._env(spec), "quit\n")
+
+    def running(self) -> set[str]:
+        return {k for k, s in self._specs.items() if self._alive(s)}
+
+
+@dataclass
+class FakeSupervisor:
+    """In-memory supervisor: ``fail_next`` start attempts fail; :meth:`kill` simulates a crash."""
+
+    daemons: dict[str, MpsDaemonSpec] = field(default_factory=dict)
+    fail_next: int = 0
+    starts: int = 0
+
+    def ensure(self, spec: MpsDaemonSpec) -> None:
+        if spec.key in self.daemons:
+            return
+        if self.fail_next > 0:
+            self.fail_next -= 1
+            raise MpsError(f"MPS daemon {spec.key}: injected start failure")
+        self.starts += 1
+        self.daemons[spec.key] = spec
+
+    def stop(self, key: str) -> None:
+        self.daemons.pop(key, None)
+
+    def running(self) -> set[str]:
+        return set(self.daemons)
+
+    def kill(self, key: str) -> None:
+        self.daemons.pop(key, None)

@@ -1,0 +1,162 @@
+"""The NVML port: the few driver operations the node agent needs, as a typed Protocol.
+
+Model
+-----
+GPUs are addressed by their NVML index, GPU instances (GI) by ``(gpu index, GI id)`` and compute
+instances (CI) by ``(gpu index, GI id, CI id)`` -- opaque driver handles stay inside the
+adapters.  A GI occupies the memory slots ``[start, start + size)`` (facts/mig.md); every GI the
+agent creates holds exactly one full-size CI with the SHARED engine profile, and that CI is the
+*MIG device* advertised to the kubelet under its UUID.
+
+The operations and their driver rules (both adapters must behave alike):
+
+* :meth:`Nvml.gpus` -- index, UUID, name, PCI device id, memory, current MIG mode.
+* :meth:`Nvml.set_mig_mode` -- only on an idle GPU (no GI, no process), else ``IN_USE``.
+* :meth:`Nvml.gpu_instances` -- every GI with its profile id, placement and CI ids.
+* :meth:`Nvml.create_gpu_instance` -- at an exact placement; an occupied placement or an
+  exhausted profile fails with ``INSUFFICIENT_RESOURCES``; a start the profile does not allow
+  fails with ``INVALID_ARGUMENT``; MIG disabled fails with ``NOT_SUPPORTED``.
+* :meth:`Nvml.create_compute_instance` -- the full-size SHARED CI of a GI.
+* :meth:`Nvml.destroy_compute_instance` / :meth:`Nvml.destroy_gpu_instance` -- CI first (a GI
+  that still has CIs fails with ``IN_USE``), a CI with running processes fails with ``IN_USE``.
+* :meth:`Nvml.mig_devices` -- ``(GI id, CI id, MIG UUID)`` of every MIG device.
+* :meth:`Nvml.running_processes` -- pids on a GI's MIG devices, or on the whole GPU.
+
+Errors are :class:`NvmlError` carrying an :class:`NvmlErrorCode` whose values equal pynvml's
+``NVML_ERROR_*`` constants, so the real adapter maps ``pynvml.NVMLError.value`` one to one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Protocol
+
+__all__ = [
+    "GpuInfo",
+    "GpuInstanceInfo",
+    "MigDevice",
+    "Nvml",
+    "NvmlError",
+    "NvmlErrorCode",
+]
+
+
+class NvmlErrorCode(IntEnum):
+    """NVML return codes (values identical to ``pynvml.NVML_ERROR_*``)."""
+
+    UNINITIALIZED = 1
+    INVALID_ARGUMENT = 2
+    NOT_SUPPORTED = 3
+    NO_PERMISSION = 4
+    ALREADY_INITIALIZED = 5
+    NOT_FOUND = 6
+    INSUFFICIENT_SIZE = 7
+    INSUFFICIENT_POWER = 8
+    DRIVER_NOT_LOADED = 9
+    TIMEOUT = 10
+    IRQ_ISSUE = 11
+    LIBRARY_NOT_FOUND = 12
+    FUNCTION_NOT_FOUND = 13
+    CORRUPTED_INFOROM = 14
+    GPU_IS_LOST = 15
+    RESET_REQUIRED = 16
+    OPERATING_SYSTEM = 17
+    LIB_RM_VERSION_MISMATCH = 18
+    IN_USE = 19
+    MEMORY = 20
+    NO_DATA = 21
+    VGPU_ECC_NOT_SUPPORTED = 22
+    INSUFFICIENT_RESOURCES = 23
+    FREQ_NOT_SUPPORTED = 24
+    ARGUMENT_VERSION_MISMATCH = 25
+    DEPRECATED = 26
+    NOT_READY = 27
+    GPU_NOT_FOUND = 28
+    INVALID_STATE = 29
+    RESET_TYPE_NOT_SUPPORTED = 30
+    UNKNOWN = 999
+
+    @classmethod
+    def of(cls, value: int) -> NvmlErrorCode:
+        try:
+            return cls(value)
+        except ValueError:
+            return cls.UNKNOWN
+
+
+class NvmlError(Exception):
+    """An NVML call failed. ``code`` is the driver's return code; ``op`` names the call."""
+
+    def __init__(self, code: NvmlErrorCode, op: str, detail: str = "") -> None:
+        self.code = code
+        self.op = op
+        self.detail = detail
+        text = f"{op}: NVML_ERROR_{code.name}"
+        super().__init__(f"{text} ({detail})" if detail else text)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    """One physical GPU as NVML reports it."""
+
+    index: int
+    uuid: str
+    name: str
+    """``nvmlDeviceGetName``, e.g. ``NVIDIA A100-SXM4-80GB``."""
+    pci_device_id: str
+    """Four upper-case hex digits, e.g. ``20B2`` (from ``pciDeviceId`` ``0x20B210DE``)."""
+    memory_mib: int
+    mig_enabled: bool
+    """Current MIG mode."""
+    mig_capable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInstanceInfo:
+    """One GPU instance: profile, placement and the ids of its compute instances."""
+
+    gpu_index: int
+    gi_id: int
+    profile_id: int
+    start: int
+    size: int
+    compute_instances: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class MigDevice:
+    """A MIG device (one CI of one GI) and the UUID the kubelet sees."""
+
+    gpu_index: int
+    gi_id: int
+    ci_id: int
+    uuid: str
+
+
+class Nvml(Protocol):
+    """The driver operations the agent uses (see the module docstring for the rules)."""
+
+    def gpus(self) -> list[GpuInfo]: ...
+
+    def set_mig_mode(self, gpu: int, enabled: bool) -> None: ...
+
+    def gpu_instances(self, gpu: int) -> list[GpuInstanceInfo]: ...
+
+    def create_gpu_instance(self, gpu: int, profile_id: int, start: int, size: int) -> int:
+        """Create a GI at exactly ``(start, size)``; return its GI id."""
+        ...
+
+    def create_compute_instance(self, gpu: int, gi_id: int) -> int:
+        """Create the full-size SHARED-engine CI of a GI; return its CI id."""
+        ...
+
+    def destroy_compute_instance(self, gpu: int, gi_id: int, ci_id: int) -> None: ...
+
+    def destroy_gpu_instance(self, gpu: int, gi_id: int) -> None: ...
+
+    def mig_devices(self, gpu: int) -> list[MigDevice]: ...
+
+    def running_processes(self, gpu: int, gi_id: int | None = None) -> list[int]:
+        """Pids running on GI ``gi_id``'s MIG devices, or on the whole GPU if ``None``."""
+        ...

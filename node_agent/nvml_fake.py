@@ -1,0 +1,416 @@
+"""An in-memory NVML built from the GPU catalog, enforcing the driver's MIG rules, with faults.
+
+Model
+-----
+A :class:`FakeNvml` holds GPUs of catalog models (:class:`planner.catalog.GpuModel`).  Each GPU
+has a MIG mode, GPU instances (profile, start, compute instances with their MIG UUIDs) and
+processes (a pid on a MIG device, or on the whole GPU).  The rules are those of
+shared/facts/mig.md, checked here independently of :mod:`planner.geometry` (a property test
+compares the two):
+
+==========================================  ==========================================
+operation                                   fails with
+==========================================  ==========================================
+create GI, MIG mode off / not MIG-capable   ``NOT_SUPPORTED``
+create GI, unknown profile id, wrong size   ``INVALID_ARGUMENT``
+create GI, start not allowed for profile    ``INVALID_ARGUMENT``
+create GI, slot taken, max count reached,   ``INSUFFICIENT_RESOURCES``
+second ``+me``, compute slices exhausted
+create CI on a GI that already has one      ``INSUFFICIENT_RESOURCES``
+destroy CI with processes on it             ``IN_USE``
+destroy GI that still has CIs               ``IN_USE``
+set MIG mode with GIs or processes          ``IN_USE``
+unknown GPU index / GI id / CI id           ``INVALID_ARGUMENT`` / ``NOT_FOUND``
+==========================================  ==========================================
+
+GI ids are the smallest free id (the driver reuses ids too); every CI gets a fresh MIG UUID.
+:meth:`FakeNvml.reboot` drops every instance and process (MIG instances never survive a reboot).
+
+Fault injection
+---------------
+:meth:`FakeNvml.inject` makes calls of one operation (or ``"*"``: any) fail ``times`` times
+(``None``: always) with probability ``probability``, either before the call has any effect or
+*after* it (``after=True``: the driver did the work, the caller sees an error -- a timeout).
+``error`` raises an arbitrary exception instead of :class:`NvmlError` (e.g. a simulated agent
+crash).  ``hooks`` run before every call with ``(op, args)``: tests use them to interleave
+other actors (pods being allocated) with the agent's calls.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from node_agent.nvml import GpuInfo, GpuInstanceInfo, MigDevice, NvmlError, NvmlErrorCode
+from planner.catalog import GpuModel, MigProfile
+
+__all__ = ["FakeNvml", "Fault"]
+
+Hook = Callable[[str, tuple[int, ...]], None]
+
+OPS = (
+    "gpus",
+    "set_mig_mode",
+    "gpu_instances",
+    "create_gpu_instance",
+    "create_compute_instance",
+    "destroy_compute_instance",
+    "destroy_gpu_instance",
+    "mig_devices",
+    "running_processes",
+)
+
+
+@dataclass
+class Fault:
+    """One injected fault (see the module docstring)."""
+
+    op: str
+    code: NvmlErrorCode = NvmlErrorCode.UNKNOWN
+    times: int | None = 1
+    probability: float = 1.0
+    after: bool = False
+    error: Callable[[], BaseException] | None = None
+    fired: int = 0
+
+    def exhausted(self) -> bool:
+        return self.times is not None and self.fired >= self.times
+
+
+@dataclass
+class _Gi:
+    gi_id: int
+    profile: MigProfile
+    start: int
+    cis: dict[int, str] = field(default_factory=dict)
+    """CI id -> MIG device UUID."""
+
+
+@dataclass
+class _Gpu:
+    index: int
+    model: GpuModel
+    uuid: str
+    mig_enabled: bool
+    gis: dict[int, _Gi] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class _Proc:
+    gpu: int
+    gi_id: int | None
+    ci_id: int | None
+
+
+class FakeNvml:
+    """In-memory NVML (implements :class:`node_agent.nvml.Nvml`)."""
+
+    def __init__(
+        self,
+        models: Sequence[GpuModel],
+        *,
+        mig_enabled: bool = False,
+        seed: int = 0,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._rng = rng if rng is not None else random.Random(seed)
+        self._gpus = [
+            _Gpu(i, m, self._uuid("GPU"), mig_enabled and m.mig_capable)
+            for i, m in enumerate(models)
+        ]
+        self._procs: dict[int, _Proc] = {}
+        self._next_pid = 1000
+        self.faults: list[Fault] = []
+        self.hooks: list[Hook] = []
+        self.calls = 0
+        self.faults_raised = 0
+
+    # -- fault injection ---------------------------------------------------------------
+
+    def inject(
+        self,
+        op: str,
+        code: NvmlErrorCode = NvmlErrorCode.UNKNOWN,
+        *,
+        times: int | None = 1,
+        probability: float = 1.0,
+        after: bool = False,
+        error: Callable[[], BaseException] | None = None,
+    ) -> Fault:
+        if op != "*" and op not in OPS:
+            raise ValueError(f"cannot inject a fault into unknown NVML operation {op!r}; use {OPS}")
+        f = Fault(op, code, times, probability, after, error)
+        self.faults.append(f)
+        return f
+
+    def clear_faults(self) -> None:
+        self.faults.clear()
+
+    def _maybe_fail(self, op: str, after: bool) -> None:
+        for f in self.faults:
+            if f.after != after or (f.op != "*" and f.op != op) or f.exhausted():
+                continue
+            if f.probability < 1.0 and self._rng.random() >= f.probability:
+                continue
+            f.fired += 1
+            self.faults_raised += 1
+            if f.error is not None:
+                raise f.error()
+            raise NvmlError(f.code, op, "injected fault")
+
+    def _enter(self, op: str, *args: int) -> None:
+        self.calls += 1
+        for h in self.hooks:
+            h(op, args)
+        if self.faults:
+            self._maybe_fail(op, after=False)
+
+    def _leave(self, op: str) -> None:
+        if self.faults:
+            self._maybe_fail(op, after=True)
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _uuid(self, prefix: str) -> str:
+        return f"{prefix}-{uuid.UUID(int=self._rng.getrandbits(128), version=4)}"
+
+    def _gpu(self, op: str, index: int) -> _Gpu:
+        if not 0 <= index < len(self._gpus):
+            raise NvmlError(NvmlErrorCode.INVALID_ARGUMENT, op, f"no GPU with index {index}")
+        return self._gpus[index]
+
+    def _gi(self, op: str, gpu: _Gpu, gi_id: int) -> _Gi:
+        gi = gpu.gis.get(gi_id)
+        if gi is None:
+            raise NvmlError(NvmlErrorCode.NOT_FOUND, op, f"GPU {gpu.index} has no GI {gi_id}")
+        return gi
+
+    # -- the port ----------------------------------------------------------------------
+
+    def gpus(self) -> list[GpuInfo]:
+        self._enter("gpus")
+        out = [
+            GpuInfo(
+                index=g.index,
+                uuid=g.uuid,
+                name=f"NVIDIA {g.model.name}",
+                pci_device_id=g.model.pci_device_ids[0] if g.model.pci_device_ids else "",
+                memory_mib=g.model.memory_mib,
+                mig_enabled=g.mig_enabled,
+                mig_capable=g.model.mig_capable,
+            )
+            for g in self._gpus
+        ]
+        self._leave("gpus")
+        return out
+
+    def set_mig_mode(self, gpu: int, enabled: bool) -> None:
+        op = "set_mig_mode"
+        self._enter(op, gpu, int(enabled))
+        g = self._gpu(op, gpu)
+        if not g.model.mig_capable:
+            raise NvmlError(NvmlErrorCode.NOT_SUPPORTED, op, f"{g.model.name} has no MIG")
+        if g.mig_enabled != enabled:
+            if g.gis or any(p.gpu == gpu for p in self._procs.values()):
+                raise NvmlError(
+                    NvmlErrorCode.IN_USE, op, f"GPU {gpu} has GPU instances or processes"
+                )
+            g.mig_enabled = enabled
+        self._leave(op)
+
+    def gpu_instances(self, gpu: int) -> list[GpuInstanceInfo]:
+        op = "gpu_instances"
+        self._enter(op, gpu)
+        g = self._gpu(op, gpu)
+        if not g.mig_enabled:
+            raise NvmlError(NvmlErrorCode.NOT_SUPPORTED, op, f"MIG mode is off on GPU {gpu}")
+        out = [
+            GpuInstanceInfo(
+                gpu, gi.gi_id, gi.profile.profile_id, gi.start, gi.profile.memory_slices,
+                tuple(sorted(gi.cis)),
+            )
+            for gi in sorted(g.gis.values(), key=lambda x: x.gi_id)
+        ]  # fmt: skip
+        self._leave(op)
+        return out
+
+    def create_gpu_instance(self, gpu: int, profile_id: int, start: int, size: int) -> int:
+        op = "create_gpu_instance"
+        self._enter(op, gpu, profile_id, start, size)
+        g = self._gpu(op, gpu)
+        if not g.model.mig_capable or not g.mig_enabled:
+            raise NvmlError(NvmlErrorCode.NOT_SUPPORTED, op, f"MIG mode is off on GPU {gpu}")
+        prof = next((p for p in g.model.profiles if p.profile_id == profile_id), None)
+        if prof is None:
+            raise NvmlError(NvmlErrorCode.INVALID_ARGUMENT, op, f"unknown profile id {profile_id}")
+        if size != prof.memory_slices or start not in prof.starts:
+            raise NvmlError(
+                NvmlErrorCode.INVALID_ARGUMENT,
+                op,
+                f"placement ({start}, {size}) is not a placement of {prof.name}",
+            )
+        taken = {
+            s for gi in g.gis.values() for s in range(gi.start, gi.start + gi.profile.memory_slices)
+        }
+        reason = ""
+        if any(s in taken for s in range(start, start + size)):
+            reason = "memory slots taken"
+        elif sum(1 for gi in g.gis.values() if gi.profile == prof) >= prof.max_count:
+            reason = f"{prof.name} at its maximum of {prof.max_count}"
+        elif prof.has_media_extensions and any(
+            gi.profile.has_media_extensions for gi in g.gis.values()
+        ):
+            reason = "a +me instance exists"
+        elif "+me.all" in (
+            variants := [*(gi.profile.variant for gi in g.gis.values()), prof.variant]
+        ) and any(v not in ("+me.all", "-me") for v in variants):
+            reason = "+me.all allows only -me profiles beside it"
+        elif sum(gi.profile.compute for gi in g.gis.values()) + prof.compute > (
+            g.model.compute_slices
+        ):
+            reason = "compute slices exhausted"
+        if reason:
+            raise NvmlError(NvmlErrorCode.INSUFFICIENT_RESOURCES, op, reason)
+        gi_id = next(i for i in range(1, len(g.gis) + 2) if i not in g.gis)
+        g.gis[gi_id] = _Gi(gi_id, prof, start)
+        self._leave(op)
+        return gi_id
+
+    def create_compute_instance(self, gpu: int, gi_id: int) -> int:
+        op = "create_compute_instance"
+        self._enter(op, gpu, gi_id)
+        gi = self._gi(op, self._gpu(op, gpu), gi_id)
+        if gi.cis:
+            raise NvmlError(
+                NvmlErrorCode.INSUFFICIENT_RESOURCES, op, f"GI {gi_id} already has a full-size CI"
+            )
+        gi.cis[0] = self._uuid("MIG")
+        self._leave(op)
+        return 0
+
+    def destroy_compute_instance(self, gpu: int, gi_id: int, ci_id: int) -> None:
+        op = "destroy_compute_instance"
+        self._enter(op, gpu, gi_id, ci_id)
+        gi = self._gi(op, self._gpu(op, gpu), gi_id)
+        if ci_id not in gi.cis:
+            raise NvmlError(NvmlErrorCode.NOT_FOUND, op, f"GI {gi_id} has no CI {ci_id}")
+        if any(p == _Proc(gpu, gi_id, ci_id) for p in self._procs.values()):
+            raise NvmlError(NvmlErrorCode.IN_USE, op, f"processes run on GI {gi_id} CI {ci_id}")
+        del gi.cis[ci_id]
+        self._leave(op)
+
+    def destroy_gpu_instance(self, gpu: int, gi_id: int) -> None:
+        op = "destroy_gpu_instance"
+        self._enter(op, gpu, gi_id)
+        g = self._gpu(op, gpu)
+        gi = self._gi(op, g, gi_id)
+        if gi.cis:
+            raise NvmlError(NvmlErrorCode.IN_USE, op, f"GI {gi_id} still has compute instances")
+        del g.gis[gi_id]
+        self._leave(op)
+
+    def mig_devices(self, gpu: int) -> list[MigDevice]:
+        op = "mig_devices"
+        self._enter(op, gpu)
+        g = self._gpu(op, gpu)
+        out = [
+            MigDevice(gpu, gi.gi_id, ci, u)
+            for gi in sorted(g.gis.values(), key=lambda x: x.gi_id)
+            for ci, u in sorted(gi.cis.items())
+        ]
+        self._leave(op)
+        return out
+
+    def running_processes(self, gpu: int, gi_id: int | None = None) -> list[int]:
+        op = "running_processes"
+        self._enter(op, gpu, -1 if gi_id is None else gi_id)
+        self._gpu(op, gpu)
+        out = sorted(
+            pid
+            for pid, p in self._procs.items()
+            if p.gpu == gpu and (gi_id is None or p.gi_id == gi_id)
+        )
+        self._leave(op)
+        return out
+
+    # -- test controls (not part of the port; never fault-injected) --------------------
+
+    def model_of(self, gpu: int) -> GpuModel:
+        return self._gpu("model_of", gpu).model
+
+    def start_process(self, gpu: int, gi_id: int | None = None, ci_id: int | None = None) -> int:
+        """Start a process on a MIG device (or, with MIG off, on the whole GPU); return its pid."""
+        g = self._gpu("start_process", gpu)
+        if gi_id is None:
+            if g.mig_enabled:
+                raise NvmlError(NvmlErrorCode.INVALID_STATE, "start_process", "MIG is on")
+        else:
+            gi = self._gi("start_process", g, gi_id)
+            if ci_id not in gi.cis:
+                raise NvmlError(NvmlErrorCode.NOT_FOUND, "start_process", f"no CI {ci_id}")
+        self._next_pid += 1
+        self._procs[self._next_pid] = _Proc(gpu, gi_id, ci_id)
+        return self._next_pid
+
+    def stop_process(self, pid: int) -> None:
+        self._procs.pop(pid, None)
+
+    def process_count(self) -> int:
+        return len(self._procs)
+
+    def reboot(self) -> None:
+        """A node reboot / driver reload: instances and processes are gone."""
+        self._procs.clear()
+        for g in self._gpus:
+            g.gis.clear()
+
+    def uuid_of(self, gpu: int, gi_id: int, ci_id: int = 0) -> str:
+        return self._gi("uuid_of", self._gpu("uuid_of", gpu), gi_id).cis[ci_id]
+
+    def mig_uuids(self) -> dict[str, tuple[int, int, int]]:
+        """Every MIG device UUID -> ``(gpu, GI id, CI id)``."""
+        return {
+            u: (g.index, gi.gi_id, ci)
+            for g in self._gpus
+            for gi in g.gis.values()
+            for ci, u in gi.cis.items()
+        }
+
+    def gpu_index_of(self, gpu_uuid: str) -> int:
+        for g in self._gpus:
+            if g.uuid == gpu_uuid:
+                return g.index
+        raise KeyError(gpu_uuid)
+
+    def layout(self, gpu: int) -> list[tuple[MigProfile, int, bool]]:
+        """``(profile, start, has a CI)`` of every GI on ``gpu``, by start."""
+        g = self._gpu("layout", gpu)
+        return sorted(
+            ((gi.profile, gi.start, bool(gi.cis)) for gi in g.gis.values()), key=lambda t: t[1]
+        )
+
+    def mig_enabled(self, gpu: int) -> bool:
+        return self._gpu("mig_enabled", gpu).mig_enabled
+
+    def processes_on(self, gpu: int, gi_id: int | None = None) -> int:
+        return sum(
+            1 for p in self._procs.values() if p.gpu == gpu and (gi_id is None or p.gi_id == gi_id)
+        )
+
+    def instances(self, gpu: int) -> list[tuple[int, MigProfile, int, tuple[str, ...]]]:
+        """``(GI id, profile, start, MIG UUIDs)`` of every GI on ``gpu``."""
+        g = self._gpu("instances", gpu)
+        return [
+            (gi.gi_id, gi.profile, gi.start, tuple(gi.cis.values()))
+            for gi in sorted(g.gis.values(), key=lambda x: x.start)
+        ]
+
+    def gpu_uuid(self, gpu: int) -> str:
+        return self._gpu("gpu_uuid", gpu).uuid
+
+    def mig_uuids_of(self, gpu: int) -> dict[tuple[int, int], str]:
+        """``(GI id, CI id)`` -> MIG UUID on one GPU."""
+        g = self._gpu("mig_uuids_of", gpu)
+        return {(gi.gi_id, ci): u for gi in g.gis.values() for ci, u in gi.cis.items()}

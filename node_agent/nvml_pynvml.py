@@ -1,0 +1,280 @@
+"""The real NVML adapter over ``pynvml`` (distribution ``nvidia-ml-py``), calls per facts/mig.md.
+
+Model
+-----
+A thin translation of :class:`node_agent.nvml.Nvml` into driver calls; no policy lives here.
+
+* GPUs: ``nvmlDeviceGetCount`` / ``GetHandleByIndex`` / ``GetUUID`` / ``GetName`` /
+  ``GetPciInfo`` (``pciDeviceId >> 16`` is the device id) / ``GetMemoryInfo`` / ``GetMigMode``.
+* GPU instances are enumerated per profile: for every profile index ``0 ..
+  NVML_GPU_INSTANCE_PROFILE_COUNT`` the profile info (``NOT_SUPPORTED`` skipped) gives the
+  profile id and the maximum count, then ``nvmlDeviceGetGpuInstances(h, id, array, byref(n))``
+  and ``nvmlGpuInstanceGetInfo`` give GI id and placement.
+* Create: ``nvmlDeviceCreateGpuInstanceWithPlacement(h, id, byref(c_nvmlGpuInstancePlacement_t
+  (start, size)))``, then the full-size CI: the compute-instance profile with the GI's slice
+  count and the SHARED engine profile, ``nvmlGpuInstanceCreateComputeInstance``.
+* Destroy: ``nvmlComputeInstanceDestroy`` for each CI, then ``nvmlGpuInstanceDestroy``.
+* MIG devices: ``nvmlDeviceGetMaxMigDeviceCount`` / ``GetMigDeviceHandleByIndex`` (``NOT_FOUND``
+  for empty indices) / ``GetGpuInstanceId`` / ``GetComputeInstanceId`` / ``GetUUID``.
+* Processes: ``nvmlDeviceGetComputeRunningProcesses`` on the MIG device handles of the GI (or on
+  the GPU handle).
+
+Every ``pynvml.NVMLError`` becomes :class:`node_agent.nvml.NvmlError` with the same code.
+The module is imported only without ``--fake``; tests drive it with a fake ``pynvml`` module.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any, TypeVar
+
+from node_agent.nvml import GpuInfo, GpuInstanceInfo, MigDevice, NvmlError, NvmlErrorCode
+
+__all__ = ["PynvmlAdapter"]
+
+T = TypeVar("T")
+
+# compute slices of a GI -> NVML_COMPUTE_INSTANCE_PROFILE_* constant name of its full-size CI
+_CI_PROFILE_FOR_SLICES = {
+    1: "NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE",
+    2: "NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE",
+    3: "NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE",
+    4: "NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE",
+    6: "NVML_COMPUTE_INSTANCE_PROFILE_6_SLICE",
+    7: "NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE",
+    8: "NVML_COMPUTE_INSTANCE_PROFILE_8_SLICE",
+}
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+class PynvmlAdapter:
+    """:class:`node_agent.nvml.Nvml` over the pynvml module (``nvmlInit`` on construction)."""
+
+    def __init__(self, nvml: ModuleType | None = None) -> None:
+        self._m: Any = nvml if nvml is not None else importlib.import_module("pynvml")
+        self._call("init", self._m.nvmlInit)
+        self._profiles: dict[int, list[Any]] = {}
+
+    def close(self) -> None:
+        self._call("shutdown", self._m.nvmlShutdown)
+
+    def _call(self, op: str, fn: Callable[..., T], *args: Any) -> T:
+        try:
+            return fn(*args)
+        except self._m.NVMLError as e:
+            raise NvmlError(NvmlErrorCode.of(int(e.value)), op, str(e)) from e
+
+    def _handle(self, gpu: int) -> Any:
+        return self._call("get handle", self._m.nvmlDeviceGetHandleByIndex, gpu)
+
+    # -- GPUs ----------------------------------------------------------------------------
+
+    def gpus(self) -> list[GpuInfo]:
+        m = self._m
+        out: list[GpuInfo] = []
+        for i in range(self._call("gpus", m.nvmlDeviceGetCount)):
+            h = self._handle(i)
+            pci = self._call("gpus", m.nvmlDeviceGetPciInfo, h)
+            mem = self._call("gpus", m.nvmlDeviceGetMemoryInfo, h)
+            try:
+                current, _pending = m.nvmlDeviceGetMigMode(h)
+                capable = True
+            except m.NVMLError as e:
+                if int(e.value) != NvmlErrorCode.NOT_SUPPORTED:
+                    raise NvmlError(NvmlErrorCode.of(int(e.value)), "gpus", str(e)) from e
+                current, capable = 0, False
+            out.append(
+                GpuInfo(
+                    index=i,
+                    uuid=_text(self._call("gpus", m.nvmlDeviceGetUUID, h)),
+                    name=_text(self._call("gpus", m.nvmlDeviceGetName, h)),
+                    pci_device_id=f"{(int(pci.pciDeviceId) >> 16) & 0xFFFF:04X}",
+                    memory_mib=int(mem.total) // (1024 * 1024),
+                    mig_enabled=current == m.NVML_DEVICE_MIG_ENABLE,
+                    mig_capable=capable,
+                )
+            )
+        return out
+
+    def set_mig_mode(self, gpu: int, enabled: bool) -> None:
+        m = self._m
+        mode = m.NVML_DEVICE_MIG_ENABLE if enabled else m.NVML_DEVICE_MIG_DISABLE
+        self._call("set_mig_mode", m.nvmlDeviceSetMigMode, self._handle(gpu), mode)
+
+    # -- GPU instances -------------------------------------------------------------------
+
+    def _gi_profiles(self, gpu: int, h: Any) -> list[Any]:
+        """The GI profile infos the GPU supports (cached per GPU)."""
+        if gpu not in self._profiles:
+            m = self._m
+            infos = []
+            for idx in range(m.NVML_GPU_INSTANCE_PROFILE_COUNT):
+                try:
+                    infos.append(m.nvmlDeviceGetGpuInstanceProfileInfo(h, idx))
+                except m.NVMLError as e:
+                    if int(e.value) in (
+                        NvmlErrorCode.NOT_SUPPORTED,
+                        NvmlErrorCode.INVALID_ARGUMENT,
+                    ):
+                        continue
+                    raise NvmlError(NvmlErrorCode.of(int(e.value)), "profiles", str(e)) from e
+            self._profiles[gpu] = infos
+        return self._profiles[gpu]
+
+    def _gi_handles(self, gpu: int) -> list[tuple[Any, Any]]:
+        """``(GI handle, GI info)`` for every GPU instance, enumerated per profile."""
+        m = self._m
+        h = self._handle(gpu)
+        out: list[tuple[Any, Any]] = []
+        for prof in self._gi_profiles(gpu, h):
+            n = max(int(prof.instanceCount), 1)
+            arr = (m.c_nvmlGpuInstance_t * n)()
+            count = ctypes.c_uint(0)
+            self._call(
+                "gpu_instances", m.nvmlDeviceGetGpuInstances, h, prof.id, arr, ctypes.byref(count)
+            )
+            for k in range(count.value):
+                gi = arr[k]
+                out.append((gi, self._call("gpu_instances", m.nvmlGpuInstanceGetInfo, gi)))
+        return out
+
+    def _compute_instances(self, gi: Any) -> list[tuple[Any, int]]:
+        """``(CI handle, CI id)`` of every compute instance of a GI."""
+        m = self._m
+        out: list[tuple[Any, int]] = []
+        for name in _CI_PROFILE_FOR_SLICES.values():
+            idx = getattr(m, name, None)
+            if idx is None:
+                continue
+            try:
+                info = m.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                    gi, idx, m.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+                )
+            except m.NVMLError:
+                continue  # profile not valid for this GI size
+            n = max(int(info.instanceCount), 1)
+            arr = (m.c_nvmlComputeInstance_t * n)()
+            count = ctypes.c_uint(0)
+            self._call(
+                "compute_instances",
+                m.nvmlGpuInstanceGetComputeInstances,
+                gi,
+                info.id,
+                arr,
+                ctypes.byref(count),
+            )
+            for k in range(count.value):
+                ci = arr[k]
+                ci_info = self._call("compute_instances", m.nvmlComputeInstanceGetInfo, ci)
+                out.append((ci, int(ci_info.id)))
+        return out
+
+    def gpu_instances(self, gpu: int) -> list[GpuInstanceInfo]:
+        out = []
+        for gi, info in self._gi_handles(gpu):
+            cis = tuple(sorted(cid for _, cid in self._compute_instances(gi)))
+            out.append(
+                GpuInstanceInfo(
+                    gpu_index=gpu,
+                    gi_id=int(info.id),
+                    profile_id=int(info.profileId),
+                    start=int(info.placement.start),
+                    size=int(info.placement.size),
+                    compute_instances=cis,
+                )
+            )
+        return sorted(out, key=lambda x: x.gi_id)
+
+    def _gi(self, gpu: int, gi_id: int, op: str) -> Any:
+        for gi, info in self._gi_handles(gpu):
+            if int(info.id) == gi_id:
+                return gi
+        raise NvmlError(NvmlErrorCode.NOT_FOUND, op, f"GPU {gpu} has no GPU instance {gi_id}")
+
+    def create_gpu_instance(self, gpu: int, profile_id: int, start: int, size: int) -> int:
+        m = self._m
+        placement = m.c_nvmlGpuInstancePlacement_t()
+        placement.start = start
+        placement.size = size
+        gi = self._call(
+            "create_gpu_instance",
+            m.nvmlDeviceCreateGpuInstanceWithPlacement,
+            self._handle(gpu),
+            profile_id,
+            ctypes.byref(placement),
+        )
+        return int(self._call("create_gpu_instance", m.nvmlGpuInstanceGetInfo, gi).id)
+
+    def create_compute_instance(self, gpu: int, gi_id: int) -> int:
+        m = self._m
+        gi = self._gi(gpu, gi_id, "create_compute_instance")
+        h = self._handle(gpu)
+        gi_info = self._call("create_compute_instance", m.nvmlGpuInstanceGetInfo, gi)
+        slices = next(
+            int(p.sliceCount) for p in self._gi_profiles(gpu, h) if p.id == gi_info.profileId
+        )
+        ci_prof = self._call(
+            "create_compute_instance",
+            m.nvmlGpuInstanceGetComputeInstanceProfileInfo,
+            gi,
+            getattr(m, _CI_PROFILE_FOR_SLICES[slices]),
+            m.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+        )
+        ci = self._call(
+            "create_compute_instance", m.nvmlGpuInstanceCreateComputeInstance, gi, ci_prof.id
+        )
+        return int(self._call("create_compute_instance", m.nvmlComputeInstanceGetInfo, ci).id)
+
+    def destroy_compute_instance(self, gpu: int, gi_id: int, ci_id: int) -> None:
+        gi = self._gi(gpu, gi_id, "destroy_compute_instance")
+        for ci, cid in self._compute_instances(gi):
+            if cid == ci_id:
+                self._call("destroy_compute_instance", self._m.nvmlComputeInstanceDestroy, ci)
+                return
+        raise NvmlError(NvmlErrorCode.NOT_FOUND, "destroy_compute_instance", f"no CI {ci_id}")
+
+    def destroy_gpu_instance(self, gpu: int, gi_id: int) -> None:
+        gi = self._gi(gpu, gi_id, "destroy_gpu_instance")
+        self._call("destroy_gpu_instance", self._m.nvmlGpuInstanceDestroy, gi)
+
+    # -- MIG devices and processes -------------------------------------------------------
+
+    def _mig_handles(self, gpu: int) -> list[tuple[Any, int, int]]:
+        m = self._m
+        h = self._handle(gpu)
+        out: list[tuple[Any, int, int]] = []
+        for k in range(self._call("mig_devices", m.nvmlDeviceGetMaxMigDeviceCount, h)):
+            try:
+                mh = m.nvmlDeviceGetMigDeviceHandleByIndex(h, k)
+            except m.NVMLError as e:
+                if int(e.value) == NvmlErrorCode.NOT_FOUND:
+                    continue
+                raise NvmlError(NvmlErrorCode.of(int(e.value)), "mig_devices", str(e)) from e
+            gi = self._call("mig_devices", m.nvmlDeviceGetGpuInstanceId, mh)
+            ci = self._call("mig_devices", m.nvmlDeviceGetComputeInstanceId, mh)
+            out.append((mh, int(gi), int(ci)))
+        return out
+
+    def mig_devices(self, gpu: int) -> list[MigDevice]:
+        return [
+            MigDevice(gpu, gi, ci, _text(self._call("mig_devices", self._m.nvmlDeviceGetUUID, mh)))
+            for mh, gi, ci in self._mig_handles(gpu)
+        ]
+
+    def running_processes(self, gpu: int, gi_id: int | None = None) -> list[int]:
+        m = self._m
+        if gi_id is None:
+            handles = [self._handle(gpu)]
+        else:
+            handles = [mh for mh, gi, _ in self._mig_handles(gpu) if gi == gi_id]
+        pids: set[int] = set()
+        for h in handles:
+            procs = self._call("running_processes", m.nvmlDeviceGetComputeRunningProcesses, h)
+            pids |= {int(p.pid) for p in procs}
+        return sorted(pids)

@@ -1,0 +1,466 @@
+"""The reconciler: make one node's GPUs match its NodePartitioning spec, safely and idempotently.
+
+Model
+-----
+A pass (:meth:`Reconciler.reconcile`) is a pure function of what it reads, not of its memory:
+
+1. **read** the kubelet's in-use device ids (``None`` if unreadable) and the hardware (NVML:
+   GPUs, GPU/compute instances, MIG UUIDs, processes) into :class:`~node_agent.gpu_plan.ObservedGpu`.
+2. **plan** every GPU the spec lists with :func:`node_agent.gpu_plan.plan_gpu`: validate the
+   whole target first, protect every used instance/slice, then diff.  A GPU the spec cannot be
+   applied to gets a Block (Degraded, or transient) and no operation.
+3. **withdraw**: if anything is to be destroyed, first re-advertise the devices *without* the
+   doomed ones (so the kubelet cannot hand them out any more), then re-read the in-use ids; a
+   doomed device that was allocated in between cancels its GPU's plan for this pass.
+4. **execute** per GPU, in this order: re-check processes, destroy CI then GI of each free
+   unwanted instance, switch MIG mode (the GPU is idle by then), create the missing CIs, create
+   the wanted GIs at their exact placements (largest first) each followed by its CI, store the
+   new MPS slice table.  The first NVML error stops that GPU for this pass; other GPUs go on.
+5. **MPS daemons**: one per GPU with MPS slices, one per MIG instance on hybrid GPUs; daemons no
+   longer wanted are stopped (never one whose slices or instance are in use: those are wanted).
+6. **re-read** the hardware, build the status (:func:`node_agent.status.build_status`) and the
+   advertised devices (:func:`node_agent.devices.advertised_devices`) and publish them.
+
+Crash safety: the only state kept between passes is the MPS slice table, and an agent that
+restarts rebuilds the in-use part of it from the kubelet's ids (MPS slice ids are
+self-describing); free slices are simply re-created.  Every NVML step leaves a state the next
+pass understands: a GI without CI is completed or destroyed, a half-destroyed instance is
+destroyed, MIG mode already switched is seen as such.  Nothing in use is ever destroyed because
+destroys are limited to free unwanted instances, re-checked (in-use ids after withdrawal,
+processes just before), and the driver refuses busy instances anyway.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from contract.nodepartitioning import ActualGpu, NodePartitioningSpec, NodePartitioningStatus
+from node_agent.devices import (
+    AdvertisedDevice,
+    InUseSource,
+    advertised_devices,
+    mps_pipe_directory,
+    parse_mps_slice_id,
+)
+from node_agent.gpu_plan import (
+    Block,
+    GpuPlan,
+    MpsSlot,
+    ObservedGpu,
+    ObservedInstance,
+    plan_gpu,
+)
+from node_agent.mps import MpsDaemonSpec, MpsError, ProcessSupervisor
+from node_agent.nvml import GpuInfo, Nvml, NvmlError
+from node_agent.status import actual_gpus, build_status
+from planner.catalog import Catalog, CatalogError, GpuModel
+
+__all__ = ["Publish", "ReconcileResult", "Reconciler"]
+
+Publish = Callable[[Mapping[str, list[AdvertisedDevice]]], None]
+"""Receives resource name -> devices (``DevicePluginManager.set_devices``)."""
+
+
+@dataclass(frozen=True)
+class ReconcileResult:
+    status: NodePartitioningStatus
+    devices: dict[str, list[AdvertisedDevice]]
+    applied: bool
+    """Every GPU of the spec matches it; nothing blocked; no error this pass."""
+    blocks: dict[int, Block] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    operations: int = 0
+    """Mutating NVML calls made this pass."""
+    fresh: bool = True
+    """``devices`` lists every device of the node, read this pass (else nothing was published:
+    NVML unreadable, or an MPS slice table unknown after a restart)."""
+
+    @property
+    def degraded(self) -> bool:
+        return any(not b.transient for b in self.blocks.values())
+
+    @property
+    def settled(self) -> bool:
+        """Nothing more a retry could do: applied, or every remaining block is permanent."""
+        if self.errors:
+            return False
+        return self.applied or (
+            bool(self.blocks) and all(not b.transient for b in self.blocks.values())
+        )
+
+
+class Reconciler:
+    """Applies NodePartitioning specs to one node (see the module docstring)."""
+
+    def __init__(
+        self,
+        nvml: Nvml,
+        in_use: InUseSource,
+        supervisor: ProcessSupervisor,
+        catalog: Catalog,
+        *,
+        mps_pipe_root: str = "/run/nvidia/mps",
+        mps_log_root: str = "/var/log/nvidia-mps",
+        publish: Publish | None = None,
+    ) -> None:
+        self._nvml = nvml
+        self._in_use = in_use
+        self._supervisor = supervisor
+        self._catalog = catalog
+        self._pipe_root = mps_pipe_root
+        self._log_root = mps_log_root.rstrip("/")
+        self._publish = publish
+        self._slices: dict[str, tuple[MpsSlot, ...]] = {}
+        """GPU UUID -> MPS slice table (rebuilt from in-use ids after a restart)."""
+        self._models: dict[str, GpuModel | None] = {}
+
+    # -- reading -----------------------------------------------------------------------
+
+    async def _read_in_use(self, errors: list[str]) -> set[str] | None:
+        try:
+            return set(await self._in_use.in_use_device_ids())
+        except Exception as e:  # any failure means "unknown": destroy nothing
+            errors.append(f"kubelet PodResources unavailable: {e}")
+            return None
+
+    def _model(self, info: GpuInfo) -> GpuModel | None:
+        key = f"{info.pci_device_id}|{info.name}"
+        if key not in self._models:
+            model: GpuModel | None
+            try:
+                model = self._catalog.model_for_pci_id(info.pci_device_id)
+            except CatalogError:
+                try:
+                    model = self._catalog.model_for_product(info.name)
+                except CatalogError:
+                    model = None
+            self._models[key] = model
+        return self._models[key]
+
+    def _observe(self, in_use: set[str] | None) -> list[ObservedGpu]:
+        nv = self._nvml
+        out: list[ObservedGpu] = []
+        for info in nv.gpus():
+            model = self._model(info)
+            i = info.index
+            instances: list[ObservedInstance] = []
+            gpu_procs = 0
+            if info.mig_enabled:
+                uuids: dict[int, str] = {}
+                for d in nv.mig_devices(i):
+                    uuids.setdefault(d.gi_id, d.uuid)
+                for gi in nv.gpu_instances(i):
+                    profile = None
+                    if model is not None:
+                        try:
+                            profile = model.profile_by_id(gi.profile_id)
+                        except CatalogError:
+                            profile = None
+                    uuid = uuids.get(gi.gi_id, "")
+                    busy = bool(gi.compute_instances) and bool(nv.running_processes(i, gi.gi_id))
+                    instances.append(
+                        ObservedInstance(
+                            gi_id=gi.gi_id,
+                            profile_id=gi.profile_id,
+                            profile=profile,
+                            start=gi.start,
+                            size=gi.size,
+                            ci_ids=gi.compute_instances,
+                            uuid=uuid,
+                            in_use=in_use is None or (bool(uuid) and uuid in in_use),
+                            busy=busy,
+                        )
+                    )
+                slices: tuple[MpsSlot, ...] | None = ()
+            else:
+                gpu_procs = len(nv.running_processes(i))
+                slices = self._slice_table(info, in_use)
+            used = (
+                frozenset(s.device_id for s in slices or ())
+                if in_use is None
+                else frozenset(s.device_id for s in slices or () if s.device_id in in_use)
+            )
+            out.append(
+                ObservedGpu(
+                    info=info,
+                    model=model,
+                    instances=tuple(instances),
+                    gpu_processes=gpu_procs,
+                    slices=slices,
+                    used_slices=used,
+                    in_use_known=in_use is not None,
+                )
+            )
+        return out
+
+    def _slice_table(self, info: GpuInfo, in_use: set[str] | None) -> tuple[MpsSlot, ...] | None:
+        table = self._slices.get(info.uuid)
+        if table is not None:
+            return table
+        if in_use is None:
+            return None
+        rebuilt: list[MpsSlot] = []
+        for dev in sorted(in_use):
+            sid = parse_mps_slice_id(dev)
+            if sid is not None and sid.gpu_uuid == info.uuid:
+                rebuilt.append(MpsSlot(sid.slot, sid.memory_mib, sid.thread_percentage, dev))
+        table = tuple(sorted(rebuilt, key=lambda s: s.slot))
+        self._slices[info.uuid] = table
+        return table
+
+    # -- planning ----------------------------------------------------------------------
+
+    @staticmethod
+    def _plan(
+        spec: NodePartitioningSpec | None, observed: list[ObservedGpu]
+    ) -> tuple[dict[int, GpuPlan], dict[int, Block]]:
+        plans: dict[int, GpuPlan] = {}
+        blocks: dict[int, Block] = {}
+        if spec is None:
+            return plans, blocks
+        by_index = {g.info.index: g for g in observed}
+        seen: set[int] = set()
+        for d in spec.gpus:
+            if d.index in seen:
+                blocks[d.index] = Block(
+                    "InvalidSpec", f"GPU {d.index}: listed twice in spec.gpus; list it once"
+                )
+                plans.pop(d.index, None)
+                continue
+            seen.add(d.index)
+            obs = by_index.get(d.index)
+            if obs is None:
+                blocks[d.index] = Block(
+                    "NoSuchGpu",
+                    f"GPU {d.index}: the node has GPUs {sorted(by_index)}; the spec names a "
+                    "GPU index it does not have",
+                )
+                continue
+            plan = plan_gpu(obs, d, spec.mode)
+            if plan.block is not None:
+                blocks[d.index] = plan.block
+            elif not plan.is_noop():
+                plans[d.index] = plan
+        return plans, blocks
+
+    @staticmethod
+    def _doomed(obs: ObservedGpu, plan: GpuPlan) -> set[str]:
+        ids = {i.uuid for i in plan.destroy if i.uuid}
+        if plan.slices is not None and obs.slices:
+            keep = {s.device_id for s in plan.slices}
+            ids |= {s.device_id for s in obs.slices if s.device_id not in keep}
+        return ids
+
+    # -- executing ---------------------------------------------------------------------
+
+    def _execute(self, obs: ObservedGpu, plan: GpuPlan, errors: list[str]) -> int:
+        nv = self._nvml
+        g = plan.gpu
+        ops = 0
+        try:
+            for inst in plan.destroy:
+                if inst.ci_ids and nv.running_processes(g, inst.gi_id):
+                    errors.append(f"GPU {g}: {inst} has processes now; not destroyed")
+                    return ops
+                for ci in inst.ci_ids:
+                    nv.destroy_compute_instance(g, inst.gi_id, ci)
+                    ops += 1
+                nv.destroy_gpu_instance(g, inst.gi_id)
+                ops += 1
+            if plan.mig_mode is not None:
+                if plan.mig_mode:
+                    self._supervisor.stop(mps_key(g))
+                nv.set_mig_mode(g, plan.mig_mode)
+                ops += 1
+            for inst in plan.create_ci:
+                nv.create_compute_instance(g, inst.gi_id)
+                ops += 1
+            for p in sorted(plan.create, key=lambda p: (-p.profile.memory_slices, p.start)):
+                gi = nv.create_gpu_instance(
+                    g, p.profile.profile_id, p.start, p.profile.memory_slices
+                )
+                ops += 1
+                nv.create_compute_instance(g, gi)
+                ops += 1
+            if plan.slices is not None:
+                self._slices[obs.info.uuid] = plan.slices
+        except NvmlError as e:
+            errors.append(f"GPU {g}: {e}")
+        return ops
+
+    def _sync_daemons(
+        self, spec: NodePartitioningSpec | None, observed: list[ObservedGpu], errors: list[str]
+    ) -> set[str]:
+        """Run the wanted MPS daemons, stop the others; return the ids of unhealthy devices."""
+        hybrid = _hybrid_gpus(spec)
+        wanted: dict[str, MpsDaemonSpec] = {}
+        for g in observed:
+            i = g.info.index
+            if not g.info.mig_enabled and g.slices:
+                wanted[mps_key(i)] = self._daemon(mps_key(i), g.info.uuid, i, None)
+            if i in hybrid:
+                for inst in g.instances:
+                    if inst.uuid:
+                        k = mps_key(i, inst.start)
+                        wanted[k] = self._daemon(k, inst.uuid, i, inst.start)
+        running = self._supervisor.running()
+        for key in sorted(running - set(wanted)):
+            if not _daemon_in_use(key, observed):  # never kill the MPS clients of a pod
+                self._supervisor.stop(key)
+        unhealthy: set[str] = set()
+        for key, d in sorted(wanted.items()):
+            try:
+                self._supervisor.ensure(d)
+            except MpsError as e:
+                errors.append(str(e))
+                unhealthy |= _devices_of_daemon(key, observed)
+        return unhealthy
+
+    def _daemon(self, key: str, uuid: str, gpu: int, mig_start: int | None) -> MpsDaemonSpec:
+        return MpsDaemonSpec(
+            key=key,
+            device_uuid=uuid,
+            pipe_dir=mps_pipe_directory(self._pipe_root, gpu, mig_start),
+            log_dir=f"{self._log_root}/{key}",
+        )
+
+    def _devices(
+        self, spec: NodePartitioningSpec | None, actual: list[ActualGpu], unhealthy: set[str]
+    ) -> dict[str, list[AdvertisedDevice]]:
+        return advertised_devices(
+            actual,
+            mps_pipe_root=self._pipe_root,
+            unhealthy=unhealthy,
+            hybrid_gpus=_hybrid_gpus(spec),
+        )
+
+    # -- the pass ----------------------------------------------------------------------
+
+    async def reconcile(
+        self,
+        spec: NodePartitioningSpec | None,
+        generation: int = 0,
+        *,
+        previous: NodePartitioningStatus | None = None,
+        now: str = "",
+    ) -> ReconcileResult:
+        """One pass: read, plan, withdraw, execute, re-read, report (module docstring)."""
+        errors: list[str] = []
+        in_use = await self._read_in_use(errors)
+        try:
+            observed = self._observe(in_use)
+        except NvmlError as e:
+            errors.append(f"reading GPUs: {e}")
+            return self._failed_read(spec, generation, previous, now, errors)
+        plans, blocks = self._plan(spec, observed)
+        by_index = {g.info.index: g for g in observed}
+
+        doomed = {i: self._doomed(by_index[i], p) for i, p in plans.items()}
+        if any(doomed.values()):
+            if self._publish is not None:
+                all_doomed = set().union(*doomed.values())
+                current = self._devices(spec, actual_gpus(observed), set())
+                self._publish(
+                    {r: [d for d in ds if d.id not in all_doomed] for r, ds in current.items()}
+                )
+            fresh = await self._read_in_use(errors)
+            for i, ids in doomed.items():
+                if not ids:
+                    continue
+                if fresh is None or ids & fresh:
+                    plans.pop(i)
+                    blocks[i] = Block(
+                        "InUseChanged",
+                        f"GPU {i}: devices to remove were allocated meanwhile or in-use ids are "
+                        "unreadable; retrying",
+                        transient=True,
+                    )
+            if fresh is not None:
+                in_use = fresh
+
+        ops = 0
+        for i, plan in sorted(plans.items()):
+            ops += self._execute(by_index[i], plan, errors)
+
+        if ops or plans:
+            try:
+                observed = self._observe(in_use)
+            except NvmlError as e:
+                errors.append(f"re-reading GPUs: {e}")
+                return self._failed_read(spec, generation, previous, now, errors, ops)
+        unhealthy = self._sync_daemons(spec, observed, errors)
+        actual = actual_gpus(observed)
+        devices = self._devices(spec, actual, unhealthy)
+        # a GPU whose MPS slice table is unknown (restart + PodResources down) would be
+        # advertised without its slices: publish nothing until the table is rebuilt
+        complete = all(g.slices is not None for g in observed)
+        if self._publish is not None and complete:
+            self._publish(devices)
+        status = build_status(
+            spec=spec,
+            generation=generation,
+            observed=observed,
+            blocks=blocks,
+            errors=errors,
+            previous=previous,
+            now=now,
+            actual=actual,
+        )
+        applied = bool(status.conditions) and status.conditions[0].status == "True"
+        return ReconcileResult(status, devices, applied, blocks, errors, ops, fresh=complete)
+
+    def _failed_read(
+        self,
+        spec: NodePartitioningSpec | None,
+        generation: int,
+        previous: NodePartitioningStatus | None,
+        now: str,
+        errors: list[str],
+        ops: int = 0,
+    ) -> ReconcileResult:
+        """NVML could not be read: report the error, keep the last known GPUs, publish nothing."""
+        status = build_status(
+            spec=spec,
+            generation=generation,
+            observed=[],
+            blocks={},
+            errors=errors,
+            previous=previous,
+            now=now,
+        )
+        if previous is not None:
+            status = status.model_copy(update={"gpus": previous.gpus})
+        return ReconcileResult(status, {}, False, {}, errors, ops, fresh=False)
+
+
+def mps_key(gpu: int, mig_start: int | None = None) -> str:
+    """The supervisor key of a GPU's (or hybrid MIG instance's) MPS daemon."""
+    return f"gpu{gpu}" if mig_start is None else f"gpu{gpu}-mig{mig_start}"
+
+
+def _hybrid_gpus(spec: NodePartitioningSpec | None) -> set[int]:
+    if spec is None or spec.mode != "hybrid":
+        return set()
+    return {d.index for d in spec.gpus}
+
+
+def _devices_of_daemon(key: str, observed: list[ObservedGpu]) -> set[str]:
+    for g in observed:
+        i = g.info.index
+        if key == mps_key(i):
+            return {s.device_id for s in g.slices or ()}
+        for inst in g.instances:
+            if key == mps_key(i, inst.start) and inst.uuid:
+                return {inst.uuid}
+    return set()
+
+
+def _daemon_in_use(key: str, observed: list[ObservedGpu]) -> bool:
+    for g in observed:
+        i = g.info.index
+        if key == mps_key(i) and (g.used_slices or g.gpu_processes):
+            return True
+        if any(key == mps_key(i, inst.start) and inst.used for inst in g.instances):
+            return True
+    return False

@@ -1,0 +1,68 @@
+"""Node agent settings: pydantic-settings from ``GPUSLICE_*`` environment variables and flags.
+
+``node_name`` comes from ``GPUSLICE_NODE_NAME`` (the DaemonSet sets it from the downward API,
+``spec.nodeName``); the agent watches the NodePartitioning of that name.  Lists
+(``catalog_files``) are comma-separated in the environment.  One port serves ``/metrics`` and
+``/healthz`` (default 8082, so it does not clash with the partitioner's 8080/8081).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+__all__ = ["AgentSettings"]
+
+
+class AgentSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GPUSLICE_", extra="forbid", frozen=True)
+
+    node_name: str = Field(
+        "",
+        description="This node's name (GPUSLICE_NODE_NAME, from the downward API spec.nodeName).",
+    )
+    device_plugin_dir: str = Field(
+        "/var/lib/kubelet/device-plugins",
+        description="Kubelet device-plugin directory (kubelet.sock and the plugins' sockets).",
+    )
+    pod_resources_socket: str = Field(
+        "/var/lib/kubelet/pod-resources/kubelet.sock",
+        description="Kubelet PodResources API socket (which device ids pods hold).",
+    )
+    mps_pipe_root: str = Field(
+        "/run/nvidia/mps", description="Parent of the per-GPU MPS pipe directories."
+    )
+    mps_log_root: str = Field(
+        "/var/log/nvidia-mps", description="Parent of the per-GPU MPS log directories."
+    )
+    resync_seconds: float = Field(
+        30.0, gt=0, description="Reconcile at least this often, even without a spec change."
+    )
+    retry_seconds: float = Field(
+        2.0, gt=0, description="Retry this soon after a pass that did not settle (errors)."
+    )
+    catalog_files: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="GPU catalog override files (JSON/YAML), comma-separated in the environment.",
+    )
+    metrics_port: int = Field(
+        8082, ge=0, le=65535, description="Port of /metrics and /healthz (0: disabled)."
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="Log level."
+    )
+    log_format: Literal["text", "json"] = Field("text", description="Log line format.")
+
+    @field_validator("catalog_files", mode="before")
+    @classmethod
+    def _split_files(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [f.strip() for f in value.split(",") if f.strip()]
+        return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_level(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value

@@ -1,0 +1,173 @@
+"""Building the NodePartitioning status from what the agent observed and decided. Pure.
+
+Model
+-----
+* ``status.gpus`` is the *observed* state after the pass: per GPU its UUID, catalog model, MIG
+  mode, MIG instances (profile, start, MIG UUID, used) and MPS slices (memory, thread %, slice
+  id, used).
+* ``Applied`` is ``True`` iff every GPU the spec lists matches it exactly (:func:`gpu_matches`),
+  nothing is blocked and the pass had no error; otherwise ``False`` with reason ``Degraded``,
+  ``Waiting`` (a transient block, e.g. in-use ids unreadable) or ``InProgress``.
+* ``Degraded`` is ``True`` iff some GPU's spec cannot be applied (a non-transient
+  :class:`node_agent.gpu_plan.Block`); its reason is the first block's reason and its message
+  lists them all.
+* ``lastTransitionTime`` is kept from the previous status while a condition's status and reason
+  stay the same.  ``lastError`` is this pass's errors, or ``""``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
+from contract.nodepartitioning import (
+    ActualGpu,
+    ActualMigInstance,
+    ActualMpsSlice,
+    Condition,
+    DesiredGpu,
+    NodePartitioningSpec,
+    NodePartitioningStatus,
+)
+from node_agent.gpu_plan import Block, ObservedGpu
+
+__all__ = ["actual_gpus", "build_status", "gpu_matches", "spec_applied"]
+
+
+def actual_gpus(observed: Sequence[ObservedGpu]) -> list[ActualGpu]:
+    """The ``status.gpus`` list for the observed GPUs (validation skipped: trusted data)."""
+    out: list[ActualGpu] = []
+    for g in observed:
+        mig = [
+            ActualMigInstance.model_construct(
+                profile=i.name, start=i.start, deviceId=i.uuid, used=i.used
+            )
+            for i in sorted(g.instances, key=lambda x: x.start)
+        ]
+        mps = [
+            ActualMpsSlice.model_construct(
+                memoryMiB=s.memory_mib,
+                activeThreadPercentage=s.thread_percentage,
+                deviceId=s.device_id,
+                used=s.device_id in g.used_slices,
+            )
+            for s in (g.slices or ())
+        ]
+        out.append(
+            ActualGpu.model_construct(
+                index=g.info.index,
+                uuid=g.info.uuid,
+                model=g.model.name if g.model else g.info.name,
+                migEnabled=g.info.mig_enabled,
+                mig=mig,
+                mps=mps,
+            )
+        )
+    return out
+
+
+def gpu_matches(obs: ObservedGpu, desired: DesiredGpu, mode: str) -> bool:
+    """True iff GPU ``obs`` is exactly in the desired state (mode, instances with CIs, slices)."""
+    if mode == "mps":
+        if obs.info.mig_enabled or obs.slices is None:
+            return False
+        have = Counter((s.memory_mib, s.thread_percentage) for s in obs.slices)
+        return have == Counter((s.memoryMiB, s.activeThreadPercentage) for s in desired.mps)
+    if not obs.info.mig_enabled or obs.model is None:
+        return False
+    if any(not i.uuid or i.profile is None for i in obs.instances):
+        return False
+    have_mig = Counter((i.profile.profile_id, i.start) for i in obs.instances if i.profile)
+    try:
+        want = Counter((obs.model.profile(d.profile).profile_id, d.start) for d in desired.mig)
+    except ValueError:
+        return False
+    return have_mig == want
+
+
+def spec_applied(spec: NodePartitioningSpec, observed: Sequence[ObservedGpu]) -> bool:
+    by_index = {g.info.index: g for g in observed}
+    for d in spec.gpus:
+        g = by_index.get(d.index)
+        if g is None or not gpu_matches(g, d, spec.mode):
+            return False
+    return True
+
+
+def _condition(
+    type_: str,
+    status: str,
+    reason: str,
+    message: str,
+    generation: int,
+    previous: Sequence[Condition],
+    now: str,
+) -> Condition:
+    prev = next((c for c in previous if c.type == type_), None)
+    since = (
+        prev.lastTransitionTime
+        if prev is not None and prev.status == status and prev.reason == reason
+        else now
+    )
+    return Condition.model_validate(
+        {
+            "type": type_,
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": since,
+            "observedGeneration": generation,
+        }
+    )
+
+
+def build_status(
+    *,
+    spec: NodePartitioningSpec | None,
+    generation: int,
+    observed: Sequence[ObservedGpu],
+    blocks: Mapping[int, Block],
+    errors: Sequence[str],
+    previous: NodePartitioningStatus | None,
+    now: str,
+    actual: list[ActualGpu] | None = None,
+) -> NodePartitioningStatus:
+    """The status to write after one reconcile pass (see the module docstring).
+
+    ``actual`` is ``actual_gpus(observed)`` when the caller has it already."""
+    hard = [b for _, b in sorted(blocks.items()) if not b.transient]
+    soft = [b for _, b in sorted(blocks.items()) if b.transient]
+    matched = spec is not None and spec_applied(spec, observed)
+    applied = spec is not None and matched and not hard and not soft and not errors
+    if applied:
+        a_reason, a_msg = "Applied", f"spec generation {generation} applied"
+    elif hard:
+        a_reason, a_msg = "Degraded", "; ".join(b.message for b in hard)
+    elif soft:
+        a_reason, a_msg = "Waiting", "; ".join(b.message for b in soft)
+    elif spec is None:
+        a_reason, a_msg = "NoSpec", "no NodePartitioning spec for this node"
+    else:
+        a_reason, a_msg = "InProgress", "; ".join(errors) or "applying the spec"
+    prev_conds = previous.conditions if previous is not None else []
+    conditions = [
+        _condition(
+            "Applied", "True" if applied else "False", a_reason, a_msg, generation, prev_conds, now
+        ),
+        _condition(
+            "Degraded",
+            "True" if hard else "False",
+            hard[0].reason if hard else "AsExpected",
+            "; ".join(b.message for b in hard),
+            generation,
+            prev_conds,
+            now,
+        ),
+    ]
+    return NodePartitioningStatus.model_construct(
+        observedGeneration=generation,
+        planId=spec.planId if spec is not None else "",
+        gpus=actual if actual is not None else actual_gpus(observed),
+        conditions=conditions,
+        lastError="; ".join(errors),
+    )

@@ -1,0 +1,405 @@
+"""Randomised fault tests of the node agent's reconciler on the fake NVML.
+
+Each sequence builds a node (1-2 GPUs of catalog models), then runs 5-15 random steps: new
+specs (MIG, MPS, hybrid; valid, pinned to what is in use, conflicting, or invalid), pods
+allocating and releasing advertised devices (also *during* NVML calls, to race the agent),
+processes on devices, NVML faults (once / always / with a probability, before or after the call
+takes effect), PodResources failures, MPS daemon start failures, and agent crashes at any NVML
+call (the agent object is dropped and a new one starts from the hardware).
+
+Checked all the time: no device held by a pod ever disappears (the MIG device of an allocated
+UUID is never destroyed; every allocated MPS slice stays in the agent's state).
+Checked after the faults stop: every GPU of the spec matches it exactly, unless the harness's
+own judgement says it cannot (a used device in the way, an invalid spec), in which case the
+status is Degraded naming that GPU.  The counts are printed.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import cache
+
+from contract.nodepartitioning import NodePartitioningSpec, NodePartitioningStatus
+from node_agent.devices import AdvertisedDevice, parse_mps_slice_id
+from node_agent.mps import FakeSupervisor
+from node_agent.nvml import NvmlErrorCode
+from node_agent.nvml_fake import OPS, FakeNvml
+from node_agent.reconciler import Reconciler
+from planner.catalog import CatalogError, GpuModel, default_catalog
+from planner.geometry import Placement, enumerate_layouts, layout_errors
+
+SEQUENCES = int(os.environ.get("GPUSLICE_FAULT_SEQUENCES", "10000"))
+CAT = default_catalog()
+MIG_MODELS = [CAT.model(n) for n in ("A100-SXM4-80GB", "H100-80GB", "A30", "A100-SXM4-40GB")]
+MPS_ONLY = CAT.model("V100-32GB")
+MUTATING = ("set_mig_mode", "create_gpu_instance", "create_compute_instance",
+            "destroy_compute_instance", "destroy_gpu_instance")  # fmt: skip
+CODES = (NvmlErrorCode.UNKNOWN, NvmlErrorCode.TIMEOUT, NvmlErrorCode.IN_USE,
+         NvmlErrorCode.INSUFFICIENT_RESOURCES, NvmlErrorCode.GPU_IS_LOST)  # fmt: skip
+
+
+class AgentCrash(BaseException):
+    """The agent process dies (not an Exception: nothing in the agent may swallow it)."""
+
+
+class Violation(AssertionError):
+    pass
+
+
+@cache
+def layouts(model: GpuModel) -> list[tuple[frozenset[tuple[str, int]], tuple[Placement, ...]]]:
+    return [
+        (frozenset((p.profile.name, p.start) for p in lay), lay) for lay in enumerate_layouts(model)
+    ]
+
+
+@cache
+def layouts_with(
+    model: GpuModel, pinned: frozenset[tuple[str, int]]
+) -> list[tuple[Placement, ...]]:
+    return [lay for key, lay in layouts(model) if pinned <= key]
+
+
+@dataclass
+class Kubelet:
+    """Fake kubelet: advertised devices, pods holding some, a flaky PodResources API."""
+
+    rng: random.Random
+    nv: FakeNvml
+    advertised: dict[str, AdvertisedDevice] = field(default_factory=dict)
+    allocated: dict[str, int | None] = field(default_factory=dict)  # device id -> pid
+    race: float = 0.0
+    fail_in_use: float = 0.0
+    in_use_failures: int = 0
+
+    def set_devices(self, devices: object) -> None:
+        assert isinstance(devices, dict)
+        self.advertised = {d.id: d for ds in devices.values() for d in ds if d.healthy}
+
+    async def in_use_device_ids(self) -> set[str]:
+        if self.fail_in_use and self.rng.random() < self.fail_in_use:
+            self.in_use_failures += 1
+            raise ConnectionError("PodResources: connection refused (injected)")
+        return set(self.allocated)
+
+    def allocate(self) -> None:
+        free = [i for i in self.advertised if i not in self.allocated]
+        if not free:
+            return
+        dev = self.rng.choice(sorted(free))
+        pid = None
+        if self.rng.random() < 0.5:  # the pod's container starts CUDA work
+            mig = self.nv.mig_uuids().get(dev)
+            if mig is not None:
+                pid = self.nv.start_process(mig[0], mig[1], mig[2])
+            else:
+                sid = parse_mps_slice_id(dev)
+                assert sid is not None, dev
+                gpu = self.nv.gpu_index_of(sid.gpu_uuid)
+                if not self.nv.mig_enabled(gpu):
+                    pid = self.nv.start_process(gpu)
+        self.allocated[dev] = pid
+
+    def release(self) -> None:
+        if self.allocated:
+            dev = self.rng.choice(sorted(self.allocated))
+            pid = self.allocated.pop(dev)
+            if pid is not None:
+                self.nv.stop_process(pid)
+
+    def hook(self, op: str, args: tuple[int, ...]) -> None:
+        if op == "destroy_compute_instance":
+            gpu, gi, ci = args
+            uuid = self.nv.mig_uuids_of(gpu).get((gi, ci))
+            if uuid in self.allocated:
+                raise Violation(f"the agent destroys MIG device {uuid}, held by a pod")
+        if self.race and self.rng.random() < self.race:
+            self.allocate()
+
+    def check_mig(self) -> None:
+        uuids = self.nv.mig_uuids()
+        for dev in self.allocated:
+            if dev.startswith("MIG-") and dev not in uuids:
+                raise Violation(f"MIG device {dev} held by a pod was destroyed")
+
+
+@dataclass
+class Stats:
+    sequences: int = 0
+    steps: int = 0
+    passes: int = 0
+    operations: int = 0
+    nvml_calls: int = 0
+    faults: int = 0
+    in_use_failures: int = 0
+    crashes: int = 0
+    converged: int = 0
+    degraded: int = 0
+    gpus_checked: int = 0
+
+
+def used_placements(nv: FakeNvml, kube: Kubelet, gpu: int) -> set[tuple[str, int]]:
+    """(profile, start) of the instances on ``gpu`` that a pod holds or a process runs on."""
+    return {
+        (prof.name, start)
+        for gi, prof, start, uuids in nv.instances(gpu)
+        if nv.processes_on(gpu, gi) or any(u in kube.allocated for u in uuids)
+    }
+
+
+def used_slices(nv: FakeNvml, kube: Kubelet, gpu: int) -> Counter[tuple[int, int]]:
+    gpu_uuid = nv.gpu_uuid(gpu)
+    out: Counter[tuple[int, int]] = Counter()
+    for dev in kube.allocated:
+        sid = parse_mps_slice_id(dev)
+        if sid is not None and sid.gpu_uuid == gpu_uuid:
+            out[(sid.memory_mib, sid.thread_percentage)] += 1
+    return out
+
+
+def random_spec(
+    rng: random.Random, nv: FakeNvml, kube: Kubelet, n_gpus: int
+) -> NodePartitioningSpec:
+    mode = rng.choice(("mig", "mig", "mig", "mig", "mps", "hybrid"))
+    gpus: list[dict[str, object]] = []
+    for i in sorted(rng.sample(range(n_gpus), rng.randint(1, n_gpus))):
+        model = nv.model_of(i)
+        if mode == "mps" or not model.mig_capable:
+            gpus.append({"index": i, "mps": random_mps(rng, model, nv, kube, i)})
+            continue
+        r = rng.random()
+        if r < 0.05:  # invalid: a start the profile does not allow, or an unknown profile
+            prof = rng.choice(model.profiles)
+            bad = [s for s in range(model.memory_slots) if s not in prof.starts]
+            mig = [{"profile": prof.name if bad else "9g.999gb", "start": bad[0] if bad else 0}]
+        else:
+            # like the planner: keep what is in use (most of the time), fill the rest
+            pinned = frozenset(used_placements(nv, kube, i)) if r < 0.92 else frozenset()
+            choices = layouts_with(model, pinned)
+            lay = rng.choice(choices) if choices else ()
+            mig = [{"profile": p.profile.name, "start": p.start} for p in lay]
+            rng.shuffle(mig)
+        gpus.append({"index": i, "mig": mig})
+    if all("mps" in g for g in gpus):
+        mode = "mps"
+    return NodePartitioningSpec.model_validate(
+        {"planId": f"p{rng.randrange(1000)}", "mode": mode, "gpus": gpus}
+    )
+
+
+def random_mps(
+    rng: random.Random, model: GpuModel, nv: FakeNvml, kube: Kubelet, i: int
+) -> list[dict[str, int]]:
+    sizes = list(used_slices(nv, kube, i).elements()) if rng.random() < 0.8 else []
+    budget = model.memory_mib - 512 - sum(m for m, _ in sizes)
+    for _ in range(rng.randint(0, 4)):
+        gb = rng.choice((4, 8, 10, 16, 20))
+        if gb * 1024 <= budget:
+            budget -= gb * 1024
+            sizes.append((gb * 1024, max(1, min(100, gb * 100 * 1024 // model.memory_mib))))
+    if rng.random() < 0.03:
+        sizes.append((model.memory_mib * 2, 100))  # invalid: more memory than the GPU has
+    return [{"memoryMiB": m, "activeThreadPercentage": p} for m, p in sizes]
+
+
+def expected_block(nv: FakeNvml, kube: Kubelet, spec: NodePartitioningSpec, i: int) -> str:
+    """The harness's own judgement of why GPU ``i`` cannot reach its spec ("" if it can)."""
+    d = next(g for g in spec.gpus if g.index == i)
+    model = nv.model_of(i)
+    if spec.mode == "mps":
+        if d.mig or sum(s.memoryMiB for s in d.mps) > model.memory_mib:
+            return "invalid MPS spec"
+        if nv.mig_enabled(i):
+            return "MIG instance in use" if used_placements(nv, kube, i) else ""
+        extra = used_slices(nv, kube, i) - Counter(
+            (s.memoryMiB, s.activeThreadPercentage) for s in d.mps
+        )
+        return "MPS slice in use not in spec" if extra else ""
+    if not model.mig_capable or d.mps:
+        return "MIG impossible / MPS in MIG mode"
+    try:
+        target = [Placement(x.start, model.profile(x.profile)) for x in d.mig]
+    except CatalogError:
+        return "unknown profile"
+    if layout_errors(model, target):
+        return "invalid layout"
+    if not nv.mig_enabled(i):
+        return "GPU busy" if used_slices(nv, kube, i) or nv.processes_on(i) else ""
+    want = {(p.profile.name, p.start) for p in target}
+    return "used instance not in spec" if used_placements(nv, kube, i) - want else ""
+
+
+def gpu_converged(
+    nv: FakeNvml,
+    sup: FakeSupervisor,
+    status: NodePartitioningStatus,
+    spec: NodePartitioningSpec,
+    i: int,
+) -> bool:
+    d = next(g for g in spec.gpus if g.index == i)
+    model = nv.model_of(i)
+    if spec.mode == "mps":
+        if model.mig_capable and nv.mig_enabled(i):
+            return False
+        actual = next(g for g in status.gpus if g.index == i)
+        have = Counter((s.memoryMiB, s.activeThreadPercentage) for s in actual.mps)
+        daemon_ok = not d.mps or f"gpu{i}" in sup.daemons
+        return daemon_ok and have == Counter((s.memoryMiB, s.activeThreadPercentage) for s in d.mps)
+    if not nv.mig_enabled(i):
+        return False
+    have_mig = sorted((p.name, s, ci) for p, s, ci in nv.layout(i))
+    want = sorted((model.profile(x.profile).name, x.start, True) for x in d.mig)
+    if spec.mode == "hybrid" and any(f"gpu{i}-mig{s}" not in sup.daemons for _, s, _ in want):
+        return False
+    return have_mig == want
+
+
+async def run_sequence(seed: int, st: Stats) -> None:
+    rng = random.Random(seed)
+    n_gpus = rng.choice((1, 1, 2))
+    models = [rng.choice(MIG_MODELS) if rng.random() < 0.9 else MPS_ONLY for _ in range(n_gpus)]
+    nv = FakeNvml(models, mig_enabled=rng.random() < 0.5, rng=random.Random(~seed))
+    kube = Kubelet(rng, nv)
+    nv.hooks.append(kube.hook)
+    sup = FakeSupervisor()
+
+    def new_agent() -> Reconciler:
+        return Reconciler(nv, kube, sup, CAT, publish=kube.set_devices)
+
+    agent = new_agent()
+    spec = random_spec(rng, nv, kube, n_gpus)
+    gen = 1
+    status: NodePartitioningStatus | None = None
+    stray: list[int] = []
+
+    async def one_pass() -> bool:
+        nonlocal agent, status
+        st.passes += 1
+        try:
+            res = await agent.reconcile(spec, gen, previous=status, now="t")
+        except AgentCrash:
+            st.crashes += 1
+            kube.advertised = {}  # the device plugin died with the agent
+            agent = new_agent()
+            kube.check_mig()
+            return False
+        st.operations += res.operations
+        kube.check_mig()
+        if res.fresh:
+            kept = {d.id for ds in res.devices.values() for d in ds}
+            lost = {x for x in kube.allocated if not x.startswith("MIG-")} - kept
+            if lost:
+                raise Violation(f"seed {seed}: MPS slices held by pods were dropped: {lost}")
+        status = res.status
+        return res.settled
+
+    for _ in range(rng.randint(5, 15)):
+        st.steps += 1
+        scoped = []
+        r = rng.random()
+        if r < 0.25:
+            spec = random_spec(rng, nv, kube, n_gpus)
+            gen += 1
+        elif r < 0.42:
+            for _ in range(rng.randint(1, 3)):
+                kube.allocate()
+        elif r < 0.52:
+            for _ in range(rng.randint(1, 2)):
+                kube.release()
+        elif r < 0.70:
+            for _ in range(rng.randint(1, 3)):
+                once = rng.random() < 0.6
+                f = nv.inject(
+                    rng.choice(MUTATING if rng.random() < 0.7 else OPS),
+                    rng.choice(CODES),
+                    times=1 if once else None,
+                    probability=1.0 if once else rng.choice((0.3, 1.0)),
+                    after=rng.random() < 0.4,
+                )
+                if not once:
+                    scoped.append(f)
+        elif r < 0.80:
+            nv.inject(
+                rng.choice((*OPS, "*")),
+                times=1,
+                probability=rng.choice((1.0, 0.3)),
+                after=rng.random() < 0.5,
+                error=AgentCrash,
+            )
+        elif r < 0.85:
+            mig = [
+                (g, gi, ci) for u, (g, gi, ci) in nv.mig_uuids().items() if u not in kube.allocated
+            ]
+            if mig:
+                stray.append(nv.start_process(*rng.choice(sorted(mig))))
+        elif r < 0.90 and stray:
+            nv.stop_process(stray.pop(rng.randrange(len(stray))))
+        elif r < 0.95:
+            kube.fail_in_use = rng.choice((0.3, 1.0))
+        else:
+            sup.fail_next = 1
+        kube.race = 0.05
+        await one_pass()
+        for f in scoped:
+            nv.faults.remove(f)
+        kube.fail_in_use = 0.0
+
+    # the faults stop; the agent must settle
+    nv.clear_faults()
+    kube.race = 0.0
+    kube.fail_in_use = 0.0
+    sup.fail_next = 0
+    settled = False
+    for _ in range(4):
+        if await one_pass():
+            settled = True
+            break
+    assert settled and status is not None, f"seed {seed}: did not settle: {status}"
+    degraded = next(c for c in status.conditions if c.type == "Degraded")
+    for d in spec.gpus:
+        st.gpus_checked += 1
+        why = expected_block(nv, kube, spec, d.index)
+        if why:
+            st.degraded += 1
+            assert degraded.status == "True" and f"GPU {d.index}:" in degraded.message, (
+                f"seed {seed}: GPU {d.index} cannot be applied ({why}) but status says {status.conditions}"
+            )
+        else:
+            st.converged += 1
+            assert gpu_converged(nv, sup, status, spec, d.index), (
+                f"seed {seed}: GPU {d.index} did not converge; spec {spec}; status {status}; "
+                f"hardware {nv.layout(d.index)}"
+            )
+            assert f"GPU {d.index}:" not in degraded.message, (seed, degraded)
+    st.nvml_calls += nv.calls
+    st.faults += nv.faults_raised
+    st.in_use_failures += kube.in_use_failures
+
+
+async def test_random_fault_sequences_never_destroy_in_use_and_converge() -> None:
+    st = Stats()
+    t0 = time.perf_counter()
+
+    async def main() -> None:
+        for seed in range(SEQUENCES):
+            st.sequences += 1
+            await run_sequence(seed, st)
+
+    await main()
+    took = time.perf_counter() - t0
+    print(
+        f"\nagent fault sequences: {st.sequences} sequences, {st.steps} steps, {st.passes} passes, "
+        f"{st.operations} NVML mutations, {st.nvml_calls} NVML calls, {st.faults} NVML faults "
+        f"injected, {st.in_use_failures} PodResources failures, {st.crashes} agent crashes; "
+        f"{st.gpus_checked} GPUs checked: {st.converged} converged, {st.degraded} degraded "
+        f"(justified); {took:.1f} s"
+    )
+    assert st.sequences == SEQUENCES
+    # the mix really exercised what it claims to (scaled to the number of sequences)
+    n = SEQUENCES
+    assert st.crashes > n // 4 and st.faults > n and st.in_use_failures > n // 4
+    assert st.converged > n // 2 and st.degraded > n // 10

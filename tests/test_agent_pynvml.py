@@ -1,0 +1,277 @@
+"""The pynvml adapter, driven through a fake ``pynvml`` module backed by the fake NVML.
+
+The fake module keeps pynvml's real constants, structs and exception classes, takes arrays and
+counts by ``ctypes.byref`` like the C library, and checks the call contract of facts/mig.md:
+GI creation only with an explicit ``c_nvmlGpuInstancePlacement_t`` passed by reference, the
+full-size compute-instance profile with the SHARED engine, CI destroyed before its GI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+from types import SimpleNamespace
+from typing import Any
+
+import pynvml
+import pytest
+
+from contract.nodepartitioning import NodePartitioningSpec
+from node_agent.mps import FakeSupervisor
+from node_agent.nvml import NvmlError, NvmlErrorCode
+from node_agent.nvml_fake import FakeNvml
+from node_agent.nvml_pynvml import PynvmlAdapter
+from node_agent.reconciler import Reconciler
+from planner.catalog import default_catalog
+
+CAT = default_catalog()
+
+
+def _raise(e: NvmlError) -> None:
+    raise pynvml.NVMLError(int(e.code)) from e
+
+
+class FakePynvml:
+    """Just enough of the pynvml module, over a FakeNvml."""
+
+    NVMLError = pynvml.NVMLError
+    c_nvmlGpuInstance_t = ctypes.py_object
+    c_nvmlComputeInstance_t = ctypes.py_object
+    c_nvmlGpuInstancePlacement_t = pynvml.c_nvmlGpuInstancePlacement_t
+
+    def __init__(self, nv: FakeNvml) -> None:
+        self.nv = nv
+        self.log: list[str] = []
+        for name in dir(pynvml):
+            if name.startswith(
+                ("NVML_DEVICE_MIG", "NVML_GPU_INSTANCE_PROFILE", "NVML_COMPUTE_INSTANCE")
+            ):
+                setattr(self, name, getattr(pynvml, name))
+
+    def _do(self, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except NvmlError as e:
+            _raise(e)
+
+    def nvmlInit(self) -> None:
+        self.log.append("init")
+
+    def nvmlShutdown(self) -> None:
+        self.log.append("shutdown")
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.nv.gpus())
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> Any:
+        return ("gpu", i)
+
+    def _info(self, h: Any) -> Any:
+        return self.nv.gpus()[h[1]]
+
+    def nvmlDeviceGetPciInfo(self, h: Any) -> Any:
+        return SimpleNamespace(pciDeviceId=(int(self._info(h).pci_device_id, 16) << 16) | 0x10DE)
+
+    def nvmlDeviceGetMemoryInfo(self, h: Any) -> Any:
+        return SimpleNamespace(total=self._info(h).memory_mib * 1024 * 1024)
+
+    def nvmlDeviceGetMigMode(self, h: Any) -> list[int]:
+        info = self._info(h)
+        if not info.mig_capable:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return [int(info.mig_enabled), int(info.mig_enabled)]
+
+    def nvmlDeviceSetMigMode(self, h: Any, mode: int) -> int:
+        self._do(self.nv.set_mig_mode, h[1], mode == pynvml.NVML_DEVICE_MIG_ENABLE)
+        return 0
+
+    def nvmlDeviceGetName(self, h: Any) -> bytes:
+        return str(self._info(h).name).encode()
+
+    def nvmlDeviceGetUUID(self, h: Any) -> str:
+        if h[0] == "gpu":
+            return str(self._info(h).uuid)
+        return str(h[4])
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, h: Any, idx: int, version: int = 2) -> Any:
+        model = self.nv.model_of(h[1])
+        for p in model.profiles:
+            if p.nvml_index == idx:
+                return SimpleNamespace(
+                    id=p.profile_id, instanceCount=p.max_count, sliceCount=p.compute
+                )
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceGetGpuInstances(self, h: Any, profile_id: int, arr: Any, count_ref: Any) -> int:
+        gis = [g for g in self._do(self.nv.gpu_instances, h[1]) if g.profile_id == profile_id]
+        assert len(gis) <= len(arr), "array too small for the profile's instance count"
+        for k, g in enumerate(gis):
+            arr[k] = ("gi", h[1], g.gi_id)
+        count_ref._obj.value = len(gis)
+        return 0
+
+    def nvmlGpuInstanceGetInfo(self, gi: Any) -> Any:
+        g = next(x for x in self.nv.gpu_instances(gi[1]) if x.gi_id == gi[2])
+        return SimpleNamespace(
+            id=g.gi_id,
+            profileId=g.profile_id,
+            placement=SimpleNamespace(start=g.start, size=g.size),
+        )
+
+    def nvmlDeviceCreateGpuInstanceWithPlacement(self, h: Any, profile_id: int, ref: Any) -> Any:
+        placement = ref._obj  # passed with ctypes.byref, as the C API expects
+        assert isinstance(placement, pynvml.c_nvmlGpuInstancePlacement_t)
+        self.log.append(f"create GI {profile_id} @({placement.start},{placement.size})")
+        gi_id = self._do(
+            self.nv.create_gpu_instance, h[1], profile_id, placement.start, placement.size
+        )
+        return ("gi", h[1], gi_id)
+
+    def _gi_compute(self, gi: Any) -> int:
+        g = next(x for x in self.nv.gpu_instances(gi[1]) if x.gi_id == gi[2])
+        return self.nv.model_of(gi[1]).profile_by_id(g.profile_id).compute
+
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(
+        self, gi: Any, idx: int, eng: int, version: int = 2
+    ) -> Any:
+        assert eng == pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+        slices = {v: int(k.split("_")[-2]) for k, v in vars(pynvml).items()
+                  if k.startswith("NVML_COMPUTE_INSTANCE_PROFILE_") and k.endswith("_SLICE")}  # fmt: skip
+        if idx not in slices or slices[idx] > self._gi_compute(gi):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return SimpleNamespace(id=100 + idx, sliceCount=slices[idx], instanceCount=1)
+
+    def nvmlGpuInstanceCreateComputeInstance(self, gi: Any, ci_profile_id: int) -> Any:
+        full = {
+            v: k for k, v in vars(pynvml).items() if k.startswith("NVML_COMPUTE_INSTANCE_PROFILE_")
+        }
+        name = full[ci_profile_id - 100]
+        assert name.endswith(f"_{self._gi_compute(gi)}_SLICE"), f"not full-size: {name}"
+        self.log.append(f"create CI on GI {gi[2]}")
+        return ("ci", gi[1], gi[2], self._do(self.nv.create_compute_instance, gi[1], gi[2]))
+
+    def nvmlGpuInstanceGetComputeInstances(
+        self, gi: Any, ci_profile_id: int, arr: Any, count_ref: Any
+    ) -> int:
+        g = next(x for x in self.nv.gpu_instances(gi[1]) if x.gi_id == gi[2])
+        full = {
+            v: k for k, v in vars(pynvml).items() if k.startswith("NVML_COMPUTE_INSTANCE_PROFILE_")
+        }
+        is_full = full[ci_profile_id - 100].endswith(f"_{self._gi_compute(gi)}_SLICE")
+        cis = list(g.compute_instances) if is_full else []
+        for k, c in enumerate(cis):
+            arr[k] = ("ci", gi[1], gi[2], c)
+        count_ref._obj.value = len(cis)
+        return 0
+
+    def nvmlComputeInstanceGetInfo(self, ci: Any) -> Any:
+        return SimpleNamespace(id=ci[3])
+
+    def nvmlComputeInstanceDestroy(self, ci: Any) -> int:
+        self.log.append(f"destroy CI on GI {ci[2]}")
+        self._do(self.nv.destroy_compute_instance, ci[1], ci[2], ci[3])
+        return 0
+
+    def nvmlGpuInstanceDestroy(self, gi: Any) -> int:
+        self.log.append(f"destroy GI {gi[2]}")
+        self._do(self.nv.destroy_gpu_instance, gi[1], gi[2])
+        return 0
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: Any) -> int:
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: Any, k: int) -> Any:
+        devs = self.nv.mig_devices(h[1])
+        if k >= len(devs):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        d = devs[k]
+        return ("mig", h[1], d.gi_id, d.ci_id, d.uuid)
+
+    def nvmlDeviceGetGpuInstanceId(self, mh: Any) -> int:
+        return int(mh[2])
+
+    def nvmlDeviceGetComputeInstanceId(self, mh: Any) -> int:
+        return int(mh[3])
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: Any) -> list[Any]:
+        pids = self.nv.running_processes(h[1], h[2] if h[0] == "mig" else None)
+        return [SimpleNamespace(pid=p, usedGpuMemory=0) for p in pids]
+
+
+def make(*models: str, mig: bool = False) -> tuple[FakeNvml, FakePynvml, PynvmlAdapter]:
+    nv = FakeNvml([CAT.model(m) for m in models], mig_enabled=mig)
+    mod = FakePynvml(nv)
+    return nv, mod, PynvmlAdapter(mod)  # type: ignore[arg-type]
+
+
+def test_gpu_listing_reads_pci_id_memory_and_mig_mode() -> None:
+    nv, mod, ad = make("A100-SXM4-80GB", "V100-32GB")
+    gpus = ad.gpus()
+    assert [(g.pci_device_id, g.memory_mib, g.mig_capable) for g in gpus] == [
+        ("20B2", 81920, True),
+        ("1DB5", 32768, False),
+    ]
+    assert gpus[0].uuid == nv.gpus()[0].uuid and gpus[0].name == "NVIDIA A100-SXM4-80GB"
+    assert mod.log == ["init"]
+    ad.close()
+    assert mod.log[-1] == "shutdown"
+
+
+def test_create_with_explicit_placement_and_full_size_shared_ci() -> None:
+    nv, mod, ad = make("A100-SXM4-80GB", mig=True)
+    p3 = CAT.model("A100-SXM4-80GB").profile("3g.40gb")
+    gi = ad.create_gpu_instance(0, p3.profile_id, 4, 4)
+    ci = ad.create_compute_instance(0, gi)
+    assert mod.log[1:] == [f"create GI {p3.profile_id} @(4,4)", f"create CI on GI {gi}"]
+    [info] = ad.gpu_instances(0)
+    assert (info.gi_id, info.profile_id, info.start, info.size) == (gi, p3.profile_id, 4, 4)
+    assert info.compute_instances == (ci,)
+    [dev] = ad.mig_devices(0)
+    assert (dev.gi_id, dev.ci_id) == (gi, ci) and dev.uuid == nv.uuid_of(0, gi, ci)
+
+
+def test_driver_errors_map_to_the_same_codes() -> None:
+    nv, _, ad = make("A100-SXM4-80GB", mig=True)
+    p3 = CAT.model("A100-SXM4-80GB").profile("3g.40gb")
+    gi = ad.create_gpu_instance(0, p3.profile_id, 0, 4)
+    with pytest.raises(NvmlError) as e:
+        ad.create_gpu_instance(0, p3.profile_id, 0, 4)
+    assert e.value.code == NvmlErrorCode.INSUFFICIENT_RESOURCES
+    ci = ad.create_compute_instance(0, gi)
+    pid = nv.start_process(0, gi, ci)
+    assert ad.running_processes(0, gi) == [pid] and ad.running_processes(0, 99) == []
+    with pytest.raises(NvmlError) as e:
+        ad.destroy_compute_instance(0, gi, ci)
+    assert e.value.code == NvmlErrorCode.IN_USE
+    with pytest.raises(NvmlError) as e:
+        ad.destroy_gpu_instance(0, gi)
+    assert e.value.code == NvmlErrorCode.IN_USE
+    with pytest.raises(NvmlError) as e:
+        ad.set_mig_mode(0, False)
+    assert e.value.code == NvmlErrorCode.IN_USE
+    assert NvmlErrorCode.of(12345) == NvmlErrorCode.UNKNOWN
+
+
+def test_reconciler_over_the_adapter_destroys_ci_before_gi_and_applies() -> None:
+    nv, mod, ad = make("A100-SXM4-80GB")
+
+    class NoPods:
+        async def in_use_device_ids(self) -> set[str]:
+            return set()
+
+    rec = Reconciler(ad, NoPods(), FakeSupervisor(), CAT)
+    spec = NodePartitioningSpec.model_validate(
+        {"mode": "mig", "gpus": [{"index": 0, "mig": [{"profile": "3g.40gb", "start": 0}, {"profile": "3g.40gb", "start": 4}]}]}
+    )  # fmt: skip
+    assert asyncio.run(rec.reconcile(spec, 1)).applied
+    assert sorted((p.name, s) for p, s, _ in nv.layout(0)) == [("3g.40gb", 0), ("3g.40gb", 4)]
+    mod.log.clear()
+    spec7 = NodePartitioningSpec.model_validate(
+        {"mode": "mig", "gpus": [{"index": 0, "mig": [{"profile": "7g.80gb", "start": 0}]}]}
+    )
+    assert asyncio.run(rec.reconcile(spec7, 2)).applied
+    destroys = [x for x in mod.log if x.startswith("destroy")]
+    assert len(destroys) == 4
+    for k in (0, 2):  # each instance: its CI, then its GI
+        assert destroys[k].startswith("destroy CI") and destroys[k + 1].startswith("destroy GI")
+        assert destroys[k].split()[-1] == destroys[k + 1].split()[-1]

@@ -1,0 +1,395 @@
+"""The reconciler, status, devices, MPS supervision, agent loop and `gpuslice agent --fake`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from contract.nodepartitioning import NodePartitioningSpec
+from gpuslice.cli import main as cli_main
+from node_agent.agent import Agent, FileSpecSource, InMemorySpecSource
+from node_agent.devices import (
+    ENV_MPS_MEM_LIMIT,
+    ENV_MPS_PIPE,
+    ENV_MPS_THREADS,
+    ENV_VISIBLE,
+    AdvertisedDevice,
+    container_env,
+    parse_mps_slice_id,
+)
+from node_agent.mps import FakeSupervisor, MpsControlSupervisor, MpsDaemonSpec, MpsError
+from node_agent.nvml import NvmlErrorCode
+from node_agent.nvml_fake import FakeNvml
+from node_agent.reconciler import Reconciler, ReconcileResult
+from planner.catalog import default_catalog
+
+CAT = default_catalog()
+A100 = CAT.model("A100-SXM4-80GB")
+
+
+class Pods:
+    """In-use source: scripted answers (a list consumed in order), else ``ids``; or failing."""
+
+    def __init__(self) -> None:
+        self.ids: set[str] = set()
+        self.script: list[set[str]] = []
+        self.down = False
+
+    async def in_use_device_ids(self) -> set[str]:
+        if self.down:
+            raise ConnectionError("kubelet socket missing")
+        return set(self.script.pop(0)) if self.script else set(self.ids)
+
+
+class Node:
+    def __init__(self, *models: str, mig: bool = False) -> None:
+        self.nv = FakeNvml([CAT.model(m) for m in models], mig_enabled=mig)
+        self.pods = Pods()
+        self.sup = FakeSupervisor()
+        self.published: list[dict[str, list[AdvertisedDevice]]] = []
+        self.agent = self.restart()
+
+    def restart(self) -> Reconciler:
+        self.agent = Reconciler(
+            self.nv, self.pods, self.sup, CAT, mps_pipe_root="/run/mps", publish=self.publish
+        )
+        return self.agent
+
+    def publish(self, devices: Mapping[str, Sequence[AdvertisedDevice]]) -> None:
+        self.published.append({r: list(ds) for r, ds in devices.items()})
+
+    def run(self, spec: NodePartitioningSpec | None, gen: int = 1) -> ReconcileResult:
+        return asyncio.run(self.agent.reconcile(spec, gen, now="2026-01-01T00:00:00Z"))
+
+    def layout(self, gpu: int = 0) -> list[tuple[str, int]]:
+        return [(p.name, s) for p, s, ci in self.nv.layout(gpu) if ci]
+
+
+def mig_spec(*instances: tuple[str, int], gpu: int = 0, mode: str = "mig") -> NodePartitioningSpec:
+    return NodePartitioningSpec.model_validate(
+        {
+            "planId": "p1",
+            "mode": mode,
+            "gpus": [{"index": gpu, "mig": [{"profile": n, "start": s} for n, s in instances]}],
+        }
+    )
+
+
+def mps_spec(*slices: tuple[int, int], gpu: int = 0) -> NodePartitioningSpec:
+    return NodePartitioningSpec.model_validate(
+        {
+            "mode": "mps",
+            "gpus": [
+                {
+                    "index": gpu,
+                    "mps": [{"memoryMiB": m, "activeThreadPercentage": p} for m, p in slices],
+                }
+            ],
+        }
+    )
+
+
+def cond(res: ReconcileResult, type_: str) -> tuple[str, str]:
+    c = next(c for c in res.status.conditions if c.type == type_)
+    return c.status, c.reason
+
+
+LAYOUT = (("2g.20gb", 0), ("1g.10gb", 2), ("1g.10gb", 3), ("3g.40gb", 4))
+
+
+def test_applies_exact_placements_from_mig_off_then_is_idempotent() -> None:
+    node = Node("A100-SXM4-80GB")
+    res = node.run(mig_spec(*LAYOUT), gen=3)
+    assert res.applied and res.operations == 1 + 2 * len(LAYOUT)
+    assert node.layout() == sorted(LAYOUT, key=lambda x: x[1])
+    assert res.status.observedGeneration == 3 and res.status.planId == "p1"
+    assert cond(res, "Applied") == ("True", "Applied") and cond(res, "Degraded")[0] == "False"
+    gpu = res.status.gpus[0]
+    assert gpu.migEnabled and all(i.deviceId.startswith("MIG-") and not i.used for i in gpu.mig)
+    assert sorted(res.devices) == ["nvidia.com/mig-1g.10gb", "nvidia.com/mig-2g.20gb",
+                                   "nvidia.com/mig-3g.40gb"]  # fmt: skip
+    d = res.devices["nvidia.com/mig-3g.40gb"][0]
+    assert d.env == {ENV_VISIBLE: d.id} and d.healthy
+    again = node.run(mig_spec(*LAYOUT), gen=3)
+    assert again.applied and again.operations == 0 and again.status == res.status
+
+
+def test_never_destroys_an_allocated_instance_and_degrades_without_touching_the_gpu() -> None:
+    node = Node("A100-SXM4-80GB", mig=True)
+    node.run(mig_spec(*LAYOUT))
+    held = next(i.deviceId for i in node.run(mig_spec(*LAYOUT)).status.gpus[0].mig if i.start == 3)
+    node.pods.ids = {held}
+    # the new spec wants 7g: it would need the held 1g@3
+    res = node.run(mig_spec(("7g.80gb", 0)), gen=2)
+    assert not res.applied and res.operations == 0
+    assert cond(res, "Degraded") == ("True", "InstanceInUse") and held in res.blocks[0].message
+    assert node.layout() == sorted(LAYOUT, key=lambda x: x[1])
+    assert [i.used for i in res.status.gpus[0].mig if i.start == 3] == [True]
+    # a spec that keeps the held instance in place is applied around it
+    res = node.run(mig_spec(("1g.10gb", 3), ("3g.40gb", 4)), gen=3)
+    assert res.applied and node.layout() == [("1g.10gb", 3), ("3g.40gb", 4)]
+    # released: the 7g spec goes through
+    node.pods.ids = set()
+    assert node.run(mig_spec(("7g.80gb", 0)), gen=4).applied
+    assert node.layout() == [("7g.80gb", 0)]
+
+
+def test_processes_make_an_instance_used_even_without_a_pod() -> None:
+    node = Node("A100-SXM4-80GB", mig=True)
+    node.run(mig_spec(("3g.40gb", 0), ("3g.40gb", 4)))
+    gi = next(gi for gi, p, s, _ in node.nv.instances(0) if s == 4)
+    node.nv.start_process(0, gi, 0)
+    res = node.run(mig_spec(("4g.40gb", 0)), gen=2)
+    assert cond(res, "Degraded") == ("True", "InstanceInUse")
+    assert node.layout() == [("3g.40gb", 0), ("3g.40gb", 4)]
+
+
+@pytest.mark.parametrize(
+    ("instances", "reason"),
+    [
+        ((("3g.40gb", 2),), "InvalidLayout"),
+        ((("3g.40gb", 0), ("3g.40gb", 4), ("1g.10gb", 6)), "InvalidLayout"),
+        ((("5g.50gb", 0),), "UnknownProfile"),
+    ],
+)
+def test_invalid_spec_is_degraded_and_nothing_is_destroyed(
+    instances: tuple[tuple[str, int], ...], reason: str
+) -> None:
+    node = Node("A100-SXM4-80GB", mig=True)
+    node.run(mig_spec(*LAYOUT))
+    res = node.run(mig_spec(*instances), gen=2)
+    assert cond(res, "Degraded") == ("True", reason) and res.operations == 0
+    assert "GPU 0:" in res.status.conditions[1].message
+    assert node.layout() == sorted(LAYOUT, key=lambda x: x[1])
+    assert res.settled  # nothing a retry could fix
+
+
+def test_spec_naming_a_missing_gpu_or_non_mig_gpu_is_degraded() -> None:
+    node = Node("V100-32GB")
+    res = node.run(mig_spec(("1g.10gb", 0), gpu=3))
+    assert cond(res, "Degraded") == ("True", "NoSuchGpu")
+    res = node.run(mig_spec(("1g.10gb", 0)))
+    assert cond(res, "Degraded") == ("True", "MigNotSupported")
+
+
+def test_allocation_racing_the_withdrawal_cancels_the_destroy() -> None:
+    node = Node("A100-SXM4-80GB", mig=True)
+    node.run(mig_spec(("7g.80gb", 0)))
+    uuid = node.run(mig_spec(("7g.80gb", 0))).status.gpus[0].mig[0].deviceId
+    node.published.clear()
+    # free at the first read, allocated by the time of the re-read after withdrawal
+    node.pods.script = [set(), {uuid}]
+    node.pods.ids = {uuid}
+    res = node.run(mig_spec(("1g.10gb", 0)), gen=2)
+    assert res.operations == 0 and node.layout() == [("7g.80gb", 0)]
+    assert res.blocks[0].reason == "InUseChanged" and res.blocks[0].transient
+    withdrawn = node.published[0]
+    assert all(d.id != uuid for ds in withdrawn.values() for d in ds)
+    assert any(d.id == uuid for d in node.published[-1]["nvidia.com/mig-7g.80gb"])
+    assert not res.settled
+
+
+def test_podresources_down_destroys_nothing_but_fills_free_space() -> None:
+    node = Node("A100-SXM4-80GB", mig=True)
+    node.run(mig_spec(("3g.40gb", 0)))
+    node.pods.down = True
+    res = node.run(mig_spec(("3g.40gb", 0), ("3g.40gb", 4)), gen=2)
+    assert node.layout() == [("3g.40gb", 0), ("3g.40gb", 4)]
+    assert "PodResources unavailable" in res.status.lastError and not res.applied
+    res = node.run(mig_spec(("7g.80gb", 0)), gen=3)
+    assert res.blocks[0].reason == "InUseUnknown" and res.operations == 0
+    assert cond(res, "Applied") == ("False", "Waiting") and cond(res, "Degraded")[0] == "False"
+    node.pods.down = False
+    assert node.run(mig_spec(("7g.80gb", 0)), gen=3).applied
+
+
+def test_nvml_failure_mid_create_is_completed_by_the_next_pass() -> None:
+    node = Node("A100-SXM4-80GB", mig=True)
+    node.nv.inject("create_compute_instance", NvmlErrorCode.UNKNOWN)
+    res = node.run(mig_spec(*LAYOUT))
+    assert not res.applied and "create_compute_instance" in res.status.lastError
+    assert cond(res, "Applied") == ("False", "InProgress")
+    res = node.run(mig_spec(*LAYOUT))
+    assert res.applied and res.status.lastError == ""
+    # a destroy that timed out after the CI was gone leaves a bare GI: destroyed next pass
+    node.nv.inject("destroy_compute_instance", NvmlErrorCode.TIMEOUT, after=True)
+    node.run(mig_spec(("7g.80gb", 0)), gen=2)
+    assert node.run(mig_spec(("7g.80gb", 0)), gen=2).applied
+    assert node.layout() == [("7g.80gb", 0)]
+
+
+def test_mps_slices_env_daemon_and_restart_rebuild_from_in_use_ids() -> None:
+    node = Node("A100-SXM4-80GB")
+    res = node.run(mps_spec((10240, 12), (10240, 12), (20480, 25)))
+    assert res.applied and node.sup.running() == {"gpu0"}
+    daemon = node.sup.daemons["gpu0"]
+    assert daemon.pipe_dir == "/run/mps/gpu0" and daemon.device_uuid == res.status.gpus[0].uuid
+    ten = res.devices["nvidia.com/gpu-10gb"]
+    assert len(ten) == 2 and len(res.devices["nvidia.com/gpu-20gb"]) == 1
+    d = ten[0]
+    assert d.env[ENV_VISIBLE] == res.status.gpus[0].uuid
+    assert d.env[ENV_MPS_PIPE] == "/run/mps/gpu0"
+    assert d.env[ENV_MPS_MEM_LIMIT] == "0=10240M" and d.env[ENV_MPS_THREADS] == "12"
+    assert container_env(ten)[ENV_MPS_MEM_LIMIT] == "0=20480M"
+    node.pods.ids = {d.id}
+    node.restart()  # the agent crashed: its slice table is gone
+    res = node.run(mps_spec((10240, 12), (10240, 12), (20480, 25)))
+    assert res.applied and d.id in {x.id for x in res.devices["nvidia.com/gpu-10gb"]}
+    assert [s.used for s in res.status.gpus[0].mps].count(True) == 1
+    # MIG wanted while a slice is held: Degraded, the slice and daemon stay
+    res = node.run(mig_spec(("7g.80gb", 0)), gen=2)
+    assert cond(res, "Degraded") == ("True", "GpuBusy") and node.sup.running() == {"gpu0"}
+    node.pods.ids = set()
+    res = node.run(mig_spec(("7g.80gb", 0)), gen=3)
+    assert res.applied and node.sup.running() == set() and "nvidia.com/gpu-10gb" not in res.devices
+
+
+def test_mps_daemon_failure_marks_slices_unhealthy_then_recovers() -> None:
+    node = Node("A30")
+    node.sup.fail_next = 1
+    res = node.run(mps_spec((4096, 16)))
+    assert not res.applied and not res.devices["nvidia.com/gpu-4gb"][0].healthy
+    res = node.run(mps_spec((4096, 16)))
+    assert res.applied and res.devices["nvidia.com/gpu-4gb"][0].healthy
+
+
+def test_mps_spec_larger_than_the_gpu_is_degraded() -> None:
+    node = Node("A30")
+    res = node.run(mps_spec((20480, 50), (8192, 50)))
+    assert cond(res, "Degraded") == ("True", "InvalidSpec")
+
+
+def test_hybrid_runs_one_daemon_per_mig_instance() -> None:
+    node = Node("A100-SXM4-80GB")
+    res = node.run(mig_spec(("3g.40gb", 0), ("3g.40gb", 4), mode="hybrid"))
+    assert res.applied and node.sup.running() == {"gpu0-mig0", "gpu0-mig4"}
+    d = res.devices["nvidia.com/mig-3g.40gb"][0]
+    assert d.env[ENV_MPS_PIPE].startswith("/run/mps/gpu0-mig")
+    res = node.run(mig_spec(("7g.80gb", 0)), gen=2)
+    assert res.applied and node.sup.running() == set()
+
+
+def test_slice_ids_are_self_describing_and_fit_the_kubelet_limit() -> None:
+    node = Node("H100-80GB")
+    res = node.run(mps_spec((40960, 50)))
+    sid = res.devices["nvidia.com/gpu-40gb"][0].id
+    parsed = parse_mps_slice_id(sid)
+    assert parsed is not None and parsed.memory_mib == 40960 and parsed.thread_percentage == 50
+    assert len(sid) <= 63
+
+
+def test_container_env_for_mps_slices_of_two_gpus_is_refused() -> None:
+    node = Node("A30", "A30")
+    spec = NodePartitioningSpec.model_validate(
+        {"mode": "mps", "gpus": [{"index": i, "mps": [{"memoryMiB": 4096, "activeThreadPercentage": 16}]} for i in (0, 1)]}
+    )  # fmt: skip
+    res = node.run(spec)
+    with pytest.raises(ValueError, match="one MPS control daemon"):
+        container_env(res.devices["nvidia.com/gpu-4gb"])
+
+
+def test_mps_control_supervisor_commands() -> None:
+    calls: list[tuple[list[str], dict[str, str], str | None]] = []
+    alive = {"up": False}
+
+    def runner(argv: Sequence[str], env: Mapping[str, str], stdin: str | None) -> tuple[int, str]:
+        calls.append((list(argv), dict(env), stdin))
+        if stdin == "get_server_list\n":
+            return (0 if alive["up"] else 1), ""
+        if list(argv)[-1] == "-d":
+            alive["up"] = True
+        if stdin == "quit\n":
+            alive["up"] = False
+        return 0, ""
+
+    sup = MpsControlSupervisor(runner)
+    spec = MpsDaemonSpec(
+        "gpu0", "GPU-1", "/tmp/gpuslice-test-mps/pipe", "/tmp/gpuslice-test-mps/log", 100
+    )
+    sup.ensure(spec)
+    sup.ensure(spec)  # running: no second start
+    assert [c[0] for c in calls].count(["nvidia-cuda-mps-control", "-d"]) == 1
+    start = next(c for c in calls if c[0][-1] == "-d")
+    assert start[1] == {
+        "CUDA_VISIBLE_DEVICES": "GPU-1",
+        "CUDA_MPS_PIPE_DIRECTORY": "/tmp/gpuslice-test-mps/pipe",
+        "CUDA_MPS_LOG_DIRECTORY": "/tmp/gpuslice-test-mps/log",
+    }
+    assert ("set_default_active_thread_percentage 100\n") in [c[2] for c in calls]
+    assert sup.running() == {"gpu0"}
+    sup.stop("gpu0")
+    assert calls[-1][2] == "quit\n" and sup.running() == set()
+    failing = MpsControlSupervisor(lambda argv, env, stdin: (1, "no driver"))
+    with pytest.raises(MpsError, match="no driver"):
+        failing.ensure(spec)
+
+
+async def test_agent_loop_applies_new_generations_and_writes_status_once() -> None:
+    node = Node("A100-SXM4-80GB")
+    source = InMemorySpecSource("n1", mig_spec(*LAYOUT))
+    agent = Agent(node.agent, source, resync_seconds=60, retry_seconds=0.01, clock=lambda: "t0")
+    res = await agent.run_once()
+    assert res.applied and source.status_writes == 1
+    await agent.run_once()
+    assert source.status_writes == 1  # unchanged status is not rewritten
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run(stop))
+    source.set_spec(mig_spec(("7g.80gb", 0)))
+    for _ in range(200):
+        await asyncio.sleep(0.01)
+        if source.obj is not None and source.obj.applied and source.obj.metadata.generation == 2:
+            break
+    stop.set()
+    await asyncio.wait_for(task, 2)
+    assert source.obj is not None and source.obj.applied
+    assert node.layout() == [("7g.80gb", 0)]
+
+
+def test_gpuslice_agent_fake_once_with_a_spec_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "mode: mig\ngpus:\n- index: 1\n  mig: [{profile: 3g.40gb, start: 4}, {profile: 4g.40gb, start: 0}]\n"
+    )
+    rc = cli_main(
+        ["agent", "--fake", "--fake-gpus", "A100-SXM4-80GB:2", "--spec", str(spec), "--once"]
+    )
+    assert rc == 0
+    status = json.loads(capsys.readouterr().out)
+    assert [(i["profile"], i["start"]) for i in status["gpus"][1]["mig"]] == [
+        ("4g.40gb", 0),
+        ("3g.40gb", 4),
+    ]
+    written = json.loads((tmp_path / "spec.yaml.status.json").read_text())
+    assert written["conditions"][0]["status"] == "True"
+
+
+def test_gpuslice_agent_fake_rejects_bad_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli_main(["agent", "--fake", "--fake-gpus", "A100-SXM4-80GB:0", "--once"]) == 2
+    assert "COUNT >= 1" in capsys.readouterr().err
+    assert cli_main(["agent", "--fake", "--fake-gpus", "Z99:1", "--once"]) == 2
+    assert "unknown GPU model" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("mode: sideways\n")
+    assert cli_main(["agent", "--fake", "--spec", str(bad), "--once"]) == 2
+    assert "not a valid NodePartitioning spec" in capsys.readouterr().err
+
+
+async def test_file_spec_source_bumps_generation_on_change(tmp_path: Path) -> None:
+    f = tmp_path / "s.json"
+    f.write_text(json.dumps({"mode": "mig", "gpus": []}))
+    src = FileSpecSource(f, poll_seconds=0.01)
+    obj = await src.get()
+    assert obj is not None and obj.metadata.generation == 1
+    assert (await src.get()).metadata.generation == 1  # type: ignore[union-attr]
+    f.write_text(json.dumps({"mode": "mps", "gpus": []}))
+    await asyncio.wait_for(src.wait_change(5), 2)
+    obj = await src.get()
+    assert obj is not None and obj.metadata.generation == 2 and obj.spec.mode == "mps"
