@@ -1,0 +1,597 @@
+"""The nos-like greedy baseline planner: one pass, no look-ahead, never an invalid placement.
+
+Model
+-----
+This reproduces how nebuly-ai/nos plans (shared/facts/nos.md), so that the CP-SAT planner can
+be compared with what users run today, minus nos's placement bugs:
+
+1. Pending pods are sorted by priority (descending), then by the size their resource names
+   state (total GB, then total compute slices: "smallest slice first"), then by name.
+2. For each pod, the candidate nodes are its eligible nodes (:mod:`planner.demand`: mode,
+   profiles that exist on the model, sizes that fit a GPU, CPU/memory free in the snapshot),
+   in NAME order.  The pod goes to the first candidate where it fits now; a decision is
+   never revisited.
+3. A MIG node fits the pod when the CPU/memory it has left (after the pods placed before)
+   covers the pod's requests and, after claiming the node's FREE instances of the requested
+   profiles (GPU index order, then start), the *lacking* profiles can be created: GPU by GPU
+   in index order, among all valid layouts (:func:`planner.geometry.enumerate_layouts`) that
+   keep every USED instance and every instance already claimed by this plan exactly where it
+   is, the layout that *covers the most lacking profiles* is applied; free instances it does
+   not keep are destroyed.  nos broke ties by Go map order (randomly); this planner breaks
+   them deterministically: fewest instances destroyed + created, then the first layout in
+   ``enumerate_layouts``' canonical order (left-to-right slot walk that leaves a slot empty
+   before filling it, smaller profiles first), which puts a new instance at its rightmost
+   free start: a 1g on an empty GPU goes to slot 6, keeping 0-5 for larger profiles.  A GPU
+   where no layout covers anything is left alone.
+4. An MPS node fits the pod when CPU/memory fit and, after claiming free slices of exactly the
+   requested size, the lacking slices can be added GPU by GPU: a new slice fits where the
+   GPU's memory minus ``settings.mps_reserve_mib`` minus every slice kept covers it; if that
+   is not enough, free (unclaimed) slices of that GPU are removed, largest first, but only as
+   many as the new slices need.  New slices get an active-thread percentage per
+   ``settings.mps_thread_policy`` (:func:`planner.mps.thread_percentage`).
+5. A pod that fits nowhere is unplaced with :mod:`planner.demand`'s reason: its eligibility
+   rejection, ``node cpu/memory`` when GPU room existed on a node whose CPU/memory the
+   earlier pods took, else ``capacity``.
+
+Unlike nos, layouts are placement-exact (profile + start), so a plan can always be applied in
+full; the tentative changes for a pod are dropped when the pod does not fit the node.
+
+Output: a :class:`~planner.snapshot.Plan` with the full desired layout of every GPU whose
+layout changed, the assignments (resource -> GPU index per unit), the unplaced reasons, and
+``stats``: ``placed``, ``unplaced``, ``gpus_touched``, ``instances_created``,
+``instances_destroyed``.
+
+The per-call caches below memoise pure functions of their keys (placeable profiles beside a
+pinned set, the best layout for a GPU state and lacking multiset, resolved requests per
+model); they change no decision, and nothing survives the call.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from planner.catalog import Catalog, GpuModel, MigProfile, default_catalog
+from planner.demand import (
+    NodeDemand,
+    Rejection,
+    RequestKind,
+    ResolvedRequest,
+    capacity_reason,
+    eligibility,
+    mps_usable_mib,
+    node_model,
+    pod_kind,
+    resolve_on_node,
+)
+from planner.geometry import (
+    InvalidLayout,
+    Layout,
+    Placement,
+    canonical,
+    enumerate_layouts,
+    is_valid_layout,
+    layout_errors,
+)
+from planner.mps import thread_percentage
+from planner.settings import PlannerSettings, Policy
+from planner.snapshot import (
+    Assignment,
+    Mode,
+    NodeState,
+    PendingPod,
+    Plan,
+    PlannedGpu,
+    PlannedSlice,
+    Snapshot,
+    Unplaced,
+)
+
+__all__ = ["plan_greedy"]
+
+_DEFAULT_SETTINGS = PlannerSettings()
+_NAME_SIZE = re.compile(r"(?P<compute>\d+)g\.(?P<mem>\d+)gb|gpu-(?P<gb>\d+)gb")
+
+
+def _pod_size(pod: PendingPod) -> tuple[int, int]:
+    """(total GB, total compute slices) the pod's resource names state: smallest first."""
+    gb = compute = 0
+    for resource, n in pod.requests.items():
+        m = _NAME_SIZE.search(resource)
+        if m is None:
+            continue
+        if m.group("gb") is not None:
+            gb += int(m.group("gb")) * n
+        else:
+            gb += int(m.group("mem")) * n
+            compute += int(m.group("compute")) * n
+    return gb, compute
+
+
+# --------------------------------------------------------------------------- working state
+
+_Key = tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _MigGpu:
+    index: int
+    pinned: Layout
+    """Used instances plus instances claimed by pods of this plan (never moved)."""
+    free: Layout
+    """Existing or planned instances no pod uses (may be destroyed)."""
+    pinned_key: _Key
+    free_key: _Key
+    """(profile name, start) of ``pinned``/``free``: cheap cache keys."""
+
+
+def _mig_gpu(index: int, pinned: Iterable[Placement], free: Iterable[Placement]) -> _MigGpu:
+    p, f = canonical(pinned), canonical(free)
+    return _MigGpu(
+        index,
+        p,
+        f,
+        tuple((pl.profile.name, pl.start) for pl in p),
+        tuple((pl.profile.name, pl.start) for pl in f),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Slice:
+    memory_mib: int
+    thread_percentage: int
+    used: bool
+    """Used in the snapshot (as opposed to claimed by this plan)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _MpsGpu:
+    index: int
+    usable_mib: int
+    pinned: tuple[_Slice, ...]
+    """Used slices plus slices claimed by pods of this plan."""
+    free: tuple[_Slice, ...]
+
+    @property
+    def room_mib(self) -> int:
+        return self.usable_mib - sum(s.memory_mib for s in (*self.pinned, *self.free))
+
+
+@dataclass(slots=True)
+class _Node:
+    state: NodeState
+    model: GpuModel
+    cpu_left: int
+    mem_left: int
+    mig: list[_MigGpu] = field(default_factory=list)
+    mps: list[_MpsGpu] = field(default_factory=list)
+    capable: frozenset[str] = frozenset()
+    """Profile names free on, or placeable on some GPU of, this node now (MIG; kept current)."""
+    is_mig: bool = False
+    sizing_key: tuple[object, ...] = ()
+    """What :func:`planner.demand.resolve_on_node` depends on, besides the pod."""
+
+
+@dataclass(slots=True)
+class _Owner:
+    """One requested resource of a pod while its units are being claimed."""
+
+    resource: str
+    profile: MigProfile
+    left: int
+    gpus: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class _Fit:
+    """A pod's tentative placement on one node: the GPUs it changes and its units."""
+
+    mig: tuple[_MigGpu, ...] = ()
+    mps: tuple[_MpsGpu, ...] = ()
+    units: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+
+
+def _mig_gpus(node: NodeState, model: GpuModel) -> list[_MigGpu]:
+    gpus: list[_MigGpu] = []
+    for gpu in sorted(node.gpus, key=lambda g: g.index):
+        try:
+            pinned = [Placement(i.start, model.profile(i.profile)) for i in gpu.mig if i.used]
+            free = [Placement(i.start, model.profile(i.profile)) for i in gpu.mig if not i.used]
+        except ValueError as e:  # UnknownProfile
+            raise InvalidLayout(f"node {node.name} GPU {gpu.index}: {e}") from e
+        errors = layout_errors(model, (*pinned, *free))
+        if errors:
+            raise InvalidLayout(
+                f"node {node.name} GPU {gpu.index}: its current MIG layout is invalid: "
+                + "; ".join(errors)
+            )
+        gpus.append(_mig_gpu(gpu.index, pinned, free))
+    return gpus
+
+
+def _mps_gpus(node: NodeState, model: GpuModel, settings: PlannerSettings) -> list[_MpsGpu]:
+    usable = mps_usable_mib(node, model, settings)
+    policy = settings.mps_thread_policy
+    gpus: list[_MpsGpu] = []
+    for gpu in sorted(node.gpus, key=lambda g: g.index):
+        slices = [
+            _Slice(
+                s.memory_mib,
+                s.thread_percentage
+                if s.thread_percentage is not None
+                else thread_percentage(s.memory_mib, usable, policy),
+                s.used,
+            )
+            for s in gpu.mps
+        ]
+        pinned = tuple(s for s in slices if s.used)
+        free = tuple(s for s in slices if not s.used)
+        gpus.append(_MpsGpu(gpu.index, usable, pinned, free))
+    return gpus
+
+
+# --------------------------------------------------------------------------- the planner
+
+
+class _Greedy:
+    def __init__(self, snapshot: Snapshot, settings: PlannerSettings, catalog: Catalog) -> None:
+        self.settings = settings
+        self.snapshot = snapshot
+        self._best: dict[tuple[str, _Key, _Key, _Key], Layout | None] = {}
+        self._placeable: dict[tuple[str, _Key], frozenset[str]] = {}
+        self._resolved: dict[tuple[object, ...], tuple[ResolvedRequest, ...] | None] = {}
+        self._candidates: dict[tuple[frozenset[str] | None, bool], list[_Node]] = {}
+        self.nodes: dict[str, _Node] = {}
+        for ns in sorted(snapshot.nodes, key=lambda n: n.name):
+            if ns.name in self.nodes:
+                raise ValueError(
+                    f"snapshot lists node {ns.name!r} twice; node names must be unique"
+                )
+            model = node_model(ns, catalog)
+            node = _Node(ns, model, ns.cpu_milli_free, ns.memory_mib_free)
+            node.is_mig = ns.mode in (Mode.MIG, Mode.HYBRID)
+            node.sizing_key = (model.name, len(ns.gpus), ns.mode, ns.gpu_memory_mib)
+            if node.is_mig:
+                node.mig = _mig_gpus(ns, model)
+                node.capable = self.capable(node)
+            else:
+                node.mps = _mps_gpus(ns, model, settings)
+            self.nodes[ns.name] = node
+        self.models = {name: n.model for name, n in self.nodes.items()}
+
+    # ---- MIG -----------------------------------------------------------------------------
+
+    def placeable(self, model: GpuModel, gpu: _MigGpu) -> frozenset[str]:
+        """Names of the profiles one more instance of which fits beside ``gpu.pinned``."""
+        key = (model.name, gpu.pinned_key)
+        found = self._placeable.get(key)
+        if found is None:
+            taken = {slot for pl in gpu.pinned for slot in pl.profile.span(pl.start)}
+            ok: set[str] = set()
+            for prof in model.profiles:
+                for start in prof.starts:
+                    if taken.isdisjoint(prof.span(start)) and is_valid_layout(
+                        model, (*gpu.pinned, Placement(start, prof))
+                    ):
+                        ok.add(prof.name)
+                        break
+            found = frozenset(ok)
+            self._placeable[key] = found
+        return found
+
+    def capable(self, node: _Node) -> frozenset[str]:
+        """Profiles the node has free or could create on some GPU (a necessary condition)."""
+        names: set[str] = set()
+        for gpu in node.mig:
+            names.update(pl.profile.name for pl in gpu.free)
+            names.update(self.placeable(node.model, gpu))
+        return frozenset(names)
+
+    def best_layout(
+        self, model: GpuModel, gpu: _MigGpu, lacking: Counter[MigProfile]
+    ) -> Layout | None:
+        """The layout covering most of ``lacking`` (tie: least churn, then canonical order)."""
+        wanted = tuple(sorted((p.name, n) for p, n in lacking.items() if n > 0))
+        key = (model.name, gpu.pinned_key, gpu.free_key, wanted)
+        if key in self._best:
+            return self._best[key]
+        addable = {p for p, n in lacking.items() if n > 0} | {pl.profile for pl in gpu.free}
+        pinned = set(gpu.pinned_key)
+        free = set(gpu.free_key)
+        best: Layout | None = None
+        best_score = (0, 0)
+        for layout in enumerate_layouts(model, gpu.pinned, addable):
+            extra = [(pl.profile.name, pl.start) for pl in layout]
+            extra = [k for k in extra if k not in pinned]
+            have = Counter(name for name, _ in extra)
+            covered = sum(min(n, have[name]) for name, n in wanted)
+            if covered == 0:
+                continue
+            churn = len(free.difference(extra)) + sum(1 for k in extra if k not in free)
+            score = (covered, -churn)
+            if best is None or score > best_score:
+                best, best_score = layout, score
+        self._best[key] = best
+        return best
+
+    def fit_mig(self, node: _Node, demand: Sequence[ResolvedRequest]) -> _Fit | None:
+        model = node.model
+        owners = [_Owner(r.resource, r.profile, r.count) for r in demand if r.profile]
+        if any(o.profile.name not in node.capable for o in owners):
+            return None  # the walk below would fail too
+        need: Counter[MigProfile] = Counter()
+        for o in owners:
+            need[o.profile] += o.left
+
+        def claim(gpu: _MigGpu, pl: Placement) -> _MigGpu:
+            owner = next(o for o in owners if o.profile == pl.profile and o.left > 0)
+            owner.left -= 1
+            owner.gpus.append(gpu.index)
+            need[pl.profile] -= 1
+            return _mig_gpu(gpu.index, (*gpu.pinned, pl), (f for f in gpu.free if f != pl))
+
+        gpus = list(node.mig)
+        changed: set[int] = set()
+        # 1. Claim free instances of the requested profiles.
+        for k, gpu in enumerate(gpus):
+            for pl in gpu.free:
+                if need[pl.profile] > 0:
+                    gpus[k] = gpu = claim(gpu, pl)
+                    changed.add(k)
+        # 2. Create what is lacking, GPU by GPU.
+        for k, gpu in enumerate(gpus):
+            if need.total() <= 0:
+                break
+            placeable = self.placeable(model, gpu)
+            if not any(n > 0 and p.name in placeable for p, n in need.items()):
+                continue
+            layout = self.best_layout(model, gpu, +need)
+            if layout is None:
+                continue
+            pinned = set(gpu.pinned)
+            extra = [pl for pl in layout if pl not in pinned]
+            gpu = _mig_gpu(gpu.index, gpu.pinned, extra)
+            for pl in extra:
+                if need[pl.profile] > 0:
+                    gpu = claim(gpu, pl)
+            gpus[k] = gpu
+            changed.add(k)
+        if need.total() > 0:
+            return None
+        return _Fit(
+            mig=tuple(gpus[k] for k in sorted(changed)),
+            units={o.resource: tuple(o.gpus) for o in owners},
+        )
+
+    # ---- MPS -----------------------------------------------------------------------------
+
+    def fit_mps(self, node: _Node, demand: Sequence[ResolvedRequest]) -> _Fit | None:
+        policy = self.settings.mps_thread_policy
+        gpus = list(node.mps)
+        changed: set[int] = set()
+        units: dict[str, list[int]] = {r.resource: [] for r in demand}
+        for r in demand:
+            mib, need = r.mps_mib, r.count
+            # 1. Claim free slices of exactly this size.
+            for k, gpu in enumerate(gpus):
+                free = list(gpu.free)
+                pinned = list(gpu.pinned)
+                for s in gpu.free:
+                    if need > 0 and s.memory_mib == mib:
+                        free.remove(s)
+                        pinned.append(s)
+                        units[r.resource].append(gpu.index)
+                        need -= 1
+                if len(free) != len(gpu.free):
+                    gpus[k] = replace(gpu, pinned=tuple(pinned), free=tuple(free))
+                    changed.add(k)
+            # 2. Add slices where memory allows, removing free slices (largest first) if needed.
+            for k, gpu in enumerate(gpus):
+                if need == 0:
+                    break
+                room = gpu.room_mib
+                drop_order = sorted(gpu.free, key=lambda s: -s.memory_mib)
+                n_drop = 0
+                while room // mib < need and n_drop < len(drop_order):
+                    room += drop_order[n_drop].memory_mib
+                    n_drop += 1
+                add = min(need, room // mib)
+                while n_drop > 0 and (room - drop_order[n_drop - 1].memory_mib) // mib >= add:
+                    n_drop -= 1  # that removal was not needed for ``add`` slices
+                    room -= drop_order[n_drop].memory_mib
+                if add == 0:
+                    continue
+                kept = list(gpu.free)
+                for dropped in drop_order[:n_drop]:
+                    kept.remove(dropped)
+                pct = thread_percentage(mib, gpu.usable_mib, policy)
+                new = tuple(_Slice(mib, pct, used=False) for _ in range(add))
+                gpus[k] = replace(gpu, pinned=(*gpu.pinned, *new), free=tuple(kept))
+                units[r.resource].extend([gpu.index] * add)
+                changed.add(k)
+                need -= add
+            if need > 0:
+                return None
+        return _Fit(
+            mps=tuple(gpus[k] for k in sorted(changed)),
+            units={res: tuple(ix) for res, ix in units.items()},
+        )
+
+    # ---- pods ----------------------------------------------------------------------------
+
+    def candidates(self, eligible: frozenset[str] | None, kind: RequestKind) -> list[_Node]:
+        """Nodes of the pod's mode it may use, in name order."""
+        want_mig = kind is RequestKind.MIG
+        key = (eligible, want_mig)
+        found = self._candidates.get(key)
+        if found is None:
+            found = [
+                n
+                for name, n in self.nodes.items()
+                if n.is_mig == want_mig and (eligible is None or name in eligible)
+            ]
+            self._candidates[key] = found
+        return found
+
+    def resolved(
+        self, node: _Node, requests: tuple[tuple[str, int], ...], sizing_pod: PendingPod
+    ) -> tuple[tuple[ResolvedRequest, ...], frozenset[str]] | None:
+        """The pod's requests on the node's GPUs per :func:`planner.demand.resolve_on_node`,
+        with the MIG profile names they need; ``None`` if the node's GPUs can never hold them.
+
+        ``sizing_pod`` is the pod without CPU/memory: the result then depends only on the
+        node's ``sizing_key``, which is what the cache key holds.
+        """
+        key = (node.sizing_key, requests)
+        if key not in self._resolved:
+            got = resolve_on_node(sizing_pod, node.state, node.model, self.settings)
+            self._resolved[key] = got.requests if isinstance(got, NodeDemand) else None
+        demand = self._resolved[key]
+        if demand is None:
+            return None
+        return demand, frozenset(r.profile.name for r in demand if r.profile is not None)
+
+    def fit(self, node: _Node, demand: Sequence[ResolvedRequest]) -> _Fit | None:
+        if node.is_mig:
+            return self.fit_mig(node, demand)
+        return self.fit_mps(node, demand)
+
+    def commit(self, node: _Node, pod: PendingPod, fit: _Fit) -> None:
+        node.cpu_left -= pod.cpu_milli
+        node.mem_left -= pod.memory_mib
+        for g in fit.mig:
+            node.mig[next(i for i, x in enumerate(node.mig) if x.index == g.index)] = g
+        if fit.mig:
+            node.capable = self.capable(node)
+        for s in fit.mps:
+            node.mps[next(i for i, x in enumerate(node.mps) if x.index == s.index)] = s
+
+    def place(self, pod: PendingPod) -> Assignment | str:
+        """Place one pod on the first candidate node it fits; else the unplaced reason."""
+        kind = pod_kind(pod)
+        if isinstance(kind, Rejection):
+            return str(kind)
+        sizing_pod = replace(pod, cpu_milli=0, memory_mib=0)
+        requests = tuple(sorted((r, c) for r, c in pod.requests.items() if c))
+        cpu, mem = pod.cpu_milli, pod.memory_mib
+        candidates = self.candidates(pod.eligible_nodes, kind)
+        per_key: dict[tuple[object, ...], tuple[tuple[ResolvedRequest, ...], frozenset[str]]] = {}
+        unfit: set[tuple[object, ...]] = set()
+        short: list[tuple[_Node, tuple[ResolvedRequest, ...]]] = []
+        # The hot loop of the planner: keep it lean.
+        for node in candidates:
+            got = per_key.get(node.sizing_key)
+            if got is None:
+                if node.sizing_key in unfit:
+                    continue
+                got = self.resolved(node, requests, sizing_pod)
+                if got is None:
+                    unfit.add(node.sizing_key)
+                    continue
+                per_key[node.sizing_key] = got
+            demand, names = got
+            ns = node.state
+            if cpu > ns.cpu_milli_free or mem > ns.memory_mib_free:
+                continue  # not eligible (planner.demand): the node is too small anyway
+            if not names <= node.capable:
+                continue
+            if cpu > node.cpu_left or mem > node.mem_left:
+                short.append((node, demand))
+                continue
+            fit = self.fit(node, demand)
+            if fit is not None:
+                self.commit(node, pod, fit)
+                return Assignment(ns.name, dict(fit.units))
+        eligible = [
+            n.state.name
+            for n in candidates
+            if n.sizing_key in per_key
+            and cpu <= n.state.cpu_milli_free
+            and mem <= n.state.memory_mib_free
+        ]
+        if not eligible:
+            el = eligibility(pod, self.snapshot.nodes, self.models, self.settings)
+            return str(el.reason) if el.reason is not None else capacity_reason(pod, ())
+        if any(self.fit(node, demand) is not None for node, demand in short):
+            return (
+                f"{Unplaced.NODE_RESOURCES.value}: GPU room for the pod exists, but the pods "
+                f"placed before it took the CPU/memory it needs ({cpu}m / {mem} MiB) on every "
+                "such node"
+            )
+        return capacity_reason(pod, eligible)
+
+    # ---- output --------------------------------------------------------------------------
+
+    def layouts(self) -> tuple[dict[tuple[str, int], PlannedGpu], Counter[str]]:
+        """Desired layouts of the changed GPUs, and the churn counts."""
+        out: dict[tuple[str, int], PlannedGpu] = {}
+        churn: Counter[str] = Counter()
+        for name, node in self.nodes.items():
+            before = {g.index: g for g in node.state.gpus}
+            for mg in node.mig:
+                now = canonical((*mg.pinned, *mg.free))
+                then = Counter(
+                    (node.model.profile(i.profile).name, i.start) for i in before[mg.index].mig
+                )
+                after = Counter((pl.profile.name, pl.start) for pl in now)
+                if then != after:
+                    out[(name, mg.index)] = PlannedGpu(
+                        name, mg.index, mig=tuple((pl.profile.name, pl.start) for pl in now)
+                    )
+                    churn["gpus_touched"] += 1
+                    churn["instances_created"] += (after - then).total()
+                    churn["instances_destroyed"] += (then - after).total()
+            for sg in node.mps:
+                mps_then = Counter(s.memory_mib for s in before[sg.index].mps)
+                slices = sorted((*sg.pinned, *sg.free), key=lambda s: (not s.used, -s.memory_mib))
+                mps_after = Counter(s.memory_mib for s in slices)
+                if mps_then != mps_after:
+                    out[(name, sg.index)] = PlannedGpu(
+                        name,
+                        sg.index,
+                        mps=tuple(
+                            PlannedSlice(s.memory_mib, s.thread_percentage, s.used) for s in slices
+                        ),
+                    )
+                    churn["gpus_touched"] += 1
+                    churn["instances_created"] += (mps_after - mps_then).total()
+                    churn["instances_destroyed"] += (mps_then - mps_after).total()
+        return out, churn
+
+
+def plan_greedy(
+    snapshot: Snapshot,
+    settings: PlannerSettings = _DEFAULT_SETTINGS,
+    catalog: Catalog | None = None,
+) -> Plan:
+    """Plan ``snapshot`` the way nos does, with placement-exact layouts (module docstring)."""
+    dup = [n for n, c in Counter(p.name for p in snapshot.pods).items() if c > 1]
+    if dup:
+        raise ValueError(f"snapshot lists pending pod(s) {dup} twice; pod names must be unique")
+    greedy = _Greedy(snapshot, settings, catalog or default_catalog())
+    assignments: dict[str, Assignment] = {}
+    unplaced: dict[str, str] = {}
+    for pod in sorted(snapshot.pods, key=lambda p: (-p.priority, _pod_size(p), p.name)):
+        got = greedy.place(pod)
+        if isinstance(got, Assignment):
+            assignments[pod.name] = got
+        else:
+            unplaced[pod.name] = got
+    layouts, churn = greedy.layouts()
+    stats: dict[str, float] = {
+        "placed": float(len(assignments)),
+        "unplaced": float(len(unplaced)),
+        "gpus_touched": float(churn["gpus_touched"]),
+        "instances_created": float(churn["instances_created"]),
+        "instances_destroyed": float(churn["instances_destroyed"]),
+    }
+    return Plan(
+        layouts=layouts,
+        assignments=assignments,
+        unplaced=unplaced,
+        policy=Policy.GREEDY.value,
+        status="GREEDY",
+        stats=stats,
+    )

@@ -1,0 +1,337 @@
+"""Planner benchmark: the CP-SAT planner against the nos-like greedy on the same instances.
+
+What it measures
+----------------
+For each cluster size (default 10, 100 and 1000 nodes x 8 A100-80GB) it generates seeded
+instances with :func:`simulations.instances.mig_benchmark_snapshot` (85 % of the compute
+slices held by used instances, a pending batch of 30 % of the GPU count) and runs, on each
+instance, ``planner.api.plan`` with policy ``cpsat`` and with policy ``greedy``.  Per planner
+and size it reports:
+
+* ``solve_s``: wall time of the whole ``plan()`` call (validation, eligibility, warm start,
+  model build, solve, decode), measured here with ``time.perf_counter`` since the planner
+  reads no clock; p50 and p99 by the nearest-rank method (with fewer than 100 instances p99
+  is the maximum), and the maximum;
+* ``placed``: pods placed, and ``placed_weight``: the priority-weighted count with
+  :func:`planner.demand.priority_weights` (the CP-SAT objective's first level);
+* ``churn``: instances created and destroyed, GPUs touched, and the weighted churn
+  ``w_destroy * destroyed + w_create * created + w_gpu_touched * gpus_touched``, all computed
+  here from the snapshot and the plan, the same way for both planners;
+* for CP-SAT, the optimality gap from the solver's objective bound: ``objective_gap`` is
+  ``Plan.stats['gap']`` (the whole lexicographic objective) and ``placed_weight_gap`` is
+  ``1 - placed_weight / stats['placed_weight_bound']`` (pods only); ``null`` where the plan
+  fell back to greedy and has no bound; and the solver statuses seen.
+
+``cpsat_ge_greedy`` says per size (and overall) whether CP-SAT placed at least the greedy's
+priority-weighted pods on every instance.  One JSON document goes to stdout (or ``--out``);
+progress goes to stderr.  Run ``python -m simulations.bench_planner --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from planner.api import plan
+from planner.catalog import Catalog, default_catalog
+from planner.demand import priority_weights
+from planner.settings import PlannerSettings, Policy
+from planner.snapshot import Mode, Plan, Snapshot
+from simulations.instances import mig_benchmark_snapshot
+
+__all__ = [
+    "add_arguments",
+    "check_args",
+    "main",
+    "percentile",
+    "plan_churn",
+    "run",
+    "run_benchmark",
+]
+
+DEFAULT_SIZES = (10, 100, 1000)
+DEFAULT_INSTANCES = {10: 5, 100: 5, 1000: 3}
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (``q`` in 0..100) of a non-empty sequence."""
+    if not values:
+        raise ValueError("percentile of no values")
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def plan_churn(
+    snapshot: Snapshot, result: Plan, settings: PlannerSettings, catalog: Catalog
+) -> dict[str, int]:
+    """Instances created/destroyed and GPUs touched by ``result``, and the weighted churn."""
+    created = destroyed = touched = 0
+    nodes = {n.name: n for n in snapshot.nodes}
+    for (node_name, index), planned in result.layouts.items():
+        node = nodes[node_name]
+        gpu = next(g for g in node.gpus if g.index == index)
+        if node.mode is Mode.MPS:
+            before = Counter(("mps", s.memory_mib) for s in gpu.mps)
+            after = Counter(("mps", s.memory_mib) for s in planned.mps)
+        else:
+            model = catalog.model(node.model)
+            before = Counter((model.profile(i.profile).name, i.start) for i in gpu.mig)
+            after = Counter((model.profile(p).name, s) for p, s in planned.mig)
+        if before == after:
+            continue
+        touched += 1
+        created += (after - before).total()
+        destroyed += (before - after).total()
+    weighted = (
+        settings.weight_destroy * destroyed
+        + settings.weight_create * created
+        + settings.weight_gpu_touched * touched
+    )
+    return {
+        "instances_created": created,
+        "instances_destroyed": destroyed,
+        "gpus_touched": touched,
+        "weighted": weighted,
+    }
+
+
+def _placed_weight(snapshot: Snapshot, result: Plan) -> int:
+    weights = priority_weights(snapshot.pods)
+    prio = {p.name: p.priority for p in snapshot.pods}
+    return sum(weights[prio[name]] for name in result.assignments)
+
+
+def _run_one(snapshot: Snapshot, settings: PlannerSettings, catalog: Catalog) -> tuple[Plan, float]:
+    start = time.perf_counter()
+    result = plan(snapshot, settings, catalog)
+    return result, time.perf_counter() - start
+
+
+def _summary(values: Sequence[float]) -> dict[str, float]:
+    return {
+        "p50": percentile(values, 50),
+        "p99": percentile(values, 99),
+        "max": max(values),
+        "mean": sum(values) / len(values),
+    }
+
+
+def run_benchmark(
+    sizes: Sequence[int] = DEFAULT_SIZES,
+    instances: Sequence[int] | None = None,
+    *,
+    time_limit_s: float = 1.0,
+    seed: int = 0,
+    num_workers: int = 1,
+    gpus_per_node: int = 8,
+    occupancy: float = 0.85,
+    pending_fraction: float = 0.30,
+    model_name: str = "A100-SXM4-80GB",
+    progress: Callable[[str], None] = lambda _: None,
+) -> dict[str, Any]:
+    """Run the benchmark (module docstring) and return the JSON-ready result."""
+    counts = (
+        list(instances) if instances is not None else [DEFAULT_INSTANCES.get(n, 3) for n in sizes]
+    )
+    if len(counts) != len(sizes):
+        raise ValueError(f"{len(sizes)} sizes but {len(counts)} instance counts")
+    catalog = default_catalog()
+    base = PlannerSettings(time_limit_s=time_limit_s, seed=seed, num_workers=num_workers)
+    policies = {
+        "cpsat": replace(base, policy=Policy.CPSAT),
+        "greedy": replace(base, policy=Policy.GREEDY),
+    }
+    results: list[dict[str, Any]] = []
+    for nodes, count in zip(sizes, counts, strict=True):
+        rows: list[dict[str, Any]] = []
+        for i in range(count):
+            inst_seed = seed * 1_000_003 + nodes * 101 + i
+            snapshot = mig_benchmark_snapshot(
+                nodes,
+                gpus_per_node=gpus_per_node,
+                occupancy=occupancy,
+                pending_fraction=pending_fraction,
+                seed=inst_seed,
+                model_name=model_name,
+                catalog=catalog,
+            )
+            row: dict[str, Any] = {"instance_seed": inst_seed, "pending_pods": len(snapshot.pods)}
+            for name, settings in policies.items():
+                result, seconds = _run_one(snapshot, settings, catalog)
+                stats = result.stats
+                entry: dict[str, Any] = {
+                    "solve_s": seconds,
+                    "status": result.status,
+                    "placed": len(result.assignments),
+                    "placed_weight": _placed_weight(snapshot, result),
+                    "churn": plan_churn(snapshot, result, settings, catalog),
+                }
+                if name == "cpsat":
+                    bound = stats.get("placed_weight_bound")
+                    entry["objective_gap"] = stats.get("gap")
+                    entry["placed_weight_gap"] = (
+                        None
+                        if bound is None or bound <= 0
+                        else max(0.0, 1.0 - entry["placed_weight"] / bound)
+                    )
+                row[name] = entry
+            row["cpsat_ge_greedy"] = row["cpsat"]["placed_weight"] >= row["greedy"]["placed_weight"]
+            progress(
+                f"{nodes} nodes, instance {i + 1}/{count}: "
+                f"cpsat {row['cpsat']['placed']} placed in {row['cpsat']['solve_s']:.2f}s "
+                f"({row['cpsat']['status']}), greedy {row['greedy']['placed']} placed in "
+                f"{row['greedy']['solve_s']:.2f}s"
+            )
+            rows.append(row)
+        results.append(_size_summary(nodes, gpus_per_node, rows))
+    return {
+        "benchmark": "planner",
+        "gpu_model": model_name,
+        "gpus_per_node": gpus_per_node,
+        "occupancy": occupancy,
+        "pending_fraction": pending_fraction,
+        "time_limit_s": time_limit_s,
+        "seed": seed,
+        "num_workers": num_workers,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+        "sizes": results,
+        "cpsat_ge_greedy_everywhere": all(r["cpsat_ge_greedy"] for r in results),
+    }
+
+
+def _size_summary(nodes: int, gpus_per_node: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "nodes": nodes,
+        "gpus": nodes * gpus_per_node,
+        "instances": len(rows),
+        "pending_pods": [r["pending_pods"] for r in rows],
+    }
+    for name in ("cpsat", "greedy"):
+        entries = [r[name] for r in rows]
+        summary: dict[str, Any] = {
+            "solve_s": _summary([e["solve_s"] for e in entries]),
+            "placed": [e["placed"] for e in entries],
+            "placed_weight": [e["placed_weight"] for e in entries],
+            "churn_weighted": [e["churn"]["weighted"] for e in entries],
+            "churn": [e["churn"] for e in entries],
+            "status": dict(Counter(e["status"] for e in entries)),
+        }
+        if name == "cpsat":
+            for key in ("objective_gap", "placed_weight_gap"):
+                gaps = [e[key] for e in entries if e[key] is not None]
+                summary[key] = _summary(gaps) if gaps else None
+        out[name] = summary
+    out["cpsat_ge_greedy"] = all(r["cpsat_ge_greedy"] for r in rows)
+    out["per_instance_cpsat_ge_greedy"] = [r["cpsat_ge_greedy"] for r in rows]
+    return out
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from e
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--sizes",
+        type=_int_list,
+        default=list(DEFAULT_SIZES),
+        help="comma-separated node counts (default: 10,100,1000)",
+    )
+    parser.add_argument(
+        "--instances",
+        type=_int_list,
+        default=None,
+        help="seeded instances per size: one number for all sizes, or one per size "
+        "(default: 5 at 10 and 100 nodes, 3 at 1000)",
+    )
+    parser.add_argument(
+        "--time-limit", type=float, default=1.0, help="CP-SAT time limit per plan, seconds"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="instance and solver seed")
+    parser.add_argument("--workers", type=int, default=1, help="CP-SAT search workers")
+    parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--occupancy", type=float, default=0.85)
+    parser.add_argument("--pending-fraction", type=float, default=0.30)
+    parser.add_argument("--out", default=None, help="write the JSON here instead of stdout")
+
+
+def check_args(args: argparse.Namespace) -> list[int] | None:
+    """Validate parsed options; return the per-size instance counts. ``ValueError`` if bad."""
+    sizes: list[int] = args.sizes
+    instances: list[int] | None = args.instances
+    if instances is not None and len(instances) == 1:
+        instances = instances * len(sizes)
+    if instances is not None and len(instances) != len(sizes):
+        raise ValueError(
+            f"--instances has {len(instances)} values for {len(sizes)} sizes; "
+            "give one number, or one per size"
+        )
+    if args.time_limit <= 0:
+        raise ValueError(f"--time-limit must be positive, got {args.time_limit}")
+    if args.workers < 1 or args.gpus_per_node < 1:
+        raise ValueError("--workers and --gpus-per-node must be at least 1")
+    if not 0.0 <= args.occupancy <= 1.0:
+        raise ValueError(f"--occupancy must be between 0 and 1, got {args.occupancy}")
+    if args.pending_fraction < 0:
+        raise ValueError(f"--pending-fraction must be >= 0, got {args.pending_fraction}")
+    return instances
+
+
+def run(args: argparse.Namespace, instances: list[int] | None) -> int:
+    """Run with validated options (:func:`check_args`) and print or write the JSON."""
+    result = run_benchmark(
+        args.sizes,
+        instances,
+        time_limit_s=args.time_limit,
+        seed=args.seed,
+        num_workers=args.workers,
+        gpus_per_node=args.gpus_per_node,
+        occupancy=args.occupancy,
+        pending_fraction=args.pending_fraction,
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    text = json.dumps(result, indent=2)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+        print(f"wrote {args.out}", file=sys.stderr)
+    else:
+        print(text)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m simulations.bench_planner", description=__doc__.splitlines()[0]
+    )
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        instances = check_args(args)
+    except ValueError as e:
+        parser.error(str(e))  # exits with status 2
+    return run(args, instances)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
