@@ -43,7 +43,9 @@ DEFAULT_REPEATS = 10
 class ProgressBar:
     """A one-line text progress bar on a stream (stderr), redrawn at most every 0.1 s."""
 
-    def __init__(self, total: int, label: str = "", stream: TextIO | None = None, width: int = 30) -> None:
+    def __init__(
+        self, total: int, label: str = "", stream: TextIO | None = None, width: int = 30
+    ) -> None:
         self.total = max(1, total)
         self.label = label
         self.stream = stream if stream is not None else sys.stderr
@@ -63,7 +65,7 @@ class ProgressBar:
 
     def _draw(self, now: float) -> None:
         frac = self.done / self.total
-        filled = int(round(frac * self.width))
+        filled = round(frac * self.width)
         bar = "#" * filled + "-" * (self.width - filled)
         self.stream.write(
             f"\r[{bar}] {100 * frac:5.1f}% {now - self._started:5.1f}s {self.label:<32.32}"
@@ -97,7 +99,9 @@ def _run_saturation_protocol(
     results: list[SaturationResult] = []
     for i, (policy, seed) in enumerate(runs):
 
-        def progress(done: int, total: int, i: int = i, policy: str = policy, seed: int = seed) -> None:
+        def progress(
+            done: int, total: int, i: int = i, policy: str = policy, seed: int = seed
+        ) -> None:
             bar.update(i * 1000 + (1000 * done) // max(1, total), f"{policy} seed {seed}")
 
         try:
@@ -139,7 +143,9 @@ def _policies(spec: str | None) -> list[str]:
     names = [p.strip().lower() for p in spec.split(",") if p.strip()]
     unknown = [p for p in names if p not in POLICIES]
     if unknown or not names:
-        raise BadInput(f"--policy {spec!r}: unknown {unknown}; choose from {', '.join(POLICIES)} (comma-separated)")
+        raise BadInput(
+            f"--policy {spec!r}: unknown {unknown}; choose from {', '.join(POLICIES)} (comma-separated)"
+        )
     return names
 
 
@@ -170,15 +176,36 @@ def _load_cluster(spec: str | None, openb_directory: str | None) -> Cluster:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--trace", help="openb trace name (default, gpushare40, ...), openb pod CSV, or workload YAML/JSON (default: built-in synthetic)")
+    parser.add_argument(
+        "--trace",
+        help="openb trace name (default, gpushare40, ...), openb pod CSV, or workload YAML/JSON (default: built-in synthetic)",
+    )
     parser.add_argument("--cluster", help="'openb' or a cluster YAML/JSON file (default: built-in)")
-    parser.add_argument("--policy", help=f"comma-separated policies (default: {','.join(POLICIES)})")
-    parser.add_argument("--protocol", default="saturation", choices=sorted(PROTOCOLS), help="simulation protocol (default: saturation)")
-    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"first seed (default: {DEFAULT_SEED})")
-    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help=f"number of seeds from --seed on (default: {DEFAULT_REPEATS})")
-    parser.add_argument("--batch", type=int, default=1, help="saturation: arrivals per batch k (default: 1)")
+    parser.add_argument(
+        "--policy", help=f"comma-separated policies (default: {','.join(POLICIES)})"
+    )
+    parser.add_argument(
+        "--protocol",
+        default="saturation",
+        choices=sorted(PROTOCOLS),
+        help="simulation protocol (default: saturation)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=DEFAULT_SEED, help=f"first seed (default: {DEFAULT_SEED})"
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=DEFAULT_REPEATS,
+        help=f"number of seeds from --seed on (default: {DEFAULT_REPEATS})",
+    )
+    parser.add_argument(
+        "--batch", type=int, default=1, help="saturation: arrivals per batch k (default: 1)"
+    )
     parser.add_argument("--openb-dir", help="folder holding the openb CSVs")
-    parser.add_argument("--out", help="write report.md, allocation.png and results.json into this folder")
+    parser.add_argument(
+        "--out", help="write report.md, allocation.png and results.json into this folder"
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 

@@ -1,0 +1,32 @@
+"""Saturation-protocol placement policies: the FGD paper's baselines and gpuslice's own.
+
+* ``bestfit`` — :class:`~simulations.policies.baselines.BestFit` (fgd.md §4);
+* ``fgd`` — :class:`~simulations.policies.baselines.Fgd` (fgd.md §5);
+* ``gpuslice`` — :class:`~simulations.policies.gpuslice.GpusliceShare`: FGD's descent on a
+  CPU-aware fragmentation measure.
+
+All act on a :class:`~simulations.policies.state.ShareState` (GPU-share / MPS mode).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from simulations.policies.baselines import BestFit, Fgd, Policy
+from simulations.policies.gpuslice import GpusliceShare
+
+__all__ = ["POLICIES", "BestFit", "Fgd", "GpusliceShare", "Policy", "make_policy"]
+
+POLICIES: dict[str, Callable[[], Policy]] = {
+    "bestfit": BestFit,
+    "fgd": Fgd,
+    "gpuslice": GpusliceShare,
+}
+
+
+def make_policy(name: str) -> Policy:
+    """A fresh policy by name (``bestfit``, ``fgd``, ``gpuslice``)."""
+    factory = POLICIES.get(name.lower())
+    if factory is None:
+        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
+    return factory()

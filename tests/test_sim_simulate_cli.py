@@ -1,0 +1,114 @@
+"""``gpuslice simulate`` (built-in default, options, report files, bad input) and the
+saturation benchmark's argument handling."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from gpuslice.cli import main
+from gpuslice.commands.simulate import ProgressBar
+from simulations.bench_saturation import main as bench_main
+from simulations.bench_saturation import parse_seeds
+from simulations.openb import OPENB_DIR_ENV
+
+
+def test_default_run_prints_the_comparison_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--repeats", "2"]) == 0
+    out, err = capsys.readouterr()
+    assert "saturation protocol: builtin-synthetic (500 pods) on builtin-demo" in out
+    rows = [line.split()[0] for line in out.splitlines()[3:]]
+    assert rows == ["bestfit", "fgd", "gpuslice"]
+    assert "100.0%" in err and "[#" in err  # the progress bar went to stderr
+
+
+def test_out_dir_gets_markdown_png_and_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    wl = tmp_path / "w.yaml"
+    wl.write_text(
+        "pods:\n  - {name: a, cpu_milli: 1000, num_gpu: 1, gpu_milli: 600, replicas: 6}\n  - {name: c, cpu_milli: 500}\n"
+    )
+    cl = tmp_path / "c.yaml"
+    cl.write_text(
+        "pools:\n  - {name: n, count: 2, gpu_model: T4, gpus_per_node: 2, cpu_milli: 8000, memory_mib: 1000}\n"
+    )
+    out = tmp_path / "out"
+    rc = main(
+        [
+            "simulate",
+            "--trace",
+            str(wl),
+            "--cluster",
+            str(cl),
+            "--policy",
+            "fgd,gpuslice",
+            "--seed",
+            "3",
+            "--repeats",
+            "1",
+            "--out",
+            str(out),
+            "--quiet",
+        ]
+    )
+    assert rc == 0
+    assert sorted(p.name for p in out.iterdir()) == ["allocation.png", "report.md", "results.json"]
+    doc = json.loads((out / "results.json").read_text())
+    assert set(doc["summary"]) == {"fgd", "gpuslice"}
+    assert doc["runs"][0]["seed"] == 3 and len(doc["curves"][0]["alloc"]) == 131
+    # 4 GPUs, 600-milli pods: one per GPU, so 60 %; each pod is 15 % of capacity, so the
+    # 1 %-bins near 130 % hold no event
+    assert doc["summary"]["fgd"]["final_alloc"] == 60.0
+    assert "alloc@130" not in doc["summary"]["fgd"]
+    captured = capsys.readouterr()
+    assert "n/a" in captured.out
+    assert captured.err == ""  # --quiet: no progress bar
+    report = (out / "report.md").read_text()
+    assert (
+        report.startswith("# gpuslice simulate") and "\nfgd " in report and "\ngpuslice " in report
+    )
+    assert (out / "allocation.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--policy", "worstfit"], "--policy 'worstfit': unknown ['worstfit']"),
+        (["--cluster", "/nope.yaml"], "cluster '/nope.yaml': not 'openb' and no such file"),
+        (["--trace", "/nope.yaml"], "cannot read workload file /nope.yaml"),
+        (["--trace", "no-such-trace"], "no openb trace named 'no-such-trace'"),
+        (["--repeats", "0"], "--repeats must be >= 1"),
+    ],
+)
+def test_bad_input_exits_2_naming_the_fix(
+    argv: list[str],
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv(OPENB_DIR_ENV, str(tmp_path))
+    assert main(["simulate", "--quiet", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_progress_bar_draws_to_its_stream() -> None:
+    s = io.StringIO()
+    bar = ProgressBar(4, "x", stream=s, width=8)
+    bar.update(2)
+    bar.close()
+    assert "[####----]  50.0%" in s.getvalue() and "[########] 100.0%" in s.getvalue()
+    assert s.getvalue().endswith("\n")
+
+
+def test_bench_seed_parsing_and_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    assert parse_seeds("42-45") == [42, 43, 44, 45]
+    assert parse_seeds("1,3-4") == [1, 3, 4]
+    with pytest.raises(ValueError, match="use '42-51'"):
+        parse_seeds("a-b")
+    assert bench_main(["--policies", "worstfit"]) == 2
+    assert "unknown policies ['worstfit']" in capsys.readouterr().err
