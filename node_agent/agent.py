@@ -10,7 +10,14 @@ the status; :class:`KubeSpecSource` does this through the Kubernetes API, and
 Loop (:meth:`Agent.run`): read the spec -> :meth:`Reconciler.reconcile` (which pushes devices
 to the device plugin) -> write the status if it changed -> wait for a spec change, at most
 ``retry_seconds`` after a pass that did not settle and ``resync_seconds`` otherwise.  A pass that
-raises is logged and retried; the loop itself never dies of a bad pass.
+raises is logged and retried; the loop itself never dies of a bad pass.  Every pass, ok or not,
+is reported to the optional :class:`~node_agent.metrics.AgentMetrics` and
+:class:`~node_agent.health.AgentHealth` (a pass *fails* when it raises or reports errors).
+
+:class:`KubeSpecSource` wakes the loop only for changes the agent must act on: a new
+``metadata.generation`` (spec change), or the object created, deleted or re-created (new uid).
+Its own status writes, and the API server replaying the current object at the start of a watch,
+do not wake it.
 """
 
 from __future__ import annotations
@@ -20,7 +27,10 @@ import contextlib
 import importlib
 import json
 import logging
+import math
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -36,6 +46,8 @@ from contract.nodepartitioning import (
     NodePartitioningStatus,
     ObjectMeta,
 )
+from node_agent.health import AgentHealth
+from node_agent.metrics import AgentMetrics
 from node_agent.reconciler import Reconciler, ReconcileResult
 
 __all__ = [
@@ -161,20 +173,39 @@ class FileSpecSource:
         self.status_path.write_text(json.dumps(status.model_dump(mode="json"), indent=2) + "\n")
 
 
+@dataclass(frozen=True, slots=True)
+class _Seen:
+    """Identity of the object as last read: a new uid or generation is a new spec."""
+
+    uid: str
+    generation: int
+    resource_version: str
+
+
 class KubeSpecSource:
     """The node's NodePartitioning through the Kubernetes API (in-cluster or kubeconfig).
 
-    ``get``: GET the cluster-scoped object; ``write_status``: PATCH its status subresource;
-    ``wait_change``: a watch on that one object (field selector ``metadata.name``) that returns
-    at the first event.  The blocking client runs in a worker thread.
+    * ``get``: GET the cluster-scoped object (``None`` on 404) and remember its uid, generation
+      and resourceVersion.
+    * ``write_status``: a merge PATCH of its ``status`` subresource.
+    * ``wait_change``: a watch on that one object (field selector ``metadata.name``, from the
+      resourceVersion last read, server timeout ``timeout``) that returns at the first event that
+      is a change for the agent (module docstring).  A watch that fails returns at ``timeout``
+      (so a broken API server does not spin the loop); ``410 Gone`` returns at once (re-read).
+
+    The blocking client runs in worker threads, each call bounded by ``request_timeout_s``.  A
+    watch that outlives ``timeout`` (kmock ignores ``timeoutSeconds``) or whose waiter is
+    cancelled has its socket shut down, so no thread is left reading.  ``api`` is a
+    ``kubernetes.client.CustomObjectsApi``.
     """
 
-    def __init__(self, name: str, api: Any | None = None) -> None:
+    def __init__(self, name: str, api: Any | None = None, *, request_timeout_s: float = 10.0):
         if not name:
             raise ValueError(
                 "node name is empty: set GPUSLICE_NODE_NAME (downward API spec.nodeName)"
             )
         self.name = name
+        self.request_timeout_s = request_timeout_s
         if api is None:
             kube: Any = importlib.import_module("kubernetes")
             try:
@@ -183,42 +214,140 @@ class KubeSpecSource:
                 kube.config.load_kube_config()
             api = kube.client.CustomObjectsApi()
         self._api = api
+        self._read = False
+        self._seen: _Seen | None = None
+        self._response: Any = None
+        self._interrupted = False
+        self.watch_events = 0
+        """Watch events received (for tests and debugging)."""
 
     async def get(self) -> NodePartitioning | None:
         def call() -> Any:
             from kubernetes.client.exceptions import ApiException
 
             try:
-                return self._api.get_cluster_custom_object(GROUP, VERSION, PLURAL, self.name)
+                return self._api.get_cluster_custom_object(
+                    GROUP, VERSION, PLURAL, self.name, _request_timeout=self.request_timeout_s
+                )
             except ApiException as e:
                 if e.status == 404:
                     return None
                 raise
 
         raw = await asyncio.to_thread(call)
-        return None if raw is None else NodePartitioning.model_validate(raw)
+        self._read = True
+        if raw is None:
+            self._seen = None
+            return None
+        obj = NodePartitioning.model_validate(raw)
+        meta = raw.get("metadata") or {}
+        self._seen = _Seen(
+            str(meta.get("uid", "")),
+            int(meta.get("generation") or 0),
+            str(meta.get("resourceVersion", "")),
+        )
+        return obj
+
+    def _is_change(self, event: Any) -> bool:
+        """Whether a watch event is news for the agent (see the module docstring)."""
+        self.watch_events += 1
+        obj = event.get("object") if isinstance(event, dict) else None
+        if not isinstance(obj, dict) or event.get("type") not in ("ADDED", "MODIFIED", "DELETED"):
+            return False
+        meta = obj.get("metadata") or {}
+        if meta.get("name") != self.name:
+            return False
+        if not self._read:
+            return True
+        seen = self._seen
+        if event["type"] == "DELETED":
+            return seen is not None and str(meta.get("uid", "")) == seen.uid
+        return seen is None or (
+            str(meta.get("uid", "")) != seen.uid
+            or int(meta.get("generation") or 0) != seen.generation
+        )
+
+    def _watch(self, timeout: float) -> None:
+        """Block until a change or ``timeout`` (raises on API errors other than 410 Gone)."""
+        from kubernetes.client.exceptions import ApiException
+        from kubernetes.watch.watch import iter_resp_lines
+
+        kwargs: dict[str, Any] = {
+            "field_selector": f"metadata.name={self.name}",
+            "timeout_seconds": max(1, math.ceil(timeout)),
+            # a server that ignores timeoutSeconds still ends the watch: by read timeout
+            "_request_timeout": (self.request_timeout_s, timeout + 1.0),
+        }
+        if self._seen is not None and self._seen.resource_version:
+            kwargs["resource_version"] = self._seen.resource_version
+        resp = self._api.list_cluster_custom_object(
+            GROUP, VERSION, PLURAL, watch=True, _preload_content=False, **kwargs
+        )
+        self._response = resp
+        try:
+            status = int(getattr(resp, "status", 200))
+            if status == 410 or self._interrupted:  # 410: our resourceVersion is too old
+                return
+            if not 200 <= status < 300:
+                raise ApiException(status=status, reason=f"watch answered HTTP {status}")
+            for line in iter_resp_lines(resp):
+                if not line:
+                    continue
+                event = json.loads(line)
+                if event.get("type") == "ERROR":
+                    err = event.get("object") or {}
+                    if err.get("code") == 410:
+                        return
+                    raise ApiException(status=err.get("code") or 500, reason=err.get("message"))
+                if self._is_change(event):
+                    return
+        finally:
+            self._response = None
+            resp.close()
+
+    def _interrupt(self) -> None:
+        """End a watch blocked in its worker thread (its socket is shut down)."""
+        self._interrupted = True
+        resp = self._response
+        if resp is not None:
+            with contextlib.suppress(Exception):
+                resp.shutdown()
 
     async def wait_change(self, timeout: float) -> None:
-        def call() -> None:
-            w: Any = importlib.import_module("kubernetes.watch").Watch()
-            for _event in w.stream(
-                self._api.list_cluster_custom_object,
-                GROUP,
-                VERSION,
-                PLURAL,
-                field_selector=f"metadata.name={self.name}",
-                timeout_seconds=max(1, int(timeout)),
-            ):
-                w.stop()
-                return
-
-        await asyncio.to_thread(call)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        self._interrupted = False
+        watch = asyncio.ensure_future(asyncio.to_thread(self._watch, timeout))
+        watch.add_done_callback(_retrieve)  # an interrupted watch's error is expected
+        try:
+            await asyncio.wait_for(asyncio.shield(watch), timeout + 0.25)
+        except TimeoutError:
+            self._interrupt()
+        except asyncio.CancelledError:
+            self._interrupt()  # the agent stops: do not leave a thread reading for `timeout`
+            raise
+        except Exception as e:  # API server unreachable or refusing: wait out the timeout
+            remaining = deadline - loop.time()
+            log.debug("watch on NodePartitioning %s failed: %s", self.name, e)
+            if remaining > 0:
+                await asyncio.sleep(remaining)
 
     async def write_status(self, status: NodePartitioningStatus) -> None:
         body = {"status": status.model_dump(mode="json")}
         await asyncio.to_thread(
-            self._api.patch_cluster_custom_object_status, GROUP, VERSION, PLURAL, self.name, body
+            self._api.patch_cluster_custom_object_status,
+            GROUP,
+            VERSION,
+            PLURAL,
+            self.name,
+            body,
+            _request_timeout=self.request_timeout_s,
         )
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 class Agent:
@@ -232,17 +361,39 @@ class Agent:
         resync_seconds: float = 30.0,
         retry_seconds: float = 2.0,
         clock: Callable[[], str] = now_rfc3339,
+        metrics: AgentMetrics | None = None,
+        health: AgentHealth | None = None,
     ) -> None:
         self.reconciler = reconciler
         self.source = source
         self.resync_seconds = resync_seconds
         self.retry_seconds = retry_seconds
         self._clock = clock
+        self.metrics = metrics
+        self.health = health
         self._written: dict[str, Any] | None = None
         self.passes = 0
         self.last: ReconcileResult | None = None
 
     async def run_once(self) -> ReconcileResult:
+        """One pass; its outcome goes to the metrics and health (if any), errors included."""
+        t0 = time.monotonic()
+        try:
+            generation, result = await self._pass()
+        except Exception as e:
+            if self.metrics is not None:
+                self.metrics.observe_failure(time.monotonic() - t0)
+            if self.health is not None:
+                self.health.record(False, f"{type(e).__name__}: {e}")
+            raise
+        t1 = time.monotonic()
+        if self.metrics is not None:
+            self.metrics.observe_pass(generation, result, t1 - t0, t1)
+        if self.health is not None:
+            self.health.record(not result.errors, "; ".join(result.errors))
+        return result
+
+    async def _pass(self) -> tuple[int, ReconcileResult]:
         obj = await self.source.get()
         spec = obj.spec if obj is not None else None
         generation = (obj.metadata.generation or 0) if obj is not None else 0
@@ -266,7 +417,7 @@ class Agent:
             {i: b.reason for i, b in result.blocks.items()},
             result.errors,
         )
-        return result
+        return generation, result
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         stop = stop or asyncio.Event()

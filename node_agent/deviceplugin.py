@@ -18,9 +18,12 @@ with the kubelet through ``v1beta1.Registration/Register`` on ``<plugin_dir>/kub
   advertise fails with ``NOT_FOUND`` naming it, an unhealthy one with ``FAILED_PRECONDITION``,
   MPS slices of different GPUs in one container with ``INVALID_ARGUMENT``.
 * ``GetPreferredAllocation`` (advertised in the options) answers with
-  :func:`preferred_allocation`: all ``must_include`` ids, then devices of the GPUs already chosen,
-  then whole GPUs that fit the rest (smallest first), else largest GPUs first; so a container's
-  devices span as few GPUs as possible (MPS slices of one container must share a GPU).
+  :func:`preferred_allocation`, grouping devices by their parent GPU
+  (:attr:`~node_agent.devices.AdvertisedDevice.gpu`: the physical GPU of a MIG instance or an MPS
+  slice): all ``must_include`` ids, then devices of the GPUs already chosen, then whole GPUs that
+  fit the rest (smallest first), else largest GPUs first; so a container's devices span as few
+  GPUs as possible (MPS slices of one container must share a GPU). An id the plugin does not
+  advertise counts as a GPU of its own.
 * ``PreStartContainer`` is not required (``pre_start_required=false``) and answers empty.
 
 A single reconcile task (started by :meth:`DevicePluginManager.start`) converges the running
@@ -34,7 +37,8 @@ socket and registered again. A failed or impossible registration (kubelet down, 
 retried on the next round, so the manager never needs the kubelet to be up first.
 
 ``set_devices`` is synchronous and cheap; it validates its input (resource names must have a
-domain other than ``kubernetes.io``, ids must be unique and at most 63 characters) and raises
+domain other than ``kubernetes.io``, ids must be unique and at most 63 characters, every device
+must name its parent GPU) and raises
 :class:`ValueError` naming the offending device before anything changes. Call it from any thread.
 """
 
@@ -54,12 +58,10 @@ import grpc.aio
 
 from node_agent.devices import (
     ENV_MPS_PIPE,
-    ENV_VISIBLE,
     MAX_DEVICE_ID_LEN,
     AdvertisedDevice,
     container_env,
 )
-from node_agent.devices import parse_mps_slice_id as _parse_mps_slice_id
 from node_agent.proto import deviceplugin_v1beta1_pb2 as pb
 from node_agent.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 
@@ -71,7 +73,6 @@ __all__ = [
     "UNHEALTHY",
     "DevicePluginManager",
     "PluginStatus",
-    "default_gpu_of",
     "plugin_socket_name",
     "preferred_allocation",
 ]
@@ -98,18 +99,6 @@ SocketIdentity = tuple[int, int, int]
 def plugin_socket_name(resource: str, prefix: str = "gpuslice") -> str:
     """Socket file name (inside the plugin directory) of the plugin serving ``resource``."""
     return f"{prefix}-{resource.replace('/', '_')}.sock"
-
-
-def default_gpu_of(device: AdvertisedDevice) -> str:
-    """The GPU a device lives on, as far as the device itself tells.
-
-    MPS slice ids name their GPU UUID; otherwise the device's ``NVIDIA_VISIBLE_DEVICES`` (the GPU
-    UUID for MPS, the MIG UUID for MIG: each MIG device then counts as its own GPU) or its id.
-    """
-    parsed = _parse_mps_slice_id(device.id)
-    if parsed is not None:
-        return parsed.gpu_uuid
-    return device.env.get(ENV_VISIBLE) or device.id
 
 
 def preferred_allocation(
@@ -184,6 +173,11 @@ def _validate(
                     f"device id {dev.id!r} of {resource!r} must have 1 to {MAX_DEVICE_ID_LEN} "
                     f"characters (kubelet limit)"
                 )
+            if not dev.gpu:
+                raise ValueError(
+                    f"device {dev.id!r} of {resource!r} names no parent GPU: set "
+                    f"AdvertisedDevice.gpu to the UUID of the GPU it lives on"
+                )
             if dev.id in seen:
                 raise ValueError(f"device id {dev.id!r} is listed twice under {resource!r}")
             seen.add(dev.id)
@@ -194,10 +188,9 @@ def _validate(
 class _ResourcePlugin:
     """One resource's DevicePlugin server, its current devices and its registration state."""
 
-    def __init__(self, resource: str, socket_path: str, gpu_of: Callable[[AdvertisedDevice], str]):
+    def __init__(self, resource: str, socket_path: str) -> None:
         self.resource = resource
         self.socket_path = socket_path
-        self.gpu_of = gpu_of
         self.devices: dict[str, AdvertisedDevice] = {}
         self.registered_with: SocketIdentity | None = None
         self.served_socket: SocketIdentity | None = None
@@ -298,7 +291,7 @@ class _ResourcePlugin:
     def prefer(self, req: pb.ContainerPreferredAllocationRequest) -> list[str]:
         def gpu_of(dev_id: str) -> str:
             dev = self.devices.get(dev_id)
-            return self.gpu_of(dev) if dev is not None else dev_id
+            return dev.gpu if dev is not None else dev_id
 
         return preferred_allocation(
             list(req.available_deviceIDs),
@@ -376,8 +369,7 @@ class DevicePluginManager:
     Arguments: ``plugin_dir`` holds ``kubelet.sock`` and the plugin sockets; ``socket_prefix``
     starts every plugin socket name; ``poll_interval_s`` bounds how late a kubelet restart is
     noticed (and a failed registration retried); ``register_timeout_s`` limits one ``Register``
-    call; ``gpu_of`` names the GPU of a device for ``GetPreferredAllocation`` (default
-    :func:`default_gpu_of`; pass a finer one to group MIG devices by their parent GPU).
+    call.
     """
 
     def __init__(
@@ -387,7 +379,6 @@ class DevicePluginManager:
         socket_prefix: str = "gpuslice",
         poll_interval_s: float = 1.0,
         register_timeout_s: float = 10.0,
-        gpu_of: Callable[[AdvertisedDevice], str] = default_gpu_of,
     ) -> None:
         if not os.path.isabs(plugin_dir):
             raise ValueError(
@@ -405,7 +396,6 @@ class DevicePluginManager:
         self.socket_prefix = socket_prefix
         self.poll_interval_s = poll_interval_s
         self.register_timeout_s = register_timeout_s
-        self._gpu_of = gpu_of
         self._desired: dict[str, list[AdvertisedDevice]] = {}
         self._plugins: dict[str, _ResourcePlugin] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -487,7 +477,7 @@ class DevicePluginManager:
         for resource, devices in list(self._desired.items()):
             plugin = self._plugins.get(resource)
             if plugin is None:
-                plugin = _ResourcePlugin(resource, self._socket_path(resource), self._gpu_of)
+                plugin = _ResourcePlugin(resource, self._socket_path(resource))
                 plugin.update(devices)
                 await plugin.serve()
                 self._plugins[resource] = plugin

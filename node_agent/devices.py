@@ -15,6 +15,10 @@ is turned, by a pure function, into advertised devices grouped by extended-resou
   container sees exactly that one GPU; :func:`container_env` re-indexes when a container gets
   slices of several GPUs.
 
+Every device also names its parent GPU (:attr:`AdvertisedDevice.gpu`, the physical GPU's UUID,
+for MIG instances and MPS slices alike), so ``GetPreferredAllocation`` can keep a container's
+devices on as few GPUs as possible without parsing device ids.
+
 Device ids must be unique per node and at most 63 characters (kubelet limit).
 """
 
@@ -60,6 +64,8 @@ class AdvertisedDevice:
     """Unique device id (MIG UUID, or an MPS slice id)."""
     resource: str
     """Extended resource name, e.g. ``nvidia.com/mig-1g.10gb`` or ``nvidia.com/gpu-10gb``."""
+    gpu: str
+    """UUID of the physical GPU the device lives on (the parent GPU of a MIG instance)."""
     healthy: bool
     """``Healthy`` in ListAndWatch; only healthy devices are allocatable."""
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
@@ -136,6 +142,7 @@ def advertised_devices(
     out: dict[str, list[AdvertisedDevice]] = {}
     bad = set(unhealthy)
     for gpu in sorted(gpus, key=lambda g: g.index):
+        parent = gpu.uuid or f"gpu{gpu.index}"  # the UUID; the index if NVML gave none
         for inst in gpu.mig:
             if not inst.deviceId:
                 continue
@@ -145,7 +152,7 @@ def advertised_devices(
                 mig_env[ENV_MPS_PIPE] = mps_pipe_directory(mps_pipe_root, gpu.index, inst.start)
             env = MappingProxyType(mig_env)
             out.setdefault(res, []).append(
-                AdvertisedDevice(inst.deviceId, res, inst.deviceId not in bad, env)
+                AdvertisedDevice(inst.deviceId, res, parent, inst.deviceId not in bad, env)
             )
         pipe = mps_pipe_directory(mps_pipe_root, gpu.index)
         for sl in gpu.mps:
@@ -161,7 +168,7 @@ def advertised_devices(
                 }
             )
             out.setdefault(res, []).append(
-                AdvertisedDevice(sl.deviceId, res, sl.deviceId not in bad, env)
+                AdvertisedDevice(sl.deviceId, res, parent, sl.deviceId not in bad, env)
             )
     return {r: sorted(ds, key=lambda d: d.id) for r, ds in sorted(out.items())}
 

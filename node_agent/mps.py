@@ -17,7 +17,12 @@ whose GPU still has a slice in use: that would kill the pod's CUDA context.
   ``CUDA_VISIBLE_DEVICES``, ``CUDA_MPS_PIPE_DIRECTORY`` and ``CUDA_MPS_LOG_DIRECTORY`` set, then
   ``set_default_active_thread_percentage``; liveness is ``get_server_list`` answering; stop is
   ``quit``.  Commands go through an injectable runner so the logic is unit-testable.
-* :class:`FakeSupervisor` keeps the set of running keys in memory, with failure knobs.
+* :class:`FakeSupervisor` keeps the set of running keys in memory, with failure knobs.  Given
+  the node's :class:`~node_agent.nvml_fake.FakeNvml`, it refuses to start a whole-GPU daemon
+  unless that GPU is in compute mode ``EXCLUSIVE_PROCESS``, the mode MPS is run in
+  (facts/mig.md), so tests catch a reconciler that forgets to set it.  Hybrid daemons (one per
+  MIG instance, ``device_uuid`` a MIG UUID) are not checked: the compute mode is a whole-GPU
+  setting.
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from node_agent.nvml import ComputeMode
+from node_agent.nvml_fake import FakeNvml
 
 __all__ = [
     "FakeSupervisor",
@@ -138,11 +146,15 @@ class MpsControlSupervisor:
 
 @dataclass
 class FakeSupervisor:
-    """In-memory supervisor: ``fail_next`` start attempts fail; :meth:`kill` simulates a crash."""
+    """In-memory supervisor: ``fail_next`` start attempts fail; :meth:`kill` simulates a crash.
+
+    With ``nvml`` set, starting a daemon for a GPU of that fake whose compute mode is not
+    ``EXCLUSIVE_PROCESS`` fails (see the module docstring)."""
 
     daemons: dict[str, MpsDaemonSpec] = field(default_factory=dict)
     fail_next: int = 0
     starts: int = 0
+    nvml: FakeNvml | None = None
 
     def ensure(self, spec: MpsDaemonSpec) -> None:
         if spec.key in self.daemons:
@@ -150,6 +162,18 @@ class FakeSupervisor:
         if self.fail_next > 0:
             self.fail_next -= 1
             raise MpsError(f"MPS daemon {spec.key}: injected start failure")
+        if self.nvml is not None:
+            try:
+                gpu = self.nvml.gpu_index_of(spec.device_uuid)
+            except KeyError:
+                gpu = None  # a MIG device (hybrid mode): no compute mode of its own
+            if gpu is not None:
+                mode = self.nvml.compute_mode(gpu)
+                if mode != ComputeMode.EXCLUSIVE_PROCESS:
+                    raise MpsError(
+                        f"MPS daemon {spec.key}: GPU {gpu} is in compute mode {mode.name}; "
+                        f"set it to EXCLUSIVE_PROCESS before starting MPS"
+                    )
         self.starts += 1
         self.daemons[spec.key] = spec
 

@@ -10,8 +10,13 @@ agent creates holds exactly one full-size CI with the SHARED engine profile, and
 
 The operations and their driver rules (both adapters must behave alike):
 
-* :meth:`Nvml.gpus` -- index, UUID, name, PCI device id, memory, current MIG mode.
+* :meth:`Nvml.gpus` -- index, UUID, name, PCI device id, memory, current MIG mode, compute mode.
 * :meth:`Nvml.set_mig_mode` -- only on an idle GPU (no GI, no process), else ``IN_USE``.
+* :meth:`Nvml.set_compute_mode` -- ``nvmlDeviceSetComputeMode`` (root).  MPS wants its GPU in
+  ``EXCLUSIVE_PROCESS`` before the control daemon starts, so that only the MPS server opens a
+  context on it (facts/mig.md).  The mode does not survive a reboot or driver reload.  The
+  driver applies it to contexts created afterwards; the reconciler therefore changes it only on
+  a GPU without processes.
 * :meth:`Nvml.gpu_instances` -- every GI with its profile id, placement and CI ids.
 * :meth:`Nvml.create_gpu_instance` -- at an exact placement; an occupied placement or an
   exhausted profile fails with ``INSUFFICIENT_RESOURCES``; a start the profile does not allow
@@ -33,6 +38,7 @@ from enum import IntEnum
 from typing import Protocol
 
 __all__ = [
+    "ComputeMode",
     "GpuInfo",
     "GpuInstanceInfo",
     "MigDevice",
@@ -96,6 +102,19 @@ class NvmlError(Exception):
         super().__init__(f"{text} ({detail})" if detail else text)
 
 
+class ComputeMode(IntEnum):
+    """GPU compute modes (values identical to ``pynvml.NVML_COMPUTEMODE_*``)."""
+
+    DEFAULT = 0
+    """Any number of contexts, from any processes."""
+    EXCLUSIVE_THREAD = 1
+    """Deprecated."""
+    PROHIBITED = 2
+    """No compute context at all."""
+    EXCLUSIVE_PROCESS = 3
+    """One context (one process, e.g. the MPS server) at a time."""
+
+
 @dataclass(frozen=True, slots=True)
 class GpuInfo:
     """One physical GPU as NVML reports it."""
@@ -110,6 +129,8 @@ class GpuInfo:
     mig_enabled: bool
     """Current MIG mode."""
     mig_capable: bool = True
+    compute_mode: ComputeMode = ComputeMode.DEFAULT
+    """``nvmlDeviceGetComputeMode``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +161,8 @@ class Nvml(Protocol):
     def gpus(self) -> list[GpuInfo]: ...
 
     def set_mig_mode(self, gpu: int, enabled: bool) -> None: ...
+
+    def set_compute_mode(self, gpu: int, mode: ComputeMode) -> None: ...
 
     def gpu_instances(self, gpu: int) -> list[GpuInstanceInfo]: ...
 

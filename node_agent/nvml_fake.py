@@ -20,11 +20,15 @@ create CI on a GI that already has one      ``INSUFFICIENT_RESOURCES``
 destroy CI with processes on it             ``IN_USE``
 destroy GI that still has CIs               ``IN_USE``
 set MIG mode with GIs or processes          ``IN_USE``
+set compute mode on an unknown GPU          ``INVALID_ARGUMENT``
 unknown GPU index / GI id / CI id           ``INVALID_ARGUMENT`` / ``NOT_FOUND``
 ==========================================  ==========================================
 
 GI ids are the smallest free id (the driver reuses ids too); every CI gets a fresh MIG UUID.
-:meth:`FakeNvml.reboot` drops every instance and process (MIG instances never survive a reboot).
+The compute mode (``DEFAULT`` at start) can be set at any time: the driver applies it to
+contexts created afterwards.  :meth:`FakeNvml.reboot` drops every instance and process (MIG
+instances never survive a reboot) and resets the compute mode to ``DEFAULT``.  Whether MPS may
+start on a GPU in the wrong mode is :class:`node_agent.mps.FakeSupervisor`'s to enforce.
 
 Fault injection
 ---------------
@@ -43,7 +47,14 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from node_agent.nvml import GpuInfo, GpuInstanceInfo, MigDevice, NvmlError, NvmlErrorCode
+from node_agent.nvml import (
+    ComputeMode,
+    GpuInfo,
+    GpuInstanceInfo,
+    MigDevice,
+    NvmlError,
+    NvmlErrorCode,
+)
 from planner.catalog import GpuModel, MigProfile
 
 __all__ = ["FakeNvml", "Fault"]
@@ -53,6 +64,7 @@ Hook = Callable[[str, tuple[int, ...]], None]
 OPS = (
     "gpus",
     "set_mig_mode",
+    "set_compute_mode",
     "gpu_instances",
     "create_gpu_instance",
     "create_compute_instance",
@@ -95,6 +107,7 @@ class _Gpu:
     uuid: str
     mig_enabled: bool
     gis: dict[int, _Gi] = field(default_factory=dict)
+    compute_mode: ComputeMode = ComputeMode.DEFAULT
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +213,7 @@ class FakeNvml:
                 memory_mib=g.model.memory_mib,
                 mig_enabled=g.mig_enabled,
                 mig_capable=g.model.mig_capable,
+                compute_mode=g.compute_mode,
             )
             for g in self._gpus
         ]
@@ -218,6 +232,12 @@ class FakeNvml:
                     NvmlErrorCode.IN_USE, op, f"GPU {gpu} has GPU instances or processes"
                 )
             g.mig_enabled = enabled
+        self._leave(op)
+
+    def set_compute_mode(self, gpu: int, mode: ComputeMode) -> None:
+        op = "set_compute_mode"
+        self._enter(op, gpu, int(mode))
+        self._gpu(op, gpu).compute_mode = ComputeMode(mode)
         self._leave(op)
 
     def gpu_instances(self, gpu: int) -> list[GpuInstanceInfo]:
@@ -365,6 +385,7 @@ class FakeNvml:
         self._procs.clear()
         for g in self._gpus:
             g.gis.clear()
+            g.compute_mode = ComputeMode.DEFAULT
 
     def uuid_of(self, gpu: int, gi_id: int, ci_id: int = 0) -> str:
         return self._gi("uuid_of", self._gpu("uuid_of", gpu), gi_id).cis[ci_id]
@@ -406,6 +427,9 @@ class FakeNvml:
             (gi.gi_id, gi.profile, gi.start, tuple(gi.cis.values()))
             for gi in sorted(g.gis.values(), key=lambda x: x.start)
         ]
+
+    def compute_mode(self, gpu: int) -> ComputeMode:
+        return self._gpu("compute_mode", gpu).compute_mode
 
     def gpu_uuid(self, gpu: int) -> str:
         return self._gpu("gpu_uuid", gpu).uuid

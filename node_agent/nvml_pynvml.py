@@ -5,7 +5,8 @@ Model
 A thin translation of :class:`node_agent.nvml.Nvml` into driver calls; no policy lives here.
 
 * GPUs: ``nvmlDeviceGetCount`` / ``GetHandleByIndex`` / ``GetUUID`` / ``GetName`` /
-  ``GetPciInfo`` (``pciDeviceId >> 16`` is the device id) / ``GetMemoryInfo`` / ``GetMigMode``.
+  ``GetPciInfo`` (``pciDeviceId >> 16`` is the device id) / ``GetMemoryInfo`` / ``GetMigMode`` /
+  ``GetComputeMode``; ``nvmlDeviceSetComputeMode`` sets it (``NVML_COMPUTEMODE_*``).
 * GPU instances are enumerated per profile: for every profile index ``0 ..
   NVML_GPU_INSTANCE_PROFILE_COUNT`` the profile info (``NOT_SUPPORTED`` skipped) gives the
   profile id and the maximum count, then ``nvmlDeviceGetGpuInstances(h, id, array, byref(n))``
@@ -31,7 +32,14 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, TypeVar
 
-from node_agent.nvml import GpuInfo, GpuInstanceInfo, MigDevice, NvmlError, NvmlErrorCode
+from node_agent.nvml import (
+    ComputeMode,
+    GpuInfo,
+    GpuInstanceInfo,
+    MigDevice,
+    NvmlError,
+    NvmlErrorCode,
+)
 
 __all__ = ["PynvmlAdapter"]
 
@@ -89,6 +97,7 @@ class PynvmlAdapter:
                 if int(e.value) != NvmlErrorCode.NOT_SUPPORTED:
                     raise NvmlError(NvmlErrorCode.of(int(e.value)), "gpus", str(e)) from e
                 current, capable = 0, False
+            mode = self._call("gpus", m.nvmlDeviceGetComputeMode, h)
             out.append(
                 GpuInfo(
                     index=i,
@@ -98,9 +107,15 @@ class PynvmlAdapter:
                     memory_mib=int(mem.total) // (1024 * 1024),
                     mig_enabled=current == m.NVML_DEVICE_MIG_ENABLE,
                     mig_capable=capable,
+                    compute_mode=ComputeMode(int(mode)),
                 )
             )
         return out
+
+    def set_compute_mode(self, gpu: int, mode: ComputeMode) -> None:
+        self._call(
+            "set_compute_mode", self._m.nvmlDeviceSetComputeMode, self._handle(gpu), int(mode)
+        )
 
     def set_mig_mode(self, gpu: int, enabled: bool) -> None:
         m = self._m

@@ -18,6 +18,9 @@ A pass (:meth:`Reconciler.reconcile`) is a pure function of what it reads, not o
    new MPS slice table.  The first NVML error stops that GPU for this pass; other GPUs go on.
 5. **MPS daemons**: one per GPU with MPS slices, one per MIG instance on hybrid GPUs; daemons no
    longer wanted are stopped (never one whose slices or instance are in use: those are wanted).
+   Before a whole-GPU daemon starts, the GPU is put in compute mode ``EXCLUSIVE_PROCESS`` -- only
+   while no process runs on it; otherwise the daemon waits (error, slices Unhealthy).  A GPU
+   that goes back to MIG gets compute mode ``DEFAULT`` again, just before MIG mode is enabled.
 6. **re-read** the hardware, build the status (:func:`node_agent.status.build_status`) and the
    advertised devices (:func:`node_agent.devices.advertised_devices`) and publish them.
 
@@ -52,7 +55,7 @@ from node_agent.gpu_plan import (
     plan_gpu,
 )
 from node_agent.mps import MpsDaemonSpec, MpsError, ProcessSupervisor
-from node_agent.nvml import GpuInfo, Nvml, NvmlError
+from node_agent.nvml import ComputeMode, GpuInfo, Nvml, NvmlError
 from node_agent.status import actual_gpus, build_status
 from planner.catalog import Catalog, CatalogError, GpuModel
 
@@ -271,6 +274,9 @@ class Reconciler:
             if plan.mig_mode is not None:
                 if plan.mig_mode:
                     self._supervisor.stop(mps_key(g))
+                    if obs.info.compute_mode != ComputeMode.DEFAULT:  # idle: MIG needs it
+                        nv.set_compute_mode(g, ComputeMode.DEFAULT)
+                        ops += 1
                 nv.set_mig_mode(g, plan.mig_mode)
                 ops += 1
             for inst in plan.create_ci:
@@ -291,14 +297,18 @@ class Reconciler:
 
     def _sync_daemons(
         self, spec: NodePartitioningSpec | None, observed: list[ObservedGpu], errors: list[str]
-    ) -> set[str]:
-        """Run the wanted MPS daemons, stop the others; return the ids of unhealthy devices."""
+    ) -> tuple[set[str], int]:
+        """Run the wanted MPS daemons, stop the others.
+
+        Returns the ids of unhealthy devices and the number of NVML calls made (compute mode)."""
         hybrid = _hybrid_gpus(spec)
         wanted: dict[str, MpsDaemonSpec] = {}
+        whole_gpu: dict[str, ObservedGpu] = {}
         for g in observed:
             i = g.info.index
             if not g.info.mig_enabled and g.slices:
                 wanted[mps_key(i)] = self._daemon(mps_key(i), g.info.uuid, i, None)
+                whole_gpu[mps_key(i)] = g
             if i in hybrid:
                 for inst in g.instances:
                     if inst.uuid:
@@ -309,13 +319,37 @@ class Reconciler:
             if not _daemon_in_use(key, observed):  # never kill the MPS clients of a pod
                 self._supervisor.stop(key)
         unhealthy: set[str] = set()
+        ops = 0
         for key, d in sorted(wanted.items()):
+            gpu = whole_gpu.get(key)
+            if gpu is not None and key not in running:
+                try:
+                    ops += self._exclusive_process(gpu)
+                except (NvmlError, MpsError) as e:
+                    errors.append(str(e))
+                    unhealthy |= _devices_of_daemon(key, observed)
+                    continue
             try:
                 self._supervisor.ensure(d)
             except MpsError as e:
                 errors.append(str(e))
                 unhealthy |= _devices_of_daemon(key, observed)
-        return unhealthy
+        return unhealthy, ops
+
+    def _exclusive_process(self, g: ObservedGpu) -> int:
+        """Put an MPS GPU whose daemon is down in compute mode EXCLUSIVE_PROCESS, if idle."""
+        mode = g.info.compute_mode
+        if mode == ComputeMode.EXCLUSIVE_PROCESS:
+            return 0
+        i = g.info.index
+        if g.gpu_processes:
+            raise MpsError(
+                f"GPU {i}: MPS needs compute mode EXCLUSIVE_PROCESS but the GPU is in "
+                f"{mode.name} with {g.gpu_processes} process(es) running; the daemon starts "
+                "once they have ended"
+            )
+        self._nvml.set_compute_mode(i, ComputeMode.EXCLUSIVE_PROCESS)
+        return 1
 
     def _daemon(self, key: str, uuid: str, gpu: int, mig_start: int | None) -> MpsDaemonSpec:
         return MpsDaemonSpec(
@@ -389,7 +423,8 @@ class Reconciler:
             except NvmlError as e:
                 errors.append(f"re-reading GPUs: {e}")
                 return self._failed_read(spec, generation, previous, now, errors, ops)
-        unhealthy = self._sync_daemons(spec, observed, errors)
+        unhealthy, mode_ops = self._sync_daemons(spec, observed, errors)
+        ops += mode_ops
         actual = actual_gpus(observed)
         devices = self._devices(spec, actual, unhealthy)
         # a GPU whose MPS slice table is unknown (restart + PodResources down) would be

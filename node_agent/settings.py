@@ -3,7 +3,9 @@
 ``node_name`` comes from ``GPUSLICE_NODE_NAME`` (the DaemonSet sets it from the downward API,
 ``spec.nodeName``); the agent watches the NodePartitioning of that name.  Lists
 (``catalog_files``) are comma-separated in the environment.  One port serves ``/metrics`` and
-``/healthz`` (default 8082, so it does not clash with the partitioner's 8080/8081).
+``/healthz`` (default 8082, so it does not clash with the partitioner's 8080/8081); ``/healthz``
+turns unhealthy when reconcile passes have failed, or none has finished, for longer than
+``health_failure_resyncs`` x ``resync_seconds`` (:mod:`node_agent.health`).
 """
 
 from __future__ import annotations
@@ -49,6 +51,11 @@ class AgentSettings(BaseSettings):
     )
     metrics_port: int = Field(
         8082, ge=0, le=65535, description="Port of /metrics and /healthz (0: disabled)."
+    )
+    health_failure_resyncs: int = Field(
+        3,
+        ge=1,
+        description="/healthz fails after passes failed (or none ran) this many resyncs long.",
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         "INFO", description="Log level."

@@ -39,11 +39,11 @@ def mig_uuid(n: int) -> str:
     return f"MIG-{n:08d}-aaaa-bbbb-cccc-000000000000"
 
 
-def mig_gpu(*instances: tuple[str, int, int]) -> ActualGpu:
-    """A MIG GPU 0 with (profile, start, uuid number) instances."""
+def mig_gpu(*instances: tuple[str, int, int], index: int = 0, uuid: str = GPU0) -> ActualGpu:
+    """A MIG GPU (default: GPU 0) with (profile, start, uuid number) instances."""
     return ActualGpu(
-        index=0,
-        uuid=GPU0,
+        index=index,
+        uuid=uuid,
         model="H100-80GB",
         migEnabled=True,
         mig=[ActualMigInstance(profile=p, start=s, deviceId=mig_uuid(n)) for p, s, n in instances],
@@ -250,6 +250,46 @@ async def test_get_preferred_allocation_same_gpu_and_must_include(
     assert picked[:2] == [g0[0], g0[1]] and picked[2] in g1
 
 
+async def test_get_preferred_allocation_groups_mig_devices_by_parent_gpu(
+    kubelet: FakeKubelet, manager: DevicePluginManager
+) -> None:
+    # MIG UUIDs say nothing about their GPU, and their order interleaves the two GPUs
+    gpus = [
+        mig_gpu(("1g.10gb", 0, 1), ("1g.10gb", 1, 3)),
+        mig_gpu(("1g.10gb", 0, 2), ("1g.10gb", 1, 4), ("1g.10gb", 2, 6), index=1, uuid=GPU1),
+    ]
+    devices = advertised_devices(gpus, mps_pipe_root=PIPE_ROOT)
+    assert {d.id: d.gpu for d in devices[MIG_1G]} == {
+        mig_uuid(1): GPU0,
+        mig_uuid(3): GPU0,
+        mig_uuid(2): GPU1,
+        mig_uuid(4): GPU1,
+        mig_uuid(6): GPU1,
+    }
+    manager.set_devices(devices)
+    gpu0, gpu1 = [mig_uuid(1), mig_uuid(3)], [mig_uuid(2), mig_uuid(4), mig_uuid(6)]
+    await registered(kubelet, MIG_1G, dict.fromkeys(gpu0 + gpu1, "Healthy"))
+    conn = kubelet.registered(MIG_1G)
+    assert conn is not None
+    everything = sorted(gpu0 + gpu1)
+
+    # 2 fit on either GPU: the smaller one (GPU0), not the first two ids (which span both)
+    assert sorted(await conn.preferred(everything, [], 2)) == gpu0
+    # 3 fit only on GPU1
+    assert sorted(await conn.preferred(everything, [], 3)) == gpu1
+    # a GPU1 device must be included: the second one comes from GPU1 as well
+    picked = await conn.preferred(everything, [mig_uuid(4)], 2)
+    assert picked[0] == mig_uuid(4) and picked[1] in gpu1
+    # 4 devices: all of GPU1 first (largest group), then one of GPU0
+    picked = await conn.preferred(everything, [], 4)
+    assert sorted(picked[:3]) == gpu1 and picked[3] in gpu0
+    # an id the plugin does not advertise is a GPU of its own: the rest is a best fit
+    assert await conn.preferred([*everything, "MIG-unknown"], ["MIG-unknown"], 2) == [
+        "MIG-unknown",
+        mig_uuid(1),
+    ]
+
+
 async def test_reregisters_after_kubelet_restart(
     kubelet: FakeKubelet, manager: DevicePluginManager, plugin_dir: str
 ) -> None:
@@ -334,8 +374,8 @@ async def test_stop_ends_streams_and_removes_sockets(kubelet: FakeKubelet, plugi
     assert os.listdir(plugin_dir) == ["kubelet.sock"]
 
 
-def dev(resource: str, dev_id: str) -> AdvertisedDevice:
-    return AdvertisedDevice(id=dev_id, resource=resource, healthy=True, env={})
+def dev(resource: str, dev_id: str, gpu: str = GPU0) -> AdvertisedDevice:
+    return AdvertisedDevice(id=dev_id, resource=resource, gpu=gpu, healthy=True, env={})
 
 
 @pytest.mark.parametrize(
@@ -346,6 +386,7 @@ def dev(resource: str, dev_id: str) -> AdvertisedDevice:
         ({MIG_1G: [dev(MIG_3G, "a")]}, "has resource 'nvidia.com/mig-3g.40gb'"),
         ({MIG_1G: [dev(MIG_1G, "x" * 64)]}, "1 to 63 characters"),
         ({MIG_1G: [dev(MIG_1G, "a"), dev(MIG_1G, "a")]}, "listed twice"),
+        ({MIG_1G: [dev(MIG_1G, "a", gpu="")]}, "names no parent GPU"),
     ],
 )
 def test_set_devices_rejects_bad_input(

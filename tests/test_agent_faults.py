@@ -36,7 +36,7 @@ SEQUENCES = int(os.environ.get("GPUSLICE_FAULT_SEQUENCES", "10000"))
 CAT = default_catalog()
 MIG_MODELS = [CAT.model(n) for n in ("A100-SXM4-80GB", "H100-80GB", "A30", "A100-SXM4-40GB")]
 MPS_ONLY = CAT.model("V100-32GB")
-MUTATING = ("set_mig_mode", "create_gpu_instance", "create_compute_instance",
+MUTATING = ("set_mig_mode", "set_compute_mode", "create_gpu_instance", "create_compute_instance",
             "destroy_compute_instance", "destroy_gpu_instance")  # fmt: skip
 CODES = (NvmlErrorCode.UNKNOWN, NvmlErrorCode.TIMEOUT, NvmlErrorCode.IN_USE,
          NvmlErrorCode.INSUFFICIENT_RESOURCES, NvmlErrorCode.GPU_IS_LOST)  # fmt: skip
@@ -265,7 +265,7 @@ async def run_sequence(seed: int, st: Stats) -> None:
     nv = FakeNvml(models, mig_enabled=rng.random() < 0.5, rng=random.Random(~seed))
     kube = Kubelet(rng, nv)
     nv.hooks.append(kube.hook)
-    sup = FakeSupervisor()
+    sup = FakeSupervisor(nvml=nv)  # MPS daemons start only in EXCLUSIVE_PROCESS
 
     def new_agent() -> Reconciler:
         return Reconciler(nv, kube, sup, CAT, publish=kube.set_devices)

@@ -18,7 +18,7 @@ import pytest
 
 from contract.nodepartitioning import NodePartitioningSpec
 from node_agent.mps import FakeSupervisor
-from node_agent.nvml import NvmlError, NvmlErrorCode
+from node_agent.nvml import ComputeMode, NvmlError, NvmlErrorCode
 from node_agent.nvml_fake import FakeNvml
 from node_agent.nvml_pynvml import PynvmlAdapter
 from node_agent.reconciler import Reconciler
@@ -44,7 +44,12 @@ class FakePynvml:
         self.log: list[str] = []
         for name in dir(pynvml):
             if name.startswith(
-                ("NVML_DEVICE_MIG", "NVML_GPU_INSTANCE_PROFILE", "NVML_COMPUTE_INSTANCE")
+                (
+                    "NVML_DEVICE_MIG",
+                    "NVML_GPU_INSTANCE_PROFILE",
+                    "NVML_COMPUTE_INSTANCE",
+                    "NVML_COMPUTEMODE",
+                )
             ):
                 setattr(self, name, getattr(pynvml, name))
 
@@ -84,6 +89,14 @@ class FakePynvml:
     def nvmlDeviceSetMigMode(self, h: Any, mode: int) -> int:
         self._do(self.nv.set_mig_mode, h[1], mode == pynvml.NVML_DEVICE_MIG_ENABLE)
         return 0
+
+    def nvmlDeviceGetComputeMode(self, h: Any) -> int:
+        return int(self._info(h).compute_mode)
+
+    def nvmlDeviceSetComputeMode(self, h: Any, mode: int) -> None:
+        assert isinstance(mode, int) and 0 <= mode < pynvml.NVML_COMPUTEMODE_COUNT
+        self.log.append(f"compute mode {mode}")
+        self._do(self.nv.set_compute_mode, h[1], ComputeMode(mode))
 
     def nvmlDeviceGetName(self, h: Any) -> bytes:
         return str(self._info(h).name).encode()
@@ -275,3 +288,41 @@ def test_reconciler_over_the_adapter_destroys_ci_before_gi_and_applies() -> None
     for k in (0, 2):  # each instance: its CI, then its GI
         assert destroys[k].startswith("destroy CI") and destroys[k + 1].startswith("destroy GI")
         assert destroys[k].split()[-1] == destroys[k + 1].split()[-1]
+
+
+def test_compute_mode_is_read_and_set_with_nvml_constants() -> None:
+    nv, mod, ad = make("A100-SXM4-80GB", "V100-32GB")
+    assert [g.compute_mode for g in ad.gpus()] == [ComputeMode.DEFAULT, ComputeMode.DEFAULT]
+    ad.set_compute_mode(1, ComputeMode.EXCLUSIVE_PROCESS)
+    assert mod.log[-1] == f"compute mode {pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS}"
+    assert nv.compute_mode(1) == ComputeMode.EXCLUSIVE_PROCESS
+    assert [g.compute_mode for g in ad.gpus()] == [
+        ComputeMode.DEFAULT,
+        ComputeMode.EXCLUSIVE_PROCESS,
+    ]
+    assert {m.name: int(m) for m in ComputeMode} == {
+        n.removeprefix("NVML_COMPUTEMODE_"): v
+        for n, v in vars(pynvml).items()
+        if n.startswith("NVML_COMPUTEMODE_") and n != "NVML_COMPUTEMODE_COUNT"
+    }
+    nv.inject("set_compute_mode", NvmlErrorCode.NO_PERMISSION)
+    with pytest.raises(NvmlError) as e:
+        ad.set_compute_mode(0, ComputeMode.EXCLUSIVE_PROCESS)
+    assert e.value.code == NvmlErrorCode.NO_PERMISSION and e.value.op == "set_compute_mode"
+
+
+def test_mps_over_the_adapter_sets_exclusive_process_before_the_daemon() -> None:
+    nv, mod, ad = make("A30")
+
+    class NoPods:
+        async def in_use_device_ids(self) -> set[str]:
+            return set()
+
+    sup = FakeSupervisor(nvml=nv)
+    rec = Reconciler(ad, NoPods(), sup, CAT)
+    spec = NodePartitioningSpec.model_validate(
+        {"mode": "mps", "gpus": [{"index": 0, "mps": [{"memoryMiB": 4096, "activeThreadPercentage": 25}]}]}
+    )  # fmt: skip
+    assert asyncio.run(rec.reconcile(spec, 1)).applied
+    assert f"compute mode {pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS}" in mod.log
+    assert sup.running() == {"gpu0"}

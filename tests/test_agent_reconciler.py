@@ -22,7 +22,7 @@ from node_agent.devices import (
     parse_mps_slice_id,
 )
 from node_agent.mps import FakeSupervisor, MpsControlSupervisor, MpsDaemonSpec, MpsError
-from node_agent.nvml import NvmlErrorCode
+from node_agent.nvml import ComputeMode, NvmlErrorCode
 from node_agent.nvml_fake import FakeNvml
 from node_agent.reconciler import Reconciler, ReconcileResult
 from planner.catalog import default_catalog
@@ -49,7 +49,7 @@ class Node:
     def __init__(self, *models: str, mig: bool = False) -> None:
         self.nv = FakeNvml([CAT.model(m) for m in models], mig_enabled=mig)
         self.pods = Pods()
-        self.sup = FakeSupervisor()
+        self.sup = FakeSupervisor(nvml=self.nv)  # MPS starts only in EXCLUSIVE_PROCESS
         self.published: list[dict[str, list[AdvertisedDevice]]] = []
         self.agent = self.restart()
 
@@ -255,6 +255,55 @@ def test_mps_daemon_failure_marks_slices_unhealthy_then_recovers() -> None:
     assert not res.applied and not res.devices["nvidia.com/gpu-4gb"][0].healthy
     res = node.run(mps_spec((4096, 16)))
     assert res.applied and res.devices["nvidia.com/gpu-4gb"][0].healthy
+
+
+def test_mps_gpu_is_set_exclusive_process_only_while_idle_and_back_to_default_for_mig() -> None:
+    node = Node("A100-SXM4-80GB")
+    mode_calls: list[tuple[int, int]] = []  # (mode, processes on the GPU at the call)
+    node.nv.hooks.append(
+        lambda op, args: (
+            mode_calls.append((args[1], node.nv.processes_on(args[0])))
+            if op == "set_compute_mode"
+            else None
+        )
+    )
+    stray = node.nv.start_process(0)  # something runs on the GPU outside MPS
+    res = node.run(mps_spec((10240, 50)))
+    assert not res.applied and node.sup.running() == set() and mode_calls == []
+    assert "EXCLUSIVE_PROCESS" in res.status.lastError and "1 process(es)" in res.status.lastError
+    assert [d.healthy for d in res.devices["nvidia.com/gpu-10gb"]] == [False]
+    assert node.nv.compute_mode(0) == ComputeMode.DEFAULT
+
+    node.nv.stop_process(stray)
+    res = node.run(mps_spec((10240, 50)))
+    assert res.applied and node.sup.running() == {"gpu0"}
+    assert node.nv.compute_mode(0) == ComputeMode.EXCLUSIVE_PROCESS
+    assert mode_calls == [(ComputeMode.EXCLUSIVE_PROCESS, 0)]
+    assert node.run(mps_spec((10240, 50))).operations == 0  # set once, not every pass
+
+    node.nv.reboot()  # compute mode and daemons are gone: both come back
+    node.sup.kill("gpu0")
+    res = node.run(mps_spec((10240, 50)))
+    assert res.applied and node.nv.compute_mode(0) == ComputeMode.EXCLUSIVE_PROCESS
+
+    res = node.run(mig_spec(("7g.80gb", 0)), gen=2)  # back to MIG: DEFAULT before MIG mode on
+    assert res.applied and node.nv.compute_mode(0) == ComputeMode.DEFAULT
+    assert mode_calls[-1] == (ComputeMode.DEFAULT, 0)
+
+
+def test_fake_supervisor_refuses_mps_outside_exclusive_process() -> None:
+    nv = FakeNvml([A100])
+    sup = FakeSupervisor(nvml=nv)
+    spec = MpsDaemonSpec("gpu0", nv.gpu_uuid(0), "/run/mps/gpu0", "/var/log/mps/gpu0")
+    with pytest.raises(MpsError, match="compute mode DEFAULT"):
+        sup.ensure(spec)
+    nv.set_compute_mode(0, ComputeMode.EXCLUSIVE_PROCESS)
+    sup.ensure(spec)
+    assert sup.running() == {"gpu0"}
+    # hybrid daemons serve a MIG device: the GPU's compute mode is not theirs to check
+    nv.set_compute_mode(0, ComputeMode.DEFAULT)
+    sup.ensure(MpsDaemonSpec("gpu0-mig0", "MIG-x", "/run/mps/gpu0-mig0", "/var/log/mps/m"))
+    assert sup.running() == {"gpu0", "gpu0-mig0"}
 
 
 def test_mps_spec_larger_than_the_gpu_is_degraded() -> None:

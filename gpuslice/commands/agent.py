@@ -5,17 +5,20 @@ A100-SXM4-80GB:2,A30:1``), reads its spec from a local file (``--spec``, JSON or
 NodePartitioning or a bare spec; the status goes to ``<file>.status.json``) and prints the
 devices it would advertise.  ``--once`` runs a single pass and prints the status as JSON.
 Without ``--fake`` it uses pynvml, the kubelet's PodResources API and device-plugin sockets, and
-the NodePartitioning named after ``GPUSLICE_NODE_NAME`` in the cluster.
+the NodePartitioning named after ``GPUSLICE_NODE_NAME`` in the cluster.  Unless ``--once``, both
+serve ``/healthz`` and ``/metrics`` (``gpuslice_agent_*``, see :mod:`node_agent.metrics`) on
+``GPUSLICE_METRICS_PORT`` (default 8082; 0 disables it).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from gpuslice.cli import BadInput
@@ -98,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def _run_fake(args: argparse.Namespace, settings: Any, catalog: Any) -> int:
     from node_agent.agent import Agent, FileSpecSource, InMemorySpecSource, SpecSource
+    from node_agent.metrics import MeteredNvml
     from node_agent.mps import FakeSupervisor
     from node_agent.nvml_fake import FakeNvml
     from node_agent.reconciler import Reconciler
@@ -108,10 +112,11 @@ async def _run_fake(args: argparse.Namespace, settings: Any, catalog: Any) -> in
     except CatalogError as e:
         raise BadInput(f"--fake-gpus: {e}") from e
     nvml = FakeNvml(models, mig_enabled=args.fake_mig_enabled)
+    metrics, health = _observability(settings)
     reconciler = Reconciler(
-        nvml,
+        MeteredNvml(nvml, metrics),
         _NoPods(),
-        FakeSupervisor(),
+        FakeSupervisor(nvml=nvml),
         catalog,
         mps_pipe_root=settings.mps_pipe_root,
         mps_log_root=settings.mps_log_root,
@@ -124,6 +129,8 @@ async def _run_fake(args: argparse.Namespace, settings: Any, catalog: Any) -> in
         source,
         resync_seconds=settings.resync_seconds,
         retry_seconds=settings.retry_seconds,
+        metrics=metrics,
+        health=health,
     )
     if args.once:
         try:
@@ -133,13 +140,47 @@ async def _run_fake(args: argparse.Namespace, settings: Any, catalog: Any) -> in
         json.dump(result.status.model_dump(mode="json"), sys.stdout, indent=2)
         print()
         return 0 if result.applied or args.spec is None else 1
-    await agent.run()
+    with _serving(settings, metrics, health):
+        await agent.run()
     return 0
+
+
+def _observability(settings: Any) -> tuple[Any, Any]:
+    """The agent's metrics and health state."""
+    from node_agent.health import AgentHealth
+    from node_agent.metrics import AgentMetrics
+
+    metrics = AgentMetrics()
+    health = AgentHealth(settings.resync_seconds, settings.health_failure_resyncs)
+    return metrics, health
+
+
+@contextlib.contextmanager
+def _serving(settings: Any, metrics: Any, health: Any) -> Iterator[None]:
+    """Serve /healthz and /metrics on ``metrics_port`` (0: not at all) while the agent runs."""
+    if not settings.metrics_port:
+        yield
+        return
+    from node_agent.health import MonitoringServer
+
+    try:
+        server = MonitoringServer(health, metrics.registry, settings.metrics_port)
+    except OSError as e:
+        raise BadInput(
+            f"cannot serve /healthz and /metrics on port {settings.metrics_port}: {e}; "
+            "set GPUSLICE_METRICS_PORT to a free port (0 disables it)"
+        ) from e
+    server.start()
+    try:
+        yield
+    finally:
+        server.stop()
 
 
 async def _run_real(args: argparse.Namespace, settings: Any, catalog: Any) -> int:
     from node_agent.agent import Agent, KubeSpecSource
     from node_agent.deviceplugin import DevicePluginManager
+    from node_agent.metrics import MeteredNvml
     from node_agent.mps import MpsControlSupervisor
     from node_agent.nvml_pynvml import PynvmlAdapter
     from node_agent.podresources import PodResourcesClient
@@ -147,11 +188,12 @@ async def _run_real(args: argparse.Namespace, settings: Any, catalog: Any) -> in
 
     if not settings.node_name:
         raise BadInput("GPUSLICE_NODE_NAME is not set (DaemonSet: downward API spec.nodeName)")
+    metrics, health = _observability(settings)
     plugins = DevicePluginManager(settings.device_plugin_dir)
     await plugins.start()
     try:
         reconciler = Reconciler(
-            PynvmlAdapter(),
+            MeteredNvml(PynvmlAdapter(), metrics),
             PodResourcesClient(settings.pod_resources_socket),
             MpsControlSupervisor(),
             catalog,
@@ -164,17 +206,16 @@ async def _run_real(args: argparse.Namespace, settings: Any, catalog: Any) -> in
             KubeSpecSource(settings.node_name),
             resync_seconds=settings.resync_seconds,
             retry_seconds=settings.retry_seconds,
+            metrics=metrics,
+            health=health,
         )
-        if settings.metrics_port:
-            from prometheus_client import start_http_server
-
-            start_http_server(settings.metrics_port)
         if args.once:
             result = await agent.run_once()
             json.dump(result.status.model_dump(mode="json"), sys.stdout, indent=2)
             print()
             return 0
-        await agent.run()
+        with _serving(settings, metrics, health):
+            await agent.run()
     finally:
         await plugins.stop()
     return 0

@@ -1,0 +1,155 @@
+"""The agent's liveness rule and the HTTP endpoint serving ``/healthz`` and ``/metrics``.
+
+Model
+-----
+:class:`AgentHealth` is told the outcome of every reconcile pass (:meth:`AgentHealth.record`:
+ok, or failed with a reason; a pass *fails* when it raises or reports errors).  With ``R`` =
+``resync_seconds`` and ``N`` = ``failure_resyncs``, the agent is **unhealthy** when
+
+* passes have been failing without interruption for longer than ``N * R`` seconds (one ok pass
+  resets this), or
+* no pass at all has finished for longer than ``N * R`` seconds (since the last one, or since
+  start): the loop is stuck, e.g. in a hung driver call.
+
+Otherwise it is healthy; a restart cannot fix a Degraded spec, so Degraded is not unhealthy.
+The clock is injectable (monotonic seconds) and the state is guarded by a lock: the HTTP thread
+reads what the event loop writes.
+
+:class:`MonitoringServer` is a stdlib ``ThreadingHTTPServer`` in a daemon thread, so it answers
+even while the event loop is blocked (and then reports the loop as stuck):
+
+* ``GET /healthz`` -> ``200 ok`` or ``503 unhealthy: <reason>`` (the chart's liveness and
+  readiness probes);
+* ``GET /metrics`` -> the Prometheus text format of the given registry;
+* anything else -> ``404``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+__all__ = ["AgentHealth", "MonitoringServer"]
+
+
+class AgentHealth:
+    """Liveness of the reconcile loop (see the module docstring)."""
+
+    def __init__(
+        self,
+        resync_seconds: float,
+        failure_resyncs: int = 3,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if resync_seconds <= 0 or failure_resyncs < 1:
+            raise ValueError(
+                f"resync_seconds ({resync_seconds}) must be > 0 and failure_resyncs "
+                f"({failure_resyncs}) >= 1"
+            )
+        self.limit_s = resync_seconds * failure_resyncs
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._last_pass = clock()
+        self._failing_since: float | None = None
+        self._last_error = ""
+
+    def record(self, ok: bool, error: str = "") -> None:
+        """One pass finished: ``ok``, or failed with ``error``."""
+        now = self._clock()
+        with self._lock:
+            self._last_pass = now
+            if ok:
+                self._failing_since = None
+                self._last_error = ""
+            else:
+                if self._failing_since is None:
+                    self._failing_since = now
+                self._last_error = error
+
+    def check(self) -> tuple[bool, str]:
+        """``(healthy, reason)``; the reason is ``"ok"`` when healthy."""
+        now = self._clock()
+        with self._lock:
+            if self._failing_since is not None and now - self._failing_since > self.limit_s:
+                return False, (
+                    f"reconcile failing for {now - self._failing_since:.0f}s "
+                    f"(limit {self.limit_s:.0f}s): {self._last_error}"
+                )
+            idle = now - self._last_pass
+            if idle > self.limit_s:
+                return False, (
+                    f"no reconcile pass finished for {idle:.0f}s (limit {self.limit_s:.0f}s)"
+                )
+        return True, "ok"
+
+
+class MonitoringServer:
+    """``/healthz`` and ``/metrics`` over HTTP in a daemon thread (see the module docstring)."""
+
+    def __init__(
+        self,
+        health: AgentHealth,
+        registry: CollectorRegistry,
+        port: int,
+        host: str = "",
+    ) -> None:
+        self._health = health
+        self._registry = registry
+        handler = self._handler_class()
+        self._server = ThreadingHTTPServer((host, port), handler)
+        self._server.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful when constructed with port 0)."""
+        return int(self._server.server_address[1])
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("MonitoringServer.start() called twice")
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="gpuslice-agent-http", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._server.shutdown()
+            self._thread.join(timeout=5)
+            self._thread = None
+        self._server.server_close()
+
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        health, registry = self._health, self._registry
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                path = self.path.split("?", 1)[0]
+                if path == "/healthz":
+                    ok, reason = health.check()
+                    body = (reason if ok else f"unhealthy: {reason}").encode() + b"\n"
+                    self._reply(200 if ok else 503, "text/plain; charset=utf-8", body)
+                elif path == "/metrics":
+                    self._reply(200, CONTENT_TYPE_LATEST, generate_latest(registry))
+                else:
+                    self._reply(
+                        404, "text/plain; charset=utf-8", b"not found: /healthz, /metrics\n"
+                    )
+
+            def _reply(self, code: int, content_type: str, body: bytes) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass  # probes every few seconds would flood the log
+
+        return Handler

@@ -1,0 +1,220 @@
+"""Prometheus metrics of the node agent (served on ``/metrics`` of ``metrics_port``).
+
+Model
+-----
+Each :class:`AgentMetrics` owns its registry, so several agents in one process (tests) never
+clash.  The agent loop calls :meth:`AgentMetrics.observe_pass` after every reconcile pass and
+:meth:`AgentMetrics.observe_failure` when a pass raised; :class:`MeteredNvml` wraps the NVML
+port and counts every driver error on its way to the reconciler.
+
+========================================================  =========  ================================
+metric                                                    type       meaning
+========================================================  =========  ================================
+``gpuslice_agent_reconcile_passes_total``                 counter    reconcile passes run (ok or not)
+``gpuslice_agent_reconcile_failures_total``               counter    passes that raised or reported
+                                                                     errors (``status.lastError``)
+``gpuslice_agent_reconcile_duration_seconds``             histogram  wall time of one pass
+``gpuslice_agent_nvml_operations_total``                  counter    mutating NVML calls made
+``gpuslice_agent_nvml_errors_total{op,code}``             counter    NVML errors by port operation
+                                                                     and code (``IN_USE``, ...)
+``gpuslice_agent_devices_advertised{resource,health}``    gauge      devices advertised to the
+                                                                     kubelet (``Healthy``/
+                                                                     ``Unhealthy``)
+``gpuslice_agent_apply_latency_seconds``                  histogram  from the first pass that saw a
+                                                                     spec generation until the pass
+                                                                     that applied it
+``gpuslice_agent_spec_applied``                           gauge      1 if the last pass reported the
+                                                                     spec Applied, else 0
+``gpuslice_agent_spec_degraded``                          gauge      1 if the last pass reported
+                                                                     Degraded, else 0
+========================================================  =========  ================================
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from node_agent.deviceplugin import HEALTHY, UNHEALTHY
+from node_agent.nvml import (
+    ComputeMode,
+    GpuInfo,
+    GpuInstanceInfo,
+    MigDevice,
+    Nvml,
+    NvmlError,
+)
+from node_agent.reconciler import ReconcileResult
+
+__all__ = ["AgentMetrics", "MeteredNvml"]
+
+_PASS_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
+_APPLY_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
+
+
+class AgentMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.passes = Counter("gpuslice_agent_reconcile_passes", "Reconcile passes", registry=r)
+        self.failures = Counter(
+            "gpuslice_agent_reconcile_failures",
+            "Reconcile passes that raised or reported errors",
+            registry=r,
+        )
+        self.duration = Histogram(
+            "gpuslice_agent_reconcile_duration_seconds",
+            "Wall time of one reconcile pass",
+            buckets=_PASS_BUCKETS,
+            registry=r,
+        )
+        self.nvml_operations = Counter(
+            "gpuslice_agent_nvml_operations", "Mutating NVML calls made", registry=r
+        )
+        self.nvml_errors = Counter(
+            "gpuslice_agent_nvml_errors",
+            "NVML errors by operation and code",
+            ["op", "code"],
+            registry=r,
+        )
+        self.devices = Gauge(
+            "gpuslice_agent_devices_advertised",
+            "Devices advertised to the kubelet",
+            ["resource", "health"],
+            registry=r,
+        )
+        self.apply_latency = Histogram(
+            "gpuslice_agent_apply_latency_seconds",
+            "First pass seeing a spec generation to the pass applying it",
+            buckets=_APPLY_BUCKETS,
+            registry=r,
+        )
+        self.applied = Gauge(
+            "gpuslice_agent_spec_applied", "1 if the last pass reported Applied", registry=r
+        )
+        self.degraded = Gauge(
+            "gpuslice_agent_spec_degraded", "1 if the last pass reported Degraded", registry=r
+        )
+        self._device_labels: set[tuple[str, str]] = set()
+        self._generation: int | None = None
+        self._generation_seen_at = 0.0
+        self._generation_applied = False
+
+    def observe_pass(
+        self, generation: int, result: ReconcileResult, duration_s: float, now: float
+    ) -> None:
+        """Record one finished pass (``now``: a monotonic clock reading at its end)."""
+        self.passes.inc()
+        self.duration.observe(duration_s)
+        self.nvml_operations.inc(result.operations)
+        if result.errors:
+            self.failures.inc()
+        self.applied.set(1 if result.applied else 0)
+        self.degraded.set(1 if result.degraded else 0)
+        if generation != self._generation:
+            self._generation = generation
+            self._generation_seen_at = now - duration_s
+            self._generation_applied = False
+        if result.applied and not self._generation_applied:
+            self._generation_applied = True
+            self.apply_latency.observe(max(0.0, now - self._generation_seen_at))
+        if result.fresh:
+            self._set_devices(result)
+
+    def observe_failure(self, duration_s: float) -> None:
+        """Record a pass that raised."""
+        self.passes.inc()
+        self.failures.inc()
+        self.duration.observe(duration_s)
+
+    def _set_devices(self, result: ReconcileResult) -> None:
+        counts: dict[tuple[str, str], int] = {}
+        for resource, devices in result.devices.items():
+            for d in devices:
+                key = (resource, HEALTHY if d.healthy else UNHEALTHY)
+                counts[key] = counts.get(key, 0) + 1
+        for gone in self._device_labels - set(counts):
+            self.devices.remove(*gone)
+        for key, n in counts.items():
+            self.devices.labels(*key).set(n)
+        self._device_labels = set(counts)
+
+
+class MeteredNvml:
+    """An :class:`~node_agent.nvml.Nvml` that counts the errors of the one it wraps."""
+
+    def __init__(self, inner: Nvml, metrics: AgentMetrics) -> None:
+        self._inner = inner
+        self._errors = metrics.nvml_errors
+
+    def _count(self, op: str, err: NvmlError) -> None:
+        self._errors.labels(op, err.code.name).inc()
+
+    def gpus(self) -> list[GpuInfo]:
+        try:
+            return self._inner.gpus()
+        except NvmlError as e:
+            self._count("gpus", e)
+            raise
+
+    def set_mig_mode(self, gpu: int, enabled: bool) -> None:
+        try:
+            self._inner.set_mig_mode(gpu, enabled)
+        except NvmlError as e:
+            self._count("set_mig_mode", e)
+            raise
+
+    def set_compute_mode(self, gpu: int, mode: ComputeMode) -> None:
+        try:
+            self._inner.set_compute_mode(gpu, mode)
+        except NvmlError as e:
+            self._count("set_compute_mode", e)
+            raise
+
+    def gpu_instances(self, gpu: int) -> list[GpuInstanceInfo]:
+        try:
+            return self._inner.gpu_instances(gpu)
+        except NvmlError as e:
+            self._count("gpu_instances", e)
+            raise
+
+    def create_gpu_instance(self, gpu: int, profile_id: int, start: int, size: int) -> int:
+        try:
+            return self._inner.create_gpu_instance(gpu, profile_id, start, size)
+        except NvmlError as e:
+            self._count("create_gpu_instance", e)
+            raise
+
+    def create_compute_instance(self, gpu: int, gi_id: int) -> int:
+        try:
+            return self._inner.create_compute_instance(gpu, gi_id)
+        except NvmlError as e:
+            self._count("create_compute_instance", e)
+            raise
+
+    def destroy_compute_instance(self, gpu: int, gi_id: int, ci_id: int) -> None:
+        try:
+            self._inner.destroy_compute_instance(gpu, gi_id, ci_id)
+        except NvmlError as e:
+            self._count("destroy_compute_instance", e)
+            raise
+
+    def destroy_gpu_instance(self, gpu: int, gi_id: int) -> None:
+        try:
+            self._inner.destroy_gpu_instance(gpu, gi_id)
+        except NvmlError as e:
+            self._count("destroy_gpu_instance", e)
+            raise
+
+    def mig_devices(self, gpu: int) -> list[MigDevice]:
+        try:
+            return self._inner.mig_devices(gpu)
+        except NvmlError as e:
+            self._count("mig_devices", e)
+            raise
+
+    def running_processes(self, gpu: int, gi_id: int | None = None) -> list[int]:
+        try:
+            return self._inner.running_processes(gpu, gi_id)
+        except NvmlError as e:
+            self._count("running_processes", e)
+            raise
