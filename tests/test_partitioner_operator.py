@@ -1,33 +1,28 @@
 """The real kopf operator against kmock (an HTTP Kubernetes API emulator), in looptime's fake time.
 
 kmock stores objects but neither assigns ``uid``/``resourceVersion``/``generation`` nor checks
-``resourceVersion`` preconditions.  :class:`ApiServer` adds exactly that (as the API server
-does): every create/patch gets a new resourceVersion, a spec change bumps ``generation``, and a
-patch carrying a stale ``metadata.resourceVersion`` is refused with 409 Conflict.  Objects
-are created and changed through the HTTP API, so the operator's watches see every change.
+``resourceVersion`` preconditions: ``tests/fake_apiserver.py`` adds that, as the API server does.
+Objects are created and changed through the HTTP API, so the operator's watches see every change.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
-import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import attrs
 import kmock
 import kopf
 import pytest
+from fake_apiserver import NP_PATH, NP_RESOURCE, ApiServer, declare, stored
 
 from partitioner.operator import Controller, run_operator
 from partitioner.settings import PartitionerSettings
 from partitioner.snapshot import PLANNED_PODS_ANNOTATION
 
-NP = "gpuslice.io/v1alpha1/nodepartitionings"
-NP_PATH = "/apis/gpuslice.io/v1alpha1/nodepartitionings"
+NP = NP_RESOURCE
 A100 = {
     "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
     "nvidia.com/gpu.count": "1",
@@ -36,84 +31,9 @@ A100 = {
 PROFILE_1G_STARTS = range(7)  # facts/mig.md: 1g starts 0..6
 
 
-@attrs.define(kw_only=True)
-class ApiServer(kmock.KubernetesEmulator):
-    """kmock plus resourceVersion, generation, uid and 409 on a stale resourceVersion."""
-
-    _versions: Any = attrs.field(factory=lambda: itertools.count(1000), init=False)
-
-    async def _handle(self, request: kmock.Request) -> Any:
-        data = request.data
-        if request.resource is not None and isinstance(data, dict):
-            meta = data.setdefault("metadata", {})
-            if request.action == kmock.action.CREATE:
-                meta.setdefault("uid", str(uuid.uuid4()))
-                meta.setdefault("generation", 1)
-                meta["resourceVersion"] = str(next(self._versions))
-            elif request.action == kmock.action.UPDATE and request.name is not None:
-                key = (request.resource, request.namespace, request.name)
-                if key in self.objects and self.objects[key] is not None:
-                    current = self.objects[key]
-                    cur_meta = current.get("metadata") or {}
-                    wanted = meta.get("resourceVersion")
-                    if wanted is not None and wanted != cur_meta.get("resourceVersion"):
-                        raise kmock.KubernetesError(
-                            status=409,
-                            reason="Conflict",
-                            message=f"the object has been modified (have {cur_meta.get('resourceVersion')}, got {wanted})",
-                        )
-                    spec_changed = "spec" in data and data["spec"] != current.get("spec")
-                    if request.subresource is None and spec_changed:
-                        meta["generation"] = int(cur_meta.get("generation") or 1) + 1
-                meta["resourceVersion"] = str(next(self._versions))
-        return await super()._handle(request)
-
-
 @pytest.fixture
 def kmock_options() -> dict[str, Any]:
     return {"cls": ApiServer}
-
-
-def declare(api: kmock.KubernetesEmulator) -> None:
-    verbs = {"list", "watch", "get", "create", "patch", "update", "delete"}
-    api.resources["v1/namespaces"] = {
-        "kind": "Namespace",
-        "singular": "namespace",
-        "namespaced": False,
-        "verbs": verbs,
-    }
-    api.resources["v1/nodes"] = {
-        "kind": "Node",
-        "singular": "node",
-        "namespaced": False,
-        "verbs": verbs,
-        "subresources": {"status"},
-    }
-    api.resources["v1/pods"] = {
-        "kind": "Pod",
-        "singular": "pod",
-        "namespaced": True,
-        "verbs": verbs,
-        "subresources": {"status"},
-    }
-    api.resources["v1/events"] = {
-        "kind": "Event",
-        "singular": "event",
-        "namespaced": True,
-        "verbs": verbs,
-    }
-    api.resources[NP] = {
-        "kind": "NodePartitioning",
-        "singular": "nodepartitioning",
-        "namespaced": False,
-        "verbs": verbs,
-        "subresources": {"status"},
-    }
-    api.objects["v1/namespaces", None, "default"] = {
-        "apiVersion": "v1",
-        "kind": "Namespace",
-        "metadata": {"name": "default", "uid": "ns-default", "resourceVersion": "1"},
-    }
 
 
 def node(name: str, labels: dict[str, str], **spec: Any) -> dict[str, Any]:
@@ -160,10 +80,7 @@ async def patch(api: kmock.KubernetesEmulator, path: str, body: dict[str, Any]) 
 
 
 def partitioning(api: kmock.KubernetesEmulator, name: str) -> dict[str, Any] | None:
-    key = (kmock.resource(NP), None, name)
-    if key not in api.objects or api.objects[key].deleted:
-        return None
-    return dict(api.objects[key])
+    return stored(api, NP, name)
 
 
 def events(api: kmock.KubernetesEmulator, reason: str | None = None) -> list[dict[str, Any]]:
