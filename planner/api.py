@@ -3,40 +3,94 @@
 Stages
 ------
 1. Validate: node and pod names unique, every node's model in the catalog (and MIG-capable
-   for ``mig``/``hybrid`` nodes), every current MIG layout possible.  Bad input raises
+   for ``mig``/``hybrid`` nodes), every current MIG layout possible (each distinct layout is
+   parsed once: :data:`planner.mig_cpsat.MigParseCache`).  Bad input raises
    :class:`~planner.demand.SnapshotError` naming the node/pod and the fix.
-2. Policy ``greedy``: the nos-like baseline (:func:`planner.greedy.plan_greedy`), done.
-3. Policy ``cpsat``: resolve every pod's eligibility (:func:`planner.demand.eligibility`),
-   run the greedy baseline as warm start, then the CP-SAT batch model
-   (:func:`planner.mig_cpsat.solve_batch`, MIG and MPS nodes in one model, one time limit).
-   If CP-SAT finds no solution in time, or (only possible on a time-out) its solution places
-   less priority-weighted pods than the greedy plan, the greedy plan is returned with status
-   ``GREEDY_FALLBACK`` (``stats['cpsat_placed']`` says what CP-SAT had, if anything).
+2. The greedy baseline (:func:`planner.greedy.plan_greedy`).  Policy ``greedy``: done.
+3. Policy ``cpsat``: the snapshot's neighbourhoods (:func:`planner.neighbourhood.node_chunks`):
+   one holding everything if the snapshot has at most ``settings.max_model_gpus`` GPUs (the
+   exact model), else chunks of nodes by spare capacity.  Per round: the pods to re-plan
+   there (:func:`planner.neighbourhood.restrict`), their eligibility on those nodes
+   (:class:`planner.demand.EligibilityIndex`), the CP-SAT model
+   (:func:`planner.mig_cpsat.solve_batch`, MIG and MPS nodes in one model) hinted with the
+   current plan, and the merge into the current plan if it places at least as much.  A
+   neighbourhood plan's ``capacity`` reasons are rewritten against every node of the cluster;
+   its status is ``FEASIBLE`` (no whole-cluster optimality proof), and
+   ``stats['placed_weight_bound']`` is the trivial bound (every pod that is eligible
+   somewhere placed).
+4. If CP-SAT finds no solution in time (no round kept), or (only possible on a time-out) the
+   plan places less priority-weighted pods than the greedy plan, the greedy plan is returned
+   with status ``GREEDY_FALLBACK``.
+
+Time budget: the planner reads no clock, so ``settings.time_limit_s`` bounds the whole call
+through deterministic sizes.  The work outside the solver is estimated linearly in the
+snapshot's GPUs and pods and in each round's GPUs (coefficients measured on one core of the
+development machine); the solver gets the rest of ``_PLANNED_FRACTION`` of the limit
+(:func:`solver_budget`, never less than ``_MIN_SOLVE_FRACTION`` of it).  A neighbourhood holds
+at most ``max_model_gpus`` GPUs, fewer when the budget is short (``_SOLVE_S_PER_GPU`` solver
+seconds per GPU, :func:`neighbourhood_gpus`: smaller models reach their optimum in the time
+there is); the budget is split evenly over as many rounds as leave each at least
+``_MIN_ROUND_S`` of solver time plus its build (:func:`round_limits`).  Other caps: at most
+``max_candidate_nodes`` nodes per pod group, ``_POD_CAP_PER_GPU`` waiting pods per GPU of a
+round.  On a loaded machine the wall time exceeds the limit by however much slower than the
+estimate the Python stages run.
 
 The result lists only GPUs whose layout changes, each with its full desired layout; an
 assignment per placed pod; a reason per unplaced pod.  Pure: no clock, no I/O, no logging;
-deterministic for a given input and seed when CP-SAT ends before its time limit.
+deterministic for a given input and seed when every CP-SAT solve ends at its optimum or at its
+deterministic-time limit (see :mod:`planner.mig_cpsat`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from planner.catalog import Catalog, GpuModel, default_catalog
-from planner.demand import SnapshotError, eligibility, node_model, priority_weights
+from planner.demand import (
+    EligibilityIndex,
+    SnapshotError,
+    capacity_reason,
+    node_model,
+    priority_weights,
+)
 from planner.geometry import Placement, canonical, layout_errors
 from planner.greedy import plan_greedy
-from planner.mig_cpsat import current_mig, solve_batch
+from planner.mig_cpsat import LayoutCache, MigParseCache, current_mig, solve_batch
+from planner.neighbourhood import merge_plans, node_chunks, restrict
 from planner.settings import PlannerSettings, Policy
-from planner.snapshot import Mode, Plan, Snapshot
+from planner.snapshot import Mode, Plan, Snapshot, Unplaced
 
-__all__ = ["plan", "validate_snapshot"]
+__all__ = [
+    "neighbourhood_gpus",
+    "plan",
+    "round_limits",
+    "solver_budget",
+    "validate_snapshot",
+]
 
 _DEFAULT_SETTINGS = PlannerSettings()
+_POD_CAP_PER_GPU = 2
+"""Pods left unplaced by greedy that enter a neighbourhood model, per GPU of the model."""
+_MIN_SOLVE_FRACTION = 0.2
+_PLANNED_FRACTION = 0.85
+"""Share of the time limit the estimates may fill (the rest absorbs estimation error)."""
+_MIN_ROUND_S = 0.15
+"""Least solver time worth a neighbourhood round."""
+_ROOMS = (Unplaced.CAPACITY.value, Unplaced.NODE_RESOURCES.value)
+# Seconds of work outside the solver (one core of the development machine): per snapshot GPU
+# and per pending pod (validation, greedy, reasons), and per GPU of a model (its build).
+_S_PER_GPU = 35e-6
+_S_PER_POD = 110e-6
+_S_PER_MODEL_GPU = 800e-6
+_SOLVE_S_PER_GPU = 0.006
+"""Solver seconds per GPU of a neighbourhood for it to have a fair chance of an optimum."""
 
 
-def validate_snapshot(snapshot: Snapshot, catalog: Catalog) -> dict[str, GpuModel]:
+def validate_snapshot(
+    snapshot: Snapshot, catalog: Catalog, cache: MigParseCache | None = None
+) -> dict[str, GpuModel]:
     """Check ``snapshot`` (module docstring, stage 1); return node name -> catalog model."""
     for what, names in (
         ("node", [n.name for n in snapshot.nodes]),
@@ -47,6 +101,7 @@ def validate_snapshot(snapshot: Snapshot, catalog: Catalog) -> dict[str, GpuMode
             raise SnapshotError(
                 f"snapshot lists {what}(s) {dup} more than once; names must be unique"
             )
+    parsed: MigParseCache = cache if cache is not None else {}
     models: dict[str, GpuModel] = {}
     for node in snapshot.nodes:
         model = node_model(node, catalog)
@@ -56,8 +111,30 @@ def validate_snapshot(snapshot: Snapshot, catalog: Catalog) -> dict[str, GpuMode
             raise SnapshotError(f"node {node.name}: GPU indices {indices} are not unique")
         if node.mode in (Mode.MIG, Mode.HYBRID):
             for gpu in node.gpus:
-                current_mig(node, gpu, model)
+                current_mig(node, gpu, model, parsed)
     return models
+
+
+def solver_budget(settings: PlannerSettings, gpus: int, pods: int) -> float:
+    """Seconds of ``settings.time_limit_s`` left to CP-SAT rounds (module docstring)."""
+    limit = settings.time_limit_s
+    planned = _PLANNED_FRACTION * limit - _S_PER_GPU * gpus - _S_PER_POD * pods
+    return max(_MIN_SOLVE_FRACTION * limit, planned)
+
+
+def neighbourhood_gpus(settings: PlannerSettings, budget: float) -> int:
+    """GPUs per neighbourhood: ``max_model_gpus``, fewer when the budget is short."""
+    return max(1, min(settings.max_model_gpus, int(budget / _SOLVE_S_PER_GPU)))
+
+
+def round_limits(budget: float, chunk_gpus: Sequence[int]) -> list[float]:
+    """CP-SAT's wall-clock limit for each round to run, neighbourhoods in order (docstring)."""
+    build = [_S_PER_MODEL_GPU * g for g in chunk_gpus]
+    rounds = 1
+    while rounds < len(build) and budget / (rounds + 1) >= _MIN_ROUND_S + max(build[: rounds + 1]):
+        rounds += 1
+    share = budget / rounds
+    return [max(share / 2, share - cost) for cost in build[:rounds]]
 
 
 def plan(
@@ -67,23 +144,112 @@ def plan(
 ) -> Plan:
     """Decide per-GPU layouts and pod placements for ``snapshot`` (module docstring)."""
     cat = catalog if catalog is not None else default_catalog()
-    models = validate_snapshot(snapshot, cat)
+    parsed: MigParseCache = {}
+    models = validate_snapshot(snapshot, cat, parsed)
     greedy = plan_greedy(snapshot, settings, cat)
     if settings.policy is Policy.GREEDY:
         return greedy
-    nodes = sorted(snapshot.nodes, key=lambda n: n.name)
-    eligibilities = {p.name: eligibility(p, nodes, models, settings) for p in snapshot.pods}
-    greedy_ok = _consistent(greedy, snapshot, cat)
-    result = solve_batch(snapshot, models, eligibilities, settings, greedy if greedy_ok else None)
-    if result is not None and (
-        not greedy_ok or _weight(result, snapshot) >= _weight(greedy, snapshot)
-    ):
+    greedy_ok = _consistent(greedy, snapshot, models, parsed)
+    warm = greedy if greedy_ok else _nothing_placed(snapshot, greedy)
+    gpus = sum(len(n.gpus) for n in snapshot.nodes)
+    budget = solver_budget(settings, gpus, len(snapshot.pods))
+    cap = max(1, settings.max_model_gpus)
+    if gpus > cap:
+        cap = neighbourhood_gpus(settings, budget)
+    chunks = node_chunks(snapshot, models, settings, cap, parsed)
+    by_name = {n.name: n for n in snapshot.nodes}
+    limits = round_limits(budget, [sum(len(by_name[n].gpus) for n in c) for c in chunks])
+    current, solved = warm, 0
+    layouts: LayoutCache = {}
+    stats: dict[str, float] = {}
+    for names, round_limit in zip(chunks, limits, strict=False):
+        nb = restrict(snapshot, current, names, int(_POD_CAP_PER_GPU * cap))
+        if not nb.snapshot.pods and not nb.whole:
+            continue
+        index = EligibilityIndex(nb.snapshot.nodes, models, settings)
+        part = solve_batch(
+            nb.snapshot,
+            models,
+            {p.name: index.of(p) for p in nb.snapshot.pods},
+            settings,
+            nb.warm_start,
+            time_limit_s=round_limit,
+            parse_cache=parsed,
+            layout_cache=layouts,
+        )
+        if part is None:
+            continue
+        if nb.whole:
+            current, stats, solved = part, dict(part.stats), 1
+            break
+        if _weight(part, nb.snapshot) < _weight(nb.warm_start, nb.snapshot):
+            continue  # a time-out before CP-SAT reached its hint: keep the round's start
+        current = merge_plans(current, nb, part)
+        solved += 1
+        _add_round_stats(stats, part.stats)
+    if solved == 0:
+        return replace(greedy, status="GREEDY_FALLBACK")
+    result = current
+    if len(chunks) > 1:
+        result = _cluster_reasons(result, snapshot, models, settings)
+        stats.update(_lns_stats(result, snapshot, len(chunks), solved))
+        result = replace(result, policy=Policy.CPSAT.value, status="FEASIBLE", stats=stats)
+    if not greedy_ok or _weight(result, snapshot) >= _weight(greedy, snapshot):
         return result
-    stats = dict(greedy.stats)
-    if result is not None:
-        stats["cpsat_placed"] = float(len(result.assignments))
-        stats["solve_s"] = result.stats.get("solve_s", 0.0)
-    return replace(greedy, status="GREEDY_FALLBACK", stats=stats)
+    fallback = dict(greedy.stats)
+    fallback["cpsat_placed"] = float(len(result.assignments))
+    fallback["solve_s"] = result.stats.get("solve_s", 0.0)
+    return replace(greedy, status="GREEDY_FALLBACK", stats=fallback)
+
+
+def _nothing_placed(snapshot: Snapshot, greedy: Plan) -> Plan:
+    """The start when greedy's plan is unusable: nothing changed, every pod waiting."""
+    waiting = f"{Unplaced.CAPACITY.value}: not planned yet"
+    return Plan(
+        layouts={},
+        assignments={},
+        unplaced={p.name: greedy.unplaced.get(p.name, waiting) for p in snapshot.pods},
+    )
+
+
+def _add_round_stats(total: dict[str, float], part: Mapping[str, float]) -> None:
+    for key in ("solve_s", "variables", "layouts", "pod_groups", "gpu_classes"):
+        total[key] = total.get(key, 0.0) + part.get(key, 0.0)
+    total["rounds_optimal"] = total.get("rounds_optimal", 0.0) + float(part.get("gap", 1.0) == 0)
+
+
+def _lns_stats(result: Plan, snapshot: Snapshot, chunks: int, solved: int) -> dict[str, float]:
+    """Whole-plan figures for a neighbourhood (LNS) plan; the bound is the trivial one."""
+    weights = priority_weights(snapshot.pods)
+    eligible_weight = sum(
+        weights[p.priority]
+        for p in snapshot.pods
+        if p.name in result.assignments or result.unplaced[p.name].startswith(_ROOMS)
+    )
+    return {
+        "placed": float(len(result.assignments)),
+        "unplaced": float(len(result.unplaced)),
+        "placed_weight": float(_weight(result, snapshot)),
+        "placed_weight_bound": float(eligible_weight),
+        "gpus_touched": float(len(result.layouts)),
+        "neighbourhoods": float(chunks),
+        "rounds": float(solved),
+    }
+
+
+def _cluster_reasons(
+    result: Plan, snapshot: Snapshot, models: dict[str, GpuModel], settings: PlannerSettings
+) -> Plan:
+    """Rewrite room-related unplaced reasons against every node of the cluster."""
+    todo = [p for p in snapshot.pods if result.unplaced.get(p.name, "").startswith(_ROOMS)]
+    if not todo:
+        return result
+    index = EligibilityIndex(snapshot.nodes, models, settings)
+    unplaced = dict(result.unplaced)
+    for pod in todo:
+        names = index.eligible_names(pod)
+        unplaced[pod.name] = capacity_reason(pod, names) if names else str(index.of(pod).reason)
+    return replace(result, unplaced=unplaced)
 
 
 def _weight(p: Plan, snapshot: Snapshot) -> int:
@@ -92,9 +258,12 @@ def _weight(p: Plan, snapshot: Snapshot) -> int:
     return sum(weights[prio[name]] for name in p.assignments)
 
 
-def _consistent(p: Plan, snapshot: Snapshot, catalog: Catalog) -> bool:
+def _consistent(
+    p: Plan, snapshot: Snapshot, models: dict[str, GpuModel], parsed: MigParseCache
+) -> bool:
     """Cheap check that another planner's plan is valid: layouts and used instances kept."""
     nodes = {n.name: n for n in snapshot.nodes}
+    checked: dict[tuple[object, ...], bool] = {}
     for (name, index), planned in p.layouts.items():
         node = nodes.get(name)
         if node is None:
@@ -104,9 +273,16 @@ def _consistent(p: Plan, snapshot: Snapshot, catalog: Catalog) -> bool:
             return False
         if node.mode is Mode.MPS:
             continue
-        model = catalog.model(node.model)
-        layout = canonical(Placement(start, model.profile(n)) for n, start in planned.mig)
-        used = current_mig(node, gpu, model).used
-        if layout_errors(model, layout) or not used <= set(layout):
+        model = models[name]
+        key = (model.name, gpu.mig, planned.mig)
+        ok = checked.get(key)
+        if ok is None:
+            try:
+                layout = canonical(Placement(start, model.profile(n)) for n, start in planned.mig)
+            except ValueError:
+                return False
+            used = current_mig(node, gpu, model, parsed).used
+            ok = checked[key] = not layout_errors(model, layout) and used <= set(layout)
+        if not ok:
             return False
     return True

@@ -49,6 +49,7 @@ from planner.snapshot import Mode, NodeState, PendingPod, Unplaced, mig_profile_
 
 __all__ = [
     "Eligibility",
+    "EligibilityIndex",
     "NodeDemand",
     "PodGroup",
     "Rejection",
@@ -344,6 +345,89 @@ def eligibility(
     if demands:
         return Eligibility(demands, None)
     return Eligibility({}, _summarise(rejections, exceeded_models))
+
+
+class EligibilityIndex:
+    """:func:`eligibility` for many pods over one node list, fast.
+
+    Apart from the node name (in rejection texts) and the node's free CPU/memory,
+    :func:`resolve_on_node` depends only on the pod's requests and the node's *sizing key*
+    (model, mode, GPU count, ``gpu_memory_mib``).  The index groups the nodes by sizing key,
+    resolves each (requests, sizing key) pair once, and then checks a node of an accepting
+    class with two comparisons (CPU, memory).  Results are memoised per pod *signature*
+    (requests, CPU, memory, allowed nodes).  Only a pod no node accepts takes the slow path
+    (:func:`eligibility` itself, for the summarised rejection).  Same results as
+    :func:`eligibility`; nothing survives the index.
+    """
+
+    def __init__(
+        self,
+        nodes: Sequence[NodeState],
+        models: Mapping[str, GpuModel],
+        settings: PlannerSettings,
+    ) -> None:
+        self._nodes = sorted(nodes, key=lambda n: n.name)
+        self._models = models
+        self._settings = settings
+        classes: dict[tuple[object, ...], list[NodeState]] = defaultdict(list)
+        for n in self._nodes:
+            classes[(models[n.name].name, n.mode, len(n.gpus), n.gpu_memory_mib)].append(n)
+        self._classes = dict(classes)
+        self._resolved: dict[tuple[object, ...], tuple[ResolvedRequest, ...] | None] = {}
+        self._names: dict[tuple[object, ...], list[tuple[str, tuple[ResolvedRequest, ...]]]] = {}
+        self._memo: dict[tuple[object, ...], Eligibility] = {}
+
+    def _accepting(self, pod: PendingPod) -> list[tuple[str, tuple[ResolvedRequest, ...]]]:
+        """(node name, resolved requests) of every node the pod is eligible for, by name."""
+        requests = tuple(sorted(pod.requests.items()))
+        sig = (requests, pod.cpu_milli, pod.memory_mib, pod.eligible_nodes)
+        found = self._names.get(sig)
+        if found is not None:
+            return found
+        cpu, mem, allowed = pod.cpu_milli, pod.memory_mib, pod.eligible_nodes
+        out: list[tuple[str, tuple[ResolvedRequest, ...]]] = []
+        if not isinstance(pod_kind(pod), Rejection):
+            for sizing, members in self._classes.items():
+                key = (requests, sizing)
+                if key not in self._resolved:
+                    sizing_pod = PendingPod(pod.name, pod.requests)
+                    node = members[0]
+                    got = resolve_on_node(sizing_pod, node, self._models[node.name], self._settings)
+                    self._resolved[key] = got.requests if isinstance(got, NodeDemand) else None
+                resolved = self._resolved[key]
+                if resolved is None:
+                    continue
+                out.extend(
+                    (n.name, resolved)
+                    for n in members
+                    if cpu <= n.cpu_milli_free
+                    and mem <= n.memory_mib_free
+                    and (allowed is None or n.name in allowed)
+                )
+            if len(self._classes) > 1:
+                out.sort(key=lambda e: e[0])
+        self._names[sig] = out
+        return out
+
+    def eligible_names(self, pod: PendingPod) -> list[str]:
+        """Names of the nodes ``pod`` is eligible for, in name order."""
+        return [name for name, _ in self._accepting(pod)]
+
+    def of(self, pod: PendingPod) -> Eligibility:
+        """The pod's :class:`Eligibility`, as :func:`eligibility` computes it."""
+        requests = tuple(sorted(pod.requests.items()))
+        sig = (requests, pod.cpu_milli, pod.memory_mib, pod.eligible_nodes)
+        found = self._memo.get(sig)
+        if found is None:
+            accepting = self._accepting(pod)
+            if accepting:
+                kind = pod_kind(pod)
+                assert isinstance(kind, RequestKind)
+                found = Eligibility({n: NodeDemand(n, kind, r) for n, r in accepting}, None)
+            else:  # no node accepts the pod: the full rejection summary
+                found = eligibility(pod, self._nodes, self._models, self._settings)
+            self._memo[sig] = found
+        return found
 
 
 def _summarise(all_rejections: Sequence[Rejection], exceeded_models: Sequence[str]) -> Rejection:

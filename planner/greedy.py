@@ -79,6 +79,7 @@ from planner.mps import thread_percentage
 from planner.settings import PlannerSettings, Policy
 from planner.snapshot import (
     Assignment,
+    MigInstance,
     Mode,
     NodeState,
     PendingPod,
@@ -193,9 +194,17 @@ class _Fit:
     units: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
 
-def _mig_gpus(node: NodeState, model: GpuModel) -> list[_MigGpu]:
+_ParsedGpus = dict[tuple[str, int, tuple[MigInstance, ...]], _MigGpu]
+
+
+def _mig_gpus(node: NodeState, model: GpuModel, parsed: _ParsedGpus) -> list[_MigGpu]:
+    """The node's GPUs as working state; ``parsed`` memoises identical GPUs (per call)."""
     gpus: list[_MigGpu] = []
     for gpu in sorted(node.gpus, key=lambda g: g.index):
+        known = parsed.get((model.name, gpu.index, gpu.mig))
+        if known is not None:
+            gpus.append(known)
+            continue
         try:
             pinned = [Placement(i.start, model.profile(i.profile)) for i in gpu.mig if i.used]
             free = [Placement(i.start, model.profile(i.profile)) for i in gpu.mig if not i.used]
@@ -208,6 +217,7 @@ def _mig_gpus(node: NodeState, model: GpuModel) -> list[_MigGpu]:
                 + "; ".join(errors)
             )
         gpus.append(_mig_gpu(gpu.index, pinned, free))
+        parsed[(model.name, gpu.index, gpu.mig)] = gpus[-1]
     return gpus
 
 
@@ -243,6 +253,9 @@ class _Greedy:
         self._placeable: dict[tuple[str, _Key], frozenset[str]] = {}
         self._resolved: dict[tuple[object, ...], tuple[ResolvedRequest, ...] | None] = {}
         self._candidates: dict[tuple[frozenset[str] | None, bool], list[_Node]] = {}
+        self._initial: dict[str, list[_MigGpu]] = {}
+        """Each MIG node's GPUs before planning (``layouts`` skips those still identical)."""
+        parsed: _ParsedGpus = {}
         self.nodes: dict[str, _Node] = {}
         for ns in sorted(snapshot.nodes, key=lambda n: n.name):
             if ns.name in self.nodes:
@@ -254,7 +267,8 @@ class _Greedy:
             node.is_mig = ns.mode in (Mode.MIG, Mode.HYBRID)
             node.sizing_key = (model.name, len(ns.gpus), ns.mode, ns.gpu_memory_mib)
             if node.is_mig:
-                node.mig = _mig_gpus(ns, model)
+                node.mig = _mig_gpus(ns, model, parsed)
+                self._initial[ns.name] = list(node.mig)
                 node.capable = self.capable(node)
             else:
                 node.mps = _mps_gpus(ns, model, settings)
@@ -530,7 +544,10 @@ class _Greedy:
         churn: Counter[str] = Counter()
         for name, node in self.nodes.items():
             before = {g.index: g for g in node.state.gpus}
-            for mg in node.mig:
+            initial = self._initial.get(name, [])
+            for k, mg in enumerate(node.mig):
+                if k < len(initial) and mg is initial[k]:
+                    continue  # never touched by this plan
                 now = canonical((*mg.pinned, *mg.free))
                 then = Counter(
                     (node.model.profile(i.profile).name, i.start) for i in before[mg.index].mig

@@ -58,10 +58,20 @@ The integers must stay below 2^53 (CP-SAT bounds objectives in doubles); when
 ``stats['objective_levels']`` says how many levels were optimised.  One solve keeps the time
 limit a single budget (sequential solves would have to split it).
 
-Search: one CP-SAT solve, ``num_workers``/``random_seed``/``max_time_in_seconds`` from the
-settings, hinted with the greedy plan; the best solution at the time limit is decoded.  With
-``num_workers=1`` the result is deterministic whenever the solve ends before the time limit
-(status ``OPTIMAL``); on a time-out it depends on how far the search got.
+Search: one CP-SAT solve, ``num_workers``/``random_seed`` from the settings, a wall-clock
+limit (``settings.time_limit_s``, or the caller's share of it) and a deterministic-time limit
+of ``DETERMINISTIC_PER_SECOND`` units per second of it, hinted with the greedy plan; the best
+solution at the limit is decoded.  Probing presolve is off (``cp_model_probing_level=0``): on
+the benchmark's models one probing pass took 0.1-0.25 s, a large share of a sub-second
+budget, and without it the plans on 3 seeds at 100 and 1000 nodes placed as many pods or more.  With ``num_workers=1`` the result is deterministic
+whenever the solve ends at the optimum or at the deterministic limit; only when the machine is
+so slow or loaded that the wall-clock limit comes first does it depend on timing.
+
+Scale: :mod:`planner.api` calls this model on the whole snapshot when it has at most
+``settings.max_model_gpus`` GPUs, else on neighbourhoods of the greedy plan
+(:mod:`planner.neighbourhood`); candidate layouts are memoised per (model, current layout
+with used flags, needed profiles) across those calls (:data:`LayoutCache`), and current
+layouts are parsed once per plan (:data:`MigParseCache`).
 
 Decoding: class counts go to the class's GPUs in index order, options in candidate order;
 each group's first pods (name order) go to its nodes in name order; on a node, pods in
@@ -93,6 +103,7 @@ from planner.settings import PlannerSettings, Policy
 from planner.snapshot import (
     Assignment,
     GpuState,
+    MigInstance,
     Mode,
     NodeState,
     PendingPod,
@@ -103,7 +114,9 @@ from planner.snapshot import (
 
 __all__ = [
     "CurrentMig",
+    "LayoutCache",
     "LayoutOption",
+    "MigParseCache",
     "candidate_layouts",
     "current_mig",
     "largest_free_block",
@@ -112,6 +125,8 @@ __all__ = [
 ]
 
 _EXACT_INT = 1 << 53
+DETERMINISTIC_PER_SECOND = 0.5
+"""CP-SAT deterministic-time units allowed per second of the solver's wall-clock limit."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,8 +140,29 @@ class CurrentMig:
         return tuple((p.profile.name, p.start, p in self.used) for p in self.layout)
 
 
-def current_mig(node: NodeState, gpu: GpuState, model: GpuModel) -> CurrentMig:
-    """Parse a GPU's current instances; :class:`SnapshotError` naming it if impossible."""
+MigParseCache = dict[tuple[str, tuple[MigInstance, ...]], CurrentMig]
+"""Parsed layouts by (model name, instances): identical GPUs are parsed and checked once."""
+
+
+def current_mig(
+    node: NodeState, gpu: GpuState, model: GpuModel, cache: MigParseCache | None = None
+) -> CurrentMig:
+    """Parse a GPU's current instances; :class:`SnapshotError` naming it if impossible.
+
+    ``cache`` (one dict per plan) memoises the parse per (model, instances) signature.
+    """
+    key = (model.name, gpu.mig)
+    if cache is not None:
+        found = cache.get(key)
+        if found is not None:
+            return found
+    parsed = _parse_mig(node, gpu, model)
+    if cache is not None:
+        cache[key] = parsed
+    return parsed
+
+
+def _parse_mig(node: NodeState, gpu: GpuState, model: GpuModel) -> CurrentMig:
     where = f"node {node.name} GPU {gpu.index}"
     try:
         placements = [(Placement(i.start, model.profile(i.profile)), i.used) for i in gpu.mig]
@@ -159,15 +195,25 @@ class LayoutOption:
         return bool(self.destroyed or self.created)
 
 
-def largest_free_block(model: GpuModel, layout: Sequence[Placement]) -> int:
-    """Memory slices of the largest profile that could still be placed on unallocated slots."""
-    taken = {s for p in layout for s in p.profile.span(p.start)}
+def largest_free_block(
+    model: GpuModel, layout: Sequence[Placement], memo: dict[int, int] | None = None
+) -> int:
+    """Memory slices of the largest profile that could still be placed on unallocated slots.
+
+    ``memo`` (per model) caches the answer per set of allocated slots.
+    """
+    mask = 0
+    for p in layout:
+        mask |= ((1 << p.profile.memory_slices) - 1) << p.start
+    if memo is not None and mask in memo:
+        return memo[mask]
     best = 0
     for prof in model.profiles:
-        if prof.memory_slices > best and any(
-            taken.isdisjoint(prof.span(start)) for start in prof.starts
-        ):
+        width = (1 << prof.memory_slices) - 1
+        if prof.memory_slices > best and any(not (width << s) & mask for s in prof.starts):
             best = prof.memory_slices
+    if memo is not None:
+        memo[mask] = best
     return best
 
 
@@ -177,6 +223,7 @@ def layout_option(
     layout: Layout,
     needed: frozenset[str],
     settings: PlannerSettings,
+    memo: dict[int, int] | None = None,
 ) -> LayoutOption:
     """Score ``layout`` as a replacement of ``current`` (free units, churn, usefulness)."""
     now, then = set(layout), set(current.layout)
@@ -190,9 +237,20 @@ def layout_option(
         + settings.weight_gpu_touched * (destroyed + created > 0)
     )
     useful = settings.weight_free_gpu * (not layout) + settings.weight_free_block * (
-        largest_free_block(model, layout)
+        largest_free_block(model, layout, memo)
     )
     return LayoutOption(layout, dict(free), destroyed, created, churn, useful)
+
+
+_FIELD = 5
+"""Bits per free-instance count in a packed vector: 4 for the count (<= 15), 1 guard bit."""
+
+
+def _pack(vector: Sequence[int]) -> int:
+    packed = 0
+    for k, v in enumerate(vector):
+        packed |= v << (_FIELD * k)
+    return packed
 
 
 def candidate_layouts(
@@ -201,38 +259,57 @@ def candidate_layouts(
     needed: frozenset[MigProfile],
     settings: PlannerSettings,
 ) -> list[LayoutOption]:
-    """The Pareto front of layouts for one GPU; the current layout first (module docstring)."""
+    """The Pareto front of layouts for one GPU; the current layout first (module docstring).
+
+    Candidates are visited by (churn, -usefulness, free vector descending); a candidate is
+    dropped if one kept before it has at least its usefulness and free units (its churn is
+    no larger by the visiting order).  Free vectors are compared all keys at once on packed
+    integers: with a guard bit above each count, ``(a | guards) - b`` keeps every guard bit
+    iff ``a >= b`` on every key.
+    """
     names = frozenset(p.name for p in needed)
     addable = set(needed) | {p.profile for p in current.layout if p not in current.used}
     pinned = sorted(current.used)
-    first = layout_option(model, current, current.layout, names, settings)
+    memo: dict[int, int] = {}
+    first = layout_option(model, current, current.layout, names, settings, memo)
     options = [first]
     for layout in enumerate_layouts(model, pinned, addable):
         if layout != current.layout:
-            options.append(layout_option(model, current, layout, names, settings))
+            options.append(layout_option(model, current, layout, names, settings, memo))
     keys = sorted(names)
-
-    def vector(o: LayoutOption) -> tuple[int, ...]:
-        return tuple(o.free.get(k, 0) for k in keys)
-
+    vectors = [tuple(o.free.get(k, 0) for k in keys) for o in options]
+    if any(v >= 1 << (_FIELD - 1) for vec in vectors for v in vec):
+        raise ValueError(f"{model.name}: more than 15 instances of one profile on a GPU")
+    guards = _pack([1 << (_FIELD - 1)] * len(keys))
     order = sorted(
         range(len(options)),
-        key=lambda i: (options[i].churn, -options[i].useful, [-f for f in vector(options[i])], i),
+        key=lambda i: (options[i].churn, -options[i].useful, [-f for f in vectors[i]], i),
     )
-    front: list[tuple[LayoutOption, tuple[int, ...]]] = []
+    front: list[tuple[int, int]] = []  # (usefulness, packed free vector) of kept options
+    seen: set[tuple[int, int, int]] = set()
+    kept: set[int] = set()
     for i in order:
-        o, v = options[i], vector(options[i])
-        dominated = any(
-            f.churn <= o.churn
-            and f.useful >= o.useful
-            and all(a >= b for a, b in zip(fv, v, strict=True))
-            for f, fv in front
-        )
-        if not dominated or o is first:
-            front.append((o, v))
-    kept = {id(o) for o, _ in front}
-    return [o for o in options if id(o) in kept]
+        o = options[i]
+        packed = _pack(vectors[i])
+        sig = (o.churn, o.useful, packed)
+        if i != 0 and sig in seen:
+            continue  # the same as a candidate visited before: dominated by it or its dominator
+        seen.add(sig)
+        own = packed
+        useful = o.useful
+        dominated = False
+        for f_useful, f_packed in front:
+            if f_useful >= useful and ((f_packed | guards) - own) & guards == guards:
+                dominated = True
+                break
+        if not dominated or i == 0:
+            front.append((useful, packed))
+            kept.add(i)
+    return [o for i, o in enumerate(options) if i in kept]
 
+
+LayoutCache = dict[tuple[object, ...], list[LayoutOption]]
+"""Candidate layouts by (model, current layout with used flags, needed profiles)."""
 
 # --------------------------------------------------------------------------- the batch model
 
@@ -258,12 +335,14 @@ class _NodeInfo:
     mig: dict[int, CurrentMig] = field(default_factory=dict)
 
 
-def _node_info(node: NodeState, model: GpuModel, settings: PlannerSettings) -> _NodeInfo:
+def _node_info(
+    node: NodeState, model: GpuModel, settings: PlannerSettings, cache: MigParseCache
+) -> _NodeInfo:
     free_now: Counter[str] = Counter()
     if node.mode in (Mode.MIG, Mode.HYBRID):
         info = _NodeInfo(node, model, True, free_now, 0)
         for gpu in node.gpus:
-            cur = current_mig(node, gpu, model)
+            cur = current_mig(node, gpu, model, cache)
             info.mig[gpu.index] = cur
             free_now.update(p.profile.name for p in cur.layout if p not in cur.used)
             info.potential += model.memory_slots - sum(p.profile.memory_slices for p in cur.used)
@@ -321,7 +400,7 @@ def _add_mig_node(
     needed: frozenset[MigProfile],
     warm: Mapping[tuple[str, int], PlannedGpu],
     settings: PlannerSettings,
-    cache: dict[tuple[object, ...], list[LayoutOption]],
+    cache: LayoutCache,
 ) -> None:
     node = info.state.name
     classes: dict[tuple[object, ...], list[int]] = defaultdict(list)
@@ -432,12 +511,20 @@ def solve_batch(
     eligibilities: Mapping[str, Eligibility],
     settings: PlannerSettings,
     warm_start: Plan | None = None,
+    *,
+    time_limit_s: float | None = None,
+    parse_cache: MigParseCache | None = None,
+    layout_cache: LayoutCache | None = None,
 ) -> Plan | None:
     """Plan ``snapshot`` with CP-SAT (module docstring); ``None`` if no solution was found.
 
     ``models`` maps node name -> catalog model and ``eligibilities`` pod name -> its
     :func:`planner.demand.eligibility`.  ``warm_start`` (the greedy plan) seeds the search.
+    ``time_limit_s`` overrides ``settings.time_limit_s`` for the solver (the caller's share of
+    the budget); ``parse_cache`` and ``layout_cache`` reuse the caller's parsed layouts and
+    candidate layouts (one dict each per plan, shared by its neighbourhood rounds).
     """
+    cache: MigParseCache = parse_cache if parse_cache is not None else {}
     groups = group_pods(snapshot.pods, eligibilities)
     weights = priority_weights(p for g in groups for p in g.pods)
     nodes = {n.name: n for n in snapshot.nodes}
@@ -448,7 +535,7 @@ def solve_batch(
     for g in groups:
         for name in g.demands:
             if name not in infos:
-                infos[name] = _node_info(nodes[name], models[name], settings)
+                infos[name] = _node_info(nodes[name], models[name], settings, cache)
     cands: list[list[str]] = []
     need: dict[str, Counter[str]] = defaultdict(Counter)
     for g in groups:
@@ -466,12 +553,12 @@ def solve_batch(
         if infos[name].is_mig:
             model_keys[infos[name].model.name].update(keys)
     m = _Model()
-    cache: dict[tuple[object, ...], list[LayoutOption]] = {}
+    options_cache: LayoutCache = layout_cache if layout_cache is not None else {}
     for name in sorted(need):
         info = infos[name]
         if info.is_mig:
             needed = frozenset(info.model.profile(k) for k in model_keys[info.model.name])
-            _add_mig_node(m, info, needed, warm_layouts, settings, cache)
+            _add_mig_node(m, info, needed, warm_layouts, settings, options_cache)
         else:
             _add_mps_node(m, info, need[name], settings)
 
@@ -523,7 +610,10 @@ def solve_batch(
     _hint(m, groups, warm_layouts, warm_node)
 
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.01, settings.time_limit_s)
+    limit = max(0.01, settings.time_limit_s if time_limit_s is None else time_limit_s)
+    solver.parameters.max_time_in_seconds = limit
+    solver.parameters.max_deterministic_time = limit * DETERMINISTIC_PER_SECOND
+    solver.parameters.cp_model_probing_level = 0
     solver.parameters.num_workers = max(1, settings.num_workers)
     solver.parameters.random_seed = settings.seed
     status = solver.solve(m.cp)

@@ -48,3 +48,7 @@ class PlannerSettings:
     """How active-thread percentages are set for MPS slices."""
     max_candidate_nodes: int = 64
     """Per pod group, at most this many candidate nodes enter the CP-SAT model (pruning)."""
+    max_model_gpus: int = 96
+    """At most this many GPUs enter one CP-SAT model.  A larger snapshot is planned in rounds,
+    each re-planning a neighbourhood of at most this many GPUs (fewer when the time budget is
+    short) around the greedy plan, the rest keeping its decisions (:mod:`planner.neighbourhood`)."""
