@@ -2,8 +2,9 @@
 
 * ``bestfit`` — :class:`~simulations.policies.baselines.BestFit` (fgd.md §4);
 * ``fgd`` — :class:`~simulations.policies.baselines.Fgd` (fgd.md §5);
-* ``gpuslice`` — :class:`~simulations.policies.gpuslice.GpusliceShare`: FGD's descent on a
-  CPU-aware fragmentation measure.
+* ``gpuslice`` — :class:`~simulations.policies.gpuslice.GpusliceShare`: FGD-style descent on a
+  CPU-aware fragmentation measure plus the expected waste of free GPU shares
+  (:mod:`simulations.policies.expected_waste`).
 
 All act on a :class:`~simulations.policies.state.ShareState` (GPU-share / MPS mode).
 """

@@ -151,27 +151,34 @@ class Fgd(Policy):
         return hit
 
     @staticmethod
+    def delta_score(delta: float) -> int:
+        """The integer score of a change ``delta`` of the measure (FGD: :func:`fgd_score`)."""
+        return fgd_score(delta)
+
     def _score_state(
-        measure: FragMeasure, cls: int, cpu: int, frees: tuple[int, ...], key: ShapeKey
+        self, measure: FragMeasure, cls: int, cpu: int, frees: tuple[int, ...], key: ShapeKey
     ) -> tuple[int, tuple[int, ...]]:
-        frag = measure.frag
+        frag, score = measure.frag, self.delta_score
         c, gm, k = key
         before = frag(cls, cpu, frees)
         if k == 0:
-            return fgd_score(frag(cls, cpu - c, frees) - before), ()
+            return score(frag(cls, cpu - c, frees) - before), ()
         if gm == GPU_MILLI:
             after = tuple(sorted(frees[: len(frees) - k] + (0,) * k))  # frees sorted: 1000s last
-            return fgd_score(frag(cls, cpu - c, after) - before), ()
-        best, values = -1, []
+            return score(frag(cls, cpu - c, after) - before), ()
+        best: int | None = None
+        values: list[int] = []
         for v in sorted({f for f in frees if f >= gm}):
             rest = list(frees)
             rest.remove(v)
             rest.append(v - gm)
-            s = fgd_score(frag(cls, cpu - c, tuple(sorted(rest))) - before)
-            if s > best:
+            s = score(frag(cls, cpu - c, tuple(sorted(rest))) - before)
+            if best is None or s > best:
                 best, values = s, [v]
             elif s == best:
                 values.append(v)
+        if best is None:
+            raise ValueError(f"no free GPU share >= {gm} milli among {frees}")
         return best, tuple(values)
 
     def scores(self, state: ShareState, pod: Pod, feasible: IntArray) -> npt.NDArray[np.int64]:

@@ -2,27 +2,37 @@
 
 Model
 -----
-FGD (:class:`~simulations.policies.baselines.Fgd`) descends on a fragmentation measure that
-treats CPU as a yes/no gate: if one pod of shape m fits the node's free CPU, *every* GPU with
-room for m counts as usable by m.  On the openb cluster that is where FGD loses capacity:
-8-GPU, 96-core nodes run out of CPU with GPUs still idle, because CPU-only and CPU-heavy pods
-landed there while 104-core, 2-GPU nodes had CPU to spare.
+Like FGD (:class:`~simulations.policies.baselines.Fgd`), gpuslice scores each feasible node by
+how a hypothetical placement changes a per-node measure of lost capacity, takes the best score
+and breaks ties by the fixed node rank (the smallest wins).  It changes the measure and the
+score.
 
-gpuslice descends on a **CPU-aware** measure instead.  For a target shape m with
-``cpu_m > 0`` the node's free CPU admits ``s_m = floor(cpu_free / cpu_m)`` more pods; each takes
-``num_gpu_m`` GPUs, so at most ``s_m · num_gpu_m`` of the GPUs with ``f_g >= gpu_milli_m`` are
-usable by m — the ones with the most free milli.  Then
+**Measure** ``G = F' + ½·W``, both parts built only from FGD's target workload (the original
+pods' most frequent shapes and their probabilities ``p_m``; nothing about future arrivals):
 
-* ``frag_m = idle - Σ (the min(#fit, s_m·num_gpu_m) largest f_g with f_g >= gpu_milli_m)``,
-  when ``#fit >= num_gpu_m`` and ``s_m >= 1``;
-* ``frag_m = idle`` otherwise, and for CPU-only shapes or models the shape's spec excludes.
+* ``F'`` — FGD's fragmentation with CPU limiting how many GPUs a shape can use
+  (:class:`CpuAwareFragModel`).  FGD treats CPU as a yes/no gate: if one pod of shape m fits the
+  node's free CPU, *every* GPU with room for m counts as usable by m.  On openb, 8-GPU 96-core
+  nodes run out of CPU with GPUs idle.  Here the free CPU admits ``s_m = floor(cpu_free /
+  cpu_m)`` more pods of m, each taking ``num_gpu_m`` GPUs, so at most ``s_m·num_gpu_m`` of the
+  GPUs with ``f_g >= gpu_milli_m`` (those with the most free milli) are usable:
 
-When CPU admits a pod per fitting GPU this is exactly FGD's ``frag_m``, so the measure only
-differs where CPU strands GPUs.  ``F' = Σ_m p_m · frag_m`` uses FGD's target workload (built
-from the original pods; nothing about future arrivals), and the score is FGD's
-``trunc(100·sigmoid(-ΔF'/1000))`` — the quantisation and the fixed node rank matter, as they do
-for FGD (fgd.md §7).  The GPU of a sharing pod is, as in FGD, the lowest-indexed one reaching the
-node's best score.
+  - ``frag_m = idle - Σ (the min(#fit, s_m·num_gpu_m) largest f_g >= gpu_milli_m)`` when
+    ``#fit >= num_gpu_m`` and ``s_m >= 1``;
+  - ``frag_m = idle`` otherwise, for CPU-only shapes, and for models the shape's spec excludes.
+
+  Where CPU admits a pod per fitting GPU this equals FGD's ``frag_m``.  ``F' = Σ_m p_m·frag_m``.
+* ``W`` — the expected milli each GPU's free share will still waste once future single-GPU
+  pods have filled it (:class:`~simulations.policies.expected_waste.ExpectedWaste`): FGD's
+  measure sees a 530-milli hole as usable by the 470-milli shape, ``W`` also sees the 60 milli
+  that shape leaves.  Only shapes the node's model and free CPU admit take part.
+
+**Score** ``-floor(ΔG / 20)`` with ``ΔG = G_after - G_before``: lower is better, in steps of
+20 milli.  The quantisation matters as it does for FGD (fgd.md §7): placements within a step
+tie and go to the smallest-ranked node, which packs nodes in a fixed order.
+
+The GPU of a sharing pod is, as in FGD, the lowest-indexed one reaching the node's best score;
+whole-GPU pods take the lowest-indexed fully free GPUs.
 
 Batches: with ``k > 1`` arrivals per batch the pods of a batch are placed largest GPU request
 first (a common bin-packing order); the benchmark reports ``k = 1`` (the default) beside it.
@@ -30,14 +40,28 @@ first (a common bin-packing order); the benchmark reports ``k = 1`` (the default
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from simulations.fragmentation import FragModel, TargetWorkload
 from simulations.policies.baselines import Fgd, FragMeasure
+from simulations.policies.expected_waste import ExpectedWaste
 from simulations.policies.state import ShareState
 from simulations.workload import Pod
 
-__all__ = ["CpuAwareFragModel", "GpusliceShare"]
+__all__ = [
+    "SCORE_STEP_MILLI",
+    "WASTE_WEIGHT",
+    "CpuAwareFragModel",
+    "GpusliceMeasure",
+    "GpusliceShare",
+]
+
+SCORE_STEP_MILLI = 20.0
+"""Width of one score step of the measure's change (milli-GPU)."""
+
+WASTE_WEIGHT = 0.5
+"""Weight of the expected waste ``W`` beside the CPU-aware fragmentation ``F'``."""
 
 _NO_CPU_LIMIT = 1 << 30
 
@@ -66,13 +90,39 @@ class CpuAwareFragModel(FragModel):
         return total
 
 
+class GpusliceMeasure(CpuAwareFragModel):
+    """``G = F' + WASTE_WEIGHT · W`` per node (see the module docstring); memoised by state."""
+
+    def __init__(self, target: TargetWorkload, waste_weight: float = WASTE_WEIGHT) -> None:
+        if not math.isfinite(waste_weight) or waste_weight < 0:
+            raise ValueError(f"waste_weight must be a finite number >= 0, got {waste_weight}")
+        super().__init__(target)
+        self.waste = ExpectedWaste(target)
+        self.waste_weight = waste_weight
+
+    def _compute(self, access: Sequence[bool], cpu: int, frees: tuple[int, ...]) -> float:
+        if not frees:
+            return 0.0
+        frag = super()._compute(access, cpu, frees)
+        return frag + self.waste_weight * self.waste.node_waste(access, cpu, frees)
+
+
+def step_score(delta: float, step: float = SCORE_STEP_MILLI) -> int:
+    """``-floor(delta / step)``: higher for a smaller increase of the measure."""
+    return -math.floor(delta / step)
+
+
 class GpusliceShare(Fgd):
-    """Fragmentation-gradient descent on the CPU-aware measure (GPU-share / MPS mode)."""
+    """Descent on the CPU-aware fragmentation plus expected waste (GPU-share / MPS mode)."""
 
     name = "gpuslice"
 
     def make_measure(self, state: ShareState, originals: Sequence[Pod]) -> FragMeasure:
-        return CpuAwareFragModel(TargetWorkload.from_pods(originals))
+        return GpusliceMeasure(TargetWorkload.from_pods(originals))
+
+    @staticmethod
+    def delta_score(delta: float) -> int:
+        return step_score(delta)
 
     def order_batch(self, batch: Sequence[Pod]) -> list[Pod]:
         return sorted(batch, key=lambda p: (-p.total_gpu_milli, -p.cpu_milli))
