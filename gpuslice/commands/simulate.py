@@ -133,7 +133,35 @@ def _run_saturation_protocol(
     return 0
 
 
-PROTOCOLS: dict[str, ProtocolRunner] = {"saturation": _run_saturation_protocol}
+def _run_time_replay_protocol(
+    args: argparse.Namespace, cluster: Cluster, workload: Workload, bar: ProgressBar
+) -> int:
+    """Time replay (simulations.replay_protocol); no --trace/--cluster: its built-in MIG scenario."""
+    from simulations.replay import ReplayError, ReplaySettings
+    from simulations.replay_protocol import builtin_scenario, run_replay_protocol
+
+    if args.trace is None and args.cluster is None:
+        workload, cluster = builtin_scenario()
+    bar.total = 1000
+
+    def progress(done: int, total: int, label: str) -> None:
+        bar.update(1000 * done // max(1, total), label)
+
+    try:
+        text, _ = run_replay_protocol(
+            workload, cluster, args.policy, ReplaySettings(seed=args.seed), args.out, progress
+        )
+    except (ReplayError, ValueError) as e:
+        raise BadInput(str(e)) from None
+    bar.close()
+    print(text)
+    return 0
+
+
+PROTOCOLS: dict[str, ProtocolRunner] = {
+    "saturation": _run_saturation_protocol,
+    "time-replay": _run_time_replay_protocol,
+}
 """Protocol name -> runner. Add entries here to offer more protocols."""
 
 

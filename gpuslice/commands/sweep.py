@@ -78,9 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--mapping",
-        choices=["compute", "memory"],
-        default="compute",
-        help="MIG mapping of fractional requests",
+        default=None,
+        help="mapping of fractional requests (mig-compute, mig-memory, mps-memory[:G]; "
+        "default by node mode)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed for the trace copies' offsets")
     parser.add_argument(

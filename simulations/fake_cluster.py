@@ -1,0 +1,474 @@
+"""An in-memory GPU cluster with fake node agents, for the time-replay simulator.
+
+Model
+-----
+A :class:`FakeCluster` holds nodes (:class:`FakeNode`: name, catalog GPU model, mode, CPU and
+memory allocatable, GPUs).  A MIG GPU holds *instances* ``(profile, start)``; an MPS GPU holds
+*slices* (memory MiB, active-thread %).  Every instance or slice is one advertised *device* of
+the extended resource ``nvidia.com/mig-<profile>`` or ``nvidia.com/gpu-<N>gb``, and is either
+free or bound to one pod.
+
+Agents and specs
+----------------
+The partitioner writes a *spec* to a node: the full desired layout of some of its GPUs
+(:class:`planner.snapshot.PlannedGpu`).  The node's agent sees the spec at once and stops
+advertising the free devices the spec will remove (they can no longer be bound); after the
+agent's apply delay, :meth:`FakeCluster.apply_spec` makes the layout real: devices kept by the
+spec stay as they are (bound pods untouched), removed devices disappear, new ones are created
+free.  MIG layouts are validated with :func:`planner.geometry.parse_layout`; MPS layouts must fit
+the GPU memory.  A node with a spec not yet applied is *in flight* and is left out of snapshots.
+
+Disruptions
+-----------
+A spec that removes a device bound to a pod *disrupts* that pod: the fake agent (obediently,
+like a destroy-and-recreate tool would) removes the device, the pod is evicted and
+:meth:`apply_spec` returns it so the simulator can count it and re-queue it.  The real planner
+keeps used instances in place, so the count must stay 0; it is non-zero only when a plan moves a
+used slice.
+
+Everything here is deterministic: devices are chosen in (GPU index, start / slot) order.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from planner.catalog import Catalog, GpuModel, default_catalog
+from planner.geometry import InvalidLayout, parse_layout
+from planner.snapshot import (
+    GpuState,
+    MigInstance,
+    Mode,
+    MpsSlice,
+    NodeState,
+    PlannedGpu,
+    PlannedSlice,
+    mps_resource,
+)
+
+__all__ = [
+    "ApplyResult",
+    "Device",
+    "FakeCluster",
+    "FakeClusterError",
+    "FakeGpu",
+    "FakeNode",
+    "NodeSpec",
+]
+
+MIB_PER_GIB = 1024
+
+
+class FakeClusterError(ValueError):
+    """An operation on the fake cluster is invalid (unknown node, invalid layout, ...)."""
+
+
+@dataclass(slots=True)
+class Device:
+    """One advertised unit: a MIG instance or an MPS slice."""
+
+    resource: str
+    slot: int
+    """MIG: start slot; MPS: position of the slice on its GPU."""
+    compute: int
+    """MIG compute slices (MPS: 0)."""
+    memory_mib: int
+    profile: str = ""
+    """MIG profile name (empty for MPS)."""
+    thread_percentage: int = 100
+    pod: str | None = None
+    withdrawn: bool = False
+    """True while a spec in flight will remove it: not advertised, cannot be bound."""
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.profile or self.resource, self.slot)
+
+
+@dataclass(slots=True)
+class FakeGpu:
+    index: int
+    devices: list[Device] = field(default_factory=list)
+
+    def sort(self) -> None:
+        self.devices.sort(key=lambda d: d.slot)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """A spec in flight: desired layouts of some GPUs, applied at ``apply_at``."""
+
+    layouts: Mapping[int, PlannedGpu]
+    apply_at: float
+
+
+@dataclass(slots=True)
+class FakeNode:
+    name: str
+    model: GpuModel
+    mode: Mode
+    cpu_milli: int
+    memory_mib: int
+    gpus: list[FakeGpu]
+    label: str = ""
+    """Model label matched by pods' ``gpu_spec`` (defaults to the catalog model name)."""
+    cpu_used: int = 0
+    memory_used: int = 0
+    spec: NodeSpec | None = None
+
+    @property
+    def in_flight(self) -> bool:
+        return self.spec is not None
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyResult:
+    """What applying one spec did."""
+
+    node: str
+    gpus_changed: int
+    created: int
+    destroyed: int
+    disrupted: tuple[str, ...]
+    """Pods whose bound device the spec removed (evicted)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    """A pod bound to devices of one node."""
+
+    node: str
+    devices: tuple[tuple[int, tuple[str, int]], ...]
+    """(GPU index, device key) per bound unit."""
+    cpu_milli: int
+    memory_mib: int
+
+
+class FakeCluster:
+    """Nodes, their devices, the pods bound to them, and the specs in flight."""
+
+    def __init__(self, nodes: Iterable[FakeNode], mps_reserve_mib: int = 512) -> None:
+        self.nodes: dict[str, FakeNode] = {}
+        for n in nodes:
+            if n.name in self.nodes:
+                raise FakeClusterError(f"duplicate node name {n.name!r}")
+            if n.mode in (Mode.MIG, Mode.HYBRID) and not n.model.mig_capable:
+                raise FakeClusterError(
+                    f"node {n.name!r}: mode {n.mode.value} needs a MIG-capable GPU, "
+                    f"{n.model.name} is not (use mode mps)"
+                )
+            self.nodes[n.name] = n
+        self.mps_reserve_mib = mps_reserve_mib
+        self.bindings: dict[str, Binding] = {}
+        self._free: dict[str, Counter[str]] = {}
+        """node -> resource -> free advertised devices."""
+        self.free_total: Counter[str] = Counter()
+        """resource -> free advertised devices, cluster-wide (a quick reject test)."""
+        for node in self.nodes.values():
+            self._recount(node)
+
+    # ------------------------------------------------------------------ construction
+
+    @staticmethod
+    def node(
+        name: str,
+        model: str | GpuModel,
+        gpus: int,
+        mode: Mode = Mode.MIG,
+        cpu_milli: int = 1 << 30,
+        memory_mib: int = 1 << 40,
+        catalog: Catalog | None = None,
+        label: str = "",
+    ) -> FakeNode:
+        """A node with ``gpus`` empty GPUs of ``model`` (a catalog name or product label)."""
+        m = model if isinstance(model, GpuModel) else (catalog or default_catalog()).model(model)
+        return FakeNode(
+            name=name,
+            model=m,
+            mode=mode,
+            cpu_milli=cpu_milli,
+            memory_mib=memory_mib,
+            gpus=[FakeGpu(i) for i in range(gpus)],
+            label=label or m.name,
+        )
+
+    def set_layout(self, node: str, gpu: int, layout: PlannedGpu) -> None:
+        """Set a GPU's layout directly (initial state; the GPU must have nothing bound)."""
+        n = self._node(node)
+        g = self._gpu(n, gpu)
+        if any(d.pod is not None for d in g.devices):
+            raise FakeClusterError(f"{node} GPU {gpu}: set_layout on a GPU with bound pods")
+        g.devices = self._devices_of(n, layout)
+        self._recount(n)
+
+    # ------------------------------------------------------------------ queries
+
+    def _node(self, name: str) -> FakeNode:
+        try:
+            return self.nodes[name]
+        except KeyError:
+            raise FakeClusterError(f"unknown node {name!r}") from None
+
+    @staticmethod
+    def _gpu(node: FakeNode, index: int) -> FakeGpu:
+        if not 0 <= index < len(node.gpus):
+            raise FakeClusterError(
+                f"node {node.name!r} has GPUs 0..{len(node.gpus) - 1}, not {index}"
+            )
+        return node.gpus[index]
+
+    def free_on(self, node: str, resource: str) -> int:
+        return self._free[node][resource]
+
+    def total_compute(self) -> int:
+        """MIG compute slices of all MIG/hybrid GPUs."""
+        return sum(
+            n.model.compute_slices * len(n.gpus)
+            for n in self.nodes.values()
+            if n.mode is not Mode.MPS
+        )
+
+    def used_compute(self) -> int:
+        return sum(
+            d.compute
+            for n in self.nodes.values()
+            for g in n.gpus
+            for d in g.devices
+            if d.pod is not None
+        )
+
+    def total_mps_mib(self) -> int:
+        return sum(
+            (n.model.memory_mib - self.mps_reserve_mib) * len(n.gpus)
+            for n in self.nodes.values()
+            if n.mode is Mode.MPS
+        )
+
+    def used_mps_mib(self) -> int:
+        return sum(
+            d.memory_mib
+            for n in self.nodes.values()
+            if n.mode is Mode.MPS
+            for g in n.gpus
+            for d in g.devices
+            if d.pod is not None
+        )
+
+    def gpu_state(self, node: FakeNode, gpu: FakeGpu) -> GpuState:
+        if node.mode is Mode.MPS:
+            return GpuState(
+                gpu.index,
+                mps=tuple(
+                    MpsSlice(d.memory_mib, d.pod is not None, d.thread_percentage)
+                    for d in gpu.devices
+                ),
+            )
+        return GpuState(
+            gpu.index,
+            mig=tuple(MigInstance(d.profile, d.slot, d.pod is not None) for d in gpu.devices),
+        )
+
+    def node_states(self) -> tuple[NodeState, ...]:
+        """The planner's view of every node not in flight (name order)."""
+        return tuple(
+            NodeState(
+                name=n.name,
+                mode=n.mode,
+                model=n.model.name,
+                gpus=tuple(self.gpu_state(n, g) for g in n.gpus),
+                cpu_milli_free=n.cpu_milli - n.cpu_used,
+                memory_mib_free=n.memory_mib - n.memory_used,
+            )
+            for n in sorted(self.nodes.values(), key=lambda n: n.name)
+            if not n.in_flight
+        )
+
+    # ------------------------------------------------------------------ binding
+
+    def fits(self, node: str, requests: Mapping[str, int], cpu: int, memory: int) -> bool:
+        """Whether ``node``'s free advertised devices and CPU/memory hold the pod now."""
+        n = self.nodes[node]
+        if n.cpu_used + cpu > n.cpu_milli or n.memory_used + memory > n.memory_mib:
+            return False
+        free = self._free[node]
+        return all(free[r] >= k for r, k in requests.items())
+
+    def bind(
+        self,
+        pod: str,
+        node: str,
+        requests: Mapping[str, int],
+        cpu: int = 0,
+        memory: int = 0,
+        preferred: Mapping[str, Sequence[int]] | None = None,
+    ) -> Binding:
+        """Bind ``pod`` to free devices of ``node`` (``preferred`` GPU indices first)."""
+        if pod in self.bindings:
+            raise FakeClusterError(f"pod {pod!r} is already bound to {self.bindings[pod].node}")
+        if not self.fits(node, requests, cpu, memory):
+            raise FakeClusterError(f"pod {pod!r} does not fit node {node!r} now")
+        n = self.nodes[node]
+        chosen: list[tuple[int, Device]] = []
+        for resource, count in sorted(requests.items()):
+            want = list((preferred or {}).get(resource, ()))
+            free = [
+                (g.index, d)
+                for g in n.gpus
+                for d in g.devices
+                if d.resource == resource and d.pod is None and not d.withdrawn
+            ]
+            # preferred GPUs first (in the order the plan named them), then GPU/slot order
+            free.sort(key=lambda gd: (0 if gd[0] in want else 1, gd[0], gd[1].slot))
+            for gi, d in free[:count]:
+                d.pod = pod
+                chosen.append((gi, d))
+        n.cpu_used += cpu
+        n.memory_used += memory
+        self._recount(n)
+        b = Binding(node, tuple((gi, d.key) for gi, d in chosen), cpu, memory)
+        self.bindings[pod] = b
+        return b
+
+    def release(self, pod: str) -> None:
+        """The pod ends: its devices become free (a pod not bound is ignored)."""
+        self._unbind(pod)
+
+    def _unbind(self, pod: str) -> None:
+        b = self.bindings.pop(pod, None)
+        if b is None:
+            return
+        n = self.nodes[b.node]
+        for g in n.gpus:
+            for d in g.devices:
+                if d.pod == pod:
+                    d.pod = None
+        n.cpu_used -= b.cpu_milli
+        n.memory_used -= b.memory_mib
+        self._recount(n)
+
+    # ------------------------------------------------------------------ specs
+
+    def write_spec(self, node: str, layouts: Iterable[PlannedGpu], apply_at: float) -> None:
+        """Record a spec; the agent withdraws the free devices it will remove."""
+        n = self._node(node)
+        if n.spec is not None:
+            raise FakeClusterError(f"node {node!r} already has a spec in flight")
+        by_gpu: dict[int, PlannedGpu] = {}
+        for pg in layouts:
+            self._gpu(n, pg.index)
+            by_gpu[pg.index] = pg
+        for gi, pg in by_gpu.items():
+            _kept, _new, removed = self._match(n, n.gpus[gi], pg)
+            for d in removed:
+                if d.pod is None:
+                    d.withdrawn = True
+        n.spec = NodeSpec(by_gpu, apply_at)
+        self._recount(n)
+
+    def apply_spec(self, node: str) -> ApplyResult:
+        """The agent applies the node's spec in flight (see the module docstring)."""
+        n = self._node(node)
+        if n.spec is None:
+            raise FakeClusterError(f"node {node!r} has no spec in flight")
+        created = destroyed = changed = 0
+        disrupted: list[str] = []
+        for gi, pg in sorted(n.spec.layouts.items()):
+            g = n.gpus[gi]
+            kept, new, removed = self._match(n, g, pg)
+            for d in kept:
+                d.withdrawn = False
+            disrupted.extend(d.pod for d in removed if d.pod is not None)
+            created += len(new)
+            destroyed += len(removed)
+            changed += bool(new or removed)
+            g.devices = kept + new
+            g.sort()
+        n.spec = None
+        pods = tuple(dict.fromkeys(disrupted))
+        for pod in pods:
+            self._unbind(pod)
+        self._recount(n)
+        return ApplyResult(n.name, changed, created, destroyed, pods)
+
+    def _match(
+        self, n: FakeNode, g: FakeGpu, pg: PlannedGpu
+    ) -> tuple[list[Device], list[Device], list[Device]]:
+        """Split a GPU's devices against a desired layout: (kept, to create, to remove).
+
+        MIG instances match by (profile, start).  MPS slices match by memory size, bound slices
+        first, so a spec that keeps a used slice's size keeps that very slice.
+        """
+        desired = self._devices_of(n, pg)
+        kept: list[Device] = []
+        new: list[Device] = []
+        if n.mode is Mode.MPS:
+            pool = sorted(g.devices, key=lambda d: (d.pod is None, d.slot))
+            for d in desired:
+                match = next((o for o in pool if o.memory_mib == d.memory_mib), None)
+                if match is None:
+                    new.append(d)
+                else:
+                    pool.remove(match)
+                    kept.append(match)
+            removed = pool
+            # keep positions unique: new slices go after the kept ones
+            top = max((d.slot for d in kept), default=-1)
+            for k, d in enumerate(new):
+                d.slot = top + 1 + k
+            return kept, new, removed
+        have = {d.key: d for d in g.devices}
+        for d in desired:
+            old = have.pop(d.key, None)
+            if old is None:
+                new.append(d)
+            else:
+                kept.append(old)
+        return kept, new, list(have.values())
+
+    def _devices_of(self, n: FakeNode, pg: PlannedGpu) -> list[Device]:
+        """Free devices for a desired layout; raises :class:`FakeClusterError` if invalid."""
+        if n.mode is Mode.MPS:
+            usable = n.model.memory_mib - self.mps_reserve_mib
+            total = sum(s.memory_mib for s in pg.mps)
+            if total > usable:
+                raise FakeClusterError(
+                    f"{n.name} GPU {pg.index}: MPS slices take {total} MiB, more than the "
+                    f"{usable} MiB usable"
+                )
+            return [_mps_device(k, s) for k, s in enumerate(pg.mps)]
+        try:
+            layout = parse_layout(n.model, pg.mig)
+        except InvalidLayout as e:
+            raise FakeClusterError(f"{n.name} GPU {pg.index}: {e}") from None
+        return [
+            Device(
+                resource=p.profile.resource,
+                slot=p.start,
+                compute=p.profile.compute,
+                memory_mib=p.profile.memory_mib,
+                profile=p.profile.name,
+            )
+            for p in layout
+        ]
+
+    def _recount(self, n: FakeNode) -> None:
+        old = self._free.get(n.name)
+        if old is not None:
+            self.free_total.subtract(old)
+        free: Counter[str] = Counter(
+            d.resource for g in n.gpus for d in g.devices if d.pod is None and not d.withdrawn
+        )
+        self._free[n.name] = free
+        self.free_total.update(free)
+
+
+def _mps_device(position: int, s: PlannedSlice) -> Device:
+    return Device(
+        resource=mps_resource(s.memory_mib // MIB_PER_GIB),
+        slot=position,
+        compute=0,
+        memory_mib=s.memory_mib,
+        thread_percentage=s.thread_percentage,
+    )

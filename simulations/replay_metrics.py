@@ -1,0 +1,187 @@
+"""What a time replay records, and the metrics computed from it.
+
+Records (:class:`ReplayResult`)
+-------------------------------
+* per pod (:class:`PodRecord`): arrival time, the time it was first bound (``None`` if never),
+  its total pending time so far, and how often it was disrupted;
+* per plan (:class:`PlanRecord`): when, how many pods the batch had, the planner's wall-clock
+  milliseconds, pods placed and unplaced, GPUs the written specs reconfigure;
+* per applied spec: ``(time, GPUs whose layout changed)`` in :attr:`ReplayResult.reconfigurations`;
+* the allocation step function ``(time, fraction)`` in :attr:`ReplayResult.allocation`: after
+  every change, the allocated fraction of the cluster (MIG: compute slices of bound instances /
+  all compute slices; MPS: memory of bound slices / usable memory);
+* ``start``/``end``: the first arrival and the time the replay stopped.
+
+Metric definitions (:func:`summarize`)
+--------------------------------------
+* **pending time** of a pod: the time from its arrival to its first binding, plus any later
+  wait after a disruption.  A pod that is never scheduled counts with the time it waited
+  (until it was abandoned, or until the end): a *censored* value, a lower bound.  Percentiles
+  are nearest-rank over all pods: ``p_q`` = the ``ceil(q/100 * n)``-th smallest value.
+* **never scheduled**: pods not bound when the replay ends (abandoned ones included).
+* **GPU reconfigurations per hour**: the GPUs changed by all applied specs, divided by the
+  replayed span ``(end - start) / 3600`` (simulated, i.e. compressed, hours).
+* **pods disrupted**: bound pods whose device an applied spec removed (must be 0).
+* **planner time per batch**: p50/p95/max/mean of the planner's wall-clock milliseconds over
+  the plans actually computed (plans reused for an identical input are counted apart).
+* **allocation**: the time-weighted mean and the maximum of the allocation step function over
+  ``[start, end]``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "PlanRecord",
+    "PodRecord",
+    "ReplayResult",
+    "ReplaySummary",
+    "nearest_rank",
+    "summarize",
+    "time_weighted_mean",
+]
+
+
+@dataclass(slots=True)
+class PodRecord:
+    name: str
+    arrival: float
+    requests: dict[str, int]
+    first_bound: float | None = None
+    pending_s: float = 0.0
+    """Completed waits (arrival -> bind, disruption -> re-bind)."""
+    waiting_since: float | None = None
+    """Start of the current wait, while the pod is pending."""
+    disruptions: int = 0
+    abandoned: bool = False
+
+    def pending_at(self, end: float) -> float:
+        """Total pending time, counting a wait still open at ``end`` up to ``end``."""
+        open_wait = end - self.waiting_since if self.waiting_since is not None else 0.0
+        return self.pending_s + max(0.0, open_wait)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRecord:
+    time: float
+    batch: int
+    planner_ms: float
+    placed: int
+    unplaced: int
+    gpus_reconfigured: int
+    reused: bool = False
+    """True when an identical input was planned before and its plan was reused."""
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    policy: str
+    pods: list[PodRecord]
+    plans: list[PlanRecord] = field(default_factory=list)
+    reconfigurations: list[tuple[float, int]] = field(default_factory=list)
+    allocation: list[tuple[float, float]] = field(default_factory=list)
+    start: float = 0.0
+    end: float = 0.0
+    disruptions: int = 0
+    """Bound pods whose device an applied spec removed."""
+    planner_errors: list[str] = field(default_factory=list)
+    spec_conflicts: int = 0
+    events: dict[str, int] = field(default_factory=dict)
+    wall_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def pending_times(self) -> list[float]:
+        return [p.pending_at(self.end) for p in self.pods]
+
+
+def nearest_rank(values: Sequence[float], q: float) -> float:
+    """The nearest-rank ``q``-th percentile (0 < q <= 100); NaN for no values."""
+    if not 0 < q <= 100:
+        raise ValueError(f"percentile must be in (0, 100], got {q}")
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def time_weighted_mean(steps: Sequence[tuple[float, float]], start: float, end: float) -> float:
+    """Mean of a right-continuous step function over ``[start, end]`` (0 before the first step)."""
+    if end <= start:
+        return steps[-1][1] if steps else 0.0
+    total = 0.0
+    value = 0.0
+    t_prev = start
+    for t, v in steps:
+        if t > end:
+            break
+        if t > t_prev:
+            total += value * (t - t_prev)
+            t_prev = t
+        value = v
+    total += value * (end - t_prev)
+    return total / (end - start)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplaySummary:
+    policy: str
+    pods: int
+    pending_p50_s: float
+    pending_p95_s: float
+    pending_p99_s: float
+    never_scheduled: int
+    reconfigurations_per_hour: float
+    gpus_reconfigured: int
+    pods_disrupted: int
+    plans: int
+    plans_reused: int
+    planner_ms_p50: float
+    planner_ms_p95: float
+    planner_ms_max: float
+    planner_ms_mean: float
+    allocation_mean: float
+    allocation_max: float
+    span_s: float
+    planner_errors: int
+    wall_s: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            k: (None if isinstance(v, float) and math.isnan(v) else v)
+            for k, v in ((f, getattr(self, f)) for f in self.__slots__)
+        }
+
+
+def summarize(result: ReplayResult) -> ReplaySummary:
+    """The metrics of the module docstring."""
+    pending = result.pending_times()
+    span = max(0.0, result.end - result.start)
+    reconfigured = sum(n for _, n in result.reconfigurations)
+    computed = [p.planner_ms for p in result.plans if not p.reused]
+    return ReplaySummary(
+        policy=result.policy,
+        pods=len(result.pods),
+        pending_p50_s=nearest_rank(pending, 50),
+        pending_p95_s=nearest_rank(pending, 95),
+        pending_p99_s=nearest_rank(pending, 99),
+        never_scheduled=sum(1 for p in result.pods if p.first_bound is None),
+        reconfigurations_per_hour=reconfigured / (span / 3600) if span > 0 else 0.0,
+        gpus_reconfigured=reconfigured,
+        pods_disrupted=result.disruptions,
+        plans=len(computed),
+        plans_reused=len(result.plans) - len(computed),
+        planner_ms_p50=nearest_rank(computed, 50),
+        planner_ms_p95=nearest_rank(computed, 95),
+        planner_ms_max=max(computed) if computed else math.nan,
+        planner_ms_mean=sum(computed) / len(computed) if computed else math.nan,
+        allocation_mean=time_weighted_mean(result.allocation, result.start, result.end),
+        allocation_max=max((v for _, v in result.allocation), default=0.0),
+        span_s=span,
+        planner_errors=len(result.planner_errors),
+        wall_s=result.wall_s,
+    )

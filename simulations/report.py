@@ -1,0 +1,194 @@
+"""Time-replay reports: a comparison table, a Markdown report, JSON, and PNG plots.
+
+Output of :func:`write_replay_report` in a directory:
+
+* ``replay.md`` — the settings, the comparison table (one row per policy, the metrics of
+  :mod:`simulations.replay_metrics`), the plots, and notes;
+* ``replay.json`` — the same summaries plus the settings, machine-readable;
+* ``pending_cdf.png`` — the empirical CDF of pending time per policy (log x axis; a pod never
+  scheduled counts with its censored wait);
+* ``reconfigurations.png`` — cumulative GPUs reconfigured over time per policy;
+* ``allocation.png`` — the allocation step function over time per policy.
+
+Plots use matplotlib's Agg backend (no display needed).  The saturation protocol's report
+(allocation against arrived demand) is :func:`simulations.bench_saturation.write_report`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from simulations.replay_metrics import ReplayResult, ReplaySummary, summarize
+
+__all__ = [
+    "COLUMNS",
+    "format_table",
+    "markdown_table",
+    "plot_allocation",
+    "plot_pending_cdf",
+    "plot_reconfigurations",
+    "write_replay_report",
+]
+
+COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("policy", "policy", "{}"),
+    ("pods", "pods", "{}"),
+    ("pending_p50_s", "p50 s", "{:.0f}"),
+    ("pending_p95_s", "p95 s", "{:.0f}"),
+    ("pending_p99_s", "p99 s", "{:.0f}"),
+    ("never_scheduled", "never", "{}"),
+    ("reconfigurations_per_hour", "reconf/h", "{:.2f}"),
+    ("pods_disrupted", "disrupted", "{}"),
+    ("plans", "plans", "{}"),
+    ("planner_ms_p50", "plan ms p50", "{:.1f}"),
+    ("planner_ms_p95", "plan ms p95", "{:.1f}"),
+    ("allocation_mean", "alloc mean", "{:.3f}"),
+)
+"""(summary field, column header, format) of the comparison table."""
+
+
+def _cell(value: Any, fmt: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return fmt.format(value)
+
+
+def _rows(summaries: Sequence[ReplaySummary]) -> list[list[str]]:
+    return [[_cell(getattr(s, f), fmt) for f, _, fmt in COLUMNS] for s in summaries]
+
+
+def format_table(summaries: Sequence[ReplaySummary]) -> str:
+    """A plain-text table for the terminal."""
+    header = [h for _, h, _ in COLUMNS]
+    rows = _rows(summaries)
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(
+            c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        )
+        for r in [header, *rows]
+    )
+
+
+def markdown_table(summaries: Sequence[ReplaySummary]) -> str:
+    header = [h for _, h, _ in COLUMNS]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in _rows(summaries)]
+    return "\n".join(lines)
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _finish(plt: Any, fig: Any, ax: Any, path: Path) -> Path:
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_pending_cdf(results: Sequence[ReplayResult], path: Path) -> Path:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in results:
+        values = sorted(r.pending_times())
+        if not values:
+            continue
+        n = len(values)
+        xs = [max(v, 0.1) for v in values]
+        ax.step(xs, [(i + 1) / n for i in range(n)], where="post", label=r.policy)
+    ax.set_xscale("log")
+    ax.set_xlabel("pending time (s, log; 0 drawn at 0.1 s)")
+    ax.set_ylabel("fraction of pods")
+    ax.set_title("Pending time CDF")
+    return _finish(plt, fig, ax, path)
+
+
+def plot_reconfigurations(results: Sequence[ReplayResult], path: Path) -> Path:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in results:
+        xs, ys, total = [r.start], [0], 0
+        for t, n in r.reconfigurations:
+            total += n
+            xs.append(t)
+            ys.append(total)
+        xs.append(r.end)
+        ys.append(total)
+        ax.step([(x - r.start) / 3600 for x in xs], ys, where="post", label=r.policy)
+    ax.set_xlabel("time (h since the first arrival)")
+    ax.set_ylabel("GPUs reconfigured (cumulative)")
+    ax.set_title("Reconfigurations over time")
+    return _finish(plt, fig, ax, path)
+
+
+def plot_allocation(results: Sequence[ReplayResult], path: Path) -> Path:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in results:
+        pts = [*r.allocation, (r.end, r.allocation[-1][1] if r.allocation else 0.0)]
+        ax.step(
+            [(t - r.start) / 3600 for t, _ in pts],
+            [100 * v for _, v in pts],
+            where="post",
+            label=r.policy,
+            linewidth=0.8,
+        )
+    ax.set_xlabel("time (h since the first arrival)")
+    ax.set_ylabel("allocated (%)")
+    ax.set_ylim(0, 105)
+    ax.set_title("Allocation over time")
+    return _finish(plt, fig, ax, path)
+
+
+def write_replay_report(
+    results: Sequence[ReplayResult],
+    out_dir: str | Path,
+    title: str = "Time replay",
+    context: Mapping[str, Any] | None = None,
+    notes: Sequence[str] = (),
+) -> Path:
+    """Write ``replay.md``, ``replay.json`` and the three PNGs into ``out_dir``; return the .md."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    summaries = [summarize(r) for r in results]
+    plots = {
+        "pending_cdf.png": plot_pending_cdf(results, out / "pending_cdf.png"),
+        "reconfigurations.png": plot_reconfigurations(results, out / "reconfigurations.png"),
+        "allocation.png": plot_allocation(results, out / "allocation.png"),
+    }
+    ctx = dict(context or {})
+    doc = {"context": ctx, "summaries": [s.as_dict() for s in summaries]}
+    (out / "replay.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    lines = [f"# {title}", ""]
+    if ctx:
+        lines += [f"- **{k}**: {v}" for k, v in ctx.items()]
+        lines.append("")
+    lines += [markdown_table(summaries), ""]
+    lines += [
+        "Pending times are nearest-rank percentiles over all GPU pods; a pod never scheduled "
+        "counts with the time it waited (a lower bound). Reconfigurations per hour count GPUs "
+        "changed by applied specs per replayed hour. Disruptions must be 0.",
+        "",
+    ]
+    for name in plots:
+        lines += [f"![{name[:-4]}]({name})", ""]
+    all_notes = [*notes, *(n for r in results for n in r.notes)]
+    errors = [f"{r.policy}: {e}" for r in results for e in r.planner_errors[:3]]
+    if all_notes or errors:
+        lines += ["## Notes", "", *(f"- {n}" for n in [*all_notes, *errors]), ""]
+    md = out / "replay.md"
+    md.write_text("\n".join(lines))
+    return md

@@ -1,0 +1,236 @@
+"""Time replay engine: hand-computed timelines, every policy, determinism, zero disruptions."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from planner.catalog import Catalog
+from planner.greedy import plan_greedy
+from planner.settings import PlannerSettings
+from planner.snapshot import GpuState, MigInstance, Mode, Plan, Snapshot
+from simulations.cluster import Cluster, Node
+from simulations.fake_cluster import FakeCluster
+from simulations.replay import (
+    ReplayError,
+    ReplayPod,
+    ReplayPolicy,
+    ReplaySettings,
+    parse_policy,
+    replay_pods,
+    run_time_replay,
+)
+from simulations.replay_metrics import summarize
+from simulations.workload import Pod, PodShape, SyntheticSpec, Workload, synthetic_workload
+
+A100 = "A100-SXM4-80GB"
+EMPTY = Workload("none", (Pod("unused", 0),))
+
+
+def one_gpu() -> FakeCluster:
+    return FakeCluster([FakeCluster.node("n0", A100, 1)])
+
+
+def pod(name: str, resource: str, arrival: float, duration: float, k: int = 1) -> ReplayPod:
+    return ReplayPod(name, {f"nvidia.com/mig-{resource}": k}, arrival, duration)
+
+
+def small_workload(seed: int = 3, count: int = 40) -> tuple[Workload, Cluster]:
+    mix = (
+        PodShape(4, 1000, 1024, 1, 120),
+        PodShape(2, 1000, 1024, 1, 300),
+        PodShape(1, 1000, 1024, 1, 1000),
+    )
+    wl = synthetic_workload(
+        SyntheticSpec(
+            count=count, mix=mix, arrival_rate_per_s=1 / 40, mean_duration_s=600, seed=seed
+        )
+    )
+    nodes = tuple(Node(f"n{i}", 64000, 512000, 2, A100, Mode.MIG, A100) for i in range(2))
+    return wl, Cluster("small", nodes)
+
+
+# ------------------------------------------------------------------ hand-computed timelines
+
+
+def test_static_whole_gpu_queue_is_hand_computed() -> None:
+    pods = [
+        pod("a", "7g.80gb", 0, 100),
+        pod("b", "7g.80gb", 10, 50),
+        pod("c", "7g.80gb", 20, 5, k=2),
+    ]
+    r = run_time_replay(EMPTY, one_gpu(), "static:all-7g", pods=pods)
+    rec = {p.name: p for p in r.pods}
+    assert rec["a"].first_bound == 0 and rec["a"].pending_s == 0
+    assert rec["b"].first_bound == 100 and rec["b"].pending_s == 90
+    assert rec["c"].first_bound is None  # two whole GPUs on a one-GPU cluster
+    assert r.end == 150  # b departs at 100 + 50
+    assert rec["c"].pending_s == 130  # censored: waited from 20 to the end
+    s = summarize(r)
+    assert (s.pending_p50_s, s.pending_p95_s, s.never_scheduled) == (90, 130, 1)
+    assert s.allocation_mean == pytest.approx(1.0)
+    assert s.reconfigurations_per_hour == 0 and s.plans == 0
+
+
+def test_partitioner_window_and_apply_delay_are_hand_computed() -> None:
+    # empty GPU: the pod is unschedulable at 0, the window opens at 0, idles out at 10,
+    # the spec is applied at 15 and the pod binds then
+    settings = ReplaySettings(batch_timeout_s=60, batch_idle_s=10, apply_delay_s=5)
+    r = run_time_replay(EMPTY, one_gpu(), "greedy", settings, pods=[pod("a", "1g.10gb", 0, 100)])
+    (rec,) = r.pods
+    assert rec.first_bound == 15 and rec.pending_s == 15
+    assert r.reconfigurations == [(15, 1)]
+    assert len(r.plans) == 1 and r.plans[0].time == 10 and r.plans[0].placed == 1
+    s = summarize(r)
+    assert s.pods_disrupted == 0 and s.never_scheduled == 0
+    assert s.reconfigurations_per_hour == pytest.approx(1 / (115 / 3600))
+
+
+def test_timeout_closes_a_window_that_keeps_getting_arrivals() -> None:
+    settings = ReplaySettings(batch_timeout_s=20, batch_idle_s=10, apply_delay_s=0)
+    pods = [pod(f"p{i}", "1g.10gb", 8 * i, 1000) for i in range(4)]  # arrivals at 0, 8, 16, 24
+    r = run_time_replay(EMPTY, one_gpu(), "cpsat", settings, pods=pods)
+    assert r.plans[0].time == 20 and r.plans[0].batch == 3
+    bound = sorted((p.name, p.first_bound) for p in r.pods)
+    assert bound[:3] == [("p0", 20), ("p1", 20), ("p2", 20)]
+
+
+# ------------------------------------------------------------------ policies
+
+
+@pytest.mark.parametrize("policy", ["cpsat", "greedy", "static:balanced", "static:all-1g"])
+def test_every_policy_replays_a_small_workload(policy: str) -> None:
+    wl, cl = small_workload()
+    r = run_time_replay(wl, cl, policy, ReplaySettings(planner=PlannerSettings(time_limit_s=2)))
+    s = summarize(r)
+    assert s.pods == 40 and s.pods_disrupted == 0 and not r.planner_errors
+    assert len({p.name for p in r.pods}) == 40
+    for p in r.pods:
+        assert p.first_bound is None or p.first_bound >= p.arrival
+    if policy.startswith("static"):
+        assert s.plans == 0 and s.gpus_reconfigured == 0
+    else:
+        assert s.plans > 0 and s.gpus_reconfigured > 0 and s.never_scheduled == 0
+        assert r.events.get("Planned", 0) > 0
+
+
+def test_replay_is_deterministic_for_a_fixed_seed() -> None:
+    wl, cl = small_workload(seed=5)
+    settings = ReplaySettings(copies=2, seed=11)
+
+    def run() -> tuple[object, ...]:
+        r = run_time_replay(wl, cl, "greedy", settings)
+        s = summarize(r).as_dict()
+        for k in (
+            "wall_s",
+            "planner_ms_p50",
+            "planner_ms_p95",
+            "planner_ms_max",
+            "planner_ms_mean",
+        ):
+            s.pop(k)
+        return (s, [(p.name, p.first_bound, p.pending_s) for p in r.pods], r.reconfigurations)
+
+    assert run() == run()
+
+
+def _mover(snapshot: Snapshot, settings: PlannerSettings, catalog: Catalog) -> Plan:
+    """A broken planner: it believes every instance is free, so it may move used ones."""
+    nodes = tuple(
+        replace(
+            n,
+            gpus=tuple(
+                GpuState(g.index, mig=tuple(MigInstance(i.profile, i.start) for i in g.mig))
+                for g in n.gpus
+            ),
+        )
+        for n in snapshot.nodes
+    )
+    return plan_greedy(Snapshot(nodes, snapshot.pods), settings, catalog)
+
+
+@pytest.mark.parametrize("planner", ["cpsat", "greedy"])
+def test_real_planners_never_disrupt_where_a_mover_would(planner: str) -> None:
+    # a 1g pod runs; then a whole-GPU pod arrives: only destroying the used 1g would fit it
+    pods = [pod("small", "1g.10gb", 0, 1000), pod("big", "7g.80gb", 100, 100)]
+    # the mover keeps evicting whichever pod runs (a livelock): stop it at a horizon
+    guard = ReplaySettings(horizon_s=120)  # first eviction at 115, the next at 130
+    mover = run_time_replay(
+        EMPTY, one_gpu(), ReplayPolicy("mover", planner=_mover), guard, pods=pods
+    )
+    assert summarize(mover).pods_disrupted == 1
+    assert next(p for p in mover.pods if p.name == "small").disruptions == 1
+
+    real = run_time_replay(EMPTY, one_gpu(), planner, pods=pods)
+    s = summarize(real)
+    assert s.pods_disrupted == 0 and s.never_scheduled == 0
+    big = next(p for p in real.pods if p.name == "big")
+    small = next(p for p in real.pods if p.name == "small")
+    assert small.first_bound is not None and big.first_bound is not None
+    assert big.first_bound >= small.first_bound + 1000  # waited for the 1g to finish
+
+
+# ------------------------------------------------------------------ inputs
+
+
+def test_replay_pods_use_the_mapping_of_the_cluster_mode() -> None:
+    from planner.catalog import default_catalog
+
+    wl = Workload(
+        "w",
+        (
+            Pod("a", 0, 0, 1, 100, creation_time=0, deletion_time=10),
+            Pod("b", 0, 0, 8, 1000, creation_time=0, deletion_time=10),
+        ),
+    )
+    m = default_catalog().model(A100)
+    mig = replay_pods(wl, m, Mode.MIG)
+    assert [dict(p.requests) for p in mig] == [
+        {"nvidia.com/mig-1g.10gb": 1},
+        {"nvidia.com/mig-7g.80gb": 8},
+    ]
+    mps = replay_pods(wl, default_catalog().model("V100-32GB"), Mode.MPS)
+    assert dict(mps[0].requests) == {"nvidia.com/gpu-4gb": 1}  # 10 % of 32 GiB, rounded up
+    with pytest.raises(ReplayError, match="choose a mig mapping"):
+        replay_pods(wl, m, Mode.MIG, ReplaySettings(mapping="mps-memory"))
+    with pytest.raises(ReplayError, match="unknown mapping"):
+        replay_pods(wl, m, Mode.MIG, ReplaySettings(mapping="nearest"))
+
+
+def test_replay_pods_compress_and_overlay_copies() -> None:
+    from planner.catalog import default_catalog
+
+    wl = Workload(
+        "w",
+        (
+            Pod("a", 0, 0, 1, 100, creation_time=100, deletion_time=300),
+            Pod("b", 0, 0, 1, 100, creation_time=500, deletion_time=900),
+            Pod("cpu", 100),
+        ),
+    )
+    m = default_catalog().model(A100)
+    pods = replay_pods(wl, m, Mode.MIG, ReplaySettings(time_compression=10))
+    assert [(p.name, p.arrival, p.duration) for p in pods] == [("a", 0, 20), ("b", 40, 40)]
+    copies = replay_pods(wl, m, Mode.MIG, ReplaySettings(copies=3, seed=1))
+    assert len(copies) == 6 and len({p.name for p in copies}) == 6
+    assert all(0 <= p.arrival < 401 for p in copies)
+    assert copies == replay_pods(wl, m, Mode.MIG, ReplaySettings(copies=3, seed=1))
+    no_times = Workload("w", (Pod("x", 0, 0, 1, 100),))
+    with pytest.raises(ReplayError, match="creation_time"):
+        replay_pods(no_times, m, Mode.MIG)
+
+
+def test_bad_policy_and_mixed_cluster_are_rejected() -> None:
+    with pytest.raises(ReplayError, match="unknown replay policy"):
+        parse_policy("random")
+    mixed = Cluster(
+        "mixed",
+        (
+            Node("a", 1000, 1000, 1, A100, Mode.MIG, A100),
+            Node("b", 1000, 1000, 1, "V100-32GB", Mode.MPS, "V100-32GB"),
+        ),
+    )
+    wl, _ = small_workload(count=3)
+    with pytest.raises(ReplayError, match="one GPU model and mode"):
+        run_time_replay(wl, mixed, "greedy")
