@@ -15,6 +15,7 @@ from typing import Any
 
 import kmock
 import kopf
+import prometheus_client
 import pytest
 from fake_apiserver import NP_PATH, NP_RESOURCE, ApiServer, declare, stored
 
@@ -149,7 +150,7 @@ async def test_unschedulable_pod_gets_a_spec_within_the_batch_window(kmock: ApiS
     await create(
         kmock, "/api/v1/nodes", node("n1", {"nos.nebuly.com/gpu-partitioning": "mig", **A100})
     )
-    async with operator(kmock):
+    async with operator(kmock) as controller:
         np = await eventually(lambda: partitioning(kmock, "n1"), within=5)
         assert np["spec"] == {"planId": "", "mode": "mig", "gpus": []}
         assert np["metadata"]["ownerReferences"][0]["kind"] == "Node"
@@ -176,6 +177,12 @@ async def test_unschedulable_pod_gets_a_spec_within_the_batch_window(kmock: ApiS
         (planned,) = await eventually(lambda: events(kmock, "Planned"), within=5)
         assert planned["message"] == "planned nvidia.com/mig-1g.10gb on node n1 GPU 0, plan 1"
         assert planned["involvedObject"]["name"] == "p1"
+
+        metrics = prometheus_client.generate_latest(controller.metrics.registry).decode()
+        assert "gpuslice_pods_planned_total 1.0" in metrics
+        assert "gpuslice_gpus_reconfigured_total 1.0" in metrics
+        assert "gpuslice_batch_size_count 1.0" in metrics
+        assert "gpuslice_plan_duration_seconds_count 1.0" in metrics
 
         await asyncio.sleep(90)  # the pod stays pending, the spec is not applied: no rewrite
         assert len(spec_writes(kmock, "n1")) == 1
