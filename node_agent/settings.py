@@ -10,17 +10,14 @@ turns unhealthy when reconcile passes have failed, or none has finished, for lon
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from pydantic import Field
 
-from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from contract.common_settings import CommonSettings
 
 __all__ = ["AgentSettings"]
 
 
-class AgentSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="GPUSLICE_", extra="forbid", frozen=True)
-
+class AgentSettings(CommonSettings):
     node_name: str = Field(
         "",
         description="This node's name (GPUSLICE_NODE_NAME, from the downward API spec.nodeName).",
@@ -45,10 +42,6 @@ class AgentSettings(BaseSettings):
     retry_seconds: float = Field(
         2.0, gt=0, description="Retry this soon after a pass that did not settle (errors)."
     )
-    catalog_files: Annotated[list[str], NoDecode] = Field(
-        default_factory=list,
-        description="GPU catalog override files (JSON/YAML), comma-separated in the environment.",
-    )
     metrics_port: int = Field(
         8082, ge=0, le=65535, description="Port of /metrics and /healthz (0: disabled)."
     )
@@ -57,19 +50,3 @@ class AgentSettings(BaseSettings):
         ge=1,
         description="/healthz fails after passes failed (or none ran) this many resyncs long.",
     )
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
-        "INFO", description="Log level."
-    )
-    log_format: Literal["text", "json"] = Field("text", description="Log line format.")
-
-    @field_validator("catalog_files", mode="before")
-    @classmethod
-    def _split_files(cls, value: object) -> object:
-        if isinstance(value, str):
-            return [f.strip() for f in value.split(",") if f.strip()]
-        return value
-
-    @field_validator("log_level", mode="before")
-    @classmethod
-    def _upper_level(cls, value: object) -> object:
-        return value.upper() if isinstance(value, str) else value

@@ -8,20 +8,16 @@ on a namespace: the partitioner watches Nodes, Pods and NodePartitionings cluste
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from pydantic import Field, model_validator
 
-from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
-
+from contract.common_settings import CommonSettings
 from partitioner.batching import BatchPolicy
 from planner.settings import PlannerSettings, Policy
 
 __all__ = ["PartitionerSettings"]
 
 
-class PartitionerSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="GPUSLICE_", extra="forbid", frozen=True)
-
+class PartitionerSettings(CommonSettings):
     batch_timeout_seconds: float = Field(
         60.0, gt=0, description="Plan a batch at the latest this long after its first pod."
     )
@@ -47,28 +43,8 @@ class PartitionerSettings(BaseSettings):
     weight_free_gpu: int = Field(4, ge=0, description="Value of a GPU left entirely free.")
     weight_free_block: int = Field(1, ge=0, description="Value per slot of the largest free block.")
     mps_reserve_mib: int = Field(512, ge=0, description="GPU memory kept for the MPS server.")
-    catalog_files: Annotated[list[str], NoDecode] = Field(
-        default_factory=list,
-        description="GPU catalog override files (JSON/YAML), comma-separated in the environment.",
-    )
     metrics_port: int = Field(8080, ge=0, le=65535, description="Prometheus /metrics port.")
     health_port: int = Field(8081, ge=0, le=65535, description="Liveness/readiness /healthz port.")
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
-        "INFO", description="Log level."
-    )
-    log_format: Literal["text", "json"] = Field("text", description="Log line format.")
-
-    @field_validator("catalog_files", mode="before")
-    @classmethod
-    def _split_files(cls, value: object) -> object:
-        if isinstance(value, str):
-            return [f.strip() for f in value.split(",") if f.strip()]
-        return value
-
-    @field_validator("log_level", mode="before")
-    @classmethod
-    def _upper_level(cls, value: object) -> object:
-        return value.upper() if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _ports_differ(self) -> PartitionerSettings:

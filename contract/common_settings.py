@@ -1,0 +1,40 @@
+"""Settings every gpuslice process shares: catalog override files and logging.
+
+The partitioner's and the node agent's settings classes derive from :class:`CommonSettings`, so
+``GPUSLICE_CATALOG_FILES``, ``GPUSLICE_LOG_LEVEL`` and ``GPUSLICE_LOG_FORMAT`` mean the same in
+both and are parsed in one place.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+__all__ = ["CommonSettings"]
+
+
+class CommonSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GPUSLICE_", extra="forbid", frozen=True)
+
+    catalog_files: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="GPU catalog override files (JSON/YAML), comma-separated in the environment.",
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="Log level."
+    )
+    log_format: Literal["text", "json"] = Field("text", description="Log line format.")
+
+    @field_validator("catalog_files", mode="before")
+    @classmethod
+    def _split_files(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [f.strip() for f in value.split(",") if f.strip()]
+        return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_level(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
