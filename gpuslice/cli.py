@@ -1,4 +1,6 @@
-"""``gpuslice`` — one console script, one subcommand per job.
+"""gpuslice: repartition NVIDIA GPUs (MIG and MPS) in Kubernetes on demand.
+
+One console script, one subcommand per job.
 
 Each subcommand lives in ``gpuslice/commands/<name>.py`` and exposes ``HELP`` (one line),
 ``add_arguments(parser)`` and ``run(args) -> int``.  Modules are imported only when their
@@ -21,7 +23,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "plan a pending batch (built-in demo or a kubectl snapshot)",
     ),
     "bench": ("gpuslice.commands.bench", "run a benchmark (planner)"),
-    "simulate": ("gpuslice.commands.simulate", "what-if simulator (default: built-in workload and cluster)"),
+    "simulate": (
+        "gpuslice.commands.simulate",
+        "what-if simulator (default: built-in workload and cluster)",
+    ),
     "sweep": (
         "gpuslice.commands.sweep",
         "tune batch timeout/idle and planner weights with the time replay",
@@ -38,7 +43,7 @@ class BadInput(Exception):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gpuslice", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="gpuslice", description=(__doc__ or "").splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_module, help_) in COMMANDS.items():
         sub.add_parser(name, help=help_, add_help=False)

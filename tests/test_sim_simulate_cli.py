@@ -19,9 +19,19 @@ from simulations.openb import OPENB_DIR_ENV
 def test_default_run_prints_the_comparison_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--repeats", "2"]) == 0
     out, err = capsys.readouterr()
-    assert "saturation protocol: builtin-synthetic (500 pods) on builtin-demo" in out
-    rows = [line.split()[0] for line in out.splitlines()[3:]]
+    saturation, replay = out.split("\n\n")
+    assert saturation.startswith(
+        "saturation protocol: builtin-synthetic (500 pods) on builtin-demo"
+    )
+    rows = [line.split()[0] for line in saturation.splitlines()[3:]]
     assert rows == ["bestfit", "fgd", "gpuslice"]
+    # then the time replay of the partitioning policies on the built-in MIG scenario
+    assert replay.startswith("time replay: sweep-default")
+    header = replay.splitlines()[1].split()
+    replay_rows = {line.split()[0]: line.split() for line in replay.splitlines()[2:]}
+    assert set(replay_rows) == {"cpsat", "greedy", "static:balanced"}
+    disrupted = header.index("disrupted")
+    assert all(row[disrupted] == "0" for row in replay_rows.values())
     assert "100.0%" in err and "[#" in err  # the progress bar went to stderr
 
 

@@ -2,8 +2,9 @@
 
 With no arguments it runs the built-in synthetic workload (``simulations/data/
 default_workload.yaml``) on the built-in cluster (``simulations/data/default_cluster.yaml``)
-through the saturation protocol for BestFit, FGD and gpuslice over seeds 42-51, shows a progress
-bar on stderr and prints a comparison table.  Nothing outside the package is read.
+through the saturation protocol for BestFit, FGD and gpuslice over seeds 42-51, then the time-replay
+protocol on the built-in MIG scenario (CP-SAT vs nos-like greedy vs a static layout), shows a
+progress bar on stderr and prints both comparison tables.  Nothing outside the package is read.
 
 ``--trace`` takes an openb trace name (``default``, ``gpushare40`` ...; the folder comes from
 ``--openb-dir``, ``$GPUSLICE_OPENB_DIR`` or ``../shared/traces/openb``), an openb pod CSV, or a
@@ -158,9 +159,33 @@ def _run_time_replay_protocol(
     return 0
 
 
+def _run_both_protocols(
+    args: argparse.Namespace, cluster: Cluster, workload: Workload, bar: ProgressBar
+) -> int:
+    """Saturation (GPU-share placement policies), then time replay (MIG partitioning policies).
+
+    With ``--out DIR`` each protocol writes into its own sub-folder of ``DIR``.
+    """
+    out = args.out
+    for name, runner in (
+        ("saturation", _run_saturation_protocol),
+        ("time-replay", _run_time_replay_protocol),
+    ):
+        sub = argparse.Namespace(**{**vars(args), "out": str(Path(out) / name) if out else None})
+        if name == "time-replay":
+            print()
+            sub.policy = None  # the replay compares partitioning policies, not placement ones
+            bar = type(bar)(1)
+        code = runner(sub, cluster, workload, bar)
+        if code:
+            return code
+    return 0
+
+
 PROTOCOLS: dict[str, ProtocolRunner] = {
     "saturation": _run_saturation_protocol,
     "time-replay": _run_time_replay_protocol,
+    "both": _run_both_protocols,
 }
 """Protocol name -> runner. Add entries here to offer more protocols."""
 
@@ -214,9 +239,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--protocol",
-        default="saturation",
+        default=None,
         choices=sorted(PROTOCOLS),
-        help="simulation protocol (default: saturation)",
+        help="simulation protocol (default: both on the built-in workload and cluster, "
+        "saturation when --trace or --cluster is given)",
     )
     parser.add_argument(
         "--seed", type=int, default=DEFAULT_SEED, help=f"first seed (default: {DEFAULT_SEED})"
@@ -244,5 +270,8 @@ def run(args: argparse.Namespace) -> int:
         raise BadInput(f"--batch must be >= 1, got {args.batch}")
     workload = _load_workload(args.trace, args.openb_dir)
     cluster = _load_cluster(args.cluster, args.openb_dir)
+    if args.protocol is None:
+        builtin = args.trace is None and args.cluster is None
+        args.protocol = "both" if builtin else "saturation"
     bar: ProgressBar = _Silent(1) if args.quiet else ProgressBar(1)
     return PROTOCOLS[args.protocol](args, cluster, workload, bar)
