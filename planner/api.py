@@ -27,10 +27,14 @@ through deterministic sizes.  The work outside the solver is estimated linearly 
 snapshot's GPUs and pods and in each round's GPUs (coefficients measured on one core of the
 development machine); the solver gets the rest of ``_PLANNED_FRACTION`` of the limit
 (:func:`solver_budget`, never less than ``_MIN_SOLVE_FRACTION`` of it).  A neighbourhood holds
-at most ``max_model_gpus`` GPUs, fewer when the budget is short (``_SOLVE_S_PER_GPU`` solver
-seconds per GPU, :func:`neighbourhood_gpus`: smaller models reach their optimum in the time
-there is); the budget is split evenly over as many rounds as leave each at least
-``_MIN_ROUND_S`` of solver time plus its build (:func:`round_limits`).  Other caps: at most
+at most ``max_model_gpus`` GPUs, fewer when the budget is short (one GPU per
+``_BUDGET_S_PER_GPU`` seconds of budget, :func:`neighbourhood_gpus`); the budget is split
+evenly over as many rounds as leave each at least ``_MIN_ROUND_S`` of solver time plus its
+build (:func:`round_limits`).  Several small neighbourhoods solved to (near) optimality place
+more pods than one large one cut off early: on the 1000-node benchmark (6 seeded instances),
+3 rounds of 48 GPUs with ~0.12 s of solver each placed 17 more pods in all than 2 rounds of
+80 GPUs with ~0.17 s, and 4 rounds of 48 with ~0.08 s as many; at 100 nodes, rounds of
+72-96 GPUs did as well as rounds of 48 or better.  Other caps: at most
 ``max_candidate_nodes`` nodes per pod group, ``_POD_CAP_PER_GPU`` waiting pods per GPU of a
 round.  On a loaded machine the wall time exceeds the limit by however much slower than the
 estimate the Python stages run.
@@ -76,16 +80,18 @@ _POD_CAP_PER_GPU = 2
 _MIN_SOLVE_FRACTION = 0.2
 _PLANNED_FRACTION = 0.85
 """Share of the time limit the estimates may fill (the rest absorbs estimation error)."""
-_MIN_ROUND_S = 0.15
+_MIN_ROUND_S = 0.1
 """Least solver time worth a neighbourhood round."""
 _ROOMS = (Unplaced.CAPACITY.value, Unplaced.NODE_RESOURCES.value)
-# Seconds of work outside the solver (one core of the development machine): per snapshot GPU
-# and per pending pod (validation, greedy, reasons), and per GPU of a model (its build).
-_S_PER_GPU = 35e-6
-_S_PER_POD = 110e-6
-_S_PER_MODEL_GPU = 800e-6
-_SOLVE_S_PER_GPU = 0.006
-"""Solver seconds per GPU of a neighbourhood for it to have a fair chance of an optimum."""
+# Seconds of work outside the solver (one core of the development machine, fitted on the
+# benchmark at 100-1000 nodes with 30 % and 60 % pending pods, rounded up): per snapshot GPU
+# and per pending pod (validation, greedy, reasons), and per GPU of a round's model (its
+# build, candidate layouts, merge).
+_S_PER_GPU = 15e-6
+_S_PER_POD = 85e-6
+_S_PER_MODEL_GPU = 1.2e-3
+_BUDGET_S_PER_GPU = 0.01
+"""Seconds of solver budget per GPU of a neighbourhood: a budget funds several rounds."""
 
 
 def validate_snapshot(
@@ -124,7 +130,7 @@ def solver_budget(settings: PlannerSettings, gpus: int, pods: int) -> float:
 
 def neighbourhood_gpus(settings: PlannerSettings, budget: float) -> int:
     """GPUs per neighbourhood: ``max_model_gpus``, fewer when the budget is short."""
-    return max(1, min(settings.max_model_gpus, int(budget / _SOLVE_S_PER_GPU)))
+    return max(1, min(settings.max_model_gpus, int(budget / _BUDGET_S_PER_GPU)))
 
 
 def round_limits(budget: float, chunk_gpus: Sequence[int]) -> list[float]:
@@ -191,7 +197,7 @@ def plan(
         return replace(greedy, status="GREEDY_FALLBACK")
     result = current
     if len(chunks) > 1:
-        result = _cluster_reasons(result, snapshot, models, settings)
+        result = _cluster_reasons(result, snapshot, models, settings, greedy.unplaced)
         stats.update(_lns_stats(result, snapshot, len(chunks), solved))
         result = replace(result, policy=Policy.CPSAT.value, status="FEASIBLE", stats=stats)
     if not greedy_ok or _weight(result, snapshot) >= _weight(greedy, snapshot):
@@ -238,15 +244,29 @@ def _lns_stats(result: Plan, snapshot: Snapshot, chunks: int, solved: int) -> di
 
 
 def _cluster_reasons(
-    result: Plan, snapshot: Snapshot, models: dict[str, GpuModel], settings: PlannerSettings
+    result: Plan,
+    snapshot: Snapshot,
+    models: dict[str, GpuModel],
+    settings: PlannerSettings,
+    greedy_reasons: Mapping[str, str],
 ) -> Plan:
-    """Rewrite room-related unplaced reasons against every node of the cluster."""
+    """Rewrite room-related unplaced reasons against every node of the cluster.
+
+    The greedy plan's ``capacity`` reason of a pod already is that text (the same
+    :func:`planner.demand.capacity_reason` over the same eligible nodes), so it is reused.
+    """
     todo = [p for p in snapshot.pods if result.unplaced.get(p.name, "").startswith(_ROOMS)]
     if not todo:
         return result
-    index = EligibilityIndex(snapshot.nodes, models, settings)
+    index: EligibilityIndex | None = None
     unplaced = dict(result.unplaced)
     for pod in todo:
+        known = greedy_reasons.get(pod.name, "")
+        if known.startswith(Unplaced.CAPACITY.value):
+            unplaced[pod.name] = known
+            continue
+        if index is None:
+            index = EligibilityIndex(snapshot.nodes, models, settings)
         names = index.eligible_names(pod)
         unplaced[pod.name] = capacity_reason(pod, names) if names else str(index.of(pod).reason)
     return replace(result, unplaced=unplaced)

@@ -89,6 +89,11 @@ class MigProfile:
     variant: str = ""
     """Suffix after the base name: ``""``, ``+me``, ``+me.all``, ``+gfx``..."""
 
+    def __hash__(self) -> int:
+        # Equal profiles have equal names and shapes, so this agrees with ``__eq__``; hashing
+        # two strings instead of every field keeps the planner's layout sets fast.
+        return hash((self.name, self.memory_slices))
+
     @property
     def resource(self) -> str:
         """Kubernetes extended resource name for this profile."""

@@ -149,6 +149,12 @@ def enumerate_layouts(
     me_used = sum(1 for p in pinned_l if p.profile.has_media_extensions)
     compute_used = sum(p.profile.compute for p in pinned_l)
     chosen: list[Placement] = []
+    # ``fits`` below enforces every rule of ``layout_errors`` but two: foreign profiles and
+    # the ``+me.all`` exclusivity.  Only where those can arise is each leaf re-checked.
+    known = set(model.profiles)
+    check_leaves = any(p not in known or p.variant == "+me.all" for p in addable) or any(
+        p.profile.variant == "+me.all" for p in pinned_l
+    )
 
     def fits(prof: MigProfile, start: int) -> bool:
         if start not in prof.starts or counts[prof] >= prof.max_count:
@@ -165,7 +171,7 @@ def enumerate_layouts(
             slot += 1
         if slot >= slots:
             layout = canonical((*pinned_l, *chosen))
-            if not layout_errors(model, layout):
+            if not check_leaves or not layout_errors(model, layout):
                 yield layout
             return
         # leave this slot empty

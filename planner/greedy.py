@@ -41,9 +41,17 @@ layout changed, the assignments (resource -> GPU index per unit), the unplaced r
 ``stats``: ``placed``, ``unplaced``, ``gpus_touched``, ``instances_created``,
 ``instances_destroyed``.
 
+Speed: a pod does not scan every node.  Its candidates (mode, allowed nodes, GPUs that can
+ever hold its requests) are tabulated once per (requests, allowed nodes, kind), and for MIG
+pods only the nodes that :mod:`planner.host_index` lists as able to host its profiles now
+are visited, in name order; the index is updated for the one node each placement changes.
+A node whose ``capable`` set lacks a profile would be skipped by the scan anyway, so the
+first fit is the same node.  A fit that failed on a node is not tried again for the same
+requests until that node changes.
+
 The per-call caches below memoise pure functions of their keys (placeable profiles beside a
 pinned set, the best layout for a GPU state and lacking multiset, resolved requests per
-model); they change no decision, and nothing survives the call.
+model, failed fits per node version); they change no decision, and nothing survives the call.
 """
 
 from __future__ import annotations
@@ -75,6 +83,7 @@ from planner.geometry import (
     is_valid_layout,
     layout_errors,
 )
+from planner.host_index import HostIndex
 from planner.mps import thread_percentage
 from planner.settings import PlannerSettings, Policy
 from planner.snapshot import (
@@ -173,6 +182,10 @@ class _Node:
     is_mig: bool = False
     sizing_key: tuple[object, ...] = ()
     """What :func:`planner.demand.resolve_on_node` depends on, besides the pod."""
+    pos: int = 0
+    """Position in name order (:mod:`planner.host_index`)."""
+    version: int = 0
+    """Bumped on every commit: a fit that failed at this version fails again."""
 
 
 @dataclass(slots=True)
@@ -194,15 +207,39 @@ class _Fit:
     units: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
 
-_ParsedGpus = dict[tuple[str, int, tuple[MigInstance, ...]], _MigGpu]
+_Resolved = tuple[tuple[ResolvedRequest, ...], frozenset[str]]
+"""A pod's requests resolved on a node's model, and the MIG profile names they need."""
+
+
+@dataclass(frozen=True, slots=True)
+class _PodTable:
+    """Where pods with one (requests, allowed nodes, kind) may go, before CPU/memory.
+
+    ``at[pos]`` is the pod's requests resolved on the node at position ``pos`` with the MIG
+    profile names they need, or ``None`` where the node is not a candidate (other mode, not
+    allowed, GPUs that can never hold the requests).
+    """
+
+    at: list[_Resolved | None]
+    positions: list[int]
+    """Positions where ``at`` is set, ascending."""
+    name_sets: frozenset[frozenset[str]]
+    """The distinct profile-name sets of ``at`` (one per GPU model, usually one)."""
+
+
+_ParsedGpus = dict[tuple[str, tuple[MigInstance, ...]], _MigGpu]
 
 
 def _mig_gpus(node: NodeState, model: GpuModel, parsed: _ParsedGpus) -> list[_MigGpu]:
-    """The node's GPUs as working state; ``parsed`` memoises identical GPUs (per call)."""
+    """The node's GPUs as working state; ``parsed`` memoises identical layouts (per call)."""
     gpus: list[_MigGpu] = []
     for gpu in sorted(node.gpus, key=lambda g: g.index):
-        known = parsed.get((model.name, gpu.index, gpu.mig))
+        known = parsed.get((model.name, gpu.mig))
         if known is not None:
+            if known.index != gpu.index:
+                known = _MigGpu(
+                    gpu.index, known.pinned, known.free, known.pinned_key, known.free_key
+                )
             gpus.append(known)
             continue
         try:
@@ -217,7 +254,7 @@ def _mig_gpus(node: NodeState, model: GpuModel, parsed: _ParsedGpus) -> list[_Mi
                 + "; ".join(errors)
             )
         gpus.append(_mig_gpu(gpu.index, pinned, free))
-        parsed[(model.name, gpu.index, gpu.mig)] = gpus[-1]
+        parsed[(model.name, gpu.mig)] = gpus[-1]
     return gpus
 
 
@@ -251,8 +288,10 @@ class _Greedy:
         self.snapshot = snapshot
         self._best: dict[tuple[str, _Key, _Key, _Key], Layout | None] = {}
         self._placeable: dict[tuple[str, _Key], frozenset[str]] = {}
-        self._resolved: dict[tuple[object, ...], tuple[ResolvedRequest, ...] | None] = {}
-        self._candidates: dict[tuple[frozenset[str] | None, bool], list[_Node]] = {}
+        self._resolved: dict[tuple[object, ...], _Resolved | None] = {}
+        self._tables: dict[tuple[object, ...], _PodTable] = {}
+        self._failed: dict[tuple[int, tuple[tuple[str, int], ...]], int] = {}
+        """(node position, requests) -> the node version at which that fit failed."""
         self._initial: dict[str, list[_MigGpu]] = {}
         """Each MIG node's GPUs before planning (``layouts`` skips those still identical)."""
         parsed: _ParsedGpus = {}
@@ -266,6 +305,7 @@ class _Greedy:
             node = _Node(ns, model, ns.cpu_milli_free, ns.memory_mib_free)
             node.is_mig = ns.mode in (Mode.MIG, Mode.HYBRID)
             node.sizing_key = (model.name, len(ns.gpus), ns.mode, ns.gpu_memory_mib)
+            node.pos = len(self.nodes)
             if node.is_mig:
                 node.mig = _mig_gpus(ns, model, parsed)
                 self._initial[ns.name] = list(node.mig)
@@ -274,6 +314,8 @@ class _Greedy:
                 node.mps = _mps_gpus(ns, model, settings)
             self.nodes[ns.name] = node
         self.models = {name: n.model for name, n in self.nodes.items()}
+        self.order = list(self.nodes.values())
+        self.hosts = HostIndex([n.capable for n in self.order])
 
     # ---- MIG -----------------------------------------------------------------------------
 
@@ -435,23 +477,9 @@ class _Greedy:
 
     # ---- pods ----------------------------------------------------------------------------
 
-    def candidates(self, eligible: frozenset[str] | None, kind: RequestKind) -> list[_Node]:
-        """Nodes of the pod's mode it may use, in name order."""
-        want_mig = kind is RequestKind.MIG
-        key = (eligible, want_mig)
-        found = self._candidates.get(key)
-        if found is None:
-            found = [
-                n
-                for name, n in self.nodes.items()
-                if n.is_mig == want_mig and (eligible is None or name in eligible)
-            ]
-            self._candidates[key] = found
-        return found
-
     def resolved(
         self, node: _Node, requests: tuple[tuple[str, int], ...], sizing_pod: PendingPod
-    ) -> tuple[tuple[ResolvedRequest, ...], frozenset[str]] | None:
+    ) -> _Resolved | None:
         """The pod's requests on the node's GPUs per :func:`planner.demand.resolve_on_node`,
         with the MIG profile names they need; ``None`` if the node's GPUs can never hold them.
 
@@ -461,74 +489,113 @@ class _Greedy:
         key = (node.sizing_key, requests)
         if key not in self._resolved:
             got = resolve_on_node(sizing_pod, node.state, node.model, self.settings)
-            self._resolved[key] = got.requests if isinstance(got, NodeDemand) else None
-        demand = self._resolved[key]
-        if demand is None:
-            return None
-        return demand, frozenset(r.profile.name for r in demand if r.profile is not None)
+            self._resolved[key] = (
+                (got.requests, frozenset(r.profile.name for r in got.requests if r.profile))
+                if isinstance(got, NodeDemand)
+                else None
+            )
+        return self._resolved[key]
+
+    def table(
+        self, pod: PendingPod, requests: tuple[tuple[str, int], ...], kind: RequestKind
+    ) -> _PodTable:
+        """The :class:`_PodTable` of the pod's (requests, allowed nodes, kind), memoised."""
+        key = (requests, pod.eligible_nodes, kind)
+        found = self._tables.get(key)
+        if found is None:
+            sizing_pod = replace(pod, cpu_milli=0, memory_mib=0)
+            at: list[_Resolved | None] = [None] * len(self.order)
+            positions: list[int] = []
+            want_mig, allowed = kind is RequestKind.MIG, pod.eligible_nodes
+            for node in self.order:
+                if node.is_mig != want_mig or (
+                    allowed is not None and node.state.name not in allowed
+                ):
+                    continue
+                got = self.resolved(node, requests, sizing_pod)
+                if got is not None:
+                    at[node.pos] = got
+                    positions.append(node.pos)
+            name_sets = frozenset(got[1] for got in at if got is not None)
+            found = self._tables[key] = _PodTable(at, positions, name_sets)
+        return found
 
     def fit(self, node: _Node, demand: Sequence[ResolvedRequest]) -> _Fit | None:
         if node.is_mig:
             return self.fit_mig(node, demand)
         return self.fit_mps(node, demand)
 
+    def fit_once(
+        self, node: _Node, requests: tuple[tuple[str, int], ...], demand: Sequence[ResolvedRequest]
+    ) -> _Fit | None:
+        """:meth:`fit`, skipped where it failed for these requests since the node's last change."""
+        key = (node.pos, requests)
+        if self._failed.get(key) == node.version:
+            return None
+        fit = self.fit(node, demand)
+        if fit is None:
+            self._failed[key] = node.version
+        return fit
+
     def commit(self, node: _Node, pod: PendingPod, fit: _Fit) -> None:
         node.cpu_left -= pod.cpu_milli
         node.mem_left -= pod.memory_mib
+        node.version += 1
         for g in fit.mig:
             node.mig[next(i for i, x in enumerate(node.mig) if x.index == g.index)] = g
         if fit.mig:
-            node.capable = self.capable(node)
+            before, node.capable = node.capable, self.capable(node)
+            if before != node.capable:
+                self.hosts.update(node.pos, before, node.capable)
         for s in fit.mps:
             node.mps[next(i for i, x in enumerate(node.mps) if x.index == s.index)] = s
 
     def place(self, pod: PendingPod) -> Assignment | str:
-        """Place one pod on the first candidate node it fits; else the unplaced reason."""
+        """Place one pod on the first candidate node it fits; else the unplaced reason.
+
+        The nodes visited are the pod's candidates (:meth:`table`) among those the host
+        index lists as able to host its profiles (MIG), in name order: the same first fit
+        as a scan of every candidate, without visiting the nodes already full for it.
+        """
         kind = pod_kind(pod)
         if isinstance(kind, Rejection):
             return str(kind)
-        sizing_pod = replace(pod, cpu_milli=0, memory_mib=0)
         requests = tuple(sorted((r, c) for r, c in pod.requests.items() if c))
         cpu, mem = pod.cpu_milli, pod.memory_mib
-        candidates = self.candidates(pod.eligible_nodes, kind)
-        per_key: dict[tuple[object, ...], tuple[tuple[ResolvedRequest, ...], frozenset[str]]] = {}
-        unfit: set[tuple[object, ...]] = set()
+        table = self.table(pod, requests, kind)
+        at, order = table.at, self.order
+        visit: Sequence[int] = table.positions
+        if kind is RequestKind.MIG and table.name_sets:
+            visit = self.hosts.covering(table.name_sets)
         short: list[tuple[_Node, tuple[ResolvedRequest, ...]]] = []
         # The hot loop of the planner: keep it lean.
-        for node in candidates:
-            got = per_key.get(node.sizing_key)
+        for pos in visit:
+            got = at[pos]
             if got is None:
-                if node.sizing_key in unfit:
-                    continue
-                got = self.resolved(node, requests, sizing_pod)
-                if got is None:
-                    unfit.add(node.sizing_key)
-                    continue
-                per_key[node.sizing_key] = got
-            demand, names = got
+                continue  # not a candidate of this pod
+            node = order[pos]
             ns = node.state
             if cpu > ns.cpu_milli_free or mem > ns.memory_mib_free:
                 continue  # not eligible (planner.demand): the node is too small anyway
+            demand, names = got
             if not names <= node.capable:
                 continue
             if cpu > node.cpu_left or mem > node.mem_left:
                 short.append((node, demand))
                 continue
-            fit = self.fit(node, demand)
+            fit = self.fit_once(node, requests, demand)
             if fit is not None:
                 self.commit(node, pod, fit)
                 return Assignment(ns.name, dict(fit.units))
         eligible = [
-            n.state.name
-            for n in candidates
-            if n.sizing_key in per_key
-            and cpu <= n.state.cpu_milli_free
-            and mem <= n.state.memory_mib_free
+            order[pos].state.name
+            for pos in table.positions
+            if cpu <= order[pos].state.cpu_milli_free and mem <= order[pos].state.memory_mib_free
         ]
         if not eligible:
             el = eligibility(pod, self.snapshot.nodes, self.models, self.settings)
             return str(el.reason) if el.reason is not None else capacity_reason(pod, ())
-        if any(self.fit(node, demand) is not None for node, demand in short):
+        if any(self.fit_once(node, requests, demand) is not None for node, demand in short):
             return (
                 f"{Unplaced.NODE_RESOURCES.value}: GPU room for the pod exists, but the pods "
                 f"placed before it took the CPU/memory it needs ({cpu}m / {mem} MiB) on every "

@@ -226,11 +226,14 @@ def layout_option(
     memo: dict[int, int] | None = None,
 ) -> LayoutOption:
     """Score ``layout`` as a replacement of ``current`` (free units, churn, usefulness)."""
-    now, then = set(layout), set(current.layout)
-    destroyed, created = len(then - now), len(now - then)
-    free: Counter[str] = Counter(
-        p.profile.name for p in layout if p not in current.used and p.profile.name in needed
-    )
+    now = set(layout)
+    kept = sum(1 for p in current.layout if p in now)  # placements are unique in a layout
+    destroyed, created = len(current.layout) - kept, len(layout) - kept
+    free: dict[str, int] = {}
+    for p in layout:
+        name = p.profile.name
+        if name in needed and p not in current.used:
+            free[name] = free.get(name, 0) + 1
     churn = (
         settings.weight_destroy * destroyed
         + settings.weight_create * created
@@ -239,7 +242,7 @@ def layout_option(
     useful = settings.weight_free_gpu * (not layout) + settings.weight_free_block * (
         largest_free_block(model, layout, memo)
     )
-    return LayoutOption(layout, dict(free), destroyed, created, churn, useful)
+    return LayoutOption(layout, free, destroyed, created, churn, useful)
 
 
 _FIELD = 5

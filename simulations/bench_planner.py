@@ -12,6 +12,12 @@ and size it reports:
   model build, solve, decode), measured here with ``time.perf_counter`` since the planner
   reads no clock; p50 and p99 by the nearest-rank method (with fewer than 100 instances p99
   is the maximum), and the maximum;
+* ``cpu_s``: CPU time of this process during the same call (``time.process_time``), the same
+  summary.  On a shared machine wall time exceeds CPU time by the time other processes held
+  the cores, so both are reported, with the load average before and after the run
+  (``machine.loadavg_start``/``loadavg_end``, 1/5/15-minute, ``null`` where unavailable);
+* ``unplaced_eligible``: pods left unplaced although some node was eligible for them
+  (reason ``capacity`` or ``node cpu/memory``): what a better plan could still place;
 * ``placed``: pods placed, and ``placed_weight``: the priority-weighted count with
   :func:`planner.demand.priority_weights` (the CP-SAT objective's first level);
 * ``churn``: instances created and destroyed, GPUs touched, and the weighted churn
@@ -45,7 +51,7 @@ from planner.api import plan
 from planner.catalog import Catalog, default_catalog
 from planner.demand import priority_weights
 from planner.settings import PlannerSettings, Policy
-from planner.snapshot import Mode, Plan, Snapshot
+from planner.snapshot import Mode, Plan, Snapshot, Unplaced
 from simulations.instances import mig_benchmark_snapshot
 
 __all__ = [
@@ -56,6 +62,7 @@ __all__ = [
     "plan_churn",
     "run",
     "run_benchmark",
+    "unplaced_eligible",
 ]
 
 DEFAULT_SIZES = (10, 100, 1000)
@@ -111,10 +118,28 @@ def _placed_weight(snapshot: Snapshot, result: Plan) -> int:
     return sum(weights[prio[name]] for name in result.assignments)
 
 
-def _run_one(snapshot: Snapshot, settings: PlannerSettings, catalog: Catalog) -> tuple[Plan, float]:
-    start = time.perf_counter()
+def _run_one(
+    snapshot: Snapshot, settings: PlannerSettings, catalog: Catalog
+) -> tuple[Plan, float, float]:
+    """The plan, the call's wall seconds and its CPU seconds."""
+    cpu, wall = time.process_time(), time.perf_counter()
     result = plan(snapshot, settings, catalog)
-    return result, time.perf_counter() - start
+    return result, time.perf_counter() - wall, time.process_time() - cpu
+
+
+_ROOM_REASONS = (Unplaced.CAPACITY.value, Unplaced.NODE_RESOURCES.value)
+
+
+def unplaced_eligible(result: Plan) -> int:
+    """Unplaced pods whose reason says an eligible node existed (capacity, node cpu/memory)."""
+    return sum(1 for reason in result.unplaced.values() if reason.startswith(_ROOM_REASONS))
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:  # not available on this platform
+        return None
 
 
 def _summary(values: Sequence[float]) -> dict[str, float]:
@@ -147,6 +172,7 @@ def run_benchmark(
         raise ValueError(f"{len(sizes)} sizes but {len(counts)} instance counts")
     catalog = default_catalog()
     base = PlannerSettings(time_limit_s=time_limit_s, seed=seed, num_workers=num_workers)
+    load_start = _loadavg()
     policies = {
         "cpsat": replace(base, policy=Policy.CPSAT),
         "greedy": replace(base, policy=Policy.GREEDY),
@@ -167,12 +193,14 @@ def run_benchmark(
             )
             row: dict[str, Any] = {"instance_seed": inst_seed, "pending_pods": len(snapshot.pods)}
             for name, settings in policies.items():
-                result, seconds = _run_one(snapshot, settings, catalog)
+                result, seconds, cpu_seconds = _run_one(snapshot, settings, catalog)
                 stats = result.stats
                 entry: dict[str, Any] = {
                     "solve_s": seconds,
+                    "cpu_s": cpu_seconds,
                     "status": result.status,
                     "placed": len(result.assignments),
+                    "unplaced_eligible": unplaced_eligible(result),
                     "placed_weight": _placed_weight(snapshot, result),
                     "churn": plan_churn(snapshot, result, settings, catalog),
                 }
@@ -189,8 +217,9 @@ def run_benchmark(
             progress(
                 f"{nodes} nodes, instance {i + 1}/{count}: "
                 f"cpsat {row['cpsat']['placed']} placed in {row['cpsat']['solve_s']:.2f}s "
-                f"({row['cpsat']['status']}), greedy {row['greedy']['placed']} placed in "
-                f"{row['greedy']['solve_s']:.2f}s"
+                f"(cpu {row['cpsat']['cpu_s']:.2f}s, {row['cpsat']['status']}), greedy "
+                f"{row['greedy']['placed']} placed in {row['greedy']['solve_s']:.2f}s "
+                f"(cpu {row['greedy']['cpu_s']:.2f}s)"
             )
             rows.append(row)
         results.append(_size_summary(nodes, gpus_per_node, rows))
@@ -207,6 +236,8 @@ def run_benchmark(
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "platform": platform.platform(),
+            "loadavg_start": load_start,
+            "loadavg_end": _loadavg(),
         },
         "sizes": results,
         "cpsat_ge_greedy_everywhere": all(r["cpsat_ge_greedy"] for r in results),
@@ -224,7 +255,9 @@ def _size_summary(nodes: int, gpus_per_node: int, rows: list[dict[str, Any]]) ->
         entries = [r[name] for r in rows]
         summary: dict[str, Any] = {
             "solve_s": _summary([e["solve_s"] for e in entries]),
+            "cpu_s": _summary([e["cpu_s"] for e in entries]),
             "placed": [e["placed"] for e in entries],
+            "unplaced_eligible": [e["unplaced_eligible"] for e in entries],
             "placed_weight": [e["placed_weight"] for e in entries],
             "churn_weighted": [e["churn"]["weighted"] for e in entries],
             "churn": [e["churn"] for e in entries],

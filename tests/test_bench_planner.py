@@ -8,7 +8,7 @@ from planner.catalog import default_catalog
 from planner.geometry import parse_layout
 from planner.settings import PlannerSettings
 from planner.snapshot import Mode, Plan, PlannedGpu, Snapshot
-from simulations.bench_planner import percentile, plan_churn, run_benchmark
+from simulations.bench_planner import percentile, plan_churn, run_benchmark, unplaced_eligible
 from simulations.instances import demo_snapshot, mig_benchmark_snapshot
 
 CAT = default_catalog()
@@ -51,6 +51,20 @@ def test_plan_churn_counts_created_destroyed_and_touched() -> None:
     }
 
 
+def test_unplaced_eligible_counts_only_room_reasons() -> None:
+    plan = Plan(
+        layouts={},
+        assignments={},
+        unplaced={
+            "a": "capacity: no room for 1 x nvidia.com/mig-7g.80gb on its 3 eligible node(s)",
+            "b": "node cpu/memory: GPU room for the pod exists, but ...",
+            "c": "no eligible node: none of the nodes ...",
+            "d": "exceeds any GPU of model A100-SXM4-80GB: ...",
+        },
+    )
+    assert unplaced_eligible(plan) == 2
+
+
 def test_benchmark_instance_matches_its_parameters() -> None:
     snap = mig_benchmark_snapshot(20, occupancy=0.85, pending_fraction=0.3, seed=7)
     model = CAT.model("A100-SXM4-80GB")
@@ -82,7 +96,16 @@ def test_smoke_run_reports_both_planners() -> None:
     for name in ("cpsat", "greedy"):
         s = size[name]
         assert 0 < s["solve_s"]["p50"] <= s["solve_s"]["p99"] == s["solve_s"]["max"]
+        assert 0 < s["cpu_s"]["p50"] <= s["cpu_s"]["p99"] == s["cpu_s"]["max"]
         assert len(s["placed"]) == len(s["placed_weight"]) == len(s["churn"]) == 2
+        assert all(
+            0 <= u <= pods - placed
+            for u, pods, placed in zip(
+                s["unplaced_eligible"], size["pending_pods"], s["placed"], strict=True
+            )
+        )
+    load = doc["machine"]["loadavg_start"]
+    assert load is None or (len(load) == 3 and min(load) >= 0)
     assert size["cpsat_ge_greedy"] == all(size["per_instance_cpsat_ge_greedy"])
     assert doc["cpsat_ge_greedy_everywhere"] == size["cpsat_ge_greedy"]
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from planner.catalog import default_catalog
+from planner.catalog import GpuModel, default_catalog
 from planner.geometry import (
     InvalidLayout,
     Placement,
@@ -82,6 +84,25 @@ def test_enumeration_keeps_every_pinned_instance_and_yields_only_valid_layouts()
     assert len(seen) > 10
     with pytest.raises(InvalidLayout, match="pinned instances are not a valid layout"):
         next(enumerate_layouts(A100, lay(("4g.40gb", 0), ("3g.40gb", 0))))
+
+
+@pytest.mark.parametrize("model", [m for m in CAT.models if m.mig_capable], ids=lambda m: m.name)
+def test_enumeration_yields_only_valid_layouts_on_every_model(model: GpuModel) -> None:
+    layouts = list(enumerate_layouts(model))
+    assert len(layouts) == len(set(layouts)) > len(model.profiles)
+    assert all(layout_errors(model, layout) == [] for layout in layouts)
+
+
+def test_enumeration_keeps_a_me_all_instance_alone() -> None:
+    # No catalog model has a +me.all profile yet (a user file may add one): the walk's own
+    # checks do not cover its exclusivity, the final check must.
+    rtx = CAT.model("RTX-PRO-6000-Blackwell")
+    me_all = replace(rtx.profile("1g.24gb+me"), name="1g.24gb+me.all", variant="+me.all")
+    model = replace(rtx, profiles=(*rtx.profiles, me_all))
+    with_me_all = [lay for lay in enumerate_layouts(model) if any(p.profile == me_all for p in lay)]
+    assert with_me_all and all(len(lay) == 1 for lay in with_me_all)
+    pinned = [Placement(3, me_all)]
+    assert list(enumerate_layouts(model, pinned)) == [tuple(pinned)]
 
 
 def test_a30_has_its_own_4_slot_grid() -> None:
