@@ -39,16 +39,14 @@ gpu, model``) in file order, with line-numbered errors; models map to the catalo
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from planner.catalog import CatalogError, default_catalog
 from planner.snapshot import Mode
+from simulations.documents import read_document
 from simulations.openb import TraceError, openb_dir, raise_collected, read_csv_rows
 
 __all__ = [
@@ -225,14 +223,7 @@ def parse_cluster(doc: object, where: str, default_name: str = "cluster") -> Clu
 
 def load_cluster_file(path: str | Path) -> Cluster:
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise ClusterError(f"cannot read cluster file {p}: {e.strerror}") from None
-    try:
-        doc = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as e:
-        raise ClusterError(f"{p}: not valid YAML/JSON: {e}") from None
+    doc = read_document(p, ClusterError, "cluster")
     return parse_cluster(doc, str(p), default_name=p.stem)
 
 

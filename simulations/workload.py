@@ -47,14 +47,13 @@ so the same spec and seed give the same workload on every machine.
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
+from simulations.documents import read_document
 
 __all__ = [
     "Pod",
@@ -285,16 +284,7 @@ def parse_workload(doc: object, where: str, default_name: str = "workload") -> W
 def load_workload(path: str | Path) -> Workload:
     """Read a workload file (YAML or JSON; see the module docstring)."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise WorkloadError(f"cannot read workload file {p}: {e.strerror}") from None
-    try:
-        doc = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as e:
-        raise WorkloadError(
-            f"{p}: not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {e}"
-        ) from None
+    doc = read_document(p, WorkloadError, "workload")
     if isinstance(doc, dict) and "synthetic" in doc:
         spec = synthetic_spec_from_doc(doc["synthetic"], f"{p}: synthetic")
         return synthetic_workload(spec, name=str(doc.get("name") or p.stem))
