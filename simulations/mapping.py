@@ -13,26 +13,33 @@ Rules (selectable by name with :func:`make_mapping`)
     The smallest MIG profile whose share of the memory slots (``memory_slices / memory_slots``)
     is ``>= gpu_milli / 1000``, fewest compute slices among equals.
 ``mps-memory[:G]``
-    An MPS slice of ``ceil(gpu_milli / 1000 × memory_GiB / G) × G`` GiB (granularity ``G`` GiB,
-    default 1), at most the GPU's memory rounded down to ``G``; resource ``nvidia.com/gpu-<N>gb``.
+    An MPS slice of ``max(G, floor(gpu_milli / 1000 × U / G) × G)`` GiB, where ``U`` is the GiB
+    an MPS GPU offers to slices: its memory minus the MPS server reserve (512 MiB by default,
+    as the planner keeps), rounded down (granularity ``G`` GiB, default 1); resource
+    ``nvidia.com/gpu-<N>gb``.  Rounding *down* keeps the property that matters: shares that fit
+    one GPU together (``sum gpu_milli <= 1000``) map to slices that fit one GPU together (two
+    500-milli pods on an A100-80GB get 39 GiB each, not 40 + 40 > 79.5 usable, nos issue #47).
 ``hybrid``
     Latency-sensitive pods (qos ``LS`` or ``Guaranteed``) by ``mig-compute``, the rest
     (``BE``, ``Burstable``, unknown) by ``mps-memory``.
 
 Whole-GPU requests (``gpu_milli = 1000``) and multi-GPU pods map to ``num_gpu`` full slices: the
-model's largest MIG profile, or an MPS slice of the whole GPU memory.  Media-extension and other
+model's largest MIG profile, or an MPS slice of all the memory the GPU offers to slices.  Media-extension and other
 profile variants (``+me``) are never chosen: they are the same size as their base profile.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from planner.catalog import GpuModel, MigProfile, default_catalog
+from planner.settings import PlannerSettings
 from planner.snapshot import MIG_RESOURCE_PREFIX, mps_resource
 from simulations.workload import GPU_MILLI, Pod
+
+MPS_RESERVE_MIB = PlannerSettings().mps_reserve_mib
+"""The planner's default MPS server reserve per GPU, MiB."""
 
 __all__ = [
     "MAPPINGS",
@@ -144,24 +151,30 @@ class MpsByMemory:
 
     name = "mps-memory"
 
-    def __init__(self, model: str | GpuModel, granularity_gb: int = 1) -> None:
+    def __init__(
+        self,
+        model: str | GpuModel,
+        granularity_gb: int = 1,
+        reserve_mib: int = MPS_RESERVE_MIB,
+    ) -> None:
         if granularity_gb < 1:
             raise MappingError(f"MPS granularity must be >= 1 GiB, got {granularity_gb}")
         self.model = _model(model)
         self.granularity_gb = granularity_gb
-        self.gpu_gb = self.model.memory_mib // 1024
+        self.gpu_gb = max(0, self.model.memory_mib - reserve_mib) // 1024
+        """GiB the GPU offers to MPS slices (memory minus the server reserve)."""
         self.max_gb = self.gpu_gb // granularity_gb * granularity_gb
         if self.max_gb < granularity_gb:
             raise MappingError(
-                f"MPS granularity {granularity_gb} GiB exceeds {self.model.name}'s "
-                f"{self.gpu_gb} GiB; use a smaller granularity"
+                f"MPS granularity {granularity_gb} GiB exceeds the {self.gpu_gb} GiB "
+                f"{self.model.name} offers to MPS slices; use a smaller granularity"
             )
 
     def map(self, pod: Pod) -> SliceRequest | None:
         if pod.is_cpu_only:
             return None
         g = self.granularity_gb
-        gb = min(self.max_gb, math.ceil(pod.gpu_milli * self.gpu_gb / GPU_MILLI / g) * g)
+        gb = max(g, pod.gpu_milli * self.gpu_gb // GPU_MILLI // g * g)
         if pod.gpu_milli == GPU_MILLI:
             gb = self.max_gb
         return SliceRequest("mps", mps_resource(gb), pod.num_gpu, memory_gb=gb)
@@ -179,7 +192,9 @@ class Hybrid:
         return (self.mig if pod.qos in self.mig_qos else self.mps).map(pod)
 
 
-def make_mapping(spec: str, model: str | GpuModel) -> Mapping:
+def make_mapping(
+    spec: str, model: str | GpuModel, mps_reserve_mib: int = MPS_RESERVE_MIB
+) -> Mapping:
     """``mig-compute``, ``mig-memory``, ``mps-memory[:G]`` or ``hybrid[:G]`` for ``model``."""
     name, _, arg = spec.partition(":")
     granularity = 1
@@ -195,7 +210,7 @@ def make_mapping(spec: str, model: str | GpuModel) -> Mapping:
     if name == "mig-memory":
         return MigByMemory(model)
     if name == "mps-memory":
-        return MpsByMemory(model, granularity)
+        return MpsByMemory(model, granularity, mps_reserve_mib)
     if name == "hybrid":
-        return Hybrid(MigByCompute(model), MpsByMemory(model, granularity))
+        return Hybrid(MigByCompute(model), MpsByMemory(model, granularity, mps_reserve_mib))
     raise MappingError(f"unknown mapping {spec!r}; choose one of {', '.join(MAPPINGS)}")

@@ -71,12 +71,14 @@ def test_mig_by_memory_a100_80gb(gm: int, profile: str) -> None:
 @pytest.mark.parametrize(
     ("spec", "gm", "gb"),
     [
-        ("mps-memory", 810, 65),  # ceil(0.81 * 80) = 65
-        ("mps-memory", 143, 12),  # ceil(11.44)
-        ("mps-memory:5", 143, 15),
-        ("mps-memory:5", 810, 65),
-        ("mps-memory:10", 810, 70),
-        ("mps-memory:10", 1000, 80),
+        # A100-80GB: (81920 - 512 reserve) MiB = 79 GiB usable; shares round down
+        ("mps-memory", 810, 63),  # floor(0.81 * 79) = floor(63.99)
+        ("mps-memory", 143, 11),  # floor(11.30)
+        ("mps-memory", 5, 1),  # at least one granule
+        ("mps-memory:5", 143, 10),
+        ("mps-memory:5", 810, 60),
+        ("mps-memory:10", 810, 60),
+        ("mps-memory:10", 1000, 70),  # the whole usable memory rounded down to 10
         ("mps-memory:30", 990, 60),  # capped at the GPU memory rounded down to the granularity
     ],
 )
@@ -92,7 +94,7 @@ def test_whole_and_multi_gpu_pods_take_full_slices() -> None:
         "nvidia.com/mig-7g.80gb": 4
     }
     assert req(make_mapping("mps-memory:4", "A100-SXM4-80GB"), pod).as_requests() == {
-        "nvidia.com/gpu-80gb": 4
+        "nvidia.com/gpu-76gb": 4
     }
 
 
@@ -112,5 +114,38 @@ def test_mapping_errors_name_the_fix() -> None:
         make_mapping("mig", "A100-SXM4-80GB")
     with pytest.raises(MappingError, match="granularity 'x' is not an integer"):
         make_mapping("mps-memory:x", "A100-SXM4-80GB")
-    with pytest.raises(MappingError, match="exceeds T4's 15 GiB"):
-        MpsByMemory("T4", 16)
+    with pytest.raises(MappingError, match="exceeds the 14 GiB T4 offers to MPS slices"):
+        MpsByMemory("T4", 15)  # (15360 - 512) MiB = 14 GiB usable
+
+
+@pytest.mark.parametrize("spec", ["mps-memory", "mps-memory:2", "mps-memory:5"])
+@pytest.mark.parametrize("model", ["A100-SXM4-80GB", "V100-32GB", "T4", "A30"])
+def test_mps_shares_that_fit_one_gpu_map_to_slices_that_fit_it(spec: str, model: str) -> None:
+    """Shares summing to <= 1000 milli must map to slices within the GPU's usable memory.
+
+    (Where a share is worth less than one granule it is rounded up to one: a coarse granularity
+    cannot represent it, so such combinations are left out.)
+    """
+    m = make_mapping(spec, model)
+    assert isinstance(m, MpsByMemory)
+    combos = ([500, 500], [810, 190], [470, 470, 60], [333, 333, 334], [1000], [250] * 4)
+    checked = 0
+    for shares in combos:
+        if any(gm * m.gpu_gb < m.granularity_gb * 1000 for gm in shares):
+            continue
+        checked += 1
+        total = sum(req(m, share(gm)).memory_gb for gm in shares)
+        assert total <= m.gpu_gb, (shares, total, m.gpu_gb)
+    assert checked >= 2
+
+
+def test_two_half_gpu_pods_are_planned_onto_one_gpu() -> None:
+    """nos #47: 2 x half of a GPU left one pod pending; the mapping plus the planner do not."""
+    from planner.api import plan
+    from planner.snapshot import GpuState, Mode, NodeState, PendingPod, Snapshot
+
+    m = make_mapping("mps-memory", "A100-SXM4-40GB")
+    requests = [req(m, share(500)).as_requests() for _ in range(2)]
+    node = NodeState("n", Mode.MPS, "A100-SXM4-40GB", (GpuState(0),))
+    result = plan(Snapshot((node,), tuple(PendingPod(f"p{i}", r) for i, r in enumerate(requests))))
+    assert not result.unplaced and len(result.assignments) == 2
