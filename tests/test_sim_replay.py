@@ -191,7 +191,9 @@ def test_replay_pods_use_the_mapping_of_the_cluster_mode() -> None:
         {"nvidia.com/mig-7g.80gb": 8},
     ]
     mps = replay_pods(wl, default_catalog().model("V100-32GB"), Mode.MPS)
-    assert dict(mps[0].requests) == {"nvidia.com/gpu-4gb": 1}  # 10 % of 32 GiB, rounded up
+    # 10 % of the (32768 - 512) MiB = 31 GiB a V100-32GB offers to slices, rounded down
+    assert dict(mps[0].requests) == {"nvidia.com/gpu-3gb": 1}
+    assert dict(mps[1].requests) == {"nvidia.com/gpu-31gb": 8}  # whole GPUs: all usable memory
     with pytest.raises(ReplayError, match="choose a mig mapping"):
         replay_pods(wl, m, Mode.MIG, ReplaySettings(mapping="mps-memory"))
     with pytest.raises(ReplayError, match="unknown mapping"):
