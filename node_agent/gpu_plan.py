@@ -17,7 +17,10 @@ order, so a spec that cannot be applied touches nothing:
 3. **diff**: destroy the free instances not wanted (CI before GI, done by the executor), switch
    MIG mode if needed, create the wanted instances missing at their exact starts (plus the CI of
    a wanted GI left without one), and rebuild the MPS slice table (keep matched slices, drop
-   free unmatched ones, add missing ones with fresh slot numbers).
+   free unmatched ones, add missing ones with fresh slot numbers).  MIG mode is right only when
+   it is current *and* no change is pending (Ampere, until a GPU reset): a change pending
+   towards the wanted mode is planned as that switch (the executor only has to reset), one
+   pending away from it is cancelled by asking for the current mode.
 
 When the kubelet's in-use ids could not be read, every device counts as used; a plan that would
 then be blocked is reported as ``waiting`` (transient, retried) instead of Degraded.
@@ -203,7 +206,13 @@ def plan_gpu(obs: ObservedGpu, desired: DesiredGpu, mode: str) -> GpuPlan:
             "profile and start; they are kept and the spec is not applied",
         )
     create = tuple(p for k, p in wanted.items() if k not in keep)
-    return GpuPlan(i, destroy=tuple(destroy), create_ci=tuple(create_ci), create=create)
+    return GpuPlan(
+        i,
+        destroy=tuple(destroy),
+        create_ci=tuple(create_ci),
+        mig_mode=True if obs.info.mig_pending else None,  # cancel a pending disable
+        create=create,
+    )
 
 
 def _used_slices(obs: ObservedGpu) -> list[str]:
@@ -238,6 +247,8 @@ def _plan_mps(obs: ObservedGpu, desired: DesiredGpu) -> GpuPlan:
             )
         destroy = list(obs.instances)
         mig_mode = False
+    elif obs.info.mig_pending:
+        mig_mode = False  # cancel a pending enable
     if obs.slices is None:
         return _blocked(obs, "SliceInUse", "MPS slice table unknown")
     want = Counter((s.memoryMiB, s.activeThreadPercentage) for s in desired.mps)

@@ -42,6 +42,7 @@ from node_agent.nvml import (
     MigDevice,
     Nvml,
     NvmlError,
+    NvmlErrorCode,
 )
 from node_agent.reconciler import ReconcileResult
 
@@ -156,11 +157,18 @@ class MeteredNvml:
             self._count("gpus", e)
             raise
 
-    def set_mig_mode(self, gpu: int, enabled: bool) -> None:
+    def set_mig_mode(self, gpu: int, enabled: bool) -> NvmlErrorCode | None:
         try:
-            self._inner.set_mig_mode(gpu, enabled)
+            return self._inner.set_mig_mode(gpu, enabled)
         except NvmlError as e:
             self._count("set_mig_mode", e)
+            raise
+
+    def reset_gpu(self, gpu: int) -> None:
+        try:
+            self._inner.reset_gpu(gpu)
+        except NvmlError as e:
+            self._count("reset_gpu", e)
             raise
 
     def set_compute_mode(self, gpu: int, mode: ComputeMode) -> None:

@@ -10,8 +10,16 @@ agent creates holds exactly one full-size CI with the SHARED engine profile, and
 
 The operations and their driver rules (both adapters must behave alike):
 
-* :meth:`Nvml.gpus` -- index, UUID, name, PCI device id, memory, current MIG mode, compute mode.
-* :meth:`Nvml.set_mig_mode` -- only on an idle GPU (no GI, no process), else ``IN_USE``.
+* :meth:`Nvml.gpus` -- index, UUID, name, PCI device id, memory, current *and pending* MIG
+  mode (``nvmlDeviceGetMigMode`` -> ``[current, pending]``), compute mode.
+* :meth:`Nvml.set_mig_mode` -- a *change* of mode only on an idle GPU (no GI, no process), else
+  ``IN_USE``.  Returns the driver's *activation status*: ``None`` (``NVML_SUCCESS``) when the
+  new mode is current, else the code saying why it is only pending (``RESET_REQUIRED``,
+  ``IN_USE``: Ampere, see :mod:`node_agent.mig_activation`).  Asking for the current mode
+  cancels a pending change.
+* :meth:`Nvml.reset_gpu` -- reset an idle GPU (no process, no GI, else ``IN_USE``), making a
+  pending MIG mode current.  NVML has no public reset call: the real adapter raises
+  ``NOT_SUPPORTED`` (``nvidia-smi -r -i <idx>`` or a reboot is the operator's remedy).
 * :meth:`Nvml.set_compute_mode` -- ``nvmlDeviceSetComputeMode`` (root).  MPS wants its GPU in
   ``EXCLUSIVE_PROCESS`` before the control daemon starts, so that only the MPS server opens a
   context on it (facts/mig.md).  The mode does not survive a reboot or driver reload.  The
@@ -131,6 +139,18 @@ class GpuInfo:
     mig_capable: bool = True
     compute_mode: ComputeMode = ComputeMode.DEFAULT
     """``nvmlDeviceGetComputeMode``."""
+    pending_mig_enabled: bool | None = None
+    """Pending MIG mode (the mode after the next GPU reset or reboot); ``None``: as current."""
+
+    @property
+    def mig_target(self) -> bool:
+        """The MIG mode the GPU is heading for: the pending one, else the current one."""
+        return self.mig_enabled if self.pending_mig_enabled is None else self.pending_mig_enabled
+
+    @property
+    def mig_pending(self) -> bool:
+        """A MIG-mode change was requested and waits for a GPU reset (Ampere)."""
+        return self.mig_target != self.mig_enabled
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +180,13 @@ class Nvml(Protocol):
 
     def gpus(self) -> list[GpuInfo]: ...
 
-    def set_mig_mode(self, gpu: int, enabled: bool) -> None: ...
+    def set_mig_mode(self, gpu: int, enabled: bool) -> NvmlErrorCode | None:
+        """Request MIG mode; return the activation status (``None``: active now)."""
+        ...
+
+    def reset_gpu(self, gpu: int) -> None:
+        """Reset an idle GPU: a pending MIG mode becomes current."""
+        ...
 
     def set_compute_mode(self, gpu: int, mode: ComputeMode) -> None: ...
 

@@ -19,16 +19,28 @@ second ``+me``, compute slices exhausted
 create CI on a GI that already has one      ``INSUFFICIENT_RESOURCES``
 destroy CI with processes on it             ``IN_USE``
 destroy GI that still has CIs               ``IN_USE``
-set MIG mode with GIs or processes          ``IN_USE``
+change MIG mode with GIs or processes       ``IN_USE``
+reset GPU with GIs or processes             ``IN_USE``
 set compute mode on an unknown GPU          ``INVALID_ARGUMENT``
 unknown GPU index / GI id / CI id           ``INVALID_ARGUMENT`` / ``NOT_FOUND``
 ==========================================  ==========================================
 
 GI ids are the smallest free id (the driver reuses ids too); every CI gets a fresh MIG UUID.
 The compute mode (``DEFAULT`` at start) can be set at any time: the driver applies it to
-contexts created afterwards.  :meth:`FakeNvml.reboot` drops every instance and process (MIG
-instances never survive a reboot) and resets the compute mode to ``DEFAULT``.  Whether MPS may
-start on a GPU in the wrong mode is :class:`node_agent.mps.FakeSupervisor`'s to enforce.
+contexts created afterwards.  Whether MPS may start on a GPU in the wrong mode is
+:class:`node_agent.mps.FakeSupervisor`'s to enforce.
+
+MIG mode per family (:func:`node_agent.mig_activation.mig_activation` of the GPU's model):
+
+* **Ampere** (A100, A30): a change makes the mode *pending* (``gpus()`` shows ``[current,
+  pending]`` apart; ``set_mig_mode`` returns ``RESET_REQUIRED``) until :meth:`FakeNvml.reset_gpu`
+  (idle GPU only) or :meth:`FakeNvml.reboot` applies it; the mode then persists across reboots.
+* **Hopper and later**: a change is current at once (``set_mig_mode`` returns ``None``) and a
+  reboot brings MIG mode back to disabled.
+
+Asking for the current mode cancels a pending change.  :meth:`FakeNvml.reboot` (node reboot /
+driver reload) also drops every instance and process (MIG instances never survive a reboot) and
+resets the compute mode to ``DEFAULT``.
 
 Fault injection
 ---------------
@@ -47,6 +59,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from node_agent.mig_activation import MigActivation, mig_activation
 from node_agent.nvml import (
     ComputeMode,
     GpuInfo,
@@ -64,6 +77,7 @@ Hook = Callable[[str, tuple[int, ...]], None]
 OPS = (
     "gpus",
     "set_mig_mode",
+    "reset_gpu",
     "set_compute_mode",
     "gpu_instances",
     "create_gpu_instance",
@@ -106,8 +120,15 @@ class _Gpu:
     model: GpuModel
     uuid: str
     mig_enabled: bool
+    """Current MIG mode."""
+    mig_pending_mode: bool
+    """Pending MIG mode (equal to the current one when no change waits for a reset)."""
     gis: dict[int, _Gi] = field(default_factory=dict)
     compute_mode: ComputeMode = ComputeMode.DEFAULT
+
+    @property
+    def activation(self) -> MigActivation:
+        return mig_activation(self.model)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,10 +150,10 @@ class FakeNvml:
         rng: random.Random | None = None,
     ) -> None:
         self._rng = rng if rng is not None else random.Random(seed)
-        self._gpus = [
-            _Gpu(i, m, self._uuid("GPU"), mig_enabled and m.mig_capable)
-            for i, m in enumerate(models)
-        ]
+        self._gpus: list[_Gpu] = []
+        for i, m in enumerate(models):
+            on = mig_enabled and m.mig_capable
+            self._gpus.append(_Gpu(i, m, self._uuid("GPU"), mig_enabled=on, mig_pending_mode=on))
         self._procs: dict[int, _Proc] = {}
         self._next_pid = 1000
         self.faults: list[Fault] = []
@@ -214,24 +235,44 @@ class FakeNvml:
                 mig_enabled=g.mig_enabled,
                 mig_capable=g.model.mig_capable,
                 compute_mode=g.compute_mode,
+                pending_mig_enabled=g.mig_pending_mode,
             )
             for g in self._gpus
         ]
         self._leave("gpus")
         return out
 
-    def set_mig_mode(self, gpu: int, enabled: bool) -> None:
+    def _idle(self, op: str, g: _Gpu) -> None:
+        if g.gis or any(p.gpu == g.index for p in self._procs.values()):
+            raise NvmlError(
+                NvmlErrorCode.IN_USE, op, f"GPU {g.index} has GPU instances or processes"
+            )
+
+    def set_mig_mode(self, gpu: int, enabled: bool) -> NvmlErrorCode | None:
         op = "set_mig_mode"
         self._enter(op, gpu, int(enabled))
         g = self._gpu(op, gpu)
         if not g.model.mig_capable:
             raise NvmlError(NvmlErrorCode.NOT_SUPPORTED, op, f"{g.model.name} has no MIG")
-        if g.mig_enabled != enabled:
-            if g.gis or any(p.gpu == gpu for p in self._procs.values()):
-                raise NvmlError(
-                    NvmlErrorCode.IN_USE, op, f"GPU {gpu} has GPU instances or processes"
-                )
-            g.mig_enabled = enabled
+        status: NvmlErrorCode | None = None
+        if g.mig_enabled == enabled:
+            g.mig_pending_mode = enabled  # cancels a pending change
+        else:
+            self._idle(op, g)
+            g.mig_pending_mode = enabled
+            if g.activation is MigActivation.IMMEDIATE:
+                g.mig_enabled = enabled
+            else:
+                status = NvmlErrorCode.RESET_REQUIRED
+        self._leave(op)
+        return status
+
+    def reset_gpu(self, gpu: int) -> None:
+        op = "reset_gpu"
+        self._enter(op, gpu)
+        g = self._gpu(op, gpu)
+        self._idle(op, g)
+        g.mig_enabled = g.mig_pending_mode
         self._leave(op)
 
     def set_compute_mode(self, gpu: int, mode: ComputeMode) -> None:
@@ -381,11 +422,15 @@ class FakeNvml:
         return len(self._procs)
 
     def reboot(self) -> None:
-        """A node reboot / driver reload: instances and processes are gone."""
+        """A node reboot / driver reload: instances and processes are gone; a pending MIG mode
+        is applied and persists on Ampere, MIG mode goes back to disabled on Hopper+."""
         self._procs.clear()
         for g in self._gpus:
             g.gis.clear()
             g.compute_mode = ComputeMode.DEFAULT
+            if g.activation is MigActivation.IMMEDIATE:
+                g.mig_pending_mode = False
+            g.mig_enabled = g.mig_pending_mode
 
     def uuid_of(self, gpu: int, gi_id: int, ci_id: int = 0) -> str:
         return self._gi("uuid_of", self._gpu("uuid_of", gpu), gi_id).cis[ci_id]
@@ -414,6 +459,11 @@ class FakeNvml:
 
     def mig_enabled(self, gpu: int) -> bool:
         return self._gpu("mig_enabled", gpu).mig_enabled
+
+    def mig_pending(self, gpu: int) -> bool:
+        """A MIG-mode change waits for a GPU reset (Ampere)."""
+        g = self._gpu("mig_pending", gpu)
+        return g.mig_pending_mode != g.mig_enabled
 
     def processes_on(self, gpu: int, gi_id: int | None = None) -> int:
         return sum(

@@ -7,6 +7,13 @@ A thin translation of :class:`node_agent.nvml.Nvml` into driver calls; no policy
 * GPUs: ``nvmlDeviceGetCount`` / ``GetHandleByIndex`` / ``GetUUID`` / ``GetName`` /
   ``GetPciInfo`` (``pciDeviceId >> 16`` is the device id) / ``GetMemoryInfo`` / ``GetMigMode`` /
   ``GetComputeMode``; ``nvmlDeviceSetComputeMode`` sets it (``NVML_COMPUTEMODE_*``).
+* MIG mode: ``nvmlDeviceGetMigMode`` -> ``[current, pending]`` (both kept: on Ampere a change is
+  pending until a GPU reset); ``nvmlDeviceSetMigMode`` returns the activation status, an
+  ``nvmlReturn_t``: ``NVML_SUCCESS`` (0) -> ``None`` (active now), anything else -> that
+  :class:`~node_agent.nvml.NvmlErrorCode` (e.g. ``RESET_REQUIRED``, ``IN_USE``: pending).
+* GPU reset: NVML's public API (and so nvidia-ml-py) has no call that resets a GPU --
+  ``nvidia-smi -r`` uses a private path -- so :meth:`PynvmlAdapter.reset_gpu` raises
+  ``NOT_SUPPORTED`` and the reconciler asks the operator to reset or reboot.
 * GPU instances are enumerated per profile: for every profile index ``0 ..
   NVML_GPU_INSTANCE_PROFILE_COUNT`` the profile info (``NOT_SUPPORTED`` skipped) gives the
   profile id and the maximum count, then ``nvmlDeviceGetGpuInstances(h, id, array, byref(n))``
@@ -44,6 +51,9 @@ from node_agent.nvml import (
 __all__ = ["PynvmlAdapter"]
 
 T = TypeVar("T")
+
+_NVML_SUCCESS = 0
+"""``nvmlReturn_t`` success, also the activation status of a MIG mode that is active now."""
 
 # compute slices of a GI -> NVML_COMPUTE_INSTANCE_PROFILE_* constant name of its full-size CI
 _CI_PROFILE_FOR_SLICES = {
@@ -91,12 +101,12 @@ class PynvmlAdapter:
             pci = self._call("gpus", m.nvmlDeviceGetPciInfo, h)
             mem = self._call("gpus", m.nvmlDeviceGetMemoryInfo, h)
             try:
-                current, _pending = m.nvmlDeviceGetMigMode(h)
+                current, pending = m.nvmlDeviceGetMigMode(h)
                 capable = True
             except m.NVMLError as e:
                 if int(e.value) != NvmlErrorCode.NOT_SUPPORTED:
                     raise NvmlError(NvmlErrorCode.of(int(e.value)), "gpus", str(e)) from e
-                current, capable = 0, False
+                current, pending, capable = 0, 0, False
             mode = self._call("gpus", m.nvmlDeviceGetComputeMode, h)
             out.append(
                 GpuInfo(
@@ -108,6 +118,7 @@ class PynvmlAdapter:
                     mig_enabled=current == m.NVML_DEVICE_MIG_ENABLE,
                     mig_capable=capable,
                     compute_mode=ComputeMode(int(mode)),
+                    pending_mig_enabled=pending == m.NVML_DEVICE_MIG_ENABLE,
                 )
             )
         return out
@@ -117,10 +128,19 @@ class PynvmlAdapter:
             "set_compute_mode", self._m.nvmlDeviceSetComputeMode, self._handle(gpu), int(mode)
         )
 
-    def set_mig_mode(self, gpu: int, enabled: bool) -> None:
+    def set_mig_mode(self, gpu: int, enabled: bool) -> NvmlErrorCode | None:
         m = self._m
         mode = m.NVML_DEVICE_MIG_ENABLE if enabled else m.NVML_DEVICE_MIG_DISABLE
-        self._call("set_mig_mode", m.nvmlDeviceSetMigMode, self._handle(gpu), mode)
+        status = self._call("set_mig_mode", m.nvmlDeviceSetMigMode, self._handle(gpu), mode)
+        code = int(status or _NVML_SUCCESS)
+        return None if code == _NVML_SUCCESS else NvmlErrorCode.of(code)
+
+    def reset_gpu(self, gpu: int) -> None:
+        raise NvmlError(
+            NvmlErrorCode.NOT_SUPPORTED,
+            "reset_gpu",
+            f"NVML has no public call to reset GPU {gpu}",
+        )
 
     # -- GPU instances -------------------------------------------------------------------
 

@@ -16,6 +16,12 @@ A pass (:meth:`Reconciler.reconcile`) is a pure function of what it reads, not o
    unwanted instance, switch MIG mode (the GPU is idle by then), create the missing CIs, create
    the wanted GIs at their exact placements (largest first) each followed by its CI, store the
    new MPS slice table.  The first NVML error stops that GPU for this pass; other GPUs go on.
+   A MIG-mode change the driver leaves *pending* (Ampere) is activated right away by resetting
+   the GPU through the port, if it is still idle (else an error: retried next pass).  Where the
+   port cannot reset (the real NVML has no reset call) the GPU is Degraded with reason
+   ``MIGModePending``, telling the operator to run ``nvidia-smi -r -i <idx>`` or reboot; each
+   pass tries the reset again (the request itself is not repeated), and the status is never
+   ``Applied`` while a change is pending.
 5. **MPS daemons**: one per GPU with MPS slices, one per MIG instance on hybrid GPUs; daemons no
    longer wanted are stopped (never one whose slices or instance are in use: those are wanted).
    Before a whole-GPU daemon starts, the GPU is put in compute mode ``EXCLUSIVE_PROCESS`` -- only
@@ -55,7 +61,7 @@ from node_agent.gpu_plan import (
     plan_gpu,
 )
 from node_agent.mps import MpsDaemonSpec, MpsError, ProcessSupervisor
-from node_agent.nvml import ComputeMode, GpuInfo, Nvml, NvmlError
+from node_agent.nvml import ComputeMode, GpuInfo, Nvml, NvmlError, NvmlErrorCode
 from node_agent.status import actual_gpus, build_status
 from planner.catalog import Catalog, CatalogError, GpuModel
 
@@ -257,7 +263,40 @@ class Reconciler:
 
     # -- executing ---------------------------------------------------------------------
 
-    def _execute(self, obs: ObservedGpu, plan: GpuPlan, errors: list[str]) -> int:
+    def _activate_mig_mode(
+        self, g: int, enabled: bool, blocks: dict[int, Block], errors: list[str]
+    ) -> tuple[bool, int]:
+        """Make a pending MIG mode current by resetting GPU ``g`` (idle by then, as the mode
+        change required).  Returns ``(activated, NVML mutations made)``.
+
+        The GPU busy again (a process started meanwhile): an error, retried next pass.  Reset
+        not supported (the real driver): Degraded ``MIGModePending`` naming the operator's
+        remedy; every pass tries again, and sees the mode current once the GPU was reset."""
+        nv = self._nvml
+        what = "enable" if enabled else "disable"
+        procs = nv.running_processes(g)
+        if procs:
+            errors.append(
+                f"GPU {g}: MIG mode {what} is pending a GPU reset but {len(procs)} process(es) "
+                "run on the GPU; resetting it once they have ended"
+            )
+            return False, 0
+        try:
+            nv.reset_gpu(g)
+        except NvmlError as e:
+            if e.code != NvmlErrorCode.NOT_SUPPORTED:
+                raise
+            blocks[g] = Block(
+                "MIGModePending",
+                f"GPU {g}: MIG mode {what} is pending and the agent cannot reset the GPU "
+                f"({e}): reset GPU {g} (nvidia-smi -r -i {g}) or reboot the node",
+            )
+            return False, 0
+        return True, 1
+
+    def _execute(
+        self, obs: ObservedGpu, plan: GpuPlan, blocks: dict[int, Block], errors: list[str]
+    ) -> int:
         nv = self._nvml
         g = plan.gpu
         ops = 0
@@ -277,8 +316,20 @@ class Reconciler:
                     if obs.info.compute_mode != ComputeMode.DEFAULT:  # idle: MIG needs it
                         nv.set_compute_mode(g, ComputeMode.DEFAULT)
                         ops += 1
-                nv.set_mig_mode(g, plan.mig_mode)
-                ops += 1
+                info = obs.info
+                if info.mig_pending and info.mig_target == plan.mig_mode:
+                    pending = True  # asked for in an earlier pass: only the reset is missing
+                else:
+                    pending = nv.set_mig_mode(g, plan.mig_mode) is not None
+                    ops += 1
+                if pending:
+                    if plan.mig_mode and plan.slices is not None:
+                        # committed to MIG: no MPS slices while the enable waits for a reset
+                        self._slices[obs.info.uuid] = plan.slices
+                    done, n = self._activate_mig_mode(g, plan.mig_mode, blocks, errors)
+                    ops += n
+                    if not done:
+                        return ops
             for inst in plan.create_ci:
                 nv.create_compute_instance(g, inst.gi_id)
                 ops += 1
@@ -415,7 +466,7 @@ class Reconciler:
 
         ops = 0
         for i, plan in sorted(plans.items()):
-            ops += self._execute(by_index[i], plan, errors)
+            ops += self._execute(by_index[i], plan, blocks, errors)
 
         if ops or plans:
             try:

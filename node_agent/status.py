@@ -5,8 +5,8 @@ Model
 * ``status.gpus`` is the *observed* state after the pass: per GPU its UUID, catalog model, MIG
   mode, MIG instances (profile, start, MIG UUID, used) and MPS slices (memory, thread %, slice
   id, used).
-* ``Applied`` is ``True`` iff every GPU the spec lists matches it exactly (:func:`gpu_matches`),
-  nothing is blocked and the pass had no error; otherwise ``False`` with reason ``Degraded``,
+* ``Applied`` is ``True`` iff every GPU the spec lists matches it exactly (:func:`gpu_matches`;
+  never while a MIG-mode change is still pending, waiting for a GPU reset), nothing is blocked and the pass had no error; otherwise ``False`` with reason ``Degraded``,
   ``Waiting`` (a transient block, e.g. in-use ids unreadable) or ``InProgress``.
 * ``Degraded`` is ``True`` iff some GPU's spec cannot be applied (a non-transient
   :class:`node_agent.gpu_plan.Block`); its reason is the first block's reason and its message
@@ -67,7 +67,11 @@ def actual_gpus(observed: Sequence[ObservedGpu]) -> list[ActualGpu]:
 
 
 def gpu_matches(obs: ObservedGpu, desired: DesiredGpu, mode: str) -> bool:
-    """True iff GPU ``obs`` is exactly in the desired state (mode, instances with CIs, slices)."""
+    """True iff GPU ``obs`` is exactly in the desired state (mode, instances with CIs, slices).
+
+    A MIG-mode change still pending (Ampere, until a GPU reset) is never a match."""
+    if obs.info.mig_pending:
+        return False
     if mode == "mps":
         if obs.info.mig_enabled or obs.slices is None:
             return False

@@ -4,8 +4,13 @@ Each sequence builds a node (1-2 GPUs of catalog models), then runs 5-15 random 
 specs (MIG, MPS, hybrid; valid, pinned to what is in use, conflicting, or invalid), pods
 allocating and releasing advertised devices (also *during* NVML calls, to race the agent),
 processes on devices, NVML faults (once / always / with a probability, before or after the call
-takes effect), PodResources failures, MPS daemon start failures, and agent crashes at any NVML
-call (the agent object is dropped and a new one starts from the hardware).
+takes effect), PodResources failures, MPS daemon start failures, agent crashes at any NVML
+call (the agent object is dropped and a new one starts from the hardware), node reboots (pods
+and processes gone; Ampere keeps -- and applies a pending -- MIG mode, Hopper loses it), and
+the MIG-mode activation path: on Ampere a mode change is pending until the agent resets the
+idle GPU; a CUDA job may grab a GPU whose change is pending (the reset waits), a reset may fail
+like any call, and some nodes cannot reset at all (the real NVML), where a needed mode change
+must end Degraded (``MIGModePending``).
 
 Checked all the time: no device held by a pod ever disappears (the MIG device of an allocated
 UUID is never destroyed; every allocated MPS slice stays in the agent's state).
@@ -25,6 +30,7 @@ from functools import cache
 
 from contract.nodepartitioning import NodePartitioningSpec, NodePartitioningStatus
 from node_agent.devices import AdvertisedDevice, parse_mps_slice_id
+from node_agent.mig_activation import MigActivation, mig_activation
 from node_agent.mps import FakeSupervisor
 from node_agent.nvml import NvmlErrorCode
 from node_agent.nvml_fake import OPS, FakeNvml
@@ -36,8 +42,8 @@ SEQUENCES = int(os.environ.get("GPUSLICE_FAULT_SEQUENCES", "10000"))
 CAT = default_catalog()
 MIG_MODELS = [CAT.model(n) for n in ("A100-SXM4-80GB", "H100-80GB", "A30", "A100-SXM4-40GB")]
 MPS_ONLY = CAT.model("V100-32GB")
-MUTATING = ("set_mig_mode", "set_compute_mode", "create_gpu_instance", "create_compute_instance",
-            "destroy_compute_instance", "destroy_gpu_instance")  # fmt: skip
+MUTATING = ("set_mig_mode", "reset_gpu", "set_compute_mode", "create_gpu_instance",
+            "create_compute_instance", "destroy_compute_instance", "destroy_gpu_instance")  # fmt: skip
 CODES = (NvmlErrorCode.UNKNOWN, NvmlErrorCode.TIMEOUT, NvmlErrorCode.IN_USE,
          NvmlErrorCode.INSUFFICIENT_RESOURCES, NvmlErrorCode.GPU_IS_LOST)  # fmt: skip
 
@@ -140,6 +146,9 @@ class Stats:
     converged: int = 0
     degraded: int = 0
     gpus_checked: int = 0
+    reboots: int = 0
+    resets: int = 0
+    pending_degraded: int = 0
 
 
 def used_placements(nv: FakeNvml, kube: Kubelet, gpu: int) -> set[tuple[str, int]]:
@@ -206,8 +215,19 @@ def random_mps(
     return [{"memoryMiB": m, "activeThreadPercentage": p} for m, p in sizes]
 
 
-def expected_block(nv: FakeNvml, kube: Kubelet, spec: NodePartitioningSpec, i: int) -> str:
+def expected_block(
+    nv: FakeNvml, kube: Kubelet, spec: NodePartitioningSpec, i: int, can_reset: bool = True
+) -> str:
     """The harness's own judgement of why GPU ``i`` cannot reach its spec ("" if it can)."""
+    why = _expected_block(nv, kube, spec, i)
+    model = nv.model_of(i)
+    if why or can_reset or mig_activation(model) is not MigActivation.RESET:
+        return why
+    want_mig = spec.mode != "mps"
+    return "MIG mode change pending, no reset" if nv.mig_enabled(i) != want_mig else ""
+
+
+def _expected_block(nv: FakeNvml, kube: Kubelet, spec: NodePartitioningSpec, i: int) -> str:
     d = next(g for g in spec.gpus if g.index == i)
     model = nv.model_of(i)
     if spec.mode == "mps":
@@ -242,6 +262,8 @@ def gpu_converged(
 ) -> bool:
     d = next(g for g in spec.gpus if g.index == i)
     model = nv.model_of(i)
+    if model.mig_capable and nv.mig_pending(i):
+        return False
     if spec.mode == "mps":
         if model.mig_capable and nv.mig_enabled(i):
             return False
@@ -265,6 +287,14 @@ async def run_sequence(seed: int, st: Stats) -> None:
     nv = FakeNvml(models, mig_enabled=rng.random() < 0.5, rng=random.Random(~seed))
     kube = Kubelet(rng, nv)
     nv.hooks.append(kube.hook)
+
+    def count_resets(op: str, args: tuple[int, ...]) -> None:
+        st.resets += op == "reset_gpu"
+
+    nv.hooks.append(count_resets)
+    can_reset = rng.random() < 0.85  # else like the real NVML: reset_gpu is not supported
+    if not can_reset:
+        nv.inject("reset_gpu", NvmlErrorCode.NOT_SUPPORTED, times=None)
     sup = FakeSupervisor(nvml=nv)  # MPS daemons start only in EXCLUSIVE_PROCESS
 
     def new_agent() -> Reconciler:
@@ -275,6 +305,7 @@ async def run_sequence(seed: int, st: Stats) -> None:
     gen = 1
     status: NodePartitioningStatus | None = None
     stray: list[int] = []
+    jobs: list[int] = []  # whole-GPU CUDA jobs on a GPU whose MIG-mode change is pending
 
     async def one_pass() -> bool:
         nonlocal agent, status
@@ -334,22 +365,39 @@ async def run_sequence(seed: int, st: Stats) -> None:
             mig = [
                 (g, gi, ci) for u, (g, gi, ci) in nv.mig_uuids().items() if u not in kube.allocated
             ]
-            if mig:
+            pending = [g for g in range(n_gpus) if nv.mig_pending(g) and not nv.mig_enabled(g)]
+            if pending and rng.random() < 0.5:
+                jobs.append(nv.start_process(rng.choice(pending)))
+            elif mig:
                 stray.append(nv.start_process(*rng.choice(sorted(mig))))
         elif r < 0.90 and stray:
             nv.stop_process(stray.pop(rng.randrange(len(stray))))
         elif r < 0.95:
             kube.fail_in_use = rng.choice((0.3, 1.0))
-        else:
+        elif r < 0.98:
             sup.fail_next = 1
+        else:  # the node reboots: pods, processes, daemons and the agent start over
+            st.reboots += 1
+            nv.reboot()
+            kube.allocated.clear()
+            kube.advertised = {}
+            stray.clear()
+            jobs.clear()
+            for key in sup.running():
+                sup.kill(key)
+            agent = new_agent()
         kube.race = 0.05
         await one_pass()
         for f in scoped:
             nv.faults.remove(f)
         kube.fail_in_use = 0.0
 
-    # the faults stop; the agent must settle
+    # the faults stop (and the CUDA jobs end); the agent must settle
     nv.clear_faults()
+    if not can_reset:
+        nv.inject("reset_gpu", NvmlErrorCode.NOT_SUPPORTED, times=None)
+    for pid in jobs:
+        nv.stop_process(pid)
     kube.race = 0.0
     kube.fail_in_use = 0.0
     sup.fail_next = 0
@@ -362,9 +410,10 @@ async def run_sequence(seed: int, st: Stats) -> None:
     degraded = next(c for c in status.conditions if c.type == "Degraded")
     for d in spec.gpus:
         st.gpus_checked += 1
-        why = expected_block(nv, kube, spec, d.index)
+        why = expected_block(nv, kube, spec, d.index, can_reset)
         if why:
             st.degraded += 1
+            st.pending_degraded += why.startswith("MIG mode change pending")
             assert degraded.status == "True" and f"GPU {d.index}:" in degraded.message, (
                 f"seed {seed}: GPU {d.index} cannot be applied ({why}) but status says {status.conditions}"
             )
@@ -395,11 +444,13 @@ async def test_random_fault_sequences_never_destroy_in_use_and_converge() -> Non
         f"\nagent fault sequences: {st.sequences} sequences, {st.steps} steps, {st.passes} passes, "
         f"{st.operations} NVML mutations, {st.nvml_calls} NVML calls, {st.faults} NVML faults "
         f"injected, {st.in_use_failures} PodResources failures, {st.crashes} agent crashes; "
+        f"{st.reboots} reboots, {st.resets} GPU resets tried; "
         f"{st.gpus_checked} GPUs checked: {st.converged} converged, {st.degraded} degraded "
-        f"(justified); {took:.1f} s"
+        f"(justified; {st.pending_degraded} with a MIG-mode change pending); {took:.1f} s"
     )
     assert st.sequences == SEQUENCES
     # the mix really exercised what it claims to (scaled to the number of sequences)
     n = SEQUENCES
     assert st.crashes > n // 4 and st.faults > n and st.in_use_failures > n // 4
     assert st.converged > n // 2 and st.degraded > n // 10
+    assert st.reboots > n // 10 and st.resets > n // 4 and st.pending_degraded > n // 100

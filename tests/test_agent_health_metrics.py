@@ -15,7 +15,7 @@ from node_agent.agent import Agent, InMemorySpecSource
 from node_agent.health import AgentHealth, MonitoringServer
 from node_agent.metrics import AgentMetrics, MeteredNvml
 from node_agent.mps import FakeSupervisor
-from node_agent.nvml import NvmlErrorCode
+from node_agent.nvml import NvmlError, NvmlErrorCode
 from node_agent.nvml_fake import FakeNvml
 from node_agent.reconciler import Reconciler
 from planner.catalog import default_catalog
@@ -205,3 +205,18 @@ async def test_a_pass_that_raises_counts_as_a_failure() -> None:
     clock.t += 1.5
     ok, reason = health.check()
     assert not ok and "ConnectionError: API server unreachable" in reason
+
+
+def test_metered_nvml_passes_the_activation_status_and_counts_reset_errors() -> None:
+    nv = FakeNvml([CAT.model("A100-SXM4-80GB")])
+    metrics = AgentMetrics(CollectorRegistry())
+    metered = MeteredNvml(nv, metrics)
+    assert metered.set_mig_mode(0, True) == NvmlErrorCode.RESET_REQUIRED
+    nv.inject("reset_gpu", NvmlErrorCode.NOT_SUPPORTED)
+    with pytest.raises(NvmlError):
+        metered.reset_gpu(0)
+    assert sample(
+        metrics, "gpuslice_agent_nvml_errors_total", op="reset_gpu", code="NOT_SUPPORTED"
+    ) == 1  # fmt: skip
+    metered.reset_gpu(0)
+    assert nv.mig_enabled(0) and not nv.mig_pending(0)

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from node_agent.mig_activation import MigActivation, mig_activation, pci_id_needs_reset
 from node_agent.nvml import NvmlError, NvmlErrorCode
 from node_agent.nvml_fake import FakeNvml
 from planner.catalog import default_catalog
@@ -13,6 +14,7 @@ from planner.geometry import Placement, is_valid_layout
 
 CAT = default_catalog()
 A100 = CAT.model("A100-SXM4-80GB")
+H100 = CAT.model("H100-80GB")
 
 
 def mig_gpu(model_name: str = "A100-SXM4-80GB") -> FakeNvml:
@@ -82,17 +84,69 @@ def test_destroy_rules_ci_first_busy_in_use() -> None:
 
 
 def test_mig_mode_changes_only_when_idle() -> None:
-    nv = FakeNvml([A100, CAT.model("V100-32GB")])
+    nv = FakeNvml([H100, CAT.model("V100-32GB")])
     assert code_of(nv.set_mig_mode, 1, True) == NvmlErrorCode.NOT_SUPPORTED
-    p1 = A100.profile("1g.10gb")
+    p1 = H100.profile("1g.10gb")
     assert code_of(nv.create_gpu_instance, 0, p1.profile_id, 0, 1) == NvmlErrorCode.NOT_SUPPORTED
     pid = nv.start_process(0)
     assert code_of(nv.set_mig_mode, 0, True) == NvmlErrorCode.IN_USE
     nv.stop_process(pid)
-    nv.set_mig_mode(0, True)
+    assert nv.set_mig_mode(0, True) is None  # Hopper: active at once
     create(nv, "1g.10gb", 0)
     assert code_of(nv.set_mig_mode, 0, False) == NvmlErrorCode.IN_USE
-    assert nv.gpus()[0].mig_enabled
+    assert nv.gpus()[0].mig_enabled and not nv.gpus()[0].mig_pending
+
+
+@pytest.mark.parametrize("model", ["A100-SXM4-80GB", "A100-SXM4-40GB", "A30"])
+def test_ampere_mig_mode_is_pending_until_an_idle_reset(model: str) -> None:
+    nv = FakeNvml([CAT.model(model)])
+    assert nv.set_mig_mode(0, True) == NvmlErrorCode.RESET_REQUIRED
+    [info] = nv.gpus()
+    assert (info.mig_enabled, info.pending_mig_enabled, info.mig_pending) == (False, True, True)
+    p1 = nv.model_of(0).profiles[0]
+    assert code_of(nv.create_gpu_instance, 0, p1.profile_id, 0, 1) == NvmlErrorCode.NOT_SUPPORTED
+    pid = nv.start_process(0)  # the GPU is still in whole-GPU mode: a process can start
+    assert code_of(nv.reset_gpu, 0) == NvmlErrorCode.IN_USE
+    assert nv.gpus()[0].mig_pending
+    nv.stop_process(pid)
+    nv.reset_gpu(0)
+    [info] = nv.gpus()
+    assert info.mig_enabled and not info.mig_pending
+    gi = create(nv, p1.name, 0)
+    assert code_of(nv.reset_gpu, 0) == NvmlErrorCode.IN_USE  # instances: not idle
+    nv.destroy_compute_instance(0, gi, 0)
+    nv.destroy_gpu_instance(0, gi)
+    # disabling is pending too; asking for the current mode cancels it
+    assert nv.set_mig_mode(0, False) == NvmlErrorCode.RESET_REQUIRED
+    assert nv.gpus()[0].mig_pending and nv.gpus()[0].mig_target is False
+    assert nv.set_mig_mode(0, True) is None
+    assert nv.gpus()[0].mig_enabled and not nv.gpus()[0].mig_pending
+
+
+def test_reboot_applies_and_keeps_ampere_mig_mode_but_loses_hopper_mig_mode() -> None:
+    nv = FakeNvml([A100, H100, CAT.model("A30")])
+    assert nv.set_mig_mode(0, True) == NvmlErrorCode.RESET_REQUIRED
+    assert nv.set_mig_mode(1, True) is None
+    create(nv, "1g.10gb", 0, gpu=1)
+    nv.reboot()  # the pending mode is applied on A100; H100 comes back with MIG off
+    assert [(g.mig_enabled, g.mig_pending) for g in nv.gpus()] == [
+        (True, False),
+        (False, False),
+        (False, False),
+    ]
+    nv.reboot()  # and the A100's mode persists
+    assert [g.mig_enabled for g in nv.gpus()] == [True, False, False]
+    assert nv.gpu_instances(0) == []
+
+
+def test_mig_activation_family_table() -> None:
+    ampere = {m.name for m in CAT.models if mig_activation(m) is MigActivation.RESET}
+    assert ampere == {"A100-SXM4-40GB", "A100-SXM4-80GB", "A30"}
+    for name in ("H100-80GB", "H200-141GB", "B200", "GB200", "RTX-PRO-6000-Blackwell"):
+        assert mig_activation(CAT.model(name)) is MigActivation.IMMEDIATE
+    assert pci_id_needs_reset("20f3") and not pci_id_needs_reset("2330")  # A800, H100
+    with pytest.raises(ValueError, match="not hexadecimal"):
+        pci_id_needs_reset("GA100")
 
 
 def test_uuids_are_fresh_per_compute_instance() -> None:

@@ -84,11 +84,12 @@ class FakePynvml:
         info = self._info(h)
         if not info.mig_capable:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return [int(info.mig_enabled), int(info.mig_enabled)]
+        return [int(info.mig_enabled), int(info.mig_target)]
 
     def nvmlDeviceSetMigMode(self, h: Any, mode: int) -> int:
-        self._do(self.nv.set_mig_mode, h[1], mode == pynvml.NVML_DEVICE_MIG_ENABLE)
-        return 0
+        assert mode in (pynvml.NVML_DEVICE_MIG_ENABLE, pynvml.NVML_DEVICE_MIG_DISABLE)
+        status = self._do(self.nv.set_mig_mode, h[1], mode == pynvml.NVML_DEVICE_MIG_ENABLE)
+        return pynvml.NVML_SUCCESS if status is None else int(status)  # an nvmlReturn_t
 
     def nvmlDeviceGetComputeMode(self, h: Any) -> int:
         return int(self._info(h).compute_mode)
@@ -265,8 +266,49 @@ def test_driver_errors_map_to_the_same_codes() -> None:
     assert NvmlErrorCode.of(12345) == NvmlErrorCode.UNKNOWN
 
 
+def test_mig_mode_reads_current_and_pending_and_maps_the_activation_status() -> None:
+    nv, _, ad = make("A100-SXM4-80GB", "H100-80GB")
+    assert [(g.mig_enabled, g.pending_mig_enabled) for g in ad.gpus()] == [(False, False)] * 2
+    assert ad.set_mig_mode(0, True) == NvmlErrorCode.RESET_REQUIRED  # Ampere: pending
+    assert ad.set_mig_mode(1, True) is None  # Hopper: NVML_SUCCESS, active now
+    a100, h100 = ad.gpus()
+    assert (a100.mig_enabled, a100.pending_mig_enabled, a100.mig_pending) == (False, True, True)
+    assert (h100.mig_enabled, h100.mig_pending) == (True, False)
+    # nvidia-ml-py has no GPU reset call (nvidia-smi -r uses a private path)
+    assert not [n for n in dir(pynvml) if n in ("nvmlDeviceReset", "nvmlDeviceResetGpu")]
+    with pytest.raises(NvmlError) as e:
+        ad.reset_gpu(0)
+    assert e.value.code == NvmlErrorCode.NOT_SUPPORTED and e.value.op == "reset_gpu"
+    nv.reset_gpu(0)  # the operator resets it
+    assert ad.gpus()[0].mig_enabled and not ad.gpus()[0].mig_pending
+
+
+def test_reconciler_over_the_adapter_reports_a_pending_mig_mode_until_the_gpu_is_reset() -> None:
+    nv, _, ad = make("A100-SXM4-80GB")
+
+    class NoPods:
+        async def in_use_device_ids(self) -> set[str]:
+            return set()
+
+    rec = Reconciler(ad, NoPods(), FakeSupervisor(), CAT)
+    spec = NodePartitioningSpec.model_validate(
+        {"mode": "mig", "gpus": [{"index": 0, "mig": [{"profile": "7g.80gb", "start": 0}]}]}
+    )
+    for _ in range(2):  # every pass retries; the request itself is made once
+        res = asyncio.run(rec.reconcile(spec, 1))
+        applied, degraded = res.status.conditions
+        assert (applied.status, applied.reason) == ("False", "Degraded")
+        assert (degraded.status, degraded.reason) == ("True", "MIGModePending")
+        assert "reset GPU 0 (nvidia-smi -r -i 0) or reboot the node" in degraded.message
+        assert res.settled and not res.status.gpus[0].migEnabled and nv.layout(0) == []
+    assert res.operations == 0 and nv.mig_pending(0)
+    nv.reset_gpu(0)  # nvidia-smi -r -i 0
+    res = asyncio.run(rec.reconcile(spec, 1))
+    assert res.applied and [(p.name, s) for p, s, _ in nv.layout(0)] == [("7g.80gb", 0)]
+
+
 def test_reconciler_over_the_adapter_destroys_ci_before_gi_and_applies() -> None:
-    nv, mod, ad = make("A100-SXM4-80GB")
+    nv, mod, ad = make("A100-SXM4-80GB", mig=True)
 
     class NoPods:
         async def in_use_device_ids(self) -> set[str]:

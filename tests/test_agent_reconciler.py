@@ -104,7 +104,8 @@ LAYOUT = (("2g.20gb", 0), ("1g.10gb", 2), ("1g.10gb", 3), ("3g.40gb", 4))
 def test_applies_exact_placements_from_mig_off_then_is_idempotent() -> None:
     node = Node("A100-SXM4-80GB")
     res = node.run(mig_spec(*LAYOUT), gen=3)
-    assert res.applied and res.operations == 1 + 2 * len(LAYOUT)
+    # Ampere: MIG mode on (pending), GPU reset, then GI + CI per instance
+    assert res.applied and res.operations == 2 + 2 * len(LAYOUT)
     assert node.layout() == sorted(LAYOUT, key=lambda x: x[1])
     assert res.status.observedGeneration == 3 and res.status.planId == "p1"
     assert cond(res, "Applied") == ("True", "Applied") and cond(res, "Degraded")[0] == "False"
@@ -442,3 +443,114 @@ async def test_file_spec_source_bumps_generation_on_change(tmp_path: Path) -> No
     await asyncio.wait_for(src.wait_change(5), 2)
     obj = await src.get()
     assert obj is not None and obj.metadata.generation == 2 and obj.spec.mode == "mps"
+
+
+# -- MIG-mode activation per family (Ampere: pending until a GPU reset; Hopper+: immediate) ------
+
+
+def mutations(node: Node) -> list[str]:
+    """Record the agent's mode-changing NVML calls (``op gpu``) from now on."""
+    seen: list[str] = []
+    node.nv.hooks.append(
+        lambda op, args: (
+            seen.append(f"{op} {args[0]}") if op in ("set_mig_mode", "reset_gpu") else None
+        )
+    )
+    return seen
+
+
+def test_ampere_pending_mig_mode_is_activated_by_a_reset_of_the_idle_gpu() -> None:
+    node = Node("A30")
+    calls = mutations(node)
+    res = node.run(mig_spec(("2g.12gb", 0), ("1g.6gb", 2), ("1g.6gb", 3)))
+    assert res.applied and calls == ["set_mig_mode 0", "reset_gpu 0"]
+    assert node.nv.mig_enabled(0) and not node.nv.mig_pending(0)
+    assert node.layout() == [("2g.12gb", 0), ("1g.6gb", 2), ("1g.6gb", 3)]
+
+
+def test_hopper_mig_mode_is_immediate_and_needs_no_reset() -> None:
+    node = Node("H100-80GB")
+    calls = mutations(node)
+    res = node.run(mig_spec(("7g.80gb", 0)))
+    assert res.applied and res.operations == 3 and calls == ["set_mig_mode 0"]
+
+
+def test_pending_mig_mode_without_reset_support_is_degraded_and_retried_each_pass() -> None:
+    node = Node("A100-SXM4-80GB")
+    node.nv.inject("reset_gpu", NvmlErrorCode.NOT_SUPPORTED, times=None)
+    calls = mutations(node)
+    for gen in (1, 2):
+        res = node.run(mig_spec(*LAYOUT), gen=gen)
+        assert not res.applied and res.settled and res.blocks[0].reason == "MIGModePending"
+        assert cond(res, "Applied") == ("False", "Degraded")
+        assert cond(res, "Degraded") == ("True", "MIGModePending")
+        msg = res.status.conditions[1].message
+        assert msg.startswith("GPU 0: MIG mode enable is pending")
+        assert msg.endswith("reset GPU 0 (nvidia-smi -r -i 0) or reboot the node")
+        assert not res.status.gpus[0].migEnabled and "nvidia.com/mig-3g.40gb" not in res.devices
+    # asked for once, then only the reset is retried
+    assert calls == ["set_mig_mode 0", "reset_gpu 0", "reset_gpu 0"]
+    node.nv.clear_faults()
+    res = node.run(mig_spec(*LAYOUT), gen=2)
+    assert res.applied and calls[-1] == "reset_gpu 0"
+    assert node.layout() == sorted(LAYOUT, key=lambda x: x[1])
+
+
+def test_pending_mig_mode_waits_while_a_process_runs_and_a_reboot_applies_it() -> None:
+    node = Node("A100-SXM4-80GB")
+    calls = mutations(node)
+    stray: list[int] = []
+
+    def start_after_request(op: str, args: tuple[int, ...]) -> None:
+        if op == "running_processes" and node.nv.mig_pending(0) and not stray:
+            stray.append(node.nv.start_process(0))  # a CUDA job grabs the GPU meanwhile
+
+    node.nv.hooks.append(start_after_request)
+    res = node.run(mig_spec(("7g.80gb", 0)))
+    assert not res.applied and calls == ["set_mig_mode 0"]  # no reset of a busy GPU
+    assert "pending a GPU reset but 1 process(es) run" in res.status.lastError
+    assert cond(res, "Applied") == ("False", "InProgress") and not res.settled
+    node.nv.reboot()  # the job is gone; the pending mode is applied at boot
+    res = node.run(mig_spec(("7g.80gb", 0)))
+    assert res.applied and calls == ["set_mig_mode 0"]
+    assert node.layout() == [("7g.80gb", 0)]
+
+
+@pytest.mark.parametrize(
+    ("model", "after_reboot"),
+    [
+        ("A100-SXM4-80GB", []),  # MIG mode persisted: only the instances are re-created
+        ("H100-80GB", ["set_mig_mode 0"]),  # MIG mode lost: re-enabled, no reset
+    ],
+)
+def test_reboot_keeps_ampere_mig_mode_and_hopper_loses_it_and_the_plan_is_recreated(
+    model: str, after_reboot: list[str]
+) -> None:
+    node = Node(model)
+    spec = mig_spec(("3g.40gb", 0), ("3g.40gb", 4))
+    assert node.run(spec).applied
+    calls = mutations(node)
+    node.nv.reboot()
+    node.restart()
+    assert node.nv.mig_enabled(0) is (model.startswith("A100")) and node.layout() == []
+    res = node.run(spec)
+    assert res.applied and calls == after_reboot
+    assert node.layout() == [("3g.40gb", 0), ("3g.40gb", 4)]
+
+
+def test_ampere_back_to_mps_resets_and_a_pending_enable_is_cancelled_by_an_mps_spec() -> None:
+    node = Node("A100-SXM4-80GB", mig=True)
+    calls = mutations(node)
+    res = node.run(mps_spec((20480, 25)))  # MIG off is pending too: reset, then MPS
+    assert res.applied and calls == ["set_mig_mode 0", "reset_gpu 0"]
+    assert not node.nv.mig_enabled(0) and node.sup.running() == {"gpu0"}
+
+    node.nv.inject("reset_gpu", NvmlErrorCode.NOT_SUPPORTED, times=None)
+    res = node.run(mig_spec(("7g.80gb", 0)), gen=2)
+    assert cond(res, "Degraded") == ("True", "MIGModePending") and node.nv.mig_pending(0)
+    assert node.sup.running() == set() and "nvidia.com/gpu-20gb" not in res.devices
+    # the operator gives up on MIG: asking for the current mode cancels the pending enable
+    calls.clear()
+    res = node.run(mps_spec((20480, 25)), gen=3)
+    assert res.applied and calls == ["set_mig_mode 0"] and not node.nv.mig_pending(0)
+    assert node.sup.running() == {"gpu0"} and len(res.devices["nvidia.com/gpu-20gb"]) == 1
