@@ -112,6 +112,10 @@ class ReplaySettings:
     horizon_s: float | None = None
     """Stop at this simulated time (pods pending then count as never scheduled); ``None``: run
     until nothing can change.  A guard for planners that keep reconfiguring (livelock)."""
+    max_planner_errors: int = 20
+    """Stop once the planner has failed this many times in a row and no arrival, departure or
+    spec application is left to change its input (it would fail forever); the pods still pending
+    count as never scheduled and :attr:`ReplayResult.planner_errors` says why."""
     reuse_identical_plans: bool = True
     """Reuse the previous plan when the planner input is identical (deterministic planner)."""
 
@@ -315,6 +319,8 @@ class _Engine:
         self._reused = False
         self._planner_ms = 0.0
         self.wake_at: float | None = None
+        self.error_streak = 0
+        """Consecutive partitioner steps whose planner call failed."""
         if policy.static is not None:
             gpus = [
                 (n.name, g.index, n.model)
@@ -455,7 +461,9 @@ class _Engine:
             self._push(t + self.settings.apply_delay_s, _Kind.APPLY, ws.node)
         if decision.error:
             self.result.planner_errors.append(f"t={t:.1f}: {decision.error}")
+            self.error_streak += 1
         if decision.plan is not None:
+            self.error_streak = 0
             plan = decision.plan
             prefix = f"{NAMESPACE}/"
             for key, a in plan.assignments.items():
@@ -506,6 +514,8 @@ class _Engine:
         while self.heap:
             if self.live == 0 and not self.changes_since_plan and self._quiet():
                 break
+            if self.live == 0 and self.error_streak >= self.settings.max_planner_errors:
+                break  # only planner retries are left, and the planner keeps failing
             if self.settings.horizon_s is not None and self.heap[0][0] > self.settings.horizon_s:
                 break
             t = self.heap[0][0]

@@ -171,6 +171,25 @@ def test_real_planners_never_disrupt_where_a_mover_would(planner: str) -> None:
     assert big.first_bound >= small.first_bound + 1000  # waited for the 1g to finish
 
 
+def _failing(snapshot: Snapshot, settings: PlannerSettings, catalog: Catalog) -> Plan:
+    raise RuntimeError("planner exploded")
+
+
+def test_a_planner_that_always_fails_ends_the_replay() -> None:
+    """Without the error guard the partitioner retries the failing plan forever."""
+    pods = [pod("small", "1g.10gb", 0, 1000)]
+    r = run_time_replay(
+        EMPTY,
+        one_gpu(),
+        ReplayPolicy("failing", planner=_failing),
+        ReplaySettings(max_planner_errors=3),
+        pods=pods,
+    )
+    assert len(r.planner_errors) == 3 and "planner exploded" in r.planner_errors[0]
+    s = summarize(r)
+    assert s.never_scheduled == 1 and s.planner_errors == 3
+
+
 # ------------------------------------------------------------------ inputs
 
 
