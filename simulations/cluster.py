@@ -46,7 +46,7 @@ from typing import Any
 
 from planner.catalog import CatalogError, default_catalog
 from planner.snapshot import Mode
-from simulations.documents import read_document
+from simulations.documents import named_entry, read_document
 from simulations.openb import TraceError, openb_dir, raise_collected, read_csv_rows
 
 __all__ = [
@@ -152,18 +152,10 @@ def _pool_int(d: Mapping[str, Any], key: str, where: str, default: int | None = 
     return v
 
 
-def _parse_pool(d: object, where: str) -> list[Node]:
-    if not isinstance(d, dict):
-        raise ClusterError(f"{where}: expected a mapping (name, count, gpu_model, ...)")
-    unknown = set(d) - _POOL_FIELDS
-    if unknown:
-        raise ClusterError(
-            f"{where}: unknown field(s) {sorted(unknown)}; allowed: {sorted(_POOL_FIELDS)}"
-        )
-    name = d.get("name")
-    if not isinstance(name, str) or not name:
-        raise ClusterError(f"{where}: field 'name' must be a non-empty string")
-    where = f"{where} ({name})"
+def _parse_pool(entry: object, where: str) -> list[Node]:
+    d, name, where = named_entry(
+        entry, _POOL_FIELDS, where, ClusterError, "(name, count, gpu_model, ...)"
+    )
     count = _pool_int(d, "count", where)
     if count < 1:
         raise ClusterError(f"{where}: count must be >= 1")

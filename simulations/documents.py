@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-__all__ = ["read_document"]
+__all__ = ["named_entry", "read_document"]
 
 
 def read_document(path: Path, error: type[Exception], what: str) -> Any:
@@ -26,3 +26,23 @@ def read_document(path: Path, error: type[Exception], what: str) -> Any:
         return json.loads(text) if is_json else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as e:
         raise error(f"{path}: not valid {'JSON' if is_json else 'YAML'}: {e}") from None
+
+
+def named_entry(
+    d: object, allowed: frozenset[str] | set[str], where: str, error: type[Exception], expected: str
+) -> tuple[dict[str, Any], str, str]:
+    """Check one list entry of a document: a mapping of known fields with a non-empty ``name``.
+
+    Returns the mapping, its name and ``where`` extended with the name, for later messages.
+    Raises ``error`` naming ``where``: not a mapping (``expected`` says what it should hold),
+    unknown fields (listing the allowed ones), or a missing/empty name.
+    """
+    if not isinstance(d, dict):
+        raise error(f"{where}: expected a mapping {expected}")
+    unknown = set(d) - set(allowed)
+    if unknown:
+        raise error(f"{where}: unknown field(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
+    name = d.get("name")
+    if not isinstance(name, str) or not name:
+        raise error(f"{where}: field 'name' must be a non-empty string")
+    return d, name, f"{where} ({name})"

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from simulations.documents import read_document
+from simulations.documents import named_entry, read_document
 
 __all__ = [
     "Pod",
@@ -216,18 +216,10 @@ def _int_field(d: Mapping[str, Any], key: str, where: str, default: int | None) 
     return int(v)
 
 
-def _parse_pod_entry(d: object, where: str) -> list[Pod]:
-    if not isinstance(d, dict):
-        raise WorkloadError(f"{where}: expected a mapping with at least 'name' and 'cpu_milli'")
-    unknown = set(d) - _POD_FIELDS
-    if unknown:
-        raise WorkloadError(
-            f"{where}: unknown field(s) {sorted(unknown)}; allowed: {sorted(_POD_FIELDS)}"
-        )
-    name = d.get("name")
-    if not isinstance(name, str) or not name:
-        raise WorkloadError(f"{where}: field 'name' must be a non-empty string")
-    where = f"{where} ({name})"
+def _parse_pod_entry(entry: object, where: str) -> list[Pod]:
+    d, name, where = named_entry(
+        entry, _POD_FIELDS, where, WorkloadError, "with at least 'name' and 'cpu_milli'"
+    )
     if "cpu_milli" not in d:
         raise WorkloadError(f"{where}: missing required field 'cpu_milli'")
     cpu = _int_field(d, "cpu_milli", where, 0)
