@@ -127,7 +127,29 @@ class PluginConnection:
         await self.channel.close()
 
 
-class FakeKubelet(dp_grpc.RegistrationServicer):  # type: ignore[misc]
+class _UnixServer:
+    """A grpc.aio server on ``socket_path`` serving this object's ``_add_to`` servicer."""
+
+    socket_path: str
+    _server: grpc.aio.Server | None
+
+    def _add_to(self, server: grpc.aio.Server) -> None:
+        raise NotImplementedError
+
+    async def _start_server(self) -> None:
+        server = grpc.aio.server()
+        self._add_to(server)
+        server.add_insecure_port(f"unix:{self.socket_path}")
+        await server.start()
+        self._server = server
+
+    async def _stop_server(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            await server.stop(grace=None)
+
+
+class FakeKubelet(_UnixServer, dp_grpc.RegistrationServicer):  # type: ignore[misc]
     """Serves Registration on ``<plugin_dir>/kubelet.sock`` and talks back to plugins."""
 
     def __init__(self, plugin_dir: str) -> None:
@@ -139,17 +161,14 @@ class FakeKubelet(dp_grpc.RegistrationServicer):  # type: ignore[misc]
         """If set, Register fails with this message (after recording the request)."""
         self._server: grpc.aio.Server | None = None
 
-    async def start(self) -> None:
-        server = grpc.aio.server()
+    def _add_to(self, server: grpc.aio.Server) -> None:
         dp_grpc.add_RegistrationServicer_to_server(self, server)
-        server.add_insecure_port(f"unix:{self.socket_path}")
-        await server.start()
-        self._server = server
+
+    async def start(self) -> None:
+        await self._start_server()
 
     async def stop(self) -> None:
-        server, self._server = self._server, None
-        if server is not None:
-            await server.stop(grace=None)
+        await self._stop_server()
         plugins, self.plugins = self.plugins, {}
         for conn in plugins.values():
             await conn.close()
@@ -206,7 +225,7 @@ class FakeKubelet(dp_grpc.RegistrationServicer):  # type: ignore[misc]
         return dp.Empty()
 
 
-class FakePodResources(pr_grpc.PodResourcesListerServicer):  # type: ignore[misc]
+class FakePodResources(_UnixServer, pr_grpc.PodResourcesListerServicer):  # type: ignore[misc]
     """Serves ``v1.PodResourcesLister`` from :attr:`pods` and :attr:`allocatable_devices`."""
 
     def __init__(self, socket_path: str) -> None:
@@ -237,17 +256,14 @@ class FakePodResources(pr_grpc.PodResourcesListerServicer):  # type: ignore[misc
             )
         )
 
-    async def start(self) -> None:
-        server = grpc.aio.server()
+    def _add_to(self, server: grpc.aio.Server) -> None:
         pr_grpc.add_PodResourcesListerServicer_to_server(self, server)
-        server.add_insecure_port(f"unix:{self.socket_path}")
-        await server.start()
-        self._server = server
+
+    async def start(self) -> None:
+        await self._start_server()
 
     async def stop(self) -> None:
-        server, self._server = self._server, None
-        if server is not None:
-            await server.stop(grace=None)
+        await self._stop_server()
 
     async def List(self, request: pr.ListPodResourcesRequest, context: Any) -> Any:
         self.calls.append("List")
