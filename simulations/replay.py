@@ -138,10 +138,6 @@ class ReplayPolicy:
     planner: PlanFn | None = None
     """Planner override (tests); default ``planner.api.plan``."""
 
-    @property
-    def is_static(self) -> bool:
-        return self.static is not None
-
 
 def parse_policy(text: str) -> ReplayPolicy:
     """``cpsat``, ``greedy`` (nos-like, 60 s / 10 s window) or ``static:<layout>``."""

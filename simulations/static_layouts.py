@@ -32,7 +32,6 @@ function (the simulator's replay) and returns the one with the smallest key.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -291,7 +290,3 @@ def best_static(
     results = [(c, evaluate(c)) for c in candidates]
     best, key = min(results, key=lambda ck: ck[1])
     return best, key, results
-
-
-def profile_counts(layout: Layout) -> Counter[str]:
-    return Counter(p.profile.name for p in layout)

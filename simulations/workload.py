@@ -48,7 +48,7 @@ so the same spec and seed give the same workload on every machine.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -397,8 +397,3 @@ def synthetic_spec_from_doc(doc: object, where: str) -> SyntheticSpec:
         )
     except (TypeError, ValueError) as e:
         raise WorkloadError(f"{where}: {e}") from None
-
-
-def pods_by_name(pods: Sequence[Pod]) -> list[Pod]:
-    """The pods sorted by name (the protocol's canonical order)."""
-    return sorted(pods, key=lambda p: p.name)
