@@ -66,9 +66,9 @@ _MPS = re.compile(r"^nvidia\.com/gpu-\d+gb$")
 
 _CEL_SLICE_KEY = "k.startsWith('nvidia.com/mig-') || k.matches('^nvidia\\\\.com/gpu-[0-9]+gb$')"
 _CEL_CONTAINERS = (
-    "(has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(k, {key})) || "
-    "(has(c.resources.requests) && c.resources.requests.exists(k, {key}))))"
-).format(key=_CEL_SLICE_KEY)
+    f"(has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(k, {_CEL_SLICE_KEY})) || "
+    f"(has(c.resources.requests) && c.resources.requests.exists(k, {_CEL_SLICE_KEY}))))"
+)
 MATCH_CONDITIONS: tuple[tuple[str, str], ...] = (
     (
         "asks-for-a-slice",
