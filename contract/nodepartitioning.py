@@ -4,9 +4,13 @@ One cluster-scoped ``NodePartitioning`` per opted-in node, named after the node.
 
 * ``spec`` is written by the partitioner only: the plan id, the mode, and per GPU index the
   desired MIG instances (profile + start slot) or MPS slices (memory MiB + active-thread %).
-* ``status`` is written by the node agent only: the generation it observed, per GPU the actual
+* ``status`` is written by the node agent: the generation it observed, per GPU the actual
   instances or slices with their device ids and whether a pod holds them, conditions
-  (``Applied``, ``Degraded`` with a reason) and the last error.
+  (``Applied``, ``Degraded`` with a reason) and the last error.  One field of it,
+  ``status.reservations``, is the partitioner's: the slices promised to pods not bound yet and
+  the GPUs drained for waiting pods (see ``partitioner/reservations.py``).  Each side writes
+  its own fields with a JSON merge patch of the status subresource, so neither overwrites the
+  other's (:data:`PARTITIONER_STATUS_FIELDS`).
 
 The CRD YAML is generated from these models (:func:`crd_manifest`); a test fails if the
 committed CRD (``charts/gpuslice/crds/``) drifts from it.  This module imports neither kopf nor
@@ -23,6 +27,7 @@ __all__ = [
     "API_VERSION",
     "GROUP",
     "KIND",
+    "PARTITIONER_STATUS_FIELDS",
     "PLURAL",
     "VERSION",
     "ActualGpu",
@@ -36,6 +41,7 @@ __all__ = [
     "NodePartitioningSpec",
     "NodePartitioningStatus",
     "ObjectMeta",
+    "ReservationEntry",
     "crd_manifest",
 ]
 
@@ -116,14 +122,37 @@ class Condition(_Model):
     observedGeneration: int = 0
 
 
+class ReservationEntry(_Model):
+    """A promise the partitioner made on this node (written by the partitioner)."""
+
+    pod: str = Field(description="namespace/name of the pod")
+    state: Literal["draining", "planned", "released"] = Field(
+        description="draining: GPUs being emptied for the pod; planned: slice planned or free, "
+        "pod still gated; released: pod ungated and pinned to this node, not bound yet"
+    )
+    gpus: dict[str, list[int]] = Field(
+        default_factory=dict,
+        description="Resource -> GPU index per unit (draining: the frozen GPUs)",
+    )
+    plan: str = Field(default="", description="Plan id (empty: the slice already existed)")
+
+
 class NodePartitioningStatus(_Model):
-    """Actual state, written by the node agent."""
+    """Actual state, written by the node agent (``reservations``: by the partitioner)."""
 
     observedGeneration: int = 0
     planId: str = Field(default="", description="planId of the spec last applied")
     gpus: list[ActualGpu] = Field(default_factory=list)
     conditions: list[Condition] = Field(default_factory=list)
     lastError: str = ""
+    reservations: list[ReservationEntry] = Field(
+        default_factory=list,
+        description="Written by the partitioner: promises to pods not bound yet, and drains",
+    )
+
+
+PARTITIONER_STATUS_FIELDS = frozenset({"reservations"})
+"""``status`` fields the partitioner writes; the node agent leaves them out of its patches."""
 
 
 class ObjectMeta(BaseModel):

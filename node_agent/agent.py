@@ -39,6 +39,7 @@ import yaml
 
 from contract.nodepartitioning import (
     GROUP,
+    PARTITIONER_STATUS_FIELDS,
     PLURAL,
     VERSION,
     NodePartitioning,
@@ -333,7 +334,8 @@ class KubeSpecSource:
                 await asyncio.sleep(remaining)
 
     async def write_status(self, status: NodePartitioningStatus) -> None:
-        body = {"status": status.model_dump(mode="json")}
+        # a merge patch of the agent's own fields: the partitioner's (reservations) stay
+        body = {"status": status.model_dump(mode="json", exclude=PARTITIONER_STATUS_FIELDS)}
         await asyncio.to_thread(
             self._api.patch_cluster_custom_object_status,
             GROUP,

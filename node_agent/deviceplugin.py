@@ -106,14 +106,17 @@ def preferred_allocation(
     must_include: Sequence[str],
     size: int,
     gpu_of: Callable[[str], str],
+    avoid: Callable[[str], bool] | None = None,
 ) -> list[str]:
     """Pick ``size`` ids: every ``must_include`` id, then as few GPUs as possible.
 
     Greedy, deterministic: repeatedly take devices (in id order) from the best GPU group, where a
-    GPU already holding a chosen device beats any other, then a GPU that alone covers what is
-    still missing (the smallest such, to keep big free GPUs whole), then the largest group.
-    Taking largest groups first minimises the number of GPUs when nothing is pre-chosen. Returns
-    fewer ids if not enough are available, and all ``must_include`` ids even beyond ``size``.
+    GPU to ``avoid`` (one the partitioner is draining for a waiting pod) comes after every
+    other, then a GPU already holding a chosen device beats any other, then a GPU that alone
+    covers what is still missing (the smallest such, to keep big free GPUs whole), then the
+    largest group.  Taking largest groups first minimises the number of GPUs when nothing is
+    pre-chosen. Returns fewer ids if not enough are available, and all ``must_include`` ids even
+    beyond ``size``.
     """
     chosen = list(dict.fromkeys(must_include))
     need = size - len(chosen)
@@ -126,10 +129,11 @@ def preferred_allocation(
             groups.setdefault(gpu_of(dev), []).append(dev)
     used_gpus = {gpu_of(dev) for dev in chosen}
 
-    def rank(gpu: str) -> tuple[bool, bool, int, str]:
+    def rank(gpu: str) -> tuple[bool, bool, bool, int, str]:
         n = len(groups[gpu])
         fits = n >= need
-        return (gpu not in used_gpus, not fits, n if fits else -n, gpu)
+        avoided = avoid is not None and avoid(gpu)
+        return (avoided, gpu not in used_gpus, not fits, n if fits else -n, gpu)
 
     while need > 0 and groups:
         gpu = min(groups, key=rank)

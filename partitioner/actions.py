@@ -7,10 +7,11 @@ cluster).  None of them reads or writes anything by itself.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
-from contract.nodepartitioning import NodePartitioningSpec
+from contract.nodepartitioning import NodePartitioningSpec, ReservationEntry
 
 __all__ = [
     "NODE_CONDITION",
@@ -19,7 +20,9 @@ __all__ = [
     "DeletePartitioning",
     "EmitEvent",
     "ObjectRef",
+    "PatchPod",
     "SetNodeCondition",
+    "WriteReservations",
     "WriteSpec",
 ]
 
@@ -72,6 +75,35 @@ class WriteSpec:
     planned_pods: tuple[str, ...] = ()
     on_success: tuple[EmitEvent, ...] = ()
     """Events to emit once the write succeeded (the pods' "planned" events)."""
+    planned_at: float | None = None
+    """When the plan was made (the step's clock): annotation ``gpuslice.io/planned-at``, read by
+    the apply deadline."""
+
+
+@dataclass(frozen=True, slots=True)
+class PatchPod:
+    """A JSON merge patch of a pod (reserve, release, drop a reservation, ungate).
+
+    ``patch`` carries the pod's resourceVersion when the change depends on what was read (the
+    API server refuses it with 409 otherwise; the next cycle decides again).  ``after_spec``:
+    only if this cycle's spec write for that node succeeded (a reservation for a plan).
+    """
+
+    pod: str
+    """``namespace/name``."""
+    ref: ObjectRef
+    patch: Mapping[str, Any]
+    purpose: Literal["reserve", "release", "unreserve", "ungate"]
+    after_spec: str | None = None
+    on_success: tuple[EmitEvent, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class WriteReservations:
+    """Replace ``status.reservations`` of a NodePartitioning (the partitioner's status field)."""
+
+    node: str
+    reservations: tuple[ReservationEntry, ...] = field(default_factory=tuple)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,4 +114,12 @@ class SetNodeCondition:
     message: str
 
 
-Action = CreatePartitioning | DeletePartitioning | WriteSpec | SetNodeCondition | EmitEvent
+Action = (
+    CreatePartitioning
+    | DeletePartitioning
+    | WriteSpec
+    | PatchPod
+    | WriteReservations
+    | SetNodeCondition
+    | EmitEvent
+)

@@ -1,41 +1,74 @@
 """THE decision step: ``decide(state, cluster, now, config) -> Decision``. Pure and synchronous.
 
-The kopf operator calls it every cycle with the objects it watches; the simulator calls it with
-its in-memory cluster.  It reads nothing else and changes nothing: every effect is an
-:mod:`action <partitioner.actions>` in the returned :class:`Decision`, with the next
-:class:`ControllerState`.
+The kopf operator calls it every cycle with its :class:`~partitioner.index.ClusterIndex`; the
+simulator calls it with the index of its in-memory cluster.  It reads nothing else and changes
+nothing: every effect is an :mod:`action <partitioner.actions>` in the returned
+:class:`Decision`, with the next :class:`ControllerState`.  ``now`` is seconds since the epoch
+(reservation deadlines are stored on the pods in that clock).
 
-One step
---------
-1. **Read** the cluster (:func:`partitioner.snapshot.read_cluster`).
-2. **Housekeeping.** Create a NodePartitioning for every valid opted-in node without one
-   (owned by the node, empty spec); delete those whose node is gone or no longer opted in
-   (a node whose labels are merely broken keeps its object); when a node's mode changed,
-   write an empty spec of the new mode under a fresh plan id (so the node stays out of
-   planning until the agent has switched).
-3. **Node conditions.** An opted-in node that cannot be planned gets the node condition
-   ``GpusliceReady=False`` with the problem's reason and a Warning Event, once per change; a
-   node whose problem is gone gets ``GpusliceReady=True``.
-4. **Batch window.** Rejected pods (unknown resources, no eligible node) get a Warning Event
-   ``cannot place: <reason>`` once per distinct reason; candidates feed the window
-   (:mod:`partitioner.batching`).
-5. **Plan** when the window is due: the planner gets every candidate and the nodes that are not
-   busy.  For each node with a changed GPU, the full spec (changed GPUs from the plan, the
-   others as they are now) is written only if it differs from the current spec, guarded by the
-   object's ``resourceVersion``; the pods' "planned" Events are emitted once the write
-   succeeds.  Unplaced pods get ``cannot place: <reason>``.
+Plans are promises (``config.reservation``, the default)
+---------------------------------------------------------
+Pods that ask for a slice are created *gated* (:mod:`partitioner.gating`): kube-scheduler
+ignores them until gpuslice releases them, so nothing else can give their slice away.  One
+step:
 
-Plan ids are consecutive integers, continuing after the largest ``spec.planId`` in the cluster,
-so a restarted controller never reuses one.  A planner exception is reported in
-``Decision.error`` and closes the window (its pods are retried after ``retry`` seconds), so a
-bad input cannot make the controller spin.
+1. **Housekeeping** and **node conditions**: a NodePartitioning for every valid opted-in node,
+   none for others; ``GpusliceReady`` on opted-in nodes (as before).
+2. **Read the waiting pods** (slice pods not bound): gated pods without a reservation are
+   *candidates*; gated pods with a ``planned`` reservation and released pods not bound yet
+   *hold* slices on their node (:class:`~partitioner.ledger.Hold`); ``draining`` pods are
+   candidates that freeze GPUs; ungated pods kube-scheduler could not place
+   (``PodScheduled=False/Unschedulable``: created while the webhook was down, or opted out) are
+   candidates too, planned as before but never released (they have no gate).
+3. **Deadlines.**  A ``planned`` reservation on a node that has not applied its spec by the
+   reservation's deadline (``apply_deadline_s``), or whose node is gone, is dropped: the pod
+   goes back to the batch, the node cools down for ``cooldown_s`` (left out of plans) and both
+   get an Event.  A node that applied less than promised (``Degraded``, or a slice taken by a
+   pod gpuslice did not gate) keeps the holds that still fit (released first, then priority,
+   then age) and gives the others back at once (:meth:`~partitioner.ledger.NodeLedger.settle`);
+   a released pod whose slice was taken is re-planned on its node (its node affinity is pinned
+   there), and one whose node is gone is reported ``Stranded`` with the recovery.
+4. **Release.**  A ``planned`` pod whose slice exists (the node applied) is released once the
+   node's ``status.allocatable`` shows room for it beyond the bound and released pods (else
+   kube-scheduler would fail it): one patch narrows its node affinity to the node, removes the
+   gate and marks the reservation ``released`` with a bind deadline (``bind_deadline_s``).
+5. **Free slices first.**  A candidate for which a free, unpromised slice exists on an eligible
+   node is reserved there at once and released in the same patch when the scheduler can see
+   it (no batch, no plan); the busiest GPU's slice is taken, so lightly used GPUs stay whole.
+6. **Drain completion.**  A ``draining`` pod whose frozen GPUs are empty is planned onto them
+   (a one-pod plan on those GPUs only) and reserved.
+7. **Batch and plan** the remaining candidates (:mod:`partitioner.batching`): the planner sees
+   the nodes that are not applying a spec and not cooling down, with every slice a hold or an
+   unreported bound pod may use pinned and frozen GPUs left out (:mod:`partitioner.ledger`),
+   and each pod's waiting time (the objective's waiting-time level).  Changed nodes get a spec
+   (resourceVersion-guarded); each placed pod gets a ``planned`` reservation written after its
+   node's spec; unplaced pods get ``cannot place: <reason>``.
+8. **Drain.**  A gated pod the plan could not place for lack of capacity that has waited
+   ``drain_after_s`` gets a drain (:mod:`partitioner.drain`) while the cluster's drain budget
+   (``drain_fraction`` of the GPUs) has room.
+9. **Status view.**  Each node's ``status.reservations`` is rewritten when the promises on it
+   changed.
+
+Without reservations (``config.reservation=False``; nos's behaviour, the baseline) pods are
+not gated (a gated pod is ungated at once), the partitioner plans the pods kube-scheduler
+reported ``Unschedulable``, and kube-scheduler binds whichever pending pod it tries first to
+new slices.  A node applying a spec keeps the pods planned for it (annotation
+``gpuslice.io/planned-pods``) out of new batches until it applies, or until
+``apply_deadline_s`` after the spec was written (annotation ``gpuslice.io/planned-at``); then
+they are planned again elsewhere and the node cools down.
+
+Plan ids are consecutive integers, continuing after the largest ``spec.planId`` in the cluster.
+A planner exception is reported in ``Decision.error`` and closes the window (its pods are
+retried after ``retry`` seconds), so a bad input cannot make the controller spin.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+import math
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 
 from contract.nodepartitioning import (
     DesiredGpu,
@@ -43,6 +76,7 @@ from contract.nodepartitioning import (
     DesiredMpsSlice,
     NodePartitioning,
     NodePartitioningSpec,
+    ReservationEntry,
 )
 from partitioner.actions import (
     NODE_CONDITION,
@@ -51,19 +85,54 @@ from partitioner.actions import (
     DeletePartitioning,
     EmitEvent,
     ObjectRef,
+    PatchPod,
     SetNodeCondition,
+    WriteReservations,
     WriteSpec,
 )
 from partitioner.batching import BatchPolicy, BatchWindow, due, observe, planned
-from partitioner.snapshot import ClusterReading, ClusterView, opted_in, read_cluster
-from planner.catalog import Catalog
+from partitioner.drain import choose_drain, drain_budget
+from partitioner.eligibility import pod_fits_node
+from partitioner.gating import release_patch, ungate_patch
+from partitioner.index import ClusterIndex, NodeInfo, PodInfo
+from partitioner.ledger import Hold, NodeLedger, build_ledgers
+from partitioner.reservations import RESERVATION_ANNOTATION, Reservation, State
+from partitioner.snapshot import (
+    PLANNED_AT_ANNOTATION,
+    ClusterView,
+    NodeProblem,
+    opted_in,
+    planned_pods,
+)
+from planner.catalog import Catalog, CatalogError
 from planner.settings import PlannerSettings
-from planner.snapshot import Assignment, Plan, PlannedGpu
+from planner.snapshot import (
+    Assignment,
+    Mode,
+    PendingPod,
+    Plan,
+    PlannedGpu,
+    Snapshot,
+    Unplaced,
+    mig_profile_of,
+    mps_gb_of,
+)
 
-__all__ = ["ControllerState", "DecideConfig", "Decision", "PlanFn", "decide", "default_planner"]
+__all__ = [
+    "ControllerState",
+    "DecideConfig",
+    "Decision",
+    "PlanFn",
+    "decide",
+    "default_planner",
+    "is_busy",
+    "is_degraded",
+]
 
 PlanFn = Callable[[Any, PlannerSettings, Catalog], Plan]
 """``plan(snapshot, settings, catalog) -> Plan``."""
+
+_MIG_MODES = (Mode.MIG, Mode.HYBRID)
 
 
 def default_planner() -> PlanFn:
@@ -79,93 +148,115 @@ class DecideConfig:
     policy: BatchPolicy = field(default_factory=BatchPolicy)
     planner_settings: PlannerSettings = field(default_factory=PlannerSettings)
     planner: PlanFn = field(default_factory=default_planner)
+    reservation: bool = True
+    """Gate, reserve and release (module docstring); False: nos's unreserved behaviour."""
+    apply_deadline_s: float = 300.0
+    """A node must apply a spec within this long, else its planned pods are planned elsewhere."""
+    bind_deadline_s: float = 120.0
+    """A released pod should be bound within this long; then gpuslice checks why not."""
+    cooldown_s: float = 300.0
+    """A node that missed an apply deadline is left out of plans this long."""
+    drain_after_s: float = 900.0
+    """A gated pod no plan can place gets a drain after waiting this long."""
+    drain_fraction: float = 0.1
+    """At most this fraction of the GPUs may be frozen for drains at once."""
+
+    def __post_init__(self) -> None:
+        for name in ("apply_deadline_s", "bind_deadline_s", "cooldown_s", "drain_after_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0 seconds, got {getattr(self, name)}")
+        if not 0 <= self.drain_fraction <= 1:
+            raise ValueError(f"drain_fraction must be in [0, 1], got {self.drain_fraction}")
 
 
 @dataclass(frozen=True, slots=True)
 class ControllerState:
     window: BatchWindow = field(default_factory=BatchWindow)
     reported: Mapping[str, str] = field(default_factory=dict)
-    """Pod key -> the last "cannot place" message emitted for it (emit once per reason)."""
+    """``pod|Reason`` -> the last message of that reason emitted for it (emit once per change)."""
     last_plan_id: int = 0
+    cooldown: Mapping[str, float] = field(default_factory=dict)
+    """Node -> until when it is left out of plans (it missed an apply deadline)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Decision:
     state: ControllerState
     actions: tuple[Action, ...]
-    reading: ClusterReading
     plan: Plan | None = None
     plan_id: str = ""
     batch: tuple[str, ...] = ()
     gpus_reconfigured: int = 0
     error: str = ""
+    counts: Mapping[str, int] = field(default_factory=dict)
+    """waiting, candidates, held, released, draining, rejected, fast (reserved from free slices),
+    releases (this step)."""
+
+    @property
+    def waiting(self) -> int:
+        return int(self.counts.get("waiting", 0))
 
 
-def _plan_id_floor(reading: ClusterReading, cluster: ClusterView) -> int:
-    ids = [0]
-    for raw in cluster.partitionings.values():
-        pid = str(((raw.get("spec") or {}).get("planId")) or "")
-        if pid.isdigit():
-            ids.append(int(pid))
-    return max(ids)
+# --------------------------------------------------------------------------- node status
 
 
-def _pod_ref(pod: Mapping[str, Any]) -> ObjectRef:
-    meta = pod.get("metadata") or {}
-    return ObjectRef("Pod", meta.get("name", ""), meta.get("namespace", ""), meta.get("uid", ""))
+def is_busy(np: NodePartitioning) -> bool:
+    """The partitioner wrote a plan the agent has not applied (nor given up on) yet."""
+    if not np.spec.planId or np.applied:
+        return False
+    generation = np.metadata.generation or 0
+    observed = np.status.observedGeneration if np.status else 0
+    if observed >= generation:
+        return not is_degraded(np)
+    return True
 
 
-def _node_ref(node: Mapping[str, Any]) -> ObjectRef:
-    meta = node.get("metadata") or {}
-    return ObjectRef("Node", meta.get("name", ""), "", meta.get("uid", ""))
+def is_degraded(np: NodePartitioning) -> bool:
+    """The agent observed the current spec and reports it cannot apply (all of) it."""
+    if np.status is None or np.status.observedGeneration < (np.metadata.generation or 0):
+        return False
+    degraded = np.condition("Degraded")
+    return degraded is not None and degraded.status == "True"
 
 
-def _node_condition(node: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    conditions = (node.get("status") or {}).get("conditions") or ()
-    return next((c for c in conditions if c.get("type") == NODE_CONDITION), None)
+def _planned_at(np: NodePartitioning) -> float | None:
+    raw = np.metadata.annotations.get(PLANNED_AT_ANNOTATION)
+    try:
+        value = float(raw) if raw is not None else None
+    except ValueError:
+        return None
+    return value if value is not None and math.isfinite(value) else None
 
 
-def _housekeeping(
-    cluster: ClusterView, reading: ClusterReading, next_id: Callable[[], str]
-) -> tuple[list[Action], set[str]]:
-    actions: list[Action] = []
-    switching: set[str] = set()
-    for name, node in reading.gpu_nodes.items():
-        if name not in cluster.partitionings:
-            uid = str((cluster.nodes[name].get("metadata") or {}).get("uid", ""))
-            spec = NodePartitioningSpec(mode=node.mode.value)
-            actions.append(CreatePartitioning(name, uid, spec))
-            continue
-        np = reading.partitionings.get(name)
-        if np is not None and np.spec.mode != node.mode.value:
-            spec = NodePartitioningSpec(planId=next_id(), mode=node.mode.value)
-            actions.append(WriteSpec(name, spec, np.metadata.resourceVersion))
-            switching.add(name)
-    for name in sorted(cluster.partitionings):
-        node_obj = cluster.nodes.get(name)
-        if node_obj is None or not opted_in(node_obj):
-            actions.append(DeletePartitioning(name))
-    return actions, switching
+# --------------------------------------------------------------------------- helpers
 
 
-def _conditions(cluster: ClusterView, reading: ClusterReading) -> list[Action]:
-    actions: list[Action] = []
-    for name, problem in reading.problems.items():
-        node = cluster.nodes[name]
-        have = _node_condition(node) or {}
-        if (have.get("status"), have.get("reason"), have.get("message")) == (
-            "False",
-            problem.reason,
-            problem.message,
-        ):
-            continue
-        actions.append(SetNodeCondition(name, "False", problem.reason, problem.message))
-        actions.append(EmitEvent(_node_ref(node), "Warning", problem.reason, problem.message))
-    for name in reading.gpu_nodes:
-        have = _node_condition(cluster.nodes[name]) or {}
-        if have.get("status") == "False":
-            actions.append(SetNodeCondition(name, "True", "Configured", "GPU labels are valid"))
-    return actions
+def _pod_ref(pod: PodInfo) -> ObjectRef:
+    return ObjectRef("Pod", pod.name, pod.namespace, pod.uid)
+
+
+def _node_ref(info: NodeInfo) -> ObjectRef:
+    return ObjectRef("Node", info.name, "", info.uid)
+
+
+def _units(units: Mapping[str, int]) -> str:
+    return ", ".join(f"{r} x{k}" if k != 1 else r for r, k in sorted(units.items()))
+
+
+def _where(node: str, gpus: Mapping[str, tuple[int, ...]]) -> str:
+    indices = sorted({i for g in gpus.values() for i in g})
+    return f"node {node} GPU {', '.join(str(i) for i in indices)}" if indices else f"node {node}"
+
+
+def _annotation(r: Reservation | None) -> dict[str, str | None]:
+    return {RESERVATION_ANNOTATION: r.to_json() if r is not None else None}
+
+
+def _rv_patch(pod: PodInfo, annotations: Mapping[str, str | None]) -> dict[str, Any]:
+    meta: dict[str, Any] = {"annotations": dict(annotations)}
+    if pod.rv is not None:
+        meta["resourceVersion"] = pod.rv
+    return {"metadata": meta}
 
 
 def _desired_now(np: NodePartitioning | None, index: int) -> DesiredGpu:
@@ -204,7 +295,7 @@ def _desired_planned(planned_gpu: PlannedGpu) -> DesiredGpu:
     )
 
 
-def _layout_key(gpus: list[DesiredGpu]) -> dict[int, tuple[Any, ...]]:
+def _layout_key(gpus: Iterable[DesiredGpu]) -> dict[int, tuple[Any, ...]]:
     out: dict[int, tuple[Any, ...]] = {}
     for g in gpus:
         mig = tuple(sorted((m.start, m.profile) for m in g.mig))
@@ -214,116 +305,865 @@ def _layout_key(gpus: list[DesiredGpu]) -> dict[int, tuple[Any, ...]]:
     return out
 
 
-def _describe(assignment: Assignment, plan_id: str) -> str:
+def _reject_reason(
+    pod: PodInfo, eligible: frozenset[str], gpu_nodes: Mapping[str, NodeInfo]
+) -> str | None:
+    """Why the pod can never be placed on the current nodes, or ``None``."""
+    for resource in sorted(pod.slices):
+        profile, gb = mig_profile_of(resource), mps_gb_of(resource)
+        modes = _MIG_MODES if profile is not None else (Mode.MPS,)
+        kind = "MIG" if profile is not None else "MPS"
+        fitting = [
+            g for n in sorted(eligible) if (g := gpu_nodes[n].gpu) is not None and g.mode in modes
+        ]
+        if not fitting:
+            return (
+                f"no eligible node: no opted-in {kind} node matches the pod's nodeSelector, "
+                f"affinity and tolerations (for {resource})"
+            )
+        if gb is not None and gb <= 0:
+            return f"unknown resource {resource}: an MPS slice needs at least 1 GB"
+        if profile is not None and not any(_has_profile(g.model, profile) for g in fitting):
+            models = sorted({g.model.name for g in fitting})
+            valid = ", ".join(p.name for p in fitting[0].model.profiles)
+            return (
+                f"unknown resource {resource}: no eligible GPU ({', '.join(models)}) has MIG "
+                f"profile {profile}; valid on {fitting[0].model.name}: {valid}"
+            )
+    return None
+
+
+def _has_profile(model: Any, profile: str) -> bool:
+    try:
+        model.profile(profile)
+    except CatalogError:
+        return False
+    return True
+
+
+def _order(pod: PodInfo) -> tuple[object, ...]:
+    created = pod.created if pod.created is not None else math.inf
+    return (-pod.priority, created, pod.key)
+
+
+# --------------------------------------------------------------------------- the step
+
+
+class _Step:
+    """One decision step's working state (see the module docstring for the order)."""
+
+    def __init__(
+        self, index: ClusterIndex, state: ControllerState, now: float, config: DecideConfig
+    ) -> None:
+        self.index, self.state, self.now, self.config = index, state, now, config
+        self.actions: list[Action] = []
+        self.reported = dict(state.reported)
+        self.cooldown = {n: t for n, t in state.cooldown.items() if t > now}
+        self.gpu_nodes = index.gpu_nodes()
+        self.last_id = max(state.last_plan_id, self._plan_id_floor())
+        self.busy: set[str] = set()
+        self.degraded: set[str] = set()
+        self.invalid: dict[str, str] = {}
+        self.candidates: dict[str, PodInfo] = {}
+        self.restricted: dict[str, frozenset[str]] = {}
+        """Candidate -> the only node it may be planned on (a released pod to re-plan)."""
+        self.managed: set[str] = set()
+        """Candidates that are gated (gpuslice releases them)."""
+        self.drains: dict[str, Reservation] = {}
+        self.rejected: dict[str, str] = {}
+        self.waiting: dict[str, str] = {}
+        self.seen: set[str] = set()
+        self.counts: Counter[str] = Counter()
+        self.view: dict[str, dict[str, ReservationEntry]] = {}
+        self.switching: set[str] = set()
+        self.ledgers: dict[str, NodeLedger] = {}
+        self.window: BatchWindow = state.window
+
+    # ------------------------------------------------------------------ small helpers
+
+    def _plan_id_floor(self) -> int:
+        ids = [0]
+        for info in self.index.partitionings.values():
+            pid = str(((info.raw.get("spec") or {}).get("planId")) or "")
+            if pid.isdigit():
+                ids.append(int(pid))
+        return max(ids)
+
+    def next_id(self) -> str:
+        self.last_id += 1
+        return str(self.last_id)
+
+    def once(
+        self,
+        pod: PodInfo,
+        reason: str,
+        message: str,
+        type_: Literal["Normal", "Warning"] = "Normal",
+    ) -> None:
+        """Emit an Event on the pod unless the same reason and message were emitted last."""
+        key = f"{pod.key}|{reason}"
+        if self.reported.get(key) == message:
+            return
+        self.reported[key] = message
+        self.actions.append(EmitEvent(_pod_ref(pod), type_, reason, message))
+
+    def node_event(self, node: str, reason: str, message: str) -> None:
+        info = self.index.nodes.get(node)
+        ref = _node_ref(info) if info is not None else ObjectRef("Node", node)
+        self.actions.append(EmitEvent(ref, "Warning", reason, message))
+
+    def note(self, pod: PodInfo, r: Reservation | None) -> None:
+        """Record the pod's promise (or its absence) in the status view of its node."""
+        for entries in self.view.values():
+            entries.pop(pod.key, None)
+        if r is not None and r.node in self.view:
+            gpus = {k: list(v) for k, v in sorted(r.gpus.items())}
+            self.view[r.node][pod.key] = ReservationEntry(
+                pod=pod.key, state=r.state.value, gpus=gpus, plan=r.plan
+            )
+
+    def candidate(self, pod: PodInfo, managed: bool) -> None:
+        reason = self._reject(pod)
+        if reason is not None:
+            self.rejected[pod.key] = reason
+            return
+        self.candidates[pod.key] = pod
+        if managed:
+            self.managed.add(pod.key)
+
+    def _reject(self, pod: PodInfo) -> str | None:
+        cached = pod.reject_cache
+        if cached is not None and cached[0] == self.index.topology:
+            return cached[1]
+        eligible = self.index.eligible(pod, self.gpu_nodes)
+        reason = _reject_reason(pod, eligible, self.gpu_nodes)
+        pod.reject_cache = (self.index.topology, reason)
+        return reason
+
+    # ------------------------------------------------------------------ 1. housekeeping
+
+    def housekeeping(self) -> None:
+        for name, info in self.gpu_nodes.items():
+            gpu = info.gpu
+            assert gpu is not None
+            np_info = self.index.partitionings.get(name)
+            if np_info is None:
+                spec = NodePartitioningSpec(mode=gpu.mode.value)
+                self.actions.append(CreatePartitioning(name, info.uid, spec))
+                continue
+            np = np_info.np
+            if np is not None and np.spec.mode != gpu.mode.value:
+                spec = NodePartitioningSpec(planId=self.next_id(), mode=gpu.mode.value)
+                self.actions.append(WriteSpec(name, spec, np.metadata.resourceVersion))
+                self.switching.add(name)
+        for name in sorted(self.index.partitionings):
+            node = self.index.nodes.get(name)
+            if node is None or not opted_in(node.obj):
+                self.actions.append(DeletePartitioning(name))
+
+    def conditions(self) -> None:
+        for name, info in sorted(self.index.nodes.items()):
+            if info.reading is None:
+                continue
+            conditions = (info.obj.get("status") or {}).get("conditions") or ()
+            have: Mapping[str, Any] = next(
+                (c for c in conditions if c.get("type") == NODE_CONDITION), {}
+            )
+            problem = info.reading if info.gpu is None else None
+            if problem is None:
+                if have.get("status") == "False":
+                    self.actions.append(
+                        SetNodeCondition(name, "True", "Configured", "GPU labels are valid")
+                    )
+                continue
+            assert isinstance(problem, NodeProblem)
+            wanted = ("False", problem.reason, problem.message)
+            if (have.get("status"), have.get("reason"), have.get("message")) == wanted:
+                continue
+            self.actions.append(SetNodeCondition(name, "False", problem.reason, problem.message))
+            self.actions.append(
+                EmitEvent(_node_ref(info), "Warning", problem.reason, problem.message)
+            )
+
+    def node_sets(self) -> None:
+        for name in self.gpu_nodes:
+            np_info = self.index.partitionings.get(name)
+            if np_info is None:
+                continue
+            if np_info.np is None:
+                self.invalid[name] = np_info.error
+                self.busy.add(name)
+                continue
+            np = np_info.np
+            if is_busy(np):
+                self.busy.add(name)
+            if is_degraded(np):
+                self.degraded.add(name)
+        self.busy |= self.switching
+
+    # ------------------------------------------------------------------ 2-3. read, deadlines
+
+    def frozen(self) -> dict[str, frozenset[int]]:
+        out: dict[str, set[int]] = {}
+        if not self.config.reservation:
+            return {}
+        for pod in self.index.waiting():
+            r = pod.reservation
+            if r is None or r.state is not State.DRAINING or not pod.gated:
+                continue
+            info = self.gpu_nodes.get(r.node)
+            if info is None or info.gpu is None:
+                continue
+            count = info.gpu.gpu_count
+            out.setdefault(r.node, set()).update(
+                i for g in r.gpus.values() for i in g if 0 <= i < count
+            )
+        return {n: frozenset(g) for n, g in out.items()}
+
+    def read_pods(self) -> None:
+        legacy_in_flight = self._legacy_in_flight() if not self.config.reservation else {}
+        for pod in self.index.waiting():
+            if pod.daemonset or pod.nominated:
+                continue
+            self.seen.add(pod.key)
+            self.counts["waiting"] += 1
+            if pod.request_error:
+                self.rejected[pod.key] = pod.request_error
+                continue
+            r = pod.reservation
+            if pod.reservation_error:
+                self.once(
+                    pod,
+                    "InvalidReservation",
+                    f"{pod.reservation_error}; ignored, the pod is planned again",
+                    "Warning",
+                )
+                r = None
+            if not self.config.reservation:
+                self._read_legacy(pod, legacy_in_flight)
+                continue
+            if pod.gated:
+                if pod.other_gates:
+                    self.waiting[pod.key] = (
+                        "waiting for other scheduling gates to be removed: "
+                        + ", ".join(pod.other_gates)
+                    )
+                    continue
+                if r is None or r.state is State.DRAINING:
+                    self.candidate(pod, managed=True)
+                    if r is not None:
+                        self._read_drain(pod, r)
+                    else:
+                        self.once(
+                            pod,
+                            "Gated",
+                            f"waiting for a slice ({_units(pod.slices)}): gated by gpuslice "
+                            f"until its slice is ready",
+                        )
+                    continue
+                self._hold(pod, r)
+            elif r is not None and r.state in (State.PLANNED, State.RELEASED):
+                self._hold(pod, r)
+            elif pod.unschedulable:
+                self.candidate(pod, managed=False)
+
+    def _read_drain(self, pod: PodInfo, r: Reservation) -> None:
+        if r.node not in self.gpu_nodes or r.node in self.cooldown:
+            self._drop(pod, r, f"node {r.node} can no longer be drained for it")
+            return
+        self.drains[pod.key] = r
+        self.note(pod, r)
+        self.counts["draining"] += 1
+
+    def _hold(self, pod: PodInfo, r: Reservation) -> None:
+        if pod.gated and r.state is State.RELEASED:  # the release patch did not land: again
+            r = replace(r, state=State.PLANNED)
+        ledger = self.ledgers.get(r.node)
+        if ledger is None:
+            if r.state is State.RELEASED and not pod.gated:
+                self._stranded(pod, r, f"node {r.node} is gone or no longer a gpuslice node")
+            else:
+                self._drop(pod, r, f"node {r.node} is gone or no longer a gpuslice node")
+            return
+        if r.state is State.PLANNED and ledger.busy and self.now > r.deadline:
+            self._missed(pod, r)
+            return
+        ledger.add_hold(Hold(pod, r))
+        self.note(pod, r)
+        self.counts["released" if r.state is State.RELEASED else "held"] += 1
+
+    def _missed(self, pod: PodInfo, r: Reservation) -> None:
+        waited = self.now - r.since
+        message = (
+            f"node {r.node} did not apply plan {r.plan or '-'} within "
+            f"{self.config.apply_deadline_s:.0f} s (waited {waited:.0f} s)"
+        )
+        if r.node not in self.cooldown:
+            self.cooldown[r.node] = self.now + self.config.cooldown_s
+            self.node_event(
+                r.node,
+                "ApplyDeadlineMissed",
+                f"{message}; its pods are planned elsewhere and the node is left out of plans "
+                f"for {self.config.cooldown_s:.0f} s",
+            )
+        self._drop(pod, r, message)
+
+    def _drop(self, pod: PodInfo, r: Reservation, why: str) -> None:
+        """Give a reservation back: the pod is a candidate again (gated) or re-planned."""
+        self.note(pod, None)
+        if pod.gated or r.state is not State.RELEASED:
+            patch = _rv_patch(pod, _annotation(None))
+            event = EmitEvent(
+                _pod_ref(pod), "Warning", "ReservationDropped", f"{why}; planning it again"
+            )
+            self.actions.append(
+                PatchPod(pod.key, _pod_ref(pod), patch, "unreserve", None, (event,))
+            )
+            self.candidate(pod, managed=pod.gated)
+        else:
+            self._replan_on_node(pod, r, why)
+
+    def _replan_on_node(self, pod: PodInfo, r: Reservation, why: str) -> None:
+        self.once(
+            pod,
+            "SliceTaken",
+            f"{why}; the pod is pinned to node {r.node}, so a new slice is planned there",
+            "Warning",
+        )
+        self.candidate(pod, managed=False)
+        self.restricted[pod.key] = frozenset({r.node})
+
+    def _stranded(self, pod: PodInfo, r: Reservation, why: str) -> None:
+        self.counts["stranded"] += 1
+        self.once(
+            pod,
+            "Stranded",
+            f"released to node {r.node} but {why}: its node affinity is pinned there and "
+            f"cannot be widened; delete the pod so its controller recreates it (it is gated "
+            f"and planned again)",
+            "Warning",
+        )
+
+    def _legacy_in_flight(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for name in sorted(self.busy):
+            np = self.index.partitioning(name)
+            if np is None:
+                continue
+            at = _planned_at(np)
+            if at is not None and self.now - at > self.config.apply_deadline_s:
+                if name not in self.cooldown:
+                    self.cooldown[name] = self.now + self.config.cooldown_s
+                    self.node_event(
+                        name,
+                        "ApplyDeadlineMissed",
+                        f"plan {np.spec.planId} not applied within "
+                        f"{self.config.apply_deadline_s:.0f} s; its pods are planned elsewhere "
+                        f"and the node is left out of plans for {self.config.cooldown_s:.0f} s",
+                    )
+                continue
+            for p in planned_pods(np):
+                out[p] = f"in flight: waiting for node {name} to apply plan {np.spec.planId}"
+        return out
+
+    def _read_legacy(self, pod: PodInfo, in_flight: Mapping[str, str]) -> None:
+        if pod.gated:
+            patch = ungate_patch(pod.obj)
+            if patch is not None:
+                message = "reservations are off: gpuslice removed its scheduling gate"
+                self.actions.append(
+                    PatchPod(
+                        pod.key,
+                        _pod_ref(pod),
+                        patch,
+                        "ungate",
+                        None,
+                        (EmitEvent(_pod_ref(pod), "Normal", "Ungated", message),),
+                    )
+                )
+            return
+        if not pod.unschedulable:
+            return
+        if pod.key in in_flight:
+            self.waiting[pod.key] = in_flight[pod.key]
+            return
+        self.candidate(pod, managed=False)
+
+    # ------------------------------------------------------------------ settle and release
+
+    def settle(self) -> None:
+        for ledger in self.ledgers.values():
+            if ledger.busy:
+                continue
+            for h in ledger.settle():
+                r = h.reservation
+                if h.released and not h.pod.gated:
+                    self.note(h.pod, None)
+                    self._replan_on_node(
+                        h.pod, r, f"its slice on node {r.node} was taken by another pod"
+                    )
+                else:
+                    why = f"node {r.node} has no {_units(r.units())} free for it" + (
+                        " (it reports Degraded)" if ledger.degraded else ""
+                    )
+                    self._drop(h.pod, r, why)
+        for ledger in self.ledgers.values():
+            ledger.pin()
+
+    def release(self) -> None:
+        for ledger in self.ledgers.values():
+            if ledger.busy:
+                continue
+            for h in sorted(ledger.holds, key=Hold.order):
+                r = h.reservation
+                if h.released:
+                    self._check_bound(ledger, h)
+                    continue
+                if not h.pod.gated:  # ungated and planned: kube-scheduler binds it on its own
+                    if self.now > r.deadline:
+                        ledger.holds.remove(h)
+                        ledger.held.subtract(r.units())
+                        self._drop(h.pod, r, f"not bound on node {r.node} by its deadline")
+                    continue
+                units = r.units()
+                if all(ledger.scheduler_room(res) >= k for res, k in units.items()):
+                    self._release(ledger, h.pod, r)
+                elif self.now > r.deadline:
+                    ledger.holds.remove(h)
+                    ledger.held.subtract(units)
+                    self._drop(
+                        h.pod,
+                        r,
+                        f"node {r.node} applied its plan but kube-scheduler does not see the "
+                        f"slice (node allocatable) after {self.now - r.since:.0f} s",
+                    )
+
+    def _release(self, ledger: NodeLedger, pod: PodInfo, r: Reservation) -> None:
+        released = replace(
+            r, state=State.RELEASED, since=self.now, deadline=self.now + self.config.bind_deadline_s
+        )
+        patch = release_patch(pod.obj, ledger.name, _annotation(released))
+        message = (
+            f"released to {_where(ledger.name, r.gpus)}: its slice ({_units(r.units())}) is ready"
+        )
+        event = EmitEvent(_pod_ref(pod), "Normal", "Released", message)
+        self.actions.append(PatchPod(pod.key, _pod_ref(pod), patch, "release", None, (event,)))
+        ledger.released_unbound.update(r.units())
+        self.note(pod, released)
+        self.counts["releases"] += 1
+
+    def _check_bound(self, ledger: NodeLedger, h: Hold) -> None:
+        r = h.reservation
+        if self.now <= r.deadline:
+            return
+        if not pod_fits_node(h.pod.obj, ledger.info.obj):
+            self._stranded(
+                h.pod, r, "the node no longer accepts it (cordoned, tainted or relabelled)"
+            )
+            return
+        self.once(
+            h.pod,
+            "NotBound",
+            f"released to node {r.node} {self.now - r.since:.0f} s ago and not bound yet; its "
+            f"slice is still held for it",
+            "Warning",
+        )
+
+    # ------------------------------------------------------------------ free slices
+
+    def fast_path(self) -> None:
+        usable = [
+            ledger
+            for ledger in self.ledgers.values()
+            if not ledger.busy and ledger.name not in self.cooldown
+        ]
+        free_nodes: dict[str, list[NodeLedger]] = {}
+        for ledger in usable:
+            for resource, k in ledger.free().items():
+                if k > 0:
+                    free_nodes.setdefault(resource, []).append(ledger)
+        if not free_nodes:
+            return
+        for key in sorted(self.managed, key=lambda k: _order(self.candidates[k])):
+            pod = self.candidates[key]
+            if key in self.restricted or not pod.slices:
+                continue
+            if any(r not in free_nodes for r in pod.slices):
+                continue
+            eligible = self.index.eligible(pod, self.gpu_nodes)
+            first = min(pod.slices, key=lambda r: len(free_nodes[r]))
+            options = [
+                ledger
+                for ledger in free_nodes[first]
+                if ledger.name in eligible
+                and ledger.fits(pod.slices, pod.cpu_milli, pod.memory_mib)
+            ]
+            if not options:
+                continue
+            ledger = max(options, key=lambda led: (_packing(led, pod.slices), led.name))
+            self._reserve_free(ledger, pod)
+            for resource in pod.slices:
+                if ledger.free()[resource] <= 0 and ledger in free_nodes.get(resource, ()):
+                    free_nodes[resource].remove(ledger)
+                    if not free_nodes[resource]:
+                        del free_nodes[resource]
+
+    def _reserve_free(self, ledger: NodeLedger, pod: PodInfo) -> None:
+        gpus = ledger.choose_gpus(pod.slices)
+        r = Reservation(
+            ledger.name,
+            State.PLANNED,
+            gpus,
+            "",
+            self.now,
+            self.now + self.config.apply_deadline_s,
+        )
+        ledger.add_hold(Hold(pod, r))
+        del self.candidates[pod.key]
+        self.managed.discard(pod.key)
+        self.drains.pop(pod.key, None)
+        self.counts["fast"] += 1
+        if all(ledger.scheduler_room(res) >= k for res, k in pod.slices.items()):
+            self._reserve_event(pod, r, "a free slice")
+            self._release(ledger, pod, r)
+            return
+        self._reserve(pod, r, None, "a free slice; waiting for the node to advertise it")
+
+    def _reserve(self, pod: PodInfo, r: Reservation, after: str | None, how: str) -> None:
+        event = self._reserve_event(pod, r, how, emit=False)
+        patch = _rv_patch(pod, _annotation(r))
+        self.actions.append(PatchPod(pod.key, _pod_ref(pod), patch, "reserve", after, (event,)))
+        self.note(pod, r)
+
+    def _reserve_event(
+        self, pod: PodInfo, r: Reservation, how: str, emit: bool = True
+    ) -> EmitEvent:
+        message = f"reserved {_units(r.units())} on {_where(r.node, r.gpus)}" + (
+            f" (plan {r.plan}, {how})" if r.plan else f" ({how})"
+        )
+        event = EmitEvent(_pod_ref(pod), "Normal", "Reserved", message)
+        if emit:
+            self.actions.append(event)
+        return event
+
+    # ------------------------------------------------------------------ drains
+
+    def complete_drains(self) -> None:
+        for key in sorted(self.drains, key=lambda k: _order(self.candidates[k])):
+            if key not in self.candidates:
+                continue
+            r = self.drains[key]
+            ledger = self.ledgers.get(r.node)
+            if ledger is None or ledger.busy or r.node in self.cooldown:
+                continue
+            frozen = {i for g in r.gpus.values() for i in g}
+            gpus = [g for g in ledger.gpus if g.index in frozen]
+            if any(d.used or d.pinned for g in gpus for d in g.devices):
+                continue
+            self._plan_drained(ledger, self.candidates[key], frozen, r)
+
+    def _plan_drained(
+        self, ledger: NodeLedger, pod: PodInfo, frozen: set[int], r: Reservation
+    ) -> None:
+        for g in ledger.gpus:
+            g.frozen = g.index not in frozen  # the planner sees only the drained GPUs
+        node_state = ledger.node_state()
+        for g in ledger.gpus:
+            g.frozen = g.index in frozen
+        pending = self._pending(pod, frozenset({ledger.name}))
+        plan_id = self.next_id()
+        try:
+            plan = self.config.planner(
+                Snapshot(nodes=(node_state,), pods=(pending,)),
+                self.config.planner_settings,
+                self.config.catalog,
+            )
+        except Exception:  # planning errors are reported by the batch plan
+            return
+        assignment = plan.assignments.get(pod.key)
+        if assignment is None:
+            return
+        self._write_plan(plan, plan_id, {pod.key: pod})
+        self.counts["drained"] += 1
+        del self.candidates[pod.key]
+        self.managed.discard(pod.key)
+        self.drains.pop(pod.key, None)
+
+    def start_drains(self, plan: Plan) -> None:
+        if not self.config.reservation or self.config.drain_fraction <= 0:
+            return
+        frozen_now = sum(1 for ledger in self.ledgers.values() for g in ledger.gpus if g.frozen)
+        budget = drain_budget(self.ledgers.values(), self.config.drain_fraction) - frozen_now
+        starving = [
+            self.candidates[k]
+            for k in self.managed
+            if k in self.candidates
+            and k not in self.drains
+            and plan.unplaced.get(k, "").startswith(Unplaced.CAPACITY.value)
+            and self.now - (self.candidates[k].created or self.now) >= self.config.drain_after_s
+        ]
+        for pod in sorted(starving, key=_order):
+            need = sum(pod.slices.values())
+            if need > budget:
+                break
+            eligible = self.index.eligible(pod, self.gpu_nodes)
+            options = [
+                self.ledgers[n]
+                for n in sorted(eligible)
+                if n in self.ledgers and n not in self.cooldown
+            ]
+            choice = choose_drain(pod.slices, pod.cpu_milli, pod.memory_mib, options)
+            if choice is None:
+                continue
+            gpus: dict[str, tuple[int, ...]] = {}
+            left = list(choice.gpus)
+            for resource in sorted(pod.slices):
+                k = pod.slices[resource]
+                gpus[resource], left = tuple(left[:k]), left[k:]
+            r = Reservation(choice.node, State.DRAINING, gpus, "", self.now)
+            for g in self.ledgers[choice.node].gpus:
+                if g.index in choice.gpus:
+                    g.frozen = True
+            budget -= need
+            waited = self.now - (pod.created or self.now)
+            message = (
+                f"waited {waited:.0f} s and no GPU can host it without moving pods: draining "
+                f"{_where(choice.node, gpus)} for it (no new pod goes there until it is free)"
+            )
+            event = EmitEvent(_pod_ref(pod), "Normal", "Draining", message)
+            patch = _rv_patch(pod, _annotation(r))
+            self.actions.append(PatchPod(pod.key, _pod_ref(pod), patch, "reserve", None, (event,)))
+            self.note(pod, r)
+            self.counts["drains_started"] += 1
+
+    # ------------------------------------------------------------------ planning
+
+    def _pending(self, pod: PodInfo, eligible: frozenset[str]) -> PendingPod:
+        created = pod.created if pod.created is not None else self.now
+        return PendingPod(
+            name=pod.key,
+            requests=dict(pod.slices),
+            cpu_milli=pod.cpu_milli,
+            memory_mib=pod.memory_mib,
+            priority=pod.priority,
+            eligible_nodes=eligible,
+            waited_s=max(0.0, self.now - created),
+        )
+
+    def planning_input(self) -> tuple[Snapshot, dict[str, PodInfo]]:
+        """The planner's snapshot for every candidate that can be planned now."""
+        plannable = {
+            name: ledger
+            for name, ledger in self.ledgers.items()
+            if not ledger.busy and name not in self.cooldown
+        }
+        nodes = tuple(plannable[n].node_state() for n in sorted(plannable))
+        pods: list[PendingPod] = []
+        by_key: dict[str, PodInfo] = {}
+        for key in sorted(self.candidates):
+            pod = self.candidates[key]
+            eligible = self.index.eligible(pod, self.gpu_nodes)
+            if key in self.restricted:
+                eligible = eligible & self.restricted[key]
+            usable = frozenset(n for n in eligible if n in plannable)
+            if not usable:
+                self.waiting[key] = (
+                    "all eligible nodes are applying a previous plan or cooling down: "
+                    + ", ".join(sorted(eligible))
+                )
+                continue
+            pods.append(self._pending(pod, usable))
+            by_key[key] = pod
+        return Snapshot(nodes=nodes, pods=tuple(pods)), by_key
+
+    def _write_plan(self, plan: Plan, plan_id: str, pods: Mapping[str, PodInfo]) -> int:
+        """Specs for changed nodes and reservations (or Events) for placed pods."""
+        reconfigured = 0
+        by_node: dict[str, list[str]] = {}
+        for key, a in sorted(plan.assignments.items()):
+            by_node.setdefault(a.node, []).append(key)
+        written: set[str] = set()
+        for node in sorted({n for n, _ in plan.layouts}):
+            ledger = self.ledgers.get(node)
+            if ledger is None:
+                continue
+            np = ledger.np
+            gpus = [
+                _desired_planned(plan.layouts[(node, i)])
+                if (node, i) in plan.layouts
+                else _desired_now(np, i)
+                for i in range(ledger.gpu.gpu_count)
+            ]
+            old = _layout_key(np.spec.gpus if np is not None else ())
+            new = _layout_key(gpus)
+            if old == new:
+                continue
+            reconfigured += sum(1 for i in set(old) | set(new) if old.get(i) != new.get(i))
+            keys = tuple(by_node.get(node, ()))
+            events: tuple[EmitEvent, ...] = ()
+            if not self.config.reservation:
+                events = tuple(
+                    EmitEvent(_pod_ref(pods[k]), "Normal", "Planned", _planned(plan, k, plan_id))
+                    for k in keys
+                    if k in pods
+                )
+            spec = NodePartitioningSpec(planId=plan_id, mode=ledger.gpu.mode.value, gpus=gpus)
+            rv = np.metadata.resourceVersion if np is not None else None
+            self.actions.append(WriteSpec(node, spec, rv, keys, events, planned_at=self.now))
+            ledger.busy = True
+            written.add(node)
+        for key, a in sorted(plan.assignments.items()):
+            pod = pods.get(key)
+            if pod is None:
+                continue
+            if not self.config.reservation:
+                if a.node not in written:
+                    message = _planned(plan, key, plan_id) + " (no repartitioning needed)"
+                    self.actions.append(EmitEvent(_pod_ref(pod), "Normal", "Planned", message))
+                continue
+            self._reserve_planned(pod, a, plan_id if a.node in written else "", a.node in written)
+        return reconfigured
+
+    def _reserve_planned(self, pod: PodInfo, a: Assignment, plan_id: str, written: bool) -> None:
+        released = (
+            not pod.gated
+            and pod.reservation is not None
+            and pod.reservation.state is State.RELEASED
+        )
+        deadline = self.now + self.config.apply_deadline_s
+        if released:  # a released pod re-planned on its node: already ungated
+            deadline += self.config.bind_deadline_s
+        state = State.RELEASED if released else State.PLANNED
+        r = Reservation(a.node, state, dict(a.gpus), plan_id, self.now, deadline)
+        how = "node applying its new layout" if written else "slice free on the node"
+        self._reserve(pod, r, a.node if written else None, how)
+        ledger = self.ledgers.get(a.node)
+        if ledger is not None:
+            ledger.add_hold(Hold(pod, r))
+
+    def plan_batch(self) -> tuple[Plan | None, str, tuple[str, ...], int, str]:
+        candidates = [
+            k
+            for k, pod in self.candidates.items()
+            if not (self.index.eligible(pod, self.gpu_nodes) <= self.switching)
+        ]
+        window = observe(self.state.window, candidates, self.now, self.config.policy)
+        if not due(window, self.now, self.config.policy):
+            self.window = window
+            return None, "", (), 0, ""
+        snapshot, pods = self.planning_input()
+        batch = tuple(sorted(candidates))
+        self.window = planned(window, batch, self.now)
+        if not snapshot.pods:
+            return None, "", batch, 0, ""
+        plan_id = self.next_id()
+        try:
+            plan = self.config.planner(snapshot, self.config.planner_settings, self.config.catalog)
+        except Exception as e:  # a planner bug must not stop the controller
+            error = (
+                f"planner failed on a batch of {len(snapshot.pods)} pod(s): {type(e).__name__}: {e}"
+            )
+            return None, plan_id, batch, 0, error
+        reconfigured = self._write_plan(plan, plan_id, pods)
+        for key, reason in sorted(plan.unplaced.items()):
+            if key in pods:
+                self.once(pods[key], "Unplaceable", f"cannot place: {reason}", "Warning")
+        self.start_drains(plan)
+        return plan, plan_id, batch, reconfigured, ""
+
+    # ------------------------------------------------------------------ status view
+
+    def write_views(self) -> None:
+        if not self.config.reservation:
+            return
+        for name, entries in sorted(self.view.items()):
+            np_info = self.index.partitionings.get(name)
+            np = np_info.np if np_info is not None else None
+            if np is None:
+                continue
+            want = tuple(entries[k] for k in sorted(entries))
+            have = tuple(np.status.reservations) if np.status is not None else ()
+            if want != have:
+                self.actions.append(WriteReservations(name, want))
+
+    # ------------------------------------------------------------------ the whole step
+
+    def run(self) -> Decision:
+        self.housekeeping()
+        self.conditions()
+        self.node_sets()
+        self.ledgers = build_ledgers(self.index, self.busy, self.degraded, self.frozen())
+        self.view = {name: {} for name in self.ledgers}
+        self.read_pods()
+        if self.config.reservation:
+            self.settle()
+            self.release()
+            self.fast_path()
+            self.complete_drains()
+        else:
+            for ledger in self.ledgers.values():
+                ledger.pin()
+        plan, plan_id, batch, reconfigured, error = self.plan_batch()
+        for key, reason in sorted(self.rejected.items()):
+            if key in self.index.pods:
+                self.once(self.index.pods[key], "Unplaceable", f"cannot place: {reason}", "Warning")
+        self.write_views()
+        live = {k.split("|", 1)[0] for k in self.reported}
+        keep = live & self.seen
+        reported = {k: m for k, m in self.reported.items() if k.split("|", 1)[0] in keep}
+        self.counts["candidates"] = len(self.candidates)
+        self.counts["rejected"] = len(self.rejected)
+        state = ControllerState(self.window, reported, self.last_id, self.cooldown)
+        return Decision(
+            state,
+            tuple(self.actions),
+            plan,
+            plan_id,
+            batch,
+            reconfigured,
+            error,
+            dict(self.counts),
+        )
+
+
+def _planned(plan: Plan, key: str, plan_id: str) -> str:
+    a = plan.assignments[key]
     parts = []
-    for resource in sorted(assignment.gpus):
-        indices = sorted(set(assignment.gpus[resource]))
-        gpus = "GPU " + ", ".join(str(i) for i in indices)
-        parts.append(f"{resource} on node {assignment.node} {gpus}")
+    for resource in sorted(a.gpus):
+        indices = sorted(set(a.gpus[resource]))
+        parts.append(f"{resource} on node {a.node} GPU " + ", ".join(str(i) for i in indices))
     return f"planned {'; '.join(parts)}, plan {plan_id}"
 
 
-def _plan_actions(
-    plan: Plan, plan_id: str, cluster: ClusterView, reading: ClusterReading
-) -> tuple[list[Action], int]:
-    actions: list[Action] = []
-    reconfigured = 0
-    by_node: dict[str, list[str]] = {}
-    for pod, a in sorted(plan.assignments.items()):
-        by_node.setdefault(a.node, []).append(pod)
-    written: set[str] = set()
-    for node in sorted({n for n, _ in plan.layouts}):
-        np = reading.partitionings.get(node)
-        gpu_node = reading.gpu_nodes.get(node)
-        if np is None or gpu_node is None:
-            continue
-        gpus = [
-            _desired_planned(plan.layouts[(node, i)])
-            if (node, i) in plan.layouts
-            else _desired_now(np, i)
-            for i in range(gpu_node.gpu_count)
-        ]
-        old, new = _layout_key(list(np.spec.gpus)), _layout_key(gpus)
-        if old == new:
-            continue
-        reconfigured += sum(1 for i in set(old) | set(new) if old.get(i) != new.get(i))
-        pods = tuple(by_node.get(node, ()))
-        events = tuple(
-            EmitEvent(
-                _pod_ref(cluster.pods[p]),
-                "Normal",
-                "Planned",
-                _describe(plan.assignments[p], plan_id),
-            )
-            for p in pods
-            if p in cluster.pods
-        )
-        spec = NodePartitioningSpec(planId=plan_id, mode=gpu_node.mode.value, gpus=gpus)
-        actions.append(WriteSpec(node, spec, np.metadata.resourceVersion, pods, events))
-        written.add(node)
-    for pod, a in sorted(plan.assignments.items()):
-        if a.node not in written and pod in cluster.pods:
-            message = _describe(a, plan_id) + " (no repartitioning needed)"
-            actions.append(EmitEvent(_pod_ref(cluster.pods[pod]), "Normal", "Planned", message))
-    return actions, reconfigured
-
-
-def _cannot_place(
-    cluster: ClusterView, reasons: Mapping[str, str], reported: dict[str, str]
-) -> list[Action]:
-    actions: list[Action] = []
-    for pod, reason in sorted(reasons.items()):
-        message = f"cannot place: {reason}"
-        if reported.get(pod) == message or pod not in cluster.pods:
-            continue
-        reported[pod] = message
-        actions.append(EmitEvent(_pod_ref(cluster.pods[pod]), "Warning", "Unplaceable", message))
-    return actions
+def _packing(ledger: NodeLedger, units: Mapping[str, int]) -> int:
+    """How busy the GPUs are whose free slices a reservation would take (higher packs better)."""
+    score = 0
+    for resource in units:
+        best = -1
+        for g in ledger.gpus:
+            if g.frozen:
+                continue
+            if any(d.resource == resource and not d.pinned for d in g.devices):
+                best = max(best, g.used_compute)
+        score += best
+    return score
 
 
 def decide(
-    state: ControllerState, cluster: ClusterView, now: float, config: DecideConfig
+    state: ControllerState,
+    cluster: ClusterIndex | ClusterView,
+    now: float,
+    config: DecideConfig,
 ) -> Decision:
-    """One controller step at time ``now`` (seconds, any monotonic origin)."""
-    reading = read_cluster(cluster, config.catalog)
-    last_id = max(state.last_plan_id, _plan_id_floor(reading, cluster))
-
-    def next_id() -> str:
-        nonlocal last_id
-        last_id += 1
-        return str(last_id)
-
-    actions, switching = _housekeeping(cluster, reading, next_id)
-    actions += _conditions(cluster, reading)
-    reported = {p: m for p, m in state.reported.items() if p in reading.batchable}
-    actions += _cannot_place(cluster, reading.rejected, reported)
-
-    candidates = [
-        p for p, pod in reading.candidates.items() if not (pod.eligible_nodes or set()) <= switching
-    ]
-    window = observe(state.window, candidates, now, config.policy)
-    if not due(window, now, config.policy):
-        new_state = ControllerState(window, reported, last_id)
-        return Decision(new_state, tuple(actions), reading)
-
-    batch = tuple(sorted(candidates))
-    snapshot = reading.snapshot(batch)
-    if switching:
-        snapshot = type(snapshot)(
-            nodes=tuple(n for n in snapshot.nodes if n.name not in switching), pods=snapshot.pods
+    """One controller step at time ``now`` (seconds since the epoch)."""
+    index = (
+        cluster
+        if isinstance(cluster, ClusterIndex)
+        else ClusterIndex.from_objects(
+            config.catalog,
+            cluster.nodes.values(),
+            cluster.pods.values(),
+            cluster.partitionings.values(),
         )
-    plan_id = next_id()
-    window = planned(window, batch, now)
-    try:
-        plan = config.planner(snapshot, config.planner_settings, config.catalog)
-    except Exception as e:  # a planner bug must not stop the controller
-        new_state = ControllerState(window, reported, last_id)
-        error = f"planner failed on a batch of {len(batch)} pod(s): {type(e).__name__}: {e}"
-        return Decision(new_state, tuple(actions), reading, None, plan_id, batch, 0, error)
-    plan_actions, reconfigured = _plan_actions(plan, plan_id, cluster, reading)
-    actions += plan_actions
-    actions += _cannot_place(cluster, plan.unplaced, reported)
-    for pod in plan.assignments:
-        reported.pop(pod, None)
-    new_state = ControllerState(window, reported, last_id)
-    return Decision(new_state, tuple(actions), reading, plan, plan_id, batch, reconfigured)
+    )
+    return _Step(index, state, now, config).run()

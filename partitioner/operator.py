@@ -2,16 +2,20 @@
 
 Wiring
 ------
-* ``on.event`` handlers for Nodes, Pods and NodePartitionings (cluster-wide) copy every object
-  into the :class:`Controller`'s cache and delete it on ``DELETED``.  They never patch the
-  watched objects, so kopf adds no finalizers or annotations to Nodes and Pods.
+* ``on.event`` handlers for Nodes, Pods and NodePartitionings (cluster-wide) fold every event
+  into the :class:`Controller`'s :class:`~partitioner.index.ClusterIndex` (parsed once per
+  change, trimmed to what the controller reads).  While a decision step runs in its worker
+  thread, events are buffered and folded in right after it, so the step reads a consistent
+  index.  The handlers never patch the watched objects, so kopf adds no finalizers or
+  annotations to Nodes and Pods.
 * ``on.login`` keeps kopf's usual login (service account, then kubeconfig) unless a connection
   was given, and shares it with the partitioner's own writer client (:mod:`.kubeapi`).
 * ``on.startup`` starts :meth:`Controller.run`: it lists the three resources once (so the first
-  decision never sees pods without their nodes), then every ``cycle_seconds`` calls
-  :func:`partitioner.decide.decide` with the cache and the loop clock, carries the actions out
-  (:mod:`.writer`), folds the written objects back into the cache and records metrics.
-  ``on.cleanup`` stops it.
+  decision never sees pods without their nodes; a listing reconciles the index: objects it
+  lacks are dropped, older versions never overwrite newer ones), then every ``cycle_seconds``
+  calls :func:`partitioner.decide.decide` with the index and the wall clock (reservation
+  deadlines are stored on pods in that clock), carries the actions out (:mod:`.writer`), folds
+  the written objects back into the index and records metrics.  ``on.cleanup`` stops it.
 * ``on.probe`` reports the age of the last completed cycle on the liveness endpoint.
 
 Peering: the partitioner runs ``standalone`` (no kopf peering objects).  Run exactly one
@@ -19,27 +23,27 @@ replica with the Deployment strategy ``Recreate``, so two partitioners never wri
 once; a second one would still be safe (every spec write is guarded by resourceVersion), only
 wasteful.
 
-Restart: nothing lives only in memory except the batch window.  The cache is rebuilt from the
-API, pending pods are still pending (a new window opens for them), pods whose spec was already
-written are in flight (annotation on their NodePartitioning) and are not planned twice, and
-plan ids continue after the largest in the cluster.
+Restart: nothing lives only in memory except the batch window, the Events already emitted and
+node cool-downs.  The index is rebuilt from the API; every reservation is on its pod (annotation
+``gpuslice.io/reservation``), so a gated pod planned before the restart is released when its
+node applies, a released pod keeps its slice, and nothing is planned twice; pods still waiting
+open a new window; plan ids continue after the largest in the cluster.
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
 import kopf
 
 from contract.catalog_files import load_catalog
-from contract.nodepartitioning import GROUP, PLURAL, VERSION, NodePartitioning
+from contract.nodepartitioning import GROUP, PLURAL, VERSION
 from partitioner.batching import forget
 from partitioner.decide import (
     ControllerState,
@@ -49,10 +53,10 @@ from partitioner.decide import (
     decide,
     default_planner,
 )
+from partitioner.index import ClusterIndex
 from partitioner.kubeapi import Endpoint, KubeApi
 from partitioner.metrics import Metrics
 from partitioner.settings import PartitionerSettings
-from partitioner.snapshot import ClusterView, pod_key
 from partitioner.writer import NP_PATH, Outcome, execute
 from planner.catalog import Catalog
 
@@ -84,18 +88,29 @@ class Controller:
         connection: kopf.ConnectionInfo | None = None,
         metrics: Metrics | None = None,
         offload: bool = True,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
+        cat = catalog if catalog is not None else load_catalog(settings.catalog_files)
         self.config = DecideConfig(
-            catalog=catalog if catalog is not None else load_catalog(settings.catalog_files),
+            catalog=cat,
             policy=settings.batch_policy(),
             planner_settings=settings.planner_settings(),
             planner=planner if planner is not None else default_planner(),
+            reservation=settings.reservation,
+            apply_deadline_s=settings.apply_deadline_seconds,
+            bind_deadline_s=settings.bind_deadline_seconds,
+            cooldown_s=settings.cooldown_seconds,
+            drain_after_s=settings.drain_after_seconds,
+            drain_fraction=settings.drain_fraction,
         )
         self.metrics = metrics if metrics is not None else Metrics()
         self.offload = offload
         """Run the decision step in a worker thread (planning must not stall the watchers)."""
-        self.cache: dict[str, dict[str, dict[str, Any]]] = {k: {} for k in _LISTS}
+        self.clock = clock
+        """Seconds since the epoch (tests pass the event loop's fake clock)."""
+        self.index = ClusterIndex(cat)
+        self._buffered: list[tuple[str, str | None, Mapping[str, Any]]] | None = None
         self.state = ControllerState()
         self.connection = connection
         self.instance = socket.gethostname()
@@ -106,22 +121,20 @@ class Controller:
         self._awaiting_applied: dict[str, tuple[int, float]] = {}
         self._task: asyncio.Task[None] | None = None
 
-    # -- cache -----------------------------------------------------------------------------
+    # -- index -----------------------------------------------------------------------------
     def observe(self, kind: str, event: Mapping[str, Any]) -> None:
-        """Fold one watch event (``kind`` in nodes, pods, partitionings) into the cache."""
+        """Fold one watch event (``kind`` in nodes, pods, partitionings) into the index."""
         obj = event.get("object") or {}
-        key = pod_key(obj) if kind == "pods" else (obj.get("metadata") or {}).get("name", "")
-        if event.get("type") == "DELETED":
-            self.cache[kind].pop(key, None)
-        else:
-            self.cache[kind][key] = copy.deepcopy(dict(obj))
+        event_type = event.get("type")
+        if self._buffered is not None:  # a step is reading the index in its thread
+            self._buffered.append((kind, event_type, obj))
+            return
+        self.index.apply(kind, event_type, obj)
 
-    def view(self) -> ClusterView:
-        return ClusterView(
-            nodes=dict(self.cache["nodes"]),
-            pods=dict(self.cache["pods"]),
-            partitionings=dict(self.cache["partitionings"]),
-        )
+    def _drain_buffer(self) -> None:
+        buffered, self._buffered = self._buffered or [], None
+        for kind, event_type, obj in buffered:
+            self.index.apply(kind, event_type, obj)
 
     # -- login -----------------------------------------------------------------------------
     def logged_in(self, info: kopf.ConnectionInfo) -> None:
@@ -135,37 +148,43 @@ class Controller:
 
     # -- the cycle -------------------------------------------------------------------------
     async def sync(self) -> None:
-        """List the three resources once, so the first decision sees a complete cluster."""
+        """List the three resources, reconciling the index with what exists now."""
         for kind, path in _LISTS.items():
             doc = await self.api.request("GET", path)
-            for item in doc.get("items") or ():
-                self.observe(kind, {"type": None, "object": item})
+            self.index.relist(kind, doc.get("items") or ())
 
-    async def step(self, now: float) -> Decision:
-        """One cycle: decide at ``now`` (loop clock), act, record."""
-        view, state = self.view(), self.state
+    async def step(self, now: float | None = None) -> Decision:
+        """One cycle: decide at ``now`` (default: the controller's clock), act, record."""
+        now = self.clock() if now is None else now
+        state = self.state
         started = time.perf_counter()
         if self.offload:
-            decision = await asyncio.to_thread(decide, state, view, now, self.config)
+            self._buffered = []
+            try:
+                decision = await asyncio.to_thread(decide, state, self.index, now, self.config)
+            finally:
+                self._drain_buffer()
         else:
-            decision = decide(state, view, now, self.config)
+            decision = decide(state, self.index, now, self.config)
         elapsed = time.perf_counter() - started
         self.state = decision.state
         outcome = await execute(self.api, decision.actions, instance=self.instance)
         if outcome.conflicts:  # not written: plan those pods again in the next window
             retry = [p for pods in outcome.conflicts.values() for p in pods]
             self.state = replace(self.state, window=forget(self.state.window, retry))
-        for name, obj in outcome.objects.items():
-            self.cache["partitionings"][name] = obj
+        for obj in outcome.objects.values():
+            self.index.upsert_partitioning(obj)
         for name in outcome.deleted:
-            self.cache["partitionings"].pop(name, None)
+            self.index.remove_partitioning(name)
+        for obj in outcome.pods.values():
+            self.index.upsert_pod(obj)
         self._record(decision, outcome, elapsed, now)
         self.last_decision, self.last_cycle = decision, now
         return decision
 
     def _record(self, d: Decision, outcome: Outcome, elapsed: float, now: float) -> None:
         m = self.metrics
-        m.pending_pods.set(len(d.reading.batchable))
+        m.pending_pods.set(d.waiting)
         if d.error:
             log.error("%s", d.error)
         if d.plan is not None:
@@ -188,13 +207,12 @@ class Controller:
             generation = (outcome.objects[node].get("metadata") or {}).get("generation") or 0
             self._awaiting_applied[node] = (int(generation), now)
         for node, (generation, since) in list(self._awaiting_applied.items()):
-            raw = self.cache["partitionings"].get(node)
-            if raw is None:
+            info = self.index.partitionings.get(node)
+            if info is None:
                 del self._awaiting_applied[node]
                 continue
-            try:
-                np = NodePartitioning.model_validate(raw)
-            except ValueError:
+            np = info.np
+            if np is None:
                 continue
             if np.applied and np.status is not None and np.status.observedGeneration >= generation:
                 m.spec_to_applied.observe(max(0.0, now - since))
@@ -202,7 +220,6 @@ class Controller:
 
     async def run(self) -> None:
         """Sync, then step every ``cycle_seconds`` until cancelled; a failing step is logged."""
-        loop = asyncio.get_running_loop()
         await self._logged_in.wait()
         while True:
             try:
@@ -213,7 +230,7 @@ class Controller:
                 await asyncio.sleep(self.settings.cycle_seconds)
         while True:
             try:
-                await self.step(loop.time())
+                await self.step()
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -258,7 +275,7 @@ def build_registry(controller: Controller) -> kopf.OperatorRegistry:
     def _probe(**_: Any) -> float | None:
         if controller.last_cycle is None:
             return None
-        return asyncio.get_running_loop().time() - controller.last_cycle
+        return controller.clock() - controller.last_cycle
 
     @kopf.on.event("v1", "nodes", registry=registry)
     def _node(event: Mapping[str, Any], **_: Any) -> None:

@@ -43,6 +43,37 @@ class PartitionerSettings(CommonSettings):
     weight_free_gpu: int = Field(4, ge=0, description="Value of a GPU left entirely free.")
     weight_free_block: int = Field(1, ge=0, description="Value per slot of the largest free block.")
     mps_reserve_mib: int = Field(512, ge=0, description="GPU memory kept for the MPS server.")
+    reservation: bool = Field(
+        True,
+        description="Gate, reserve and release pods (plans are promises); false: nos's "
+        "behaviour, pods are never gated and kube-scheduler binds whichever pod comes first.",
+    )
+    apply_deadline_seconds: float = Field(
+        300.0,
+        ge=0,
+        description="A node must apply a spec within this long, else its "
+        "planned pods are planned elsewhere and the node cools down.",
+    )
+    bind_deadline_seconds: float = Field(
+        120.0,
+        ge=0,
+        description="A released pod should be bound within this long; then "
+        "gpuslice reports why not (slice taken, node gone) and re-plans or reports it stranded.",
+    )
+    cooldown_seconds: float = Field(
+        300.0,
+        ge=0,
+        description="A node that missed an apply deadline is left out of plans this long.",
+    )
+    drain_after_seconds: float = Field(
+        900.0,
+        ge=0,
+        description="A gated pod no plan can place gets a drain (the GPUs "
+        "closest to free are emptied for it) after waiting this long.",
+    )
+    drain_fraction: float = Field(
+        0.1, ge=0, le=1, description="At most this fraction of the GPUs may be drained at once."
+    )
     metrics_port: int = Field(8080, ge=0, le=65535, description="Prometheus /metrics port.")
     health_port: int = Field(8081, ge=0, le=65535, description="Liveness/readiness /healthz port.")
 

@@ -64,6 +64,7 @@ from planner.snapshot import (
 __all__ = [
     "GPUSLICE_LABEL",
     "NOS_LABEL",
+    "PLANNED_AT_ANNOTATION",
     "PLANNED_PODS_ANNOTATION",
     "ClusterReading",
     "ClusterView",
@@ -84,6 +85,8 @@ COUNT_LABEL = "nvidia.com/gpu.count"
 MEMORY_LABEL = "nvidia.com/gpu.memory"
 PLANNED_PODS_ANNOTATION = "gpuslice.io/planned-pods"
 """On a NodePartitioning: JSON list of the pod keys its current spec was written for."""
+PLANNED_AT_ANNOTATION = "gpuslice.io/planned-at"
+"""On a NodePartitioning: when its current spec was planned (seconds since the epoch)."""
 
 _MIG_MODES = (Mode.MIG, Mode.HYBRID)
 

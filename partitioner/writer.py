@@ -9,6 +9,13 @@
   gone (404) neither.
 * Node conditions are strategic-merge patches of ``status.conditions`` (merged by ``type``, so
   the kubelet's conditions stay).
+* Pod patches (reserve, release, drop a reservation, ungate) are JSON merge patches; those that
+  depend on what was read carry the pod's resourceVersion, so a pod changed meanwhile answers
+  409 and the next cycle decides again.  A refused patch (409 conflict, 422 invalid, 404 gone)
+  is logged; its Events are not emitted.  ``after_spec`` patches run only if that node's spec
+  write in the same batch succeeded.
+* ``status.reservations`` of a NodePartitioning is a merge patch of the status subresource
+  with that field alone, so the node agent's status fields stay.
 * Every action is independent: one failure is logged and the others still run.
 
 The objects the API returns are handed back (``Outcome.objects``) so the controller's cache
@@ -35,12 +42,14 @@ from partitioner.actions import (
     DeletePartitioning,
     EmitEvent,
     ObjectRef,
+    PatchPod,
     SetNodeCondition,
+    WriteReservations,
     WriteSpec,
 )
 from partitioner.events import event_body, event_namespace
 from partitioner.kubeapi import STRATEGIC_MERGE_PATCH, ApiError, Conflict, KubeApi, NotFound
-from partitioner.snapshot import PLANNED_PODS_ANNOTATION
+from partitioner.snapshot import PLANNED_AT_ANNOTATION, PLANNED_PODS_ANNOTATION
 
 __all__ = ["NP_PATH", "Outcome", "execute"]
 
@@ -60,6 +69,10 @@ class Outcome:
     """Node whose spec write was refused with 409 -> the pods that plan was for."""
     failures: list[str] = field(default_factory=list)
     events: int = 0
+    pods: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Pod key -> its state after a successful patch, for the controller's index."""
+    pod_refusals: dict[str, str] = field(default_factory=dict)
+    """Pod key -> why a patch was refused."""
 
 
 def _np_ref(name: str) -> ObjectRef:
@@ -110,9 +123,10 @@ class _Writer:
         self.out.deleted.append(a.node)
 
     async def write(self, a: WriteSpec) -> None:
-        meta: dict[str, Any] = {
-            "annotations": {PLANNED_PODS_ANNOTATION: json.dumps(list(a.planned_pods))}
-        }
+        annotations = {PLANNED_PODS_ANNOTATION: json.dumps(list(a.planned_pods))}
+        if a.planned_at is not None:
+            annotations[PLANNED_AT_ANNOTATION] = f"{a.planned_at:.3f}"
+        meta: dict[str, Any] = {"annotations": annotations}
         if a.resource_version is not None:
             meta["resourceVersion"] = a.resource_version
         patch = {"metadata": meta, "spec": a.spec.model_dump(mode="json")}
@@ -135,6 +149,26 @@ class _Writer:
         )
         for ev in a.on_success:
             await self.event(ev)
+
+    async def patch_pod(self, a: PatchPod) -> None:
+        if a.after_spec is not None and a.after_spec not in self.out.written:
+            return  # the plan it belongs to was not written
+        namespace, _, name = a.pod.partition("/")
+        path = f"/api/v1/namespaces/{namespace}/pods/{name}"
+        try:
+            self.out.pods[a.pod] = await self.api.patch(path, a.patch)
+        except ApiError as e:
+            self.out.pod_refusals[a.pod] = f"{e.status} {e.reason}: {e.message}"
+            level = logging.INFO if e.status in (404, 409) else logging.WARNING
+            log.log(level, "pod %s: %s patch refused: %s", a.pod, a.purpose, e)
+            return
+        for ev in a.on_success:
+            await self.event(ev)
+
+    async def reservations(self, a: WriteReservations) -> None:
+        body = {"status": {"reservations": [r.model_dump(mode="json") for r in a.reservations]}}
+        obj = await self.api.patch(f"{NP_PATH}/{a.node}/status", body)
+        self.out.objects[a.node] = obj
 
     async def condition(self, a: SetNodeCondition) -> None:
         stamp = self.wall().astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -161,6 +195,10 @@ class _Writer:
                 await self.write(a)
             case SetNodeCondition():
                 await self.condition(a)
+            case PatchPod():
+                await self.patch_pod(a)
+            case WriteReservations():
+                await self.reservations(a)
 
 
 async def execute(

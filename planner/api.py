@@ -57,7 +57,7 @@ from planner.demand import (
     SnapshotError,
     capacity_reason,
     node_model,
-    priority_weights,
+    pod_weights,
 )
 from planner.geometry import Placement, canonical, layout_errors
 from planner.greedy import plan_greedy
@@ -155,6 +155,7 @@ def plan(
     greedy = plan_greedy(snapshot, settings, cat)
     if settings.policy is Policy.GREEDY:
         return greedy
+    tiers = settings.wait_tiers_s
     greedy_ok = _consistent(greedy, snapshot, models, parsed)
     warm = greedy if greedy_ok else _nothing_placed(snapshot, greedy)
     gpus = sum(len(n.gpus) for n in snapshot.nodes)
@@ -188,7 +189,7 @@ def plan(
         if nb.whole:
             current, stats, solved = part, dict(part.stats), 1
             break
-        if _weight(part, nb.snapshot) < _weight(nb.warm_start, nb.snapshot):
+        if _weight(part, nb.snapshot, tiers) < _weight(nb.warm_start, nb.snapshot, tiers):
             continue  # a time-out before CP-SAT reached its hint: keep the round's start
         current = merge_plans(current, nb, part)
         solved += 1
@@ -198,9 +199,9 @@ def plan(
     result = current
     if len(chunks) > 1:
         result = _cluster_reasons(result, snapshot, models, settings, greedy.unplaced)
-        stats.update(_lns_stats(result, snapshot, len(chunks), solved))
+        stats.update(_lns_stats(result, snapshot, len(chunks), solved, tiers))
         result = replace(result, policy=Policy.CPSAT.value, status="FEASIBLE", stats=stats)
-    if not greedy_ok or _weight(result, snapshot) >= _weight(greedy, snapshot):
+    if not greedy_ok or _weight(result, snapshot, tiers) >= _weight(greedy, snapshot, tiers):
         return result
     fallback = dict(greedy.stats)
     fallback["cpsat_placed"] = float(len(result.assignments))
@@ -224,18 +225,20 @@ def _add_round_stats(total: dict[str, float], part: Mapping[str, float]) -> None
     total["rounds_optimal"] = total.get("rounds_optimal", 0.0) + float(part.get("gap", 1.0) == 0)
 
 
-def _lns_stats(result: Plan, snapshot: Snapshot, chunks: int, solved: int) -> dict[str, float]:
+def _lns_stats(
+    result: Plan, snapshot: Snapshot, chunks: int, solved: int, tiers: Sequence[float]
+) -> dict[str, float]:
     """Whole-plan figures for a neighbourhood (LNS) plan; the bound is the trivial one."""
-    weights = priority_weights(snapshot.pods)
+    weights = pod_weights(snapshot.pods, tiers)
     eligible_weight = sum(
-        weights[p.priority]
+        weights[p.name]
         for p in snapshot.pods
         if p.name in result.assignments or result.unplaced[p.name].startswith(_ROOMS)
     )
     return {
         "placed": float(len(result.assignments)),
         "unplaced": float(len(result.unplaced)),
-        "placed_weight": float(_weight(result, snapshot)),
+        "placed_weight": float(_weight(result, snapshot, tiers)),
         "placed_weight_bound": float(eligible_weight),
         "gpus_touched": float(len(result.layouts)),
         "neighbourhoods": float(chunks),
@@ -272,10 +275,9 @@ def _cluster_reasons(
     return replace(result, unplaced=unplaced)
 
 
-def _weight(p: Plan, snapshot: Snapshot) -> int:
-    weights = priority_weights(snapshot.pods)
-    prio = {pod.name: pod.priority for pod in snapshot.pods}
-    return sum(weights[prio[name]] for name in p.assignments)
+def _weight(p: Plan, snapshot: Snapshot, tiers: Sequence[float]) -> int:
+    weights = pod_weights(snapshot.pods, tiers)
+    return sum(weights[name] for name in p.assignments)
 
 
 def _consistent(

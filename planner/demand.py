@@ -28,10 +28,12 @@ Unplaced reasons (texts start with an :class:`~planner.snapshot.Unplaced` code):
 * ``node cpu/memory: ...`` — nodes would fit the GPU request but lack free CPU or memory;
 * ``capacity: ...`` — the pod is eligible somewhere, but the plan had no room for it.
 
-Pod groups: pods with the same requests, CPU, memory, priority and eligible nodes are
+Pod groups: pods with the same requests, CPU, memory, priority, waiting tier and eligible nodes are
 interchangeable for the planner, which decides how many of each group go to each node
-(:func:`group_pods`).  Priorities become objective weights with :func:`priority_weights`:
-one pod of a higher priority outweighs all pods of lower priorities together.
+(:func:`group_pods`).  Priorities and waiting times become objective weights with
+:func:`pod_weights`: one pod of a higher priority outweighs all pods of lower priorities
+together; within a priority one more pod placed outweighs any difference in waiting, and among
+plans placing as many pods the one placing longer-waiting pods wins (the waiting-time level).
 
 Everything here is a pure function of its arguments.
 """
@@ -63,8 +65,10 @@ __all__ = [
     "mps_usable_mib",
     "node_model",
     "pod_kind",
+    "pod_weights",
     "priority_weights",
     "resolve_on_node",
+    "wait_tier",
 ]
 
 MIB_PER_GIB = 1024
@@ -486,9 +490,11 @@ class PodGroup:
 
 
 def group_pods(
-    pods: Iterable[PendingPod], eligibilities: Mapping[str, Eligibility]
+    pods: Iterable[PendingPod],
+    eligibilities: Mapping[str, Eligibility],
+    tiers: Sequence[float] = (),
 ) -> list[PodGroup]:
-    """Group eligible pods by (requests, cpu, memory, priority, eligible nodes).
+    """Group eligible pods by (requests, cpu, memory, priority, waiting tier, eligible nodes).
 
     Groups come in a deterministic order: priority descending, then first pod name.
     """
@@ -503,6 +509,7 @@ def group_pods(
             pod.cpu_milli,
             pod.memory_mib,
             pod.priority,
+            wait_tier(pod, tiers),
             tuple(el.demands),
         )
         buckets[key].append(pod)
@@ -513,6 +520,37 @@ def group_pods(
     ]
     groups.sort(key=lambda g: (-g.first.priority, g.first.name))
     return groups
+
+
+def wait_tier(pod: PendingPod, tiers: Sequence[float]) -> int:
+    """How many of the waiting-time thresholds ``tiers`` (seconds) the pod has passed."""
+    return sum(1 for t in tiers if pod.waited_s >= t)
+
+
+def pod_weights(pods: Iterable[PendingPod], tiers: Sequence[float] = ()) -> dict[str, int]:
+    """Objective weight per pod: priorities lexicographic, then count, then waiting tier.
+
+    With priorities ascending ``q_1 < q_2 < ...``, ``below`` the total weight of all pods of
+    lower priorities and ``T_q`` the sum of the waiting tiers of priority ``q``'s pods, every
+    pod of priority ``q`` weighs ``B_q + tier`` with ``B_q = below + T_q + 1``.  So one pod of a
+    higher priority outweighs every lower-priority pod together; within a priority, placing one
+    pod more outweighs any difference in tiers (and every lower-priority pod); among plans that
+    place as many pods of each priority, the sum of the placed pods' tiers decides.  Without
+    tiers this is :func:`priority_weights`.
+    """
+    by_priority: dict[int, list[PendingPod]] = defaultdict(list)
+    for p in pods:
+        by_priority[p.priority].append(p)
+    out: dict[str, int] = {}
+    below = 0
+    for prio in sorted(by_priority):
+        members = by_priority[prio]
+        t = {p.name: wait_tier(p, tiers) for p in members}
+        base = below + sum(t.values()) + 1
+        for p in members:
+            out[p.name] = base + t[p.name]
+        below += sum(base + t[p.name] for p in members)
+    return out
 
 
 def priority_weights(pods: Iterable[PendingPod]) -> dict[int, int]:

@@ -5,8 +5,9 @@ Formulation
 Sets
 
 * ``N``: nodes that are a candidate of some pod group (others are left out and unchanged).
-* ``G``: pod groups (:func:`planner.demand.group_pods`); group ``g`` has ``n_g`` identical pods,
-  priority weight ``w_g`` (:func:`planner.demand.priority_weights`), CPU ``c_g``, memory
+* ``G``: pod groups (:func:`planner.demand.group_pods`: same requests, priority and waiting
+  tier); group ``g`` has ``n_g`` identical pods, weight ``w_g`` (:func:`planner.demand.pod_weights`:
+  priorities lexicographic, then pods placed, then their waiting tiers), CPU ``c_g``, memory
   ``m_g``, and on each candidate node ``v`` in ``N_g`` needs ``u_{g,k}`` units of key ``k``
   (a MIG profile name, or ``mps:<MiB>`` for an MPS slice size).
 * ``N_g``: the ``settings.max_candidate_nodes`` eligible nodes ranked best for ``g`` (most
@@ -95,7 +96,7 @@ from planner.demand import (
     capacity_reason,
     group_pods,
     mps_usable_mib,
-    priority_weights,
+    pod_weights,
 )
 from planner.geometry import Layout, Placement, canonical, enumerate_layouts, layout_errors
 from planner.mps import MpsGpuVars, add_mps_gpu, mps_key, upper_bound
@@ -528,8 +529,8 @@ def solve_batch(
     candidate layouts (one dict each per plan, shared by its neighbourhood rounds).
     """
     cache: MigParseCache = parse_cache if parse_cache is not None else {}
-    groups = group_pods(snapshot.pods, eligibilities)
-    weights = priority_weights(p for g in groups for p in g.pods)
+    groups = group_pods(snapshot.pods, eligibilities, settings.wait_tiers_s)
+    weights = pod_weights((p for g in groups for p in g.pods), settings.wait_tiers_s)
     nodes = {n.name: n for n in snapshot.nodes}
     warm_layouts = dict(warm_start.layouts) if warm_start is not None else {}
     warm_node = {pod: a.node for pod, a in (warm_start.assignments.items() if warm_start else ())}
@@ -577,7 +578,7 @@ def solve_batch(
             m.x[(gi, name)] = x
             xs.append(x)
             per_node[name].append((gi, x))
-            placed_terms.append((weights[g.first.priority], x))
+            placed_terms.append((weights[g.first.name], x))
         if len(xs) > 1:
             m.cp.add(sum(xs) <= g.size)
 

@@ -21,7 +21,7 @@ large-neighbourhood search (LNS) starting from a warm-start plan ``W_0`` (the gr
 * **Re-planned pods** ``P_k``: every pod ``W_{k-1}`` placed on a node of ``N_k``, plus the pods
   it leaves unplaced for lack of room (reason ``capacity`` or ``node cpu/memory``; other
   reasons mean no node can take the pod at all) that may use a node of ``N_k``, at most
-  ``pod_cap`` of those in (priority desc, name) order (:func:`restrict`).
+  ``pod_cap`` of those in (priority desc, longest waiting, name) order (:func:`restrict`).
 * **Fixed part**: every node outside ``N_k`` keeps ``W_{k-1}``'s decisions: its GPU layouts
   and the pods placed on it.  A node's GPUs, CPU and memory are never shared across the cut,
   so the fixed part and any plan of ``(N_k, P_k)`` merge into a valid plan ``W_k``
@@ -143,7 +143,7 @@ def restrict(
         and current.unplaced.get(p.name, Unplaced.CAPACITY.value).startswith(_ROOM_REASONS)
         and (p.eligible_nodes is None or not names.isdisjoint(p.eligible_nodes))
     ]
-    waiting.sort(key=lambda p: (-p.priority, p.name))
+    waiting.sort(key=lambda p: (-p.priority, -p.waited_s, p.name))
     pods = tuple(sorted([*on_n, *waiting[: max(0, pod_cap)]], key=lambda p: p.name))
     pod_names = {p.name for p in pods}
     restricted = Plan(

@@ -46,6 +46,10 @@ class PlannerSettings:
     """GPU memory kept free for the MPS server on each MPS GPU."""
     mps_thread_policy: ThreadPolicy = ThreadPolicy.PROPORTIONAL
     """How active-thread percentages are set for MPS slices."""
+    wait_tiers_s: tuple[float, ...] = (300.0, 1800.0, 7200.0, 28800.0)
+    """Waiting-time thresholds (seconds) of the objective's waiting-time level: among plans
+    placing as many pods of each priority, the one placing pods past more thresholds wins
+    (:func:`planner.demand.pod_weights`).  Empty: no waiting-time level."""
     max_candidate_nodes: int = 64
     """Per pod group, at most this many candidate nodes enter the CP-SAT model (pruning)."""
     max_model_gpus: int = 96

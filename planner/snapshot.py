@@ -126,6 +126,9 @@ class PendingPod:
     priority: int = 0
     eligible_nodes: frozenset[str] | None = None
     """Nodes the pod may run on; ``None`` means any node of the snapshot."""
+    waited_s: float = 0.0
+    """How long the pod has been waiting for a slice (seconds); feeds the waiting-time level
+    of the objective (:attr:`planner.settings.PlannerSettings.wait_tiers_s`)."""
 
 
 @dataclass(frozen=True, slots=True)

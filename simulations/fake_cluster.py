@@ -331,6 +331,42 @@ class FakeCluster:
         self.bindings[pod] = b
         return b
 
+    def advertised(self, node: str) -> Counter[str]:
+        """Devices the node's agent advertises per resource (free or bound, not withdrawn)."""
+        n = self._node(node)
+        return Counter(d.resource for g in n.gpus for d in g.devices if not d.withdrawn)
+
+    def free_devices(self, node: str, resource: str) -> list[tuple[int, Device]]:
+        """Free advertised devices of ``resource`` on ``node``: (GPU index, device)."""
+        n = self._node(node)
+        return [
+            (g.index, d)
+            for g in n.gpus
+            for d in g.devices
+            if d.resource == resource and d.pod is None and not d.withdrawn
+        ]
+
+    def bind_devices(
+        self, pod: str, node: str, picks: Sequence[tuple[int, Device]], cpu: int, memory: int
+    ) -> Binding:
+        """Bind ``pod`` to the devices the kubelet chose (free, advertised, of ``node``)."""
+        if pod in self.bindings:
+            raise FakeClusterError(f"pod {pod!r} is already bound to {self.bindings[pod].node}")
+        n = self._node(node)
+        for gi, d in picks:
+            if d.pod is not None or d.withdrawn or d not in n.gpus[gi].devices:
+                raise FakeClusterError(
+                    f"pod {pod!r}: device {d.key} of {node} GPU {gi} is not free"
+                )
+        for _gi, d in picks:
+            d.pod = pod
+        n.cpu_used += cpu
+        n.memory_used += memory
+        self._recount(n)
+        b = Binding(node, tuple((gi, d.key) for gi, d in picks), cpu, memory)
+        self.bindings[pod] = b
+        return b
+
     def release(self, pod: str) -> None:
         """The pod ends: its devices become free (a pod not bound is ignored)."""
         self._unbind(pod)

@@ -13,50 +13,60 @@ Fractional GPU requests become slices with a :mod:`simulations.mapping` rule
 compute covers ``gpu_milli * 7 / 1000``, and ``mps-memory`` on MPS nodes).  All GPU nodes of a
 replay must share one GPU model and mode.
 
-Per time step (events at one instant, in the order departures, spec applications,
-abandonments, arrivals):
+The cluster is Kubernetes as :mod:`simulations.kube` models it, and nothing more: an API store
+with the API server's pod rules and the partitioner's admission webhook (when the policy gates
+pods), kube-scheduler's queue and default scoring (it knows no plan: it binds whichever pod it
+tries first to whatever the node advertises), the kubelet's 10 s node-status sync and device
+admission through the node agent's preferred allocation.  The node agents are
+:class:`~simulations.fake_cluster.FakeCluster`: a written spec withdraws the devices it removes
+at once and is applied ``apply_delay_s`` later; the agent reports its NodePartitioning status
+then and at every resync (``agent_resync_s``), so ``used`` flags lag as in production.
 
-1. **Departures** free devices; an **application** makes the node's spec real
-   (:meth:`FakeCluster.apply_spec <simulations.fake_cluster.FakeCluster.apply_spec>`); a pod
-   whose device it removes is *disrupted*: counted, evicted and queued again.
-2. **kube-scheduler**: pending pods, those with a plan nomination first, then by priority and
-   arrival, are bound to a node whose free advertised devices and CPU/memory hold them (the
-   nominated node first, else the first by name).  A pod that does not fit is marked
-   ``PodScheduled=False/Unschedulable``.
-3. **Partitioner** (policies with a planner): the real decision step
-   :func:`partitioner.decide.decide` runs on the cluster rendered as API objects
-   (:mod:`simulations.replay_objects`): its batch window (:mod:`partitioner.batching`: timeout,
-   idle, retry) decides when to plan, the planner plans, and the specs it writes go to the
-   fake agents, which apply them ``apply_delay_s`` later.  The engine wakes the step again at
-   the window's deadline and at pods' retry times.  Planning takes no simulated time; its wall
-   time is recorded.  A plan whose input equals the previous plan's input is reused (the
-   planner is deterministic), and counted apart.
-4. **Static policies** set every GPU's layout once before the first pod and never plan.
+The partitioner is the real decision step (:func:`partitioner.decide.decide`) on the real
+:class:`~partitioner.index.ClusterIndex`, run at its cycle (``cycle_s``) after anything it
+reads changed and at its time-based decisions (batch window, retries, deadlines, drains); its
+actions go through the API store (a refused patch is refused).  Planning takes no simulated
+time; its wall time is recorded.  A policy with ``reservation`` gates pods at admission and
+reserves and releases them (:mod:`partitioner.decide`); without it (nos's behaviour, the
+``greedy`` baseline) pods are never gated.  Static policies set every GPU's layout once before
+the first pod and never plan.
 
-The replay stops when no arrival, departure or application is left and the last plan changed
-nothing (so retrying cannot change anything either).  Pods still pending then are *never
-scheduled*; with ``max_pending_s`` a pod gives up after waiting that long.
+Recorded: pending time per pod (arrival to first binding, plus waits after a disruption),
+GPUs reconfigured, disruptions (a spec removing a device a pod holds: must stay 0), *theft*
+(a slice made or reserved for one pod bound by another), kubelet admission rejections (the
+scheduler acted on a stale allocatable; the pod's controller creates it again and its wait goes
+on), scheduling attempts and refused API requests.
+
+The replay stops when no arrival, departure, spec application or status sync is left and
+nothing has progressed for longer than any retry, window or deadline could take.  Pods still
+pending then are *never scheduled*; with ``max_pending_s`` a pod gives up after waiting that
+long.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
+from typing import Any
 
-from partitioner.batching import BatchPolicy, next_deadline
+from partitioner.actions import EmitEvent, PatchPod, SetNodeCondition, WriteReservations, WriteSpec
+from partitioner.batching import BatchPolicy, forget, next_deadline
 from partitioner.decide import ControllerState, DecideConfig, decide
+from partitioner.index import ClusterIndex
+from partitioner.reservations import State
 from planner.catalog import Catalog, GpuModel, default_catalog
 from planner.settings import PlannerSettings, Policy
-from planner.snapshot import Assignment, Mode, Plan, Snapshot
+from planner.snapshot import Mode, Plan, PlannedGpu, PlannedSlice, Snapshot
 from simulations.cluster import Cluster
 from simulations.fake_cluster import FakeCluster, FakeNode
+from simulations.kube import Conflict, Invalid, Kubelet, Scheduler, SimApi
 from simulations.mapping import MappingError, make_mapping
 from simulations.replay_metrics import PlanRecord, PodRecord, ReplayResult
-from simulations.replay_objects import NAMESPACE, KubeObjects
 from simulations.static_layouts import StaticPolicy, assign_static, static_policy
 from simulations.workload import Pod, Workload
 
@@ -77,6 +87,7 @@ PlanFn = Callable[[Snapshot, PlannerSettings, Catalog], Plan]
 NOS_WINDOW = (60.0, 10.0)
 """nos's batch window: 60 s timeout, 10 s idle."""
 MIB_PER_GIB = 1024
+NAMESPACE = "sim"
 _EPSILON = 1e-6
 """Seconds added to retry wake-ups so ``now - planned_at >= retry`` holds despite rounding."""
 
@@ -116,14 +127,31 @@ class ReplaySettings:
     """Stop once the planner has failed this many times in a row and no arrival, departure or
     spec application is left to change its input (it would fail forever); the pods still pending
     count as never scheduled and :attr:`ReplayResult.planner_errors` says why."""
-    reuse_identical_plans: bool = True
-    """Reuse the previous plan when the planner input is identical (deterministic planner)."""
+    cycle_s: float = 1.0
+    """The partitioner's cycle (it decides at most once per cycle)."""
+    agent_resync_s: float = 30.0
+    """The node agent's resync: how often it reports ``used`` flags without a spec change."""
+    apply_deadline_s: float = 300.0
+    """Partitioner setting: a node must apply a spec within this long."""
+    bind_deadline_s: float = 120.0
+    """Partitioner setting: a released pod should be bound within this long."""
+    cooldown_s: float = 300.0
+    """Partitioner setting: a node that missed an apply deadline is left out this long."""
+    drain_after_s: float = 900.0
+    """Partitioner setting: a gated pod no plan can place gets a drain after this long."""
+    drain_fraction: float = 0.1
+    """Partitioner setting: at most this fraction of GPUs frozen for drains at once."""
+    epoch_s: float = 1_767_225_600.0
+    """Wall-clock time of simulated time 0 (2026-01-01 UTC): pod timestamps and the partitioner's
+    clock are ``epoch_s + t``."""
 
     def __post_init__(self) -> None:
         if self.time_compression <= 0 or self.copies < 1 or self.apply_delay_s < 0:
             raise ReplayError(
                 "replay settings: time_compression must be > 0, copies >= 1, apply_delay_s >= 0"
             )
+        if self.cycle_s <= 0 or self.agent_resync_s <= 0:
+            raise ReplayError("replay settings: cycle_s and agent_resync_s must be > 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,21 +165,37 @@ class ReplayPolicy:
     """(timeout, idle) of this policy's batch window; ``None``: the settings' window."""
     planner: PlanFn | None = None
     """Planner override (tests); default ``planner.api.plan``."""
+    reservation: bool = True
+    """Gate pods at admission, reserve and release them (``False``: nos's behaviour)."""
+
+
+_POLICIES = {
+    "cpsat": ("cpsat", Policy.CPSAT, True, None),
+    "greedy": ("greedy", Policy.GREEDY, False, NOS_WINDOW),
+    "nos": ("greedy", Policy.GREEDY, False, NOS_WINDOW),
+    "cpsat-unreserved": ("cpsat-unreserved", Policy.CPSAT, False, None),
+    "greedy-reserved": ("greedy-reserved", Policy.GREEDY, True, NOS_WINDOW),
+}
 
 
 def parse_policy(text: str) -> ReplayPolicy:
-    """``cpsat``, ``greedy`` (nos-like, 60 s / 10 s window) or ``static:<layout>``."""
+    """A policy by name (see :data:`_POLICIES`) or ``static:<layout>``.
+
+    ``cpsat``: gpuslice (CP-SAT, reservations); ``greedy``: the nos-like greedy planner with
+    nos's 60 s / 10 s window and no reservations (nos has none); ``cpsat-unreserved`` and
+    ``greedy-reserved`` swap the reservation setting, to separate the planner's effect from the
+    reservations'.
+    """
     t = text.strip().lower()
-    if t == "cpsat":
-        return ReplayPolicy("cpsat", planner_policy=Policy.CPSAT)
-    if t in ("greedy", "nos"):
-        return ReplayPolicy("greedy", planner_policy=Policy.GREEDY, window=NOS_WINDOW)
+    if t in _POLICIES:
+        name, planner, reservation, window = _POLICIES[t]
+        return ReplayPolicy(name, planner_policy=planner, window=window, reservation=reservation)
     if t.startswith("static:"):
         sp = static_policy(t.split(":", 1)[1])
-        return ReplayPolicy(f"static:{sp.name}", static=sp)
+        return ReplayPolicy(f"static:{sp.name}", static=sp, reservation=False)
     raise ReplayError(
-        f"unknown replay policy {text!r}; use cpsat, greedy or static:<layout> "
-        "(all-1g, balanced, all-2g, all-3g, all-7g)"
+        f"unknown replay policy {text!r}; use {', '.join(sorted(_POLICIES))} or "
+        "static:<layout> (all-1g, balanced, all-2g, all-3g, all-7g)"
     )
 
 
@@ -269,9 +313,48 @@ def build_fake_cluster(
 class _Kind(IntEnum):
     DEPART = 0
     APPLY = 1
-    ABANDON = 2
-    ARRIVE = 3
-    WAKE = 4
+    SYNC = 2
+    REPORT = 3
+    ABANDON = 4
+    ARRIVE = 5
+    RECREATE = 6
+    SCHEDULE = 7
+    FLUSH = 8
+    TICK = 9
+
+
+_LIVE = frozenset({_Kind.DEPART, _Kind.APPLY, _Kind.ARRIVE, _Kind.SYNC, _Kind.RECREATE})
+"""Events that change the cluster on their own (the rest only react to it)."""
+
+
+def _pod_object(pod: ReplayPod) -> dict[str, Any]:
+    requests: dict[str, str] = {r: str(k) for r, k in pod.requests.items()}
+    if pod.cpu_milli:
+        requests["cpu"] = f"{pod.cpu_milli}m"
+    if pod.memory_mib:
+        requests["memory"] = f"{pod.memory_mib}Mi"
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod.name,
+            "namespace": NAMESPACE,
+            "ownerReferences": [{"kind": "Job", "name": pod.name, "controller": True}],
+        },
+        "spec": {
+            "priority": pod.priority,
+            "containers": [
+                {
+                    "name": "main",
+                    "resources": {
+                        "requests": requests,
+                        "limits": {r: str(k) for r, k in pod.requests.items()},
+                    },
+                }
+            ],
+        },
+        "status": {"phase": "Pending"},
+    }
 
 
 class _Engine:
@@ -283,40 +366,45 @@ class _Engine:
         settings: ReplaySettings,
         catalog: Catalog,
     ) -> None:
-        self.fake = fake
-        self.policy = policy
-        self.settings = settings
-        self.catalog = catalog
+        self.fake, self.policy, self.settings, self.catalog = fake, policy, settings, catalog
         self.pods = {p.name: p for p in pods}
         if len(self.pods) != len(pods):
             raise ReplayError("replay pods must have unique names")
         self.result = ReplayResult(
-            policy=policy.name,
-            pods=[],
-            start=min((p.arrival for p in pods), default=0.0),
+            policy=policy.name, pods=[], start=min((p.arrival for p in pods), default=0.0)
         )
         self.records: dict[str, PodRecord] = {}
-        self.pending: dict[str, ReplayPod] = {}
-        self.unschedulable: set[str] = set()
-        self.running: dict[str, tuple[str, int]] = {}
-        """pod -> (node, token of its departure event)."""
-        self.nominated: dict[str, Assignment] = {}
+        self.running: dict[str, int] = {}
+        """pod -> token of its departure event."""
         self.heap: list[tuple[float, int, int, str]] = []
         self.seq = 0
         self.live = 0
-        """Arrivals, departures, applications and abandonments still in the heap."""
-        self.node_order = sorted(fake.nodes)
-        self.objects: KubeObjects | None = None
+        self.epoch = settings.epoch_s
+        rng = random.Random(settings.seed)
+        self.index = ClusterIndex(catalog)
+        reserve = policy.static is None and policy.reservation
+        self.api = SimApi(self.index, webhook=reserve)
+        self.scheduler = Scheduler(self.api, random.Random(rng.random()))
+        self.kubelet = Kubelet.create(fake, self.api, random.Random(rng.random()))
         self.state = ControllerState()
         self.config: DecideConfig | None = None
-        self.changes_since_plan = True
-        self.last_input: str | None = None
-        self.last_plan: Plan | None = None
-        self._reused = False
         self._planner_ms = 0.0
-        self.wake_at: float | None = None
+        self.tick_at: float | None = None
+        self.flush_at: float | None = None
+        self.schedule_at: float | None = None
+        self.sync_at: dict[str, float] = {}
+        self.report_at: dict[str, float] = {}
+        self.apply_token: dict[str, int] = {}
+        self.last_progress = self.result.start
         self.error_streak = 0
-        """Consecutive partitioner steps whose planner call failed."""
+        self.expected: dict[tuple[str, str], list[str]] = {}
+        """(node, resource) -> pods a slice there was made or reserved for (theft accounting)."""
+        self.expected_of: dict[str, list[tuple[str, str]]] = {}
+        self.theft = 0
+        self.by_size: dict[str, str] = {}
+        for node in fake.nodes.values():
+            self.api.add_node(node)
+            self.api.add_partitioning(node)
         if policy.static is not None:
             gpus = [
                 (n.name, g.index, n.model)
@@ -337,34 +425,123 @@ class _Engine:
                 policy=BatchPolicy(timeout=timeout, idle=idle, retry=settings.batch_retry_s),
                 planner_settings=replace(settings.planner, policy=policy.planner_policy),
                 planner=self._timed(planner),
+                reservation=policy.reservation,
+                apply_deadline_s=settings.apply_deadline_s,
+                bind_deadline_s=settings.bind_deadline_s,
+                cooldown_s=settings.cooldown_s,
+                drain_after_s=settings.drain_after_s,
+                drain_fraction=settings.drain_fraction,
             )
-            self.objects = KubeObjects(fake)
+        for name in fake.nodes:
+            self._report(name)
+            self.kubelet.sync(name)
         for p in pods:
             self._push(p.arrival, _Kind.ARRIVE, p.name)
 
-    # ------------------------------------------------------------------ helpers
+    # ------------------------------------------------------------------ plumbing
 
     def _push(self, t: float, kind: _Kind, payload: str) -> None:
         self.seq += 1
-        if kind is not _Kind.WAKE:
+        if kind in _LIVE:
             self.live += 1
         heapq.heappush(self.heap, (t, int(kind), self.seq, payload))
 
     def _timed(self, planner: PlanFn) -> PlanFn:
         def run(snapshot: Snapshot, settings: PlannerSettings, catalog: Catalog) -> Plan:
-            key = repr(snapshot) if self.settings.reuse_identical_plans else None
-            if key is not None and key == self.last_input and self.last_plan is not None:
-                self._reused = True
-                self._planner_ms = 0.0
-                return self.last_plan
             t0 = time.perf_counter()
             plan = planner(snapshot, settings, catalog)
             self._planner_ms = (time.perf_counter() - t0) * 1000
-            self._reused = False
-            self.last_input, self.last_plan = key, plan
             return plan
 
         return run
+
+    def _key(self, name: str) -> str:
+        return f"{NAMESPACE}/{name}"
+
+    def _wake(self, attr: str, t: float, kind: _Kind) -> None:
+        """Schedule one event of ``kind`` at ``t`` unless one is due earlier."""
+        at = getattr(self, attr)
+        if at is not None and at <= t:
+            return
+        setattr(self, attr, t)
+        self._push(t, kind, "")
+
+    def _dirty(self, t: float) -> None:
+        """Something the partitioner reads changed: it sees it at its next cycle."""
+        if self.config is None:
+            return
+        cycle = self.settings.cycle_s
+        self._wake("tick_at", (math.floor(t / cycle + 1e-9) + 1) * cycle, _Kind.TICK)
+
+    def _sync_soon(self, node: str, t: float) -> None:
+        at = self.kubelet.next_sync(node, t + 1e-9)
+        if self.sync_at.get(node, math.inf) <= at:
+            return
+        self.sync_at[node] = at
+        self._push(at, _Kind.SYNC, node)
+
+    def _report_soon(self, node: str, t: float) -> None:
+        """The agent's next resync reports the used flags (every ``agent_resync_s``)."""
+        period = self.settings.agent_resync_s
+        phase = self.kubelet.phases.get(node, 0.0) * period / max(self.kubelet.period_s, 1e-9)
+        at = phase + (math.floor((t - phase) / period) + 1) * period
+        if self.report_at.get(node, math.inf) <= at:
+            return
+        self.report_at[node] = at
+        self._push(at, _Kind.REPORT, node)
+
+    def _report(self, node: str) -> None:
+        """The fake agent writes the NodePartitioning status: observed spec and actual GPUs."""
+        n = self.fake.nodes[node]
+        np = self.api.partitionings[node]
+        generation = int(np["metadata"]["generation"])
+        status = np.get("status") or {}
+        observed = int(status.get("observedGeneration", 0))
+        if n.spec is None:
+            observed = generation
+        gpus: list[dict[str, Any]] = []
+        for g in n.gpus:
+            if n.mode is Mode.MPS:
+                gpus.append(
+                    {
+                        "index": g.index,
+                        "mps": [
+                            {
+                                "memoryMiB": d.memory_mib,
+                                "activeThreadPercentage": d.thread_percentage,
+                                "used": d.pod is not None,
+                            }
+                            for d in g.devices
+                        ],
+                    }
+                )
+            else:
+                gpus.append(
+                    {
+                        "index": g.index,
+                        "migEnabled": True,
+                        "mig": [
+                            {"profile": d.profile, "start": d.slot, "used": d.pod is not None}
+                            for d in g.devices
+                        ],
+                    }
+                )
+        applied = observed == generation
+        self.api.patch_np_status(
+            node,
+            {
+                "observedGeneration": observed,
+                "planId": np["spec"].get("planId", "") if applied else "",
+                "gpus": gpus,
+                "conditions": [
+                    {
+                        "type": "Applied",
+                        "status": "True" if applied else "False",
+                        "observedGeneration": observed,
+                    }
+                ],
+            },
+        )
 
     def _allocation(self) -> float:
         total = self.fake.total_compute()
@@ -373,99 +550,115 @@ class _Engine:
         mps = self.fake.total_mps_mib()
         return self.fake.used_mps_mib() / mps if mps else 0.0
 
-    # ------------------------------------------------------------------ scheduler
+    # ------------------------------------------------------------------ pods
 
-    def _schedule(self, t: float, names: Iterable[str]) -> None:
-        def order(n: str) -> tuple[int, int, float, str]:
-            p = self.pending[n]
-            return (0 if n in self.nominated else 1, -p.priority, self.records[n].arrival, n)
+    def _create(self, name: str, t: float) -> None:
+        self.api.create_pod(_pod_object(self.pods[name]), self.epoch + t)
+        self.scheduler.add(self._key(name), t)
 
-        for name in sorted(names, key=order):
-            if name not in self.pending:
-                continue
-            pod = self.pending[name]
-            node = self._choose(pod)
-            if node is None:
-                if name not in self.unschedulable:
-                    self.unschedulable.add(name)
-                    if self.objects is not None:
-                        self.objects.add_pending(
-                            name, pod.requests, pod.cpu_milli, pod.memory_mib, pod.priority
-                        )
-                continue
-            self._bind(t, pod, node)
-
-    def _choose(self, pod: ReplayPod) -> str | None:
-        free = self.fake.free_total
-        if any(free[r] < k for r, k in pod.requests.items()):
-            return None
-        nominated = self.nominated.get(pod.name)
-        if nominated is not None and self.fake.fits(
-            nominated.node, pod.requests, pod.cpu_milli, pod.memory_mib
-        ):
-            return nominated.node
-        for node in self.node_order:
-            if self.fake.fits(node, pod.requests, pod.cpu_milli, pod.memory_mib):
-                return node
-        return None
-
-    def _bind(self, t: float, pod: ReplayPod, node: str) -> None:
-        nominated = self.nominated.pop(pod.name, None)
-        preferred = nominated.gpus if nominated is not None and nominated.node == node else None
-        self.fake.bind(pod.name, node, pod.requests, pod.cpu_milli, pod.memory_mib, preferred)
-        del self.pending[pod.name]
-        rec = self.records[pod.name]
+    def _bind(self, t: float, key: str, node: str) -> bool:
+        """kube-scheduler bound ``key`` to ``node``: kubelet admission, then the pod runs."""
+        name = key[len(NAMESPACE) + 1 :]
+        info = self.index.pods[key]
+        picks = self.kubelet.admit(node, info)
+        if picks is None:  # stale allocatable: rejected, its controller creates it again
+            self.kubelet.rejected += 1
+            self.result.admission_rejections += 1
+            self.api.delete_pod(key)
+            self._unexpect(key)
+            self._push(t, _Kind.RECREATE, name)
+            self._dirty(t)
+            return True
+        pod = self.pods[name]
+        self.fake.bind_devices(name, node, picks, pod.cpu_milli, pod.memory_mib)
+        self.api.bind(key, node)
+        rec = self.records[name]
         if rec.first_bound is None:
             rec.first_bound = t
         if rec.waiting_since is not None:
             rec.pending_s += t - rec.waiting_since
             rec.waiting_since = None
         self.seq += 1
-        token = self.seq
-        self.running[pod.name] = (node, token)
-        self._push(t + pod.duration, _Kind.DEPART, f"{token}:{pod.name}")
-        if self.objects is not None:
-            if pod.name in self.unschedulable:
-                self.objects.bound(pod.name, node)
-            else:  # bound at once: the API server never saw it pending
-                self.objects.add_pending(
-                    pod.name, pod.requests, pod.cpu_milli, pod.memory_mib, pod.priority
-                )
-                self.objects.bound(pod.name, node)
-        self.unschedulable.discard(pod.name)
+        self.running[name] = self.seq
+        self._push(t + pod.duration, _Kind.DEPART, f"{self.seq}:{name}")
+        self._account_theft(key, node)
+        self._report_soon(node, t)
+        self._dirty(t)
+        self.last_progress = t
+        return True
 
-    def _requeue(self, t: float, name: str) -> None:
-        pod = self.pods[name]
-        self.running.pop(name, None)
-        self.pending[name] = pod
-        self.records[name].waiting_since = t
-        if self.objects is not None:
-            self.objects.gone(name, None)
-        self.unschedulable.discard(name)
+    def _expect(self, key: str, node: str, units: Mapping[str, int]) -> None:
+        self._unexpect(key)
+        slots = [(node, r) for r, k in sorted(units.items()) for _ in range(k)]
+        for slot in slots:
+            self.expected.setdefault(slot, []).append(key)
+        self.expected_of[key] = slots
+
+    def _unexpect(self, key: str) -> None:
+        for slot in self.expected_of.pop(key, ()):
+            owners = self.expected.get(slot)
+            if owners is not None and key in owners:
+                owners.remove(key)
+
+    def _account_theft(self, key: str, node: str) -> None:
+        """A slice made or reserved for pod A bound by pod B counts as one theft."""
+        mine = self.expected_of.get(key, [])
+        info = self.index.pods[key]
+        for resource, k in info.slices.items():
+            slot = (node, resource)
+            own = sum(1 for s in mine if s == slot)
+            for _ in range(max(0, k - own)):
+                owners = [o for o in self.expected.get(slot, ()) if o != key]
+                if owners:
+                    self.theft += 1
+                    victim = owners[0]
+                    self.expected[slot].remove(victim)
+                    self.expected_of[victim].remove(slot)
+        self._unexpect(key)
 
     # ------------------------------------------------------------------ partitioner
 
     def _step(self, t: float) -> None:
-        if self.config is None or self.objects is None:
-            return
-        if not self.unschedulable and not self.state.window.is_open:
-            return
-        decision = decide(self.state, self.objects.view, t, self.config)
+        assert self.config is not None
+        decision = decide(self.state, self.index, self.epoch + t, self.config)
         self.state = decision.state
-        written = self.objects.carry_out(decision.actions, t + self.settings.apply_delay_s)
-        for ws in written:
-            self._push(t + self.settings.apply_delay_s, _Kind.APPLY, ws.node)
+        failed_specs: set[str] = set()
+        progress = False
+        for action in decision.actions:
+            if isinstance(action, WriteSpec):
+                if not self._write_spec(t, action):
+                    failed_specs.add(action.node)
+                    self.state = replace(
+                        self.state, window=forget(self.state.window, action.planned_pods)
+                    )
+                else:
+                    progress = True
+            elif isinstance(action, PatchPod):
+                if action.after_spec is not None and action.after_spec in failed_specs:
+                    continue
+                if self._patch_pod(t, action):
+                    progress = True
+            elif isinstance(action, WriteReservations):
+                self.api.patch_np_status(
+                    action.node,
+                    {"reservations": [e.model_dump(mode="json") for e in action.reservations]},
+                )
+            elif isinstance(action, EmitEvent):
+                self.result.events[action.reason] = self.result.events.get(action.reason, 0) + 1
+            elif isinstance(action, SetNodeCondition):
+                key = f"NodeCondition/{action.reason}"
+                self.result.events[key] = self.result.events.get(key, 0) + 1
         if decision.error:
             self.result.planner_errors.append(f"t={t:.1f}: {decision.error}")
             self.error_streak += 1
         if decision.plan is not None:
             self.error_streak = 0
             plan = decision.plan
-            prefix = f"{NAMESPACE}/"
-            for key, a in plan.assignments.items():
-                name = key[len(prefix) :] if key.startswith(prefix) else key
-                if name in self.pending:
-                    self.nominated[name] = a
+            if not self.config.reservation:
+                written = {a.node for a in decision.actions if isinstance(a, WriteSpec)}
+                for key, a in plan.assignments.items():
+                    if a.node in written - failed_specs:
+                        self._expect(key, a.node, {r: len(g) for r, g in a.gpus.items()})
             self.result.plans.append(
                 PlanRecord(
                     time=t,
@@ -474,128 +667,260 @@ class _Engine:
                     placed=len(plan.assignments),
                     unplaced=len(plan.unplaced),
                     gpus_reconfigured=decision.gpus_reconfigured,
-                    reused=self._reused,
                 )
             )
-            self.changes_since_plan = bool(written)
-        self._schedule_wake(t)
+        if progress:
+            self.last_progress = t
+        self._schedule_next(t)
 
-    def _schedule_wake(self, t: float) -> None:
+    def _write_spec(self, t: float, action: WriteSpec) -> bool:
+        node = self.fake.nodes.get(action.node)
+        if node is None or node.spec is not None:
+            self.result.spec_conflicts += 1
+            return False
+        try:
+            self.api.write_spec(
+                action.node,
+                action.spec.model_dump(mode="json"),
+                action.resource_version,
+                action.planned_pods,
+                action.planned_at,
+            )
+        except Conflict:
+            self.result.spec_conflicts += 1
+            return False
+        for ev in action.on_success:
+            self.result.events[ev.reason] = self.result.events.get(ev.reason, 0) + 1
+        apply_at = t + self.settings.apply_delay_s
+        self.fake.write_spec(action.node, _planned(action.node, action.spec, node), apply_at)
+        self.seq += 1
+        self.apply_token[action.node] = self.seq
+        self._push(apply_at, _Kind.APPLY, f"{self.seq}:{action.node}")
+        self._report(action.node)  # the agent's first pass: observed, devices withdrawn
+        self._sync_soon(action.node, t)
+        return True
+
+    def _patch_pod(self, t: float, action: PatchPod) -> bool:
+        try:
+            self.api.patch_pod(action.pod, action.patch)
+        except (Conflict, Invalid, KeyError):
+            return False
+        for ev in action.on_success:
+            self.result.events[ev.reason] = self.result.events.get(ev.reason, 0) + 1
+        info = self.index.pods.get(action.pod)
+        if (
+            info is not None
+            and info.reservation is not None
+            and info.reservation.state
+            in (
+                State.PLANNED,
+                State.RELEASED,
+            )
+        ):
+            self._expect(action.pod, info.reservation.node, info.reservation.units())
+        elif action.purpose == "unreserve":
+            self._unexpect(action.pod)
+        if action.purpose in ("release", "ungate"):
+            self.scheduler.updated(action.pod, t)
+            self._wake("schedule_at", t, _Kind.SCHEDULE)
+        return action.purpose in ("release", "reserve")
+
+    def _schedule_next(self, t: float) -> None:
+        """Wake the partitioner at its next time-based decision (window, retry, deadlines)."""
         assert self.config is not None
         policy = self.config.policy
         window = self.state.window
+        times: list[float] = []
         nxt = next_deadline(window, policy)
-        if nxt is None:
-            retries = [
+        if nxt is not None:
+            times.append(nxt)
+        candidates = set()
+        for info in self.index.waiting():
+            r = info.reservation
+            if r is not None and math.isfinite(r.deadline):
+                times.append(r.deadline - self.epoch + _EPSILON)
+            if info.key in window.planned_at:
+                candidates.add(info.key)
+            if self.config.reservation and info.gated and info.created is not None and (r is None):
+                drain_at = info.created - self.epoch + self.config.drain_after_s
+                if drain_at > t:
+                    times.append(drain_at)
+        if window.opened_at is None:
+            times.extend(
                 at + policy.retry + _EPSILON
                 for p, at in window.planned_at.items()
-                if p[len(NAMESPACE) + 1 :] in self.unschedulable
-            ]
-            nxt = min(retries, default=None)
-        if nxt is None:
-            return
-        if nxt <= t:  # never wake twice at the same instant (float rounding)
-            nxt = t + _EPSILON
-        if self.wake_at is not None and t < self.wake_at <= nxt:
-            return
-        self.wake_at = nxt
-        self._push(nxt, _Kind.WAKE, "")
+                if p in candidates
+            )
+        times.extend(until - self.epoch + _EPSILON for until in self.state.cooldown.values())
+        future = [x for x in times if x > t]
+        if future:
+            cycle = self.settings.cycle_s
+            self._wake("tick_at", math.ceil(min(future) / cycle - 1e-9) * cycle, _Kind.TICK)
 
-    # ------------------------------------------------------------------ loop
+    # ------------------------------------------------------------------ events
+
+    def _handle(self, t: float, kind: _Kind, payload: str) -> None:
+        if kind is _Kind.ARRIVE:
+            pod = self.pods[payload]
+            self.records[payload] = PodRecord(payload, t, dict(pod.requests), waiting_since=t)
+            self._create(payload, t)
+            if self.settings.max_pending_s is not None:
+                self._push(t + self.settings.max_pending_s, _Kind.ABANDON, payload)
+            self._wake("schedule_at", t, _Kind.SCHEDULE)
+            self._dirty(t)
+        elif kind is _Kind.RECREATE:
+            self._create(payload, t)
+            self._wake("schedule_at", t, _Kind.SCHEDULE)
+            self._dirty(t)
+        elif kind is _Kind.DEPART:
+            token, name = payload.split(":", 1)
+            if self.running.get(name) != int(token):
+                return
+            del self.running[name]
+            node = self.fake.bindings[name].node
+            self.fake.release(name)
+            self.api.delete_pod(self._key(name))
+            self.scheduler.bound_pod_deleted(t)
+            self._wake("schedule_at", t, _Kind.SCHEDULE)
+            self._report_soon(node, t)
+            self._dirty(t)
+        elif kind is _Kind.APPLY:
+            token, node = payload.split(":", 1)
+            if self.apply_token.get(node) != int(token):
+                return
+            res = self.fake.apply_spec(node)
+            if res.gpus_changed:
+                self.result.reconfigurations.append((t, res.gpus_changed))
+            for victim in res.disrupted:
+                self.result.disruptions += 1
+                self.records[victim].disruptions += 1
+                self.records[victim].waiting_since = t
+                self.running.pop(victim, None)
+                self.api.delete_pod(self._key(victim))
+                self._create(victim, t)
+            self._report(node)
+            self._sync_soon(node, t)
+            self._dirty(t)
+        elif kind is _Kind.SYNC:
+            if self.sync_at.get(payload) == t:
+                del self.sync_at[payload]
+            grew = self.kubelet.sync(payload)
+            if grew:
+                self.scheduler.allocatable_grew(payload, grew, t)
+                self._wake("schedule_at", t, _Kind.SCHEDULE)
+            self._dirty(t)
+        elif kind is _Kind.REPORT:
+            if self.report_at.get(payload) == t:
+                del self.report_at[payload]
+            self._report(payload)
+            self._dirty(t)
+        elif kind is _Kind.ABANDON:
+            key = self._key(payload)
+            info = self.index.pods.get(key)
+            rec = self.records[payload]
+            if info is not None and info.waiting and rec.waiting_since is not None:
+                rec.pending_s += t - rec.waiting_since
+                rec.waiting_since = None
+                rec.abandoned = True
+                self.api.delete_pod(key)
+                self.scheduler.forget(key)
+                self._unexpect(key)
+                self._dirty(t)
+        elif kind is _Kind.SCHEDULE:
+            if self.schedule_at is not None and self.schedule_at <= t:
+                self.schedule_at = None
+        elif kind is _Kind.FLUSH:
+            if self.flush_at is not None and self.flush_at <= t:
+                self.flush_at = None
+            self.scheduler.flush(t)
+        elif kind is _Kind.TICK and self.tick_at is not None and self.tick_at <= t:
+            self.tick_at = None
+            self._step(t)
+
+    def _run_scheduler(self, t: float) -> None:
+        self.scheduler.run(t, lambda key, node: self._bind(t, key, node))
+        nxt = self.scheduler.next_event()
+        if nxt is not None:
+            self._wake("schedule_at", max(nxt, t + _EPSILON), _Kind.SCHEDULE)
+        if self.scheduler.unschedulable:
+            period = self.scheduler.flush_period_s
+            self._wake("flush_at", (math.floor(t / period) + 1) * period, _Kind.FLUSH)
+
+    def _quiet(self, t: float) -> bool:
+        """Nothing can change any more: no live event, and no progress for a long while."""
+        if self.live > 0:
+            return False
+        if self.config is None:
+            return True
+        if self.error_streak >= self.settings.max_planner_errors:
+            return True
+        settle = (
+            self.config.policy.retry
+            + self.config.policy.timeout
+            + self.config.apply_deadline_s
+            + self.config.bind_deadline_s
+            + self.config.drain_after_s
+            + 60.0
+        )
+        return t - self.last_progress > settle
 
     def run(self) -> ReplayResult:
         wall0 = time.perf_counter()
         self.result.allocation.append((self.result.start, self._allocation()))
         t = self.result.start
         while self.heap:
-            if self.live == 0 and not self.changes_since_plan and self._quiet():
+            t_next = self.heap[0][0]
+            if self._quiet(t_next):
                 break
-            if self.live == 0 and self.error_streak >= self.settings.max_planner_errors:
-                break  # only planner retries are left, and the planner keeps failing
-            if self.settings.horizon_s is not None and self.heap[0][0] > self.settings.horizon_s:
+            if self.settings.horizon_s is not None and t_next > self.settings.horizon_s:
                 break
-            t = self.heap[0][0]
-            changed = False
-            arrivals: list[str] = []
+            t = t_next
+            tick = False
             while self.heap and self.heap[0][0] == t:
                 _, kind, _, payload = heapq.heappop(self.heap)
-                if kind != _Kind.WAKE:
+                k = _Kind(kind)
+                if k in _LIVE:
                     self.live -= 1
-                changed |= self._handle(t, _Kind(kind), payload, arrivals)
-            if self.wake_at is not None and self.wake_at <= t:
-                self.wake_at = None
-            if changed:
-                self.changes_since_plan = True
-                self._schedule(t, list(self.pending))
-            elif arrivals:
-                self._schedule(t, arrivals)
-            if changed or arrivals:
-                alloc = self._allocation()
-                if alloc != self.result.allocation[-1][1]:
-                    self.result.allocation.append((t, alloc))
-            self._step(t)
+                if k is _Kind.TICK:
+                    tick = True
+                    continue
+                self._handle(t, k, payload)
+            self._run_scheduler(t)
+            if tick:
+                self._handle(t, _Kind.TICK, "")
+                self._run_scheduler(t)
+            alloc = self._allocation()
+            if alloc != self.result.allocation[-1][1]:
+                self.result.allocation.append((t, alloc))
         self.result.end = max(t, self.result.start)
-        for name, rec in self.records.items():
-            if name in self.pending and rec.waiting_since is not None:
+        for rec in self.records.values():
+            if rec.waiting_since is not None:
                 rec.pending_s += self.result.end - rec.waiting_since
                 rec.waiting_since = None
         self.result.pods = list(self.records.values())
-        if self.objects is not None:
-            self.result.spec_conflicts = self.objects.conflicts
-            self.result.events = dict(self.objects.events)
+        self.result.theft = self.theft
+        self.result.scheduling_attempts = self.scheduler.attempts
+        self.result.api_refusals = dict(self.api.refused)
         self.result.wall_s = time.perf_counter() - wall0
         return self.result
 
-    def _quiet(self) -> bool:
-        """No spec in flight (an application would change the cluster)."""
-        return all(n.spec is None for n in self.fake.nodes.values())
 
-    def _handle(self, t: float, kind: _Kind, payload: str, arrivals: list[str]) -> bool:
-        if kind is _Kind.ARRIVE:
-            pod = self.pods[payload]
-            self.records[payload] = PodRecord(payload, t, dict(pod.requests), waiting_since=t)
-            self.pending[payload] = pod
-            arrivals.append(payload)
-            if self.settings.max_pending_s is not None:
-                self._push(t + self.settings.max_pending_s, _Kind.ABANDON, payload)
-            return False
-        if kind is _Kind.DEPART:
-            token_s, name = payload.split(":", 1)
-            node_token = self.running.get(name)
-            if node_token is None or node_token[1] != int(token_s):
-                return False
-            del self.running[name]
-            self.fake.release(name)
-            if self.objects is not None:
-                self.objects.gone(name, node_token[0])
-            return True
-        if kind is _Kind.APPLY:
-            res = self.fake.apply_spec(payload)
-            if self.objects is not None:
-                self.objects.applied(payload)
-            if res.gpus_changed:
-                self.result.reconfigurations.append((t, res.gpus_changed))
-            for victim in res.disrupted:
-                self.result.disruptions += 1
-                self.records[victim].disruptions += 1
-                self._requeue(t, victim)
-            return True
-        if kind is _Kind.ABANDON:
-            if payload in self.pending:
-                rec = self.records[payload]
-                if rec.waiting_since is not None and t - rec.waiting_since >= (
-                    self.settings.max_pending_s or 0
-                ):
-                    rec.pending_s += t - rec.waiting_since
-                    rec.waiting_since = None
-                    rec.abandoned = True
-                    del self.pending[payload]
-                    self.unschedulable.discard(payload)
-                    self.nominated.pop(payload, None)
-                    if self.objects is not None:
-                        self.objects.gone(payload, None)
-            return False
-        return False
+def _planned(node: str, spec: Any, fake: FakeNode) -> list[PlannedGpu]:
+    out: list[PlannedGpu] = []
+    for g in spec.gpus:
+        if fake.mode is Mode.MPS:
+            out.append(
+                PlannedGpu(
+                    node,
+                    g.index,
+                    mps=tuple(PlannedSlice(s.memoryMiB, s.activeThreadPercentage) for s in g.mps),
+                )
+            )
+        else:
+            out.append(PlannedGpu(node, g.index, mig=tuple((m.profile, m.start) for m in g.mig)))
+    listed = {g.index for g in spec.gpus}
+    out.extend(PlannedGpu(node, g.index) for g in fake.gpus if g.index not in listed)
+    return out
 
 
 def _default_plan() -> PlanFn:

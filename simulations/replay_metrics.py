@@ -93,6 +93,12 @@ class ReplayResult:
     events: dict[str, int] = field(default_factory=dict)
     wall_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+    theft: int = 0
+    """Slices made or reserved for one pod that another pod bound."""
+    admission_rejections: int = 0
+    """Pods the kubelet rejected (allocatable seen by the scheduler was stale)."""
+    scheduling_attempts: int = 0
+    api_refusals: dict[str, int] = field(default_factory=dict)
 
     def pending_times(self) -> list[float]:
         return [p.pending_at(self.end) for p in self.pods]

@@ -1,0 +1,584 @@
+"""The controller's picture of the cluster, kept current one watch event at a time.
+
+Model
+-----
+A :class:`ClusterIndex` holds the Nodes, Pods and NodePartitionings the partitioner watches,
+each parsed once when it changes (not once per cycle):
+
+* :class:`NodeInfo` — the node trimmed to what the controller reads (labels, taints,
+  ``unschedulable``, ``status.allocatable``, its ``GpusliceReady`` condition), its reading
+  (:func:`partitioner.snapshot.read_node`: a :class:`~partitioner.snapshot.GpuNode`, a
+  :class:`~partitioner.snapshot.NodeProblem` or ``None``) and its allocatable slices.
+* :class:`PodInfo` — only pods that ask for a slice or are bound to a node are kept, trimmed to
+  the fields the controller reads; their requests are parsed once (a malformed quantity is
+  kept as the error text), the reservation annotation is parsed once.
+* :class:`NpInfo` — the NodePartitioning validated once (or its validation error).
+
+Derived, updated incrementally:
+
+* per node, the CPU, memory and slices held by the pods bound to it that have not finished
+  (:meth:`ClusterIndex.usage`);
+* the keys of the *waiting* slice pods (asking for a slice, not bound, not finished, not being
+  deleted) — the only pods a controller cycle looks at;
+* :attr:`ClusterIndex.topology` — a counter bumped whenever a node appears, disappears or
+  changes what pod eligibility depends on (labels, taints, ``unschedulable``, opt-in reading);
+  a pod's eligible nodes are cached against it (:meth:`ClusterIndex.eligible`).
+
+Events and relists
+------------------
+:meth:`ClusterIndex.apply` folds one watch event in (``ADDED``/``MODIFIED``/``DELETED``, or
+``None`` for a listed object).  An object whose ``resourceVersion`` is older than the one held
+is ignored, so a stale list can never overwrite newer watch state (resourceVersions are compared
+as integers when both are integers, which the API server's are in practice; otherwise any
+difference counts as newer).  :meth:`ClusterIndex.relist` reconciles one kind with a complete
+listing: objects missing from it are removed (deleted while the watch was down).
+
+Cost: an event costs one object's parsing; a cycle costs O(waiting pods + nodes).
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from pydantic import ValidationError
+
+from contract.nodepartitioning import KIND as NP_KIND
+from contract.nodepartitioning import NodePartitioning
+from partitioner.eligibility import pod_fits_node
+from partitioner.gating import GATE
+from partitioner.quantities import QuantityError, cpu_milli, memory_mib, pod_requests
+from partitioner.reservations import (
+    RESERVATION_ANNOTATION,
+    Reservation,
+    ReservationError,
+    parse_reservation,
+)
+from partitioner.snapshot import GpuNode, NodeProblem, pod_key, read_node
+from planner.catalog import Catalog
+from planner.snapshot import is_partitionable_resource
+
+__all__ = [
+    "ClusterIndex",
+    "NodeInfo",
+    "NpInfo",
+    "PodInfo",
+    "Usage",
+    "parse_time",
+]
+
+Obj = Mapping[str, Any]
+KINDS = ("nodes", "pods", "partitionings")
+
+
+def parse_time(text: object) -> float | None:
+    """RFC 3339 (``2026-11-23T10:00:00Z``) -> seconds since the epoch; ``None`` if unreadable."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        stamp = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=datetime.UTC)
+    return stamp.timestamp()
+
+
+def _newer(incoming: str | None, held: str | None) -> bool:
+    """Whether ``incoming`` may replace ``held`` (see the module docstring)."""
+    if held is None or incoming is None:
+        return True
+    if incoming.isdigit() and held.isdigit():
+        return int(incoming) >= int(held)
+    return True
+
+
+def _rv(obj: Obj) -> str | None:
+    rv = (obj.get("metadata") or {}).get("resourceVersion")
+    return str(rv) if rv is not None else None
+
+
+# --------------------------------------------------------------------------- nodes
+
+
+@dataclass(slots=True)
+class NodeInfo:
+    name: str
+    uid: str
+    rv: str | None
+    obj: dict[str, Any]
+    """The node trimmed to metadata (name, uid, labels), spec (taints, unschedulable) and
+    status (allocatable, the GpusliceReady condition)."""
+    reading: GpuNode | NodeProblem | None
+    allocatable: Mapping[str, int]
+    """Allocatable partitionable devices per resource, as kube-scheduler sees them."""
+
+    @property
+    def gpu(self) -> GpuNode | None:
+        return self.reading if isinstance(self.reading, GpuNode) else None
+
+    def topology_key(self) -> tuple[object, ...]:
+        spec = self.obj.get("spec") or {}
+        labels = (self.obj.get("metadata") or {}).get("labels") or {}
+        return (
+            tuple(sorted(labels.items())),
+            repr(spec.get("taints")),
+            bool(spec.get("unschedulable")),
+            _reading_key(self.reading),
+        )
+
+
+def _reading_key(reading: GpuNode | NodeProblem | None) -> tuple[object, ...]:
+    if isinstance(reading, GpuNode):
+        return ("gpu", reading.mode, reading.model.name, reading.gpu_count)
+    if isinstance(reading, NodeProblem):
+        return ("problem", reading.reason, reading.message)
+    return ()
+
+
+def _trim_node(node: Obj) -> dict[str, Any]:
+    meta = node.get("metadata") or {}
+    spec = node.get("spec") or {}
+    status = node.get("status") or {}
+    conditions = [
+        c
+        for c in status.get("conditions") or ()
+        if isinstance(c, Mapping) and c.get("type") == "GpusliceReady"
+    ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": meta.get("name", ""),
+            "uid": meta.get("uid", ""),
+            "resourceVersion": meta.get("resourceVersion"),
+            "labels": dict(meta.get("labels") or {}),
+        },
+        "spec": {k: spec[k] for k in ("taints", "unschedulable") if k in spec},
+        "status": {
+            "allocatable": dict(status.get("allocatable") or {}),
+            "conditions": conditions,
+        },
+    }
+
+
+def _allocatable_slices(node: Obj) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for name, value in ((node.get("status") or {}).get("allocatable") or {}).items():
+        if not is_partitionable_resource(str(name)):
+            continue
+        try:
+            out[str(name)] = max(0, int(Decimal(str(value))))
+        except (ArithmeticError, ValueError):
+            continue
+    return out
+
+
+# --------------------------------------------------------------------------- pods
+
+
+@dataclass(slots=True)
+class PodInfo:
+    key: str
+    uid: str
+    rv: str | None
+    obj: dict[str, Any]
+    """The pod trimmed to what the controller reads (eligibility, events, patches)."""
+    phase: str
+    node: str
+    """``spec.nodeName`` ("" while unbound)."""
+    deleting: bool
+    daemonset: bool
+    gated: bool
+    """Carries the gpuslice gate."""
+    other_gates: tuple[str, ...]
+    unschedulable: bool
+    """``PodScheduled=False`` with reason ``Unschedulable`` (kube-scheduler tried and failed)."""
+    nominated: bool
+    slices: Mapping[str, int]
+    """Partitionable resource -> units (empty if none or unreadable)."""
+    cpu_milli: int
+    memory_mib: int
+    request_error: str
+    priority: int
+    created: float | None
+    reservation: Reservation | None
+    reservation_error: str
+    eligible_cache: tuple[int, frozenset[str]] | None = None
+    reject_cache: tuple[int, str | None] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+    @property
+    def waiting(self) -> bool:
+        """Asks for a slice, is not bound, not finished, not being deleted."""
+        return bool(self.slices or self.request_error) and not (
+            self.node or self.finished or self.deleting
+        )
+
+    @property
+    def name(self) -> str:
+        return str((self.obj.get("metadata") or {}).get("name", ""))
+
+    @property
+    def namespace(self) -> str:
+        return str((self.obj.get("metadata") or {}).get("namespace", ""))
+
+
+def _wants_slices(pod: Obj) -> bool:
+    for key in ("containers", "initContainers"):
+        for c in (pod.get("spec") or {}).get(key) or ():
+            res = c.get("resources") or {} if isinstance(c, Mapping) else {}
+            for part in ("requests", "limits"):
+                if any(is_partitionable_resource(str(r)) for r in res.get(part) or {}):
+                    return True
+    return False
+
+
+def _trim_pod(pod: Obj) -> dict[str, Any]:
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    annotations = meta.get("annotations") or {}
+    keep_meta: dict[str, Any] = {
+        k: meta[k]
+        for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp", "labels")
+        if k in meta
+    }
+    if RESERVATION_ANNOTATION in annotations:
+        keep_meta["annotations"] = {RESERVATION_ANNOTATION: annotations[RESERVATION_ANNOTATION]}
+    owners = meta.get("ownerReferences")
+    if owners:
+        keep_meta["ownerReferences"] = [
+            {k: o.get(k) for k in ("kind", "name", "controller") if k in o}
+            for o in owners
+            if isinstance(o, Mapping)
+        ]
+    keep_spec = {
+        k: spec[k]
+        for k in ("nodeName", "nodeSelector", "affinity", "tolerations", "schedulingGates")
+        if k in spec
+    }
+    if "priority" in spec:
+        keep_spec["priority"] = spec["priority"]
+    scheduled = [
+        c
+        for c in status.get("conditions") or ()
+        if isinstance(c, Mapping) and c.get("type") == "PodScheduled"
+    ]
+    keep_status: dict[str, Any] = {"phase": status.get("phase", ""), "conditions": scheduled}
+    if status.get("nominatedNodeName"):
+        keep_status["nominatedNodeName"] = status["nominatedNodeName"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": keep_meta,
+        "spec": keep_spec,
+        "status": keep_status,
+    }
+
+
+def _read_pod(pod: Obj) -> PodInfo:
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    slices: dict[str, int] = {}
+    cpu = mem = 0
+    error = ""
+    try:
+        requests = pod_requests(pod)
+        for r, v in requests.items():
+            if not is_partitionable_resource(r):
+                continue
+            if v != v.to_integral_value() or v < 0:
+                raise QuantityError(f"{r}: {v} is not a whole number of devices")
+            if v > 0:
+                slices[r] = int(v)
+        cpu = cpu_milli(requests.get("cpu", 0))
+        mem = memory_mib(requests.get("memory", 0))
+    except QuantityError as e:
+        error = f"invalid resource request: {e}"
+        slices = {}
+    scheduled = next(
+        (c for c in status.get("conditions") or () if c.get("type") == "PodScheduled"), None
+    )
+    gate_names = [
+        str(g.get("name", "")) for g in spec.get("schedulingGates") or () if isinstance(g, Mapping)
+    ]
+    owners = meta.get("ownerReferences") or ()
+    reservation: Reservation | None = None
+    reservation_error = ""
+    raw = (meta.get("annotations") or {}).get(RESERVATION_ANNOTATION)
+    if raw is not None:
+        try:
+            reservation = parse_reservation(str(raw))
+        except ReservationError as e:
+            reservation_error = f"annotation {RESERVATION_ANNOTATION} is malformed ({e})"
+    priority = spec.get("priority") or 0
+    return PodInfo(
+        key=pod_key(pod),
+        uid=str(meta.get("uid", "")),
+        rv=_rv(pod),
+        obj=_trim_pod(pod),
+        phase=str(status.get("phase", "")),
+        node=str(spec.get("nodeName") or ""),
+        deleting=bool(meta.get("deletionTimestamp")),
+        daemonset=any(isinstance(o, Mapping) and o.get("kind") == "DaemonSet" for o in owners),
+        gated=GATE in gate_names,
+        other_gates=tuple(g for g in gate_names if g != GATE),
+        unschedulable=scheduled is not None
+        and scheduled.get("status") == "False"
+        and scheduled.get("reason") == "Unschedulable",
+        nominated=bool(status.get("nominatedNodeName")),
+        slices=slices,
+        cpu_milli=cpu,
+        memory_mib=mem,
+        request_error=error,
+        priority=int(priority) if isinstance(priority, int) else 0,
+        created=parse_time(meta.get("creationTimestamp")),
+        reservation=reservation,
+        reservation_error=reservation_error,
+    )
+
+
+# --------------------------------------------------------------------------- partitionings
+
+
+@dataclass(slots=True)
+class NpInfo:
+    name: str
+    rv: str | None
+    np: NodePartitioning | None
+    error: str
+    raw: dict[str, Any]
+    rows: tuple[object, Any] | None = None
+    """Derived data cached by :mod:`partitioner.ledger` (devices per GPU) for this version."""
+
+
+def _read_np(raw: Obj) -> NpInfo:
+    name = str((raw.get("metadata") or {}).get("name", ""))
+    try:
+        np = NodePartitioning.model_validate(dict(raw))
+        error = ""
+    except ValidationError as e:
+        first = e.errors()[0]
+        np = None
+        error = (
+            f"{NP_KIND} {name} is invalid: {e.error_count()} error(s): {first['msg']} at "
+            f"{'.'.join(str(p) for p in first['loc'])}"
+        )
+    return NpInfo(name, _rv(raw), np, error, dict(raw))
+
+
+# --------------------------------------------------------------------------- the index
+
+
+@dataclass(slots=True)
+class Usage:
+    """What the pods bound to one node hold."""
+
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    slices: dict[str, int] = field(default_factory=dict)
+
+    def add(self, pod: PodInfo, sign: int) -> None:
+        self.cpu_milli += sign * pod.cpu_milli
+        self.memory_mib += sign * pod.memory_mib
+        for r, k in pod.slices.items():
+            left = self.slices.get(r, 0) + sign * k
+            if left:
+                self.slices[r] = left
+            else:
+                self.slices.pop(r, None)
+
+
+def _counts(pod: PodInfo) -> bool:
+    """The pod holds its node's resources (bound and not finished)."""
+    return bool(pod.node) and not pod.finished
+
+
+class ClusterIndex:
+    """Parsed, incrementally maintained Nodes, Pods and NodePartitionings (module docstring)."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+        self.nodes: dict[str, NodeInfo] = {}
+        self.pods: dict[str, PodInfo] = {}
+        self.partitionings: dict[str, NpInfo] = {}
+        self.topology = 0
+        """Bumped when pod eligibility may have changed on some node."""
+        self.version = 0
+        """Bumped on every change (any kind)."""
+        self._usage: dict[str, Usage] = {}
+        self._waiting: set[str] = set()
+
+    # ------------------------------------------------------------------ events
+
+    def apply(self, kind: str, event_type: str | None, obj: Obj) -> None:
+        """Fold one watch event (``kind``: nodes, pods or partitionings) in."""
+        if kind == "pods":
+            key = pod_key(obj)
+            if event_type == "DELETED":
+                self._drop_pod(key)
+            else:
+                self.upsert_pod(obj)
+        elif kind == "nodes":
+            name = str((obj.get("metadata") or {}).get("name", ""))
+            if event_type == "DELETED":
+                self.remove_node(name)
+            else:
+                self.upsert_node(obj)
+        elif kind == "partitionings":
+            name = str((obj.get("metadata") or {}).get("name", ""))
+            if event_type == "DELETED":
+                self.remove_partitioning(name)
+            else:
+                self.upsert_partitioning(obj)
+        else:
+            raise ValueError(f"unknown kind {kind!r}; expected one of {', '.join(KINDS)}")
+
+    def relist(self, kind: str, objs: Iterable[Obj]) -> list[str]:
+        """Reconcile ``kind`` with a complete listing; returns the keys removed."""
+        seen: set[str] = set()
+        for obj in objs:
+            self.apply(kind, None, obj)
+            seen.add(
+                pod_key(obj) if kind == "pods" else str((obj.get("metadata") or {}).get("name"))
+            )
+        held: Iterable[str] = (
+            self.pods if kind == "pods" else self.nodes if kind == "nodes" else self.partitionings
+        )
+        gone = sorted(set(held) - seen)
+        for key in gone:
+            self.apply(kind, "DELETED", {"metadata": _key_meta(kind, key)})
+        return gone
+
+    def upsert_node(self, node: Obj) -> None:
+        name = str((node.get("metadata") or {}).get("name", ""))
+        old = self.nodes.get(name)
+        if old is not None and not _newer(_rv(node), old.rv):
+            return
+        trimmed = _trim_node(node)
+        info = NodeInfo(
+            name=name,
+            uid=str((node.get("metadata") or {}).get("uid", "")),
+            rv=_rv(node),
+            obj=trimmed,
+            reading=read_node(trimmed, self.catalog),
+            allocatable=_allocatable_slices(node),
+        )
+        self.nodes[name] = info
+        if old is None or old.topology_key() != info.topology_key():
+            self.topology += 1
+        self.version += 1
+
+    def remove_node(self, name: str) -> None:
+        if self.nodes.pop(name, None) is not None:
+            self.topology += 1
+            self.version += 1
+
+    def upsert_pod(self, pod: Obj) -> None:
+        key = pod_key(pod)
+        old = self.pods.get(key)
+        if old is not None and not _newer(_rv(pod), old.rv):
+            return
+        if old is None and not (pod.get("spec") or {}).get("nodeName") and not _wants_slices(pod):
+            return  # not a slice pod and not bound: nothing the controller reads
+        info = _read_pod(pod)
+        if old is not None and old.uid == info.uid and old.eligible_cache is not None:
+            same = old.obj.get("spec", {}).get("affinity") == info.obj["spec"].get("affinity")
+            same = same and old.obj["spec"].get("nodeSelector") == info.obj["spec"].get(
+                "nodeSelector"
+            )
+            same = same and old.obj["spec"].get("tolerations") == info.obj["spec"].get(
+                "tolerations"
+            )
+            if same:
+                info.eligible_cache = old.eligible_cache
+        self._drop_pod(key, bump=False)
+        self.pods[key] = info
+        if _counts(info):
+            self._usage.setdefault(info.node, Usage()).add(info, +1)
+        if info.waiting:
+            self._waiting.add(key)
+        self.version += 1
+
+    def _drop_pod(self, key: str, bump: bool = True) -> None:
+        old = self.pods.pop(key, None)
+        if old is None:
+            return
+        if _counts(old):
+            usage = self._usage.get(old.node)
+            if usage is not None:
+                usage.add(old, -1)
+        self._waiting.discard(key)
+        if bump:
+            self.version += 1
+
+    def upsert_partitioning(self, raw: Obj) -> None:
+        name = str((raw.get("metadata") or {}).get("name", ""))
+        old = self.partitionings.get(name)
+        if old is not None and not _newer(_rv(raw), old.rv):
+            return
+        self.partitionings[name] = _read_np(raw)
+        self.version += 1
+
+    def remove_partitioning(self, name: str) -> None:
+        if self.partitionings.pop(name, None) is not None:
+            self.version += 1
+
+    # ------------------------------------------------------------------ queries
+
+    def usage(self, node: str) -> Usage:
+        return self._usage.get(node) or Usage()
+
+    def waiting(self) -> Iterator[PodInfo]:
+        """Slice pods not bound, not finished, not being deleted (key order)."""
+        for key in sorted(self._waiting):
+            yield self.pods[key]
+
+    def gpu_nodes(self) -> dict[str, NodeInfo]:
+        """Opted-in nodes with valid GPU labels, by name (sorted)."""
+        return {n: self.nodes[n] for n in sorted(self.nodes) if self.nodes[n].gpu is not None}
+
+    def eligible(self, pod: PodInfo, gpu_nodes: Mapping[str, NodeInfo]) -> frozenset[str]:
+        """GPU nodes the pod may be scheduled to (cached until the topology changes)."""
+        cached = pod.eligible_cache
+        if cached is not None and cached[0] == self.topology:
+            return cached[1]
+        names = frozenset(n for n, info in gpu_nodes.items() if pod_fits_node(pod.obj, info.obj))
+        pod.eligible_cache = (self.topology, names)
+        return names
+
+    def partitioning(self, name: str) -> NodePartitioning | None:
+        info = self.partitionings.get(name)
+        return info.np if info is not None else None
+
+    @classmethod
+    def from_objects(
+        cls,
+        catalog: Catalog,
+        nodes: Iterable[Obj] = (),
+        pods: Iterable[Obj] = (),
+        partitionings: Iterable[Obj] = (),
+    ) -> ClusterIndex:
+        index = cls(catalog)
+        for n in nodes:
+            index.upsert_node(n)
+        for p in pods:
+            index.upsert_pod(p)
+        for np in partitionings:
+            index.upsert_partitioning(np)
+        return index
+
+
+def _key_meta(kind: str, key: str) -> dict[str, str]:
+    if kind == "pods":
+        namespace, _, name = key.partition("/")
+        return {"namespace": namespace, "name": name}
+    return {"name": key}

@@ -1,0 +1,393 @@
+"""Slice accounting per node: what exists, what pods hold, what is promised, what is free. Pure.
+
+Model
+-----
+For one GPU node (a :class:`NodeLedger`), per partitionable resource ``R``:
+
+* ``total[R]`` — instances / MPS slices of ``R`` the node agent reports in the
+  NodePartitioning ``status`` (the devices that exist), on GPUs that are not *frozen*;
+* ``bound[R]`` — units of ``R`` held by pods bound to the node and not finished (from the pod
+  objects, as kube-scheduler counts them; the agent's ``used`` flags lag by up to a resync),
+  less the status-``used`` instances of ``R`` on frozen GPUs (those pods sit there);
+* ``held[R]`` — units promised to pods that are not bound yet (reservations in state
+  ``planned`` or ``released`` on this node, see :mod:`partitioner.reservations`);
+* ``free[R] = total[R] - bound[R] - held[R]`` (never below 0): what a new reservation may take.
+
+A *frozen* GPU is being drained for a waiting pod: its free instances are neither counted nor
+offered, and the planner does not see the GPU at all.
+
+Holds that no longer fit (the node applied less than planned, is ``Degraded``, or a pod gpuslice
+did not gate took a slice) are *broken*: :meth:`NodeLedger.settle` keeps holds in order
+(released first, then priority, then age) while they fit and returns the rest.
+
+For the planner (:meth:`NodeLedger.gpu_states`) every instance a hold or a bound pod may be
+using is pinned (``used``): one free instance of ``R`` per hold on the GPU the reservation
+expects (else the lowest GPU with one), and, while pods bound to the node hold more units of
+``R`` than the status shows used (the agent has not reported them yet), every free instance of
+``R`` — so no plan ever destroys a device that might be allocated.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from contract.nodepartitioning import NodePartitioning
+from partitioner.index import ClusterIndex, NodeInfo, NpInfo, PodInfo
+from partitioner.reservations import Reservation, State
+from partitioner.snapshot import GpuNode
+from planner.catalog import CatalogError, GpuModel
+from planner.snapshot import (
+    GpuState,
+    MigInstance,
+    Mode,
+    MpsSlice,
+    NodeState,
+    mps_resource,
+)
+
+__all__ = ["Device", "GpuSlots", "Hold", "NodeLedger", "build_ledgers", "instance_resource"]
+
+MIB_PER_GIB = 1024
+
+
+def instance_resource(model: GpuModel, profile: str) -> str:
+    """The extended resource a MIG instance of ``profile`` is advertised as."""
+    try:
+        return model.profile(profile).resource
+    except CatalogError:
+        return f"nvidia.com/mig-{profile}"
+
+
+@dataclass(slots=True)
+class Device:
+    resource: str
+    key: int
+    """MIG start slot, or the MPS slice's position on its GPU."""
+    compute: int
+    used: bool
+    """The agent reports it used (allocated to a pod, or running processes)."""
+    pinned: bool = False
+    """Used, or kept for a hold / a bound pod the status does not show yet."""
+    mig_profile: str = ""
+    memory_mib: int = 0
+    thread_percentage: int | None = None
+
+
+@dataclass(slots=True)
+class GpuSlots:
+    index: int
+    devices: list[Device] = field(default_factory=list)
+    frozen: bool = False
+
+    @property
+    def used_compute(self) -> int:
+        return sum(d.compute for d in self.devices if d.used or d.pinned)
+
+    @property
+    def used_devices(self) -> int:
+        return sum(1 for d in self.devices if d.used or d.pinned)
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """A reservation that holds slices on its node (state planned or released, not bound)."""
+
+    pod: PodInfo
+    reservation: Reservation
+
+    @property
+    def released(self) -> bool:
+        return self.reservation.state is State.RELEASED
+
+    def order(self) -> tuple[object, ...]:
+        return (not self.released, -self.pod.priority, self.reservation.since, self.pod.key)
+
+
+@dataclass(slots=True)
+class NodeLedger:
+    info: NodeInfo
+    gpu: GpuNode
+    np: NodePartitioning | None
+    busy: bool
+    """The node has a spec it has not applied yet (nor given up on)."""
+    degraded: bool
+    gpus: list[GpuSlots]
+    bound: Counter[str]
+    held: Counter[str] = field(default_factory=Counter)
+    released_unbound: Counter[str] = field(default_factory=Counter)
+    holds: list[Hold] = field(default_factory=list)
+    cpu_free: int = 0
+    memory_free: int = 0
+    stale_used: frozenset[str] = frozenset()
+    """Resources whose bound units exceed the status-used count (agent not caught up)."""
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    def total(self) -> Counter[str]:
+        out: Counter[str] = Counter()
+        for g in self.gpus:
+            if not g.frozen:
+                out.update(d.resource for d in g.devices)
+        return out
+
+    def frozen_used(self) -> Counter[str]:
+        out: Counter[str] = Counter()
+        for g in self.gpus:
+            if g.frozen:
+                out.update(d.resource for d in g.devices if d.used)
+        return out
+
+    def free(self) -> Counter[str]:
+        """Units of each resource a new reservation may take now (module docstring)."""
+        total, frozen_used = self.total(), self.frozen_used()
+        out: Counter[str] = Counter()
+        for r in total:
+            bound = max(0, self.bound[r] - frozen_used[r])
+            left = total[r] - bound - self.held[r]
+            if left > 0:
+                out[r] = left
+        return out
+
+    def fits(self, units: Mapping[str, int], cpu: int, memory: int) -> bool:
+        free = self.free()
+        return (
+            all(free[r] >= k for r, k in units.items())
+            and cpu <= self.cpu_free
+            and memory <= self.memory_free
+        )
+
+    def add_hold(self, hold: Hold) -> None:
+        self.holds.append(hold)
+        self.held.update(hold.reservation.units())
+        if hold.released:
+            self.released_unbound.update(hold.reservation.units())
+        self.cpu_free -= hold.pod.cpu_milli
+        self.memory_free -= hold.pod.memory_mib
+
+    def settle(self) -> list[Hold]:
+        """Keep holds (released first, priority, age) while they fit; return the broken ones."""
+        holds = sorted(self.holds, key=Hold.order)
+        for h in holds:
+            self.cpu_free += h.pod.cpu_milli
+            self.memory_free += h.pod.memory_mib
+        self.holds, self.held, self.released_unbound = [], Counter(), Counter()
+        broken: list[Hold] = []
+        for h in holds:
+            if self.fits(h.reservation.units(), 0, 0):
+                self.add_hold(h)
+            else:
+                broken.append(h)
+        return broken
+
+    def scheduler_room(self, resource: str) -> int:
+        """Units of ``resource`` kube-scheduler would still admit beyond bound and released pods."""
+        allocatable = self.info.allocatable.get(resource, 0)
+        return allocatable - self.bound[resource] - self.released_unbound[resource]
+
+    # ------------------------------------------------------------------ GPUs
+
+    def pin(self) -> None:
+        """Pin the instances holds and unreported bound pods may be using (module docstring)."""
+        for g in self.gpus:
+            for d in g.devices:
+                d.pinned = d.used
+        for r in self.stale_used:
+            for g in self.gpus:
+                for d in g.devices:
+                    if d.resource == r:
+                        d.pinned = True
+        for h in sorted(self.holds, key=Hold.order):
+            for r, indices in h.reservation.gpus.items():
+                for i in indices:
+                    self._pin_one(r, i)
+
+    def _pin_one(self, resource: str, expected: int) -> None:
+        order = sorted(self.gpus, key=lambda g: (g.index != expected, g.index))
+        for g in order:
+            if g.frozen:
+                continue
+            for d in g.devices:
+                if d.resource == resource and not d.pinned:
+                    d.pinned = True
+                    return
+
+    def choose_gpus(self, units: Mapping[str, int]) -> dict[str, tuple[int, ...]]:
+        """Expected GPUs for a new reservation of ``units``: free instances on the busiest GPUs.
+
+        Packing rule (the same one the node agent's preferred allocation follows): the GPU with
+        the most compute in use first, so lightly used GPUs stay empty for whole-GPU pods.
+        """
+        out: dict[str, tuple[int, ...]] = {}
+        for r in sorted(units):
+            options = [
+                (g, d)
+                for g in self.gpus
+                if not g.frozen
+                for d in g.devices
+                if d.resource == r and not d.pinned
+            ]
+            options.sort(key=lambda gd: (-gd[0].used_compute, gd[0].index, gd[1].key))
+            picked: list[int] = []
+            for g, d in options:
+                if len(picked) == units[r]:
+                    break
+                picked.append(g.index)
+                d.pinned = True
+            while len(picked) < units[r]:  # status not caught up: expect the busiest GPU
+                fallback = [
+                    g for g in self.gpus if not g.frozen and any(d.resource == r for d in g.devices)
+                ]
+                fallback.sort(key=lambda g: (-g.used_compute, g.index))
+                picked.append(fallback[0].index if fallback else 0)
+            out[r] = tuple(picked)
+        return out
+
+    def gpu_states(self) -> tuple[GpuState, ...]:
+        """The planner's view of the node's GPUs: pinned devices as used, frozen GPUs left out."""
+        out: list[GpuState] = []
+        for g in self.gpus:
+            if g.frozen:
+                continue
+            if self.gpu.mode is Mode.MPS:
+                out.append(
+                    GpuState(
+                        g.index,
+                        mps=tuple(
+                            MpsSlice(d.memory_mib, d.pinned, d.thread_percentage) for d in g.devices
+                        ),
+                    )
+                )
+            else:
+                out.append(
+                    GpuState(
+                        g.index,
+                        mig=tuple(MigInstance(d.mig_profile, d.key, d.pinned) for d in g.devices),
+                    )
+                )
+        return tuple(out)
+
+    def node_state(self) -> NodeState:
+        return NodeState(
+            name=self.name,
+            mode=self.gpu.mode,
+            model=self.gpu.model.name,
+            gpus=self.gpu_states(),
+            cpu_milli_free=max(0, self.cpu_free),
+            memory_mib_free=max(0, self.memory_free),
+            gpu_memory_mib=self.gpu.gpu_memory_mib,
+        )
+
+
+_Row = tuple[str, int, int, bool, str, int, int | None]
+"""(resource, key, compute, used, MIG profile, memory MiB, thread %) of one device."""
+
+
+def _rows(gpu: GpuNode, np: NodePartitioning | None) -> tuple[tuple[_Row, ...], ...]:
+    """Per GPU index, the devices the status reports (parsed once per status version)."""
+    actual = {g.index: g for g in (np.status.gpus if np is not None and np.status else ())}
+    out: list[tuple[_Row, ...]] = []
+    for i in range(gpu.gpu_count):
+        g = actual.get(i)
+        rows: list[_Row] = []
+        if g is not None:
+            for m in g.mig:
+                try:
+                    compute = gpu.model.profile(m.profile).compute
+                except CatalogError:
+                    compute = 0
+                rows.append(
+                    (
+                        instance_resource(gpu.model, m.profile),
+                        m.start,
+                        compute,
+                        m.used,
+                        m.profile,
+                        0,
+                        None,
+                    )
+                )
+            for k, sl in enumerate(g.mps):
+                rows.append(
+                    (
+                        mps_resource(sl.memoryMiB // MIB_PER_GIB),
+                        k,
+                        0,
+                        sl.used,
+                        "",
+                        sl.memoryMiB,
+                        sl.activeThreadPercentage,
+                    )
+                )
+        out.append(tuple(rows))
+    return tuple(out)
+
+
+def _gpus(gpu: GpuNode, np_info: NpInfo | None, frozen: frozenset[int]) -> list[GpuSlots]:
+    np = np_info.np if np_info is not None else None
+    key = (gpu.model.name, gpu.gpu_count)
+    rows: tuple[tuple[_Row, ...], ...]
+    if np_info is not None and np_info.rows is not None and np_info.rows[0] == key:
+        rows = np_info.rows[1]
+    else:
+        rows = _rows(gpu, np)
+        if np_info is not None:
+            np_info.rows = (key, rows)
+    return [
+        GpuSlots(
+            i,
+            [
+                Device(r, k, c, u, mig_profile=p, memory_mib=m, thread_percentage=th)
+                for r, k, c, u, p, m, th in devices
+            ],
+            frozen=i in frozen,
+        )
+        for i, devices in enumerate(rows)
+    ]
+
+
+def _status_used(gpus: Sequence[GpuSlots]) -> Counter[str]:
+    out: Counter[str] = Counter()
+    for g in gpus:
+        if not g.frozen:
+            out.update(d.resource for d in g.devices if d.used)
+    return out
+
+
+def build_ledgers(
+    index: ClusterIndex,
+    busy: Iterable[str],
+    degraded: Iterable[str],
+    frozen: Mapping[str, frozenset[int]],
+) -> dict[str, NodeLedger]:
+    """A ledger per GPU node (without holds: add them with :meth:`NodeLedger.add_hold`)."""
+    busy_set, degraded_set = set(busy), set(degraded)
+    out: dict[str, NodeLedger] = {}
+    for name, info in index.gpu_nodes().items():
+        gpu = info.gpu
+        assert gpu is not None
+        np_info = index.partitionings.get(name)
+        np = np_info.np if np_info is not None else None
+        gpus = _gpus(gpu, np_info, frozen.get(name, frozenset()))
+        usage = index.usage(name)
+        ledger = NodeLedger(
+            info=info,
+            gpu=gpu,
+            np=np,
+            busy=name in busy_set,
+            degraded=name in degraded_set,
+            gpus=gpus,
+            bound=Counter(usage.slices),
+            cpu_free=gpu.cpu_milli - usage.cpu_milli,
+            memory_free=gpu.memory_mib - usage.memory_mib,
+        )
+        status_used = _status_used(gpus)
+        frozen_used = ledger.frozen_used()
+        ledger.stale_used = frozenset(
+            r for r, k in usage.slices.items() if k - frozen_used[r] > status_used[r]
+        )
+        out[name] = ledger
+    return out

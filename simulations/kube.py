@@ -1,0 +1,526 @@
+"""Kubernetes as the time replay sees it: the API store, kube-scheduler and the kubelet.
+
+Nothing here knows a plan.  The partitioner talks to the cluster only through the API objects
+(:class:`SimApi`), exactly as it does in production, and these parts react as Kubernetes does:
+
+API server (:class:`SimApi`)
+    Stores Pods, Nodes and NodePartitionings (plain dicts) and keeps the partitioner's
+    :class:`~partitioner.index.ClusterIndex` in step with every change.  Pod creation runs the
+    mutating webhook when the partitioner serves one (:func:`partitioner.gating.admission_patch`
+    — the function the real webhook calls); pod patches are JSON merge patches checked against
+    ``resourceVersion`` (409) and the API server's pod rules (422,
+    :mod:`simulations.kube_rules`).  Binding sets ``spec.nodeName`` (the binding subresource).
+
+kube-scheduler (:class:`Scheduler`, default profile, facts/k8s-scheduling.md §1, §4, §5)
+    A gated pod is parked and never tried.  Ungated pods wait in the active queue ordered by
+    priority, then queue timestamp (set when first queued and refreshed when re-queued after a
+    failure; ungating keeps it).  A scheduling cycle filters every node (NodeResourcesFit on
+    cpu, memory and every extended resource against the node's ``status.allocatable`` minus what
+    bound pods request; node selector, required node affinity, taints, cordon — the same filter
+    functions the partitioner uses for eligibility) and scores the feasible ones with
+    LeastAllocated (cpu, memory; non-zero defaults 100m / 200 MiB) plus BalancedAllocation
+    (cpu, memory), extended resources unscored; ties are broken at random (seeded).  A pod that
+    does not fit is marked ``PodScheduled=False/Unschedulable`` and parked; it is tried again
+    when a node's allocatable grows in a resource it requests and it fits that node's bare
+    allocatable, when a bound pod is deleted, or after 5 minutes (flushed every 30 s); a re-try
+    waits out its backoff (1 s doubling to 10 s per failed attempt).  Binding assumes the pod
+    on the node at once.
+
+kubelet (:class:`Kubelet`)
+    Posts node status every 10 s (a per-node phase, seeded): ``status.allocatable`` of every
+    extended resource is the number of devices the node agent advertises (free or allocated;
+    a device the agent withdrew is gone).  A device change therefore reaches kube-scheduler at
+    the node's next status sync, not before.  Admission allocates devices for a bound pod: the
+    device ids come from the node agent's own preferred-allocation rule
+    (:func:`node_agent.deviceplugin.preferred_allocation`, with the GPUs the partitioner drains
+    avoided, as the agent reads them from its NodePartitioning) among the free advertised
+    devices; if there are not enough (the status the scheduler saw is stale) the pod is
+    rejected (``UnexpectedAdmissionError``, phase Failed) and its controller creates it again.
+"""
+
+from __future__ import annotations
+
+import copy
+import heapq
+import itertools
+import json
+import math
+import random
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from contract.nodepartitioning import API_VERSION, KIND
+from node_agent.deviceplugin import preferred_allocation
+from partitioner.eligibility import pod_fits_node
+from partitioner.gating import admission_patch
+from partitioner.index import ClusterIndex, PodInfo
+from partitioner.snapshot import (
+    COUNT_LABEL,
+    GPUSLICE_LABEL,
+    PLANNED_AT_ANNOTATION,
+    PLANNED_PODS_ANNOTATION,
+    PRODUCT_LABEL,
+)
+from simulations.fake_cluster import Device, FakeCluster, FakeNode
+from simulations.kube_rules import Invalid, merge_patch, validate_pod_create, validate_pod_update
+
+__all__ = [
+    "Conflict",
+    "Invalid",
+    "Kubelet",
+    "Scheduler",
+    "SimApi",
+    "rfc3339",
+]
+
+_DEFAULT_CPU_MILLI = 100
+_DEFAULT_MEMORY_MIB = 200
+
+
+class Conflict(Exception):
+    """409: the object changed since the resourceVersion the request carried."""
+
+
+def rfc3339(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+# --------------------------------------------------------------------------- API server
+
+
+class SimApi:
+    """Pods, Nodes and NodePartitionings of the simulated cluster (module docstring)."""
+
+    def __init__(self, index: ClusterIndex, webhook: bool) -> None:
+        self.index = index
+        self.webhook = webhook
+        """The partitioner's mutating webhook is installed (pods asking for slices get gated)."""
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.partitionings: dict[str, dict[str, Any]] = {}
+        self._rv = itertools.count(1)
+        self.refused: Counter[str] = Counter()
+        """Requests refused, by reason (``Conflict``, ``Invalid``)."""
+
+    def _stamp(self, obj: dict[str, Any]) -> None:
+        obj["metadata"]["resourceVersion"] = str(next(self._rv))
+
+    # ------------------------------------------------------------------ pods
+
+    def create_pod(self, pod: dict[str, Any], now: float) -> dict[str, Any]:
+        if self.webhook:
+            gates = admission_patch(pod)
+            if gates is not None:
+                pod["spec"]["schedulingGates"] = gates
+        validate_pod_create(pod)
+        pod["metadata"].setdefault("creationTimestamp", rfc3339(now))
+        pod["metadata"].setdefault("uid", f"uid-{pod['metadata']['name']}-{next(self._rv)}")
+        pod.setdefault("status", {"phase": "Pending"})
+        self._stamp(pod)
+        key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+        self.pods[key] = pod
+        self.index.upsert_pod(pod)
+        return pod
+
+    def patch_pod(self, key: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        """JSON merge patch with the resourceVersion precondition and the pod rules."""
+        old = self.pods.get(key)
+        if old is None:
+            self.refused["NotFound"] += 1
+            raise KeyError(key)
+        wanted = (patch.get("metadata") or {}).get("resourceVersion")
+        if wanted is not None and wanted != old["metadata"]["resourceVersion"]:
+            self.refused["Conflict"] += 1
+            raise Conflict(f"pod {key}: resourceVersion {wanted} is stale")
+        new = merge_patch(copy.deepcopy(old), patch)
+        try:
+            validate_pod_update(old, new)
+        except Invalid:
+            self.refused["Invalid"] += 1
+            raise
+        self._stamp(new)
+        self.pods[key] = new
+        self.index.upsert_pod(new)
+        return new
+
+    def set_pod_status(self, key: str, status: Mapping[str, Any]) -> None:
+        pod = self.pods[key]
+        pod["status"] = dict(status)
+        self._stamp(pod)
+        self.index.upsert_pod(pod)
+
+    def bind(self, key: str, node: str) -> None:
+        """The binding subresource plus the kubelet's Running status."""
+        pod = self.pods[key]
+        pod["spec"]["nodeName"] = node
+        pod["status"] = {
+            "phase": "Running",
+            "conditions": [{"type": "PodScheduled", "status": "True"}],
+        }
+        self._stamp(pod)
+        self.index.upsert_pod(pod)
+
+    def delete_pod(self, key: str) -> dict[str, Any] | None:
+        pod = self.pods.pop(key, None)
+        if pod is not None:
+            self.index.apply("pods", "DELETED", pod)
+        return pod
+
+    # ------------------------------------------------------------------ nodes
+
+    def add_node(self, node: FakeNode) -> None:
+        obj = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": node.name,
+                "uid": f"node-{node.name}",
+                "labels": {
+                    GPUSLICE_LABEL: node.mode.value,
+                    PRODUCT_LABEL: node.model.name,
+                    COUNT_LABEL: str(len(node.gpus)),
+                },
+            },
+            "spec": {},
+            "status": {
+                "allocatable": {"cpu": f"{node.cpu_milli}m", "memory": f"{node.memory_mib}Mi"}
+            },
+        }
+        self._stamp(obj)
+        self.nodes[node.name] = obj
+        self.index.upsert_node(obj)
+
+    def set_allocatable(self, name: str, devices: Mapping[str, int]) -> set[str]:
+        """The kubelet's status sync; returns the resources whose allocatable grew."""
+        node = self.nodes[name]
+        alloc = node["status"]["allocatable"]
+        grew: set[str] = set()
+        changed = False
+        for resource in sorted(set(devices) | {r for r in alloc if r.startswith("nvidia.com/")}):
+            before = int(alloc.get(resource, 0))
+            after = int(devices.get(resource, 0))
+            if before == after:
+                continue
+            changed = True
+            if after > before:
+                grew.add(resource)
+            if after:
+                alloc[resource] = str(after)
+            else:
+                alloc.pop(resource, None)
+        if changed:
+            self._stamp(node)
+            self.index.upsert_node(node)
+        return grew
+
+    # ------------------------------------------------------------------ partitionings
+
+    def add_partitioning(self, node: FakeNode) -> None:
+        obj: dict[str, Any] = {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "metadata": {
+                "name": node.name,
+                "uid": f"np-{node.name}",
+                "generation": 1,
+                "annotations": {},
+            },
+            "spec": {"planId": "", "mode": node.mode.value, "gpus": []},
+            "status": {"observedGeneration": 1, "gpus": [], "conditions": []},
+        }
+        self._stamp(obj)
+        self.partitionings[node.name] = obj
+        self.index.upsert_partitioning(obj)
+
+    def write_spec(
+        self,
+        name: str,
+        spec: Mapping[str, Any],
+        resource_version: str | None,
+        planned_pods: Iterable[str],
+        planned_at: float | None,
+    ) -> dict[str, Any]:
+        np = self.partitionings[name]
+        meta = np["metadata"]
+        if resource_version is not None and resource_version != meta["resourceVersion"]:
+            self.refused["Conflict"] += 1
+            raise Conflict(f"NodePartitioning {name}: resourceVersion is stale")
+        annotations = {PLANNED_PODS_ANNOTATION: json.dumps(list(planned_pods))}
+        if planned_at is not None:
+            annotations[PLANNED_AT_ANNOTATION] = f"{planned_at:.3f}"
+        meta["annotations"] = annotations
+        if np["spec"] != spec:
+            meta["generation"] = int(meta["generation"]) + 1
+        np["spec"] = dict(spec)
+        self._stamp(np)
+        self.index.upsert_partitioning(np)
+        return np
+
+    def patch_np_status(self, name: str, status: Mapping[str, Any]) -> None:
+        """A merge patch of the status subresource (agent fields or the partitioner's).
+
+        Top-level fields only, each replaced whole (what both writers send); a patch that
+        changes nothing changes nothing (no new resourceVersion, no watch event).
+        """
+        np = self.partitionings[name]
+        old = np.get("status") or {}
+        if all(old.get(k) == v for k, v in status.items()):
+            return
+        new = dict(old)
+        for k, v in status.items():
+            if v is None:
+                new.pop(k, None)
+            else:
+                new[k] = v
+        np["status"] = new
+        self._stamp(np)
+        self.index.upsert_partitioning(np)
+
+    def draining_gpus(self, name: str) -> frozenset[int]:
+        """GPUs the partitioner drains on ``name`` (what the node agent reads)."""
+        entries = (self.partitionings[name].get("status") or {}).get("reservations") or ()
+        return frozenset(
+            i
+            for e in entries
+            if e.get("state") == "draining"
+            for g in (e.get("gpus") or {}).values()
+            for i in g
+        )
+
+
+# --------------------------------------------------------------------------- kube-scheduler
+
+
+@dataclass(slots=True)
+class _Entry:
+    key: str
+    priority: int
+    timestamp: float
+    attempts: int = 0
+    backoff_until: float = 0.0
+    unschedulable_since: float = 0.0
+
+
+def _least_allocated(alloc: int, requested: int) -> float:
+    if alloc <= 0:
+        return 0.0
+    return max(0.0, (alloc - requested) * 100.0 / alloc)
+
+
+@dataclass(slots=True)
+class Scheduler:
+    """kube-scheduler's queue and default scoring (module docstring)."""
+
+    api: SimApi
+    rng: random.Random
+    initial_backoff_s: float = 1.0
+    max_backoff_s: float = 10.0
+    unschedulable_timeout_s: float = 300.0
+    flush_period_s: float = 30.0
+    entries: dict[str, _Entry] = field(default_factory=dict)
+    active: list[tuple[int, float, int, str]] = field(default_factory=list)
+    backoff: list[tuple[float, int, str]] = field(default_factory=list)
+    unschedulable: set[str] = field(default_factory=set)
+    gated: set[str] = field(default_factory=set)
+    attempts: int = 0
+    _seq: itertools.count[int] = field(default_factory=itertools.count)
+
+    def _push_active(self, e: _Entry) -> None:
+        heapq.heappush(self.active, (-e.priority, e.timestamp, next(self._seq), e.key))
+
+    def add(self, key: str, now: float) -> None:
+        """A new pod: parked if gated, else queued."""
+        info = self.api.index.pods.get(key)
+        if info is None:
+            return
+        e = _Entry(key, info.priority, now)
+        self.entries[key] = e
+        if info.gated or info.other_gates:
+            self.gated.add(key)
+        else:
+            self._push_active(e)
+
+    def updated(self, key: str, now: float) -> None:
+        """A pod update: ungating moves a parked pod to the queue (no backoff on a first try)."""
+        e = self.entries.get(key)
+        info = self.api.index.pods.get(key)
+        if e is None or info is None or key not in self.gated:
+            return
+        if info.gated or info.other_gates:
+            return
+        self.gated.discard(key)
+        self._requeue(e, now)
+
+    def forget(self, key: str) -> None:
+        self.entries.pop(key, None)
+        self.gated.discard(key)
+        self.unschedulable.discard(key)
+
+    def _requeue(self, e: _Entry, now: float) -> None:
+        self.unschedulable.discard(e.key)
+        if e.backoff_until > now:
+            heapq.heappush(self.backoff, (e.backoff_until, next(self._seq), e.key))
+        else:
+            self._push_active(e)
+
+    def allocatable_grew(self, node: str, resources: set[str], now: float) -> None:
+        """NodeResourcesFit's queueing hint for a node update."""
+        if not resources or not self.unschedulable:
+            return
+        info_node = self.api.index.nodes.get(node)
+        if info_node is None:
+            return
+        for key in sorted(self.unschedulable):
+            pod = self.api.index.pods.get(key)
+            if pod is None or not (set(pod.slices) & resources):
+                continue
+            if all(info_node.allocatable.get(r, 0) >= k for r, k in pod.slices.items()):
+                self._requeue(self.entries[key], now)
+
+    def bound_pod_deleted(self, now: float) -> None:
+        """NodeResourcesFit's queueing hint for an assigned pod's deletion: try them again."""
+        for key in sorted(self.unschedulable):
+            self._requeue(self.entries[key], now)
+
+    def flush(self, now: float) -> None:
+        """Unschedulable pods parked for 5 minutes go back to the queue."""
+        for key in sorted(self.unschedulable):
+            e = self.entries[key]
+            if now - e.unschedulable_since >= self.unschedulable_timeout_s:
+                self._requeue(e, now)
+
+    def next_event(self) -> float | None:
+        return self.backoff[0][0] if self.backoff else None
+
+    def _ready(self, now: float) -> None:
+        while self.backoff and self.backoff[0][0] <= now:
+            _, _, key = heapq.heappop(self.backoff)
+            e = self.entries.get(key)
+            if e is not None and key not in self.gated:
+                self._push_active(e)
+
+    def run(self, now: float, bind: Callable[[str, str], bool]) -> None:
+        """Schedule every pod in the active queue (scheduling takes no simulated time)."""
+        self._ready(now)
+        seen: set[str] = set()
+        while self.active:
+            _, _, _, key = heapq.heappop(self.active)
+            e = self.entries.get(key)
+            pod = self.api.index.pods.get(key)
+            if e is None or pod is None or key in seen or pod.node or not pod.waiting:
+                continue
+            seen.add(key)
+            self.attempts += 1
+            node = self._choose(pod)
+            if node is not None and bind(key, node):
+                self.forget(key)
+                continue
+            e.attempts += 1
+            e.backoff_until = now + min(
+                self.max_backoff_s, self.initial_backoff_s * 2 ** min(e.attempts - 1, 16)
+            )
+            e.timestamp = now
+            e.unschedulable_since = now
+            self.unschedulable.add(key)
+            if not pod.unschedulable:
+                self.api.set_pod_status(
+                    key,
+                    {
+                        "phase": "Pending",
+                        "conditions": [
+                            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+                        ],
+                    },
+                )
+
+    def _choose(self, pod: PodInfo) -> str | None:
+        index = self.api.index
+        best: list[str] = []
+        best_score = -math.inf
+        for name in sorted(index.nodes):
+            info = index.nodes[name]
+            gpu = info.gpu
+            if gpu is None or not pod_fits_node(pod.obj, info.obj):
+                continue
+            usage = index.usage(name)
+            if any(
+                info.allocatable.get(r, 0) - usage.slices.get(r, 0) < k
+                for r, k in pod.slices.items()
+            ):
+                continue
+            if usage.cpu_milli + pod.cpu_milli > gpu.cpu_milli:
+                continue
+            if usage.memory_mib + pod.memory_mib > gpu.memory_mib:
+                continue
+            cpu_req = usage.cpu_milli + (pod.cpu_milli or _DEFAULT_CPU_MILLI)
+            mem_req = usage.memory_mib + (pod.memory_mib or _DEFAULT_MEMORY_MIB)
+            least = (
+                _least_allocated(gpu.cpu_milli, cpu_req) + _least_allocated(gpu.memory_mib, mem_req)
+            ) / 2
+            fractions = [
+                min(1.0, (usage.cpu_milli + pod.cpu_milli) / gpu.cpu_milli),
+                min(1.0, (usage.memory_mib + pod.memory_mib) / gpu.memory_mib),
+            ]
+            mean = sum(fractions) / 2
+            std = math.sqrt(sum((f - mean) ** 2 for f in fractions) / 2)
+            score = round(least) + round((1 - std) * 100)
+            if score > best_score:
+                best, best_score = [name], score
+            elif score == best_score:
+                best.append(name)
+        if not best:
+            return None
+        return best[0] if len(best) == 1 else self.rng.choice(best)
+
+
+# --------------------------------------------------------------------------- kubelet
+
+
+@dataclass(slots=True)
+class Kubelet:
+    """Node status sync and device admission for every node (module docstring)."""
+
+    fake: FakeCluster
+    api: SimApi
+    period_s: float = 10.0
+    phases: dict[str, float] = field(default_factory=dict)
+    rejected: int = 0
+
+    @classmethod
+    def create(
+        cls, fake: FakeCluster, api: SimApi, rng: random.Random, period_s: float = 10.0
+    ) -> Kubelet:
+        phases = {name: rng.uniform(0, period_s) for name in sorted(fake.nodes)}
+        return cls(fake, api, period_s, phases)
+
+    def next_sync(self, node: str, t: float) -> float:
+        """The node's first status sync at or after ``t``."""
+        phase = self.phases.get(node, 0.0)
+        k = math.ceil((t - phase) / self.period_s - 1e-9)
+        return phase + max(0, k) * self.period_s
+
+    def sync(self, node: str) -> set[str]:
+        """Post the node's allocatable devices; returns the resources that grew."""
+        return self.api.set_allocatable(node, self.fake.advertised(node))
+
+    def admit(self, node: str, pod: PodInfo) -> list[tuple[int, Device]] | None:
+        """The devices the kubelet allocates to ``pod`` (None: not enough, pod rejected)."""
+        avoid = self.api.draining_gpus(node)
+        picks: list[tuple[int, Device]] = []
+        for resource in sorted(pod.slices):
+            free = self.fake.free_devices(node, resource)
+            ids = {f"{gi}:{d.slot}": (gi, d) for gi, d in free}
+            chosen = preferred_allocation(
+                sorted(ids),
+                [],
+                pod.slices[resource],
+                lambda dev: dev.split(":", 1)[0],
+                (lambda gpu: int(gpu) in avoid) if avoid else None,
+            )
+            if len(chosen) < pod.slices[resource]:
+                return None
+            picks.extend(ids[c] for c in chosen)
+        return picks
