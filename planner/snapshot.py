@@ -47,6 +47,7 @@ __all__ = [
     "Unplaced",
     "is_partitionable_resource",
     "mig_profile_of",
+    "mig_resource",
     "mps_gb_of",
     "mps_resource",
 ]
@@ -60,6 +61,15 @@ def mig_profile_of(resource: str) -> str | None:
     if resource.startswith(MIG_RESOURCE_PREFIX):
         return resource[len(MIG_RESOURCE_PREFIX) :]
     return None
+
+
+def mig_resource(profile: str) -> str:
+    """``1g.10gb`` -> ``nvidia.com/mig-1g.10gb``; ``1g.10gb+me`` -> ``nvidia.com/mig-1g.10gb.me``.
+
+    Kubernetes resource names cannot hold ``+``; NVIDIA's device plugin spells a profile's
+    ``+`` as ``.``, and so does every resource name gpuslice plans or advertises.
+    """
+    return MIG_RESOURCE_PREFIX + profile.replace("+", ".")
 
 
 def mps_gb_of(resource: str) -> int | None:
