@@ -112,6 +112,10 @@ class GpuState:
     index: int
     mig: tuple[MigInstance, ...] = ()
     mps: tuple[MpsSlice, ...] = ()
+    locked: bool = False
+    """Keep this MIG GPU's layout exactly as it is: where its instances sit or which of them
+    pods hold is not known exactly (instances that existed before gpuslice, read from node
+    labels).  Its free instances may still take pods; nothing on it is created or destroyed."""
 
 
 @dataclass(frozen=True, slots=True)
