@@ -60,7 +60,7 @@ def test_profile_names_resolve_in_both_spellings(model: str, name: str, resolved
     ],
 )
 def test_names_of_other_models_or_drivers_do_not_resolve(model: str, name: str) -> None:
-    with pytest.raises(UnknownProfile, match="Names must match exactly.*catalog override"):
+    with pytest.raises(UnknownProfile, match=r"Names must match exactly.*catalog override"):
         CAT.model(model).profile(name)
 
 
