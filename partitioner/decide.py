@@ -54,6 +54,7 @@ from partitioner.actions import (
     SetNodeCondition,
     WriteSpec,
 )
+from partitioner.adoption import agent_reported, desired_without_status
 from partitioner.batching import BatchPolicy, BatchWindow, due, observe, planned
 from partitioner.snapshot import ClusterReading, ClusterView, opted_in, read_cluster
 from planner.catalog import Catalog
@@ -162,6 +163,8 @@ def _conditions(cluster: ClusterView, reading: ClusterReading) -> list[Action]:
         actions.append(SetNodeCondition(name, "False", problem.reason, problem.message))
         actions.append(EmitEvent(_node_ref(node), "Warning", problem.reason, problem.message))
     for name in reading.gpu_nodes:
+        if name in reading.problems:  # GPUs not readable yet (partitioner.adoption)
+            continue
         have = _node_condition(cluster.nodes[name]) or {}
         if have.get("status") == "False":
             actions.append(SetNodeCondition(name, "True", "Configured", "GPU labels are valid"))
@@ -237,12 +240,16 @@ def _plan_actions(
         gpu_node = reading.gpu_nodes.get(node)
         if np is None or gpu_node is None:
             continue
-        gpus = [
+        state = next((n for n in reading.nodes if n.name == node), None)
+        maybe = [
             _desired_planned(plan.layouts[(node, i)])
             if (node, i) in plan.layouts
             else _desired_now(np, i)
+            if agent_reported(np) or state is None
+            else desired_without_status(state, i)  # adopted; None = locked, left out
             for i in range(gpu_node.gpu_count)
         ]
+        gpus = [g for g in maybe if g is not None]
         old, new = _layout_key(list(np.spec.gpus)), _layout_key(gpus)
         if old == new:
             continue
