@@ -569,7 +569,12 @@ def _adopt_mig(
             and all(used_here.get(p, 0) in (0, n) for p, n in mine.items())
             and len(_layouts(model, contents[i])) <= 1
         )
-        may_hold = any(used_here.values()) if gpus_used_known else bool(mine) and any_used
+        if gpus_used_known:
+            may_hold = any(used_here.values())
+        elif index_known:  # the same contents known on this index, its users not
+            may_hold = bool(mine) and any_used
+        else:  # which GPU holds what is unknown: even one read as empty may be the one
+            may_hold = any_used
         lock = any_used and (held_whole > 0 or (may_hold and not exact))
         gpu = _place(model, i, contents[i], used_here, lock)
         if isinstance(gpu, LabelProblem):

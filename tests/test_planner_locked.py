@@ -40,9 +40,7 @@ def test_the_unlocked_twin_of_that_gpu_is_reshaped(policy: Policy) -> None:
 
 @pytest.mark.parametrize("policy", [Policy.GREEDY, Policy.CPSAT])
 def test_an_empty_locked_gpu_gets_nothing_and_its_unlocked_neighbour_does(policy: Policy) -> None:
-    node = NodeState(
-        "n", Mode.MIG, "A100-SXM4-80GB", (GpuState(0, locked=True), GpuState(1))
-    )
+    node = NodeState("n", Mode.MIG, "A100-SXM4-80GB", (GpuState(0, locked=True), GpuState(1)))
     result = plan(Snapshot((node,), pods("3g.40gb", 3, "p")), PlannerSettings(policy=policy))
     assert len(result.assignments) == 2
     assert set(result.layouts) == {("n", 1)}
