@@ -76,27 +76,40 @@ def _load_catalog(files: Sequence[str]) -> Catalog:
         raise BadInput(str(e)) from e
 
 
-def _read_snapshot(
-    path: str, catalog: Catalog
-) -> tuple[Snapshot, list[str], dict[str, dict[str, Any]]]:
-    from partitioner.snapshot import read_kubectl_list, reading_notes
-
+def read_dump(path: str) -> Any:
+    """The JSON document in ``path`` (``-`` = standard input); :class:`BadInput` naming it."""
     where = "standard input" if path == "-" else path
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text()
     except OSError as e:
         raise BadInput(f"cannot read snapshot file {where}: {e.strerror or e}") from e
     try:
-        doc = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as e:
         raise BadInput(
             f"snapshot file {where} is not valid JSON ({e.msg} at line {e.lineno}); create it "
             "with 'kubectl get nodes,pods -A -o json > FILE'"
         ) from e
+
+
+def read_reading(path: str, catalog: Catalog) -> tuple[Any, Any]:
+    """The dump in ``path`` and its :class:`partitioner.snapshot.ClusterReading`."""
+    from partitioner.snapshot import read_kubectl_list
+
+    doc = read_dump(path)
     try:
-        reading = read_kubectl_list(doc, catalog)
+        return doc, read_kubectl_list(doc, catalog)
     except (ValueError, CatalogError) as e:
+        where = "standard input" if path == "-" else path
         raise BadInput(f"snapshot file {where}: {e}") from e
+
+
+def _read_snapshot(
+    path: str, catalog: Catalog
+) -> tuple[Snapshot, list[str], dict[str, dict[str, Any]]]:
+    from partitioner.snapshot import reading_notes
+
+    _, reading = read_reading(path, catalog)
     return reading.snapshot(), reading_notes(reading), nodes_read(reading)
 
 
