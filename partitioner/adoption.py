@@ -584,9 +584,9 @@ def _adopt_mig(
             locked.append(i)
     if locked:
         notes.append(
-            f"GPU(s) {', '.join(map(str, locked))} locked: they may hold instances in use whose "
-            f"GPU, place or user is not known exactly; plans keep them as they are (their free "
-            f"instances still take pods) until the gpuslice agent reports"
+            f"locked GPU {', '.join(map(str, locked))}: may hold instances in use whose GPU, "
+            f"place or user is not known exactly; plans keep it as it is (free instances still "
+            f"take pods) until the gpuslice agent reports"
         )
     elif total and not any_used:
         notes.append("no instance is in use: every GPU may be reshaped")

@@ -34,6 +34,16 @@ So :func:`read_gpu_labels` takes
   (profile names in the resource spelling, ``1g.10gb.me``), ``gpu.count`` devices of the
   product's profile under ``single``, nothing under ``none``.
 
+Before any of that, two GPU Operator operands must be off on a gpuslice node
+(:data:`OPERANDS_OFF`; facts sheet section 3): the MIG manager (it re-applies its own config at
+every start and on every ``nvidia.com/mig.config`` change, clearing every MIG GPU) and NVIDIA's
+device plugin (it would advertise the GPUs gpuslice's agent serves a second time).  The
+operator deploys each where its ``nvidia.com/gpu.deploy.<operand>`` label is anything but
+``false`` and never overwrites a ``false``; a node with such a label not ``false`` is a
+:class:`LabelProblem` naming the ``kubectl label`` that fixes it.  Absent labels (no GPU
+Operator) are fine.  :func:`with_operands_off` gives the node as it will look once fixed (the
+pre-install what-if assumes the fix and says so).
+
 ``<model>-MIG-INVALID`` (single's preconditions failed: profiles differ, a MIG GPU is empty,
 or MIG is off on some GPU) leaves count and devices unknown.  A count above the catalog's
 ``max_gpus_per_node`` (or more MIG devices of a profile than that many GPUs can hold) is a
@@ -47,6 +57,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from planner.catalog import Catalog, CatalogError, GpuModel, MigProfile
 
@@ -56,12 +67,15 @@ __all__ = [
     "MEMORY_LABEL",
     "MIG_CONFIG_LABEL",
     "MIG_CONFIG_STATE_LABEL",
+    "OPERANDS_OFF",
     "PRODUCT_LABEL",
     "STRATEGY_LABEL",
     "GpuLabels",
     "LabelProblem",
     "MigStrategy",
+    "operands_on",
     "read_gpu_labels",
+    "with_operands_off",
 ]
 
 PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -70,6 +84,18 @@ MEMORY_LABEL = "nvidia.com/gpu.memory"
 STRATEGY_LABEL = "nvidia.com/mig.strategy"
 MIG_CONFIG_LABEL = "nvidia.com/mig.config"
 MIG_CONFIG_STATE_LABEL = "nvidia.com/mig.config.state"
+OPERANDS_OFF = {
+    "nvidia.com/gpu.deploy.mig-manager": (
+        "MigManagerEnabled",
+        "the GPU Operator's MIG manager re-applies its MIG config at every start, clearing "
+        "every MIG GPU (gpuslice's instances too)",
+    ),
+    "nvidia.com/gpu.deploy.device-plugin": (
+        "NvidiaDevicePluginEnabled",
+        "NVIDIA's device plugin would advertise the GPUs the gpuslice agent serves a second time",
+    ),
+}
+"""GPU Operator deploy labels that must be ``false`` on a gpuslice node -> (reason, why)."""
 COUNT_ANNOTATION = "gpuslice.io/gpu-count"
 """Physical GPUs of a node whose labels cannot say (GFD's ``single`` strategy); set by you."""
 
@@ -275,13 +301,47 @@ def _mixed_devices(
     return devices
 
 
+def operands_on(labels: Mapping[str, str]) -> list[str]:
+    """The :data:`OPERANDS_OFF` labels the node carries with a value other than ``false``."""
+    return [k for k in OPERANDS_OFF if k in labels and labels[k] != "false"]
+
+
+def with_operands_off(node: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """A copy of the node object with every :data:`OPERANDS_OFF` label ``false``, and one
+    sentence per label changed (what the pre-install what-if assumes)."""
+    meta = dict(node.get("metadata") or {})
+    labels = dict(meta.get("labels") or {})
+    changed = operands_on(labels)
+    notes = [
+        f"assumed {k}=false (it is {labels[k]!r}): set it before installing gpuslice, or the "
+        f"partitioner leaves the node out ({OPERANDS_OFF[k][1]})"
+        for k in changed
+    ]
+    labels.update({k: "false" for k in changed})
+    meta["labels"] = labels
+    return {**node, "metadata": meta}, notes
+
+
 def read_gpu_labels(
-    labels: Mapping[str, str], annotations: Mapping[str, str], catalog: Catalog
+    labels: Mapping[str, str],
+    annotations: Mapping[str, str],
+    catalog: Catalog,
+    node: str = "<node>",
 ) -> GpuLabels | LabelProblem:
     """Model, physical GPU count, memory and MIG devices per the node's labels (module docstring).
 
     ``nvidia.com/gpu.product`` must be present (the caller says so in its own words).
     """
+    on = operands_on(labels)
+    if on:
+        fixes = " ".join(f"{k}=false" for k in on)
+        return LabelProblem(
+            OPERANDS_OFF[on[0]][0],
+            "; ".join(f"{k}={labels[k]!r}: {OPERANDS_OFF[k][1]}" for k in on)
+            + f". Run: kubectl label node {node} {fixes} --overwrite (write false, do not "
+            f"delete the label: the GPU Operator puts a missing one back as true; harmless where "
+            f"the operand is disabled cluster-wide)",
+        )
     raw_strategy = labels.get(STRATEGY_LABEL, MigStrategy.NONE.value)
     try:
         strategy = MigStrategy(raw_strategy)

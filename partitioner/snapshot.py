@@ -201,7 +201,7 @@ def read_node(node: Obj, catalog: Catalog) -> GpuNode | NodeProblem | None:
             f"Feature Discovery on the node or set the label",
         )
     annotations: Mapping[str, str] = (node.get("metadata") or {}).get("annotations") or {}
-    read = read_gpu_labels(labels, annotations, catalog)
+    read = read_gpu_labels(labels, annotations, catalog, name)
     if isinstance(read, LabelProblem):
         return NodeProblem(name, read.reason, read.message)
     model = read.model

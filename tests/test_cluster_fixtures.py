@@ -24,7 +24,8 @@ from gpuslice.cli import main
 from partitioner.actions import EmitEvent, SetNodeCondition
 from partitioner.batching import BatchPolicy
 from partitioner.decide import ControllerState, DecideConfig, decide
-from partitioner.snapshot import ClusterReading, read_kubectl_list, view_from_items
+from partitioner.node_labels import with_operands_off
+from partitioner.snapshot import ClusterReading, opted_in, read_kubectl_list, view_from_items
 from planner.api import plan
 from planner.catalog import default_catalog
 from planner.settings import PlannerSettings, Policy
@@ -35,7 +36,18 @@ FIXTURES = Path(__file__).parent / "fixtures" / "clusters"
 
 
 def load(name: str) -> dict[str, Any]:
+    """The dump as the cluster shows it before gpuslice."""
     doc: dict[str, Any] = json.loads((FIXTURES / name).read_text())
+    return doc
+
+
+def prepared(name: str) -> dict[str, Any]:
+    """The dump once the GPU Operator's MIG manager and device plugin are off on the gpuslice
+    nodes (docs/operations.md, 'GPU Operator'), as the pre-install what-if assumes."""
+    doc = load(name)
+    doc["items"] = [
+        with_operands_off(i)[0] if i["kind"] == "Node" and opted_in(i) else i for i in doc["items"]
+    ]
     return doc
 
 
@@ -101,7 +113,7 @@ def check_plan(reading: ClusterReading, result: Plan) -> None:
 @pytest.mark.parametrize("fixture", sorted(EXPECTED))
 def test_fixture_is_planned_around_what_runs(fixture: str, policy: Policy) -> None:
     counts, placed, unplaced, rejected = EXPECTED[fixture]
-    reading = read_kubectl_list(load(fixture), CAT)
+    reading = read_kubectl_list(prepared(fixture), CAT)
     assert not reading.problems
     assert {n: g.gpu_count for n, g in reading.gpu_nodes.items()} == counts
     assert {n.name: len(n.gpus) for n in reading.nodes} == counts
@@ -119,8 +131,20 @@ def test_fixture_is_planned_around_what_runs(fixture: str, policy: Policy) -> No
     check_plan(reading, result)
 
 
+@pytest.mark.parametrize("fixture", sorted(EXPECTED))
+def test_the_controller_leaves_nodes_with_mig_manager_or_nvidias_plugin_on_out(
+    fixture: str,
+) -> None:
+    reading = read_kubectl_list(load(fixture), CAT)
+    assert set(reading.problems) == set(EXPECTED[fixture][0]) and not reading.nodes
+    for name, problem in reading.problems.items():
+        assert problem.reason in ("MigManagerEnabled", "NvidiaDevicePluginEnabled")
+        assert f"kubectl label node {name} nvidia.com/gpu.deploy." in problem.message
+        assert "=false --overwrite" in problem.message
+
+
 def test_nos_node_keeps_its_full_gpu_and_its_half_used_one_as_they_are() -> None:
-    reading = read_kubectl_list(load("nos-mig.json"), CAT)
+    reading = read_kubectl_list(prepared("nos-mig.json"), CAT)
     (state,) = reading.nodes
     g0, g1, g2, g3 = state.gpus
     assert [(i.profile, i.start, i.used) for i in g0.mig] == [
@@ -141,6 +165,7 @@ def test_plan_snapshot_prints_what_it_read_per_node(
     read = doc["nodes_read"]["gpu-single-0"]
     assert (read["gpus"], read["mig_strategy"], read["locked_gpus"]) == (2, "single", [0, 1])
     assumed = " | ".join(read["assumed"])
+    assert "assumed nvidia.com/gpu.deploy.mig-manager=false (it is 'true')" in assumed
     assert "GPU count 2 from nvidia.com/mig.config=all-1g.5gb" in assumed
     assert "14 x 1g.5gb" in assumed and "9 x 1g.5gb" in assumed
     rc = main(["plan", "--snapshot", str(FIXTURES / "gpu-operator-mixed.json")])
@@ -152,7 +177,7 @@ def test_plan_snapshot_prints_what_it_read_per_node(
 
 
 def huge_count_dump() -> dict[str, Any]:
-    doc = copy.deepcopy(load("gpu-operator-mixed.json"))
+    doc = copy.deepcopy(prepared("gpu-operator-mixed.json"))
     for item in doc["items"]:
         if item["metadata"]["name"] == "gpu-mixed-0":
             item["metadata"]["labels"]["nvidia.com/gpu.count"] = str(10**9)

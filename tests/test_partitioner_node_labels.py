@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import pytest
 
-from partitioner.node_labels import GpuLabels, LabelProblem, MigStrategy, read_gpu_labels
+from partitioner.node_labels import (
+    GpuLabels,
+    LabelProblem,
+    MigStrategy,
+    read_gpu_labels,
+    with_operands_off,
+)
 from planner.catalog import default_catalog
 
 CAT = default_catalog()
@@ -215,3 +221,56 @@ def test_bad_labels_are_problems_naming_the_label(
 ) -> None:
     got = problem(labels, annotations)
     assert got.reason == reason and fragment in got.message, got
+
+
+@pytest.mark.parametrize(
+    ("deploy", "reason"),
+    [
+        ({"nvidia.com/gpu.deploy.mig-manager": "true"}, "MigManagerEnabled"),
+        ({"nvidia.com/gpu.deploy.mig-manager": "paused-for-driver-upgrade"}, "MigManagerEnabled"),
+        ({"nvidia.com/gpu.deploy.device-plugin": "true"}, "NvidiaDevicePluginEnabled"),
+        (
+            {
+                "nvidia.com/gpu.deploy.device-plugin": "paused-for-mig-change",
+                "nvidia.com/gpu.deploy.mig-manager": "false",
+            },
+            "NvidiaDevicePluginEnabled",
+        ),
+        ({"nvidia.com/gpu.deploy.mig-manager": "false"}, None),
+        ({"nvidia.com/gpu.deploy.gpu-feature-discovery": "true"}, None),  # GFD stays
+        ({"nvidia.com/gpu.deploy.dcgm-exporter": "true"}, None),  # so does dcgm-exporter
+    ],
+)
+def test_gpu_operator_operands_that_must_be_off(deploy: dict[str, str], reason: str | None) -> None:
+    labels = {"nvidia.com/gpu.product": A80, "nvidia.com/gpu.count": "1", **deploy}
+    got = read_gpu_labels(labels, {}, CAT, "gpu-7")
+    if reason is None:
+        assert isinstance(got, GpuLabels)
+        return
+    assert isinstance(got, LabelProblem) and got.reason == reason
+    on = [k for k, v in deploy.items() if v != "false"]
+    assert (
+        f"kubectl label node gpu-7 {' '.join(f'{k}=false' for k in on)} --overwrite" in got.message
+    )
+
+
+def test_with_operands_off_is_what_the_fix_gives() -> None:
+    node = {
+        "kind": "Node",
+        "metadata": {
+            "name": "gpu-7",
+            "labels": {
+                "nvidia.com/gpu.deploy.mig-manager": "true",
+                "nvidia.com/gpu.deploy.device-plugin": "false",
+                "nvidia.com/gpu.deploy.dcgm-exporter": "true",
+            },
+        },
+    }
+    fixed, notes = with_operands_off(node)
+    assert fixed["metadata"]["labels"] == {
+        "nvidia.com/gpu.deploy.mig-manager": "false",
+        "nvidia.com/gpu.deploy.device-plugin": "false",
+        "nvidia.com/gpu.deploy.dcgm-exporter": "true",
+    }
+    assert node["metadata"]["labels"]["nvidia.com/gpu.deploy.mig-manager"] == "true"  # a copy
+    assert len(notes) == 1 and "mig-manager=false (it is 'true')" in notes[0]

@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     if args.mps_reserve_mib < 0:
         raise BadInput(f"--mps-reserve-mib must be >= 0, got {args.mps_reserve_mib}")
     catalog = _load_catalog(args.catalog)
-    dump, reading = read_reading(args.snapshot, catalog)
+    dump, reading, _ = read_reading(args.snapshot, catalog)
     items = dump["items"]
     pods = [i for i in items if isinstance(i, dict) and i.get("kind") == "Pod"]
     nodes = [i for i in items if isinstance(i, dict) and i.get("kind") == "Node"]

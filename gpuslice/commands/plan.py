@@ -92,13 +92,28 @@ def read_dump(path: str) -> Any:
         ) from e
 
 
-def read_reading(path: str, catalog: Catalog) -> tuple[Any, Any]:
-    """The dump in ``path`` and its :class:`partitioner.snapshot.ClusterReading`."""
-    from partitioner.snapshot import read_kubectl_list
+def read_reading(path: str, catalog: Catalog) -> tuple[Any, Any, dict[str, list[str]]]:
+    """The dump in ``path``, its :class:`partitioner.snapshot.ClusterReading`, and per node
+    what was assumed to read it as gpuslice will see it once installed: the GPU Operator's
+    MIG manager and device plugin off on opted-in nodes (:func:`partitioner.node_labels.
+    with_operands_off`; the partitioner leaves a node out until they are)."""
+    from partitioner.node_labels import with_operands_off
+    from partitioner.snapshot import opted_in, read_kubectl_list
 
     doc = read_dump(path)
+    assumed: dict[str, list[str]] = {}
+    items = doc.get("items") if isinstance(doc, dict) else None
+    if isinstance(items, list):
+        fixed = []
+        for item in items:
+            if isinstance(item, dict) and item.get("kind") == "Node" and opted_in(item):
+                item, notes = with_operands_off(item)
+                if notes:
+                    assumed[str(item["metadata"].get("name", ""))] = notes
+            fixed.append(item)
+        doc = {**doc, "items": fixed}
     try:
-        return doc, read_kubectl_list(doc, catalog)
+        return doc, read_kubectl_list(doc, catalog), assumed
     except (ValueError, CatalogError) as e:
         where = "standard input" if path == "-" else path
         raise BadInput(f"snapshot file {where}: {e}") from e
@@ -109,12 +124,15 @@ def _read_snapshot(
 ) -> tuple[Snapshot, list[str], dict[str, dict[str, Any]]]:
     from partitioner.snapshot import reading_notes
 
-    _, reading = read_reading(path, catalog)
-    return reading.snapshot(), reading_notes(reading), nodes_read(reading)
+    _, reading, assumed = read_reading(path, catalog)
+    return reading.snapshot(), reading_notes(reading), nodes_read(reading, assumed)
 
 
-def nodes_read(reading: Any) -> dict[str, dict[str, Any]]:
-    """Per opted-in node of a :class:`partitioner.snapshot.ClusterReading`: what was read."""
+def nodes_read(
+    reading: Any, assumed: dict[str, list[str]] | None = None
+) -> dict[str, dict[str, Any]]:
+    """Per opted-in node of a :class:`partitioner.snapshot.ClusterReading`: what was read
+    (``assumed``: sentences to put first, per node)."""
     out: dict[str, dict[str, Any]] = {}
     for name in sorted({*reading.gpu_nodes, *reading.problems}):
         entry: dict[str, Any] = {}
@@ -125,10 +143,11 @@ def nodes_read(reading: Any) -> dict[str, dict[str, Any]]:
             if node.labels is not None:
                 entry["mig_strategy"] = node.labels.strategy.value
         adopted = reading.adopted.get(name)
+        entry["assumed"] = list((assumed or {}).get(name, ()))
         if adopted is not None:
             entry["gpus"] = adopted.gpu_count
             entry["source"] = adopted.source
-            entry["assumed"] = list(adopted.notes)
+            entry["assumed"] += adopted.notes
             entry["locked_gpus"] = [g.index for g in adopted.gpus if g.locked]
         problem = reading.problems.get(name)
         if problem is not None:
