@@ -133,3 +133,14 @@ def test_bad_override_files_name_the_problem(tmp_path: Path) -> None:
         load_catalog([f])
     with pytest.raises(CatalogError, match="cannot read catalog override file"):
         load_catalog([tmp_path / "missing.yaml"])
+
+
+def test_max_gpus_per_node_is_16_and_an_override_file_may_change_it(tmp_path: Path) -> None:
+    assert CAT.max_gpus_per_node == 16
+    f = tmp_path / "big.yaml"
+    f.write_text("max_gpus_per_node: 32\nmodels: []\n")
+    assert load_catalog([f]).max_gpus_per_node == 32
+    assert load_catalog([f]).model("A30").name == "A30"  # the built-in models stay
+    f.write_text("max_gpus_per_node: 0\nmodels: []\n")
+    with pytest.raises(CatalogError, match="max_gpus_per_node must be an integer from 1"):
+        load_catalog([f])
