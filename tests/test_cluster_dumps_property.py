@@ -29,6 +29,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kube_objects import pod_object
 from mig_facts import MODELS, layout_ok, names_of, resource_name
 
 from partitioner.actions import WriteSpec
@@ -122,24 +123,6 @@ def node_object(t: TrueNode) -> dict[str, Any]:
         "kind": "Node",
         "metadata": {"name": t.name, "uid": t.name, "labels": labels, "annotations": annotations},
         "status": {"capacity": capacity, "allocatable": capacity},
-    }
-
-
-def pod_object(name: str, requests: dict[str, int], node: str = "") -> dict[str, Any]:
-    limits = {r: str(n) for r, n in requests.items()}
-    status: dict[str, Any] = {"phase": "Running" if node else "Pending"}
-    if not node:
-        status["conditions"] = [
-            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
-        ]
-    return {
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "ns", "uid": name},
-        "spec": {
-            "nodeName": node or None,
-            "containers": [{"name": "c", "resources": {"limits": limits, "requests": limits}}],
-        },
-        "status": status,
     }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from kube_objects import pod_object
 
 from contract.nodepartitioning import NodePartitioning
 from partitioner.actions import SetNodeCondition, WriteSpec
@@ -50,20 +51,7 @@ def node(
 def pod(
     name: str, resource: str, n: int = 1, on: str = "", phase: str = "Running"
 ) -> dict[str, Any]:
-    status: dict[str, Any] = {"phase": phase if on else "Pending"}
-    if not on:
-        status["conditions"] = [
-            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
-        ]
-    return {
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"},
-        "spec": {
-            "nodeName": on or None,
-            "containers": [{"name": "c", "resources": {"limits": {resource: str(n)}}}],
-        },
-        "status": status,
-    }
+    return pod_object(name, {resource: n}, on, phase)
 
 
 def view(*objs: dict[str, Any], nps: tuple[dict[str, Any], ...] = ()) -> ClusterView:
