@@ -114,16 +114,13 @@ def fits(gb: int, gpu_memory_mib: int, reserve_mib: int, model: str = "") -> Mps
     return MpsFit(model, gpu_memory_mib, nos, ours, keep)
 
 
-def _mps_requests(pod: Obj) -> dict[str, int]:
+def _mps_resources(pod: Obj) -> list[str]:
+    """The MPS resources (``nvidia.com/gpu-<N>gb``, N >= 1) a pod asks at least one of."""
     try:
         requests = pod_requests(pod)
     except QuantityError:
-        return {}
-    return {
-        r: int(v)
-        for r, v in requests.items()
-        if (mps_gb_of(r) or 0) > 0 and v > 0 and v == v.to_integral_value()
-    }
+        return []
+    return sorted(r for r, v in requests.items() if (mps_gb_of(r) or 0) > 0 and v > 0)
 
 
 def check(
@@ -142,7 +139,7 @@ def check(
             continue
         node = str((pod.get("spec") or {}).get("nodeName") or "")
         targets = [memory[node]] if node in memory else ([] if node else mps_models)
-        for resource, _ in sorted(_mps_requests(pod).items()):
+        for resource in _mps_resources(pod):
             gb = mps_gb_of(resource) or 0
             changes.append(
                 PodChange(
