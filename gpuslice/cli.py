@@ -31,6 +31,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "gpuslice.commands.sweep",
         "tune batch timeout/idle and planner weights with the time replay",
     ),
+    "nos-check": (
+        "gpuslice.commands.nos_check",
+        "list the pods and nodes whose meaning changes when gpuslice replaces nos",
+    ),
     "partitioner": ("gpuslice.commands.partitioner", "run the partitioner controller (kopf)"),
     "agent": ("gpuslice.commands.agent", "run the node agent (use --fake without a GPU)"),
 }

@@ -5,7 +5,8 @@ Model
 The agent's actual state (the ``status.gpus`` it writes, :class:`contract.nodepartitioning.ActualGpu`)
 is turned, by a pure function, into advertised devices grouped by extended-resource name:
 
-* a MIG instance of profile ``P`` -> resource ``nvidia.com/mig-P``; device id = the MIG device
+* a MIG instance of profile ``P`` -> resource ``nvidia.com/mig-P`` with ``+`` spelled ``.``
+  (:func:`planner.snapshot.mig_resource`, the name the plan used); device id = the MIG device
   UUID; ``Allocate`` env ``NVIDIA_VISIBLE_DEVICES=<MIG UUID>``.
 * an MPS slice of ``M`` MiB -> resource ``nvidia.com/gpu-<M // 1024>gb``; device id = the slice
   id (:func:`mps_slice_id`, self-describing so a restarted agent can rebuild in-use slices from
@@ -31,7 +32,7 @@ from types import MappingProxyType
 from typing import Protocol
 
 from contract.nodepartitioning import ActualGpu
-from planner.snapshot import MIG_RESOURCE_PREFIX, mps_resource
+from planner.snapshot import mig_resource, mps_resource
 
 __all__ = [
     "ENV_MPS_MEM_LIMIT",
@@ -146,7 +147,7 @@ def advertised_devices(
         for inst in gpu.mig:
             if not inst.deviceId:
                 continue
-            res = f"{MIG_RESOURCE_PREFIX}{inst.profile}"
+            res = mig_resource(inst.profile)
             mig_env = {ENV_VISIBLE: inst.deviceId}
             if gpu.index in hybrid_gpus:
                 mig_env[ENV_MPS_PIPE] = mps_pipe_directory(mps_pipe_root, gpu.index, inst.start)

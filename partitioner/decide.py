@@ -281,6 +281,22 @@ def _desired_now(np: NodePartitioning | None, index: int) -> DesiredGpu:
     return DesiredGpu(index=index)
 
 
+def _desired_adopted(ledger: NodeLedger, index: int) -> DesiredGpu | None:
+    """The spec entry of an unchanged GPU on a node whose agent has not reported: its adopted
+    layout, or ``None`` when it is locked (left out of the spec, so the agent leaves it be)."""
+    gpu = next((g for g in ledger.gpus if g.index == index), None)
+    if gpu is None or gpu.locked:
+        return None
+    return DesiredGpu(
+        index=index,
+        mig=[
+            DesiredMigInstance(profile=d.mig_profile, start=d.key)
+            for d in gpu.devices
+            if d.mig_profile
+        ],
+    )
+
+
 def _desired_planned(planned_gpu: PlannedGpu) -> DesiredGpu:
     return DesiredGpu(
         index=planned_gpu.index,
@@ -377,6 +393,8 @@ class _Step:
         self.view: dict[str, dict[str, ReservationEntry]] = {}
         self.switching: set[str] = set()
         self.ledgers: dict[str, NodeLedger] = {}
+        self.unreadable: dict[str, NodeProblem] = {}
+        """GPU nodes whose GPUs cannot be read yet (:mod:`partitioner.adoption`)."""
         self.window: BatchWindow = state.window
 
     # ------------------------------------------------------------------ small helpers
@@ -469,7 +487,7 @@ class _Step:
             have: Mapping[str, Any] = next(
                 (c for c in conditions if c.get("type") == NODE_CONDITION), {}
             )
-            problem = info.reading if info.gpu is None else None
+            problem = info.reading if info.gpu is None else self.unreadable.get(name)
             if problem is None:
                 if have.get("status") == "False":
                     self.actions.append(
@@ -989,10 +1007,16 @@ class _Step:
                 continue
             np = ledger.np
             gpus = [
-                _desired_planned(plan.layouts[(node, i)])
-                if (node, i) in plan.layouts
-                else _desired_now(np, i)
+                g
                 for i in range(ledger.gpu.gpu_count)
+                if (
+                    g := _desired_planned(plan.layouts[(node, i)])
+                    if (node, i) in plan.layouts
+                    else _desired_now(np, i)
+                    if ledger.reported
+                    else _desired_adopted(ledger, i)
+                )
+                is not None
             ]
             old = _layout_key(np.spec.gpus if np is not None else ())
             new = _layout_key(gpus)
@@ -1090,9 +1114,11 @@ class _Step:
 
     def run(self) -> Decision:
         self.housekeeping()
-        self.conditions()
         self.node_sets()
-        self.ledgers = build_ledgers(self.index, self.busy, self.degraded, self.frozen())
+        self.ledgers, self.unreadable = build_ledgers(
+            self.index, self.busy, self.degraded, self.frozen()
+        )
+        self.conditions()
         self.view = {name: {} for name in self.ledgers}
         self.read_pods()
         if self.config.reservation:

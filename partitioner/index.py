@@ -72,6 +72,9 @@ __all__ = [
 
 Obj = Mapping[str, Any]
 KINDS = ("nodes", "pods", "partitionings")
+_WHOLE_GPU = "nvidia.com/gpu"
+_MAX_UNITS = 1 << 20
+"""A device count above this is an input error, not a number to count with."""
 
 
 def parse_time(text: object) -> float | None:
@@ -115,6 +118,8 @@ class NodeInfo:
     reading: GpuNode | NodeProblem | None
     allocatable: Mapping[str, int]
     """Allocatable partitionable devices per resource, as kube-scheduler sees them."""
+    derived: tuple[object, Any] | None = None
+    """Derived data cached by :mod:`partitioner.ledger` (its GPUs now) with its input key."""
 
     @property
     def gpu(self) -> GpuNode | None:
@@ -139,10 +144,23 @@ def _reading_key(reading: GpuNode | NodeProblem | None) -> tuple[object, ...]:
     return ()
 
 
+_NODE_ANNOTATION_PREFIXES = ("gpuslice.io/", "nos.nebuly.com/")
+
+
 def _trim_node(node: Obj) -> dict[str, Any]:
     meta = node.get("metadata") or {}
     spec = node.get("spec") or {}
     status = node.get("status") or {}
+    annotations = {
+        str(k): v
+        for k, v in (meta.get("annotations") or {}).items()
+        if str(k).startswith(_NODE_ANNOTATION_PREFIXES)
+    }
+    capacity = {
+        str(k): v
+        for k, v in (status.get("capacity") or {}).items()
+        if str(k).startswith("nvidia.com/")
+    }
     conditions = [
         c
         for c in status.get("conditions") or ()
@@ -156,10 +174,12 @@ def _trim_node(node: Obj) -> dict[str, Any]:
             "uid": meta.get("uid", ""),
             "resourceVersion": meta.get("resourceVersion"),
             "labels": dict(meta.get("labels") or {}),
+            "annotations": annotations,
         },
         "spec": {k: spec[k] for k in ("taints", "unschedulable") if k in spec},
         "status": {
             "allocatable": dict(status.get("allocatable") or {}),
+            "capacity": capacity,
             "conditions": conditions,
         },
     }
@@ -200,6 +220,8 @@ class PodInfo:
     nominated: bool
     slices: Mapping[str, int]
     """Partitionable resource -> units (empty if none or unreadable)."""
+    whole_gpus: int
+    """Units of ``nvidia.com/gpu`` (whole GPUs, or MIG devices under GFD's single strategy)."""
     cpu_milli: int
     memory_mib: int
     request_error: str
@@ -288,15 +310,18 @@ def _read_pod(pod: Obj) -> PodInfo:
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
     slices: dict[str, int] = {}
-    cpu = mem = 0
+    cpu = mem = whole = 0
     error = ""
     try:
         requests = pod_requests(pod)
+        gpus = requests.get(_WHOLE_GPU)
+        if gpus is not None and gpus == gpus.to_integral_value() and 0 <= gpus <= _MAX_UNITS:
+            whole = int(gpus)
         for r, v in requests.items():
             if not is_partitionable_resource(r):
                 continue
-            if v != v.to_integral_value() or v < 0:
-                raise QuantityError(f"{r}: {v} is not a whole number of devices")
+            if v != v.to_integral_value() or not 0 <= v <= _MAX_UNITS:
+                raise QuantityError(f"{r}: {v} is not a device count (0..{_MAX_UNITS})")
             if v > 0:
                 slices[r] = int(v)
         cpu = cpu_milli(requests.get("cpu", 0))
@@ -336,6 +361,7 @@ def _read_pod(pod: Obj) -> PodInfo:
         and scheduled.get("reason") == "Unschedulable",
         nominated=bool(status.get("nominatedNodeName")),
         slices=slices,
+        whole_gpus=whole,
         cpu_milli=cpu,
         memory_mib=mem,
         request_error=error,
@@ -356,8 +382,6 @@ class NpInfo:
     np: NodePartitioning | None
     error: str
     raw: dict[str, Any]
-    rows: tuple[object, Any] | None = None
-    """Derived data cached by :mod:`partitioner.ledger` (devices per GPU) for this version."""
 
 
 def _read_np(raw: Obj) -> NpInfo:
@@ -416,6 +440,8 @@ class ClusterIndex:
         """Bumped on every change (any kind)."""
         self._usage: dict[str, Usage] = {}
         self._waiting: set[str] = set()
+        self.node_pods: dict[str, int] = {}
+        """Node -> a counter bumped whenever a pod bound to it appears, changes or goes."""
 
     # ------------------------------------------------------------------ events
 
@@ -504,6 +530,8 @@ class ClusterIndex:
         self.pods[key] = info
         if _counts(info):
             self._usage.setdefault(info.node, Usage()).add(info, +1)
+        if info.node:
+            self.node_pods[info.node] = self.node_pods.get(info.node, 0) + 1
         if info.waiting:
             self._waiting.add(key)
         self.version += 1
@@ -516,6 +544,8 @@ class ClusterIndex:
             usage = self._usage.get(old.node)
             if usage is not None:
                 usage.add(old, -1)
+        if old.node:
+            self.node_pods[old.node] = self.node_pods.get(old.node, 0) + 1
         self._waiting.discard(key)
         if bump:
             self.version += 1
@@ -536,6 +566,10 @@ class ClusterIndex:
 
     def usage(self, node: str) -> Usage:
         return self._usage.get(node) or Usage()
+
+    def bound_pods(self, node: str) -> list[PodInfo]:
+        """Pods bound to ``node`` that have not finished (key order; O(all pods))."""
+        return [p for k, p in sorted(self.pods.items()) if p.node == node and not p.finished]
 
     def waiting(self) -> Iterator[PodInfo]:
         """Slice pods not bound, not finished, not being deleted (key order)."""

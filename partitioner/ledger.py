@@ -31,12 +31,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from contract.nodepartitioning import NodePartitioning
-from partitioner.index import ClusterIndex, NodeInfo, NpInfo, PodInfo
+from partitioner.adoption import Adopted, adopt, agent_reported, gpus_from_status
+from partitioner.index import ClusterIndex, NodeInfo, PodInfo
+from partitioner.node_labels import LabelProblem
 from partitioner.reservations import Reservation, State
-from partitioner.snapshot import GpuNode
+from partitioner.snapshot import GpuNode, NodeProblem
 from planner.catalog import CatalogError, GpuModel
 from planner.snapshot import (
     GpuState,
@@ -80,6 +82,9 @@ class GpuSlots:
     index: int
     devices: list[Device] = field(default_factory=list)
     frozen: bool = False
+    locked: bool = False
+    """Its index, starts or users are not known exactly (adopted before the agent reported):
+    its layout must stay; its free devices still take pods (:mod:`partitioner.adoption`)."""
 
     @property
     def used_compute(self) -> int:
@@ -122,6 +127,8 @@ class NodeLedger:
     memory_free: int = 0
     stale_used: frozenset[str] = frozenset()
     """Resources whose bound units exceed the status-used count (agent not caught up)."""
+    reported: bool = True
+    """The GPUs come from the agent's report (else adopted from labels, annotations, pods)."""
 
     @property
     def name(self) -> str:
@@ -286,66 +293,102 @@ _Row = tuple[str, int, int, bool, str, int, int | None]
 """(resource, key, compute, used, MIG profile, memory MiB, thread %) of one device."""
 
 
-def _rows(gpu: GpuNode, np: NodePartitioning | None) -> tuple[tuple[_Row, ...], ...]:
-    """Per GPU index, the devices the status reports (parsed once per status version)."""
-    actual = {g.index: g for g in (np.status.gpus if np is not None and np.status else ())}
+@dataclass(frozen=True, slots=True)
+class _Reading:
+    """A node's GPUs now (:mod:`partitioner.adoption`), as device rows per GPU."""
+
+    adopted: Adopted
+    rows: tuple[tuple[_Row, ...], ...]
+    locked: frozenset[int]
+
+
+def _rows(model: GpuModel, gpus: Sequence[GpuState]) -> tuple[tuple[_Row, ...], ...]:
     out: list[tuple[_Row, ...]] = []
-    for i in range(gpu.gpu_count):
-        g = actual.get(i)
+    for g in gpus:
         rows: list[_Row] = []
-        if g is not None:
-            for m in g.mig:
-                try:
-                    compute = gpu.model.profile(m.profile).compute
-                except CatalogError:
-                    compute = 0
-                rows.append(
-                    (
-                        instance_resource(gpu.model, m.profile),
-                        m.start,
-                        compute,
-                        m.used,
-                        m.profile,
-                        0,
-                        None,
-                    )
+        for m in g.mig:
+            try:
+                compute = model.profile(m.profile).compute
+            except CatalogError:
+                compute = 0
+            rows.append(
+                (instance_resource(model, m.profile), m.start, compute, m.used, m.profile, 0, None)
+            )
+        for k, sl in enumerate(g.mps):
+            rows.append(
+                (
+                    mps_resource(sl.memory_mib // MIB_PER_GIB),
+                    k,
+                    0,
+                    sl.used,
+                    "",
+                    sl.memory_mib,
+                    sl.thread_percentage,
                 )
-            for k, sl in enumerate(g.mps):
-                rows.append(
-                    (
-                        mps_resource(sl.memoryMiB // MIB_PER_GIB),
-                        k,
-                        0,
-                        sl.used,
-                        "",
-                        sl.memoryMiB,
-                        sl.activeThreadPercentage,
-                    )
-                )
+            )
         out.append(tuple(rows))
     return tuple(out)
 
 
-def _gpus(gpu: GpuNode, np_info: NpInfo | None, frozen: frozenset[int]) -> list[GpuSlots]:
+def _pseudo_pod(pod: PodInfo) -> dict[str, object]:
+    """What :func:`partitioner.adoption.adopt` reads of a bound pod: its name and GPU requests."""
+    limits = {r: str(k) for r, k in pod.slices.items()}
+    if pod.whole_gpus:
+        limits["nvidia.com/gpu"] = str(pod.whole_gpus)
+    return {
+        "metadata": {"name": pod.name, "namespace": pod.namespace},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]},
+    }
+
+
+def read_gpus(index: ClusterIndex, info: NodeInfo) -> _Reading | NodeProblem:
+    """The node's GPUs now: the agent's report, else adopted; cached per input version."""
+    gpu = info.gpu
+    assert gpu is not None
+    np_info = index.partitionings.get(info.name)
     np = np_info.np if np_info is not None else None
-    key = (gpu.model.name, gpu.gpu_count)
-    rows: tuple[tuple[_Row, ...], ...]
-    if np_info is not None and np_info.rows is not None and np_info.rows[0] == key:
-        rows = np_info.rows[1]
+    reported = agent_reported(np)
+    key = (
+        info.rv,
+        np_info.rv if np_info is not None else None,
+        None if reported else index.node_pods.get(info.name),
+    )
+    cached = info.derived
+    if cached is not None and cached[0] == key:
+        result: _Reading | NodeProblem = cached[1]
+        return result
+    labels = gpu.labels
+    if labels is None:
+        adopted: Adopted | LabelProblem = Adopted(
+            gpu.gpu_count, gpus_from_status(np, gpu.gpu_count), "agent"
+        )
     else:
-        rows = _rows(gpu, np)
-        if np_info is not None:
-            np_info.rows = (key, rows)
+        pods = [] if reported else [_pseudo_pod(p) for p in index.bound_pods(info.name)]
+        adopted = adopt(info.obj, gpu.mode, labels, np, pods, index.catalog.max_gpus_per_node)
+    if isinstance(adopted, LabelProblem):
+        result = NodeProblem(info.name, adopted.reason, adopted.message)
+    else:
+        result = _Reading(
+            adopted,
+            _rows(gpu.model, adopted.gpus),
+            frozenset(g.index for g in adopted.gpus if g.locked),
+        )
+    info.derived = (key, result)
+    return result
+
+
+def _gpus(reading: _Reading, frozen: frozenset[int]) -> list[GpuSlots]:
     return [
         GpuSlots(
-            i,
+            g.index,
             [
                 Device(r, k, c, u, mig_profile=p, memory_mib=m, thread_percentage=th)
                 for r, k, c, u, p, m, th in devices
             ],
-            frozen=i in frozen,
+            frozen=g.index in frozen,
+            locked=g.index in reading.locked,
         )
-        for i, devices in enumerate(rows)
+        for g, devices in zip(reading.adopted.gpus, reading.rows, strict=True)
     ]
 
 
@@ -362,16 +405,24 @@ def build_ledgers(
     busy: Iterable[str],
     degraded: Iterable[str],
     frozen: Mapping[str, frozenset[int]],
-) -> dict[str, NodeLedger]:
-    """A ledger per GPU node (without holds: add them with :meth:`NodeLedger.add_hold`)."""
+) -> tuple[dict[str, NodeLedger], dict[str, NodeProblem]]:
+    """A ledger per GPU node whose GPUs can be read (without holds: add them with
+    :meth:`NodeLedger.add_hold`), and the nodes whose GPUs cannot be read yet, with why."""
     busy_set, degraded_set = set(busy), set(degraded)
     out: dict[str, NodeLedger] = {}
+    problems: dict[str, NodeProblem] = {}
     for name, info in index.gpu_nodes().items():
         gpu = info.gpu
         assert gpu is not None
+        reading = read_gpus(index, info)
+        if isinstance(reading, NodeProblem):
+            problems[name] = reading
+            continue
+        if reading.adopted.gpu_count != gpu.gpu_count:
+            gpu = replace(gpu, gpu_count=reading.adopted.gpu_count)
         np_info = index.partitionings.get(name)
         np = np_info.np if np_info is not None else None
-        gpus = _gpus(gpu, np_info, frozen.get(name, frozenset()))
+        gpus = _gpus(reading, frozen.get(name, frozenset()))
         usage = index.usage(name)
         ledger = NodeLedger(
             info=info,
@@ -383,6 +434,7 @@ def build_ledgers(
             bound=Counter(usage.slices),
             cpu_free=gpu.cpu_milli - usage.cpu_milli,
             memory_free=gpu.memory_mib - usage.memory_mib,
+            reported=reading.adopted.source == "agent",
         )
         status_used = _status_used(gpus)
         frozen_used = ledger.frozen_used()
@@ -390,4 +442,4 @@ def build_ledgers(
             r for r, k in usage.slices.items() if k - frozen_used[r] > status_used[r]
         )
         out[name] = ledger
-    return out
+    return out, problems

@@ -45,14 +45,20 @@ from pydantic import ValidationError
 
 from contract.nodepartitioning import KIND as NP_KIND
 from contract.nodepartitioning import NodePartitioning
+from partitioner.adoption import Adopted, adopt_all
 from partitioner.eligibility import eligible_nodes
+from partitioner.node_labels import (
+    COUNT_LABEL,  # noqa: F401 - re-exported: simulations.replay_objects imports it from here
+    MEMORY_LABEL,  # noqa: F401
+    PRODUCT_LABEL,
+    GpuLabels,
+    LabelProblem,
+    read_gpu_labels,
+)
 from partitioner.quantities import QuantityError, cpu_milli, memory_mib, pod_requests
 from planner.catalog import Catalog, CatalogError, GpuModel
 from planner.snapshot import (
-    GpuState,
-    MigInstance,
     Mode,
-    MpsSlice,
     NodeState,
     PendingPod,
     Snapshot,
@@ -74,15 +80,14 @@ __all__ = [
     "opted_in",
     "pod_key",
     "read_cluster",
+    "read_kubectl_list",
     "read_node",
+    "reading_notes",
     "snapshot_from_kubectl_list",
 ]
 
 NOS_LABEL = "nos.nebuly.com/gpu-partitioning"
 GPUSLICE_LABEL = "gpuslice.io/partitioning"
-PRODUCT_LABEL = "nvidia.com/gpu.product"
-COUNT_LABEL = "nvidia.com/gpu.count"
-MEMORY_LABEL = "nvidia.com/gpu.memory"
 PLANNED_PODS_ANNOTATION = "gpuslice.io/planned-pods"
 """On a NodePartitioning: JSON list of the pod keys its current spec was written for."""
 PLANNED_AT_ANNOTATION = "gpuslice.io/planned-at"
@@ -113,6 +118,9 @@ class GpuNode:
     gpu_memory_mib: int | None
     cpu_milli: int
     memory_mib: int
+    labels: GpuLabels | None = None
+    """Everything read from the GPU labels, by MIG strategy (:mod:`partitioner.node_labels`);
+    ``gpu_count`` is 0 here when they cannot say and the agent's report must."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +134,8 @@ class NodeProblem:
 @dataclass(frozen=True, slots=True)
 class ClusterReading:
     gpu_nodes: Mapping[str, GpuNode]
-    """Opted-in nodes with valid labels (busy ones included)."""
+    """Opted-in nodes with valid labels (busy ones and those whose GPUs cannot be read yet
+    included: the latter are also in ``problems``)."""
     problems: Mapping[str, NodeProblem]
     """Opted-in nodes that cannot be planned, and why."""
     partitionings: Mapping[str, NodePartitioning]
@@ -143,6 +152,8 @@ class ClusterReading:
     waiting: Mapping[str, str]
     """Batchable pod -> why it is left out of this batch."""
     batchable: frozenset[str]
+    adopted: Mapping[str, Adopted] = field(default_factory=dict)
+    """GPU node -> its GPUs now and what was assumed reading them (:mod:`partitioner.adoption`)."""
 
     def snapshot(self, pods: Iterable[str] | None = None) -> Snapshot:
         """The planner input for ``pods`` (default: all candidates)."""
@@ -157,14 +168,6 @@ def pod_key(pod: Obj) -> str:
 
 def _name(obj: Obj) -> str:
     return str((obj.get("metadata") or {}).get("name", ""))
-
-
-def _positive_int(text: str) -> int | None:
-    try:
-        value = int(text)
-    except (TypeError, ValueError):
-        return None
-    return value if value > 0 else None
 
 
 def opted_in(node: Obj) -> bool:
@@ -200,27 +203,11 @@ def read_node(node: Obj, catalog: Catalog) -> GpuNode | NodeProblem | None:
             f"opted in ({key}={value}) but has no {PRODUCT_LABEL} label; run NVIDIA GPU "
             f"Feature Discovery on the node or set the label",
         )
-    try:
-        model = catalog.model_for_product(product)
-    except CatalogError as e:
-        return NodeProblem(name, "UnknownGpuModel", str(e))
-    count = _positive_int(labels.get(COUNT_LABEL, ""))
-    if count is None:
-        return NodeProblem(
-            name,
-            "InvalidGpuLabels",
-            f"label {COUNT_LABEL}={labels.get(COUNT_LABEL)!r} is missing or not a positive "
-            f"integer; run GPU Feature Discovery or set it to the number of GPUs",
-        )
-    memory: int | None = None
-    if labels.get(MEMORY_LABEL) is not None:
-        memory = _positive_int(labels[MEMORY_LABEL])
-        if memory is None:
-            return NodeProblem(
-                name,
-                "InvalidGpuLabels",
-                f"label {MEMORY_LABEL}={labels[MEMORY_LABEL]!r} is not a positive integer (MiB)",
-            )
+    annotations: Mapping[str, str] = (node.get("metadata") or {}).get("annotations") or {}
+    read = read_gpu_labels(labels, annotations, catalog, name)
+    if isinstance(read, LabelProblem):
+        return NodeProblem(name, read.reason, read.message)
+    model = read.model
     if mode in _MIG_MODES and not model.mig_capable:
         return NodeProblem(
             name,
@@ -233,7 +220,7 @@ def read_node(node: Obj, catalog: Catalog) -> GpuNode | NodeProblem | None:
         mem = memory_mib(alloc["memory"]) if "memory" in alloc else 1 << 50
     except QuantityError as e:
         return NodeProblem(name, "InvalidAllocatable", f"status.allocatable: {e}")
-    return GpuNode(name, mode, model, count, memory, cpu, mem)
+    return GpuNode(name, mode, model, read.gpu_count or 0, read.gpu_memory_mib, cpu, mem, read)
 
 
 def _owned_by_daemonset(pod: Obj) -> bool:
@@ -268,24 +255,6 @@ def is_batchable(pod: Obj) -> bool:
     if scheduled.get("reason") != "Unschedulable":
         return False
     return bool(_partitionable(pod))
-
-
-def _status_gpus(np: NodePartitioning | None, count: int) -> tuple[GpuState, ...]:
-    actual = {g.index: g for g in (np.status.gpus if np and np.status else ())}
-    gpus = []
-    for i in range(count):
-        g = actual.get(i)
-        if g is None:
-            gpus.append(GpuState(i))
-            continue
-        gpus.append(
-            GpuState(
-                i,
-                mig=tuple(MigInstance(m.profile, m.start, m.used) for m in g.mig),
-                mps=tuple(MpsSlice(s.memoryMiB, s.used, s.activeThreadPercentage) for s in g.mps),
-            )
-        )
-    return tuple(gpus)
 
 
 def is_busy(np: NodePartitioning) -> bool:
@@ -405,6 +374,15 @@ def read_cluster(view: ClusterView, catalog: Catalog) -> ClusterReading:
                 f"{NP_KIND} {name} is invalid: {e.error_count()} error(s): {e.errors()[0]['msg']} at {'.'.join(str(p) for p in e.errors()[0]['loc'])}"
             )
 
+    current: dict[str, Adopted] = {}
+    for n, now in adopt_all(
+        view.nodes, gpu_nodes, partitionings, view.pods.values(), catalog.max_gpus_per_node
+    ).items():
+        if isinstance(now, LabelProblem):  # kept in gpu_nodes: its agent must get to report
+            problems[n] = NodeProblem(n, now.reason, now.message)
+        else:
+            current[n] = now
+            gpu_nodes[n] = replace(gpu_nodes[n], gpu_count=now.gpu_count)
     busy = frozenset(
         n for n in gpu_nodes if n in invalid or (n in partitionings and is_busy(partitionings[n]))
     )
@@ -422,13 +400,13 @@ def read_cluster(view: ClusterView, catalog: Catalog) -> ClusterReading:
             name=g.name,
             mode=g.mode,
             model=g.model.name,
-            gpus=_status_gpus(partitionings.get(g.name), g.gpu_count),
+            gpus=current[g.name].gpus,
             cpu_milli_free=max(0, free[g.name][0]),
             memory_mib_free=max(0, free[g.name][1]),
             gpu_memory_mib=g.gpu_memory_mib,
         )
         for g in gpu_nodes.values()
-        if g.name not in busy
+        if g.name not in busy and g.name in current
     )
     plannable = frozenset(n.name for n in nodes)
 
@@ -467,6 +445,7 @@ def read_cluster(view: ClusterView, catalog: Catalog) -> ClusterReading:
         rejected=rejected,
         waiting=waiting,
         batchable=frozenset(batchable),
+        adopted=current,
     )
 
 
@@ -486,20 +465,20 @@ def view_from_items(items: Iterable[Obj]) -> ClusterView:
     return ClusterView(nodes, pods, nps)
 
 
-def snapshot_from_kubectl_list(
-    doc: Mapping[str, Any], catalog: Catalog
-) -> tuple[Snapshot, list[str]]:
-    """Planner input from ``kubectl get nodes,pods,nodepartitionings -A -o json`` output.
-
-    Every candidate pod is included (no batch window); the second value lists, one line each,
-    what was left out and why (node problems, busy nodes, rejected and waiting pods).
-    """
+def read_kubectl_list(doc: Mapping[str, Any], catalog: Catalog) -> ClusterReading:
+    """:func:`read_cluster` on ``kubectl get nodes,pods -A -o json`` output (NodePartitionings
+    too once gpuslice's CRD is installed: ``kubectl get nodes,pods,nodepartitionings``)."""
     if not isinstance(doc, Mapping) or not isinstance(doc.get("items"), list):
         raise ValueError(
             "expected a Kubernetes List with an 'items' array, as printed by "
-            "'kubectl get nodes,pods,nodepartitionings -A -o json'"
+            "'kubectl get nodes,pods -A -o json' (add ',nodepartitionings' once gpuslice is "
+            "installed)"
         )
-    reading = read_cluster(view_from_items(doc["items"]), catalog)
+    return read_cluster(view_from_items(doc["items"]), catalog)
+
+
+def reading_notes(reading: ClusterReading) -> list[str]:
+    """What a reading left out and why, one line each."""
     notes = [f"node {p.name}: {p.reason}: {p.message}" for p in reading.problems.values()]
     notes += [f"{NP_KIND} {n}: {msg}" for n, msg in sorted(reading.invalid_partitionings.items())]
     notes += [f"node {n}: skipped, its last spec is not applied yet" for n in sorted(reading.busy)]
@@ -510,4 +489,16 @@ def snapshot_from_kubectl_list(
             f"no node is opted in: label GPU nodes {GPUSLICE_LABEL}=mig|mps|hybrid or "
             f"{NOS_LABEL}=mig|mps"
         )
-    return reading.snapshot(), notes
+    return notes
+
+
+def snapshot_from_kubectl_list(
+    doc: Mapping[str, Any], catalog: Catalog
+) -> tuple[Snapshot, list[str]]:
+    """Planner input from ``kubectl get nodes,pods[,nodepartitionings] -A -o json`` output.
+
+    Every candidate pod is included (no batch window); the second value lists, one line each,
+    what was left out and why (node problems, busy nodes, rejected and waiting pods).
+    """
+    reading = read_kubectl_list(doc, catalog)
+    return reading.snapshot(), reading_notes(reading)

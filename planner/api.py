@@ -3,7 +3,7 @@
 Stages
 ------
 1. Validate: node and pod names unique, every node's model in the catalog (and MIG-capable
-   for ``mig``/``hybrid`` nodes), every current MIG layout possible (each distinct layout is
+   for ``mig``/``hybrid`` nodes), locked GPUs only on MIG nodes, every current MIG layout possible (each distinct layout is
    parsed once: :data:`planner.mig_cpsat.MigParseCache`).  Bad input raises
    :class:`~planner.demand.SnapshotError` naming the node/pod and the fix.
 2. The greedy baseline (:func:`planner.greedy.plan_greedy`).  Policy ``greedy``: done.
@@ -118,6 +118,11 @@ def validate_snapshot(
         if node.mode in (Mode.MIG, Mode.HYBRID):
             for gpu in node.gpus:
                 current_mig(node, gpu, model, parsed)
+        elif any(g.locked for g in node.gpus):
+            raise SnapshotError(
+                f"node {node.name}: GPUs {[g.index for g in node.gpus if g.locked]} are locked, "
+                f"but only MIG GPUs can be (an MPS GPU's slices are all known)"
+            )
     return models
 
 
@@ -296,15 +301,19 @@ def _consistent(
         if node.mode is Mode.MPS:
             continue
         model = models[name]
-        key = (model.name, gpu.mig, planned.mig)
+        key = (model.name, gpu.mig, gpu.locked, planned.mig)
         ok = checked.get(key)
         if ok is None:
             try:
                 layout = canonical(Placement(start, model.profile(n)) for n, start in planned.mig)
             except ValueError:
                 return False
-            used = current_mig(node, gpu, model, parsed).used
-            ok = checked[key] = not layout_errors(model, layout) and used <= set(layout)
+            current = current_mig(node, gpu, model, parsed)
+            ok = checked[key] = (
+                not layout_errors(model, layout)
+                and current.used <= set(layout)
+                and (not current.locked or layout == current.layout)
+            )
         if not ok:
             return False
     return True

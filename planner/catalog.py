@@ -18,10 +18,18 @@ Lookups
   sanitised spellings (``NVIDIA-A100-SXM4-80GB``, ``A100-SXM4-80GB``, ``NVIDIA A100 80GB PCIe``,
   with ``-SHARED`` or a ``-MIG-<profile>`` suffix).
 * :meth:`Catalog.model_for_pci_id` takes ``0x20B210DE``, ``20b2`` or ``10de:20b2``.
-* :meth:`GpuModel.profile` resolves a profile name *by shape*: ``<c>g.<m>gb[+suffix]`` picks the
-  profile with ``c`` compute slices and the same suffix whose memory is closest to ``m`` GB, so
-  driver variants such as ``7g.79gb`` or ``3g.39gb`` (A100-80GB on 535.x) and ``1g.24gb``
-  (GB200) resolve to the catalog's profile.
+* :meth:`GpuModel.profile` resolves a profile name *exactly*: the model's own profile name
+  (``1g.10gb+me``, as NVML spells it) or its Kubernetes resource spelling (``1g.10gb.me``:
+  resource names cannot hold ``+``, so NVIDIA's device plugin and gpuslice's agent advertise
+  ``nvidia.com/mig-1g.10gb.me``), with or without the ``nvidia.com/mig-`` prefix, in any case.
+  Nothing else: a name of another model (``1g.12gb`` on an A100) or another driver's spelling
+  (``7g.79gb`` where the catalog says ``7g.80gb``) does not resolve, because the agent
+  advertises exactly the catalog's name and a pod asking for another name would never bind.
+  A driver that names a profile differently needs a catalog override naming it that way
+  (then the planner and the agent both use that name).
+* :attr:`Catalog.max_gpus_per_node` bounds a node's GPU count (the largest server the catalog
+  knows of: 16 GPUs, e.g. NVIDIA HGX-2 / DGX-2 with 16 V100s); a count above it is a label
+  error, not a node to plan.
 
 Users add or override models with their own JSON or YAML file in the same format
 (:func:`parse_catalog` with ``base=``; the edges read the files, see ``contract.catalog_files``);
@@ -41,7 +49,10 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from planner.snapshot import mig_resource
+
 __all__ = [
+    "DEFAULT_MAX_GPUS_PER_NODE",
     "Catalog",
     "CatalogError",
     "GpuModel",
@@ -66,7 +77,12 @@ class UnknownProfile(CatalogError):
     """A MIG profile name does not resolve on a GPU model."""
 
 
+DEFAULT_MAX_GPUS_PER_NODE = 16
+"""GPUs in the largest single server (HGX-2 / DGX-2: 16 V100; HGX A100 16-GPU)."""
+
 _PROFILE_NAME = re.compile(r"^(?P<compute>\d+)g\.(?P<mem>\d+)gb(?P<suffix>(\+[a-z.]+)*)$")
+_NAME_FORM = re.compile(r"^(\d+c\.)?\d+g\.\d+gb([.+][a-z]+)*$")
+"""A MIG device name in either spelling, including NVIDIA's ``<c>c.<g>g.<m>gb`` compute-instance form."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,8 +112,8 @@ class MigProfile:
 
     @property
     def resource(self) -> str:
-        """Kubernetes extended resource name for this profile."""
-        return f"nvidia.com/mig-{self.name}"
+        """Kubernetes extended resource name for this profile (``+`` spelled ``.``)."""
+        return mig_resource(self.name)
 
     @property
     def has_media_extensions(self) -> bool:
@@ -135,35 +151,33 @@ class GpuModel:
         return bool(self.profiles)
 
     def profile(self, name: str) -> MigProfile:
-        """Resolve a profile name (exact, or by shape for driver variants)."""
+        """Resolve a profile name exactly: the catalog name or its resource spelling.
+
+        ``1g.10gb+me``, ``1g.10gb.me`` and ``nvidia.com/mig-1g.10gb.me`` all name the same
+        profile; ``1g.12gb`` on an A100 or ``7g.79gb`` where the catalog says ``7g.80gb`` do
+        not (module docstring).
+        """
         key = name.strip().lower()
         if key.startswith("nvidia.com/mig-"):
             key = key[len("nvidia.com/mig-") :]
         found = self._by_name.get(key)
         if found is not None:
             return found
-        m = _PROFILE_NAME.match(key)
-        if m is None:
+        if not self.profiles:
+            raise UnknownProfile(
+                f"MIG profile {name!r} does not exist on {self.name}: it is not MIG-capable"
+            )
+        valid = ", ".join(p.name for p in self.profiles)
+        if _NAME_FORM.match(key) is None:
             raise UnknownProfile(
                 f"MIG profile {name!r} is not of the form '<compute>g.<memory>gb[+variant]' "
-                f"(e.g. {self.profiles[0].name if self.profiles else '1g.10gb'})"
+                f"(e.g. {self.profiles[0].name}); profiles of {self.name}: {valid}"
             )
-        compute, mem, suffix = int(m.group("compute")), int(m.group("mem")), m.group("suffix")
-        same = [p for p in self.profiles if p.compute == compute and p.variant == suffix]
-        if not same:
-            raise UnknownProfile(
-                f"MIG profile {name!r} does not exist on {self.name}; valid profiles: "
-                f"{', '.join(p.name for p in self.profiles) or 'none (not MIG-capable)'}"
-            )
-        best = min(same, key=lambda p: (abs(p.memory_gb - mem), p.memory_slices))
-        # Accept driver variants within 15 % of the catalog figure (7g.79gb vs 7g.80gb);
-        # reject a different size class (1g.40gb on an A100-80GB).
-        if abs(best.memory_gb - mem) > max(2, 0.15 * best.memory_gb):
-            raise UnknownProfile(
-                f"MIG profile {name!r} does not exist on {self.name}; closest is {best.name}; "
-                f"valid profiles: {', '.join(p.name for p in self.profiles)}"
-            )
-        return best
+        raise UnknownProfile(
+            f"MIG profile {name!r} does not exist on {self.name}; its profiles: {valid}. "
+            f"Names must match exactly (a pod asking for another name never binds); if this "
+            f"GPU's driver spells a profile differently, name it so in a catalog override file"
+        )
 
     def profile_by_id(self, profile_id: int) -> MigProfile:
         for p in self.profiles:
@@ -185,7 +199,7 @@ def sanitize_product(label: str) -> str:
     only as part of the alias list, GFD's ``-SHARED`` and ``-MIG-<profile>`` suffixes removed.
     """
     s = re.sub(r"[\s_]+", "-", label.strip()).upper()
-    s = re.sub(r"-MIG-\d+G\.\d+GB.*$", "", s)
+    s = re.sub(r"-MIG-.*$", "", s)
     s = re.sub(r"-SHARED$", "", s)
     if s.startswith("NVIDIA-"):
         s = s[len("NVIDIA-") :]
@@ -211,9 +225,13 @@ class Catalog:
     _by_name: Mapping[str, GpuModel] = field(repr=False, compare=False)
     _by_alias: Mapping[str, GpuModel] = field(repr=False, compare=False)
     _by_pci: Mapping[str, GpuModel] = field(repr=False, compare=False)
+    max_gpus_per_node: int = DEFAULT_MAX_GPUS_PER_NODE
+    """The most GPUs one node can have; a label or report above it is an error to show."""
 
     @classmethod
-    def of(cls, models: Iterable[GpuModel]) -> Catalog:
+    def of(
+        cls, models: Iterable[GpuModel], max_gpus_per_node: int = DEFAULT_MAX_GPUS_PER_NODE
+    ) -> Catalog:
         ms = tuple(models)
         by_name = {m.name.upper(): m for m in ms}
         by_alias: dict[str, GpuModel] = {}
@@ -223,7 +241,7 @@ class Catalog:
                 by_alias[sanitize_product(alias)] = m
             for pci in m.pci_device_ids:
                 by_pci[_norm_pci(pci)] = m
-        return cls(ms, by_name, by_alias, by_pci)
+        return cls(ms, by_name, by_alias, by_pci, max_gpus_per_node)
 
     def model(self, name: str) -> GpuModel:
         """Look a model up by its catalog name, falling back to product-label matching."""
@@ -251,7 +269,10 @@ class Catalog:
     def merged(self, other: Sequence[GpuModel]) -> Catalog:
         """This catalog with ``other``'s models added; same-named models are replaced."""
         names = {m.name.upper() for m in other}
-        return Catalog.of([*(m for m in self.models if m.name.upper() not in names), *other])
+        return Catalog.of(
+            [*(m for m in self.models if m.name.upper() not in names), *other],
+            self.max_gpus_per_node,
+        )
 
 
 def _req(d: Mapping[str, Any], key: str, where: str) -> Any:
@@ -322,10 +343,17 @@ def _parse_models(
                 profiles=tuple(profiles),
                 placements_captured=bool(md.get("placements_captured", True)),
                 note=str(md.get("note", "")),
-                _by_name={p.name: p for p in profiles},
+                _by_name=_profile_keys(profiles),
             )
         )
     return out
+
+
+def _profile_keys(profiles: Sequence[MigProfile]) -> dict[str, MigProfile]:
+    """Every exact spelling of each profile: its name and its resource spelling (``+`` -> ``.``)."""
+    keys = {mig_resource(p.name).removeprefix("nvidia.com/mig-"): p for p in profiles}
+    keys.update({p.name: p for p in profiles})
+    return keys
 
 
 def _read_doc(text: str, where: str) -> Mapping[str, Any]:
@@ -348,7 +376,22 @@ def parse_catalog(text: str, where: str = "<catalog>", base: Catalog | None = No
     doc = _read_doc(text, where)
     geos = _builtin_doc()["geometries"]
     models = _parse_models(doc, geos, where)
-    return base.merged(models) if base is not None else Catalog.of(models)
+    limit = _max_gpus(doc, where)
+    if base is not None:
+        merged = base.merged(models)
+        return merged if limit is None else Catalog.of(merged.models, limit)
+    return Catalog.of(models, limit or DEFAULT_MAX_GPUS_PER_NODE)
+
+
+def _max_gpus(doc: Mapping[str, Any], where: str) -> int | None:
+    raw = doc.get("max_gpus_per_node")
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, int) or not 1 <= raw <= 1024:
+        raise CatalogError(
+            f"{where}: max_gpus_per_node must be an integer from 1 to 1024, got {raw!r}"
+        )
+    return raw
 
 
 @cache
@@ -362,4 +405,5 @@ def _builtin_doc() -> Mapping[str, Any]:
 def default_catalog() -> Catalog:
     """The catalog shipped with gpuslice (``planner/data/gpu_catalog.json``)."""
     doc = _builtin_doc()
-    return Catalog.of(_parse_models(doc, doc["geometries"], "built-in catalog"))
+    models = _parse_models(doc, doc["geometries"], "built-in catalog")
+    return Catalog.of(models, _max_gpus(doc, "built-in catalog") or DEFAULT_MAX_GPUS_PER_NODE)

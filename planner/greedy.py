@@ -17,7 +17,8 @@ be compared with what users run today, minus nos's placement bugs:
    in index order, among all valid layouts (:func:`planner.geometry.enumerate_layouts`) that
    keep every USED instance and every instance already claimed by this plan exactly where it
    is, the layout that *covers the most lacking profiles* is applied; free instances it does
-   not keep are destroyed.  nos broke ties by Go map order (randomly); this planner breaks
+   not keep are destroyed; a locked GPU (``GpuState.locked``) only lends its free instances.
+   nos broke ties by Go map order (randomly); this planner breaks
    them deterministically: fewest instances destroyed + created, then the first layout in
    ``enumerate_layouts``' canonical order (left-to-right slot walk that leaves a slot empty
    before filling it, smaller profiles first), which puts a new instance at its rightmost
@@ -135,9 +136,13 @@ class _MigGpu:
     pinned_key: _Key
     free_key: _Key
     """(profile name, start) of ``pinned``/``free``: cheap cache keys."""
+    locked: bool = False
+    """``GpuState.locked``: free instances may be claimed, nothing created or destroyed."""
 
 
-def _mig_gpu(index: int, pinned: Iterable[Placement], free: Iterable[Placement]) -> _MigGpu:
+def _mig_gpu(
+    index: int, pinned: Iterable[Placement], free: Iterable[Placement], locked: bool = False
+) -> _MigGpu:
     p, f = canonical(pinned), canonical(free)
     return _MigGpu(
         index,
@@ -145,6 +150,7 @@ def _mig_gpu(index: int, pinned: Iterable[Placement], free: Iterable[Placement])
         f,
         tuple((pl.profile.name, pl.start) for pl in p),
         tuple((pl.profile.name, pl.start) for pl in f),
+        locked,
     )
 
 
@@ -227,19 +233,17 @@ class _PodTable:
     """The distinct profile-name sets of ``at`` (one per GPU model, usually one)."""
 
 
-_ParsedGpus = dict[tuple[str, tuple[MigInstance, ...]], _MigGpu]
+_ParsedGpus = dict[tuple[str, tuple[MigInstance, ...], bool], _MigGpu]
 
 
 def _mig_gpus(node: NodeState, model: GpuModel, parsed: _ParsedGpus) -> list[_MigGpu]:
     """The node's GPUs as working state; ``parsed`` memoises identical layouts (per call)."""
     gpus: list[_MigGpu] = []
     for gpu in sorted(node.gpus, key=lambda g: g.index):
-        known = parsed.get((model.name, gpu.mig))
+        known = parsed.get((model.name, gpu.mig, gpu.locked))
         if known is not None:
             if known.index != gpu.index:
-                known = _MigGpu(
-                    gpu.index, known.pinned, known.free, known.pinned_key, known.free_key
-                )
+                known = replace(known, index=gpu.index)
             gpus.append(known)
             continue
         try:
@@ -253,8 +257,8 @@ def _mig_gpus(node: NodeState, model: GpuModel, parsed: _ParsedGpus) -> list[_Mi
                 f"node {node.name} GPU {gpu.index}: its current MIG layout is invalid: "
                 + "; ".join(errors)
             )
-        gpus.append(_mig_gpu(gpu.index, pinned, free))
-        parsed[(model.name, gpu.mig)] = gpus[-1]
+        gpus.append(_mig_gpu(gpu.index, pinned, free, gpu.locked))
+        parsed[(model.name, gpu.mig, gpu.locked)] = gpus[-1]
     return gpus
 
 
@@ -320,7 +324,10 @@ class _Greedy:
     # ---- MIG -----------------------------------------------------------------------------
 
     def placeable(self, model: GpuModel, gpu: _MigGpu) -> frozenset[str]:
-        """Names of the profiles one more instance of which fits beside ``gpu.pinned``."""
+        """Names of the profiles one more instance of which fits beside ``gpu.pinned``
+        (none on a locked GPU)."""
+        if gpu.locked:
+            return frozenset()
         key = (model.name, gpu.pinned_key)
         found = self._placeable.get(key)
         if found is None:
@@ -386,7 +393,9 @@ class _Greedy:
             owner.left -= 1
             owner.gpus.append(gpu.index)
             need[pl.profile] -= 1
-            return _mig_gpu(gpu.index, (*gpu.pinned, pl), (f for f in gpu.free if f != pl))
+            return _mig_gpu(
+                gpu.index, (*gpu.pinned, pl), (f for f in gpu.free if f != pl), gpu.locked
+            )
 
         gpus = list(node.mig)
         changed: set[int] = set()

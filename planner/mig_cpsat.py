@@ -15,7 +15,9 @@ Sets
   node the greedy warm start put a pod of ``g`` on.
 * ``H_v``: the MIG GPUs of node ``v``, grouped into classes of identical current layout
   (same instances, same used flags); class ``h`` has ``|h|`` GPUs.
-* ``L_h``: candidate layouts of class ``h``: every valid layout (:mod:`planner.geometry`)
+* ``L_h``: candidate layouts of class ``h``: only the current layout if the class is
+  *locked* (``GpuState.locked``: instances that existed before gpuslice whose places or users
+  are not known exactly); else every valid layout (:mod:`planner.geometry`)
   that keeps each USED instance exactly where it is, built from the profiles candidate pods
   of ``v`` need plus the profiles of the class's free instances, reduced to its Pareto front
   (below), always including the current layout and the greedy plan's layouts.
@@ -132,16 +134,21 @@ DETERMINISTIC_PER_SECOND = 0.5
 
 @dataclass(frozen=True, slots=True)
 class CurrentMig:
-    """A MIG GPU's layout now, and which of its instances are in use."""
+    """A MIG GPU's layout now, which of its instances are in use, and whether it is locked."""
 
     layout: Layout
     used: frozenset[Placement]
+    locked: bool = False
+    """The layout must stay as it is (``GpuState.locked``); free instances may take pods."""
 
     def key(self) -> tuple[object, ...]:
-        return tuple((p.profile.name, p.start, p in self.used) for p in self.layout)
+        return (
+            *((p.profile.name, p.start, p in self.used) for p in self.layout),
+            ("locked",) if self.locked else (),
+        )
 
 
-MigParseCache = dict[tuple[str, tuple[MigInstance, ...]], CurrentMig]
+MigParseCache = dict[tuple[str, tuple[MigInstance, ...], bool], CurrentMig]
 """Parsed layouts by (model name, instances): identical GPUs are parsed and checked once."""
 
 
@@ -152,7 +159,7 @@ def current_mig(
 
     ``cache`` (one dict per plan) memoises the parse per (model, instances) signature.
     """
-    key = (model.name, gpu.mig)
+    key = (model.name, gpu.mig, gpu.locked)
     if cache is not None:
         found = cache.get(key)
         if found is not None:
@@ -176,7 +183,7 @@ def _parse_mig(node: NodeState, gpu: GpuState, model: GpuModel) -> CurrentMig:
             f"{where}: current MIG layout is impossible ({'; '.join(errors)}); fix the "
             f"snapshot (the node agent reports what the GPU holds)"
         )
-    return CurrentMig(layout, frozenset(p for p, used in placements if used))
+    return CurrentMig(layout, frozenset(p for p, used in placements if used), gpu.locked)
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,6 +284,8 @@ def candidate_layouts(
     memo: dict[int, int] = {}
     first = layout_option(model, current, current.layout, names, settings, memo)
     options = [first]
+    if current.locked:
+        return options
     for layout in enumerate_layouts(model, pinned, addable):
         if layout != current.layout:
             options.append(layout_option(model, current, layout, names, settings, memo))
@@ -349,7 +358,14 @@ def _node_info(
             cur = current_mig(node, gpu, model, cache)
             info.mig[gpu.index] = cur
             free_now.update(p.profile.name for p in cur.layout if p not in cur.used)
-            info.potential += model.memory_slots - sum(p.profile.memory_slices for p in cur.used)
+            if cur.locked:  # only its free instances can ever be offered
+                info.potential += sum(
+                    p.profile.memory_slices for p in cur.layout if p not in cur.used
+                )
+            else:
+                info.potential += model.memory_slots - sum(
+                    p.profile.memory_slices for p in cur.used
+                )
         return info
     usable = mps_usable_mib(node, model, settings)
     potential = 0

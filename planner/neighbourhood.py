@@ -80,7 +80,7 @@ def spare_capacity(
     """Node -> its GPUs' room for new instances/slices beside those in use (docstring)."""
     cache: MigParseCache = parsed if parsed is not None else {}
     spare: dict[str, float] = {}
-    seen: dict[tuple[str, tuple[MigInstance, ...]], float] = {}
+    seen: dict[tuple[str, tuple[MigInstance, ...], bool], float] = {}
     for node in snapshot.nodes:
         model = models[node.name]
         free = 0.0
@@ -91,11 +91,13 @@ def spare_capacity(
                 free += max(0.0, 1.0 - used / usable) if usable > 0 else 0.0
         else:
             for gpu in node.gpus:
-                key = (model.name, gpu.mig)
+                key = (model.name, gpu.mig, gpu.locked)
                 share = seen.get(key)
                 if share is None:
-                    pinned = sorted(current_mig(node, gpu, model, cache).used)
-                    share = largest_free_block(model, pinned) / (model.memory_slots or 1)
+                    cur = current_mig(node, gpu, model, cache)
+                    # a locked GPU gets no new instance: no room beside its layout
+                    held = cur.layout if cur.locked else sorted(cur.used)
+                    share = largest_free_block(model, held) / (model.memory_slots or 1)
                     seen[key] = share
                 free += share
         spare[node.name] = free

@@ -47,6 +47,7 @@ __all__ = [
     "Unplaced",
     "is_partitionable_resource",
     "mig_profile_of",
+    "mig_resource",
     "mps_gb_of",
     "mps_resource",
 ]
@@ -60,6 +61,15 @@ def mig_profile_of(resource: str) -> str | None:
     if resource.startswith(MIG_RESOURCE_PREFIX):
         return resource[len(MIG_RESOURCE_PREFIX) :]
     return None
+
+
+def mig_resource(profile: str) -> str:
+    """``1g.10gb`` -> ``nvidia.com/mig-1g.10gb``; ``1g.10gb+me`` -> ``nvidia.com/mig-1g.10gb.me``.
+
+    Kubernetes resource names cannot hold ``+``; NVIDIA's device plugin spells a profile's
+    ``+`` as ``.``, and so does every resource name gpuslice plans or advertises.
+    """
+    return MIG_RESOURCE_PREFIX + profile.replace("+", ".")
 
 
 def mps_gb_of(resource: str) -> int | None:
@@ -102,6 +112,10 @@ class GpuState:
     index: int
     mig: tuple[MigInstance, ...] = ()
     mps: tuple[MpsSlice, ...] = ()
+    locked: bool = False
+    """Keep this MIG GPU's layout exactly as it is: where its instances sit or which of them
+    pods hold is not known exactly (instances that existed before gpuslice, read from node
+    labels).  Its free instances may still take pods; nothing on it is created or destroyed."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,7 @@ from typing import Literal, Protocol
 
 from planner.catalog import GpuModel, MigProfile, default_catalog
 from planner.settings import PlannerSettings
-from planner.snapshot import MIG_RESOURCE_PREFIX, mps_resource
+from planner.snapshot import mps_resource
 from simulations.workload import GPU_MILLI, Pod
 
 MPS_RESERVE_MIB = PlannerSettings().mps_reserve_mib
@@ -99,7 +99,7 @@ def _base_profiles(model: GpuModel) -> list[MigProfile]:
 
 
 def _mig(profile: MigProfile, count: int) -> SliceRequest:
-    return SliceRequest("mig", f"{MIG_RESOURCE_PREFIX}{profile.name}", count, profile=profile.name)
+    return SliceRequest("mig", profile.resource, count, profile=profile.name)
 
 
 class MigByCompute:

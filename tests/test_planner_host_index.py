@@ -111,14 +111,14 @@ def test_a_two_unit_pod_that_fails_on_a_node_does_not_block_one_unit_pods_there(
     assert plan.assignments["c-single"].node == "node-a"
 
 
-def test_models_with_different_profile_names_are_scanned_in_one_name_order() -> None:
-    # nvidia.com/mig-1g.10gb is 1g.10gb on an A100-80GB and 1g.12gb on an H100 NVL: two key
-    # sets, one merged scan in name order.
+def test_two_models_with_the_same_profile_name_are_scanned_in_one_name_order() -> None:
+    # nvidia.com/mig-1g.10gb exists on an A100-80GB and an H100 80GB alike (exact names: an
+    # H100 NVL, whose 1g is 1g.12gb, is no candidate): one merged scan in name order.
     nvl = NodeState(
         "node-a-nvl",
         Mode.MIG,
-        "H100-NVL",
-        (GpuState(0, mig=(MigInstance("7g.94gb", 0, used=True),)), GpuState(1)),
+        "H100-80GB",
+        (GpuState(0, mig=(MigInstance("7g.80gb", 0, used=True),)), GpuState(1)),
     )
     full = a100_node("node-0-full", 1, [("7g.80gb", 0)])
     roomy = a100_node("node-b", 1, [])

@@ -1,10 +1,15 @@
 """``gpuslice plan``: plan one pending batch and show the layout per GPU, assignments, reasons.
 
 Input is the built-in demo cluster (``--demo``, :func:`simulations.instances.demo_snapshot`)
-or a cluster dump (``--snapshot FILE``, the JSON of
-``kubectl get nodes,pods,nodepartitionings -A -o json``, converted by
-:func:`partitioner.snapshot.snapshot_from_kubectl_list`).  The plan comes from
+or a cluster dump (``--snapshot FILE``, the JSON of ``kubectl get nodes,pods -A -o json``,
+plus ``nodepartitionings`` once gpuslice's CRD is installed; read by
+:func:`partitioner.snapshot.read_kubectl_list`).  The plan comes from
 :func:`planner.api.plan` with the chosen policy; nothing is written to any cluster.
+
+For a dump, the output starts with what was read and assumed about each opted-in node: the
+GPU model, the MIG strategy its GPU Feature Discovery labels are in, where the GPU count came
+from, the instances adopted (before gpuslice's agent reports: :mod:`partitioner.adoption`),
+which are in use, and which GPUs are locked; or why the node cannot be planned.
 
 Text output, per changed GPU: ``node GPU i: [before] -> [after]`` with MIG instances as
 ``profile@start`` (``(used)`` marks instances in use, which never move) and MPS slices as
@@ -39,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument(
         "--snapshot",
         metavar="FILE",
-        help="JSON from 'kubectl get nodes,pods,nodepartitionings -A -o json' ('-' = stdin)",
+        help="JSON from 'kubectl get nodes,pods -A -o json' (add ',nodepartitionings' once "
+        "gpuslice is installed; '-' = stdin)",
     )
     parser.add_argument(
         "--policy",
@@ -70,25 +76,84 @@ def _load_catalog(files: Sequence[str]) -> Catalog:
         raise BadInput(str(e)) from e
 
 
-def _read_snapshot(path: str, catalog: Catalog) -> tuple[Snapshot, list[str]]:
-    from partitioner.snapshot import snapshot_from_kubectl_list
-
+def read_dump(path: str) -> Any:
+    """The JSON document in ``path`` (``-`` = standard input); :class:`BadInput` naming it."""
     where = "standard input" if path == "-" else path
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text()
     except OSError as e:
         raise BadInput(f"cannot read snapshot file {where}: {e.strerror or e}") from e
     try:
-        doc = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as e:
         raise BadInput(
             f"snapshot file {where} is not valid JSON ({e.msg} at line {e.lineno}); create it "
-            "with 'kubectl get nodes,pods,nodepartitionings -A -o json > FILE'"
+            "with 'kubectl get nodes,pods -A -o json > FILE'"
         ) from e
+
+
+def read_reading(path: str, catalog: Catalog) -> tuple[Any, Any, dict[str, list[str]]]:
+    """The dump in ``path``, its :class:`partitioner.snapshot.ClusterReading`, and per node
+    what was assumed to read it as gpuslice will see it once installed: the GPU Operator's
+    MIG manager and device plugin off on opted-in nodes (:func:`partitioner.node_labels.
+    with_operands_off`; the partitioner leaves a node out until they are)."""
+    from partitioner.node_labels import with_operands_off
+    from partitioner.snapshot import opted_in, read_kubectl_list
+
+    doc = read_dump(path)
+    assumed: dict[str, list[str]] = {}
+    items = doc.get("items") if isinstance(doc, dict) else None
+    if isinstance(items, list):
+        fixed = []
+        for item in items:
+            if isinstance(item, dict) and item.get("kind") == "Node" and opted_in(item):
+                item, notes = with_operands_off(item)
+                if notes:
+                    assumed[str(item["metadata"].get("name", ""))] = notes
+            fixed.append(item)
+        doc = {**doc, "items": fixed}
     try:
-        return snapshot_from_kubectl_list(doc, catalog)
+        return doc, read_kubectl_list(doc, catalog), assumed
     except (ValueError, CatalogError) as e:
+        where = "standard input" if path == "-" else path
         raise BadInput(f"snapshot file {where}: {e}") from e
+
+
+def _read_snapshot(
+    path: str, catalog: Catalog
+) -> tuple[Snapshot, list[str], dict[str, dict[str, Any]]]:
+    from partitioner.snapshot import reading_notes
+
+    _, reading, assumed = read_reading(path, catalog)
+    return reading.snapshot(), reading_notes(reading), nodes_read(reading, assumed)
+
+
+def nodes_read(
+    reading: Any, assumed: dict[str, list[str]] | None = None
+) -> dict[str, dict[str, Any]]:
+    """Per opted-in node of a :class:`partitioner.snapshot.ClusterReading`: what was read
+    (``assumed``: sentences to put first, per node)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in sorted({*reading.gpu_nodes, *reading.problems}):
+        entry: dict[str, Any] = {}
+        node = reading.gpu_nodes.get(name)
+        if node is not None:
+            entry["model"] = node.model.name
+            entry["mode"] = node.mode.value
+            if node.labels is not None:
+                entry["mig_strategy"] = node.labels.strategy.value
+        adopted = reading.adopted.get(name)
+        entry["assumed"] = list((assumed or {}).get(name, ()))
+        if adopted is not None:
+            entry["gpus"] = adopted.gpu_count
+            entry["source"] = adopted.source
+            entry["assumed"] += adopted.notes
+            entry["locked_gpus"] = [g.index for g in adopted.gpus if g.locked]
+        problem = reading.problems.get(name)
+        if problem is not None:
+            entry["problem"] = f"{problem.reason}: {problem.message}"
+        out[name] = entry
+    return out
 
 
 def _gib(mib: int) -> str:
@@ -138,6 +203,7 @@ def plan_document(snapshot: Snapshot, result: Plan, seconds: float) -> dict[str,
                 }
             )
     return {
+        "nodes_read": {},
         "policy": result.policy,
         "status": result.status,
         "seconds": round(seconds, 4),
@@ -154,8 +220,22 @@ def plan_document(snapshot: Snapshot, result: Plan, seconds: float) -> dict[str,
     }
 
 
+def _render_nodes(nodes: dict[str, dict[str, Any]]) -> list[str]:
+    lines = [f"Read from the dump ({len(nodes)} opted-in node(s)):"]
+    for name, n in nodes.items():
+        head = ", ".join(str(n[k]) for k in ("model", "mode") if k in n) + (
+            f", mig.strategy={n['mig_strategy']}" if "mig_strategy" in n else ""
+        )
+        lines.append(f"  {name} ({head})" if head else f"  {name}")
+        lines += [f"    - {a}" for a in n.get("assumed", ())]
+        if "problem" in n:
+            lines.append(f"    - not planned: {n['problem']}")
+    return [*lines, ""]
+
+
 def render_text(doc: dict[str, Any]) -> str:
-    lines = [
+    lines = _render_nodes(doc["nodes_read"]) if doc["nodes_read"] else []
+    lines += [
         f"Planned {doc['pending_pods']} pending pod(s) on {doc['nodes']} node(s) / "
         f"{doc['gpus']} GPU(s) with policy {doc['policy']} "
         f"(status {doc['status'] or '-'}, {doc['seconds']:.2f} s).",
@@ -193,12 +273,13 @@ def run(args: argparse.Namespace) -> int:
         raise BadInput(f"--time-limit must be positive, got {args.time_limit}")
     catalog = _load_catalog(args.catalog)
     warnings: list[str] = []
+    read: dict[str, dict[str, Any]] = {}
     if args.demo:
         from simulations.instances import demo_snapshot
 
         snapshot = demo_snapshot()
     else:
-        snapshot, warnings = _read_snapshot(args.snapshot, catalog)
+        snapshot, warnings, read = _read_snapshot(args.snapshot, catalog)
     for w in warnings:
         print(f"gpuslice plan: note: {w}", file=sys.stderr)
     settings = PlannerSettings(
@@ -211,6 +292,7 @@ def run(args: argparse.Namespace) -> int:
         source = "the demo snapshot" if args.demo else f"snapshot file {args.snapshot}"
         raise BadInput(f"{source}: {e}") from e
     doc = plan_document(snapshot, result, time.perf_counter() - start)
+    doc["nodes_read"] = read
     if args.json:
         doc["warnings"] = warnings
         print(json.dumps(doc, indent=2))
