@@ -90,7 +90,7 @@ from partitioner.actions import (
     WriteReservations,
     WriteSpec,
 )
-from partitioner.batching import BatchPolicy, BatchWindow, due, observe, planned
+from partitioner.batching import BatchPolicy, BatchWindow, due, next_deadline, observe, planned
 from partitioner.drain import choose_drain, drain_budget
 from partitioner.eligibility import pod_fits_node
 from partitioner.gating import release_patch, ungate_patch
@@ -133,6 +133,7 @@ PlanFn = Callable[[Any, PlannerSettings, Catalog], Plan]
 """``plan(snapshot, settings, catalog) -> Plan``."""
 
 _MIG_MODES = (Mode.MIG, Mode.HYBRID)
+MIB_PER_GIB = 1024
 
 
 def default_planner() -> PlanFn:
@@ -191,6 +192,14 @@ class Decision:
     counts: Mapping[str, int] = field(default_factory=dict)
     """waiting, candidates, held, released, draining, rejected, fast (reserved from free slices),
     releases (this step)."""
+    problems: Mapping[str, NodeProblem] = field(default_factory=dict)
+    """Opted-in nodes left out of planning, and why (labels, or GPUs not readable yet)."""
+    snapshot: Snapshot | None = None
+    """The planner's input when this step planned a batch."""
+    next_wakeup: float | None = None
+    """The earliest future time a time-based decision falls due with no other change (a
+    deadline, a drain threshold, the batch window, a retry, a cool-down's end): a caller that
+    steps on changes only (the simulator) steps again then."""
 
     @property
     def waiting(self) -> int:
@@ -396,6 +405,9 @@ class _Step:
         self.unreadable: dict[str, NodeProblem] = {}
         """GPU nodes whose GPUs cannot be read yet (:mod:`partitioner.adoption`)."""
         self.window: BatchWindow = state.window
+        self.pods_now = index.waiting()
+        self.planned_snapshot: Snapshot | None = None
+        self.next_wakeup: float | None = None
 
     # ------------------------------------------------------------------ small helpers
 
@@ -439,6 +451,18 @@ class _Step:
             self.view[r.node][pod.key] = ReservationEntry(
                 pod=pod.key, state=r.state.value, gpus=gpus, plan=r.plan
             )
+
+    def _label_problems(self) -> dict[str, NodeProblem]:
+        return {
+            name: info.reading
+            for name, info in self.index.nodes.items()
+            if isinstance(info.reading, NodeProblem)
+        }
+
+    def wake(self, at: float) -> None:
+        """Note a future time-based decision (see :attr:`Decision.next_wakeup`)."""
+        if at > self.now and (self.next_wakeup is None or at < self.next_wakeup):
+            self.next_wakeup = at
 
     def candidate(self, pod: PodInfo, managed: bool) -> None:
         reason = self._reject(pod)
@@ -525,7 +549,7 @@ class _Step:
         out: dict[str, set[int]] = {}
         if not self.config.reservation:
             return {}
-        for pod in self.index.waiting():
+        for pod in self.pods_now:
             r = pod.reservation
             if r is None or r.state is not State.DRAINING or not pod.gated:
                 continue
@@ -540,10 +564,15 @@ class _Step:
 
     def read_pods(self) -> None:
         legacy_in_flight = self._legacy_in_flight() if not self.config.reservation else {}
-        for pod in self.index.waiting():
+        for pod in self.pods_now:
             if pod.daemonset or pod.nominated:
                 continue
             self.seen.add(pod.key)
+            r0 = pod.reservation
+            if r0 is not None and math.isfinite(r0.deadline):
+                self.wake(r0.deadline)
+            elif r0 is None and pod.gated and pod.created is not None:
+                self.wake(pod.created + self.config.drain_after_s)
             self.counts["waiting"] += 1
             if pod.request_error:
                 self.rejected[pod.key] = pod.request_error
@@ -969,16 +998,25 @@ class _Step:
         )
 
     def planning_input(self) -> tuple[Snapshot, dict[str, PodInfo]]:
-        """The planner's snapshot for every candidate that can be planned now."""
+        """The planner's snapshot: plannable nodes and the candidates that could be placed.
+
+        Per resource the batch holds at most as many units as the plannable GPUs could ever
+        offer of it (:class:`_UnitBounds`), the longest-waiting pods of the highest priority
+        first: a plan cannot place more, so the rest would only cost planning time (with
+        thousands of pods waiting for a few GPUs).  They stay candidates for the next batch.
+        The first pod of a resource always enters (the planner says why it cannot be placed).
+        """
         plannable = {
             name: ledger
             for name, ledger in self.ledgers.items()
             if not ledger.busy and name not in self.cooldown
         }
         nodes = tuple(plannable[n].node_state() for n in sorted(plannable))
+        bound = _UnitBounds(plannable.values(), self.config.planner_settings.mps_reserve_mib)
+        taken: Counter[str] = Counter()
         pods: list[PendingPod] = []
         by_key: dict[str, PodInfo] = {}
-        for key in sorted(self.candidates):
+        for key in sorted(self.candidates, key=lambda k: _order(self.candidates[k])):
             pod = self.candidates[key]
             eligible = self.index.eligible(pod, self.gpu_nodes)
             if key in self.restricted:
@@ -990,8 +1028,14 @@ class _Step:
                     + ", ".join(sorted(eligible))
                 )
                 continue
+            if any(taken[r] and taken[r] + k > bound(r) for r, k in pod.slices.items()):
+                self.waiting[key] = "more pods wait for this resource than the GPUs can hold"
+                self.counts["capped"] += 1
+                continue
+            taken.update(pod.slices)
             pods.append(self._pending(pod, usable))
             by_key[key] = pod
+        pods.sort(key=lambda p: p.name)
         return Snapshot(nodes=nodes, pods=tuple(pods)), by_key
 
     def _write_plan(self, plan: Plan, plan_id: str, pods: Mapping[str, PodInfo]) -> int:
@@ -1076,6 +1120,7 @@ class _Step:
             self.window = window
             return None, "", (), 0, ""
         snapshot, pods = self.planning_input()
+        self.planned_snapshot = snapshot
         batch = tuple(sorted(candidates))
         self.window = planned(window, batch, self.now)
         if not snapshot.pods:
@@ -1094,6 +1139,18 @@ class _Step:
                 self.once(pods[key], "Unplaceable", f"cannot place: {reason}", "Warning")
         self.start_drains(plan)
         return plan, plan_id, batch, reconfigured, ""
+
+    def _window_wakeups(self) -> None:
+        policy = self.config.policy
+        deadline = next_deadline(self.window, policy)
+        if deadline is not None:
+            self.wake(deadline)
+        elif self.window.planned_at:
+            for key, at in self.window.planned_at.items():
+                if key in self.candidates:
+                    self.wake(at + policy.retry)
+        for until in self.cooldown.values():
+            self.wake(until)
 
     # ------------------------------------------------------------------ status view
 
@@ -1134,6 +1191,7 @@ class _Step:
             if key in self.index.pods:
                 self.once(self.index.pods[key], "Unplaceable", f"cannot place: {reason}", "Warning")
         self.write_views()
+        self._window_wakeups()
         live = {k.split("|", 1)[0] for k in self.reported}
         keep = live & self.seen
         reported = {k: m for k, m in self.reported.items() if k.split("|", 1)[0] in keep}
@@ -1149,6 +1207,9 @@ class _Step:
             reconfigured,
             error,
             dict(self.counts),
+            {**self._label_problems(), **self.unreadable},
+            self.planned_snapshot,
+            self.next_wakeup,
         )
 
 
@@ -1159,6 +1220,33 @@ def _planned(plan: Plan, key: str, plan_id: str) -> str:
         indices = sorted(set(a.gpus[resource]))
         parts.append(f"{resource} on node {a.node} GPU " + ", ".join(str(i) for i in indices))
     return f"planned {'; '.join(parts)}, plan {plan_id}"
+
+
+class _UnitBounds:
+    """Per resource, the most units the GPUs of some nodes could hold in any layout.
+
+    MIG: the profile's per-GPU maximum on every GPU that is not frozen; MPS: each GPU's usable
+    memory (less the MPS server reserve) over the slice size.  An upper bound, not what is free.
+    """
+
+    def __init__(self, ledgers: Iterable[NodeLedger], mps_reserve_mib: int) -> None:
+        self.mig: Counter[str] = Counter()
+        self.mps_mib: list[int] = []
+        for ledger in ledgers:
+            gpus = sum(1 for g in ledger.gpus if not g.frozen)
+            model = ledger.gpu.model
+            if ledger.gpu.mode is Mode.MPS:
+                memory = (ledger.gpu.gpu_memory_mib or model.memory_mib) - mps_reserve_mib
+                self.mps_mib.extend([memory] * gpus)
+            else:
+                for profile in model.profiles:
+                    self.mig[profile.resource] += gpus * profile.max_count
+
+    def __call__(self, resource: str) -> int:
+        gb = mps_gb_of(resource)
+        if gb is None:
+            return self.mig[resource]
+        return sum(m // (gb * MIB_PER_GIB) for m in self.mps_mib) if gb > 0 else 0
 
 
 def _packing(ledger: NodeLedger, units: Mapping[str, int]) -> int:

@@ -39,7 +39,7 @@ Cost: an event costs one object's parsing; a cycle costs O(waiting pods + nodes)
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -440,6 +440,7 @@ class ClusterIndex:
         """Bumped on every change (any kind)."""
         self._usage: dict[str, Usage] = {}
         self._waiting: set[str] = set()
+        self._waiting_sorted: list[str] | None = None
         self.node_pods: dict[str, int] = {}
         """Node -> a counter bumped whenever a pod bound to it appears, changes or goes."""
 
@@ -532,8 +533,9 @@ class ClusterIndex:
             self._usage.setdefault(info.node, Usage()).add(info, +1)
         if info.node:
             self.node_pods[info.node] = self.node_pods.get(info.node, 0) + 1
-        if info.waiting:
+        if info.waiting and key not in self._waiting:
             self._waiting.add(key)
+            self._waiting_sorted = None
         self.version += 1
 
     def _drop_pod(self, key: str, bump: bool = True) -> None:
@@ -546,7 +548,9 @@ class ClusterIndex:
                 usage.add(old, -1)
         if old.node:
             self.node_pods[old.node] = self.node_pods.get(old.node, 0) + 1
-        self._waiting.discard(key)
+        if key in self._waiting:
+            self._waiting.discard(key)
+            self._waiting_sorted = None
         if bump:
             self.version += 1
 
@@ -571,10 +575,11 @@ class ClusterIndex:
         """Pods bound to ``node`` that have not finished (key order; O(all pods))."""
         return [p for k, p in sorted(self.pods.items()) if p.node == node and not p.finished]
 
-    def waiting(self) -> Iterator[PodInfo]:
+    def waiting(self) -> list[PodInfo]:
         """Slice pods not bound, not finished, not being deleted (key order)."""
-        for key in sorted(self._waiting):
-            yield self.pods[key]
+        if self._waiting_sorted is None:
+            self._waiting_sorted = sorted(self._waiting)
+        return [self.pods[key] for key in self._waiting_sorted]
 
     def gpu_nodes(self) -> dict[str, NodeInfo]:
         """Opted-in nodes with valid GPU labels, by name (sorted)."""

@@ -266,6 +266,7 @@ class NodeLedger:
                         mps=tuple(
                             MpsSlice(d.memory_mib, d.pinned, d.thread_percentage) for d in g.devices
                         ),
+                        locked=g.locked,
                     )
                 )
             else:
@@ -273,6 +274,7 @@ class NodeLedger:
                     GpuState(
                         g.index,
                         mig=tuple(MigInstance(d.mig_profile, d.key, d.pinned) for d in g.devices),
+                        locked=g.locked,
                     )
                 )
         return tuple(out)

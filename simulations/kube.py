@@ -324,6 +324,8 @@ class Scheduler:
     active: list[tuple[int, float, int, str]] = field(default_factory=list)
     backoff: list[tuple[float, int, str]] = field(default_factory=list)
     unschedulable: set[str] = field(default_factory=set)
+    parked: list[tuple[float, int, str]] = field(default_factory=list)
+    """(parked since, seq, pod) of unschedulable pods, oldest first (stale entries skipped)."""
     gated: set[str] = field(default_factory=set)
     attempts: int = 0
     _seq: itertools.count[int] = field(default_factory=itertools.count)
@@ -387,10 +389,23 @@ class Scheduler:
 
     def flush(self, now: float) -> None:
         """Unschedulable pods parked for 5 minutes go back to the queue."""
-        for key in sorted(self.unschedulable):
-            e = self.entries[key]
-            if now - e.unschedulable_since >= self.unschedulable_timeout_s:
+        while self.parked and now - self.parked[0][0] >= self.unschedulable_timeout_s:
+            since, _, key = heapq.heappop(self.parked)
+            e = self.entries.get(key)
+            if key in self.unschedulable and e is not None and e.unschedulable_since == since:
                 self._requeue(e, now)
+
+    def next_flush(self, now: float) -> float | None:
+        """When the flush loop (every ``flush_period_s``) next moves a parked pod."""
+        while self.parked:
+            since, _, key = self.parked[0]
+            e = self.entries.get(key)
+            if key in self.unschedulable and e is not None and e.unschedulable_since == since:
+                due = since + self.unschedulable_timeout_s
+                period = self.flush_period_s
+                return max(now, math.ceil(due / period - 1e-9) * period)
+            heapq.heappop(self.parked)
+        return None
 
     def next_event(self) -> float | None:
         return self.backoff[0][0] if self.backoff else None
@@ -402,10 +417,27 @@ class Scheduler:
             if e is not None and key not in self.gated:
                 self._push_active(e)
 
+    def _room(self) -> dict[str, int]:
+        """Per extended resource, the most any node could still admit (a quick-reject bound)."""
+        room: dict[str, int] = {}
+        index = self.api.index
+        for name, info in index.nodes.items():
+            usage = index.usage(name)
+            for r, alloc in info.allocatable.items():
+                left = alloc - usage.slices.get(r, 0)
+                if left > room.get(r, 0):
+                    room[r] = left
+        return room
+
     def run(self, now: float, bind: Callable[[str, str], bool]) -> None:
-        """Schedule every pod in the active queue (scheduling takes no simulated time)."""
+        """Schedule every pod in the active queue (scheduling takes no simulated time).
+
+        A pod asking for more of a resource than any node has left fails its attempt at once
+        (the filter would reject every node; the outcome and the backoff are the same).
+        """
         self._ready(now)
         seen: set[str] = set()
+        room: dict[str, int] | None = None
         while self.active:
             _, _, _, key = heapq.heappop(self.active)
             e = self.entries.get(key)
@@ -414,9 +446,13 @@ class Scheduler:
                 continue
             seen.add(key)
             self.attempts += 1
-            node = self._choose(pod)
+            if room is None:
+                room = self._room()
+            fits = all(room.get(r, 0) >= k for r, k in pod.slices.items())
+            node = self._choose(pod) if fits else None
             if node is not None and bind(key, node):
                 self.forget(key)
+                room = None
                 continue
             e.attempts += 1
             e.backoff_until = now + min(
@@ -425,6 +461,7 @@ class Scheduler:
             e.timestamp = now
             e.unschedulable_since = now
             self.unschedulable.add(key)
+            heapq.heappush(self.parked, (now, next(self._seq), key))
             if not pod.unschedulable:
                 self.api.set_pod_status(
                     key,

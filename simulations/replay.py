@@ -55,7 +55,7 @@ from enum import IntEnum
 from typing import Any
 
 from partitioner.actions import EmitEvent, PatchPod, SetNodeCondition, WriteReservations, WriteSpec
-from partitioner.batching import BatchPolicy, forget, next_deadline
+from partitioner.batching import BatchPolicy, forget
 from partitioner.decide import ControllerState, DecideConfig, decide
 from partitioner.index import ClusterIndex
 from partitioner.reservations import State
@@ -671,7 +671,7 @@ class _Engine:
             )
         if progress:
             self.last_progress = t
-        self._schedule_next(t)
+        self._schedule_next(t, decision.next_wakeup)
 
     def _write_spec(self, t: float, action: WriteSpec) -> bool:
         node = self.fake.nodes.get(action.node)
@@ -725,37 +725,13 @@ class _Engine:
             self._wake("schedule_at", t, _Kind.SCHEDULE)
         return action.purpose in ("release", "reserve")
 
-    def _schedule_next(self, t: float) -> None:
-        """Wake the partitioner at its next time-based decision (window, retry, deadlines)."""
-        assert self.config is not None
-        policy = self.config.policy
-        window = self.state.window
-        times: list[float] = []
-        nxt = next_deadline(window, policy)
-        if nxt is not None:
-            times.append(nxt)
-        candidates = set()
-        for info in self.index.waiting():
-            r = info.reservation
-            if r is not None and math.isfinite(r.deadline):
-                times.append(r.deadline - self.epoch + _EPSILON)
-            if info.key in window.planned_at:
-                candidates.add(info.key)
-            if self.config.reservation and info.gated and info.created is not None and (r is None):
-                drain_at = info.created - self.epoch + self.config.drain_after_s
-                if drain_at > t:
-                    times.append(drain_at)
-        if window.opened_at is None:
-            times.extend(
-                at + policy.retry + _EPSILON
-                for p, at in window.planned_at.items()
-                if p in candidates
-            )
-        times.extend(until - self.epoch + _EPSILON for until in self.state.cooldown.values())
-        future = [x for x in times if x > t]
-        if future:
-            cycle = self.settings.cycle_s
-            self._wake("tick_at", math.ceil(min(future) / cycle - 1e-9) * cycle, _Kind.TICK)
+    def _schedule_next(self, t: float, at: float | None) -> None:
+        """Wake the partitioner at its next time-based decision (``Decision.next_wakeup``)."""
+        if at is None:
+            return
+        cycle = self.settings.cycle_s
+        when = math.ceil((at - self.epoch) / cycle - 1e-9) * cycle
+        self._wake("tick_at", max(when, t + cycle), _Kind.TICK)
 
     # ------------------------------------------------------------------ events
 
@@ -842,9 +818,9 @@ class _Engine:
         nxt = self.scheduler.next_event()
         if nxt is not None:
             self._wake("schedule_at", max(nxt, t + _EPSILON), _Kind.SCHEDULE)
-        if self.scheduler.unschedulable:
-            period = self.scheduler.flush_period_s
-            self._wake("flush_at", (math.floor(t / period) + 1) * period, _Kind.FLUSH)
+        flush = self.scheduler.next_flush(t)
+        if flush is not None:
+            self._wake("flush_at", max(flush, t + _EPSILON), _Kind.FLUSH)
 
     def _quiet(self, t: float) -> bool:
         """Nothing can change any more: no live event, and no progress for a long while."""

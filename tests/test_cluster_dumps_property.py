@@ -166,23 +166,22 @@ def check(doc: dict[str, Any], truth: list[TrueNode], policy: Policy) -> None:
     )
     opened = decide(ControllerState(), view, 0.0, config)
     got = decide(opened.state, view, 5.0, config)  # the batch window is due: plan and write
-    reading = got.reading
-    for name, problem in reading.problems.items():
+    for name, problem in got.problems.items():
         t = by_name[name]
         assert (t.shown_as, t.count_known, problem.reason) == (
             "single",
             False,
             "GpuCountUnknown",
         ), problem
-    for state in reading.nodes:
-        assert len(state.gpus) == len(by_name[state.name].gpus)  # the physical count
-    COUNTED["nodes read"] += len(reading.nodes)
-    COUNTED["locked GPUs"] += sum(g.locked for n in reading.nodes for g in n.gpus)
     assert got.error == "", got.error
     result = got.plan
-    if result is None:  # nothing to plan
-        assert not reading.candidates
+    if result is None or got.snapshot is None:  # nothing to plan
+        assert not got.counts.get("candidates")
         return
+    for state in got.snapshot.nodes:
+        assert len(state.gpus) == len(by_name[state.name].gpus)  # the physical count
+    COUNTED["nodes read"] += len(got.snapshot.nodes)
+    COUNTED["locked GPUs"] += sum(g.locked for n in got.snapshot.nodes for g in n.gpus)
     COUNTED["pods placed"] += len(result.assignments)
     # What the agents would hold after applying the written specs: a listed GPU gets its
     # spec entry, an unlisted one keeps what it has (the truth).
@@ -196,7 +195,7 @@ def check(doc: dict[str, Any], truth: list[TrueNode], policy: Policy) -> None:
             assert used <= set(layout), f"{t.name} GPU {entry.index}: in-use {used} not in {layout}"
             assert layout_ok(t.model, layout), f"{t.name} GPU {entry.index}: {layout}"
             after[t.name][entry.index] = layout
-    pods = {p.name: p for p in reading.snapshot().pods}
+    pods = {p.name: p for p in got.snapshot.pods}
     placed: dict[str, Counter[str]] = {}
     for pod, a in result.assignments.items():
         own = {resource_name(n) for n in names_of(by_name[a.node].model)}

@@ -196,7 +196,7 @@ def test_a_billion_gpus_is_a_node_problem_and_the_cycle_stays_under_50_ms() -> N
         start = time.perf_counter()
         got = decide(state, view, 5.0, config)  # the window is due: read, plan, act
         times.append(time.perf_counter() - start)
-    problem = got.reading.problems["gpu-mixed-0"]
+    problem = got.problems["gpu-mixed-0"]
     assert problem.reason == "TooManyGpus" and "1000000000" in problem.message
     assert any(isinstance(a, SetNodeCondition) and a.reason == "TooManyGpus" for a in got.actions)
     assert any(isinstance(a, EmitEvent) and a.reason == "TooManyGpus" for a in got.actions)

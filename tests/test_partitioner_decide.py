@@ -1,4 +1,8 @@
-"""The decision step as a plain function: housekeeping, conditions, batching, spec writes."""
+"""The decision step as a plain function: housekeeping, conditions, batching, spec writes.
+
+These run with reservations off (nos's behaviour: pods are planned, never gated or released),
+which is also the path ungated pods take; the reservation flow is in
+``test_partitioner_promises.py``."""
 
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ CONFIG = DecideConfig(
     catalog=default_catalog(),
     policy=BatchPolicy(timeout=60, idle=10, retry=60),
     planner=plan_greedy,
+    reservation=False,
 )
 MIG = {"gpuslice.io/partitioning": "mig", **A100}
 

@@ -1,0 +1,458 @@
+"""Plans are promises: the decision step gates, reserves, releases and keeps deadlines.
+
+Every test drives :func:`partitioner.decide.decide` on plain API objects, applying the actions
+it returns the way the API server would (JSON merge patches through
+:mod:`simulations.kube_rules`, which refuses what Kubernetes refuses), so a release that widens
+affinity or adds a gate would fail here too.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import json
+import math
+from typing import Any
+
+import pytest
+from test_partitioner_snapshot import A100, node, np
+
+from partitioner.actions import EmitEvent, PatchPod, WriteReservations, WriteSpec
+from partitioner.batching import BatchPolicy
+from partitioner.decide import ControllerState, DecideConfig, Decision, decide
+from partitioner.gating import GATE
+from partitioner.index import ClusterIndex
+from partitioner.reservations import RESERVATION_ANNOTATION, State, parse_reservation
+from planner.catalog import default_catalog
+from planner.greedy import plan_greedy
+from simulations.kube_rules import merge_patch, validate_pod_update
+
+CAT = default_catalog()
+MIG = {"gpuslice.io/partitioning": "mig", **A100}
+ONE_G = "nvidia.com/mig-1g.10gb"
+SEVEN_G = "nvidia.com/mig-7g.80gb"
+T0 = 1_800_000_000.0
+CONFIG = DecideConfig(
+    catalog=CAT,
+    policy=BatchPolicy(timeout=60, idle=10, retry=60),
+    planner=plan_greedy,
+    apply_deadline_s=300,
+    bind_deadline_s=120,
+    cooldown_s=300,
+    drain_after_s=600,
+    drain_fraction=0.5,
+)
+
+
+def gated(name: str, resource: str, created: float = T0, **spec: Any) -> dict[str, Any]:
+    stamp = datetime.datetime.fromtimestamp(created, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": f"uid-{name}",
+            "resourceVersion": "1",
+            "creationTimestamp": stamp,
+        },
+        "spec": {
+            "containers": [{"name": "c", "resources": {"limits": {resource: "1"}}}],
+            "schedulingGates": [{"name": GATE}],
+            **spec,
+        },
+        "status": {"phase": "Pending"},
+    }
+
+
+def status_gpu(index: int, *instances: tuple[str, int, bool]) -> dict[str, Any]:
+    return {
+        "index": index,
+        "migEnabled": True,
+        "mig": [{"profile": p, "start": s, "used": u} for p, s, u in instances],
+    }
+
+
+def applied_np(name: str, *gpus: dict[str, Any], generation: int = 2) -> dict[str, Any]:
+    obj = np(
+        name, plan="1", generation=generation, observed=generation, applied=True, gpus=list(gpus)
+    )
+    obj["spec"]["gpus"] = [
+        {
+            "index": g["index"],
+            "mig": [{"profile": m["profile"], "start": m["start"]} for m in g["mig"]],
+        }
+        for g in gpus
+    ]
+    return obj
+
+
+def with_alloc(obj: dict[str, Any], **devices: int) -> dict[str, Any]:
+    obj = copy.deepcopy(obj)
+    for short, k in devices.items():
+        obj["status"]["allocatable"][f"nvidia.com/mig-{short.replace('_', '.')}"] = str(k)
+    return obj
+
+
+class Cluster:
+    """API objects plus the bits of the API server the tests need (rv, patches, rules)."""
+
+    def __init__(self, *objs: dict[str, Any]) -> None:
+        self.objs: dict[tuple[str, str], dict[str, Any]] = {}
+        for o in objs:
+            self.put(o)
+        self.state = ControllerState()
+
+    def put(self, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        key = (
+            f"{meta.get('namespace', '')}/{meta['name']}" if obj["kind"] == "Pod" else meta["name"]
+        )
+        self.objs[(obj["kind"], key)] = obj
+
+    def pod(self, name: str) -> dict[str, Any]:
+        return self.objs[("Pod", f"ns/{name}")]
+
+    def index(self) -> ClusterIndex:
+        return ClusterIndex.from_objects(
+            CAT,
+            [o for (k, _), o in self.objs.items() if k == "Node"],
+            [o for (k, _), o in self.objs.items() if k == "Pod"],
+            [o for (k, _), o in self.objs.items() if k == "NodePartitioning"],
+        )
+
+    def step(self, now: float, config: DecideConfig = CONFIG) -> Decision:
+        d = decide(self.state, self.index(), now, config)
+        self.state = d.state
+        for a in d.actions:
+            if isinstance(a, PatchPod):
+                old = self.pod(a.pod.split("/", 1)[1])
+                rv = (a.patch.get("metadata") or {}).get("resourceVersion")
+                assert rv is None or rv == old["metadata"]["resourceVersion"]
+                new = merge_patch(copy.deepcopy(old), a.patch)
+                validate_pod_update(old, new)  # raises what the API server would refuse
+                new["metadata"]["resourceVersion"] = str(
+                    int(old["metadata"]["resourceVersion"]) + 1
+                )
+                self.put(new)
+            elif isinstance(a, WriteReservations):
+                obj = self.objs[("NodePartitioning", a.node)]
+                obj.setdefault("status", {})["reservations"] = [
+                    r.model_dump(mode="json") for r in a.reservations
+                ]
+        return d
+
+
+def running(name: str, node_name: str, *resources: str) -> dict[str, Any]:
+    limits: dict[str, str] = {}
+    for r in resources:
+        limits[r] = str(int(limits.get(r, "0")) + 1)
+    return {
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}", "resourceVersion": "1"},
+        "spec": {
+            "nodeName": node_name,
+            "containers": [{"name": "c", "resources": {"limits": limits}}],
+        },
+        "status": {"phase": "Running"},
+    }
+
+
+def reservation(c: Cluster, name: str) -> Any:
+    raw = c.pod(name)["metadata"].get("annotations", {}).get(RESERVATION_ANNOTATION)
+    return parse_reservation(raw) if raw else None
+
+
+def events(d: Decision, reason: str) -> list[str]:
+    out = [a.message for a in d.actions if isinstance(a, EmitEvent) and a.reason == reason]
+    for a in d.actions:
+        if isinstance(a, PatchPod | WriteSpec):
+            out += [e.message for e in a.on_success if e.reason == reason]
+    return out
+
+
+def test_a_free_slice_is_reserved_and_released_at_once_with_a_narrowed_affinity() -> None:
+    selector = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+                ]
+            }
+        }
+    }
+    n1 = with_alloc(node("n1", {**MIG, "zone": "a"}), **{"1g_10gb": 1})
+    c = Cluster(
+        n1,
+        applied_np("n1", status_gpu(0, ("1g.10gb", 0, False)), status_gpu(1)),
+        gated("p", ONE_G, affinity=selector),
+    )
+    d = c.step(T0 + 5)
+    assert d.plan is None  # no batch, no plan: the slice exists
+    p = c.pod("p")
+    assert "schedulingGates" not in p["spec"]
+    (term,) = p["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert term["matchExpressions"] == [{"key": "zone", "operator": "In", "values": ["a"]}]
+    assert term["matchFields"] == [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]
+    r = reservation(c, "p")
+    assert (r.node, r.state, dict(r.gpus), r.deadline) == (
+        "n1",
+        State.RELEASED,
+        {ONE_G: (0,)},
+        T0 + 125,
+    )
+    assert events(d, "Reserved") == [
+        "reserved nvidia.com/mig-1g.10gb on node n1 GPU 0 (a free slice)"
+    ]
+    assert events(d, "Released") == [
+        "released to node n1 GPU 0: its slice (nvidia.com/mig-1g.10gb) is ready"
+    ]
+    (view,) = [a for a in d.actions if isinstance(a, WriteReservations)]
+    assert [(e.pod, e.state, e.gpus) for e in view.reservations] == [
+        ("ns/p", "released", {ONE_G: [0]})
+    ]
+
+
+def test_a_free_slice_the_scheduler_cannot_see_yet_is_held_until_allocatable_shows_it() -> None:
+    c = Cluster(
+        node("n1", MIG),  # allocatable has no nvidia.com/mig-1g.10gb yet (kubelet lag)
+        applied_np("n1", status_gpu(0, ("1g.10gb", 0, False)), status_gpu(1)),
+        gated("p", ONE_G),
+    )
+    c.step(T0 + 5)
+    assert c.pod("p")["spec"]["schedulingGates"] == [{"name": GATE}]
+    assert reservation(c, "p").state is State.PLANNED
+    c.put(with_alloc(node("n1", MIG), **{"1g_10gb": 1}))
+    d = c.step(T0 + 6)
+    assert "schedulingGates" not in c.pod("p")["spec"]
+    assert reservation(c, "p").state is State.RELEASED and len(events(d, "Released")) == 1
+
+
+def test_a_second_pod_never_gets_the_slice_promised_to_the_first() -> None:
+    one_gpu = {**MIG, "nvidia.com/gpu.count": "1"}
+    full = status_gpu(0, ("1g.10gb", 0, False), *((f"1g.10gb", s, True) for s in range(1, 7)))
+    c = Cluster(
+        with_alloc(node("n1", one_gpu), **{"1g_10gb": 7}),
+        applied_np("n1", full),
+        gated("old", ONE_G, created=T0),
+        gated("new", ONE_G, created=T0 + 1),
+    )
+    for i in range(6):  # six pods bound to the six used instances
+        c.put(running(f"run{i}", "n1", ONE_G))
+    c.step(T0 + 5)
+    assert reservation(c, "old").state is State.RELEASED
+    assert reservation(c, "new") is None and c.pod("new")["spec"]["schedulingGates"]
+    for t in (T0 + 6, T0 + 30):  # the old pod is not bound yet: its slice stays promised
+        d = c.step(t)
+        assert reservation(c, "new") is None
+    assert d.plan is not None and "ns/new" in d.plan.unplaced  # planned, nothing to give
+
+
+def test_planned_pods_are_released_when_the_node_applies_and_not_before() -> None:
+    n1 = node("n1", MIG)
+    c = Cluster(n1, applied_np("n1", status_gpu(0), status_gpu(1)), gated("p", SEVEN_G))
+    c.step(T0)  # opens the window
+    d = c.step(T0 + 11)
+    (w,) = [a for a in d.actions if isinstance(a, WriteSpec)]
+    (patch,) = [a for a in d.actions if isinstance(a, PatchPod)]
+    assert patch.after_spec == "n1" and patch.purpose == "reserve"
+    r = reservation(c, "p")
+    assert (r.state, r.plan, r.deadline) == (State.PLANNED, w.spec.planId, T0 + 11 + 300)
+    busy = c.objs[("NodePartitioning", "n1")]
+    busy["metadata"]["generation"] = 3
+    busy["spec"] = w.spec.model_dump(mode="json")
+    c.put(with_alloc(n1, **{"7g_80gb": 1}))
+    c.step(T0 + 12)  # the agent has not applied: still gated
+    assert c.pod("p")["spec"]["schedulingGates"] == [{"name": GATE}]
+    c.put(applied_np("n1", status_gpu(0, ("7g.80gb", 0, False)), status_gpu(1), generation=3))
+    c.step(T0 + 20)
+    assert (
+        "schedulingGates" not in c.pod("p")["spec"] and reservation(c, "p").state is State.RELEASED
+    )
+
+
+def test_a_node_that_never_applies_gives_its_pods_back_after_the_deadline() -> None:
+    c = Cluster(
+        node("n1", MIG),
+        node("n2", MIG),
+        np("n1", plan="9", generation=3, observed=2, applied=True),  # busy: gen 3 not observed
+        applied_np("n2", status_gpu(0), status_gpu(1)),
+        gated("p", SEVEN_G),
+    )
+    pod = c.pod("p")
+    pod["metadata"]["annotations"] = {
+        RESERVATION_ANNOTATION: json.dumps(
+            {
+                "node": "n1",
+                "state": "planned",
+                "gpus": {SEVEN_G: [0]},
+                "plan": "9",
+                "since": T0,
+                "deadline": T0 + 300,
+            }
+        )
+    }
+    d = c.step(T0 + 299)
+    assert reservation(c, "p").node == "n1" and not events(d, "ReservationDropped")
+    d = c.step(T0 + 301)
+    assert reservation(c, "p") is None
+    assert events(d, "ReservationDropped") == [
+        "node n1 did not apply plan 9 within 300 s (waited 301 s); planning it again"
+    ]
+    assert "n1" in d.state.cooldown and d.state.cooldown["n1"] == T0 + 301 + 300
+    (node_event,) = [
+        a for a in d.actions if isinstance(a, EmitEvent) and a.reason == "ApplyDeadlineMissed"
+    ]
+    assert node_event.ref.kind == "Node" and node_event.ref.name == "n1"
+    d = c.step(T0 + 312)  # its new window (opened at 301) is due: planned on n2 only
+    (w,) = [a for a in d.actions if isinstance(a, WriteSpec)]
+    assert w.node == "n2" and reservation(c, "p").node == "n2"
+
+
+def test_a_released_pod_whose_slice_was_taken_is_replanned_on_its_node() -> None:
+    n1 = with_alloc(node("n1", MIG), **{"1g_10gb": 1})
+    thief = {
+        "kind": "Pod",
+        "metadata": {
+            "name": "thief",
+            "namespace": "ns",
+            "uid": "uid-thief",
+            "resourceVersion": "1",
+        },
+        "spec": {
+            "nodeName": "n1",
+            "containers": [{"name": "c", "resources": {"limits": {ONE_G: "1"}}}],
+        },
+        "status": {"phase": "Running"},
+    }
+    c = Cluster(
+        n1,
+        applied_np("n1", status_gpu(0, ("1g.10gb", 0, False)), status_gpu(1)),
+        gated("p", ONE_G),
+    )
+    c.step(T0)
+    assert reservation(c, "p").state is State.RELEASED
+    c.put(thief)  # a pod created while the webhook was down took the slice first
+    d = c.step(T0 + 2)
+    assert events(d, "SliceTaken") == [
+        "its slice on node n1 was taken by another pod; the pod is pinned to node n1, so a new "
+        "slice is planned there"
+    ]
+    c.step(T0 + 3)
+    d = c.step(T0 + 14)
+    (w,) = [a for a in d.actions if isinstance(a, WriteSpec)]
+    assert w.node == "n1"
+    r = reservation(c, "p")
+    assert (r.node, r.state, r.plan) == ("n1", State.RELEASED, w.spec.planId)
+
+
+def test_a_released_pod_whose_node_is_gone_is_reported_stranded_with_the_recovery() -> None:
+    c = Cluster(node("n2", MIG), applied_np("n2", status_gpu(0), status_gpu(1)), gated("p", ONE_G))
+    pod = c.pod("p")
+    pod["spec"].pop("schedulingGates")
+    pod["metadata"]["annotations"] = {
+        RESERVATION_ANNOTATION: json.dumps(
+            {
+                "node": "n1",
+                "state": "released",
+                "gpus": {ONE_G: [0]},
+                "since": T0,
+                "deadline": T0 + 120,
+            }
+        )
+    }
+    d = c.step(T0 + 5)
+    (msg,) = events(d, "Stranded")
+    assert "node n1 is gone" in msg and "delete the pod so its controller recreates it" in msg
+    assert not [a for a in d.actions if isinstance(a, WriteSpec)]
+    assert not events(c.step(T0 + 6), "Stranded")  # once per change, not every cycle
+
+
+def test_pods_gated_by_another_controller_wait_for_it() -> None:
+    p = gated("p", ONE_G)
+    p["spec"]["schedulingGates"].append({"name": "kueue.x-k8s.io/admission"})
+    c = Cluster(
+        with_alloc(node("n1", MIG), **{"1g_10gb": 1}),
+        applied_np("n1", status_gpu(0, ("1g.10gb", 0, False)), status_gpu(1)),
+        p,
+    )
+    d = c.step(T0)
+    assert reservation(c, "p") is None and d.counts.get("candidates", 0) == 0
+
+
+def test_a_long_waiting_pod_no_gpu_can_host_gets_a_drain_then_the_emptied_gpu() -> None:
+    busy0 = status_gpu(0, ("3g.40gb", 4, True))
+    busy1 = status_gpu(1, ("1g.10gb", 0, True), ("1g.10gb", 1, True), ("3g.40gb", 4, True))
+    three = "nvidia.com/mig-3g.40gb"
+    c = Cluster(
+        node("n1", MIG),
+        applied_np("n1", busy0, busy1),
+        gated("big", SEVEN_G, created=T0),
+        running("a", "n1", three),
+        running("b", "n1", ONE_G, ONE_G, three),
+    )
+    c.step(T0 + 600)
+    d = c.step(T0 + 611)
+    assert d.plan is not None and "ns/big" in d.plan.unplaced
+    (msg,) = events(d, "Draining")
+    assert msg.startswith(
+        "waited 611 s and no GPU can host it without moving pods: draining node n1 GPU 0"
+    )
+    r = reservation(c, "big")
+    assert (r.state, dict(r.gpus)) == (State.DRAINING, {SEVEN_G: (0,)})
+    (view,) = [a for a in d.actions if isinstance(a, WriteReservations)]
+    assert [(e.state, e.gpus) for e in view.reservations] == [("draining", {SEVEN_G: [0]})]
+    # GPU 0 empties (its pod ended): the waiting pod is planned there, nowhere else
+    del c.objs[("Pod", "ns/a")]
+    c.put(applied_np("n1", status_gpu(0, ("3g.40gb", 4, False)), busy1))
+    d = c.step(T0 + 620)
+    (w,) = [a for a in d.actions if isinstance(a, WriteSpec)]
+    by_index = {g.index: [(m.profile, m.start) for m in g.mig] for g in w.spec.gpus}
+    assert by_index[0] == [("7g.80gb", 0)]
+    assert by_index[1] == [("1g.10gb", 0), ("1g.10gb", 1), ("3g.40gb", 4)]
+    r = reservation(c, "big")
+    assert (r.state, r.node, dict(r.gpus)) == (State.PLANNED, "n1", {SEVEN_G: (0,)})
+
+
+def test_a_drained_gpu_takes_no_other_pod() -> None:
+    free_1g = status_gpu(0, ("1g.10gb", 0, False), ("3g.40gb", 4, True))
+    c = Cluster(
+        with_alloc(node("n1", MIG), **{"1g_10gb": 1}),
+        applied_np("n1", free_1g, status_gpu(1, ("7g.80gb", 0, True))),
+        gated("big", SEVEN_G, created=T0),
+        gated("small", ONE_G, created=T0 + 700),
+        running("a", "n1", "nvidia.com/mig-3g.40gb"),
+        running("b", "n1", SEVEN_G),
+    )
+    c.pod("big")["metadata"]["annotations"] = {
+        RESERVATION_ANNOTATION: json.dumps(
+            {"node": "n1", "state": "draining", "gpus": {SEVEN_G: [0]}, "since": T0 + 650}
+        )
+    }
+    d = c.step(T0 + 701)
+    assert reservation(c, "small") is None  # the free 1g sits on the drained GPU
+    assert d.counts.get("fast", 0) == 0
+
+
+def test_without_reservations_nothing_is_gated_reserved_or_released() -> None:
+    config = DecideConfig(
+        catalog=CAT, policy=BatchPolicy(60, 10, 60), planner=plan_greedy, reservation=False
+    )
+    c = Cluster(
+        with_alloc(node("n1", MIG), **{"1g_10gb": 1}),
+        applied_np("n1", status_gpu(0, ("1g.10gb", 0, False)), status_gpu(1)),
+        gated("p", ONE_G),
+    )
+    d = c.step(T0, config)
+    assert "schedulingGates" not in c.pod("p")["spec"]  # a leftover gate is removed
+    assert reservation(c, "p") is None and events(d, "Ungated")
+    assert not [a for a in d.actions if isinstance(a, WriteReservations)]
+
+
+@pytest.mark.parametrize("deadline", [math.inf, T0 + 1])
+def test_reservation_annotations_round_trip(deadline: float) -> None:
+    from partitioner.reservations import Reservation
+
+    r = Reservation("n1", State.PLANNED, {ONE_G: (0, 3)}, "7", T0, deadline)
+    assert parse_reservation(r.to_json()) == r
