@@ -103,7 +103,11 @@ async def partitioner(api: kmock.KubernetesEmulator) -> AsyncIterator[Controller
         metrics_port=0,
         health_port=0,
     )
-    controller = Controller(settings, connection=kopf.ConnectionInfo(server=str(api.url)))
+    controller = Controller(
+        settings,
+        connection=kopf.ConnectionInfo(server=str(api.url)),
+        clock=asyncio.get_running_loop().time,
+    )
     stop = asyncio.Event()
     task = asyncio.create_task(run_operator(controller, stop_flag=stop))
     try:

@@ -125,6 +125,7 @@ def settings(**overrides: Any) -> PartitionerSettings:
         "planner_time_limit_seconds": 0.5,
         "metrics_port": 0,
         "health_port": 0,
+        "reservation": False,  # these tests cover the ungated path; gating: test_operator_gates
     }
     return PartitionerSettings(**(base | overrides))
 
@@ -132,7 +133,8 @@ def settings(**overrides: Any) -> PartitionerSettings:
 @contextlib.asynccontextmanager
 async def operator(api: kmock.KubernetesEmulator, **overrides: Any) -> AsyncIterator[Controller]:
     info = kopf.ConnectionInfo(server=str(api.url).rstrip("/"))
-    controller = Controller(settings(**overrides), connection=info)
+    clock = asyncio.get_running_loop().time  # looptime's fake clock, not the wall clock
+    controller = Controller(settings(**overrides), connection=info, clock=clock)
     stop = asyncio.Event()
     task = asyncio.create_task(run_operator(controller, stop_flag=stop))
     try:
@@ -346,7 +348,10 @@ async def test_conflicting_update_is_reported_and_retried(kmock: ApiServer) -> N
         await eventually(lambda: partitioning(kmock, "n1"), within=5)
         await asyncio.sleep(2)
         # Someone else writes the object; its watch event has not reached the operator yet.
-        kmock.objects[kmock.resource(NP), None, "n1"].patch({"metadata": {"resourceVersion": "77"}})
+        # (resourceVersions only grow: the controller never lets an older one replace a newer)
+        kmock.objects[kmock.resource(NP), None, "n1"].patch(
+            {"metadata": {"resourceVersion": "999999"}}
+        )
         await create(kmock, "/api/v1/namespaces/default/pods", pod("p1", "nvidia.com/mig-1g.10gb"))
 
         (conflict,) = await eventually(lambda: events(kmock, "SpecConflict"), within=15)
