@@ -25,6 +25,10 @@ with the kubelet through ``v1beta1.Registration/Register`` on ``<plugin_dir>/kub
   GPUs as possible (MPS slices of one container must share a GPU). An id the plugin does not
   advertise counts as a GPU of its own.
 * ``PreStartContainer`` is not required (``pre_start_required=false``) and answers empty.
+* Every id a successful ``Allocate`` returns is passed to ``on_allocate`` (the agent's
+  :class:`~node_agent.allocations.AllocationLedger`) *before* the reply leaves: the kubelet
+  records the allocation only after the reply, and until PodResources shows it the reconciler
+  must still count the device as in use.
 
 A single reconcile task (started by :meth:`DevicePluginManager.start`) converges the running
 plugins to the desired resources: it starts plugins for new resources, stops those of resources
@@ -188,9 +192,15 @@ def _validate(
 class _ResourcePlugin:
     """One resource's DevicePlugin server, its current devices and its registration state."""
 
-    def __init__(self, resource: str, socket_path: str) -> None:
+    def __init__(
+        self,
+        resource: str,
+        socket_path: str,
+        on_allocate: Callable[[Sequence[str]], None] | None = None,
+    ) -> None:
         self.resource = resource
         self.socket_path = socket_path
+        self.on_allocate = on_allocate
         self.devices: dict[str, AdvertisedDevice] = {}
         self.registered_with: SocketIdentity | None = None
         self.served_socket: SocketIdentity | None = None
@@ -344,6 +354,8 @@ class _Servicer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
             log.warning("Allocate on %s failed: %s", self._plugin.resource, err.details)
             await context.abort(err.code, err.details)
             raise AssertionError("unreachable: context.abort raises") from err
+        if self._plugin.on_allocate is not None:  # before the kubelet can act on the reply
+            self._plugin.on_allocate([d for r in request.container_requests for d in r.devices_ids])
         return pb.AllocateResponse(container_responses=responses)
 
     async def PreStartContainer(
@@ -369,7 +381,7 @@ class DevicePluginManager:
     Arguments: ``plugin_dir`` holds ``kubelet.sock`` and the plugin sockets; ``socket_prefix``
     starts every plugin socket name; ``poll_interval_s`` bounds how late a kubelet restart is
     noticed (and a failed registration retried); ``register_timeout_s`` limits one ``Register``
-    call.
+    call; ``on_allocate`` receives the ids of every successful ``Allocate`` (module docstring).
     """
 
     def __init__(
@@ -379,6 +391,7 @@ class DevicePluginManager:
         socket_prefix: str = "gpuslice",
         poll_interval_s: float = 1.0,
         register_timeout_s: float = 10.0,
+        on_allocate: Callable[[Sequence[str]], None] | None = None,
     ) -> None:
         if not os.path.isabs(plugin_dir):
             raise ValueError(
@@ -396,6 +409,7 @@ class DevicePluginManager:
         self.socket_prefix = socket_prefix
         self.poll_interval_s = poll_interval_s
         self.register_timeout_s = register_timeout_s
+        self.on_allocate = on_allocate
         self._desired: dict[str, list[AdvertisedDevice]] = {}
         self._plugins: dict[str, _ResourcePlugin] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -477,7 +491,7 @@ class DevicePluginManager:
         for resource, devices in list(self._desired.items()):
             plugin = self._plugins.get(resource)
             if plugin is None:
-                plugin = _ResourcePlugin(resource, self._socket_path(resource))
+                plugin = _ResourcePlugin(resource, self._socket_path(resource), self.on_allocate)
                 plugin.update(devices)
                 await plugin.serve()
                 self._plugins[resource] = plugin

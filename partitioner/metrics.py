@@ -26,9 +26,7 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
-        self.pending_pods = Gauge(
-            "gpuslice_pending_pods", "Batchable pending pods", registry=r
-        )
+        self.pending_pods = Gauge("gpuslice_pending_pods", "Batchable pending pods", registry=r)
         self.batch_size = Histogram(
             "gpuslice_batch_size", "Pods per planned batch", buckets=_BATCH_BUCKETS, registry=r
         )

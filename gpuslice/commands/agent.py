@@ -179,6 +179,7 @@ def _serving(settings: Any, metrics: Any, health: Any) -> Iterator[None]:
 
 async def _run_real(args: argparse.Namespace, settings: Any, catalog: Any) -> int:
     from node_agent.agent import Agent, KubeSpecSource
+    from node_agent.allocations import AllocationLedger, LedgerInUse
     from node_agent.deviceplugin import DevicePluginManager
     from node_agent.metrics import MeteredNvml
     from node_agent.mps import MpsControlSupervisor
@@ -189,12 +190,16 @@ async def _run_real(args: argparse.Namespace, settings: Any, catalog: Any) -> in
     if not settings.node_name:
         raise BadInput("GPUSLICE_NODE_NAME is not set (DaemonSet: downward API spec.nodeName)")
     metrics, health = _observability(settings)
-    plugins = DevicePluginManager(settings.device_plugin_dir)
+    ledger = AllocationLedger(
+        settings.allocation_grace_seconds,
+        path=f"{settings.state_dir.rstrip('/')}/allocations.json" if settings.state_dir else None,
+    )
+    plugins = DevicePluginManager(settings.device_plugin_dir, on_allocate=ledger.record)
     await plugins.start()
     try:
         reconciler = Reconciler(
             MeteredNvml(PynvmlAdapter(), metrics),
-            PodResourcesClient(settings.pod_resources_socket),
+            LedgerInUse(PodResourcesClient(settings.pod_resources_socket), ledger),
             MpsControlSupervisor(),
             catalog,
             mps_pipe_root=settings.mps_pipe_root,
