@@ -28,13 +28,12 @@ whose GPU still has a slice in use: that would kill the pod's CUDA context.
 from __future__ import annotations
 
 import os
-import subprocess
-from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from node_agent.nvml import ComputeMode
 from node_agent.nvml_fake import FakeNvml
+from node_agent.runner import Runner, subprocess_runner
 
 __all__ = [
     "FakeSupervisor",
@@ -74,28 +73,6 @@ class ProcessSupervisor(Protocol):
     def running(self) -> set[str]:
         """Keys of the daemons that are up now."""
         ...
-
-
-Runner = Callable[[Sequence[str], Mapping[str, str], str | None], tuple[int, str]]
-"""``(argv, extra env, stdin) -> (exit code, combined output)``."""
-
-
-def subprocess_runner(
-    argv: Sequence[str], env: Mapping[str, str], stdin: str | None
-) -> tuple[int, str]:
-    try:
-        p = subprocess.run(
-            list(argv),
-            input=stdin,
-            env={**os.environ, **env},
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return 127, str(e)
-    return p.returncode, (p.stdout or "") + (p.stderr or "")
 
 
 class MpsControlSupervisor:

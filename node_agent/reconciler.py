@@ -17,11 +17,12 @@ A pass (:meth:`Reconciler.reconcile`) is a pure function of what it reads, not o
    the wanted GIs at their exact placements (largest first) each followed by its CI, store the
    new MPS slice table.  The first NVML error stops that GPU for this pass; other GPUs go on.
    A MIG-mode change the driver leaves *pending* (Ampere) is activated right away by resetting
-   the GPU through the port, if it is still idle (else an error: retried next pass).  Where the
-   port cannot reset (the real NVML has no reset call) the GPU is Degraded with reason
-   ``MIGModePending``, telling the operator to run ``nvidia-smi -r -i <idx>`` or reboot; each
-   pass tries the reset again (the request itself is not repeated), and the status is never
-   ``Applied`` while a change is pending.
+   the GPU through the port (the host driver's ``nvidia-smi -r``, :mod:`node_agent.gpu_reset`)
+   if it is still idle.  Processes on the GPU, or a reset that needs the operator (no
+   ``nvidia-smi``, the GPU held by another client, no permission), make the GPU Degraded with
+   reason ``MIGModePending`` naming the processes or the remedy; each pass tries the reset
+   again (the request itself is not repeated), and the status is never ``Applied`` while a
+   change is pending.
 5. **MPS daemons**: one per GPU with MPS slices, one per MIG instance on hybrid GPUs; daemons no
    longer wanted are stopped (never one whose slices or instance are in use: those are wanted).
    Before a whole-GPU daemon starts, the GPU is put in compute mode ``EXCLUSIVE_PROCESS`` -- only
@@ -264,32 +265,41 @@ class Reconciler:
     # -- executing ---------------------------------------------------------------------
 
     def _activate_mig_mode(
-        self, g: int, enabled: bool, blocks: dict[int, Block], errors: list[str]
+        self, obs: ObservedGpu, enabled: bool, blocks: dict[int, Block]
     ) -> tuple[bool, int]:
-        """Make a pending MIG mode current by resetting GPU ``g`` (idle by then, as the mode
-        change required).  Returns ``(activated, NVML mutations made)``.
+        """Make a pending MIG mode current by resetting the GPU.  Returns ``(activated, NVML
+        mutations made)``.
 
-        The GPU busy again (a process started meanwhile): an error, retried next pass.  Reset
-        not supported (the real driver): Degraded ``MIGModePending`` naming the operator's
-        remedy; every pass tries again, and sees the mode current once the GPU was reset."""
+        The reset needs the GPU idle.  Compute processes on it (a CUDA job started meanwhile)
+        are named in a ``MIGModePending`` block and no reset is tried; so is a reset the tool
+        refuses or cannot do (``nvidia-smi`` missing, the GPU held by another client such as
+        nvidia-persistenced or DCGM, no permission), with the remedy.  Other failures are
+        errors, retried next pass.  Every pass tries again while the change is pending (the
+        request itself is not repeated), and sees the mode current once the GPU was reset."""
         nv = self._nvml
+        g = obs.info.index
+        bus = obs.info.pci_bus_id or str(g)
         what = "enable" if enabled else "disable"
         procs = nv.running_processes(g)
         if procs:
-            errors.append(
-                f"GPU {g}: MIG mode {what} is pending a GPU reset but {len(procs)} process(es) "
-                "run on the GPU; resetting it once they have ended"
+            named = ", ".join(f"pid {p} ({nv.process_name(p) or 'unknown'})" for p in procs[:8])
+            more = f" and {len(procs) - 8} more" if len(procs) > 8 else ""
+            blocks[g] = Block(
+                "MIGModePending",
+                f"GPU {g}: MIG mode {what} is pending a GPU reset, which these processes "
+                f"block: {named}{more}; the agent resets the GPU once they have ended",
             )
             return False, 0
         try:
             nv.reset_gpu(g)
         except NvmlError as e:
-            if e.code != NvmlErrorCode.NOT_SUPPORTED:
+            remedy = _RESET_REMEDY.get(e.code)
+            if remedy is None:
                 raise
             blocks[g] = Block(
                 "MIGModePending",
-                f"GPU {g}: MIG mode {what} is pending and the agent cannot reset the GPU "
-                f"({e}): reset GPU {g} (nvidia-smi -r -i {g}) or reboot the node",
+                f"GPU {g}: MIG mode {what} is pending and the GPU reset failed ({e}): "
+                + remedy.format(gpu=g, bus=bus),
             )
             return False, 0
         return True, 1
@@ -326,7 +336,7 @@ class Reconciler:
                     if plan.mig_mode and plan.slices is not None:
                         # committed to MIG: no MPS slices while the enable waits for a reset
                         self._slices[obs.info.uuid] = plan.slices
-                    done, n = self._activate_mig_mode(g, plan.mig_mode, blocks, errors)
+                    done, n = self._activate_mig_mode(obs, plan.mig_mode, blocks)
                     ops += n
                     if not done:
                         return ops
@@ -518,6 +528,20 @@ class Reconciler:
         if previous is not None:
             status = status.model_copy(update={"gpus": previous.gpus})
         return ReconcileResult(status, {}, False, {}, errors, ops, fresh=False)
+
+
+_RESET_REMEDY = {
+    NvmlErrorCode.NOT_SUPPORTED: "give the agent the host driver's nvidia-smi "
+    "(NVIDIA_DRIVER_CAPABILITIES=utility, or GPUSLICE_NVIDIA_SMI), or reset GPU {gpu} yourself "
+    "(nvidia-smi -r -i {bus}) or reboot the node",
+    NvmlErrorCode.IN_USE: "another client holds the GPU (nvidia-persistenced, DCGM or "
+    "dcgm-exporter, Fabric Manager, a process outside Kubernetes): stop it, or reset GPU {gpu} "
+    "(nvidia-smi -r -i {bus}) or reboot the node",
+    NvmlErrorCode.NO_PERMISSION: "the agent may not reset GPUs here: run it privileged "
+    "(chart value agent.privileged=true), or reset GPU {gpu} (nvidia-smi -r -i {bus}) or reboot "
+    "the node",
+}
+"""Reset failures that need the operator: the remedy named in the ``MIGModePending`` block."""
 
 
 def mps_key(gpu: int, mig_start: int | None = None) -> str:

@@ -36,6 +36,13 @@ class AgentSettings(CommonSettings):
     mps_log_root: str = Field(
         "/var/log/nvidia-mps", description="Parent of the per-GPU MPS log directories."
     )
+    nvidia_smi: str = Field(
+        "nvidia-smi",
+        min_length=1,
+        description="The host driver's nvidia-smi, which resets an Ampere GPU whose MIG-mode "
+        "change is pending (the NVIDIA container runtime puts it on PATH with the utility "
+        "capability).",
+    )
     state_dir: str = Field(
         "/run/gpuslice",
         description="Host directory (tmpfs /run: cleared by a reboot) for the allocation ledger "

@@ -475,9 +475,9 @@ def test_hopper_mig_mode_is_immediate_and_needs_no_reset() -> None:
     assert res.applied and res.operations == 3 and calls == ["set_mig_mode 0"]
 
 
-def test_pending_mig_mode_without_reset_support_is_degraded_and_retried_each_pass() -> None:
+def test_pending_mig_mode_without_nvidia_smi_is_degraded_and_retried_each_pass() -> None:
     node = Node("A100-SXM4-80GB")
-    node.nv.inject("reset_gpu", NvmlErrorCode.NOT_SUPPORTED, times=None)
+    node.nv.tool_present = False  # the agent was not given the host driver's nvidia-smi
     calls = mutations(node)
     for gen in (1, 2):
         res = node.run(mig_spec(*LAYOUT), gen=gen)
@@ -485,35 +485,92 @@ def test_pending_mig_mode_without_reset_support_is_degraded_and_retried_each_pas
         assert cond(res, "Applied") == ("False", "Degraded")
         assert cond(res, "Degraded") == ("True", "MIGModePending")
         msg = res.status.conditions[1].message
-        assert msg.startswith("GPU 0: MIG mode enable is pending")
-        assert msg.endswith("reset GPU 0 (nvidia-smi -r -i 0) or reboot the node")
+        assert msg.startswith("GPU 0: MIG mode enable is pending and the GPU reset failed")
+        assert "NVIDIA_DRIVER_CAPABILITIES=utility, or GPUSLICE_NVIDIA_SMI" in msg
+        assert msg.endswith(
+            "reset GPU 0 yourself (nvidia-smi -r -i 00000000:07:00.0) or reboot the node"
+        )
         assert not res.status.gpus[0].migEnabled and "nvidia.com/mig-3g.40gb" not in res.devices
     # asked for once, then only the reset is retried
     assert calls == ["set_mig_mode 0", "reset_gpu 0", "reset_gpu 0"]
-    node.nv.clear_faults()
+    node.nv.tool_present = True
     res = node.run(mig_spec(*LAYOUT), gen=2)
     assert res.applied and calls[-1] == "reset_gpu 0"
     assert node.layout() == sorted(LAYOUT, key=lambda x: x[1])
 
 
-def test_pending_mig_mode_waits_while_a_process_runs_and_a_reboot_applies_it() -> None:
+def test_pending_mig_mode_names_the_processes_that_block_the_reset() -> None:
     node = Node("A100-SXM4-80GB")
     calls = mutations(node)
-    stray: list[int] = []
+    jobs: list[int] = []
 
     def start_after_request(op: str, args: tuple[int, ...]) -> None:
-        if op == "running_processes" and node.nv.mig_pending(0) and not stray:
-            stray.append(node.nv.start_process(0))  # a CUDA job grabs the GPU meanwhile
+        if op == "running_processes" and node.nv.mig_pending(0) and not jobs:
+            jobs.append(node.nv.start_process(0, name="train.py"))  # grabs the GPU meanwhile
+            jobs.append(node.nv.start_process(0, name="infer"))
 
     node.nv.hooks.append(start_after_request)
     res = node.run(mig_spec(("7g.80gb", 0)))
-    assert not res.applied and calls == ["set_mig_mode 0"]  # no reset of a busy GPU
-    assert "pending a GPU reset but 1 process(es) run" in res.status.lastError
-    assert cond(res, "Applied") == ("False", "InProgress") and not res.settled
+    assert not res.applied and res.settled and calls == ["set_mig_mode 0"]  # no reset tried
+    assert cond(res, "Degraded") == ("True", "MIGModePending")
+    assert res.blocks[0].message == (
+        f"GPU 0: MIG mode enable is pending a GPU reset, which these processes block: "
+        f"pid {jobs[0]} (train.py), pid {jobs[1]} (infer); the agent resets the GPU once they "
+        "have ended"
+    )
+    for pid in jobs:
+        node.nv.stop_process(pid)
+    res = node.run(mig_spec(("7g.80gb", 0)))
+    assert res.applied and calls == ["set_mig_mode 0", "reset_gpu 0"]
+    assert node.layout() == [("7g.80gb", 0)]
+
+
+def test_pending_mig_mode_is_applied_by_a_reboot_as_well() -> None:
+    node = Node("A100-SXM4-80GB")
+    calls = mutations(node)
+    node.nv.hooks.append(
+        lambda op, args: (
+            node.nv.start_process(0)
+            if op == "running_processes" and node.nv.mig_pending(0) and not node.nv.process_count()
+            else None
+        )
+    )
+    res = node.run(mig_spec(("7g.80gb", 0)))
+    assert cond(res, "Degraded") == ("True", "MIGModePending") and calls == ["set_mig_mode 0"]
+    node.nv.hooks.pop()
     node.nv.reboot()  # the job is gone; the pending mode is applied at boot
     res = node.run(mig_spec(("7g.80gb", 0)))
     assert res.applied and calls == ["set_mig_mode 0"]
     assert node.layout() == [("7g.80gb", 0)]
+
+
+def test_reset_turns_persistence_mode_off_around_nvidia_smi_r_and_restores_it() -> None:
+    node = Node("A30")
+    node.nv.set_persistence_mode(0, True)  # held like this, the GPU refuses a reset
+    tool: list[str] = []
+    real = node.nv.nvidia_smi
+
+    def recording(
+        argv: Sequence[str], env: Mapping[str, str], stdin: str | None
+    ) -> tuple[int, str]:
+        tool.append(" ".join(argv[1:]))
+        return real(argv, env, stdin)
+
+    node.nv.nvidia_smi = recording  # type: ignore[method-assign]
+    res = node.run(mig_spec(("4g.24gb", 0)))
+    assert res.applied and node.nv.mig_enabled(0) and node.nv.persistence_mode(0)
+    bus = "00000000:07:00.0"
+    assert tool == [f"-pm 0 -i {bus}", f"-r -i {bus}", f"-pm 1 -i {bus}"]
+
+
+def test_a_reset_refused_by_another_client_is_degraded_with_the_remedy() -> None:
+    node = Node("A100-SXM4-80GB")
+    node.nv.inject("reset_gpu", NvmlErrorCode.IN_USE, times=1)  # e.g. dcgm holds the GPU
+    res = node.run(mig_spec(("7g.80gb", 0)))
+    assert cond(res, "Degraded") == ("True", "MIGModePending")
+    assert "another client holds the GPU (nvidia-persistenced, DCGM" in res.blocks[0].message
+    res = node.run(mig_spec(("7g.80gb", 0)))  # the client went away: the next pass resets
+    assert res.applied and node.layout() == [("7g.80gb", 0)]
 
 
 @pytest.mark.parametrize(
@@ -545,7 +602,7 @@ def test_ampere_back_to_mps_resets_and_a_pending_enable_is_cancelled_by_an_mps_s
     assert res.applied and calls == ["set_mig_mode 0", "reset_gpu 0"]
     assert not node.nv.mig_enabled(0) and node.sup.running() == {"gpu0"}
 
-    node.nv.inject("reset_gpu", NvmlErrorCode.NOT_SUPPORTED, times=None)
+    node.nv.tool_present = False
     res = node.run(mig_spec(("7g.80gb", 0)), gen=2)
     assert cond(res, "Degraded") == ("True", "MIGModePending") and node.nv.mig_pending(0)
     assert node.sup.running() == set() and "nvidia.com/gpu-20gb" not in res.devices

@@ -181,6 +181,7 @@ async def _run_real(args: argparse.Namespace, settings: Any, catalog: Any) -> in
     from node_agent.agent import Agent, KubeSpecSource
     from node_agent.allocations import AllocationLedger, LedgerInUse
     from node_agent.deviceplugin import DevicePluginManager
+    from node_agent.gpu_reset import NvidiaSmi
     from node_agent.metrics import MeteredNvml
     from node_agent.mps import MpsControlSupervisor
     from node_agent.nvml_pynvml import PynvmlAdapter
@@ -198,7 +199,7 @@ async def _run_real(args: argparse.Namespace, settings: Any, catalog: Any) -> in
     await plugins.start()
     try:
         reconciler = Reconciler(
-            MeteredNvml(PynvmlAdapter(), metrics),
+            MeteredNvml(PynvmlAdapter(smi=NvidiaSmi(binary=settings.nvidia_smi)), metrics),
             LedgerInUse(PodResourcesClient(settings.pod_resources_socket), ledger),
             MpsControlSupervisor(),
             catalog,
