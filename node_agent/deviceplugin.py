@@ -13,8 +13,10 @@ with the kubelet through ``v1beta1.Registration/Register`` on ``<plugin_dir>/kub
   kubelet without restarting or re-registering the plugin.
 * ``Allocate`` answers each container request with the env of its devices, merged by
   :func:`node_agent.devices.container_env` (MIG: ``NVIDIA_VISIBLE_DEVICES=<MIG UUID>``; MPS: GPU
-  UUID, ``CUDA_MPS_PIPE_DIRECTORY``, pinned memory limit, active thread percentage), plus a
-  read-write mount of the MPS pipe directory at the same path. An id this plugin does not
+  UUID, ``CUDA_MPS_PIPE_DIRECTORY``, pinned memory limit, active thread percentage), plus the
+  mounts of :func:`node_agent.devices.container_mounts` (MPS: the daemon's pipe directory at the
+  same path and the daemons' shared memory at ``/dev/shm``, so clients need no ``hostIPC``).
+  An id this plugin does not
   advertise fails with ``NOT_FOUND`` naming it, an unhealthy one with ``FAILED_PRECONDITION``,
   MPS slices of different GPUs in one container with ``INVALID_ARGUMENT``.
 * ``GetPreferredAllocation`` (advertised in the options) answers with
@@ -61,10 +63,10 @@ import grpc
 import grpc.aio
 
 from node_agent.devices import (
-    ENV_MPS_PIPE,
     MAX_DEVICE_ID_LEN,
     AdvertisedDevice,
     container_env,
+    container_mounts,
 )
 from node_agent.proto import deviceplugin_v1beta1_pb2 as pb
 from node_agent.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
@@ -290,12 +292,14 @@ class _ResourcePlugin:
             devices.append(dev)
         try:
             env = container_env(devices)
+            mounts = [
+                pb.Mount(
+                    container_path=m.container_path, host_path=m.host_path, read_only=m.read_only
+                )
+                for m in container_mounts(devices)
+            ]
         except ValueError as err:
             raise _RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, str(err)) from err
-        mounts = []
-        pipe = env.get(ENV_MPS_PIPE)
-        if pipe:
-            mounts.append(pb.Mount(container_path=pipe, host_path=pipe, read_only=False))
         return pb.ContainerAllocateResponse(envs=env, mounts=mounts)
 
     def prefer(self, req: pb.ContainerPreferredAllocationRequest) -> list[str]:

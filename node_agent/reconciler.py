@@ -25,6 +25,8 @@ A pass (:meth:`Reconciler.reconcile`) is a pure function of what it reads, not o
    change is pending.
 5. **MPS daemons**: one per GPU with MPS slices, one per MIG instance on hybrid GPUs; daemons no
    longer wanted are stopped (never one whose slices or instance are in use: those are wanted).
+   A GPU's daemon gets its largest slice's memory and thread % as daemon-side limits, which no
+   client can raise; a hybrid daemon whose slot now holds another instance is restarted for it.
    Before a whole-GPU daemon starts, the GPU is put in compute mode ``EXCLUSIVE_PROCESS`` -- only
    while no process runs on it; otherwise the daemon waits (error, slices Unhealthy).  A GPU
    that goes back to MIG gets compute mode ``DEFAULT`` again, just before MIG mode is enabled.
@@ -368,7 +370,7 @@ class Reconciler:
         for g in observed:
             i = g.info.index
             if not g.info.mig_enabled and g.slices:
-                wanted[mps_key(i)] = self._daemon(mps_key(i), g.info.uuid, i, None)
+                wanted[mps_key(i)] = self._daemon(mps_key(i), g.info.uuid, i, None, g.slices)
                 whole_gpu[mps_key(i)] = g
             if i in hybrid:
                 for inst in g.instances:
@@ -412,12 +414,23 @@ class Reconciler:
         self._nvml.set_compute_mode(i, ComputeMode.EXCLUSIVE_PROCESS)
         return 1
 
-    def _daemon(self, key: str, uuid: str, gpu: int, mig_start: int | None) -> MpsDaemonSpec:
+    def _daemon(
+        self,
+        key: str,
+        uuid: str,
+        gpu: int,
+        mig_start: int | None,
+        slices: tuple[MpsSlot, ...] = (),
+    ) -> MpsDaemonSpec:
+        """The daemon of a GPU (or hybrid instance); a GPU's daemon-side limits are those of its
+        largest slice, so no client can exceed it whatever its env says (node_agent.mps)."""
         return MpsDaemonSpec(
             key=key,
             device_uuid=uuid,
             pipe_dir=mps_pipe_directory(self._pipe_root, gpu, mig_start),
             log_dir=f"{self._log_root}/{key}",
+            default_thread_percentage=max((s.thread_percentage for s in slices), default=100),
+            default_pinned_mem_limit_mib=max((s.memory_mib for s in slices), default=None),
         )
 
     def _devices(

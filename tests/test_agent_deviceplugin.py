@@ -174,9 +174,11 @@ async def test_allocate_mig_env(kubelet: FakeKubelet, manager: DevicePluginManag
     assert all(len(r.mounts) == 0 for r in reply.container_responses)
 
 
-async def test_allocate_mps_env_and_pipe_mount(
+async def test_allocate_mps_env_pipe_and_shm_mounts_need_no_host_ipc(
     kubelet: FakeKubelet, manager: DevicePluginManager
 ) -> None:
+    """MPS clients get the daemon's pipe directory and its shared memory at /dev/shm (as
+    NVIDIA's plugin does), so they run without hostIPC."""
     gpu = mps_gpu(3, GPU0, [(10240, 25), (10240, 50)])
     manager.set_devices(advertised_devices([gpu], mps_pipe_root=PIPE_ROOT))
     ids = [s.deviceId for s in gpu.mps]
@@ -192,7 +194,29 @@ async def test_allocate_mps_env_and_pipe_mount(
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",
     }
     assert [(m.container_path, m.host_path, m.read_only) for m in resp.mounts] == [
-        ("/run/gpuslice/mps/gpu3", "/run/gpuslice/mps/gpu3", False)
+        ("/run/gpuslice/mps/gpu3", "/run/gpuslice/mps/gpu3", False),
+        ("/dev/shm", "/run/gpuslice/mps/shm", False),
+    ]
+
+
+async def test_allocate_hybrid_mig_devices_mount_their_own_daemon_pipes_and_the_shm(
+    kubelet: FakeKubelet, manager: DevicePluginManager
+) -> None:
+    gpu = mig_gpu(("1g.10gb", 0, 1), ("1g.10gb", 1, 2))
+    manager.set_devices(advertised_devices([gpu], mps_pipe_root=PIPE_ROOT, hybrid_gpus={0}))
+    await registered(kubelet, MIG_1G, {mig_uuid(1): "Healthy", mig_uuid(2): "Healthy"})
+    conn = kubelet.registered(MIG_1G)
+    assert conn is not None
+    one, both = (await conn.allocate([mig_uuid(2)], [mig_uuid(1), mig_uuid(2)])).container_responses
+    assert dict(one.envs)["CUDA_MPS_PIPE_DIRECTORY"] == f"{PIPE_ROOT}/gpu0-mig1"
+    assert [(m.container_path, m.host_path) for m in one.mounts] == [
+        (f"{PIPE_ROOT}/gpu0-mig1", f"{PIPE_ROOT}/gpu0-mig1"),
+        ("/dev/shm", f"{PIPE_ROOT}/shm"),
+    ]
+    assert [m.container_path for m in both.mounts] == [
+        f"{PIPE_ROOT}/gpu0-mig0",
+        "/dev/shm",  # once
+        f"{PIPE_ROOT}/gpu0-mig1",
     ]
 
 

@@ -323,6 +323,102 @@ def test_hybrid_runs_one_daemon_per_mig_instance() -> None:
     assert res.applied and node.sup.running() == set()
 
 
+def test_mps_daemon_limits_are_the_largest_slice_and_follow_the_table() -> None:
+    """Limits a client cannot raise: the daemon's defaults cap every client of the GPU."""
+    node = Node("A100-SXM4-80GB")
+    res = node.run(mps_spec((10240, 12), (20480, 25)))
+    assert res.applied
+    d = node.sup.daemons["gpu0"]
+    assert (d.default_pinned_mem_limit_mib, d.default_thread_percentage) == (20480, 25)
+    assert d.limit_commands() == [
+        "set_default_active_thread_percentage 25",
+        "set_default_device_pinned_mem_limit 0 20480M",
+    ]
+    node.pods.ids = {res.devices["nvidia.com/gpu-10gb"][0].id}  # the small slice is held
+    res = node.run(mps_spec((10240, 12), (4096, 5)), gen=2)  # the big free slice goes
+    assert res.applied and node.sup.starts == 1 and node.sup.limit_updates == 1
+    d = node.sup.daemons["gpu0"]  # same daemon, its clients untouched, limits lowered
+    assert (d.default_pinned_mem_limit_mib, d.default_thread_percentage) == (10240, 12)
+
+
+def test_hybrid_daemon_of_a_slot_with_a_new_instance_is_restarted_for_it() -> None:
+    node = Node("A100-SXM4-80GB")
+    assert node.run(mig_spec(("3g.40gb", 0), ("3g.40gb", 4), mode="hybrid")).applied
+    old = node.sup.daemons["gpu0-mig0"].device_uuid
+    res = node.run(mig_spec(("4g.40gb", 0), ("3g.40gb", 4), mode="hybrid"), gen=2)
+    new = {i.start: i.deviceId for i in res.status.gpus[0].mig}
+    assert res.applied and new[0] != old and node.sup.restarts == 1
+    assert node.sup.daemons["gpu0-mig0"].device_uuid == new[0]  # not the destroyed 3g
+    assert node.sup.daemons["gpu0-mig4"].device_uuid == new[4]
+
+
+def test_hybrid_daemon_of_a_held_instance_survives_a_change_to_mig() -> None:
+    """The finding: nothing guarded the daemon a running pod uses; a hybrid->mig spec change
+    must keep it while the pod holds the instance."""
+    node = Node("A100-SXM4-80GB")
+    res = node.run(mig_spec(("3g.40gb", 0), ("3g.40gb", 4), mode="hybrid"))
+    held = next(d for d in res.devices["nvidia.com/mig-3g.40gb"] if d.id.startswith("MIG-"))
+    node.pods.ids = {held.id}
+    start = next(i.start for i in res.status.gpus[0].mig if i.deviceId == held.id)
+    res = node.run(mig_spec(("3g.40gb", 0), ("3g.40gb", 4)), gen=2)
+    assert res.applied and node.sup.running() == {f"gpu0-mig{start}"}
+    node.pods.ids = set()
+    res = node.run(mig_spec(("3g.40gb", 0), ("3g.40gb", 4)), gen=3)
+    assert res.applied and node.sup.running() == set()
+
+
+def test_mps_control_supervisor_limits_restarts_and_adoption() -> None:
+    calls: list[str] = []
+    up: dict[str, str] = {}  # pipe dir -> device of the running daemon
+
+    def runner(argv: Sequence[str], env: Mapping[str, str], stdin: str | None) -> tuple[int, str]:
+        pipe = env["CUDA_MPS_PIPE_DIRECTORY"]
+        calls.append(stdin.strip() if stdin else " ".join(argv[1:]))
+        if stdin == "get_server_list\n":
+            return (0, "4242\n") if pipe in up else (1, "cannot connect")
+        if list(argv)[-1] == "-d":
+            up[pipe] = env["CUDA_VISIBLE_DEVICES"]
+        if stdin == "quit\n":
+            up.pop(pipe, None)
+        return 0, ""
+
+    def spec(device: str, mem: int | None, pct: int) -> MpsDaemonSpec:
+        return MpsDaemonSpec("k", device, "/tmp/gpuslice-t/p", "/tmp/gpuslice-t/l", pct, mem)
+
+    sup = MpsControlSupervisor(runner)
+    sup.ensure(spec("GPU-1", 20480, 25))
+    assert calls == [
+        "get_server_list",
+        "-d",
+        "set_default_active_thread_percentage 25",
+        "set_default_device_pinned_mem_limit 0 20480M",
+    ]
+    calls.clear()
+    sup.ensure(spec("GPU-1", 20480, 25))
+    assert calls == ["get_server_list"]  # unchanged: nothing sent
+    calls.clear()
+    sup.ensure(spec("GPU-1", 10240, 12))  # new limits: defaults and the running server
+    assert calls == [
+        "get_server_list",
+        "set_default_active_thread_percentage 12",
+        "set_default_device_pinned_mem_limit 0 10240M",
+        "set_active_thread_percentage 4242 12",
+        "set_device_pinned_mem_limit 4242 0 10240M",
+    ]
+    calls.clear()
+    sup.ensure(spec("MIG-2", None, 100))  # another device at this key: restarted
+    assert calls == ["get_server_list", "quit", "-d", "set_default_active_thread_percentage 100"]
+    assert up == {"/tmp/gpuslice-t/p": "MIG-2"}
+    calls.clear()
+    adopted = MpsControlSupervisor(runner)  # the agent restarted; the daemon runs on
+    adopted.ensure(spec("MIG-2", None, 100))
+    assert calls == [
+        "get_server_list",
+        "set_default_active_thread_percentage 100",
+        "set_active_thread_percentage 4242 100",
+    ]
+
+
 def test_slice_ids_are_self_describing_and_fit_the_kubelet_limit() -> None:
     node = Node("H100-80GB")
     res = node.run(mps_spec((40960, 50)))

@@ -91,7 +91,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     },
     "digest-pinned": {"image": {"digest": "sha256:" + "a" * 64}},
     "json-logs": {"logging": {"format": "json", "level": "DEBUG"}},
-    "privileged-agent-no-mps": {"agent": {"privileged": True, "hostIPC": False}},
+    "privileged-agent-no-mps": {"agent": {"privileged": True, "hostIPC": True}},
     "policy-audit-only": {"admissionPolicy": {"validationActions": ["Warn", "Audit"]}},
     "minimal": {
         "metrics": {"service": {"enabled": False}, "grafanaDashboard": {"enabled": False}},
@@ -475,7 +475,7 @@ def test_agent_privileges_are_the_documented_minimum(chart: helm.Chart) -> None:
     docs = render(chart, {})
     pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
     c = container(docs, "DaemonSet")
-    assert pod["hostIPC"] is True
+    assert pod["hostIPC"] is False  # MPS shares memory through <mpsPipeRoot>/shm instead
     assert not pod.get("hostPID") and not pod.get("hostNetwork")
     assert pod["runtimeClassName"] == "nvidia"
     sc = c["securityContext"]
@@ -484,22 +484,33 @@ def test_agent_privileges_are_the_documented_minimum(chart: helm.Chart) -> None:
 
     paths = host_paths(pod)
     assert sorted(paths.values()) == [
+        "/run/gpuslice",
         "/run/nvidia/mps",
+        "/run/nvidia/mps/shm",
         "/var/lib/kubelet/device-plugins",
         "/var/lib/kubelet/pod-resources",
         "/var/log/nvidia-mps",
     ]
     mounts = {m["name"]: m for m in c["volumeMounts"]}
+    shm = paths.pop("mps-shm")  # the daemons' /dev/shm, the clients' too (Allocate mounts it)
+    assert mounts["mps-shm"]["mountPath"] == "/dev/shm"
     for name, path in paths.items():  # same path inside: the agent hands host paths to kubelet
         assert mounts[name]["mountPath"] == path
     assert mounts["pod-resources"].get("readOnly") is True
-    assert not any(mounts[n].get("readOnly") for n in ("device-plugins", "mps-pipes", "mps-logs"))
+    assert not any(
+        mounts[n].get("readOnly") for n in ("device-plugins", "mps-pipes", "mps-logs", "mps-shm")
+    )
 
     env = env_of(c)
     assert env["GPUSLICE_DEVICE_PLUGIN_DIR"] == paths["device-plugins"]
     assert env["GPUSLICE_POD_RESOURCES_SOCKET"] == paths["pod-resources"] + "/kubelet.sock"
     assert env["GPUSLICE_MPS_PIPE_ROOT"] == paths["mps-pipes"]
     assert env["GPUSLICE_MPS_LOG_ROOT"] == paths["mps-logs"]
+    assert env["GPUSLICE_STATE_DIR"] == paths["state"]
+    # the agent's device plugin mounts exactly this directory into MPS clients at /dev/shm
+    from node_agent.devices import mps_shm_directory
+
+    assert mps_shm_directory(env["GPUSLICE_MPS_PIPE_ROOT"]) == shm
     assert env["NVIDIA_MIG_CONFIG_DEVICES"] == "all"
     node_name = next(e for e in c["env"] if e["name"] == "GPUSLICE_NODE_NAME")
     assert node_name["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
@@ -510,7 +521,7 @@ def test_agent_privileged_and_mig_only_variant(chart: helm.Chart) -> None:
     pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
     sc = container(docs, "DaemonSet")["securityContext"]
     assert sc["privileged"] is True and "capabilities" not in sc
-    assert pod["hostIPC"] is False
+    assert pod["hostIPC"] is True  # still available for those who want it
 
 
 def test_partitioner_is_unprivileged_single_and_recreated(chart: helm.Chart) -> None:
