@@ -35,6 +35,7 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from types import MappingProxyType
 from typing import Protocol
 
@@ -119,6 +120,7 @@ def mps_shm_directory(root: str) -> str:
     return f"{root.rstrip('/')}/shm"
 
 
+@cache
 def mps_mounts(root: str, pipe: str) -> tuple[HostMount, ...]:
     """The mounts of an MPS client of the daemon whose pipe directory is ``pipe``."""
     return (HostMount(pipe, pipe), HostMount(SHM, mps_shm_directory(root)))

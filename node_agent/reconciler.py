@@ -360,10 +360,12 @@ class Reconciler:
 
     def _sync_daemons(
         self, spec: NodePartitioningSpec | None, observed: list[ObservedGpu], errors: list[str]
-    ) -> tuple[set[str], int]:
-        """Run the wanted MPS daemons, stop the others.
+    ) -> tuple[set[str], int, set[str]]:
+        """Run the wanted MPS daemons; list the others that no pod seems to use.
 
-        Returns the ids of unhealthy devices and the number of NVML calls made (compute mode)."""
+        Returns the ids of unhealthy devices, the number of NVML calls made (compute mode) and
+        the keys of unwanted daemons to stop once a fresh in-use read confirms they have no
+        client (:meth:`_stop_daemons`)."""
         hybrid = _hybrid_gpus(spec)
         wanted: dict[str, MpsDaemonSpec] = {}
         whole_gpu: dict[str, ObservedGpu] = {}
@@ -378,9 +380,7 @@ class Reconciler:
                         k = mps_key(i, inst.start)
                         wanted[k] = self._daemon(k, inst.uuid, i, inst.start)
         running = self._supervisor.running()
-        for key in sorted(running - set(wanted)):
-            if not _daemon_in_use(key, observed):  # never kill the MPS clients of a pod
-                self._supervisor.stop(key)
+        unwanted = {k for k in running - set(wanted) if not _daemon_in_use(k, observed, set())}
         unhealthy: set[str] = set()
         ops = 0
         for key, d in sorted(wanted.items()):
@@ -397,7 +397,43 @@ class Reconciler:
             except MpsError as e:
                 errors.append(str(e))
                 unhealthy |= _devices_of_daemon(key, observed)
-        return unhealthy, ops
+        return unhealthy, ops, unwanted
+
+    def _daemonless(
+        self, spec: NodePartitioningSpec | None, observed: list[ObservedGpu]
+    ) -> set[str]:
+        """Devices whose MPS daemon does not run now: Unhealthy until a pass starts it (a
+        client given one would run outside MPS, holding the GPU the daemon then waits for)."""
+        running = self._supervisor.running()
+        hybrid = _hybrid_gpus(spec)
+        out: set[str] = set()
+        for g in observed:
+            i = g.info.index
+            if not g.info.mig_enabled and g.slices and mps_key(i) not in running:
+                out |= {s.device_id for s in g.slices}
+            if i in hybrid:
+                out |= {
+                    inst.uuid
+                    for inst in g.instances
+                    if inst.uuid and mps_key(i, inst.start) not in running
+                }
+        return out
+
+    async def _stop_daemons(
+        self, keys: set[str], observed: list[ObservedGpu], errors: list[str]
+    ) -> None:
+        """Stop unwanted daemons that have no client, never one a pod uses.
+
+        The devices published just before no longer name these daemons' pipes, so no new
+        ``Allocate`` can make a client of them; a pod given such a device before that is in a
+        fresh in-use read (PodResources or the allocation ledger), which keeps its daemon.
+        Unreadable in-use ids stop nothing (retried next pass)."""
+        fresh = await self._read_in_use(errors)
+        if fresh is None:
+            return
+        for key in sorted(keys):
+            if not _daemon_in_use(key, observed, fresh):  # never kill the MPS clients of a pod
+                self._supervisor.stop(key)
 
     def _exclusive_process(self, g: ObservedGpu) -> int:
         """Put an MPS GPU whose daemon is down in compute mode EXCLUSIVE_PROCESS, if idle."""
@@ -468,7 +504,9 @@ class Reconciler:
         if any(doomed.values()):
             if self._publish is not None:
                 all_doomed = set().union(*doomed.values())
-                current = self._devices(spec, actual_gpus(observed), set())
+                current = self._devices(
+                    spec, actual_gpus(observed), self._daemonless(spec, observed)
+                )
                 self._publish(
                     {r: [d for d in ds if d.id not in all_doomed] for r, ds in current.items()}
                 )
@@ -497,7 +535,7 @@ class Reconciler:
             except NvmlError as e:
                 errors.append(f"re-reading GPUs: {e}")
                 return self._failed_read(spec, generation, previous, now, errors, ops)
-        unhealthy, mode_ops = self._sync_daemons(spec, observed, errors)
+        unhealthy, mode_ops, unwanted = self._sync_daemons(spec, observed, errors)
         ops += mode_ops
         actual = actual_gpus(observed)
         devices = self._devices(spec, actual, unhealthy)
@@ -506,6 +544,8 @@ class Reconciler:
         complete = all(g.slices is not None for g in observed)
         if self._publish is not None and complete:
             self._publish(devices)
+        if unwanted:  # after the publish: no device names their pipes any more
+            await self._stop_daemons(unwanted, observed, errors)
         status = build_status(
             spec=spec,
             generation=generation,
@@ -579,11 +619,20 @@ def _devices_of_daemon(key: str, observed: list[ObservedGpu]) -> set[str]:
     return set()
 
 
-def _daemon_in_use(key: str, observed: list[ObservedGpu]) -> bool:
+def _daemon_in_use(key: str, observed: list[ObservedGpu], in_use: set[str]) -> bool:
+    """A pod (or a process) may be a client of daemon ``key``: its GPU has a used slice or
+    processes, its hybrid instance is used, or ``in_use`` (a fresher read than ``observed``'s)
+    holds one of its devices -- any MPS slice id of the GPU, even one no longer in the table."""
     for g in observed:
         i = g.info.index
-        if key == mps_key(i) and (g.used_slices or g.gpu_processes):
-            return True
-        if any(key == mps_key(i, inst.start) and inst.used for inst in g.instances):
-            return True
+        if key == mps_key(i):
+            if g.used_slices or g.gpu_processes:
+                return True
+            return any(
+                (sid := parse_mps_slice_id(dev)) is not None and sid.gpu_uuid == g.info.uuid
+                for dev in in_use
+            )
+        for inst in g.instances:
+            if key == mps_key(i, inst.start) and (inst.used or inst.uuid in in_use):
+                return True
     return False

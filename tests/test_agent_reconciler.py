@@ -323,6 +323,23 @@ def test_hybrid_runs_one_daemon_per_mig_instance() -> None:
     assert res.applied and node.sup.running() == set()
 
 
+def test_withdrawal_keeps_slices_of_a_daemon_that_is_down_unhealthy() -> None:
+    """Re-advertising before a destroy must not make a slice whose daemon failed allocatable:
+    its client would run outside MPS and hold the GPU the daemon then waits for."""
+    node = Node("A30")
+    node.sup.fail_next = 2
+    res = node.run(mps_spec((4096, 16), (8192, 33)))
+    assert not res.applied and node.sup.running() == set()
+    assert not any(d.healthy for ds in res.devices.values() for d in ds)
+    node.published.clear()
+    res = node.run(mps_spec((4096, 16)), gen=2)  # drops the 8 GiB slice: withdraw first
+    withdrawal = node.published[0]
+    assert [d.healthy for d in withdrawal["nvidia.com/gpu-4gb"]] == [False]
+    assert not withdrawal.get("nvidia.com/gpu-8gb")  # the doomed slice is withdrawn
+    res = node.run(mps_spec((4096, 16)), gen=2)
+    assert res.applied and [d.healthy for d in res.devices["nvidia.com/gpu-4gb"]] == [True]
+
+
 def test_mps_daemon_limits_are_the_largest_slice_and_follow_the_table() -> None:
     """Limits a client cannot raise: the daemon's defaults cap every client of the GPU."""
     node = Node("A100-SXM4-80GB")
