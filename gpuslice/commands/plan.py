@@ -19,7 +19,6 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from gpuslice.cli import BadInput
@@ -71,20 +70,14 @@ def _load_catalog(files: Sequence[str]) -> Catalog:
 
 
 def _read_snapshot(path: str, catalog: Catalog) -> tuple[Snapshot, list[str]]:
+    from gpuslice.snapshot_file import SnapshotFileError, read_snapshot_file
     from partitioner.snapshot import snapshot_from_kubectl_list
 
     where = "standard input" if path == "-" else path
     try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text()
-    except OSError as e:
-        raise BadInput(f"cannot read snapshot file {where}: {e.strerror or e}") from e
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise BadInput(
-            f"snapshot file {where} is not valid JSON ({e.msg} at line {e.lineno}); create it "
-            "with 'kubectl get nodes,pods,nodepartitionings -A -o json > FILE'"
-        ) from e
+        doc = read_snapshot_file(path)  # every field the reader uses is checked first
+    except SnapshotFileError as e:
+        raise BadInput(str(e)) from e
     try:
         return snapshot_from_kubectl_list(doc, catalog)
     except (ValueError, CatalogError) as e:
