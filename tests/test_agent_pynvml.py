@@ -228,6 +228,18 @@ class FakePynvml:
         return [SimpleNamespace(pid=p, usedGpuMemory=0) for p in pids]
 
 
+class NoPods:
+    """In-use source of a node without pods."""
+
+    async def in_use_device_ids(self) -> set[str]:
+        return set()
+
+
+SPEC_7G = NodePartitioningSpec.model_validate(
+    {"mode": "mig", "gpus": [{"index": 0, "mig": [{"profile": "7g.80gb", "start": 0}]}]}
+)
+
+
 def make(*models: str, mig: bool = False) -> tuple[FakeNvml, FakePynvml, PynvmlAdapter]:
     """The adapter over the fake pynvml; its nvidia-smi is the fake NVML's emulated tool."""
     nv = FakeNvml([CAT.model(m) for m in models], mig_enabled=mig)
@@ -322,14 +334,8 @@ def test_reconciler_over_the_adapter_resets_the_ampere_gpu_itself() -> None:
     nv, _, ad = make("A100-SXM4-80GB")
     nv.set_persistence_mode(0, True)
 
-    class NoPods:
-        async def in_use_device_ids(self) -> set[str]:
-            return set()
-
     rec = Reconciler(ad, NoPods(), FakeSupervisor(), CAT)
-    spec = NodePartitioningSpec.model_validate(
-        {"mode": "mig", "gpus": [{"index": 0, "mig": [{"profile": "7g.80gb", "start": 0}]}]}
-    )
+    spec = SPEC_7G
     res = asyncio.run(rec.reconcile(spec, 1))
     assert res.applied and [(p.name, s) for p, s, _ in nv.layout(0)] == [("7g.80gb", 0)]
     assert nv.mig_enabled(0) and not nv.mig_pending(0) and nv.persistence_mode(0)
@@ -339,14 +345,8 @@ def test_reconciler_over_the_adapter_reports_a_pending_mig_mode_until_the_gpu_is
     nv, _, ad = make("A100-SXM4-80GB")
     nv.tool_present = False  # no nvidia-smi in the agent's container
 
-    class NoPods:
-        async def in_use_device_ids(self) -> set[str]:
-            return set()
-
     rec = Reconciler(ad, NoPods(), FakeSupervisor(), CAT)
-    spec = NodePartitioningSpec.model_validate(
-        {"mode": "mig", "gpus": [{"index": 0, "mig": [{"profile": "7g.80gb", "start": 0}]}]}
-    )
+    spec = SPEC_7G
     for _ in range(2):  # every pass retries; the request itself is made once
         res = asyncio.run(rec.reconcile(spec, 1))
         applied, degraded = res.status.conditions
@@ -363,10 +363,6 @@ def test_reconciler_over_the_adapter_reports_a_pending_mig_mode_until_the_gpu_is
 def test_reconciler_over_the_adapter_destroys_ci_before_gi_and_applies() -> None:
     nv, mod, ad = make("A100-SXM4-80GB", mig=True)
 
-    class NoPods:
-        async def in_use_device_ids(self) -> set[str]:
-            return set()
-
     rec = Reconciler(ad, NoPods(), FakeSupervisor(), CAT)
     spec = NodePartitioningSpec.model_validate(
         {"mode": "mig", "gpus": [{"index": 0, "mig": [{"profile": "3g.40gb", "start": 0}, {"profile": "3g.40gb", "start": 4}]}]}
@@ -374,10 +370,7 @@ def test_reconciler_over_the_adapter_destroys_ci_before_gi_and_applies() -> None
     assert asyncio.run(rec.reconcile(spec, 1)).applied
     assert sorted((p.name, s) for p, s, _ in nv.layout(0)) == [("3g.40gb", 0), ("3g.40gb", 4)]
     mod.log.clear()
-    spec7 = NodePartitioningSpec.model_validate(
-        {"mode": "mig", "gpus": [{"index": 0, "mig": [{"profile": "7g.80gb", "start": 0}]}]}
-    )
-    assert asyncio.run(rec.reconcile(spec7, 2)).applied
+    assert asyncio.run(rec.reconcile(SPEC_7G, 2)).applied
     destroys = [x for x in mod.log if x.startswith("destroy")]
     assert len(destroys) == 4
     for k in (0, 2):  # each instance: its CI, then its GI
@@ -408,10 +401,6 @@ def test_compute_mode_is_read_and_set_with_nvml_constants() -> None:
 
 def test_mps_over_the_adapter_sets_exclusive_process_before_the_daemon() -> None:
     nv, mod, ad = make("A30")
-
-    class NoPods:
-        async def in_use_device_ids(self) -> set[str]:
-            return set()
 
     sup = FakeSupervisor(nvml=nv)
     rec = Reconciler(ad, NoPods(), sup, CAT)
