@@ -21,7 +21,8 @@ before they read them:
 * node selectors, node affinity terms, tolerations, taints, pod conditions, priority and the
   scalar fields next to them have the API's types;
 * a NodePartitioning's ``spec.gpus``/``status.gpus`` name each GPU index once and only indices
-  its node has (``nvidia.com/gpu.count``), so no status is silently ignored.
+  its node has (``nvidia.com/gpu.count``, where it counts GPUs: not under GFD's MIG strategy
+  ``single``), so no status is silently ignored.
 
 Fields gpuslice does not read (``managedFields``, container images, ...) are not checked.  The
 first problem found ends the check with a :class:`SnapshotFileError` naming the file, the item
@@ -176,6 +177,13 @@ def _label_int(labels: Mapping[str, str], key: str, limit: int) -> int | None:
     return int(raw)
 
 
+def _counts_gpus(labels: Mapping[str, str]) -> bool:
+    """``nvidia.com/gpu.count`` counts physical GPUs: not under GFD's MIG strategy ``single``,
+    where it counts MIG devices (facts/gpu-operator.md section 1)."""
+    product = labels.get("nvidia.com/gpu.product", "")
+    return labels.get("nvidia.com/mig.strategy") != "single" and "-MIG-" not in product
+
+
 def _taints(v: Any, at: str) -> None:
     for k, t in enumerate(_list(v, at)):
         t = _mapping(t, f"{at}[{k}]", optional=False)
@@ -306,7 +314,7 @@ def check_kubectl_list(doc: Any, where: str) -> None:
             if kind == "Node":
                 count = _label_int(labels, GPU_COUNT_LABEL, MAX_GPU_COUNT_LABEL)
                 _label_int(labels, GPU_MEMORY_LABEL, MAX_GPU_MEMORY_LABEL_MIB)
-                if count is not None:
+                if count and _counts_gpus(labels):
                     gpu_counts[name] = count
                 _check_node(item)
             elif kind == "Pod":

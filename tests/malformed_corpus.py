@@ -461,6 +461,15 @@ def snapshot_cases() -> Iterator[Case]:
         "GPU 5",
         "nvidia.com/gpu.count=2",
     )
+    single = node(count="14")  # strategy single: 14 counts MIG devices, not GPUs
+    single["metadata"]["labels"]["nvidia.com/mig.strategy"] = "single"
+    single["metadata"]["labels"]["nvidia.com/gpu.product"] = "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb"
+    yield _case(
+        TARGETS[0],
+        "GPU 5 under MIG strategy single, valid",
+        _json(kube_list(single, partitioning(index=5))),
+        0,
+    )
     twice = partitioning()
     twice["status"]["gpus"].append(dict(twice["status"]["gpus"][0]))
     yield _snap("status lists GPU 0 twice", kube_list(n(), twice), "listed twice")
