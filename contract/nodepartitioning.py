@@ -12,7 +12,9 @@ One cluster-scoped ``NodePartitioning`` per opted-in node, named after the node.
   its own fields with a JSON merge patch of the status subresource, so neither overwrites the
   other's (:data:`PARTITIONER_STATUS_FIELDS`).
 
-The CRD YAML is generated from these models (:func:`crd_manifest`); a test fails if the
+The spec's lists and numbers are bounded (at most 64 GPUs, 16 MIG instances and 256 MPS slices
+per GPU, ...), so the API server refuses a spec no real node could apply before an agent reads
+it.  The CRD YAML is generated from these models (:func:`crd_manifest`); a test fails if the
 committed CRD (``charts/gpuslice/crds/``) drifts from it.  This module imports neither kopf nor
 a Kubernetes client, so both the partitioner and the node agent depend on it alone.
 """
@@ -22,6 +24,8 @@ from __future__ import annotations
 from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from contract.input_files import MAX_GPUS_PER_NODE
 
 __all__ = [
     "API_VERSION",
@@ -55,6 +59,12 @@ SHORT_NAMES = ["np", "nodepart"]
 
 Mode = Literal["mig", "mps", "hybrid"]
 
+MAX_MIG_INSTANCES = 16
+"""MIG instances of one GPU in a spec (NVIDIA's largest geometry has 7)."""
+MAX_MPS_SLICES = 256
+"""MPS slices of one GPU in a spec (1 GiB slices of the largest GPU)."""
+MAX_SLICE_MIB = 16 * 1024 * 1024
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
@@ -63,31 +73,35 @@ class _Model(BaseModel):
 class DesiredMigInstance(_Model):
     """A MIG GPU instance the node should have, at an exact memory-slot start."""
 
-    profile: str = Field(description="MIG profile name, e.g. 1g.10gb", min_length=1)
-    start: int = Field(ge=0, description="Memory-slot start of the placement")
+    profile: str = Field(description="MIG profile name, e.g. 1g.10gb", min_length=1, max_length=64)
+    start: int = Field(ge=0, le=63, description="Memory-slot start of the placement")
 
 
 class DesiredMpsSlice(_Model):
     """An MPS slice the node should advertise as nvidia.com/gpu-<N>gb."""
 
-    memoryMiB: int = Field(ge=1, description="Pinned device memory limit of the slice, MiB")
+    memoryMiB: int = Field(
+        ge=1, le=MAX_SLICE_MIB, description="Pinned device memory limit of the slice, MiB"
+    )
     activeThreadPercentage: int = Field(
         ge=1, le=100, description="CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
     )
 
 
 class DesiredGpu(_Model):
-    index: int = Field(ge=0, description="GPU index on the node (NVML order)")
-    mig: list[DesiredMigInstance] = Field(default_factory=list)
-    mps: list[DesiredMpsSlice] = Field(default_factory=list)
+    index: int = Field(ge=0, lt=MAX_GPUS_PER_NODE, description="GPU index on the node (NVML order)")
+    mig: list[DesiredMigInstance] = Field(default_factory=list, max_length=MAX_MIG_INSTANCES)
+    mps: list[DesiredMpsSlice] = Field(default_factory=list, max_length=MAX_MPS_SLICES)
 
 
 class NodePartitioningSpec(_Model):
     """Desired state, written by the partitioner."""
 
-    planId: str = Field(default="", description="Id of the plan that produced this spec")
+    planId: str = Field(
+        default="", max_length=253, description="Id of the plan that produced this spec"
+    )
     mode: Mode = Field(description="mig, mps or hybrid")
-    gpus: list[DesiredGpu] = Field(default_factory=list)
+    gpus: list[DesiredGpu] = Field(default_factory=list, max_length=MAX_GPUS_PER_NODE)
 
 
 class ActualMigInstance(_Model):

@@ -35,8 +35,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-import yaml
+from pydantic import ValidationError
 
+from contract.input_files import InputError, parse_json, parse_yaml, read_text
 from contract.nodepartitioning import (
     GROUP,
     PARTITIONER_STATUS_FIELDS,
@@ -61,6 +62,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("gpuslice.agent")
+
+MAX_SPEC_BYTES = 4 * 1024 * 1024
+"""A NodePartitioning of a node with a few dozen GPUs is a few KiB."""
 
 
 def now_rfc3339() -> str:
@@ -116,7 +120,10 @@ class FileSpecSource:
     """A spec in a local JSON/YAML file (a NodePartitioning or a bare spec), for demos.
 
     The generation goes up whenever the file's content changes; the status is written as JSON
-    to ``<file>.status.json``.  Changes are noticed by polling every ``poll_seconds``.
+    to ``<file>.status.json``.  Changes are noticed by polling every ``poll_seconds``.  The file
+    is read through :mod:`contract.input_files` (at most :data:`MAX_SPEC_BYTES`, UTF-8/16/32,
+    no alias bombs, duplicate keys or deep nesting); every problem is a :class:`ValueError`
+    naming the file.
     """
 
     def __init__(self, path: str | Path, name: str = "local", poll_seconds: float = 0.5) -> None:
@@ -130,30 +137,53 @@ class FileSpecSource:
 
     def _read(self) -> str:
         try:
-            return self.path.read_text()
-        except OSError as e:
-            raise ValueError(f"cannot read spec file {self.path}: {e}") from e
+            return read_text(self.path, "spec", MAX_SPEC_BYTES)
+        except InputError as e:
+            raise ValueError(str(e)) from None
+
+    def _parse(self, text: str) -> Any:
+        where = str(self.path)
+        try:
+            if self.path.suffix.lower() == ".json":
+                return parse_json(text, where)
+            return parse_yaml(text, where)
+        except InputError as e:
+            raise ValueError(str(e)) from None
 
     async def get(self) -> NodePartitioning | None:
         text = self._read()
         if text != self._text:
             self._text = text
             self._generation += 1
-        doc: Any = yaml.safe_load(text) if text.strip() else None
+        doc: Any = self._parse(text) if text.strip() else None
         if doc is None:
             return None
+        if not isinstance(doc, dict):
+            raise ValueError(
+                f"spec file {self.path}: expected a mapping (a NodePartitioning, or a spec with "
+                f"'mode' and 'gpus'), got {type(doc).__name__}"
+            )
         try:
-            if isinstance(doc, dict) and "spec" in doc:
+            if "spec" in doc:
+                meta = doc.get("metadata", {})
+                if not isinstance(meta, dict):
+                    raise ValueError(
+                        f"spec file {self.path}: 'metadata' must be a mapping, got "
+                        f"{type(meta).__name__}; remove it or write metadata: {{name: ...}}"
+                    )
                 obj = NodePartitioning.model_validate(
-                    {**doc, "metadata": {"name": self.name, **doc.get("metadata", {})}}
+                    {**doc, "metadata": {**meta, "name": self.name}}
                 )
                 spec = obj.spec
             else:
                 spec = NodePartitioningSpec.model_validate(doc)
-        except ValueError as e:
+        except ValidationError as e:
+            first = e.errors()[0]
+            at = ".".join(str(p) for p in first["loc"]) or "the document"
             raise ValueError(
-                f"spec file {self.path} is not a valid NodePartitioning spec: {e}"
-            ) from e
+                f"spec file {self.path} is not a valid NodePartitioning spec: {e.error_count()} "
+                f"error(s), the first at {at}: {first['msg']}"
+            ) from None
         return NodePartitioning(
             metadata=ObjectMeta(name=self.name, generation=self._generation),
             spec=spec,

@@ -13,8 +13,10 @@ with the kubelet through ``v1beta1.Registration/Register`` on ``<plugin_dir>/kub
   kubelet without restarting or re-registering the plugin.
 * ``Allocate`` answers each container request with the env of its devices, merged by
   :func:`node_agent.devices.container_env` (MIG: ``NVIDIA_VISIBLE_DEVICES=<MIG UUID>``; MPS: GPU
-  UUID, ``CUDA_MPS_PIPE_DIRECTORY``, pinned memory limit, active thread percentage), plus a
-  read-write mount of the MPS pipe directory at the same path. An id this plugin does not
+  UUID, ``CUDA_MPS_PIPE_DIRECTORY``, pinned memory limit, active thread percentage), plus the
+  mounts of :func:`node_agent.devices.container_mounts` (MPS: the daemon's pipe directory at the
+  same path and the daemons' shared memory at ``/dev/shm``, so clients need no ``hostIPC``).
+  An id this plugin does not
   advertise fails with ``NOT_FOUND`` naming it, an unhealthy one with ``FAILED_PRECONDITION``,
   MPS slices of different GPUs in one container with ``INVALID_ARGUMENT``.
 * ``GetPreferredAllocation`` (advertised in the options) answers with
@@ -25,6 +27,10 @@ with the kubelet through ``v1beta1.Registration/Register`` on ``<plugin_dir>/kub
   GPUs as possible (MPS slices of one container must share a GPU). An id the plugin does not
   advertise counts as a GPU of its own.
 * ``PreStartContainer`` is not required (``pre_start_required=false``) and answers empty.
+* Every id a successful ``Allocate`` returns is passed to ``on_allocate`` (the agent's
+  :class:`~node_agent.allocations.AllocationLedger`) *before* the reply leaves: the kubelet
+  records the allocation only after the reply, and until PodResources shows it the reconciler
+  must still count the device as in use.
 
 A single reconcile task (started by :meth:`DevicePluginManager.start`) converges the running
 plugins to the desired resources: it starts plugins for new resources, stops those of resources
@@ -57,10 +63,10 @@ import grpc
 import grpc.aio
 
 from node_agent.devices import (
-    ENV_MPS_PIPE,
     MAX_DEVICE_ID_LEN,
     AdvertisedDevice,
     container_env,
+    container_mounts,
 )
 from node_agent.proto import deviceplugin_v1beta1_pb2 as pb
 from node_agent.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
@@ -192,9 +198,15 @@ def _validate(
 class _ResourcePlugin:
     """One resource's DevicePlugin server, its current devices and its registration state."""
 
-    def __init__(self, resource: str, socket_path: str) -> None:
+    def __init__(
+        self,
+        resource: str,
+        socket_path: str,
+        on_allocate: Callable[[Sequence[str]], None] | None = None,
+    ) -> None:
         self.resource = resource
         self.socket_path = socket_path
+        self.on_allocate = on_allocate
         self.devices: dict[str, AdvertisedDevice] = {}
         self.registered_with: SocketIdentity | None = None
         self.served_socket: SocketIdentity | None = None
@@ -284,12 +296,14 @@ class _ResourcePlugin:
             devices.append(dev)
         try:
             env = container_env(devices)
+            mounts = [
+                pb.Mount(
+                    container_path=m.container_path, host_path=m.host_path, read_only=m.read_only
+                )
+                for m in container_mounts(devices)
+            ]
         except ValueError as err:
             raise _RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, str(err)) from err
-        mounts = []
-        pipe = env.get(ENV_MPS_PIPE)
-        if pipe:
-            mounts.append(pb.Mount(container_path=pipe, host_path=pipe, read_only=False))
         return pb.ContainerAllocateResponse(envs=env, mounts=mounts)
 
     def prefer(self, req: pb.ContainerPreferredAllocationRequest) -> list[str]:
@@ -348,6 +362,8 @@ class _Servicer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
             log.warning("Allocate on %s failed: %s", self._plugin.resource, err.details)
             await context.abort(err.code, err.details)
             raise AssertionError("unreachable: context.abort raises") from err
+        if self._plugin.on_allocate is not None:  # before the kubelet can act on the reply
+            self._plugin.on_allocate([d for r in request.container_requests for d in r.devices_ids])
         return pb.AllocateResponse(container_responses=responses)
 
     async def PreStartContainer(
@@ -373,7 +389,7 @@ class DevicePluginManager:
     Arguments: ``plugin_dir`` holds ``kubelet.sock`` and the plugin sockets; ``socket_prefix``
     starts every plugin socket name; ``poll_interval_s`` bounds how late a kubelet restart is
     noticed (and a failed registration retried); ``register_timeout_s`` limits one ``Register``
-    call.
+    call; ``on_allocate`` receives the ids of every successful ``Allocate`` (module docstring).
     """
 
     def __init__(
@@ -383,6 +399,7 @@ class DevicePluginManager:
         socket_prefix: str = "gpuslice",
         poll_interval_s: float = 1.0,
         register_timeout_s: float = 10.0,
+        on_allocate: Callable[[Sequence[str]], None] | None = None,
     ) -> None:
         if not os.path.isabs(plugin_dir):
             raise ValueError(
@@ -400,6 +417,7 @@ class DevicePluginManager:
         self.socket_prefix = socket_prefix
         self.poll_interval_s = poll_interval_s
         self.register_timeout_s = register_timeout_s
+        self.on_allocate = on_allocate
         self._desired: dict[str, list[AdvertisedDevice]] = {}
         self._plugins: dict[str, _ResourcePlugin] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -481,7 +499,7 @@ class DevicePluginManager:
         for resource, devices in list(self._desired.items()):
             plugin = self._plugins.get(resource)
             if plugin is None:
-                plugin = _ResourcePlugin(resource, self._socket_path(resource))
+                plugin = _ResourcePlugin(resource, self._socket_path(resource), self.on_allocate)
                 plugin.update(devices)
                 await plugin.serve()
                 self._plugins[resource] = plugin

@@ -16,6 +16,14 @@ is turned, by a pure function, into advertised devices grouped by extended-resou
   container sees exactly that one GPU; :func:`container_env` re-indexes when a container gets
   slices of several GPUs.
 
+Every device served by an MPS daemon (MPS slices, and MIG instances of hybrid GPUs) also
+carries the two host mounts an MPS client needs without ``hostIPC`` (NVIDIA's device plugin
+does the same, facts/gpu-operator.md section 4): its daemon's pipe directory at the same path,
+and the daemons' shared-memory directory ``<mps root>/shm`` (:func:`mps_shm_directory`) at
+``/dev/shm``, where the MPS server -- which sees the same directory as its own ``/dev/shm`` --
+creates the segments it shares with its clients.  :func:`container_mounts` merges them for one
+container.
+
 Every device also names its parent GPU (:attr:`AdvertisedDevice.gpu`, the physical GPU's UUID,
 for MIG instances and MPS slices alike), so ``GetPreferredAllocation`` can keep a container's
 devices on as few GPUs as possible without parsing device ids.
@@ -28,6 +36,7 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from types import MappingProxyType
 from typing import Protocol
 
@@ -40,11 +49,14 @@ __all__ = [
     "ENV_MPS_THREADS",
     "ENV_VISIBLE",
     "AdvertisedDevice",
+    "HostMount",
     "InUseSource",
     "MpsSliceId",
     "advertised_devices",
     "container_env",
+    "container_mounts",
     "mps_pipe_directory",
+    "mps_shm_directory",
     "mps_slice_id",
     "parse_mps_slice_id",
 ]
@@ -55,6 +67,17 @@ ENV_MPS_MEM_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 ENV_MPS_THREADS = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 
 MAX_DEVICE_ID_LEN = 63
+SHM = "/dev/shm"
+"""Where MPS clients (and the MPS server) see the daemons' shared-memory directory."""
+
+
+@dataclass(frozen=True, slots=True)
+class HostMount:
+    """A host directory ``Allocate`` mounts into the container (the kubelet's ``Mount``)."""
+
+    container_path: str
+    host_path: str
+    read_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -71,6 +94,8 @@ class AdvertisedDevice:
     """``Healthy`` in ListAndWatch; only healthy devices are allocatable."""
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     """Environment variables ``Allocate`` returns for this device alone."""
+    mounts: tuple[HostMount, ...] = ()
+    """Host directories ``Allocate`` mounts for this device (MPS: pipe and shm)."""
 
 
 class InUseSource(Protocol):
@@ -89,6 +114,17 @@ def mps_pipe_directory(root: str, gpu_index: int, mig_start: int | None = None) 
     base = root.rstrip("/")
     name = f"gpu{gpu_index}" if mig_start is None else f"gpu{gpu_index}-mig{mig_start}"
     return f"{base}/{name}"
+
+
+def mps_shm_directory(root: str) -> str:
+    """The host directory every MPS daemon and client sees as ``/dev/shm`` (no hostIPC)."""
+    return f"{root.rstrip('/')}/shm"
+
+
+@cache
+def mps_mounts(root: str, pipe: str) -> tuple[HostMount, ...]:
+    """The mounts of an MPS client of the daemon whose pipe directory is ``pipe``."""
+    return (HostMount(pipe, pipe), HostMount(SHM, mps_shm_directory(root)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,13 +185,17 @@ def advertised_devices(
                 continue
             res = mig_resource(inst.profile)
             mig_env = {ENV_VISIBLE: inst.deviceId}
+            mounts: tuple[HostMount, ...] = ()
             if gpu.index in hybrid_gpus:
-                mig_env[ENV_MPS_PIPE] = mps_pipe_directory(mps_pipe_root, gpu.index, inst.start)
+                hpipe = mps_pipe_directory(mps_pipe_root, gpu.index, inst.start)
+                mig_env[ENV_MPS_PIPE] = hpipe
+                mounts = mps_mounts(mps_pipe_root, hpipe)
             env = MappingProxyType(mig_env)
             out.setdefault(res, []).append(
-                AdvertisedDevice(inst.deviceId, res, parent, inst.deviceId not in bad, env)
+                AdvertisedDevice(inst.deviceId, res, parent, inst.deviceId not in bad, env, mounts)
             )
         pipe = mps_pipe_directory(mps_pipe_root, gpu.index)
+        slice_mounts = mps_mounts(mps_pipe_root, pipe)
         for sl in gpu.mps:
             if not sl.deviceId:
                 continue
@@ -169,7 +209,9 @@ def advertised_devices(
                 }
             )
             out.setdefault(res, []).append(
-                AdvertisedDevice(sl.deviceId, res, parent, sl.deviceId not in bad, env)
+                AdvertisedDevice(
+                    sl.deviceId, res, parent, sl.deviceId not in bad, env, slice_mounts
+                )
             )
     return {r: sorted(ds, key=lambda d: d.id) for r, ds in sorted(out.items())}
 
@@ -216,3 +258,21 @@ def container_env(devices: Sequence[AdvertisedDevice]) -> dict[str, str]:
     elif len(env_pipe_only) == 1:
         env[ENV_MPS_PIPE] = next(iter(env_pipe_only.values()))
     return env
+
+
+def container_mounts(devices: Sequence[AdvertisedDevice]) -> list[HostMount]:
+    """The mounts for one container allocated ``devices``: each distinct mount once, in order.
+
+    Two devices mounting different host directories at the same container path (the devices
+    of two MPS roots) cannot share a container: that raises :class:`ValueError`."""
+    out: dict[str, HostMount] = {}
+    for d in devices:
+        for m in d.mounts:
+            seen = out.setdefault(m.container_path, m)
+            if seen != m:
+                raise ValueError(
+                    f"devices {[x.id for x in devices]} need different host directories at "
+                    f"{m.container_path} ({seen.host_path}, {m.host_path}); request them in "
+                    "separate containers"
+                )
+    return list(out.values())

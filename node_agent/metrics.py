@@ -226,3 +226,6 @@ class MeteredNvml:
         except NvmlError as e:
             self._count("running_processes", e)
             raise
+
+    def process_name(self, pid: int) -> str:
+        return self._inner.process_name(pid)

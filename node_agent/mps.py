@@ -5,9 +5,22 @@ Model
 A daemon is identified by a *key* (``gpu0``, or ``gpu0-mig4`` for the MIG instance at slot 4 in
 hybrid mode; the same name as its pipe directory, :func:`node_agent.devices.mps_pipe_directory`)
 and described by a :class:`MpsDaemonSpec`: the device it serves (GPU or MIG UUID), its pipe and
-log directories and the default active-thread percentage.  Clients (pods) find it through
-``CUDA_MPS_PIPE_DIRECTORY`` and may only *lower* their share with
-``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` and ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``.
+log directories and its *daemon-side* limits.  Clients (pods) find it through
+``CUDA_MPS_PIPE_DIRECTORY``; their shared memory is the host directory every daemon also uses
+as ``/dev/shm`` (:func:`node_agent.devices.mps_shm_directory`), so no client needs ``hostIPC``.
+
+Limits.  A client's ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` and
+``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` come from ``Allocate`` as environment variables, which a
+container can change.  What a client cannot change is its daemon's: the default active-thread
+percentage and default pinned device-memory limit (``set_default_active_thread_percentage``,
+``set_default_device_pinned_mem_limit 0 <M>M``, applied to every MPS server the daemon starts
+afterwards, and ``set_active_thread_percentage`` / ``set_device_pinned_mem_limit`` to the
+servers already running, from ``get_server_list``).  A client's thread percentage can only be
+lowered below the daemon's (facts/gpu-operator.md section 4), so the reconciler gives each
+whole-GPU daemon the *largest* slice of its GPU as defaults: no client of that GPU can take more
+threads or pinned memory than the largest slice, whatever it sets.  (With unequal slices on one
+GPU the smaller slices' limits are the clients' own env; equal slices are enforced exactly.)
+Hybrid daemons (one per MIG instance) need no limits: the instance is the bound.
 
 A :class:`ProcessSupervisor` starts, checks and stops daemons; the reconciler only says which
 keys should run (:meth:`ProcessSupervisor.ensure`) and which may stop.  It never stops a daemon
@@ -15,26 +28,28 @@ whose GPU still has a slice in use: that would kill the pod's CUDA context.
 
 * :class:`MpsControlSupervisor` runs the real ``nvidia-cuda-mps-control -d`` with
   ``CUDA_VISIBLE_DEVICES``, ``CUDA_MPS_PIPE_DIRECTORY`` and ``CUDA_MPS_LOG_DIRECTORY`` set, then
-  ``set_default_active_thread_percentage``; liveness is ``get_server_list`` answering; stop is
-  ``quit``.  Commands go through an injectable runner so the logic is unit-testable.
+  sends the limits; liveness is ``get_server_list`` answering; stop is ``quit``.  ``ensure``
+  with changed limits re-sends them (defaults and running servers); with another device (a
+  hybrid instance re-created at the same slot) it restarts the daemon; a daemon found running
+  after an agent restart is adopted and given the limits again.  Commands go through an
+  injectable runner so the logic is unit-testable.
 * :class:`FakeSupervisor` keeps the set of running keys in memory, with failure knobs.  Given
   the node's :class:`~node_agent.nvml_fake.FakeNvml`, it refuses to start a whole-GPU daemon
   unless that GPU is in compute mode ``EXCLUSIVE_PROCESS``, the mode MPS is run in
   (facts/mig.md), so tests catch a reconciler that forgets to set it.  Hybrid daemons (one per
   MIG instance, ``device_uuid`` a MIG UUID) are not checked: the compute mode is a whole-GPU
-  setting.
+  setting.  It counts starts, restarts (device changed) and limit updates.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
-from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from node_agent.nvml import ComputeMode
 from node_agent.nvml_fake import FakeNvml
+from node_agent.runner import Runner, subprocess_runner
 
 __all__ = [
     "FakeSupervisor",
@@ -60,6 +75,25 @@ class MpsDaemonSpec:
     pipe_dir: str
     log_dir: str
     default_thread_percentage: int = 100
+    """Daemon-side cap of every client's active-thread percentage."""
+    default_pinned_mem_limit_mib: int | None = None
+    """Daemon-side cap of every client's pinned device memory, MiB (``None``: no cap)."""
+
+    def limit_commands(self) -> list[str]:
+        """The control commands that set this daemon's default limits."""
+        out = [f"set_default_active_thread_percentage {self.default_thread_percentage}"]
+        if self.default_pinned_mem_limit_mib is not None:
+            out.append(
+                f"set_default_device_pinned_mem_limit 0 {self.default_pinned_mem_limit_mib}M"
+            )
+        return out
+
+    def server_limit_commands(self, pid: int) -> list[str]:
+        """The control commands that set these limits on the running server ``pid``."""
+        out = [f"set_active_thread_percentage {pid} {self.default_thread_percentage}"]
+        if self.default_pinned_mem_limit_mib is not None:
+            out.append(f"set_device_pinned_mem_limit {pid} 0 {self.default_pinned_mem_limit_mib}M")
+        return out
 
 
 class ProcessSupervisor(Protocol):
@@ -74,28 +108,6 @@ class ProcessSupervisor(Protocol):
     def running(self) -> set[str]:
         """Keys of the daemons that are up now."""
         ...
-
-
-Runner = Callable[[Sequence[str], Mapping[str, str], str | None], tuple[int, str]]
-"""``(argv, extra env, stdin) -> (exit code, combined output)``."""
-
-
-def subprocess_runner(
-    argv: Sequence[str], env: Mapping[str, str], stdin: str | None
-) -> tuple[int, str]:
-    try:
-        p = subprocess.run(
-            list(argv),
-            input=stdin,
-            env={**os.environ, **env},
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return 127, str(e)
-    return p.returncode, (p.stdout or "") + (p.stderr or "")
 
 
 class MpsControlSupervisor:
@@ -113,27 +125,45 @@ class MpsControlSupervisor:
             "CUDA_MPS_LOG_DIRECTORY": spec.log_dir,
         }
 
+    def _servers(self, spec: MpsDaemonSpec) -> list[int] | None:
+        """Pids of the daemon's MPS servers (``get_server_list``); ``None``: not running."""
+        rc, out = self._run([CONTROL], self._env(spec), "get_server_list\n")
+        if rc != 0:
+            return None
+        return [int(w) for w in out.split() if w.isdigit()]
+
     def _alive(self, spec: MpsDaemonSpec) -> bool:
-        rc, _ = self._run([CONTROL], self._env(spec), "get_server_list\n")
-        return rc == 0
+        return self._servers(spec) is not None
+
+    def _send(self, spec: MpsDaemonSpec, commands: list[str]) -> None:
+        env = self._env(spec)
+        for cmd in commands:
+            rc, out = self._run([CONTROL], env, cmd + "\n")
+            if rc != 0:
+                raise MpsError(f"MPS daemon {spec.key}: {cmd} failed ({rc}): {out.strip()}")
 
     def ensure(self, spec: MpsDaemonSpec) -> None:
+        old = self._specs.get(spec.key)
+        servers = self._servers(spec)
+        if servers is not None and old is not None and old.device_uuid != spec.device_uuid:
+            self._run([CONTROL], self._env(old), "quit\n")  # serves a device that is gone
+            servers = None
         self._specs[spec.key] = spec
-        if self._alive(spec):
+        if servers is not None:
+            if old != spec:  # new limits, or adopted after an agent restart
+                self._send(spec, spec.limit_commands())
+                for pid in servers:
+                    self._send(spec, spec.server_limit_commands(pid))
             return
         os.makedirs(spec.pipe_dir, exist_ok=True)
         os.makedirs(spec.log_dir, exist_ok=True)
-        env = self._env(spec)
-        rc, out = self._run([CONTROL, "-d"], env, None)
+        rc, out = self._run([CONTROL, "-d"], self._env(spec), None)
         if rc != 0:
             raise MpsError(
                 f"MPS daemon {spec.key}: '{CONTROL} -d' failed ({rc}): {out.strip()}; check that "
                 f"the agent runs privileged with the NVIDIA driver and {spec.pipe_dir} is writable"
             )
-        cmd = f"set_default_active_thread_percentage {spec.default_thread_percentage}\n"
-        rc, out = self._run([CONTROL], env, cmd)
-        if rc != 0:
-            raise MpsError(f"MPS daemon {spec.key}: {cmd.strip()} failed ({rc}): {out.strip()}")
+        self._send(spec, spec.limit_commands())
 
     def stop(self, key: str) -> None:
         spec = self._specs.pop(key, None)
@@ -154,10 +184,18 @@ class FakeSupervisor:
     daemons: dict[str, MpsDaemonSpec] = field(default_factory=dict)
     fail_next: int = 0
     starts: int = 0
+    restarts: int = 0
+    """Starts that replaced a daemon serving another device."""
+    limit_updates: int = 0
     nvml: FakeNvml | None = None
 
     def ensure(self, spec: MpsDaemonSpec) -> None:
-        if spec.key in self.daemons:
+        old = self.daemons.get(spec.key)
+        if old == spec:
+            return
+        if old is not None and old.device_uuid == spec.device_uuid:
+            self.limit_updates += 1
+            self.daemons[spec.key] = spec
             return
         if self.fail_next > 0:
             self.fail_next -= 1
@@ -175,6 +213,7 @@ class FakeSupervisor:
                         f"set it to EXCLUSIVE_PROCESS before starting MPS"
                     )
         self.starts += 1
+        self.restarts += old is not None
         self.daemons[spec.key] = spec
 
     def stop(self, key: str) -> None:

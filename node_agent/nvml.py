@@ -18,8 +18,11 @@ The operations and their driver rules (both adapters must behave alike):
   ``IN_USE``: Ampere, see :mod:`node_agent.mig_activation`).  Asking for the current mode
   cancels a pending change.
 * :meth:`Nvml.reset_gpu` -- reset an idle GPU (no process, no GI, else ``IN_USE``), making a
-  pending MIG mode current.  NVML has no public reset call: the real adapter raises
-  ``NOT_SUPPORTED`` (``nvidia-smi -r -i <idx>`` or a reboot is the operator's remedy).
+  pending MIG mode current.  NVML has no public reset call: both adapters run the host
+  driver's ``nvidia-smi -r -i <bus id>`` as NVIDIA's mig-parted does
+  (:mod:`node_agent.gpu_reset`); without the tool the reset fails with ``NOT_SUPPORTED``.
+* :meth:`Nvml.process_name` -- ``nvmlSystemGetProcessName``: the name of a pid that
+  :meth:`Nvml.running_processes` listed (``""`` if unknown), to name what blocks a reset.
 * :meth:`Nvml.set_compute_mode` -- ``nvmlDeviceSetComputeMode`` (root).  MPS wants its GPU in
   ``EXCLUSIVE_PROCESS`` before the control daemon starts, so that only the MPS server opens a
   context on it (facts/mig.md).  The mode does not survive a reboot or driver reload.  The
@@ -141,6 +144,8 @@ class GpuInfo:
     """``nvmlDeviceGetComputeMode``."""
     pending_mig_enabled: bool | None = None
     """Pending MIG mode (the mode after the next GPU reset or reboot); ``None``: as current."""
+    pci_bus_id: str = ""
+    """``nvmlDeviceGetPciInfo().busId``, e.g. ``00000000:07:00.0`` (what ``nvidia-smi -i`` takes)."""
 
     @property
     def mig_target(self) -> bool:
@@ -208,4 +213,8 @@ class Nvml(Protocol):
 
     def running_processes(self, gpu: int, gi_id: int | None = None) -> list[int]:
         """Pids running on GI ``gi_id``'s MIG devices, or on the whole GPU if ``None``."""
+        ...
+
+    def process_name(self, pid: int) -> str:
+        """The process name of ``pid`` (``""`` if NVML cannot tell)."""
         ...

@@ -20,7 +20,8 @@ create CI on a GI that already has one      ``INSUFFICIENT_RESOURCES``
 destroy CI with processes on it             ``IN_USE``
 destroy GI that still has CIs               ``IN_USE``
 change MIG mode with GIs or processes       ``IN_USE``
-reset GPU with GIs or processes             ``IN_USE``
+reset GPU with GIs, processes, persistence  ``IN_USE``
+reset GPU without the nvidia-smi tool       ``NOT_SUPPORTED``
 set compute mode on an unknown GPU          ``INVALID_ARGUMENT``
 unknown GPU index / GI id / CI id           ``INVALID_ARGUMENT`` / ``NOT_FOUND``
 ==========================================  ==========================================
@@ -35,6 +36,15 @@ MIG mode per family (:func:`node_agent.mig_activation.mig_activation` of the GPU
 * **Ampere** (A100, A30): a change makes the mode *pending* (``gpus()`` shows ``[current,
   pending]`` apart; ``set_mig_mode`` returns ``RESET_REQUIRED``) until :meth:`FakeNvml.reset_gpu`
   (idle GPU only) or :meth:`FakeNvml.reboot` applies it; the mode then persists across reboots.
+
+GPU reset, as production does it: :meth:`FakeNvml.reset_gpu` runs the agent's own
+:func:`node_agent.gpu_reset.reset_gpu` procedure against :meth:`FakeNvml.nvidia_smi`, an
+emulation of the host driver's ``nvidia-smi -r -i BUS`` / ``-pm 0|1 -i BUS`` with the real
+tool's exit codes and messages: a GPU with GPU instances, processes or persistence mode on
+answers "In use by another client" (exit 255); ``tool_present=False`` is a node whose agent was
+not given the tool (it cannot be run: exit 127).  Each GPU has a PCI bus id
+(``00000000:<07 + index>:00.0``) and persistence mode (off unless set with
+:meth:`FakeNvml.set_persistence_mode`).
 * **Hopper and later**: a change is current at once (``set_mig_mode`` returns ``None``) and a
   reboot brings MIG mode back to disabled.
 
@@ -56,9 +66,10 @@ from __future__ import annotations
 
 import random
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from node_agent.gpu_reset import NvidiaSmi, reset_gpu
 from node_agent.mig_activation import MigActivation, mig_activation
 from node_agent.nvml import (
     ComputeMode,
@@ -125,6 +136,12 @@ class _Gpu:
     """Pending MIG mode (equal to the current one when no change waits for a reset)."""
     gis: dict[int, _Gi] = field(default_factory=dict)
     compute_mode: ComputeMode = ComputeMode.DEFAULT
+    persistence: bool = False
+    """Persistence mode (``nvidia-smi -pm``): holds the device, so a reset is refused."""
+
+    @property
+    def bus_id(self) -> str:
+        return f"00000000:{0x07 + self.index:02X}:00.0"
 
     @property
     def activation(self) -> MigActivation:
@@ -136,6 +153,7 @@ class _Proc:
     gpu: int
     gi_id: int | None
     ci_id: int | None
+    name: str = "cuda-app"
 
 
 class FakeNvml:
@@ -148,8 +166,11 @@ class FakeNvml:
         mig_enabled: bool = False,
         seed: int = 0,
         rng: random.Random | None = None,
+        tool_present: bool = True,
     ) -> None:
         self._rng = rng if rng is not None else random.Random(seed)
+        self.tool_present = tool_present
+        """The agent was given the host driver's nvidia-smi (else a reset cannot run)."""
         self._gpus: list[_Gpu] = []
         for i, m in enumerate(models):
             on = mig_enabled and m.mig_capable
@@ -236,6 +257,7 @@ class FakeNvml:
                 mig_capable=g.model.mig_capable,
                 compute_mode=g.compute_mode,
                 pending_mig_enabled=g.mig_pending_mode,
+                pci_bus_id=g.bus_id,
             )
             for g in self._gpus
         ]
@@ -271,9 +293,39 @@ class FakeNvml:
         op = "reset_gpu"
         self._enter(op, gpu)
         g = self._gpu(op, gpu)
-        self._idle(op, g)
-        g.mig_enabled = g.mig_pending_mode
+        reset_gpu(NvidiaSmi(self.nvidia_smi), g.bus_id, g.persistence)
         self._leave(op)
+
+    def nvidia_smi(
+        self, argv: Sequence[str], env: Mapping[str, str], stdin: str | None
+    ) -> tuple[int, str]:
+        """The host driver's ``nvidia-smi`` on these GPUs: ``-r -i BUS`` and ``-pm 0|1 -i BUS``
+        (a :data:`node_agent.runner.Runner`; exit codes and messages as the real tool's)."""
+        if not self.tool_present:
+            return 127, f"cannot run {argv[0]}: [Errno 2] No such file or directory: '{argv[0]}'"
+        args = list(argv[1:])
+        if len(args) < 3 or args[-2] != "-i":
+            return 2, "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help."
+        g = next((x for x in self._gpus if x.bus_id.lower() == args[-1].lower()), None)
+        if g is None:
+            return 6, f"No devices were found matching {args[-1]}"
+        if args[:-2] == ["-pm", "0"] or args[:-2] == ["-pm", "1"]:
+            g.persistence = args[1] == "1"
+            state = "Enabled" if g.persistence else "Disabled"
+            return 0, f"Persistence mode set to {state} for GPU {g.bus_id}.\nAll done."
+        if args[:-2] != ["-r"]:
+            return 2, "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help."
+        if g.gis or g.persistence or any(p.gpu == g.index for p in self._procs.values()):
+            return 255, (
+                f"The following GPUs could not be reset:\n  GPU {g.bus_id}: In use by another "
+                "client\n\n1 device is currently being used by one or more other processes "
+                "(e.g., Fabric Manager, CUDA application, graphics application such as an X "
+                "server, or a monitoring application such as another instance of nvidia-smi). "
+                "Please first kill all processes using this device and all compute applications "
+                "running in the system."
+            )
+        g.mig_enabled = g.mig_pending_mode
+        return 0, f"GPU {g.bus_id} was successfully reset.\nAll done."
 
     def set_compute_mode(self, gpu: int, mode: ComputeMode) -> None:
         op = "set_compute_mode"
@@ -357,7 +409,7 @@ class FakeNvml:
         gi = self._gi(op, self._gpu(op, gpu), gi_id)
         if ci_id not in gi.cis:
             raise NvmlError(NvmlErrorCode.NOT_FOUND, op, f"GI {gi_id} has no CI {ci_id}")
-        if any(p == _Proc(gpu, gi_id, ci_id) for p in self._procs.values()):
+        if any((p.gpu, p.gi_id, p.ci_id) == (gpu, gi_id, ci_id) for p in self._procs.values()):
             raise NvmlError(NvmlErrorCode.IN_USE, op, f"processes run on GI {gi_id} CI {ci_id}")
         del gi.cis[ci_id]
         self._leave(op)
@@ -396,12 +448,18 @@ class FakeNvml:
         self._leave(op)
         return out
 
+    def process_name(self, pid: int) -> str:
+        p = self._procs.get(pid)
+        return p.name if p is not None else ""
+
     # -- test controls (not part of the port; never fault-injected) --------------------
 
     def model_of(self, gpu: int) -> GpuModel:
         return self._gpu("model_of", gpu).model
 
-    def start_process(self, gpu: int, gi_id: int | None = None, ci_id: int | None = None) -> int:
+    def start_process(
+        self, gpu: int, gi_id: int | None = None, ci_id: int | None = None, name: str = "cuda-app"
+    ) -> int:
         """Start a process on a MIG device (or, with MIG off, on the whole GPU); return its pid."""
         g = self._gpu("start_process", gpu)
         if gi_id is None:
@@ -412,7 +470,7 @@ class FakeNvml:
             if ci_id not in gi.cis:
                 raise NvmlError(NvmlErrorCode.NOT_FOUND, "start_process", f"no CI {ci_id}")
         self._next_pid += 1
-        self._procs[self._next_pid] = _Proc(gpu, gi_id, ci_id)
+        self._procs[self._next_pid] = _Proc(gpu, gi_id, ci_id, name)
         return self._next_pid
 
     def stop_process(self, pid: int) -> None:
@@ -480,6 +538,13 @@ class FakeNvml:
 
     def compute_mode(self, gpu: int) -> ComputeMode:
         return self._gpu("compute_mode", gpu).compute_mode
+
+    def set_persistence_mode(self, gpu: int, enabled: bool) -> None:
+        """Persistence mode as the driver (or nvidia-persistenced) set it at boot."""
+        self._gpu("set_persistence_mode", gpu).persistence = enabled
+
+    def persistence_mode(self, gpu: int) -> bool:
+        return self._gpu("persistence_mode", gpu).persistence
 
     def gpu_uuid(self, gpu: int) -> str:
         return self._gpu("gpu_uuid", gpu).uuid

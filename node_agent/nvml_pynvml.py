@@ -11,9 +11,13 @@ A thin translation of :class:`node_agent.nvml.Nvml` into driver calls; no policy
   pending until a GPU reset); ``nvmlDeviceSetMigMode`` returns the activation status, an
   ``nvmlReturn_t``: ``NVML_SUCCESS`` (0) -> ``None`` (active now), anything else -> that
   :class:`~node_agent.nvml.NvmlErrorCode` (e.g. ``RESET_REQUIRED``, ``IN_USE``: pending).
-* GPU reset: NVML's public API (and so nvidia-ml-py) has no call that resets a GPU --
-  ``nvidia-smi -r`` uses a private path -- so :meth:`PynvmlAdapter.reset_gpu` raises
-  ``NOT_SUPPORTED`` and the reconciler asks the operator to reset or reboot.
+* GPU reset: NVML's public API (and so nvidia-ml-py) has no call that resets a GPU, so
+  :meth:`PynvmlAdapter.reset_gpu` runs the host driver's ``nvidia-smi -r -i <busId>`` like
+  NVIDIA's mig-parted (:func:`node_agent.gpu_reset.reset_gpu`, persistence mode from
+  ``nvmlDeviceGetPersistenceMode`` turned off around it).  NVML is shut down for the reset (an
+  NVML client holds the device, as any "monitoring application" would) and initialised again
+  afterwards, whatever the outcome; cached handles and profiles are dropped.
+* Process names: ``nvmlSystemGetProcessName(pid)`` (``""`` when NVML cannot tell).
 * GPU instances are enumerated per profile: for every profile index ``0 ..
   NVML_GPU_INSTANCE_PROFILE_COUNT`` the profile info (``NOT_SUPPORTED`` skipped) gives the
   profile id and the maximum count, then ``nvmlDeviceGetGpuInstances(h, id, array, byref(n))``
@@ -39,6 +43,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, TypeVar
 
+from node_agent.gpu_reset import NvidiaSmi, reset_gpu
 from node_agent.nvml import (
     ComputeMode,
     GpuInfo,
@@ -74,8 +79,9 @@ def _text(v: Any) -> str:
 class PynvmlAdapter:
     """:class:`node_agent.nvml.Nvml` over the pynvml module (``nvmlInit`` on construction)."""
 
-    def __init__(self, nvml: ModuleType | None = None) -> None:
+    def __init__(self, nvml: ModuleType | None = None, smi: NvidiaSmi | None = None) -> None:
         self._m: Any = nvml if nvml is not None else importlib.import_module("pynvml")
+        self._smi = smi if smi is not None else NvidiaSmi()
         self._call("init", self._m.nvmlInit)
         self._profiles: dict[int, list[Any]] = {}
 
@@ -119,6 +125,7 @@ class PynvmlAdapter:
                     mig_capable=capable,
                     compute_mode=ComputeMode(int(mode)),
                     pending_mig_enabled=pending == m.NVML_DEVICE_MIG_ENABLE,
+                    pci_bus_id=_text(getattr(pci, "busId", "")),
                 )
             )
         return out
@@ -136,11 +143,19 @@ class PynvmlAdapter:
         return None if code == _NVML_SUCCESS else NvmlErrorCode.of(code)
 
     def reset_gpu(self, gpu: int) -> None:
-        raise NvmlError(
-            NvmlErrorCode.NOT_SUPPORTED,
-            "reset_gpu",
-            f"NVML has no public call to reset GPU {gpu}",
-        )
+        m = self._m
+        h = self._handle(gpu)
+        bus = _text(self._call("reset_gpu", m.nvmlDeviceGetPciInfo, h).busId)
+        try:
+            persistence = m.nvmlDeviceGetPersistenceMode(h) == m.NVML_FEATURE_ENABLED
+        except m.NVMLError:
+            persistence = False  # not readable: try the reset as it is
+        self._call("reset_gpu", m.nvmlShutdown)
+        try:
+            reset_gpu(self._smi, bus, persistence)
+        finally:
+            self._profiles.clear()
+            self._call("init", m.nvmlInit)
 
     # -- GPU instances -------------------------------------------------------------------
 
@@ -301,6 +316,12 @@ class PynvmlAdapter:
             MigDevice(gpu, gi, ci, _text(self._call("mig_devices", self._m.nvmlDeviceGetUUID, mh)))
             for mh, gi, ci in self._mig_handles(gpu)
         ]
+
+    def process_name(self, pid: int) -> str:
+        try:
+            return _text(self._m.nvmlSystemGetProcessName(pid))
+        except self._m.NVMLError:
+            return ""
 
     def running_processes(self, gpu: int, gi_id: int | None = None) -> list[int]:
         m = self._m

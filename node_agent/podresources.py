@@ -113,9 +113,14 @@ class PodResourcesClient:
             self._stub = pb_grpc.PodResourcesListerStub(self._channel)
         return self._stub
 
-    async def _call(self, method: str, request: Any) -> Any:
+    async def _call(self, method: str, request: Any, reply_type: type[Any]) -> Any:
+        """One unary call; every way it can fail is a :class:`PodResourcesError`.
+
+        Besides error statuses, ``grpc.aio`` answers ``None`` when a reply does not decode as
+        ``reply_type`` (a kubelet speaking another protocol on the socket, a truncated frame):
+        that is a failure too, never an empty answer."""
         try:
-            return await getattr(self._lister(), method)(request, timeout=self.timeout_s)
+            reply = await getattr(self._lister(), method)(request, timeout=self.timeout_s)
         except grpc.aio.AioRpcError as err:
             hint = ""
             if err.code() == grpc.StatusCode.UNAVAILABLE:
@@ -130,10 +135,24 @@ class PodResourcesClient:
                 f"PodResources {method} on unix:{self.socket_path} failed: "
                 f"{err.code().name}: {err.details()}{hint}"
             ) from err
+        except (grpc.aio.UsageError, grpc.RpcError, OSError, RuntimeError, ValueError) as err:
+            raise PodResourcesError(
+                f"PodResources {method} on unix:{self.socket_path} failed: "
+                f"{type(err).__name__}: {err}"
+            ) from err
+        if not isinstance(reply, reply_type):
+            raise PodResourcesError(
+                f"PodResources {method} on unix:{self.socket_path}: the reply is not a "
+                f"{reply_type.__name__} (undecodable or empty: "
+                f"{type(reply).__name__}); is a kubelet serving v1.PodResourcesLister there?"
+            )
+        return reply
 
     async def list(self) -> list[ContainerAllocation]:
         """``List``: one row per (pod, container, resource) holding at least one device."""
-        reply: pb.ListPodResourcesResponse = await self._call("List", pb.ListPodResourcesRequest())
+        reply: pb.ListPodResourcesResponse = await self._call(
+            "List", pb.ListPodResourcesRequest(), pb.ListPodResourcesResponse
+        )
         rows: list[ContainerAllocation] = []
         for pod in reply.pod_resources:
             for container in pod.containers:
@@ -153,7 +172,9 @@ class PodResourcesClient:
     async def allocatable(self) -> dict[str, set[str]]:
         """``GetAllocatableResources``: resource name -> allocatable device ids."""
         reply: pb.AllocatableResourcesResponse = await self._call(
-            "GetAllocatableResources", pb.AllocatableResourcesRequest()
+            "GetAllocatableResources",
+            pb.AllocatableResourcesRequest(),
+            pb.AllocatableResourcesResponse,
         )
         return _group(reply.devices)
 

@@ -17,13 +17,16 @@ A pass (:meth:`Reconciler.reconcile`) is a pure function of what it reads, not o
    the wanted GIs at their exact placements (largest first) each followed by its CI, store the
    new MPS slice table.  The first NVML error stops that GPU for this pass; other GPUs go on.
    A MIG-mode change the driver leaves *pending* (Ampere) is activated right away by resetting
-   the GPU through the port, if it is still idle (else an error: retried next pass).  Where the
-   port cannot reset (the real NVML has no reset call) the GPU is Degraded with reason
-   ``MIGModePending``, telling the operator to run ``nvidia-smi -r -i <idx>`` or reboot; each
-   pass tries the reset again (the request itself is not repeated), and the status is never
-   ``Applied`` while a change is pending.
+   the GPU through the port (the host driver's ``nvidia-smi -r``, :mod:`node_agent.gpu_reset`)
+   if it is still idle.  Processes on the GPU, or a reset that needs the operator (no
+   ``nvidia-smi``, the GPU held by another client, no permission), make the GPU Degraded with
+   reason ``MIGModePending`` naming the processes or the remedy; each pass tries the reset
+   again (the request itself is not repeated), and the status is never ``Applied`` while a
+   change is pending.
 5. **MPS daemons**: one per GPU with MPS slices, one per MIG instance on hybrid GPUs; daemons no
    longer wanted are stopped (never one whose slices or instance are in use: those are wanted).
+   A GPU's daemon gets its largest slice's memory and thread % as daemon-side limits, which no
+   client can raise; a hybrid daemon whose slot now holds another instance is restarted for it.
    Before a whole-GPU daemon starts, the GPU is put in compute mode ``EXCLUSIVE_PROCESS`` -- only
    while no process runs on it; otherwise the daemon waits (error, slices Unhealthy).  A GPU
    that goes back to MIG gets compute mode ``DEFAULT`` again, just before MIG mode is enabled.
@@ -264,32 +267,41 @@ class Reconciler:
     # -- executing ---------------------------------------------------------------------
 
     def _activate_mig_mode(
-        self, g: int, enabled: bool, blocks: dict[int, Block], errors: list[str]
+        self, obs: ObservedGpu, enabled: bool, blocks: dict[int, Block]
     ) -> tuple[bool, int]:
-        """Make a pending MIG mode current by resetting GPU ``g`` (idle by then, as the mode
-        change required).  Returns ``(activated, NVML mutations made)``.
+        """Make a pending MIG mode current by resetting the GPU.  Returns ``(activated, NVML
+        mutations made)``.
 
-        The GPU busy again (a process started meanwhile): an error, retried next pass.  Reset
-        not supported (the real driver): Degraded ``MIGModePending`` naming the operator's
-        remedy; every pass tries again, and sees the mode current once the GPU was reset."""
+        The reset needs the GPU idle.  Compute processes on it (a CUDA job started meanwhile)
+        are named in a ``MIGModePending`` block and no reset is tried; so is a reset the tool
+        refuses or cannot do (``nvidia-smi`` missing, the GPU held by another client such as
+        nvidia-persistenced or DCGM, no permission), with the remedy.  Other failures are
+        errors, retried next pass.  Every pass tries again while the change is pending (the
+        request itself is not repeated), and sees the mode current once the GPU was reset."""
         nv = self._nvml
+        g = obs.info.index
+        bus = obs.info.pci_bus_id or str(g)
         what = "enable" if enabled else "disable"
         procs = nv.running_processes(g)
         if procs:
-            errors.append(
-                f"GPU {g}: MIG mode {what} is pending a GPU reset but {len(procs)} process(es) "
-                "run on the GPU; resetting it once they have ended"
+            named = ", ".join(f"pid {p} ({nv.process_name(p) or 'unknown'})" for p in procs[:8])
+            more = f" and {len(procs) - 8} more" if len(procs) > 8 else ""
+            blocks[g] = Block(
+                "MIGModePending",
+                f"GPU {g}: MIG mode {what} is pending a GPU reset, which these processes "
+                f"block: {named}{more}; the agent resets the GPU once they have ended",
             )
             return False, 0
         try:
             nv.reset_gpu(g)
         except NvmlError as e:
-            if e.code != NvmlErrorCode.NOT_SUPPORTED:
+            remedy = _RESET_REMEDY.get(e.code)
+            if remedy is None:
                 raise
             blocks[g] = Block(
                 "MIGModePending",
-                f"GPU {g}: MIG mode {what} is pending and the agent cannot reset the GPU "
-                f"({e}): reset GPU {g} (nvidia-smi -r -i {g}) or reboot the node",
+                f"GPU {g}: MIG mode {what} is pending and the GPU reset failed ({e}): "
+                + remedy.format(gpu=g, bus=bus),
             )
             return False, 0
         return True, 1
@@ -326,7 +338,7 @@ class Reconciler:
                     if plan.mig_mode and plan.slices is not None:
                         # committed to MIG: no MPS slices while the enable waits for a reset
                         self._slices[obs.info.uuid] = plan.slices
-                    done, n = self._activate_mig_mode(g, plan.mig_mode, blocks, errors)
+                    done, n = self._activate_mig_mode(obs, plan.mig_mode, blocks)
                     ops += n
                     if not done:
                         return ops
@@ -348,17 +360,19 @@ class Reconciler:
 
     def _sync_daemons(
         self, spec: NodePartitioningSpec | None, observed: list[ObservedGpu], errors: list[str]
-    ) -> tuple[set[str], int]:
-        """Run the wanted MPS daemons, stop the others.
+    ) -> tuple[set[str], int, set[str]]:
+        """Run the wanted MPS daemons; list the others that no pod seems to use.
 
-        Returns the ids of unhealthy devices and the number of NVML calls made (compute mode)."""
+        Returns the ids of unhealthy devices, the number of NVML calls made (compute mode) and
+        the keys of unwanted daemons to stop once a fresh in-use read confirms they have no
+        client (:meth:`_stop_daemons`)."""
         hybrid = _hybrid_gpus(spec)
         wanted: dict[str, MpsDaemonSpec] = {}
         whole_gpu: dict[str, ObservedGpu] = {}
         for g in observed:
             i = g.info.index
             if not g.info.mig_enabled and g.slices:
-                wanted[mps_key(i)] = self._daemon(mps_key(i), g.info.uuid, i, None)
+                wanted[mps_key(i)] = self._daemon(mps_key(i), g.info.uuid, i, None, g.slices)
                 whole_gpu[mps_key(i)] = g
             if i in hybrid:
                 for inst in g.instances:
@@ -366,9 +380,7 @@ class Reconciler:
                         k = mps_key(i, inst.start)
                         wanted[k] = self._daemon(k, inst.uuid, i, inst.start)
         running = self._supervisor.running()
-        for key in sorted(running - set(wanted)):
-            if not _daemon_in_use(key, observed):  # never kill the MPS clients of a pod
-                self._supervisor.stop(key)
+        unwanted = {k for k in running - set(wanted) if not _daemon_in_use(k, observed, set())}
         unhealthy: set[str] = set()
         ops = 0
         for key, d in sorted(wanted.items()):
@@ -385,7 +397,43 @@ class Reconciler:
             except MpsError as e:
                 errors.append(str(e))
                 unhealthy |= _devices_of_daemon(key, observed)
-        return unhealthy, ops
+        return unhealthy, ops, unwanted
+
+    def _daemonless(
+        self, spec: NodePartitioningSpec | None, observed: list[ObservedGpu]
+    ) -> set[str]:
+        """Devices whose MPS daemon does not run now: Unhealthy until a pass starts it (a
+        client given one would run outside MPS, holding the GPU the daemon then waits for)."""
+        running = self._supervisor.running()
+        hybrid = _hybrid_gpus(spec)
+        out: set[str] = set()
+        for g in observed:
+            i = g.info.index
+            if not g.info.mig_enabled and g.slices and mps_key(i) not in running:
+                out |= {s.device_id for s in g.slices}
+            if i in hybrid:
+                out |= {
+                    inst.uuid
+                    for inst in g.instances
+                    if inst.uuid and mps_key(i, inst.start) not in running
+                }
+        return out
+
+    async def _stop_daemons(
+        self, keys: set[str], observed: list[ObservedGpu], errors: list[str]
+    ) -> None:
+        """Stop unwanted daemons that have no client, never one a pod uses.
+
+        The devices published just before no longer name these daemons' pipes, so no new
+        ``Allocate`` can make a client of them; a pod given such a device before that is in a
+        fresh in-use read (PodResources or the allocation ledger), which keeps its daemon.
+        Unreadable in-use ids stop nothing (retried next pass)."""
+        fresh = await self._read_in_use(errors)
+        if fresh is None:
+            return
+        for key in sorted(keys):
+            if not _daemon_in_use(key, observed, fresh):  # never kill the MPS clients of a pod
+                self._supervisor.stop(key)
 
     def _exclusive_process(self, g: ObservedGpu) -> int:
         """Put an MPS GPU whose daemon is down in compute mode EXCLUSIVE_PROCESS, if idle."""
@@ -402,12 +450,23 @@ class Reconciler:
         self._nvml.set_compute_mode(i, ComputeMode.EXCLUSIVE_PROCESS)
         return 1
 
-    def _daemon(self, key: str, uuid: str, gpu: int, mig_start: int | None) -> MpsDaemonSpec:
+    def _daemon(
+        self,
+        key: str,
+        uuid: str,
+        gpu: int,
+        mig_start: int | None,
+        slices: tuple[MpsSlot, ...] = (),
+    ) -> MpsDaemonSpec:
+        """The daemon of a GPU (or hybrid instance); a GPU's daemon-side limits are those of its
+        largest slice, so no client can exceed it whatever its env says (node_agent.mps)."""
         return MpsDaemonSpec(
             key=key,
             device_uuid=uuid,
             pipe_dir=mps_pipe_directory(self._pipe_root, gpu, mig_start),
             log_dir=f"{self._log_root}/{key}",
+            default_thread_percentage=max((s.thread_percentage for s in slices), default=100),
+            default_pinned_mem_limit_mib=max((s.memory_mib for s in slices), default=None),
         )
 
     def _devices(
@@ -445,7 +504,9 @@ class Reconciler:
         if any(doomed.values()):
             if self._publish is not None:
                 all_doomed = set().union(*doomed.values())
-                current = self._devices(spec, actual_gpus(observed), set())
+                current = self._devices(
+                    spec, actual_gpus(observed), self._daemonless(spec, observed)
+                )
                 self._publish(
                     {r: [d for d in ds if d.id not in all_doomed] for r, ds in current.items()}
                 )
@@ -474,7 +535,7 @@ class Reconciler:
             except NvmlError as e:
                 errors.append(f"re-reading GPUs: {e}")
                 return self._failed_read(spec, generation, previous, now, errors, ops)
-        unhealthy, mode_ops = self._sync_daemons(spec, observed, errors)
+        unhealthy, mode_ops, unwanted = self._sync_daemons(spec, observed, errors)
         ops += mode_ops
         actual = actual_gpus(observed)
         devices = self._devices(spec, actual, unhealthy)
@@ -483,6 +544,8 @@ class Reconciler:
         complete = all(g.slices is not None for g in observed)
         if self._publish is not None and complete:
             self._publish(devices)
+        if unwanted:  # after the publish: no device names their pipes any more
+            await self._stop_daemons(unwanted, observed, errors)
         status = build_status(
             spec=spec,
             generation=generation,
@@ -520,6 +583,20 @@ class Reconciler:
         return ReconcileResult(status, {}, False, {}, errors, ops, fresh=False)
 
 
+_RESET_REMEDY = {
+    NvmlErrorCode.NOT_SUPPORTED: "give the agent the host driver's nvidia-smi "
+    "(NVIDIA_DRIVER_CAPABILITIES=utility, or GPUSLICE_NVIDIA_SMI), or reset GPU {gpu} yourself "
+    "(nvidia-smi -r -i {bus}) or reboot the node",
+    NvmlErrorCode.IN_USE: "another client holds the GPU (nvidia-persistenced, DCGM or "
+    "dcgm-exporter, Fabric Manager, a process outside Kubernetes): stop it, or reset GPU {gpu} "
+    "(nvidia-smi -r -i {bus}) or reboot the node",
+    NvmlErrorCode.NO_PERMISSION: "the agent may not reset GPUs here: run it privileged "
+    "(chart value agent.privileged=true), or reset GPU {gpu} (nvidia-smi -r -i {bus}) or reboot "
+    "the node",
+}
+"""Reset failures that need the operator: the remedy named in the ``MIGModePending`` block."""
+
+
 def mps_key(gpu: int, mig_start: int | None = None) -> str:
     """The supervisor key of a GPU's (or hybrid MIG instance's) MPS daemon."""
     return f"gpu{gpu}" if mig_start is None else f"gpu{gpu}-mig{mig_start}"
@@ -542,11 +619,20 @@ def _devices_of_daemon(key: str, observed: list[ObservedGpu]) -> set[str]:
     return set()
 
 
-def _daemon_in_use(key: str, observed: list[ObservedGpu]) -> bool:
+def _daemon_in_use(key: str, observed: list[ObservedGpu], in_use: set[str]) -> bool:
+    """A pod (or a process) may be a client of daemon ``key``: its GPU has a used slice or
+    processes, its hybrid instance is used, or ``in_use`` (a fresher read than ``observed``'s)
+    holds one of its devices -- any MPS slice id of the GPU, even one no longer in the table."""
     for g in observed:
         i = g.info.index
-        if key == mps_key(i) and (g.used_slices or g.gpu_processes):
-            return True
-        if any(key == mps_key(i, inst.start) and inst.used for inst in g.instances):
-            return True
+        if key == mps_key(i):
+            if g.used_slices or g.gpu_processes:
+                return True
+            return any(
+                (sid := parse_mps_slice_id(dev)) is not None and sid.gpu_uuid == g.info.uuid
+                for dev in in_use
+            )
+        for inst in g.instances:
+            if key == mps_key(i, inst.start) and (inst.used or inst.uuid in in_use):
+                return True
     return False

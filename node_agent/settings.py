@@ -36,6 +36,25 @@ class AgentSettings(CommonSettings):
     mps_log_root: str = Field(
         "/var/log/nvidia-mps", description="Parent of the per-GPU MPS log directories."
     )
+    nvidia_smi: str = Field(
+        "nvidia-smi",
+        min_length=1,
+        description="The host driver's nvidia-smi, which resets an Ampere GPU whose MIG-mode "
+        "change is pending (the NVIDIA container runtime puts it on PATH with the utility "
+        "capability).",
+    )
+    state_dir: str = Field(
+        "/run/gpuslice",
+        description="Host directory (tmpfs /run: cleared by a reboot) for the allocation ledger "
+        "that survives agent restarts; empty: kept in memory only.",
+    )
+    allocation_grace_seconds: float = Field(
+        60.0,
+        gt=0,
+        le=3600,
+        description="A device Allocate handed out counts as in use this long until the "
+        "kubelet's PodResources shows it (node_agent.allocations).",
+    )
     resync_seconds: float = Field(
         30.0, gt=0, description="Reconcile at least this often, even without a spec change."
     )

@@ -113,15 +113,13 @@ def _condition(
         if prev is not None and prev.status == status and prev.reason == reason
         else now
     )
-    return Condition.model_validate(
-        {
-            "type": type_,
-            "status": status,
-            "reason": reason,
-            "message": message,
-            "lastTransitionTime": since,
-            "observedGeneration": generation,
-        }
+    return Condition.model_construct(  # trusted values: validation skipped, as for gpus
+        type=type_,
+        status=status,
+        reason=reason,
+        message=message,
+        lastTransitionTime=since,
+        observedGeneration=generation,
     )
 
 

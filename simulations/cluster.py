@@ -47,6 +47,7 @@ from typing import Any
 from planner.catalog import CatalogError, default_catalog
 from planner.snapshot import Mode
 from simulations.documents import named_entry, read_document
+from simulations.limits import MAX_CPU_MILLI, MAX_GPUS_PER_NODE, MAX_MEMORY_MIB, MAX_NODES
 from simulations.openb import TraceError, openb_dir, raise_collected, read_csv_rows
 
 __all__ = [
@@ -141,6 +142,15 @@ class Cluster:
 _POOL_FIELDS = {"name", "count", "gpu_model", "gpus_per_node", "cpu_milli", "memory_mib", "mode"}
 
 
+_POOL_MAX = {
+    "count": MAX_NODES,
+    "gpus_per_node": MAX_GPUS_PER_NODE,
+    "cpu_milli": MAX_CPU_MILLI,
+    "memory_mib": MAX_MEMORY_MIB,
+}
+"""Upper bounds of the pool fields (simulations.limits)."""
+
+
 def _pool_int(d: Mapping[str, Any], key: str, where: str, default: int | None = None) -> int:
     if key not in d:
         if default is None:
@@ -149,6 +159,8 @@ def _pool_int(d: Mapping[str, Any], key: str, where: str, default: int | None = 
     v = d[key]
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise ClusterError(f"{where}: field {key!r} must be a non-negative integer, got {v!r}")
+    if v > _POOL_MAX[key]:
+        raise ClusterError(f"{where}: field {key!r} is {v:,}; the limit is {_POOL_MAX[key]:,}")
     return v
 
 
@@ -204,11 +216,25 @@ def parse_cluster(doc: object, where: str, default_name: str = "cluster") -> Clu
     """Build a :class:`Cluster` from a parsed YAML/JSON document (see the module docstring)."""
     if not isinstance(doc, dict) or not isinstance(doc.get("pools"), list) or not doc["pools"]:
         raise ClusterError(f"{where}: expected a mapping with a non-empty 'pools' list")
+    name = doc.get("name") or default_name
+    if not isinstance(name, str):
+        raise ClusterError(f"{where}: field 'name' must be a string, got {name!r:.60}")
+    total = 0  # counted before any node is built
+    for i, pool in enumerate(doc["pools"]):
+        if isinstance(pool, dict) and "count" in pool:
+            total += _pool_int(
+                pool, "count", f"{where}: pools[{i}] ({pool.get('name', '?')!s:.60})"
+            )
+            if total > MAX_NODES:
+                raise ClusterError(
+                    f"{where}: pools[{i}]: the pools add up to more than {MAX_NODES:,} nodes; "
+                    "simulate a smaller cluster"
+                )
     nodes: list[Node] = []
     for i, pool in enumerate(doc["pools"]):
         nodes.extend(_parse_pool(pool, f"{where}: pools[{i}]"))
     try:
-        return Cluster(name=str(doc.get("name") or default_name), nodes=tuple(nodes), source=where)
+        return Cluster(name=name, nodes=tuple(nodes), source=where)
     except ClusterError as e:
         raise ClusterError(f"{where}: {e} (pool names must differ)") from None
 
@@ -237,9 +263,9 @@ def load_openb_nodes(path: str | Path) -> Cluster:
             errors.append(f"{where}:{row.line}: column 'sn' is empty")
         elif sn in seen:
             errors.append(f"{where}:{row.line}: duplicate node {sn!r} (first on line {seen[sn]})")
-        cpu = row.integer("cpu_milli", errors, where)
-        mem = row.integer("memory_mib", errors, where)
-        gpus = row.integer("gpu", errors, where)
+        cpu = row.integer("cpu_milli", errors, where, MAX_CPU_MILLI)
+        mem = row.integer("memory_mib", errors, where, MAX_MEMORY_MIB)
+        gpus = row.integer("gpu", errors, where, MAX_GPUS_PER_NODE)
         if len(errors) == n_err and (cpu < 0 or mem < 0 or gpus < 0):
             errors.append(f"{where}:{row.line}: cpu_milli, memory_mib and gpu must be >= 0")
         if len(errors) == n_err and gpus > 0 and not model:
@@ -269,6 +295,8 @@ def load_cluster(spec: str, openb_directory: str | Path | None = None) -> Cluste
     if spec == "openb":
         return load_openb_nodes(openb_dir(openb_directory) / OPENB_NODE_FILE)
     p = Path(spec)
+    if p.is_dir():
+        raise ClusterError(f"cluster file {spec} is a directory; give a cluster file or 'openb'")
     if not p.is_file():
         raise ClusterError(f"cluster {spec!r}: not 'openb' and no such file")
     if p.suffix == ".csv":

@@ -1,12 +1,15 @@
-"""Reading the simulator's input documents (YAML or JSON) with errors that name the file."""
+"""Reading the simulator's input documents (YAML or JSON) with errors that name the file.
+
+Files are read through :mod:`contract.input_files`: bounded size, UTF-8/16/32 with a BOM,
+standard JSON, YAML without alias bombs, deep nesting, duplicate keys or non-finite numbers.
+"""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-import yaml
+from contract.input_files import InputError, load_document
 
 __all__ = ["named_entry", "read_document"]
 
@@ -15,17 +18,13 @@ def read_document(path: Path, error: type[Exception], what: str) -> Any:
     """Parse ``path`` as JSON (``.json``) or YAML (anything else).
 
     Raises ``error`` naming the file: ``cannot read <what> file <path>: <reason>`` when it cannot
-    be read, ``<path>: not valid JSON|YAML: <parser message>`` when it does not parse.
+    be read, ``<path>: not valid JSON|YAML: <parser message>`` when it does not parse, and the
+    limits' messages of :mod:`contract.input_files` otherwise.
     """
     try:
-        text = path.read_text()
-    except OSError as e:
-        raise error(f"cannot read {what} file {path}: {e.strerror}") from None
-    is_json = path.suffix == ".json"
-    try:
-        return json.loads(text) if is_json else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as e:
-        raise error(f"{path}: not valid {'JSON' if is_json else 'YAML'}: {e}") from None
+        return load_document(path, what, fmt="json" if path.suffix == ".json" else "yaml")
+    except InputError as e:
+        raise error(str(e)) from None
 
 
 def named_entry(

@@ -30,11 +30,21 @@ file.
 from __future__ import annotations
 
 import csv
+import io
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from contract.input_files import MAX_TABLE_BYTES, InputError, read_text
+from simulations.limits import (
+    MAX_CPU_MILLI,
+    MAX_GPUS_PER_NODE,
+    MAX_MEMORY_MIB,
+    MAX_TABLE_ROWS,
+    MAX_TIME_S,
+    MAX_VALUE,
+)
 from simulations.workload import Pod, Workload, WorkloadError, normalise_gpu_milli, parse_gpu_spec
 
 __all__ = [
@@ -69,25 +79,38 @@ class CsvRow:
     line: int
     values: dict[str, str]
 
-    def integer(self, column: str, errors: list[str], where: str) -> int:
+    def integer(self, column: str, errors: list[str], where: str, maximum: int = MAX_VALUE) -> int:
+        """The cell as an integer (``2``, ``2.0``, ``2e3``); bad or beyond ``maximum`` in
+        magnitude: an error collected, 0 returned."""
         raw = self.values.get(column, "").strip()
-        try:
-            return int(raw)
-        except ValueError:
+        value: int | None = None
+        if len(raw) <= 40:  # longer is no number of ours (and slow to convert)
             try:
-                f = float(raw)
+                value = int(raw)
             except ValueError:
-                f = float("nan")
-            if f.is_integer():
-                return int(f)
-            errors.append(f"{where}:{self.line}: column {column!r}: {raw!r} is not an integer")
+                try:
+                    f = float(raw)
+                except ValueError:
+                    f = float("nan")
+                if f.is_integer():
+                    value = int(f)
+        if value is None:
+            errors.append(f"{where}:{self.line}: column {column!r}: {raw[:40]!r} is not an integer")
             return 0
+        if abs(value) > maximum:
+            errors.append(
+                f"{where}:{self.line}: column {column!r}: {raw!r} is beyond the limit {maximum:,}"
+            )
+            return 0
+        return value
 
-    def optional_integer(self, column: str, errors: list[str], where: str) -> int | None:
+    def optional_integer(
+        self, column: str, errors: list[str], where: str, maximum: int = MAX_VALUE
+    ) -> int | None:
         raw = self.values.get(column, "").strip()
         if raw == "" or raw.lower() == "nan":
             return None
-        return self.integer(column, errors, where)
+        return self.integer(column, errors, where, maximum)
 
 
 def read_csv_rows(
@@ -95,26 +118,33 @@ def read_csv_rows(
 ) -> Iterator[CsvRow]:
     """Yield the rows of ``path`` with line numbers; raise if a required column is missing.
 
-    Rows with the wrong number of cells raise a :class:`TraceError` naming the line.
+    The file is read within :data:`contract.input_files.MAX_TABLE_BYTES` (UTF-8, a BOM allowed)
+    and at most :data:`~simulations.limits.MAX_TABLE_ROWS` rows.  Rows with the wrong number of
+    cells, a header naming a column twice, and cells the CSV reader refuses (e.g. over its field
+    size limit) raise a :class:`TraceError` naming the line.
     """
     try:
-        fh = path.open(newline="")
-    except OSError as e:
-        raise TraceError(f"cannot read {path}: {e.strerror}") from None
-    with fh:
-        reader = csv.reader(fh)
+        text = read_text(path, "trace", MAX_TABLE_BYTES)
+    except InputError as e:
+        raise TraceError(str(e)) from None
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
         try:
             header = [h.strip() for h in next(reader)]
         except StopIteration:
             raise TraceError(
                 f"{path}:1: empty file (expected a header with {', '.join(required)})"
             ) from None
+        dup = sorted({h for h in header if header.count(h) > 1})
+        if dup:
+            raise TraceError(f"{path}:1: header names column(s) {', '.join(dup)} twice")
         missing = [c for c in required if c not in header]
         if missing:
             raise TraceError(
                 f"{path}:1: header lacks column(s) {', '.join(missing)}; "
                 f"expected {', '.join(required)} (optional: {', '.join(optional) or 'none'})"
             )
+        rows = 0
         for cells in reader:
             if not cells or all(not c.strip() for c in cells):
                 continue  # blank line
@@ -122,7 +152,14 @@ def read_csv_rows(
                 raise TraceError(
                     f"{path}:{reader.line_num}: {len(cells)} cells, the header has {len(header)}"
                 )
+            rows += 1
+            if rows > MAX_TABLE_ROWS:
+                raise TraceError(
+                    f"{path}:{reader.line_num}: more than {MAX_TABLE_ROWS:,} rows; split the file"
+                )
             yield CsvRow(reader.line_num, dict(zip(header, cells, strict=True)))
+    except csv.Error as e:
+        raise TraceError(f"{path}:{reader.line_num}: not valid CSV: {e}") from None
 
 
 def raise_collected(path: Path, errors: list[str]) -> None:
@@ -148,13 +185,13 @@ def load_openb_pods(path: str | Path, name: str | None = None) -> Workload:
             errors.append(
                 f"{where}:{row.line}: duplicate pod name {pod_name!r} (first on line {seen[pod_name]})"
             )
-        cpu = row.integer("cpu_milli", errors, where)
-        mem = row.integer("memory_mib", errors, where)
-        num_gpu = row.integer("num_gpu", errors, where)
+        cpu = row.integer("cpu_milli", errors, where, MAX_CPU_MILLI)
+        mem = row.integer("memory_mib", errors, where, MAX_MEMORY_MIB)
+        num_gpu = row.integer("num_gpu", errors, where, MAX_GPUS_PER_NODE)
         gpu_milli = row.integer("gpu_milli", errors, where)
-        created = row.optional_integer("creation_time", errors, where)
-        deleted = row.optional_integer("deletion_time", errors, where)
-        scheduled = row.optional_integer("scheduled_time", errors, where)
+        created = row.optional_integer("creation_time", errors, where, MAX_TIME_S)
+        deleted = row.optional_integer("deletion_time", errors, where, MAX_TIME_S)
+        scheduled = row.optional_integer("scheduled_time", errors, where, MAX_TIME_S)
         if len(errors) > n_err:
             continue
         seen[pod_name] = row.line
@@ -205,6 +242,8 @@ def resolve_trace(trace: str, directory: str | Path | None = None) -> Path:
     """A trace name (``default``, ``gpushare40`` ...) or a CSV path -> the CSV file."""
     p = Path(trace)
     if p.suffix == ".csv" or p.exists():
+        if p.is_dir():
+            raise TraceError(f"trace file {p} is a directory; give a CSV file or a trace name")
         if not p.is_file():
             raise TraceError(f"trace file {p} does not exist")
         return p

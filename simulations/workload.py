@@ -47,6 +47,7 @@ so the same spec and seed give the same workload on every machine.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -54,6 +55,13 @@ from pathlib import Path
 from typing import Any
 
 from simulations.documents import named_entry, read_document
+from simulations.limits import (
+    MAX_CPU_MILLI,
+    MAX_GPUS_PER_NODE,
+    MAX_MEMORY_MIB,
+    MAX_PODS,
+    MAX_TIME_S,
+)
 
 __all__ = [
     "Pod",
@@ -155,6 +163,8 @@ def parse_gpu_spec(value: object) -> tuple[str, ...]:
     if isinstance(value, str):
         parts: Iterable[object] = value.split("|")
     elif isinstance(value, list | tuple):
+        if not all(isinstance(p, str) for p in value):
+            raise WorkloadError(f"gpu_spec must list model names (strings), got {value!r:.60}")
         parts = value
     else:
         raise WorkloadError(f"gpu_spec must be a 'A|B' string or a list, got {value!r}")
@@ -202,8 +212,20 @@ _POD_FIELDS = {
 }
 
 
+_POD_MAX = {
+    "cpu_milli": MAX_CPU_MILLI,
+    "memory_mib": MAX_MEMORY_MIB,
+    "num_gpu": MAX_GPUS_PER_NODE,
+    "gpu_milli": MAX_CPU_MILLI,  # Pod itself requires 1..1000 and says so
+    "replicas": MAX_PODS,
+    "creation_time": MAX_TIME_S,
+    "deletion_time": MAX_TIME_S,
+}
+"""Upper bounds of the integer pod fields (simulations.limits)."""
+
+
 def _int_field(d: Mapping[str, Any], key: str, where: str, default: int | None) -> int | None:
-    """``d[key]`` as an int; ``default`` when absent or null."""
+    """``d[key]`` as an int within ``0..`` its bound; ``default`` when absent or null."""
     if key not in d or d[key] is None:
         return default
     v = d[key]
@@ -212,11 +234,23 @@ def _int_field(d: Mapping[str, Any], key: str, where: str, default: int | None) 
         or not isinstance(v, int | float)
         or (isinstance(v, float) and not v.is_integer())
     ):
-        raise WorkloadError(f"{where}: field {key!r} must be an integer, got {v!r}")
+        raise WorkloadError(f"{where}: field {key!r} must be an integer, got {v!r:.60}")
+    if not -_POD_MAX[key] <= v <= _POD_MAX[key]:
+        raise WorkloadError(f"{where}: field {key!r} is {v:,.0f}; the limit is {_POD_MAX[key]:,}")
     return int(v)
 
 
-def _parse_pod_entry(entry: object, where: str) -> list[Pod]:
+def _str_field(d: Mapping[str, Any], key: str, where: str) -> str:
+    v = d.get(key)
+    if v is None:
+        return ""
+    if not isinstance(v, str):
+        raise WorkloadError(f"{where}: field {key!r} must be a string, got {v!r:.60}")
+    return v
+
+
+def _parse_pod_entry(entry: object, where: str, room: int) -> list[Pod]:
+    """The pods of one entry (``replicas`` expanded); ``room``: pods the workload may still add."""
     d, name, where = named_entry(
         entry, _POD_FIELDS, where, WorkloadError, "with at least 'name' and 'cpu_milli'"
     )
@@ -233,6 +267,10 @@ def _parse_pod_entry(entry: object, where: str) -> list[Pod]:
         raise WorkloadError(f"{where}: num_gpu is {num_gpu}, so 'gpu_milli' (1..1000) is required")
     if replicas < 1:
         raise WorkloadError(f"{where}: replicas must be >= 1, got {replicas}")
+    if replicas > room:
+        raise WorkloadError(
+            f"{where}: replicas {replicas:,} would take the workload past {MAX_PODS:,} pods"
+        )
     try:
         spec = parse_gpu_spec(d.get("gpu_spec"))
         base = dict(
@@ -241,7 +279,7 @@ def _parse_pod_entry(entry: object, where: str) -> list[Pod]:
             num_gpu=num_gpu,
             gpu_milli=gpu_milli if num_gpu > 0 else 0,
             gpu_spec=spec,
-            qos=str(d.get("qos") or ""),
+            qos=_str_field(d, "qos", where),
             creation_time=_int_field(d, "creation_time", where, None),
             deletion_time=_int_field(d, "deletion_time", where, None),
         )
@@ -263,10 +301,19 @@ def parse_workload(doc: object, where: str, default_name: str = "workload") -> W
     entries = doc["pods"]
     if not isinstance(entries, list) or not entries:
         raise WorkloadError(f"{where}: 'pods' must be a non-empty list")
+    name = doc.get("name") or default_name
+    if not isinstance(name, str):
+        raise WorkloadError(f"{where}: field 'name' must be a string, got {name!r:.60}")
+    total = 0  # replicas are counted before any pod is built
+    for i, entry in enumerate(entries):
+        if isinstance(entry, dict):
+            where_i = f"{where}: pods[{i}] ({entry.get('name', '?')!s:.60})"
+            total += _int_field(entry, "replicas", where_i, 1) or 0
+            if total > MAX_PODS:
+                raise WorkloadError(f"{where_i}: the workload has more than {MAX_PODS:,} pods")
     pods: list[Pod] = []
     for i, entry in enumerate(entries):
-        pods.extend(_parse_pod_entry(entry, f"{where}: pods[{i}]"))
-    name = str(doc.get("name") or default_name)
+        pods.extend(_parse_pod_entry(entry, f"{where}: pods[{i}]", MAX_PODS - len(pods)))
     try:
         return Workload(name=name, pods=tuple(pods), source=where)
     except WorkloadError as e:
@@ -278,8 +325,13 @@ def load_workload(path: str | Path) -> Workload:
     p = Path(path)
     doc = read_document(p, WorkloadError, "workload")
     if isinstance(doc, dict) and "synthetic" in doc:
+        name = doc.get("name") or p.stem
+        if not isinstance(name, str) or set(doc) - {"name", "synthetic"}:
+            raise WorkloadError(
+                f"{p}: a synthetic workload has only 'name' (a string) and 'synthetic'"
+            )
         spec = synthetic_spec_from_doc(doc["synthetic"], f"{p}: synthetic")
-        return synthetic_workload(spec, name=str(doc.get("name") or p.stem))
+        return synthetic_workload(spec, name=name)
     return parse_workload(doc, str(p), default_name=p.stem)
 
 
@@ -360,40 +412,82 @@ def synthetic_workload(spec: SyntheticSpec, name: str = "synthetic") -> Workload
     return Workload(name=name, pods=tuple(pods), source=f"synthetic(seed={spec.seed})")
 
 
+_SHAPE_FIELDS = frozenset({"weight", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "qos"})
+_SYNTHETIC_FIELDS = frozenset(
+    {"count", "seed", "arrival_rate_per_s", "mean_duration_s", "mix", "name_prefix", "jitter_cpu"}
+)
+MAX_MIX = 1000
+"""Shapes in one synthetic mix."""
+
+
+def _number(
+    d: Mapping[str, Any], key: str, where: str, default: float, lo: float, hi: float
+) -> float:
+    """``d[key]`` as a finite number in ``[lo, hi]`` (``default`` when absent)."""
+    v = d.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise WorkloadError(f"{where}: field {key!r} must be a number, got {v!r:.60}")
+    if not lo <= v <= hi:
+        raise WorkloadError(f"{where}: field {key!r} is {v:g}; it must be in {lo:g}..{hi:g}")
+    return float(v)
+
+
+def _integer(d: Mapping[str, Any], key: str, where: str, default: int, lo: int, hi: int) -> int:
+    """``d[key]`` as an integer in ``[lo, hi]`` (``default`` when absent)."""
+    v = d.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise WorkloadError(f"{where}: field {key!r} must be an integer, got {v!r:.60}")
+    if not lo <= v <= hi:
+        raise WorkloadError(f"{where}: field {key!r} is {v:,}; it must be in {lo:,}..{hi:,}")
+    return v
+
+
+def _known_fields(d: Mapping[str, Any], allowed: frozenset[str], where: str) -> None:
+    unknown = set(d) - allowed
+    if unknown:
+        raise WorkloadError(
+            f"{where}: unknown field(s) {sorted(map(str, unknown))}; allowed: {sorted(allowed)}"
+        )
+
+
 def synthetic_spec_from_doc(doc: object, where: str) -> SyntheticSpec:
     """Parse a ``synthetic:`` block: count, seed, arrival_rate_per_s, mean_duration_s, mix."""
     if not isinstance(doc, dict):
         raise WorkloadError(f"{where}: expected a mapping")
+    _known_fields(doc, _SYNTHETIC_FIELDS, where)
     mix_doc = doc.get("mix")
     if not isinstance(mix_doc, list) or not mix_doc:
         raise WorkloadError(f"{where}: 'mix' must be a non-empty list of shapes with a 'weight'")
+    if len(mix_doc) > MAX_MIX:
+        raise WorkloadError(f"{where}: 'mix' has {len(mix_doc):,} shapes; the limit is {MAX_MIX}")
     mix: list[PodShape] = []
     for i, m in enumerate(mix_doc):
         w = f"{where}: mix[{i}]"
         if not isinstance(m, dict) or "weight" not in m or "cpu_milli" not in m:
             raise WorkloadError(f"{w}: each shape needs 'weight' and 'cpu_milli'")
-        try:
-            mix.append(
-                PodShape(
-                    weight=float(m["weight"]),
-                    cpu_milli=int(m["cpu_milli"]),
-                    memory_mib=int(m.get("memory_mib", 0)),
-                    num_gpu=int(m.get("num_gpu", 0)),
-                    gpu_milli=int(m.get("gpu_milli", 0)),
-                    qos=str(m.get("qos", "LS")),
-                )
+        _known_fields(m, _SHAPE_FIELDS, w)
+        qos = m.get("qos", "LS")
+        if not isinstance(qos, str):
+            raise WorkloadError(f"{w}: field 'qos' must be a string, got {qos!r:.60}")
+        mix.append(
+            PodShape(
+                weight=_number(m, "weight", w, 0.0, 0.0, 1e12),
+                cpu_milli=_integer(m, "cpu_milli", w, 0, 0, MAX_CPU_MILLI),
+                memory_mib=_integer(m, "memory_mib", w, 0, 0, MAX_MEMORY_MIB),
+                num_gpu=_integer(m, "num_gpu", w, 0, 0, MAX_GPUS_PER_NODE),
+                gpu_milli=_integer(m, "gpu_milli", w, 0, 0, GPU_MILLI),
+                qos=qos,
             )
-        except (TypeError, ValueError) as e:
-            raise WorkloadError(f"{w}: {e}") from None
-    try:
-        return SyntheticSpec(
-            count=int(doc.get("count", 1000)),
-            mix=tuple(mix),
-            arrival_rate_per_s=float(doc.get("arrival_rate_per_s", 1.0)),
-            mean_duration_s=float(doc.get("mean_duration_s", 3600.0)),
-            seed=int(doc.get("seed", 0)),
-            name_prefix=str(doc.get("name_prefix", "syn")),
-            jitter_cpu=float(doc.get("jitter_cpu", 0.0)),
         )
-    except (TypeError, ValueError) as e:
-        raise WorkloadError(f"{where}: {e}") from None
+    prefix = doc.get("name_prefix", "syn")
+    if not isinstance(prefix, str) or not prefix or len(prefix) > 63:
+        raise WorkloadError(f"{where}: 'name_prefix' must be a string of 1 to 63 characters")
+    return SyntheticSpec(
+        count=_integer(doc, "count", where, 1000, 1, MAX_PODS),
+        mix=tuple(mix),
+        arrival_rate_per_s=_number(doc, "arrival_rate_per_s", where, 1.0, 1e-9, 1e6),
+        mean_duration_s=_number(doc, "mean_duration_s", where, 3600.0, 1.0, MAX_TIME_S),
+        seed=_integer(doc, "seed", where, 0, -(2**63), 2**63 - 1),
+        name_prefix=prefix,
+        jitter_cpu=_number(doc, "jitter_cpu", where, 0.0, 0.0, 1.0),
+    )

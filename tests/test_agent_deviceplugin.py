@@ -10,7 +10,7 @@ import asyncio
 import os
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 
 import grpc
 import grpc.aio
@@ -19,13 +19,23 @@ from fake_kubelet import FakeKubelet, eventually
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contract.nodepartitioning import ActualGpu, ActualMigInstance, ActualMpsSlice
+from contract.nodepartitioning import (
+    ActualGpu,
+    ActualMigInstance,
+    ActualMpsSlice,
+    NodePartitioningSpec,
+)
+from node_agent.allocations import AllocationLedger, LedgerInUse
 from node_agent.deviceplugin import (
     DevicePluginManager,
     plugin_socket_name,
     preferred_allocation,
 )
-from node_agent.devices import AdvertisedDevice, advertised_devices, mps_slice_id
+from node_agent.devices import AdvertisedDevice, InUseSource, advertised_devices, mps_slice_id
+from node_agent.mps import FakeSupervisor
+from node_agent.nvml_fake import FakeNvml
+from node_agent.reconciler import Reconciler
+from planner.catalog import default_catalog
 
 MIG_1G = "nvidia.com/mig-1g.10gb"
 MIG_3G = "nvidia.com/mig-3g.40gb"
@@ -33,6 +43,7 @@ MPS_10 = "nvidia.com/gpu-10gb"
 GPU0 = "GPU-00000000-0000-0000-0000-000000000000"
 GPU1 = "GPU-11111111-1111-1111-1111-111111111111"
 PIPE_ROOT = "/run/gpuslice/mps"
+CAT = default_catalog()
 
 
 def mig_uuid(n: int) -> str:
@@ -174,9 +185,11 @@ async def test_allocate_mig_env(kubelet: FakeKubelet, manager: DevicePluginManag
     assert all(len(r.mounts) == 0 for r in reply.container_responses)
 
 
-async def test_allocate_mps_env_and_pipe_mount(
+async def test_allocate_mps_env_pipe_and_shm_mounts_need_no_host_ipc(
     kubelet: FakeKubelet, manager: DevicePluginManager
 ) -> None:
+    """MPS clients get the daemon's pipe directory and its shared memory at /dev/shm (as
+    NVIDIA's plugin does), so they run without hostIPC."""
     gpu = mps_gpu(3, GPU0, [(10240, 25), (10240, 50)])
     manager.set_devices(advertised_devices([gpu], mps_pipe_root=PIPE_ROOT))
     ids = [s.deviceId for s in gpu.mps]
@@ -192,7 +205,29 @@ async def test_allocate_mps_env_and_pipe_mount(
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",
     }
     assert [(m.container_path, m.host_path, m.read_only) for m in resp.mounts] == [
-        ("/run/gpuslice/mps/gpu3", "/run/gpuslice/mps/gpu3", False)
+        ("/run/gpuslice/mps/gpu3", "/run/gpuslice/mps/gpu3", False),
+        ("/dev/shm", "/run/gpuslice/mps/shm", False),
+    ]
+
+
+async def test_allocate_hybrid_mig_devices_mount_their_own_daemon_pipes_and_the_shm(
+    kubelet: FakeKubelet, manager: DevicePluginManager
+) -> None:
+    gpu = mig_gpu(("1g.10gb", 0, 1), ("1g.10gb", 1, 2))
+    manager.set_devices(advertised_devices([gpu], mps_pipe_root=PIPE_ROOT, hybrid_gpus={0}))
+    await registered(kubelet, MIG_1G, {mig_uuid(1): "Healthy", mig_uuid(2): "Healthy"})
+    conn = kubelet.registered(MIG_1G)
+    assert conn is not None
+    one, both = (await conn.allocate([mig_uuid(2)], [mig_uuid(1), mig_uuid(2)])).container_responses
+    assert dict(one.envs)["CUDA_MPS_PIPE_DIRECTORY"] == f"{PIPE_ROOT}/gpu0-mig1"
+    assert [(m.container_path, m.host_path) for m in one.mounts] == [
+        (f"{PIPE_ROOT}/gpu0-mig1", f"{PIPE_ROOT}/gpu0-mig1"),
+        ("/dev/shm", f"{PIPE_ROOT}/shm"),
+    ]
+    assert [m.container_path for m in both.mounts] == [
+        f"{PIPE_ROOT}/gpu0-mig0",
+        "/dev/shm",  # once
+        f"{PIPE_ROOT}/gpu0-mig1",
     ]
 
 
@@ -446,3 +481,104 @@ def test_preferred_allocation_properties(groups: list[int], data: st.DataObject)
 def test_preferred_allocation_short_supply_and_oversized_must_include() -> None:
     assert preferred_allocation(["a", "b"], [], 3, lambda d: d) == ["a", "b"]
     assert preferred_allocation(["a", "b"], ["b", "a"], 1, lambda d: d) == ["b", "a"]
+
+
+# -- Allocate feeds the allocation ledger; the reconciler keeps what it holds ------------------
+
+
+class KubeletRecord:
+    """PodResources as the kubelet answers it: only what it has recorded so far."""
+
+    def __init__(self) -> None:
+        self.recorded: set[str] = set()
+
+    async def in_use_device_ids(self) -> set[str]:
+        return set(self.recorded)
+
+
+def spec(*instances: tuple[str, int]) -> NodePartitioningSpec:
+    return NodePartitioningSpec.model_validate(
+        {
+            "planId": "p",
+            "mode": "mig",
+            "gpus": [{"index": 0, "mig": [{"profile": p, "start": s} for p, s in instances]}],
+        }
+    )
+
+
+async def allocate_then_repartition(
+    kubelet: FakeKubelet, plugin_dir: str, in_use: InUseSource, ledger: AllocationLedger
+) -> tuple[FakeNvml, str, set[str]]:
+    """Create 1g@0 + 1g@1, let the kubelet allocate 1g@0 over gRPC (not yet recorded in
+    PodResources), then ask for a layout without it; return the hardware, the allocated UUID
+    and the MIG UUIDs left."""
+    nv = FakeNvml([CAT.model("A100-SXM4-80GB")], mig_enabled=True)
+    manager = DevicePluginManager(
+        plugin_dir, poll_interval_s=0.05, register_timeout_s=5, on_allocate=ledger.record
+    )
+    await manager.start()
+    try:
+
+        def publish(devices: Mapping[str, Sequence[AdvertisedDevice]]) -> None:
+            manager.set_devices(devices)
+
+        agent = Reconciler(nv, in_use, FakeSupervisor(nvml=nv), CAT, publish=publish)
+        first = await agent.reconcile(spec(("1g.10gb", 0), ("1g.10gb", 1)), 1, now="t")
+        assert first.applied
+        uuid = nv.uuid_of(0, next(gi for gi, _, start, _ in nv.instances(0) if start == 0))
+        await eventually(lambda: kubelet.registered(MIG_1G) is not None, what="registration")
+        conn = kubelet.registered(MIG_1G)
+        assert conn is not None
+        await eventually(lambda: uuid in conn.devices, what="device advertised")
+        await conn.allocate([uuid])  # the kubelet records it only after this returns
+        await agent.reconcile(spec(("7g.80gb", 0)), 2, now="t")
+    finally:
+        await manager.stop()
+    return nv, uuid, set(nv.mig_uuids())
+
+
+async def test_a_device_allocated_before_podresources_shows_it_is_not_destroyed(
+    kubelet: FakeKubelet, plugin_dir: str
+) -> None:
+    ledger = AllocationLedger(60)
+    record = KubeletRecord()
+    nv, uuid, left = await allocate_then_repartition(
+        kubelet, plugin_dir, LedgerInUse(record, ledger), ledger
+    )
+    assert uuid in ledger  # recorded by the gRPC Allocate
+    assert uuid in left  # kept: the 7g spec is not applied over it (Degraded, InstanceInUse)
+    assert [(p.name, s) for p, s, _ in nv.layout(0)] == [("1g.10gb", 0), ("1g.10gb", 1)]
+
+
+async def test_without_the_ledger_the_same_race_destroys_the_device(
+    kubelet: FakeKubelet, plugin_dir: str
+) -> None:
+    """The finding itself: PodResources alone does not protect a fresh allocation."""
+    ledger = AllocationLedger(60)
+    nv, uuid, left = await allocate_then_repartition(kubelet, plugin_dir, KubeletRecord(), ledger)
+    assert uuid in ledger  # the plugin did hand it out ...
+    assert uuid not in left  # ... and the agent destroyed it: the 7g instance replaced it
+    assert [(p.name, s) for p, s, _ in nv.layout(0)] == [("7g.80gb", 0)]
+
+
+async def test_failed_allocate_records_nothing(kubelet: FakeKubelet, plugin_dir: str) -> None:
+    recorded: list[list[str]] = []
+    manager = DevicePluginManager(
+        plugin_dir, poll_interval_s=0.05, register_timeout_s=5, on_allocate=recorded.append
+    )
+    await manager.start()
+    try:
+        dev = AdvertisedDevice("MIG-x", MIG_1G, "GPU-0", True)
+        manager.set_devices({MIG_1G: [dev]})
+        await eventually(lambda: kubelet.registered(MIG_1G) is not None, what="registration")
+        conn = kubelet.registered(MIG_1G)
+        assert conn is not None
+        await eventually(lambda: "MIG-x" in conn.devices, what="device advertised")
+        with pytest.raises(Exception, match="MIG-nope"):
+            await conn.allocate(["MIG-nope"])
+        assert recorded == []
+        await conn.allocate(["MIG-x"], ["MIG-x"])
+        assert recorded == [["MIG-x", "MIG-x"]]
+    finally:
+        await manager.stop()
+    assert not os.listdir(plugin_dir) or os.listdir(plugin_dir) == ["kubelet.sock"]

@@ -5,18 +5,34 @@ specs (MIG, MPS, hybrid; valid, pinned to what is in use, conflicting, or invali
 allocating and releasing advertised devices (also *during* NVML calls, to race the agent),
 processes on devices, NVML faults (once / always / with a probability, before or after the call
 takes effect), PodResources failures, MPS daemon start failures, agent crashes at any NVML
-call (the agent object is dropped and a new one starts from the hardware), node reboots (pods
-and processes gone; Ampere keeps -- and applies a pending -- MIG mode, Hopper loses it), and
-the MIG-mode activation path: on Ampere a mode change is pending until the agent resets the
-idle GPU; a CUDA job may grab a GPU whose change is pending (the reset waits), a reset may fail
-like any call, and some nodes cannot reset at all (the real NVML), where a needed mode change
-must end Degraded (``MIGModePending``).
+call (the agent object is dropped and a new one starts from the hardware and the allocation
+ledger it persisted), node reboots (pods, processes, daemons and the ledger gone; Ampere keeps
+-- and applies a pending -- MIG mode, Hopper loses it), and the MIG-mode activation path: on
+Ampere a mode change is pending until the agent resets the idle GPU with the host driver's
+``nvidia-smi`` (the fake NVML emulates the tool; persistence mode may be on, which the reset
+procedure turns off around it); a CUDA job may grab a GPU whose change is pending (the reset
+waits, naming the job), a reset may fail like any call, and some nodes' agents were not given
+``nvidia-smi``, where a needed mode change must end Degraded (``MIGModePending``).
 
-Checked all the time: no device held by a pod ever disappears (the MIG device of an allocated
-UUID is never destroyed; every allocated MPS slice stays in the agent's state).
-Checked after the faults stop: every GPU of the spec matches it exactly, unless the harness's
-own judgement says it cannot (a used device in the way, an invalid spec), in which case the
-status is Degraded naming that GPU.  The counts are printed.
+Allocation is modelled as the kubelet does it: ``Allocate`` (the device plugin records the ids
+in the agent's :class:`~node_agent.allocations.AllocationLedger`) returns *before* the kubelet
+records the allocation, so PodResources shows a device only some ``List`` answers later;
+some allocations are abandoned after ``Allocate`` (the pod's admission failed) and never show.
+A pod given a device whose ``Allocate`` env names an MPS pipe directory (an MPS slice, or a MIG
+instance of a hybrid GPU) is a client of that MPS daemon.
+
+Checked all the time, counted, and required to be zero:
+
+* *in-use destroyed*: no device held by a pod ever disappears (the MIG device of an allocated
+  UUID is never destroyed; every allocated MPS slice stays in the agent's state);
+* *used daemons stopped*: the agent never stops (or restarts for another device) an MPS daemon
+  while a pod is its client.
+
+Checked after the faults stop (the kubelet has caught up and the ledger's grace has passed):
+every GPU of the spec matches it exactly -- MPS daemons serving their devices with the largest
+slice as limits included -- unless the harness's own judgement says it cannot (a used device
+in the way, an invalid spec, no ``nvidia-smi``), in which case the status is Degraded naming
+that GPU.  The counts are printed.
 """
 
 from __future__ import annotations
@@ -25,13 +41,15 @@ import os
 import random
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cache
 
 from contract.nodepartitioning import NodePartitioningSpec, NodePartitioningStatus
-from node_agent.devices import AdvertisedDevice, parse_mps_slice_id
+from node_agent.allocations import AllocationLedger, LedgerInUse
+from node_agent.devices import ENV_MPS_PIPE, AdvertisedDevice, parse_mps_slice_id
 from node_agent.mig_activation import MigActivation, mig_activation
-from node_agent.mps import FakeSupervisor
+from node_agent.mps import FakeSupervisor, MpsDaemonSpec
 from node_agent.nvml import NvmlErrorCode
 from node_agent.nvml_fake import OPS, FakeNvml
 from node_agent.reconciler import Reconciler
@@ -57,30 +75,64 @@ class Violation(AssertionError):
 
 
 @cache
-def layouts(model: GpuModel) -> list[tuple[frozenset[tuple[str, int]], tuple[Placement, ...]]]:
-    return [
-        (frozenset((p.profile.name, p.start) for p in lay), lay) for lay in enumerate_layouts(model)
-    ]
+def layouts(
+    model: GpuModel,
+) -> tuple[list[tuple[Placement, ...]], dict[tuple[str, int], frozenset[int]]]:
+    """Every valid layout of ``model``, and per (profile, start) the layouts holding it."""
+    lays = list(enumerate_layouts(model))
+    holding: dict[tuple[str, int], set[int]] = {}
+    for k, lay in enumerate(lays):
+        for p in lay:
+            holding.setdefault((p.profile.name, p.start), set()).add(k)
+    return lays, {key: frozenset(ks) for key, ks in holding.items()}
 
 
 @cache
 def layouts_with(
     model: GpuModel, pinned: frozenset[tuple[str, int]]
 ) -> list[tuple[Placement, ...]]:
-    return [lay for key, lay in layouts(model) if pinned <= key]
+    """The layouts of ``model`` holding every pinned (profile, start)."""
+    lays, holding = layouts(model)
+    ks: frozenset[int] = frozenset(range(len(lays)))
+    for key in pinned:
+        ks &= holding.get(key, frozenset())
+    return [lays[k] for k in sorted(ks)]
+
+
+GRACE_S = 60.0
+"""The agent's allocation grace period (node_agent.allocations)."""
+STEP_S = 7.0
+"""Time between two steps of a sequence."""
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 @dataclass
 class Kubelet:
-    """Fake kubelet: advertised devices, pods holding some, a flaky PodResources API."""
+    """Fake kubelet: advertised devices, pods holding some, a late and flaky PodResources."""
 
     rng: random.Random
     nv: FakeNvml
+    ledger: CountingLedger
     advertised: dict[str, AdvertisedDevice] = field(default_factory=dict)
     allocated: dict[str, int | None] = field(default_factory=dict)  # device id -> pid
+    hidden: dict[str, int] = field(default_factory=dict)
+    """Allocated device -> List answers that will not show it yet."""
+    client_of: dict[str, str] = field(default_factory=dict)
+    """Allocated device -> key of the MPS daemon whose pipe its Allocate env names."""
     race: float = 0.0
     fail_in_use: float = 0.0
     in_use_failures: int = 0
+    delayed: int = 0
+    abandoned: int = 0
+    mps_clients: int = 0
+    destroyed_in_use: set[str] = field(default_factory=set)
 
     def set_devices(self, devices: object) -> None:
         assert isinstance(devices, dict)
@@ -90,13 +142,32 @@ class Kubelet:
         if self.fail_in_use and self.rng.random() < self.fail_in_use:
             self.in_use_failures += 1
             raise ConnectionError("PodResources: connection refused (injected)")
-        return set(self.allocated)
+        shown = set()
+        for dev in self.allocated:
+            if self.hidden.get(dev, 0) > 0:
+                self.hidden[dev] -= 1
+            else:
+                shown.add(dev)
+        return shown
 
     def allocate(self) -> None:
+        """The kubelet admits a pod: Allocate (the plugin records the id), then the record."""
         free = [i for i in self.advertised if i not in self.allocated]
         if not free:
             return
         dev = self.rng.choice(sorted(free))
+        self.ledger.record([dev])  # what the device plugin does before Allocate returns
+        if self.rng.random() < 0.08:  # admission fails after Allocate: never recorded
+            self.abandoned += 1
+            return
+        lag = self.rng.choice((0, 0, 1, 1, 2, 3, 5))
+        if lag:
+            self.hidden[dev] = lag
+            self.delayed += 1
+        pipe = self.advertised[dev].env.get(ENV_MPS_PIPE)
+        if pipe:
+            self.client_of[dev] = pipe.rsplit("/", 1)[1]
+            self.mps_clients += 1
         pid = None
         if self.rng.random() < 0.5:  # the pod's container starts CUDA work
             mig = self.nv.mig_uuids().get(dev)
@@ -114,15 +185,31 @@ class Kubelet:
         if self.allocated:
             dev = self.rng.choice(sorted(self.allocated))
             pid = self.allocated.pop(dev)
+            self.hidden.pop(dev, None)
+            self.client_of.pop(dev, None)
             if pid is not None:
                 self.nv.stop_process(pid)
+
+    def caught_up(self) -> None:
+        """Every allocation is recorded by now."""
+        self.hidden.clear()
+
+    def forget_all(self) -> None:
+        """A reboot: no pod holds anything."""
+        self.allocated.clear()
+        self.hidden.clear()
+        self.client_of.clear()
+        self.advertised = {}
+
+    def clients(self, key: str) -> list[str]:
+        return [dev for dev, k in self.client_of.items() if k == key]
 
     def hook(self, op: str, args: tuple[int, ...]) -> None:
         if op == "destroy_compute_instance":
             gpu, gi, ci = args
             uuid = self.nv.mig_uuids_of(gpu).get((gi, ci))
             if uuid in self.allocated:
-                raise Violation(f"the agent destroys MIG device {uuid}, held by a pod")
+                self.destroyed_in_use.add(uuid)
         if self.race and self.rng.random() < self.race:
             self.allocate()
 
@@ -130,7 +217,44 @@ class Kubelet:
         uuids = self.nv.mig_uuids()
         for dev in self.allocated:
             if dev.startswith("MIG-") and dev not in uuids:
-                raise Violation(f"MIG device {dev} held by a pod was destroyed")
+                self.destroyed_in_use.add(dev)
+
+
+class CountingLedger(AllocationLedger):
+    """The agent's ledger, counting the answers in which it alone protected a held device."""
+
+    def __init__(self, st: Stats, grace: float, clock: Clock) -> None:
+        super().__init__(grace, clock=clock)
+        self.st = st
+        self.kube: Kubelet | None = None
+
+    def held(self, visible: Iterable[str]) -> set[str]:
+        out = super().held(visible)
+        if self.kube is not None and out & self.kube.allocated.keys():
+            self.st.held_by_ledger_only += 1
+        return out
+
+
+@dataclass
+class WatchedSupervisor(FakeSupervisor):
+    """The fake MPS supervisor, counting every stop or restart of a daemon with clients."""
+
+    kube: Kubelet | None = None
+    used_stopped: list[str] = field(default_factory=list)
+
+    def _check(self, key: str, what: str) -> None:
+        if self.kube is not None and key in self.daemons and self.kube.clients(key):
+            self.used_stopped.append(f"{what} {key} serving {self.kube.clients(key)}")
+
+    def stop(self, key: str) -> None:
+        self._check(key, "stopped")
+        super().stop(key)
+
+    def ensure(self, spec: MpsDaemonSpec) -> None:
+        old = self.daemons.get(spec.key)
+        if old is not None and old.device_uuid != spec.device_uuid:
+            self._check(spec.key, "restarted")
+        super().ensure(spec)
 
 
 @dataclass
@@ -149,6 +273,15 @@ class Stats:
     reboots: int = 0
     resets: int = 0
     pending_degraded: int = 0
+    allocations_delayed: int = 0
+    allocations_abandoned: int = 0
+    held_by_ledger_only: int = 0
+    """In-use answers in which the ledger alone protected a device a pod held."""
+    mps_clients: int = 0
+    """Allocations that made a pod a client of an MPS daemon."""
+    in_use_destroyed: int = 0
+    used_daemons_stopped: int = 0
+    violations: list[str] = field(default_factory=list)
 
 
 def used_placements(nv: FakeNvml, kube: Kubelet, gpu: int) -> set[tuple[str, int]]:
@@ -269,14 +402,26 @@ def gpu_converged(
             return False
         actual = next(g for g in status.gpus if g.index == i)
         have = Counter((s.memoryMiB, s.activeThreadPercentage) for s in actual.mps)
-        daemon_ok = not d.mps or f"gpu{i}" in sup.daemons
-        return daemon_ok and have == Counter((s.memoryMiB, s.activeThreadPercentage) for s in d.mps)
+        if have != Counter((s.memoryMiB, s.activeThreadPercentage) for s in d.mps):
+            return False
+        if not d.mps:
+            return True
+        daemon = sup.daemons.get(f"gpu{i}")
+        return (
+            daemon is not None
+            and daemon.device_uuid == nv.gpu_uuid(i)
+            and daemon.default_pinned_mem_limit_mib == max(s.memoryMiB for s in d.mps)
+            and daemon.default_thread_percentage == max(s.activeThreadPercentage for s in d.mps)
+        )
     if not nv.mig_enabled(i):
         return False
     have_mig = sorted((p.name, s, ci) for p, s, ci in nv.layout(i))
     want = sorted((model.profile(x.profile).name, x.start, True) for x in d.mig)
-    if spec.mode == "hybrid" and any(f"gpu{i}-mig{s}" not in sup.daemons for _, s, _ in want):
-        return False
+    if spec.mode == "hybrid":
+        for _gi, _, start, uuids in nv.instances(i):
+            daemon = sup.daemons.get(f"gpu{i}-mig{start}")
+            if daemon is None or (daemon.device_uuid,) != uuids:  # serves this very instance
+                return False
     return have_mig == want
 
 
@@ -285,20 +430,25 @@ async def run_sequence(seed: int, st: Stats) -> None:
     n_gpus = rng.choice((1, 1, 2))
     models = [rng.choice(MIG_MODELS) if rng.random() < 0.9 else MPS_ONLY for _ in range(n_gpus)]
     nv = FakeNvml(models, mig_enabled=rng.random() < 0.5, rng=random.Random(~seed))
-    kube = Kubelet(rng, nv)
+    for i in range(n_gpus):
+        nv.set_persistence_mode(i, rng.random() < 0.5)  # as nvidia-persistenced left it
+    clock = Clock()
+    kube = Kubelet(rng, nv, CountingLedger(st, GRACE_S, clock=clock))
+    kube.ledger.kube = kube
     nv.hooks.append(kube.hook)
 
     def count_resets(op: str, args: tuple[int, ...]) -> None:
         st.resets += op == "reset_gpu"
 
     nv.hooks.append(count_resets)
-    can_reset = rng.random() < 0.85  # else like the real NVML: reset_gpu is not supported
-    if not can_reset:
-        nv.inject("reset_gpu", NvmlErrorCode.NOT_SUPPORTED, times=None)
-    sup = FakeSupervisor(nvml=nv)  # MPS daemons start only in EXCLUSIVE_PROCESS
+    can_reset = rng.random() < 0.85  # else the agent was not given nvidia-smi: no reset
+    nv.tool_present = can_reset
+    sup = WatchedSupervisor(nvml=nv, kube=kube)  # MPS daemons start only in EXCLUSIVE_PROCESS
+    slices_lost: set[str] = set()
 
     def new_agent() -> Reconciler:
-        return Reconciler(nv, kube, sup, CAT, publish=kube.set_devices)
+        in_use = LedgerInUse(kube, kube.ledger)  # the ledger outlives a crash (its file)
+        return Reconciler(nv, in_use, sup, CAT, publish=kube.set_devices)
 
     agent = new_agent()
     spec = random_spec(rng, nv, kube, n_gpus)
@@ -322,9 +472,7 @@ async def run_sequence(seed: int, st: Stats) -> None:
         kube.check_mig()
         if res.fresh:
             kept = {d.id for ds in res.devices.values() for d in ds}
-            lost = {x for x in kube.allocated if not x.startswith("MIG-")} - kept
-            if lost:
-                raise Violation(f"seed {seed}: MPS slices held by pods were dropped: {lost}")
+            slices_lost.update({x for x in kube.allocated if not x.startswith("MIG-")} - kept)
         status = res.status
         return res.settled
 
@@ -376,11 +524,12 @@ async def run_sequence(seed: int, st: Stats) -> None:
             kube.fail_in_use = rng.choice((0.3, 1.0))
         elif r < 0.98:
             sup.fail_next = 1
-        else:  # the node reboots: pods, processes, daemons and the agent start over
+        else:  # the node reboots: pods, processes, daemons, /run and the agent start over
             st.reboots += 1
             nv.reboot()
-            kube.allocated.clear()
-            kube.advertised = {}
+            kube.forget_all()
+            kube.ledger = CountingLedger(st, GRACE_S, clock=clock)
+            kube.ledger.kube = kube
             stray.clear()
             jobs.clear()
             for key in sup.running():
@@ -391,11 +540,13 @@ async def run_sequence(seed: int, st: Stats) -> None:
         for f in scoped:
             nv.faults.remove(f)
         kube.fail_in_use = 0.0
+        clock.now += STEP_S
 
-    # the faults stop (and the CUDA jobs end); the agent must settle
+    # the faults stop (and the CUDA jobs end); the kubelet has recorded every allocation and
+    # the grace of the abandoned ones is over; the agent must settle
     nv.clear_faults()
-    if not can_reset:
-        nv.inject("reset_gpu", NvmlErrorCode.NOT_SUPPORTED, times=None)
+    kube.caught_up()
+    clock.now += GRACE_S
     for pid in jobs:
         nv.stop_process(pid)
     kube.race = 0.0
@@ -427,6 +578,16 @@ async def run_sequence(seed: int, st: Stats) -> None:
     st.nvml_calls += nv.calls
     st.faults += nv.faults_raised
     st.in_use_failures += kube.in_use_failures
+    st.allocations_delayed += kube.delayed
+    st.allocations_abandoned += kube.abandoned
+    st.mps_clients += kube.mps_clients
+    st.in_use_destroyed += len(kube.destroyed_in_use) + len(slices_lost)
+    st.used_daemons_stopped += len(sup.used_stopped)
+    if kube.destroyed_in_use or slices_lost or sup.used_stopped:
+        st.violations.append(
+            f"seed {seed}: destroyed {sorted(kube.destroyed_in_use | slices_lost)}, "
+            f"daemons {sup.used_stopped}"
+        )
 
 
 async def test_random_fault_sequences_never_destroy_in_use_and_converge() -> None:
@@ -445,12 +606,20 @@ async def test_random_fault_sequences_never_destroy_in_use_and_converge() -> Non
         f"{st.operations} NVML mutations, {st.nvml_calls} NVML calls, {st.faults} NVML faults "
         f"injected, {st.in_use_failures} PodResources failures, {st.crashes} agent crashes; "
         f"{st.reboots} reboots, {st.resets} GPU resets tried; "
-        f"{st.gpus_checked} GPUs checked: {st.converged} converged, {st.degraded} degraded "
-        f"(justified; {st.pending_degraded} with a MIG-mode change pending); {took:.1f} s"
+        f"allocations: {st.allocations_delayed} seen late by PodResources, "
+        f"{st.allocations_abandoned} abandoned after Allocate, {st.held_by_ledger_only} in-use "
+        f"answers where only the ledger held a pod's device, {st.mps_clients} pods made MPS "
+        f"clients; {st.gpus_checked} GPUs checked: {st.converged} converged, {st.degraded} "
+        f"degraded (justified; {st.pending_degraded} with a MIG-mode change pending); "
+        f"{st.in_use_destroyed} in-use devices destroyed, {st.used_daemons_stopped} used MPS "
+        f"daemons stopped; {took:.1f} s"
     )
     assert st.sequences == SEQUENCES
+    assert st.in_use_destroyed == 0 and st.used_daemons_stopped == 0, st.violations[:5]
     # the mix really exercised what it claims to (scaled to the number of sequences)
     n = SEQUENCES
     assert st.crashes > n // 4 and st.faults > n and st.in_use_failures > n // 4
     assert st.converged > n // 2 and st.degraded > n // 10
     assert st.reboots > n // 10 and st.resets > n // 4 and st.pending_degraded > n // 100
+    assert st.allocations_delayed > n // 2 and st.held_by_ledger_only > n // 10
+    assert st.allocations_abandoned > n // 20 and st.mps_clients > n // 10

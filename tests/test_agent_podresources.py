@@ -7,6 +7,8 @@ import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 
+import grpc
+import grpc.aio
 import pytest
 from fake_kubelet import FakePodResources
 
@@ -129,3 +131,37 @@ async def test_kubelet_restart_is_transparent(
 def test_rejects_relative_socket_path() -> None:
     with pytest.raises(ValueError, match="must be absolute"):
         PodResourcesClient("kubelet.sock")
+
+
+@pytest.mark.parametrize(
+    ("method", "call"),
+    [("List", "in_use_device_ids"), ("GetAllocatableResources", "allocatable")],
+)
+async def test_undecodable_reply_is_a_podresources_error(
+    sock_dir: str, method: str, call: str
+) -> None:
+    """A reply that does not decode (grpc.aio hands back ``None``) is a failure, not a crash."""
+    socket_path = os.path.join(sock_dir, "garbage.sock")
+
+    async def garbage(request: bytes, context: object) -> bytes:
+        return b"\xff\xff\xff\xff"  # field 31, wire type 7: not a protobuf message
+
+    handler = grpc.method_handlers_generic_handler(
+        "v1.PodResourcesLister",
+        {
+            method: grpc.unary_unary_rpc_method_handler(
+                garbage, request_deserializer=bytes, response_serializer=bytes
+            )
+        },
+    )
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((handler,))
+    server.add_insecure_port(f"unix:{socket_path}")
+    await server.start()
+    try:
+        async with PodResourcesClient(socket_path, timeout_s=3) as c:
+            with pytest.raises(PodResourcesError, match=f"{method} .*not a") as err:
+                await getattr(c, call)()
+        assert socket_path in str(err.value)
+    finally:
+        await server.stop(None)

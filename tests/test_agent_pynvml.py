@@ -17,6 +17,7 @@ import pynvml
 import pytest
 
 from contract.nodepartitioning import NodePartitioningSpec
+from node_agent.gpu_reset import NvidiaSmi
 from node_agent.mps import FakeSupervisor
 from node_agent.nvml import ComputeMode, NvmlError, NvmlErrorCode
 from node_agent.nvml_fake import FakeNvml
@@ -49,6 +50,7 @@ class FakePynvml:
                     "NVML_GPU_INSTANCE_PROFILE",
                     "NVML_COMPUTE_INSTANCE",
                     "NVML_COMPUTEMODE",
+                    "NVML_FEATURE_",
                 )
             ):
                 setattr(self, name, getattr(pynvml, name))
@@ -75,7 +77,21 @@ class FakePynvml:
         return self.nv.gpus()[h[1]]
 
     def nvmlDeviceGetPciInfo(self, h: Any) -> Any:
-        return SimpleNamespace(pciDeviceId=(int(self._info(h).pci_device_id, 16) << 16) | 0x10DE)
+        info = self._info(h)
+        return SimpleNamespace(
+            pciDeviceId=(int(info.pci_device_id, 16) << 16) | 0x10DE,
+            busId=info.pci_bus_id.encode(),  # a char array: bytes, as ctypes returns it
+        )
+
+    def nvmlDeviceGetPersistenceMode(self, h: Any) -> int:
+        on = self.nv.persistence_mode(h[1])
+        return int(pynvml.NVML_FEATURE_ENABLED if on else pynvml.NVML_FEATURE_DISABLED)
+
+    def nvmlSystemGetProcessName(self, pid: int) -> bytes:
+        name = self.nv.process_name(pid)
+        if not name:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return name.encode()
 
     def nvmlDeviceGetMemoryInfo(self, h: Any) -> Any:
         return SimpleNamespace(total=self._info(h).memory_mib * 1024 * 1024)
@@ -212,10 +228,23 @@ class FakePynvml:
         return [SimpleNamespace(pid=p, usedGpuMemory=0) for p in pids]
 
 
+class NoPods:
+    """In-use source of a node without pods."""
+
+    async def in_use_device_ids(self) -> set[str]:
+        return set()
+
+
+SPEC_7G = NodePartitioningSpec.model_validate(
+    {"mode": "mig", "gpus": [{"index": 0, "mig": [{"profile": "7g.80gb", "start": 0}]}]}
+)
+
+
 def make(*models: str, mig: bool = False) -> tuple[FakeNvml, FakePynvml, PynvmlAdapter]:
+    """The adapter over the fake pynvml; its nvidia-smi is the fake NVML's emulated tool."""
     nv = FakeNvml([CAT.model(m) for m in models], mig_enabled=mig)
     mod = FakePynvml(nv)
-    return nv, mod, PynvmlAdapter(mod)  # type: ignore[arg-type]
+    return nv, mod, PynvmlAdapter(mod, NvidiaSmi(nv.nvidia_smi))  # type: ignore[arg-type]
 
 
 def test_gpu_listing_reads_pci_id_memory_and_mig_mode() -> None:
@@ -267,52 +296,72 @@ def test_driver_errors_map_to_the_same_codes() -> None:
 
 
 def test_mig_mode_reads_current_and_pending_and_maps_the_activation_status() -> None:
-    nv, _, ad = make("A100-SXM4-80GB", "H100-80GB")
+    _, mod, ad = make("A100-SXM4-80GB", "H100-80GB")
     assert [(g.mig_enabled, g.pending_mig_enabled) for g in ad.gpus()] == [(False, False)] * 2
     assert ad.set_mig_mode(0, True) == NvmlErrorCode.RESET_REQUIRED  # Ampere: pending
     assert ad.set_mig_mode(1, True) is None  # Hopper: NVML_SUCCESS, active now
     a100, h100 = ad.gpus()
     assert (a100.mig_enabled, a100.pending_mig_enabled, a100.mig_pending) == (False, True, True)
     assert (h100.mig_enabled, h100.mig_pending) == (True, False)
-    # nvidia-ml-py has no GPU reset call (nvidia-smi -r uses a private path)
+    # nvidia-ml-py has no GPU reset call: the adapter runs the host driver's nvidia-smi -r
     assert not [n for n in dir(pynvml) if n in ("nvmlDeviceReset", "nvmlDeviceResetGpu")]
+    assert a100.pci_bus_id == "00000000:07:00.0"
+    ad.reset_gpu(0)
+    assert mod.log == ["init", "shutdown", "init"]  # NVML let go of the GPU for the reset
+    assert ad.gpus()[0].mig_enabled and not ad.gpus()[0].mig_pending
+
+
+def test_reset_without_nvidia_smi_is_not_supported_and_nvml_is_back() -> None:
+    nv, mod, ad = make("A100-SXM4-80GB")
+    ad.set_mig_mode(0, True)
+    nv.tool_present = False
     with pytest.raises(NvmlError) as e:
         ad.reset_gpu(0)
     assert e.value.code == NvmlErrorCode.NOT_SUPPORTED and e.value.op == "reset_gpu"
-    nv.reset_gpu(0)  # the operator resets it
-    assert ad.gpus()[0].mig_enabled and not ad.gpus()[0].mig_pending
+    assert "NVIDIA_DRIVER_CAPABILITIES=utility" in str(e.value)
+    assert mod.log[-1] == "init" and ad.gpus()[0].mig_pending
+
+
+def test_process_names_come_from_nvml() -> None:
+    nv, _, ad = make("V100-32GB")
+    pid = nv.start_process(0, name="python3")
+    assert ad.running_processes(0) == [pid]
+    assert ad.process_name(pid) == "python3" and ad.process_name(99999) == ""
+
+
+def test_reconciler_over_the_adapter_resets_the_ampere_gpu_itself() -> None:
+    """The finding: in production the pending mode never completed (reset NOT_SUPPORTED)."""
+    nv, _, ad = make("A100-SXM4-80GB")
+    nv.set_persistence_mode(0, True)
+
+    rec = Reconciler(ad, NoPods(), FakeSupervisor(), CAT)
+    spec = SPEC_7G
+    res = asyncio.run(rec.reconcile(spec, 1))
+    assert res.applied and [(p.name, s) for p, s, _ in nv.layout(0)] == [("7g.80gb", 0)]
+    assert nv.mig_enabled(0) and not nv.mig_pending(0) and nv.persistence_mode(0)
 
 
 def test_reconciler_over_the_adapter_reports_a_pending_mig_mode_until_the_gpu_is_reset() -> None:
     nv, _, ad = make("A100-SXM4-80GB")
-
-    class NoPods:
-        async def in_use_device_ids(self) -> set[str]:
-            return set()
+    nv.tool_present = False  # no nvidia-smi in the agent's container
 
     rec = Reconciler(ad, NoPods(), FakeSupervisor(), CAT)
-    spec = NodePartitioningSpec.model_validate(
-        {"mode": "mig", "gpus": [{"index": 0, "mig": [{"profile": "7g.80gb", "start": 0}]}]}
-    )
+    spec = SPEC_7G
     for _ in range(2):  # every pass retries; the request itself is made once
         res = asyncio.run(rec.reconcile(spec, 1))
         applied, degraded = res.status.conditions
         assert (applied.status, applied.reason) == ("False", "Degraded")
         assert (degraded.status, degraded.reason) == ("True", "MIGModePending")
-        assert "reset GPU 0 (nvidia-smi -r -i 0) or reboot the node" in degraded.message
+        assert "(nvidia-smi -r -i 00000000:07:00.0) or reboot the node" in degraded.message
         assert res.settled and not res.status.gpus[0].migEnabled and nv.layout(0) == []
     assert res.operations == 0 and nv.mig_pending(0)
-    nv.reset_gpu(0)  # nvidia-smi -r -i 0
+    nv.tool_present = True  # the operator fixes the DaemonSet
     res = asyncio.run(rec.reconcile(spec, 1))
     assert res.applied and [(p.name, s) for p, s, _ in nv.layout(0)] == [("7g.80gb", 0)]
 
 
 def test_reconciler_over_the_adapter_destroys_ci_before_gi_and_applies() -> None:
     nv, mod, ad = make("A100-SXM4-80GB", mig=True)
-
-    class NoPods:
-        async def in_use_device_ids(self) -> set[str]:
-            return set()
 
     rec = Reconciler(ad, NoPods(), FakeSupervisor(), CAT)
     spec = NodePartitioningSpec.model_validate(
@@ -321,10 +370,7 @@ def test_reconciler_over_the_adapter_destroys_ci_before_gi_and_applies() -> None
     assert asyncio.run(rec.reconcile(spec, 1)).applied
     assert sorted((p.name, s) for p, s, _ in nv.layout(0)) == [("3g.40gb", 0), ("3g.40gb", 4)]
     mod.log.clear()
-    spec7 = NodePartitioningSpec.model_validate(
-        {"mode": "mig", "gpus": [{"index": 0, "mig": [{"profile": "7g.80gb", "start": 0}]}]}
-    )
-    assert asyncio.run(rec.reconcile(spec7, 2)).applied
+    assert asyncio.run(rec.reconcile(SPEC_7G, 2)).applied
     destroys = [x for x in mod.log if x.startswith("destroy")]
     assert len(destroys) == 4
     for k in (0, 2):  # each instance: its CI, then its GI
@@ -355,10 +401,6 @@ def test_compute_mode_is_read_and_set_with_nvml_constants() -> None:
 
 def test_mps_over_the_adapter_sets_exclusive_process_before_the_daemon() -> None:
     nv, mod, ad = make("A30")
-
-    class NoPods:
-        async def in_use_device_ids(self) -> set[str]:
-            return set()
 
     sup = FakeSupervisor(nvml=nv)
     rec = Reconciler(ad, NoPods(), sup, CAT)

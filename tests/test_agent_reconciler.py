@@ -323,6 +323,119 @@ def test_hybrid_runs_one_daemon_per_mig_instance() -> None:
     assert res.applied and node.sup.running() == set()
 
 
+def test_withdrawal_keeps_slices_of_a_daemon_that_is_down_unhealthy() -> None:
+    """Re-advertising before a destroy must not make a slice whose daemon failed allocatable:
+    its client would run outside MPS and hold the GPU the daemon then waits for."""
+    node = Node("A30")
+    node.sup.fail_next = 2
+    res = node.run(mps_spec((4096, 16), (8192, 33)))
+    assert not res.applied and node.sup.running() == set()
+    assert not any(d.healthy for ds in res.devices.values() for d in ds)
+    node.published.clear()
+    res = node.run(mps_spec((4096, 16)), gen=2)  # drops the 8 GiB slice: withdraw first
+    withdrawal = node.published[0]
+    assert [d.healthy for d in withdrawal["nvidia.com/gpu-4gb"]] == [False]
+    assert not withdrawal.get("nvidia.com/gpu-8gb")  # the doomed slice is withdrawn
+    res = node.run(mps_spec((4096, 16)), gen=2)
+    assert res.applied and [d.healthy for d in res.devices["nvidia.com/gpu-4gb"]] == [True]
+
+
+def test_mps_daemon_limits_are_the_largest_slice_and_follow_the_table() -> None:
+    """Limits a client cannot raise: the daemon's defaults cap every client of the GPU."""
+    node = Node("A100-SXM4-80GB")
+    res = node.run(mps_spec((10240, 12), (20480, 25)))
+    assert res.applied
+    d = node.sup.daemons["gpu0"]
+    assert (d.default_pinned_mem_limit_mib, d.default_thread_percentage) == (20480, 25)
+    assert d.limit_commands() == [
+        "set_default_active_thread_percentage 25",
+        "set_default_device_pinned_mem_limit 0 20480M",
+    ]
+    node.pods.ids = {res.devices["nvidia.com/gpu-10gb"][0].id}  # the small slice is held
+    res = node.run(mps_spec((10240, 12), (4096, 5)), gen=2)  # the big free slice goes
+    assert res.applied and node.sup.starts == 1 and node.sup.limit_updates == 1
+    d = node.sup.daemons["gpu0"]  # same daemon, its clients untouched, limits lowered
+    assert (d.default_pinned_mem_limit_mib, d.default_thread_percentage) == (10240, 12)
+
+
+def test_hybrid_daemon_of_a_slot_with_a_new_instance_is_restarted_for_it() -> None:
+    node = Node("A100-SXM4-80GB")
+    assert node.run(mig_spec(("3g.40gb", 0), ("3g.40gb", 4), mode="hybrid")).applied
+    old = node.sup.daemons["gpu0-mig0"].device_uuid
+    res = node.run(mig_spec(("4g.40gb", 0), ("3g.40gb", 4), mode="hybrid"), gen=2)
+    new = {i.start: i.deviceId for i in res.status.gpus[0].mig}
+    assert res.applied and new[0] != old and node.sup.restarts == 1
+    assert node.sup.daemons["gpu0-mig0"].device_uuid == new[0]  # not the destroyed 3g
+    assert node.sup.daemons["gpu0-mig4"].device_uuid == new[4]
+
+
+def test_hybrid_daemon_of_a_held_instance_survives_a_change_to_mig() -> None:
+    """The finding: nothing guarded the daemon a running pod uses; a hybrid->mig spec change
+    must keep it while the pod holds the instance."""
+    node = Node("A100-SXM4-80GB")
+    res = node.run(mig_spec(("3g.40gb", 0), ("3g.40gb", 4), mode="hybrid"))
+    held = next(d for d in res.devices["nvidia.com/mig-3g.40gb"] if d.id.startswith("MIG-"))
+    node.pods.ids = {held.id}
+    start = next(i.start for i in res.status.gpus[0].mig if i.deviceId == held.id)
+    res = node.run(mig_spec(("3g.40gb", 0), ("3g.40gb", 4)), gen=2)
+    assert res.applied and node.sup.running() == {f"gpu0-mig{start}"}
+    node.pods.ids = set()
+    res = node.run(mig_spec(("3g.40gb", 0), ("3g.40gb", 4)), gen=3)
+    assert res.applied and node.sup.running() == set()
+
+
+def test_mps_control_supervisor_limits_restarts_and_adoption() -> None:
+    calls: list[str] = []
+    up: dict[str, str] = {}  # pipe dir -> device of the running daemon
+
+    def runner(argv: Sequence[str], env: Mapping[str, str], stdin: str | None) -> tuple[int, str]:
+        pipe = env["CUDA_MPS_PIPE_DIRECTORY"]
+        calls.append(stdin.strip() if stdin else " ".join(argv[1:]))
+        if stdin == "get_server_list\n":
+            return (0, "4242\n") if pipe in up else (1, "cannot connect")
+        if list(argv)[-1] == "-d":
+            up[pipe] = env["CUDA_VISIBLE_DEVICES"]
+        if stdin == "quit\n":
+            up.pop(pipe, None)
+        return 0, ""
+
+    def spec(device: str, mem: int | None, pct: int) -> MpsDaemonSpec:
+        return MpsDaemonSpec("k", device, "/tmp/gpuslice-t/p", "/tmp/gpuslice-t/l", pct, mem)
+
+    sup = MpsControlSupervisor(runner)
+    sup.ensure(spec("GPU-1", 20480, 25))
+    assert calls == [
+        "get_server_list",
+        "-d",
+        "set_default_active_thread_percentage 25",
+        "set_default_device_pinned_mem_limit 0 20480M",
+    ]
+    calls.clear()
+    sup.ensure(spec("GPU-1", 20480, 25))
+    assert calls == ["get_server_list"]  # unchanged: nothing sent
+    calls.clear()
+    sup.ensure(spec("GPU-1", 10240, 12))  # new limits: defaults and the running server
+    assert calls == [
+        "get_server_list",
+        "set_default_active_thread_percentage 12",
+        "set_default_device_pinned_mem_limit 0 10240M",
+        "set_active_thread_percentage 4242 12",
+        "set_device_pinned_mem_limit 4242 0 10240M",
+    ]
+    calls.clear()
+    sup.ensure(spec("MIG-2", None, 100))  # another device at this key: restarted
+    assert calls == ["get_server_list", "quit", "-d", "set_default_active_thread_percentage 100"]
+    assert up == {"/tmp/gpuslice-t/p": "MIG-2"}
+    calls.clear()
+    adopted = MpsControlSupervisor(runner)  # the agent restarted; the daemon runs on
+    adopted.ensure(spec("MIG-2", None, 100))
+    assert calls == [
+        "get_server_list",
+        "set_default_active_thread_percentage 100",
+        "set_active_thread_percentage 4242 100",
+    ]
+
+
 def test_slice_ids_are_self_describing_and_fit_the_kubelet_limit() -> None:
     node = Node("H100-80GB")
     res = node.run(mps_spec((40960, 50)))
@@ -475,9 +588,9 @@ def test_hopper_mig_mode_is_immediate_and_needs_no_reset() -> None:
     assert res.applied and res.operations == 3 and calls == ["set_mig_mode 0"]
 
 
-def test_pending_mig_mode_without_reset_support_is_degraded_and_retried_each_pass() -> None:
+def test_pending_mig_mode_without_nvidia_smi_is_degraded_and_retried_each_pass() -> None:
     node = Node("A100-SXM4-80GB")
-    node.nv.inject("reset_gpu", NvmlErrorCode.NOT_SUPPORTED, times=None)
+    node.nv.tool_present = False  # the agent was not given the host driver's nvidia-smi
     calls = mutations(node)
     for gen in (1, 2):
         res = node.run(mig_spec(*LAYOUT), gen=gen)
@@ -485,35 +598,92 @@ def test_pending_mig_mode_without_reset_support_is_degraded_and_retried_each_pas
         assert cond(res, "Applied") == ("False", "Degraded")
         assert cond(res, "Degraded") == ("True", "MIGModePending")
         msg = res.status.conditions[1].message
-        assert msg.startswith("GPU 0: MIG mode enable is pending")
-        assert msg.endswith("reset GPU 0 (nvidia-smi -r -i 0) or reboot the node")
+        assert msg.startswith("GPU 0: MIG mode enable is pending and the GPU reset failed")
+        assert "NVIDIA_DRIVER_CAPABILITIES=utility, or GPUSLICE_NVIDIA_SMI" in msg
+        assert msg.endswith(
+            "reset GPU 0 yourself (nvidia-smi -r -i 00000000:07:00.0) or reboot the node"
+        )
         assert not res.status.gpus[0].migEnabled and "nvidia.com/mig-3g.40gb" not in res.devices
     # asked for once, then only the reset is retried
     assert calls == ["set_mig_mode 0", "reset_gpu 0", "reset_gpu 0"]
-    node.nv.clear_faults()
+    node.nv.tool_present = True
     res = node.run(mig_spec(*LAYOUT), gen=2)
     assert res.applied and calls[-1] == "reset_gpu 0"
     assert node.layout() == sorted(LAYOUT, key=lambda x: x[1])
 
 
-def test_pending_mig_mode_waits_while_a_process_runs_and_a_reboot_applies_it() -> None:
+def test_pending_mig_mode_names_the_processes_that_block_the_reset() -> None:
     node = Node("A100-SXM4-80GB")
     calls = mutations(node)
-    stray: list[int] = []
+    jobs: list[int] = []
 
     def start_after_request(op: str, args: tuple[int, ...]) -> None:
-        if op == "running_processes" and node.nv.mig_pending(0) and not stray:
-            stray.append(node.nv.start_process(0))  # a CUDA job grabs the GPU meanwhile
+        if op == "running_processes" and node.nv.mig_pending(0) and not jobs:
+            jobs.append(node.nv.start_process(0, name="train.py"))  # grabs the GPU meanwhile
+            jobs.append(node.nv.start_process(0, name="infer"))
 
     node.nv.hooks.append(start_after_request)
     res = node.run(mig_spec(("7g.80gb", 0)))
-    assert not res.applied and calls == ["set_mig_mode 0"]  # no reset of a busy GPU
-    assert "pending a GPU reset but 1 process(es) run" in res.status.lastError
-    assert cond(res, "Applied") == ("False", "InProgress") and not res.settled
+    assert not res.applied and res.settled and calls == ["set_mig_mode 0"]  # no reset tried
+    assert cond(res, "Degraded") == ("True", "MIGModePending")
+    assert res.blocks[0].message == (
+        f"GPU 0: MIG mode enable is pending a GPU reset, which these processes block: "
+        f"pid {jobs[0]} (train.py), pid {jobs[1]} (infer); the agent resets the GPU once they "
+        "have ended"
+    )
+    for pid in jobs:
+        node.nv.stop_process(pid)
+    res = node.run(mig_spec(("7g.80gb", 0)))
+    assert res.applied and calls == ["set_mig_mode 0", "reset_gpu 0"]
+    assert node.layout() == [("7g.80gb", 0)]
+
+
+def test_pending_mig_mode_is_applied_by_a_reboot_as_well() -> None:
+    node = Node("A100-SXM4-80GB")
+    calls = mutations(node)
+    node.nv.hooks.append(
+        lambda op, args: (
+            node.nv.start_process(0)
+            if op == "running_processes" and node.nv.mig_pending(0) and not node.nv.process_count()
+            else None
+        )
+    )
+    res = node.run(mig_spec(("7g.80gb", 0)))
+    assert cond(res, "Degraded") == ("True", "MIGModePending") and calls == ["set_mig_mode 0"]
+    node.nv.hooks.pop()
     node.nv.reboot()  # the job is gone; the pending mode is applied at boot
     res = node.run(mig_spec(("7g.80gb", 0)))
     assert res.applied and calls == ["set_mig_mode 0"]
     assert node.layout() == [("7g.80gb", 0)]
+
+
+def test_reset_turns_persistence_mode_off_around_nvidia_smi_r_and_restores_it() -> None:
+    node = Node("A30")
+    node.nv.set_persistence_mode(0, True)  # held like this, the GPU refuses a reset
+    tool: list[str] = []
+    real = node.nv.nvidia_smi
+
+    def recording(
+        argv: Sequence[str], env: Mapping[str, str], stdin: str | None
+    ) -> tuple[int, str]:
+        tool.append(" ".join(argv[1:]))
+        return real(argv, env, stdin)
+
+    node.nv.nvidia_smi = recording  # type: ignore[method-assign]
+    res = node.run(mig_spec(("4g.24gb", 0)))
+    assert res.applied and node.nv.mig_enabled(0) and node.nv.persistence_mode(0)
+    bus = "00000000:07:00.0"
+    assert tool == [f"-pm 0 -i {bus}", f"-r -i {bus}", f"-pm 1 -i {bus}"]
+
+
+def test_a_reset_refused_by_another_client_is_degraded_with_the_remedy() -> None:
+    node = Node("A100-SXM4-80GB")
+    node.nv.inject("reset_gpu", NvmlErrorCode.IN_USE, times=1)  # e.g. dcgm holds the GPU
+    res = node.run(mig_spec(("7g.80gb", 0)))
+    assert cond(res, "Degraded") == ("True", "MIGModePending")
+    assert "another client holds the GPU (nvidia-persistenced, DCGM" in res.blocks[0].message
+    res = node.run(mig_spec(("7g.80gb", 0)))  # the client went away: the next pass resets
+    assert res.applied and node.layout() == [("7g.80gb", 0)]
 
 
 @pytest.mark.parametrize(
@@ -545,7 +715,7 @@ def test_ampere_back_to_mps_resets_and_a_pending_enable_is_cancelled_by_an_mps_s
     assert res.applied and calls == ["set_mig_mode 0", "reset_gpu 0"]
     assert not node.nv.mig_enabled(0) and node.sup.running() == {"gpu0"}
 
-    node.nv.inject("reset_gpu", NvmlErrorCode.NOT_SUPPORTED, times=None)
+    node.nv.tool_present = False
     res = node.run(mig_spec(("7g.80gb", 0)), gen=2)
     assert cond(res, "Degraded") == ("True", "MIGModePending") and node.nv.mig_pending(0)
     assert node.sup.running() == set() and "nvidia.com/gpu-20gb" not in res.devices

@@ -3,8 +3,9 @@
 What is checked, and against what:
 
 * every manifest of the default values and of several variants validates, in strict mode, with
-  kubernetes-validate against Kubernetes 1.29 (the oldest supported release) and the newest
-  schema it ships; the one CRD-backed kind (ServiceMonitor) is checked structurally instead;
+  kubernetes-validate against Kubernetes 1.30 (the oldest supported release; 1.29 is refused)
+  and the newest schema it ships; the one CRD-backed kind (ServiceMonitor) is checked
+  structurally instead;
 * the chart's CRD equals the one generated from the contract (:func:`crd_manifest`);
 * ``helm lint --strict`` reports nothing; ``values.schema.json`` and the template guards reject
   bad values with a message naming the key;
@@ -40,7 +41,7 @@ RBAC_USAGE = CHART / "rbac-usage.yaml"
 OPERATIONS_DOC = ROOT / "docs" / "operations.md"
 
 RELEASE, NAMESPACE = "gs", "gpu-system"
-OLDEST_KUBE = "1.29"
+OLDEST_KUBE = "1.30"
 NEWEST_KUBE = kubernetes_validate.utils.major_minor(kubernetes_validate.utils.latest_version())
 
 # Kinds whose schema comes from a third-party CRD, not from Kubernetes: checked structurally.
@@ -91,8 +92,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
     },
     "digest-pinned": {"image": {"digest": "sha256:" + "a" * 64}},
     "json-logs": {"logging": {"format": "json", "level": "DEBUG"}},
-    "privileged-agent-no-mps": {"agent": {"privileged": True, "hostIPC": False}},
+    "privileged-agent-no-mps": {"agent": {"privileged": True, "hostIPC": True}},
     "policy-audit-only": {"admissionPolicy": {"validationActions": ["Warn", "Audit"]}},
+    "network-policy-open": {
+        "networkPolicy": {"metricsFrom": [], "extraIngress": [{"ports": [{"port": 9443}]}]}
+    },
     "minimal": {
         "metrics": {"service": {"enabled": False}, "grafanaDashboard": {"enabled": False}},
         "admissionPolicy": {"enabled": False},
@@ -214,12 +218,14 @@ def test_strict_validation_has_teeth(chart: helm.Chart) -> None:
         kubernetes_validate.validate(ds, NEWEST_KUBE, strict=True)
 
 
-def test_admission_policy_needs_kubernetes_1_30(chart: helm.Chart) -> None:
-    old = render_files(chart, {}, kube_version="1.29")
-    assert not [d for d in manifests(old) if d["kind"].startswith("ValidatingAdmissionPolicy")]
-    notes = " ".join(old["gpuslice/templates/NOTES.txt"].split())
-    assert "policy that confines each agent to its own NodePartitioning was NOT installed" in notes
-
+def test_chart_refuses_kubernetes_older_than_1_30_so_agents_are_always_confined(
+    chart: helm.Chart,
+) -> None:
+    """Before 1.30 nothing could confine an agent to its own node (no policy, no node claim):
+    the chart is not installable there, instead of installing without the policy."""
+    assert yaml.safe_load((CHART / "Chart.yaml").read_text())["kubeVersion"] == ">=1.30.0-0"
+    with pytest.raises(Exception, match=r"needs Kubernetes >= 1\.30 \(this cluster: v1\.29\.0\)"):
+        render_files(chart, {}, kube_version="1.29")
     new = render_files(chart, {}, kube_version="1.30")
     docs = manifests(new)
     policy = one(docs, "ValidatingAdmissionPolicy")
@@ -229,6 +235,36 @@ def test_admission_policy_needs_kubernetes_1_30(chart: helm.Chart) -> None:
         "validationActions": ["Deny"],
     }
     assert "WARNING" not in new["gpuslice/templates/NOTES.txt"]
+
+
+def test_network_policies_admit_only_scrapers_to_the_metrics_ports(chart: helm.Chart) -> None:
+    docs = render(chart, {})
+    policies = {
+        d["metadata"]["labels"]["app.kubernetes.io/component"]: d
+        for d in docs
+        if d["kind"] == "NetworkPolicy"
+    }
+    assert sorted(policies) == ["agent", "partitioner"]
+    for component, kind in (("partitioner", "Deployment"), ("agent", "DaemonSet")):
+        pol = policies[component]["spec"]
+        labels = one(docs, kind)["spec"]["template"]["metadata"]["labels"]
+        assert pol["podSelector"]["matchLabels"].items() <= labels.items()
+        assert pol["policyTypes"] == ["Ingress"]
+        ports = {p["name"]: p["containerPort"] for p in container(docs, kind)["ports"]}
+        (rule,) = pol["ingress"]
+        assert rule["ports"] == [{"port": ports["metrics"], "protocol": "TCP"}]
+        assert rule["from"] == [
+            {"namespaceSelector": {"matchLabels": {"gpuslice.io/metrics-scraper": "true"}}}
+        ]
+    notes = render_files(chart, {})["gpuslice/templates/NOTES.txt"]
+    assert "gpuslice.io/metrics-scraper=true" in notes
+
+    open_docs = render(chart, VARIANTS["network-policy-open"])
+    for pol in (d for d in open_docs if d["kind"] == "NetworkPolicy"):
+        first, extra = pol["spec"]["ingress"]
+        assert "from" not in first and extra == {"ports": [{"port": 9443}]}
+    off = render(chart, {"networkPolicy": {"enabled": False}})
+    assert not [d for d in off if d["kind"] == "NetworkPolicy"]
 
 
 def test_admission_policy_targets_the_agent_and_its_node(chart: helm.Chart) -> None:
@@ -318,6 +354,8 @@ BAD_VALUES: list[tuple[dict[str, Any], str]] = [
         "/admissionPolicy/validationActions",
     ),
     ({"admissionPolicy": {"validationActions": []}}, "/admissionPolicy/validationActions"),
+    ({"networkPolicy": {"metricsFrom": "monitoring"}}, "/networkPolicy/metricsFrom"),
+    ({"networkPolicy": {"metricsFrom": [{}]}}, "/networkPolicy/metricsFrom/0"),
 ]
 
 
@@ -475,7 +513,7 @@ def test_agent_privileges_are_the_documented_minimum(chart: helm.Chart) -> None:
     docs = render(chart, {})
     pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
     c = container(docs, "DaemonSet")
-    assert pod["hostIPC"] is True
+    assert pod["hostIPC"] is False  # MPS shares memory through <mpsPipeRoot>/shm instead
     assert not pod.get("hostPID") and not pod.get("hostNetwork")
     assert pod["runtimeClassName"] == "nvidia"
     sc = c["securityContext"]
@@ -484,22 +522,33 @@ def test_agent_privileges_are_the_documented_minimum(chart: helm.Chart) -> None:
 
     paths = host_paths(pod)
     assert sorted(paths.values()) == [
+        "/run/gpuslice",
         "/run/nvidia/mps",
+        "/run/nvidia/mps/shm",
         "/var/lib/kubelet/device-plugins",
         "/var/lib/kubelet/pod-resources",
         "/var/log/nvidia-mps",
     ]
     mounts = {m["name"]: m for m in c["volumeMounts"]}
+    shm = paths.pop("mps-shm")  # the daemons' /dev/shm, the clients' too (Allocate mounts it)
+    assert mounts["mps-shm"]["mountPath"] == "/dev/shm"
     for name, path in paths.items():  # same path inside: the agent hands host paths to kubelet
         assert mounts[name]["mountPath"] == path
     assert mounts["pod-resources"].get("readOnly") is True
-    assert not any(mounts[n].get("readOnly") for n in ("device-plugins", "mps-pipes", "mps-logs"))
+    assert not any(
+        mounts[n].get("readOnly") for n in ("device-plugins", "mps-pipes", "mps-logs", "mps-shm")
+    )
 
     env = env_of(c)
     assert env["GPUSLICE_DEVICE_PLUGIN_DIR"] == paths["device-plugins"]
     assert env["GPUSLICE_POD_RESOURCES_SOCKET"] == paths["pod-resources"] + "/kubelet.sock"
     assert env["GPUSLICE_MPS_PIPE_ROOT"] == paths["mps-pipes"]
     assert env["GPUSLICE_MPS_LOG_ROOT"] == paths["mps-logs"]
+    assert env["GPUSLICE_STATE_DIR"] == paths["state"]
+    # the agent's device plugin mounts exactly this directory into MPS clients at /dev/shm
+    from node_agent.devices import mps_shm_directory
+
+    assert mps_shm_directory(env["GPUSLICE_MPS_PIPE_ROOT"]) == shm
     assert env["NVIDIA_MIG_CONFIG_DEVICES"] == "all"
     node_name = next(e for e in c["env"] if e["name"] == "GPUSLICE_NODE_NAME")
     assert node_name["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
@@ -510,7 +559,7 @@ def test_agent_privileged_and_mig_only_variant(chart: helm.Chart) -> None:
     pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
     sc = container(docs, "DaemonSet")["securityContext"]
     assert sc["privileged"] is True and "capabilities" not in sc
-    assert pod["hostIPC"] is False
+    assert pod["hostIPC"] is True  # still available for those who want it
 
 
 def test_partitioner_is_unprivileged_single_and_recreated(chart: helm.Chart) -> None:

@@ -102,7 +102,7 @@ def test_snapshot_file_is_planned(capsys: pytest.CaptureFixture[str], tmp_path: 
     ("content", "expected"),
     [
         (None, "cannot read snapshot file"),
-        ("{not json", "is not valid JSON"),
+        ("{not json", "not valid JSON"),
         ('{"kind": "Node"}', "expected a Kubernetes List"),
     ],
 )

@@ -44,21 +44,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_fake_gpus(text: str) -> list[tuple[str, int]]:
+    """``MODEL:COUNT[,MODEL:COUNT]`` -> ``[(model, count)]``, at most MAX_GPUS_PER_NODE GPUs."""
+    from contract.input_files import MAX_GPUS_PER_NODE
+
     out: list[tuple[str, int]] = []
     for part in (p.strip() for p in text.split(",") if p.strip()):
         name, _, count = part.rpartition(":")
         if not name:
             name, count = count, "1"
         try:
-            n = int(count)
+            n = int(count) if len(count) <= 6 else -1
         except ValueError:
             n = -1
         if n < 1:
             raise BadInput(
-                f"--fake-gpus entry {part!r}: expected MODEL:COUNT with COUNT >= 1, "
+                f"--fake-gpus entry {part[:60]!r}: expected MODEL:COUNT with COUNT >= 1, "
                 "e.g. A100-SXM4-80GB:2"
             )
         out.append((name, n))
+        if sum(c for _, c in out) > MAX_GPUS_PER_NODE:
+            raise BadInput(
+                f"--fake-gpus {text[:60]!r}: more than {MAX_GPUS_PER_NODE} GPUs on one node; "
+                "give fewer"
+            )
     if not out:
         raise BadInput("--fake-gpus is empty; e.g. --fake-gpus A100-SXM4-80GB:2")
     return out
@@ -124,6 +132,10 @@ async def _run_fake(args: argparse.Namespace, settings: Any, catalog: Any) -> in
     )
     name = settings.node_name or "fake-node"
     source: SpecSource = FileSpecSource(args.spec, name) if args.spec else InMemorySpecSource(name)
+    try:
+        await source.get()  # a bad spec file is bad input (later edits are retried and logged)
+    except ValueError as e:
+        raise BadInput(str(e)) from e
     agent = Agent(
         reconciler,
         source,
@@ -179,7 +191,9 @@ def _serving(settings: Any, metrics: Any, health: Any) -> Iterator[None]:
 
 async def _run_real(args: argparse.Namespace, settings: Any, catalog: Any) -> int:
     from node_agent.agent import Agent, KubeSpecSource
+    from node_agent.allocations import AllocationLedger, LedgerInUse
     from node_agent.deviceplugin import DevicePluginManager
+    from node_agent.gpu_reset import NvidiaSmi
     from node_agent.metrics import MeteredNvml
     from node_agent.mps import MpsControlSupervisor
     from node_agent.nvml_pynvml import PynvmlAdapter
@@ -189,12 +203,16 @@ async def _run_real(args: argparse.Namespace, settings: Any, catalog: Any) -> in
     if not settings.node_name:
         raise BadInput("GPUSLICE_NODE_NAME is not set (DaemonSet: downward API spec.nodeName)")
     metrics, health = _observability(settings)
-    plugins = DevicePluginManager(settings.device_plugin_dir)
+    ledger = AllocationLedger(
+        settings.allocation_grace_seconds,
+        path=f"{settings.state_dir.rstrip('/')}/allocations.json" if settings.state_dir else None,
+    )
+    plugins = DevicePluginManager(settings.device_plugin_dir, on_allocate=ledger.record)
     await plugins.start()
     try:
         reconciler = Reconciler(
-            MeteredNvml(PynvmlAdapter(), metrics),
-            PodResourcesClient(settings.pod_resources_socket),
+            MeteredNvml(PynvmlAdapter(smi=NvidiaSmi(binary=settings.nvidia_smi)), metrics),
+            LedgerInUse(PodResourcesClient(settings.pod_resources_socket), ledger),
             MpsControlSupervisor(),
             catalog,
             mps_pipe_root=settings.mps_pipe_root,

@@ -24,7 +24,6 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from gpuslice.cli import BadInput
@@ -77,19 +76,14 @@ def _load_catalog(files: Sequence[str]) -> Catalog:
 
 
 def read_dump(path: str) -> Any:
-    """The JSON document in ``path`` (``-`` = standard input); :class:`BadInput` naming it."""
-    where = "standard input" if path == "-" else path
+    """The kubectl dump in ``path`` (``-`` = standard input), bounded and checked field by field
+    before anything reads it (:mod:`gpuslice.snapshot_file`); :class:`BadInput` naming it."""
+    from gpuslice.snapshot_file import SnapshotFileError, read_snapshot_file
+
     try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text()
-    except OSError as e:
-        raise BadInput(f"cannot read snapshot file {where}: {e.strerror or e}") from e
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise BadInput(
-            f"snapshot file {where} is not valid JSON ({e.msg} at line {e.lineno}); create it "
-            "with 'kubectl get nodes,pods -A -o json > FILE'"
-        ) from e
+        return read_snapshot_file(path)
+    except SnapshotFileError as e:
+        raise BadInput(str(e)) from e
 
 
 def read_reading(path: str, catalog: Catalog) -> tuple[Any, Any, dict[str, list[str]]]:

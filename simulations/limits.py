@@ -1,0 +1,37 @@
+"""Bounds of the simulator's inputs: counts and quantities no real trace or cluster comes near.
+
+Every loader (:mod:`simulations.workload`, :mod:`simulations.cluster`, :mod:`simulations.openb`)
+checks its values against these before building anything, so a value such as ``replicas: 1e8``
+or ``count: 1000000000`` is refused at once with the file, the entry and the limit named,
+instead of making the simulator build (or loop over) a billion objects.
+"""
+
+from __future__ import annotations
+
+from contract.input_files import MAX_GPUS_PER_NODE
+
+__all__ = [
+    "MAX_CPU_MILLI",
+    "MAX_GPUS_PER_NODE",
+    "MAX_MEMORY_MIB",
+    "MAX_NODES",
+    "MAX_PODS",
+    "MAX_TABLE_ROWS",
+    "MAX_TIME_S",
+    "MAX_VALUE",
+]
+
+MAX_PODS = 1_000_000
+"""Pods in one workload, after ``replicas`` are expanded (the openb traces have about 8,000)."""
+MAX_NODES = 100_000
+"""Nodes in one cluster (Kubernetes supports 5,000; openb has 1,213)."""
+MAX_CPU_MILLI = 10**9
+"""CPU of one node or pod, milli-cores (a million cores)."""
+MAX_MEMORY_MIB = 2**40
+"""Memory of one node or pod, MiB (an exbibyte)."""
+MAX_TIME_S = 10**12
+"""Trace times, seconds (over 30,000 years)."""
+MAX_TABLE_ROWS = 2_000_000
+"""Data rows of one CSV file."""
+MAX_VALUE = 10**12
+"""Any other integer of a trace row (e.g. ``gpu_milli`` before it is clipped to 0..1000)."""
