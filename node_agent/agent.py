@@ -58,6 +58,7 @@ __all__ = [
     "InMemorySpecSource",
     "KubeSpecSource",
     "SpecSource",
+    "draining_gpus",
     "now_rfc3339",
 ]
 
@@ -204,6 +205,18 @@ class FileSpecSource:
         self.status_path.write_text(json.dumps(status.model_dump(mode="json"), indent=2) + "\n")
 
 
+def draining_gpus(status: Any) -> frozenset[int]:
+    """GPU indices the partitioner drains (``status.reservations`` in state ``draining``)."""
+    if not isinstance(status, dict):
+        return frozenset()
+    out: set[int] = set()
+    for entry in status.get("reservations") or ():
+        if isinstance(entry, dict) and entry.get("state") == "draining":
+            for indices in (entry.get("gpus") or {}).values():
+                out.update(i for i in indices if isinstance(i, int))
+    return frozenset(out)
+
+
 @dataclass(frozen=True, slots=True)
 class _Seen:
     """Identity of the object as last read: a new uid or generation is a new spec."""
@@ -211,6 +224,7 @@ class _Seen:
     uid: str
     generation: int
     resource_version: str
+    draining: frozenset[int] = frozenset()
 
 
 class KubeSpecSource:
@@ -276,6 +290,7 @@ class KubeSpecSource:
             str(meta.get("uid", "")),
             int(meta.get("generation") or 0),
             str(meta.get("resourceVersion", "")),
+            draining_gpus(raw.get("status")),
         )
         return obj
 
@@ -296,6 +311,7 @@ class KubeSpecSource:
         return seen is None or (
             str(meta.get("uid", "")) != seen.uid
             or int(meta.get("generation") or 0) != seen.generation
+            or draining_gpus(obj.get("status")) != seen.draining
         )
 
     def _watch(self, timeout: float) -> None:
@@ -365,7 +381,7 @@ class KubeSpecSource:
 
     async def write_status(self, status: NodePartitioningStatus) -> None:
         # a merge patch of the agent's own fields: the partitioner's (reservations) stay
-        body = {"status": status.model_dump(mode="json", exclude=PARTITIONER_STATUS_FIELDS)}
+        body = {"status": status.model_dump(mode="json", exclude=set(PARTITIONER_STATUS_FIELDS))}
         await asyncio.to_thread(
             self._api.patch_cluster_custom_object_status,
             GROUP,
@@ -395,8 +411,12 @@ class Agent:
         clock: Callable[[], str] = now_rfc3339,
         metrics: AgentMetrics | None = None,
         health: AgentHealth | None = None,
+        on_draining: Callable[[frozenset[str]], None] | None = None,
     ) -> None:
         self.reconciler = reconciler
+        self.on_draining = on_draining
+        """Receives the UUIDs of the GPUs the partitioner drains (the device plugin's preferred
+        allocation puts their devices last: ``DevicePluginManager.set_avoided``)."""
         self.source = source
         self.resync_seconds = resync_seconds
         self.retry_seconds = retry_seconds
@@ -427,6 +447,11 @@ class Agent:
 
     async def _pass(self) -> tuple[int, ReconcileResult]:
         obj = await self.source.get()
+        if self.on_draining is not None and obj is not None and obj.status is not None:
+            drained = draining_gpus(obj.status.model_dump(mode="json"))
+            self.on_draining(
+                frozenset(g.uuid for g in obj.status.gpus if g.index in drained and g.uuid)
+            )
         spec = obj.spec if obj is not None else None
         generation = (obj.metadata.generation or 0) if obj is not None else 0
         previous = obj.status if obj is not None else None

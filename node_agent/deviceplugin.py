@@ -208,6 +208,8 @@ class _ResourcePlugin:
         self.socket_path = socket_path
         self.on_allocate = on_allocate
         self.devices: dict[str, AdvertisedDevice] = {}
+        self.avoided: frozenset[str] = frozenset()
+        """GPU UUIDs whose devices GetPreferredAllocation offers last (drained GPUs)."""
         self.registered_with: SocketIdentity | None = None
         self.served_socket: SocketIdentity | None = None
         self._changed = asyncio.Event()
@@ -311,11 +313,13 @@ class _ResourcePlugin:
             dev = self.devices.get(dev_id)
             return dev.gpu if dev is not None else dev_id
 
+        avoided = self.avoided
         return preferred_allocation(
             list(req.available_deviceIDs),
             list(req.must_include_deviceIDs),
             req.allocation_size,
             gpu_of,
+            (lambda gpu: gpu in avoided) if avoided else None,
         )
 
 
@@ -420,6 +424,7 @@ class DevicePluginManager:
         self.on_allocate = on_allocate
         self._desired: dict[str, list[AdvertisedDevice]] = {}
         self._plugins: dict[str, _ResourcePlugin] = {}
+        self._avoided: frozenset[str] = frozenset()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -448,6 +453,13 @@ class DevicePluginManager:
         plugins, self._plugins = self._plugins, {}
         for plugin in plugins.values():
             await plugin.close()
+
+    def set_avoided(self, gpus: frozenset[str]) -> None:
+        """GPUs (UUIDs) the partitioner drains: every plugin's preferred allocation puts their
+        devices last, so the kubelet allocates them only when nothing else is free."""
+        self._avoided = frozenset(gpus)
+        for plugin in self._plugins.values():
+            plugin.avoided = self._avoided
 
     def set_devices(self, devices: Mapping[str, Sequence[AdvertisedDevice]]) -> None:
         """Make the advertised resources exactly ``devices`` (resource name -> devices)."""
@@ -500,6 +512,7 @@ class DevicePluginManager:
             plugin = self._plugins.get(resource)
             if plugin is None:
                 plugin = _ResourcePlugin(resource, self._socket_path(resource), self.on_allocate)
+                plugin.avoided = self._avoided
                 plugin.update(devices)
                 await plugin.serve()
                 self._plugins[resource] = plugin

@@ -141,6 +141,9 @@ class ReplaySettings:
     """Partitioner setting: a gated pod no plan can place gets a drain after this long."""
     drain_fraction: float = 0.1
     """Partitioner setting: at most this fraction of GPUs frozen for drains at once."""
+    recreate_delay_s: float = 1.0
+    """A pod the kubelet rejected (stale allocatable) is created again by its controller this
+    long after (the controller's reaction, scheduling and admission round trip)."""
     epoch_s: float = 1_767_225_600.0
     """Wall-clock time of simulated time 0 (2026-01-01 UTC): pod timestamps and the partitioner's
     clock are ``epoch_s + t``."""
@@ -150,8 +153,10 @@ class ReplaySettings:
             raise ReplayError(
                 "replay settings: time_compression must be > 0, copies >= 1, apply_delay_s >= 0"
             )
-        if self.cycle_s <= 0 or self.agent_resync_s <= 0:
-            raise ReplayError("replay settings: cycle_s and agent_resync_s must be > 0")
+        if self.cycle_s <= 0 or self.agent_resync_s <= 0 or self.recreate_delay_s <= 0:
+            raise ReplayError(
+                "replay settings: cycle_s, agent_resync_s and recreate_delay_s must be > 0"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -566,7 +571,7 @@ class _Engine:
             self.result.admission_rejections += 1
             self.api.delete_pod(key)
             self._unexpect(key)
-            self._push(t, _Kind.RECREATE, name)
+            self._push(t + self.settings.recreate_delay_s, _Kind.RECREATE, name)
             self._dirty(t)
             return True
         pod = self.pods[name]

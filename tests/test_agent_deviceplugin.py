@@ -285,6 +285,29 @@ async def test_get_preferred_allocation_same_gpu_and_must_include(
     assert picked[:2] == [g0[0], g0[1]] and picked[2] in g1
 
 
+async def test_preferred_allocation_puts_the_gpus_the_partitioner_drains_last(
+    kubelet: FakeKubelet, manager: DevicePluginManager
+) -> None:
+    gpus = [
+        mig_gpu(("1g.10gb", 0, 1)),
+        mig_gpu(("1g.10gb", 0, 2), ("1g.10gb", 1, 4), index=1, uuid=GPU1),
+    ]
+    manager.set_devices(advertised_devices(gpus, mps_pipe_root=PIPE_ROOT))
+    await registered(
+        kubelet, MIG_1G, dict.fromkeys([mig_uuid(1), mig_uuid(2), mig_uuid(4)], "Healthy")
+    )
+    conn = kubelet.registered(MIG_1G)
+    assert conn is not None
+    everything = sorted([mig_uuid(1), mig_uuid(2), mig_uuid(4)])
+    assert await conn.preferred(everything, [], 1) == [mig_uuid(1)]  # the smallest group
+    manager.set_avoided(frozenset({GPU0}))  # GPU0 is being drained for a waiting pod
+    assert (await conn.preferred(everything, [], 1))[0] in (mig_uuid(2), mig_uuid(4))
+    picked = await conn.preferred(everything, [], 3)  # nothing else left: it is used last
+    assert picked[-1] == mig_uuid(1)
+    manager.set_avoided(frozenset())
+    assert await conn.preferred(everything, [], 1) == [mig_uuid(1)]
+
+
 async def test_get_preferred_allocation_groups_mig_devices_by_parent_gpu(
     kubelet: FakeKubelet, manager: DevicePluginManager
 ) -> None:

@@ -19,7 +19,7 @@ import pytest
 from fake_apiserver import NP_PATH, NP_RESOURCE, ApiServer, declare, stored
 
 from contract.nodepartitioning import NodePartitioningSpec, NodePartitioningStatus
-from node_agent.agent import Agent, KubeSpecSource
+from node_agent.agent import Agent, KubeSpecSource, draining_gpus
 from node_agent.mps import FakeSupervisor
 from node_agent.nvml_fake import FakeNvml
 from node_agent.reconciler import Reconciler
@@ -193,3 +193,35 @@ async def test_agent_loop_over_kube_source_applies_each_generation_once(kmock: A
         await asyncio.wait_for(task, 5)
     assert [(p.name, s) for p, s, _ in nv.layout(0)] == [("7g.80gb", 0)]
     assert [w["status"]["observedGeneration"] for w in status_writes(kmock, "n1")] == [1, 2]
+
+
+async def test_the_agent_keeps_its_status_fields_apart_and_wakes_on_drains(
+    kmock: ApiServer,
+) -> None:
+    declare(kmock)
+    await create_np(kmock, "n1", SPEC_1G)
+    promised = {"pod": "ns/p", "state": "draining", "gpus": {"nvidia.com/mig-7g.80gb": [0]}}
+    resp = await kmock.patch(f"{NP_PATH}/n1/status", json={"status": {"reservations": [promised]}})
+    assert resp.status == 200, await resp.text()
+    src = source(kmock)
+    await src.get()
+    status = NodePartitioningStatus.model_validate(
+        {"observedGeneration": 1, "gpus": [{"index": 0, "uuid": "GPU-a"}]}
+    )
+    await src.write_status(status)  # a merge patch of the agent's fields only
+    _partitioner, written = status_writes(kmock, "n1")
+    assert "reservations" not in written["status"]
+    np = stored(kmock, NP_RESOURCE, "n1")
+    assert np is not None and np["status"]["reservations"] == [promised]
+
+    # the partitioner starts draining GPU 0: the agent wakes (its preferred allocation changes)
+    obj = await src.get()
+    assert obj is not None and draining_gpus(obj.status.model_dump(mode="json")) == {0}
+    moved = {**promised, "gpus": {"nvidia.com/mig-7g.80gb": [1]}}
+    t0 = time.monotonic()
+    waiter = asyncio.create_task(src.wait_change(10.0))
+    await asyncio.sleep(0.3)
+    resp = await kmock.patch(f"{NP_PATH}/n1/status", json={"status": {"reservations": [moved]}})
+    assert resp.status == 200
+    await asyncio.wait_for(waiter, 10)
+    assert time.monotonic() - t0 < 5

@@ -226,6 +226,7 @@ async def _run_real(args: argparse.Namespace, settings: Any, catalog: Any) -> in
             retry_seconds=settings.retry_seconds,
             metrics=metrics,
             health=health,
+            on_draining=plugins.set_avoided,
         )
         if args.once:
             result = await agent.run_once()
