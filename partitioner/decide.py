@@ -178,6 +178,10 @@ class ControllerState:
     last_plan_id: int = 0
     cooldown: Mapping[str, float] = field(default_factory=dict)
     """Node -> until when it is left out of plans (it missed an apply deadline)."""
+    last_plan: tuple[object, Plan] | None = None
+    """The last planner input (as :func:`_plan_key`) and its plan: an identical input (nothing
+    changed since, e.g. a retry of pods no GPU can hold) reuses the plan instead of solving
+    again (the planner is deterministic for an input)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -405,6 +409,7 @@ class _Step:
         self.unreadable: dict[str, NodeProblem] = {}
         """GPU nodes whose GPUs cannot be read yet (:mod:`partitioner.adoption`)."""
         self.window: BatchWindow = state.window
+        self.last_plan = state.last_plan
         self.pods_now = index.waiting()
         self.planned_snapshot: Snapshot | None = None
         self.next_wakeup: float | None = None
@@ -1125,9 +1130,27 @@ class _Step:
         self.window = planned(window, batch, self.now)
         if not snapshot.pods:
             return None, "", batch, 0, ""
+        if not any(
+            self.ledgers[n.name].has_room() for n in snapshot.nodes if n.name in self.ledgers
+        ):  # every GPU is full: nothing to solve
+            reason = f"{Unplaced.CAPACITY.value}: every GPU of its eligible nodes is in use"
+            plan = Plan({}, {}, {p.name: reason for p in snapshot.pods}, status="FULL")
+            self.counts["plans_skipped_full"] += 1
+            for key_, why in sorted(plan.unplaced.items()):
+                self.once(pods[key_], "Unplaceable", f"cannot place: {why}", "Warning")
+            self.start_drains(plan)
+            return plan, "", batch, 0, ""
         plan_id = self.next_id()
+        key = _plan_key(snapshot, self.config.planner_settings.wait_tiers_s)
         try:
-            plan = self.config.planner(snapshot, self.config.planner_settings, self.config.catalog)
+            if self.last_plan is not None and self.last_plan[0] == key:
+                plan = self.last_plan[1]
+                self.counts["plans_reused"] += 1
+            else:
+                plan = self.config.planner(
+                    snapshot, self.config.planner_settings, self.config.catalog
+                )
+                self.last_plan = (key, plan)
         except Exception as e:  # a planner bug must not stop the controller
             error = (
                 f"planner failed on a batch of {len(snapshot.pods)} pod(s): {type(e).__name__}: {e}"
@@ -1197,7 +1220,7 @@ class _Step:
         reported = {k: m for k, m in self.reported.items() if k.split("|", 1)[0] in keep}
         self.counts["candidates"] = len(self.candidates)
         self.counts["rejected"] = len(self.rejected)
-        state = ControllerState(self.window, reported, self.last_id, self.cooldown)
+        state = ControllerState(self.window, reported, self.last_id, self.cooldown, self.last_plan)
         return Decision(
             state,
             tuple(self.actions),
@@ -1247,6 +1270,26 @@ class _UnitBounds:
         if gb is None:
             return self.mig[resource]
         return sum(m // (gb * MIB_PER_GIB) for m in self.mps_mib) if gb > 0 else 0
+
+
+def _plan_key(snapshot: Snapshot, tiers: Iterable[float]) -> object:
+    """What the plan of ``snapshot`` depends on (waiting times only through their tiers)."""
+    thresholds = tuple(tiers)
+    return (
+        snapshot.nodes,
+        tuple(
+            (
+                p.name,
+                tuple(sorted(p.requests.items())),
+                p.cpu_milli,
+                p.memory_mib,
+                p.priority,
+                p.eligible_nodes,
+                sum(1 for t in thresholds if p.waited_s >= t),
+            )
+            for p in snapshot.pods
+        ),
+    )
 
 
 def _packing(ledger: NodeLedger, units: Mapping[str, int]) -> int:

@@ -190,6 +190,32 @@ class NodeLedger:
                 broken.append(h)
         return broken
 
+    def has_room(self) -> bool:
+        """Whether a plan could place anything here: some GPU that is not frozen has a device
+        no pod holds or promised, or (unless locked) memory no pinned instance or slice covers."""
+        model = self.gpu.model
+        for g in self.gpus:
+            if g.frozen:
+                continue
+            if any(not d.pinned for d in g.devices):
+                return True
+            if g.locked:
+                continue
+            if self.gpu.mode is Mode.MPS:
+                usable = self.gpu.gpu_memory_mib or model.memory_mib
+                if sum(d.memory_mib for d in g.devices) < usable:
+                    return True
+                continue
+            taken = 0
+            for d in g.devices:
+                try:
+                    taken += model.profile(d.mig_profile).memory_slices
+                except CatalogError:
+                    return True  # unknown profile: let the planner judge
+            if taken < model.memory_slots:
+                return True
+        return False
+
     def scheduler_room(self, resource: str) -> int:
         """Units of ``resource`` kube-scheduler would still admit beyond bound and released pods."""
         allocatable = self.info.allocatable.get(resource, 0)

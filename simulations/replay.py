@@ -664,14 +664,16 @@ class _Engine:
                 for key, a in plan.assignments.items():
                     if a.node in written - failed_specs:
                         self._expect(key, a.node, {r: len(g) for r, g in a.gpus.items()})
+            reused = bool(decision.counts.get("plans_reused"))
             self.result.plans.append(
                 PlanRecord(
                     time=t,
                     batch=len(decision.batch),
-                    planner_ms=self._planner_ms,
+                    planner_ms=0.0 if reused else self._planner_ms,
                     placed=len(plan.assignments),
                     unplaced=len(plan.unplaced),
                     gpus_reconfigured=decision.gpus_reconfigured,
+                    reused=reused,
                 )
             )
         if progress:
