@@ -410,7 +410,8 @@ class _Step:
         """GPU nodes whose GPUs cannot be read yet (:mod:`partitioner.adoption`)."""
         self.window: BatchWindow = state.window
         self.last_plan = state.last_plan
-        self.pods_now = index.waiting()
+        self.pods_now = [index.pods[k] for k in index.waiting_by_age()]
+        """Waiting slice pods, highest priority first, then oldest (candidates keep this order)."""
         self.planned_snapshot: Snapshot | None = None
         self.next_wakeup: float | None = None
 
@@ -569,20 +570,22 @@ class _Step:
 
     def read_pods(self) -> None:
         legacy_in_flight = self._legacy_in_flight() if not self.config.reservation else {}
+        drain_after = self.config.drain_after_s
+        soonest = math.inf
         for pod in self.pods_now:
             if pod.daemonset or pod.nominated:
                 continue
-            self.seen.add(pod.key)
-            r0 = pod.reservation
-            if r0 is not None and math.isfinite(r0.deadline):
-                self.wake(r0.deadline)
-            elif r0 is None and pod.gated and pod.created is not None:
-                self.wake(pod.created + self.config.drain_after_s)
-            self.counts["waiting"] += 1
-            if pod.request_error:
-                self.rejected[pod.key] = pod.request_error
-                continue
+            key = pod.key
+            self.seen.add(key)
             r = pod.reservation
+            if r is not None:
+                if r.deadline < soonest:
+                    soonest = r.deadline
+            elif pod.gated and pod.created is not None and pod.created + drain_after > self.now:
+                soonest = min(soonest, pod.created + drain_after)
+            if pod.request_error:
+                self.rejected[key] = pod.request_error
+                continue
             if pod.reservation_error:
                 self.once(
                     pod,
@@ -596,7 +599,7 @@ class _Step:
                 continue
             if pod.gated:
                 if pod.other_gates:
-                    self.waiting[pod.key] = (
+                    self.waiting[key] = (
                         "waiting for other scheduling gates to be removed: "
                         + ", ".join(pod.other_gates)
                     )
@@ -605,7 +608,7 @@ class _Step:
                     self.candidate(pod, managed=True)
                     if r is not None:
                         self._read_drain(pod, r)
-                    else:
+                    elif f"{key}|Gated" not in self.reported:
                         self.once(
                             pod,
                             "Gated",
@@ -618,6 +621,9 @@ class _Step:
                 self._hold(pod, r)
             elif pod.unschedulable:
                 self.candidate(pod, managed=False)
+        self.counts["waiting"] = len(self.seen)
+        if math.isfinite(soonest):
+            self.wake(soonest)
 
     def _read_drain(self, pod: PodInfo, r: Reservation) -> None:
         if r.node not in self.gpu_nodes or r.node in self.cooldown:
@@ -836,9 +842,10 @@ class _Step:
                     free_nodes.setdefault(resource, []).append(ledger)
         if not free_nodes:
             return
-        for key in sorted(self.managed, key=lambda k: _order(self.candidates[k])):
+        offered = frozenset(free_nodes)
+        for key in [k for k in self.candidates if k in self.managed]:  # oldest first
             pod = self.candidates[key]
-            if key in self.restricted or not pod.slices:
+            if key in self.restricted or not pod.slices or not pod.resources <= offered:
                 continue
             if any(r not in free_nodes for r in pod.slices):
                 continue
@@ -859,6 +866,9 @@ class _Step:
                     free_nodes[resource].remove(ledger)
                     if not free_nodes[resource]:
                         del free_nodes[resource]
+            if not free_nodes:
+                return
+            offered = frozenset(free_nodes)
 
     def _reserve_free(self, ledger: NodeLedger, pod: PodInfo) -> None:
         gpus = ledger.choose_gpus(pod.slices)
@@ -1021,12 +1031,12 @@ class _Step:
         taken: Counter[str] = Counter()
         pods: list[PendingPod] = []
         by_key: dict[str, PodInfo] = {}
-        for key in sorted(self.candidates, key=lambda k: _order(self.candidates[k])):
-            pod = self.candidates[key]
+        plannable_names = frozenset(plannable)
+        for key, pod in list(self.candidates.items()):  # oldest first
             eligible = self.index.eligible(pod, self.gpu_nodes)
             if key in self.restricted:
                 eligible = eligible & self.restricted[key]
-            usable = frozenset(n for n in eligible if n in plannable)
+            usable = eligible & plannable_names
             if not usable:
                 self.waiting[key] = (
                     "all eligible nodes are applying a previous plan or cooling down: "

@@ -220,6 +220,8 @@ class PodInfo:
     nominated: bool
     slices: Mapping[str, int]
     """Partitionable resource -> units (empty if none or unreadable)."""
+    resources: frozenset[str]
+    """The keys of ``slices``."""
     whole_gpus: int
     """Units of ``nvidia.com/gpu`` (whole GPUs, or MIG devices under GFD's single strategy)."""
     cpu_milli: int
@@ -361,6 +363,7 @@ def _read_pod(pod: Obj) -> PodInfo:
         and scheduled.get("reason") == "Unschedulable",
         nominated=bool(status.get("nominatedNodeName")),
         slices=slices,
+        resources=frozenset(slices),
         whole_gpus=whole,
         cpu_milli=cpu,
         memory_mib=mem,
@@ -441,6 +444,7 @@ class ClusterIndex:
         self._usage: dict[str, Usage] = {}
         self._waiting: set[str] = set()
         self._waiting_sorted: list[str] | None = None
+        self._waiting_aged: list[str] | None = None
         self.node_pods: dict[str, int] = {}
         """Node -> a counter bumped whenever a pod bound to it appears, changes or goes."""
 
@@ -535,7 +539,7 @@ class ClusterIndex:
             self.node_pods[info.node] = self.node_pods.get(info.node, 0) + 1
         if info.waiting and key not in self._waiting:
             self._waiting.add(key)
-            self._waiting_sorted = None
+            self._waiting_sorted = self._waiting_aged = None
         self.version += 1
 
     def _drop_pod(self, key: str, bump: bool = True) -> None:
@@ -550,7 +554,7 @@ class ClusterIndex:
             self.node_pods[old.node] = self.node_pods.get(old.node, 0) + 1
         if key in self._waiting:
             self._waiting.discard(key)
-            self._waiting_sorted = None
+            self._waiting_sorted = self._waiting_aged = None
         if bump:
             self.version += 1
 
@@ -580,6 +584,12 @@ class ClusterIndex:
         if self._waiting_sorted is None:
             self._waiting_sorted = sorted(self._waiting)
         return [self.pods[key] for key in self._waiting_sorted]
+
+    def waiting_by_age(self) -> list[str]:
+        """Keys of the waiting slice pods, highest priority first, then oldest, then key."""
+        if self._waiting_aged is None:
+            self._waiting_aged = sorted(self._waiting, key=lambda k: _age_key(self.pods[k]))
+        return self._waiting_aged
 
     def gpu_nodes(self) -> dict[str, NodeInfo]:
         """Opted-in nodes with valid GPU labels, by name (sorted)."""
@@ -614,6 +624,11 @@ class ClusterIndex:
         for np in partitionings:
             index.upsert_partitioning(np)
         return index
+
+
+def _age_key(pod: PodInfo) -> tuple[object, ...]:
+    created = pod.created if pod.created is not None else float("inf")
+    return (-pod.priority, created, pod.key)
 
 
 def _key_meta(kind: str, key: str) -> dict[str, str]:

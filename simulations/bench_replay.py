@@ -47,11 +47,11 @@ from dataclasses import replace
 from typing import Any
 
 from planner.catalog import GpuModel, default_catalog
-from planner.settings import PlannerSettings
+from planner.settings import PlannerSettings, Policy
 from planner.snapshot import Mode, mig_profile_of
 from simulations.cluster import Cluster, Node
 from simulations.geometry_bound import geometry_bound
-from simulations.openb import load_openb_pods, resolve_trace
+from simulations.openb import OPENB_TRACES, load_openb_pods, resolve_trace
 from simulations.replay import (
     NOS_WINDOW,
     ReplayPod,
@@ -63,9 +63,10 @@ from simulations.replay import (
 )
 from simulations.replay_metrics import ReplayResult, summarize
 from simulations.static_layouts import StaticPolicy, best_static, static_candidates
+from simulations.timeline import borrow_times, has_times
 from simulations.workload import Workload
 
-__all__ = ["average_demand", "main", "mig_cluster"]
+__all__ = ["average_demand", "main", "mig_cluster", "verdict"]
 
 MODEL = "A100-SXM4-80GB"
 
@@ -110,13 +111,90 @@ def _static_key(result: ReplayResult) -> tuple[float, ...]:
     return (float(s.never_scheduled), s.pending_p95_s, s.pending_p50_s)
 
 
+def _load(trace: str, openb_dir: str | None, times_from: str, seed: int) -> tuple[Workload, str]:
+    """The trace, with times borrowed from ``times_from`` if it has none (simulations.timeline)."""
+    workload = load_openb_pods(resolve_trace(trace, openb_dir))
+    if has_times(workload):
+        return workload, ""
+    reference = load_openb_pods(resolve_trace(times_from, openb_dir))
+    return borrow_times(workload, reference, seed), times_from
+
+
+def verdict(cpsat: dict[str, Any], greedy: dict[str, Any]) -> dict[str, Any]:
+    """Issue 9's acceptance rule for one cell (CP-SAT with reservations vs nos-like greedy).
+
+    Where greedy's p95 is between 60 s and an hour, CP-SAT's p95 must be at most half of it; in
+    deeper overload (greedy p95 over an hour) CP-SAT's p95 and p99 at most 0.9 of greedy's;
+    everywhere CP-SAT's p99 at most greedy's, no pod disrupted, no more GPUs reconfigured and
+    no theft.
+    """
+    g95, g99 = greedy["pending_p95_s"], greedy["pending_p99_s"]
+    c95, c99 = cpsat["pending_p95_s"], cpsat["pending_p99_s"]
+    checks: dict[str, bool] = {
+        "p99 <= greedy": c99 <= g99,
+        "0 disrupted": cpsat["pods_disrupted"] == 0,
+        "reconfigured <= greedy": cpsat["gpus_reconfigured"] <= greedy["gpus_reconfigured"],
+        "0 theft": cpsat["theft"] == 0,
+    }
+    regime = "light (greedy p95 < 60 s)"
+    if 60 <= g95 <= 3600:
+        regime = "overload (greedy p95 60 s - 1 h)"
+        checks["p95 <= 0.5 x greedy"] = c95 <= 0.5 * g95
+    elif g95 > 3600:
+        regime = "deep overload (greedy p95 > 1 h)"
+        checks["p95 <= 0.9 x greedy"] = c95 <= 0.9 * g95
+        checks["p99 <= 0.9 x greedy"] = c99 <= 0.9 * g99
+    return {
+        "regime": regime,
+        "p95_ratio": round(c95 / g95, 3) if g95 else None,
+        "p99_ratio": round(c99 / g99, 3) if g99 else None,
+        "checks": checks,
+        "pass": all(checks.values()),
+    }
+
+
+def _cell(job: tuple[str, int, str, dict[str, Any]]) -> tuple[str, int, str, dict[str, Any]]:
+    """One (trace, nodes, policy) replay, in its own process when ``--jobs`` > 1."""
+    trace, nodes, name, opts = job
+    model = default_catalog().model(MODEL)
+    workload, times_from = _load(trace, opts["openb_dir"], opts["times_from"], opts["seed"])
+    settings = ReplaySettings(
+        **opts["settings"], planner=PlannerSettings(time_limit_s=opts["limit"])
+    )
+    pods = replay_pods(workload, model, Mode.MIG, settings)
+    if opts["limit_pods"]:
+        pods = pods[: opts["limit_pods"]]
+    cluster = mig_cluster(nodes)
+    if name == "static":
+        gpus = cluster.total_gpus
+        bound = geometry_bound(model, pods)
+        peak = {model.profile(p).shape: float(n) for p, n in bound.demand.items()}
+        candidates = static_candidates(model, gpus, average_demand(model, pods), peak)
+        best, chosen, _runs = _best_static(candidates, workload, cluster, settings, pods)
+        return trace, nodes, "best-static", {"layout": best.name, **summarize(chosen).as_dict()}
+    pol = parse_policy(name)
+    if pol.planner_policy is Policy.CPSAT:
+        pol = replace(pol, window=None)  # the settings' window: the same as greedy's by default
+    result = run_time_replay(workload, cluster, pol, settings, pods=pods)
+    out = summarize(result).as_dict()
+    out["gpu_pods"] = len(pods)
+    out["times_from"] = times_from
+    print(
+        f"bench_replay: {trace} {nodes} nodes {name}: p95 {out['pending_p95_s']:.0f} s, "
+        f"p99 {out['pending_p99_s']:.0f} s, {result.wall_s:.0f} s wall",
+        file=sys.stderr,
+        flush=True,
+    )
+    return trace, nodes, name, out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m simulations.bench_replay", description=__doc__.splitlines()[0]
     )
-    ap.add_argument("--trace", default="default")
+    ap.add_argument("--trace", default="default", help="trace name(s), comma-separated, or all")
     ap.add_argument("--openb-dir")
-    ap.add_argument("--nodes", type=int, default=8)
+    ap.add_argument("--nodes", default="8", help="node count(s), comma-separated")
     ap.add_argument("--compression", type=float, default=1.0)
     ap.add_argument(
         "--limit", type=int, default=0, help="replay only the first N GPU pods (0 = all)"
@@ -126,89 +204,110 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--retry", type=float, default=60.0)
     ap.add_argument("--apply-delay", type=float, default=5.0)
     ap.add_argument("--time-limit", type=float, default=1.0, help="CP-SAT seconds per plan")
-    ap.add_argument("--policies", default="cpsat,greedy,static")
+    ap.add_argument("--policies", default="cpsat,greedy")
+    ap.add_argument(
+        "--times-from",
+        default="default",
+        help="trace lending creation/deletion times to a trace without them (multigpu20)",
+    )
+    ap.add_argument("--seed", type=int, default=0, help="seeds tie-breaks and borrowed times")
+    ap.add_argument("--jobs", type=int, default=1, help="replays run in parallel processes")
     ap.add_argument("--out")
-    ap.add_argument("--report")
+    ap.add_argument("--report", help="write the Markdown report (one trace and node count only)")
     args = ap.parse_args(argv)
 
-    model = default_catalog().model(MODEL)
-    workload = load_openb_pods(resolve_trace(args.trace, args.openb_dir))
-    settings = ReplaySettings(
-        batch_timeout_s=args.timeout,
-        batch_idle_s=args.idle,
-        batch_retry_s=args.retry,
-        apply_delay_s=args.apply_delay,
-        time_compression=args.compression,
-        planner=PlannerSettings(time_limit_s=args.time_limit),
-    )
-    pods = replay_pods(workload, model, Mode.MIG, settings)
-    if args.limit:
-        pods = pods[: args.limit]
-    cluster = mig_cluster(args.nodes)
-    gpus = cluster.total_gpus
-    t0 = time.perf_counter()
-    bound = geometry_bound(model, pods)
-    doc: dict[str, Any] = {
-        "benchmark": "time replay, MIG",
-        "date": dt.date.today().isoformat(),
-        "command": "python -m simulations.bench_replay "
-        + " ".join(argv if argv is not None else sys.argv[1:]),
-        "trace": args.trace,
-        "gpu_pods": len(pods),
-        "cluster": cluster.summary(),
+    traces = list(OPENB_TRACES) if args.trace == "all" else _split(args.trace)
+    node_counts = [int(n) for n in _split(args.nodes)]
+    wanted = _split(args.policies)
+    opts = {
+        "openb_dir": args.openb_dir,
+        "times_from": args.times_from,
+        "seed": args.seed,
+        "limit": args.time_limit,
+        "limit_pods": args.limit,
         "settings": {
             "batch_timeout_s": args.timeout,
             "batch_idle_s": args.idle,
             "batch_retry_s": args.retry,
             "apply_delay_s": args.apply_delay,
             "time_compression": args.compression,
-            "cpsat_time_limit_s": args.time_limit,
-            "mapping": settings.mapping or "mig-compute",
+            "seed": args.seed,
         },
-        "geometry_bound": {**bound.as_dict(), "seconds": round(time.perf_counter() - t0, 2)},
-        "policies": {},
     }
-    results: list[ReplayResult] = []
-    wanted = [p.strip() for p in args.policies.split(",") if p.strip()]
-    for name in wanted:
-        if name == "static":
-            peak = {model.profile(p).shape: float(n) for p, n in bound.demand.items()}
-            candidates = static_candidates(model, gpus, average_demand(model, pods), peak)
-            best, chosen, runs = _best_static(candidates, workload, cluster, settings, pods)
-            results.append(chosen)
-            doc["policies"]["best-static"] = {
-                "layout": best.name,
-                "describe": best.describe(),
-                **summarize(chosen).as_dict(),
-                "candidates": {
-                    n: {"describe": d, **_pick(summarize(r).as_dict())}
-                    for n, (d, r) in runs.items()
-                },
-            }
-            continue
-        pol = parse_policy(name)
-        if name == "cpsat":
-            pol = replace(pol, window=None)
-        r = run_time_replay(workload, cluster, pol, settings, pods=pods)
-        results.append(r)
-        doc["policies"][name] = summarize(r).as_dict()
-        print(f"bench_replay: {name} done in {r.wall_s:.1f} s", file=sys.stderr)
-    doc["wall_s"] = round(time.perf_counter() - t0, 1)
+    jobs = [(t, n, p, opts) for t in traces for n in node_counts for p in wanted]
+    t0 = time.perf_counter()
+    if args.jobs > 1:
+        import multiprocessing
+
+        with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
+            done = pool.map(_cell, jobs, chunksize=1)
+    else:
+        done = [_cell(j) for j in jobs]
+    cells: dict[tuple[str, int], dict[str, Any]] = {}
+    for trace, nodes, name, summary in done:
+        cell = cells.setdefault(
+            (trace, nodes),
+            {"trace": trace, "nodes": nodes, "gpus": nodes * 8, "policies": {}},
+        )
+        cell["policies"][name] = summary
+    for cell in cells.values():
+        pols = cell["policies"]
+        if "cpsat" in pols and "greedy" in pols:
+            cell["verdict"] = verdict(pols["cpsat"], pols["greedy"])
+    doc: dict[str, Any] = {
+        "benchmark": "time replay, MIG",
+        "date": dt.date.today().isoformat(),
+        "command": "python -m simulations.bench_replay "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
+        "settings": {
+            **opts["settings"],
+            "cpsat_time_limit_s": args.time_limit,
+            "mapping": "mig-compute",
+            "model": MODEL,
+            "times_from": args.times_from,
+        },
+        "cells": list(cells.values()),
+        "all_pass": all(c.get("verdict", {}).get("pass", True) for c in cells.values()),
+        "wall_s": round(time.perf_counter() - t0, 1),
+    }
     text = json.dumps(doc, indent=2, default=str)
     print(text)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text + "\n")
-    if args.report:
-        from simulations.report import write_replay_report
-
-        write_replay_report(
-            results,
-            args.report,
-            title=f"Time replay: openb {args.trace} on {cluster.summary()}",
-            context={**doc["settings"], "geometry bound (GPUs)": bound.gpus, "cluster GPUs": gpus},
-        )
+    if args.report and len(cells) == 1:
+        _write_report(args, traces[0], node_counts[0], opts)
     return 0
+
+
+def _split(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def _write_report(args: argparse.Namespace, trace: str, nodes: int, opts: dict[str, Any]) -> None:
+    from simulations.report import write_replay_report
+
+    model = default_catalog().model(MODEL)
+    workload, _ = _load(trace, opts["openb_dir"], opts["times_from"], opts["seed"])
+    settings = ReplaySettings(
+        **opts["settings"], planner=PlannerSettings(time_limit_s=opts["limit"])
+    )
+    pods = replay_pods(workload, model, Mode.MIG, settings)
+    cluster = mig_cluster(nodes)
+    results = []
+    for name in _split(args.policies):
+        if name == "static":
+            continue
+        pol = parse_policy(name)
+        if pol.planner_policy is Policy.CPSAT:
+            pol = replace(pol, window=None)
+        results.append(run_time_replay(workload, cluster, pol, settings, pods=pods))
+    write_replay_report(
+        results,
+        args.report,
+        title=f"Time replay: openb {trace} on {cluster.summary()}",
+        context={**opts["settings"], "cluster GPUs": cluster.total_gpus},
+    )
 
 
 def _best_static(

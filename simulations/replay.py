@@ -626,6 +626,7 @@ class _Engine:
     def _step(self, t: float) -> None:
         assert self.config is not None
         decision = decide(self.state, self.index, self.epoch + t, self.config)
+        self.result.partitioner_steps += 1
         self.state = decision.state
         failed_specs: set[str] = set()
         progress = False

@@ -41,6 +41,7 @@ __all__ = [
     "ReplayResult",
     "ReplaySummary",
     "nearest_rank",
+    "pending_by_size",
     "summarize",
     "time_weighted_mean",
 ]
@@ -98,6 +99,7 @@ class ReplayResult:
     admission_rejections: int = 0
     """Pods the kubelet rejected (allocatable seen by the scheduler was stale)."""
     scheduling_attempts: int = 0
+    partitioner_steps: int = 0
     api_refusals: dict[str, int] = field(default_factory=dict)
 
     def pending_times(self) -> list[float]:
@@ -155,12 +157,33 @@ class ReplaySummary:
     span_s: float
     planner_errors: int
     wall_s: float
+    theft: int = 0
+    admission_rejections: int = 0
+    pending_by_size: dict[str, dict[str, float]] = field(default_factory=dict)
+    """``resource xunits`` -> pods, p50, p95, p99 of their pending time (s)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
             k: (None if isinstance(v, float) and math.isnan(v) else v)
             for k, v in ((f, getattr(self, f)) for f in self.__slots__)
         }
+
+
+def pending_by_size(result: ReplayResult) -> dict[str, dict[str, float]]:
+    """Pending-time percentiles per request shape (``nvidia.com/mig-7g.80gb x2``)."""
+    groups: dict[str, list[float]] = {}
+    for p in result.pods:
+        shape = " + ".join(f"{r} x{k}" for r, k in sorted(p.requests.items()))
+        groups.setdefault(shape, []).append(p.pending_at(result.end))
+    return {
+        shape: {
+            "pods": float(len(v)),
+            "p50": nearest_rank(v, 50),
+            "p95": nearest_rank(v, 95),
+            "p99": nearest_rank(v, 99),
+        }
+        for shape, v in sorted(groups.items())
+    }
 
 
 def summarize(result: ReplayResult) -> ReplaySummary:
@@ -190,4 +213,7 @@ def summarize(result: ReplayResult) -> ReplaySummary:
         span_s=span,
         planner_errors=len(result.planner_errors),
         wall_s=result.wall_s,
+        theft=result.theft,
+        admission_rejections=result.admission_rejections,
+        pending_by_size=pending_by_size(result),
     )
