@@ -109,7 +109,7 @@ def parse_reservation(text: str) -> Reservation:
     if not isinstance(node, str) or not node:
         raise ReservationError("'node' must be a non-empty string")
     try:
-        state = State(doc.get("state"))
+        state = State(str(doc.get("state")))
     except ValueError:
         raise ReservationError(
             f"'state' must be one of {', '.join(s.value for s in State)}, got {doc.get('state')!r}"
