@@ -318,7 +318,7 @@ class ApiServer(kmock.KubernetesEmulator):
 
     # -- binding -----------------------------------------------------------------------------
     async def _bind(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
-        key = (_PODS, request.namespace, request.name)
+        key = (_PODS, request.namespace, str(request.name))
         body = request.data if isinstance(request.data, dict) else {}
         target = str((body.get("target") or {}).get("name") or "")
         async with self._lock:
