@@ -98,6 +98,32 @@ def _merge_patch(base: Any, patch: Any) -> Any:
     return result
 
 
+def admission_review(pod: Mapping[str, Any], operation: str = "CREATE") -> dict[str, Any]:
+    """The ``AdmissionReview`` (v1) the API server sends a webhook for a pod ``operation``."""
+    meta = pod.get("metadata") or {}
+    gvk = {"group": "", "version": "v1", "kind": "Pod"}
+    gvr = {"group": "", "version": "v1", "resource": "pods"}
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": str(uuid.uuid4()),
+            "kind": gvk,
+            "resource": gvr,
+            "requestKind": gvk,
+            "requestResource": gvr,
+            "name": meta.get("name", ""),
+            "namespace": meta.get("namespace", ""),
+            "operation": operation,
+            "userInfo": {"username": "system:serviceaccount:test:creator"},
+            "object": copy.deepcopy(dict(pod)),
+            "oldObject": None,
+            "dryRun": False,
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
+        },
+    }
+
+
 @attrs.define(kw_only=True)
 class ApiServer(kmock.KubernetesEmulator):
     """kmock plus uid, resourceVersion, generation, 409, the status subresource, the pod rules,
@@ -159,29 +185,8 @@ class ApiServer(kmock.KubernetesEmulator):
                 )
 
     async def _call_webhook(self, admission: Admission, pod: dict[str, Any]) -> None:
-        review_uid = str(uuid.uuid4())
-        meta = pod.get("metadata") or {}
-        gvk = {"group": "", "version": "v1", "kind": "Pod"}
-        gvr = {"group": "", "version": "v1", "resource": "pods"}
-        review = {
-            "apiVersion": "admission.k8s.io/v1",
-            "kind": "AdmissionReview",
-            "request": {
-                "uid": review_uid,
-                "kind": gvk,
-                "resource": gvr,
-                "requestKind": gvk,
-                "requestResource": gvr,
-                "name": meta.get("name", ""),
-                "namespace": meta.get("namespace", ""),
-                "operation": "CREATE",
-                "userInfo": {"username": "system:serviceaccount:test:creator"},
-                "object": copy.deepcopy(pod),
-                "oldObject": None,
-                "dryRun": False,
-                "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
-            },
-        }
+        review = admission_review(pod)
+        review_uid = review["request"]["uid"]
         try:
             response = await self._post_review(admission, review)
             if response.get("uid") != review_uid:
