@@ -472,3 +472,21 @@ async def test_a_missing_configuration_or_unreadable_secret_is_not_fatal(
     secret = stored(kmock, "v1/secrets", SECRET, NAMESPACE)
     assert secret is not None and secret["data"] == material.secret_data()
     assert k.ready.is_set() and k.ca_file.read_bytes() == material.ca_bundle
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            {"webhook_secret_name": "", "webhook_namespace": ""},
+            "needs webhook_namespace, webhook_secret_name",
+        ),
+        ({"webhook_port": 8081, "health_port": 8081}, "webhook_port and health_port are both 8081"),
+    ],
+)
+def test_webhook_settings_are_checked(
+    tmp_path: Path, overrides: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        settings(tmp_path, 9443, **overrides)
+    assert not PartitionerSettings(webhook_secret_name="").webhook_enabled  # off: not checked
