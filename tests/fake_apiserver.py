@@ -77,6 +77,8 @@ class Admission:
     cafile: Path | None = None
     server_hostname: str | None = None
     """TLS server name to check (the Service's DNS name the API server would use)."""
+    insecure: bool = False
+    """Do not verify the webhook's certificate (an ``http://`` URL needs no TLS at all)."""
     failure_policy: Literal["Ignore", "Fail"] = "Ignore"
     timeout_s: float = 5.0
 
@@ -223,8 +225,8 @@ class ApiServer(kmock.KubernetesEmulator):
 
     @staticmethod
     async def _post_review(admission: Admission, review: dict[str, Any]) -> dict[str, Any]:
-        ssl_ctx: ssl.SSLContext | bool = True
-        if admission.url.startswith("https://"):
+        ssl_ctx: ssl.SSLContext | bool = not admission.insecure
+        if admission.url.startswith("https://") and not admission.insecure:
             ssl_ctx = ssl.create_default_context(
                 cafile=str(admission.cafile) if admission.cafile else None
             )

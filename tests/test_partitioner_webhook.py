@@ -279,6 +279,24 @@ async def test_pods_created_through_the_api_are_gated_and_not_when_the_partition
         assert cpu is not None and "schedulingGates" not in cpu["spec"]
         assert kmock.admission_failures == []
 
+        # An API server holding another CA (a stale caBundle) cannot call it: created ungated.
+        stranger = tmp_path / "stranger-ca.crt"
+        now = datetime.datetime.now(datetime.UTC)
+        stranger.write_bytes(issue(service_dns_names(SERVICE, NAMESPACE), now).ca_bundle)
+        url = f"https://127.0.0.1:{port}{WEBHOOK_PATH}"
+        kmock.configure_admission(Admission(url=url, cafile=stranger, server_hostname=HOST))
+        resp = await kmock.post("/api/v1/namespaces/default/pods", json=pod("stale-ca"))
+        assert resp.status in (200, 201), await resp.text()
+        stale = stored(kmock, "v1/pods", "stale-ca", "default")
+        assert stale is not None and "schedulingGates" not in stale["spec"]
+        (why,) = kmock.admission_failures
+        assert "certificate verify failed" in why
+        kmock.admission_failures.clear()
+        kmock.configure_admission(Admission(url=url, insecure=True))
+        resp = await kmock.post("/api/v1/namespaces/default/pods", json=pod("insecure"))
+        assert resp.status in (200, 201), await resp.text()
+        assert (stored(kmock, "v1/pods", "insecure", "default") or {})["spec"]["schedulingGates"]
+
     # The partitioner is gone: failurePolicy Ignore creates the pod as it is (ungated).
     resp = await kmock.post("/api/v1/namespaces/default/pods", json=pod("while-down"))
     assert resp.status in (200, 201), await resp.text()
@@ -400,6 +418,17 @@ def race_reads(*keepers: CertificateKeeper) -> None:
         k._read_secret = synced  # type: ignore[method-assign]
 
 
+async def sync_together(a: CertificateKeeper, b: CertificateKeeper) -> tuple[Material, Material]:
+    """Both replicas' first sync at once, each acting on what it read first."""
+    race_reads(a, b)
+    try:
+        got_a, got_b = await asyncio.gather(a.sync(), b.sync())
+    finally:
+        await a.api.close()
+        await b.api.close()
+    return got_a, got_b
+
+
 def secret_writes(api: ApiServer) -> list[str]:
     """The HTTP method of every write request to a Secret, in order."""
     methods = [
@@ -414,12 +443,7 @@ async def test_two_replicas_starting_together_share_one_certificate(
     declare(kmock)
     await kmock.post(MWC_PATH, json=configuration())
     a, b = keeper(kmock, tmp_path, "a"), keeper(kmock, tmp_path, "b")
-    race_reads(a, b)
-    try:
-        got_a, got_b = await asyncio.gather(a.sync(), b.sync())
-    finally:
-        await a.api.close()
-        await b.api.close()
+    got_a, got_b = await sync_together(a, b)
     assert got_a == got_b
     assert a.server_file.read_bytes() == b.server_file.read_bytes() == got_a.server_pem()
     assert secret_writes(kmock) == ["POST", "POST"]  # one lost with 409
@@ -438,12 +462,7 @@ async def test_two_replicas_renewing_together_keep_one_certificate(
         json={"metadata": {"name": SECRET}, "type": "kubernetes.io/tls", "data": due.secret_data()},
     )
     a, b = keeper(kmock, tmp_path, "a"), keeper(kmock, tmp_path, "b")
-    race_reads(a, b)
-    try:
-        got_a, got_b = await asyncio.gather(a.sync(), b.sync())
-    finally:
-        await a.api.close()
-        await b.api.close()
+    got_a, got_b = await sync_together(a, b)
     assert got_a == got_b and got_a.cert != due.cert
     assert got_a.ca_bundle == due.ca_bundle  # renewed from the same CA
     patches = [m for m in secret_writes(kmock) if m != "POST"]
