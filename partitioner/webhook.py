@@ -174,7 +174,7 @@ def register_webhook(
     def _gate(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
         gate_pod(body, patch)
 
-    @kopf.on.startup(registry=registry)
+    @kopf.on.startup(id="admission-server", registry=registry)
     def _configure_admission(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure_admission(settings, server)
 
