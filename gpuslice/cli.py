@@ -37,6 +37,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "partitioner": ("gpuslice.commands.partitioner", "run the partitioner controller (kopf)"),
     "agent": ("gpuslice.commands.agent", "run the node agent (use --fake without a GPU)"),
+    "ungate": (
+        "gpuslice.commands.ungate",
+        "release pods from gpuslice's scheduling gate (uninstall, partitioner down)",
+    ),
 }
 
 EXIT_BAD_INPUT = 2

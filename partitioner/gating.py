@@ -62,7 +62,10 @@ OPT_OUT_LABEL = "gpuslice.io/gating"
 OPT_OUT_VALUE = "disabled"
 
 _MIG_PREFIX = "nvidia.com/mig-"
-_MPS = re.compile(r"^nvidia\.com/gpu-\d+gb$")
+_MPS = re.compile(r"nvidia\.com/gpu-[0-9]+gb")
+"""Matched whole (``fullmatch``) and ASCII digits only, exactly like the CEL ``matches`` (RE2) in
+:data:`MATCH_CONDITIONS`: ``$`` would also match before a trailing newline and ``\\d`` any
+Unicode digit."""
 
 _CEL_SLICE_KEY = "k.startsWith('nvidia.com/mig-') || k.matches('^nvidia\\\\.com/gpu-[0-9]+gb$')"
 _CEL_CONTAINERS = (
@@ -96,7 +99,7 @@ Obj = Mapping[str, Any]
 
 
 def _is_slice_resource(name: str) -> bool:
-    return name.startswith(_MIG_PREFIX) or _MPS.match(name) is not None
+    return name.startswith(_MIG_PREFIX) or _MPS.fullmatch(name) is not None
 
 
 def slice_resources(pod: Obj) -> list[str]:

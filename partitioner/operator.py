@@ -57,6 +57,7 @@ from partitioner.index import ClusterIndex
 from partitioner.kubeapi import Endpoint, KubeApi
 from partitioner.metrics import Metrics
 from partitioner.settings import PartitionerSettings
+from partitioner.webhook import register_webhook
 from partitioner.writer import NP_PATH, Outcome, execute
 from planner.catalog import Catalog
 
@@ -289,6 +290,8 @@ def build_registry(controller: Controller) -> kopf.OperatorRegistry:
     def _partitioning(event: Mapping[str, Any], **_: Any) -> None:
         controller.observe("partitionings", event)
 
+    if controller.settings.webhook_enabled:  # gates pods at admission: partitioner/webhook.py
+        register_webhook(registry, controller.settings, controller.api)
     return registry
 
 

@@ -8,6 +8,8 @@ on a namespace: the partitioner watches Nodes, Pods and NodePartitionings cluste
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from contract.common_settings import CommonSettings
@@ -105,3 +107,67 @@ class PartitionerSettings(CommonSettings):
             weight_free_block=self.weight_free_block,
             mps_reserve_mib=self.mps_reserve_mib,
         )
+
+    # -- admission webhook (partitioner/webhook.py); the chart sets these -----------------------
+    webhook_enabled: bool = Field(
+        False,
+        description=(
+            "Serve the mutating admission webhook that gates pods asking for a slice (the chart "
+            "turns it on and renders its MutatingWebhookConfiguration and Service)."
+        ),
+    )
+    webhook_port: int = Field(
+        9443, ge=0, le=65535, description="HTTPS port of the webhook (0: any free port)."
+    )
+    webhook_cert_mode: Literal["self-managed", "files"] = Field(
+        "self-managed",
+        description=(
+            "self-managed: the partitioner keeps a CA and serving certificate in the Secret "
+            "webhook_secret_name and patches the caBundle; files: read tls.crt, tls.key and ca.crt "
+            "from webhook_cert_dir, kept current by someone else (cert-manager)."
+        ),
+    )
+    webhook_cert_dir: str = Field(
+        "/tmp/gpuslice-webhook",
+        description="Where the webhook's certificate files are written (self-managed) or read.",
+    )
+    webhook_service_name: str = Field(
+        "", description="The webhook Service; its DNS names go into the serving certificate."
+    )
+    webhook_namespace: str = Field(
+        "", description="Namespace of the webhook Service and Secret (the partitioner's own)."
+    )
+    webhook_configuration_name: str = Field(
+        "", description="The MutatingWebhookConfiguration whose caBundle is kept current."
+    )
+    webhook_secret_name: str = Field(
+        "", description="The Secret holding the self-managed CA and serving certificate."
+    )
+    webhook_cert_check_seconds: float = Field(
+        3600.0, gt=0, description="How often the self-managed certificate is checked for renewal."
+    )
+
+    @model_validator(mode="after")
+    def _webhook_settings(self) -> PartitionerSettings:
+        if not self.webhook_enabled:
+            return self
+        taken = {self.metrics_port: "metrics_port", self.health_port: "health_port"}
+        if self.webhook_port and self.webhook_port in taken:
+            raise ValueError(
+                f"webhook_port and {taken[self.webhook_port]} are both {self.webhook_port}; "
+                f"give them different ports (default webhook_port 9443)"
+            )
+        if self.webhook_cert_mode == "self-managed":
+            needed = (
+                "webhook_service_name",
+                "webhook_namespace",
+                "webhook_configuration_name",
+                "webhook_secret_name",
+            )
+            missing = [n for n in needed if not getattr(self, n)]
+            if missing:
+                raise ValueError(
+                    f"the self-managed webhook certificate needs {', '.join(missing)} (the "
+                    f"chart sets them; or use webhook_cert_mode=files)"
+                )
+        return self

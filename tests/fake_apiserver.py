@@ -1,47 +1,143 @@
-"""A Kubernetes API server for tests: kmock's emulator plus the bookkeeping clients rely on.
+"""A Kubernetes API server for tests: kmock's emulator plus the bookkeeping and rules clients rely on.
 
 Model
 -----
 kmock (by kopf's author) stores objects and serves get/list/watch/create/patch/delete over real
 HTTP, but assigns neither ``uid`` nor ``resourceVersion`` nor ``generation``, checks no
-preconditions and knows no status subresource.  :class:`ApiServer` adds what the API server does
-for those, so the node agent's and the partitioner's clients see realistic objects:
+preconditions, knows no status subresource and accepts any pod change.  :class:`ApiServer` adds
+what the API server does for those, so the node agent's and the partitioner's clients see
+realistic objects and are refused what a real cluster refuses:
 
 * create: ``uid``, ``generation: 1`` (unless given) and a fresh ``resourceVersion``;
-* every update: a fresh ``resourceVersion``; a ``metadata.resourceVersion`` in the body that is
-  not the current one -> ``409 Conflict``;
+* every update (JSON merge patch or JSON patch): a fresh ``resourceVersion``; a
+  ``metadata.resourceVersion`` in a merge patch that is not the current one -> ``409
+  Conflict``; a JSON patch whose ``test`` fails -> ``422 Invalid``;
 * resources declared with the ``status`` subresource (:func:`declare`): a write to the object
   drops ``status`` from the body and bumps ``generation`` when ``spec`` changes; a write to
-  ``<object>/status`` keeps only ``status`` (and the precondition) and never bumps it.
+  ``<object>/status`` keeps only ``status`` (and the precondition) and never bumps it;
+* pods (:mod:`pod_rules`): a create with duplicate gates or with ``nodeName`` and gates, and any
+  update Kubernetes forbids (gates added, node affinity widened or changed after the last gate
+  is gone, resources changed, ...) -> ``422 Invalid`` naming the field; a gated pod is created
+  with the condition ``PodScheduled=False, reason SchedulingGated`` (unless it brings a
+  PodScheduled condition: the fake keeps a client's status, unlike the real server); a
+  strategic merge patch of a pod's spec -> ``415`` (not emulated: it merges ``schedulingGates``
+  by name, so a client sending one would behave differently in a cluster);
+* ``POST pods/<name>/binding`` binds like the API server does for kube-scheduler: sets
+  ``spec.nodeName`` and ``PodScheduled=True``; ``409`` if the pod is gated, already bound or
+  being deleted (:func:`bind_like_scheduler` first checks, like kube-scheduler's filter, that
+  the pod may go to that node);
+* an optional mutating admission webhook (:meth:`ApiServer.configure_admission`): a pod
+  CREATE is sent to it as an ``AdmissionReview`` (v1) before validation; its JSONPatch is
+  applied; ``allowed: false`` rejects the pod; a call that fails (connection, TLS, timeout, HTTP
+  error, unreadable answer) creates the pod unpatched under ``failurePolicy: Ignore`` and is
+  rejected under ``Fail``.
 
 kmock ignores field and label selectors and ``timeoutSeconds`` on watches: a client must filter
 the events it gets and end its watch itself.
 
-:func:`declare` registers the resources gpuslice uses (namespaces, nodes, pods, events,
-NodePartitionings) and the ``default`` namespace.  Use it with the ``kmock`` pytest fixture by
-overriding ``kmock_options`` to ``{"cls": ApiServer}``.
+:func:`declare` registers the resources gpuslice uses (namespaces, nodes, pods, events, secrets,
+MutatingWebhookConfigurations, NodePartitionings) and the ``default`` namespace.  Use it with the
+``kmock`` pytest fixture by overriding ``kmock_options`` to ``{"cls": ApiServer}``.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import copy
 import itertools
+import json
+import ssl
 import uuid
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
 
+import aiohttp
+import aiohttp.web
 import attrs
+import jsonpatch
 import kmock
+from pod_rules import create_errors, invalid_message, unschedulable_reason, update_errors
 
 NP_RESOURCE = "gpuslice.io/v1alpha1/nodepartitionings"
 NP_PATH = "/apis/gpuslice.io/v1alpha1/nodepartitionings"
+MWC_RESOURCE = "admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 _VERBS = {"list", "watch", "get", "create", "patch", "update", "delete"}
+_PODS = kmock.resource("v1/pods")
+_SMP = "application/strategic-merge-patch+json"
+
+
+@dataclass(frozen=True)
+class Admission:
+    """Where and how the fake API server calls a mutating webhook for pod CREATEs."""
+
+    url: str
+    cafile: Path | None = None
+    server_hostname: str | None = None
+    """TLS server name to check (the Service's DNS name the API server would use)."""
+    insecure: bool = False
+    """Do not verify the webhook's certificate (an ``http://`` URL needs no TLS at all)."""
+    failure_policy: Literal["Ignore", "Fail"] = "Ignore"
+    timeout_s: float = 5.0
+
+
+def _invalid(pod: Mapping[str, Any], errors: list[str]) -> kmock.KubernetesError:
+    return kmock.KubernetesError(status=422, reason="Invalid", message=invalid_message(pod, errors))
+
+
+def _merge_patch(base: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch (what kmock applies to a dict body)."""
+    if not isinstance(patch, Mapping):
+        return copy.deepcopy(patch)
+    result = dict(base) if isinstance(base, Mapping) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = _merge_patch(result.get(key), value)
+    return result
+
+
+def admission_review(pod: Mapping[str, Any], operation: str = "CREATE") -> dict[str, Any]:
+    """The ``AdmissionReview`` (v1) the API server sends a webhook for a pod ``operation``."""
+    meta = pod.get("metadata") or {}
+    gvk = {"group": "", "version": "v1", "kind": "Pod"}
+    gvr = {"group": "", "version": "v1", "resource": "pods"}
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": str(uuid.uuid4()),
+            "kind": gvk,
+            "resource": gvr,
+            "requestKind": gvk,
+            "requestResource": gvr,
+            "name": meta.get("name", ""),
+            "namespace": meta.get("namespace", ""),
+            "operation": operation,
+            "userInfo": {"username": "system:serviceaccount:test:creator"},
+            "object": copy.deepcopy(dict(pod)),
+            "oldObject": None,
+            "dryRun": False,
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
+        },
+    }
 
 
 @attrs.define(kw_only=True)
 class ApiServer(kmock.KubernetesEmulator):
-    """kmock plus uid, resourceVersion, generation, 409 and the status subresource."""
+    """kmock plus uid, resourceVersion, generation, 409, the status subresource, the pod rules,
+    pod binding and a mutating admission webhook (see the module docstring)."""
 
     _versions: Iterator[int] = attrs.field(factory=lambda: itertools.count(1000), init=False)
+    admission: Admission | None = attrs.field(default=None, init=False)
+    admission_failures: list[str] = attrs.field(factory=list, init=False)
+    """Why each webhook call failed (Ignore let those pods in unpatched)."""
+
+    def configure_admission(self, admission: Admission | None) -> None:
+        self.admission = admission
 
     def _has_status_subresource(self, resource: kmock.resource) -> bool:
         try:
@@ -52,29 +148,137 @@ class ApiServer(kmock.KubernetesEmulator):
 
     async def _handle(self, request: kmock.Request) -> Any:
         data = request.data
-        if request.resource is not None and isinstance(data, dict):
-            meta = data.setdefault("metadata", {})
-            if request.action == kmock.action.CREATE:
+        binding = request.resource == _PODS and request.subresource == "binding"
+        if binding and str(request.method).upper().endswith("POST") and request.name is not None:
+            return await self._bind(request)
+        if request.resource is not None and isinstance(data, (dict, list)):
+            if request.action == kmock.action.CREATE and isinstance(data, dict):
+                meta = data.setdefault("metadata", {})
+                if request.resource == _PODS:
+                    await self._admit_pod(request, data)
                 meta.setdefault("uid", str(uuid.uuid4()))
                 meta.setdefault("generation", 1)
                 meta["resourceVersion"] = str(next(self._versions))
             elif request.action == kmock.action.UPDATE and request.name is not None:
-                self._update(request, request.resource, request.name, data, meta)
+                self._update(request, request.resource, request.name, data)
         return await super()._handle(request)
 
+    # -- create ------------------------------------------------------------------------------
+    async def _admit_pod(self, request: kmock.Request, pod: dict[str, Any]) -> None:
+        """Mutating admission, then validation, then the SchedulingGated condition."""
+        if request.namespace:
+            pod["metadata"].setdefault("namespace", request.namespace)
+        if self.admission is not None:
+            await self._call_webhook(self.admission, pod)
+        errors = create_errors(pod)
+        if errors:
+            raise _invalid(pod, errors)
+        if (pod.get("spec") or {}).get("schedulingGates"):
+            status = pod.setdefault("status", {})
+            conditions = status.setdefault("conditions", [])
+            if not any(c.get("type") == "PodScheduled" for c in conditions):
+                conditions.append(
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "SchedulingGated",
+                        "message": "Scheduling is blocked due to non-empty scheduling gates",
+                    }
+                )
+
+    async def _call_webhook(self, admission: Admission, pod: dict[str, Any]) -> None:
+        review = admission_review(pod)
+        review_uid = review["request"]["uid"]
+        try:
+            response = await self._post_review(admission, review)
+            if response.get("uid") != review_uid:
+                raise ValueError(f"answer for uid {response.get('uid')!r}, not {review_uid!r}")
+            if not response.get("allowed"):
+                status = response.get("status") or {}
+                raise kmock.KubernetesError(
+                    status=int(status.get("code") or 403),
+                    reason="Forbidden",
+                    message=f"admission webhook denied the request: {status.get('message', '')}",
+                )
+            if response.get("patch"):
+                if response.get("patchType") != "JSONPatch":
+                    raise ValueError(f"patchType {response.get('patchType')!r}")
+                ops = json.loads(base64.b64decode(response["patch"], validate=True))
+                patched = jsonpatch.apply_patch(pod, ops)
+                pod.clear()
+                pod.update(patched)
+        except kmock.KubernetesError:
+            raise
+        except (
+            aiohttp.ClientError,
+            TimeoutError,
+            OSError,
+            ValueError,
+            binascii.Error,
+            jsonpatch.JsonPatchException,
+            jsonpatch.JsonPointerException,
+        ) as e:
+            why = f"failed calling webhook {admission.url}: {type(e).__name__}: {e}"
+            self.admission_failures.append(why)
+            if admission.failure_policy == "Fail":
+                raise kmock.KubernetesError(status=500, reason="InternalError", message=why) from e
+
+    @staticmethod
+    async def _post_review(admission: Admission, review: dict[str, Any]) -> dict[str, Any]:
+        ssl_ctx: ssl.SSLContext | bool = not admission.insecure
+        if admission.url.startswith("https://") and not admission.insecure:
+            ssl_ctx = ssl.create_default_context(
+                cafile=str(admission.cafile) if admission.cafile else None
+            )
+        timeout = aiohttp.ClientTimeout(total=admission.timeout_s)
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as session,
+            session.post(
+                admission.url,
+                json=review,
+                ssl=ssl_ctx,
+                server_hostname=admission.server_hostname,
+            ) as resp,
+        ):
+            resp.raise_for_status()
+            answer = await resp.json()
+        response = answer.get("response") if isinstance(answer, dict) else None
+        if not isinstance(response, dict):
+            raise ValueError("the answer has no response")
+        return response
+
+    # -- update ------------------------------------------------------------------------------
     def _update(
         self,
         request: kmock.Request,
         resource: kmock.resource,
         name: str,
-        data: dict[str, Any],
-        meta: dict[str, Any],
+        data: dict[str, Any] | list[Any],
     ) -> None:
         key = (resource, request.namespace, name)
         if key not in self.objects or self.objects[key].deleted:
             return  # kmock answers 404
         current = self.objects[key]
         cur_meta = current.get("metadata") or {}
+        if isinstance(data, list):
+            try:
+                new = jsonpatch.apply_patch(current.raw, data)
+            except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as e:
+                raise kmock.KubernetesError(status=422, reason="Invalid", message=str(e)) from e
+            self._check_pod_update(request, resource, current.raw, new)
+            # kmock applies the client's ops; these bump the bookkeeping after them.
+            data.append(
+                {
+                    "op": "add",
+                    "path": "/metadata/resourceVersion",
+                    "value": str(next(self._versions)),
+                }
+            )
+            if request.subresource is None and new.get("spec") != current.get("spec"):
+                generation = int(cur_meta.get("generation") or 1) + 1
+                data.append({"op": "add", "path": "/metadata/generation", "value": generation})
+            return
+        meta = data.setdefault("metadata", {})
         wanted = meta.get("resourceVersion")
         if wanted is not None and wanted != cur_meta.get("resourceVersion"):
             raise kmock.KubernetesError(
@@ -93,9 +297,108 @@ class ApiServer(kmock.KubernetesEmulator):
                     del meta[field]
             else:
                 data.pop("status", None)
+        if resource == _PODS and request.subresource is None and "spec" in data:
+            if _SMP in str(request.headers.get("Content-Type", "")):
+                raise kmock.KubernetesError(
+                    status=415,
+                    reason="UnsupportedMediaType",
+                    message="the fake API server does not emulate strategic merge patches of a "
+                    "pod's spec (they merge schedulingGates by name); send a JSON merge patch",
+                )
+            self._check_pod_update(request, resource, current.raw, _merge_patch(current.raw, data))
         if request.subresource is None and "spec" in data and data["spec"] != current.get("spec"):
             meta["generation"] = int(cur_meta.get("generation") or 1) + 1
         meta["resourceVersion"] = str(next(self._versions))
+
+    @staticmethod
+    def _check_pod_update(
+        request: kmock.Request,
+        resource: kmock.resource,
+        old: Mapping[str, Any],
+        new: Mapping[str, Any],
+    ) -> None:
+        if resource != _PODS or request.subresource is not None:
+            return
+        errors = update_errors(old, new)
+        if errors:
+            raise _invalid(old, errors)
+
+    # -- binding -----------------------------------------------------------------------------
+    async def _bind(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        key = (_PODS, request.namespace, str(request.name))
+        body = request.data if isinstance(request.data, dict) else {}
+        target = str((body.get("target") or {}).get("name") or "")
+        async with self._lock:
+            if key not in self.objects or self.objects[key].deleted:
+                raise kmock.KubernetesObjectNotFoundError()
+            pod = self.objects[key].raw
+            meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+            why = (
+                f"pod {request.name} is being deleted, cannot be assigned to a host"
+                if meta.get("deletionTimestamp")
+                else f"pod {request.name} is already assigned to node {spec['nodeName']!r}"
+                if spec.get("nodeName")
+                else f"pod {request.name} has non-empty .spec.schedulingGates"
+                if spec.get("schedulingGates")
+                else "a Binding needs target.name"
+                if not target
+                else ""
+            )
+            if why:
+                raise kmock.KubernetesError(
+                    status=409,
+                    reason="Conflict",
+                    message=f'Operation cannot be fulfilled on pods/binding "{request.name}": {why}',
+                )
+            conditions = [
+                c
+                for c in (pod.get("status") or {}).get("conditions") or ()
+                if c.get("type") != "PodScheduled"
+            ]
+            conditions.append({"type": "PodScheduled", "status": "True"})
+            self.objects[key].patch(
+                {
+                    "metadata": {"resourceVersion": str(next(self._versions))},
+                    "spec": {"nodeName": target},
+                    "status": {"conditions": conditions, "nominatedNodeName": None},
+                }
+            )
+            raw = self.objects[key].raw
+            await self._buses[_PODS].put({"type": "MODIFIED", "object": raw})
+        return aiohttp.web.json_response(
+            {"apiVersion": "v1", "kind": "Status", "status": "Success", "code": 201}, status=201
+        )
+
+
+class Unschedulable(AssertionError):
+    """kube-scheduler would not bind the pod to that node."""
+
+
+async def bind_like_scheduler(
+    api: kmock.KubernetesEmulator, namespace: str, name: str, node: str
+) -> dict[str, Any]:
+    """Bind a pod to ``node`` as kube-scheduler would: only an ungated pod, only to a node its
+    nodeSelector and required node affinity admit (:class:`Unschedulable` otherwise), through
+    the ``pods/binding`` subresource.  Returns the bound pod."""
+    pod = stored(api, "v1/pods", name, namespace)
+    node_obj = stored(api, "v1/nodes", node)
+    if pod is None or node_obj is None:
+        raise Unschedulable(f"no pod {namespace}/{name} or no node {node}")
+    why = unschedulable_reason(pod, node_obj)
+    if why:
+        raise Unschedulable(f"{namespace}/{name} on {node}: {why}")
+    binding = {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": name, "namespace": namespace},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+    }
+    resp = await api.post(f"/api/v1/namespaces/{namespace}/pods/{name}/binding", json=binding)
+    if resp.status != 201:
+        raise Unschedulable(await resp.text())
+    bound = stored(api, "v1/pods", name, namespace)
+    assert bound is not None
+    return bound
 
 
 def declare(api: kmock.KubernetesEmulator) -> None:
@@ -107,10 +410,23 @@ def declare(api: kmock.KubernetesEmulator) -> None:
         kind="Node", singular="node", namespaced=False, verbs=_VERBS, subresources={"status"}
     )
     api.resources["v1/pods"] = kmock.ResourceInfo(
-        kind="Pod", singular="pod", namespaced=True, verbs=_VERBS, subresources={"status"}
+        kind="Pod",
+        singular="pod",
+        namespaced=True,
+        verbs=_VERBS,
+        subresources={"status", "binding"},
     )
     api.resources["v1/events"] = kmock.ResourceInfo(
         kind="Event", singular="event", namespaced=True, verbs=_VERBS
+    )
+    api.resources["v1/secrets"] = kmock.ResourceInfo(
+        kind="Secret", singular="secret", namespaced=True, verbs=_VERBS
+    )
+    api.resources[MWC_RESOURCE] = kmock.ResourceInfo(
+        kind="MutatingWebhookConfiguration",
+        singular="mutatingwebhookconfiguration",
+        namespaced=False,
+        verbs=_VERBS,
     )
     api.resources[NP_RESOURCE] = kmock.ResourceInfo(
         kind="NodePartitioning",
@@ -126,9 +442,11 @@ def declare(api: kmock.KubernetesEmulator) -> None:
     }
 
 
-def stored(api: kmock.KubernetesEmulator, resource: str, name: str) -> dict[str, Any] | None:
-    """The stored object (cluster-scoped), or ``None`` if absent or deleted."""
-    key = (kmock.resource(resource), None, name)
+def stored(
+    api: kmock.KubernetesEmulator, resource: str, name: str, namespace: str | None = None
+) -> dict[str, Any] | None:
+    """The stored object, or ``None`` if absent or deleted."""
+    key = (kmock.resource(resource), namespace, name)
     if key not in api.objects or api.objects[key].deleted:
         return None
     return dict(api.objects[key])

@@ -14,7 +14,10 @@ What is checked, and against what:
   exactly the other nodes; the agent's privileges and host mounts are the documented ones;
 * the env the chart sets is accepted by the components' own settings classes, with the same
   defaults, and a catalog override reaches them as readable files;
-* the Grafana dashboard queries exactly the metrics the operations guide documents.
+* the Grafana dashboard queries exactly the metrics the operations guide documents;
+* the admission webhook's configuration selects pods as partitioner/gating.py does (its
+  matchConditions are the Python constants), reaches the partitioner's webhook port and settings,
+  and gets its certificate in both modes; the pre-delete hook releases every gated pod.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ OLDEST_KUBE = "1.30"
 NEWEST_KUBE = kubernetes_validate.utils.major_minor(kubernetes_validate.utils.latest_version())
 
 # Kinds whose schema comes from a third-party CRD, not from Kubernetes: checked structurally.
-CRD_BACKED_KINDS = {"ServiceMonitor"}
+CRD_BACKED_KINDS = {"ServiceMonitor", "Certificate", "Issuer"}
 
 Manifest = dict[str, Any]
 
@@ -100,7 +103,28 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "minimal": {
         "metrics": {"service": {"enabled": False}, "grafanaDashboard": {"enabled": False}},
         "admissionPolicy": {"enabled": False},
+        "webhook": {"enabled": False, "ungateOnUninstall": False},
     },
+    "webhook-cert-manager": {"webhook": {"certificates": {"mode": "cert-manager"}}},
+    "webhook-cert-manager-issuer": {
+        "webhook": {
+            "timeoutSeconds": 10,
+            "excludeNamespaces": ["batch-system"],
+            "certificates": {
+                "mode": "cert-manager",
+                "certManager": {
+                    "issuerRef": {
+                        "group": "cert-manager.io",
+                        "kind": "ClusterIssuer",
+                        "name": "ca",
+                    },
+                    "duration": "2160h",
+                    "renewBefore": "720h",
+                },
+            },
+        }
+    },
+    "webhook-disabled": {"webhook": {"enabled": False}},
 }
 
 
@@ -190,6 +214,55 @@ def check_service_monitor(sm: Manifest, docs: list[Manifest]) -> None:
             assert ep["port"] in {p["name"] for p in s["spec"]["ports"]}
 
 
+DURATION = re.compile(r"([0-9]+(\.[0-9]+)?(h|m|s))+")
+
+
+def check_cert_manager(doc: Manifest, docs: list[Manifest]) -> None:
+    """Structural check of cert-manager's Issuer and Certificate (cert-manager.io/v1 CRDs): the
+    fields used exist in its API, and every issuerRef names an Issuer of the chart or an
+    external (Cluster)Issuer."""
+    assert doc["apiVersion"] == "cert-manager.io/v1"
+    assert doc["metadata"]["namespace"] == NAMESPACE
+    spec = doc["spec"]
+    if doc["kind"] == "Issuer":
+        assert list(spec) in (["selfSigned"], ["ca"]), spec
+        if "ca" in spec:
+            ca_certs = [
+                d
+                for d in docs
+                if d["kind"] == "Certificate"
+                and d["spec"]["secretName"] == spec["ca"]["secretName"]
+            ]
+            assert len(ca_certs) == 1 and ca_certs[0]["spec"]["isCA"] is True
+        return
+    allowed = {
+        "secretName",
+        "dnsNames",
+        "duration",
+        "renewBefore",
+        "privateKey",
+        "usages",
+        "issuerRef",
+        "isCA",
+        "commonName",
+    }
+    assert set(spec) <= allowed, set(spec) - allowed
+    assert spec["secretName"] and spec["issuerRef"]["name"]
+    for key in ("duration", "renewBefore"):
+        assert DURATION.fullmatch(spec[key]), spec[key]
+    assert spec["privateKey"]["algorithm"] in ("RSA", "ECDSA", "Ed25519")
+    assert set(spec["privateKey"]) <= {"algorithm", "size", "rotationPolicy"}
+    assert set(spec.get("usages", [])) <= {"digital signature", "key encipherment", "server auth"}
+    ref = spec["issuerRef"]
+    assert set(ref) <= {"name", "kind", "group"} and ref.get("kind", "Issuer") in (
+        "Issuer",
+        "ClusterIssuer",
+    )
+    if ref.get("kind", "Issuer") == "Issuer":
+        issuers = [d for d in docs if d["kind"] == "Issuer"]
+        assert ref["name"] in {i["metadata"]["name"] for i in issuers} or not issuers
+
+
 @pytest.mark.parametrize("kube", [OLDEST_KUBE, NEWEST_KUBE])
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_every_manifest_validates_strict(chart: helm.Chart, variant: str, kube: str) -> None:
@@ -197,7 +270,8 @@ def test_every_manifest_validates_strict(chart: helm.Chart, variant: str, kube: 
     assert docs
     for doc in docs:
         if doc["kind"] in CRD_BACKED_KINDS:
-            check_service_monitor(doc, docs)
+            check = check_service_monitor if doc["kind"] == "ServiceMonitor" else check_cert_manager
+            check(doc, docs)
             continue
         try:
             kubernetes_validate.validate(doc, kube, strict=True)
@@ -251,17 +325,20 @@ def test_network_policies_admit_only_scrapers_to_the_metrics_ports(chart: helm.C
         assert pol["podSelector"]["matchLabels"].items() <= labels.items()
         assert pol["policyTypes"] == ["Ingress"]
         ports = {p["name"]: p["containerPort"] for p in container(docs, kind)["ports"]}
-        (rule,) = pol["ingress"]
+        rule, *webhook = pol["ingress"]
         assert rule["ports"] == [{"port": ports["metrics"], "protocol": "TCP"}]
         assert rule["from"] == [
             {"namespaceSelector": {"matchLabels": {"gpuslice.io/metrics-scraper": "true"}}}
         ]
+        # The API server (not a pod) calls the partitioner's admission webhook: from anywhere.
+        want = [{"ports": [{"port": ports["webhook"], "protocol": "TCP"}]}] if "webhook" in ports else []
+        assert webhook == want
     notes = render_files(chart, {})["gpuslice/templates/NOTES.txt"]
     assert "gpuslice.io/metrics-scraper=true" in notes
 
     open_docs = render(chart, VARIANTS["network-policy-open"])
     for pol in (d for d in open_docs if d["kind"] == "NetworkPolicy"):
-        first, extra = pol["spec"]["ingress"]
+        first, *_, extra = pol["spec"]["ingress"]
         assert "from" not in first and extra == {"ports": [{"port": 9443}]}
     off = render(chart, {"networkPolicy": {"enabled": False}})
     assert not [d for d in off if d["kind"] == "NetworkPolicy"]
@@ -320,6 +397,18 @@ def test_default_values_pass_the_schema(chart: helm.Chart) -> None:
 
 
 BAD_VALUES: list[tuple[dict[str, Any], str]] = [
+    ({"webhook": {"certificates": {"mode": "vault"}}}, "/webhook/certificates/mode"),
+    ({"webhook": {"timeoutSeconds": 31}}, "/webhook/timeoutSeconds"),
+    ({"webhook": {"port": 0}}, "/webhook/port"),
+    ({"webhook": {"excludeNamespaces": ["Kube_System"]}}, "/webhook/excludeNamespaces/0"),
+    (
+        {"webhook": {"certificates": {"certManager": {"issuerRef": {"kind": "ClusterIssuer"}}}}},
+        "/webhook/certificates/certManager/issuerRef",
+    ),
+    (
+        {"webhook": {"certificates": {"certManager": {"duration": "1 year"}}}},
+        "/webhook/certificates/certManager/duration",
+    ),
     ({"logging": {"format": "xml"}}, "/logging/format"),
     ({"logging": {"level": "verbose"}}, "/logging/level"),
     ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
@@ -382,6 +471,11 @@ def test_schema_rejects_bad_values(chart: helm.Chart, values: dict[str, Any], me
             {"metrics": {"service": {"enabled": False}, "serviceMonitor": {"enabled": True}}},
             "metrics.serviceMonitor.enabled needs metrics.service.enabled=true",
         ),
+        (
+            {"webhook": {"port": 8081}},
+            "webhook.port (8081) must differ from partitioner.metricsPort and "
+            "partitioner.healthPort",
+        ),
     ],
 )
 def test_templates_reject_inconsistent_values(
@@ -393,13 +487,38 @@ def test_templates_reject_inconsistent_values(
 
 # ------------------------------------------------------------------------------------- RBAC
 
-Permission = tuple[str, str, str]  # (apiGroup, resource, verb)
+Permission = tuple[str, str, str, str]  # (apiGroup, resource, verb, resourceName or "")
+
+# usage key -> (role kind, role name suffix, workload kind) as rendered
+ROLES = {
+    "partitioner": ("ClusterRole", "-partitioner", "Deployment"),
+    "partitioner-namespaced": ("Role", "-partitioner", "Deployment"),
+    "agent": ("ClusterRole", "-agent", "DaemonSet"),
+    "ungate": ("ClusterRole", "-ungate", "Job"),
+}
+# variant -> the `when:` conditions of rbac-usage.yaml that hold in it
+RBAC_VARIANTS = {
+    "defaults": {"webhook", "self-managed-webhook"},
+    "webhook-cert-manager": {"webhook"},
+    "webhook-disabled": set(),
+}
 
 
-def declared_usage() -> dict[str, set[Permission]]:
+def declared_usage(
+    conditions: set[str] = RBAC_VARIANTS["defaults"], names: dict[str, str] | None = None
+) -> dict[str, set[Permission]]:
+    """rbac-usage.yaml: component -> permissions, keeping the entries whose ``when`` holds and
+    mapping symbolic resourceNames through ``names``."""
     doc = yaml.safe_load(RBAC_USAGE.read_text())
+    names = names or {}
     return {
-        component: {(e["apiGroup"], e["resource"], v) for e in entries for v in e["verbs"]}
+        component: {
+            (e["apiGroup"], e["resource"], v, names.get(n, n))
+            for e in entries
+            if e.get("when") is None or e["when"] in conditions
+            for v in e["verbs"]
+            for n in e.get("resourceNames") or [""]
+        }
         for component, entries in doc.items()
     }
 
@@ -407,36 +526,64 @@ def declared_usage() -> dict[str, set[Permission]]:
 def granted(role: Manifest) -> set[Permission]:
     out: set[Permission] = set()
     for rule in role["rules"]:
-        assert "resourceNames" not in rule and "nonResourceURLs" not in rule
+        assert "nonResourceURLs" not in rule
         for field in ("apiGroups", "resources", "verbs"):
             assert "*" not in rule[field], f"wildcard in {role['metadata']['name']}: {rule}"
         out |= {
-            (g, r, v) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
+            (g, r, v, n)
+            for g in rule["apiGroups"]
+            for r in rule["resources"]
+            for v in rule["verbs"]
+            for n in rule.get("resourceNames") or [""]
         }
     return out
 
 
-@pytest.mark.parametrize("component", ["partitioner", "agent"])
-def test_rbac_grants_exactly_the_declared_calls(chart: helm.Chart, component: str) -> None:
-    docs = render(chart, {})
-    role = one(docs, "ClusterRole", f"-{component}")
-    want = declared_usage()[component]
+def object_names(docs: list[Manifest]) -> dict[str, str]:
+    """The objects rbac-usage.yaml names symbolically, as rendered."""
+    names = {}
+    mwcs = [d for d in docs if d["kind"] == "MutatingWebhookConfiguration"]
+    if mwcs:
+        names["webhook-configuration"] = mwcs[0]["metadata"]["name"]
+    env = env_of(container(docs, "Deployment"))
+    if "GPUSLICE_WEBHOOK_SECRET_NAME" in env:
+        names["webhook-secret"] = env["GPUSLICE_WEBHOOK_SECRET_NAME"]
+    return names
+
+
+@pytest.mark.parametrize("component", sorted(ROLES))
+@pytest.mark.parametrize("variant", sorted(RBAC_VARIANTS))
+def test_rbac_grants_exactly_the_declared_calls(
+    chart: helm.Chart, variant: str, component: str
+) -> None:
+    docs = render(chart, VARIANTS[variant])
+    kind, suffix, workload_kind = ROLES[component]
+    want = declared_usage(RBAC_VARIANTS[variant], object_names(docs))[component]
+    roles = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(suffix)]
+    if not want:
+        assert roles == [], f"{variant}: {component} needs no {kind}"
+        return
+    (role,) = roles
     have = granted(role)
     assert not want - have, f"{component} misses permissions it uses: {sorted(want - have)}"
     assert not have - want, f"{component} has permissions it never uses: {sorted(have - want)}"
 
-    binding = one(docs, "ClusterRoleBinding", f"-{component}")
-    sa = one(docs, "ServiceAccount", f"-{component}")
+    binding = one(docs, f"{kind}Binding", suffix)
+    workload = one(docs, workload_kind)["spec"]["template"]["spec"]
+    sa = one(
+        docs, "ServiceAccount", suffix if component != "partitioner-namespaced" else "-partitioner"
+    )
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
-        "kind": "ClusterRole",
+        "kind": kind,
         "name": role["metadata"]["name"],
     }
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NAMESPACE}
     ]
-    workload = one(docs, "Deployment" if component == "partitioner" else "DaemonSet")
-    assert workload["spec"]["template"]["spec"]["serviceAccountName"] == sa["metadata"]["name"]
+    if kind == "Role":
+        assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == NAMESPACE
+    assert workload["serviceAccountName"] == sa["metadata"]["name"]
 
 
 def test_agent_cannot_write_spec_and_partitioner_cannot_write_status() -> None:
@@ -630,9 +777,18 @@ def test_partitioner_settings_accept_the_chart_env(
     assert not set(env) - fields, f"chart sets env the partitioner ignores: {set(env) - fields}"
     apply_env(monkeypatch, env)
     from_chart = PartitionerSettings()
-    if variant == "defaults":  # the chart's defaults are the code's defaults
+    if variant == "defaults":  # the chart's defaults are the code's defaults...
         apply_env(monkeypatch, {})
-        assert from_chart == PartitionerSettings()
+        # ...except the webhook's: the code has it off and knows no release's object names.
+        release_specific = {
+            "webhook_enabled": True,
+            "webhook_service_name": f"{RELEASE}-gpuslice-webhook",
+            "webhook_namespace": NAMESPACE,
+            "webhook_configuration_name": f"{RELEASE}-gpuslice-webhook",
+            "webhook_secret_name": f"{RELEASE}-gpuslice-webhook-tls",
+        }
+        assert {k: getattr(from_chart, k) for k in release_specific} == release_specific
+        assert from_chart == PartitionerSettings(**release_specific)
     if variant == "json-logs":
         assert (from_chart.log_format, from_chart.log_level) == ("json", "DEBUG")
 
@@ -885,3 +1041,173 @@ def test_admission_policy_decisions(
     assert len(failed) == len(outcome) and all(
         want in got for want, got in zip(outcome, failed, strict=True)
     ), failed
+
+
+# ------------------------------------------------------------------------- admission webhook
+
+
+def webhook_of(docs: list[Manifest]) -> dict[str, Any]:
+    (hook,) = one(docs, "MutatingWebhookConfiguration")["webhooks"]
+    return hook
+
+
+NAMESPACE_LABELS: list[tuple[dict[str, str], bool]] = [
+    ({"kubernetes.io/metadata.name": "ml"}, True),
+    ({"kubernetes.io/metadata.name": "kube-system"}, False),
+    ({"kubernetes.io/metadata.name": NAMESPACE}, False),
+    ({"kubernetes.io/metadata.name": "ml", "gpuslice.io/gating": "disabled"}, False),
+    ({"kubernetes.io/metadata.name": "ml", "gpuslice.io/gating": "enabled"}, True),
+]
+
+
+def test_webhook_selects_pods_as_gating_does(chart: helm.Chart) -> None:
+    from partitioner.gating import MATCH_CONDITIONS, OPT_OUT_LABEL, OPT_OUT_VALUE
+
+    docs = render(chart, {})
+    hook = webhook_of(docs)
+    assert hook["name"] == "slice-gate.gpuslice.io"
+    assert (hook["failurePolicy"], hook["sideEffects"], hook["admissionReviewVersions"]) == (
+        "Ignore",
+        "None",
+        ["v1"],
+    )
+    assert hook["timeoutSeconds"] == 5
+    assert hook["rules"] == [
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE"],
+            "resources": ["pods"],
+            "scope": "Namespaced",
+        }
+    ]
+    assert [(c["name"], c["expression"]) for c in hook["matchConditions"]] == list(MATCH_CONDITIONS)
+    for labels, seen in NAMESPACE_LABELS:
+        assert matches(hook["namespaceSelector"], labels) == seen, labels
+    assert matches(hook["objectSelector"], {"app": "x"})
+    assert not matches(hook["objectSelector"], {OPT_OUT_LABEL: OPT_OUT_VALUE})
+    mwc = one(docs, "MutatingWebhookConfiguration")
+    assert "caBundle" not in hook["clientConfig"]  # self-managed: the partitioner sets it
+    assert "annotations" not in mwc["metadata"]
+    custom = webhook_of(render(chart, VARIANTS["webhook-cert-manager-issuer"]))
+    assert matches(custom["namespaceSelector"], {"kubernetes.io/metadata.name": "ml"})
+    assert not matches(custom["namespaceSelector"], {"kubernetes.io/metadata.name": "batch-system"})
+    assert custom["timeoutSeconds"] == 10
+
+
+def test_webhook_reaches_the_partitioners_webhook_server(chart: helm.Chart) -> None:
+    from partitioner.webhook import WEBHOOK_PATH
+
+    docs = render(chart, {})
+    service_ref = webhook_of(docs)["clientConfig"]["service"]
+    service = one(docs, "Service", "-webhook")
+    assert service_ref == {
+        "name": service["metadata"]["name"],
+        "namespace": NAMESPACE,
+        "path": WEBHOOK_PATH,
+        "port": 443,
+    }
+    (port,) = service["spec"]["ports"]
+    assert (port["port"], port["targetPort"]) == (443, "webhook")
+    deploy = one(docs, "Deployment")
+    pod_labels = deploy["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    c = container(docs, "Deployment")
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports["webhook"] == 9443 == int(env_of(c)["GPUSLICE_WEBHOOK_PORT"])
+
+
+@pytest.mark.parametrize("variant", ["defaults", "webhook-cert-manager"])
+def test_webhook_settings_name_the_rendered_objects(
+    chart: helm.Chart, monkeypatch: pytest.MonkeyPatch, variant: str
+) -> None:
+    from partitioner.certs import service_dns_names
+    from partitioner.settings import PartitionerSettings
+
+    docs = render(chart, VARIANTS[variant])
+    c = container(docs, "Deployment")
+    apply_env(monkeypatch, gpuslice_env(c))
+    s = PartitionerSettings()
+    service = one(docs, "Service", "-webhook")
+    mwc = one(docs, "MutatingWebhookConfiguration")
+    assert s.webhook_enabled
+    assert (s.webhook_service_name, s.webhook_namespace) == (service["metadata"]["name"], NAMESPACE)
+    if variant == "defaults":
+        assert s.webhook_cert_mode == "self-managed"
+        assert s.webhook_configuration_name == mwc["metadata"]["name"]
+        assert s.webhook_secret_name == f"{RELEASE}-gpuslice-webhook-tls"
+        assert s.webhook_cert_dir.startswith("/tmp/")  # on the writable emptyDir
+        assert not [d for d in docs if d["kind"] in CRD_BACKED_KINDS]
+        return
+    # cert-manager: the Certificate names the Service, its Secret is mounted where the
+    # partitioner reads, and the CA injector is pointed at it.
+    assert s.webhook_cert_mode == "files"
+    cert = one(docs, "Certificate", "-webhook")
+    assert cert["spec"]["dnsNames"] == list(service_dns_names(s.webhook_service_name, NAMESPACE))
+    assert mwc["metadata"]["annotations"] == {
+        "cert-manager.io/inject-ca-from": f"{NAMESPACE}/{cert['metadata']['name']}"
+    }
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    (vol,) = [v for v in pod["volumes"] if v.get("secret", {}).get("secretName")]
+    assert vol["secret"]["secretName"] == cert["spec"]["secretName"]
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == vol["name"]]
+    assert mount["mountPath"] == s.webhook_cert_dir and mount["readOnly"] is True
+    # The chart's own CA signs the serving certificate, so its renewals keep the caBundle.
+    ca_issuer = one(docs, "Issuer", "-webhook-ca")
+    ca_cert = one(docs, "Certificate", "-webhook-ca")
+    assert cert["spec"]["issuerRef"]["name"] == ca_issuer["metadata"]["name"]
+    assert ca_issuer["spec"]["ca"]["secretName"] == ca_cert["spec"]["secretName"]
+    assert ca_cert["spec"]["isCA"] is True
+
+
+def test_cert_manager_with_an_existing_issuer(chart: helm.Chart) -> None:
+    docs = render(chart, VARIANTS["webhook-cert-manager-issuer"])
+    assert not [d for d in docs if d["kind"] == "Issuer"]
+    cert = one(docs, "Certificate")
+    assert cert["spec"]["issuerRef"] == {
+        "group": "cert-manager.io",
+        "kind": "ClusterIssuer",
+        "name": "ca",
+    }
+    assert (cert["spec"]["duration"], cert["spec"]["renewBefore"]) == ("2160h", "720h")
+
+
+HOOK_KINDS = ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Job"]
+
+
+@pytest.mark.parametrize("variant", ["defaults", "webhook-disabled"])
+def test_pre_delete_hook_releases_every_gated_pod(chart: helm.Chart, variant: str) -> None:
+    import argparse
+
+    from gpuslice.commands import ungate
+
+    docs = render(chart, VARIANTS[variant])
+    hook = {kind: one(docs, kind, "-ungate") for kind in HOOK_KINDS}
+    weights = {}
+    for kind, doc in hook.items():
+        notes = doc["metadata"]["annotations"]
+        assert notes["helm.sh/hook"] == "pre-delete"
+        policy = set(notes["helm.sh/hook-delete-policy"].split(","))
+        assert policy == {"before-hook-creation", "hook-succeeded"}
+        weights[kind] = int(notes["helm.sh/hook-weight"])
+    assert max(w for k, w in weights.items() if k != "Job") < weights["Job"]  # RBAC first
+    job = hook["Job"]["spec"]
+    pod = job["template"]["spec"]
+    assert pod["restartPolicy"] == "Never" and job["backoffLimit"] >= 1
+    (c,) = pod["containers"]
+    assert c["image"] == container(docs, "Deployment")["image"]
+    args = c["args"]
+    if variant == "defaults":
+        mwc = one(docs, "MutatingWebhookConfiguration")["metadata"]["name"]
+        assert args == ["ungate", "--all", "--remove-webhook", mwc]
+    else:
+        assert args == ["ungate", "--all"]
+    parser = argparse.ArgumentParser()
+    ungate.add_arguments(parser)
+    parsed = parser.parse_args(args[1:])
+    assert parsed.all and ungate._targets(parsed) == []  # valid input to the command
+    assert not [
+        d
+        for d in render(chart, {"webhook": {"ungateOnUninstall": False}})
+        if d["metadata"]["name"].endswith("-ungate")
+    ]

@@ -231,7 +231,7 @@ def test_a_free_slice_the_scheduler_cannot_see_yet_is_held_until_allocatable_sho
 
 def test_a_second_pod_never_gets_the_slice_promised_to_the_first() -> None:
     one_gpu = {**MIG, "nvidia.com/gpu.count": "1"}
-    full = status_gpu(0, ("1g.10gb", 0, False), *((f"1g.10gb", s, True) for s in range(1, 7)))
+    full = status_gpu(0, ("1g.10gb", 0, False), *(("1g.10gb", s, True) for s in range(1, 7)))
     c = Cluster(
         with_alloc(node("n1", one_gpu), **{"1g_10gb": 7}),
         applied_np("n1", full),

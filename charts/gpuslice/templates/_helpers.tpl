@@ -121,4 +121,27 @@ checksum/catalog: {{ toJson .Values.catalog.files | sha256sum }}
 {{- if eq (int .Values.partitioner.metricsPort) (int .Values.partitioner.healthPort) }}
 {{- fail (printf "partitioner.metricsPort and partitioner.healthPort are both %v: give them different ports" .Values.partitioner.metricsPort) }}
 {{- end }}
+{{- $wp := int .Values.webhook.port }}
+{{- if or (eq $wp (int .Values.partitioner.metricsPort)) (eq $wp (int .Values.partitioner.healthPort)) }}
+{{- fail (printf "webhook.port (%v) must differ from partitioner.metricsPort and partitioner.healthPort" .Values.webhook.port) }}
 {{- end }}
+{{- end }}
+
+{{/* True (non-empty) when the admission webhook is rendered: enabled, and Kubernetes >= 1.30
+(matchConditions and mutable scheduling directives of gated pods are GA there). */}}
+{{- define "gpuslice.webhookEnabled" -}}
+{{- if and .Values.webhook.enabled (include "gpuslice.admissionPolicySupported" .) }}true{{ end }}
+{{- end }}
+
+{{/* The webhook's Service and MutatingWebhookConfiguration (one name, two kinds). */}}
+{{- define "gpuslice.webhookName" -}}
+{{ include "gpuslice.componentName" (list . "webhook") }}
+{{- end }}
+
+{{/* The Secret holding the webhook's serving certificate (either mode). */}}
+{{- define "gpuslice.webhookSecret" -}}
+{{ include "gpuslice.componentName" (list . "webhook-tls") }}
+{{- end }}
+
+{{/* Where the partitioner finds the cert-manager Secret's files. */}}
+{{- define "gpuslice.webhookCertDir" -}}/etc/gpuslice/webhook-tls{{- end }}

@@ -1,0 +1,181 @@
+"""The mutating admission webhook: pods that ask for a slice are created gated.
+
+Model
+-----
+The API server sends every pod CREATE that passes the chart's MutatingWebhookConfiguration
+(namespace and object selectors, :data:`partitioner.gating.MATCH_CONDITIONS`) to
+``https://<service>.<namespace>.svc:443`` + :data:`WEBHOOK_PATH`.  kopf serves it: its
+``WebhookServer`` routes the path to the handler with id :data:`WEBHOOK_ID`, which answers with
+the JSONPatch that sets ``spec.schedulingGates`` to the pod's gates plus
+:data:`partitioner.gating.GATE` (:func:`partitioner.gating.admission_patch`), or with no patch.
+
+The handler never raises.  kopf turns any handler exception into ``allowed: false``, and the
+API server honours that even under ``failurePolicy: Ignore`` (which only covers a webhook it
+cannot call), so an exception would reject the user's pod.  Anything unexpected is logged and
+the pod is allowed unchanged: it then takes the ordinary path, like every pod created while the
+partitioner is down.
+
+Serving (:class:`GateServer`, a kopf admission server):
+
+* certificates, ``webhook_cert_mode``: ``self-managed`` -- a :class:`~partitioner.webhook_certs.
+  CertificateKeeper` gets or creates the Secret, patches the caBundle, writes the files, and
+  renews them in the background; ``files`` -- ``tls.crt``/``tls.key``/``ca.crt`` in
+  ``webhook_cert_dir`` are kept by someone else (cert-manager; the chart mounts its Secret);
+* the listener is kopf's ``WebhookServer`` on all interfaces, port ``webhook_port``; it reloads
+  changed certificate files by itself.  Whatever fails while serving (no certificate yet, port
+  taken, a half-renewed pair of files) is logged and retried: the webhook never stops the
+  partitioner, and while it is not served pods are simply not gated.
+* kopf's *managed* webhook configuration stays off: it cannot express the namespace selector or
+  the match conditions, so the chart renders the configuration.
+
+Wiring: :func:`register_webhook` (from ``operator.build_registry``) adds the handler and a
+startup step that calls :func:`configure_admission` with the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import kopf
+
+from partitioner import gating
+from partitioner.certs import service_dns_names
+from partitioner.kubeapi import KubeApi
+from partitioner.settings import PartitionerSettings
+from partitioner.webhook_certs import CertificateKeeper
+
+__all__ = [
+    "WEBHOOK_ID",
+    "WEBHOOK_PATH",
+    "GateServer",
+    "configure_admission",
+    "gate_pod",
+    "register_webhook",
+]
+
+log = logging.getLogger("gpuslice.partitioner.webhook")
+
+WEBHOOK_ID = "slice-gate"
+"""kopf handler id; kopf routes ``POST /<id>`` to it, so it is also the webhook's URL path."""
+WEBHOOK_PATH = f"/{WEBHOOK_ID}"
+_RETRY_SECONDS = 10.0
+
+
+def _pod_name(body: Mapping[str, Any]) -> str:
+    meta = body.get("metadata") if isinstance(body, Mapping) else None
+    if not isinstance(meta, Mapping):
+        return "?"
+    name = meta.get("name") or f"{meta.get('generateName') or ''}*"
+    return f"{meta.get('namespace') or '?'}/{name}"
+
+
+def gate_pod(body: Mapping[str, Any], patch: kopf.Patch) -> None:
+    """Add the gate to ``patch`` when ``body`` (the pod being created) should be gated.
+
+    Never raises (module docstring): a failure is logged and the pod goes ungated.
+    """
+    try:
+        gates = gating.admission_patch(body)
+        if gates is not None:
+            patch.spec["schedulingGates"] = gates
+            log.debug("gating pod %s", _pod_name(body))
+    except Exception:
+        log.exception("cannot decide whether to gate pod %s; admitted ungated", _pod_name(body))
+
+
+class GateServer:
+    """A kopf admission server: certificates first, then kopf's WebhookServer (module docstring).
+
+    ``url`` is set (and ``serving`` set) once the listener runs; tests read them.
+    """
+
+    def __init__(
+        self,
+        settings: PartitionerSettings,
+        keeper: CertificateKeeper | None,
+        *,
+        retry_seconds: float = _RETRY_SECONDS,
+    ) -> None:
+        self.settings = settings
+        self.keeper = keeper
+        self.retry_seconds = retry_seconds
+        self.url: str | None = None
+        self.serving = asyncio.Event()
+
+    def _server(self) -> kopf.WebhookServer:
+        s = self.settings
+        directory = Path(s.webhook_cert_dir)
+        host = service_dns_names(s.webhook_service_name, s.webhook_namespace)[0]
+        if self.keeper is not None:
+            certfile = pkeyfile = self.keeper.server_file
+            cafile = self.keeper.ca_file
+        else:
+            certfile, pkeyfile, cafile = (directory / n for n in ("tls.crt", "tls.key", "ca.crt"))
+        return kopf.WebhookServer(
+            port=s.webhook_port or None,
+            host=host if s.webhook_service_name else None,
+            certfile=certfile,
+            pkeyfile=pkeyfile,
+            cafile=cafile if cafile.exists() else None,
+        )
+
+    async def __call__(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
+        renewing: asyncio.Task[None] | None = None
+        try:
+            if self.keeper is not None:
+                renewing = asyncio.create_task(self.keeper.run(), name="gpuslice-webhook-certs")
+                await self.keeper.ready.wait()
+            while True:
+                try:
+                    async with self._server() as server:
+                        async for config in server(fn):
+                            self.url = config.get("url")
+                            self.serving.set()
+                            log.info("admission webhook listening (%s)", self.url)
+                            yield config
+                except (OSError, ssl.SSLError, ValueError) as e:
+                    log.error("admission webhook not served: %s (retrying)", e)
+                self.serving.clear()
+                await asyncio.sleep(self.retry_seconds)
+        finally:
+            if renewing is not None:
+                renewing.cancel()
+                await asyncio.gather(renewing, return_exceptions=True)
+
+
+def configure_admission(kopf_settings: kopf.OperatorSettings, server: GateServer) -> None:
+    """Serve admission with ``server``; kopf's managed webhook configuration stays off."""
+    kopf_settings.admission.server = server
+    kopf_settings.admission.managed = None
+
+
+def register_webhook(
+    registry: kopf.OperatorRegistry, settings: PartitionerSettings, api: KubeApi
+) -> GateServer:
+    """Add the gating handler and the admission server's configuration to ``registry``."""
+    keeper = (
+        CertificateKeeper(api, settings) if settings.webhook_cert_mode == "self-managed" else None
+    )
+    server = GateServer(settings, keeper)
+
+    @kopf.on.mutate(
+        "v1",
+        "pods",
+        id=WEBHOOK_ID,
+        operations=["CREATE"],
+        ignore_failures=True,
+        registry=registry,
+    )
+    def _gate(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+        gate_pod(body, patch)
+
+    @kopf.on.startup(id="admission-server", registry=registry)
+    def _configure_admission(settings: kopf.OperatorSettings, **_: Any) -> None:
+        configure_admission(settings, server)
+
+    return server
