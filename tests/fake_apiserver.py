@@ -15,7 +15,7 @@ realistic objects and are refused what a real cluster refuses:
 * resources declared with the ``status`` subresource (:func:`declare`): a write to the object
   drops ``status`` from the body and bumps ``generation`` when ``spec`` changes; a write to
   ``<object>/status`` keeps only ``status`` (and the precondition) and never bumps it;
-* pods (:mod:`pod_rules`): a create with duplicate gates or with ``nodeName`` and gates, and any
+* pods (:mod:`simulations.kube_rules`): a create with duplicate gates or with ``nodeName`` and gates, and any
   update Kubernetes forbids (gates added, node affinity widened or changed after the last gate
   is gone, resources changed, ...) -> ``422 Invalid`` naming the field; a gated pod is created
   with the condition ``PodScheduled=False, reason SchedulingGated`` (unless it brings a
@@ -59,7 +59,9 @@ import aiohttp.web
 import attrs
 import jsonpatch
 import kmock
-from pod_rules import create_errors, invalid_message, unschedulable_reason, update_errors
+
+from partitioner.eligibility import pod_fits_node
+from simulations.kube_rules import create_errors, invalid_message, update_errors
 
 NP_RESOURCE = "gpuslice.io/v1alpha1/nodepartitionings"
 NP_PATH = "/apis/gpuslice.io/v1alpha1/nodepartitionings"
@@ -450,3 +452,18 @@ def stored(
     if key not in api.objects or api.objects[key].deleted:
         return None
     return dict(api.objects[key])
+
+
+def unschedulable_reason(pod: Mapping[str, Any], node: Mapping[str, Any]) -> str:
+    """Why kube-scheduler would not put ``pod`` on ``node`` (gates, binding, its node filters:
+    nodeSelector, required node affinity, taints), or ``""``."""
+    spec = pod.get("spec") or {}
+    name = str((node.get("metadata") or {}).get("name", ""))
+    gates = [str(g.get("name", "")) for g in spec.get("schedulingGates") or ()]
+    if gates:
+        return f"pod is gated by {', '.join(gates)}"
+    if spec.get("nodeName"):
+        return f"pod is already bound to {spec['nodeName']}"
+    if not pod_fits_node(pod, node):
+        return f"node {name} does not match the pod's nodeSelector, node affinity or taints"
+    return ""
