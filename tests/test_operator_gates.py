@@ -1,0 +1,291 @@
+"""Plans are promises, end to end: the real kopf operator (webhook on) against kmock.
+
+The fake API server (``tests/fake_apiserver.py``) calls the partitioner's webhook on every pod
+CREATE and refuses what Kubernetes refuses (gates only removed, node affinity only narrowed
+and only while gated, binding only of ungated pods to nodes their affinity admits).  The node
+agent and the kubelet are played by the test: the agent reports a spec applied in the
+NodePartitioning status, the kubelet posts the node's allocatable devices.  Time is looptime's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import kmock
+import kopf
+import pytest
+from fake_apiserver import (
+    MWC_RESOURCE,
+    NP_PATH,
+    NP_RESOURCE,
+    Admission,
+    ApiServer,
+    Unschedulable,
+    bind_like_scheduler,
+    declare,
+    stored,
+)
+from test_partitioner_webhook import (
+    HOST,
+    ca_bundle,
+    configuration,
+    free_port,
+    settings,
+    wait_served,
+)
+
+from partitioner.gating import GATE
+from partitioner.operator import Controller, run_operator
+from partitioner.reservations import RESERVATION_ANNOTATION, State, parse_reservation
+from partitioner.webhook import WEBHOOK_PATH
+
+SEVEN_G = "nvidia.com/mig-7g.80gb"
+A100 = {
+    "gpuslice.io/partitioning": "mig",
+    "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+    "nvidia.com/gpu.count": "1",
+}
+PODS = "/api/v1/namespaces/default/pods"
+
+
+@pytest.fixture
+def kmock_options() -> dict[str, Any]:
+    return {"cls": ApiServer}
+
+
+async def eventually(check: Callable[[], Any], within: float, step: float = 0.5) -> Any:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while not (result := check()):
+        if loop.time() >= deadline:
+            raise AssertionError(f"condition not met within {within}s of loop time")
+        await asyncio.sleep(step)
+    return result
+
+
+def node(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": dict(A100)},
+        "status": {"allocatable": {"cpu": "64", "memory": "512Gi"}},
+    }
+
+
+def pod(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"containers": [{"name": "main", "resources": {"limits": {SEVEN_G: "1"}}}]},
+    }
+
+
+def get_pod(api: ApiServer, name: str) -> dict[str, Any]:
+    obj = stored(api, "v1/pods", name, "default")
+    assert obj is not None
+    return obj
+
+
+def reservation(api: ApiServer, name: str) -> Any:
+    raw = (get_pod(api, name)["metadata"].get("annotations") or {}).get(RESERVATION_ANNOTATION)
+    return parse_reservation(raw) if raw else None
+
+
+def pod_events(api: ApiServer, name: str) -> list[tuple[str, str]]:
+    out = []
+    for (res, _ns, _n), obj in api.objects.items():
+        if res == kmock.resource("v1/events") and not obj.deleted:
+            inv = obj.get("involvedObject") or {}
+            if inv.get("kind") == "Pod" and inv.get("name") == name:
+                out.append((obj["reason"], obj["message"]))
+    return out
+
+
+async def agent_applies(api: ApiServer, name: str) -> dict[str, Any]:
+    """The node agent applied the current spec: all its instances exist, none used yet."""
+    np = stored(api, NP_RESOURCE, name)
+    assert np is not None
+    gen = np["metadata"]["generation"]
+    gpus = [
+        {"index": g["index"], "migEnabled": True,
+         "mig": [{"profile": m["profile"], "start": m["start"], "used": False} for m in g["mig"]]}
+        for g in np["spec"]["gpus"]
+    ]  # fmt: skip
+    status = {
+        "observedGeneration": gen,
+        "planId": np["spec"]["planId"],
+        "gpus": gpus,
+        "conditions": [{"type": "Applied", "status": "True", "observedGeneration": gen}],
+    }
+    resp = await api.patch(f"{NP_PATH}/{name}/status", json={"status": status})
+    assert resp.status == 200, await resp.text()
+    return np
+
+
+async def kubelet_advertises(api: ApiServer, name: str, devices: dict[str, int]) -> None:
+    alloc = {"cpu": "64", "memory": "512Gi", **{r: str(k) for r, k in devices.items()}}
+    resp = await api.patch(f"/api/v1/nodes/{name}/status", json={"status": {"allocatable": alloc}})
+    assert resp.status == 200, await resp.text()
+
+
+@contextlib.asynccontextmanager
+async def gating_operator(
+    api: ApiServer, tmp_path: Path, **overrides: Any
+) -> AsyncIterator[Controller]:
+    """The partitioner with its webhook, wired into the fake API server's pod CREATEs."""
+    port = free_port()
+    config = settings(tmp_path, port, batch_timeout_seconds=20, batch_idle_seconds=5, **overrides)
+    info = kopf.ConnectionInfo(server=str(api.url).rstrip("/"))
+    controller = Controller(config, connection=info, clock=asyncio.get_running_loop().time)
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_operator(controller, stop_flag=stop))
+    try:
+        ca = await wait_served(port, lambda: ca_bundle(api))
+        cafile = tmp_path / f"ca-{port}.crt"
+        cafile.write_bytes(ca)
+        url = f"https://127.0.0.1:{port}{WEBHOOK_PATH}"
+        api.configure_admission(Admission(url=url, cafile=cafile, server_hostname=HOST))
+        await eventually(lambda: controller.last_cycle is not None, within=30, step=0.1)
+        yield controller
+    finally:
+        api.configure_admission(None)
+        stop.set()
+        await asyncio.wait_for(task, timeout=30)
+    assert task.exception() is None
+
+
+async def setup(api: ApiServer, *nodes: str) -> None:
+    declare(api)
+    await api.post("/apis/" + MWC_RESOURCE, json=configuration())
+    for n in nodes:
+        resp = await api.post("/api/v1/nodes", json=node(n))
+        assert resp.status in (200, 201), await resp.text()
+
+
+@pytest.mark.looptime
+async def test_gated_planned_applied_released_and_bound_on_the_planned_node(
+    kmock: ApiServer, tmp_path: Path
+) -> None:
+    await setup(kmock, "n1", "n2")
+    async with gating_operator(kmock, tmp_path):
+        await eventually(lambda: stored(kmock, NP_RESOURCE, "n2"), within=10)
+        resp = await kmock.post(PODS, json=pod("p1"))
+        assert resp.status in (200, 201), await resp.text()
+        assert get_pod(kmock, "p1")["spec"]["schedulingGates"] == [{"name": GATE}]  # admission
+
+        r = await eventually(lambda: reservation(kmock, "p1"), within=40)
+        assert r.state is State.PLANNED and r.plan
+        np = stored(kmock, NP_RESOURCE, r.node)
+        assert np is not None and np["spec"]["planId"] == r.plan
+        assert json.loads(np["metadata"]["annotations"]["gpuslice.io/planned-pods"]) == [
+            "default/p1"
+        ]
+        await asyncio.sleep(5)  # the node has not applied: the pod stays gated
+        assert get_pod(kmock, "p1")["spec"]["schedulingGates"] == [{"name": GATE}]
+        with pytest.raises(Unschedulable, match="gated"):
+            await bind_like_scheduler(kmock, "default", "p1", r.node)
+
+        await agent_applies(kmock, r.node)
+        await kubelet_advertises(kmock, r.node, {SEVEN_G: 1})
+        await eventually(lambda: not get_pod(kmock, "p1")["spec"].get("schedulingGates"), 10)
+        released = reservation(kmock, "p1")
+        assert (released.state, released.node) == (State.RELEASED, r.node)
+        other = "n2" if r.node == "n1" else "n1"
+        with pytest.raises(Unschedulable):  # its affinity now admits the planned node only
+            await bind_like_scheduler(kmock, "default", "p1", other)
+        bound = await bind_like_scheduler(kmock, "default", "p1", r.node)
+        assert bound["spec"]["nodeName"] == r.node
+        view = (stored(kmock, NP_RESOURCE, r.node) or {}).get("status", {}).get("reservations")
+        assert view == [
+            {"pod": "default/p1", "state": "released", "gpus": {SEVEN_G: [0]}, "plan": r.plan}
+        ]
+        reasons = [reason for reason, _ in pod_events(kmock, "p1")]
+        assert reasons[:3] == ["Gated", "Reserved", "Released"], reasons
+
+
+@pytest.mark.looptime
+async def test_a_restart_mid_way_loses_no_reservation(kmock: ApiServer, tmp_path: Path) -> None:
+    await setup(kmock, "n1")
+    async with gating_operator(kmock, tmp_path):
+        await eventually(lambda: stored(kmock, NP_RESOURCE, "n1"), within=10)
+        await kmock.post(PODS, json=pod("p1"))
+        r = await eventually(lambda: reservation(kmock, "p1"), within=40)
+    writes = [q for q in list(kmock) if str(q.method).upper().endswith("PATCH")
+              and q.url.path == f"{NP_PATH}/n1" and isinstance(q.data, dict) and "spec" in q.data]  # fmt: skip
+    assert len(writes) == 1
+    # down: the agent applies meanwhile
+    await agent_applies(kmock, "n1")
+    await kubelet_advertises(kmock, "n1", {SEVEN_G: 1})
+    async with gating_operator(kmock, tmp_path):
+        await eventually(lambda: not get_pod(kmock, "p1")["spec"].get("schedulingGates"), 20)
+        released = reservation(kmock, "p1")
+        assert (released.state, released.node, released.plan) == (State.RELEASED, "n1", r.plan)
+        await asyncio.sleep(30)  # nothing is planned twice
+    writes_after = [q for q in list(kmock) if str(q.method).upper().endswith("PATCH")
+                    and q.url.path == f"{NP_PATH}/n1" and isinstance(q.data, dict)
+                    and "spec" in q.data]  # fmt: skip
+    assert len(writes_after) == 1
+
+
+@pytest.mark.looptime
+async def test_a_node_that_never_applies_gives_the_pod_to_another_after_the_deadline(
+    kmock: ApiServer, tmp_path: Path
+) -> None:
+    await setup(kmock, "n1", "n2")
+    async with gating_operator(kmock, tmp_path, apply_deadline_seconds=60, cooldown_seconds=600):
+        await eventually(lambda: stored(kmock, NP_RESOURCE, "n2"), within=10)
+        await kmock.post(PODS, json=pod("p1"))
+        first = await eventually(lambda: reservation(kmock, "p1"), within=40)
+        # its agent is down: the spec is never applied
+        second = await eventually(
+            lambda: (r := reservation(kmock, "p1")) is not None and r.node != first.node and r,
+            within=120,
+        )
+        assert second.state is State.PLANNED
+        messages = [m for reason, m in pod_events(kmock, "p1") if reason == "ReservationDropped"]
+        assert messages and f"node {first.node} did not apply plan {first.plan}" in messages[0]
+        node_events = [
+            obj for (res, _ns, _n), obj in kmock.objects.items()
+            if res == kmock.resource("v1/events") and not obj.deleted
+            and (obj.get("involvedObject") or {}).get("kind") == "Node"
+            and obj.get("reason") == "ApplyDeadlineMissed"
+        ]  # fmt: skip
+        assert [e["involvedObject"]["name"] for e in node_events] == [first.node]
+        await agent_applies(kmock, second.node)
+        await kubelet_advertises(kmock, second.node, {SEVEN_G: 1})
+        await eventually(lambda: not get_pod(kmock, "p1")["spec"].get("schedulingGates"), 10)
+        await bind_like_scheduler(kmock, "default", "p1", second.node)
+
+
+@pytest.mark.looptime
+async def test_a_reserved_slice_is_given_to_no_other_pod(kmock: ApiServer, tmp_path: Path) -> None:
+    await setup(kmock, "n1")
+    async with gating_operator(kmock, tmp_path):
+        await eventually(lambda: stored(kmock, NP_RESOURCE, "n1"), within=10)
+        await kmock.post(PODS, json=pod("p1"))
+        r = await eventually(lambda: reservation(kmock, "p1"), within=40)
+        await agent_applies(kmock, "n1")
+        # A competing pod created while the webhook was unreachable: ungated, unschedulable.
+        kmock.configure_admission(None)
+        await kmock.post(PODS, json={**pod("q"), "status": {"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}})  # fmt: skip
+        await asyncio.sleep(40)  # windows close, plans run: neither gets p1's slice
+        assert reservation(kmock, "p1").node == "n1"
+        q = reservation(kmock, "q")
+        assert q is None or q.plan != r.plan  # q is planned no slice of p1's plan
+        np = stored(kmock, NP_RESOURCE, "n1") or {}
+        assert np["spec"]["planId"] == r.plan  # one GPU, one 7g, held by p1: nothing rewritten
+        # kube-scheduler still could bind the ungated pod onto the slice (it counts devices,
+        # not promises): gpuslice then plans a new slice for p1 on its node (SliceTaken).
+        await kubelet_advertises(kmock, "n1", {SEVEN_G: 1})
+        await eventually(lambda: not get_pod(kmock, "p1")["spec"].get("schedulingGates"), 10)
+        await bind_like_scheduler(kmock, "default", "q", "n1")
+        await eventually(
+            lambda: any(reason == "SliceTaken" for reason, _ in pod_events(kmock, "p1")), 10
+        )
