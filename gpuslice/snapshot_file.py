@@ -16,8 +16,9 @@ before they read them:
 * every resource quantity (node ``status.allocatable``, container ``requests``/``limits``, pod
   ``overhead``) is a Kubernetes quantity -- a string or a number, not ``true``, within int64 --
   as the API server itself requires;
-* GPU Feature Discovery's ``nvidia.com/gpu.count`` is at most 128 (16 GPUs in MIG single
-  strategy count 7 devices each) and ``nvidia.com/gpu.memory`` at most 16 TiB;
+* GPU Feature Discovery's ``nvidia.com/gpu.memory`` is at most 16 TiB.  A huge
+  ``nvidia.com/gpu.count`` is *not* refused here: it is what the cluster says, so the plan
+  reports that node as a problem (``TooManyGpus``, the node left out) and plans the rest;
 * node selectors, node affinity terms, tolerations, taints, pod conditions, priority and the
   scalar fields next to them have the API's types;
 * a NodePartitioning's ``spec.gpus``/``status.gpus`` name each GPU index once and only indices
@@ -44,6 +45,8 @@ __all__ = ["MAX_ITEMS", "SnapshotFileError", "check_kubectl_list", "read_snapsho
 MAX_ITEMS = 300_000
 """Objects in one dump (Kubernetes' limits: 5,000 nodes, 150,000 pods)."""
 MAX_GPU_COUNT_LABEL = 128
+"""Above this ``nvidia.com/gpu.count`` (16 GPUs x 7 MIG devices in GFD's single strategy, 128
+for headroom) NodePartitioning GPU indices are not checked against the label."""
 MAX_GPU_MEMORY_LABEL_MIB = 16 * 1024 * 1024
 MAX_NAME = 253
 """Kubernetes object names (DNS subdomain) are at most 253 characters."""
@@ -166,12 +169,14 @@ def _metadata(item: Mapping[str, Any], kind: str) -> tuple[str, str, Mapping[str
     return name, namespace, labels
 
 
-def _label_int(labels: Mapping[str, str], key: str, limit: int) -> int | None:
-    """A numeric GFD label's value (``None``: absent or not a number -- the reader reports
-    those itself); beyond ``limit``: an error."""
+def _label_int(labels: Mapping[str, str], key: str, limit: int | None) -> int | None:
+    """A numeric GFD label's value (``None``: absent, not a number or over 12 digits -- the
+    reader reports those itself); beyond ``limit`` (if any): an error."""
     raw = labels.get(key)
     if raw is None or not raw.strip().isdigit():
         return None
+    if limit is None:
+        return int(raw) if len(raw.strip()) <= 12 else None
     if len(raw.strip()) > 12 or int(raw) > limit:
         raise _Bad(f"metadata.labels[{key!r}]", f"{raw[:20]!r} is more than {limit:,}")
     return int(raw)
@@ -312,9 +317,9 @@ def check_kubectl_list(doc: Any, where: str) -> None:
                 )
             seen[key] = i
             if kind == "Node":
-                count = _label_int(labels, GPU_COUNT_LABEL, MAX_GPU_COUNT_LABEL)
+                count = _label_int(labels, GPU_COUNT_LABEL, None)
                 _label_int(labels, GPU_MEMORY_LABEL, MAX_GPU_MEMORY_LABEL_MIB)
-                if count and _counts_gpus(labels):
+                if count and count <= MAX_GPU_COUNT_LABEL and _counts_gpus(labels):
                     gpu_counts[name] = count
                 _check_node(item)
             elif kind == "Pod":

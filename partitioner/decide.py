@@ -96,6 +96,7 @@ from partitioner.eligibility import pod_fits_node
 from partitioner.gating import release_patch, ungate_patch
 from partitioner.index import ClusterIndex, NodeInfo, PodInfo
 from partitioner.ledger import Hold, NodeLedger, build_ledgers
+from partitioner.rejection import reject_reason
 from partitioner.reservations import RESERVATION_ANNOTATION, Reservation, State
 from partitioner.snapshot import (
     PLANNED_AT_ANNOTATION,
@@ -104,7 +105,7 @@ from partitioner.snapshot import (
     opted_in,
     planned_pods,
 )
-from planner.catalog import Catalog, CatalogError
+from planner.catalog import Catalog
 from planner.settings import PlannerSettings
 from planner.snapshot import (
     Assignment,
@@ -114,7 +115,6 @@ from planner.snapshot import (
     PlannedGpu,
     Snapshot,
     Unplaced,
-    mig_profile_of,
     mps_gb_of,
 )
 
@@ -132,7 +132,6 @@ __all__ = [
 PlanFn = Callable[[Any, PlannerSettings, Catalog], Plan]
 """``plan(snapshot, settings, catalog) -> Plan``."""
 
-_MIG_MODES = (Mode.MIG, Mode.HYBRID)
 MIB_PER_GIB = 1024
 
 
@@ -338,36 +337,8 @@ def _reject_reason(
     pod: PodInfo, eligible: frozenset[str], gpu_nodes: Mapping[str, NodeInfo]
 ) -> str | None:
     """Why the pod can never be placed on the current nodes, or ``None``."""
-    for resource in sorted(pod.slices):
-        profile, gb = mig_profile_of(resource), mps_gb_of(resource)
-        modes = _MIG_MODES if profile is not None else (Mode.MPS,)
-        kind = "MIG" if profile is not None else "MPS"
-        fitting = [
-            g for n in sorted(eligible) if (g := gpu_nodes[n].gpu) is not None and g.mode in modes
-        ]
-        if not fitting:
-            return (
-                f"no eligible node: no opted-in {kind} node matches the pod's nodeSelector, "
-                f"affinity and tolerations (for {resource})"
-            )
-        if gb is not None and gb <= 0:
-            return f"unknown resource {resource}: an MPS slice needs at least 1 GB"
-        if profile is not None and not any(_has_profile(g.model, profile) for g in fitting):
-            models = sorted({g.model.name for g in fitting})
-            valid = ", ".join(p.name for p in fitting[0].model.profiles)
-            return (
-                f"unknown resource {resource}: no eligible GPU ({', '.join(models)}) has MIG "
-                f"profile {profile}; valid on {fitting[0].model.name}: {valid}"
-            )
-    return None
-
-
-def _has_profile(model: Any, profile: str) -> bool:
-    try:
-        model.profile(profile)
-    except CatalogError:
-        return False
-    return True
+    gpus = [(g.mode, g.model) for n in sorted(eligible) if (g := gpu_nodes[n].gpu) is not None]
+    return reject_reason(pod.slices, gpus)
 
 
 def _order(pod: PodInfo) -> tuple[object, ...]:
@@ -955,7 +926,8 @@ class _Step:
         if not self.config.reservation or self.config.drain_fraction <= 0:
             return
         frozen_now = sum(1 for ledger in self.ledgers.values() for g in ledger.gpus if g.frozen)
-        budget = drain_budget(self.ledgers.values(), self.config.drain_fraction) - frozen_now
+        full = drain_budget(self.ledgers.values(), self.config.drain_fraction)
+        budget = full - frozen_now
         starving = [
             self.candidates[k]
             for k in self.managed
@@ -966,7 +938,9 @@ class _Step:
         ]
         for pod in sorted(starving, key=_order):
             need = sum(pod.slices.values())
-            if need > budget:
+            # In age order (no pod overtakes an older starving one); a pod larger than the
+            # whole budget (a whole-node pod) drains alone, when nothing else is draining.
+            if need > budget and not (need > full and budget == full):
                 break
             eligible = self.index.eligible(pod, self.gpu_nodes)
             options = [

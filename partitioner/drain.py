@@ -15,7 +15,10 @@ and whose model offers the pod's resources, take the ``units`` least loaded GPUs
 slices of instances in use or held on MIG GPUs, MiB of slices in use or held on MPS GPUs; then
 devices in use; then index); the node whose chosen GPUs carry the least load wins (then the
 fewest devices in use, then the name).  At most ``budget`` GPUs may be frozen in the cluster at
-once (:func:`drain_budget`); a pod whose drain would exceed it waits for a later cycle.
+once (:func:`drain_budget`); drains start in age order, and a pod whose drain would exceed what
+is left waits for a later cycle, as do all younger ones (none overtakes it).  A pod that needs
+more GPUs than the whole budget (a whole-node pod on a small cluster) drains alone: when no
+other GPU is frozen.
 
 Starvation bound: a pod that no plan can place is frozen a GPU set at most one batch window
 after it has waited ``drain_after`` (if the budget has room); the set empties once the pods on

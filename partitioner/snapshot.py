@@ -48,23 +48,20 @@ from contract.nodepartitioning import NodePartitioning
 from partitioner.adoption import Adopted, adopt_all
 from partitioner.eligibility import eligible_nodes
 from partitioner.node_labels import (
-    COUNT_LABEL,  # noqa: F401 - re-exported: simulations.replay_objects imports it from here
-    MEMORY_LABEL,  # noqa: F401
     PRODUCT_LABEL,
     GpuLabels,
     LabelProblem,
     read_gpu_labels,
 )
 from partitioner.quantities import QuantityError, cpu_milli, memory_mib, pod_requests
-from planner.catalog import Catalog, CatalogError, GpuModel
+from partitioner.rejection import MIG_MODES, reject_reason
+from planner.catalog import Catalog, GpuModel
 from planner.snapshot import (
     Mode,
     NodeState,
     PendingPod,
     Snapshot,
     is_partitionable_resource,
-    mig_profile_of,
-    mps_gb_of,
 )
 
 __all__ = [
@@ -93,7 +90,6 @@ PLANNED_PODS_ANNOTATION = "gpuslice.io/planned-pods"
 PLANNED_AT_ANNOTATION = "gpuslice.io/planned-at"
 """On a NodePartitioning: when its current spec was planned (seconds since the epoch)."""
 
-_MIG_MODES = (Mode.MIG, Mode.HYBRID)
 
 Obj = Mapping[str, Any]
 
@@ -208,7 +204,7 @@ def read_node(node: Obj, catalog: Catalog) -> GpuNode | NodeProblem | None:
     if isinstance(read, LabelProblem):
         return NodeProblem(name, read.reason, read.message)
     model = read.model
-    if mode in _MIG_MODES and not model.mig_capable:
+    if mode in MIG_MODES and not model.mig_capable:
         return NodeProblem(
             name,
             "MigNotSupported",
@@ -297,25 +293,11 @@ def _classify_pod(
         return f"invalid resource request: {e}"
     slices = {r: n for r, n in slices.items() if n > 0}
     eligible = eligible_nodes(pod, (view.nodes[n] for n in sorted(gpu_nodes)))
-    for resource in sorted(slices):
-        profile, gb = mig_profile_of(resource), mps_gb_of(resource)
-        modes = _MIG_MODES if profile is not None else (Mode.MPS,)
-        kind = "MIG" if profile is not None else "MPS"
-        fitting = [gpu_nodes[n] for n in sorted(eligible) if gpu_nodes[n].mode in modes]
-        if not fitting:
-            return (
-                f"no eligible node: no opted-in {kind} node matches the pod's nodeSelector, "
-                f"affinity and tolerations (for {resource})"
-            )
-        if gb is not None and gb <= 0:
-            return f"unknown resource {resource}: an MPS slice needs at least 1 GB"
-        if profile is not None and not any(_has_profile(n.model, profile) for n in fitting):
-            models = sorted({n.model.name for n in fitting})
-            valid = ", ".join(p.name for p in fitting[0].model.profiles)
-            return (
-                f"unknown resource {resource}: no eligible GPU ({', '.join(models)}) has MIG "
-                f"profile {profile}; valid on {fitting[0].model.name}: {valid}"
-            )
+    reason = reject_reason(
+        slices, [(gpu_nodes[n].mode, gpu_nodes[n].model) for n in sorted(eligible)]
+    )
+    if reason is not None:
+        return reason
     priority = (pod.get("spec") or {}).get("priority") or 0
     return PendingPod(
         name=pod_key(pod),
@@ -325,14 +307,6 @@ def _classify_pod(
         priority=int(priority),
         eligible_nodes=frozenset(eligible),
     )
-
-
-def _has_profile(model: GpuModel, profile: str) -> bool:
-    try:
-        model.profile(profile)
-    except CatalogError:
-        return False
-    return True
 
 
 def _free_node_resources(

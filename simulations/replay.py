@@ -384,6 +384,8 @@ class _Engine:
         self.heap: list[tuple[float, int, int, str]] = []
         self.seq = 0
         self.live = 0
+        self.waiting = 0
+        """Pods waiting to be bound (arrived or disrupted, not bound, not abandoned)."""
         self.epoch = settings.epoch_s
         rng = random.Random(settings.seed)
         self.index = ClusterIndex(catalog)
@@ -391,6 +393,7 @@ class _Engine:
         self.api = SimApi(self.index, webhook=reserve)
         self.scheduler = Scheduler(self.api, random.Random(rng.random()))
         self.kubelet = Kubelet.create(fake, self.api, random.Random(rng.random()))
+        self.result.status_sync = dict(self.kubelet.phases)
         self.state = ControllerState()
         self.config: DecideConfig | None = None
         self._planner_ms = 0.0
@@ -583,6 +586,7 @@ class _Engine:
         if rec.waiting_since is not None:
             rec.pending_s += t - rec.waiting_since
             rec.waiting_since = None
+            self.waiting -= 1
         self.seq += 1
         self.running[name] = self.seq
         self._push(t + pod.duration, _Kind.DEPART, f"{self.seq}:{name}")
@@ -747,6 +751,7 @@ class _Engine:
         if kind is _Kind.ARRIVE:
             pod = self.pods[payload]
             self.records[payload] = PodRecord(payload, t, dict(pod.requests), waiting_since=t)
+            self.waiting += 1
             self._create(payload, t)
             if self.settings.max_pending_s is not None:
                 self._push(t + self.settings.max_pending_s, _Kind.ABANDON, payload)
@@ -779,6 +784,7 @@ class _Engine:
                 self.result.disruptions += 1
                 self.records[victim].disruptions += 1
                 self.records[victim].waiting_since = t
+                self.waiting += 1
                 self.running.pop(victim, None)
                 self.api.delete_pod(self._key(victim))
                 self._create(victim, t)
@@ -805,6 +811,7 @@ class _Engine:
             if info is not None and info.waiting and rec.waiting_since is not None:
                 rec.pending_s += t - rec.waiting_since
                 rec.waiting_since = None
+                self.waiting -= 1
                 rec.abandoned = True
                 self.api.delete_pod(key)
                 self.scheduler.forget(key)
@@ -831,10 +838,11 @@ class _Engine:
             self._wake("flush_at", max(flush, t + _EPSILON), _Kind.FLUSH)
 
     def _quiet(self, t: float) -> bool:
-        """Nothing can change any more: no live event, and no progress for a long while."""
+        """Nothing can change any more: no live event, and no pod waiting or no progress for a
+        long while."""
         if self.live > 0:
             return False
-        if self.config is None:
+        if self.waiting == 0 or self.config is None:
             return True
         if self.error_streak >= self.settings.max_planner_errors:
             return True

@@ -101,6 +101,8 @@ class ReplayResult:
     scheduling_attempts: int = 0
     partitioner_steps: int = 0
     api_refusals: dict[str, int] = field(default_factory=dict)
+    status_sync: dict[str, float] = field(default_factory=dict)
+    """Node -> phase (s) of its kubelet's node-status sync: syncs at ``phase + k * 10 s``."""
 
     def pending_times(self) -> list[float]:
         return [p.pending_at(self.end) for p in self.pods]

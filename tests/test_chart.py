@@ -331,7 +331,11 @@ def test_network_policies_admit_only_scrapers_to_the_metrics_ports(chart: helm.C
             {"namespaceSelector": {"matchLabels": {"gpuslice.io/metrics-scraper": "true"}}}
         ]
         # The API server (not a pod) calls the partitioner's admission webhook: from anywhere.
-        want = [{"ports": [{"port": ports["webhook"], "protocol": "TCP"}]}] if "webhook" in ports else []
+        want = (
+            [{"ports": [{"port": ports["webhook"], "protocol": "TCP"}]}]
+            if "webhook" in ports
+            else []
+        )
         assert webhook == want
     notes = render_files(chart, {})["gpuslice/templates/NOTES.txt"]
     assert "gpuslice.io/metrics-scraper=true" in notes
@@ -807,6 +811,14 @@ def test_partitioner_values_reach_its_settings(
                 "weights": {"destroy": 7, "gpuTouched": 0},
                 "mpsReserveMiB": 1024,
             },
+            "reservations": {
+                "enabled": False,
+                "applyDeadlineSeconds": 60,
+                "bindDeadlineSeconds": 30,
+                "cooldownSeconds": 0,
+                "drainAfterSeconds": 7200,
+                "drainFraction": 0.25,
+            },
         }
     }
     apply_env(monkeypatch, gpuslice_env(container(render(chart, values), "Deployment")))
@@ -820,6 +832,8 @@ def test_partitioner_values_reach_its_settings(
         0,
     )
     assert p.mps_reserve_mib == 1024
+    assert (s.reservation, s.apply_deadline_seconds, s.bind_deadline_seconds) == (False, 60, 30)
+    assert (s.cooldown_seconds, s.drain_after_seconds, s.drain_fraction) == (0, 7200, 0.25)
 
 
 def test_agent_settings_accept_the_chart_env(

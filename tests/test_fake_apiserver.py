@@ -363,7 +363,7 @@ async def test_binding_like_kube_scheduler(api: ApiServer) -> None:
 
     status, _ = await patch(api, "p1", release_patch(gated, "n1"))
     assert status == 200
-    with pytest.raises(Unschedulable, match="does not match the pod.s nodeSelector"):
+    with pytest.raises(Unschedulable, match=r"does not match the pod.s nodeSelector"):
         await bind_like_scheduler(api, "default", "p1", "n2")
     bound = await bind_like_scheduler(api, "default", "p1", "n1")
     assert bound["spec"]["nodeName"] == "n1"

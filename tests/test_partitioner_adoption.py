@@ -286,7 +286,8 @@ def test_decide_writes_adopted_layouts_and_leaves_locked_gpus_out_of_the_spec() 
         [("3g.40gb", 0)],
         [("3g.40gb", 4)],
     )
-    locked = next(n for n in second.reading.nodes if n.name == "n").gpus[0]
+    assert second.snapshot is not None  # what the planner saw: GPU 0 as adopted, locked
+    locked = next(n for n in second.snapshot.nodes if n.name == "n").gpus[0]
     assert locked.locked and sum(i.used for i in locked.mig) == 3
 
 

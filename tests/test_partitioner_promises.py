@@ -9,6 +9,7 @@ affinity or adds a gate would fail here too.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime
 import json
 import math
@@ -413,6 +414,29 @@ def test_a_long_waiting_pod_no_gpu_can_host_gets_a_drain_then_the_emptied_gpu() 
     assert by_index[1] == [("1g.10gb", 0), ("1g.10gb", 1), ("3g.40gb", 4)]
     r = reservation(c, "big")
     assert (r.state, r.node, dict(r.gpus)) == (State.PLANNED, "n1", {SEVEN_G: (0,)})
+
+
+def test_a_pod_larger_than_the_drain_budget_drains_alone() -> None:
+    """Budget 1 GPU (a quarter of 2, at least 1); a pod needing both GPUs of the node would
+    never fit it: it drains alone, when nothing else drains."""
+    config = dataclasses.replace(CONFIG, drain_fraction=0.25)
+    busy = [status_gpu(i, ("3g.40gb", 4, True)) for i in (0, 1)]
+    three = "nvidia.com/mig-3g.40gb"
+    whole_node = gated("whole", SEVEN_G, created=T0)
+    whole_node["spec"]["containers"][0]["resources"]["limits"][SEVEN_G] = "2"
+    c = Cluster(
+        node("n1", MIG),
+        applied_np("n1", *busy),
+        whole_node,
+        running("a", "n1", three),
+        running("b", "n1", three),
+    )
+    c.step(T0 + 600, config)
+    d = c.step(T0 + 611, config)
+    assert d.plan is not None and "ns/whole" in d.plan.unplaced
+    (msg,) = events(d, "Draining")
+    assert "draining node n1 GPU 0, 1" in msg
+    assert reservation(c, "whole").state is State.DRAINING
 
 
 def test_a_drained_gpu_takes_no_other_pod() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -74,26 +75,47 @@ def test_static_whole_gpu_queue_is_hand_computed() -> None:
 
 
 def test_partitioner_window_and_apply_delay_are_hand_computed() -> None:
-    # empty GPU: the pod is unschedulable at 0, the window opens at 0, idles out at 10,
-    # the spec is applied at 15 and the pod binds then
+    # nos's path (greedy, no gates): kube-scheduler finds no slice at 0 (Unschedulable); the
+    # partitioner sees that at its next cycle (1 s), the window opens at 1 and idles out at 11;
+    # the spec is applied at 16; the node's allocatable reaches the API at the kubelet's next
+    # status sync (phase + 10 k s), and kube-scheduler binds the pod then
     settings = ReplaySettings(batch_timeout_s=60, batch_idle_s=10, apply_delay_s=5)
     r = run_time_replay(EMPTY, one_gpu(), "greedy", settings, pods=[pod("a", "1g.10gb", 0, 100)])
     (rec,) = r.pods
-    assert rec.first_bound == 15 and rec.pending_s == 15
-    assert r.reconfigurations == [(15, 1)]
-    assert len(r.plans) == 1 and r.plans[0].time == 10 and r.plans[0].placed == 1
+    phase = r.status_sync["n0"]
+    sync = phase + math.ceil((16 - phase) / 10) * 10
+    assert 16 <= sync < 26
+    assert rec.first_bound == pytest.approx(sync) and rec.pending_s == pytest.approx(sync)
+    assert r.reconfigurations == [(16, 1)]
+    assert len(r.plans) == 1 and r.plans[0].time == 11 and r.plans[0].placed == 1
+    assert r.end == pytest.approx(sync + 100)  # the pod departs; nothing waits: the replay ends
     s = summarize(r)
     assert s.pods_disrupted == 0 and s.never_scheduled == 0
-    assert s.reconfigurations_per_hour == pytest.approx(1 / (115 / 3600))
+    assert s.reconfigurations_per_hour == pytest.approx(1 / ((sync + 100) / 3600))
 
 
 def test_timeout_closes_a_window_that_keeps_getting_arrivals() -> None:
+    # gated pods (cpsat reserves): arrivals at 0, 8, 16, 24 are seen at 1, 9, 17, 25; the window
+    # opened at 1 times out at 21 with 3 pods; applied at once, they are released at the
+    # partitioner's first cycle after the node's allocatable shows the slices (status sync),
+    # and bound then. p3's window opens at 25 and idles out at 35.
     settings = ReplaySettings(batch_timeout_s=20, batch_idle_s=10, apply_delay_s=0)
-    pods = [pod(f"p{i}", "1g.10gb", 8 * i, 1000) for i in range(4)]  # arrivals at 0, 8, 16, 24
+    pods = [pod(f"p{i}", "1g.10gb", 8 * i, 1000) for i in range(4)]
     r = run_time_replay(EMPTY, one_gpu(), "cpsat", settings, pods=pods)
-    assert r.plans[0].time == 20 and r.plans[0].batch == 3
+    assert [(p.time, p.batch) for p in r.plans] == [(21, 3), (35, 1)]
+    phase = r.status_sync["n0"]
+
+    def released(applied: float) -> float:
+        return math.ceil(phase + math.ceil((applied - phase) / 10) * 10)
+
     bound = sorted((p.name, p.first_bound) for p in r.pods)
-    assert bound[:3] == [("p0", 20), ("p1", 20), ("p2", 20)]
+    assert bound == [
+        ("p0", released(21)),
+        ("p1", released(21)),
+        ("p2", released(21)),
+        ("p3", released(35)),
+    ]
+    assert r.theft == 0 and r.events["Released"] == 4
 
 
 # ------------------------------------------------------------------ policies
@@ -112,7 +134,9 @@ def test_every_policy_replays_a_small_workload(policy: str) -> None:
         assert s.plans == 0 and s.gpus_reconfigured == 0
     else:
         assert s.plans > 0 and s.gpus_reconfigured > 0 and s.never_scheduled == 0
-        assert r.events.get("Planned", 0) > 0
+        # cpsat reserves (gated pods: Reserved, Released), greedy is nos's path (Planned)
+        story = ("Reserved", "Released") if policy == "cpsat" else ("Planned",)
+        assert all(r.events.get(e, 0) > 0 for e in story), r.events
 
 
 def test_replay_is_deterministic_for_a_fixed_seed() -> None:
