@@ -66,7 +66,7 @@ from simulations.static_layouts import StaticPolicy, best_static, static_candida
 from simulations.timeline import borrow_times, has_times
 from simulations.workload import Workload
 
-__all__ = ["average_demand", "main", "mig_cluster", "verdict"]
+__all__ = ["average_demand", "main", "mig_cluster", "render_table", "verdict"]
 
 MODEL = "A100-SXM4-80GB"
 
@@ -179,6 +179,7 @@ def _cell(job: tuple[str, int, str, dict[str, Any]]) -> tuple[str, int, str, dic
     out = summarize(result).as_dict()
     out["gpu_pods"] = len(pods)
     out["times_from"] = times_from
+    out["wall_s"] = round(result.wall_s, 1)
     print(
         f"bench_replay: {trace} {nodes} nodes {name}: p95 {out['pending_p95_s']:.0f} s, "
         f"p99 {out['pending_p99_s']:.0f} s, {result.wall_s:.0f} s wall",
@@ -214,7 +215,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="replays run in parallel processes")
     ap.add_argument("--out")
     ap.add_argument("--report", help="write the Markdown report (one trace and node count only)")
+    ap.add_argument(
+        "--render",
+        nargs="+",
+        metavar="JSON",
+        help="print the Markdown table of earlier runs' JSON outputs (merged) and exit",
+    )
     args = ap.parse_args(argv)
+    if args.render:
+        print(render_table(args.render))
+        return 0
 
     traces = list(OPENB_TRACES) if args.trace == "all" else _split(args.trace)
     node_counts = [int(n) for n in _split(args.nodes)]
@@ -278,6 +288,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.report and len(cells) == 1:
         _write_report(args, traces[0], node_counts[0], opts)
     return 0
+
+
+def render_table(paths: Sequence[str]) -> str:
+    """One Markdown table of the cells of several ``--out`` files (a later file's cell wins)."""
+    cells: dict[tuple[str, int], dict[str, Any]] = {}
+    for path in paths:
+        with open(path) as f:
+            doc = json.load(f)
+        for cell in doc["cells"]:
+            cells[(cell["trace"], cell["nodes"])] = cell
+    rows = [
+        "| trace | nodes (GPUs) | regime | pending p95 / p99 (s), CP-SAT | nos-like greedy "
+        "| p95 / p99 ratio | reconfigured | theft | disrupted | wall s | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    order = {t: i for i, t in enumerate(OPENB_TRACES)}
+    for (trace, nodes), cell in sorted(
+        cells.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0][1])
+    ):
+        pols = cell["policies"]
+        c, g = pols.get("cpsat"), pols.get("greedy")
+        if c is None or g is None:
+            continue
+        v = cell.get("verdict") or verdict(c, g)
+        failed = [k for k, ok in v["checks"].items() if not ok]
+        rows.append(
+            f"| {trace} | {nodes} ({cell['gpus']}) | {v['regime'].split(' (')[0]} "
+            f"| {c['pending_p95_s']:,.0f} / {c['pending_p99_s']:,.0f} "
+            f"| {g['pending_p95_s']:,.0f} / {g['pending_p99_s']:,.0f} "
+            f"| {v['p95_ratio'] if v['p95_ratio'] is not None else '-'} / "
+            f"{v['p99_ratio'] if v['p99_ratio'] is not None else '-'} "
+            f"| {c['gpus_reconfigured']} vs {g['gpus_reconfigured']} "
+            f"| {c.get('theft', 0)} vs {g.get('theft', 0)} "
+            f"| {c['pods_disrupted']} vs {g['pods_disrupted']} "
+            f"| {c.get('wall_s', '-')} / {g.get('wall_s', '-')} "
+            f"| {'pass' if v['pass'] else 'FAIL: ' + ', '.join(failed)} |"
+        )
+    return "\n".join(rows)
 
 
 def _split(text: str) -> list[str]:

@@ -57,13 +57,8 @@ from node_agent.deviceplugin import preferred_allocation
 from partitioner.eligibility import pod_fits_node
 from partitioner.gating import admission_patch
 from partitioner.index import ClusterIndex, PodInfo
-from partitioner.snapshot import (
-    COUNT_LABEL,
-    GPUSLICE_LABEL,
-    PLANNED_AT_ANNOTATION,
-    PLANNED_PODS_ANNOTATION,
-    PRODUCT_LABEL,
-)
+from partitioner.node_labels import COUNT_LABEL, PRODUCT_LABEL
+from partitioner.snapshot import GPUSLICE_LABEL, PLANNED_AT_ANNOTATION, PLANNED_PODS_ANNOTATION
 from simulations.fake_cluster import Device, FakeCluster, FakeNode
 from simulations.kube_rules import Invalid, merge_patch, validate_pod_create, validate_pod_update
 

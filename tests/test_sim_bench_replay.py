@@ -1,0 +1,60 @@
+"""bench_replay's acceptance rule (issue 9) per cell and its merged Markdown table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from simulations.bench_replay import render_table, verdict
+
+
+def summary(
+    p95: float, p99: float, reconf: int = 10, theft: int = 0, disrupted: int = 0
+) -> dict[str, Any]:
+    return {
+        "pending_p95_s": p95,
+        "pending_p99_s": p99,
+        "gpus_reconfigured": reconf,
+        "theft": theft,
+        "pods_disrupted": disrupted,
+    }
+
+
+@pytest.mark.parametrize(
+    ("greedy", "cpsat", "regime", "ok"),
+    [
+        (summary(30, 100), summary(25, 100), "light", True),
+        (summary(30, 100), summary(25, 101), "light", False),  # p99 above greedy's
+        (summary(600, 2000), summary(300, 1500), "overload", True),
+        (summary(600, 2000), summary(301, 1500), "overload", False),  # p95 over half
+        (summary(7200, 20000), summary(6480, 18000), "deep overload", True),
+        (summary(7200, 20000), summary(6480, 18001), "deep overload", False),  # p99 > 0.9x
+        (summary(7200, 20000), summary(6481, 18000), "deep overload", False),  # p95 > 0.9x
+        (summary(30, 100), summary(25, 90, reconf=11), "light", False),
+        (summary(30, 100), summary(25, 90, theft=1), "light", False),
+        (summary(30, 100), summary(25, 90, disrupted=1), "light", False),
+    ],
+)
+def test_verdict_applies_the_rule_of_the_regime(
+    greedy: dict[str, Any], cpsat: dict[str, Any], regime: str, ok: bool
+) -> None:
+    v = verdict(cpsat, greedy)
+    assert v["regime"].startswith(regime + " (") and v["pass"] is ok
+
+
+def test_render_merges_files_and_names_the_failed_checks(tmp_path: Path) -> None:
+    def doc(trace: str, nodes: int, c: dict[str, Any], g: dict[str, Any]) -> dict[str, Any]:
+        cell = {"trace": trace, "nodes": nodes, "gpus": 8 * nodes}
+        return {"cells": [{**cell, "policies": {"cpsat": c, "greedy": g}}]}
+
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(doc("gpushare40", 4, summary(10, 20), summary(30, 40))))
+    b.write_text(json.dumps(doc("default", 5, summary(900, 5000), summary(1000, 4000))))
+    lines = render_table([str(a), str(b)]).splitlines()
+    assert len(lines) == 4
+    assert lines[2].startswith("| default | 5 (40) | overload | 900 / 5,000 | 1,000 / 4,000 |")
+    assert lines[2].endswith("| FAIL: p99 <= greedy, p95 <= 0.5 x greedy |")
+    assert lines[3].startswith("| gpushare40 | 4 (32) | light |") and lines[3].endswith("| pass |")
