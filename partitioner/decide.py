@@ -172,8 +172,9 @@ class DecideConfig:
 @dataclass(frozen=True, slots=True)
 class ControllerState:
     window: BatchWindow = field(default_factory=BatchWindow)
-    reported: Mapping[str, str] = field(default_factory=dict)
-    """``pod|Reason`` -> the last message of that reason emitted for it (emit once per change)."""
+    reported: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    """Pod -> Reason -> the last message of that reason emitted for it (emit once per change);
+    pods no longer waiting are forgotten."""
     last_plan_id: int = 0
     cooldown: Mapping[str, float] = field(default_factory=dict)
     """Node -> until when it is left out of plans (it missed an apply deadline)."""
@@ -357,7 +358,9 @@ class _Step:
     ) -> None:
         self.index, self.state, self.now, self.config = index, state, now, config
         self.actions: list[Action] = []
-        self.reported = dict(state.reported)
+        self.reported: Mapping[str, Mapping[str, str]] = state.reported
+        """Pod -> reason -> last message; copied on the first change (copy on write)."""
+        self._reported_own = False
         self.cooldown = {n: t for n, t in state.cooldown.items() if t > now}
         self.gpu_nodes = index.gpu_nodes()
         self.last_id = max(state.last_plan_id, self._plan_id_floor())
@@ -408,11 +411,18 @@ class _Step:
         type_: Literal["Normal", "Warning"] = "Normal",
     ) -> None:
         """Emit an Event on the pod unless the same reason and message were emitted last."""
-        key = f"{pod.key}|{reason}"
-        if self.reported.get(key) == message:
+        have = self.reported.get(pod.key)
+        if have is not None and have.get(reason) == message:
             return
-        self.reported[key] = message
+        reported = self._own_reported()
+        reported[pod.key] = {**(have or {}), reason: message}
         self.actions.append(EmitEvent(_pod_ref(pod), type_, reason, message))
+
+    def _own_reported(self) -> dict[str, Mapping[str, str]]:
+        if not self._reported_own:
+            self.reported = dict(self.reported)
+            self._reported_own = True
+        return self.reported  # type: ignore[return-value]  # the copy made above
 
     def node_event(self, node: str, reason: str, message: str) -> None:
         info = self.index.nodes.get(node)
@@ -579,7 +589,7 @@ class _Step:
                     self.candidate(pod, managed=True)
                     if r is not None:
                         self._read_drain(pod, r)
-                    elif f"{key}|Gated" not in self.reported:
+                    elif "Gated" not in self.reported.get(key, ()):
                         self.once(
                             pod,
                             "Gated",
@@ -1199,9 +1209,12 @@ class _Step:
                 self.once(self.index.pods[key], "Unplaceable", f"cannot place: {reason}", "Warning")
         self.write_views()
         self._window_wakeups()
-        live = {k.split("|", 1)[0] for k in self.reported}
-        keep = live & self.seen
-        reported = {k: m for k, m in self.reported.items() if k.split("|", 1)[0] in keep}
+        gone = self.reported.keys() - self.seen
+        if gone:
+            own = self._own_reported()
+            for key in gone:
+                del own[key]
+        reported = self.reported
         self.counts["candidates"] = len(self.candidates)
         self.counts["rejected"] = len(self.rejected)
         state = ControllerState(self.window, reported, self.last_id, self.cooldown, self.last_plan)
