@@ -398,6 +398,10 @@ class _Engine:
         self.config: DecideConfig | None = None
         self._planner_ms = 0.0
         self.tick_at: float | None = None
+        self.wake_due: float | None = None
+        """The partitioner's next time-based decision (its last ``Decision.next_wakeup``)."""
+        self.stepped_version = -1
+        """The cluster index's version the partitioner last decided on."""
         self.flush_at: float | None = None
         self.schedule_at: float | None = None
         self.sync_at: dict[str, float] = {}
@@ -630,6 +634,7 @@ class _Engine:
     def _step(self, t: float) -> None:
         assert self.config is not None
         decision = decide(self.state, self.index, self.epoch + t, self.config)
+        self.stepped_version = self.index.version
         self.result.partitioner_steps += 1
         self.state = decision.state
         failed_specs: set[str] = set()
@@ -740,10 +745,12 @@ class _Engine:
     def _schedule_next(self, t: float, at: float | None) -> None:
         """Wake the partitioner at its next time-based decision (``Decision.next_wakeup``)."""
         if at is None:
+            self.wake_due = None
             return
         cycle = self.settings.cycle_s
-        when = math.ceil((at - self.epoch) / cycle - 1e-9) * cycle
-        self._wake("tick_at", max(when, t + cycle), _Kind.TICK)
+        when = max(math.ceil((at - self.epoch) / cycle - 1e-9) * cycle, t + cycle)
+        self.wake_due = when
+        self._wake("tick_at", when, _Kind.TICK)
 
     # ------------------------------------------------------------------ events
 
@@ -826,6 +833,13 @@ class _Engine:
             self.scheduler.flush(t)
         elif kind is _Kind.TICK and self.tick_at is not None and self.tick_at <= t:
             self.tick_at = None
+            due = self.wake_due is not None and self.wake_due <= t + _EPSILON
+            if not due and self.index.version == self.stepped_version:
+                # Nothing the partitioner reads changed since its last step and no time-based
+                # decision is due: the step would decide exactly what it decided then.
+                if self.wake_due is not None:
+                    self._wake("tick_at", self.wake_due, _Kind.TICK)
+                return
             self._step(t)
 
     def _run_scheduler(self, t: float) -> None:
