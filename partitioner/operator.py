@@ -16,7 +16,12 @@ Wiring
   calls :func:`partitioner.decide.decide` with the index and the wall clock (reservation
   deadlines are stored on pods in that clock), carries the actions out (:mod:`.writer`), folds
   the written objects back into the index and records metrics.  ``on.cleanup`` stops it.
-* ``on.probe`` reports the age of the last completed cycle on the liveness endpoint.
+* Health (:mod:`.health`): the loop tells :attr:`Controller.health` when it started, when the
+  initial listing completed (readiness) and how each step ended (liveness: stale when no step
+  completed for ``liveness_stale_seconds``, failing after ``liveness_failed_steps`` steps that
+  raised in a row); :class:`~partitioner.health.HealthServer` serves ``/healthz`` and
+  ``/readyz`` from those.  kopf's own liveness endpoint is not used: its probe handlers can only
+  report values, never a failure the kubelet would act on.
 
 Peering: the partitioner runs ``standalone`` (no kopf peering objects).  Run exactly one
 replica with the Deployment strategy ``Recreate``, so two partitioners never write specs at
@@ -53,6 +58,7 @@ from partitioner.decide import (
     decide,
     default_planner,
 )
+from partitioner.health import ControllerHealth
 from partitioner.index import ClusterIndex
 from partitioner.kubeapi import Endpoint, KubeApi
 from partitioner.metrics import Metrics
@@ -90,6 +96,7 @@ class Controller:
         metrics: Metrics | None = None,
         offload: bool = True,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
         cat = catalog if catalog is not None else load_catalog(settings.catalog_files)
@@ -110,6 +117,10 @@ class Controller:
         """Run the decision step in a worker thread (planning must not stall the watchers)."""
         self.clock = clock
         """Seconds since the epoch (tests pass the event loop's fake clock)."""
+        self.health = ControllerHealth(
+            settings.liveness_stale_seconds, settings.liveness_failed_steps, monotonic
+        )
+        """Liveness and readiness of :meth:`run` (``monotonic``: its clock, in seconds)."""
         self.index = ClusterIndex(cat)
         self._buffered: list[tuple[str, str | None, Mapping[str, Any]]] | None = None
         self.state = ControllerState()
@@ -220,7 +231,12 @@ class Controller:
                 del self._awaiting_applied[node]
 
     async def run(self) -> None:
-        """Sync, then step every ``cycle_seconds`` until cancelled; a failing step is logged."""
+        """Sync, then step every ``cycle_seconds`` until cancelled; a failing step is logged.
+
+        Each outcome is told to :attr:`health`: the start, the completed initial listing, and
+        every step (completed or raised).
+        """
+        self.health.started()
         await self._logged_in.wait()
         while True:
             try:
@@ -229,13 +245,17 @@ class Controller:
             except Exception as e:
                 log.warning("initial listing failed (retrying): %s", e)
                 await asyncio.sleep(self.settings.cycle_seconds)
+        self.health.synced()
         while True:
             try:
                 await self.step()
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception as e:
                 log.exception("partitioner cycle failed; retrying next cycle")
+                self.health.step_done(f"{type(e).__name__}: {e}")
+            else:
+                self.health.step_done()
             await asyncio.sleep(self.settings.cycle_seconds)
 
     def start(self) -> None:
@@ -272,12 +292,6 @@ def build_registry(controller: Controller) -> kopf.OperatorRegistry:
             controller.logged_in(info)
         return info
 
-    @kopf.on.probe(id="last_cycle_age_seconds", registry=registry)
-    def _probe(**_: Any) -> float | None:
-        if controller.last_cycle is None:
-            return None
-        return controller.clock() - controller.last_cycle
-
     @kopf.on.event("v1", "nodes", registry=registry)
     def _node(event: Mapping[str, Any], **_: Any) -> None:
         controller.observe("nodes", event)
@@ -300,14 +314,16 @@ async def run_operator(
     *,
     stop_flag: asyncio.Event | None = None,
     ready_flag: asyncio.Event | None = None,
-    liveness_endpoint: str | None = None,
 ) -> None:
-    """Run kopf (standalone, cluster-wide) with the partitioner's handlers until stopped."""
+    """Run kopf (standalone, cluster-wide) with the partitioner's handlers until stopped.
+
+    Health is served by :class:`~partitioner.health.HealthServer` (the caller starts it), not
+    by kopf's liveness endpoint.
+    """
     await kopf.operator(
         registry=build_registry(controller),
         standalone=True,
         clusterwide=True,
         stop_flag=stop_flag,
         ready_flag=ready_flag,
-        liveness_endpoint=liveness_endpoint,
     )

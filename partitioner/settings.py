@@ -77,7 +77,32 @@ class PartitionerSettings(CommonSettings):
         0.1, ge=0, le=1, description="At most this fraction of the GPUs may be drained at once."
     )
     metrics_port: int = Field(8080, ge=0, le=65535, description="Prometheus /metrics port.")
-    health_port: int = Field(8081, ge=0, le=65535, description="Liveness/readiness /healthz port.")
+    health_port: int = Field(
+        8081, ge=0, le=65535, description="Port of /healthz (liveness) and /readyz (readiness)."
+    )
+    liveness_stale_seconds: float = Field(
+        120.0,
+        ge=0,
+        description="Not live when no decision step completed for this long (since start "
+        "before the first one); 0: never stale.  A step takes one cycle plus the planner's "
+        "time limit plus its API writes (30 s timeout each).",
+    )
+    liveness_failed_steps: int = Field(
+        10,
+        ge=0,
+        description="Not live when this many decision steps in a row raised; 0: never.",
+    )
+
+    @model_validator(mode="after")
+    def _stale_after_a_step(self) -> PartitionerSettings:
+        least = self.cycle_seconds + self.planner_time_limit_seconds
+        if self.liveness_stale_seconds and self.liveness_stale_seconds <= least:
+            raise ValueError(
+                f"liveness_stale_seconds ({self.liveness_stale_seconds:g}) must exceed "
+                f"cycle_seconds + planner_time_limit_seconds ({least:g}), the least time "
+                f"between two completed decision steps (or be 0: never stale)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _ports_differ(self) -> PartitionerSettings:

@@ -22,27 +22,42 @@ Stages
    plan places less priority-weighted pods than the greedy plan, the greedy plan is returned
    with status ``GREEDY_FALLBACK``.
 
-Time budget: the planner reads no clock, so ``settings.time_limit_s`` bounds the whole call
-through deterministic sizes.  The work outside the solver is estimated linearly in the
-snapshot's GPUs and pods and in each round's GPUs (coefficients measured on one core of the
-development machine); the solver gets the rest of ``_PLANNED_FRACTION`` of the limit
-(:func:`solver_budget`, never less than ``_MIN_SOLVE_FRACTION`` of it).  A neighbourhood holds
-at most ``max_model_gpus`` GPUs, fewer when the budget is short (one GPU per
-``_BUDGET_S_PER_GPU`` seconds of budget, :func:`neighbourhood_gpus`); the budget is split
-evenly over as many rounds as leave each at least ``_MIN_ROUND_S`` of solver time plus its
-build (:func:`round_limits`).  Several small neighbourhoods solved to (near) optimality place
-more pods than one large one cut off early: on the 1000-node benchmark (6 seeded instances),
-3 rounds of 48 GPUs with ~0.12 s of solver each placed 17 more pods in all than 2 rounds of
-80 GPUs with ~0.17 s, and 4 rounds of 48 with ~0.08 s as many; at 100 nodes, rounds of
-72-96 GPUs did as well as rounds of 48 or better.  Other caps: at most
-``max_candidate_nodes`` nodes per pod group, ``_POD_CAP_PER_GPU`` waiting pods per GPU of a
-round.  On a loaded machine the wall time exceeds the limit by however much slower than the
-estimate the Python stages run.
+Time budget: ``settings.time_limit_s`` is wall time for the whole call.  The planner reads no
+clock; the one clock it obeys is the solver's.  Two budgets are kept:
+
+* **Deterministic shares** (reproducible): the work outside the solver is estimated linearly in
+  the snapshot's GPUs and pods and in each round's GPUs (coefficients measured on one core of
+  the development machine); the solver gets the rest of ``_PLANNED_FRACTION`` of the limit
+  (:func:`solver_budget`, never less than ``_MIN_SOLVE_FRACTION`` of it).  A neighbourhood
+  holds at most ``max_model_gpus`` GPUs, fewer when the budget is short (one GPU per
+  ``_BUDGET_S_PER_GPU`` seconds of budget, :func:`neighbourhood_gpus`); the budget is split
+  evenly over as many rounds as leave each at least ``_MIN_ROUND_S`` of solver time plus its
+  build (:func:`round_limits`).  A round's share is its CP-SAT deterministic-time limit.
+* **Wall time** (:class:`planner.mig_cpsat.WallBudget` of ``_PLANNED_FRACTION`` of the limit):
+  charged the estimate of the work before the rounds and of each round's build (scaled by the
+  slowdown the solves show, once one ran until its deterministic limit), and the solver's own
+  wall time of every solve (``CpSolver.wall_time``: it counts whatever the machine, however
+  loaded, took from the solve).  Each round's CP-SAT wall-clock limit is what is left of it; a
+  round with less than ``_MIN_WALL_S`` left is not run, nor any after it
+  (``stats['rounds_skipped']``).
+
+On a machine as fast as the development machine the deterministic limit ends every solve
+first, so the plan is reproducible; on a slower or loaded one the wall-clock limits end the
+solves and later rounds get only what earlier ones left, so the wall time stays near the
+limit, and the plan depends on timing.  What no solver limit can cut is the work outside it
+(validation, the greedy plan, model building): at 1000 nodes that is most of a second of a
+1 s limit on a machine four times slower than the estimate assumes.  Several small
+neighbourhoods solved to (near) optimality place more pods than one large one cut off early: on
+the 1000-node benchmark (6 seeded instances), 3 rounds of 48 GPUs with ~0.12 s of solver each
+placed 17 more pods in all than 2 rounds of 80 GPUs with ~0.17 s, and 4 rounds of 48 with
+~0.08 s as many; at 100 nodes, rounds of 72-96 GPUs did as well as rounds of 48 or better.
+Other caps: at most ``max_candidate_nodes`` nodes per pod group, ``_POD_CAP_PER_GPU`` waiting
+pods per GPU of a round.
 
 The result lists only GPUs whose layout changes, each with its full desired layout; an
 assignment per placed pod; a reason per unplaced pod.  Pure: no clock, no I/O, no logging;
 deterministic for a given input and seed when every CP-SAT solve ends at its optimum or at its
-deterministic-time limit (see :mod:`planner.mig_cpsat`).
+deterministic-time limit and no round is skipped for time (see :mod:`planner.mig_cpsat`).
 """
 
 from __future__ import annotations
@@ -61,7 +76,7 @@ from planner.demand import (
 )
 from planner.geometry import Placement, canonical, layout_errors
 from planner.greedy import plan_greedy
-from planner.mig_cpsat import LayoutCache, MigParseCache, current_mig, solve_batch
+from planner.mig_cpsat import LayoutCache, MigParseCache, WallBudget, current_mig, solve_batch
 from planner.neighbourhood import merge_plans, node_chunks, restrict
 from planner.settings import PlannerSettings, Policy
 from planner.snapshot import Mode, Plan, Snapshot, Unplaced
@@ -82,6 +97,8 @@ _PLANNED_FRACTION = 0.85
 """Share of the time limit the estimates may fill (the rest absorbs estimation error)."""
 _MIN_ROUND_S = 0.1
 """Least solver time worth a neighbourhood round."""
+_MIN_WALL_S = 0.02
+"""Least wall time left worth starting a round (below it, the solve would return its hint)."""
 _ROOMS = (Unplaced.CAPACITY.value, Unplaced.NODE_RESOURCES.value)
 # Seconds of work outside the solver (one core of the development machine, fitted on the
 # benchmark at 100-1000 nodes with 30 % and 60 % pending pods, rounded up): per snapshot GPU
@@ -170,14 +187,23 @@ def plan(
         cap = neighbourhood_gpus(settings, budget)
     chunks = node_chunks(snapshot, models, settings, cap, parsed)
     by_name = {n.name: n for n in snapshot.nodes}
-    limits = round_limits(budget, [sum(len(by_name[n].gpus) for n in c) for c in chunks])
-    current, solved = warm, 0
+    chunk_gpus = [sum(len(by_name[n].gpus) for n in c) for c in chunks]
+    limits = round_limits(budget, chunk_gpus)
+    wall = WallBudget(
+        _PLANNED_FRACTION * settings.time_limit_s,
+        _S_PER_GPU * gpus + _S_PER_POD * len(snapshot.pods),
+    )
+    current, solved, skipped = warm, 0, 0
     layouts: LayoutCache = {}
     stats: dict[str, float] = {}
-    for names, round_limit in zip(chunks, limits, strict=False):
+    for k, (names, round_limit) in enumerate(zip(chunks, limits, strict=False)):
         nb = restrict(snapshot, current, names, int(_POD_CAP_PER_GPU * cap))
         if not nb.snapshot.pods and not nb.whole:
             continue
+        wall.charge(_S_PER_MODEL_GPU * chunk_gpus[k])
+        if wall.left() < _MIN_WALL_S:
+            skipped = len(limits) - k
+            break
         index = EligibilityIndex(nb.snapshot.nodes, models, settings)
         part = solve_batch(
             nb.snapshot,
@@ -185,7 +211,9 @@ def plan(
             {p.name: index.of(p) for p in nb.snapshot.pods},
             settings,
             nb.warm_start,
-            time_limit_s=round_limit,
+            time_limit_s=wall.left(),
+            deterministic_limit_s=round_limit,
+            wall=wall,
             parse_cache=parsed,
             layout_cache=layouts,
         )
@@ -200,12 +228,16 @@ def plan(
         solved += 1
         _add_round_stats(stats, part.stats)
     if solved == 0:
-        return replace(greedy, status="GREEDY_FALLBACK")
+        fallback = {**greedy.stats, "rounds_skipped": float(skipped)}
+        return replace(greedy, status="GREEDY_FALLBACK", stats=fallback)
     result = current
     if len(chunks) > 1:
         result = _cluster_reasons(result, snapshot, models, settings, greedy.unplaced)
         stats.update(_lns_stats(result, snapshot, len(chunks), solved, tiers))
+        stats["rounds_skipped"] = float(skipped)
         result = replace(result, policy=Policy.CPSAT.value, status="FEASIBLE", stats=stats)
+    else:
+        result = replace(result, stats={**result.stats, "rounds": 1.0, "rounds_skipped": 0.0})
     if not greedy_ok or _weight(result, snapshot, tiers) >= _weight(greedy, snapshot, tiers):
         return result
     fallback = dict(greedy.stats)

@@ -62,9 +62,10 @@ The integers must stay below 2^53 (CP-SAT bounds objectives in doubles); when
 limit a single budget (sequential solves would have to split it).
 
 Search: one CP-SAT solve, ``num_workers``/``random_seed`` from the settings, a wall-clock
-limit (``settings.time_limit_s``, or the caller's share of it) and a deterministic-time limit
-of ``DETERMINISTIC_PER_SECOND`` units per second of it, hinted with the greedy plan; the best
-solution at the limit is decoded.  Probing presolve is off (``cp_model_probing_level=0``): on
+limit (``settings.time_limit_s``, or what the caller has left of it) and a deterministic-time
+limit of ``DETERMINISTIC_PER_SECOND`` units per second of the caller's deterministic share,
+hinted with the greedy plan; the best solution at the first limit reached is decoded, and the
+solver's own wall time is charged to the caller's :class:`WallBudget`.  Probing presolve is off (``cp_model_probing_level=0``): on
 the benchmark's models one probing pass took 0.1-0.25 s, a large share of a sub-second
 budget, and without it the plans on 3 seeds at 100 and 1000 nodes placed as many pods or more.  With ``num_workers=1`` the result is deterministic
 whenever the solve ends at the optimum or at the deterministic limit; only when the machine is
@@ -120,6 +121,7 @@ __all__ = [
     "LayoutCache",
     "LayoutOption",
     "MigParseCache",
+    "WallBudget",
     "candidate_layouts",
     "current_mig",
     "largest_free_block",
@@ -130,6 +132,47 @@ __all__ = [
 _EXACT_INT = 1 << 53
 DETERMINISTIC_PER_SECOND = 0.5
 """CP-SAT deterministic-time units allowed per second of the solver's wall-clock limit."""
+
+
+@dataclass(slots=True)
+class WallBudget:
+    """Wall-clock seconds a plan may still spend, as far as a planner without a clock knows.
+
+    Two kinds of charges: ``estimated_s``, deterministic estimates of the caller's work outside
+    the solver (seconds on one core of the development machine), and ``solver_s``, the solver's
+    own wall time of every solve (``CpSolver.wall_time``: it counts every moment the machine,
+    however loaded, took from the solve).  ``slowdown`` scales the estimates: a solve that ran
+    until its deterministic-time limit ``d`` and took wall time ``w`` ran ``w * DPS / d`` times
+    slower than the rate its limits assume (``DPS`` = ``DETERMINISTIC_PER_SECOND``); the largest
+    such factor seen, clamped to ``[1, _MAX_SLOWDOWN]``, is taken to hold for the work outside
+    the solver too.  On a machine at least as fast as assumed it stays 1, so nothing about the
+    plan depends on timing there.  ``left()`` is what remains of ``limit_s``.
+    """
+
+    limit_s: float
+    estimated_s: float = 0.0
+    solver_s: float = 0.0
+    slowdown: float = 1.0
+
+    def left(self) -> float:
+        return self.limit_s - self.estimated_s * self.slowdown - self.solver_s
+
+    def charge(self, estimate_s: float) -> None:
+        """Work outside the solver, estimated at the development machine's speed."""
+        self.estimated_s += max(0.0, estimate_s)
+
+    def charge_solve(self, wall_s: float, deterministic: float, deterministic_limit: float) -> None:
+        """One solve: its wall time, and what it says about the machine's speed."""
+        self.solver_s += max(0.0, wall_s)
+        if deterministic_limit > 0 and deterministic >= _LIMIT_REACHED * deterministic_limit:
+            rate = wall_s * DETERMINISTIC_PER_SECOND / deterministic
+            self.slowdown = min(_MAX_SLOWDOWN, max(self.slowdown, rate))
+
+
+_LIMIT_REACHED = 0.99
+"""A solve whose deterministic time reached this fraction of its limit ran until that limit."""
+_MAX_SLOWDOWN = 8.0
+"""Largest factor by which the estimates of work outside the solver are scaled."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -533,6 +576,8 @@ def solve_batch(
     warm_start: Plan | None = None,
     *,
     time_limit_s: float | None = None,
+    deterministic_limit_s: float | None = None,
+    wall: WallBudget | None = None,
     parse_cache: MigParseCache | None = None,
     layout_cache: LayoutCache | None = None,
 ) -> Plan | None:
@@ -540,9 +585,12 @@ def solve_batch(
 
     ``models`` maps node name -> catalog model and ``eligibilities`` pod name -> its
     :func:`planner.demand.eligibility`.  ``warm_start`` (the greedy plan) seeds the search.
-    ``time_limit_s`` overrides ``settings.time_limit_s`` for the solver (the caller's share of
-    the budget); ``parse_cache`` and ``layout_cache`` reuse the caller's parsed layouts and
-    candidate layouts (one dict each per plan, shared by its neighbourhood rounds).
+    ``time_limit_s`` overrides ``settings.time_limit_s`` as the solver's wall-clock limit (the
+    caller's share of the budget); the deterministic-time limit is ``DETERMINISTIC_PER_SECOND``
+    units per second of ``deterministic_limit_s`` (default: of the wall-clock limit).  ``wall``,
+    if given, is charged the solve (also when it finds no solution): :meth:`WallBudget.charge_solve`.
+    ``parse_cache`` and ``layout_cache`` reuse the caller's parsed layouts and candidate layouts
+    (one dict each per plan, shared by its neighbourhood rounds).
     """
     cache: MigParseCache = parse_cache if parse_cache is not None else {}
     groups = group_pods(snapshot.pods, eligibilities, settings.wait_tiers_s)
@@ -631,12 +679,16 @@ def solve_batch(
 
     solver = cp_model.CpSolver()
     limit = max(0.01, settings.time_limit_s if time_limit_s is None else time_limit_s)
+    work = limit if deterministic_limit_s is None else max(0.01, deterministic_limit_s)
     solver.parameters.max_time_in_seconds = limit
-    solver.parameters.max_deterministic_time = limit * DETERMINISTIC_PER_SECOND
+    solver.parameters.max_deterministic_time = work * DETERMINISTIC_PER_SECOND
     solver.parameters.cp_model_probing_level = 0
     solver.parameters.num_workers = max(1, settings.num_workers)
     solver.parameters.random_seed = settings.seed
     status = solver.solve(m.cp)
+    if wall is not None:
+        reached = solver.response_proto.deterministic_time
+        wall.charge_solve(solver.wall_time, reached, solver.parameters.max_deterministic_time)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
 

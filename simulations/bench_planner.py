@@ -16,6 +16,9 @@ and size it reports:
   summary.  On a shared machine wall time exceeds CPU time by the time other processes held
   the cores, so both are reported, with the load average before and after the run
   (``machine.loadavg_start``/``loadavg_end``, 1/5/15-minute, ``null`` where unavailable);
+* ``per_plan``: each call's ``wall_s`` and ``cpu_s`` with the 1-minute load average just
+  before it (``loadavg_1m``), and for CP-SAT the rounds it ran and skipped for time;
+  ``over_limit_10pct``: calls whose wall time exceeded the time limit by more than 10 %;
 * ``unplaced_eligible``: pods left unplaced although some node was eligible for them
   (reason ``capacity`` or ``node cpu/memory``): what a better plan could still place;
 * ``placed``: pods placed, and ``placed_weight``: the priority-weighted count with
@@ -193,11 +196,13 @@ def run_benchmark(
             )
             row: dict[str, Any] = {"instance_seed": inst_seed, "pending_pods": len(snapshot.pods)}
             for name, settings in policies.items():
+                load = _loadavg()
                 result, seconds, cpu_seconds = _run_one(snapshot, settings, catalog)
                 stats = result.stats
                 entry: dict[str, Any] = {
                     "solve_s": seconds,
                     "cpu_s": cpu_seconds,
+                    "loadavg_1m": None if load is None else load[0],
                     "status": result.status,
                     "placed": len(result.assignments),
                     "unplaced_eligible": unplaced_eligible(result),
@@ -205,6 +210,8 @@ def run_benchmark(
                     "churn": plan_churn(snapshot, result, settings, catalog),
                 }
                 if name == "cpsat":
+                    entry["rounds"] = int(stats.get("rounds", 0))
+                    entry["rounds_skipped"] = int(stats.get("rounds_skipped", 0))
                     bound = stats.get("placed_weight_bound")
                     entry["objective_gap"] = stats.get("gap")
                     entry["placed_weight_gap"] = (
@@ -222,7 +229,7 @@ def run_benchmark(
                 f"(cpu {row['greedy']['cpu_s']:.2f}s)"
             )
             rows.append(row)
-        results.append(_size_summary(nodes, gpus_per_node, rows))
+        results.append(_size_summary(nodes, gpus_per_node, rows, time_limit_s))
     return {
         "benchmark": "planner",
         "gpu_model": model_name,
@@ -244,7 +251,9 @@ def run_benchmark(
     }
 
 
-def _size_summary(nodes: int, gpus_per_node: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
+def _size_summary(
+    nodes: int, gpus_per_node: int, rows: list[dict[str, Any]], time_limit_s: float
+) -> dict[str, Any]:
     out: dict[str, Any] = {
         "nodes": nodes,
         "gpus": nodes * gpus_per_node,
@@ -262,6 +271,20 @@ def _size_summary(nodes: int, gpus_per_node: int, rows: list[dict[str, Any]]) ->
             "churn_weighted": [e["churn"]["weighted"] for e in entries],
             "churn": [e["churn"] for e in entries],
             "status": dict(Counter(e["status"] for e in entries)),
+            "over_limit_10pct": sum(1 for e in entries if e["solve_s"] > 1.1 * time_limit_s),
+            "per_plan": [
+                {
+                    "wall_s": round(e["solve_s"], 4),
+                    "cpu_s": round(e["cpu_s"], 4),
+                    "loadavg_1m": e["loadavg_1m"],
+                    **(
+                        {"rounds": e["rounds"], "rounds_skipped": e["rounds_skipped"]}
+                        if name == "cpsat"
+                        else {}
+                    ),
+                }
+                for e in entries
+            ],
         }
         if name == "cpsat":
             for key in ("objective_gap", "placed_weight_gap"):

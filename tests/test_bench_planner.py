@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from planner.catalog import default_catalog
@@ -89,6 +91,14 @@ def test_benchmark_rejects_a_non_8_slot_model() -> None:
         mig_benchmark_snapshot(1, model_name="A30")
 
 
+def walls(doc: dict[str, Any], name: str) -> list[float]:
+    """Each call's wall time, from the per-plan list (its summary must agree)."""
+    (size,) = doc["sizes"]
+    values = [p["wall_s"] for p in size[name]["per_plan"]]
+    assert max(values) == pytest.approx(size[name]["solve_s"]["max"], abs=1e-4)
+    return values
+
+
 def test_smoke_run_reports_both_planners() -> None:
     doc = run_benchmark([2], [2], time_limit_s=0.5, seed=1)
     (size,) = doc["sizes"]
@@ -104,6 +114,12 @@ def test_smoke_run_reports_both_planners() -> None:
                 s["unplaced_eligible"], size["pending_pods"], s["placed"], strict=True
             )
         )
+        per_plan = s["per_plan"]
+        assert [p["wall_s"] for p in per_plan] == [round(w, 4) for w in walls(doc, name)]
+        assert all(p["cpu_s"] > 0 and (p["loadavg_1m"] or 0) >= 0 for p in per_plan)
+        over = sum(1 for p in per_plan if p["wall_s"] > 1.1 * doc["time_limit_s"])
+        assert s["over_limit_10pct"] == over
+    assert all(p["rounds"] == 1 and p["rounds_skipped"] == 0 for p in size["cpsat"]["per_plan"])
     load = doc["machine"]["loadavg_start"]
     assert load is None or (len(load) == 3 and min(load) >= 0)
     assert size["cpsat_ge_greedy"] == all(size["per_instance_cpsat_ge_greedy"])

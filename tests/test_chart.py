@@ -730,6 +730,14 @@ def test_partitioner_is_unprivileged_single_and_recreated(chart: helm.Chart) -> 
     }
 
 
+def test_partitioner_probes_ask_liveness_and_readiness_separately(chart: helm.Chart) -> None:
+    c = container(render(chart, {"partitioner": {"healthPort": 9000}}), "Deployment")
+    assert {"name": "health", "containerPort": 9000, "protocol": "TCP"} in c["ports"]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+    assert env_of(c)["GPUSLICE_HEALTH_PORT"] == "9000"
+
+
 def test_custom_images_resources_and_tolerations_reach_the_pods(chart: helm.Chart) -> None:
     values = VARIANTS["custom-images-resources"]
     docs = render(chart, values)
@@ -819,6 +827,7 @@ def test_partitioner_values_reach_its_settings(
                 "drainAfterSeconds": 7200,
                 "drainFraction": 0.25,
             },
+            "liveness": {"staleSeconds": 300, "failedSteps": 0},
         }
     }
     apply_env(monkeypatch, gpuslice_env(container(render(chart, values), "Deployment")))
@@ -834,6 +843,7 @@ def test_partitioner_values_reach_its_settings(
     assert p.mps_reserve_mib == 1024
     assert (s.reservation, s.apply_deadline_seconds, s.bind_deadline_seconds) == (False, 60, 30)
     assert (s.cooldown_seconds, s.drain_after_seconds, s.drain_fraction) == (0, 7200, 0.25)
+    assert (s.liveness_stale_seconds, s.liveness_failed_steps) == (300, 0)
 
 
 def test_agent_settings_accept_the_chart_env(

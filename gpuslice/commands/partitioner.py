@@ -56,6 +56,7 @@ def _settings(args: argparse.Namespace) -> PartitionerSettings:
 def run(args: argparse.Namespace) -> int:
     import kopf
 
+    from partitioner.health import HealthServer
     from partitioner.operator import Controller, run_operator
     from planner.catalog import CatalogError
 
@@ -72,6 +73,19 @@ def run(args: argparse.Namespace) -> int:
         raise BadInput(str(e)) from None
     if settings.metrics_port:
         controller.metrics.serve(settings.metrics_port)
-    liveness = f"http://0.0.0.0:{settings.health_port}/healthz" if settings.health_port else None
-    asyncio.run(run_operator(controller, liveness_endpoint=liveness))
+    health = None
+    if settings.health_port:
+        try:
+            health = HealthServer(controller.health, settings.health_port)
+        except OSError as e:
+            raise BadInput(
+                f"cannot serve /healthz and /readyz on port {settings.health_port}: {e}; "
+                f"choose another GPUSLICE_HEALTH_PORT (0: do not serve them)"
+            ) from None
+        health.start()
+    try:
+        asyncio.run(run_operator(controller))
+    finally:
+        if health is not None:
+            health.stop()
     return 0

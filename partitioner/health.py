@@ -1,0 +1,202 @@
+"""The partitioner's liveness and readiness rules and the HTTP endpoint serving them.
+
+Model
+-----
+:class:`ControllerHealth` is told when the controller starts (:meth:`~ControllerHealth.started`),
+when its initial listing of Nodes, Pods and NodePartitionings has completed
+(:meth:`~ControllerHealth.synced`) and how every decision step ended
+(:meth:`~ControllerHealth.step_done`: completed, or raised).  A step that completes with a
+planner error in its :class:`~partitioner.decide.Decision` is a completed step: the error is
+reported and the batch retried later, and a restart would not fix a bad input.  With ``S`` =
+``liveness_stale_seconds`` and ``N`` = ``liveness_failed_steps``, the controller is **not live**
+when
+
+* no decision step has completed for longer than ``S`` seconds (since the last one, or since
+  start when none has: the initial listing never finished, or the first step hangs), e.g. a
+  step stuck in a hung API call or an event loop that no longer runs; or
+* the last ``N`` decision steps all raised (one completed step resets the count).
+
+``S = 0`` or ``N = 0`` turns that rule off.  It is **ready** once the initial listing has
+completed (the index holds every object that existed then; before that a decision would plan
+pods without their nodes).
+
+The clock is injectable (monotonic seconds; tests pass the event loop's fake clock) and the state
+is guarded by a lock: the HTTP thread reads what the event loop writes.
+
+:class:`HealthServer` is a stdlib ``ThreadingHTTPServer`` in a daemon thread, so it answers even
+while the event loop is blocked (and then reports the loop as stale), like the node agent's:
+
+* ``GET /healthz`` -> ``200`` when live, else ``503`` (the chart's liveness probe);
+* ``GET /readyz`` -> ``200`` when ready, else ``503`` (the chart's readiness probe);
+* anything else -> ``404``.
+
+Both answer a JSON object: ``ok``, ``reason`` (why not, or ``"ok"``), ``synced``,
+``last_step_age_s`` (``null`` before the first completed step) and ``failed_steps`` (raised in a
+row).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+__all__ = ["ControllerHealth", "HealthReport", "HealthServer"]
+
+
+@dataclass(frozen=True, slots=True)
+class HealthReport:
+    """One answer of :meth:`ControllerHealth.liveness` or :meth:`ControllerHealth.readiness`."""
+
+    ok: bool
+    reason: str
+    synced: bool
+    last_step_age_s: float | None
+    failed_steps: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "reason": self.reason,
+            "synced": self.synced,
+            "last_step_age_s": self.last_step_age_s,
+            "failed_steps": self.failed_steps,
+        }
+
+
+class ControllerHealth:
+    """Liveness and readiness of the partitioner's control loop (module docstring)."""
+
+    def __init__(
+        self,
+        stale_seconds: float,
+        failed_steps: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if stale_seconds < 0 or failed_steps < 0:
+            raise ValueError(
+                f"stale_seconds ({stale_seconds}) and failed_steps ({failed_steps}) must be >= 0"
+            )
+        self.stale_seconds = stale_seconds
+        self.failed_steps = failed_steps
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._since = clock()
+        self._last_step: float | None = None
+        self._failures = 0
+        self._last_error = ""
+        self._synced = False
+
+    def started(self) -> None:
+        """The control loop starts now: staleness counts from here until its first step."""
+        with self._lock:
+            self._since = self._clock()
+
+    def synced(self) -> None:
+        """The initial listing of Nodes, Pods and NodePartitionings has completed."""
+        with self._lock:
+            self._synced = True
+
+    def step_done(self, error: str | None = None) -> None:
+        """A decision step ended: completed (``error`` None) or raised ``error``."""
+        now = self._clock()
+        with self._lock:
+            if error is None:
+                self._last_step, self._failures, self._last_error = now, 0, ""
+            else:
+                self._failures += 1
+                self._last_error = error
+
+    def liveness(self) -> HealthReport:
+        """Live unless the loop is stale or its last ``failed_steps`` steps raised."""
+        now = self._clock()
+        with self._lock:
+            since = self._since if self._last_step is None else self._last_step
+            idle = now - since
+            reason = "ok"
+            if self.failed_steps and self._failures >= self.failed_steps:
+                reason = (
+                    f"the last {self._failures} decision steps failed (limit "
+                    f"{self.failed_steps}): {self._last_error}"
+                )
+            elif self.stale_seconds and idle > self.stale_seconds:
+                done = self._last_step is not None
+                what = "no decision step completed" if done else "no decision step yet"
+                reason = f"{what} for {idle:.1f}s (limit {self.stale_seconds:g}s)"
+            return self._report(reason == "ok", reason, now)
+
+    def readiness(self) -> HealthReport:
+        """Ready once the initial listing has completed."""
+        now = self._clock()
+        with self._lock:
+            if self._synced:
+                return self._report(True, "ok", now)
+            reason = "the initial listing of nodes, pods and NodePartitionings has not completed"
+            return self._report(False, reason, now)
+
+    def _report(self, ok: bool, reason: str, now: float) -> HealthReport:
+        age = None if self._last_step is None else max(0.0, now - self._last_step)
+        return HealthReport(ok, reason, self._synced, age, self._failures)
+
+
+class HealthServer:
+    """``/healthz`` and ``/readyz`` over HTTP in a daemon thread (module docstring)."""
+
+    def __init__(self, health: ControllerHealth, port: int, host: str = "") -> None:
+        self._health = health
+        self._server = ThreadingHTTPServer((host, port), self._handler_class())
+        self._server.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful when constructed with port 0)."""
+        return int(self._server.server_address[1])
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("HealthServer.start() called twice")
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="gpuslice-partitioner-health", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._server.shutdown()
+            self._thread.join(timeout=5)
+            self._thread = None
+        self._server.server_close()
+
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        health = self._health
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                path = self.path.split("?", 1)[0]
+                if path == "/healthz":
+                    report = health.liveness()
+                elif path == "/readyz":
+                    report = health.readiness()
+                else:
+                    body = b"not found: /healthz, /readyz\n"
+                    self._reply(404, "text/plain; charset=utf-8", body)
+                    return
+                body = json.dumps(report.as_json()).encode() + b"\n"
+                self._reply(200 if report.ok else 503, "application/json", body)
+
+            def _reply(self, code: int, content_type: str, body: bytes) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass  # the kubelet probes every few seconds; no access log
+
+        return Handler
