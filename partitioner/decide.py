@@ -948,9 +948,12 @@ class _Step:
         ]
         for pod in sorted(starving, key=_order):
             need = sum(pod.slices.values())
-            # In age order (no pod overtakes an older starving one); a pod larger than the
-            # whole budget (a whole-node pod) drains alone, when nothing else is draining.
-            if need > budget and not (need > full and budget == full):
+            if need > full:
+                # More GPUs than the whole budget (a whole-node pod on a small cluster): never
+                # drained, and it does not hold the younger ones back. Freezing a whole node
+                # until its longest pod ends costs every other pod far more than it saves.
+                continue
+            if need > budget:  # in age order: no younger pod overtakes an older starving one
                 break
             eligible = self.index.eligible(pod, self.gpu_nodes)
             options = [

@@ -416,11 +416,11 @@ def test_a_long_waiting_pod_no_gpu_can_host_gets_a_drain_then_the_emptied_gpu() 
     assert (r.state, r.node, dict(r.gpus)) == (State.PLANNED, "n1", {SEVEN_G: (0,)})
 
 
-def test_a_pod_larger_than_the_drain_budget_drains_alone() -> None:
-    """Budget 1 GPU (a quarter of 2, at least 1); a pod needing both GPUs of the node would
-    never fit it: it drains alone, when nothing else drains."""
+def test_a_pod_larger_than_the_drain_budget_is_not_drained_and_holds_no_one_back() -> None:
+    """Budget 1 GPU (a quarter of 2, at least 1): the older pod needs both GPUs of the node and
+    is never drained; the younger one-GPU pod behind it gets its drain."""
     config = dataclasses.replace(CONFIG, drain_fraction=0.25)
-    busy = [status_gpu(i, ("3g.40gb", 4, True)) for i in (0, 1)]
+    busy = [status_gpu(i, ("1g.10gb", 0, True), ("3g.40gb", 4, True)) for i in (0, 1)]
     three = "nvidia.com/mig-3g.40gb"
     whole_node = gated("whole", SEVEN_G, created=T0)
     whole_node["spec"]["containers"][0]["resources"]["limits"][SEVEN_G] = "2"
@@ -428,15 +428,17 @@ def test_a_pod_larger_than_the_drain_budget_drains_alone() -> None:
         node("n1", MIG),
         applied_np("n1", *busy),
         whole_node,
-        running("a", "n1", three),
-        running("b", "n1", three),
+        gated("one", "nvidia.com/mig-4g.40gb", created=T0 + 5),
+        running("a", "n1", ONE_G, three),
+        running("b", "n1", ONE_G, three),
     )
     c.step(T0 + 600, config)
     d = c.step(T0 + 611, config)
     assert d.plan is not None and "ns/whole" in d.plan.unplaced
     (msg,) = events(d, "Draining")
-    assert "draining node n1 GPU 0, 1" in msg
-    assert reservation(c, "whole").state is State.DRAINING
+    assert msg.startswith("waited 606 s") and "draining node n1 GPU 0" in msg
+    assert reservation(c, "whole") is None
+    assert reservation(c, "one").state is State.DRAINING
 
 
 def test_a_drained_gpu_takes_no_other_pod() -> None:
