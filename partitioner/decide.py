@@ -824,21 +824,33 @@ class _Step:
         if not free_nodes:
             return
         offered = frozenset(free_nodes)
+        tiers = self.config.planner_settings.wait_tiers_s
+        starving_after = tiers[0] if tiers else math.inf
+        protected: set[str] = set()
         for key in [k for k in self.candidates if k in self.managed]:  # oldest first
             pod = self.candidates[key]
-            if key in self.restricted or not pod.slices or not pod.resources <= offered:
+            if key in self.restricted or not pod.slices:
                 continue
-            if any(r not in free_nodes for r in pod.slices):
-                continue
+            options: list[NodeLedger] = []
             eligible = self.index.eligible(pod, self.gpu_nodes)
-            first = min(pod.slices, key=lambda r: len(free_nodes[r]))
-            options = [
-                ledger
-                for ledger in free_nodes[first]
-                if ledger.name in eligible
-                and ledger.fits(pod.slices, pod.cpu_milli, pod.memory_mib)
-            ]
+            if pod.resources <= offered:
+                first = min(pod.slices, key=lambda r: len(free_nodes[r]))
+                options = [
+                    ledger
+                    for ledger in free_nodes[first]
+                    if ledger.name in eligible
+                    and ledger.name not in protected
+                    and ledger.fits(pod.slices, pod.cpu_milli, pod.memory_mib)
+                ]
             if not options:
+                # Oldest first across shapes: a one-GPU pod that has waited past the first tier
+                # and that no free slice serves keeps the free slices of its nodes from younger
+                # pods, so the next plan can repartition them for it (a free 7g becomes its 4g).
+                waited = self.now - (pod.created if pod.created is not None else self.now)
+                if waited >= starving_after and sum(pod.slices.values()) == 1:
+                    protected |= eligible
+                    if all(led.name in protected for led in usable):
+                        return
                 continue
             ledger = max(options, key=lambda led: (_packing(led, pod.slices), led.name))
             self._reserve_free(ledger, pod)

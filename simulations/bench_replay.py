@@ -291,13 +291,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def render_table(paths: Sequence[str]) -> str:
-    """One Markdown table of the cells of several ``--out`` files (a later file's cell wins)."""
+    """One Markdown table of the cells of several ``--out`` files, merged per policy (a later
+    file's run of a policy replaces an earlier one's); verdicts are recomputed."""
     cells: dict[tuple[str, int], dict[str, Any]] = {}
     for path in paths:
         with open(path) as f:
             doc = json.load(f)
         for cell in doc["cells"]:
-            cells[(cell["trace"], cell["nodes"])] = cell
+            have = cells.setdefault((cell["trace"], cell["nodes"]), {**cell, "policies": {}})
+            have["policies"].update(cell["policies"])
     rows = [
         "| trace | nodes (GPUs) | regime | pending p95 / p99 (s), CP-SAT | nos-like greedy "
         "| p95 / p99 ratio | reconfigured | theft | disrupted | wall s | verdict |",
@@ -311,7 +313,7 @@ def render_table(paths: Sequence[str]) -> str:
         c, g = pols.get("cpsat"), pols.get("greedy")
         if c is None or g is None:
             continue
-        v = cell.get("verdict") or verdict(c, g)
+        v = verdict(c, g)
         failed = [k for k, ok in v["checks"].items() if not ok]
         rows.append(
             f"| {trace} | {nodes} ({cell['gpus']}) | {v['regime'].split(' (')[0]} "
@@ -322,10 +324,14 @@ def render_table(paths: Sequence[str]) -> str:
             f"| {c['gpus_reconfigured']} vs {g['gpus_reconfigured']} "
             f"| {c.get('theft', 0)} vs {g.get('theft', 0)} "
             f"| {c['pods_disrupted']} vs {g['pods_disrupted']} "
-            f"| {c.get('wall_s', '-')} / {g.get('wall_s', '-')} "
+            f"| {_secs(c.get('wall_s'))} / {_secs(g.get('wall_s'))} "
             f"| {'pass' if v['pass'] else 'FAIL: ' + ', '.join(failed)} |"
         )
     return "\n".join(rows)
+
+
+def _secs(value: Any) -> str:
+    return "-" if value is None else f"{float(value):,.0f}"
 
 
 def _split(text: str) -> list[str]:

@@ -50,10 +50,13 @@ def test_render_merges_files_and_names_the_failed_checks(tmp_path: Path) -> None
         cell = {"trace": trace, "nodes": nodes, "gpus": 8 * nodes}
         return {"cells": [{**cell, "policies": {"cpsat": c, "greedy": g}}]}
 
-    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a, b, c = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "c.json"
     a.write_text(json.dumps(doc("gpushare40", 4, summary(10, 20), summary(30, 40))))
-    b.write_text(json.dumps(doc("default", 5, summary(900, 5000), summary(1000, 4000))))
-    lines = render_table([str(a), str(b)]).splitlines()
+    b.write_text(json.dumps(doc("default", 5, summary(1, 1), summary(1000, 4000))))
+    rerun = doc("default", 5, summary(900, 5000), summary(0, 0))
+    del rerun["cells"][0]["policies"]["greedy"]  # a later run of CP-SAT alone replaces b's
+    c.write_text(json.dumps(rerun))
+    lines = render_table([str(a), str(b), str(c)]).splitlines()
     assert len(lines) == 4
     assert lines[2].startswith("| default | 5 (40) | overload | 900 / 5,000 | 1,000 / 4,000 |")
     assert lines[2].endswith("| FAIL: p99 <= greedy, p95 <= 0.5 x greedy |")
