@@ -35,6 +35,10 @@ step:
 5. **Free slices first.**  A candidate for which a free, unpromised slice exists on an eligible
    node is reserved there at once and released in the same patch when the scheduler can see
    it (no batch, no plan); the busiest GPU's slice is taken, so lightly used GPUs stay whole.
+   Oldest first across shapes: once a one-GPU pod that has waited past the first waiting tier
+   finds no free slice, the free slices of its eligible nodes are kept from younger pods this
+   step, so the next plan can repartition them for it (else every freed 7g instance would go to
+   the next 7g pod and a waiting 4g pod would get a GPU only from a drain).
 6. **Drain completion.**  A ``draining`` pod whose frozen GPUs are empty is planned onto them
    (a one-pod plan on those GPUs only) and reserved.
 7. **Batch and plan** the remaining candidates (:mod:`partitioner.batching`): the planner sees

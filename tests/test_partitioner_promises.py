@@ -441,6 +441,31 @@ def test_a_pod_larger_than_the_drain_budget_is_not_drained_and_holds_no_one_back
     assert reservation(c, "one").state is State.DRAINING
 
 
+@pytest.mark.parametrize("waited", [200, 500])
+def test_free_slices_wait_for_an_older_starving_pod_to_be_planned(waited: float) -> None:
+    """A free 7g instance and two gated pods: an older 4g pod no free slice serves and a younger
+    7g pod the free instance fits. Past the first waiting tier (300 s) the older pod keeps the
+    node's free slices from the younger one, and the next plan repartitions the 7g for it;
+    before that, the younger pod takes the free slice at once."""
+    four = "nvidia.com/mig-4g.40gb"
+    c = Cluster(
+        with_alloc(node("n1", MIG), **{"7g_80gb": 2}),
+        applied_np("n1", status_gpu(0, ("7g.80gb", 0, False)), status_gpu(1, ("7g.80gb", 0, True))),
+        gated("old", four, created=T0),
+        gated("young", SEVEN_G, created=T0 + waited - 60),
+        running("busy", "n1", SEVEN_G),
+    )
+    c.step(T0 + waited)
+    if waited < 300:
+        assert reservation(c, "young").state is State.RELEASED
+        return
+    assert reservation(c, "young") is None
+    c.step(T0 + waited + 11)  # the window idles out: plan
+    r = reservation(c, "old")
+    assert (r.state, r.node, dict(r.gpus)) == (State.PLANNED, "n1", {four: (0,)})
+    assert reservation(c, "young") is None
+
+
 def test_a_drained_gpu_takes_no_other_pod() -> None:
     free_1g = status_gpu(0, ("1g.10gb", 0, False), ("3g.40gb", 4, True))
     c = Cluster(
