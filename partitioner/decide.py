@@ -1042,8 +1042,9 @@ class _Step:
             usable = eligible & plannable_names
             if not usable:
                 self.waiting[key] = (
-                    "all eligible nodes are applying a previous plan or cooling down: "
-                    + ", ".join(sorted(eligible))
+                    "no eligible node can be planned now (applying a previous plan, cooling "
+                    "down after a missed deadline, or left out for a problem: see the node's "
+                    f"{NODE_CONDITION} condition): " + ", ".join(sorted(eligible))
                 )
                 continue
             if any(taken[r] and taken[r] + k > bound(r) for r, k in pod.slices.items()):
