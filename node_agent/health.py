@@ -29,10 +29,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from contract.http_server import ThreadedHttpServer
 
 __all__ = ["AgentHealth", "MonitoringServer"]
 
@@ -88,7 +90,7 @@ class AgentHealth:
         return True, "ok"
 
 
-class MonitoringServer:
+class MonitoringServer(ThreadedHttpServer):
     """``/healthz`` and ``/metrics`` over HTTP in a daemon thread (see the module docstring)."""
 
     def __init__(
@@ -100,30 +102,7 @@ class MonitoringServer:
     ) -> None:
         self._health = health
         self._registry = registry
-        handler = self._handler_class()
-        self._server = ThreadingHTTPServer((host, port), handler)
-        self._server.daemon_threads = True
-        self._thread: threading.Thread | None = None
-
-    @property
-    def port(self) -> int:
-        """The bound port (useful when constructed with port 0)."""
-        return int(self._server.server_address[1])
-
-    def start(self) -> None:
-        if self._thread is not None:
-            raise RuntimeError("MonitoringServer.start() called twice")
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="gpuslice-agent-http", daemon=True
-        )
-        self._thread.start()
-
-    def stop(self) -> None:
-        if self._thread is not None:
-            self._server.shutdown()
-            self._thread.join(timeout=5)
-            self._thread = None
-        self._server.server_close()
+        super().__init__(port, host, "gpuslice-agent-http")
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         health, registry = self._health, self._registry

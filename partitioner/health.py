@@ -42,8 +42,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from contract.http_server import ThreadedHttpServer
 
 __all__ = ["ControllerHealth", "HealthReport", "HealthServer"]
 
@@ -143,34 +145,12 @@ class ControllerHealth:
         return HealthReport(ok, reason, self._synced, age, self._failures)
 
 
-class HealthServer:
+class HealthServer(ThreadedHttpServer):
     """``/healthz`` and ``/readyz`` over HTTP in a daemon thread (module docstring)."""
 
     def __init__(self, health: ControllerHealth, port: int, host: str = "") -> None:
         self._health = health
-        self._server = ThreadingHTTPServer((host, port), self._handler_class())
-        self._server.daemon_threads = True
-        self._thread: threading.Thread | None = None
-
-    @property
-    def port(self) -> int:
-        """The bound port (useful when constructed with port 0)."""
-        return int(self._server.server_address[1])
-
-    def start(self) -> None:
-        if self._thread is not None:
-            raise RuntimeError("HealthServer.start() called twice")
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="gpuslice-partitioner-health", daemon=True
-        )
-        self._thread.start()
-
-    def stop(self) -> None:
-        if self._thread is not None:
-            self._server.shutdown()
-            self._thread.join(timeout=5)
-            self._thread = None
-        self._server.server_close()
+        super().__init__(port, host, "gpuslice-partitioner-health")
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         health = self._health
