@@ -7,8 +7,11 @@ controller reports the set of pods that are candidates now (pending, partitionab
 flight) with :func:`observe`:
 
 * a candidate is an *arrival* when it is not a member yet and was never planned, or was last
-  planned ``retry_seconds`` ago or more (an unplaceable pod is retried, but does not keep the
-  window open forever on its own);
+  planned ``retry_seconds`` ago or more and the caller says a retry could change something
+  (``retry=True``: the cluster changed since the last plan, or time alone can change it, such
+  as a waiting-time tier crossed).  An unplaceable pod is retried, but does not keep the window
+  open forever on its own, and is not re-planned for nothing: a retry of an unchanged input
+  would only repeat the last plan;
 * an arrival opens a closed window (``opened_at = now``) and sets ``last_arrival = now``;
 * members that are no longer candidates (scheduled, deleted) leave; a window left without
   members closes.
@@ -62,15 +65,20 @@ class BatchWindow:
 
 
 def observe(
-    window: BatchWindow, candidates: Iterable[str], now: float, policy: BatchPolicy
+    window: BatchWindow,
+    candidates: Iterable[str],
+    now: float,
+    policy: BatchPolicy,
+    retry: bool = True,
 ) -> BatchWindow:
-    """The window after seeing the current candidate pods at time ``now``."""
+    """The window after seeing the current candidate pods at time ``now``; with
+    ``retry=False`` pods planned before are not arrivals however long ago (module docstring)."""
     current = frozenset(candidates)
     planned_at = {p: t for p, t in window.planned_at.items() if p in current}
     arrivals = {
         p
         for p in current - window.members
-        if p not in planned_at or now - planned_at[p] >= policy.retry
+        if p not in planned_at or (retry and now - planned_at[p] >= policy.retry)
     }
     members = (window.members & current) | arrivals
     if not members:

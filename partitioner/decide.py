@@ -71,6 +71,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -99,7 +100,7 @@ from partitioner.drain import choose_drain, drain_budget
 from partitioner.eligibility import pod_fits_node
 from partitioner.gating import release_patch, ungate_patch
 from partitioner.index import ClusterIndex, NodeInfo, PodInfo
-from partitioner.ledger import Hold, NodeLedger, build_ledgers
+from partitioner.ledger import GpuSlots, Hold, NodeLedger, build_ledgers
 from partitioner.rejection import reject_reason
 from partitioner.reservations import RESERVATION_ANNOTATION, Reservation, State
 from partitioner.snapshot import (
@@ -109,7 +110,7 @@ from partitioner.snapshot import (
     opted_in,
     planned_pods,
 )
-from planner.catalog import Catalog
+from planner.catalog import Catalog, CatalogError, GpuModel
 from planner.settings import PlannerSettings
 from planner.snapshot import (
     Assignment,
@@ -186,6 +187,13 @@ class ControllerState:
     """The last planner input (as :func:`_plan_key`) and its plan: an identical input (nothing
     changed since, e.g. a retry of pods no GPU can hold) reuses the plan instead of solving
     again (the planner is deterministic for an input)."""
+    plan_version: tuple[int, int] | None = None
+    """``(identity, version)`` of the :class:`~partitioner.index.ClusterIndex` when the last
+    batch was planned: while it is unchanged and ``replan_at`` has not come, planned pods are not
+    retried (their plan would be the same; :mod:`partitioner.batching`)."""
+    replan_at: float = math.inf
+    """The earliest time at which time alone can change the last batch's plan or what follows
+    it: a waiting-time tier or ``drain_after_s`` crossed by a candidate, a cooldown ending."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,6 +380,14 @@ class _Step:
         self.degraded: set[str] = set()
         self.invalid: dict[str, str] = {}
         self.candidates: dict[str, PodInfo] = {}
+        self.candidate_resources: Counter[str] = Counter()
+        self.plannable: frozenset[str] = frozenset()
+        """Nodes the batch may be planned on (set by :meth:`planning_input`)."""
+        self.batched: AbstractSet[str] = frozenset()
+        self.drain_room = False
+        """The drain budget had room left after this step's drains (:meth:`start_drains`)."""
+        """Candidates the last batch held (set by :meth:`planning_input`)."""
+        """Units per resource the candidates ask for (kept with :attr:`candidates`)."""
         self.restricted: dict[str, frozenset[str]] = {}
         """Candidate -> the only node it may be planned on (a released pod to re-plan)."""
         self.managed: set[str] = set()
@@ -387,6 +403,7 @@ class _Step:
         self.unreadable: dict[str, NodeProblem] = {}
         """GPU nodes whose GPUs cannot be read yet (:mod:`partitioner.adoption`)."""
         self.window: BatchWindow = state.window
+        self.plan_version, self.replan_at = state.plan_version, state.replan_at
         self.last_plan = state.last_plan
         self.pods_now = [index.pods[k] for k in index.waiting_by_age()]
         """Waiting slice pods, highest priority first, then oldest (candidates keep this order)."""
@@ -452,7 +469,7 @@ class _Step:
 
     def wake(self, at: float) -> None:
         """Note a future time-based decision (see :attr:`Decision.next_wakeup`)."""
-        if at > self.now and (self.next_wakeup is None or at < self.next_wakeup):
+        if self.now < at < math.inf and (self.next_wakeup is None or at < self.next_wakeup):
             self.next_wakeup = at
 
     def candidate(self, pod: PodInfo, managed: bool) -> None:
@@ -461,8 +478,13 @@ class _Step:
             self.rejected[pod.key] = reason
             return
         self.candidates[pod.key] = pod
+        self.candidate_resources.update(pod.slices)
         if managed:
             self.managed.add(pod.key)
+
+    def _drop_candidate(self, pod: PodInfo) -> None:
+        del self.candidates[pod.key]
+        self.candidate_resources.subtract(pod.slices)
 
     def _reject(self, pod: PodInfo) -> str | None:
         cached = pod.reject_cache
@@ -878,7 +900,7 @@ class _Step:
             self.now + self.config.apply_deadline_s,
         )
         ledger.add_hold(Hold(pod, r))
-        del self.candidates[pod.key]
+        self._drop_candidate(pod)
         self.managed.discard(pod.key)
         self.drains.pop(pod.key, None)
         self.counts["fast"] += 1
@@ -944,7 +966,7 @@ class _Step:
             return
         self._write_plan(plan, plan_id, {pod.key: pod})
         self.counts["drained"] += 1
-        del self.candidates[pod.key]
+        self._drop_candidate(pod)
         self.managed.discard(pod.key)
         self.drains.pop(pod.key, None)
 
@@ -954,15 +976,10 @@ class _Step:
         frozen_now = sum(1 for ledger in self.ledgers.values() for g in ledger.gpus if g.frozen)
         full = drain_budget(self.ledgers.values(), self.config.drain_fraction)
         budget = full - frozen_now
-        starving = [
-            self.candidates[k]
-            for k in self.managed
-            if k in self.candidates
-            and k not in self.drains
-            and plan.unplaced.get(k, "").startswith(Unplaced.CAPACITY.value)
-            and self.now - (self.candidates[k].created or self.now) >= self.config.drain_after_s
-        ]
-        for pod in sorted(starving, key=_order):
+        self.drain_room = budget > 0
+        if budget <= 0:  # every pod below would stop at ``need > budget`` or be skipped
+            return
+        for pod in self._starving(plan):
             need = sum(pod.slices.values())
             if need > full:
                 # More GPUs than the whole budget (a whole-node pod on a small cluster): never
@@ -990,6 +1007,7 @@ class _Step:
                 if g.index in choice.gpus:
                     g.frozen = True
             budget -= need
+            self.drain_room = budget > 0
             waited = self.now - (pod.created or self.now)
             message = (
                 f"waited {waited:.0f} s and no GPU can host it without moving pods: draining "
@@ -1000,6 +1018,27 @@ class _Step:
             self.actions.append(PatchPod(pod.key, _pod_ref(pod), patch, "reserve", None, (event,)))
             self.note(pod, r)
             self.counts["drains_started"] += 1
+
+    def _starving(self, plan: Plan) -> Iterable[PodInfo]:
+        """Gated candidates that waited ``drain_after_s`` and that no plan could place for lack
+        of capacity, in :func:`_order`: the plan left them unplaced for capacity, or the batch
+        left them out at their resource's bound (:meth:`planning_input`) although a plannable
+        node is eligible for them."""
+        capacity = Unplaced.CAPACITY.value
+        for key, pod in self.candidates.items():  # in _order already
+            if key not in self.managed or key in self.drains:
+                continue
+            if self.now - (pod.created or self.now) < self.config.drain_after_s:
+                continue
+            if key in plan.unplaced:
+                if plan.unplaced[key].startswith(capacity):
+                    yield pod
+            elif (
+                key not in plan.assignments
+                and key not in self.batched
+                and self.index.eligible(pod, self.gpu_nodes) & self.plannable
+            ):
+                yield pod
 
     # ------------------------------------------------------------------ planning
 
@@ -1018,10 +1057,12 @@ class _Step:
     def planning_input(self) -> tuple[Snapshot, dict[str, PodInfo]]:
         """The planner's snapshot: plannable nodes and the candidates that could be placed.
 
-        Per resource the batch holds at most as many units as the plannable GPUs could ever
-        offer of it (:class:`_UnitBounds`), the longest-waiting pods of the highest priority
-        first: a plan cannot place more, so the rest would only cost planning time (with
-        thousands of pods waiting for a few GPUs).  They stay candidates for the next batch.
+        Per resource the batch holds at most as many units as the plannable GPUs could still
+        offer without moving a pinned device (:class:`_UnitBounds`), the longest-waiting pods of
+        the highest priority first: a plan cannot place more, so the rest would only cost
+        planning time (with thousands of pods waiting for a few GPUs).  They stay candidates
+        for the next batch; once every resource is at its bound the scan stops, so a step's
+        cost does not grow with the pods that cannot be placed anyway.
         The first pod of a resource always enters (the planner says why it cannot be placed).
         """
         plannable = {
@@ -1034,8 +1075,13 @@ class _Step:
         taken: Counter[str] = Counter()
         pods: list[PendingPod] = []
         by_key: dict[str, PodInfo] = {}
-        plannable_names = frozenset(plannable)
-        for key, pod in list(self.candidates.items()):  # oldest first
+        plannable_names = self.plannable = frozenset(plannable)
+        limits = {r: bound(r) for r, n in self.candidate_resources.items() if n > 0}
+        unsaturated = set(limits)
+        for i, (key, pod) in enumerate(list(self.candidates.items())):  # oldest first
+            if not unsaturated:  # every resource is at its bound: the rest are capped
+                self.counts["capped"] += len(self.candidates) - i
+                break
             eligible = self.index.eligible(pod, self.gpu_nodes)
             if key in self.restricted:
                 eligible = eligible & self.restricted[key]
@@ -1047,14 +1093,18 @@ class _Step:
                     f"{NODE_CONDITION} condition): " + ", ".join(sorted(eligible))
                 )
                 continue
-            if any(taken[r] and taken[r] + k > bound(r) for r, k in pod.slices.items()):
+            if any(taken[r] and taken[r] + k > limits[r] for r, k in pod.slices.items()):
                 self.waiting[key] = "more pods wait for this resource than the GPUs can hold"
                 self.counts["capped"] += 1
                 continue
             taken.update(pod.slices)
+            for r in pod.slices:
+                if taken[r] >= limits[r]:
+                    unsaturated.discard(r)
             pods.append(self._pending(pod, usable))
             by_key[key] = pod
         pods.sort(key=lambda p: p.name)
+        self.batched = by_key.keys()
         return Snapshot(nodes=nodes, pods=tuple(pods)), by_key
 
     def _write_plan(self, plan: Plan, plan_id: str, pods: Mapping[str, PodInfo]) -> int:
@@ -1134,7 +1184,8 @@ class _Step:
             for k, pod in self.candidates.items()
             if not (self.index.eligible(pod, self.gpu_nodes) <= self.switching)
         ]
-        window = observe(self.state.window, candidates, self.now, self.config.policy)
+        retry = self._version() != self.state.plan_version or self.now >= self.state.replan_at
+        window = observe(self.state.window, candidates, self.now, self.config.policy, retry)
         if not due(window, self.now, self.config.policy):
             self.window = window
             return None, "", (), 0, ""
@@ -1142,6 +1193,7 @@ class _Step:
         self.planned_snapshot = snapshot
         batch = tuple(sorted(candidates))
         self.window = planned(window, batch, self.now)
+        self.plan_version = self._version()
         if not snapshot.pods:
             return None, "", batch, 0, ""
         if not any(
@@ -1177,15 +1229,46 @@ class _Step:
         self.start_drains(plan)
         return plan, plan_id, batch, reconfigured, ""
 
+    def _version(self) -> tuple[int, int]:
+        return (self.index.identity, self.index.version)
+
+    def _replan_at(self) -> float:
+        """When time alone can next change this step's plan or what follows it
+        (:attr:`ControllerState.replan_at`): a batch pod crossing a waiting-time tier (the plan
+        key changes), a candidate reaching ``drain_after_s`` while the drain budget has room,
+        a cooldown ending (the node becomes plannable)."""
+        soonest = math.inf
+        tiers = self.config.planner_settings.wait_tiers_s
+        for p in self.planned_snapshot.pods if self.planned_snapshot is not None else ():
+            created = self.now - p.waited_s
+            for t in tiers:
+                if self.now < created + t < soonest:
+                    soonest = created + t
+        if self.drain_room:
+            after = self.config.drain_after_s
+            for key in self.managed:
+                pod = self.candidates.get(key)
+                if pod is None or key in self.drains:
+                    continue
+                at = (pod.created if pod.created is not None else self.now) + after
+                if self.now < at < soonest:
+                    soonest = at
+        for until in self.cooldown.values():
+            soonest = min(soonest, until)
+        return soonest
+
     def _window_wakeups(self) -> None:
         policy = self.config.policy
         deadline = next_deadline(self.window, policy)
         if deadline is not None:
             self.wake(deadline)
         elif self.window.planned_at:
+            unchanged = self._version() == self.plan_version
             for key, at in self.window.planned_at.items():
                 if key in self.candidates:
-                    self.wake(at + policy.retry)
+                    self.wake(
+                        max(at + policy.retry, self.replan_at) if unchanged else at + policy.retry
+                    )
         for until in self.cooldown.values():
             self.wake(until)
 
@@ -1224,6 +1307,10 @@ class _Step:
             for ledger in self.ledgers.values():
                 ledger.pin()
         plan, plan_id, batch, reconfigured, error = self.plan_batch()
+        if error:  # a failed plan may succeed on retry (e.g. out of time): no suppression
+            self.plan_version = None
+        elif self.planned_snapshot is not None:
+            self.replan_at = self._replan_at()
         for key, reason in sorted(self.rejected.items()):
             if key in self.index.pods:
                 self.once(self.index.pods[key], "Unplaceable", f"cannot place: {reason}", "Warning")
@@ -1237,7 +1324,15 @@ class _Step:
         reported = self.reported
         self.counts["candidates"] = len(self.candidates)
         self.counts["rejected"] = len(self.rejected)
-        state = ControllerState(self.window, reported, self.last_id, self.cooldown, self.last_plan)
+        state = ControllerState(
+            self.window,
+            reported,
+            self.last_id,
+            self.cooldown,
+            self.last_plan,
+            self.plan_version,
+            self.replan_at,
+        )
         return Decision(
             state,
             tuple(self.actions),
@@ -1263,30 +1358,87 @@ def _planned(plan: Plan, key: str, plan_id: str) -> str:
 
 
 class _UnitBounds:
-    """Per resource, the most units the GPUs of some nodes could hold in any layout.
+    """Per resource, an upper bound on the units a plan could give out on some nodes' GPUs.
 
-    MIG: the profile's per-GPU maximum on every GPU that is not frozen; MPS: each GPU's usable
-    memory (less the MPS server reserve) over the slice size.  An upper bound, not what is free.
+    A plan never moves a pinned device (used, held or possibly used: :mod:`partitioner.ledger`)
+    and never touches a frozen GPU, so per GPU that is not frozen:
+
+    * MIG, unlocked: the most pairwise disjoint placements of the profile that overlap no pinned
+      instance's memory slots, at most the profile's per-GPU maximum and the compute slices no
+      pinned instance uses over the profile's compute;
+    * MIG or MPS, locked (the layout must stay): the free devices of the resource;
+    * MPS, unlocked: the memory no pinned slice holds (less the MPS server reserve) over the
+      slice size.
+
+    Summed over GPUs this is never below what any plan can place, and on a full cluster it is
+    about zero: the batch stays small however many pods wait (:meth:`_Step.planning_input`).
+    Unknown profiles on a GPU are ignored (the bound only grows).
     """
 
     def __init__(self, ledgers: Iterable[NodeLedger], mps_reserve_mib: int) -> None:
         self.mig: Counter[str] = Counter()
+        self.locked: Counter[str] = Counter()
         self.mps_mib: list[int] = []
         for ledger in ledgers:
-            gpus = sum(1 for g in ledger.gpus if not g.frozen)
             model = ledger.gpu.model
-            if ledger.gpu.mode is Mode.MPS:
-                memory = (ledger.gpu.gpu_memory_mib or model.memory_mib) - mps_reserve_mib
-                self.mps_mib.extend([memory] * gpus)
-            else:
-                for profile in model.profiles:
-                    self.mig[profile.resource] += gpus * profile.max_count
+            mps = ledger.gpu.mode is Mode.MPS
+            usable = (ledger.gpu.gpu_memory_mib or model.memory_mib) - mps_reserve_mib
+            for g in ledger.gpus:
+                if g.frozen:
+                    continue
+                if g.locked:
+                    self.locked.update(d.resource for d in g.devices if not d.pinned)
+                elif mps:
+                    self.mps_mib.append(usable - sum(d.memory_mib for d in g.devices if d.pinned))
+                else:
+                    self._add_mig_gpu(model, g)
+
+    def _add_mig_gpu(self, model: GpuModel, g: GpuSlots) -> None:
+        taken: set[int] = set()
+        compute_used = 0
+        same: Counter[str] = Counter()
+        media = False
+        for d in g.devices:
+            if not d.pinned:
+                continue
+            compute_used += d.compute
+            try:
+                profile = model.profile(d.mig_profile)
+            except CatalogError:
+                continue
+            taken.update(profile.span(d.key))
+            same[profile.name] += 1
+            media = media or profile.has_media_extensions
+        compute_free = max(0, model.compute_slices - compute_used)
+        for profile in model.profiles:
+            if media and profile.has_media_extensions:
+                continue  # one media-extension instance per GPU
+            spans = sorted(
+                (profile.span(s) for s in profile.starts if taken.isdisjoint(profile.span(s))),
+                key=lambda r: (r.stop, r.start),
+            )
+            count, end = 0, -1
+            for span in spans:  # earliest end first: the most disjoint intervals
+                if span.start >= end:
+                    count += 1
+                    end = span.stop
+            limit = (
+                compute_free // profile.compute
+                if profile.compute > 0 and model.compute_slices > 0
+                else count
+            )
+            self.mig[profile.resource] += max(
+                0, min(count, profile.max_count - same[profile.name], limit)
+            )
 
     def __call__(self, resource: str) -> int:
         gb = mps_gb_of(resource)
+        locked = self.locked[resource]
         if gb is None:
-            return self.mig[resource]
-        return sum(m // (gb * MIB_PER_GIB) for m in self.mps_mib) if gb > 0 else 0
+            return self.mig[resource] + locked
+        if gb <= 0:
+            return locked
+        return locked + sum(max(0, m) // (gb * MIB_PER_GIB) for m in self.mps_mib)
 
 
 def _plan_key(snapshot: Snapshot, tiers: Iterable[float]) -> object:

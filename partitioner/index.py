@@ -39,6 +39,7 @@ Cost: an event costs one object's parsing; a cycle costs O(waiting pods + nodes)
 from __future__ import annotations
 
 import datetime
+import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -385,6 +386,16 @@ class NpInfo:
     np: NodePartitioning | None
     error: str
     raw: dict[str, Any]
+    pods_seen: int = 0
+    """:attr:`ClusterIndex.node_pods` of the node when the agent's part of the status last
+    changed: a different value now means pods bound to the node changed since the agent's last
+    report, whose ``used`` flags may then miss a pod (:func:`partitioner.ledger.build_ledgers`)."""
+
+
+def _agent_status(raw: Obj) -> Any:
+    status = dict(raw.get("status") or {})
+    status.pop("reservations", None)  # the partitioner's own field
+    return status
 
 
 def _read_np(raw: Obj) -> NpInfo:
@@ -429,6 +440,9 @@ def _counts(pod: PodInfo) -> bool:
     return bool(pod.node) and not pod.finished
 
 
+_IDENTITIES = itertools.count(1)
+
+
 class ClusterIndex:
     """Parsed, incrementally maintained Nodes, Pods and NodePartitionings (module docstring)."""
 
@@ -441,6 +455,9 @@ class ClusterIndex:
         """Bumped when pod eligibility may have changed on some node."""
         self.version = 0
         """Bumped on every change (any kind)."""
+        self.identity = next(_IDENTITIES)
+        """Unique per index in this process: ``(identity, version)`` names one cluster state
+        (two indexes built from different objects may reach the same ``version``)."""
         self._usage: dict[str, Usage] = {}
         self._waiting: set[str] = set()
         self._waiting_sorted: list[str] | None = None
@@ -563,7 +580,12 @@ class ClusterIndex:
         old = self.partitionings.get(name)
         if old is not None and not _newer(_rv(raw), old.rv):
             return
-        self.partitionings[name] = _read_np(raw)
+        info = _read_np(raw)
+        if old is not None and _agent_status(old.raw) == _agent_status(raw):
+            info.pods_seen = old.pods_seen
+        else:
+            info.pods_seen = self.node_pods.get(name, 0)
+        self.partitionings[name] = info
         self.version += 1
 
     def remove_partitioning(self, name: str) -> None:

@@ -23,8 +23,10 @@ did not gate took a slice) are *broken*: :meth:`NodeLedger.settle` keeps holds i
 For the planner (:meth:`NodeLedger.gpu_states`) every instance a hold or a bound pod may be
 using is pinned (``used``): one free instance of ``R`` per hold on the GPU the reservation
 expects (else the lowest GPU with one), and, while pods bound to the node hold more units of
-``R`` than the status shows used (the agent has not reported them yet), every free instance of
-``R`` — so no plan ever destroys a device that might be allocated.
+``R`` than the status shows used (the agent has not reported them yet), or while the pods
+bound to the node changed after the agent's last report (a departed pod's device may still show
+used and a new pod's not, with equal counts), every free instance of ``R`` that bound pods hold
+— so no plan ever destroys a device that might be allocated.
 """
 
 from __future__ import annotations
@@ -466,8 +468,13 @@ def build_ledgers(
         )
         status_used = _status_used(gpus)
         frozen_used = ledger.frozen_used()
-        ledger.stale_used = frozenset(
-            r for r, k in usage.slices.items() if k - frozen_used[r] > status_used[r]
-        )
+        if np_info is not None and np_info.pods_seen != index.node_pods.get(name, 0):
+            # Pods bound to the node changed since the agent's last report: its used flags
+            # may show a departed pod's device and miss a new one with equal counts.
+            ledger.stale_used = frozenset(r for r, k in usage.slices.items() if k > 0)
+        else:
+            ledger.stale_used = frozenset(
+                r for r, k in usage.slices.items() if k - frozen_used[r] > status_used[r]
+            )
         out[name] = ledger
     return out, problems

@@ -29,7 +29,10 @@ class PartitionerSettings(CommonSettings):
     retry_seconds: float = Field(
         60.0,
         ge=0,
-        description="A pod planned but still pending opens a new batch again after this long.",
+        description=(
+            "A pod planned but still pending opens a new batch again after this long, once the "
+            "cluster changed since its plan (an unchanged cluster would get the same plan)."
+        ),
     )
     cycle_seconds: float = Field(
         1.0, gt=0, description="How often the controller re-evaluates the cluster state."

@@ -52,6 +52,16 @@ def test_planned_pods_wait_for_retry_then_arrive_again() -> None:
     assert w.is_open and w.opened_at == 40
 
 
+def test_without_retry_planned_pods_never_arrive_again_but_new_ones_do() -> None:
+    w = planned(observe(BatchWindow(), ["a"], 0, P), ["a"], 10)
+    w = observe(w, ["a"], 1000, P, retry=False)
+    assert not w.is_open  # an unchanged cluster: its plan would only repeat
+    w = observe(w, ["a", "b"], 1001, P, retry=False)
+    assert w.is_open and w.members == {"b"}  # a new pod arrives
+    w = observe(w, ["a", "b"], 1002, P, retry=True)
+    assert w.members == {"a", "b"}  # something changed: the old pod is retried
+
+
 def test_a_new_pod_reopens_and_the_batch_can_include_old_ones() -> None:
     w = planned(observe(BatchWindow(), ["a"], 0, P), ["a"], 10)
     w = observe(w, ["a", "b"], 12, P)

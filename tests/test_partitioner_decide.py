@@ -6,6 +6,7 @@ which is also the path ungated pods take; the reservation flow is in
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from test_partitioner_snapshot import A100, node, np, pod, view
@@ -20,6 +21,7 @@ from partitioner.actions import (
 )
 from partitioner.batching import BatchPolicy
 from partitioner.decide import ControllerState, DecideConfig, decide
+from partitioner.index import ClusterIndex
 from partitioner.settings import PartitionerSettings
 from planner.catalog import default_catalog
 from planner.greedy import plan_greedy
@@ -135,6 +137,42 @@ def test_unplaced_pod_is_told_once_per_reason() -> None:
     assert ev.type == "Warning" and ev.message.startswith("cannot place: ")
     d = run(run(d.state, objs, 80).state, objs, 90)  # retried after 60 s, same reason
     assert d.plan is not None and not [a for a in d.actions if isinstance(a, EmitEvent)]
+
+
+def test_an_unchanged_cluster_is_not_planned_again_until_it_changes() -> None:
+    """A retry of pods no GPU can hold re-plans only after the cluster changed (or time alone
+    can change the plan: ``replan_at``), and asks for no wake-up at the retry time."""
+    calls: list[int] = []
+
+    def counting(snapshot: Any, settings: Any, catalog: Any) -> Plan:
+        calls.append(len(snapshot.pods))
+        return plan_greedy(snapshot, settings, catalog)
+
+    config = replace(CONFIG, planner=counting)
+    objs = [
+        node("n1", {**MIG, "nvidia.com/gpu.count": "1"}),
+        np("n1", observed=1, applied=True),
+        pod("big", {"nvidia.com/mig-7g.80gb": "2"}),
+    ]
+    index = ClusterIndex.from_objects(
+        config.catalog,
+        [o for o in objs if o["kind"] == "Node"],
+        [o for o in objs if o["kind"] == "Pod"],
+        [o for o in objs if o["kind"] == "NodePartitioning"],
+    )
+    d = decide(decide(ControllerState(), index, 0, config).state, index, 10, config)
+    assert d.plan is not None and len(calls) == 1
+    assert d.next_wakeup is None or d.next_wakeup >= d.state.replan_at > 10 + 60
+    state = d.state
+    for t in (80, 90, 200):  # retries due, nothing changed: the plan would repeat
+        d = decide(state, index, t, config)
+        assert d.plan is None and not d.batch
+        state = d.state
+    assert len(calls) == 1
+    index.upsert_pod(pod("other", {"nvidia.com/mig-1g.10gb": "1"}))  # the cluster changes
+    state = decide(state, index, 201, config).state
+    d = decide(state, index, 212, config)
+    assert d.plan is not None and len(calls) == 2 and "ns/big" in d.batch
 
 
 def test_planner_failure_is_reported_and_closes_the_window() -> None:

@@ -1,0 +1,80 @@
+"""A plan never destroys a device the agent's report may not show used yet.
+
+The reproduction (found by the 4-node default replay: one pod disrupted): pod A runs on one of
+two free 1g instances and the agent reported it; A ends and pod B binds to the *other*
+instance before the agent's next report.  Counting alone sees one bound pod and one used
+instance, so the other instance (B's) looked free and a plan could destroy it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from test_partitioner_snapshot import A100, node, np, pod
+
+from partitioner.index import ClusterIndex
+from partitioner.ledger import build_ledgers
+from planner.catalog import default_catalog
+
+MIG = {"gpuslice.io/partitioning": "mig", **A100, "nvidia.com/gpu.count": "1"}
+ONE_G = {"nvidia.com/mig-1g.10gb": "1"}
+
+
+def _status(used0: bool, used1: bool) -> list[dict[str, Any]]:
+    return [
+        {
+            "index": 0,
+            "migEnabled": True,
+            "mig": [
+                {"profile": "1g.10gb", "start": 0, "used": used0},
+                {"profile": "1g.10gb", "start": 1, "used": used1},
+            ],
+        }
+    ]
+
+
+def _report(index: ClusterIndex, rv: str, used0: bool, used1: bool) -> None:
+    obj = np("n1", observed=1, applied=True, gpus=_status(used0, used1))
+    obj["metadata"]["resourceVersion"] = rv
+    index.upsert_partitioning(obj)
+
+
+def _pinned(index: ClusterIndex) -> list[bool]:
+    ledgers, problems = build_ledgers(index, (), (), {})
+    assert not problems
+    ledger = ledgers["n1"]
+    ledger.pin()
+    return [d.pinned for d in ledger.gpus[0].devices]
+
+
+def _bound(name: str, rv: str, *, finished: bool = False) -> dict[str, Any]:
+    obj = pod(name, ONE_G, node_name="n1", phase="Succeeded" if finished else "Running")
+    obj["metadata"]["resourceVersion"] = rv
+    return obj
+
+
+def test_a_pod_swap_between_reports_pins_the_free_instances() -> None:
+    index = ClusterIndex.from_objects(default_catalog(), [node("n1", MIG)])
+    index.upsert_pod(_bound("a", "10"))
+    _report(index, "11", True, False)
+    assert _pinned(index) == [True, False]  # the report is fresh: instance 1 is free
+
+    index.upsert_pod(_bound("a", "12", finished=True))  # A ends ...
+    index.upsert_pod(_bound("b", "13"))  # ... B takes instance 1; no report yet
+    assert _pinned(index) == [True, True]  # counts agree (1 and 1), but B may be on either
+
+    _report(index, "14", False, True)  # the agent reports B
+    assert _pinned(index) == [False, True]
+
+
+def test_the_partitioners_own_status_writes_do_not_count_as_a_report() -> None:
+    index = ClusterIndex.from_objects(default_catalog(), [node("n1", MIG)])
+    index.upsert_pod(_bound("a", "10"))
+    _report(index, "11", True, False)
+    index.upsert_pod(_bound("a", "12", finished=True))
+    index.upsert_pod(_bound("b", "13"))
+    obj = np("n1", observed=1, applied=True, gpus=_status(True, False))
+    obj["metadata"]["resourceVersion"] = "14"
+    obj["status"]["reservations"] = []  # only the partitioner's field changed
+    index.upsert_partitioning(obj)
+    assert _pinned(index) == [True, True]
