@@ -1,16 +1,37 @@
 """A small HTTP server in a daemon thread, for the probe and metrics endpoints of both
 components (the partitioner's ``/healthz``/``/readyz``, the agent's ``/healthz``/``/metrics``).
 
-Subclasses give :meth:`_handler_class`; the server binds in the constructor (port 0: any free
-port, read back from :attr:`port`), serves from :meth:`start` until :meth:`stop`.
+Subclasses give :meth:`_handler_class` (a :class:`ProbeHandler`, which adds the reply helper
+and keeps probes out of the log); the server binds in the constructor (port 0: any free port,
+read back from :attr:`port`), serves from :meth:`start` until :meth:`stop`.
 """
 
 from __future__ import annotations
 
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
-__all__ = ["ThreadedHttpServer"]
+__all__ = ["ProbeHandler", "ThreadedHttpServer"]
+
+
+class ProbeHandler(BaseHTTPRequestHandler):
+    """A request handler for probe and metrics endpoints: :meth:`_reply` sends one whole
+    response; no access log (the kubelet and Prometheus call every few seconds)."""
+
+    def _path(self) -> str:
+        """The request path without its query string."""
+        return self.path.split("?", 1)[0]
+
+    def _reply(self, code: int, content_type: str, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
 
 
 class ThreadedHttpServer:

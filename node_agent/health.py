@@ -30,11 +30,10 @@ import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
-from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from contract.http_server import ThreadedHttpServer
+from contract.http_server import ProbeHandler, ThreadedHttpServer
 
 __all__ = ["AgentHealth", "MonitoringServer"]
 
@@ -107,9 +106,9 @@ class MonitoringServer(ThreadedHttpServer):
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         health, registry = self._health, self._registry
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(ProbeHandler):
             def do_GET(self) -> None:
-                path = self.path.split("?", 1)[0]
+                path = self._path()
                 if path == "/healthz":
                     ok, reason = health.check()
                     body = (reason if ok else f"unhealthy: {reason}").encode() + b"\n"
@@ -120,15 +119,5 @@ class MonitoringServer(ThreadedHttpServer):
                     self._reply(
                         404, "text/plain; charset=utf-8", b"not found: /healthz, /metrics\n"
                     )
-
-            def _reply(self, code: int, content_type: str, body: bytes) -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass  # probes every few seconds would flood the log
 
         return Handler

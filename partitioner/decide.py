@@ -381,13 +381,13 @@ class _Step:
         self.invalid: dict[str, str] = {}
         self.candidates: dict[str, PodInfo] = {}
         self.candidate_resources: Counter[str] = Counter()
+        """Units per resource the candidates ask for (kept with :attr:`candidates`)."""
         self.plannable: frozenset[str] = frozenset()
         """Nodes the batch may be planned on (set by :meth:`planning_input`)."""
         self.batched: AbstractSet[str] = frozenset()
+        """Candidates the last batch held (set by :meth:`planning_input`)."""
         self.drain_room = False
         """The drain budget had room left after this step's drains (:meth:`start_drains`)."""
-        """Candidates the last batch held (set by :meth:`planning_input`)."""
-        """Units per resource the candidates ask for (kept with :attr:`candidates`)."""
         self.restricted: dict[str, frozenset[str]] = {}
         """Candidate -> the only node it may be planned on (a released pod to re-plan)."""
         self.managed: set[str] = set()

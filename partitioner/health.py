@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from contract.http_server import ThreadedHttpServer
+from contract.http_server import ProbeHandler, ThreadedHttpServer
 
 __all__ = ["ControllerHealth", "HealthReport", "HealthServer"]
 
@@ -155,9 +155,9 @@ class HealthServer(ThreadedHttpServer):
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         health = self._health
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(ProbeHandler):
             def do_GET(self) -> None:
-                path = self.path.split("?", 1)[0]
+                path = self._path()
                 if path == "/healthz":
                     report = health.liveness()
                 elif path == "/readyz":
@@ -168,15 +168,5 @@ class HealthServer(ThreadedHttpServer):
                     return
                 body = json.dumps(report.as_json()).encode() + b"\n"
                 self._reply(200 if report.ok else 503, "application/json", body)
-
-            def _reply(self, code: int, content_type: str, body: bytes) -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass  # the kubelet probes every few seconds; no access log
 
         return Handler

@@ -45,6 +45,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cache
 
+from manual_clock import ManualClock
+
 from contract.nodepartitioning import NodePartitioningSpec, NodePartitioningStatus
 from node_agent.allocations import AllocationLedger, LedgerInUse
 from node_agent.devices import ENV_MPS_PIPE, AdvertisedDevice, parse_mps_slice_id
@@ -103,14 +105,6 @@ GRACE_S = 60.0
 """The agent's allocation grace period (node_agent.allocations)."""
 STEP_S = 7.0
 """Time between two steps of a sequence."""
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass
@@ -223,7 +217,7 @@ class Kubelet:
 class CountingLedger(AllocationLedger):
     """The agent's ledger, counting the answers in which it alone protected a held device."""
 
-    def __init__(self, st: Stats, grace: float, clock: Clock) -> None:
+    def __init__(self, st: Stats, grace: float, clock: ManualClock) -> None:
         super().__init__(grace, clock=clock)
         self.st = st
         self.kube: Kubelet | None = None
@@ -432,7 +426,7 @@ async def run_sequence(seed: int, st: Stats) -> None:
     nv = FakeNvml(models, mig_enabled=rng.random() < 0.5, rng=random.Random(~seed))
     for i in range(n_gpus):
         nv.set_persistence_mode(i, rng.random() < 0.5)  # as nvidia-persistenced left it
-    clock = Clock()
+    clock = ManualClock(0.0)
     kube = Kubelet(rng, nv, CountingLedger(st, GRACE_S, clock=clock))
     kube.ledger.kube = kube
     nv.hooks.append(kube.hook)

@@ -8,6 +8,7 @@ import urllib.request
 from collections.abc import Iterator
 
 import pytest
+from manual_clock import ManualClock
 from prometheus_client import CollectorRegistry
 
 from contract.nodepartitioning import NodePartitioning, NodePartitioningSpec
@@ -21,14 +22,6 @@ from node_agent.reconciler import Reconciler
 from planner.catalog import default_catalog
 
 CAT = default_catalog()
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class NoPods:
@@ -51,14 +44,14 @@ def sample(metrics: AgentMetrics, name: str, **labels: str) -> float:
 
 
 def test_unhealthy_only_after_failing_longer_than_n_resyncs() -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     health = AgentHealth(resync_seconds=10, failure_resyncs=3, clock=clock)
     assert health.check() == (True, "ok")
     health.record(False, "reading GPUs: NVML_ERROR_GPU_IS_LOST")
-    clock.t += 25
+    clock.now += 25
     health.record(False, "reading GPUs: NVML_ERROR_GPU_IS_LOST")
     assert health.check()[0]  # failing for 25 s < 3 x 10 s
-    clock.t += 6
+    clock.now += 6
     health.record(False, "reading GPUs: NVML_ERROR_GPU_IS_LOST")
     ok, reason = health.check()
     assert not ok and "failing for 31s" in reason and "GPU_IS_LOST" in reason
@@ -67,11 +60,11 @@ def test_unhealthy_only_after_failing_longer_than_n_resyncs() -> None:
 
 
 def test_unhealthy_when_no_pass_finishes() -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     health = AgentHealth(resync_seconds=10, failure_resyncs=2, clock=clock)
-    clock.t += 20
+    clock.now += 20
     assert health.check()[0]
-    clock.t += 1  # a stuck loop (e.g. a hung driver call): no pass for > 2 x 10 s since start
+    clock.now += 1  # a stuck loop (e.g. a hung driver call): no pass for > 2 x 10 s since start
     ok, reason = health.check()
     assert not ok and "no reconcile pass finished for 21s" in reason
     health.record(True)
@@ -87,8 +80,8 @@ def test_health_rejects_nonsense_settings() -> None:
 
 
 @pytest.fixture
-def served() -> Iterator[tuple[Clock, AgentHealth, AgentMetrics, str]]:
-    clock = Clock()
+def served() -> Iterator[tuple[ManualClock, AgentHealth, AgentMetrics, str]]:
+    clock = ManualClock(1000.0)
     health = AgentHealth(resync_seconds=1, failure_resyncs=2, clock=clock)
     metrics = AgentMetrics(CollectorRegistry())
     server = MonitoringServer(health, metrics.registry, port=0, host="127.0.0.1")
@@ -108,12 +101,12 @@ def get(url: str) -> tuple[int, str, str]:
 
 
 def test_healthz_and_metrics_over_http(
-    served: tuple[Clock, AgentHealth, AgentMetrics, str],
+    served: tuple[ManualClock, AgentHealth, AgentMetrics, str],
 ) -> None:
     clock, health, metrics, base = served
     assert get(f"{base}/healthz")[::2] == (200, "ok\n")
     health.record(False, "kubelet PodResources unavailable")
-    clock.t += 2.5
+    clock.now += 2.5
     code, _, body = get(f"{base}/healthz")
     assert code == 503 and body.startswith("unhealthy: reconcile failing for 2s")
 
@@ -139,7 +132,7 @@ def test_healthz_and_metrics_over_http(
 async def test_agent_passes_feed_metrics_and_health() -> None:
     nv = FakeNvml([CAT.model("A100-SXM4-80GB")])
     metrics = AgentMetrics(CollectorRegistry())
-    clock = Clock()
+    clock = ManualClock(1000.0)
     health = AgentHealth(resync_seconds=1, failure_resyncs=1, clock=clock)
     reconciler = Reconciler(MeteredNvml(nv, metrics), NoPods(), FakeSupervisor(nvml=nv), CAT)
     source = InMemorySpecSource("n1", mig_spec(("3g.40gb", 4), ("1g.10gb", 0), ("1g.10gb", 1)))
@@ -155,7 +148,7 @@ async def test_agent_passes_feed_metrics_and_health() -> None:
     assert sample(metrics, "gpuslice_agent_reconcile_failures_total") == 1
     assert sample(metrics, "gpuslice_agent_spec_applied") == 0
     assert sample(metrics, "gpuslice_agent_apply_latency_seconds_count") == 0
-    clock.t += 1.5
+    clock.now += 1.5
     assert not health.check()[0]
 
     res = await agent.run_once()
@@ -188,7 +181,7 @@ async def test_a_pass_that_raises_counts_as_a_failure() -> None:
 
     nv = FakeNvml([CAT.model("A30")])
     metrics = AgentMetrics(CollectorRegistry())
-    clock = Clock()
+    clock = ManualClock(1000.0)
     health = AgentHealth(resync_seconds=1, failure_resyncs=1, clock=clock)
     reconciler = Reconciler(nv, NoPods(), FakeSupervisor(nvml=nv), CAT)
     agent = Agent(reconciler, Broken("n1"), metrics=metrics, health=health, retry_seconds=0.01)
@@ -202,7 +195,7 @@ async def test_a_pass_that_raises_counts_as_a_failure() -> None:
     await asyncio.wait_for(task, 2)  # the loop survived the failing passes
     assert sample(metrics, "gpuslice_agent_reconcile_failures_total") >= 2
     assert sample(metrics, "gpuslice_agent_reconcile_passes_total") >= 2
-    clock.t += 1.5
+    clock.now += 1.5
     ok, reason = health.check()
     assert not ok and "ConnectionError: API server unreachable" in reason
 

@@ -11,23 +11,15 @@ import json
 from pathlib import Path
 
 import pytest
+from manual_clock import ManualClock
 
 from node_agent.allocations import MAX_ENTRIES, AllocationLedger
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
 
 # -- the ledger ---------------------------------------------------------------------------
 
 
 def test_unconfirmed_ids_are_held_until_the_grace_period_ends() -> None:
-    clock = Clock()
+    clock = ManualClock(1_000_000.0)
     ledger = AllocationLedger(30, clock=clock)
     ledger.record(["a", "b"])
     assert ledger.held(set()) == {"a", "b"}
@@ -39,7 +31,7 @@ def test_unconfirmed_ids_are_held_until_the_grace_period_ends() -> None:
 
 
 def test_confirmed_ids_follow_podresources_and_reallocation_restarts_the_hold() -> None:
-    clock = Clock()
+    clock = ManualClock(1_000_000.0)
     ledger = AllocationLedger(30, clock=clock)
     ledger.record(["a"])
     assert ledger.held({"a"}) == set()  # visible: PodResources answers for it now
@@ -54,7 +46,7 @@ def test_confirmed_ids_follow_podresources_and_reallocation_restarts_the_hold() 
 
 
 def test_the_ledger_survives_an_agent_restart(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = ManualClock(1_000_000.0)
     path = tmp_path / "state" / "allocations.json"
     AllocationLedger(30, path=path, clock=clock).record(["MIG-1", "MIG-2"])
     AllocationLedger(30, path=path, clock=clock).held({"MIG-2"})  # MIG-2 confirmed

@@ -21,6 +21,7 @@ import kmock
 import kopf
 import pytest
 from fake_apiserver import ApiServer, declare
+from manual_clock import ManualClock
 from test_partitioner_operator import A100, create, eventually, node, settings
 
 from partitioner.decide import Decision
@@ -29,17 +30,9 @@ from partitioner.operator import Controller, run_operator
 from partitioner.settings import PartitionerSettings
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 # -- the rules ---------------------------------------------------------------------------------
 def test_steps_raising_in_a_row_fail_liveness_until_one_completes() -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     health = ControllerHealth(stale_seconds=120, failed_steps=3, clock=clock)
     health.step_done()
     for _ in range(2):
@@ -54,7 +47,7 @@ def test_steps_raising_in_a_row_fail_liveness_until_one_completes() -> None:
 
 
 def test_no_completed_step_for_stale_seconds_fails_liveness() -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     health = ControllerHealth(stale_seconds=60, failed_steps=0, clock=clock)
     health.started()
     clock.now += 60
@@ -74,7 +67,7 @@ def test_no_completed_step_for_stale_seconds_fails_liveness() -> None:
 
 
 def test_zero_turns_both_rules_off_and_readiness_follows_the_listing() -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     health = ControllerHealth(stale_seconds=0, failed_steps=0, clock=clock)
     clock.now += 1e6
     for _ in range(1000):
@@ -123,7 +116,7 @@ def serving(health: ControllerHealth) -> Any:
 
 
 def test_endpoint_answers_503_with_the_reason_and_200_when_well() -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     health = ControllerHealth(stale_seconds=60, failed_steps=2, clock=clock)
     with serving(health) as port:
         assert get(port, "/readyz") == (
