@@ -33,6 +33,7 @@ __all__ = [
     "KIND",
     "PARTITIONER_STATUS_FIELDS",
     "PLURAL",
+    "PRINTER_COLUMNS",
     "VERSION",
     "ActualGpu",
     "ActualMigInstance",
@@ -242,6 +243,62 @@ def _openapi(model: type[BaseModel]) -> dict[str, Any]:
     return result
 
 
+def _condition_path(type_: str, field: str) -> str:
+    return f'.status.conditions[?(@.type=="{type_}")].{field}'
+
+
+PRINTER_COLUMNS: Final[list[dict[str, Any]]] = [
+    {"name": "Mode", "type": "string", "jsonPath": ".spec.mode"},
+    {"name": "Plan", "type": "string", "jsonPath": ".spec.planId", "description": "Desired plan"},
+    {
+        "name": "Applied",
+        "type": "string",
+        "jsonPath": _condition_path("Applied", "status"),
+        "description": "The agent applied the current spec",
+    },
+    {
+        "name": "Degraded",
+        "type": "string",
+        "jsonPath": _condition_path("Degraded", "status"),
+        "description": "Some GPU's spec cannot be applied",
+    },
+    {
+        "name": "State",
+        "type": "string",
+        "jsonPath": _condition_path("Applied", "reason"),
+        "description": "Applied, InProgress, Waiting (pending: a transient block), Degraded or "
+        "NoSpec",
+    },
+    {
+        "name": "Applied-Plan",
+        "type": "string",
+        "jsonPath": ".status.planId",
+        "priority": 1,
+        "description": "Plan of the spec last applied",
+    },
+    {
+        "name": "Degraded-Reason",
+        "type": "string",
+        "jsonPath": _condition_path("Degraded", "reason"),
+        "priority": 1,
+        "description": "Why the node is Degraded (AsExpected when it is not)",
+    },
+    {
+        "name": "First-Pending",
+        "type": "string",
+        "jsonPath": ".status.reservations[0].pod",
+        "priority": 1,
+        "description": "The first pod holding a reservation on this node (all of them: "
+        "-o jsonpath='{.status.reservations[*].pod}')",
+    },
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+"""``kubectl get nodepartitionings`` columns (NAME is the node); ``priority: 1`` ones show with
+``-o wide``.  STATE tells a pending change (InProgress, Waiting) from an applied or Degraded
+one.  A column shows one value (the API server prints the first match of its JSONPath), so
+First-Pending names one waiting pod, not all of them."""
+
+
 def crd_manifest() -> dict[str, Any]:
     """The CustomResourceDefinition for NodePartitioning, generated from the models."""
     spec_schema = _openapi(NodePartitioningSpec)
@@ -266,17 +323,7 @@ def crd_manifest() -> dict[str, Any]:
                     "served": True,
                     "storage": True,
                     "subresources": {"status": {}},
-                    "additionalPrinterColumns": [
-                        {"name": "Node", "type": "string", "jsonPath": ".metadata.name"},
-                        {"name": "Mode", "type": "string", "jsonPath": ".spec.mode"},
-                        {"name": "Plan", "type": "string", "jsonPath": ".spec.planId"},
-                        {
-                            "name": "Applied",
-                            "type": "string",
-                            "jsonPath": '.status.conditions[?(@.type=="Applied")].status',
-                        },
-                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-                    ],
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
                     "schema": {
                         "openAPIV3Schema": {
                             "type": "object",

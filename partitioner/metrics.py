@@ -10,16 +10,35 @@ Each :class:`Metrics` owns its registry, so several controllers (tests, restarts
 * ``gpuslice_spec_to_applied_seconds`` (histogram): from a spec write until the node agent
   reports that generation applied.
 * ``gpuslice_spec_conflicts_total`` (counter): spec writes refused with 409 (retried).
+* ``gpuslice_oldest_pending_pod_seconds`` (gauge): age of the oldest pod waiting for a slice
+  (unbound, asking for a slice), from its creation; 0 when none waits.
+* ``gpuslice_reservations{state}`` (gauge): pods holding a reservation, by state: ``planned``
+  (slice planned or free, pod still gated), ``released`` (ungated, pinned to the node, not
+  bound yet), ``draining`` (GPUs being emptied for it).
+* ``gpuslice_pods_stranded`` (gauge): released pods whose node can no longer hold them (their
+  Event says to delete them).
+* ``gpuslice_nodes_left_out{reason}`` (gauge): opted-in nodes left out of planning, by the reason
+  of their ``GpusliceReady=False`` condition.
+* ``gpuslice_planner_errors_total`` (counter): decision steps whose planner failed (the batch is
+  retried; the error is logged and told to the pods).
+* ``gpuslice_step_failures_total`` (counter): decision steps that raised (liveness counts them).
+
+:meth:`Metrics.observe_waiting` sets the waiting gauges from one decision step.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-__all__ = ["Metrics"]
+__all__ = ["RESERVATION_STATES", "Metrics"]
 
 _BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 _LATENCY_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
+
+RESERVATION_STATES = {"planned": "held", "released": "released", "draining": "draining"}
+"""``state`` label of ``gpuslice_reservations`` -> the decision step's count of it."""
 
 
 class Metrics:
@@ -49,6 +68,61 @@ class Metrics:
         self.spec_conflicts = Counter(
             "gpuslice_spec_conflicts", "Spec writes refused with 409", registry=r
         )
+        self.oldest_pending = Gauge(
+            "gpuslice_oldest_pending_pod_seconds",
+            "Age of the oldest pod waiting for a slice (0: none waits)",
+            registry=r,
+        )
+        self.reservations = Gauge(
+            "gpuslice_reservations", "Pods holding a reservation, by state", ["state"], registry=r
+        )
+        for state in RESERVATION_STATES:
+            self.reservations.labels(state).set(0)
+        self.pods_stranded = Gauge(
+            "gpuslice_pods_stranded", "Released pods their node can no longer hold", registry=r
+        )
+        self.nodes_left_out = Gauge(
+            "gpuslice_nodes_left_out",
+            "Opted-in nodes left out of planning, by reason",
+            ["reason"],
+            registry=r,
+        )
+        self._left_out_reasons: set[str] = set()
+        self.planner_errors = Counter(
+            "gpuslice_planner_errors", "Decision steps whose planner failed", registry=r
+        )
+        self.step_failures = Counter(
+            "gpuslice_step_failures", "Decision steps that raised", registry=r
+        )
+
+    def observe_waiting(
+        self,
+        counts: Mapping[str, int],
+        created: Iterable[float | None],
+        left_out: Iterable[str],
+        now: float,
+    ) -> None:
+        """Set the waiting gauges from one decision step.
+
+        ``counts``: the step's counts (waiting, held, released, draining, stranded);
+        ``created``: creation times (epoch seconds) of the pods waiting for a slice, ``None``
+        where unknown; ``left_out``: the reason of each node left out of planning; ``now``: the
+        step's clock, in the same epoch.
+        """
+        self.pending_pods.set(int(counts.get("waiting", 0)))
+        known = [t for t in created if t is not None]
+        self.oldest_pending.set(max(0.0, now - min(known)) if known else 0.0)
+        for state, key in RESERVATION_STATES.items():
+            self.reservations.labels(state).set(int(counts.get(key, 0)))
+        self.pods_stranded.set(int(counts.get("stranded", 0)))
+        reasons: dict[str, int] = {}
+        for reason in left_out:
+            reasons[reason] = reasons.get(reason, 0) + 1
+        for gone in self._left_out_reasons - set(reasons):
+            self.nodes_left_out.remove(gone)
+        for reason, n in reasons.items():
+            self.nodes_left_out.labels(reason).set(n)
+        self._left_out_reasons = set(reasons)
 
     def serve(self, port: int) -> None:
         """Start the /metrics HTTP server in a daemon thread."""

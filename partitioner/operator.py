@@ -23,6 +23,13 @@ Wiring
   ``/readyz`` from those.  kopf's own liveness endpoint is not used: its probe handlers can only
   report values, never a failure the kubelet would act on.
 
+Logging (:func:`configure_logging`): kopf's records and ours go through one handler in the
+format of :mod:`contract.logs` (``GPUSLICE_LOG_FORMAT``: text or json; fields ts, level, logger,
+msg, then pod/node/plan where known, kopf's object references included).  Every handler has an
+id, so kopf names them (``Handler 'watch-pods' succeeded.``), never by their Python
+qualname.  kopf's per-event ``Handler '...' succeeded.`` (one per watch event of every pod) and
+aiohttp's access lines (one per admission request) are routine: they are logged at DEBUG.
+
 Peering: the partitioner runs ``standalone`` (no kopf peering objects).  Run exactly one
 replica with the Deployment strategy ``Recreate``, so two partitioners never write specs at
 once; a second one would still be safe (every spec write is guarded by resourceVersion), only
@@ -43,10 +50,11 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, TextIO
 
 import kopf
 
+from contract import logs
 from contract.catalog_files import load_catalog
 from contract.nodepartitioning import GROUP, PLURAL, VERSION
 from partitioner.batching import forget
@@ -67,11 +75,54 @@ from partitioner.webhook import register_webhook
 from partitioner.writer import NP_PATH, Outcome, execute
 from planner.catalog import Catalog
 
-__all__ = ["Controller", "build_registry", "endpoint_from", "run_operator"]
+__all__ = ["Controller", "build_registry", "configure_logging", "endpoint_from", "run_operator"]
 
 log = logging.getLogger("gpuslice.partitioner")
 
 _LISTS = {"nodes": "/api/v1/nodes", "pods": "/api/v1/pods", "partitionings": NP_PATH}
+
+
+def _routine(record: logging.LogRecord) -> bool:
+    """kopf's success line of a watch-event handler, or an aiohttp access line."""
+    if record.name == "aiohttp.access":
+        return record.levelno == logging.INFO
+    return (
+        record.name == "kopf.objects"
+        and record.levelno == logging.INFO
+        and getattr(record, "k8s_skip", False) is True  # kopf's per-event (local) logger
+        and record.getMessage().endswith(" succeeded.")
+    )
+
+
+class _RoutineAsDebug(logging.Filter):
+    """Logs :func:`_routine` records at DEBUG: dropped unless the level is DEBUG."""
+
+    def __init__(self, level: int) -> None:
+        super().__init__()
+        self.level = level
+
+    def filter(self, record: logging.LogRecord) -> bool | logging.LogRecord:
+        if not _routine(record):
+            return True
+        if self.level > logging.DEBUG:
+            return False
+        copy = logging.makeLogRecord(record.__dict__)
+        copy.levelno, copy.levelname = logging.DEBUG, "DEBUG"
+        return copy
+
+
+def configure_logging(
+    settings: PartitionerSettings, stream: TextIO | None = None
+) -> logging.Handler:
+    """Log kopf's records and the partitioner's in ``settings.log_format`` at ``log_level``.
+
+    Replaces ``kopf.configure`` (whose plain format has no time or level): one root handler
+    (:func:`contract.logs.configure`) with the routine-to-DEBUG filter (module docstring).
+    ``stream``: where lines go (default stderr).  Returns the handler.
+    """
+    handler = logs.configure(settings.log_format, settings.log_level, stream=stream)
+    handler.addFilter(_RoutineAsDebug(logging.getLevelNamesMapping()[settings.log_level]))
+    return handler
 
 
 def endpoint_from(info: kopf.ConnectionInfo) -> Endpoint:
@@ -196,9 +247,15 @@ class Controller:
 
     def _record(self, d: Decision, outcome: Outcome, elapsed: float, now: float) -> None:
         m = self.metrics
-        m.pending_pods.set(d.waiting)
+        m.observe_waiting(
+            d.counts,
+            (pod.created for pod in self.index.waiting()),
+            (problem.reason for problem in d.problems.values()),
+            now,
+        )
         if d.error:
-            log.error("%s", d.error)
+            m.planner_errors.inc()
+            log.error("%s", d.error, extra={"plan": d.plan_id})
         if d.plan is not None:
             m.batch_size.observe(len(d.batch))
             m.plan_duration.observe(elapsed)
@@ -213,6 +270,7 @@ class Controller:
                 len(d.plan.unplaced),
                 len(outcome.written),
                 d.plan.status or d.plan.policy,
+                extra={"plan": d.plan_id},
             )
         m.spec_conflicts.inc(len(outcome.conflicts))
         for node in outcome.written:
@@ -253,6 +311,7 @@ class Controller:
                 raise
             except Exception as e:
                 log.exception("partitioner cycle failed; retrying next cycle")
+                self.metrics.step_failures.inc()
                 self.health.step_done(f"{type(e).__name__}: {e}")
             else:
                 self.health.step_done()
@@ -273,17 +332,17 @@ def build_registry(controller: Controller) -> kopf.OperatorRegistry:
     """A fresh kopf registry whose handlers drive ``controller``."""
     registry = kopf.OperatorRegistry()
 
-    @kopf.on.startup(registry=registry)
+    @kopf.on.startup(id="start-controller", registry=registry)
     async def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.scanning.disabled = True  # the CRD is installed before the partitioner
         settings.posting.enabled = False  # our Events are posted by the writer
         controller.start()
 
-    @kopf.on.cleanup(registry=registry)
+    @kopf.on.cleanup(id="stop-controller", registry=registry)
     async def _cleanup(**_: Any) -> None:
         await controller.stop()
 
-    @kopf.on.login(registry=registry)
+    @kopf.on.login(id="login", registry=registry)
     def _login(**kwargs: Any) -> kopf.ConnectionInfo | None:
         info = controller.connection
         if info is None:
@@ -292,15 +351,15 @@ def build_registry(controller: Controller) -> kopf.OperatorRegistry:
             controller.logged_in(info)
         return info
 
-    @kopf.on.event("v1", "nodes", registry=registry)
+    @kopf.on.event("v1", "nodes", id="watch-nodes", registry=registry)
     def _node(event: Mapping[str, Any], **_: Any) -> None:
         controller.observe("nodes", event)
 
-    @kopf.on.event("v1", "pods", registry=registry)
+    @kopf.on.event("v1", "pods", id="watch-pods", registry=registry)
     def _pod(event: Mapping[str, Any], **_: Any) -> None:
         controller.observe("pods", event)
 
-    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    @kopf.on.event(GROUP, VERSION, PLURAL, id="watch-partitionings", registry=registry)
     def _partitioning(event: Mapping[str, Any], **_: Any) -> None:
         controller.observe("partitionings", event)
 

@@ -93,8 +93,13 @@ def run(args: argparse.Namespace) -> int:
         settings = AgentSettings()  # type: ignore[call-arg]  # fields come from GPUSLICE_* env
     except ValueError as e:
         raise BadInput(f"invalid GPUSLICE_* agent settings: {e}") from e
-    logging.basicConfig(
-        level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    from contract.logs import configure as configure_logging
+
+    # GPUSLICE_LOG_FORMAT (text or json) and GPUSLICE_LOG_LEVEL; every record names the node.
+    configure_logging(
+        settings.log_format,
+        settings.log_level,
+        constant={"node": settings.node_name} if settings.node_name else None,
     )
     try:
         catalog = load_catalog([*settings.catalog_files, *args.catalog_file])

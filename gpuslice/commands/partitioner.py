@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 
 from pydantic import ValidationError
 
@@ -54,19 +53,12 @@ def _settings(args: argparse.Namespace) -> PartitionerSettings:
 
 
 def run(args: argparse.Namespace) -> int:
-    import kopf
-
     from partitioner.health import HealthServer
-    from partitioner.operator import Controller, run_operator
+    from partitioner.operator import Controller, configure_logging, run_operator
     from planner.catalog import CatalogError
 
     settings = _settings(args)
-    kopf.configure(
-        debug=settings.log_level == "DEBUG",
-        quiet=settings.log_level in ("WARNING", "ERROR"),
-        log_format=kopf.LogFormat.JSON if settings.log_format == "json" else kopf.LogFormat.PLAIN,
-    )
-    logging.getLogger().setLevel(settings.log_level)
+    configure_logging(settings)  # kopf's records too: GPUSLICE_LOG_FORMAT, GPUSLICE_LOG_LEVEL
     try:
         controller = Controller(settings)
     except CatalogError as e:

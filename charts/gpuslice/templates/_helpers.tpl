@@ -43,10 +43,12 @@ app.kubernetes.io/instance: {{ $root.Release.Name }}
 app.kubernetes.io/component: {{ index . 1 }}
 {{- end }}
 
+{{/* The image reference; global.imageRegistry, when set, replaces image.registry. */}}
 {{- define "gpuslice.image" -}}
 {{- $img := .Values.image }}
+{{- $registry := default $img.registry ((.Values.global).imageRegistry) }}
 {{- $repo := $img.repository }}
-{{- if $img.registry }}{{ $repo = printf "%s/%s" $img.registry $img.repository }}{{ end }}
+{{- if $registry }}{{ $repo = printf "%s/%s" $registry $img.repository }}{{ end }}
 {{- if $img.digest }}
 {{- printf "%s@%s" $repo $img.digest }}
 {{- else }}
@@ -54,12 +56,14 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end }}
 {{- end }}
 
+{{/* ServiceAccount names: <component>.serviceAccount.name, else <fullname>-<component>
+(whether or not the chart creates them: serviceAccount.create). */}}
 {{- define "gpuslice.partitionerServiceAccount" -}}
-{{ include "gpuslice.componentName" (list . "partitioner") }}
+{{ default (include "gpuslice.componentName" (list . "partitioner")) .Values.partitioner.serviceAccount.name }}
 {{- end }}
 
 {{- define "gpuslice.agentServiceAccount" -}}
-{{ include "gpuslice.componentName" (list . "agent") }}
+{{ default (include "gpuslice.componentName" (list . "agent")) .Values.agent.serviceAccount.name }}
 {{- end }}
 
 {{- define "gpuslice.catalogConfigMap" -}}
