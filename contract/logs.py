@@ -165,7 +165,22 @@ class TextFormatter(logging.Formatter):
 
 
 class LogHandler(logging.StreamHandler[TextIO]):
-    """The handler :func:`configure` installs (told apart from others when replaced)."""
+    """The handler :func:`configure` installs (told apart from others when replaced).
+
+    Without an explicit stream it writes to whatever ``sys.stderr`` is at the time of each
+    record, not the object it was when configured: a redirected or replaced stderr (a test
+    runner's capture, ``contextlib.redirect_stderr``) then gets the record instead of a closed
+    file getting a "--- Logging error ---" traceback.
+    """
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        super().__init__(stream if stream is not None else sys.stderr)
+        self._follow_stderr = stream is None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self._follow_stderr:
+            self.stream = sys.stderr
+        super().emit(record)
 
 
 def configure(
@@ -183,7 +198,7 @@ def configure(
     """
     if fmt not in ("text", "json"):
         raise ValueError(f"log format {fmt!r}: expected text or json (GPUSLICE_LOG_FORMAT)")
-    handler = LogHandler(stream if stream is not None else sys.stderr)
+    handler = LogHandler(stream)
     handler.setFormatter(JsonFormatter(constant) if fmt == "json" else TextFormatter(constant))
     root = logging.getLogger()
     for old in [h for h in root.handlers if isinstance(h, LogHandler)]:

@@ -14,6 +14,14 @@ raises is logged and retried; the loop itself never dies of a bad pass.  Every p
 is reported to the optional :class:`~node_agent.metrics.AgentMetrics` and
 :class:`~node_agent.health.AgentHealth` (a pass *fails* when it raises or reports errors).
 
+Without a NodePartitioning the reconciler *drains* the node (module
+:mod:`node_agent.reconciler`, "Drain"): the loop logs, at INFO and once per change, which
+devices pods still hold (only those stay advertised; nothing is destroyed) and when none is
+left.  When :meth:`Agent.run` is stopped (SIGTERM: the pod is deleted) during a drain, it passes
+again for a few seconds until nothing is held, so the last idle MPS daemon is stopped and its GPU
+put back in compute mode ``DEFAULT`` even when the pod goes right after its last client
+(opt-out) or right after its NodePartitioning (uninstall).
+
 :class:`KubeSpecSource` wakes the loop only for changes the agent must act on: a new
 ``metadata.generation`` (spec change), or the object created, deleted or re-created (new uid).
 Its own status writes, and the API server replaying the current object at the start of a watch,
@@ -426,6 +434,8 @@ class Agent:
         self._written: dict[str, Any] | None = None
         self.passes = 0
         self.last: ReconcileResult | None = None
+        self._drain_logged: tuple[str, ...] | None = None
+        """The held devices last logged while draining (``None``: not draining)."""
 
     async def run_once(self) -> ReconcileResult:
         """One pass; its outcome goes to the metrics and health (if any), errors included."""
@@ -464,6 +474,7 @@ class Agent:
         if obj is not None and dumped != self._written:
             await self.source.write_status(result.status)
             self._written = dumped
+        self._log_drain(result)
         level = logging.INFO if result.operations or result.errors else logging.DEBUG
         log.log(
             level,
@@ -476,8 +487,62 @@ class Agent:
         )
         return generation, result
 
-    async def run(self, stop: asyncio.Event | None = None) -> None:
+    def _log_drain(self, result: ReconcileResult) -> None:
+        """Say, once per change, what a drain waits for (module docstring)."""
+        if not result.draining:
+            if self._drain_logged is not None:
+                log.info("NodePartitioning is back: the node is managed again")
+            self._drain_logged = None
+            return
+        if not result.fresh or result.held == self._drain_logged:
+            return  # in-use ids unknown this pass, or nothing new to say
+        self._drain_logged = result.held
+        if result.held:
+            shown = ", ".join(result.held[:8]) + (
+                f" and {len(result.held) - 8} more" if len(result.held) > 8 else ""
+            )
+            log.info(
+                "no NodePartitioning for this node (opted out, gpuslice being uninstalled, or "
+                "not created yet): draining; %d device(s) still held by pods stay advertised "
+                "and untouched: %s; free slices are no longer advertised and MPS daemons "
+                "without clients are stopped",
+                len(result.held),
+                shown,
+            )
+        else:
+            log.info(
+                "no NodePartitioning for this node and no device held by a pod: drained "
+                "(nothing advertised, no MPS daemon, GPUs in compute mode DEFAULT; MIG mode "
+                "and MIG instances left as they are)"
+            )
+
+    async def run(
+        self, stop: asyncio.Event | None = None, *, finish_drain_s: float = 15.0
+    ) -> None:
+        """Reconcile until ``stop`` is set; if it was set mid-drain, finish the drain first (at
+        most ``finish_drain_s`` seconds, :meth:`_finish_drain`)."""
         stop = stop or asyncio.Event()
+        await self._loop(stop)
+        if self.last is not None and self.last.draining:  # stopped (not cancelled) mid-drain
+            await self._finish_drain(finish_drain_s)
+
+    async def _finish_drain(self, within_s: float) -> None:
+        """Stopped while draining (SIGTERM: the partitioner removed the node's label once no
+        pod used a slice, or an uninstall deleted the NodePartitioning): pass again, a second
+        apart, until no device is held -- the kubelet may list a finished pod's devices a little
+        longer -- so the last idle MPS daemon stops and its GPU is back in ``DEFAULT``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within_s
+        while loop.time() < deadline:
+            try:
+                result = await asyncio.wait_for(self.run_once(), deadline - loop.time())
+            except Exception:  # the API or NVML is gone: nothing more to do on the way out
+                return
+            if not result.draining or (result.fresh and not result.held):
+                return
+            await asyncio.sleep(min(1.0, max(0.0, deadline - loop.time())))
+
+    async def _loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             settled = False
             try:

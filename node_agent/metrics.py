@@ -27,6 +27,10 @@ metric                                                    type       meaning
                                                                      spec Applied, else 0
 ``gpuslice_agent_spec_degraded``                          gauge      1 if the last pass reported
                                                                      Degraded, else 0
+``gpuslice_agent_draining``                               gauge      1 if the last pass found no
+                                                                     NodePartitioning (draining: only
+                                                                     devices pods hold stay
+                                                                     advertised), else 0
 ========================================================  =========  ================================
 """
 
@@ -95,6 +99,11 @@ class AgentMetrics:
         self.degraded = Gauge(
             "gpuslice_agent_spec_degraded", "1 if the last pass reported Degraded", registry=r
         )
+        self.draining = Gauge(
+            "gpuslice_agent_draining",
+            "1 if the last pass found no NodePartitioning (draining the node)",
+            registry=r,
+        )
         self._device_labels: set[tuple[str, str]] = set()
         self._generation: int | None = None
         self._generation_seen_at = 0.0
@@ -111,6 +120,7 @@ class AgentMetrics:
             self.failures.inc()
         self.applied.set(1 if result.applied else 0)
         self.degraded.set(1 if result.degraded else 0)
+        self.draining.set(1 if result.draining else 0)
         if generation != self._generation:
             self._generation = generation
             self._generation_seen_at = now - duration_s

@@ -31,19 +31,24 @@ whose GPU still has a slice in use: that would kill the pod's CUDA context.
   sends the limits; liveness is ``get_server_list`` answering; stop is ``quit``.  ``ensure``
   with changed limits re-sends them (defaults and running servers); with another device (a
   hybrid instance re-created at the same slot) it restarts the daemon; a daemon found running
-  after an agent restart is adopted and given the limits again.  Commands go through an
-  injectable runner so the logic is unit-testable.
+  after an agent restart (:meth:`~ProcessSupervisor.discover` probes the candidates' pipe
+  directories with ``get_server_list``) is adopted -- counted as running, so it is never
+  started twice nor left unknown -- and the next ``ensure`` sends it the limits again.
+  Commands go through an injectable runner so the logic is unit-testable
+  (:class:`node_agent.mps_fake.FakeMpsControl` plays the control binary on the fake GPUs).
 * :class:`FakeSupervisor` keeps the set of running keys in memory, with failure knobs.  Given
   the node's :class:`~node_agent.nvml_fake.FakeNvml`, it refuses to start a whole-GPU daemon
   unless that GPU is in compute mode ``EXCLUSIVE_PROCESS``, the mode MPS is run in
   (facts/mig.md), so tests catch a reconciler that forgets to set it.  Hybrid daemons (one per
   MIG instance, ``device_uuid`` a MIG UUID) are not checked: the compute mode is a whole-GPU
-  setting.  It counts starts, restarts (device changed) and limit updates.
+  setting.  It counts starts, restarts (device changed) and limit updates.  Its daemons stand
+  for processes on the host: a new reconciler given the same supervisor finds them running.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -109,6 +114,10 @@ class ProcessSupervisor(Protocol):
         """Keys of the daemons that are up now."""
         ...
 
+    def discover(self, candidates: Iterable[MpsDaemonSpec]) -> None:
+        """Adopt the candidates whose daemon already runs (started by an earlier agent)."""
+        ...
+
 
 class MpsControlSupervisor:
     """Real daemons via ``nvidia-cuda-mps-control`` (see the module docstring)."""
@@ -116,6 +125,8 @@ class MpsControlSupervisor:
     def __init__(self, runner: Runner = subprocess_runner) -> None:
         self._run = runner
         self._specs: dict[str, MpsDaemonSpec] = {}
+        self._adopted: set[str] = set()
+        """Keys taken over from an earlier agent: their limits are sent again at ``ensure``."""
 
     @staticmethod
     def _env(spec: MpsDaemonSpec) -> dict[str, str]:
@@ -150,11 +161,13 @@ class MpsControlSupervisor:
             servers = None
         self._specs[spec.key] = spec
         if servers is not None:
-            if old != spec:  # new limits, or adopted after an agent restart
+            if old != spec or spec.key in self._adopted:  # new limits, or adopted
                 self._send(spec, spec.limit_commands())
                 for pid in servers:
                     self._send(spec, spec.server_limit_commands(pid))
+            self._adopted.discard(spec.key)
             return
+        self._adopted.discard(spec.key)
         os.makedirs(spec.pipe_dir, exist_ok=True)
         os.makedirs(spec.log_dir, exist_ok=True)
         rc, out = self._run([CONTROL, "-d"], self._env(spec), None)
@@ -167,11 +180,21 @@ class MpsControlSupervisor:
 
     def stop(self, key: str) -> None:
         spec = self._specs.pop(key, None)
+        self._adopted.discard(key)
         if spec is not None:
             self._run([CONTROL], self._env(spec), "quit\n")
 
     def running(self) -> set[str]:
         return {k for k, s in self._specs.items() if self._alive(s)}
+
+    def discover(self, candidates: Iterable[MpsDaemonSpec]) -> None:
+        for spec in candidates:
+            # a daemon creates its pipe directory: where there is none, nothing is probed
+            if spec.key in self._specs or not os.path.isdir(spec.pipe_dir):
+                continue
+            if self._alive(spec):
+                self._specs[spec.key] = spec
+                self._adopted.add(spec.key)
 
 
 @dataclass
@@ -221,6 +244,9 @@ class FakeSupervisor:
 
     def running(self) -> set[str]:
         return set(self.daemons)
+
+    def discover(self, candidates: Iterable[MpsDaemonSpec]) -> None:
+        """Nothing to find: :attr:`daemons` is the host's state itself."""
 
     def kill(self, key: str) -> None:
         self.daemons.pop(key, None)

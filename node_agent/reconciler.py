@@ -33,13 +33,27 @@ A pass (:meth:`Reconciler.reconcile`) is a pure function of what it reads, not o
 6. **re-read** the hardware, build the status (:func:`node_agent.status.build_status`) and the
    advertised devices (:func:`node_agent.devices.advertised_devices`) and publish them.
 
+**Drain** (no NodePartitioning: the node opted out and the partitioner deleted it, gpuslice is
+being uninstalled, or the partitioner has not created it yet).  A pass without a spec changes no
+MIG layout and destroys nothing.  It advertises only the devices pods hold (in-use ids read this
+pass; none known: nothing is published), so the kubelet can hand out no free slice; it keeps
+the MPS daemons those pods use and stops the others once a fresh in-use read shows no client;
+and a whole GPU whose daemon is gone and that runs no process is put back in compute mode
+``DEFAULT`` (gpuslice set ``EXCLUSIVE_PROCESS`` for MPS).  MIG mode and MIG instances stay as
+they are.  :attr:`ReconcileResult.held` lists what pods still hold; the drain is complete when
+it is empty.
+
 Crash safety: the only state kept between passes is the MPS slice table, and an agent that
 restarts rebuilds the in-use part of it from the kubelet's ids (MPS slice ids are
-self-describing); free slices are simply re-created.  Every NVML step leaves a state the next
-pass understands: a GI without CI is completed or destroyed, a half-destroyed instance is
-destroyed, MIG mode already switched is seen as such.  Nothing in use is ever destroyed because
-destroys are limited to free unwanted instances, re-checked (in-use ids after withdrawal,
-processes just before), and the driver refuses busy instances anyway.
+self-describing); free slices are simply re-created.  MPS daemons still running from before
+the restart are found on the first pass (:meth:`~node_agent.mps.ProcessSupervisor.discover`
+probes each GPU's and each MIG instance's pipe directory), taken over as they are and given
+their limits again -- never restarted -- so their clients keep their MPS server.  Every NVML
+step leaves a state the next pass understands: a GI without CI is completed or destroyed, a
+half-destroyed instance is destroyed, MIG mode already switched is seen as such.  Nothing in
+use is ever destroyed because destroys are limited to free unwanted instances, re-checked
+(in-use ids after withdrawal, processes just before), and the driver refuses busy instances
+anyway.
 """
 
 from __future__ import annotations
@@ -87,6 +101,10 @@ class ReconcileResult:
     fresh: bool = True
     """``devices`` lists every device of the node, read this pass (else nothing was published:
     NVML unreadable, or an MPS slice table unknown after a restart)."""
+    draining: bool = False
+    """The pass ran without a spec (no NodePartitioning): see "Drain" in the module docstring."""
+    held: tuple[str, ...] = ()
+    """While draining: the device ids pods hold, the only ones still advertised (sorted)."""
 
     @property
     def degraded(self) -> bool:
@@ -126,6 +144,8 @@ class Reconciler:
         self._slices: dict[str, tuple[MpsSlot, ...]] = {}
         """GPU UUID -> MPS slice table (rebuilt from in-use ids after a restart)."""
         self._models: dict[str, GpuModel | None] = {}
+        self._discovered = False
+        """Daemons left running by an earlier agent were looked for (first readable pass)."""
 
     # -- reading -----------------------------------------------------------------------
 
@@ -372,6 +392,8 @@ class Reconciler:
         for g in observed:
             i = g.info.index
             if not g.info.mig_enabled and g.slices:
+                if spec is None and not _daemon_in_use(mps_key(i), observed, set()):
+                    continue  # draining: only the daemons pods still use
                 wanted[mps_key(i)] = self._daemon(mps_key(i), g.info.uuid, i, None, g.slices)
                 whole_gpu[mps_key(i)] = g
             if i in hybrid:
@@ -435,6 +457,47 @@ class Reconciler:
             if not _daemon_in_use(key, observed, fresh):  # never kill the MPS clients of a pod
                 self._supervisor.stop(key)
 
+    def _discover(self, observed: list[ObservedGpu]) -> None:
+        """Once, on the first pass that read the GPUs: take over the MPS daemons an earlier
+        agent left running (an agent restart or rollout), so that none is started twice and
+        none a pod uses is stopped as unknown.  Candidates: every whole GPU's daemon and every
+        MIG instance's (hybrid) daemon; the supervisor probes their pipe directories."""
+        if self._discovered:
+            return
+        candidates: list[MpsDaemonSpec] = []
+        for g in observed:
+            i = g.info.index
+            if not g.info.mig_enabled:
+                candidates.append(self._daemon(mps_key(i), g.info.uuid, i, None))
+            candidates += [
+                self._daemon(mps_key(i, inst.start), inst.uuid, i, inst.start)
+                for inst in g.instances
+                if inst.uuid
+            ]
+        self._supervisor.discover(candidates)
+        self._discovered = True
+
+    def _default_compute_mode(self, observed: list[ObservedGpu], errors: list[str]) -> int:
+        """Draining: put every whole GPU in compute mode ``EXCLUSIVE_PROCESS`` whose MPS daemon
+        no longer runs and that runs no process back in ``DEFAULT``.  Returns the NVML calls."""
+        running = self._supervisor.running()
+        ops = 0
+        for g in observed:
+            i = g.info.index
+            info = g.info
+            if info.mig_enabled or info.compute_mode != ComputeMode.EXCLUSIVE_PROCESS:
+                continue
+            if mps_key(i) in running:
+                continue
+            try:
+                if self._nvml.running_processes(i):
+                    continue  # retried next pass
+                self._nvml.set_compute_mode(i, ComputeMode.DEFAULT)
+                ops += 1
+            except NvmlError as e:
+                errors.append(f"GPU {i}: restoring compute mode DEFAULT: {e}")
+        return ops
+
     def _exclusive_process(self, g: ObservedGpu) -> int:
         """Put an MPS GPU whose daemon is down in compute mode EXCLUSIVE_PROCESS, if idle."""
         mode = g.info.compute_mode
@@ -497,6 +560,7 @@ class Reconciler:
         except NvmlError as e:
             errors.append(f"reading GPUs: {e}")
             return self._failed_read(spec, generation, previous, now, errors)
+        self._discover(observed)
         plans, blocks = self._plan(spec, observed)
         by_index = {g.info.index: g for g in observed}
 
@@ -542,10 +606,24 @@ class Reconciler:
         # a GPU whose MPS slice table is unknown (restart + PodResources down) would be
         # advertised without its slices: publish nothing until the table is rebuilt
         complete = all(g.slices is not None for g in observed)
+        draining = spec is None
+        held: tuple[str, ...] = ()
+        if draining:
+            # only what pods hold stays advertised; in-use ids unknown: publish nothing
+            complete = complete and in_use is not None
+            kept = in_use or set()
+            devices = {
+                r: held_here
+                for r, ds in devices.items()
+                if (held_here := [d for d in ds if d.id in kept])
+            }
+            held = tuple(sorted(d.id for ds in devices.values() for d in ds))
         if self._publish is not None and complete:
             self._publish(devices)
         if unwanted:  # after the publish: no device names their pipes any more
             await self._stop_daemons(unwanted, observed, errors)
+        if draining:
+            ops += self._default_compute_mode(observed, errors)
         status = build_status(
             spec=spec,
             generation=generation,
@@ -557,7 +635,17 @@ class Reconciler:
             actual=actual,
         )
         applied = bool(status.conditions) and status.conditions[0].status == "True"
-        return ReconcileResult(status, devices, applied, blocks, errors, ops, fresh=complete)
+        return ReconcileResult(
+            status,
+            devices,
+            applied,
+            blocks,
+            errors,
+            ops,
+            fresh=complete,
+            draining=draining,
+            held=held,
+        )
 
     def _failed_read(
         self,
@@ -580,7 +668,9 @@ class Reconciler:
         )
         if previous is not None:
             status = status.model_copy(update={"gpus": previous.gpus})
-        return ReconcileResult(status, {}, False, {}, errors, ops, fresh=False)
+        return ReconcileResult(
+            status, {}, False, {}, errors, ops, fresh=False, draining=spec is None
+        )
 
 
 _RESET_REMEDY = {

@@ -6,18 +6,39 @@
 ``/healthz`` (default 8082, so it does not clash with the partitioner's 8080/8081); ``/healthz``
 turns unhealthy when reconcile passes have failed, or none has finished, for longer than
 ``health_failure_resyncs`` x ``resync_seconds`` (:mod:`node_agent.health`).
+``GPUSLICE_RETRY_SECONDS`` (the partitioner's name too, for its batch retry) is now
+``GPUSLICE_RECONCILE_RETRY_SECONDS``; the old name is still read for one release, with a
+warning in the log (:mod:`contract.renamed_env`).
 """
 
 from __future__ import annotations
 
-from pydantic import Field
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from pydantic import Field, model_validator
 
 from contract.common_settings import CommonSettings
+from contract.renamed_env import fill_from_renamed, renamed_in_use
 
 __all__ = ["AgentSettings"]
 
 
 class AgentSettings(CommonSettings):
+    RENAMED_ENV: ClassVar[Mapping[str, str]] = {
+        "GPUSLICE_RETRY_SECONDS": "reconcile_retry_seconds"
+    }
+    """Old environment variable -> the field now read (:mod:`contract.renamed_env`)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_env(cls, data: Any) -> Any:
+        return fill_from_renamed(data, cls.RENAMED_ENV)
+
+    def renamed_env_notes(self) -> list[str]:
+        """Deprecation sentences for old variable names still set, to log at start."""
+        return renamed_in_use(self.RENAMED_ENV)
+
     node_name: str = Field(
         "",
         description="This node's name (GPUSLICE_NODE_NAME, from the downward API spec.nodeName).",
@@ -58,7 +79,7 @@ class AgentSettings(CommonSettings):
     resync_seconds: float = Field(
         30.0, gt=0, description="Reconcile at least this often, even without a spec change."
     )
-    retry_seconds: float = Field(
+    reconcile_retry_seconds: float = Field(
         2.0, gt=0, description="Retry this soon after a pass that did not settle (errors)."
     )
     metrics_port: int = Field(

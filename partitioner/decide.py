@@ -478,13 +478,17 @@ class _Step:
             self.rejected[pod.key] = reason
             return
         self.candidates[pod.key] = pod
-        self.candidate_resources.update(pod.slices)
+        counts = self.candidate_resources
+        for resource, k in pod.slices.items():  # Counter.update costs 5x this per call
+            counts[resource] += k
         if managed:
             self.managed.add(pod.key)
 
     def _drop_candidate(self, pod: PodInfo) -> None:
         del self.candidates[pod.key]
-        self.candidate_resources.subtract(pod.slices)
+        counts = self.candidate_resources
+        for resource, k in pod.slices.items():
+            counts[resource] -= k
 
     def _reject(self, pod: PodInfo) -> str | None:
         cached = pod.reject_cache
@@ -1097,8 +1101,8 @@ class _Step:
                 self.waiting[key] = "more pods wait for this resource than the GPUs can hold"
                 self.counts["capped"] += 1
                 continue
-            taken.update(pod.slices)
-            for r in pod.slices:
+            for r, k in pod.slices.items():
+                taken[r] += k
                 if taken[r] >= limits[r]:
                     unsaturated.discard(r)
             pods.append(self._pending(pod, usable))
@@ -1394,42 +1398,16 @@ class _UnitBounds:
                     self._add_mig_gpu(model, g)
 
     def _add_mig_gpu(self, model: GpuModel, g: GpuSlots) -> None:
-        taken: set[int] = set()
-        compute_used = 0
-        same: Counter[str] = Counter()
-        media = False
-        for d in g.devices:
-            if not d.pinned:
-                continue
-            compute_used += d.compute
-            try:
-                profile = model.profile(d.mig_profile)
-            except CatalogError:
-                continue
-            taken.update(profile.span(d.key))
-            same[profile.name] += 1
-            media = media or profile.has_media_extensions
-        compute_free = max(0, model.compute_slices - compute_used)
-        for profile in model.profiles:
-            if media and profile.has_media_extensions:
-                continue  # one media-extension instance per GPU
-            spans = sorted(
-                (profile.span(s) for s in profile.starts if taken.isdisjoint(profile.span(s))),
-                key=lambda r: (r.stop, r.start),
-            )
-            count, end = 0, -1
-            for span in spans:  # earliest end first: the most disjoint intervals
-                if span.start >= end:
-                    count += 1
-                    end = span.stop
-            limit = (
-                compute_free // profile.compute
-                if profile.compute > 0 and model.compute_slices > 0
-                else count
-            )
-            self.mig[profile.resource] += max(
-                0, min(count, profile.max_count - same[profile.name], limit)
-            )
+        pinned = tuple(sorted((d.mig_profile, d.key, d.compute) for d in g.devices if d.pinned))
+        key = (id(model), pinned)
+        cached = _MIG_GPU_BOUNDS.get(key)
+        if cached is None or cached[0] is not model:
+            if len(_MIG_GPU_BOUNDS) >= _MIG_GPU_BOUNDS_MAX:
+                _MIG_GPU_BOUNDS.clear()
+            cached = (model, _mig_gpu_bound(model, pinned))
+            _MIG_GPU_BOUNDS[key] = cached
+        for resource, k in cached[1]:
+            self.mig[resource] += k
 
     def __call__(self, resource: str) -> int:
         gb = mps_gb_of(resource)
@@ -1439,6 +1417,54 @@ class _UnitBounds:
         if gb <= 0:
             return locked
         return locked + sum(max(0, m) // (gb * MIB_PER_GIB) for m in self.mps_mib)
+
+
+_Pinned = tuple[tuple[str, int, int], ...]
+"""Pinned MIG instances of a GPU as sorted (profile, start slot, compute)."""
+_MIG_GPU_BOUNDS: dict[tuple[int, _Pinned], tuple[GpuModel, tuple[tuple[str, int], ...]]] = {}
+""":func:`_mig_gpu_bound` per (model, pinned instances): a cluster has few distinct pinned sets,
+so a step's bound costs a lookup per GPU.  The model is kept beside its id (ids are reused)."""
+_MIG_GPU_BOUNDS_MAX = 4096
+
+
+def _mig_gpu_bound(model: GpuModel, pinned: _Pinned) -> tuple[tuple[str, int], ...]:
+    """Per profile of ``model``, the most instances a layout keeping the ``pinned``
+    (profile, placement key, compute) instances can add (:class:`_UnitBounds`)."""
+    taken: set[int] = set()
+    compute_used = 0
+    same: Counter[str] = Counter()
+    media = False
+    for name, key, compute in pinned:
+        compute_used += compute
+        try:
+            profile = model.profile(name)
+        except CatalogError:
+            continue
+        taken.update(profile.span(key))
+        same[profile.name] += 1
+        media = media or profile.has_media_extensions
+    compute_free = max(0, model.compute_slices - compute_used)
+    out: list[tuple[str, int]] = []
+    for profile in model.profiles:
+        if media and profile.has_media_extensions:
+            continue  # one media-extension instance per GPU
+        spans = sorted(
+            (profile.span(s) for s in profile.starts if taken.isdisjoint(profile.span(s))),
+            key=lambda r: (r.stop, r.start),
+        )
+        count, end = 0, -1
+        for span in spans:  # earliest end first: the most disjoint intervals
+            if span.start >= end:
+                count += 1
+                end = span.stop
+        limit = (
+            compute_free // profile.compute
+            if profile.compute > 0 and model.compute_slices > 0
+            else count
+        )
+        most = max(0, min(count, profile.max_count - same[profile.name], limit))
+        out.append((profile.resource, most))
+    return tuple(out)
 
 
 def _plan_key(snapshot: Snapshot, tiers: Iterable[float]) -> object:

@@ -16,9 +16,16 @@ when
   step stuck in a hung API call or an event loop that no longer runs; or
 * the last ``N`` decision steps all raised (one completed step resets the count).
 
-``S = 0`` or ``N = 0`` turns that rule off.  It is **ready** once the initial listing has
-completed (the index holds every object that existed then; before that a decision would plan
-pods without their nodes).
+``S = 0`` or ``N = 0`` turns that rule off.  With leader election (:mod:`partitioner.leader`) a
+follower's cycle (it checks leadership, keeps its cache, decides nothing) counts as a completed
+step, so a healthy follower stays live however long it follows.
+
+It is **ready** once the initial listing has completed (the index holds every object that
+existed then; before that a decision would plan pods without their nodes), *whether or not it
+leads*: every replica serves the admission webhook, whose Service sends requests only to ready
+pods, and a synced follower is exactly what a failover needs.  Leadership is reported, not
+required: :meth:`~ControllerHealth.leadership` records it (``leader`` true without election) and
+both answers carry it.
 
 The clock is injectable (monotonic seconds; tests pass the event loop's fake clock) and the state
 is guarded by a lock: the HTTP thread reads what the event loop writes.
@@ -31,8 +38,9 @@ while the event loop is blocked (and then reports the loop as stale), like the n
 * anything else -> ``404``.
 
 Both answer a JSON object: ``ok``, ``reason`` (why not, or ``"ok"``), ``synced``,
-``last_step_age_s`` (``null`` before the first completed step) and ``failed_steps`` (raised in a
-row).
+``last_step_age_s`` (``null`` before the first completed step), ``failed_steps`` (raised in a
+row), ``leader`` (this replica plans and writes) and ``holder`` (the Lease's holder as last read;
+``""`` without election or before the first read).
 """
 
 from __future__ import annotations
@@ -59,6 +67,8 @@ class HealthReport:
     synced: bool
     last_step_age_s: float | None
     failed_steps: int
+    leader: bool = True
+    holder: str = ""
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -67,6 +77,8 @@ class HealthReport:
             "synced": self.synced,
             "last_step_age_s": self.last_step_age_s,
             "failed_steps": self.failed_steps,
+            "leader": self.leader,
+            "holder": self.holder,
         }
 
 
@@ -92,6 +104,8 @@ class ControllerHealth:
         self._failures = 0
         self._last_error = ""
         self._synced = False
+        self._leader = True
+        self._holder = ""
 
     def started(self) -> None:
         """The control loop starts now: staleness counts from here until its first step."""
@@ -102,6 +116,11 @@ class ControllerHealth:
         """The initial listing of Nodes, Pods and NodePartitionings has completed."""
         with self._lock:
             self._synced = True
+
+    def leadership(self, leader: bool, holder: str) -> None:
+        """This replica leads (or not) and the Lease's holder is ``holder``."""
+        with self._lock:
+            self._leader, self._holder = leader, holder
 
     def step_done(self, error: str | None = None) -> None:
         """A decision step ended: completed (``error`` None) or raised ``error``."""
@@ -132,7 +151,7 @@ class ControllerHealth:
             return self._report(reason == "ok", reason, now)
 
     def readiness(self) -> HealthReport:
-        """Ready once the initial listing has completed."""
+        """Ready once the initial listing has completed, leader or not (module docstring)."""
         now = self._clock()
         with self._lock:
             if self._synced:
@@ -142,7 +161,9 @@ class ControllerHealth:
 
     def _report(self, ok: bool, reason: str, now: float) -> HealthReport:
         age = None if self._last_step is None else max(0.0, now - self._last_step)
-        return HealthReport(ok, reason, self._synced, age, self._failures)
+        return HealthReport(
+            ok, reason, self._synced, age, self._failures, self._leader, self._holder
+        )
 
 
 class HealthServer(ThreadedHttpServer):

@@ -22,6 +22,8 @@ Each :class:`Metrics` owns its registry, so several controllers (tests, restarts
 * ``gpuslice_planner_errors_total`` (counter): decision steps whose planner failed (the batch is
   retried; the error is logged and told to the pods).
 * ``gpuslice_step_failures_total`` (counter): decision steps that raised (liveness counts them).
+* ``gpuslice_leader`` (gauge): 1 while this replica leads (plans and writes), else 0; always 1
+  without leader election.
 
 :meth:`Metrics.observe_waiting` sets the waiting gauges from one decision step.
 """
@@ -93,6 +95,11 @@ class Metrics:
         )
         self.step_failures = Counter(
             "gpuslice_step_failures", "Decision steps that raised", registry=r
+        )
+        self.leader = Gauge(
+            "gpuslice_leader",
+            "1 while this replica leads (plans and writes), else 0",
+            registry=r,
         )
 
     def observe_waiting(

@@ -30,10 +30,18 @@ id, so kopf names them (``Handler 'watch-pods' succeeded.``), never by their Pyt
 qualname.  kopf's per-event ``Handler '...' succeeded.`` (one per watch event of every pod) and
 aiohttp's access lines (one per admission request) are routine: they are logged at DEBUG.
 
-Peering: the partitioner runs ``standalone`` (no kopf peering objects).  Run exactly one
-replica with the Deployment strategy ``Recreate``, so two partitioners never write specs at
-once; a second one would still be safe (every spec write is guarded by resourceVersion), only
-wasteful.
+Leader election (:mod:`partitioner.leader`; ``leader_election_enabled``, on in the chart with 2
+replicas): kopf runs ``standalone`` on every replica (no kopf peering: see that module for why),
+so every replica watches and keeps its index warm, serves health and the admission webhook.
+Once its initial listing completed, a replica becomes a candidate for the Lease.  Only the
+leader runs decision steps; its writes go through :class:`~partitioner.leader.FencedApi`, so no
+write starts, and none in flight survives, past its lease deadline (``renew_deadline``, before
+the lease can expire for the others).  A step cut short that way ends quietly (the next leader
+plans from the API state).  A follower's cycle decides nothing.  A replica that (re)gains the
+lead starts from a fresh :class:`~partitioner.decide.ControllerState`, as after a restart (the
+state it kept may predate the other leader's plans).  On shutdown the leader stops its loop
+first, then releases the Lease, so a rolling update hands over within one retry period.  Without
+election the controller always leads: run one replica (the chart then uses ``Recreate``).
 
 Restart: nothing lives only in memory except the batch window, the Events already emitted and
 node cool-downs.  The index is rebuilt from the API; every reservation is on its pod (annotation
@@ -69,6 +77,7 @@ from partitioner.decide import (
 from partitioner.health import ControllerHealth
 from partitioner.index import ClusterIndex
 from partitioner.kubeapi import Endpoint, KubeApi
+from partitioner.leader import ElectionConfig, FencedApi, LeaderElector, Leadership, NotLeader
 from partitioner.metrics import Metrics
 from partitioner.settings import PartitionerSettings
 from partitioner.webhook import register_webhook
@@ -178,6 +187,26 @@ class Controller:
         self.connection = connection
         self.instance = socket.gethostname()
         self.api = KubeApi(self._endpoint)
+        """Reads, the Lease and the webhook's certificate: every replica uses it."""
+        self.elector: LeaderElector | None = None
+        self.writer_api = self.api
+        """The decision step's writes: fenced by the Lease with leader election."""
+        if settings.leader_election_enabled:
+            config = ElectionConfig(
+                namespace=settings.leader_election_namespace,
+                name=settings.leader_election_lease_name,
+                identity=settings.leader_election_identity or self.instance,
+                lease_duration_s=settings.leader_election_lease_duration_seconds,
+                renew_deadline_s=settings.leader_election_renew_deadline_seconds,
+                retry_period_s=settings.leader_election_retry_period_seconds,
+            )
+            self.elector = LeaderElector(
+                self.api, config, monotonic=monotonic, wall=clock, on_change=self._leadership
+            )
+            self.writer_api = FencedApi(self._endpoint, self.elector.fence)
+        self._leadership(Leadership(self.elector is None, ""))
+        self._was_leading = False
+        self._election: asyncio.Task[None] | None = None
         self.last_decision: Decision | None = None
         self.last_cycle: float | None = None
         self._logged_in = asyncio.Event()
@@ -231,7 +260,7 @@ class Controller:
             decision = decide(state, self.index, now, self.config)
         elapsed = time.perf_counter() - started
         self.state = decision.state
-        outcome = await execute(self.api, decision.actions, instance=self.instance)
+        outcome = await execute(self.writer_api, decision.actions, instance=self.instance)
         if outcome.conflicts:  # not written: plan those pods again in the next window
             retry = [p for pods in outcome.conflicts.values() for p in pods]
             self.state = replace(self.state, window=forget(self.state.window, retry))
@@ -288,11 +317,48 @@ class Controller:
                 m.spec_to_applied.observe(max(0.0, now - since))
                 del self._awaiting_applied[node]
 
+    # -- leadership ------------------------------------------------------------------------
+    def _leadership(self, now: Leadership) -> None:
+        """The elector's report (or the fixed one without election): health and metric."""
+        self.health.leadership(now.leader, now.holder)
+        self.metrics.leader.set(1 if now.leader else 0)
+
+    def leading(self) -> bool:
+        """This replica may plan and write now (always, without leader election)."""
+        return self.elector is None or self.elector.is_leader()
+
+    async def _cycle(self) -> None:
+        """One cycle: a decision step when leading, nothing else (module docstring)."""
+        leading = self.leading()
+        if leading and not self._was_leading and self.elector is not None:
+            self.state = ControllerState()  # as after a restart: plans may have moved on
+            self._awaiting_applied.clear()
+            log.info("leading: decision steps start from the API state")
+        self._was_leading = leading
+        if not leading:
+            self.health.step_done()  # a follower's cycle: nothing to decide
+            return
+        try:
+            await self.step()
+        except NotLeader as e:  # the lease deadline passed during the step
+            log.warning("decision step cut short, leadership ended: %s", e)
+            self._was_leading = False
+            self.health.step_done()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.exception("partitioner cycle failed; retrying next cycle")
+            self.metrics.step_failures.inc()
+            self.health.step_done(f"{type(e).__name__}: {e}")
+        else:
+            self.health.step_done()
+
     async def run(self) -> None:
-        """Sync, then step every ``cycle_seconds`` until cancelled; a failing step is logged.
+        """Sync, then a cycle every ``cycle_seconds`` until cancelled; a failing step is logged.
 
         Each outcome is told to :attr:`health`: the start, the completed initial listing, and
-        every step (completed or raised).
+        every cycle (completed or raised).  With leader election the replica becomes a candidate
+        once synced.
         """
         self.health.started()
         await self._logged_in.wait()
@@ -304,27 +370,35 @@ class Controller:
                 log.warning("initial listing failed (retrying): %s", e)
                 await asyncio.sleep(self.settings.cycle_seconds)
         self.health.synced()
+        if self.elector is not None and self._election is None:
+            self._election = asyncio.create_task(
+                self.elector.run(), name="gpuslice-partitioner-election"
+            )
         while True:
-            try:
-                await self.step()
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                log.exception("partitioner cycle failed; retrying next cycle")
-                self.metrics.step_failures.inc()
-                self.health.step_done(f"{type(e).__name__}: {e}")
-            else:
-                self.health.step_done()
+            await self._cycle()
             await asyncio.sleep(self.settings.cycle_seconds)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self.run(), name="gpuslice-partitioner-cycle")
 
     async def stop(self) -> None:
+        """Stop the loop (no more writes), then the election, then release the Lease."""
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+        if self._election is not None:
+            self._election.cancel()
+            await asyncio.gather(self._election, return_exceptions=True)
+            self._election = None
+        if self.elector is not None:
+            try:
+                async with asyncio.timeout(self.elector.config.renew_deadline_s):
+                    await self.elector.release()
+            except TimeoutError:
+                log.warning("could not release the Lease in time; it expires by itself")
+        if self.writer_api is not self.api:
+            await self.writer_api.close()
         await self.api.close()
 
 

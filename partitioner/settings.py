@@ -2,17 +2,21 @@
 
 Every field has a documented default; ``gpuslice partitioner --help`` lists them as flags
 (``--batch-timeout-seconds``) and the environment spells them ``GPUSLICE_BATCH_TIMEOUT_SECONDS``.
-Lists (``catalog_files``) are comma-separated in the environment.  The settings do not depend
+Lists (``catalog_files``) are comma-separated in the environment.  ``GPUSLICE_RETRY_SECONDS``
+(the node agent's name too, for another retry) is now ``GPUSLICE_BATCH_RETRY_SECONDS``; the old
+name is still read for one release, with a warning in the log (:mod:`contract.renamed_env`).  The settings do not depend
 on a namespace: the partitioner watches Nodes, Pods and NodePartitionings cluster-wide.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from contract.common_settings import CommonSettings
+from contract.renamed_env import fill_from_renamed, renamed_in_use
 from partitioner.batching import BatchPolicy
 from planner.settings import PlannerSettings, Policy
 
@@ -20,13 +24,25 @@ __all__ = ["PartitionerSettings"]
 
 
 class PartitionerSettings(CommonSettings):
+    RENAMED_ENV: ClassVar[Mapping[str, str]] = {"GPUSLICE_RETRY_SECONDS": "batch_retry_seconds"}
+    """Old environment variable -> the field now read (:mod:`contract.renamed_env`)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_env(cls, data: Any) -> Any:
+        return fill_from_renamed(data, cls.RENAMED_ENV)
+
+    def renamed_env_notes(self) -> list[str]:
+        """Deprecation sentences for old variable names still set, to log at start."""
+        return renamed_in_use(self.RENAMED_ENV)
+
     batch_timeout_seconds: float = Field(
         60.0, gt=0, description="Plan a batch at the latest this long after its first pod."
     )
     batch_idle_seconds: float = Field(
         10.0, gt=0, description="Plan a batch when no new pod arrived for this long."
     )
-    retry_seconds: float = Field(
+    batch_retry_seconds: float = Field(
         60.0,
         ge=0,
         description=(
@@ -96,6 +112,65 @@ class PartitionerSettings(CommonSettings):
         description="Not live when this many decision steps in a row raised; 0: never.",
     )
 
+    # -- leader election (partitioner/leader.py); the chart sets these ---------------------------
+    leader_election_enabled: bool = Field(
+        False,
+        description=(
+            "Elect a leader through a coordination.k8s.io Lease: only the leader plans and "
+            "writes, the other replicas keep their caches warm and take over when its lease "
+            "expires (the chart turns it on and runs 2 replicas)."
+        ),
+    )
+    leader_election_namespace: str = Field(
+        "", description="Namespace of the Lease (the partitioner's own)."
+    )
+    leader_election_lease_name: str = Field(
+        "gpuslice-partitioner", description="Name of the Lease."
+    )
+    leader_election_identity: str = Field(
+        "", description="This replica's holderIdentity in the Lease (the pod's name); empty: "
+        "the host name."
+    )
+    leader_election_lease_duration_seconds: int = Field(
+        15,
+        ge=1,
+        description="A follower takes the Lease over when its holder did not renew it for this "
+        "long.",
+    )
+    leader_election_renew_deadline_seconds: float = Field(
+        10.0,
+        gt=0,
+        description="The leader stops planning and writing when it could not renew the Lease "
+        "for this long; must be below the lease duration.",
+    )
+    leader_election_retry_period_seconds: float = Field(
+        2.0,
+        gt=0,
+        description="How often the leader renews and followers try to acquire the Lease; "
+        "must be below the renew deadline.",
+    )
+
+    @model_validator(mode="after")
+    def _leader_election_settings(self) -> PartitionerSettings:
+        if not self.leader_election_enabled:
+            return self
+        if not self.leader_election_namespace:
+            raise ValueError(
+                "leader election needs leader_election_namespace (the namespace of its Lease; "
+                "the chart sets it), or turn it off with leader_election_enabled=false"
+            )
+        retry = self.leader_election_retry_period_seconds
+        renew = self.leader_election_renew_deadline_seconds
+        lease = self.leader_election_lease_duration_seconds
+        if not retry < renew < lease:
+            raise ValueError(
+                f"leader election needs leader_election_retry_period_seconds ({retry:g}) < "
+                f"leader_election_renew_deadline_seconds ({renew:g}) < "
+                f"leader_election_lease_duration_seconds ({lease}): a leader must stop writing "
+                f"before its lease can expire for the others"
+            )
+        return self
+
     @model_validator(mode="after")
     def _stale_after_a_step(self) -> PartitionerSettings:
         least = self.cycle_seconds + self.planner_time_limit_seconds
@@ -120,7 +195,7 @@ class PartitionerSettings(CommonSettings):
         return BatchPolicy(
             timeout=self.batch_timeout_seconds,
             idle=self.batch_idle_seconds,
-            retry=self.retry_seconds,
+            retry=self.batch_retry_seconds,
         )
 
     def planner_settings(self) -> PlannerSettings:

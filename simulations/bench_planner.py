@@ -33,7 +33,9 @@ and size it reports:
 
 ``cpsat_ge_greedy`` says per size (and overall) whether CP-SAT placed at least the greedy's
 priority-weighted pods on every instance.  One JSON document goes to stdout (or ``--out``);
-progress goes to stderr.  Run ``python -m simulations.bench_planner --help``.
+progress goes to stderr.  Run ``python -m simulations.bench_planner --help``;
+``gpuslice bench planner`` runs the same with a table by default (``-o json`` for the document,
+``--out DIR`` to keep it as ``DIR/planner.json``).
 """
 
 from __future__ import annotations
@@ -328,7 +330,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument("--occupancy", type=float, default=0.85)
     parser.add_argument("--pending-fraction", type=float, default=0.30)
-    parser.add_argument("--out", default=None, help="write the JSON here instead of stdout")
 
 
 def check_args(args: argparse.Namespace) -> list[int] | None:
@@ -381,6 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m simulations.bench_planner", description=__doc__.splitlines()[0]
     )
     add_arguments(parser)
+    parser.add_argument("--out", default=None, help="write the JSON here instead of stdout")
     args = parser.parse_args(argv)
     try:
         instances = check_args(args)

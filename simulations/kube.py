@@ -433,17 +433,24 @@ class Scheduler:
         self._ready(now)
         seen: set[str] = set()
         room: dict[str, int] | None = None
-        while self.active:
-            _, _, _, key = heapq.heappop(self.active)
-            e = self.entries.get(key)
-            pod = self.api.index.pods.get(key)
+        entries, pods = self.entries, self.api.index.pods
+        active, parked, unschedulable = self.active, self.parked, self.unschedulable
+        seq = self._seq
+        while active:
+            key = heapq.heappop(active)[3]
+            e = entries.get(key)
+            pod = pods.get(key)
             if e is None or pod is None or key in seen or pod.node or not pod.waiting:
                 continue
             seen.add(key)
             self.attempts += 1
             if room is None:
                 room = self._room()
-            fits = all(room.get(r, 0) >= k for r, k in pod.slices.items())
+            fits = True
+            for r, k in pod.slices.items():
+                if room.get(r, 0) < k:
+                    fits = False
+                    break
             node = self._choose(pod) if fits else None
             if node is not None and bind(key, node):
                 self.forget(key)
@@ -455,8 +462,8 @@ class Scheduler:
             )
             e.timestamp = now
             e.unschedulable_since = now
-            self.unschedulable.add(key)
-            heapq.heappush(self.parked, (now, next(self._seq), key))
+            unschedulable.add(key)
+            heapq.heappush(parked, (now, next(seq), key))
             if not pod.unschedulable:
                 self.api.set_pod_status(
                     key,

@@ -69,6 +69,7 @@ from simulations.mapping import MappingError, make_mapping
 from simulations.replay_metrics import PlanRecord, PodRecord, ReplayResult
 from simulations.static_layouts import StaticPolicy, assign_static, static_policy
 from simulations.workload import Pod, Workload
+from simulations.workload_slices import SliceRequestError, direct_requests
 
 __all__ = [
     "NOS_WINDOW",
@@ -243,10 +244,13 @@ def replay_pods(
     rng = random.Random(settings.seed)
     offsets = [0.0] + [rng.uniform(0, span) for _ in range(settings.copies - 1)]
     rule = settings.mapping or ("mps-memory" if mode is Mode.MPS else "mig-compute")
-    try:
+    try:  # pods that name their slices are replayed with exactly those (workload_slices)
+        direct = direct_requests(
+            (p for p, _, _ in base), model, mode, settings.planner.mps_reserve_mib
+        )
         mapping = make_mapping(rule, model)
-        requests = {pod.name: mapping.map(pod) for pod, _, _ in base}
-    except MappingError as e:
+        requests = {pod.name: mapping.map(pod) for pod, _, _ in base if pod.name not in direct}
+    except (MappingError, SliceRequestError) as e:
         raise ReplayError(str(e)) from None
     want = "mps" if mode is Mode.MPS else "mig"
     for name, req in requests.items():
@@ -263,11 +267,12 @@ def replay_pods(
             out.append(
                 ReplayPod(
                     name=pod.name if settings.copies == 1 else f"{pod.name}-c{k}",
-                    requests=requests[pod.name].as_requests(),  # type: ignore[union-attr]
+                    requests=direct.get(pod.name) or requests[pod.name].as_requests(),  # type: ignore[union-attr]
                     arrival=arrival / c,
                     duration=max(duration / c, 1e-3),
                     cpu_milli=pod.cpu_milli,
                     memory_mib=pod.memory_mib,
+                    priority=pod.priority,
                 )
             )
     out.sort(key=lambda p: (p.arrival, p.name))

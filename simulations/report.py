@@ -26,6 +26,7 @@ from simulations.replay_metrics import ReplayResult, ReplaySummary, summarize
 
 __all__ = [
     "COLUMNS",
+    "REPLAY_FILES",
     "format_table",
     "markdown_table",
     "plot_allocation",
@@ -49,6 +50,16 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("allocation_mean", "alloc mean", "{:.3f}"),
 )
 """(summary field, column header, format) of the comparison table."""
+
+
+REPLAY_FILES: tuple[str, ...] = (
+    "replay.md",
+    "replay.json",
+    "pending_cdf.png",
+    "reconfigurations.png",
+    "allocation.png",
+)
+"""Every file :func:`write_replay_report` writes, report first."""
 
 
 def _cell(value: Any, fmt: str) -> str:
@@ -160,18 +171,20 @@ def write_replay_report(
     context: Mapping[str, Any] | None = None,
     notes: Sequence[str] = (),
 ) -> Path:
-    """Write ``replay.md``, ``replay.json`` and the three PNGs into ``out_dir``; return the .md."""
+    """Write :data:`REPLAY_FILES` (``replay.md``, ``replay.json`` and the three PNGs) into
+    ``out_dir``; return the .md."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     summaries = [summarize(r) for r in results]
+    md_name, json_name, cdf_name, reconf_name, alloc_name = REPLAY_FILES
     plots = {
-        "pending_cdf.png": plot_pending_cdf(results, out / "pending_cdf.png"),
-        "reconfigurations.png": plot_reconfigurations(results, out / "reconfigurations.png"),
-        "allocation.png": plot_allocation(results, out / "allocation.png"),
+        cdf_name: plot_pending_cdf(results, out / cdf_name),
+        reconf_name: plot_reconfigurations(results, out / reconf_name),
+        alloc_name: plot_allocation(results, out / alloc_name),
     }
     ctx = dict(context or {})
     doc = {"context": ctx, "summaries": [s.as_dict() for s in summaries]}
-    (out / "replay.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    (out / json_name).write_text(json.dumps(doc, indent=2, default=str) + "\n")
     lines = [f"# {title}", ""]
     if ctx:
         lines += [f"- **{k}**: {v}" for k, v in ctx.items()]
@@ -189,6 +202,6 @@ def write_replay_report(
     errors = [f"{r.policy}: {e}" for r in results for e in r.planner_errors[:3]]
     if all_notes or errors:
         lines += ["## Notes", "", *(f"- {n}" for n in [*all_notes, *errors]), ""]
-    md = out / "replay.md"
+    md = out / md_name
     md.write_text("\n".join(lines))
     return md

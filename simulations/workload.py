@@ -6,11 +6,25 @@ A :class:`Pod` is one request as the openb traces describe it: CPU (milli-cores)
 (MiB), ``num_gpu`` GPUs each shared at ``gpu_milli`` thousandths (1000 = the whole GPU), an
 optional set of GPU models it may run on (``gpu_spec``; empty = any model), a QoS class and
 optional times in seconds (creation, deletion, scheduled; the saturation protocol ignores them,
-the time-replay protocol uses them).  Invariants, enforced at construction:
+the time-replay protocol uses them).
+
+A pod exported from a real cluster (:mod:`simulations.export`) asks instead for *slices by
+name*: ``slices`` holds its exact extended-resource requests (``nvidia.com/mig-1g.10gb: 2``,
+``nvidia.com/gpu-10gb: 1``), which the time replay passes to the cluster unchanged
+(:mod:`simulations.workload_slices`), never through a gpu_milli mapping.  Whole-GPU requests
+(``nvidia.com/gpu: N``) are ``num_gpu = N, gpu_milli = 1000``, as in the traces.  A pod also
+carries its scheduling ``priority`` (``spec.priority``) and ``running`` (it was still running
+or pending when the observation ended, so ``deletion_time`` is the end of the observation,
+not the pod's end).
+
+Invariants, enforced at construction:
 
 * ``num_gpu == 0`` (CPU-only) implies ``gpu_milli == 0``;
 * ``num_gpu >= 1`` implies ``1 <= gpu_milli <= 1000``;  a *sharing* pod has ``num_gpu == 1`` and
-  ``gpu_milli < 1000``; everything else with GPUs takes whole GPUs.
+  ``gpu_milli < 1000``; everything else with GPUs takes whole GPUs;
+* ``slices`` non-empty implies ``num_gpu == 0``; its names are MIG or MPS resource names
+  (:func:`simulations.gpu_resources.classify`), each once, sorted, with counts ``>= 1``;
+* a pod is *CPU-only* when it has neither GPUs nor slices.
 
 Loaders normalise raw values the way the FGD simulator does (:func:`normalise_gpu_milli`):
 ``gpu_milli`` above 1000 is clipped to 1000, zero or below becomes 0, and a pod whose GPU count
@@ -32,10 +46,22 @@ Workload file format (YAML or JSON, same structure)
         gpu_spec: [A100-SXM4-80GB, T4]   # optional list (or "A|B" string); empty = any model
         qos: LS                  # optional (LS, BE, Burstable, Guaranteed ...)
         creation_time: 0         # optional, seconds
-        deletion_time: 3600      # optional, seconds, > creation_time
+        deletion_time: 3600      # optional, seconds, >= creation_time
         replicas: 3              # optional: expands to train-0-0, train-0-1, train-0-2
+      - name: serving/llm-0      # a pod in the cluster's own resource names
+        cpu_milli: 2000
+        requests:                # instead of num_gpu/gpu_milli: GPU extended resources
+          nvidia.com/mig-3g.40gb: 1      # MIG profile (or nvidia.com/gpu-10gb: MPS, GiB;
+                                         # or nvidia.com/gpu: whole GPUs)
+        priority: 1000           # optional, spec.priority (default 0)
+        creation_time: 0
+        scheduled_time: 4        # optional, seconds, >= creation_time (observed, reported)
+        deletion_time: 7200
+        running: true            # optional: still running when observed last
 
-Every error names the file, the pod's position (``pods[3]``) and the field to fix.
+Top-level ``time_zero`` (the RFC 3339 time of second 0) and ``export`` (what
+``gpuslice export`` read and skipped) are informational.  docs/workloads.md has the full
+reference.  Every error names the file, the pod's position (``pods[3]``) and the field to fix.
 
 Synthetic generator
 -------------------
@@ -54,7 +80,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from planner.snapshot import MIG_RESOURCE_PREFIX
 from simulations.documents import named_entry, read_document
+from simulations.gpu_resources import ACCEPTED, WHOLE, classify, from_ksm_label
 from simulations.limits import (
     MAX_CPU_MILLI,
     MAX_GPUS_PER_NODE,
@@ -71,13 +99,19 @@ __all__ = [
     "WorkloadError",
     "load_workload",
     "normalise_gpu_milli",
+    "parse_gpu_requests",
     "parse_workload",
+    "pod_entry",
     "synthetic_spec_from_doc",
     "synthetic_workload",
 ]
 
 GPU_MILLI = 1000
 """Milli-units of one whole GPU."""
+MAX_SLICES_PER_POD = 1024
+"""Units of one resource one pod may request (a 64-GPU node holds at most 448 MIG devices)."""
+MAX_PRIORITY = 2**31 - 1
+"""Kubernetes priorities are int32."""
 
 
 class WorkloadError(ValueError):
@@ -100,6 +134,13 @@ class Pod:
     creation_time: int | None = None
     deletion_time: int | None = None
     scheduled_time: int | None = None
+    slices: tuple[tuple[str, int], ...] = ()
+    """Exact extended-resource requests (resource, count), sorted by name; replayed as they are."""
+    priority: int = 0
+    """``spec.priority``: the scheduler's queue order and the planner's first objective."""
+    running: bool = False
+    """Still running (or pending) when the source was last observed: ``deletion_time`` is the
+    end of the observation, not the pod's."""
 
     def __post_init__(self) -> None:
         if self.cpu_milli < 0 or self.memory_mib < 0 or self.num_gpu < 0:
@@ -122,15 +163,45 @@ class Pod:
                 f"pod {self.name!r}: deletion_time {self.deletion_time} is before "
                 f"creation_time {self.creation_time}"
             )
+        if self.slices:
+            self._check_slices()
+
+    def _check_slices(self) -> None:
+        if self.num_gpu:
+            raise WorkloadError(
+                f"pod {self.name!r}: requests both whole GPUs (num_gpu {self.num_gpu}) and "
+                f"slices ({', '.join(r for r, _ in self.slices)}); the simulator replays a pod "
+                "with one or the other: split it or drop one"
+            )
+        names = [r for r, _ in self.slices]
+        if names != sorted(set(names)):
+            raise WorkloadError(f"pod {self.name!r}: slices must name each resource once, sorted")
+        for resource, count in self.slices:
+            if classify(resource) not in ("mig", "mps"):
+                raise WorkloadError(
+                    f"pod {self.name!r}: {resource!r} is not a MIG or MPS resource name"
+                )
+            if not 1 <= count <= MAX_SLICES_PER_POD:
+                raise WorkloadError(
+                    f"pod {self.name!r}: {resource} count must be 1..{MAX_SLICES_PER_POD}, "
+                    f"got {count}"
+                )
 
     @property
     def total_gpu_milli(self) -> int:
-        """The pod's whole GPU request in milli-GPUs (``num_gpu * gpu_milli``)."""
+        """The pod's whole GPU request in milli-GPUs (``num_gpu * gpu_milli``); 0 for a pod that
+        asks for slices by name (their share depends on the GPU model)."""
         return self.num_gpu * self.gpu_milli
 
     @property
     def is_cpu_only(self) -> bool:
-        return self.num_gpu == 0
+        """Neither GPUs nor slices."""
+        return self.num_gpu == 0 and not self.slices
+
+    @property
+    def slice_requests(self) -> dict[str, int]:
+        """``slices`` as a mapping (resource -> count)."""
+        return dict(self.slices)
 
     @property
     def is_sharing(self) -> bool:
@@ -195,6 +266,11 @@ class Workload:
     def __len__(self) -> int:
         return len(self.pods)
 
+    @property
+    def slice_pods(self) -> tuple[Pod, ...]:
+        """The pods that ask for slices by name (:attr:`Pod.slices`)."""
+        return tuple(p for p in self.pods if p.slices)
+
 
 # --------------------------------------------------------------------------- file format
 
@@ -208,7 +284,11 @@ _POD_FIELDS = {
     "qos",
     "creation_time",
     "deletion_time",
+    "scheduled_time",
     "replicas",
+    "requests",
+    "priority",
+    "running",
 }
 
 
@@ -220,6 +300,8 @@ _POD_MAX = {
     "replicas": MAX_PODS,
     "creation_time": MAX_TIME_S,
     "deletion_time": MAX_TIME_S,
+    "scheduled_time": MAX_TIME_S,
+    "priority": MAX_PRIORITY,
 }
 """Upper bounds of the integer pod fields (simulations.limits)."""
 
@@ -249,6 +331,57 @@ def _str_field(d: Mapping[str, Any], key: str, where: str) -> str:
     return v
 
 
+def _request_hint(resource: str) -> str:
+    """A sentence that helps fix an unknown resource name, or ``""``."""
+    if resource in ("cpu", "memory"):
+        return " (CPU and memory go into cpu_milli and memory_mib, not requests)"
+    restored = from_ksm_label(resource)
+    if restored != resource:
+        return f" (a kube-state-metrics label: the resource is {restored!r})"
+    if resource.startswith(MIG_RESOURCE_PREFIX):
+        return " (a MIG profile is spelled like 1g.10gb, 3g.40gb or 1g.10gb.me)"
+    if resource.startswith(("mig-", "gpu-")):
+        return f" (add the domain: 'nvidia.com/{resource}')"
+    return ""
+
+
+def parse_gpu_requests(value: object, where: str) -> tuple[int, tuple[tuple[str, int], ...]]:
+    """A ``requests`` mapping -> (whole GPUs, sorted slices); errors name ``where`` and the fix.
+
+    Keys are the names of :data:`simulations.gpu_resources.ACCEPTED`; values are integer
+    counts ``>= 1`` (strings of digits too, as kubectl prints quantities).
+    """
+    if not isinstance(value, dict) or not value:
+        raise WorkloadError(
+            f"{where}: field 'requests' must map GPU resource names to counts, e.g. "
+            "{nvidia.com/mig-1g.10gb: 1}"
+        )
+    whole = 0
+    slices: list[tuple[str, int]] = []
+    for resource, raw in value.items():
+        kind = classify(str(resource))
+        if kind is None:
+            raise WorkloadError(
+                f"{where}: requests: {resource!r} is not a GPU resource the simulator "
+                f"replays{_request_hint(str(resource))}; use {ACCEPTED}"
+            )
+        count = int(raw) if isinstance(raw, str) and raw.isdigit() else raw
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise WorkloadError(
+                f"{where}: requests: {resource} must be a whole number of devices, got {raw!r:.40}"
+            )
+        if not 1 <= count <= MAX_SLICES_PER_POD:
+            raise WorkloadError(
+                f"{where}: requests: {resource} is {count}; it must be 1..{MAX_SLICES_PER_POD} "
+                "(remove a resource the pod does not request)"
+            )
+        if kind == WHOLE:
+            whole = count
+        else:
+            slices.append((str(resource), count))
+    return whole, tuple(sorted(slices))
+
+
 def _parse_pod_entry(entry: object, where: str, room: int) -> list[Pod]:
     """The pods of one entry (``replicas`` expanded); ``room``: pods the workload may still add."""
     d, name, where = named_entry(
@@ -263,8 +396,27 @@ def _parse_pod_entry(entry: object, where: str, room: int) -> list[Pod]:
     replicas = _int_field(d, "replicas", where, 1)
     assert cpu is not None and mem is not None and num_gpu is not None
     assert gpu_milli is not None and replicas is not None
-    if num_gpu > 0 and "gpu_milli" not in d:
+    slices: tuple[tuple[str, int], ...] = ()
+    if "requests" in d:
+        if "num_gpu" in d or "gpu_milli" in d:
+            raise WorkloadError(
+                f"{where}: give either 'requests' (resource names) or 'num_gpu'/'gpu_milli' "
+                "(GPU shares), not both"
+            )
+        num_gpu, slices = parse_gpu_requests(d["requests"], where)
+        gpu_milli = GPU_MILLI if num_gpu else 0
+    elif num_gpu > 0 and "gpu_milli" not in d:
         raise WorkloadError(f"{where}: num_gpu is {num_gpu}, so 'gpu_milli' (1..1000) is required")
+    running = d.get("running", False)
+    if not isinstance(running, bool):
+        raise WorkloadError(f"{where}: field 'running' must be true or false, got {running!r:.40}")
+    creation = _int_field(d, "creation_time", where, None)
+    scheduled = _int_field(d, "scheduled_time", where, None)
+    if scheduled is not None and (creation is None or scheduled < creation):
+        raise WorkloadError(
+            f"{where}: scheduled_time {scheduled} needs a creation_time at or before it "
+            f"(creation_time is {creation})"
+        )
     if replicas < 1:
         raise WorkloadError(f"{where}: replicas must be >= 1, got {replicas}")
     if replicas > room:
@@ -280,8 +432,12 @@ def _parse_pod_entry(entry: object, where: str, room: int) -> list[Pod]:
             gpu_milli=gpu_milli if num_gpu > 0 else 0,
             gpu_spec=spec,
             qos=_str_field(d, "qos", where),
-            creation_time=_int_field(d, "creation_time", where, None),
+            creation_time=creation,
             deletion_time=_int_field(d, "deletion_time", where, None),
+            scheduled_time=scheduled,
+            slices=slices,
+            priority=_int_field(d, "priority", where, 0),
+            running=running,
         )
         if replicas == 1:
             return [Pod(name=name, **base)]  # type: ignore[arg-type]
@@ -318,6 +474,36 @@ def parse_workload(doc: object, where: str, default_name: str = "workload") -> W
         return Workload(name=name, pods=tuple(pods), source=where)
     except WorkloadError as e:
         raise WorkloadError(f"{where}: {e}") from None
+
+
+def pod_entry(pod: Pod) -> dict[str, Any]:
+    """One pod as a workload-file entry (the inverse of the parser; defaults left out).
+
+    Whole-GPU pods are written as ``requests: {nvidia.com/gpu: N}``, sharing pods with
+    ``num_gpu``/``gpu_milli``, pods with slices with their ``requests``.
+    """
+    d: dict[str, Any] = {"name": pod.name, "cpu_milli": pod.cpu_milli}
+    if pod.memory_mib:
+        d["memory_mib"] = pod.memory_mib
+    if pod.slices:
+        d["requests"] = dict(pod.slices)
+    elif pod.num_gpu and pod.gpu_milli == GPU_MILLI:
+        d["requests"] = {"nvidia.com/gpu": pod.num_gpu}
+    elif pod.num_gpu:
+        d["num_gpu"], d["gpu_milli"] = pod.num_gpu, pod.gpu_milli
+    if pod.gpu_spec:
+        d["gpu_spec"] = list(pod.gpu_spec)
+    if pod.priority:
+        d["priority"] = pod.priority
+    if pod.qos:
+        d["qos"] = pod.qos
+    for key in ("creation_time", "scheduled_time", "deletion_time"):
+        value = getattr(pod, key)
+        if value is not None:
+            d[key] = value
+    if pod.running:
+        d["running"] = True
+    return d
 
 
 def load_workload(path: str | Path) -> Workload:

@@ -32,6 +32,13 @@ realistic objects and are refused what a real cluster refuses:
   error, unreadable answer) creates the pod unpatched under ``failurePolicy: Ignore`` and is
   rejected under ``Fail``.
 
+* Leases (``coordination.k8s.io/v1``, :func:`declare_leases`): ``PUT`` replaces a Lease
+  atomically, ``409 Conflict`` unless its ``metadata.resourceVersion`` is the current one (kmock
+  knows no PUT); :attr:`ApiServer.lease_outage` names authors whose Lease requests hang (a
+  leader cut off from its Lease alone);
+* every successful write (any method but GET) is recorded in :attr:`ApiServer.writes` with its
+  author (the bearer token: give each client its own) and the loop time it was answered.
+
 kmock ignores field and label selectors and ``timeoutSeconds`` on watches: a client must filter
 the events it gets and end its watch itself.
 
@@ -42,6 +49,7 @@ MutatingWebhookConfigurations, NodePartitionings) and the ``default`` namespace.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import copy
@@ -68,6 +76,8 @@ NP_PATH = "/apis/gpuslice.io/v1alpha1/nodepartitionings"
 MWC_RESOURCE = "admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 _VERBS = {"list", "watch", "get", "create", "patch", "update", "delete"}
 _PODS = kmock.resource("v1/pods")
+LEASE_RESOURCE = "coordination.k8s.io/v1/leases"
+_LEASES = kmock.resource(LEASE_RESOURCE)
 _SMP = "application/strategic-merge-patch+json"
 
 
@@ -83,6 +93,23 @@ class Admission:
     """Do not verify the webhook's certificate (an ``http://`` URL needs no TLS at all)."""
     failure_policy: Literal["Ignore", "Fail"] = "Ignore"
     timeout_s: float = 5.0
+
+
+@dataclass(frozen=True)
+class Write:
+    """One write the fake API server accepted (status < 400)."""
+
+    author: str
+    """The client's bearer token ("" when it sent none)."""
+    method: str
+    path: str
+    at: float
+    """Loop time when it was answered (after it took effect)."""
+
+
+def _author(request: kmock.Request) -> str:
+    auth = str(request.headers.get("Authorization", ""))
+    return auth.removeprefix("Bearer ").strip()
 
 
 def _invalid(pod: Mapping[str, Any], errors: list[str]) -> kmock.KubernetesError:
@@ -137,6 +164,10 @@ class ApiServer(kmock.KubernetesEmulator):
     admission: Admission | None = attrs.field(default=None, init=False)
     admission_failures: list[str] = attrs.field(factory=list, init=False)
     """Why each webhook call failed (Ignore let those pods in unpatched)."""
+    writes: list[Write] = attrs.field(factory=list, init=False)
+    """Every accepted write, in order (module docstring)."""
+    lease_outage: set[str] = attrs.field(factory=set, init=False)
+    """Authors whose Lease requests hang while they are in this set (then answer 503)."""
 
     def configure_admission(self, admission: Admission | None) -> None:
         self.admission = admission
@@ -149,6 +180,21 @@ class ApiServer(kmock.KubernetesEmulator):
         return "status" in set(info.subresources)
 
     async def _handle(self, request: kmock.Request) -> Any:
+        """Serve ``request`` (:meth:`_serve`), recording it in :attr:`writes` if accepted."""
+        method = str(request.method).upper().rsplit(".", 1)[-1]
+        if request.resource == _LEASES:
+            await self._lease_outage(request)
+        if request.resource == _LEASES and method == "PUT" and request.name is not None:
+            response = await self._put_lease(request)
+        else:
+            response = await self._serve(request)
+        status = getattr(response, "status", 200)
+        if method != "GET" and isinstance(status, int) and status < 400:
+            loop_time = asyncio.get_running_loop().time()
+            self.writes.append(Write(_author(request), method, request.url.path, loop_time))
+        return response
+
+    async def _serve(self, request: kmock.Request) -> Any:
         data = request.data
         binding = request.resource == _PODS and request.subresource == "binding"
         if binding and str(request.method).upper().endswith("POST") and request.name is not None:
@@ -372,6 +418,50 @@ class ApiServer(kmock.KubernetesEmulator):
         )
 
 
+    # -- leases ------------------------------------------------------------------------------
+    async def _lease_outage(self, request: kmock.Request) -> None:
+        author = _author(request)
+        if author not in self.lease_outage:
+            return
+        while author in self.lease_outage:
+            await asyncio.sleep(0.25)
+        raise kmock.KubernetesError(
+            status=503, reason="ServiceUnavailable", message="the Lease was unreachable"
+        )
+
+    async def _put_lease(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        """Replace a Lease if the body names its current resourceVersion (else 409)."""
+        key = (_LEASES, request.namespace, str(request.name))
+        body = request.data if isinstance(request.data, dict) else {}
+        meta = body.setdefault("metadata", {})
+        async with self._lock:  # the check and the replacement are one step
+            if key not in self.objects or self.objects[key].deleted:
+                raise kmock.KubernetesObjectNotFoundError()
+            current = self.objects[key].raw
+            cur_meta = current.get("metadata") or {}
+            if meta.get("resourceVersion") != cur_meta.get("resourceVersion"):
+                raise kmock.KubernetesError(
+                    status=409,
+                    reason="Conflict",
+                    message=(
+                        f'Operation cannot be fulfilled on leases.coordination.k8s.io '
+                        f'"{request.name}": the object has been modified; please apply your '
+                        f"changes to the latest version and try again"
+                    ),
+                )
+            new = {
+                **body,
+                "metadata": {
+                    **cur_meta,
+                    "resourceVersion": str(next(self._versions)),
+                },
+            }
+            self.objects[key].create(new)  # a new version of the object, replacing the last
+            raw = self.objects[key].raw
+            await self._buses[_LEASES].put({"type": "MODIFIED", "object": raw})
+        return aiohttp.web.json_response(raw)
+
+
 class Unschedulable(AssertionError):
     """kube-scheduler would not bind the pod to that node."""
 
@@ -442,6 +532,13 @@ def declare(api: kmock.KubernetesEmulator) -> None:
         "kind": "Namespace",
         "metadata": {"name": "default", "uid": "ns-default", "resourceVersion": "1"},
     }
+
+
+def declare_leases(api: kmock.KubernetesEmulator) -> None:
+    """Declare ``coordination.k8s.io/v1`` Leases (namespaced; PUT is served by :class:`ApiServer`)."""
+    api.resources[LEASE_RESOURCE] = kmock.ResourceInfo(
+        kind="Lease", singular="lease", namespaced=True, verbs=_VERBS
+    )
 
 
 def stored(

@@ -2,7 +2,7 @@
 
 Each :class:`Case` is one command line (``plan --snapshot``, ``plan --catalog``, ``simulate
 --trace/--cluster`` with YAML, JSON and CSV files, ``sweep --trace/--cluster``, ``agent --fake
---spec/--catalog-file``) with the files it reads and the outcome a clean run must have: the
+--spec/--catalog``) with the files it reads and the outcome a clean run must have: the
 exit code (2 for bad input) and words its error must contain -- the file's path always, and
 for most cases the object or field at fault.  The corpus is generated from valid documents:
 generic damage (missing, a directory, empty, binary, non-UTF-8, byte-order marks, truncated,
@@ -218,17 +218,17 @@ def _json(doc: Any) -> bytes:
 TARGETS = [
     Target("snapshot", "snap.json", lambda f: ("plan", "--snapshot", f, *PLAN), _json(SNAPSHOT), False),
     Target("plan-catalog", "cat.yaml", lambda f: ("plan", "--demo", "--catalog", f, *PLAN), CATALOG_YAML.encode(), True),
-    Target("workload-yaml", "w.yaml", lambda f: ("simulate", "--trace", f, *SIM), WORKLOAD_YAML.encode(), True),
-    Target("workload-json", "w.json", lambda f: ("simulate", "--trace", f, *SIM), _json(WORKLOAD), False),
+    Target("workload-yaml", "w.yaml", lambda f: ("simulate", "--trace", f, "--cluster", "builtin", *SIM), WORKLOAD_YAML.encode(), True),
+    Target("workload-json", "w.json", lambda f: ("simulate", "--trace", f, "--cluster", "builtin", *SIM), _json(WORKLOAD), False),
     Target("cluster-yaml", "c.yaml", lambda f: ("simulate", "--cluster", f, *SIM), CLUSTER_YAML.encode(), True),
     Target("cluster-json", "c.json", lambda f: ("simulate", "--cluster", f, *SIM), _json(CLUSTER), False),
-    Target("pods-csv", "pods.csv", lambda f: ("simulate", "--trace", f, *SIM), PODS_CSV.encode(), False),
+    Target("pods-csv", "pods.csv", lambda f: ("simulate", "--trace", f, "--cluster", "builtin", *SIM), PODS_CSV.encode(), False),
     Target("nodes-csv", "nodes.csv", lambda f: ("simulate", "--cluster", f, *SIM), NODES_CSV.encode(), False),
-    Target("sweep-trace", "sw.yaml", lambda f: ("sweep", "--trace", f, "--out", "{d}/out"), WORKLOAD_YAML.encode(), True),
+    Target("sweep-trace", "sw.yaml", lambda f: ("sweep", "--trace", f, "--cluster", "builtin", "--out", "{d}/out"), WORKLOAD_YAML.encode(), True),
     Target("sweep-cluster", "sc.json", lambda f: ("sweep", "--cluster", f, "--out", "{d}/out"), _json(CLUSTER), False),
     Target("agent-spec", "spec.yaml", lambda f: ("agent", "--fake", "--fake-gpus", "A100-SXM4-80GB:1", "--spec", f, "--once"), SPEC_YAML.encode(), True),
     Target("agent-spec-json", "spec.json", lambda f: ("agent", "--fake", "--fake-gpus", "A100-SXM4-80GB:1", "--spec", f, "--once"), _json(SPEC), False),
-    Target("agent-catalog", "acat.yaml", lambda f: ("agent", "--fake", "--catalog-file", f, "--once"), CATALOG_YAML.encode(), True),
+    Target("agent-catalog", "acat.yaml", lambda f: ("agent", "--fake", "--catalog", f, "--once"), CATALOG_YAML.encode(), True),
 ]  # fmt: skip
 
 

@@ -520,8 +520,9 @@ def test_gpuslice_agent_fake_once_with_a_spec_file(
         "mode: mig\ngpus:\n- index: 1\n  mig: [{profile: 3g.40gb, start: 4}, {profile: 4g.40gb, start: 0}]\n"
     )
     rc = cli_main(
-        ["agent", "--fake", "--fake-gpus", "A100-SXM4-80GB:2", "--spec", str(spec), "--once"]
-    )
+        ["agent", "--fake", "--fake-gpus", "A100-SXM4-80GB:2", "--spec", str(spec), "--once",
+         "-o", "json"]
+    )  # fmt: skip
     assert rc == 0
     status = json.loads(capsys.readouterr().out)
     assert [(i["profile"], i["start"]) for i in status["gpus"][1]["mig"]] == [

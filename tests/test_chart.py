@@ -499,12 +499,13 @@ ROLES = {
     "partitioner-namespaced": ("Role", "-partitioner", "Deployment"),
     "agent": ("ClusterRole", "-agent", "DaemonSet"),
     "ungate": ("ClusterRole", "-ungate", "Job"),
+    "ungate-namespaced": ("Role", "-ungate", "Job"),
 }
 # variant -> the `when:` conditions of rbac-usage.yaml that hold in it
 RBAC_VARIANTS = {
-    "defaults": {"webhook", "self-managed-webhook"},
-    "webhook-cert-manager": {"webhook"},
-    "webhook-disabled": set(),
+    "defaults": {"webhook", "self-managed-webhook", "leader-election"},
+    "webhook-cert-manager": {"webhook", "leader-election"},
+    "webhook-disabled": {"leader-election"},
 }
 
 
@@ -552,6 +553,9 @@ def object_names(docs: list[Manifest]) -> dict[str, str]:
     env = env_of(container(docs, "Deployment"))
     if "GPUSLICE_WEBHOOK_SECRET_NAME" in env:
         names["webhook-secret"] = env["GPUSLICE_WEBHOOK_SECRET_NAME"]
+    if "GPUSLICE_LEADER_ELECTION_LEASE_NAME" in env:
+        names["lease"] = env["GPUSLICE_LEADER_ELECTION_LEASE_NAME"]
+    names["partitioner-deployment"] = one(docs, "Deployment")["metadata"]["name"]
     return names
 
 
@@ -713,11 +717,11 @@ def test_agent_privileged_and_mig_only_variant(chart: helm.Chart) -> None:
     assert pod["hostIPC"] is True  # still available for those who want it
 
 
-def test_partitioner_is_unprivileged_single_and_recreated(chart: helm.Chart) -> None:
+def test_partitioner_is_unprivileged_and_elects_a_leader(chart: helm.Chart) -> None:
     docs = render(chart, {})
     deploy = one(docs, "Deployment")
-    assert deploy["spec"]["replicas"] == 1
-    assert deploy["spec"]["strategy"] == {"type": "Recreate"}
+    assert deploy["spec"]["replicas"] == 2  # leader election: tests/test_chart_leader.py
+    assert deploy["spec"]["strategy"]["type"] == "RollingUpdate"
     pod = deploy["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert not host_paths(pod)
@@ -791,13 +795,18 @@ def test_partitioner_settings_accept_the_chart_env(
     from_chart = PartitionerSettings()
     if variant == "defaults":  # the chart's defaults are the code's defaults...
         apply_env(monkeypatch, {})
-        # ...except the webhook's: the code has it off and knows no release's object names.
+        # ...except the webhook's and leader election's: the code has them off and knows no
+        # release's object names.
         release_specific = {
             "webhook_enabled": True,
             "webhook_service_name": f"{RELEASE}-gpuslice-webhook",
             "webhook_namespace": NAMESPACE,
             "webhook_configuration_name": f"{RELEASE}-gpuslice-webhook",
             "webhook_secret_name": f"{RELEASE}-gpuslice-webhook-tls",
+            "leader_election_enabled": True,
+            "leader_election_namespace": NAMESPACE,
+            "leader_election_lease_name": f"{RELEASE}-gpuslice-partitioner",
+            "leader_election_identity": "$(POD_NAME)",  # the kubelet expands it
         }
         assert {k: getattr(from_chart, k) for k in release_specific} == release_specific
         assert from_chart == PartitionerSettings(**release_specific)
@@ -832,7 +841,7 @@ def test_partitioner_values_reach_its_settings(
     }
     apply_env(monkeypatch, gpuslice_env(container(render(chart, values), "Deployment")))
     s = PartitionerSettings()
-    assert (s.batch_timeout_seconds, s.batch_idle_seconds, s.retry_seconds) == (30, 2.5, 0)
+    assert (s.batch_timeout_seconds, s.batch_idle_seconds, s.batch_retry_seconds) == (30, 2.5, 0)
     p = s.planner_settings()
     assert (p.policy, p.time_limit_s, p.weight_destroy, p.weight_gpu_touched) == (
         "greedy",
@@ -1217,7 +1226,9 @@ def test_cert_manager_with_an_existing_issuer(chart: helm.Chart) -> None:
     assert (cert["spec"]["duration"], cert["spec"]["renewBefore"]) == ("2160h", "720h")
 
 
-HOOK_KINDS = ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Job"]
+HOOK_KINDS = [
+    "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Job"
+]
 
 
 @pytest.mark.parametrize("variant", ["defaults", "webhook-disabled"])
@@ -1242,11 +1253,15 @@ def test_pre_delete_hook_releases_every_gated_pod(chart: helm.Chart, variant: st
     (c,) = pod["containers"]
     assert c["image"] == container(docs, "Deployment")["image"]
     args = c["args"]
+    deployment = one(docs, "Deployment")["metadata"]["name"]
+    stop = ["--stop-partitioner", f"{NAMESPACE}/{deployment}"]
+    lease_name = env_of(container(docs, "Deployment"))["GPUSLICE_LEADER_ELECTION_LEASE_NAME"]
+    lease = ["--delete-lease", f"{NAMESPACE}/{lease_name}"]
     if variant == "defaults":
         mwc = one(docs, "MutatingWebhookConfiguration")["metadata"]["name"]
-        assert args == ["ungate", "--all", "--remove-webhook", mwc]
+        assert args == ["ungate", "--all", "--remove-webhook", mwc, *stop, *lease, "--cleanup"]
     else:
-        assert args == ["ungate", "--all"]
+        assert args == ["ungate", "--all", *stop, *lease, "--cleanup"]
     parser = argparse.ArgumentParser()
     ungate.add_arguments(parser)
     parsed = parser.parse_args(args[1:])

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_tables import table
 
 from gpuslice.cli import EXIT_BAD_INPUT, main
 
@@ -22,14 +23,26 @@ def test_demo_text_shows_layouts_assignments_and_reasons(
 ) -> None:
     rc, out, _ = run_cli(capsys, "plan", "--demo", "--policy", "greedy")
     assert rc == 0
+    layouts = {(r["NODE"], r["GPU"]): r for r in table(out, "NODE")}
     # The greedy takes the first GPU in index order for the 1g pod and destroys the free 3g.
-    assert (
-        "node-a GPU 0: [3g.40gb@0 (used), 3g.40gb@4] -> [3g.40gb@0 (used), 2g.20gb@4, 1g.10gb@6]"
-        in out
-    )
-    assert "node-d GPU 1 (MPS): [] -> [8gb/25%, 8gb/25%]" in out
-    assert "ml/h100-only     -> node-c: mig-2g.20gb on GPU 0" in out
-    assert "infer/too-big: exceeds any GPU of model V100-32GB" in out
+    assert layouts["node-a", "0"] == {
+        "NODE": "node-a",
+        "GPU": "0",
+        "MODE": "mig",
+        "BEFORE": "3g.40gb@0 (used), 3g.40gb@4",
+        "AFTER": "3g.40gb@0 (used), 2g.20gb@4, 1g.10gb@6",
+    }
+    assert (layouts["node-d", "1"]["MODE"], layouts["node-d", "1"]["BEFORE"]) == ("mps", "-")
+    assert layouts["node-d", "1"]["AFTER"] == "8gb/25%, 8gb/25%"
+    assignments = {r["POD"]: r for r in table(out.split("Assignments (9):")[1], "POD")}
+    assert assignments["ml/h100-only"] == {
+        "POD": "ml/h100-only",
+        "NODE": "node-c",
+        "SLICES": "mig-2g.20gb on GPU 0",
+    }
+    (unplaced,) = table(out.split("Unplaced (1):")[1], "POD")
+    assert unplaced["POD"] == "infer/too-big"
+    assert unplaced["REASON"].startswith("exceeds any GPU of model V100-32GB")
 
 
 @pytest.mark.parametrize("policy", ["cpsat", "greedy"])
@@ -153,24 +166,25 @@ def test_bad_options_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str])
     assert "must be positive" in err or "--instances has 2 values" in err
 
 
-def test_bench_planner_command_writes_json(
+def test_bench_planner_prints_the_table_and_keeps_the_json_under_out(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    out_file = tmp_path / "bench.json"
-    rc, out, err = run_cli(
-        capsys,
-        "bench",
-        "planner",
-        "--sizes",
-        "2",
-        "--instances",
-        "1",
-        "--time-limit",
-        "0.5",
-        "--out",
-        str(out_file),
-    )
-    assert rc == 0 and out == ""
-    assert "2 nodes, instance 1/1" in err
-    doc = json.loads(out_file.read_text())
-    assert [s["nodes"] for s in doc["sizes"]] == [2]
+    bench = ("bench", "planner", "--sizes", "2,3", "--instances", "1", "--time-limit", "0.5")
+    rc, out, err = run_cli(capsys, *bench, "--out", str(tmp_path / "b"))
+    assert rc == 0
+    assert "2 nodes, instance 1/1" in err and f"wrote {tmp_path / 'b' / 'planner.json'}" in err
+    doc = json.loads((tmp_path / "b" / "planner.json").read_text())
+    rows = table(out, "NODES (GPUS)")
+    assert [r["NODES (GPUS)"] for r in rows] == ["2 (16)", "3 (24)"]
+    for row, size in zip(rows, doc["sizes"], strict=True):
+        cpsat, greedy = size["cpsat"], size["greedy"]
+        assert row["CP-SAT P50 / P99 S"] == (
+            f"{cpsat['solve_s']['p50']:.3f} / {cpsat['solve_s']['p99']:.3f}"
+        )
+        assert row["PLACED, CP-SAT VS GREEDY"] == f"{cpsat['placed'][0]} vs {greedy['placed'][0]}"
+        assert row["CP-SAT >= GREEDY"] == ("yes" if size["cpsat_ge_greedy"] else "no")
+    # the first releases' --out FILE still writes that file, with a note
+    rc, out, err = run_cli(capsys, *bench, "--out", str(tmp_path / "bench.json"), "-o", "json")
+    assert rc == 0 and "--out FILE is deprecated" in err
+    assert json.loads(out)["sizes"][0]["nodes"] == 2
+    assert json.loads((tmp_path / "bench.json").read_text())["sizes"][1]["nodes"] == 3

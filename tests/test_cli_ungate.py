@@ -1,4 +1,5 @@
-"""``gpuslice ungate`` against the test API server (kmock, Kubernetes' pod rules enforced).
+"""``gpuslice ungate`` against the test API server (kmock, Kubernetes' pod rules enforced),
+including the uninstall hook's steps (``--stop-partitioner``, ``--delete-lease``, ``--cleanup``).
 
 The command uses the ``kubernetes`` client (synchronous), so it runs in a worker thread while
 the fake API server serves on the test's event loop.
@@ -14,7 +15,16 @@ from typing import Any
 import kmock
 import pytest
 import yaml
-from fake_apiserver import MWC_RESOURCE, ApiServer, declare, stored
+from fake_apiserver import (
+    LEASE_RESOURCE,
+    MWC_RESOURCE,
+    NP_PATH,
+    NP_RESOURCE,
+    ApiServer,
+    declare,
+    declare_leases,
+    stored,
+)
 
 from gpuslice.cli import EXIT_BAD_INPUT, main
 from gpuslice.commands import ungate
@@ -245,3 +255,232 @@ async def test_unreachable_api_server_exits_1(
     rc, _, err = await cli(capsys, path, "--all")
     assert rc == 1
     assert "gpuslice ungate: error: pods: cannot reach the API server" in err
+
+
+# ------------------------------------------------------------------ uninstall: --cleanup
+
+DEPLOYMENTS = "apps/v1/deployments"
+NS = "gpu-system"
+PARTITIONER = "gs-gpuslice-partitioner"
+UNINSTALL = (
+    "--all",
+    "--remove-webhook",
+    "gs-gpuslice",
+    "--stop-partitioner",
+    f"{NS}/{PARTITIONER}",
+    "--delete-lease",
+    f"{NS}/{PARTITIONER}",
+    "--cleanup",
+)
+SELECTOR = {"app.kubernetes.io/instance": "gs", "app.kubernetes.io/component": "partitioner"}
+KUBELET_READY = {"type": "Ready", "status": "True", "reason": "KubeletReady"}
+OURS = {"type": "GpusliceReady", "status": "False", "reason": "Draining", "message": "..."}
+
+
+def node(name: str, labels: dict[str, str], conditions: list[dict[str, str]]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+        "status": {"conditions": conditions},
+    }
+
+
+async def installed(api: ApiServer) -> None:
+    """A cluster with gpuslice running: what the uninstall hook finds."""
+    declare_leases(api)
+    api.resources[DEPLOYMENTS] = kmock.ResourceInfo(
+        kind="Deployment",
+        singular="deployment",
+        namespaced=True,
+        verbs={"list", "watch", "get", "create", "patch", "delete"},
+        subresources={"scale"},
+    )
+    deployment = {
+        "metadata": {"name": PARTITIONER, "namespace": NS},
+        "spec": {"replicas": 2, "selector": {"matchLabels": SELECTOR}},
+    }
+    await api.post(f"/apis/apps/v1/namespaces/{NS}/deployments", json=deployment)
+    await api.post(
+        f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases",
+        json={"metadata": {"name": PARTITIONER, "namespace": NS}, "spec": {}},
+    )
+    await api.post(f"/apis/{MWC_RESOURCE}", json={"metadata": {"name": "gs-gpuslice"}})
+    controller = pod("gs-gpuslice-partitioner-7d9f", NS)
+    controller["metadata"]["labels"] = {**SELECTOR, "app.kubernetes.io/name": "gpuslice"}
+    hook = pod("gs-gpuslice-ungate-x2k4", NS)  # the hook's own pod: not waited for
+    hook["metadata"]["labels"] = {"app.kubernetes.io/component": "ungate"}
+    mps = pod("infer", "ml")
+    mps["spec"]["nodeName"] = "n1"
+    mps["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu-10gb": "1"}}
+    mig = pod("train", "ml")
+    mig["spec"]["nodeName"] = "n1"
+    mig["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/mig-1g.10gb": "1"}}
+    for p in (controller, hook, mps, mig, pod("ours", "default", GATE, **RESERVED)):
+        await create(api, p)
+    nodes = [
+        node("n1", {"gpuslice.io/partitioning": "mps", MANAGED: "true"}, [KUBELET_READY, OURS]),
+        node("n2", {MANAGED: "true"}, [KUBELET_READY]),
+        node("n3", {"kubernetes.io/os": "linux"}, [KUBELET_READY]),
+    ]
+    for n in nodes:
+        await api.post("/api/v1/nodes", json=n)
+    for name in ("n1", "n2"):
+        np = {"metadata": {"name": name}, "spec": {"mode": "mps", "gpus": []}}
+        await api.post(NP_PATH, json=np)
+
+
+MANAGED = "gpuslice.io/managed"
+
+
+def writes(api: ApiServer) -> list[str]:
+    return [f"{w.method} {w.path}" for w in api.writes]
+
+
+async def test_uninstall_stops_the_partitioner_then_releases_then_cleans_up(
+    kmock: ApiServer,
+    kubeconfig: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    await installed(kmock)
+    first_write = len(kmock.writes)
+    waited: list[float] = []
+
+    def partitioner_ends(seconds: float) -> None:  # the ReplicaSet deletes its pod meanwhile
+        waited.append(seconds)
+        kmock.objects[kmock.resource("v1/pods"), NS, "gs-gpuslice-partitioner-7d9f"].delete()
+
+    monkeypatch.setattr(ungate, "_sleep", partitioner_ends)
+    rc, out, err = await cli(capsys, kubeconfig, *UNINSTALL)
+
+    assert rc == 0, err
+    assert out.splitlines() == [
+        "MutatingWebhookConfiguration gs-gpuslice deleted",
+        f"Deployment {NS}/{PARTITIONER} scaled to 0: no partitioner pod runs",
+        f"Lease {NS}/{PARTITIONER} deleted",
+        "released default/ours",
+        "1 pod(s) released",
+        "NodePartitioning n1 deleted",
+        "NodePartitioning n2 deleted",
+        "removed condition GpusliceReady from node n1",
+        "removed label gpuslice.io/managed from node n1",
+        "removed label gpuslice.io/managed from node n2",
+    ]
+    assert waited == [1.0]  # one wait: the hook's own pod did not count
+    assert "1 running pod(s) use MPS slices: ml/infer" in err  # not ml/train: MIG survives
+    deployment = stored(kmock, DEPLOYMENTS, PARTITIONER, NS)
+    assert deployment is not None and deployment["spec"]["replicas"] == 0
+    assert stored(kmock, LEASE_RESOURCE, PARTITIONER, NS) is None
+    assert stored(kmock, NP_RESOURCE, "n1") is None and stored(kmock, NP_RESOURCE, "n2") is None
+    n1 = stored(kmock, "v1/nodes", "n1")
+    assert n1 is not None and n1["status"]["conditions"] == [KUBELET_READY]
+    assert n1["metadata"]["labels"] == {"gpuslice.io/partitioning": "mps"}  # the user's stays
+    # in this order: nothing is cleaned while a partitioner could re-create it
+    done = writes(kmock)[first_write:]
+    order = ["mutatingwebhook", "scale", "leases", "pods", "nodepartitionings", "nodes"]
+    kinds = [next(k for k in order if k in w) for w in done]
+    assert kinds == sorted(kinds, key=order.index) and set(kinds) == set(order)
+    assert not [w for w in done if w.endswith("/nodes/n3") or "/nodes/n3/" in w]
+
+    rc, out, err = await cli(capsys, kubeconfig, *UNINSTALL)  # again: nothing left to do
+    assert rc == 0
+    assert out.splitlines() == [
+        "MutatingWebhookConfiguration gs-gpuslice already absent",
+        f"Deployment {NS}/{PARTITIONER} scaled to 0: no partitioner pod runs",
+        f"Lease {NS}/{PARTITIONER} already absent",
+        "0 pod(s) released",
+    ]
+
+
+async def test_uninstall_dry_run_changes_nothing(
+    kmock: ApiServer, kubeconfig: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await installed(kmock)
+    before = len(kmock.writes)
+    rc, out, _ = await cli(capsys, kubeconfig, *UNINSTALL, "--dry-run")
+    assert rc == 0 and len(kmock.writes) == before
+    assert out.splitlines() == [
+        "would delete MutatingWebhookConfiguration gs-gpuslice",
+        f"would scale Deployment {NS}/{PARTITIONER} to 0 replicas",
+        f"would delete Lease {NS}/{PARTITIONER}",
+        "would release default/ours",
+        "1 pod(s) would release",
+        "would delete NodePartitioning n1",
+        "would delete NodePartitioning n2",
+        "would remove condition GpusliceReady from node n1",
+        "would remove label gpuslice.io/managed from node n1",
+        "would remove label gpuslice.io/managed from node n2",
+    ]
+
+
+async def test_a_partitioner_that_does_not_stop_is_an_error_and_the_rest_still_runs(
+    kmock: ApiServer,
+    kubeconfig: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    await installed(kmock)
+    ticks = iter(range(0, 10_000, 30))
+    monkeypatch.setattr(ungate, "_clock", lambda: float(next(ticks)))
+    monkeypatch.setattr(ungate, "_sleep", lambda s: None)
+    rc, out, err = await cli(capsys, kubeconfig, *UNINSTALL, "--wait-seconds", "60")
+    assert rc == 1
+    assert (
+        f"Deployment {NS}/{PARTITIONER}: pod(s) gs-gpuslice-partitioner-7d9f still running "
+        "after 60 s" in err
+    )
+    assert "NodePartitioning n1 deleted" in out.splitlines()  # every step runs
+
+
+async def test_a_node_changed_meanwhile_is_read_again(
+    kmock: ApiServer,
+    kubeconfig: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The kubelet updates n1's status between our list and our patch: 409, re-read, retry."""
+    await installed(kmock)
+    pods = kmock.resource("v1/pods")
+    monkeypatch.setattr(
+        ungate, "_sleep", lambda s: kmock.objects[pods, NS, "gs-gpuslice-partitioner-7d9f"].delete()
+    )
+    original = ungate.Cluster.patch_node
+    raced: list[str] = []
+
+    pressure = {"type": "DiskPressure", "status": "False"}
+
+    def kubelet_races(
+        self: ungate.Cluster, name: str, body: dict[str, Any], status: bool = False
+    ) -> None:
+        if status and not raced:
+            raced.append(name)
+            obj = kmock.objects[kmock.resource("v1/nodes"), None, name]
+            conditions = [KUBELET_READY, OURS, pressure]
+            meta = {"resourceVersion": "999"}
+            obj.patch({"metadata": meta, "status": {"conditions": conditions}})
+        original(self, name, body, status)
+
+    monkeypatch.setattr(ungate.Cluster, "patch_node", kubelet_races)
+    rc, out, err = await cli(capsys, kubeconfig, *UNINSTALL)
+    assert (rc, raced) == (0, ["n1"]), err
+    n1 = stored(kmock, "v1/nodes", "n1")
+    assert n1 is not None
+    assert n1["status"]["conditions"] == [KUBELET_READY, pressure]
+    assert "removed condition GpusliceReady from node n1" in out.splitlines()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--cleanup",), "--cleanup removes gpuslice from the whole cluster: give it with --all"),
+        (("--all", "--stop-partitioner", "gpuslice"), "expected NAMESPACE/DEPLOYMENT"),
+        (("--all", "--delete-lease", "a/b/c"), "expected NAMESPACE/NAME"),
+        (("--all", "--stop-partitioner", "a/b", "--wait-seconds", "0"), "--wait-seconds 0"),
+    ],
+)
+def test_uninstall_flags_bad_input_exits_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: tuple[str, ...], message: str
+) -> None:
+    assert main(["ungate", "--kubeconfig", str(tmp_path / "none"), *argv]) == EXIT_BAD_INPUT
+    assert message in capsys.readouterr().err

@@ -292,7 +292,7 @@ def run_agent(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("GPUSLICE_")}
     environ |= {"GPUSLICE_NODE_NAME": "gpu-7", **env}
     return subprocess.run(
-        [*AGENT, str(spec), "--once"],
+        [*AGENT, str(spec), "--once", "-o", "json"],
         capture_output=True,
         text=True,
         env=environ,

@@ -3,7 +3,7 @@
 The corpus (tests/malformed_corpus.py, also runnable as ``python tests/malformed_corpus.py``)
 holds several hundred damaged files across ``plan --snapshot/--catalog``, ``simulate
 --trace/--cluster`` (YAML, JSON, CSV), ``sweep --trace/--cluster`` and ``agent --fake
---spec/--catalog-file``; the unit tests below pin the reading rules of contract.input_files.
+--spec/--catalog``; the unit tests below pin the reading rules of contract.input_files.
 """
 
 from __future__ import annotations

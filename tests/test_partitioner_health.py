@@ -128,6 +128,8 @@ def test_endpoint_answers_503_with_the_reason_and_200_when_well() -> None:
                 "synced": False,
                 "last_step_age_s": None,
                 "failed_steps": 0,
+                "leader": True,  # no election: it leads
+                "holder": "",
             },
         )
         health.synced()
@@ -136,7 +138,15 @@ def test_endpoint_answers_503_with_the_reason_and_200_when_well() -> None:
         assert get(port, "/readyz")[0] == 200
         assert get(port, "/healthz") == (
             200,
-            {"ok": True, "reason": "ok", "synced": True, "last_step_age_s": 5.0, "failed_steps": 0},
+            {
+                "ok": True,
+                "reason": "ok",
+                "synced": True,
+                "last_step_age_s": 5.0,
+                "failed_steps": 0,
+                "leader": True,
+                "holder": "",
+            },
         )
         health.step_done("KeyError: 'x'")
         health.step_done("KeyError: 'y'")

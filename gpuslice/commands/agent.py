@@ -3,11 +3,17 @@
 With ``--fake`` the agent drives an in-memory NVML of catalog GPUs (``--fake-gpus
 A100-SXM4-80GB:2,A30:1``), reads its spec from a local file (``--spec``, JSON or YAML: a
 NodePartitioning or a bare spec; the status goes to ``<file>.status.json``) and prints the
-devices it would advertise.  ``--once`` runs a single pass and prints the status as JSON.
+devices it would advertise.  ``--once`` runs a single pass and prints the status: a table of
+devices and conditions, or the NodePartitioning status document with ``-o json|yaml``.
 Without ``--fake`` it uses pynvml, the kubelet's PodResources API and device-plugin sockets, and
 the NodePartitioning named after ``GPUSLICE_NODE_NAME`` in the cluster.  Unless ``--once``, both
 serve ``/healthz`` and ``/metrics`` (``gpuslice_agent_*``, see :mod:`node_agent.metrics`) on
 ``GPUSLICE_METRICS_PORT`` (default 8082; 0 disables it).
+
+SIGTERM (the kubelet deleting the pod: a rollout, an opt-out, an uninstall) and SIGINT stop the
+loop cleanly: a drain in progress gets its last pass (:meth:`node_agent.agent.Agent.run`), the
+device-plugin sockets are removed, and nothing on the GPUs is touched on the way out -- MIG
+instances, compute modes and the MPS daemons' state stay as they are.
 """
 
 from __future__ import annotations
@@ -15,13 +21,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
-import sys
+import signal
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from gpuslice.cli import BadInput
+from gpuslice.options import add_catalog_argument, catalog_files
+from gpuslice.output import Column, add_output_argument, emit, render_table
 
 HELP = "run the node agent (use --fake without a GPU)"
 
@@ -39,8 +46,74 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec", help="(--fake) spec file, JSON or YAML; re-read when it changes")
     parser.add_argument("--once", action="store_true", help="one reconcile pass, print the status")
     parser.add_argument(
-        "--catalog-file", action="append", default=[], help="GPU catalog override file"
+        "--check-catalog",
+        action="store_true",
+        help="read-only: ask NVML for this machine's MIG profiles and placements, compare them "
+        "with the catalog, print JSON; exit 0 agree, 1 differ, 2 NVML unusable",
     )
+    add_catalog_argument(
+        parser, old=("--catalog-file",), env="after the files of GPUSLICE_CATALOG_FILES"
+    )
+    add_output_argument(parser, what="the status (--once)")
+
+
+def _gib(mib: int) -> str:
+    return f"{mib // 1024}gb" if mib % 1024 == 0 else f"{mib}MiB"
+
+
+DEVICE_COLUMNS = (
+    Column("gpu", "gpu", align="right"),
+    Column("model", "model"),
+    Column("MIG", "mig"),
+    Column("slice", "slice"),
+    Column("device id", "device", wide=True),
+    Column("uuid", "uuid", wide=True),
+    Column("used", "used"),
+)
+CONDITION_COLUMNS = (
+    Column("condition", "type"),
+    Column("status", "status"),
+    Column("reason", "reason"),
+    Column("message", "message"),
+    Column("since", "lastTransitionTime", wide=True),
+)
+
+
+def _device_rows(status: dict[str, Any]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for g in status["gpus"]:
+        gpu = {"gpu": g["index"], "model": g["model"], "mig": g["migEnabled"], "uuid": g["uuid"]}
+        slices = [
+            {"slice": f"{m['profile']}@{m['start']}", "device": m["deviceId"], "used": m["used"]}
+            for m in g["mig"]
+        ] + [
+            {
+                "slice": f"{_gib(m['memoryMiB'])}/{m['activeThreadPercentage']}%",
+                "device": m["deviceId"],
+                "used": m["used"],
+            }
+            for m in g["mps"]
+        ]
+        rows += [gpu | s for s in slices] or [gpu | {"slice": None, "used": None}]
+    return rows
+
+
+def render_status(status: dict[str, Any], wide: bool = False, width: int | None = None) -> str:
+    """The table form of a NodePartitioning status (``gpuslice agent --once``)."""
+    lines = [
+        f"plan {status['planId'] or '-'}, spec generation {status['observedGeneration']}",
+        render_table(DEVICE_COLUMNS, _device_rows(status), wide=wide, width=width),
+        "",
+        render_table(CONDITION_COLUMNS, status["conditions"], wide=wide, width=width),
+    ]
+    if status.get("lastError"):
+        lines += ["", f"last error: {status['lastError']}"]
+    return "\n".join(lines)
+
+
+def _print_status(status: Any, output: str) -> None:
+    doc = status.model_dump(mode="json")
+    emit(doc, output, lambda wide, width: render_status(doc, wide, width))
 
 
 def parse_fake_gpus(text: str) -> list[tuple[str, int]]:
@@ -101,10 +174,18 @@ def run(args: argparse.Namespace) -> int:
         settings.log_level,
         constant={"node": settings.node_name} if settings.node_name else None,
     )
+    for note in settings.renamed_env_notes():
+        logging.getLogger("gpuslice.agent").warning(note)
     try:
-        catalog = load_catalog([*settings.catalog_files, *args.catalog_file])
+        catalog = load_catalog([*settings.catalog_files, *catalog_files(args.catalog)])
     except CatalogError as e:
         raise BadInput(str(e)) from e
+    if args.check_catalog:
+        if args.fake:
+            raise BadInput("--check-catalog reads the real driver; run it without --fake")
+        from node_agent.catalog_probe import check
+
+        return check(catalog)
     if args.fake:
         return asyncio.run(_run_fake(args, settings, catalog))
     if args.spec:
@@ -145,7 +226,7 @@ async def _run_fake(args: argparse.Namespace, settings: Any, catalog: Any) -> in
         reconciler,
         source,
         resync_seconds=settings.resync_seconds,
-        retry_seconds=settings.retry_seconds,
+        retry_seconds=settings.reconcile_retry_seconds,
         metrics=metrics,
         health=health,
     )
@@ -154,12 +235,21 @@ async def _run_fake(args: argparse.Namespace, settings: Any, catalog: Any) -> in
             result = await agent.run_once()
         except ValueError as e:
             raise BadInput(str(e)) from e
-        json.dump(result.status.model_dump(mode="json"), sys.stdout, indent=2)
-        print()
+        _print_status(result.status, args.output)
         return 0 if result.applied or args.spec is None else 1
     with _serving(settings, metrics, health):
-        await agent.run()
+        await agent.run(_stop_on_signals())
     return 0
+
+
+def _stop_on_signals() -> asyncio.Event:
+    """An event set by SIGTERM or SIGINT (the loop then ends after its current pass)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
+            loop.add_signal_handler(sig, stop.set)
+    return stop
 
 
 def _observability(settings: Any) -> tuple[Any, Any]:
@@ -228,18 +318,17 @@ async def _run_real(args: argparse.Namespace, settings: Any, catalog: Any) -> in
             reconciler,
             KubeSpecSource(settings.node_name),
             resync_seconds=settings.resync_seconds,
-            retry_seconds=settings.retry_seconds,
+            retry_seconds=settings.reconcile_retry_seconds,
             metrics=metrics,
             health=health,
             on_draining=plugins.set_avoided,
         )
         if args.once:
             result = await agent.run_once()
-            json.dump(result.status.model_dump(mode="json"), sys.stdout, indent=2)
-            print()
+            _print_status(result.status, args.output)
             return 0
         with _serving(settings, metrics, health):
-            await agent.run()
+            await agent.run(_stop_on_signals())
     finally:
         await plugins.stop()
     return 0

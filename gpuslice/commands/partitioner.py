@@ -1,9 +1,13 @@
 """``gpuslice partitioner``: run the partitioner controller (kopf, standalone, cluster-wide).
 
 Every setting is a flag (``--batch-timeout-seconds 30``) and a ``GPUSLICE_*`` environment
-variable; flags win.  Peering: the controller runs kopf ``standalone`` — deploy one replica with
-the ``Recreate`` strategy (the chart does); spec writes are resourceVersion-guarded, so an
-accidental second replica wastes work but cannot corrupt a spec.  The NodePartitioning CRD
+variable; flags win.  The catalog override files are ``--catalog FILE`` (repeatable or
+comma-separated, as in every command; ``--catalog-files`` is its deprecated spelling).
+``--help`` shows each default as it is written (``cpsat``, ``true``).  kopf runs
+``standalone`` (no peering); with leader election on (``--leader-election-enabled``, the
+chart's default with 2 replicas) only the replica holding the Lease plans and writes
+(:mod:`partitioner.leader`); with it off, deploy one replica with the ``Recreate`` strategy.
+Spec writes are resourceVersion-guarded either way.  The NodePartitioning CRD
 must be installed first (the chart's ``crds/``).
 """
 
@@ -11,40 +15,98 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import enum
+import logging
+import os
+import typing
+from typing import Any
 
 from pydantic import ValidationError
 
 from gpuslice.cli import BadInput
+from gpuslice.options import add_catalog_argument, catalog_files, deprecated_alias
 from partitioner.settings import PartitionerSettings
 
-HELP = "run the partitioner controller (kopf, standalone: one replica, Recreate strategy)"
+HELP = "run the partitioner controller (kopf; leader election over a Lease when enabled)"
+
+
+FLAG_NAMES = {"catalog_files": "--catalog"}
+"""Settings whose flag is not ``--<field-name>``: the CLI's one name for the concept
+(:mod:`gpuslice.options`); the field-named flag stays as a hidden deprecated spelling."""
+OLD_FLAGS = {"batch_retry_seconds": "--retry-seconds"}
+"""Flags of settings that were renamed, kept hidden and deprecated for one release."""
+
+
+def plain(value: Any) -> str:
+    """A default as the user writes it: ``cpsat``, not ``<Policy.CPSAT: 'cpsat'>``."""
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | tuple):
+        return ",".join(plain(v) for v in value) or "none"
+    if isinstance(value, str):
+        return value or '""'
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _choices(annotation: Any) -> list[str] | None:
+    """The values an enum or ``Literal`` field accepts, for the flag's metavar."""
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return [str(m.value) for m in annotation]
+    if typing.get_origin(annotation) is typing.Literal:
+        return [str(a) for a in typing.get_args(annotation)]
+    if annotation is bool:
+        return ["true", "false"]
+    return None
+
+
+def _metavar(name: str) -> str:
+    for suffix in ("seconds", "port", "mib", "name", "dir"):
+        if name.endswith("_" + suffix):
+            return suffix.upper()
+    return "VALUE"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     for name, info in PartitionerSettings.model_fields.items():
-        flag = "--" + name.replace("_", "-")
         default = info.get_default(call_default_factory=True)
+        env = f"GPUSLICE_{name.upper()}"
+        if name == "catalog_files":
+            add_catalog_argument(parser, env=f"replaces {env}")
+            deprecated_alias(parser, "--catalog-files", "--catalog", "catalog", append=True)
+            continue
+        flag = FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
+        choices = _choices(info.annotation)
         parser.add_argument(
             flag,
             dest=name,
             default=None,
-            help=f"{info.description} (default: {default!r}; env GPUSLICE_{name.upper()})",
+            metavar="{" + ",".join(choices) + "}" if choices else _metavar(name),
+            help=f"{info.description} (default: {plain(default)}; env {env})",
         )
+        if name in OLD_FLAGS:
+            deprecated_alias(parser, OLD_FLAGS[name], flag, name)
 
 
 def _describe(loc: tuple[int | str, ...], msg: str) -> str:
     if not loc:
         return msg
     name = str(loc[0])
-    return f"{name} (--{name.replace('_', '-')} or GPUSLICE_{name.upper()}): {msg}"
+    flag = FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
+    old = [o for o, f in PartitionerSettings.RENAMED_ENV.items() if f == name and o in os.environ]
+    env = " or ".join([f"GPUSLICE_{name.upper()}", *(f"{o} (deprecated)" for o in old)])
+    return f"{name} ({flag} or {env}): {msg}"
 
 
 def _settings(args: argparse.Namespace) -> PartitionerSettings:
-    given = {
+    given: dict[str, Any] = {
         k: getattr(args, k)
         for k in PartitionerSettings.model_fields
         if getattr(args, k, None) is not None
     }
+    if args.catalog:
+        given["catalog_files"] = catalog_files(args.catalog)
     try:
         return PartitionerSettings(**given)
     except ValidationError as e:
@@ -59,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     configure_logging(settings)  # kopf's records too: GPUSLICE_LOG_FORMAT, GPUSLICE_LOG_LEVEL
+    for note in settings.renamed_env_notes():
+        logging.getLogger("gpuslice.partitioner").warning(note)
     try:
         controller = Controller(settings)
     except CatalogError as e:

@@ -11,22 +11,25 @@ GPU model, the MIG strategy its GPU Feature Discovery labels are in, where the G
 from, the instances adopted (before gpuslice's agent reports: :mod:`partitioner.adoption`),
 which are in use, and which GPUs are locked; or why the node cannot be planned.
 
-Text output, per changed GPU: ``node GPU i: [before] -> [after]`` with MIG instances as
-``profile@start`` (``(used)`` marks instances in use, which never move) and MPS slices as
-``<GiB>gb/<thread %>%``; then the pod assignments and a reason per unplaced pod.  ``--json``
-prints the same as one JSON document.
+Output (``-o``, :mod:`gpuslice.output`): by default a summary line and three tables -- the
+layout of each changed GPU before and after, with MIG instances as ``profile@start``
+(``(used)`` marks instances in use, which never move) and MPS slices as
+``<GiB>gb/<thread %>%``; the pod assignments; a reason per unplaced pod.  ``-o wide`` adds the
+GPU model and the full resource names; ``-o json`` / ``-o yaml`` print the same as one
+document (:func:`plan_document`; ``--json`` is a deprecated spelling of ``-o json``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from gpuslice.cli import BadInput
+from gpuslice.options import add_catalog_argument, catalog_files
+from gpuslice.output import Column, add_output_argument, emit, render_table
 from planner.api import plan
 from planner.catalog import Catalog, CatalogError
 from planner.settings import PlannerSettings, Policy
@@ -56,21 +59,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--time-limit", type=float, default=1.0, help="CP-SAT time limit, seconds (default 1)"
     )
     parser.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (default 0)")
-    parser.add_argument(
-        "--catalog",
-        action="append",
-        default=[],
-        metavar="FILE",
-        help="GPU catalog override file (JSON or YAML); repeatable",
-    )
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    add_catalog_argument(parser)
+    add_output_argument(parser, json_alias=True, what="the plan")
 
 
 def _load_catalog(files: Sequence[str]) -> Catalog:
+    """The built-in catalog with the ``--catalog`` values' files on top."""
     from contract.catalog_files import load_catalog
 
     try:
-        return load_catalog(files)
+        return load_catalog(catalog_files(files))
     except CatalogError as e:
         raise BadInput(str(e)) from e
 
@@ -227,7 +225,40 @@ def _render_nodes(nodes: dict[str, dict[str, Any]]) -> list[str]:
     return [*lines, ""]
 
 
-def render_text(doc: dict[str, Any]) -> str:
+LAYOUT_COLUMNS = (
+    Column("node", "node"),
+    Column("gpu", "gpu", align="right"),
+    Column("mode", "mode"),
+    Column("model", "model", wide=True),
+    Column("before", "before"),
+    Column("after", "after"),
+)
+ASSIGNMENT_COLUMNS = (
+    Column("pod", "pod"),
+    Column("node", "node"),
+    Column("slices", "slices"),
+    Column("resources", "resources", wide=True),
+)
+UNPLACED_COLUMNS = (Column("pod", "pod"), Column("reason", "reason"))
+
+
+def _assignment_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        {
+            "pod": name,
+            "node": a["node"],
+            "slices": "; ".join(
+                f"{r.removeprefix('nvidia.com/')} on GPU {', '.join(map(str, ix))}"
+                for r, ix in a["gpus"].items()
+            ),
+            "resources": sorted(a["gpus"]),
+        }
+        for name, a in doc["assignments"].items()
+    ]
+
+
+def render_text(doc: dict[str, Any], wide: bool = False, width: int | None = None) -> str:
+    """The table form of :func:`plan_document`'s document (``wide``: ``-o wide``)."""
     lines = _render_nodes(doc["nodes_read"]) if doc["nodes_read"] else []
     lines += [
         f"Planned {doc['pending_pods']} pending pod(s) on {doc['nodes']} node(s) / "
@@ -236,29 +267,15 @@ def render_text(doc: dict[str, Any]) -> str:
         "",
         f"Layout changes ({len(doc['layouts'])} GPU(s); all other GPUs stay as they are):",
     ]
-    for g in doc["layouts"]:
-        kind = " (MPS)" if g["mode"] == Mode.MPS.value else ""
-        lines.append(
-            f"  {g['node']} GPU {g['gpu']}{kind}: [{', '.join(g['before'])}] -> "
-            f"[{', '.join(g['after'])}]"
-        )
-    if not doc["layouts"]:
-        lines.append("  (none)")
+
+    def section(columns: tuple[Column, ...], rows: list[dict[str, Any]]) -> None:
+        lines.append(render_table(columns, rows, wide=wide, width=width) if rows else "(none)")
+
+    section(LAYOUT_COLUMNS, doc["layouts"])
     lines += ["", f"Assignments ({len(doc['assignments'])}):"]
-    width = max((len(n) for n in doc["assignments"]), default=0)
-    for name, a in doc["assignments"].items():
-        units = "; ".join(
-            f"{r.removeprefix('nvidia.com/')} on GPU {', '.join(map(str, ix))}"
-            for r, ix in a["gpus"].items()
-        )
-        lines.append(f"  {name:<{width}} -> {a['node']}: {units}")
-    if not doc["assignments"]:
-        lines.append("  (none)")
+    section(ASSIGNMENT_COLUMNS, _assignment_rows(doc))
     lines += ["", f"Unplaced ({len(doc['unplaced'])}):"]
-    for name, reason in doc["unplaced"].items():
-        lines.append(f"  {name}: {reason}")
-    if not doc["unplaced"]:
-        lines.append("  (none)")
+    section(UNPLACED_COLUMNS, [{"pod": p, "reason": r} for p, r in doc["unplaced"].items()])
     return "\n".join(lines)
 
 
@@ -287,9 +304,6 @@ def run(args: argparse.Namespace) -> int:
         raise BadInput(f"{source}: {e}") from e
     doc = plan_document(snapshot, result, time.perf_counter() - start)
     doc["nodes_read"] = read
-    if args.json:
-        doc["warnings"] = warnings
-        print(json.dumps(doc, indent=2))
-    else:
-        print(render_text(doc))
+    doc["warnings"] = warnings
+    emit(doc, args.output, lambda wide, width: render_text(doc, wide, width))
     return 0

@@ -1,20 +1,28 @@
 """``gpuslice simulate``: the what-if simulator.
 
 With no arguments it runs the built-in synthetic workload (``simulations/data/
-default_workload.yaml``) on the built-in cluster (``simulations/data/default_cluster.yaml``)
-through the saturation protocol for BestFit, FGD and gpuslice over seeds 42-51, then the time-replay
-protocol on the built-in MIG scenario (CP-SAT vs nos-like greedy vs a static layout), shows a
-progress bar on stderr and prints both comparison tables.  Nothing outside the package is read.
+default_workload.yaml``) on the built-in cluster (``simulations/data/default_cluster.yaml``, 96
+nodes) through the saturation protocol for BestFit, FGD and gpuslice over seeds 42-51, then the
+time-replay protocol on the built-in MIG scenario (CP-SAT vs nos-like greedy vs a static
+layout), and prints both comparison tables.  Nothing outside the package is read.
 
 ``--trace`` takes an openb trace name (``default``, ``gpushare40`` ...; the folder comes from
 ``--openb-dir``, ``$GPUSLICE_OPENB_DIR`` or ``../shared/traces/openb``), an openb pod CSV, or a
-workload YAML/JSON file (:mod:`simulations.workload`).  ``--cluster`` takes ``openb`` or a cluster
-YAML/JSON file (:mod:`simulations.cluster`).  ``--out DIR`` writes ``report.md``,
-``allocation.png`` and ``results.json``.
+workload YAML/JSON file (:mod:`simulations.workload`), and needs ``--cluster``: ``openb``, a
+cluster YAML/JSON file (:mod:`simulations.cluster`), or ``builtin`` for the built-in cluster on
+purpose.  Without ``--cluster`` the command refuses (exit 2): a trace replayed on a cluster it
+was not written for silently answers another question.  ``--cluster`` alone runs the built-in
+synthetic workload on that cluster (the first line of the output names both).
+
+Output (``-o``, :mod:`gpuslice.output`): the comparison tables, or one document with ``-o
+json|yaml``.  Progress goes to stderr (:mod:`gpuslice.progress`: a bar on a terminal, else an
+occasional plain line; none with ``--quiet``).  Files are written only under ``--out DIR``:
+:data:`WRITES` lists them per protocol, and ``--help`` prints that list.
 
 Protocols are looked up in :data:`PROTOCOLS` (name -> runner); another protocol plugs in by
-adding an entry whose runner takes ``(args, cluster, workload, progress)`` and returns the exit
-code.
+adding an entry whose runner takes ``(args, cluster, workload, progress)`` and returns its
+document (a dict with a ``protocol`` key), a renderer in :data:`RENDERERS` and its files in
+:data:`WRITES`.
 """
 
 from __future__ import annotations
@@ -22,16 +30,21 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TextIO
+from typing import Any
 
 import simulations.workload
 from gpuslice.cli import BadInput
-from simulations.bench_saturation import aggregate, format_table, write_report
+from gpuslice.options import BUILTIN_CLUSTER, trace_needs_cluster
+from gpuslice.output import Column, add_output_argument, emit, render_table
+from gpuslice.progress import Progress
+from simulations.bench_saturation import aggregate, write_report
 from simulations.cluster import Cluster, ClusterError, load_cluster
 from simulations.openb import load_openb_pods, resolve_trace
 from simulations.policies import POLICIES
+from simulations.report import COLUMNS as REPLAY_COLUMNS
+from simulations.report import REPLAY_FILES
 from simulations.saturation import SaturationResult, run_saturation
 from simulations.workload import Workload, WorkloadError, load_workload
 
@@ -40,63 +53,29 @@ HELP = "what-if simulator (default: built-in synthetic workload on a built-in cl
 DEFAULT_SEED = 42
 DEFAULT_REPEATS = 10
 
+WRITES: dict[str, tuple[str, ...]] = {
+    "saturation": ("report.md", "results.json", "allocation.png"),
+    "time-replay": REPLAY_FILES,
+    "both": ("saturation/", "time-replay/"),
+}
+"""Protocol -> what ``--out DIR`` gets (a name ending in ``/``: a sub-folder holding that
+protocol's files)."""
 
-class ProgressBar:
-    """A one-line text progress bar on a stream (stderr), redrawn at most every 0.1 s."""
-
-    def __init__(
-        self, total: int, label: str = "", stream: TextIO | None = None, width: int = 30
-    ) -> None:
-        self.total = max(1, total)
-        self.label = label
-        self.stream = stream if stream is not None else sys.stderr
-        self.width = width
-        self.done = 0
-        self._last = 0.0
-        self._started = time.perf_counter()
-
-    def update(self, done: int, label: str | None = None) -> None:
-        self.done = min(done, self.total)
-        if label is not None:
-            self.label = label
-        now = time.perf_counter()
-        if now - self._last >= 0.1 or self.done == self.total:
-            self._last = now
-            self._draw(now)
-
-    def _draw(self, now: float) -> None:
-        frac = self.done / self.total
-        filled = round(frac * self.width)
-        bar = "#" * filled + "-" * (self.width - filled)
-        self.stream.write(
-            f"\r[{bar}] {100 * frac:5.1f}% {now - self._started:5.1f}s {self.label:<32.32}"
-        )
-        self.stream.flush()
-
-    def close(self) -> None:
-        self.update(self.total)
-        self.stream.write("\n")
-        self.stream.flush()
+Doc = dict[str, Any]
+ProtocolRunner = Callable[[argparse.Namespace, Cluster, Workload, Progress], Doc]
 
 
-class _Silent(ProgressBar):
-    def _draw(self, now: float) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-ProtocolRunner = Callable[[argparse.Namespace, Cluster, Workload, ProgressBar], int]
+def _note(text: str) -> None:
+    print(text, file=sys.stderr)
 
 
 def _run_saturation_protocol(
-    args: argparse.Namespace, cluster: Cluster, workload: Workload, bar: ProgressBar
-) -> int:
+    args: argparse.Namespace, cluster: Cluster, workload: Workload, bar: Progress
+) -> Doc:
     policies = _policies(args.policy)
     seeds = list(range(args.seed, args.seed + args.repeats))
     runs = [(p, s) for p in policies for s in seeds]
-    bar.total = len(runs) * 1000
+    bar.set_total(len(runs) * 1000)
     results: list[SaturationResult] = []
     for i, (policy, seed) in enumerate(runs):
 
@@ -112,12 +91,16 @@ def _run_saturation_protocol(
         except ValueError as e:
             raise BadInput(str(e)) from None
     bar.close()
-    summary = aggregate(results)
-    print(
-        f"saturation protocol: {workload.name} ({len(workload)} pods) on {cluster.name}: "
-        f"{cluster.summary()}; seeds {seeds[0]}-{seeds[-1]}, batch k={args.batch}"
-    )
-    print(format_table(summary))
+    doc: Doc = {
+        "protocol": "saturation",
+        "workload": f"{workload.name} ({len(workload)} pods)",
+        "cluster": f"{cluster.name}: {cluster.summary()}",
+        "seeds": seeds,
+        "batch": args.batch,
+        "policies": policies,
+        "summary": aggregate(results),
+        "files": [],
+    }
     if args.out:
         setup = {
             "title": f"Saturation protocol: {workload.name} on {cluster.name}",
@@ -129,57 +112,64 @@ def _run_saturation_protocol(
             "policies": ", ".join(policies),
             "date": time.strftime("%Y-%m-%d"),
         }
-        for path in write_report(Path(args.out), results, setup):
-            print(f"wrote {path}")
-    return 0
+        doc["files"] = [str(p) for p in write_report(Path(args.out), results, setup)]
+    return doc
 
 
 def _run_time_replay_protocol(
-    args: argparse.Namespace, cluster: Cluster, workload: Workload, bar: ProgressBar
-) -> int:
+    args: argparse.Namespace, cluster: Cluster, workload: Workload, bar: Progress
+) -> Doc:
     """Time replay (simulations.replay_protocol); no --trace/--cluster: its built-in MIG scenario."""
     from simulations.replay import ReplayError, ReplaySettings
+    from simulations.replay_metrics import summarize
     from simulations.replay_protocol import builtin_scenario, run_replay_protocol
 
     if args.trace is None and args.cluster is None:
         workload, cluster = builtin_scenario()
-    bar.total = 1000
+    bar.set_total(1000)
 
     def progress(done: int, total: int, label: str) -> None:
         bar.update(1000 * done // max(1, total), label)
 
+    settings = ReplaySettings(seed=args.seed)
     try:
-        text, _ = run_replay_protocol(
-            workload, cluster, args.policy, ReplaySettings(seed=args.seed), args.out, progress
+        _, results = run_replay_protocol(
+            workload, cluster, args.policy, settings, args.out, progress
         )
     except (ReplayError, ValueError) as e:
         raise BadInput(str(e)) from None
     bar.close()
-    print(text)
-    return 0
+    return {
+        "protocol": "time-replay",
+        "workload": f"{workload.name} ({len(workload)} pods)",
+        "cluster": f"{cluster.name}: {cluster.summary()}",
+        "window": f"{settings.batch_timeout_s:g} s / {settings.batch_idle_s:g} s "
+        "(greedy: nos's 60 s / 10 s)",
+        "apply_delay_s": settings.apply_delay_s,
+        "summaries": [summarize(r).as_dict() for r in results],
+        "files": [str(Path(args.out) / name) for name in REPLAY_FILES] if args.out else [],
+    }
 
 
 def _run_both_protocols(
-    args: argparse.Namespace, cluster: Cluster, workload: Workload, bar: ProgressBar
-) -> int:
+    args: argparse.Namespace, cluster: Cluster, workload: Workload, bar: Progress
+) -> Doc:
     """Saturation (GPU-share placement policies), then time replay (MIG partitioning policies).
 
     With ``--out DIR`` each protocol writes into its own sub-folder of ``DIR``.
     """
     out = args.out
+    parts: Doc = {"protocol": "both"}
     for name, runner in (
         ("saturation", _run_saturation_protocol),
         ("time-replay", _run_time_replay_protocol),
     ):
         sub = argparse.Namespace(**{**vars(args), "out": str(Path(out) / name) if out else None})
         if name == "time-replay":
-            print()
             sub.policy = None  # the replay compares partitioning policies, not placement ones
-            bar = type(bar)(1)
-        code = runner(sub, cluster, workload, bar)
-        if code:
-            return code
-    return 0
+            bar = Progress("simulate: time replay", enabled=bar.enabled)
+        parts[name] = runner(sub, cluster, workload, bar)
+    return parts
 
 
 PROTOCOLS: dict[str, ProtocolRunner] = {
@@ -188,6 +178,70 @@ PROTOCOLS: dict[str, ProtocolRunner] = {
     "both": _run_both_protocols,
 }
 """Protocol name -> runner. Add entries here to offer more protocols."""
+
+
+def _alloc130(r: Mapping[str, Any]) -> str:
+    if r.get("alloc@130") is None:
+        return "n/a"
+    return f"{r['alloc@130']:.2f}±{r.get('alloc@130_sd', 0.0):.2f}"
+
+
+def _num(key: str, fmt: str = "{:.2f}") -> Callable[[Mapping[str, Any]], str]:
+    return lambda r: "n/a" if r.get(key) is None else fmt.format(r[key])
+
+
+SATURATION_COLUMNS = (
+    Column("policy", "label"),
+    Column("alloc@130 %", _alloc130, align="right"),
+    Column("alloc@100 %", _num("alloc@100"), align="right"),
+    Column("final %", _num("final_alloc"), align="right"),
+    Column("frag amt@100", _num("frag_amount@100"), align="right"),
+    Column("frag ratio@100", _num("frag_ratio@100"), align="right"),
+    Column("idle GPUs", _num("unallocated_gpus", "{:.1f}"), align="right"),
+    Column("failed", _num("failed_pods", "{:.0f}"), align="right"),
+    Column("pods", _num("pods", "{:.0f}"), align="right", wide=True),
+    Column("s/run", _num("runtime_s"), align="right"),
+)
+_REPLAY_WIDE = {"planner_ms_p50", "planner_ms_p95"}
+TIME_REPLAY_COLUMNS = tuple(
+    Column(
+        header,
+        _num(field, fmt) if field != "policy" else "policy",
+        wide=field in _REPLAY_WIDE,
+        align="left" if field == "policy" else "right",
+    )
+    for field, header, fmt in REPLAY_COLUMNS
+)
+
+
+def _render_saturation(doc: Doc, wide: bool, width: int | None) -> list[str]:
+    seeds = doc["seeds"]
+    rows = [{"label": label, **r} for label, r in doc["summary"].items()]
+    return [
+        f"saturation protocol: {doc['workload']} on {doc['cluster']}; seeds "
+        f"{seeds[0]}-{seeds[-1]}, batch k={doc['batch']}",
+        render_table(SATURATION_COLUMNS, rows, wide=wide, width=width),
+    ]
+
+
+def _render_time_replay(doc: Doc, wide: bool, width: int | None) -> list[str]:
+    return [
+        f"time replay: {doc['workload']} on {doc['cluster']}; window {doc['window']}, apply "
+        f"delay {doc['apply_delay_s']:g} s",
+        render_table(TIME_REPLAY_COLUMNS, doc["summaries"], wide=wide, width=width),
+    ]
+
+
+RENDERERS: dict[str, Callable[[Doc, bool, int | None], list[str]]] = {
+    "saturation": _render_saturation,
+    "time-replay": _render_time_replay,
+}
+"""Protocol -> its table form (lines)."""
+
+
+def render_text(doc: Doc, wide: bool = False, width: int | None = None) -> str:
+    parts = [doc[p] for p in ("saturation", "time-replay")] if doc["protocol"] == "both" else [doc]
+    return "\n\n".join("\n".join(RENDERERS[p["protocol"]](p, wide, width)) for p in parts)
 
 
 def _policies(spec: str | None) -> list[str]:
@@ -221,19 +275,34 @@ def _load_workload(spec: str | None, openb_directory: str | None) -> Workload:
 
 def _load_cluster(spec: str | None, openb_directory: str | None) -> Cluster:
     try:
-        if spec is None:
+        if spec is None or spec == BUILTIN_CLUSTER:
             return load_cluster(str(_builtin("default_cluster.yaml")))
         return load_cluster(spec, openb_directory)
     except (ClusterError, WorkloadError) as e:
         raise BadInput(str(e)) from None
 
 
+def _writes_help() -> str:
+    per = "; ".join(
+        f"{protocol}: {', '.join(names)}" for protocol, names in WRITES.items() if protocol != "both"
+    )
+    return (
+        f"write the reports into this folder (created if missing) -- {per}; both: one "
+        f"sub-folder per protocol, {' and '.join(WRITES['both'])}. Default: write nothing"
+    )
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--trace",
-        help="openb trace name (default, gpushare40, ...), openb pod CSV, or workload YAML/JSON (default: built-in synthetic)",
+        help="openb trace name (default, gpushare40, ...), openb pod CSV, or workload "
+        "YAML/JSON (needs --cluster; default: built-in synthetic)",
     )
-    parser.add_argument("--cluster", help="'openb' or a cluster YAML/JSON file (default: built-in)")
+    parser.add_argument(
+        "--cluster",
+        help=f"'openb', a cluster YAML/JSON file, or '{BUILTIN_CLUSTER}' (the built-in 96-node "
+        "cluster; the default without --trace)",
+    )
     parser.add_argument(
         "--policy", help=f"comma-separated policies (default: {','.join(POLICIES)})"
     )
@@ -242,7 +311,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         choices=sorted(PROTOCOLS),
         help="simulation protocol (default: both on the built-in workload and cluster, "
-        "saturation when --trace or --cluster is given)",
+        "saturation when --trace or --cluster is given, time-replay for a workload whose pods "
+        "request MIG profiles or MPS sizes by name)",
     )
     parser.add_argument(
         "--seed", type=int, default=DEFAULT_SEED, help=f"first seed (default: {DEFAULT_SEED})"
@@ -257,10 +327,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--batch", type=int, default=1, help="saturation: arrivals per batch k (default: 1)"
     )
     parser.add_argument("--openb-dir", help="folder holding the openb CSVs")
-    parser.add_argument(
-        "--out", help="write report.md, allocation.png and results.json into this folder"
-    )
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--out", metavar="DIR", help=_writes_help())
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    add_output_argument(parser, what="the comparison")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -268,10 +337,29 @@ def run(args: argparse.Namespace) -> int:
         raise BadInput(f"--repeats must be >= 1, got {args.repeats}")
     if args.batch < 1:
         raise BadInput(f"--batch must be >= 1, got {args.batch}")
+    trace_needs_cluster("simulate", args.trace, args.cluster)
+    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise BadInput(f"--out {args.out}: not a folder; give a folder for the reports")
     workload = _load_workload(args.trace, args.openb_dir)
     cluster = _load_cluster(args.cluster, args.openb_dir)
     if args.protocol is None:
         builtin = args.trace is None and args.cluster is None
-        args.protocol = "both" if builtin else "saturation"
-    bar: ProgressBar = _Silent(1) if args.quiet else ProgressBar(1)
-    return PROTOCOLS[args.protocol](args, cluster, workload, bar)
+        # a workload naming MIG profiles/MPS sizes (gpuslice export) can only be time-replayed
+        replay = bool(workload.slice_pods)
+        args.protocol = "both" if builtin else "time-replay" if replay else "saturation"
+    if args.protocol != "time-replay":
+        from simulations.workload_slices import require_shares
+
+        try:
+            require_shares(workload, args.protocol)
+        except WorkloadError as e:
+            raise BadInput(str(e)) from None
+    label = "simulate: " + ("saturation" if args.protocol == "both" else args.protocol)
+    with Progress(label, enabled=not args.quiet) as bar:
+        doc = PROTOCOLS[args.protocol](args, cluster, workload, bar)
+    emit(doc, args.output, lambda wide, width: render_text(doc, wide, width))
+    parts = [doc[p] for p in ("saturation", "time-replay")] if "files" not in doc else [doc]
+    for part in parts:
+        for path in part["files"]:
+            _note(f"wrote {path}")
+    return 0

@@ -1,10 +1,18 @@
 """``gpuslice sweep``: tune the batch window and planner weights with the time replay.
 
 Runs :func:`simulations.sweep.run_sweep` over a grid of batch timeouts, idle times and
-planner-weight presets, prints a table, recommends the setting with the smallest p95 pending
-time at zero disruption, and writes ``sweep.png`` and ``sweep.json`` into ``--out``.
+planner-weight presets, prints a table (``-o``, :mod:`gpuslice.output`) and recommends a
+setting by the churn-aware rule of :func:`simulations.sweep.recommend`: among the runs that
+disrupt no pod and meet no planner error, the lowest p95 pending time -- but a setting with more
+than ``--max-extra-churn`` % more reconfigurations per hour than the calmest such run must
+lower p95 pending time by at least ``--min-p95-gain`` % (defaults 10 and 5), else the calmer
+setting wins.  Exit code 1 when no setting qualifies.
+
 Without ``--trace``/``--cluster`` it uses the small built-in scenario
-(:func:`simulations.sweep.default_scenario`).
+(:func:`simulations.sweep.default_scenario`).  ``--trace`` needs ``--cluster`` (a workload
+means nothing on a cluster it was not written for; ``--cluster builtin`` runs it on the
+built-in one on purpose).  Nothing is written unless ``--out DIR`` is given: then ``sweep.json``
+(the ``-o json`` document) and ``sweep.png`` (p95 per setting) go there.
 """
 
 from __future__ import annotations
@@ -13,10 +21,15 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from gpuslice.cli import BadInput
+from gpuslice.options import BUILTIN_CLUSTER, deprecated_alias, trace_needs_cluster
+from gpuslice.output import Column, add_output_argument, emit, render_table
 
 HELP = "tune batch timeout/idle and planner weights with the time replay; recommends a setting"
+WRITES = ("sweep.json", "sweep.png")
+"""What ``--out DIR`` gets."""
 
 
 def _floats(text: str) -> list[float]:
@@ -31,7 +44,19 @@ def _floats(text: str) -> list[float]:
     return values
 
 
+def _percent(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a percentage, got {text!r}") from None
+    if not 0 <= value < 100:
+        raise argparse.ArgumentTypeError(f"expected 0 <= percent < 100, got {text!r}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from simulations.sweep import DEFAULT_CHURN_BAND, DEFAULT_MIN_GAIN
+
     parser.add_argument(
         "--timeouts",
         type=_floats,
@@ -44,18 +69,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--weights",
         default="default,low-churn",
-        help="planner weight presets: default, low-churn, keep-free (comma-separated)",
+        help="planner weight presets: default, low-churn, keep-free (comma-separated; "
+        "default default,low-churn)",
     )
     parser.add_argument(
         "--policy", choices=["cpsat", "greedy"], default="cpsat", help="planner (default cpsat)"
     )
     parser.add_argument(
         "--trace",
-        help="openb trace name (default, gpushare40, ...), openb CSV, or workload YAML/JSON; default: built-in synthetic workload",
+        help="openb trace name (default, gpushare40, ...), openb CSV, or workload YAML/JSON "
+        "(needs --cluster); default: the built-in synthetic workload",
     )
     parser.add_argument(
         "--cluster",
-        help="cluster YAML/JSON (one GPU model and mode); default: built-in 2 x 4 A100-80GB MIG nodes",
+        help="cluster YAML/JSON (one GPU model and mode), 'openb', or 'builtin'; default: the "
+        "built-in 2 x 4 A100-80GB MIG nodes",
     )
     parser.add_argument(
         "--openb-dir",
@@ -71,11 +99,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--apply-delay", type=float, default=5.0, help="node agent apply delay, s (default 5)"
     )
     parser.add_argument(
-        "--retry",
+        "--batch-retry-seconds",
+        dest="retry",
         type=float,
         default=60.0,
-        help="partitioner retry time for unplaced pods, s (default 60)",
+        metavar="SECONDS",
+        help="the partitioner's batch retry for planned pods still pending, as its "
+        "--batch-retry-seconds (default 60)",
     )
+    deprecated_alias(parser, "--retry", "--batch-retry-seconds", "retry", type=float)
     parser.add_argument(
         "--mapping",
         default=None,
@@ -84,10 +116,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed for the trace copies' offsets")
     parser.add_argument(
-        "--out",
-        default="gpuslice-sweep",
-        help="output directory for sweep.png and sweep.json (default ./gpuslice-sweep)",
+        "--max-extra-churn",
+        type=_percent,
+        default=100 * DEFAULT_CHURN_BAND,
+        metavar="PERCENT",
+        help="reconfigurations per hour above the calmest qualifying setting's that still "
+        "count as no more churn (default %(default)g)",
     )
+    parser.add_argument(
+        "--min-p95-gain",
+        type=_percent,
+        default=100 * DEFAULT_MIN_GAIN,
+        metavar="PERCENT",
+        help="how much lower p95 pending time a setting with more churn than that must "
+        "reach (default %(default)g)",
+    )
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        help=f"write {' and '.join(WRITES)} into this folder (created if missing); "
+        "default: write nothing",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    add_output_argument(parser, what="the sweep")
 
 
 def _load_workload(args: argparse.Namespace) -> object:
@@ -100,28 +151,102 @@ def _load_workload(args: argparse.Namespace) -> object:
     return load_workload(trace)
 
 
+ROW_COLUMNS = (
+    Column("timeout s", lambda r: f"{r['timeout_s']:g}", align="right"),
+    Column("idle s", lambda r: f"{r['idle_s']:g}", align="right"),
+    Column("weights", "weights"),
+    Column("p50 s", lambda r: f"{r['pending_p50_s']:.0f}", align="right"),
+    Column("p95 s", lambda r: f"{r['pending_p95_s']:.0f}", align="right"),
+    Column("p99 s", lambda r: f"{r['pending_p99_s']:.0f}", align="right", wide=True),
+    Column("never", "never_scheduled", align="right"),
+    Column("reconf/h", lambda r: f"{r['reconfigurations_per_hour']:.2f}", align="right"),
+    Column("GPUs reconf", "gpus_reconfigured", align="right", wide=True),
+    Column("disrupted", "pods_disrupted", align="right"),
+    Column("plans", "plans", align="right", wide=True),
+    Column("plan ms p95", lambda r: f"{r['planner_ms_p95']:.1f}", align="right", wide=True),
+    Column("planner errors", "planner_errors", align="right", wide=True),
+    Column("recommended", lambda r: "<- yes" if r["recommended"] else ""),
+)
+
+
+def sweep_document(
+    args: argparse.Namespace, workload: Any, cluster: Any, rows: Any, best: Any, note: str | None
+) -> dict[str, Any]:
+    """What ``-o json`` prints and ``--out`` keeps as ``sweep.json``."""
+    return {
+        "policy": args.policy,
+        "workload": workload.name,
+        "cluster": cluster.summary(),
+        "rule": {
+            "max_extra_churn_pct": args.max_extra_churn,
+            "min_p95_gain_pct": args.min_p95_gain,
+        },
+        "rows": [
+            {
+                "timeout_s": r.point.timeout_s,
+                "idle_s": r.point.idle_s,
+                "weights": r.point.weights,
+                "recommended": r is best,
+                **r.summary.as_dict(),
+            }
+            for r in rows
+        ],
+        "recommended": None
+        if best is None
+        else {
+            "timeout_s": best.point.timeout_s,
+            "idle_s": best.point.idle_s,
+            "weights": best.point.weights,
+        },
+        "note": note,
+    }
+
+
+def render_text(doc: dict[str, Any], wide: bool = False, width: int | None = None) -> str:
+    lines = [render_table(ROW_COLUMNS, doc["rows"], wide=wide, width=width), ""]
+    best = next((r for r in doc["rows"] if r["recommended"]), None)
+    if best is None:
+        lines.append("no setting ran without disruptions and planner errors; nothing to recommend")
+    else:
+        lines.append(
+            f"recommended: batch timeout {best['timeout_s']:g} s, idle {best['idle_s']:g} s, "
+            f"weights {best['weights']} (p95 pending {best['pending_p95_s']:.0f} s, "
+            f"{best['reconfigurations_per_hour']:.2f} reconfigurations/h, "
+            f"{best['pods_disrupted']} disruptions)"
+        )
+    if doc["note"]:
+        lines.append(doc["note"])
+    return "\n".join(lines)
+
+
 def run(args: argparse.Namespace) -> int:
+    from gpuslice.progress import Progress
     from simulations.cluster import ClusterError, load_cluster
     from simulations.replay import ReplayError, ReplaySettings, parse_policy
     from simulations.static_layouts import StaticLayoutError
     from simulations.sweep import (
         SweepError,
+        churn_note,
         default_scenario,
         grid,
         plot_sweep,
         recommend,
         run_sweep,
-        sweep_table,
     )
     from simulations.workload import Workload, WorkloadError
 
+    trace_needs_cluster("sweep", args.trace, args.cluster)
+    out = Path(args.out) if args.out else None
+    if out is not None and out.exists() and not out.is_dir():
+        raise BadInput(f"--out {args.out}: not a folder; give a folder for {', '.join(WRITES)}")
+    band, gain = args.max_extra_churn / 100, args.min_p95_gain / 100
     try:
         workload, cluster = default_scenario()
         if args.trace:
             loaded = _load_workload(args)
             assert isinstance(loaded, Workload)
             workload = loaded
-        if args.cluster:
+        if args.cluster and args.cluster != BUILTIN_CLUSTER:
             cluster = load_cluster(args.cluster, args.openb_dir)
         points = grid(
             args.timeouts, args.idles, [w.strip() for w in args.weights.split(",") if w.strip()]
@@ -137,50 +262,30 @@ def run(args: argparse.Namespace) -> int:
     except (WorkloadError, ClusterError, SweepError, ReplayError, StaticLayoutError) as e:
         raise BadInput(str(e)) from e
 
-    def progress(i: int, n: int, row: object) -> None:
-        print(f"\rsweep: {i}/{n} runs", end="" if i < n else "\n", file=sys.stderr, flush=True)
-
-    print(
-        f"sweep: {len(points)} runs, policy {args.policy}, {len(workload)} pods on {cluster.summary()}",
-        file=sys.stderr,
-    )
-    try:
-        rows = run_sweep(workload, cluster, points, parse_policy(args.policy), settings, progress)
-    except (ReplayError, StaticLayoutError) as e:
-        raise BadInput(str(e)) from e
-    best = recommend(rows)
-    print(sweep_table(rows, best))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    plot = plot_sweep(rows, best, out / "sweep.png")
-    doc = {
-        "policy": args.policy,
-        "workload": workload.name,
-        "cluster": cluster.summary(),
-        "rows": [
-            {
-                "timeout_s": r.point.timeout_s,
-                "idle_s": r.point.idle_s,
-                "weights": r.point.weights,
-                **r.summary.as_dict(),
-            }
-            for r in rows
-        ],
-        "recommended": None
-        if best is None
-        else {
-            "timeout_s": best.point.timeout_s,
-            "idle_s": best.point.idle_s,
-            "weights": best.point.weights,
-        },
-    }
-    (out / "sweep.json").write_text(json.dumps(doc, indent=2) + "\n")
-    if best is None:
-        print("no setting ran without disruptions and planner errors; nothing to recommend")
-        return 1
-    print(
-        f"recommended: batch timeout {best.point.timeout_s:g} s, idle {best.point.idle_s:g} s, "
-        f"weights {best.point.weights} (p95 pending {best.summary.pending_p95_s:.0f} s, "
-        f"{best.summary.pods_disrupted} disruptions); plot {plot}"
-    )
-    return 0
+    if not args.quiet:
+        print(
+            f"sweep: {len(points)} runs, policy {args.policy}, {len(workload)} pods on "
+            f"{cluster.summary()}",
+            file=sys.stderr,
+        )
+    with Progress("sweep", len(points), enabled=not args.quiet) as bar:
+        try:
+            rows = run_sweep(
+                workload,
+                cluster,
+                points,
+                parse_policy(args.policy),
+                settings,
+                lambda i, n, row: bar.update(i, row.point.label()),
+            )
+        except (ReplayError, StaticLayoutError) as e:
+            raise BadInput(str(e)) from e
+    best = recommend(rows, band, gain)
+    doc = sweep_document(args, workload, cluster, rows, best, churn_note(rows, best, band, gain))
+    emit(doc, args.output, lambda wide, width: render_text(doc, wide, width))
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "sweep.json").write_text(json.dumps(doc, indent=2) + "\n")
+        plot = plot_sweep(rows, best, out / "sweep.png")
+        print(f"wrote {out / 'sweep.json'} and {plot}", file=sys.stderr)
+    return 0 if best is not None else 1

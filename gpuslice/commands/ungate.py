@@ -13,6 +13,22 @@ partitioner released it meanwhile) re-reads the pod and tries again while it is 
 ``--remove-webhook NAME`` first deletes that MutatingWebhookConfiguration, so no pod created
 after the command started is gated (used on uninstall, before the partitioner is gone).
 
+Uninstall (the chart's pre-delete hook) also passes:
+
+* ``--stop-partitioner NAMESPACE/DEPLOYMENT``: scale the partitioner to 0 replicas and wait (at
+  most ``--wait-seconds``) until its pods have ended, before anything else is removed -- a
+  running partitioner would gate, label and re-create what this command takes away;
+  ``--delete-lease NAMESPACE/NAME`` then deletes its leader-election Lease (it would outlive
+  the release: the partitioner creates it at run time);
+* ``--cleanup``: after releasing the pods, delete every NodePartitioning (each agent, finding
+  none, drains its node: it advertises only what pods hold, stops idle MPS daemons and puts
+  their GPUs back in compute mode DEFAULT), then remove the ``GpusliceReady`` condition and the
+  ``gpuslice.io/managed`` label from every node that has them.  Pods that still use MPS slices
+  are listed with a warning: their daemons run in the agent pods, which Helm deletes next.
+
+Order: webhook, partitioner, pods, NodePartitionings, nodes.  Every step runs even if an
+earlier one failed (each failure is printed and makes the exit code 1).
+
 Connection: ``--kubeconfig``/``--context`` (or ``$KUBECONFIG``), else the in-cluster service
 account.  Exit codes: 0 done (or nothing to do), 1 an API call failed (each failure names the
 object), 2 bad input.
@@ -25,7 +41,8 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +52,13 @@ HELP = "release pods from gpuslice's scheduling gate (uninstall, partitioner dow
 MERGE_PATCH = "application/merge-patch+json"
 _ATTEMPTS = 5
 _PAGE = 500
+NODE_CONDITION = "GpusliceReady"
+"""The partitioner's node condition (partitioner.actions.NODE_CONDITION)."""
+MANAGED_LABEL = "gpuslice.io/managed"
+"""The partitioner's node label (partitioner.optout.MANAGED_LABEL)."""
+NP = ("gpuslice.io", "v1alpha1", "nodepartitionings")
+_sleep: Callable[[float], None] = time.sleep
+_clock: Callable[[], float] = time.monotonic
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,6 +80,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="CONFIGURATION",
         help="first delete this MutatingWebhookConfiguration (uninstall)",
     )
+    parser.add_argument(
+        "--stop-partitioner",
+        metavar="NAMESPACE/DEPLOYMENT",
+        help="first scale the partitioner Deployment to 0 and wait for its pods to end "
+        "(uninstall)",
+    )
+    parser.add_argument(
+        "--delete-lease",
+        metavar="NAMESPACE/NAME",
+        help="after the partitioner stopped, delete its leader-election Lease (uninstall)",
+    )
+    parser.add_argument(
+        "--wait-seconds",
+        type=float,
+        default=120.0,
+        help="longest wait for the partitioner's pods to end (default %(default)s)",
+    )
+    parser.add_argument(
+        "--cleanup",
+        action="store_true",
+        help=f"also delete every NodePartitioning and remove the {NODE_CONDITION} condition "
+        f"and the {MANAGED_LABEL} label from every node (uninstall; with --all)",
+    )
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube)")
     parser.add_argument("--context", help="kubeconfig context")
 
@@ -76,7 +123,24 @@ class ApiFailure(Exception):
         )
 
 
+def _namespaced(flag: str, ref: str | None, what: str) -> tuple[str, str] | None:
+    if ref is None:
+        return None
+    ns, sep, name = ref.partition("/")
+    if not sep or not ns or not name or "/" in name:
+        raise BadInput(f"{flag} {ref!r}: expected NAMESPACE/{what}")
+    return ns, name
+
+
+def _deployment(args: argparse.Namespace) -> tuple[str, str] | None:
+    if not 0 < args.wait_seconds <= 3600:
+        raise BadInput(f"--wait-seconds {args.wait_seconds:g}: expected 0 < seconds <= 3600")
+    return _namespaced("--stop-partitioner", args.stop_partitioner, "DEPLOYMENT")
+
+
 def _targets(args: argparse.Namespace) -> list[tuple[str, str]]:
+    if args.cleanup and not args.all:
+        raise BadInput("--cleanup removes gpuslice from the whole cluster: give it with --all")
     if args.all and args.pods:
         raise BadInput("give either --all or pod names, not both")
     if not args.all and not args.pods:
@@ -110,6 +174,9 @@ class Cluster:
             raise BadInput(f"cannot connect: kubeconfig {where}: {e}") from None
         self.core = client.CoreV1Api(api_client)
         self.admission = client.AdmissionregistrationV1Api(api_client)
+        self.apps = client.AppsV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.coordination = client.CoordinationV1Api(api_client)
 
     @staticmethod
     def _call(what: str, fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -128,24 +195,91 @@ class Cluster:
         result: dict[str, Any] = json.loads(resp.data or b"{}")
         return result
 
-    def gated(self, namespace: str | None) -> Iterator[dict[str, Any]]:
-        from partitioner.gating import has_gate
-
+    def _pages(
+        self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> Iterator[dict[str, Any]]:
+        """Every item of a paged list call."""
         token: str | None = None
         while True:
-            page: dict[str, Any] = {"limit": _PAGE}
+            page: dict[str, Any] = {"limit": _PAGE, **kwargs}
             if token:
                 page["_continue"] = token
-            if namespace:
-                doc = self._call(
-                    f"pods in {namespace}", self.core.list_namespaced_pod, namespace, **page
-                )
-            else:
-                doc = self._call("pods", self.core.list_pod_for_all_namespaces, **page)
-            yield from (p for p in doc.get("items") or () if has_gate(p))
+            doc = self._call(what, fn, *args, **page)
+            yield from doc.get("items") or ()
             token = (doc.get("metadata") or {}).get("continue")
             if not token:
                 return
+
+    def pods(self, namespace: str | None, selector: str | None = None) -> Iterator[dict[str, Any]]:
+        extra = {"label_selector": selector} if selector else {}
+        if namespace:
+            return self._pages(
+                f"pods in {namespace}", self.core.list_namespaced_pod, namespace, **extra
+            )
+        return self._pages("pods", self.core.list_pod_for_all_namespaces, **extra)
+
+    def gated(self, namespace: str | None) -> Iterator[dict[str, Any]]:
+        from partitioner.gating import has_gate
+
+        return (p for p in self.pods(namespace) if has_gate(p))
+
+    def deployment(self, namespace: str, name: str) -> dict[str, Any]:
+        return self._call(
+            f"Deployment {namespace}/{name}", self.apps.read_namespaced_deployment, name, namespace
+        )
+
+    def scale_to_zero(self, namespace: str, name: str) -> None:
+        self._call(
+            f"Deployment {namespace}/{name}",
+            self.apps.patch_namespaced_deployment_scale,
+            name,
+            namespace,
+            {"spec": {"replicas": 0}},
+            _content_type=MERGE_PATCH,
+        )
+
+    def delete_lease(self, namespace: str, name: str) -> bool:
+        """``False`` if it was already gone."""
+        try:
+            self._call(
+                f"Lease {namespace}/{name}",
+                self.coordination.delete_namespaced_lease,
+                name,
+                namespace,
+            )
+        except ApiFailure as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
+
+    def partitionings(self) -> list[str]:
+        return sorted(
+            str(o["metadata"]["name"])
+            for o in self._pages("NodePartitionings", self.custom.list_cluster_custom_object, *NP)
+        )
+
+    def delete_partitioning(self, name: str) -> bool:
+        """``False`` if it was already gone."""
+        try:
+            self._call(
+                f"NodePartitioning {name}", self.custom.delete_cluster_custom_object, *NP, name
+            )
+        except ApiFailure as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return list(self._pages("nodes", self.core.list_node))
+
+    def read_node(self, name: str) -> dict[str, Any]:
+        return self._call(f"node {name}", self.core.read_node, name)
+
+    def patch_node(self, name: str, body: dict[str, Any], status: bool = False) -> None:
+        fn = self.core.patch_node_status if status else self.core.patch_node
+        self._call(f"node {name}", fn, name, body, _content_type=MERGE_PATCH)
 
     def get(self, namespace: str, name: str) -> dict[str, Any]:
         return self._call(f"pod {namespace}/{name}", self.core.read_namespaced_pod, name, namespace)
@@ -208,41 +342,242 @@ def _release(pods: Cluster, pod: dict[str, Any], dry_run: bool) -> bool:
     raise ApiFailure(f"pod {ns}/{name}", 409, f"kept changing ({_ATTEMPTS} tries)")
 
 
-def run(args: argparse.Namespace) -> int:
-    targets = _targets(args)
-    pods = Cluster(args.kubeconfig, args.context)
-    verb = "would release" if args.dry_run else "released"
-    failed = released = 0
-    if args.remove_webhook:
-        if args.dry_run:
-            print(f"would delete MutatingWebhookConfiguration {args.remove_webhook}")
-        else:
-            try:
-                gone = pods.delete_webhook(args.remove_webhook)
-                state = "deleted" if gone else "already absent"
-                print(f"MutatingWebhookConfiguration {args.remove_webhook} {state}")
-            except ApiFailure as e:  # still release what is gated: exit 1 at the end
-                print(f"gpuslice ungate: error: {e}", file=sys.stderr)
-                failed += 1
+def _print_error(e: ApiFailure | str) -> None:
+    print(f"gpuslice ungate: error: {e}", file=sys.stderr)
+
+
+def _remove_webhook(cluster: Cluster, name: str, dry_run: bool) -> int:
+    """Delete the webhook configuration; the number of failures."""
+    if dry_run:
+        print(f"would delete MutatingWebhookConfiguration {name}")
+        return 0
     try:
-        found = list(pods.gated(args.namespace)) if args.all else None
-    except ApiFailure as e:
-        print(f"gpuslice ungate: error: {e}", file=sys.stderr)
+        gone = cluster.delete_webhook(name)
+    except ApiFailure as e:  # still release what is gated: exit 1 at the end
+        _print_error(e)
         return 1
+    print(f"MutatingWebhookConfiguration {name} {'deleted' if gone else 'already absent'}")
+    return 0
+
+
+def _matches(pod: dict[str, Any], labels: dict[str, str]) -> bool:
+    have = (pod.get("metadata") or {}).get("labels") or {}
+    return all(have.get(k) == v for k, v in labels.items())
+
+
+def _stop_partitioner(
+    cluster: Cluster, where: tuple[str, str], wait_s: float, dry_run: bool
+) -> int:
+    """Scale the partitioner to 0 and wait until its pods have ended; the number of failures."""
+    ns, name = where
+    if dry_run:
+        print(f"would scale Deployment {ns}/{name} to 0 replicas")
+        return 0
+    try:
+        deployment = cluster.deployment(ns, name)
+    except ApiFailure as e:
+        if e.status == 404:
+            print(f"Deployment {ns}/{name} already absent")
+            return 0
+        _print_error(e)
+        return 1
+    labels = ((deployment.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+    selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+    try:
+        cluster.scale_to_zero(ns, name)
+        deadline = _clock() + wait_s
+        while selector:
+            left = [
+                p["metadata"]["name"] for p in cluster.pods(ns, selector) if _matches(p, labels)
+            ]
+            if not left:
+                break
+            if _clock() >= deadline:
+                _print_error(
+                    f"Deployment {ns}/{name}: pod(s) {', '.join(sorted(left))} still running "
+                    f"after {wait_s:g} s; what follows may be undone by them"
+                )
+                return 1
+            _sleep(1.0)
+    except ApiFailure as e:
+        _print_error(e)
+        return 1
+    print(f"Deployment {ns}/{name} scaled to 0: no partitioner pod runs")
+    return 0
+
+
+def _delete_lease(cluster: Cluster, where: tuple[str, str], dry_run: bool) -> int:
+    ns, name = where
+    if dry_run:
+        print(f"would delete Lease {ns}/{name}")
+        return 0
+    try:
+        gone = cluster.delete_lease(ns, name)
+    except ApiFailure as e:
+        _print_error(e)
+        return 1
+    print(f"Lease {ns}/{name} {'deleted' if gone else 'already absent'}")
+    return 0
+
+
+def _release_pods(
+    cluster: Cluster, args: argparse.Namespace, targets: list[tuple[str, str]]
+) -> tuple[int, int] | None:
+    """Release the gated (or named) pods: ``(released, failed)``, or ``None`` if they could not
+    be listed."""
+    verb = "would release" if args.dry_run else "released"
+    try:
+        found = list(cluster.gated(args.namespace)) if args.all else None
+    except ApiFailure as e:
+        _print_error(e)
+        return None
     candidates: list[tuple[str, str, dict[str, Any] | None]] = (
         [(p["metadata"].get("namespace", ""), p["metadata"]["name"], p) for p in found]
         if found is not None
         else [(ns, name, None) for ns, name in targets]
     )
+    released = failed = 0
     for ns, name, pod in candidates:
         try:
-            if _release(pods, pod if pod is not None else pods.get(ns, name), args.dry_run):
+            if _release(cluster, pod if pod is not None else cluster.get(ns, name), args.dry_run):
                 print(f"{verb} {ns}/{name}")
                 released += 1
             else:
                 print(f"{ns}/{name} is not gated by gpuslice: nothing to do")
         except ApiFailure as e:
-            print(f"gpuslice ungate: error: {e}", file=sys.stderr)
+            _print_error(e)
             failed += 1
-    print(f"{released} pod(s) {verb}" + (f", {failed} failed" if failed else ""))
+    return released, failed
+
+
+def mps_clients(pods: Iterator[dict[str, Any]]) -> list[str]:
+    """``namespace/name`` of the running pods that hold an MPS slice (``nvidia.com/gpu-<N>gb``)."""
+    from planner.snapshot import mps_gb_of
+
+    out = []
+    for pod in pods:
+        if not (pod.get("spec") or {}).get("nodeName"):
+            continue
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        for c in (pod.get("spec") or {}).get("containers") or ():
+            res = c.get("resources") or {}
+            names = {*(res.get("limits") or {}), *(res.get("requests") or {})}
+            if any(mps_gb_of(str(r)) is not None for r in names):
+                meta = pod.get("metadata") or {}
+                out.append(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
+                break
+    return sorted(out)
+
+
+def _without_condition(node: dict[str, Any]) -> dict[str, Any] | None:
+    """The status merge patch that drops gpuslice's condition, guarded by the node's
+    resourceVersion (the kubelet's conditions are kept as read); ``None`` if it has none."""
+    conditions = (node.get("status") or {}).get("conditions") or []
+    kept = [c for c in conditions if c.get("type") != NODE_CONDITION]
+    if len(kept) == len(conditions):
+        return None
+    version = (node.get("metadata") or {}).get("resourceVersion")
+    return {"metadata": {"resourceVersion": version}, "status": {"conditions": kept}}
+
+
+def _clean_node(cluster: Cluster, node: dict[str, Any], dry_run: bool) -> list[str]:
+    """Remove gpuslice's condition and label from one node; what was (or would be) done."""
+    name = str((node.get("metadata") or {}).get("name", ""))
+    done = []
+    for _ in range(_ATTEMPTS):
+        body = _without_condition(node)
+        if body is None:
+            break
+        if dry_run:
+            done.append(f"would remove condition {NODE_CONDITION} from node {name}")
+            break
+        try:
+            cluster.patch_node(name, body, status=True)
+            done.append(f"removed condition {NODE_CONDITION} from node {name}")
+            break
+        except ApiFailure as e:
+            if e.status != 409:  # the kubelet updated the node meanwhile: read it again
+                raise
+        node = cluster.read_node(name)
+    else:
+        raise ApiFailure(f"node {name}", 409, f"kept changing ({_ATTEMPTS} tries)")
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    if MANAGED_LABEL in labels:
+        if dry_run:
+            done.append(f"would remove label {MANAGED_LABEL} from node {name}")
+        else:
+            cluster.patch_node(name, {"metadata": {"labels": {MANAGED_LABEL: None}}})
+            done.append(f"removed label {MANAGED_LABEL} from node {name}")
+    return done
+
+
+def _cleanup(cluster: Cluster, dry_run: bool) -> int:
+    """Delete every NodePartitioning, then clean every node; the number of failures."""
+    failed = 0
+    try:
+        users = mps_clients(cluster.pods(None))
+    except ApiFailure as e:
+        _print_error(e)
+        users, failed = [], 1
+    if users:
+        print(
+            f"warning: {len(users)} running pod(s) use MPS slices: {', '.join(users)}; their "
+            "MPS daemons run in the gpuslice agent pods, which are deleted next, so their CUDA "
+            "processes lose the MPS server (drain them first to avoid that)",
+            file=sys.stderr,
+        )
+    try:
+        names = cluster.partitionings()
+    except ApiFailure as e:
+        _print_error(e)
+        names, failed = [], failed + 1
+    for name in names:
+        if dry_run:
+            print(f"would delete NodePartitioning {name}")
+            continue
+        try:
+            gone = cluster.delete_partitioning(name)
+            print(f"NodePartitioning {name} {'deleted' if gone else 'already absent'}")
+        except ApiFailure as e:
+            _print_error(e)
+            failed += 1
+    try:
+        nodes = cluster.nodes()
+    except ApiFailure as e:
+        _print_error(e)
+        return failed + 1
+    for node in nodes:
+        try:
+            for line in _clean_node(cluster, node, dry_run):
+                print(line)
+        except ApiFailure as e:
+            _print_error(e)
+            failed += 1
+    return failed
+
+
+def run(args: argparse.Namespace) -> int:
+    targets = _targets(args)
+    partitioner = _deployment(args)
+    lease = _namespaced("--delete-lease", args.delete_lease, "NAME")
+    cluster = Cluster(args.kubeconfig, args.context)
+    verb = "would release" if args.dry_run else "released"
+    failed = 0
+    if args.remove_webhook:
+        failed += _remove_webhook(cluster, args.remove_webhook, args.dry_run)
+    if partitioner is not None:
+        failed += _stop_partitioner(cluster, partitioner, args.wait_seconds, args.dry_run)
+    if lease is not None:
+        failed += _delete_lease(cluster, lease, args.dry_run)
+    outcome = _release_pods(cluster, args, targets)
+    if outcome is None:
+        failed += 1
+        released = 0
+    else:
+        released, not_released = outcome
+        failed += not_released
+        print(f"{released} pod(s) {verb}" + (f", {not_released} failed" if not_released else ""))
+    if args.cleanup:
+        failed += _cleanup(cluster, args.dry_run)
     return 1 if failed else 0

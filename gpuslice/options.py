@@ -1,0 +1,130 @@
+"""Options several commands share, spelled one way everywhere.
+
+* ``--catalog FILE``: a GPU catalog override file (JSON or YAML), repeatable, and each value
+  may be a comma-separated list -- the same list ``GPUSLICE_CATALOG_FILES`` holds.  The
+  spellings of the first releases (``--catalog-file`` in ``gpuslice agent``,
+  ``--catalog-files`` in ``gpuslice partitioner``) still work, hidden from ``--help``, with a
+  note on stderr.
+* ``-o/--output``: :mod:`gpuslice.output`.
+* ``--out DIR``: the folder a command writes its report files into (created if missing);
+  nothing is written without it.
+* ``--quiet``: no progress on stderr.
+* ``--trace`` / ``--cluster`` (``simulate``, ``sweep``): a trace needs the cluster it is
+  replayed on; without ``--cluster`` the command refuses (exit 2) rather than silently using
+  its built-in demo cluster, which ``--cluster builtin`` selects on purpose
+  (:func:`trace_needs_cluster`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = [
+    "BUILTIN_CLUSTER",
+    "add_catalog_argument",
+    "catalog_files",
+    "deprecated_alias",
+    "trace_needs_cluster",
+]
+
+BUILTIN_CLUSTER = "builtin"
+"""``--cluster builtin``: the command's built-in cluster, chosen on purpose."""
+
+
+class _DeprecatedAppend(argparse.Action):
+    """A deprecated spelling of a repeatable option: appends, and notes the new name."""
+
+    def __init__(self, *args: Any, new: str = "", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.new = new
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        print(f"{parser.prog}: note: {option_string} is deprecated; use {self.new}",
+              file=sys.stderr)  # fmt: skip
+        items = list(getattr(namespace, self.dest, None) or [])
+        items.append(values)
+        setattr(namespace, self.dest, items)
+
+
+class _DeprecatedStore(argparse.Action):
+    """A deprecated spelling of a single-valued option: stores, and notes the new name."""
+
+    def __init__(self, *args: Any, new: str = "", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.new = new
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        print(f"{parser.prog}: note: {option_string} is deprecated; use {self.new}",
+              file=sys.stderr)  # fmt: skip
+        setattr(namespace, self.dest, values)
+
+
+def deprecated_alias(
+    parser: argparse.ArgumentParser,
+    old: str,
+    new: str,
+    dest: str,
+    *,
+    append: bool = False,
+    type: Any = None,
+) -> None:
+    """Accept ``old`` as a hidden spelling of ``new`` (same ``dest`` and ``type``), with a note
+    on use."""
+    parser.add_argument(
+        old,
+        dest=dest,
+        action=_DeprecatedAppend if append else _DeprecatedStore,
+        new=new,
+        type=type,
+        help=argparse.SUPPRESS,
+    )
+
+
+def add_catalog_argument(
+    parser: argparse.ArgumentParser, *, old: Sequence[str] = (), env: str = ""
+) -> None:
+    """``--catalog FILE`` (repeatable, comma lists too); ``old``: hidden deprecated spellings;
+    ``env``: how the flag combines with the environment, for the help."""
+    parser.add_argument(
+        "--catalog",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="GPU catalog override file, JSON or YAML (repeatable or comma-separated)"
+        + (f"; {env}" if env else ""),
+    )
+    for name in old:
+        deprecated_alias(parser, name, "--catalog", "catalog", append=True)
+
+
+def catalog_files(values: Sequence[str] | None) -> list[str]:
+    """The files of every ``--catalog`` value, comma lists split, in the order given."""
+    return [f.strip() for v in values or () for f in v.split(",") if f.strip()]
+
+
+def trace_needs_cluster(command: str, trace: str | None, cluster: str | None) -> None:
+    """:class:`~gpuslice.cli.BadInput` when a trace is given without a cluster to run it on."""
+    from gpuslice.cli import BadInput
+
+    if trace and not cluster:
+        raise BadInput(
+            f"--trace {trace} needs --cluster: give the cluster the workload runs on (a "
+            f"cluster YAML/JSON file, or 'openb' for the openb traces), or --cluster "
+            f"{BUILTIN_CLUSTER} to run it on the built-in demo cluster on purpose "
+            f"(see gpuslice {command} --help)"
+        )

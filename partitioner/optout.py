@@ -1,0 +1,116 @@
+"""Opting a node in and out: the node label that keeps the agent on a node until it is drained,
+and the node condition that says what a drain waits for.  Pure.
+
+Model
+-----
+The partitioner labels every opted-in node ``gpuslice.io/managed=true`` (:data:`MANAGED_LABEL`).
+The agent DaemonSet's node affinity selects the opt-in labels OR this one, so removing the
+opt-in label does not take the agent away at once -- only the partitioner removes this label,
+once the node is drained.  Each decision step, for each node (:func:`node_lifecycle`):
+
+* **opted in** (``gpuslice.io/partitioning`` or ``nos.nebuly.com/gpu-partitioning`` present,
+  valid or not): the label is set if missing.
+* **opted out, still labelled**: the node is *draining*.  Its NodePartitioning is deleted as
+  before (housekeeping), and the agent, finding none, advertises only the devices pods hold,
+  destroys nothing and stops idle MPS daemons (:mod:`node_agent.reconciler`, "Drain").  While a
+  pod bound to the node and not finished holds a gpuslice resource (``nvidia.com/mig-*``,
+  ``nvidia.com/gpu-<N>gb``), the node's ``GpusliceReady`` condition is ``False`` with reason
+  ``Draining`` and a message naming those pods (rewritten when the set changes), with a Normal
+  Event ``Draining`` when the drain starts.  Once none does, the condition is removed, then the
+  label, with a Normal Event ``Drained``: the DaemonSet deletes the agent pod, whose last pass
+  stops the last idle daemon and puts its GPU back in compute mode ``DEFAULT``.
+* **opted out, not labelled** (never managed, or already drained) with a leftover
+  ``GpusliceReady`` condition: the condition is removed.
+
+What stays on a drained node: its MIG mode and MIG instances, as they were (documented in
+docs/operations.md, "Opt a node out").  Actions are only emitted when the node differs from
+what they would make it, so a quiet cluster costs nothing.  Cost: O(nodes) per step plus, for a
+draining node with pods, O(pods) to name them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from partitioner.actions import NODE_CONDITION, EmitEvent, ObjectRef, SetNodeCondition
+from partitioner.index import ClusterIndex, NodeInfo
+from partitioner.node_actions import RemoveNodeCondition, SetNodeLabel
+from partitioner.snapshot import opted_in
+
+__all__ = ["DRAINING", "MANAGED_LABEL", "node_lifecycle", "slice_holders"]
+
+MANAGED_LABEL = "gpuslice.io/managed"
+"""Set by the partitioner on opted-in nodes, removed once an opted-out node is drained."""
+DRAINING = "Draining"
+"""Reason of the ``GpusliceReady=False`` condition of a node being drained."""
+_SHOWN = 5
+
+LifecycleAction = SetNodeLabel | RemoveNodeCondition | SetNodeCondition | EmitEvent
+
+
+def _labels(info: NodeInfo) -> Mapping[str, str]:
+    labels: Mapping[str, str] = (info.obj.get("metadata") or {}).get("labels") or {}
+    return labels
+
+
+def _condition(info: NodeInfo) -> Mapping[str, Any] | None:
+    conditions = (info.obj.get("status") or {}).get("conditions") or ()
+    return next((c for c in conditions if c.get("type") == NODE_CONDITION), None)
+
+
+def slice_holders(index: ClusterIndex, node: str) -> list[str]:
+    """``namespace/name`` of the pods bound to ``node``, not finished, holding a slice."""
+    if not index.usage(node).slices:  # kept incrementally: no pod scan on a free node
+        return []
+    return [p.key for p in index.bound_pods(node) if p.slices]
+
+
+def _draining_message(holders: list[str]) -> str:
+    shown = ", ".join(holders[:_SHOWN])
+    more = f" and {len(holders) - _SHOWN} more" if len(holders) > _SHOWN else ""
+    return (
+        f"opted out: gpuslice leaves this node once no pod uses its slices; {len(holders)} "
+        f"pod(s) still do: {shown}{more}. Nothing is destroyed meanwhile and free slices are "
+        f"no longer advertised"
+    )
+
+
+def node_lifecycle(index: ClusterIndex) -> list[LifecycleAction]:
+    """The label, condition and Event writes of the opt-in/opt-out lifecycle (module docstring)."""
+    out: list[LifecycleAction] = []
+    for name, info in sorted(index.nodes.items()):
+        labels = _labels(info)
+        managed = labels.get(MANAGED_LABEL) is not None
+        if opted_in(info.obj):
+            if labels.get(MANAGED_LABEL) != "true":
+                out.append(SetNodeLabel(name, MANAGED_LABEL, "true"))
+            continue
+        have = _condition(info)
+        ref = ObjectRef("Node", name, uid=info.uid)
+        if not managed:
+            if have is not None:
+                out.append(RemoveNodeCondition(name, NODE_CONDITION))
+            continue
+        holders = slice_holders(index, name)
+        if holders:
+            message = _draining_message(holders)
+            current = (have or {}).get("reason"), (have or {}).get("message")
+            if current != (DRAINING, message):
+                out.append(SetNodeCondition(name, "False", DRAINING, message))
+            if current[0] != DRAINING:
+                out.append(EmitEvent(ref, "Normal", DRAINING, message))
+            continue
+        if have is not None:
+            out.append(RemoveNodeCondition(name, NODE_CONDITION))
+        out.append(SetNodeLabel(name, MANAGED_LABEL, None))
+        out.append(
+            EmitEvent(
+                ref,
+                "Normal",
+                "Drained",
+                "opted out and no pod uses a gpuslice slice any more: the gpuslice agent leaves "
+                "the node; MIG mode and MIG instances are left as they are",
+            )
+        )
+    return out
