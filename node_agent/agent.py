@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import json
 import logging
 import math
+import os
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from contract.input_files import InputError, parse_json, parse_yaml, read_text
+from contract.kube_retry import Backoff, OutageLog
 from contract.nodepartitioning import (
     GROUP,
     PARTITIONER_STATUS_FIELDS,
@@ -64,6 +66,7 @@ __all__ = [
     "Agent",
     "FileSpecSource",
     "InMemorySpecSource",
+    "KubeApiError",
     "KubeSpecSource",
     "SpecSource",
     "draining_gpus",
@@ -236,61 +239,118 @@ class _Seen:
 
 
 class KubeSpecSource:
-    """The node's NodePartitioning through the Kubernetes API (in-cluster or kubeconfig).
+    """The node's NodePartitioning through the Kubernetes API (kubernetes_asyncio).
 
-    * ``get``: GET the cluster-scoped object (``None`` on 404) and remember its uid, generation
-      and resourceVersion.
-    * ``write_status``: a merge PATCH of its ``status`` subresource.
-    * ``wait_change``: a watch on that one object (field selector ``metadata.name``, from the
-      resourceVersion last read, server timeout ``timeout``) that returns at the first event that
-      is a change for the agent (module docstring).  A watch that fails returns at ``timeout``
-      (so a broken API server does not spin the loop); ``410 Gone`` returns at once (re-read).
+    * ``get``: GET the cluster-scoped object (``None`` on 404) and remember its uid, generation,
+      drained GPUs and resourceVersion.
+    * ``write_status``: a merge PATCH of its ``status`` subresource (the agent's fields only).
+    * ``wait_change``: a watch (``kubernetes_asyncio.watch.Watch``) on that one object (field
+      selector ``metadata.name``, from the resourceVersion remembered, with bookmarks and server
+      timeout ``timeout``) that returns at the first event that is a change for the agent
+      (module docstring).  Every other event -- a BOOKMARK, the replay of the object as read,
+      the agent's own status write -- only advances the remembered resourceVersion, so the next
+      watch starts after it.  ``410 Gone`` (that resourceVersion is compacted away) forgets it
+      and returns at once (the caller re-reads); a server that ends the watch returns too.
+      The watch ends at ``timeout`` whatever the server does (kmock ignores ``timeoutSeconds``)
+      and when its waiter is cancelled, closing its connection; it starts no task.
+    * Failures: a watch that fails is retried after :class:`~contract.kube_retry.Backoff`
+      delays (exponential, with jitter) until ``timeout``, so a broken API server neither spins
+      the loop nor raises; ``get`` and ``write_status`` raise (a refusal as a one-line
+      :class:`KubeApiError`).  One
+      :class:`~contract.kube_retry.OutageLog` covers all three: one WARNING when the API starts
+      failing, one INFO when a call succeeds again, DEBUG in between.
 
-    The blocking client runs in worker threads, each call bounded by ``request_timeout_s``.  A
-    watch that outlives ``timeout`` (kmock ignores ``timeoutSeconds``) or whose waiter is
-    cancelled has its socket shut down, so no thread is left reading.  ``api`` is a
-    ``kubernetes.client.CustomObjectsApi``.
+    ``api`` is a ``kubernetes_asyncio.client.CustomObjectsApi`` (the caller closes its
+    ApiClient).  Without one, the source connects on first use with the in-cluster service
+    account, else the kubeconfig (:meth:`connect`), and :meth:`close` closes that client.  Each
+    request other than the watch is bounded by ``request_timeout_s``, and so is the watch's
+    connection.
     """
 
-    def __init__(self, name: str, api: Any | None = None, *, request_timeout_s: float = 10.0):
+    def __init__(
+        self,
+        name: str,
+        api: Any | None = None,
+        *,
+        request_timeout_s: float = 10.0,
+        backoff: Backoff | None = None,
+    ):
         if not name:
             raise ValueError(
                 "node name is empty: set GPUSLICE_NODE_NAME (downward API spec.nodeName)"
             )
         self.name = name
         self.request_timeout_s = request_timeout_s
-        if api is None:
-            kube: Any = importlib.import_module("kubernetes")
-            try:
-                kube.config.load_incluster_config()
-            except kube.config.ConfigException:
-                kube.config.load_kube_config()
-            api = kube.client.CustomObjectsApi()
+        self.backoff = backoff if backoff is not None else Backoff(initial_s=1.0, cap_s=30.0)
         self._api = api
+        self._owned: Any = None
+        """The ApiClient :meth:`connect` built (closed by :meth:`close`)."""
         self._read = False
         self._seen: _Seen | None = None
-        self._response: Any = None
-        self._interrupted = False
+        self._resource_version = ""
+        """Where the next watch starts: the last read, advanced by events that changed nothing."""
+        self.outage = OutageLog(f"Kubernetes API for NodePartitioning {name}", log)
         self.watch_events = 0
-        """Watch events received (for tests and debugging)."""
+        """Watch events received, bookmarks included (for tests and debugging)."""
+
+    @property
+    def resource_version(self) -> str:
+        """The resourceVersion the next watch starts from (empty: from now)."""
+        return self._resource_version
+
+    async def connect(self) -> Any:
+        """The ``CustomObjectsApi``: the injected one, or one from the in-cluster service
+        account, else the kubeconfig (``$KUBECONFIG``, ``~/.kube/config``)."""
+        if self._api is None:
+            from kubernetes_asyncio import client, config
+
+            configuration = client.Configuration()
+            try:
+                config.load_incluster_config(client_configuration=configuration)
+            except config.ConfigException as not_in_pod:
+                kubeconfig = os.environ.get("KUBECONFIG") or None  # read now, not at import
+                try:
+                    await config.load_kube_config(
+                        config_file=kubeconfig, client_configuration=configuration
+                    )
+                except (config.ConfigException, OSError) as e:
+                    raise config.ConfigException(
+                        f"cannot connect to the Kubernetes API: not in a pod ({not_in_pod}) "
+                        f"and kubeconfig {kubeconfig or '~/.kube/config'} unusable ({e}); run "
+                        "the agent in its DaemonSet, or set KUBECONFIG"
+                    ) from None
+            self._owned = client.ApiClient(configuration)
+            self._api = client.CustomObjectsApi(self._owned)
+        return self._api
+
+    async def close(self) -> None:
+        """Close the ApiClient :meth:`connect` built (an injected ``api`` is the caller's)."""
+        owned, self._owned = self._owned, None
+        if owned is not None:
+            self._api = None
+            await owned.close()
 
     async def get(self) -> NodePartitioning | None:
-        def call() -> Any:
-            from kubernetes.client.exceptions import ApiException
+        from kubernetes_asyncio.client.exceptions import ApiException
 
-            try:
-                return self._api.get_cluster_custom_object(
-                    GROUP, VERSION, PLURAL, self.name, _request_timeout=self.request_timeout_s
-                )
-            except ApiException as e:
-                if e.status == 404:
-                    return None
-                raise
-
-        raw = await asyncio.to_thread(call)
+        api = await self.connect()
+        try:
+            raw = await api.get_cluster_custom_object(
+                GROUP, VERSION, PLURAL, self.name, _request_timeout=self.request_timeout_s
+            )
+        except ApiException as e:
+            if e.status != 404:
+                error = _api_error(e, f"reading NodePartitioning {self.name}")
+                self.outage.failed(error)
+                raise error from None
+            raw = None
+        except Exception as e:
+            self.outage.failed(e)
+            raise
+        self.outage.succeeded()
         self._read = True
         if raw is None:
-            self._seen = None
+            self._seen, self._resource_version = None, ""
             return None
         obj = NodePartitioning.model_validate(raw)
         meta = raw.get("metadata") or {}
@@ -300,12 +360,12 @@ class KubeSpecSource:
             str(meta.get("resourceVersion", "")),
             draining_gpus(raw.get("status")),
         )
+        self._resource_version = self._seen.resource_version
         return obj
 
-    def _is_change(self, event: Any) -> bool:
+    def _is_change(self, event: dict[str, Any]) -> bool:
         """Whether a watch event is news for the agent (see the module docstring)."""
-        self.watch_events += 1
-        obj = event.get("object") if isinstance(event, dict) else None
+        obj = event.get("object")
         if not isinstance(obj, dict) or event.get("type") not in ("ADDED", "MODIFIED", "DELETED"):
             return False
         meta = obj.get("metadata") or {}
@@ -322,88 +382,135 @@ class KubeSpecSource:
             or draining_gpus(obj.get("status")) != seen.draining
         )
 
-    def _watch(self, timeout: float) -> None:
-        """Block until a change or ``timeout`` (raises on API errors other than 410 Gone)."""
-        from kubernetes.client.exceptions import ApiException
-        from kubernetes.watch.watch import iter_resp_lines
+    async def _watch(self, api: Any, timeout: float) -> None:
+        """One watch: returns at a change, at 410 Gone or when the server ends it; raises on
+        any other failure.  The caller bounds it by ``timeout``."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+        from kubernetes_asyncio.watch import Watch
+
+        async def list_watch(*args: Any, **kwargs: Any) -> Any:
+            """The watch request, refusing an answer that is not 2xx (``Watch`` reads any
+            body as events, and an empty one as the end of the watch)."""
+            # booleans as the API server's documentation spells them (Python would send
+            # "True", which kmock does not take for a watch)
+            kwargs.update(watch="true", allow_watch_bookmarks="true")
+            resp = await api.list_cluster_custom_object(*args, **kwargs)
+            if not 200 <= resp.status < 300:
+                body = ""
+                with contextlib.suppress(Exception):
+                    body = (await resp.content.read(4096)).decode("utf-8", "replace")
+                resp.close()
+                raise ApiException(status=resp.status, reason=_status_message(body, resp.reason))
+            self.outage.succeeded()  # the watch is open: the API answers again
+            return resp
 
         kwargs: dict[str, Any] = {
             "field_selector": f"metadata.name={self.name}",
             "timeout_seconds": max(1, math.ceil(timeout)),
-            # a server that ignores timeoutSeconds still ends the watch: by read timeout
-            "_request_timeout": (self.request_timeout_s, timeout + 1.0),
+            "allow_watch_bookmarks": True,
+            # bounds the connection; the caller bounds the whole watch by `timeout`
+            "_request_timeout": (self.request_timeout_s, timeout + self.request_timeout_s),
         }
-        if self._seen is not None and self._seen.resource_version:
-            kwargs["resource_version"] = self._seen.resource_version
-        resp = self._api.list_cluster_custom_object(
-            GROUP, VERSION, PLURAL, watch=True, _preload_content=False, **kwargs
-        )
-        self._response = resp
+        if self._resource_version:
+            kwargs["resource_version"] = self._resource_version
+        watch = Watch(return_type="object")  # events carry plain dicts (no generated model)
         try:
-            status = int(getattr(resp, "status", 200))
-            if status == 410 or self._interrupted:  # 410: our resourceVersion is too old
-                return
-            if not 200 <= status < 300:
-                raise ApiException(status=status, reason=f"watch answered HTTP {status}")
-            for line in iter_resp_lines(resp):
-                if not line:
-                    continue
-                event = json.loads(line)
-                if event.get("type") == "ERROR":
-                    err = event.get("object") or {}
-                    if err.get("code") == 410:
-                        return
-                    raise ApiException(status=err.get("code") or 500, reason=err.get("message"))
-                if self._is_change(event):
+            async for event in watch.stream(list_watch, GROUP, VERSION, PLURAL, **kwargs):
+                self.watch_events += 1
+                if not isinstance(event, dict):
+                    raise ApiException(status=0, reason=f"not a watch event: {str(event)[:200]}")
+                if event.get("type") != "BOOKMARK" and self._is_change(event):
                     return
+                obj = event.get("raw_object")
+                version = ((obj.get("metadata") if isinstance(obj, dict) else None) or {}).get(
+                    "resourceVersion"
+                )
+                if self._read and version:  # nothing to act on up to this version
+                    self._resource_version = str(version)
+        except ApiException as e:
+            if e.status != 410:
+                raise
+            log.debug(
+                "watch on NodePartitioning %s from resourceVersion %s: 410 Gone; re-reading",
+                self.name,
+                self._resource_version,
+            )
+            self._resource_version = ""
         finally:
-            self._response = None
-            resp.close()
-
-    def _interrupt(self) -> None:
-        """End a watch blocked in its worker thread (its socket is shut down)."""
-        self._interrupted = True
-        resp = self._response
-        if resp is not None:
-            with contextlib.suppress(Exception):
-                resp.shutdown()
+            resp, watch.resp = watch.resp, None
+            if resp is not None:
+                resp.close()  # a watch left mid-stream: drop its connection, not reuse it
+            await watch.close()
 
     async def wait_change(self, timeout: float) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        self._interrupted = False
-        watch = asyncio.ensure_future(asyncio.to_thread(self._watch, timeout))
-        watch.add_done_callback(_retrieve)  # an interrupted watch's error is expected
-        try:
-            await asyncio.wait_for(asyncio.shield(watch), timeout + 0.25)
-        except TimeoutError:
-            self._interrupt()
-        except asyncio.CancelledError:
-            self._interrupt()  # the agent stops: do not leave a thread reading for `timeout`
-            raise
-        except Exception as e:  # API server unreachable or refusing: wait out the timeout
+        while True:
+            try:
+                api = await self.connect()
+                async with asyncio.timeout_at(deadline):
+                    await self._watch(api, timeout)
+                return
+            except TimeoutError:
+                if loop.time() >= deadline:
+                    return  # no change within `timeout`
+                error: Exception = TimeoutError("no answer to the watch request")
+            except Exception as e:  # API server unreachable or refusing: retry with backoff
+                error = _api_error(e, f"watching NodePartitioning {self.name}")
+            delay = self.backoff.delay(self.outage.failures + 1, random.random())
             remaining = deadline - loop.time()
-            log.debug("watch on NodePartitioning %s failed: %s", self.name, e)
-            if remaining > 0:
-                await asyncio.sleep(remaining)
+            self.outage.failed(error, delay if delay < remaining else None)
+            if delay >= remaining:
+                await asyncio.sleep(max(0.0, remaining))
+                return
+            await asyncio.sleep(delay)
 
     async def write_status(self, status: NodePartitioningStatus) -> None:
         # a merge patch of the agent's own fields: the partitioner's (reservations) stay
         body = {"status": status.model_dump(mode="json", exclude=set(PARTITIONER_STATUS_FIELDS))}
-        await asyncio.to_thread(
-            self._api.patch_cluster_custom_object_status,
-            GROUP,
-            VERSION,
-            PLURAL,
-            self.name,
-            body,
-            _request_timeout=self.request_timeout_s,
-        )
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        api = await self.connect()
+        try:
+            await api.patch_cluster_custom_object_status(
+                GROUP, VERSION, PLURAL, self.name, body, _request_timeout=self.request_timeout_s
+            )
+        except ApiException as e:
+            error = _api_error(e, f"writing the status of NodePartitioning {self.name}")
+            self.outage.failed(error)
+            raise error from None
+        except Exception as e:
+            self.outage.failed(e)
+            raise
+        self.outage.succeeded()
 
 
-def _retrieve(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled():
-        future.exception()
+class KubeApiError(Exception):
+    """The API server refused a call (``status``: its HTTP status code), in one line."""
+
+    def __init__(self, what: str, status: int, message: str) -> None:
+        super().__init__(f"{what}: HTTP {status}: {message}" if status else f"{what}: {message}")
+        self.status = status
+
+
+def _api_error(e: Exception, what: str) -> Exception:
+    """A kubernetes_asyncio ``ApiException`` (whose text spans the HTTP headers and body) as a
+    one-line :class:`KubeApiError`; any other error as it is."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    if not isinstance(e, ApiException):
+        return e
+    body = e.body.decode("utf-8", "replace") if isinstance(e.body, bytes) else str(e.body or "")
+    return KubeApiError(what, int(e.status or 0), _status_message(body, e.reason))
+
+
+def _status_message(body: str, reason: str | None) -> str:
+    """The ``message`` of a Kubernetes ``Status`` answer, else the HTTP reason and body."""
+    with contextlib.suppress(ValueError, AttributeError):
+        message = json.loads(body).get("message")
+        if message:
+            return str(message)
+    return body.strip()[:200] or reason or "no message"
 
 
 class Agent:
@@ -543,12 +650,25 @@ class Agent:
             await asyncio.sleep(min(1.0, max(0.0, deadline - loop.time())))
 
     async def _loop(self, stop: asyncio.Event) -> None:
+        failing = 0  # passes that raised in a row: the first is logged with its traceback
         while not stop.is_set():
             settled = False
             try:
                 settled = (await self.run_once()).settled
-            except Exception:
-                log.exception("reconcile pass failed; retrying in %ss", self.retry_seconds)
+            except Exception as e:
+                failing += 1
+                if failing == 1:
+                    log.exception(
+                        "reconcile pass failed; retrying every %ss (further failures at DEBUG "
+                        "until a pass succeeds)",
+                        self.retry_seconds,
+                    )
+                else:
+                    log.debug("reconcile pass failed again (%d in a row): %s", failing, e)
+            else:
+                if failing:
+                    log.info("reconcile passes succeed again after %d failure(s)", failing)
+                failing = 0
             timeout = self.resync_seconds if settled else self.retry_seconds
             waiter = asyncio.ensure_future(self.source.wait_change(timeout))
             stopper = asyncio.ensure_future(stop.wait())

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from contract.nodepartitioning import NodePartitioningSpec, ReservationEntry
+from partitioner.node_actions import RemoveNodeCondition, SetNodeLabel
 
 __all__ = [
     "NODE_CONDITION",
@@ -121,5 +122,7 @@ Action = (
     | PatchPod
     | WriteReservations
     | SetNodeCondition
+    | SetNodeLabel
+    | RemoveNodeCondition
     | EmitEvent
 )

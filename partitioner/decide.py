@@ -101,6 +101,7 @@ from partitioner.eligibility import pod_fits_node
 from partitioner.gating import release_patch, ungate_patch
 from partitioner.index import ClusterIndex, NodeInfo, PodInfo
 from partitioner.ledger import GpuSlots, Hold, NodeLedger, build_ledgers
+from partitioner.optout import node_lifecycle
 from partitioner.rejection import reject_reason
 from partitioner.reservations import RESERVATION_ANNOTATION, Reservation, State
 from partitioner.snapshot import (
@@ -165,6 +166,11 @@ class DecideConfig:
     """A gated pod no plan can place gets a drain after waiting this long."""
     drain_fraction: float = 0.1
     """At most this fraction of the GPUs may be frozen for drains at once."""
+    node_lifecycle: bool = False
+    """Also emit the opt-in/opt-out node writes (:func:`partitioner.optout.node_lifecycle`:
+    the ``gpuslice.io/managed`` label, the ``Draining`` condition, their removal once drained).
+    The controller turns this on; the replay and the planning tests, whose nodes never carry
+    the label, leave it off."""
 
     def __post_init__(self) -> None:
         for name in ("apply_deadline_s", "bind_deadline_s", "cooldown_s", "drain_after_s"):
@@ -409,6 +415,8 @@ class _Step:
         """Waiting slice pods, highest priority first, then oldest (candidates keep this order)."""
         self.planned_snapshot: Snapshot | None = None
         self.next_wakeup: float | None = None
+        self._rejects: dict[tuple[frozenset[str], tuple[tuple[str, int], ...]], str | None] = {}
+        """(eligible nodes, slices) -> :func:`_reject_reason` (this step's nodes)."""
 
     # ------------------------------------------------------------------ small helpers
 
@@ -495,7 +503,12 @@ class _Step:
         if cached is not None and cached[0] == self.index.topology:
             return cached[1]
         eligible = self.index.eligible(pod, self.gpu_nodes)
-        reason = _reject_reason(pod, eligible, self.gpu_nodes)
+        # Pods of one shape share their eligible set (ClusterIndex.eligible): one check each.
+        key = (eligible, tuple(sorted(pod.slices.items())))
+        if key in self._rejects:
+            reason = self._rejects[key]
+        else:
+            reason = self._rejects[key] = _reject_reason(pod, eligible, self.gpu_nodes)
         pod.reject_cache = (self.index.topology, reason)
         return reason
 
@@ -1082,6 +1095,9 @@ class _Step:
         plannable_names = self.plannable = frozenset(plannable)
         limits = {r: bound(r) for r, n in self.candidate_resources.items() if n > 0}
         unsaturated = set(limits)
+        usable_of: dict[int, tuple[frozenset[str], frozenset[str]]] = {}
+        """id(eligible set) -> (that set, its plannable part): pods sharing an eligible set
+        (:meth:`ClusterIndex.eligible`) share one intersection, and one set in the snapshot."""
         for i, (key, pod) in enumerate(list(self.candidates.items())):  # oldest first
             if not unsaturated:  # every resource is at its bound: the rest are capped
                 self.counts["capped"] += len(self.candidates) - i
@@ -1089,7 +1105,15 @@ class _Step:
             eligible = self.index.eligible(pod, self.gpu_nodes)
             if key in self.restricted:
                 eligible = eligible & self.restricted[key]
-            usable = eligible & plannable_names
+                usable = eligible & plannable_names
+            else:
+                hit = usable_of.get(id(eligible))
+                if hit is None or hit[0] is not eligible:
+                    usable = eligible & plannable_names
+                    usable = eligible if usable == eligible else usable
+                    usable_of[id(eligible)] = (eligible, usable)
+                else:
+                    usable = hit[1]
             if not usable:
                 self.waiting[key] = (
                     "no eligible node can be planned now (applying a previous plan, cooling "
@@ -1300,6 +1324,8 @@ class _Step:
             self.index, self.busy, self.degraded, self.frozen()
         )
         self.conditions()
+        if self.config.node_lifecycle:
+            self.actions.extend(node_lifecycle(self.index))
         self.view = {name: {} for name in self.ledgers}
         self.read_pods()
         if self.config.reservation:

@@ -22,7 +22,10 @@ Derived, updated incrementally:
   deleted) — the only pods a controller cycle looks at;
 * :attr:`ClusterIndex.topology` — a counter bumped whenever a node appears, disappears or
   changes what pod eligibility depends on (labels, taints, ``unschedulable``, opt-in reading);
-  a pod's eligible nodes are cached against it (:meth:`ClusterIndex.eligible`).
+  a pod's eligible nodes are cached against it (:meth:`ClusterIndex.eligible`), and shared by
+  the pods whose node constraints (``nodeSelector``, ``affinity``, ``tolerations``: all that
+  :func:`~partitioner.eligibility.pod_fits_node` reads) are the same, so thousands of pods of
+  a few shapes cost a few eligibility scans and hold a few node sets, not one each.
 
 Events and relists
 ------------------
@@ -441,6 +444,15 @@ def _counts(pod: PodInfo) -> bool:
 
 
 _IDENTITIES = itertools.count(1)
+_SHARED_ELIGIBLE_MAX = 4096
+"""Distinct node-constraint sets whose eligible nodes are kept (the cache is emptied when full
+or when the topology changes)."""
+
+
+def _constraints_key(pod: PodInfo) -> str:
+    """What :func:`~partitioner.eligibility.pod_fits_node` reads of the pod, as one string."""
+    spec = pod.obj.get("spec") or {}
+    return repr((spec.get("nodeSelector"), spec.get("affinity"), spec.get("tolerations")))
 
 
 class ClusterIndex:
@@ -464,6 +476,10 @@ class ClusterIndex:
         self._waiting_aged: list[str] | None = None
         self.node_pods: dict[str, int] = {}
         """Node -> a counter bumped whenever a pod bound to it appears, changes or goes."""
+        self._eligible_shared: dict[str, frozenset[str]] = {}
+        """Node constraints (:func:`_constraints_key`) -> eligible nodes at topology
+        :attr:`_eligible_topology`."""
+        self._eligible_topology = -1
 
     # ------------------------------------------------------------------ events
 
@@ -622,7 +638,17 @@ class ClusterIndex:
         cached = pod.eligible_cache
         if cached is not None and cached[0] == self.topology:
             return cached[1]
-        names = frozenset(n for n, info in gpu_nodes.items() if pod_fits_node(pod.obj, info.obj))
+        shared = self._eligible_shared
+        if self._eligible_topology != self.topology or len(shared) >= _SHARED_ELIGIBLE_MAX:
+            shared.clear()
+            self._eligible_topology = self.topology
+        key = _constraints_key(pod)
+        names = shared.get(key)
+        if names is None:
+            names = frozenset(
+                n for n, info in gpu_nodes.items() if pod_fits_node(pod.obj, info.obj)
+            )
+            shared[key] = names
         pod.eligible_cache = (self.topology, names)
         return names
 

@@ -65,8 +65,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-
 from partitioner.kubeapi import ApiError, Conflict, Endpoint, KubeApi, NotFound
 
 __all__ = [
@@ -163,9 +161,7 @@ class LeaderElector:
         self._reported = Leadership(False, "")
         self._failing = False
         self._released = False
-        self.collection = (
-            f"/apis/{LEASE_API_VERSION}/namespaces/{config.namespace}/leases"
-        )
+        self.collection = f"/apis/{LEASE_API_VERSION}/namespaces/{config.namespace}/leases"
         self.path = f"{self.collection}/{config.name}"
 
     # -- the fence -------------------------------------------------------------------------
@@ -307,7 +303,7 @@ class LeaderElector:
                 "spec": spec,
             }
             self._observe(await self.api.request("PUT", self.path, body))
-        except (ApiError, aiohttp.ClientError, OSError, TimeoutError) as e:
+        except (ApiError, TimeoutError) as e:  # refused, or unreachable (Unreachable)
             log.warning("could not release Lease %s/%s: %s", cfg.namespace, cfg.name, e)
             return False
         log.info("released Lease %s/%s", cfg.namespace, cfg.name)
@@ -395,14 +391,16 @@ class FencedApi(KubeApi):
         path: str,
         body: Mapping[str, Any] | None = None,
         content_type: str = "application/json",
+        *,
+        query: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
         if method.upper() == "GET":
-            return await super().request(method, path, body, content_type)
+            return await super().request(method, path, body, content_type, query=query)
         left = self._fence()
         deadline = asyncio.timeout(left)
         try:
             async with deadline:
-                return await super().request(method, path, body, content_type)
+                return await super().request(method, path, body, content_type, query=query)
         except TimeoutError as e:
             if deadline.expired():
                 raise NotLeader(f"{method} {path} cancelled: leadership ended in flight") from e

@@ -12,7 +12,11 @@ Wiring
   was given, and shares it with the partitioner's own writer client (:mod:`.kubeapi`).
 * ``on.startup`` starts :meth:`Controller.run`: it lists the three resources once (so the first
   decision never sees pods without their nodes; a listing reconciles the index: objects it
-  lacks are dropped, older versions never overwrite newer ones), then every ``cycle_seconds``
+  lacks are dropped, older versions never overwrite newer ones), in pages of
+  ``list_page_size`` (:meth:`~partitioner.kubeapi.KubeApi.list_all`); while the API server
+  cannot be listed it retries with exponential backoff and jitter (:attr:`Controller.backoff`:
+  1 s doubling up to 30 s), logging one WARNING when the outage starts and one INFO when the
+  listing succeeds (:func:`~partitioner.kubeapi.retry_with_backoff`).  Then every ``cycle_seconds``
   calls :func:`partitioner.decide.decide` with the index and the wall clock (reservation
   deadlines are stored on pods in that clock), carries the actions out (:mod:`.writer`), folds
   the written objects back into the index and records metrics.  ``on.cleanup`` stops it.
@@ -54,6 +58,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import socket
 import time
 from collections.abc import Callable, Mapping
@@ -76,7 +81,7 @@ from partitioner.decide import (
 )
 from partitioner.health import ControllerHealth
 from partitioner.index import ClusterIndex
-from partitioner.kubeapi import Endpoint, KubeApi
+from partitioner.kubeapi import Backoff, Endpoint, KubeApi, retry_with_backoff
 from partitioner.leader import ElectionConfig, FencedApi, LeaderElector, Leadership, NotLeader
 from partitioner.metrics import Metrics
 from partitioner.settings import PartitionerSettings
@@ -157,8 +162,16 @@ class Controller:
         offload: bool = True,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        list_page_size: int = 500,
+        backoff: Backoff | None = None,
+        rand: Callable[[], float] = random.random,
     ) -> None:
         self.settings = settings
+        self.list_page_size = list_page_size
+        """Objects per page of the initial listing (``limit``)."""
+        self.backoff = backoff if backoff is not None else Backoff(initial_s=1.0, cap_s=30.0)
+        """Waits between failed attempts of the initial listing (``rand``: its jitter)."""
+        self._rand = rand
         cat = catalog if catalog is not None else load_catalog(settings.catalog_files)
         self.config = DecideConfig(
             catalog=cat,
@@ -171,6 +184,7 @@ class Controller:
             cooldown_s=settings.cooldown_seconds,
             drain_after_s=settings.drain_after_seconds,
             drain_fraction=settings.drain_fraction,
+            node_lifecycle=True,
         )
         self.metrics = metrics if metrics is not None else Metrics()
         self.offload = offload
@@ -185,6 +199,7 @@ class Controller:
         self._buffered: list[tuple[str, str | None, Mapping[str, Any]]] | None = None
         self.state = ControllerState()
         self.connection = connection
+        self._login: tuple[kopf.ConnectionInfo, Endpoint] | None = None
         self.instance = socket.gethostname()
         self.api = KubeApi(self._endpoint)
         """Reads, the Lease and the webhook's certificate: every replica uses it."""
@@ -234,15 +249,19 @@ class Controller:
         self._logged_in.set()
 
     def _endpoint(self) -> Endpoint:
-        if self.connection is None:
+        """The Endpoint of the current login, built once per login (one SSL context each)."""
+        info = self.connection
+        if info is None:
             raise RuntimeError("the partitioner has not logged in to the API server yet")
-        return endpoint_from(self.connection)
+        if self._login is None or self._login[0] is not info:
+            self._login = (info, endpoint_from(info))
+        return self._login[1]
 
     # -- the cycle -------------------------------------------------------------------------
     async def sync(self) -> None:
-        """List the three resources, reconciling the index with what exists now."""
+        """List the three resources (paginated), reconciling the index with what exists now."""
         for kind, path in _LISTS.items():
-            doc = await self.api.request("GET", path)
+            doc = await self.api.list_all(path, page_size=self.list_page_size)
             self.index.relist(kind, doc.get("items") or ())
 
     async def step(self, now: float | None = None) -> Decision:
@@ -362,13 +381,13 @@ class Controller:
         """
         self.health.started()
         await self._logged_in.wait()
-        while True:
-            try:
-                await self.sync()
-                break
-            except Exception as e:
-                log.warning("initial listing failed (retrying): %s", e)
-                await asyncio.sleep(self.settings.cycle_seconds)
+        await retry_with_backoff(
+            self.sync,
+            "initial listing of nodes, pods and NodePartitionings",
+            backoff=self.backoff,
+            rand=self._rand,
+            logger=log,
+        )
         self.health.synced()
         if self.elector is not None and self._election is None:
             self._election = asyncio.create_task(

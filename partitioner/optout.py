@@ -8,8 +8,11 @@ The agent DaemonSet's node affinity selects the opt-in labels OR this one, so re
 opt-in label does not take the agent away at once -- only the partitioner removes this label,
 once the node is drained.  Each decision step, for each node (:func:`node_lifecycle`):
 
-* **opted in** (``gpuslice.io/partitioning`` or ``nos.nebuly.com/gpu-partitioning`` present,
-  valid or not): the label is set if missing.
+* **opted in** (``gpuslice.io/partitioning`` in ``mig|mps|hybrid`` or
+  ``nos.nebuly.com/gpu-partitioning`` in ``mig|mps``: the values the agent DaemonSet's affinity
+  selects, :func:`agent_selected`): the label is set if missing.  A node whose opt-in label has
+  another value (``off``, a typo) is *not* labelled: the agent must not take such a node's GPUs
+  from NVIDIA's device plugin (whose affinity is the complement of the agent's).
 * **opted out, still labelled**: the node is *draining*.  Its NodePartitioning is deleted as
   before (housekeeping), and the agent, finding none, advertises only the devices pods hold,
   destroys nothing and stops idle MPS daemons (:mod:`node_agent.reconciler`, "Drain").  While a
@@ -21,6 +24,11 @@ once the node is drained.  Each decision step, for each node (:func:`node_lifecy
   stops the last idle daemon and puts its GPU back in compute mode ``DEFAULT``.
 * **opted out, not labelled** (never managed, or already drained) with a leftover
   ``GpusliceReady`` condition: the condition is removed.
+
+A node whose opt-in label has an invalid value is opted out here (drained like the others if it
+was managed), but its ``GpusliceReady`` condition belongs to the decision step's label check
+(``InvalidPartitioningLabel``, which names the fix): this module neither sets nor removes it
+there, so the two never overwrite each other.
 
 What stays on a drained node: its MIG mode and MIG instances, as they were (documented in
 docs/operations.md, "Opt a node out").  Actions are only emitted when the node differs from
@@ -36,9 +44,9 @@ from typing import Any
 from partitioner.actions import NODE_CONDITION, EmitEvent, ObjectRef, SetNodeCondition
 from partitioner.index import ClusterIndex, NodeInfo
 from partitioner.node_actions import RemoveNodeCondition, SetNodeLabel
-from partitioner.snapshot import opted_in
+from partitioner.snapshot import GPUSLICE_LABEL, NOS_LABEL, opted_in
 
-__all__ = ["DRAINING", "MANAGED_LABEL", "node_lifecycle", "slice_holders"]
+__all__ = ["DRAINING", "MANAGED_LABEL", "agent_selected", "node_lifecycle", "slice_holders"]
 
 MANAGED_LABEL = "gpuslice.io/managed"
 """Set by the partitioner on opted-in nodes, removed once an opted-out node is drained."""
@@ -47,6 +55,16 @@ DRAINING = "Draining"
 _SHOWN = 5
 
 LifecycleAction = SetNodeLabel | RemoveNodeCondition | SetNodeCondition | EmitEvent
+
+
+AGENT_VALUES = {GPUSLICE_LABEL: ("mig", "mps", "hybrid"), NOS_LABEL: ("mig", "mps")}
+"""Opt-in label -> the values the agent DaemonSet's node affinity selects (the chart's
+agent-daemonset.yaml; tests/test_chart.py keeps the two equal)."""
+
+
+def agent_selected(labels: Mapping[str, str]) -> bool:
+    """An opt-in label with a value the agent DaemonSet selects (its terms are ORed)."""
+    return any(labels.get(key) in values for key, values in AGENT_VALUES.items())
 
 
 def _labels(info: NodeInfo) -> Mapping[str, str]:
@@ -82,11 +100,13 @@ def node_lifecycle(index: ClusterIndex) -> list[LifecycleAction]:
     for name, info in sorted(index.nodes.items()):
         labels = _labels(info)
         managed = labels.get(MANAGED_LABEL) is not None
-        if opted_in(info.obj):
+        if agent_selected(labels):
             if labels.get(MANAGED_LABEL) != "true":
                 out.append(SetNodeLabel(name, MANAGED_LABEL, "true"))
             continue
-        have = _condition(info)
+        # an invalid opt-in value: the label check owns the condition (module docstring)
+        owns_condition = not opted_in(info.obj)
+        have = _condition(info) if owns_condition else None
         ref = ObjectRef("Node", name, uid=info.uid)
         if not managed:
             if have is not None:
@@ -95,11 +115,12 @@ def node_lifecycle(index: ClusterIndex) -> list[LifecycleAction]:
         holders = slice_holders(index, name)
         if holders:
             message = _draining_message(holders)
-            current = (have or {}).get("reason"), (have or {}).get("message")
-            if current != (DRAINING, message):
-                out.append(SetNodeCondition(name, "False", DRAINING, message))
-            if current[0] != DRAINING:
-                out.append(EmitEvent(ref, "Normal", DRAINING, message))
+            if owns_condition:
+                current = (have or {}).get("reason"), (have or {}).get("message")
+                if current != (DRAINING, message):
+                    out.append(SetNodeCondition(name, "False", DRAINING, message))
+                if current[0] != DRAINING:
+                    out.append(EmitEvent(ref, "Normal", DRAINING, message))
             continue
         if have is not None:
             out.append(RemoveNodeCondition(name, NODE_CONDITION))

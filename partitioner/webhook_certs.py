@@ -25,7 +25,8 @@ Model
    its listener when they change.
 
 :meth:`CertificateKeeper.run` repeats :meth:`~CertificateKeeper.sync` every
-``webhook_cert_check_seconds``, and sooner (with backoff up to that period) after a failure.
+``webhook_cert_check_seconds``, and sooner (with backoff and jitter up to that period, one
+WARNING per outage) after a failure.
 Times for renewal come from the wall clock (certificates are about real time, not loop time).
 """
 
@@ -36,6 +37,7 @@ import base64
 import datetime
 import logging
 import os
+import random
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -48,7 +50,7 @@ from partitioner.certs import (
     renewed,
     service_dns_names,
 )
-from partitioner.kubeapi import Conflict, KubeApi, NotFound
+from partitioner.kubeapi import Backoff, Conflict, KubeApi, NotFound, OutageLog
 from partitioner.settings import PartitionerSettings
 
 __all__ = ["CA_FILE", "MWC_PATH", "SERVER_FILE", "CertificateKeeper", "write_atomically"]
@@ -244,17 +246,23 @@ class CertificateKeeper:
         return material
 
     async def run(self) -> None:
-        """:meth:`sync` now and every ``check_seconds``; after a failure retry sooner."""
-        delay = 1.0
+        """:meth:`sync` now and every ``check_seconds``; after a failure retry sooner.
+
+        Retries back off exponentially with jitter (1 s doubling up to ``check_seconds``); an
+        outage is one WARNING when it starts and one INFO when a sync succeeds again
+        (:class:`~partitioner.kubeapi.OutageLog`), not a line per attempt.
+        """
+        backoff = Backoff(initial_s=min(1.0, self.check_seconds), cap_s=self.check_seconds)
+        outage = OutageLog("webhook certificate sync", log)
         while True:
             try:
                 await self.sync()
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                log.warning("webhook certificate: %s (retrying in %.0f s)", e, delay)
+                delay = backoff.delay(outage.failures + 1, random.random())
+                outage.failed(e, delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, self.check_seconds)
                 continue
-            delay = 1.0
+            outage.succeeded()
             await asyncio.sleep(self.check_seconds)

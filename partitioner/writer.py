@@ -32,8 +32,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
-
 from contract.nodepartitioning import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from partitioner.actions import (
     NODE_CONDITION,
@@ -49,6 +47,8 @@ from partitioner.actions import (
 )
 from partitioner.events import event_body, event_namespace
 from partitioner.kubeapi import STRATEGIC_MERGE_PATCH, ApiError, Conflict, KubeApi, NotFound
+from partitioner.node_actions import RemoveNodeCondition, SetNodeLabel
+from partitioner.node_writes import execute as execute_node_write
 from partitioner.snapshot import PLANNED_AT_ANNOTATION, PLANNED_PODS_ANNOTATION
 
 __all__ = ["NP_PATH", "Outcome", "execute"]
@@ -195,6 +195,8 @@ class _Writer:
                 await self.write(a)
             case SetNodeCondition():
                 await self.condition(a)
+            case SetNodeLabel() | RemoveNodeCondition():
+                await execute_node_write(self.api, a)
             case PatchPod():
                 await self.patch_pod(a)
             case WriteReservations():
@@ -213,7 +215,7 @@ async def execute(
     for action in actions:
         try:
             await writer.run(action)
-        except (ApiError, aiohttp.ClientError, TimeoutError) as e:
+        except (ApiError, TimeoutError) as e:  # refused, or unreachable (Unreachable)
             log.warning("%s failed: %s", type(action).__name__, e)
             writer.out.failures.append(f"{type(action).__name__}: {e}")
     return writer.out

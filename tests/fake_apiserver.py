@@ -38,6 +38,14 @@ realistic objects and are refused what a real cluster refuses:
   leader cut off from its Lease alone);
 * every successful write (any method but GET) is recorded in :attr:`ApiServer.writes` with its
   author (the bearer token: give each client its own) and the loop time it was answered.
+* lists (not watches) are paginated like the API server's: ``limit`` caps a page, and a page
+  that stops early carries ``metadata.continue``, an opaque token for the rest (objects in
+  (namespace, name) order; every page of one list reports the first page's resourceVersion,
+  but reads the objects as they are then: no snapshot).
+  Faults on demand: :attr:`ApiServer.expire_continues` makes that many requests with a continue
+  token answer ``410 Expired`` (as after the server compacted the list's version);
+  :attr:`ApiServer.fail_lists` makes that many list requests answer ``503``.  Every list
+  request is recorded in :attr:`ApiServer.lists`.
 
 kmock ignores field and label selectors and ``timeoutSeconds`` on watches: a client must filter
 the events it gets and end its watch itself.
@@ -107,6 +115,21 @@ class Write:
     """Loop time when it was answered (after it took effect)."""
 
 
+@dataclass(frozen=True)
+class ListCall:
+    """One list request the fake API server received (answered or refused)."""
+
+    path: str
+    limit: int | None
+    continued: bool
+    """It carried a continue token."""
+    status: int
+    """200, or the status of the refusal (410 expired token, 503 injected outage)."""
+    items: int
+    at: float
+    """Loop time when it was received."""
+
+
 def _author(request: kmock.Request) -> str:
     auth = str(request.headers.get("Authorization", ""))
     return auth.removeprefix("Bearer ").strip()
@@ -168,6 +191,12 @@ class ApiServer(kmock.KubernetesEmulator):
     """Every accepted write, in order (module docstring)."""
     lease_outage: set[str] = attrs.field(factory=set, init=False)
     """Authors whose Lease requests hang while they are in this set (then answer 503)."""
+    lists: list[ListCall] = attrs.field(factory=list, init=False)
+    """Every list request (not watches), in order."""
+    fail_lists: int = attrs.field(default=0, init=False)
+    """The next this many list requests answer ``503 ServiceUnavailable`` (an outage)."""
+    expire_continues: int = attrs.field(default=0, init=False)
+    """The next this many list requests with a continue token answer ``410 Expired``."""
 
     def configure_admission(self, admission: Admission | None) -> None:
         self.admission = admission
@@ -418,6 +447,55 @@ class ApiServer(kmock.KubernetesEmulator):
         )
 
 
+    # -- lists -------------------------------------------------------------------------------
+    async def _serve_list(self, request: kmock.Request) -> Any:
+        """kmock's list, in (namespace, name) order, cut into pages (module docstring)."""
+        params = request.params or {}
+        limit = _positive_int(params.get("limit"))
+        token = str(params.get("continue") or "")
+        at = asyncio.get_running_loop().time()
+
+        def refuse(status: int, reason: str, message: str) -> kmock.KubernetesError:
+            self.lists.append(ListCall(request.url.path, limit, bool(token), status, 0, at))
+            return kmock.KubernetesError(status=status, reason=reason, message=message)
+
+        if self.fail_lists > 0:
+            self.fail_lists -= 1
+            raise refuse(503, "ServiceUnavailable", "the API server is unavailable (injected)")
+        after: tuple[str, str] | None = None
+        version = ""
+        if token:
+            if self.expire_continues > 0:
+                self.expire_continues -= 1
+                raise refuse(
+                    410,
+                    "Expired",
+                    "The provided continue parameter is too old to display a consistent list "
+                    "result. You can start a new list without the continue parameter.",
+                )
+            try:
+                state = json.loads(base64.urlsafe_b64decode(token.encode("ascii")))
+                after, version = (str(state["ns"]), str(state["name"])), str(state["rv"])
+            except (ValueError, KeyError, TypeError) as e:
+                raise refuse(400, "BadRequest", f"invalid continue token: {e}") from e
+        doc = await super()._serve_list(request)
+        assert isinstance(doc, dict), f"kmock listed {type(doc).__name__}, not a dict"
+        items = sorted(doc.get("items") or (), key=_list_key)
+        if not version:
+            version = str(max((_version(i) for i in items), default=0))
+        if after is not None:
+            items = [i for i in items if _list_key(i) > after]
+        meta: dict[str, Any] = {"resourceVersion": version}
+        if limit is not None and len(items) > limit:
+            items = items[:limit]
+            ns, name = _list_key(items[-1])
+            state = {"ns": ns, "name": name, "rv": version}
+            raw = json.dumps(state).encode()
+            meta["continue"] = base64.urlsafe_b64encode(raw).decode("ascii")
+            meta["remainingItemCount"] = len(doc.get("items") or ()) - len(items)
+        self.lists.append(ListCall(request.url.path, limit, bool(token), 200, len(items), at))
+        return {**doc, "metadata": meta, "items": items}
+
     # -- leases ------------------------------------------------------------------------------
     async def _lease_outage(self, request: kmock.Request) -> None:
         author = _author(request)
@@ -460,6 +538,29 @@ class ApiServer(kmock.KubernetesEmulator):
             raw = self.objects[key].raw
             await self._buses[_LEASES].put({"type": "MODIFIED", "object": raw})
         return aiohttp.web.json_response(raw)
+
+
+def _positive_int(value: Any) -> int | None:
+    """A ``limit`` parameter: a positive integer, or ``None`` (absent, 0: no limit)."""
+    if value in (None, ""):
+        return None
+    try:
+        number = int(value)
+    except ValueError as e:
+        raise kmock.KubernetesError(
+            status=400, reason="BadRequest", message=f"limit {value!r} is not an integer"
+        ) from e
+    return number if number > 0 else None
+
+
+def _list_key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+
+def _version(obj: Mapping[str, Any]) -> int:
+    raw = (obj.get("metadata") or {}).get("resourceVersion")
+    return int(raw) if isinstance(raw, str) and raw.isdigit() else 0
 
 
 class Unschedulable(AssertionError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -213,3 +214,42 @@ def test_metered_nvml_passes_the_activation_status_and_counts_reset_errors() -> 
     ) == 1  # fmt: skip
     metered.reset_gpu(0)
     assert nv.mig_enabled(0) and not nv.mig_pending(0)
+
+
+async def test_an_outage_logs_one_traceback_and_one_recovery_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Failing passes: the first is logged with its traceback, the rest at DEBUG, and one INFO
+    line when passes succeed again -- not an ERROR every ``retry_seconds``."""
+
+    class Flaky(InMemorySpecSource):
+        failures = 5
+
+        async def get(self) -> NodePartitioning | None:
+            if self.failures > 0:
+                self.failures -= 1
+                raise ConnectionError("API server unreachable")
+            return await super().get()
+
+    nv = FakeNvml([CAT.model("A30")])
+    metrics = AgentMetrics(CollectorRegistry())
+    reconciler = Reconciler(nv, NoPods(), FakeSupervisor(nvml=nv), CAT)
+    source = Flaky("n1")
+    agent = Agent(reconciler, source, metrics=metrics, retry_seconds=0.01)
+    stop = asyncio.Event()
+    caplog.set_level(logging.DEBUG, logger="gpuslice.agent")
+    task = asyncio.create_task(agent.run(stop))
+    for _ in range(300):
+        await asyncio.sleep(0.01)
+        if source.failures == 0 and sample(metrics, "gpuslice_agent_reconcile_passes_total") >= 7:
+            break
+    stop.set()
+    await asyncio.wait_for(task, 2)
+    assert sample(metrics, "gpuslice_agent_reconcile_failures_total") >= 5
+    failed = [r for r in caplog.records if "reconcile pass failed" in r.getMessage()]
+    assert [r.levelno for r in failed] == [logging.ERROR] + [logging.DEBUG] * 4
+    assert failed[0].exc_info is not None and all(r.exc_info is None for r in failed[1:])
+    recovered = [r for r in caplog.records if "succeed again" in r.getMessage()]
+    assert [(r.levelno, "5 failure" in r.getMessage()) for r in recovered] == [
+        (logging.INFO, True)
+    ]

@@ -1,23 +1,32 @@
 """KubeSpecSource (the agent's Kubernetes port) over real HTTP against kmock (tests/fake_apiserver.py).
 
-The official ``kubernetes`` client talks to the emulator, which assigns uid, resourceVersion and
-generation and serves the status subresource like the API server.  Checked: reading the spec,
-writing status through ``/status`` only, and a watch that wakes the agent for spec changes,
-deletion and creation -- but not for its own status writes nor for the ADDED replay at the
-start of every watch (which would spin the agent loop).  Real time; each wait is short.
+The official asyncio client (kubernetes_asyncio) talks to the emulator, which assigns uid,
+resourceVersion and generation and serves the status subresource like the API server.  Checked:
+reading the spec, writing status through ``/status`` only, and a watch that wakes the agent for
+spec changes, deletion and creation -- but not for its own status writes nor for the ADDED
+replay at the start of every watch (which would spin the agent loop); a watch that ends at its
+timeout (kmock ignores ``timeoutSeconds``) or on cancellation with no task or connection left.
+A scripted server (:class:`Scripted`: plain aiohttp, every request recorded) checks what kmock
+cannot send: BOOKMARK events, ``410 Gone``, and an outage logged as one warning and one
+recovery line.  Real time; each wait is short.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import time
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import aiohttp.web
 import kmock
-import kubernetes
 import pytest
 from fake_apiserver import NP_PATH, NP_RESOURCE, ApiServer, declare, stored
+from kubernetes_asyncio import client as kclient
 
+from contract.kube_retry import Backoff
 from contract.nodepartitioning import NodePartitioningSpec, NodePartitioningStatus
 from node_agent.agent import Agent, KubeSpecSource, draining_gpus
 from node_agent.mps import FakeSupervisor
@@ -35,13 +44,27 @@ def kmock_options() -> dict[str, Any]:
     return {"cls": ApiServer}
 
 
-def custom_objects(api: kmock.KubernetesEmulator) -> Any:
-    cfg = kubernetes.client.Configuration(host=str(api.url).rstrip("/"))
-    return kubernetes.client.CustomObjectsApi(kubernetes.client.ApiClient(cfg))
+@pytest.fixture
+async def connect() -> AsyncIterator[Callable[[str], Any]]:
+    """``connect(url)``: a kubernetes_asyncio CustomObjectsApi; its ApiClient is closed after."""
+    clients: list[kclient.ApiClient] = []
+
+    def custom_objects(url: str) -> Any:
+        api_client = kclient.ApiClient(kclient.Configuration(host=url.rstrip("/")))
+        clients.append(api_client)
+        return kclient.CustomObjectsApi(api_client)
+
+    yield custom_objects
+    for api_client in clients:
+        await api_client.close()
 
 
-def source(api: kmock.KubernetesEmulator, name: str = "n1") -> KubeSpecSource:
-    return KubeSpecSource(name, custom_objects(api), request_timeout_s=5)
+@pytest.fixture
+def source(connect: Callable[[str], Any]) -> Callable[..., KubeSpecSource]:
+    def make(api: kmock.KubernetesEmulator, name: str = "n1") -> KubeSpecSource:
+        return KubeSpecSource(name, connect(str(api.url)), request_timeout_s=5)
+
+    return make
 
 
 async def create_np(api: kmock.KubernetesEmulator, name: str, spec: dict[str, Any]) -> None:
@@ -64,7 +87,9 @@ def status_writes(api: kmock.KubernetesEmulator, name: str) -> list[dict[str, An
     ]
 
 
-async def test_get_reads_the_spec_and_404_is_none(kmock: ApiServer) -> None:
+async def test_get_reads_the_spec_and_404_is_none(
+    kmock: ApiServer, source: Callable[..., KubeSpecSource]
+) -> None:
     declare(kmock)
     src = source(kmock)
     assert await src.get() is None
@@ -78,7 +103,9 @@ async def test_get_reads_the_spec_and_404_is_none(kmock: ApiServer) -> None:
     assert obj is not None and obj.metadata.generation == 2 and obj.spec.planId == "2"
 
 
-async def test_write_status_goes_through_the_status_subresource(kmock: ApiServer) -> None:
+async def test_write_status_goes_through_the_status_subresource(
+    kmock: ApiServer, source: Callable[..., KubeSpecSource]
+) -> None:
     declare(kmock)
     await create_np(kmock, "n1", SPEC_1G)
     src = source(kmock)
@@ -97,7 +124,7 @@ async def test_write_status_goes_through_the_status_subresource(kmock: ApiServer
 
 
 async def test_wait_change_ignores_replays_and_own_status_but_wakes_on_spec(
-    kmock: ApiServer,
+    kmock: ApiServer, source: Callable[..., KubeSpecSource]
 ) -> None:
     declare(kmock)
     await create_np(kmock, "n1", SPEC_1G)
@@ -125,7 +152,9 @@ async def test_wait_change_ignores_replays_and_own_status_but_wakes_on_spec(
     assert obj is not None and obj.metadata.generation == 2
 
 
-async def test_wait_change_wakes_on_delete_and_on_create(kmock: ApiServer) -> None:
+async def test_wait_change_wakes_on_delete_and_on_create(
+    kmock: ApiServer, source: Callable[..., KubeSpecSource]
+) -> None:
     declare(kmock)
     await create_np(kmock, "n1", SPEC_1G)
     src = source(kmock)
@@ -146,15 +175,51 @@ async def test_wait_change_wakes_on_delete_and_on_create(kmock: ApiServer) -> No
     assert obj is not None and obj.spec.planId == "2"
 
 
-async def test_wait_change_on_an_unreachable_api_server_waits_out_its_timeout() -> None:
-    cfg = kubernetes.client.Configuration(host="http://127.0.0.1:9")  # discard port: refused
-    src = KubeSpecSource("n1", kubernetes.client.CustomObjectsApi(kubernetes.client.ApiClient(cfg)))
+async def test_without_an_api_it_connects_with_the_kubeconfig_and_closes_what_it_opened(
+    kmock: ApiServer, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    declare(kmock)
+    await create_np(kmock, "n1", SPEC_1G)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1", "kind": "Config", "current-context": "k",
+                "clusters": [{"name": "k", "cluster": {"server": str(kmock.url).rstrip("/")}}],
+                "users": [{"name": "u", "user": {"token": "agent-token"}}],
+                "contexts": [{"name": "k", "context": {"cluster": "k", "user": "u"}}],
+            }
+        )
+    )  # fmt: skip
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)  # not in a pod: kubeconfig
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    src = KubeSpecSource("n1")
+    obj = await src.get()
+    assert obj is not None and obj.spec.planId == "1"
+    (read,) = [r for r in list(kmock) if r.url.path == f"{NP_PATH}/n1"]
+    assert read.headers.get("Authorization") == "Bearer agent-token"
+    api = await src.connect()
+    await src.close()
+    assert api.api_client.rest_client.pool_manager.closed  # its connection pool is closed
+
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
+    with pytest.raises(Exception, match=r"kubeconfig .*missing unusable .*set KUBECONFIG"):
+        await KubeSpecSource("n1").get()
+
+
+async def test_wait_change_on_an_unreachable_api_server_waits_out_its_timeout(
+    connect: Callable[[str], Any],
+) -> None:
+    src = KubeSpecSource("n1", connect("http://127.0.0.1:9"))  # discard port: refused
     t0 = time.monotonic()
     await src.wait_change(0.5)  # no exception, and no busy loop for the caller
     assert time.monotonic() - t0 >= 0.45
+    assert src.outage.failures >= 1  # the refusals were counted (logged once, below)
 
 
-async def test_agent_loop_over_kube_source_applies_each_generation_once(kmock: ApiServer) -> None:
+async def test_agent_loop_over_kube_source_applies_each_generation_once(
+    kmock: ApiServer, source: Callable[..., KubeSpecSource]
+) -> None:
     declare(kmock)
     await create_np(kmock, "n1", SPEC_1G)
     nv = FakeNvml([CAT.model("A100-SXM4-80GB")])
@@ -196,7 +261,7 @@ async def test_agent_loop_over_kube_source_applies_each_generation_once(kmock: A
 
 
 async def test_the_agent_keeps_its_status_fields_apart_and_wakes_on_drains(
-    kmock: ApiServer,
+    kmock: ApiServer, source: Callable[..., KubeSpecSource]
 ) -> None:
     declare(kmock)
     await create_np(kmock, "n1", SPEC_1G)
@@ -225,3 +290,206 @@ async def test_the_agent_keeps_its_status_fields_apart_and_wakes_on_drains(
     assert resp.status == 200
     await asyncio.wait_for(waiter, 10)
     assert time.monotonic() - t0 < 5
+
+
+# -- a scripted API server: bookmarks, 410 Gone, outages, connections -----------------------
+
+
+class Scripted:
+    """One NodePartitioning (``n1``) served over plain aiohttp, with scripted watches.
+
+    ``GET`` of the object answers :attr:`obj`; a list request is a watch: its query is recorded
+    in :attr:`watches`, it streams the next script of :attr:`scripts` (none left: no event) and
+    then holds the stream open, ignoring ``timeoutSeconds``, until the client closes it
+    (:attr:`open_watches` counts the streams still open).  While :attr:`fail_with` is set every
+    request answers that HTTP status with a Kubernetes ``Status`` body.
+    """
+
+    def __init__(self) -> None:
+        self.obj: dict[str, Any] = {
+            "apiVersion": "gpuslice.io/v1alpha1", "kind": "NodePartitioning",
+            "metadata": {"name": "n1", "uid": "u1", "generation": 1, "resourceVersion": "10"},
+            "spec": SPEC_1G,
+        }  # fmt: skip
+        self.scripts: list[list[dict[str, Any]]] = []
+        self.watches: list[dict[str, str]] = []
+        self.open_watches = 0
+        self.fail_with: int | None = None
+        self.url = ""
+        self._runner: aiohttp.web.AppRunner | None = None
+
+    def _failure(self) -> aiohttp.web.Response:
+        status = {"kind": "Status", "status": "Failure", "code": self.fail_with,
+                  "reason": "ServiceUnavailable", "message": "etcd is down"}  # fmt: skip
+        return aiohttp.web.json_response(status, status=self.fail_with or 500)
+
+    async def _get(self, request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
+        if self.fail_with:
+            return self._failure()
+        return aiohttp.web.json_response(self.obj)
+
+    async def _watch(self, request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
+        if self.fail_with:
+            return self._failure()
+        self.watches.append(dict(request.query))
+        script = self.scripts.pop(0) if self.scripts else []
+        resp = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        self.open_watches += 1
+        try:
+            for event in script:
+                await resp.write(json.dumps(event).encode() + b"\n")
+            while request.transport is not None and not request.transport.is_closing():
+                await asyncio.sleep(0.02)
+        finally:
+            self.open_watches -= 1
+        return resp
+
+    async def start(self) -> None:
+        app = aiohttp.web.Application()
+        app.router.add_get(NP_PATH, self._watch)
+        app.router.add_get(NP_PATH + "/{name}", self._get)
+        app.router.add_patch(NP_PATH + "/{name}/status", self._get)  # answers the object
+        self._runner = aiohttp.web.AppRunner(app)
+        await self._runner.setup()
+        await aiohttp.web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        host, port = self._runner.addresses[0][:2]
+        self.url = f"http://{host}:{port}"
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+@pytest.fixture
+async def scripted() -> AsyncIterator[Scripted]:
+    server = Scripted()
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+def event(kind: str, version: str, generation: int = 1) -> dict[str, Any]:
+    meta = {"name": "n1", "uid": "u1", "generation": generation, "resourceVersion": version}
+    if kind == "BOOKMARK":
+        meta = {"resourceVersion": version}
+    return {"type": kind, "object": {"kind": "NodePartitioning", "metadata": meta, "spec": SPEC_1G}}
+
+
+def client_tasks() -> set[asyncio.Task[Any]]:
+    """The loop's tasks but the scripted server's (one per connection it serves)."""
+    return {
+        t
+        for t in asyncio.all_tasks()
+        if getattr(t.get_coro(), "__qualname__", "") != "RequestHandler.start"
+    }
+
+
+async def until(condition: Callable[[], bool], within: float = 2.0) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_a_bookmark_only_advances_the_resource_version_the_next_watch_starts_from(
+    scripted: Scripted, connect: Callable[[str], Any]
+) -> None:
+    src = KubeSpecSource("n1", connect(scripted.url), request_timeout_s=5)
+    await src.get()
+    scripted.scripts = [[event("BOOKMARK", "15")], [event("MODIFIED", "17")], []]
+    t0 = time.monotonic()
+    await src.wait_change(0.5)
+    assert time.monotonic() - t0 >= 0.45  # a bookmark is no change: the wait lasts its timeout
+    assert src.watch_events == 1 and src.resource_version == "15"
+    await src.wait_change(0.3)  # the agent's own status write (same generation): no change
+    assert src.resource_version == "17"
+    await src.wait_change(0.1)
+    first, second, third = scripted.watches
+    assert first["resourceVersion"] == "10"  # from the read
+    assert first["allowWatchBookmarks"].lower() == "true"
+    assert first["fieldSelector"] == "metadata.name=n1"
+    assert second["resourceVersion"] == "15"  # after the bookmark, not from the read again
+    assert third["resourceVersion"] == "17"
+    await src.get()  # a read starts over from the object's own version
+    assert src.resource_version == "10"
+
+
+async def test_410_gone_returns_at_once_and_the_next_watch_starts_from_now(
+    scripted: Scripted, connect: Callable[[str], Any]
+) -> None:
+    src = KubeSpecSource("n1", connect(scripted.url), request_timeout_s=5)
+    await src.get()
+    gone = {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"}
+    scripted.scripts = [[{"type": "ERROR", "object": gone}]]
+    t0 = time.monotonic()
+    await src.wait_change(10.0)
+    assert time.monotonic() - t0 < 2  # the caller re-reads at once
+    assert src.resource_version == "" and src.outage.failures == 0  # 410 is no outage
+    await src.wait_change(0.1)
+    assert "resourceVersion" not in scripted.watches[1]
+    # a new generation in the replay of the fresh watch wakes the agent
+    scripted.scripts = [[event("ADDED", "20", generation=2)]]
+    await asyncio.wait_for(src.wait_change(10.0), 2)
+
+
+async def test_a_watch_ends_at_its_timeout_or_on_cancel_leaving_no_task_or_connection(
+    scripted: Scripted, connect: Callable[[str], Any]
+) -> None:
+    src = KubeSpecSource("n1", connect(scripted.url), request_timeout_s=5)
+    await src.get()
+    tasks = client_tasks()
+    t0 = time.monotonic()
+    await src.wait_change(0.5)  # the server ignores timeoutSeconds and keeps the stream open
+    assert 0.45 <= time.monotonic() - t0 < 1.5
+    await until(lambda: scripted.open_watches == 0)  # the client closed the connection
+    await asyncio.sleep(0.05)
+    assert client_tasks() == tasks  # the source started none
+
+    waiter = asyncio.create_task(src.wait_change(10.0))
+    await until(lambda: scripted.open_watches == 1)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    await until(lambda: scripted.open_watches == 0)
+    await asyncio.sleep(0.05)
+    assert client_tasks() == tasks  # the source started none
+
+
+async def test_an_outage_logs_one_warning_and_one_recovery_line(
+    scripted: Scripted, connect: Callable[[str], Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="gpuslice.agent")
+    src = KubeSpecSource(
+        "n1",
+        connect(scripted.url),
+        request_timeout_s=5,
+        backoff=Backoff(initial_s=0.05, cap_s=0.1),
+    )
+    await src.get()
+    scripted.fail_with = 503
+    with pytest.raises(Exception, match="reading NodePartitioning n1: HTTP 503: etcd is down"):
+        await src.get()
+    t0 = time.monotonic()
+    await src.wait_change(0.6)  # the watch is retried with backoff, and fails each time
+    assert time.monotonic() - t0 >= 0.55
+    with pytest.raises(Exception, match="status of NodePartitioning n1: HTTP 503"):
+        await src.write_status(NodePartitioningStatus.model_validate({"observedGeneration": 1}))
+    failures = src.outage.failures
+    assert failures >= 5  # get, at least three watches, the status write
+    scripted.fail_with = None
+    assert await src.get() is not None
+    await src.write_status(NodePartitioningStatus.model_validate({"observedGeneration": 1}))
+
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "gpuslice.agent"]
+    warnings = [m for lvl, m in lines if lvl == logging.WARNING]
+    infos = [m for lvl, m in lines if lvl == logging.INFO]
+    assert len(warnings) == 1 and "NodePartitioning n1" in warnings[0]
+    assert "HTTP 503: etcd is down" in warnings[0] and "\n" not in warnings[0]
+    assert infos == [
+        f"Kubernetes API for NodePartitioning n1 succeeded after {failures} failed attempt(s)"
+    ]
+    assert len([lvl for lvl, _ in lines if lvl == logging.DEBUG]) >= failures - 1
+    assert not any(r.exc_info for r in caplog.records if r.name == "gpuslice.agent")

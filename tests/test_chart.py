@@ -615,8 +615,11 @@ NODE_LABELS: list[dict[str, str]] = [
     {"gpuslice.io/partitioning": "off"},
     {"gpuslice.io/partitioning": "mig", "nos.nebuly.com/gpu-partitioning": "mps"},
     {"nvidia.com/gpu.present": "true"},
+    {"gpuslice.io/managed": "true"},  # opted out, still draining (partitioner/optout.py)
+    {"gpuslice.io/partitioning": "off", "gpuslice.io/managed": "true"},
+    {"gpuslice.io/managed": "false"},
 ]
-OPTED_IN = [1, 2, 4, 5, 6, 8]
+OPTED_IN = [1, 2, 4, 5, 6, 8, 10, 11]
 
 
 def matches(term: dict[str, Any], labels: dict[str, str]) -> bool:
@@ -643,6 +646,20 @@ def test_agent_runs_only_on_opted_in_nodes(chart: helm.Chart) -> None:
     affinity = one(render(chart, {}), "DaemonSet")["spec"]["template"]["spec"]["affinity"]
     placed = [i for i, labels in enumerate(NODE_LABELS) if schedulable(affinity, labels)]
     assert placed == OPTED_IN
+
+
+def test_the_partitioner_labels_managed_exactly_the_nodes_the_agent_selects(
+    chart: helm.Chart,
+) -> None:
+    """partitioner/optout.py puts ``gpuslice.io/managed`` only where the DaemonSet's opt-in
+    terms already place the agent, so the label never brings the agent to a node by itself
+    (only keeps it while the node drains)."""
+    from partitioner.optout import MANAGED_LABEL, agent_selected
+
+    affinity = one(render(chart, {}), "DaemonSet")["spec"]["template"]["spec"]["affinity"]
+    for labels in NODE_LABELS:
+        opt_in = {k: v for k, v in labels.items() if k != MANAGED_LABEL}
+        assert agent_selected(opt_in) == schedulable(affinity, opt_in), labels
 
 
 def test_notes_device_plugin_affinity_selects_the_other_nodes(chart: helm.Chart) -> None:

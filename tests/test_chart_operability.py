@@ -6,8 +6,9 @@ What is checked, and against what:
 * each variant of ``serviceAccount.create`` / ``*.serviceAccount.name``, ``rbac.create``,
   ``global.imageRegistry`` and ``prometheusRules`` renders and validates (kubernetes-validate,
   strict, oldest and newest Kubernetes; the PrometheusRule structurally), and does what it says:
-  no ServiceAccount or RBAC object when off, the given names everywhere a name is used (pods,
-  bindings, the admission policy), the global registry in every image;
+  no ServiceAccount or RBAC object when off (the uninstall hook's included), the given names
+  everywhere a name is used (pods, the hook Job, bindings, the admission policy), the global
+  registry in every image;
 * ``values.schema.json`` refuses bad values of the new keys, naming the key;
 * every alert expression and every dashboard query parses as PromQL (promql-parser) and reads
   only metrics the partitioner or the agent registers; every alert is documented with what to
@@ -45,6 +46,7 @@ from test_chart import (
     load_dashboard,
     one,
     render,
+    render_files,
 )
 
 from contract.nodepartitioning import PRINTER_COLUMNS, NodePartitioning, crd_manifest
@@ -54,13 +56,14 @@ from partitioner.snapshot import PLANNED_PODS_ANNOTATION
 
 HOOK = "helm.sh/hook"
 RBAC_KINDS = {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
-NAMES = {"partitioner": "ml-gpu-controller", "agent": "ml-gpu-node"}
+NAMES = {"partitioner": "ml-gpu-controller", "agent": "ml-gpu-node", "ungate": "ml-gpu-cleanup"}
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "existing-service-accounts": {
         "serviceAccount": {"create": False},
         "partitioner": {"serviceAccount": {"name": NAMES["partitioner"]}},
         "agent": {"serviceAccount": {"name": NAMES["agent"]}},
+        "webhook": {"ungateServiceAccount": {"name": NAMES["ungate"]}},
     },
     "named-service-accounts": {
         "partitioner": {"serviceAccount": {"name": NAMES["partitioner"]}},
@@ -71,6 +74,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "rbac": {"create": False},
         "serviceAccount": {"create": False},
         "webhook": {"ungateOnUninstall": False},
+    },
+    "no-rbac-no-service-accounts-with-hook": {
+        "rbac": {"create": False},
+        "serviceAccount": {"create": False},
+        "webhook": {"ungateServiceAccount": {"name": NAMES["ungate"]}},
     },
     "global-registry": {
         "global": {"imageRegistry": "mirror.example.internal:5000/cache"},
@@ -190,13 +198,86 @@ def test_existing_service_accounts_are_used_by_name_everywhere(chart: helm.Chart
 def test_named_service_accounts_are_created_with_those_names(chart: helm.Chart) -> None:
     docs = not_hooks(render(chart, VARIANTS["named-service-accounts"]))
     accounts = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ServiceAccount"}
-    assert set(accounts) == set(NAMES.values())
+    assert set(accounts) == {NAMES["partitioner"], NAMES["agent"]}
     assert accounts[NAMES["agent"]]["metadata"]["annotations"] == {"team": "ml"}
     assert all(a["automountServiceAccountToken"] is False for a in accounts.values())
     assert pod_spec(docs, "DaemonSet")["serviceAccountName"] == NAMES["agent"]
 
 
-@pytest.mark.parametrize("variant", ["no-rbac", "no-rbac-no-service-accounts"])
+def hook_docs(docs: list[Manifest]) -> dict[str, Manifest]:
+    """The pre-delete hook's objects by kind (one of each at most)."""
+    hooks = [d for d in docs if HOOK in (d["metadata"].get("annotations") or {})]
+    by_kind = {d["kind"]: d for d in hooks}
+    assert len(by_kind) == len(hooks), [d["kind"] for d in hooks]
+    return by_kind
+
+
+@pytest.mark.parametrize(
+    ("variant", "account", "kinds"),
+    [
+        # defaults: the hook brings its own ServiceAccount and roles
+        ("defaults", f"{RELEASE}-gpuslice-ungate", {"ServiceAccount", "Job"} | RBAC_KINDS),
+        # serviceAccount.create=false: the named account must exist; roles still bind it
+        ("existing-service-accounts", NAMES["ungate"], {"Job"} | RBAC_KINDS),
+        # rbac.create=false: the hook's account is created, its roles are the user's
+        ("no-rbac", f"{RELEASE}-gpuslice-ungate", {"ServiceAccount", "Job"}),
+        # both off: only the Job, running as the given account
+        ("no-rbac-no-service-accounts-with-hook", NAMES["ungate"], {"Job"}),
+    ],
+)
+def test_uninstall_hook_respects_the_service_account_and_rbac_toggles(
+    chart: helm.Chart, variant: str, account: str, kinds: set[str]
+) -> None:
+    hook = hook_docs(render(chart, VARIANTS.get(variant, {})))
+    assert set(hook) == kinds
+    job_pod = hook["Job"]["spec"]["template"]["spec"]
+    assert job_pod["serviceAccountName"] == account
+    if "ServiceAccount" in hook:
+        assert hook["ServiceAccount"]["metadata"]["name"] == account
+        # created before the Job that uses it
+        weight = hook["ServiceAccount"]["metadata"]["annotations"]["helm.sh/hook-weight"]
+        assert int(weight) < int(hook["Job"]["metadata"]["annotations"]["helm.sh/hook-weight"])
+    for kind in ("ClusterRoleBinding", "RoleBinding"):
+        if kind in hook:
+            assert hook[kind]["subjects"] == [
+                {"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}
+            ]
+
+
+@pytest.mark.parametrize(
+    ("variant", "said"),
+    [
+        ("defaults", []),
+        ("no-rbac", ["runs as ServiceAccount gs-gpuslice-ungate", "rbac-usage.yaml"]),
+        ("existing-service-accounts", [f"runs as ServiceAccount {NAMES['ungate']}", "Create it"]),
+        ("no-rbac-no-service-accounts", []),  # no hook: nothing to say
+    ],
+)
+def test_notes_say_what_the_uninstall_hook_needs_when_the_chart_does_not_provide_it(
+    chart: helm.Chart, variant: str, said: list[str]
+) -> None:
+    notes = " ".join(
+        render_files(chart, VARIANTS.get(variant, {}))["gpuslice/templates/NOTES.txt"].split()
+    )
+    if not said:
+        assert "pre-delete hook Job runs as" not in notes
+    for text in said:
+        assert text in notes, notes
+    assert ("Create it" in notes) == (variant == "existing-service-accounts")
+
+
+def test_uninstall_hook_account_annotations_sit_beside_the_hook_annotations(
+    chart: helm.Chart,
+) -> None:
+    values = {"webhook": {"ungateServiceAccount": {"annotations": {"team": "ml"}}}}
+    sa = hook_docs(render(chart, values))["ServiceAccount"]
+    notes = sa["metadata"]["annotations"]
+    assert notes["team"] == "ml" and notes[HOOK] == "pre-delete"
+
+
+@pytest.mark.parametrize(
+    "variant", ["no-rbac", "no-rbac-no-service-accounts", "no-rbac-no-service-accounts-with-hook"]
+)
 def test_rbac_off_renders_no_role_or_binding(chart: helm.Chart, variant: str) -> None:
     docs = render(chart, VARIANTS[variant])
     assert not [d for d in not_hooks(docs) if d["kind"] in RBAC_KINDS]
@@ -204,8 +285,11 @@ def test_rbac_off_renders_no_role_or_binding(chart: helm.Chart, variant: str) ->
     assert {"Deployment", "DaemonSet", "ValidatingAdmissionPolicy"} <= kinds  # the rest stays
     accounts = [d for d in not_hooks(docs) if d["kind"] == "ServiceAccount"]
     assert len(accounts) == (2 if VARIANTS[variant].get("serviceAccount") is None else 0)
-    if variant == "no-rbac-no-service-accounts":  # and no uninstall hook: nothing of either
-        assert not [d for d in docs if d["kind"] in RBAC_KINDS | {"ServiceAccount"}]
+    # the uninstall hook follows the toggles too: no role or binding, and no account unless
+    # serviceAccount.create
+    assert not [d for d in docs if d["kind"] in RBAC_KINDS]
+    if VARIANTS[variant].get("serviceAccount") is not None:
+        assert not [d for d in docs if d["kind"] == "ServiceAccount"]
 
 
 # ---------------------------------------------------------------------------------- images
@@ -240,6 +324,11 @@ BAD_VALUES: list[tuple[dict[str, Any], str]] = [
     ({"rbac": {"create": 1}}, "/rbac/create"),
     ({"partitioner": {"serviceAccount": {"name": "ML_Controller"}}}, "/serviceAccount/name"),
     ({"agent": {"serviceAccount": {"name": "-node"}}}, "/agent/serviceAccount/name"),
+    (
+        {"webhook": {"ungateServiceAccount": {"name": "Cleanup"}}},
+        "/webhook/ungateServiceAccount/name",
+    ),
+    ({"webhook": {"ungateServiceAccount": {"create": True}}}, "'create' not allowed"),
     ({"global": {"imageRegistry": "https://mirror"}}, "/global/imageRegistry"),
     ({"prometheusRules": {"enabled": "true"}}, "/prometheusRules/enabled"),
     ({"prometheusRules": {"pendingTooLongSeconds": 10}}, "/prometheusRules/pendingTooLongSeconds"),
@@ -496,3 +585,16 @@ def test_printer_column_paths_exist_in_the_schema() -> None:
                 assert node["type"] == "array", column["name"]
                 node = node["items"]
     assert json.dumps(PRINTER_COLUMNS)  # plain data, as the CRD needs
+
+
+def test_helm_upgrade_replaces_no_agent_by_default_and_rolling_is_an_option(
+    chart: helm.Chart,
+) -> None:
+    """A replaced agent pod ends its node's MPS daemons (tests/test_agent_rollout.py), so the
+    default DaemonSet strategy is OnDelete; MIG-only clusters may choose RollingUpdate."""
+    ds = one(render(chart, {}), "DaemonSet")
+    assert ds["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    rolling = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}}
+    ds = one(render(chart, {"agent": {"updateStrategy": rolling}}), "DaemonSet")
+    assert ds["spec"]["updateStrategy"] == rolling
+    kubernetes_validate.validate(ds, NEWEST_KUBE, strict=True)

@@ -182,6 +182,48 @@ def test_output_formats_print_one_document_or_a_table(
     )
 
 
+def test_the_catalog_check_prints_every_format_and_exits_by_agreement(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``gpuslice agent --check-catalog`` honours ``-o`` like every report (a fake driver)."""
+    import pynvml
+    from test_agent_catalog_probe import CAT, FakeDriver, Gpu
+
+    from gpuslice.commands import agent
+
+    model = CAT.model("A100-SXM4-40GB")
+    bent = Gpu(model, starts={model.profile_by_shape("2g").nvml_index: (0, 2)})
+    for gpus, rc_wanted in (((Gpu(model),), 0), ((Gpu(model), bent), 1)):
+        docs = {}
+        for output in ("json", "yaml"):
+            assert agent.check_catalog(CAT, output, FakeDriver(*gpus)) == rc_wanted
+            text = capsys.readouterr().out
+            docs[output] = json.loads(text) if output == "json" else yaml.safe_load(text)
+        assert docs["json"] == docs["yaml"] and docs["json"]["agree"] is (rc_wanted == 0)
+        assert agent.check_catalog(CAT, "table", FakeDriver(*gpus)) == rc_wanted
+        plain = capsys.readouterr().out
+        assert agent.check_catalog(CAT, "wide", FakeDriver(*gpus)) == rc_wanted
+        wide = capsys.readouterr().out
+        rows = table(plain, "GPU")
+        assert [r["CATALOG MODEL"] for r in rows] == [model.name] * len(gpus)
+        assert "PCI ID" not in plain and "PCI ID" in wide
+        differences = [d for g in docs["json"]["gpus"] for d in g["differences"]]
+        assert int(rows[-1]["DIFFERENCES"]) == len(docs["json"]["gpus"][-1]["differences"])
+        for d in differences:  # each difference is listed under the GPU table
+            assert d in plain
+    assert "SPEC.status.json" in help_of("agent")  # the one file the fake agent writes
+
+    class Broken:
+        NVMLError = pynvml.NVMLError
+
+        def nvmlInit(self) -> None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+
+    assert agent.check_catalog(CAT, "table", Broken()) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "NVML unavailable" in err
+
+
 def test_bench_planner_table_matches_its_document(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -393,6 +435,23 @@ def test_a_trace_without_a_cluster_is_refused(
     assert rc == 2 and out == ""
     assert f"gpuslice {command}: error: --trace {files['wl']} needs --cluster" in err
     assert "'openb'" in err and "--cluster builtin" in err
+
+
+def test_simulate_on_an_mps_cluster_compares_what_applies_to_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The documented MPS example runs as written: without --policy the time replay leaves
+    out the static layouts (MIG layouts), and says so; asked for one, it refuses with exit 2."""
+    examples = ROOT / "docs" / "examples"
+    argv = ["simulate", "--trace", str(examples / "workload-mps.yaml"),
+            "--cluster", str(examples / "cluster-a100-mps.yaml"), "--quiet"]  # fmt: skip
+    rc, out, err = run(capsys, *argv, "-o", "json")
+    assert rc == 0, err
+    assert [r["policy"] for r in json.loads(out)["summaries"]] == ["cpsat", "greedy"]
+    assert "has MPS nodes: comparing cpsat, greedy (static layouts are MIG layouts)" in err
+    rc, out, err = run(capsys, *argv, "--policy", "static:balanced")
+    assert rc == 2 and "sets MIG layouts; the cluster is in mps mode" in err
+    assert "static:balanced" in help_of("simulate")  # the help names the replay's default
 
 
 # -- progress ------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """``gpuslice ungate`` against the test API server (kmock, Kubernetes' pod rules enforced),
 including the uninstall hook's steps (``--stop-partitioner``, ``--delete-lease``, ``--cleanup``).
 
-The command uses the ``kubernetes`` client (synchronous), so it runs in a worker thread while
-the fake API server serves on the test's event loop.
+The command is synchronous (kubernetes_asyncio on an event loop of its own), so it runs in a
+worker thread while the fake API server serves on the test's event loop.
 """
 
 from __future__ import annotations

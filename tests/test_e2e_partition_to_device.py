@@ -28,10 +28,10 @@ from typing import Any
 
 import kmock
 import kopf
-import kubernetes
 import pytest
 from fake_apiserver import NP_PATH, NP_RESOURCE, ApiServer, declare, stored
 from fake_kubelet import FakeKubelet, FakePodResources
+from kubernetes_asyncio import client as kclient
 
 from node_agent.agent import Agent, KubeSpecSource
 from node_agent.deviceplugin import DevicePluginManager
@@ -131,12 +131,8 @@ async def node_agent(
     plugins = DevicePluginManager(plugin_dir, poll_interval_s=0.1, register_timeout_s=5)
     await plugins.start()
     in_use = PodResourcesClient(pod_resources.socket_path, timeout_s=5)
-    cfg = kubernetes.client.Configuration(host=str(api.url).rstrip("/"))
-    source = KubeSpecSource(
-        "n1",
-        kubernetes.client.CustomObjectsApi(kubernetes.client.ApiClient(cfg)),
-        request_timeout_s=5,
-    )
+    api_client = kclient.ApiClient(kclient.Configuration(host=str(api.url).rstrip("/")))
+    source = KubeSpecSource("n1", kclient.CustomObjectsApi(api_client), request_timeout_s=5)
     reconciler = Reconciler(nv, in_use, FakeSupervisor(nvml=nv), CAT, publish=plugins.set_devices)
     agent = Agent(reconciler, source, resync_seconds=5, retry_seconds=0.2)
     stop = asyncio.Event()
@@ -146,6 +142,7 @@ async def node_agent(
     finally:
         stop.set()
         await asyncio.wait_for(task, timeout=10)
+        await api_client.close()
         await plugins.stop()
         await in_use.close()
         await pod_resources.stop()

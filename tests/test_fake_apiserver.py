@@ -484,3 +484,54 @@ async def test_admission_call_failure_follows_the_failure_policy(
 
 def test_kmock_option_cls_is_the_fake(kmock: kmock.KubernetesEmulator) -> None:
     assert isinstance(kmock, ApiServer)
+
+
+# --------------------------------------------------------------------------------- lists
+
+
+async def list_page(api: ApiServer, **params: str) -> tuple[int, dict[str, Any]]:
+    resp = await api.get(PODS, params=params)
+    answer: dict[str, Any] = await resp.json()
+    return resp.status, answer
+
+
+async def test_lists_are_paginated_with_continue_tokens(api: ApiServer) -> None:
+    for name in ("p3", "p1", "p2"):
+        await created(api, pod(name, gates=()))
+    status, first = await list_page(api, limit="2")
+    assert status == 200
+    assert [p["metadata"]["name"] for p in first["items"]] == ["p1", "p2"]  # in name order
+    assert first["metadata"]["remainingItemCount"] == 1
+    token = first["metadata"]["continue"]
+    await created(api, pod("p0", gates=()))  # sorts before the token's position: not listed
+    status, rest = await list_page(api, limit="2", **{"continue": token})
+    assert status == 200
+    assert [p["metadata"]["name"] for p in rest["items"]] == ["p3"]
+    assert "continue" not in rest["metadata"]
+    assert rest["metadata"]["resourceVersion"] == first["metadata"]["resourceVersion"]
+    status, everything = await list_page(api)
+    assert [p["metadata"]["name"] for p in everything["items"]] == ["p0", "p1", "p2", "p3"]
+    assert [(c.limit, c.continued, c.items) for c in api.lists] == [
+        (2, False, 2),
+        (2, True, 1),
+        (None, False, 4),
+    ]
+
+
+async def test_list_faults_on_demand(api: ApiServer) -> None:
+    for name in ("p1", "p2", "p3"):
+        await created(api, pod(name, gates=()))
+    api.fail_lists = 1
+    status, answer = await list_page(api, limit="1")
+    assert (status, answer["reason"]) == (503, "ServiceUnavailable")
+    status, first = await list_page(api, limit="1")
+    assert status == 200
+    api.expire_continues = 1
+    token = first["metadata"]["continue"]
+    status, answer = await list_page(api, limit="1", **{"continue": token})
+    assert (status, answer["reason"]) == (410, "Expired")
+    status, second = await list_page(api, limit="1", **{"continue": token})
+    assert status == 200 and [p["metadata"]["name"] for p in second["items"]] == ["p2"]
+    status, answer = await list_page(api, **{"continue": "not-a-token"})
+    assert (status, answer["reason"]) == (400, "BadRequest")
+    assert [c.status for c in api.lists] == [503, 200, 410, 200, 400]

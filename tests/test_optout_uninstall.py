@@ -286,16 +286,33 @@ def test_opted_in_nodes_get_the_managed_label_once() -> None:
         nodes=[
             node_obj("new", OPT_IN),
             node_obj("nos", {"nos.nebuly.com/gpu-partitioning": "mig", **GPU_LABELS}),
-            node_obj("bad", {"gpuslice.io/partitioning": "weird"}),  # opted in, invalid
+            # an opt-in label the agent's affinity does not select: not labelled, or the agent
+            # would take the node's GPUs from NVIDIA's device plugin and advertise nothing
+            node_obj("bad", {"gpuslice.io/partitioning": "weird"}),
+            node_obj("off", {"gpuslice.io/partitioning": "off", **GPU_LABELS}),
             node_obj("done", {**OPT_IN, MANAGED_LABEL: "true"}),
             node_obj("cpu", {"kubernetes.io/os": "linux"}),
         ],
     )
     assert node_lifecycle(index) == [
-        SetNodeLabel("bad", MANAGED_LABEL, "true"),
         SetNodeLabel("new", MANAGED_LABEL, "true"),
         SetNodeLabel("nos", MANAGED_LABEL, "true"),
     ]
+
+
+def test_a_managed_node_whose_label_turns_invalid_drains_without_touching_its_condition() -> None:
+    """``gpuslice.io/partitioning=off`` on a managed node: opted out for the agent, drained as
+    usual; its ``GpusliceReady`` is the label check's (``InvalidPartitioningLabel``), left alone."""
+    invalid = condition("InvalidPartitioningLabel", "label gpuslice.io/partitioning='off' ...")
+    labels = {"gpuslice.io/partitioning": "off", MANAGED_LABEL: "true", **GPU_LABELS}
+    holder = bound("infer", "n1", "nvidia.com/gpu-20gb")
+    index = ClusterIndex.from_objects(CAT, nodes=[node_obj("n1", labels, [invalid])], pods=[holder])
+    assert node_lifecycle(index) == []  # the pod still uses a slice: the agent stays
+    index.upsert_pod({**holder, "metadata": {**holder["metadata"], "resourceVersion": "2"},
+                      "status": {"phase": "Succeeded"}})  # fmt: skip
+    unlabel, done = node_lifecycle(index)
+    assert unlabel == SetNodeLabel("n1", MANAGED_LABEL, None)
+    assert isinstance(done, EmitEvent) and done.reason == "Drained"
 
 
 def test_an_opted_out_node_drains_while_pods_use_slices_then_is_let_go() -> None:
@@ -414,3 +431,72 @@ async def test_condition_removal_is_retried_after_the_kubelet_wrote(kmock: ApiSe
     assert n1 is not None and n1["status"]["conditions"] == [ready] and len(raced) == 1
     gets = [r for r in list(kmock) if str(r.method).upper().endswith("GET")]
     assert len(gets) == 2  # read, 409, read again, patched
+
+
+# ------------------------------------------------- the whole opt-out, through the real operator
+
+
+@pytest.mark.looptime
+async def test_the_operator_drains_an_opted_out_node_once_no_pod_uses_a_slice(
+    kmock: ApiServer,
+) -> None:
+    """The controller wires the lifecycle in: label on opt-in; on opt-out the NodePartitioning
+    goes at once, the label stays with ``Draining`` naming the pod until it ends, then both go."""
+    from test_partitioner_operator import A100, create, events, eventually, node, operator, patch
+
+    declare(kmock)
+    await create(kmock, "/api/v1/nodes", node("n1", {"gpuslice.io/partitioning": "mps", **A100}))
+    running = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "infer", "namespace": "ml"},
+        "spec": {
+            "nodeName": "n1",
+            "containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu-20gb": "1"}}}],
+        },
+        "status": {"phase": "Running"},
+    }
+    await create(kmock, "/api/v1/namespaces/ml/pods", running)
+
+    def labels() -> dict[str, str]:
+        n1 = stored(kmock, "v1/nodes", "n1")
+        assert n1 is not None
+        found: dict[str, str] = n1["metadata"].get("labels") or {}
+        return found
+
+    def ready() -> dict[str, Any] | None:
+        n1 = stored(kmock, "v1/nodes", "n1")
+        assert n1 is not None
+        conditions = (n1.get("status") or {}).get("conditions") or []
+        return next((c for c in conditions if c["type"] == "GpusliceReady"), None)
+
+    async with operator(kmock):
+        await eventually(lambda: labels().get(MANAGED_LABEL) == "true", within=10)
+        assert stored(kmock, "gpuslice.io/v1alpha1/nodepartitionings", "n1") is not None
+
+        await patch(
+            kmock, "/api/v1/nodes/n1", {"metadata": {"labels": {"gpuslice.io/partitioning": None}}}
+        )
+        await eventually(
+            lambda: stored(kmock, "gpuslice.io/v1alpha1/nodepartitionings", "n1") is None,
+            within=10,
+        )
+        draining = await eventually(ready, within=10)
+        assert (draining["status"], draining["reason"]) == ("False", DRAINING)
+        assert "1 pod(s) still do: ml/infer." in draining["message"]
+        assert labels().get(MANAGED_LABEL) == "true"  # the agent stays while the pod runs
+        (started,) = await eventually(lambda: events(kmock, DRAINING), within=5)
+        assert started["involvedObject"]["name"] == "n1"
+
+        await asyncio.sleep(10)  # nothing changes while the pod runs
+        assert labels().get(MANAGED_LABEL) == "true" and ready() == draining
+        assert len(events(kmock, DRAINING)) == 1
+
+        await patch(
+            kmock, "/api/v1/namespaces/ml/pods/infer/status", {"status": {"phase": "Succeeded"}}
+        )
+        await eventually(lambda: MANAGED_LABEL not in labels(), within=10)
+        assert ready() is None
+        (drained,) = await eventually(lambda: events(kmock, "Drained"), within=5)
+        assert drained["involvedObject"]["name"] == "n1"
+        assert "gpuslice.io/partitioning" not in labels()

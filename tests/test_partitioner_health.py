@@ -283,6 +283,8 @@ async def test_not_ready_until_the_initial_listing_completes(kmock: RefusingApiS
         assert body["reason"].startswith("no decision step yet for")
 
         kmock.refuse_lists = False
-        await eventually(lambda: ready(port) == 200, within=5, step=0.1)
+        # the listing is retried with exponential backoff (1 s doubling, jittered, 30 s cap):
+        # after 11 s of refusals the next attempt may be up to 16 s away (fake loop time)
+        await eventually(lambda: ready(port) == 200, within=31, step=0.1)
         await eventually(lambda: live(port) == 200, within=5, step=0.1)
         assert "n1" in controller.index.nodes

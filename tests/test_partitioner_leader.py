@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -291,7 +292,9 @@ async def test_only_the_leader_plans_and_a_cut_off_one_is_replaced(kmock: ApiSer
     declare(kmock)
     declare_leases(kmock)
     for name in ("n1", "n2"):
-        await create(kmock, "/api/v1/nodes", node(name, {"gpuslice.io/partitioning": "mig", **A100}))
+        await create(
+            kmock, "/api/v1/nodes", node(name, {"gpuslice.io/partitioning": "mig", **A100})
+        )
     loop = asyncio.get_running_loop()
     async with replica(kmock, "a") as a:
         await eventually(a.leading, within=10, step=0.1)
@@ -384,3 +387,30 @@ async def test_a_write_in_flight_at_the_deadline_is_cancelled(kmock: ApiServer) 
     await slow.close()
     await asyncio.sleep(0.5)  # the server answers the abandoned request
     assert kmock.writes == []
+
+
+@pytest.mark.looptime
+async def test_a_lease_outage_logs_one_warning_and_one_recovery_line(
+    kmock: ApiServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Attempts during an outage of the Lease (refused, unreachable or hanging) are not one
+    WARNING each: one when it starts, one INFO when the Lease answers again."""
+    declare(kmock)
+    declare_leases(kmock)
+    caplog.set_level(logging.INFO, logger="gpuslice.partitioner.leader")
+    a = candidate(kmock, "a")
+    async with running(a):
+        await eventually(a.is_leader, within=5, step=0.1)
+        kmock.lease_outage.add("a")  # its Lease requests hang, then answer 503
+        await asyncio.sleep(60)  # many retry periods
+        kmock.lease_outage.discard("a")
+        await eventually(a.is_leader, within=30, step=0.1)
+    lines = [
+        (r.levelno, r.getMessage())
+        for r in caplog.records
+        if r.name == "gpuslice.partitioner.leader"
+    ]
+    failed = [m for lvl, m in lines if lvl == logging.WARNING and "attempt failed" in m]
+    back = [m for lvl, m in lines if lvl == logging.INFO and "reachable again" in m]
+    assert len(failed) == 1, lines
+    assert back == [f"Lease {NAMESPACE}/{LEASE} reachable again"]

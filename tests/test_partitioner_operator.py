@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -365,3 +367,81 @@ async def test_conflicting_update_is_reported_and_retried(kmock: ApiServer) -> N
             within=15,
         )
         assert len(events(kmock, "Planned")) == 1
+
+
+# ----------------------------------------------------------- the initial listing (issue 11)
+
+
+@contextlib.asynccontextmanager
+async def listing_controller(
+    api: ApiServer, page_size: int | None = None
+) -> AsyncIterator[Controller]:
+    """A controller whose loop runs without kopf (nothing else lists), logged in to ``api``."""
+    info = kopf.ConnectionInfo(server=str(api.url).rstrip("/"))
+    controller = Controller(settings(), connection=info, clock=asyncio.get_running_loop().time)
+    if page_size is not None:
+        controller.list_page_size = page_size
+    controller.logged_in(info)
+    controller.start()
+    try:
+        yield controller
+    finally:
+        await controller.stop()
+
+
+@pytest.mark.looptime
+async def test_initial_listing_reads_every_page(kmock: ApiServer) -> None:
+    declare(kmock)
+    for i in range(5):
+        await create(
+            kmock,
+            "/api/v1/nodes",
+            node(f"n{i}", {"nos.nebuly.com/gpu-partitioning": "mig", **A100}),
+        )
+    for i in range(3):
+        await create(
+            kmock, "/api/v1/namespaces/default/pods", pod(f"p{i}", "nvidia.com/mig-1g.10gb")
+        )
+    async with listing_controller(kmock, page_size=2) as controller:
+        await eventually(lambda: controller.last_cycle is not None, within=10, step=0.1)
+        assert sorted(controller.index.nodes) == [f"n{i}" for i in range(5)]
+        assert sorted(controller.index.pods) == [f"default/p{i}" for i in range(3)]
+    pages = [(c.path, c.limit, c.items) for c in kmock.lists if c.status == 200]
+    assert pages[:6] == [
+        ("/api/v1/nodes", 2, 2),
+        ("/api/v1/nodes", 2, 2),
+        ("/api/v1/nodes", 2, 1),
+        ("/api/v1/pods", 2, 2),
+        ("/api/v1/pods", 2, 1),
+        (NP_PATH, 2, 0),
+    ]
+
+
+@pytest.mark.looptime
+async def test_initial_listing_outage_backs_off_and_logs_once(
+    kmock: ApiServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    declare(kmock)
+    caplog.set_level(logging.DEBUG, logger="gpuslice.partitioner")
+    kmock.fail_lists = 7  # the API server answers 503 to the first 7 list requests
+    async with listing_controller(kmock) as controller:
+        await eventually(lambda: controller.last_cycle is not None, within=120, step=0.1)
+    failed = [c.at for c in kmock.lists if c.status == 503]
+    assert len(failed) == 7
+    first_ok = next(c.at for c in kmock.lists if c.status == 200)
+    gaps = [b - a for a, b in itertools.pairwise([*failed, first_ok])]
+    # exponential, 1 s doubling, capped at 30 s, jitter takes off up to half of each step
+    steps = [min(30.0, 2.0**n) for n in range(7)]
+    for gap, step in zip(gaps, steps, strict=True):
+        assert step / 2 - 0.01 <= gap <= step + 0.5, (gaps, steps)
+    assert max(gaps) <= 30.5 and sum(gaps) >= 31  # grew well past a fixed 1 s retry
+
+    lines = [r for r in caplog.records if "initial listing" in r.getMessage()]
+    warnings = [r for r in lines if r.levelno == logging.WARNING]
+    infos = [r for r in lines if r.levelno == logging.INFO]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    assert "503" in warnings[0].getMessage() and warnings[0].exc_info is None
+    assert [r.getMessage() for r in infos] == [
+        "initial listing of nodes, pods and NodePartitionings succeeded after 7 failed attempt(s)"
+    ]
+    assert sum(1 for r in lines if r.levelno == logging.DEBUG) == 6

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -43,18 +44,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--fake-mig-enabled", action="store_true", help="fake GPUs start with MIG mode on"
     )
-    parser.add_argument("--spec", help="(--fake) spec file, JSON or YAML; re-read when it changes")
+    parser.add_argument(
+        "--spec",
+        help="(--fake) spec file, JSON or YAML; re-read when it changes. The agent writes its "
+        "status beside it, to SPEC.status.json (where the real agent writes the "
+        "NodePartitioning's status)",
+    )
     parser.add_argument("--once", action="store_true", help="one reconcile pass, print the status")
     parser.add_argument(
         "--check-catalog",
         action="store_true",
         help="read-only: ask NVML for this machine's MIG profiles and placements, compare them "
-        "with the catalog, print JSON; exit 0 agree, 1 differ, 2 NVML unusable",
+        "with the catalog, print the report; exit 0 agree, 1 differ, 2 NVML unusable",
     )
     add_catalog_argument(
         parser, old=("--catalog-file",), env="after the files of GPUSLICE_CATALOG_FILES"
     )
-    add_output_argument(parser, what="the status (--once)")
+    add_output_argument(parser, what="the status (--once) or the report (--check-catalog)")
 
 
 def _gib(mib: int) -> str:
@@ -109,6 +115,66 @@ def render_status(status: dict[str, Any], wide: bool = False, width: int | None 
     if status.get("lastError"):
         lines += ["", f"last error: {status['lastError']}"]
     return "\n".join(lines)
+
+
+CHECK_COLUMNS = (
+    Column("gpu", "index", align="right"),
+    Column("name", "name"),
+    Column("pci id", "pci", wide=True),
+    Column("catalog model", "model"),
+    Column("MIG", "mig", wide=True),
+    Column("profiles", "profiles", align="right"),
+    Column("differences", "differences", align="right"),
+    Column("unverified", "unverified", align="right"),
+)
+DIFFERENCE_COLUMNS = (Column("gpu", "index", align="right"), Column("difference", "text"))
+
+
+def render_check(doc: Mapping[str, Any], wide: bool = False, width: int | None = None) -> str:
+    """The table form of the catalog check (``gpuslice agent --check-catalog``): one row per
+    GPU, then every difference (``-o wide``: the unverified profile indexes too)."""
+    rows = []
+    listed: list[dict[str, Any]] = []
+    for g in doc["gpus"]:
+        gpu = g["gpu"]
+        mig = "on" if gpu["mig_current"] else ("pending" if gpu["mig_pending"] else "off")
+        rows.append(
+            {
+                "index": gpu["index"],
+                "name": gpu["name"],
+                "pci": gpu["pci_device_id"],
+                "model": g["catalogModel"],
+                "mig": mig if gpu["mig_capable"] else "not capable",
+                "profiles": len(gpu["profiles"]),
+                "differences": len(g["differences"]),
+                "unverified": len(g["unverified"]),
+            }
+        )
+        listed += [{"index": gpu["index"], "text": d} for d in g["differences"]]
+        if wide:
+            listed += [{"index": gpu["index"], "text": f"unverified {u}"} for u in g["unverified"]]
+    verdict = "the catalog agrees with the driver" if doc["agree"] else "the catalog differs"
+    lines = [verdict, render_table(CHECK_COLUMNS, rows, wide=wide, width=width)]
+    if listed:
+        lines += ["", render_table(DIFFERENCE_COLUMNS, listed, wide=wide, width=width)]
+    return "\n".join(lines)
+
+
+def check_catalog(catalog: Any, output: str, nvml: Any = None) -> int:
+    """``--check-catalog``: probe the driver read-only (:mod:`node_agent.catalog_probe`), print
+    the report in the ``-o`` format; 0 agree, 1 differ, 2 NVML unusable."""
+    import importlib
+
+    from node_agent.catalog_probe import probe, report
+
+    try:
+        gpus = probe(nvml if nvml is not None else importlib.import_module("pynvml"))
+    except Exception as e:  # no driver, no library: nothing to compare
+        print(f"gpuslice agent: NVML unavailable: {e}", file=sys.stderr)
+        return 2
+    doc = report(catalog, gpus)
+    emit(doc, output, lambda wide, width: render_check(doc, wide, width))
+    return 0 if doc["agree"] else 1
 
 
 def _print_status(status: Any, output: str) -> None:
@@ -183,9 +249,7 @@ def run(args: argparse.Namespace) -> int:
     if args.check_catalog:
         if args.fake:
             raise BadInput("--check-catalog reads the real driver; run it without --fake")
-        from node_agent.catalog_probe import check
-
-        return check(catalog)
+        return check_catalog(catalog, args.output)
     if args.fake:
         return asyncio.run(_run_fake(args, settings, catalog))
     if args.spec:
@@ -302,9 +366,11 @@ async def _run_real(args: argparse.Namespace, settings: Any, catalog: Any) -> in
         settings.allocation_grace_seconds,
         path=f"{settings.state_dir.rstrip('/')}/allocations.json" if settings.state_dir else None,
     )
+    source = KubeSpecSource(settings.node_name)
     plugins = DevicePluginManager(settings.device_plugin_dir, on_allocate=ledger.record)
     await plugins.start()
     try:
+        await source.connect()  # in-cluster service account, else kubeconfig: fails at start
         reconciler = Reconciler(
             MeteredNvml(PynvmlAdapter(smi=NvidiaSmi(binary=settings.nvidia_smi)), metrics),
             LedgerInUse(PodResourcesClient(settings.pod_resources_socket), ledger),
@@ -316,7 +382,7 @@ async def _run_real(args: argparse.Namespace, settings: Any, catalog: Any) -> in
         )
         agent = Agent(
             reconciler,
-            KubeSpecSource(settings.node_name),
+            source,
             resync_seconds=settings.resync_seconds,
             retry_seconds=settings.reconcile_retry_seconds,
             metrics=metrics,
@@ -331,4 +397,5 @@ async def _run_real(args: argparse.Namespace, settings: Any, catalog: Any) -> in
             await agent.run(_stop_on_signals())
     finally:
         await plugins.stop()
+        await source.close()
     return 0

@@ -132,10 +132,9 @@ def _run_time_replay_protocol(
         bar.update(1000 * done // max(1, total), label)
 
     settings = ReplaySettings(seed=args.seed)
+    policies = args.policy or replay_default_policies(cluster)
     try:
-        _, results = run_replay_protocol(
-            workload, cluster, args.policy, settings, args.out, progress
-        )
+        _, results = run_replay_protocol(workload, cluster, policies, settings, args.out, progress)
     except (ReplayError, ValueError) as e:
         raise BadInput(str(e)) from None
     bar.close()
@@ -149,6 +148,25 @@ def _run_time_replay_protocol(
         "summaries": [summarize(r).as_dict() for r in results],
         "files": [str(Path(args.out) / name) for name in REPLAY_FILES] if args.out else [],
     }
+
+
+def replay_default_policies(cluster: Cluster) -> str:
+    """The time replay's policies without ``--policy``: CP-SAT, greedy and a static layout;
+    the static layouts are MIG layouts, so a cluster with MPS nodes gets only the first two
+    (said on stderr)."""
+    from planner.snapshot import Mode
+    from simulations.replay_protocol import DEFAULT_POLICIES
+
+    names = DEFAULT_POLICIES.split(",")
+    if any(n.mode is Mode.MPS for n in cluster.nodes):
+        kept = [n for n in names if not n.startswith("static:")]
+        print(
+            f"simulate: cluster {cluster.name} has MPS nodes: comparing {', '.join(kept)} "
+            "(static layouts are MIG layouts)",
+            file=sys.stderr,
+        )
+        names = kept
+    return ",".join(names)
 
 
 def _run_both_protocols(
@@ -304,7 +322,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "cluster; the default without --trace)",
     )
     parser.add_argument(
-        "--policy", help=f"comma-separated policies (default: {','.join(POLICIES)})"
+        "--policy",
+        help=f"comma-separated policies: for the saturation protocol {', '.join(POLICIES)} "
+        "(default: all), for the time replay cpsat, greedy, static:<layout> (default: "
+        "cpsat,greedy,static:balanced; without the static layout on a cluster with MPS nodes)",
     )
     parser.add_argument(
         "--protocol",

@@ -37,6 +37,7 @@ object), 2 bad input.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
@@ -52,6 +53,8 @@ HELP = "release pods from gpuslice's scheduling gate (uninstall, partitioner dow
 MERGE_PATCH = "application/merge-patch+json"
 _ATTEMPTS = 5
 _PAGE = 500
+REQUEST_TIMEOUT_S = 30.0
+"""Longest wait for one API request."""
 NODE_CONDITION = "GpusliceReady"
 """The partitioner's node condition (partitioner.actions.NODE_CONDITION)."""
 MANAGED_LABEL = "gpuslice.io/managed"
@@ -157,42 +160,76 @@ def _targets(args: argparse.Namespace) -> list[tuple[str, str]]:
 
 
 class Cluster:
-    """The few calls this command makes, as raw JSON (kubernetes client, no model objects)."""
+    """The few calls this command makes, as raw JSON (kubernetes_asyncio, no model objects).
+
+    The command is a sequence of calls, one after another, so this class keeps it synchronous:
+    each call runs to completion on the class's own event loop (an :class:`asyncio.Runner`),
+    and :meth:`close` closes the client and that loop.  Each request is bounded by
+    :data:`REQUEST_TIMEOUT_S`; no answer in time, or none at all, is an :class:`ApiFailure`
+    with status 0.
+    """
 
     def __init__(self, kubeconfig: str | None, context: str | None) -> None:
-        from kubernetes import client, config
+        self._runner = asyncio.Runner()
+        try:
+            self._api_client = self._runner.run(self._connect(kubeconfig, context))
+        except BaseException:
+            self._runner.close()
+            raise
+        from kubernetes_asyncio import client
+
+        self.core = client.CoreV1Api(self._api_client)
+        self.admission = client.AdmissionregistrationV1Api(self._api_client)
+        self.apps = client.AppsV1Api(self._api_client)
+        self.custom = client.CustomObjectsApi(self._api_client)
+        self.coordination = client.CoordinationV1Api(self._api_client)
+
+    @staticmethod
+    async def _connect(kubeconfig: str | None, context: str | None) -> Any:
+        """An ApiClient: the in-cluster service account when no kubeconfig or context is
+        given and the process runs in a pod, else the kubeconfig (``$KUBECONFIG``,
+        ``~/.kube/config``)."""
+        from kubernetes_asyncio import client, config
 
         try:
             if kubeconfig is None and context is None and "KUBERNETES_SERVICE_HOST" in os.environ:
                 configuration = client.Configuration()
                 config.load_incluster_config(client_configuration=configuration)
-                api_client = client.ApiClient(configuration)
-            else:
-                api_client = config.new_client_from_config(config_file=kubeconfig, context=context)
+                return client.ApiClient(configuration)
+            return await config.new_client_from_config(config_file=kubeconfig, context=context)
         except (config.ConfigException, OSError, ValueError, TypeError) as e:
             where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
             raise BadInput(f"cannot connect: kubeconfig {where}: {e}") from None
-        self.core = client.CoreV1Api(api_client)
-        self.admission = client.AdmissionregistrationV1Api(api_client)
-        self.apps = client.AppsV1Api(api_client)
-        self.custom = client.CustomObjectsApi(api_client)
-        self.coordination = client.CoordinationV1Api(api_client)
 
-    @staticmethod
-    def _call(what: str, fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
+    def close(self) -> None:
+        try:
+            self._runner.run(self._api_client.close())
+        finally:
+            self._runner.close()
+
+    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        import aiohttp
+
+        async def call() -> tuple[int, str, bytes]:
+            resp = await fn(
+                *args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S, **kwargs
+            )
+            try:
+                return resp.status, str(resp.reason or ""), await resp.read()
+            finally:
+                resp.release()
 
         try:
-            resp = fn(*args, _preload_content=False, **kwargs)
-        except ApiException as e:
-            detail = e.reason or ""
+            status, reason, data = self._runner.run(call())
+        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+            why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            raise ApiFailure(what, 0, f"cannot reach the API server: {why}") from None
+        if not 200 <= status < 300:
+            detail = reason
             with contextlib.suppress(ValueError, AttributeError):
-                detail = json.loads(e.body or "{}").get("message") or detail
-            raise ApiFailure(what, int(e.status or 0), str(detail)) from None
-        except HTTPError as e:
-            raise ApiFailure(what, 0, f"cannot reach the API server: {e}") from None
-        result: dict[str, Any] = json.loads(resp.data or b"{}")
+                detail = json.loads(data or b"{}").get("message") or detail
+            raise ApiFailure(what, status, str(detail))
+        result: dict[str, Any] = json.loads(data or b"{}")
         return result
 
     def _pages(
@@ -562,6 +599,20 @@ def run(args: argparse.Namespace) -> int:
     partitioner = _deployment(args)
     lease = _namespaced("--delete-lease", args.delete_lease, "NAME")
     cluster = Cluster(args.kubeconfig, args.context)
+    try:
+        return _run(cluster, args, targets, partitioner, lease)
+    finally:
+        cluster.close()
+
+
+def _run(
+    cluster: Cluster,
+    args: argparse.Namespace,
+    targets: list[tuple[str, str]],
+    partitioner: tuple[str, str] | None,
+    lease: tuple[str, str] | None,
+) -> int:
+    """Every step, in order (module docstring); the exit code."""
     verb = "would release" if args.dry_run else "released"
     failed = 0
     if args.remove_webhook:

@@ -66,6 +66,12 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{ default (include "gpuslice.componentName" (list . "agent")) .Values.agent.serviceAccount.name }}
 {{- end }}
 
+{{/* The uninstall hook's ServiceAccount: webhook.ungateServiceAccount.name, else
+<fullname>-ungate (created for the hook only when serviceAccount.create). */}}
+{{- define "gpuslice.ungateServiceAccount" -}}
+{{ default (include "gpuslice.componentName" (list . "ungate")) .Values.webhook.ungateServiceAccount.name }}
+{{- end }}
+
 {{- define "gpuslice.catalogConfigMap" -}}
 {{ include "gpuslice.componentName" (list . "catalog") }}
 {{- end }}
