@@ -28,7 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "gpuslice.commands.plan",
         "plan a pending batch (built-in demo or a kubectl snapshot)",
     ),
-    "bench": ("gpuslice.commands.bench", "run a benchmark (planner)"),
+    "bench": ("gpuslice.commands.bench", "run a benchmark (planner, controller)"),
     "simulate": (
         "gpuslice.commands.simulate",
         "what-if simulator (default: built-in workload and cluster)",

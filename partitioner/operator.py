@@ -73,14 +73,12 @@ from contract.nodepartitioning import GROUP, PLURAL, VERSION
 from partitioner.batching import forget
 from partitioner.decide import (
     ControllerState,
-    DecideConfig,
     Decision,
     PlanFn,
     decide,
-    default_planner,
 )
 from partitioner.health import ControllerHealth
-from partitioner.index import ClusterIndex
+from partitioner.index import ClusterIndex, freeze_heap
 from partitioner.kubeapi import Backoff, Endpoint, KubeApi, retry_with_backoff
 from partitioner.leader import ElectionConfig, FencedApi, LeaderElector, Leadership, NotLeader
 from partitioner.metrics import Metrics
@@ -173,19 +171,7 @@ class Controller:
         """Waits between failed attempts of the initial listing (``rand``: its jitter)."""
         self._rand = rand
         cat = catalog if catalog is not None else load_catalog(settings.catalog_files)
-        self.config = DecideConfig(
-            catalog=cat,
-            policy=settings.batch_policy(),
-            planner_settings=settings.planner_settings(),
-            planner=planner if planner is not None else default_planner(),
-            reservation=settings.reservation,
-            apply_deadline_s=settings.apply_deadline_seconds,
-            bind_deadline_s=settings.bind_deadline_seconds,
-            cooldown_s=settings.cooldown_seconds,
-            drain_after_s=settings.drain_after_seconds,
-            drain_fraction=settings.drain_fraction,
-            node_lifecycle=True,
-        )
+        self.config = settings.decide_config(cat, planner)
         self.metrics = metrics if metrics is not None else Metrics()
         self.offload = offload
         """Run the decision step in a worker thread (planning must not stall the watchers)."""
@@ -389,6 +375,7 @@ class Controller:
             logger=log,
         )
         self.health.synced()
+        freeze_heap()
         if self.elector is not None and self._election is None:
             self._election = asyncio.create_task(
                 self.elector.run(), name="gpuslice-partitioner-election"

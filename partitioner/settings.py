@@ -11,7 +11,7 @@ on a namespace: the partitioner watches Nodes, Pods and NodePartitionings cluste
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -19,6 +19,10 @@ from contract.common_settings import CommonSettings
 from contract.renamed_env import fill_from_renamed, renamed_in_use
 from partitioner.batching import BatchPolicy
 from planner.settings import PlannerSettings, Policy
+
+if TYPE_CHECKING:
+    from partitioner.decide import DecideConfig, PlanFn
+    from planner.catalog import Catalog
 
 __all__ = ["PartitionerSettings"]
 
@@ -190,6 +194,25 @@ class PartitionerSettings(CommonSettings):
                 f"different ports (defaults 8080 and 8081)"
             )
         return self
+
+    def decide_config(self, catalog: Catalog, planner: PlanFn | None = None) -> DecideConfig:
+        """The decision step's configuration from these settings (the controller's, and the
+        controller benchmark's); ``planner`` defaults to the production planner."""
+        from partitioner.decide import DecideConfig, default_planner
+
+        return DecideConfig(
+            catalog=catalog,
+            policy=self.batch_policy(),
+            planner_settings=self.planner_settings(),
+            planner=planner if planner is not None else default_planner(),
+            reservation=self.reservation,
+            apply_deadline_s=self.apply_deadline_seconds,
+            bind_deadline_s=self.bind_deadline_seconds,
+            cooldown_s=self.cooldown_seconds,
+            drain_after_s=self.drain_after_seconds,
+            drain_fraction=self.drain_fraction,
+            node_lifecycle=True,
+        )
 
     def batch_policy(self) -> BatchPolicy:
         return BatchPolicy(

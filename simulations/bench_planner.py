@@ -140,11 +140,23 @@ def unplaced_eligible(result: Plan) -> int:
     return sum(1 for reason in result.unplaced.values() if reason.startswith(_ROOM_REASONS))
 
 
-def _loadavg() -> list[float] | None:
+def loadavg() -> list[float] | None:
     try:
         return [round(x, 2) for x in os.getloadavg()]
     except OSError:  # not available on this platform
         return None
+
+
+def machine_info(load_start: list[float] | None) -> dict[str, Any]:
+    """The ``machine`` part of a benchmark document: CPUs, Python, platform, load average at
+    the start (``load_start``) and now."""
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "loadavg_start": load_start,
+        "loadavg_end": loadavg(),
+    }
 
 
 def _summary(values: Sequence[float]) -> dict[str, float]:
@@ -177,7 +189,7 @@ def run_benchmark(
         raise ValueError(f"{len(sizes)} sizes but {len(counts)} instance counts")
     catalog = default_catalog()
     base = PlannerSettings(time_limit_s=time_limit_s, seed=seed, num_workers=num_workers)
-    load_start = _loadavg()
+    load_start = loadavg()
     policies = {
         "cpsat": replace(base, policy=Policy.CPSAT),
         "greedy": replace(base, policy=Policy.GREEDY),
@@ -198,7 +210,7 @@ def run_benchmark(
             )
             row: dict[str, Any] = {"instance_seed": inst_seed, "pending_pods": len(snapshot.pods)}
             for name, settings in policies.items():
-                load = _loadavg()
+                load = loadavg()
                 result, seconds, cpu_seconds = _run_one(snapshot, settings, catalog)
                 stats = result.stats
                 entry: dict[str, Any] = {
@@ -241,13 +253,7 @@ def run_benchmark(
         "time_limit_s": time_limit_s,
         "seed": seed,
         "num_workers": num_workers,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "loadavg_start": load_start,
-            "loadavg_end": _loadavg(),
-        },
+        "machine": machine_info(load_start),
         "sizes": results,
         "cpsat_ge_greedy_everywhere": all(r["cpsat_ge_greedy"] for r in results),
     }
@@ -367,27 +373,45 @@ def run(args: argparse.Namespace, instances: list[int] | None) -> int:
         pending_fraction=args.pending_fraction,
         progress=lambda line: print(line, file=sys.stderr, flush=True),
     )
-    text = json.dumps(result, indent=2)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-        print(f"wrote {args.out}", file=sys.stderr)
-    else:
-        print(text)
+    emit_document(result, args.out)
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def emit_document(doc: Any, out: str | None) -> None:
+    """A benchmark's JSON document: to the file ``out`` (and "wrote <file>" on stderr) or to
+    stdout (the ``python -m simulations.bench_*`` commands)."""
+    text = json.dumps(doc, indent=2)
+    if out:
+        with open(out, "w") as f:
+            f.write(text + "\n")
+        print(f"wrote {out}", file=sys.stderr)
+    else:
+        print(text)
+
+
+def parse_bench_args[T](
+    module: str,
+    doc: str | None,
+    add: Callable[[argparse.ArgumentParser], None],
+    check: Callable[[argparse.Namespace], T],
+    argv: Sequence[str] | None,
+) -> tuple[argparse.Namespace, T]:
+    """``python -m simulations.<module>``'s options (``add``, plus ``--out``) and what ``check``
+    makes of them; a ``ValueError`` from ``check`` is a usage error (exit status 2)."""
     parser = argparse.ArgumentParser(
-        prog="python -m simulations.bench_planner", description=__doc__.splitlines()[0]
+        prog=f"python -m simulations.{module}", description=(doc or "").splitlines()[0]
     )
-    add_arguments(parser)
+    add(parser)
     parser.add_argument("--out", default=None, help="write the JSON here instead of stdout")
     args = parser.parse_args(argv)
     try:
-        instances = check_args(args)
+        return args, check(args)
     except ValueError as e:
         parser.error(str(e))  # exits with status 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args, instances = parse_bench_args("bench_planner", __doc__, add_arguments, check_args, argv)
     return run(args, instances)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import urllib.error
 import urllib.request
@@ -288,3 +289,32 @@ async def test_not_ready_until_the_initial_listing_completes(kmock: RefusingApiS
         await eventually(lambda: ready(port) == 200, within=31, step=0.1)
         await eventually(lambda: live(port) == 200, within=5, step=0.1)
         assert "n1" in controller.index.nodes
+
+
+@pytest.mark.looptime
+async def test_the_heap_is_frozen_once_after_the_initial_listing(
+    kmock: RefusingApiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After its initial listing the controller moves its long-lived objects out of the cyclic
+    collector's reach (partitioner.index.freeze_heap), once, not before it has synced."""
+    declare(kmock)
+    await create(kmock, "/api/v1/nodes", node("n1", {"gpuslice.io/partitioning": "mig", **A100}))
+    synced_when_frozen: list[bool] = []
+    box: dict[str, Controller] = {}
+    monkeypatch.setattr(
+        "partitioner.operator.freeze_heap",
+        lambda: synced_when_frozen.append("n1" in box["c"].index.nodes),
+    )
+    async with running(kmock) as (controller, port):
+        box["c"] = controller
+        await eventually(lambda: ready(port) == 200, within=10, step=0.1)
+        await asyncio.sleep(3)  # several cycles
+    assert synced_when_frozen == [True]
+
+
+def test_freezing_moves_the_live_objects_out_of_the_collector() -> None:
+    from partitioner.index import freeze_heap
+
+    kept = [{"pod": i} for i in range(1000)]
+    freeze_heap()
+    assert gc.get_freeze_count() >= len(kept)

@@ -1,13 +1,25 @@
-"""``gpuslice bench planner``: the planner benchmark (:mod:`simulations.bench_planner`).
+"""``gpuslice bench planner`` and ``gpuslice bench controller``: the benchmarks.
 
-Output (``-o``, :mod:`gpuslice.output`): one table row per cluster size, as in the README --
-wall time p50 / p99 of CP-SAT and of the greedy baseline, pods placed per instance, eligible
-pods left unplaced and weighted churn (sums over the instances), CP-SAT's solver statuses and
-whether CP-SAT placed at least the greedy's priority-weighted pods on every instance.
+``planner`` (:mod:`simulations.bench_planner`) times the CP-SAT planner against the greedy
+baseline; ``controller`` (:mod:`simulations.bench_controller`) times the partitioner's index
+build and decision step on a large cluster (memory, idle cycle, snapshot build).
+
+Output of ``planner`` (``-o``, :mod:`gpuslice.output`): one table row per cluster size, as in
+the README -- wall time p50 / p99 of CP-SAT and of the greedy baseline, pods placed per
+instance, eligible pods left unplaced and weighted churn (sums over the instances), CP-SAT's
+solver statuses and whether CP-SAT placed at least the greedy's priority-weighted pods on every
+instance.
 ``-o wide`` adds CPU time and the calls over the time limit; ``-o json`` / ``-o yaml`` print the
 whole result document (per-plan times, churn parts, gaps, the machine's load).
 ``--out DIR`` also writes that document to ``DIR/planner.json``.  Progress (one line per
 instance) goes to stderr unless ``--quiet``.
+
+Output of ``controller``: one table row per figure (index build, memory, first cycle, the two
+kinds of idle cycle, snapshot build) with its target and pass/fail where issue 11 sets one;
+``-o json`` / ``-o yaml`` print the whole document; ``--out DIR`` writes
+``DIR/controller.json``.  The planner's options (``--sizes`` ...) and the controller's
+(``--nodes``, ``--pods``, ``--pending``, ``--cycles``, ``--snapshot-repeats``) are each read by
+their own target only; ``--seed`` is shared.
 """
 
 from __future__ import annotations
@@ -15,26 +27,34 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from gpuslice.cli import BadInput
 from gpuslice.output import Column, add_output_argument, emit, render_table
 
-HELP = "run a benchmark: 'planner' compares the CP-SAT planner with the greedy baseline"
+HELP = (
+    "run a benchmark: 'planner' compares the CP-SAT planner with the greedy baseline; "
+    "'controller' times the partitioner's index and decision step on a large cluster"
+)
 REPORT_FILE = "planner.json"
-"""The file ``--out DIR`` gets."""
+"""The file ``--out DIR`` gets from ``bench planner``."""
+REPORT_FILES = {"planner": REPORT_FILE, "controller": "controller.json"}
+"""The file ``--out DIR`` gets, per target."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from simulations import bench_planner
+    from simulations import bench_controller, bench_planner
 
-    parser.add_argument("target", choices=["planner"], help="what to benchmark")
+    parser.add_argument("target", choices=list(REPORT_FILES), help="what to benchmark")
     bench_planner.add_arguments(parser)
+    bench_controller.add_arguments(parser, seed=False)
     parser.add_argument(
         "--out",
         metavar="DIR",
-        help=f"also write the result document to DIR/{REPORT_FILE} (DIR is created)",
+        help=f"also write the result document to DIR/{REPORT_FILE} (bench planner) or "
+        f"DIR/{REPORT_FILES['controller']} (bench controller); DIR is created",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     add_output_argument(parser, what="the result")
@@ -91,24 +111,118 @@ def render_text(doc: dict[str, Any], wide: bool = False, width: int | None = Non
     return f"{head}\n{table}"
 
 
-def _target(out: str | None) -> Path | None:
-    """The file ``--out`` means: ``DIR/planner.json``; a value ending in ``.json`` that is not
+def _target(out: str | None, name: str = REPORT_FILE) -> Path | None:
+    """The file ``--out`` means: ``DIR/<name>``; a value ending in ``.json`` that is not
     a folder is the first releases' ``--out FILE``, kept with a note."""
     if not out:
         return None
     path = Path(out)
     if path.suffix == ".json" and not path.is_dir():
         print(f"gpuslice bench: note: --out FILE is deprecated; give a folder, which gets "
-              f"{REPORT_FILE}", file=sys.stderr)  # fmt: skip
+              f"{name}", file=sys.stderr)  # fmt: skip
         return path
     if path.exists() and not path.is_dir():
-        raise BadInput(f"--out {out}: not a folder; give a folder (it gets {REPORT_FILE})")
-    return path / REPORT_FILE
+        raise BadInput(f"--out {out}: not a folder; give a folder (it gets {name})")
+    return path / name
+
+
+def _ms(seconds: float) -> str:
+    return f"{1000 * seconds:.1f} ms"
+
+
+def _verdict(doc: dict[str, Any], name: str) -> tuple[str, str]:
+    t = doc["targets"][name]
+    unit = " MiB" if name.endswith("_mib") else ""
+    limit = f"<= {t['limit']:g}{unit}" if unit else f"<= {_ms(t['limit'])}"
+    return limit, "pass" if t["pass"] else "FAIL"
+
+
+def controller_rows(doc: dict[str, Any]) -> list[dict[str, str]]:
+    """The rows of the ``bench controller`` table (one per figure)."""
+    idx, mem, cyc, snap = doc["index"], doc["memory"], doc["cycles"], doc["snapshot"]
+
+    def times(s: dict[str, float]) -> str:
+        return f"{_ms(s['p50'])} / {_ms(s['p99'])}"
+
+    def mib(v: float | None) -> str:
+        return "n/a" if v is None else f"{v:g} MiB"
+
+    idle_limit, idle_ok = _verdict(doc, "idle_cycle_p99_s")
+    snap_limit, snap_ok = _verdict(doc, "snapshot_build_s")
+    mem_limit, mem_ok = _verdict(doc, "resident_memory_mib")
+    return [
+        {"figure": "index build (all objects as ADDED events)",
+         "value": f"{idx['build_s']:.2f} s ({idx['apply_us_per_object']:g} us/object)",
+         "target": "", "result": ""},
+        {"figure": "resident memory after build, after cycles",
+         "value": f"{mib(mem['index_mib'])}, {mib(mem['steady_mib'])}",
+         "target": mem_limit, "result": mem_ok},
+        {"figure": "first cycle (computes, caches eligibility)", "value": _ms(cyc["first_s"]),
+         "target": "", "result": ""},
+        {"figure": "idle cycle, window open: p50 / p99",
+         "value": times(cyc["idle_window_open_s"]), "target": "", "result": ""},
+        {"figure": "idle cycle, after a plan: p50 / p99",
+         "value": times(cyc["idle_after_plan_s"]), "target": "", "result": ""},
+        {"figure": "idle cycle, all: p50 / p99", "value": times(cyc["idle_all_s"]),
+         "target": f"p99 {idle_limit}", "result": idle_ok},
+        {"figure": f"snapshot build ({snap['pods']} pods, {snap['nodes']} nodes): p50 / p99",
+         "value": times(snap["build_s"]), "target": f"p99 {snap_limit}", "result": snap_ok},
+    ]  # fmt: skip
+
+
+CONTROLLER_COLUMNS = (
+    Column("figure", "figure"),
+    Column("value", "value"),
+    Column("target", "target"),
+    Column("result", "result"),
+)
+
+
+def render_controller(doc: dict[str, Any], wide: bool = False, width: int | None = None) -> str:
+    """The README's table of a :func:`simulations.bench_controller.run_benchmark` result."""
+    load = doc["machine"]["loadavg_start"]
+    head = (
+        f"controller benchmark: {doc['nodes']} nodes x {doc['gpus_per_node']} "
+        f"{doc['gpu_model']}, {doc['pods']} pods ({doc['pending']} pending), seed "
+        f"{doc['seed']}, {doc['machine']['cpus']} CPU(s), load "
+        f"{'n/a' if load is None else ' '.join(map(str, load))}"
+    )
+    table = render_table(CONTROLLER_COLUMNS, controller_rows(doc), wide=wide, width=width)
+    return f"{head}\n{table}"
+
+
+def _progress(args: argparse.Namespace) -> Callable[[str], None]:
+    if args.quiet:
+        return lambda _: None
+    return lambda line: print(line, file=sys.stderr, flush=True)
+
+
+def _write(doc: dict[str, Any], target: Path | None) -> None:
+    if target is not None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(doc, indent=2) + "\n")
+        print(f"wrote {target}", file=sys.stderr)
+
+
+def run_controller(args: argparse.Namespace) -> int:
+    from simulations import bench_controller
+
+    try:
+        bench_controller.check_args(args)
+    except ValueError as e:
+        raise BadInput(str(e)) from e
+    target = _target(args.out, REPORT_FILES["controller"])
+    doc = bench_controller.run_args(args, _progress(args))
+    emit(doc, args.output, lambda wide, width: render_controller(doc, wide, width))
+    _write(doc, target)
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
     from simulations import bench_planner
 
+    if args.target == "controller":
+        return run_controller(args)
     try:
         instances = bench_planner.check_args(args)
     except ValueError as e:
@@ -123,13 +237,8 @@ def run(args: argparse.Namespace) -> int:
         gpus_per_node=args.gpus_per_node,
         occupancy=args.occupancy,
         pending_fraction=args.pending_fraction,
-        progress=(lambda _: None)
-        if args.quiet
-        else (lambda line: print(line, file=sys.stderr, flush=True)),
+        progress=_progress(args),
     )
     emit(doc, args.output, lambda wide, width: render_text(doc, wide, width))
-    if target is not None:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(json.dumps(doc, indent=2) + "\n")
-        print(f"wrote {target}", file=sys.stderr)
+    _write(doc, target)
     return 0
