@@ -49,7 +49,9 @@ step:
    node's spec; unplaced pods get ``cannot place: <reason>``.
 8. **Drain.**  A gated pod the plan could not place for lack of capacity that has waited
    ``drain_after_s`` gets a drain (:mod:`partitioner.drain`) while the cluster's drain budget
-   (``drain_fraction`` of the GPUs) has room.
+   (``drain_fraction`` of the GPUs) has room; with ``drain_overtaken`` = K > 0 only once K
+   younger slice pods are bound (it is being overtaken, not merely waiting in a queue that
+   everyone waits in: in deep overload drains were most of the reconfigurations).
 9. **Status view.**  Each node's ``status.reservations`` is rewritten when the promises on it
    changed.
 
@@ -68,6 +70,7 @@ retried after ``retry`` seconds), so a bad input cannot make the controller spin
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -166,6 +169,10 @@ class DecideConfig:
     """A gated pod no plan can place gets a drain after waiting this long."""
     drain_fraction: float = 0.1
     """At most this fraction of the GPUs may be frozen for drains at once."""
+    drain_overtaken: int = 0
+    """Drain only for a pod that at least this many younger slice pods have overtaken (bound
+    now, created after it): starvation relative to the queue rather than waiting alone.  0
+    (the default): every pod past ``drain_after_s`` may be drained (module docstring, step 8)."""
     node_lifecycle: bool = False
     """Also emit the opt-in/opt-out node writes (:func:`partitioner.optout.node_lifecycle`:
     the ``gpuslice.io/managed`` label, the ``Draining`` condition, their removal once drained).
@@ -178,6 +185,8 @@ class DecideConfig:
                 raise ValueError(f"{name} must be >= 0 seconds, got {getattr(self, name)}")
         if not 0 <= self.drain_fraction <= 1:
             raise ValueError(f"drain_fraction must be in [0, 1], got {self.drain_fraction}")
+        if not self.drain_overtaken >= 0:
+            raise ValueError(f"drain_overtaken must be >= 0, got {self.drain_overtaken}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -1042,11 +1051,27 @@ class _Step:
         left them out at their resource's bound (:meth:`planning_input`) although a plannable
         node is eligible for them."""
         capacity = Unplaced.CAPACITY.value
+        need = self.config.drain_overtaken
+        younger: list[float] | None = None
+        """Creation times of the slice pods bound now, sorted (read once, if ``need``)."""
         for key, pod in self.candidates.items():  # in _order already
             if key not in self.managed or key in self.drains:
                 continue
             if self.now - (pod.created or self.now) < self.config.drain_after_s:
                 continue
+            if need:
+                if younger is None:
+                    younger = sorted(
+                        b.created
+                        for b in self.index.pods.values()
+                        if b.node in self.gpu_nodes
+                        and b.slices
+                        and b.created is not None
+                        and not b.finished
+                    )
+                created = pod.created if pod.created is not None else self.now
+                if len(younger) - bisect.bisect_right(younger, created) < need:
+                    continue  # not overtaken often enough: served in turn, no drain
             if key in plan.unplaced:
                 if plan.unplaced[key].startswith(capacity):
                     yield pod

@@ -99,6 +99,12 @@ class PartitionerSettings(CommonSettings):
     drain_fraction: float = Field(
         0.1, ge=0, le=1, description="At most this fraction of the GPUs may be drained at once."
     )
+    drain_overtaken: int = Field(
+        0,
+        ge=0,
+        description="Drain only for a pod that at least this many younger slice pods have "
+        "overtaken (bound now, created after it); 0: any pod past the drain wait.",
+    )
     metrics_port: int = Field(8080, ge=0, le=65535, description="Prometheus /metrics port.")
     health_port: int = Field(
         8081, ge=0, le=65535, description="Port of /healthz (liveness) and /readyz (readiness)."
@@ -211,6 +217,7 @@ class PartitionerSettings(CommonSettings):
             cooldown_s=self.cooldown_seconds,
             drain_after_s=self.drain_after_seconds,
             drain_fraction=self.drain_fraction,
+            drain_overtaken=self.drain_overtaken,
             node_lifecycle=True,
         )
 

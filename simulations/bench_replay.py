@@ -204,6 +204,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--idle", type=float, default=NOS_WINDOW[1])
     ap.add_argument("--retry", type=float, default=60.0)
     ap.add_argument("--apply-delay", type=float, default=5.0)
+    ap.add_argument(
+        "--drain-fraction",
+        type=float,
+        default=0.1,
+        help="partitioner setting drainFraction: most GPUs draining at once (0: no drains)",
+    )
+    ap.add_argument(
+        "--drain-overtaken",
+        type=int,
+        default=0,
+        help="partitioner setting drainOvertaken: drain only pods this many younger slice pods "
+        "have overtaken (0: any pod past the drain wait; greedy never drains)",
+    )
     ap.add_argument("--time-limit", type=float, default=1.0, help="CP-SAT seconds per plan")
     ap.add_argument("--policies", default="cpsat,greedy")
     ap.add_argument(
@@ -240,6 +253,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "batch_idle_s": args.idle,
             "batch_retry_s": args.retry,
             "apply_delay_s": args.apply_delay,
+            "drain_overtaken": args.drain_overtaken,
+            "drain_fraction": args.drain_fraction,
             "time_compression": args.compression,
             "seed": args.seed,
         },

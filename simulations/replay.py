@@ -142,6 +142,8 @@ class ReplaySettings:
     """Partitioner setting: a gated pod no plan can place gets a drain after this long."""
     drain_fraction: float = 0.1
     """Partitioner setting: at most this fraction of GPUs frozen for drains at once."""
+    drain_overtaken: int = 0
+    """Partitioner setting: drain only pods this many younger slice pods have overtaken."""
     recreate_delay_s: float = 1.0
     """A pod the kubelet rejected (stale allocatable) is created again by its controller this
     long after (the controller's reaction, scheduling and admission round trip)."""
@@ -448,6 +450,7 @@ class _Engine:
                 cooldown_s=settings.cooldown_s,
                 drain_after_s=settings.drain_after_s,
                 drain_fraction=settings.drain_fraction,
+                drain_overtaken=settings.drain_overtaken,
             )
         for name in fake.nodes:
             self._report(name)

@@ -852,6 +852,7 @@ def test_partitioner_values_reach_its_settings(
                 "cooldownSeconds": 0,
                 "drainAfterSeconds": 7200,
                 "drainFraction": 0.25,
+                "drainOvertaken": 4,
             },
             "liveness": {"staleSeconds": 300, "failedSteps": 0},
         }
@@ -869,6 +870,7 @@ def test_partitioner_values_reach_its_settings(
     assert p.mps_reserve_mib == 1024
     assert (s.reservation, s.apply_deadline_seconds, s.bind_deadline_seconds) == (False, 60, 30)
     assert (s.cooldown_seconds, s.drain_after_seconds, s.drain_fraction) == (0, 7200, 0.25)
+    assert s.drain_overtaken == 4 and s.decide_config(load_catalog()).drain_overtaken == 4
     assert (s.liveness_stale_seconds, s.liveness_failed_steps) == (300, 0)
 
 

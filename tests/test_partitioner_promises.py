@@ -507,3 +507,39 @@ def test_reservation_annotations_round_trip(deadline: float) -> None:
 
     r = Reservation("n1", State.PLANNED, {ONE_G: (0, 3)}, "7", T0, deadline)
     assert parse_reservation(r.to_json()) == r
+
+
+def test_with_drain_overtaken_only_an_overtaken_pod_is_drained() -> None:
+    """``drain_overtaken`` = 2: the long-waiting 7g pod gets no drain while only one younger
+    slice pod is bound (everyone waits in turn), and a drain once a second one is."""
+    config = dataclasses.replace(CONFIG, drain_overtaken=2)
+    busy0 = status_gpu(0, ("3g.40gb", 4, True))
+    busy1 = status_gpu(1, ("1g.10gb", 0, True), ("1g.10gb", 1, True), ("3g.40gb", 4, True))
+    three = "nvidia.com/mig-3g.40gb"
+
+    def younger(name: str, *resources: str) -> dict[str, Any]:
+        pod = running(name, "n1", *resources)
+        pod["metadata"]["creationTimestamp"] = "2027-01-15T08:05:00Z"  # after T0
+        return pod
+
+    c = Cluster(
+        node("n1", MIG),
+        applied_np("n1", busy0, busy1),
+        gated("big", SEVEN_G, created=T0),
+        running("a", "n1", three),  # older than "big" (no creation time: not counted)
+        younger("b", ONE_G, ONE_G, three),
+    )
+    c.step(T0 + 600, config)
+    d = c.step(T0 + 611, config)
+    assert d.plan is not None and "ns/big" in d.plan.unplaced
+    assert events(d, "Draining") == [] and reservation(c, "big") is None
+    c.put(younger("c", ONE_G))
+    c.put(applied_np("n1", busy0, status_gpu(1, ("1g.10gb", 0, True), ("1g.10gb", 1, True),
+                                               ("1g.10gb", 2, True), ("3g.40gb", 4, True))))  # fmt: skip
+    c.step(T0 + 700, config)  # the change opens a window; planned after its idle time
+    d = c.step(T0 + 711, config)
+    (msg,) = events(d, "Draining")
+    assert "draining node n1 GPU 0" in msg
+    assert reservation(c, "big").state is State.DRAINING
+    with pytest.raises(ValueError, match="drain_overtaken"):
+        dataclasses.replace(CONFIG, drain_overtaken=-1)
