@@ -24,6 +24,7 @@ from typing import Any
 
 __all__ = [
     "BUILTIN_CLUSTER",
+    "DeprecatedAlias",
     "add_catalog_argument",
     "catalog_files",
     "deprecated_alias",
@@ -34,12 +35,13 @@ BUILTIN_CLUSTER = "builtin"
 """``--cluster builtin``: the command's built-in cluster, chosen on purpose."""
 
 
-class _DeprecatedAppend(argparse.Action):
-    """A deprecated spelling of a repeatable option: appends, and notes the new name."""
+class DeprecatedAlias(argparse.Action):
+    """A deprecated spelling of an option: stores its value (``const`` when it takes none),
+    appends it when ``append``, and notes the new spelling ``new`` on stderr."""
 
-    def __init__(self, *args: Any, new: str = "", **kwargs: Any) -> None:
+    def __init__(self, *args: Any, new: str = "", append: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.new = new
+        self.new, self.append = new, append
 
     def __call__(
         self,
@@ -50,28 +52,10 @@ class _DeprecatedAppend(argparse.Action):
     ) -> None:
         print(f"{parser.prog}: note: {option_string} is deprecated; use {self.new}",
               file=sys.stderr)  # fmt: skip
-        items = list(getattr(namespace, self.dest, None) or [])
-        items.append(values)
-        setattr(namespace, self.dest, items)
-
-
-class _DeprecatedStore(argparse.Action):
-    """A deprecated spelling of a single-valued option: stores, and notes the new name."""
-
-    def __init__(self, *args: Any, new: str = "", **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.new = new
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
-        print(f"{parser.prog}: note: {option_string} is deprecated; use {self.new}",
-              file=sys.stderr)  # fmt: skip
-        setattr(namespace, self.dest, values)
+        value = self.const if self.nargs == 0 else values
+        if self.append:
+            value = [*(getattr(namespace, self.dest, None) or []), value]
+        setattr(namespace, self.dest, value)
 
 
 def deprecated_alias(
@@ -88,8 +72,9 @@ def deprecated_alias(
     parser.add_argument(
         old,
         dest=dest,
-        action=_DeprecatedAppend if append else _DeprecatedStore,
+        action=DeprecatedAlias,
         new=new,
+        append=append,
         type=type,
         help=argparse.SUPPRESS,
     )

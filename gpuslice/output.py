@@ -25,6 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TextIO
 
+from gpuslice.options import DeprecatedAlias
+
 __all__ = [
     "FORMATS",
     "Column",
@@ -37,20 +39,6 @@ __all__ = [
 
 FORMATS: tuple[str, ...] = ("table", "wide", "json", "yaml")
 """The ``-o`` values, default first."""
-
-
-class _DeprecatedJson(argparse.Action):
-    """``--json``: the same as ``-o json``, with a note on stderr."""
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
-        print(f"{parser.prog}: note: --json is deprecated; use -o json", file=sys.stderr)
-        setattr(namespace, self.dest, "json")
 
 
 def add_output_argument(
@@ -72,8 +60,8 @@ def add_output_argument(
         f"(default {formats[0]}{'; wide: more columns' if 'wide' in formats else ''})",
     )
     if json_alias:
-        parser.add_argument("--json", dest="output", nargs=0, action=_DeprecatedJson,
-                            help=argparse.SUPPRESS)  # fmt: skip
+        parser.add_argument("--json", dest="output", nargs=0, const="json",
+                            action=DeprecatedAlias, new="-o json", help=argparse.SUPPRESS)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
