@@ -225,14 +225,10 @@ class LeaderElector:
         try:
             lease = await self.api.request("GET", self.path)
         except NotFound:
-            body = {
-                "apiVersion": LEASE_API_VERSION,
-                "kind": "Lease",
-                "metadata": {"name": cfg.name, "namespace": cfg.namespace},
-                "spec": self._spec(now, now, 0),
-            }
             try:
-                created = await self.api.create(self.collection, body)
+                created = await self.api.create(
+                    self.collection, self._lease(self._spec(now, now, 0))
+                )
             except Conflict:  # another candidate created it first
                 return False
             self._observe(created)
@@ -246,17 +242,7 @@ class LeaderElector:
         renewing = mine and self.is_leader()
         transitions = int(spec.get("leaseTransitions") or 0) + (0 if mine else 1)
         acquired = str(spec.get("acquireTime") or now) if renewing else now
-        meta = lease.get("metadata") or {}
-        body = {
-            "apiVersion": LEASE_API_VERSION,
-            "kind": "Lease",
-            "metadata": {
-                "name": cfg.name,
-                "namespace": cfg.namespace,
-                "resourceVersion": meta.get("resourceVersion"),
-            },
-            "spec": self._spec(now, acquired, transitions),
-        }
+        body = self._lease(self._spec(now, acquired, transitions), lease)
         try:
             updated = await self.api.request("PUT", self.path, body)
         except Conflict:  # the Lease changed since it was read: whoever changed it, we do not
@@ -264,6 +250,14 @@ class LeaderElector:
             return False
         self._observe(updated)
         return self._lead_from(started)
+
+    def _lease(self, spec: dict[str, Any], read: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The Lease object to write with ``spec``; an update carries the resourceVersion of
+        the Lease ``read`` (optimistic concurrency: 409 if it changed since)."""
+        meta: dict[str, Any] = {"name": self.config.name, "namespace": self.config.namespace}
+        if read is not None:
+            meta["resourceVersion"] = (read.get("metadata") or {}).get("resourceVersion")
+        return {"apiVersion": LEASE_API_VERSION, "kind": "Lease", "metadata": meta, "spec": spec}
 
     def _lead_from(self, started: float) -> bool:
         if self._released:  # released while this attempt was in flight
@@ -291,18 +285,7 @@ class LeaderElector:
             spec = dict(lease.get("spec") or {})
             spec.pop("holderIdentity", None)
             spec.update(leaseDurationSeconds=1, acquireTime=now, renewTime=now)
-            meta = lease.get("metadata") or {}
-            body = {
-                "apiVersion": LEASE_API_VERSION,
-                "kind": "Lease",
-                "metadata": {
-                    "name": cfg.name,
-                    "namespace": cfg.namespace,
-                    "resourceVersion": meta.get("resourceVersion"),
-                },
-                "spec": spec,
-            }
-            self._observe(await self.api.request("PUT", self.path, body))
+            self._observe(await self.api.request("PUT", self.path, self._lease(spec, lease)))
         except (ApiError, TimeoutError) as e:  # refused, or unreachable (Unreachable)
             log.warning("could not release Lease %s/%s: %s", cfg.namespace, cfg.name, e)
             return False
