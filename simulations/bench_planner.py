@@ -360,9 +360,11 @@ def check_args(args: argparse.Namespace) -> list[int] | None:
     return instances
 
 
-def run(args: argparse.Namespace, instances: list[int] | None) -> int:
-    """Run with validated options (:func:`check_args`) and print or write the JSON."""
-    result = run_benchmark(
+def run_args(
+    args: argparse.Namespace, instances: list[int] | None, progress: Callable[[str], None]
+) -> dict[str, Any]:
+    """:func:`run_benchmark` with validated options (:func:`check_args`): the document."""
+    return run_benchmark(
         args.sizes,
         instances,
         time_limit_s=args.time_limit,
@@ -371,8 +373,13 @@ def run(args: argparse.Namespace, instances: list[int] | None) -> int:
         gpus_per_node=args.gpus_per_node,
         occupancy=args.occupancy,
         pending_fraction=args.pending_fraction,
-        progress=lambda line: print(line, file=sys.stderr, flush=True),
+        progress=progress,
     )
+
+
+def run(args: argparse.Namespace, instances: list[int] | None) -> int:
+    """Run with validated options (:func:`check_args`) and print or write the JSON."""
+    result = run_args(args, instances, lambda line: print(line, file=sys.stderr, flush=True))
     emit_document(result, args.out)
     return 0
 

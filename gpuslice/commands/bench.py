@@ -228,17 +228,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise BadInput(str(e)) from e
     target = _target(args.out)
-    doc = bench_planner.run_benchmark(
-        args.sizes,
-        instances,
-        time_limit_s=args.time_limit,
-        seed=args.seed,
-        num_workers=args.workers,
-        gpus_per_node=args.gpus_per_node,
-        occupancy=args.occupancy,
-        pending_fraction=args.pending_fraction,
-        progress=_progress(args),
-    )
+    doc = bench_planner.run_args(args, instances, _progress(args))
     emit(doc, args.output, lambda wide, width: render_text(doc, wide, width))
     _write(doc, target)
     return 0
