@@ -2,15 +2,18 @@
 
 The partitioner's and the node agent's settings classes derive from :class:`CommonSettings`, so
 ``GPUSLICE_CATALOG_FILES``, ``GPUSLICE_LOG_LEVEL`` and ``GPUSLICE_LOG_FORMAT`` mean the same in
-both and are parsed in one place.
+both and are parsed in one place; so are renamed variables (``RENAMED_ENV``).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from contract.renamed_env import fill_from_renamed, renamed_in_use
 
 __all__ = ["CommonSettings"]
 
@@ -26,6 +29,19 @@ class CommonSettings(BaseSettings):
         "INFO", description="Log level."
     )
     log_format: Literal["text", "json"] = Field("text", description="Log line format.")
+
+    RENAMED_ENV: ClassVar[Mapping[str, str]] = {}
+    """Old environment variable -> the field now read (:mod:`contract.renamed_env`); each
+    component's class names its own."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_env(cls, data: Any) -> Any:
+        return fill_from_renamed(data, cls.RENAMED_ENV)
+
+    def renamed_env_notes(self) -> list[str]:
+        """Deprecation sentences for old variable names still set, to log at start."""
+        return renamed_in_use(self.RENAMED_ENV)
 
     @field_validator("catalog_files", mode="before")
     @classmethod

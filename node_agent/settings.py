@@ -14,12 +14,11 @@ warning in the log (:mod:`contract.renamed_env`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from contract.common_settings import CommonSettings
-from contract.renamed_env import fill_from_renamed, renamed_in_use
 
 __all__ = ["AgentSettings"]
 
@@ -29,15 +28,6 @@ class AgentSettings(CommonSettings):
         "GPUSLICE_RETRY_SECONDS": "reconcile_retry_seconds"
     }
     """Old environment variable -> the field now read (:mod:`contract.renamed_env`)."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _renamed_env(cls, data: Any) -> Any:
-        return fill_from_renamed(data, cls.RENAMED_ENV)
-
-    def renamed_env_notes(self) -> list[str]:
-        """Deprecation sentences for old variable names still set, to log at start."""
-        return renamed_in_use(self.RENAMED_ENV)
 
     node_name: str = Field(
         "",

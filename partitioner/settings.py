@@ -11,12 +11,11 @@ on a namespace: the partitioner watches Nodes, Pods and NodePartitionings cluste
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from contract.common_settings import CommonSettings
-from contract.renamed_env import fill_from_renamed, renamed_in_use
 from partitioner.batching import BatchPolicy
 from planner.settings import PlannerSettings, Policy
 
@@ -30,15 +29,6 @@ __all__ = ["PartitionerSettings"]
 class PartitionerSettings(CommonSettings):
     RENAMED_ENV: ClassVar[Mapping[str, str]] = {"GPUSLICE_RETRY_SECONDS": "batch_retry_seconds"}
     """Old environment variable -> the field now read (:mod:`contract.renamed_env`)."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _renamed_env(cls, data: Any) -> Any:
-        return fill_from_renamed(data, cls.RENAMED_ENV)
-
-    def renamed_env_notes(self) -> list[str]:
-        """Deprecation sentences for old variable names still set, to log at start."""
-        return renamed_in_use(self.RENAMED_ENV)
 
     batch_timeout_seconds: float = Field(
         60.0, gt=0, description="Plan a batch at the latest this long after its first pod."
