@@ -104,7 +104,7 @@ def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def _code(m: ModuleType, e: Exception) -> int:
+def _code(e: Exception) -> int:
     return int(getattr(e, "value", -1))
 
 
@@ -113,7 +113,7 @@ def _probe_profile(m: ModuleType, h: Any, idx: int) -> ProbedProfile | None:
     try:
         info = m.nvmlDeviceGetGpuInstanceProfileInfo(h, idx, 2)
     except m.NVMLError as e:
-        if _code(m, e) in (_NVML_ERROR_NOT_SUPPORTED, _NVML_ERROR_INVALID_ARGUMENT):
+        if _code(e) in (_NVML_ERROR_NOT_SUPPORTED, _NVML_ERROR_INVALID_ARGUMENT):
             return None
         out.error = f"profile info: {e}"
         return out
@@ -154,7 +154,7 @@ def probe(m: ModuleType) -> list[ProbedGpu]:
                 gpu.mig_current = current == m.NVML_DEVICE_MIG_ENABLE
                 gpu.mig_pending = pending == m.NVML_DEVICE_MIG_ENABLE
             except m.NVMLError as e:
-                if _code(m, e) != _NVML_ERROR_NOT_SUPPORTED:
+                if _code(e) != _NVML_ERROR_NOT_SUPPORTED:
                     gpu.error = f"MIG mode: {e}"
                 gpu.mig_capable = False
             if gpu.mig_capable:
