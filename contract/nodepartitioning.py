@@ -3,7 +3,12 @@
 One cluster-scoped ``NodePartitioning`` per opted-in node, named after the node.
 
 * ``spec`` is written by the partitioner only: the plan id, the mode, and per GPU index the
-  desired MIG instances (profile + start slot) or MPS slices (memory MiB + active-thread %).
+  desired MIG instances (profile + start slot) or MPS slices (memory MiB + active-thread %);
+  in ``hybrid`` mode an instance may list the MPS slices it hosts (``gpus[].mig[].mps``), which
+  are then advertised instead of the instance itself (:func:`NodePartitioningSpec` validation:
+  only in hybrid mode, each slice's thread % at most 100, the slices of one instance within the
+  memory its profile name states minus :data:`MPS_SERVER_RESERVE_MIB`; the agent checks the
+  exact profile memory of its GPU model).
 * ``status`` is written by the node agent: the generation it observed, per GPU the actual
   instances or slices with their device ids and whether a pod holds them, conditions
   (``Applied``, ``Degraded`` with a reason) and the last error.  One field of it,
@@ -21,16 +26,19 @@ a Kubernetes client, so both the partitioner and the node agent depend on it alo
 
 from __future__ import annotations
 
+import re
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from contract.input_files import MAX_GPUS_PER_NODE
+from planner.settings import PlannerSettings
 
 __all__ = [
     "API_VERSION",
     "GROUP",
     "KIND",
+    "MPS_SERVER_RESERVE_MIB",
     "PARTITIONER_STATUS_FIELDS",
     "PLURAL",
     "PRINTER_COLUMNS",
@@ -65,17 +73,14 @@ MAX_MIG_INSTANCES = 16
 MAX_MPS_SLICES = 256
 """MPS slices of one GPU in a spec (1 GiB slices of the largest GPU)."""
 MAX_SLICE_MIB = 16 * 1024 * 1024
+MPS_SERVER_RESERVE_MIB: Final = PlannerSettings().mps_reserve_mib
+"""GPU memory the MPS server takes in each hybrid instance (the planner's default
+``mps_reserve_mib``): slices of one instance fit its memory minus this."""
+_PROFILE_GB = re.compile(r"^\d+g\.(?P<gb>\d+)gb")
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
-
-
-class DesiredMigInstance(_Model):
-    """A MIG GPU instance the node should have, at an exact memory-slot start."""
-
-    profile: str = Field(description="MIG profile name, e.g. 1g.10gb", min_length=1, max_length=64)
-    start: int = Field(ge=0, le=63, description="Memory-slot start of the placement")
 
 
 class DesiredMpsSlice(_Model):
@@ -86,6 +91,19 @@ class DesiredMpsSlice(_Model):
     )
     activeThreadPercentage: int = Field(
         ge=1, le=100, description="CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+    )
+
+
+class DesiredMigInstance(_Model):
+    """A MIG GPU instance the node should have, at an exact memory-slot start."""
+
+    profile: str = Field(description="MIG profile name, e.g. 1g.10gb", min_length=1, max_length=64)
+    start: int = Field(ge=0, le=63, description="Memory-slot start of the placement")
+    mps: list[DesiredMpsSlice] = Field(
+        default_factory=list,
+        max_length=MAX_MPS_SLICES,
+        description="hybrid mode: MPS slices inside this instance (served by its own MPS "
+        "daemon and advertised as nvidia.com/gpu-<N>gb instead of the instance)",
     )
 
 
@@ -104,12 +122,31 @@ class NodePartitioningSpec(_Model):
     mode: Mode = Field(description="mig, mps or hybrid")
     gpus: list[DesiredGpu] = Field(default_factory=list, max_length=MAX_GPUS_PER_NODE)
 
-
-class ActualMigInstance(_Model):
-    profile: str
-    start: int = Field(ge=0)
-    deviceId: str = Field(default="", description="MIG device UUID advertised to the kubelet")
-    used: bool = Field(default=False, description="Allocated to a pod or running processes")
+    @model_validator(mode="after")
+    def _hosted_slices(self) -> NodePartitioningSpec:
+        """MPS slices inside MIG instances: hybrid mode only, within the instance's memory."""
+        for gpu in self.gpus:
+            for inst in gpu.mig:
+                if not inst.mps:
+                    continue
+                where = f"GPU {gpu.index} instance {inst.profile}@{inst.start}"
+                if self.mode != "hybrid":
+                    raise ValueError(
+                        f"{where} lists MPS slices, but the spec's mode is {self.mode!r}: slices "
+                        "inside MIG instances need mode hybrid"
+                    )
+                m = _PROFILE_GB.match(inst.profile)
+                if m is None:
+                    continue  # an unknown name: the agent rejects it against its catalog
+                room = int(m.group("gb")) * 1024 - MPS_SERVER_RESERVE_MIB
+                total = sum(s.memoryMiB for s in inst.mps)
+                if total > room:
+                    raise ValueError(
+                        f"{where}: its MPS slices need {total} MiB, more than the {room} MiB the "
+                        f"instance offers ({m.group('gb')} GiB minus the {MPS_SERVER_RESERVE_MIB} "
+                        "MiB MPS server reserve)"
+                    )
+        return self
 
 
 class ActualMpsSlice(_Model):
@@ -117,6 +154,18 @@ class ActualMpsSlice(_Model):
     activeThreadPercentage: int = Field(ge=1, le=100)
     deviceId: str = Field(default="")
     used: bool = False
+
+
+class ActualMigInstance(_Model):
+    profile: str
+    start: int = Field(ge=0)
+    deviceId: str = Field(default="", description="MIG device UUID advertised to the kubelet")
+    used: bool = Field(default=False, description="Allocated to a pod or running processes")
+    mps: list[ActualMpsSlice] = Field(
+        default_factory=list,
+        description="hybrid mode: the MPS slices this instance hosts (the instance itself is "
+        "then not advertised); a used slice pins the instance",
+    )
 
 
 class ActualGpu(_Model):

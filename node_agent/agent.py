@@ -623,9 +623,7 @@ class Agent:
                 "and MIG instances left as they are)"
             )
 
-    async def run(
-        self, stop: asyncio.Event | None = None, *, finish_drain_s: float = 15.0
-    ) -> None:
+    async def run(self, stop: asyncio.Event | None = None, *, finish_drain_s: float = 15.0) -> None:
         """Reconcile until ``stop`` is set; if it was set mid-drain, finish the drain first (at
         most ``finish_drain_s`` seconds, :meth:`_finish_drain`)."""
         stop = stop or asyncio.Event()

@@ -16,6 +16,12 @@ is turned, by a pure function, into advertised devices grouped by extended-resou
   container sees exactly that one GPU; :func:`container_env` re-indexes when a container gets
   slices of several GPUs.
 
+* (hybrid) an MPS slice inside a MIG instance -> resource ``nvidia.com/gpu-<M // 1024>gb``;
+  device id = the slice id built on the MIG device's UUID (it names the instance); ``Allocate``
+  env ``NVIDIA_VISIBLE_DEVICES=<MIG UUID>``, ``CUDA_MPS_PIPE_DIRECTORY`` (the instance's own
+  daemon), the pinned memory limit and thread %.  An instance hosting slices is not advertised
+  as a MIG device itself.
+
 Every device served by an MPS daemon (MPS slices, and MIG instances of hybrid GPUs) also
 carries the two host mounts an MPS client needs without ``hostIPC`` (NVIDIA's device plugin
 does the same, facts/gpu-operator.md section 4): its daemon's pipe directory at the same path,
@@ -40,7 +46,7 @@ from functools import cache
 from types import MappingProxyType
 from typing import Protocol
 
-from contract.nodepartitioning import ActualGpu
+from contract.nodepartitioning import ActualGpu, ActualMpsSlice
 from planner.snapshot import mig_resource, mps_resource
 
 __all__ = [
@@ -183,6 +189,10 @@ def advertised_devices(
         for inst in gpu.mig:
             if not inst.deviceId:
                 continue
+            if inst.mps:  # a host: its slices are the devices
+                hpipe = mps_pipe_directory(mps_pipe_root, gpu.index, inst.start)
+                _add_slices(out, inst.mps, inst.deviceId, parent, hpipe, mps_pipe_root, bad)
+                continue
             res = mig_resource(inst.profile)
             mig_env = {ENV_VISIBLE: inst.deviceId}
             mounts: tuple[HostMount, ...] = ()
@@ -195,25 +205,37 @@ def advertised_devices(
                 AdvertisedDevice(inst.deviceId, res, parent, inst.deviceId not in bad, env, mounts)
             )
         pipe = mps_pipe_directory(mps_pipe_root, gpu.index)
-        slice_mounts = mps_mounts(mps_pipe_root, pipe)
-        for sl in gpu.mps:
-            if not sl.deviceId:
-                continue
-            res = mps_resource(sl.memoryMiB // 1024)
-            env = MappingProxyType(
-                {
-                    ENV_VISIBLE: gpu.uuid,
-                    ENV_MPS_PIPE: pipe,
-                    ENV_MPS_MEM_LIMIT: f"0={sl.memoryMiB}M",
-                    ENV_MPS_THREADS: str(sl.activeThreadPercentage),
-                }
-            )
-            out.setdefault(res, []).append(
-                AdvertisedDevice(
-                    sl.deviceId, res, parent, sl.deviceId not in bad, env, slice_mounts
-                )
-            )
+        _add_slices(out, gpu.mps, gpu.uuid, parent, pipe, mps_pipe_root, bad)
     return {r: sorted(ds, key=lambda d: d.id) for r, ds in sorted(out.items())}
+
+
+def _add_slices(
+    out: dict[str, list[AdvertisedDevice]],
+    slices: Sequence[ActualMpsSlice],
+    visible: str,
+    parent: str,
+    pipe: str,
+    root: str,
+    bad: set[str],
+) -> None:
+    """The MPS slices served by the daemon at ``pipe`` on the device ``visible`` (a GPU, or a
+    hybrid MIG instance), each its own device of ``nvidia.com/gpu-<N>gb``."""
+    slice_mounts = mps_mounts(root, pipe)
+    for sl in slices:
+        if not sl.deviceId:
+            continue
+        res = mps_resource(sl.memoryMiB // 1024)
+        env = MappingProxyType(
+            {
+                ENV_VISIBLE: visible,
+                ENV_MPS_PIPE: pipe,
+                ENV_MPS_MEM_LIMIT: f"0={sl.memoryMiB}M",
+                ENV_MPS_THREADS: str(sl.activeThreadPercentage),
+            }
+        )
+        out.setdefault(res, []).append(
+            AdvertisedDevice(sl.deviceId, res, parent, sl.deviceId not in bad, env, slice_mounts)
+        )
 
 
 def container_env(devices: Sequence[AdvertisedDevice]) -> dict[str, str]:

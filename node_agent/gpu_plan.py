@@ -24,6 +24,15 @@ order, so a spec that cannot be applied touches nothing:
 
 When the kubelet's in-use ids could not be read, every device counts as used; a plan that would
 then be blocked is reported as ``waiting`` (transient, retried) instead of Degraded.
+
+**Hybrid** (``mode: hybrid``): an instance may host MPS slices (``spec.gpus[].mig[].mps``).
+Each instance has its own slice table (:attr:`ObservedInstance.slices`, slice ids built on the
+MIG device's UUID, so they name the instance).  An instance holding a used slice is used
+itself: never destroyed nor moved.  Validation adds: slices only in hybrid mode, at least 1024
+MiB each, the slices of one instance within its profile's memory.  For every kept instance the
+slice table is diffed like a whole GPU's (:func:`diff_slices`: used slices must stay, free ones
+not wanted go, missing ones get fresh slot numbers) into :attr:`GpuPlan.hosted`; the tables of
+instances created in this pass are filled by the reconciler once their UUID is known.
 """
 
 from __future__ import annotations
@@ -37,7 +46,15 @@ from node_agent.nvml import GpuInfo
 from planner.catalog import CatalogError, GpuModel, MigProfile
 from planner.geometry import Placement, layout_errors
 
-__all__ = ["Block", "GpuPlan", "MpsSlot", "ObservedGpu", "ObservedInstance", "plan_gpu"]
+__all__ = [
+    "Block",
+    "GpuPlan",
+    "MpsSlot",
+    "ObservedGpu",
+    "ObservedInstance",
+    "diff_slices",
+    "plan_gpu",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,10 +74,15 @@ class ObservedInstance:
     """A pod holds the MIG device (PodResources), or in-use ids are unknown."""
     busy: bool
     """Processes run on it."""
+    slices: tuple[MpsSlot, ...] | None = ()
+    """Hybrid: the MPS slices it hosts (``None``: the table is unknown after a restart)."""
+    used_slices: frozenset[str] = frozenset()
+    """Ids of its slices that pods hold."""
 
     @property
     def used(self) -> bool:
-        return self.in_use or self.busy
+        """A pod holds it or one of its slices, or processes run on it."""
+        return self.in_use or self.busy or bool(self.used_slices)
 
     @property
     def name(self) -> str:
@@ -112,6 +134,8 @@ class GpuPlan:
     create: tuple[Placement, ...] = ()
     slices: tuple[MpsSlot, ...] | None = None
     """The new MPS slice table; ``None`` = leave it as it is."""
+    hosted: tuple[tuple[str, tuple[MpsSlot, ...]], ...] = ()
+    """Hybrid: (MIG UUID, its new slice table) of every kept instance whose table changes."""
     block: Block | None = None
 
     def is_noop(self) -> bool:
@@ -121,6 +145,7 @@ class GpuPlan:
             and self.mig_mode is None
             and not self.create
             and self.slices is None
+            and not self.hosted
         )
 
 
@@ -173,6 +198,9 @@ def plan_gpu(obs: ObservedGpu, desired: DesiredGpu, mode: str) -> GpuPlan:
     if err:
         reason, _, msg = err.partition(": ")
         return _blocked(obs, reason, msg)
+    hosted_err = _hosted_errors(obs.model, desired, mode)
+    if hosted_err:
+        return _blocked(obs, "InvalidSpec", hosted_err)
 
     if not obs.info.mig_enabled:
         used = _used_slices(obs)
@@ -184,16 +212,43 @@ def plan_gpu(obs: ObservedGpu, desired: DesiredGpu, mode: str) -> GpuPlan:
         return GpuPlan(i, mig_mode=True, create=target, slices=() if obs.slices else None)
 
     wanted = {(p.profile.profile_id, p.start): p for p in target}
+    want_slices = {
+        (p.profile.profile_id, p.start): [(s.memoryMiB, s.activeThreadPercentage) for s in d.mps]
+        for p, d in zip(target, desired.mig, strict=True)
+    }
     keep: set[tuple[int, int]] = set()
     destroy: list[ObservedInstance] = []
     create_ci: list[ObservedInstance] = []
     conflicts: list[str] = []
+    hosted: list[tuple[str, tuple[MpsSlot, ...]]] = []
     for inst in obs.instances:
         key = (inst.profile_id, inst.start)
         if key in wanted and key not in keep:
             keep.add(key)
             if not inst.ci_ids:
                 create_ci.append(inst)
+            if want_slices[key] and inst.in_use and not inst.slices:
+                return _blocked(
+                    obs,
+                    "InstanceInUse",
+                    f"{inst} is in use as a whole MIG device; it cannot host MPS slices",
+                )
+            if inst.slices is None:
+                if want_slices[key] or inst.used:
+                    return _blocked(obs, "SliceInUse", f"MPS slice table of {inst} unknown")
+                continue
+            table, in_the_way = diff_slices(
+                inst.slices, inst.used_slices, want_slices[key], inst.uuid
+            )
+            if in_the_way:
+                return _blocked(
+                    obs,
+                    "SliceInUse",
+                    f"in-use MPS slice(s) {', '.join(in_the_way)} of {inst} are not in the spec; "
+                    "they are kept and the spec is not applied",
+                )
+            if table is not None and inst.uuid:
+                hosted.append((inst.uuid, table))
         elif inst.used:
             conflicts.append(str(inst))
         else:
@@ -212,7 +267,63 @@ def plan_gpu(obs: ObservedGpu, desired: DesiredGpu, mode: str) -> GpuPlan:
         create_ci=tuple(create_ci),
         mig_mode=True if obs.info.mig_pending else None,  # cancel a pending disable
         create=create,
+        hosted=tuple(hosted),
     )
+
+
+def _hosted_errors(model: GpuModel, desired: DesiredGpu, mode: str) -> str:
+    """Why the MPS slices inside ``desired``'s instances cannot be applied, or ``""``."""
+    for d in desired.mig:
+        if not d.mps:
+            continue
+        where = f"instance {d.profile}@{d.start}"
+        if mode != "hybrid":
+            return f"{where} lists MPS slices but the node's mode is {mode!r}"
+        small = [s.memoryMiB for s in d.mps if s.memoryMiB < 1024]
+        if small:
+            return f"{where}: MPS slices under 1024 MiB ({small}) cannot be named"
+        total = sum(s.memoryMiB for s in d.mps)
+        memory = model.profile(d.profile).memory_mib
+        if total > memory:
+            return f"{where}: MPS slices need {total} MiB but the instance has {memory} MiB"
+    return ""
+
+
+def diff_slices(
+    current: tuple[MpsSlot, ...],
+    used: frozenset[str],
+    desired: list[tuple[int, int]],
+    id_base: str,
+) -> tuple[tuple[MpsSlot, ...] | None, list[str]]:
+    """The new slice table for ``desired`` (memory MiB, thread %) given the ``current`` one
+    (``None``: unchanged), and the used slices the desired list lacks (then nothing changes).
+
+    Used slices claim their desired twin first, so a free twin is the one dropped; new slices
+    get the lowest free slot numbers and ids :func:`node_agent.devices.mps_slice_id` on
+    ``id_base`` (the GPU's UUID, or the MIG device's for a slice inside an instance)."""
+    want = Counter(desired)
+    kept: list[MpsSlot] = []
+    conflicts: list[str] = []
+    for s in sorted(current, key=lambda s: s.device_id not in used):
+        key = (s.memory_mib, s.thread_percentage)
+        if want[key] > 0:
+            want[key] -= 1
+            kept.append(s)
+        elif s.device_id in used:
+            conflicts.append(s.device_id)
+    if conflicts:
+        return None, conflicts
+    taken = {s.slot for s in kept}
+    new = list(kept)
+    slot = 0
+    for (mem, pct), n in sorted(want.items()):
+        for _ in range(n):
+            while slot in taken:
+                slot += 1
+            taken.add(slot)
+            new.append(MpsSlot(slot, mem, pct, mps_slice_id(id_base, slot, mem, pct)))
+    new.sort(key=lambda s: s.slot)
+    return (tuple(new) if tuple(new) != current else None), []
 
 
 def _used_slices(obs: ObservedGpu) -> list[str]:
@@ -251,17 +362,12 @@ def _plan_mps(obs: ObservedGpu, desired: DesiredGpu) -> GpuPlan:
         mig_mode = False  # cancel a pending enable
     if obs.slices is None:
         return _blocked(obs, "SliceInUse", "MPS slice table unknown")
-    want = Counter((s.memoryMiB, s.activeThreadPercentage) for s in desired.mps)
-    kept: list[MpsSlot] = []
-    conflicts: list[str] = []
-    # used slices claim their desired twin first, so a free twin is the one dropped
-    for s in sorted(obs.slices, key=lambda s: s.device_id not in obs.used_slices):
-        key = (s.memory_mib, s.thread_percentage)
-        if want[key] > 0:
-            want[key] -= 1
-            kept.append(s)
-        elif s.device_id in obs.used_slices:
-            conflicts.append(s.device_id)
+    slices, conflicts = diff_slices(
+        obs.slices,
+        obs.used_slices,
+        [(s.memoryMiB, s.activeThreadPercentage) for s in desired.mps],
+        obs.info.uuid,
+    )
     if conflicts:
         return _blocked(
             obs,
@@ -269,15 +375,4 @@ def _plan_mps(obs: ObservedGpu, desired: DesiredGpu) -> GpuPlan:
             f"in-use MPS slice(s) {', '.join(conflicts)} are not in the spec; they are kept and "
             "the spec is not applied",
         )
-    taken = {s.slot for s in kept}
-    new = list(kept)
-    slot = 0
-    for (mem, pct), n in sorted(want.items()):
-        for _ in range(n):
-            while slot in taken:
-                slot += 1
-            taken.add(slot)
-            new.append(MpsSlot(slot, mem, pct, mps_slice_id(obs.info.uuid, slot, mem, pct)))
-    new.sort(key=lambda s: s.slot)
-    slices = tuple(new) if tuple(new) != obs.slices else None
     return GpuPlan(i, destroy=tuple(destroy), mig_mode=mig_mode, slices=slices)

@@ -25,6 +25,9 @@ A pass (:meth:`Reconciler.reconcile`) is a pure function of what it reads, not o
    change is pending.
 5. **MPS daemons**: one per GPU with MPS slices, one per MIG instance on hybrid GPUs; daemons no
    longer wanted are stopped (never one whose slices or instance are in use: those are wanted).
+   A hybrid instance that hosts MPS slices (``spec.gpus[].mig[].mps``) is advertised as its
+   slices, not as a MIG device; its daemon gets its largest slice as limits.  The slice table
+   of an instance created in this pass is filled as soon as its UUID is read (same pass).
    A GPU's daemon gets its largest slice's memory and thread % as daemon-side limits, which no
    client can raise; a hybrid daemon whose slot now holds another instance is restarted for it.
    Before a whole-GPU daemon starts, the GPU is put in compute mode ``EXCLUSIVE_PROCESS`` -- only
@@ -59,7 +62,7 @@ anyway.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from contract.nodepartitioning import ActualGpu, NodePartitioningSpec, NodePartitioningStatus
 from node_agent.devices import (
@@ -75,6 +78,7 @@ from node_agent.gpu_plan import (
     MpsSlot,
     ObservedGpu,
     ObservedInstance,
+    diff_slices,
     plan_gpu,
 )
 from node_agent.mps import MpsDaemonSpec, MpsError, ProcessSupervisor
@@ -142,7 +146,8 @@ class Reconciler:
         self._log_root = mps_log_root.rstrip("/")
         self._publish = publish
         self._slices: dict[str, tuple[MpsSlot, ...]] = {}
-        """GPU UUID -> MPS slice table (rebuilt from in-use ids after a restart)."""
+        """GPU UUID -> MPS slice table (rebuilt from in-use ids after a restart); also MIG
+        device UUID -> the table of the slices a hybrid instance hosts."""
         self._models: dict[str, GpuModel | None] = {}
         self._discovered = False
         """Daemons left running by an earlier agent were looked for (first readable pass)."""
@@ -191,6 +196,7 @@ class Reconciler:
                             profile = None
                     uuid = uuids.get(gi.gi_id, "")
                     busy = bool(gi.compute_instances) and bool(nv.running_processes(i, gi.gi_id))
+                    hosted = self._table(uuid, in_use) if uuid else ()
                     instances.append(
                         ObservedInstance(
                             gi_id=gi.gi_id,
@@ -202,17 +208,15 @@ class Reconciler:
                             uuid=uuid,
                             in_use=in_use is None or (bool(uuid) and uuid in in_use),
                             busy=busy,
+                            slices=hosted,
+                            used_slices=_used(hosted, in_use),
                         )
                     )
                 slices: tuple[MpsSlot, ...] | None = ()
             else:
                 gpu_procs = len(nv.running_processes(i))
-                slices = self._slice_table(info, in_use)
-            used = (
-                frozenset(s.device_id for s in slices or ())
-                if in_use is None
-                else frozenset(s.device_id for s in slices or () if s.device_id in in_use)
-            )
+                slices = self._table(info.uuid, in_use)
+            used = _used(slices, in_use)
             out.append(
                 ObservedGpu(
                     info=info,
@@ -226,8 +230,10 @@ class Reconciler:
             )
         return out
 
-    def _slice_table(self, info: GpuInfo, in_use: set[str] | None) -> tuple[MpsSlot, ...] | None:
-        table = self._slices.get(info.uuid)
+    def _table(self, uuid: str, in_use: set[str] | None) -> tuple[MpsSlot, ...] | None:
+        """The MPS slice table of a GPU or (hybrid) MIG device, by its UUID; after a restart
+        rebuilt from the in-use ids (``None`` while they are unreadable)."""
+        table = self._slices.get(uuid)
         if table is not None:
             return table
         if in_use is None:
@@ -235,11 +241,59 @@ class Reconciler:
         rebuilt: list[MpsSlot] = []
         for dev in sorted(in_use):
             sid = parse_mps_slice_id(dev)
-            if sid is not None and sid.gpu_uuid == info.uuid:
+            if sid is not None and sid.gpu_uuid == uuid:
                 rebuilt.append(MpsSlot(sid.slot, sid.memory_mib, sid.thread_percentage, dev))
         table = tuple(sorted(rebuilt, key=lambda s: s.slot))
-        self._slices[info.uuid] = table
+        self._slices[uuid] = table
         return table
+
+    def _fill_new_hosts(
+        self,
+        spec: NodePartitioningSpec | None,
+        observed: list[ObservedGpu],
+        before: set[str],
+        blocks: dict[int, Block],
+    ) -> list[ObservedGpu]:
+        """Give each hybrid instance created this pass (its UUID not in ``before``) the slices
+        the spec lists for it; nothing can be allocated on it yet, so nothing is withdrawn."""
+        if spec is None or spec.mode != "hybrid":
+            return observed
+        wanted: dict[tuple[int, int, str], list[tuple[int, int]]] = {}
+        for d in spec.gpus:
+            for m in d.mig:
+                if m.mps:
+                    wanted[(d.index, m.start, m.profile)] = [
+                        (s.memoryMiB, s.activeThreadPercentage) for s in m.mps
+                    ]
+        if not wanted:
+            return observed
+        out: list[ObservedGpu] = []
+        for g in observed:
+            i = g.info.index
+            instances = list(g.instances)
+            for k, inst in enumerate(instances):
+                if i in blocks or not inst.uuid or inst.uuid in before or inst.slices:
+                    continue
+                want = next(
+                    (
+                        w
+                        for (gi, start, name), w in wanted.items()
+                        if gi == i
+                        and start == inst.start
+                        and inst.profile is not None
+                        and g.model is not None
+                        and _same_profile(g.model, name, inst.profile.profile_id)
+                    ),
+                    None,
+                )
+                if want is None:
+                    continue
+                table, _ = diff_slices((), frozenset(), want, inst.uuid)
+                if table is not None:
+                    self._slices[inst.uuid] = table
+                    instances[k] = replace(inst, slices=table)
+            out.append(replace(g, instances=tuple(instances)))
+        return out
 
     # -- planning ----------------------------------------------------------------------
 
@@ -279,9 +333,18 @@ class Reconciler:
     @staticmethod
     def _doomed(obs: ObservedGpu, plan: GpuPlan) -> set[str]:
         ids = {i.uuid for i in plan.destroy if i.uuid}
+        ids |= {s.device_id for i in plan.destroy for s in i.slices or ()}
         if plan.slices is not None and obs.slices:
             keep = {s.device_id for s in plan.slices}
             ids |= {s.device_id for s in obs.slices if s.device_id not in keep}
+        tables = dict(plan.hosted)
+        for inst in obs.instances:
+            new = tables.get(inst.uuid)
+            if new is not None:
+                keep = {s.device_id for s in new}
+                ids |= {s.device_id for s in inst.slices or () if s.device_id not in keep}
+                if not inst.slices and new:
+                    ids.add(inst.uuid)  # becomes a host: no longer a MIG device
         return ids
 
     # -- executing ---------------------------------------------------------------------
@@ -342,6 +405,8 @@ class Reconciler:
                     ops += 1
                 nv.destroy_gpu_instance(g, inst.gi_id)
                 ops += 1
+                if inst.uuid:
+                    self._slices.pop(inst.uuid, None)
             if plan.mig_mode is not None:
                 if plan.mig_mode:
                     self._supervisor.stop(mps_key(g))
@@ -374,6 +439,8 @@ class Reconciler:
                 ops += 1
             if plan.slices is not None:
                 self._slices[obs.info.uuid] = plan.slices
+            for uuid, table in plan.hosted:
+                self._slices[uuid] = table
         except NvmlError as e:
             errors.append(f"GPU {g}: {e}")
         return ops
@@ -400,7 +467,7 @@ class Reconciler:
                 for inst in g.instances:
                     if inst.uuid:
                         k = mps_key(i, inst.start)
-                        wanted[k] = self._daemon(k, inst.uuid, i, inst.start)
+                        wanted[k] = self._daemon(k, inst.uuid, i, inst.start, inst.slices or ())
         running = self._supervisor.running()
         unwanted = {k for k in running - set(wanted) if not _daemon_in_use(k, observed, set())}
         unhealthy: set[str] = set()
@@ -434,11 +501,10 @@ class Reconciler:
             if not g.info.mig_enabled and g.slices and mps_key(i) not in running:
                 out |= {s.device_id for s in g.slices}
             if i in hybrid:
-                out |= {
-                    inst.uuid
-                    for inst in g.instances
-                    if inst.uuid and mps_key(i, inst.start) not in running
-                }
+                for inst in g.instances:
+                    if inst.uuid and mps_key(i, inst.start) not in running:
+                        out.add(inst.uuid)
+                        out |= {s.device_id for s in inst.slices or ()}
         return out
 
     async def _stop_daemons(
@@ -594,18 +660,23 @@ class Reconciler:
             ops += self._execute(by_index[i], plan, blocks, errors)
 
         if ops or plans:
+            before = {inst.uuid for g in observed for inst in g.instances if inst.uuid}
             try:
                 observed = self._observe(in_use)
             except NvmlError as e:
                 errors.append(f"re-reading GPUs: {e}")
                 return self._failed_read(spec, generation, previous, now, errors, ops)
+            observed = self._fill_new_hosts(spec, observed, before, blocks)
         unhealthy, mode_ops, unwanted = self._sync_daemons(spec, observed, errors)
         ops += mode_ops
         actual = actual_gpus(observed)
         devices = self._devices(spec, actual, unhealthy)
         # a GPU whose MPS slice table is unknown (restart + PodResources down) would be
         # advertised without its slices: publish nothing until the table is rebuilt
-        complete = all(g.slices is not None for g in observed)
+        complete = all(
+            g.slices is not None and all(i.slices is not None for i in g.instances)
+            for g in observed
+        )
         draining = spec is None
         held: tuple[str, ...] = ()
         if draining:
@@ -698,6 +769,20 @@ def _hybrid_gpus(spec: NodePartitioningSpec | None) -> set[int]:
     return {d.index for d in spec.gpus}
 
 
+def _used(slices: tuple[MpsSlot, ...] | None, in_use: set[str] | None) -> frozenset[str]:
+    """Ids of ``slices`` that pods hold (all of them when ``in_use`` is unknown)."""
+    if in_use is None:
+        return frozenset(s.device_id for s in slices or ())
+    return frozenset(s.device_id for s in slices or () if s.device_id in in_use)
+
+
+def _same_profile(model: GpuModel, name: str, profile_id: int) -> bool:
+    try:
+        return model.profile(name).profile_id == profile_id
+    except CatalogError:
+        return False
+
+
 def _devices_of_daemon(key: str, observed: list[ObservedGpu]) -> set[str]:
     for g in observed:
         i = g.info.index
@@ -705,7 +790,7 @@ def _devices_of_daemon(key: str, observed: list[ObservedGpu]) -> set[str]:
             return {s.device_id for s in g.slices or ()}
         for inst in g.instances:
             if key == mps_key(i, inst.start) and inst.uuid:
-                return {inst.uuid}
+                return {inst.uuid} | {s.device_id for s in inst.slices or ()}
     return set()
 
 
@@ -723,6 +808,13 @@ def _daemon_in_use(key: str, observed: list[ObservedGpu], in_use: set[str]) -> b
                 for dev in in_use
             )
         for inst in g.instances:
-            if key == mps_key(i, inst.start) and (inst.used or inst.uuid in in_use):
+            if key != mps_key(i, inst.start):
+                continue
+            if inst.used or inst.uuid in in_use:
+                return True
+            if inst.uuid and any(  # a slice of this instance, even one no longer in its table
+                (sid := parse_mps_slice_id(dev)) is not None and sid.gpu_uuid == inst.uuid
+                for dev in in_use
+            ):
                 return True
     return False

@@ -24,9 +24,7 @@ __all__ = ["AgentSettings"]
 
 
 class AgentSettings(CommonSettings):
-    RENAMED_ENV: ClassVar[Mapping[str, str]] = {
-        "GPUSLICE_RETRY_SECONDS": "reconcile_retry_seconds"
-    }
+    RENAMED_ENV: ClassVar[Mapping[str, str]] = {"GPUSLICE_RETRY_SECONDS": "reconcile_retry_seconds"}
     """Old environment variable -> the field now read (:mod:`contract.renamed_env`)."""
 
     node_name: str = Field(

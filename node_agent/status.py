@@ -3,8 +3,8 @@
 Model
 -----
 * ``status.gpus`` is the *observed* state after the pass: per GPU its UUID, catalog model, MIG
-  mode, MIG instances (profile, start, MIG UUID, used) and MPS slices (memory, thread %, slice
-  id, used).
+  mode, MIG instances (profile, start, MIG UUID, used, and on hybrid GPUs the MPS slices the
+  instance hosts) and MPS slices (memory, thread %, slice id, used).
 * ``Applied`` is ``True`` iff every GPU the spec lists matches it exactly (:func:`gpu_matches`;
   never while a MIG-mode change is still pending, waiting for a GPU reset), nothing is blocked and the pass had no error; otherwise ``False`` with reason ``Degraded``,
   ``Waiting`` (a transient block, e.g. in-use ids unreadable) or ``InProgress``.
@@ -29,7 +29,7 @@ from contract.nodepartitioning import (
     NodePartitioningSpec,
     NodePartitioningStatus,
 )
-from node_agent.gpu_plan import Block, ObservedGpu
+from node_agent.gpu_plan import Block, MpsSlot, ObservedGpu
 
 __all__ = ["actual_gpus", "build_status", "gpu_matches", "spec_applied"]
 
@@ -40,19 +40,15 @@ def actual_gpus(observed: Sequence[ObservedGpu]) -> list[ActualGpu]:
     for g in observed:
         mig = [
             ActualMigInstance.model_construct(
-                profile=i.name, start=i.start, deviceId=i.uuid, used=i.used
+                profile=i.name,
+                start=i.start,
+                deviceId=i.uuid,
+                used=i.used,
+                mps=_actual_slices(i.slices, i.used_slices),
             )
             for i in sorted(g.instances, key=lambda x: x.start)
         ]
-        mps = [
-            ActualMpsSlice.model_construct(
-                memoryMiB=s.memory_mib,
-                activeThreadPercentage=s.thread_percentage,
-                deviceId=s.device_id,
-                used=s.device_id in g.used_slices,
-            )
-            for s in (g.slices or ())
-        ]
+        mps = _actual_slices(g.slices, g.used_slices)
         out.append(
             ActualGpu.model_construct(
                 index=g.info.index,
@@ -64,6 +60,20 @@ def actual_gpus(observed: Sequence[ObservedGpu]) -> list[ActualGpu]:
             )
         )
     return out
+
+
+def _actual_slices(
+    slices: tuple[MpsSlot, ...] | None, used: frozenset[str]
+) -> list[ActualMpsSlice]:
+    return [
+        ActualMpsSlice.model_construct(
+            memoryMiB=s.memory_mib,
+            activeThreadPercentage=s.thread_percentage,
+            deviceId=s.device_id,
+            used=s.device_id in used,
+        )
+        for s in (slices or ())
+    ]
 
 
 def gpu_matches(obs: ObservedGpu, desired: DesiredGpu, mode: str) -> bool:
@@ -81,12 +91,27 @@ def gpu_matches(obs: ObservedGpu, desired: DesiredGpu, mode: str) -> bool:
         return False
     if any(not i.uuid or i.profile is None for i in obs.instances):
         return False
-    have_mig = Counter((i.profile.profile_id, i.start) for i in obs.instances if i.profile)
+    if any(i.slices is None for i in obs.instances):
+        return False
+    have_mig = Counter(
+        (i.profile.profile_id, i.start, _slice_key(i.slices)) for i in obs.instances if i.profile
+    )
     try:
-        want = Counter((obs.model.profile(d.profile).profile_id, d.start) for d in desired.mig)
+        want = Counter(
+            (
+                obs.model.profile(d.profile).profile_id,
+                d.start,
+                tuple(sorted((s.memoryMiB, s.activeThreadPercentage) for s in d.mps)),
+            )
+            for d in desired.mig
+        )
     except ValueError:
         return False
     return have_mig == want
+
+
+def _slice_key(slices: tuple[MpsSlot, ...] | None) -> tuple[tuple[int, int], ...]:
+    return tuple(sorted((s.memory_mib, s.thread_percentage) for s in slices or ()))
 
 
 def spec_applied(spec: NodePartitioningSpec, observed: Sequence[ObservedGpu]) -> bool:

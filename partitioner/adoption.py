@@ -117,7 +117,17 @@ def gpus_from_status(np: NodePartitioning | None, count: int) -> tuple[GpuState,
         gpus.append(
             GpuState(
                 i,
-                mig=tuple(MigInstance(m.profile, m.start, m.used) for m in g.mig),
+                mig=tuple(
+                    MigInstance(
+                        m.profile,
+                        m.start,
+                        m.used and not m.mps,  # a host is used through its slices
+                        tuple(
+                            MpsSlice(s.memoryMiB, s.used, s.activeThreadPercentage) for s in m.mps
+                        ),
+                    )
+                    for m in g.mig
+                ),
                 mps=tuple(MpsSlice(s.memoryMiB, s.used, s.activeThreadPercentage) for s in g.mps),
             )
         )

@@ -199,7 +199,7 @@ class ControllerState:
     cooldown: Mapping[str, float] = field(default_factory=dict)
     """Node -> until when it is left out of plans (it missed an apply deadline)."""
     last_plan: tuple[object, Plan] | None = None
-    """The last planner input (as :func:`_plan_key`) and its plan: an identical input (nothing
+    """The last planner input (as :attr:`_Step.plan_key`) and its plan: an identical input (nothing
     changed since, e.g. a retry of pods no GPU can hold) reuses the plan instead of solving
     again (the planner is deterministic for an input)."""
     plan_version: tuple[int, int] | None = None
@@ -209,6 +209,38 @@ class ControllerState:
     replan_at: float = math.inf
     """The earliest time at which time alone can change the last batch's plan or what follows
     it: a waiting-time tier or ``drain_after_s`` crossed by a candidate, a cooldown ending."""
+    quiet: Quiet | None = None
+    """Set when the step that returned this state was a fixed point (:class:`Quiet`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Quiet:
+    """A step that changed nothing in the cluster: no action but Events, no plan, no error.
+    The state it returned is then a fixed point: until the index changes or ``until`` (that
+    step's ``next_wakeup``) comes, every step from it returns it unchanged and acts on nothing,
+    so :func:`decide` returns it without recomputing.
+
+    Why that holds: such a step changes only the batch window (pods seen arrive; seen again,
+    they are members, not arrivals), the Events it emitted (each recorded in the state, so
+    never emitted twice: :meth:`_Step.once`) and forgets Events of pods no longer waiting; a
+    second step with the same index finds nothing more to change.  A step is
+    a function of the index, the state, ``now`` and the configuration; with the first two
+    unchanged, ``now`` matters only through the time-based
+    decisions that :attr:`Decision.next_wakeup` lists (reservation deadlines, the drain wait,
+    the batch window and its retries, cool-downs ending), and through two that only grow
+    stricter with time and so cannot turn "no action" into an action: the fast path's
+    protection of free slices for pods past the first waiting tier, and a released pod past
+    its bind deadline (its Event names the deadline, not the seconds since).  Without
+    reservations (nos's behaviour) an apply deadline is read from the NodePartitioning's
+    annotation and is not a wake-up, so that mode never goes quiet."""
+
+    index: tuple[int, int]
+    """``(identity, version)`` of the index the step read."""
+    config: int
+    """``id`` of the configuration it ran with."""
+    until: float
+    counts: Mapping[str, int]
+    problems: Mapping[str, NodeProblem]
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,7 +338,20 @@ def _desired_now(np: NodePartitioning | None, index: int) -> DesiredGpu:
             if g.index == index:
                 return DesiredGpu(
                     index=index,
-                    mig=[DesiredMigInstance(profile=m.profile, start=m.start) for m in g.mig],
+                    mig=[
+                        DesiredMigInstance(
+                            profile=m.profile,
+                            start=m.start,
+                            mps=[  # hybrid: the slices the instance hosts stay
+                                DesiredMpsSlice(
+                                    memoryMiB=s.memoryMiB,
+                                    activeThreadPercentage=s.activeThreadPercentage,
+                                )
+                                for s in m.mps
+                            ],
+                        )
+                        for m in g.mig
+                    ],
                     mps=[
                         DesiredMpsSlice(
                             memoryMiB=s.memoryMiB, activeThreadPercentage=s.activeThreadPercentage
@@ -338,10 +383,20 @@ def _desired_adopted(ledger: NodeLedger, index: int) -> DesiredGpu | None:
 
 
 def _desired_planned(planned_gpu: PlannedGpu) -> DesiredGpu:
+    hosted = dict(planned_gpu.mig_mps)  # hybrid: the MPS slices inside each instance
     return DesiredGpu(
         index=planned_gpu.index,
         mig=[
-            DesiredMigInstance(profile=p, start=s)
+            DesiredMigInstance(
+                profile=p,
+                start=s,
+                mps=[
+                    DesiredMpsSlice(
+                        memoryMiB=x.memory_mib, activeThreadPercentage=x.thread_percentage
+                    )
+                    for x in hosted.get(s, ())
+                ],
+            )
             for p, s in sorted(planned_gpu.mig, key=lambda x: x[1])
         ],
         mps=[
@@ -354,7 +409,16 @@ def _desired_planned(planned_gpu: PlannedGpu) -> DesiredGpu:
 def _layout_key(gpus: Iterable[DesiredGpu]) -> dict[int, tuple[Any, ...]]:
     out: dict[int, tuple[Any, ...]] = {}
     for g in gpus:
-        mig = tuple(sorted((m.start, m.profile) for m in g.mig))
+        mig = tuple(
+            sorted(
+                (
+                    m.start,
+                    m.profile,
+                    *sorted((s.memoryMiB, s.activeThreadPercentage) for s in m.mps),
+                )
+                for m in g.mig
+            )
+        )
         mps = tuple(sorted((s.memoryMiB, s.activeThreadPercentage) for s in g.mps))
         if mig or mps:
             out[g.index] = (mig, mps)
@@ -423,6 +487,8 @@ class _Step:
         self.pods_now = [index.pods[k] for k in index.waiting_by_age()]
         """Waiting slice pods, highest priority first, then oldest (candidates keep this order)."""
         self.planned_snapshot: Snapshot | None = None
+        self.plan_key: object = None
+        """What the plan of :attr:`planned_snapshot` depends on (:meth:`planning_input`)."""
         self.next_wakeup: float | None = None
         self._rejects: dict[tuple[frozenset[str], tuple[tuple[str, int], ...]], str | None] = {}
         """(eligible nodes, slices) -> :func:`_reject_reason` (this step's nodes)."""
@@ -603,19 +669,53 @@ class _Step:
 
     def read_pods(self) -> None:
         legacy_in_flight = self._legacy_in_flight() if not self.config.reservation else {}
-        drain_after = self.config.drain_after_s
+        # The next reservation deadline.  A pod reaching ``drain_after_s`` is no wake-up of its
+        # own: drains start only after a plan, and that plan's ``replan_at`` covers it.
         soonest = math.inf
+        reservation, topology = self.config.reservation, self.index.topology
+        candidates, counts, managed = self.candidates, self.candidate_resources, self.managed
+        seen = self.seen
         for pod in self.pods_now:
+            if pod.plain and (pod.gated if reservation else not pod.gated):
+                # The short path (the outcome of the general one below for such a pod): a
+                # gated pod is a managed candidate (reservations on), an ungated one a
+                # candidate if kube-scheduler could not place it and no plan is in flight
+                # for it (reservations off).
+                key = pod.key
+                seen.add(key)
+                if not reservation:
+                    if not pod.unschedulable:
+                        continue
+                    if key in legacy_in_flight:
+                        self.waiting[key] = legacy_in_flight[key]
+                        continue
+                cached = pod.reject_cache
+                reason = (
+                    cached[1] if cached is not None and cached[0] == topology else self._reject(pod)
+                )
+                if reason is not None:
+                    self.rejected[key] = reason
+                    continue
+                candidates[key] = pod
+                for resource, k in pod.slices.items():
+                    counts[resource] += k
+                if reservation:
+                    managed.add(key)
+                    if "Gated" not in self.reported.get(key, ()):
+                        self.once(
+                            pod,
+                            "Gated",
+                            f"waiting for a slice ({_units(pod.slices)}): gated by gpuslice "
+                            f"until its slice is ready",
+                        )
+                continue
             if pod.daemonset or pod.nominated:
                 continue
             key = pod.key
             self.seen.add(key)
             r = pod.reservation
-            if r is not None:
-                if r.deadline < soonest:
-                    soonest = r.deadline
-            elif pod.gated and pod.created is not None and pod.created + drain_after > self.now:
-                soonest = min(soonest, pod.created + drain_after)
+            if r is not None and r.deadline < soonest:
+                soonest = r.deadline
             if pod.request_error:
                 self.rejected[key] = pod.request_error
                 continue
@@ -676,7 +776,7 @@ class _Step:
             else:
                 self._drop(pod, r, f"node {r.node} is gone or no longer a gpuslice node")
             return
-        if r.state is State.PLANNED and ledger.busy and self.now > r.deadline:
+        if r.state is State.PLANNED and ledger.busy and self.now >= r.deadline:
             self._missed(pod, r)
             return
         ledger.add_hold(Hold(pod, r))
@@ -811,7 +911,7 @@ class _Step:
                     self._check_bound(ledger, h)
                     continue
                 if not h.pod.gated:  # ungated and planned: kube-scheduler binds it on its own
-                    if self.now > r.deadline:
+                    if self.now >= r.deadline:
                         ledger.holds.remove(h)
                         ledger.held.subtract(r.units())
                         self._drop(h.pod, r, f"not bound on node {r.node} by its deadline")
@@ -819,7 +919,7 @@ class _Step:
                 units = r.units()
                 if all(ledger.scheduler_room(res) >= k for res, k in units.items()):
                     self._release(ledger, h.pod, r)
-                elif self.now > r.deadline:
+                elif self.now >= r.deadline:
                     ledger.holds.remove(h)
                     ledger.held.subtract(units)
                     self._drop(
@@ -845,18 +945,18 @@ class _Step:
 
     def _check_bound(self, ledger: NodeLedger, h: Hold) -> None:
         r = h.reservation
-        if self.now <= r.deadline:
+        if self.now < r.deadline:
             return
         if not pod_fits_node(h.pod.obj, ledger.info.obj):
             self._stranded(
                 h.pod, r, "the node no longer accepts it (cordoned, tainted or relabelled)"
             )
             return
-        self.once(
+        self.once(  # no elapsed time in the text: one Event, not one per step
             h.pod,
             "NotBound",
-            f"released to node {r.node} {self.now - r.since:.0f} s ago and not bound yet; its "
-            f"slice is still held for it",
+            f"released to node {r.node} and not bound within {r.deadline - r.since:.0f} s; "
+            f"its slice is still held for it",
             "Warning",
         )
 
@@ -1106,6 +1206,10 @@ class _Step:
         for the next batch; once every resource is at its bound the scan stops, so a step's
         cost does not grow with the pods that cannot be placed anyway.
         The first pod of a resource always enters (the planner says why it cannot be placed).
+
+        Also sets :attr:`plan_key`: what the plan of this snapshot depends on — its nodes and,
+        per pod, its requests, CPU, memory, priority, eligible nodes and waiting time only
+        through the waiting tiers it has passed — so an unchanged input reuses the last plan.
         """
         plannable = {
             name: ledger
@@ -1114,8 +1218,10 @@ class _Step:
         }
         nodes = tuple(plannable[n].node_state() for n in sorted(plannable))
         bound = _UnitBounds(plannable.values(), self.config.planner_settings.mps_reserve_mib)
-        taken: Counter[str] = Counter()
+        taken: dict[str, int] = {}
         pods: list[PendingPod] = []
+        rows: list[tuple[str, tuple[object, ...], frozenset[str], int]] = []
+        tiers = self.config.planner_settings.wait_tiers_s
         by_key: dict[str, PodInfo] = {}
         plannable_names = self.plannable = frozenset(plannable)
         limits = {r: bound(r) for r, n in self.candidate_resources.items() if n > 0}
@@ -1123,12 +1229,18 @@ class _Step:
         usable_of: dict[int, tuple[frozenset[str], frozenset[str]]] = {}
         """id(eligible set) -> (that set, its plannable part): pods sharing an eligible set
         (:meth:`ClusterIndex.eligible`) share one intersection, and one set in the snapshot."""
+        topology, now, restricted = self.index.topology, self.now, self.restricted
         for i, (key, pod) in enumerate(list(self.candidates.items())):  # oldest first
             if not unsaturated:  # every resource is at its bound: the rest are capped
                 self.counts["capped"] += len(self.candidates) - i
                 break
-            eligible = self.index.eligible(pod, self.gpu_nodes)
-            if key in self.restricted:
+            cached = pod.eligible_cache
+            eligible = (
+                cached[1]
+                if cached is not None and cached[0] == topology
+                else self.index.eligible(pod, self.gpu_nodes)
+            )
+            if key in restricted:
                 eligible = eligible & self.restricted[key]
                 usable = eligible & plannable_names
             else:
@@ -1146,18 +1258,51 @@ class _Step:
                     f"{NODE_CONDITION} condition): " + ", ".join(sorted(eligible))
                 )
                 continue
-            if any(taken[r] and taken[r] + k > limits[r] for r, k in pod.slices.items()):
+            slices = pod.slices
+            over = False
+            for r, k in slices.items():
+                have = taken.get(r, 0)
+                if have and have + k > limits[r]:
+                    over = True
+                    break
+            if over:
                 self.waiting[key] = "more pods wait for this resource than the GPUs can hold"
                 self.counts["capped"] += 1
                 continue
-            for r, k in pod.slices.items():
-                taken[r] += k
-                if taken[r] >= limits[r]:
+            for r, k in slices.items():
+                have = taken[r] = taken.get(r, 0) + k
+                if have >= limits[r]:
                     unsaturated.discard(r)
-            pods.append(self._pending(pod, usable))
+            created = pod.created
+            waited = now - created if created is not None and created < now else 0.0
+            pending = PendingPod(
+                name=key,
+                requests=dict(slices),
+                cpu_milli=pod.cpu_milli,
+                memory_mib=pod.memory_mib,
+                priority=pod.priority,
+                eligible_nodes=usable,
+                waited_s=waited,
+            )  # as :meth:`_pending`
+            pods.append(pending)
             by_key[key] = pod
+            sig = pod.plan_sig
+            if sig is None:
+                sig = pod.plan_sig = (
+                    tuple(sorted(pod.slices.items())),
+                    pod.cpu_milli,
+                    pod.memory_mib,
+                    pod.priority,
+                )
+            tier = 0
+            for t in tiers:
+                if waited >= t:
+                    tier += 1
+            rows.append((key, sig, usable, tier))
         pods.sort(key=lambda p: p.name)
+        rows.sort(key=lambda row: row[0])  # the pod key: the order of ``pods``
         self.batched = by_key.keys()
+        self.plan_key = (nodes, tuple(rows))
         return Snapshot(nodes=nodes, pods=tuple(pods)), by_key
 
     def _write_plan(self, plan: Plan, plan_id: str, pods: Mapping[str, PodInfo]) -> int:
@@ -1260,7 +1405,7 @@ class _Step:
             self.start_drains(plan)
             return plan, "", batch, 0, ""
         plan_id = self.next_id()
-        key = _plan_key(snapshot, self.config.planner_settings.wait_tiers_s)
+        key = self.plan_key
         try:
             if self.last_plan is not None and self.last_plan[0] == key:
                 plan = self.last_plan[1]
@@ -1315,10 +1460,11 @@ class _Step:
         deadline = next_deadline(self.window, policy)
         if deadline is not None:
             self.wake(deadline)
-        elif self.window.planned_at:
+        if self.window.planned_at:  # a planned pod arrives again after the retry time
             unchanged = self._version() == self.plan_version
+            members = self.window.members
             for key, at in self.window.planned_at.items():
-                if key in self.candidates:
+                if key in self.candidates and key not in members:
                     self.wake(
                         max(at + policy.retry, self.replan_at) if unchanged else at + policy.retry
                     )
@@ -1435,30 +1581,20 @@ class _UnitBounds:
         self.locked: Counter[str] = Counter()
         self.mps_mib: list[int] = []
         for ledger in ledgers:
-            model = ledger.gpu.model
-            mps = ledger.gpu.mode is Mode.MPS
-            usable = (ledger.gpu.gpu_memory_mib or model.memory_mib) - mps_reserve_mib
-            for g in ledger.gpus:
-                if g.frozen:
-                    continue
-                if g.locked:
-                    self.locked.update(d.resource for d in g.devices if not d.pinned)
-                elif mps:
-                    self.mps_mib.append(usable - sum(d.memory_mib for d in g.devices if d.pinned))
-                else:
-                    self._add_mig_gpu(model, g)
-
-    def _add_mig_gpu(self, model: GpuModel, g: GpuSlots) -> None:
-        pinned = tuple(sorted((d.mig_profile, d.key, d.compute) for d in g.devices if d.pinned))
-        key = (id(model), pinned)
-        cached = _MIG_GPU_BOUNDS.get(key)
-        if cached is None or cached[0] is not model:
-            if len(_MIG_GPU_BOUNDS) >= _MIG_GPU_BOUNDS_MAX:
-                _MIG_GPU_BOUNDS.clear()
-            cached = (model, _mig_gpu_bound(model, pinned))
-            _MIG_GPU_BOUNDS[key] = cached
-        for resource, k in cached[1]:
-            self.mig[resource] += k
+            reading = ledger.reading
+            if ledger.base_pins and reading is not None and not any(g.frozen for g in ledger.gpus):
+                # Pins are the reading's own: so is the node's share (memo on the reading).
+                key = (ledger.stale_used, mps_reserve_mib)
+                part = reading.bounds.get(key)
+                if part is None:
+                    if len(reading.bounds) >= 8:
+                        reading.bounds.clear()
+                    part = reading.bounds[key] = _node_bounds(ledger, mps_reserve_mib)
+            else:
+                part = _node_bounds(ledger, mps_reserve_mib)
+            self.mig.update(part[0])
+            self.locked.update(part[1])
+            self.mps_mib.extend(part[2])
 
     def __call__(self, resource: str) -> int:
         gb = mps_gb_of(resource)
@@ -1468,6 +1604,47 @@ class _UnitBounds:
         if gb <= 0:
             return locked
         return locked + sum(max(0, m) // (gb * MIB_PER_GIB) for m in self.mps_mib)
+
+
+def _node_bounds(
+    ledger: NodeLedger, mps_reserve_mib: int
+) -> tuple[Counter[str], Counter[str], tuple[int, ...]]:
+    """One node's share of :class:`_UnitBounds`: (MIG units per resource, free devices of
+    locked GPUs per resource, free MiB per unlocked MPS GPU)."""
+    mig: Counter[str] = Counter()
+    locked: Counter[str] = Counter()
+    mps_mib: list[int] = []
+    model = ledger.gpu.model
+    mps = ledger.gpu.mode is Mode.MPS
+    usable = (ledger.gpu.gpu_memory_mib or model.memory_mib) - mps_reserve_mib
+    for g in ledger.gpus:
+        if g.frozen:
+            continue
+        if g.locked:
+            locked.update(d.resource for d in g.devices if not d.pinned)
+        elif mps:
+            mps_mib.append(usable - sum(d.memory_mib for d in g.devices if d.pinned))
+        else:
+            for resource, k in _mig_gpu_bounds(model, g):
+                mig[resource] += k
+            if ledger.gpu.mode is Mode.HYBRID:  # MPS slices inside instances: at most this
+                mps_mib.append(usable - sum(d.memory_mib for d in g.devices if d.pinned))
+    return mig, locked, tuple(mps_mib)
+
+
+def _mig_gpu_bounds(model: GpuModel, g: GpuSlots) -> tuple[tuple[str, int], ...]:
+    """:func:`_mig_gpu_bound` of a GPU's pinned instances, memoised per (model, pins)."""
+    pinned = tuple(
+        sorted((d.mig_profile, d.key, d.compute) for d in g.devices if d.pinned and d.mig_profile)
+    )
+    key = (id(model), pinned)
+    cached = _MIG_GPU_BOUNDS.get(key)
+    if cached is None or cached[0] is not model:
+        if len(_MIG_GPU_BOUNDS) >= _MIG_GPU_BOUNDS_MAX:
+            _MIG_GPU_BOUNDS.clear()
+        cached = (model, _mig_gpu_bound(model, pinned))
+        _MIG_GPU_BOUNDS[key] = cached
+    return cached[1]
 
 
 _Pinned = tuple[tuple[str, int, int], ...]
@@ -1518,26 +1695,6 @@ def _mig_gpu_bound(model: GpuModel, pinned: _Pinned) -> tuple[tuple[str, int], .
     return tuple(out)
 
 
-def _plan_key(snapshot: Snapshot, tiers: Iterable[float]) -> object:
-    """What the plan of ``snapshot`` depends on (waiting times only through their tiers)."""
-    thresholds = tuple(tiers)
-    return (
-        snapshot.nodes,
-        tuple(
-            (
-                p.name,
-                tuple(sorted(p.requests.items())),
-                p.cpu_milli,
-                p.memory_mib,
-                p.priority,
-                p.eligible_nodes,
-                sum(1 for t in thresholds if p.waited_s >= t),
-            )
-            for p in snapshot.pods
-        ),
-    )
-
-
 def _packing(ledger: NodeLedger, units: Mapping[str, int]) -> int:
     """How busy the GPUs are whose free slices a reservation would take (higher packs better)."""
     score = 0
@@ -1569,4 +1726,44 @@ def decide(
             cluster.partitionings.values(),
         )
     )
-    return _Step(index, state, now, config).run()
+    quiet = state.quiet
+    if (
+        quiet is not None
+        and now < quiet.until
+        and quiet.index == (index.identity, index.version)
+        and quiet.config == id(config)
+    ):
+        return Decision(
+            state,
+            (),
+            counts=quiet.counts,
+            problems=quiet.problems,
+            next_wakeup=quiet.until if math.isfinite(quiet.until) else None,
+        )
+    decision = _Step(index, state, now, config).run()
+    if (
+        any(not isinstance(a, EmitEvent) for a in decision.actions)
+        or not config.reservation
+        or decision.snapshot is not None
+        or decision.error
+    ):
+        return decision
+    until = decision.next_wakeup if decision.next_wakeup is not None else math.inf
+    mark = Quiet(
+        (index.identity, index.version), id(config), until, decision.counts, decision.problems
+    )
+    return replace(decision, state=replace(decision.state, quiet=mark))
+
+
+def _same_state(a: ControllerState, b: ControllerState) -> bool:
+    """The parts of two states a step reads are equal (``quiet`` aside; the last plan by
+    identity: it is only ever carried over or replaced)."""
+    return (
+        a.last_plan is b.last_plan
+        and a.last_plan_id == b.last_plan_id
+        and a.plan_version == b.plan_version
+        and a.replan_at == b.replan_at
+        and a.cooldown == b.cooldown
+        and (a.reported is b.reported or a.reported == b.reported)
+        and a.window == b.window
+    )

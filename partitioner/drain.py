@@ -69,7 +69,7 @@ def serves(ledger: NodeLedger, units: Mapping[str, int]) -> bool:
                 return False
             if resource not in {p.resource for p in ledger.gpu.model.profiles}:
                 return False
-        elif mps_gb_of(resource) is None or ledger.gpu.mode is not Mode.MPS:
+        elif mps_gb_of(resource) is None or ledger.gpu.mode is Mode.MIG:
             return False
     return True
 

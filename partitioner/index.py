@@ -41,6 +41,7 @@ Cost: an event costs one object's parsing; a cycle costs O(waiting pods + nodes)
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import gc
 import itertools
@@ -191,6 +192,33 @@ def _trim_node(node: Obj) -> dict[str, Any]:
     }
 
 
+def _same_but_rv(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Two trimmed objects are equal but for ``metadata.resourceVersion``."""
+    if a.keys() != b.keys():
+        return False
+    for k, v in a.items():
+        if k != "metadata":
+            if v != b[k]:
+                return False
+            continue
+        meta_a, meta_b = v or {}, b[k] or {}
+        if meta_a.keys() != meta_b.keys():
+            return False
+        if any(meta_a[m] != meta_b[m] for m in meta_a if m != "resourceVersion"):
+            return False
+    return True
+
+
+def _same_pod(old: PodInfo, new: PodInfo) -> bool:
+    """The same pod object with nothing the controller reads changed (all parsed fields and
+    the trimmed object equal, the resourceVersion and the caches aside)."""
+    return (
+        old.uid == new.uid
+        and all(getattr(old, f) == getattr(new, f) for f in _POD_CONTENT)
+        and _same_but_rv(old.obj, new.obj)
+    )
+
+
 def _allocatable_slices(node: Obj) -> dict[str, int]:
     out: dict[str, int] = {}
     for name, value in ((node.get("status") or {}).get("allocatable") or {}).items():
@@ -239,6 +267,23 @@ class PodInfo:
     reservation_error: str
     eligible_cache: tuple[int, frozenset[str]] | None = None
     reject_cache: tuple[int, str | None] | None = None
+    plan_sig: tuple[object, ...] | None = None
+    """What a plan reads of the pod besides its eligible nodes and waiting time (set by the
+    decision step on first use: the object is replaced whenever the pod changes)."""
+
+    @property
+    def plain(self) -> bool:
+        """Nothing but its slice request to read: no DaemonSet owner, no nomination, readable
+        requests, no reservation (valid or not) and no scheduling gate but gpuslice's.  Most
+        waiting pods are plain; the decision step reads them on a short path."""
+        return not (
+            self.daemonset
+            or self.nominated
+            or self.request_error
+            or self.reservation is not None
+            or self.reservation_error
+            or self.other_gates
+        )
 
     @property
     def finished(self) -> bool:
@@ -258,6 +303,15 @@ class PodInfo:
     @property
     def namespace(self) -> str:
         return str((self.obj.get("metadata") or {}).get("namespace", ""))
+
+
+_POD_CONTENT = tuple(
+    f.name
+    for f in dataclasses.fields(PodInfo)
+    if f.name not in ("key", "uid", "rv", "obj", "eligible_cache", "reject_cache", "plan_sig")
+)
+"""The parsed fields of a :class:`PodInfo` that describe the pod (``obj`` is compared apart,
+without its resourceVersion)."""
 
 
 def _wants_slices(pod: Obj) -> bool:
@@ -530,6 +584,11 @@ class ClusterIndex:
         if old is not None and not _newer(_rv(node), old.rv):
             return
         trimmed = _trim_node(node)
+        if old is not None and _same_but_rv(old.obj, trimmed):
+            # Nothing the controller reads changed (a status heartbeat, another condition):
+            # newer resourceVersion, same content, no new version for the decision step.
+            old.rv = _rv(node)
+            return
         info = NodeInfo(
             name=name,
             uid=str((node.get("metadata") or {}).get("uid", "")),
@@ -556,6 +615,13 @@ class ClusterIndex:
         if old is None and not (pod.get("spec") or {}).get("nodeName") and not _wants_slices(pod):
             return  # not a slice pod and not bound: nothing the controller reads
         info = _read_pod(pod)
+        if old is not None and _same_pod(old, info):
+            # Nothing the controller reads changed (another condition, container statuses):
+            # keep the parsed pod and its caches, take the new resourceVersion (patches are
+            # guarded by it), and no new version for the decision step.
+            old.rv = info.rv
+            old.obj = info.obj
+            return
         if old is not None and old.uid == info.uid and old.eligible_cache is not None:
             same = old.obj.get("spec", {}).get("affinity") == info.obj["spec"].get("affinity")
             same = same and old.obj["spec"].get("nodeSelector") == info.obj["spec"].get(

@@ -131,12 +131,19 @@ class NodeLedger:
     """Resources whose bound units exceed the status-used count (agent not caught up)."""
     reported: bool = True
     """The GPUs come from the agent's report (else adopted from labels, annotations, pods)."""
+    reading: _Reading | None = None
+    base_pins: bool = False
+    """The devices' pins are exactly :meth:`pin`'s without holds (used, or of a stale
+    resource): :meth:`gpu_states` may answer from the reading's cache."""
 
     @property
     def name(self) -> str:
         return self.info.name
 
     def total(self) -> Counter[str]:
+        """Devices per resource on GPUs that are not frozen (read-only)."""
+        if self.reading is not None and not any(g.frozen for g in self.gpus):
+            return self.reading.totals
         out: Counter[str] = Counter()
         for g in self.gpus:
             if not g.frozen:
@@ -145,6 +152,8 @@ class NodeLedger:
 
     def frozen_used(self) -> Counter[str]:
         out: Counter[str] = Counter()
+        if not any(g.frozen for g in self.gpus):
+            return out
         for g in self.gpus:
             if g.frozen:
                 out.update(d.resource for d in g.devices if d.used)
@@ -227,18 +236,15 @@ class NodeLedger:
 
     def pin(self) -> None:
         """Pin the instances holds and unreported bound pods may be using (module docstring)."""
+        stale = self.stale_used
         for g in self.gpus:
             for d in g.devices:
-                d.pinned = d.used
-        for r in self.stale_used:
-            for g in self.gpus:
-                for d in g.devices:
-                    if d.resource == r:
-                        d.pinned = True
+                d.pinned = d.used or d.resource in stale
         for h in sorted(self.holds, key=Hold.order):
             for r, indices in h.reservation.gpus.items():
                 for i in indices:
                     self._pin_one(r, i)
+        self.base_pins = not self.holds
 
     def _pin_one(self, resource: str, expected: int) -> None:
         order = sorted(self.gpus, key=lambda g: (g.index != expected, g.index))
@@ -257,6 +263,7 @@ class NodeLedger:
         the most compute in use first, so lightly used GPUs stay empty for whole-GPU pods.
         """
         out: dict[str, tuple[int, ...]] = {}
+        self.base_pins = False
         for r in sorted(units):
             options = [
                 (g, d)
@@ -283,6 +290,12 @@ class NodeLedger:
 
     def gpu_states(self) -> tuple[GpuState, ...]:
         """The planner's view of the node's GPUs: pinned devices as used, frozen GPUs left out."""
+        cache = None
+        if self.base_pins and self.reading is not None and not any(g.frozen for g in self.gpus):
+            cache = self.reading.states
+            hit = cache.get(self.stale_used)
+            if hit is not None:
+                return hit
         out: list[GpuState] = []
         for g in self.gpus:
             if g.frozen:
@@ -298,14 +311,34 @@ class NodeLedger:
                     )
                 )
             else:
+                hosted: dict[int, list[MpsSlice]] = {}  # hybrid: slices by their host's start
+                for d in g.devices:
+                    if not d.mig_profile:
+                        hosted.setdefault(d.key, []).append(
+                            MpsSlice(d.memory_mib, d.pinned, d.thread_percentage)
+                        )
                 out.append(
                     GpuState(
                         g.index,
-                        mig=tuple(MigInstance(d.mig_profile, d.key, d.pinned) for d in g.devices),
+                        mig=tuple(
+                            MigInstance(
+                                d.mig_profile,
+                                d.key,
+                                d.pinned and bool(d.resource),  # a host: used via its slices
+                                tuple(hosted.get(d.key, ())),
+                            )
+                            for d in g.devices
+                            if d.mig_profile
+                        ),
                         locked=g.locked,
                     )
                 )
-        return tuple(out)
+        states = tuple(out)
+        if cache is not None:
+            if len(cache) >= 8:  # stale sets come and go; keep a few
+                cache.clear()
+            cache[self.stale_used] = states
+        return states
 
     def node_state(self) -> NodeState:
         return NodeState(
@@ -330,6 +363,28 @@ class _Reading:
     adopted: Adopted
     rows: tuple[tuple[_Row, ...], ...]
     locked: frozenset[int]
+    states: dict[frozenset[str], tuple[GpuState, ...]] = field(
+        default_factory=dict, compare=False, hash=False
+    )
+    bounds: dict[object, tuple[Counter[str], Counter[str], tuple[int, ...]]] = field(
+        default_factory=dict, compare=False, hash=False
+    )
+    """Per-reading memo of :class:`partitioner.decide._UnitBounds` (same conditions)."""
+    totals: Counter[str] = field(default_factory=Counter, compare=False, hash=False)
+    """Devices per resource over all GPUs (read-only)."""
+    used: Counter[str] = field(default_factory=Counter, compare=False, hash=False)
+    """Status-used devices per resource over all GPUs (read-only)."""
+
+    def __post_init__(self) -> None:
+        for rows in self.rows:
+            for r, _k, _c, u, _p, _m, _t in rows:
+                self.totals[r] += 1
+                if u:
+                    self.used[r] += 1
+
+    """:meth:`NodeLedger.gpu_states` of a ledger read from this reading whose only pins are
+    the base ones (status-used devices, and every device of a resource in ``stale_used``, the
+    key) and that has no frozen GPU: the same every cycle until the reading changes."""
 
 
 def _rows(model: GpuModel, gpus: Sequence[GpuState]) -> tuple[tuple[_Row, ...], ...]:
@@ -341,9 +396,14 @@ def _rows(model: GpuModel, gpus: Sequence[GpuState]) -> tuple[tuple[_Row, ...], 
                 compute = model.profile(m.profile).compute
             except CatalogError:
                 compute = 0
-            rows.append(
-                (instance_resource(model, m.profile), m.start, compute, m.used, m.profile, 0, None)
-            )
+            # a hybrid host is no resource of its own: its slices are (key: the host's start)
+            resource = "" if m.mps else instance_resource(model, m.profile)
+            rows.append((resource, m.start, compute, m.used, m.profile, 0, None))
+            for sl in m.mps:
+                gb = sl.memory_mib // MIB_PER_GIB
+                rows.append(
+                    (mps_resource(gb), m.start, 0, sl.used, "", sl.memory_mib, sl.thread_percentage)
+                )
         for k, sl in enumerate(g.mps):
             rows.append(
                 (
@@ -378,8 +438,7 @@ def read_gpus(index: ClusterIndex, info: NodeInfo) -> _Reading | NodeProblem:
     np_info = index.partitionings.get(info.name)
     np = np_info.np if np_info is not None else None
     reported = agent_reported(np)
-    key = (
-        info.rv,
+    key = (  # the node's own content is fixed per NodeInfo (the index replaces it on change)
         np_info.rv if np_info is not None else None,
         None if reported else index.node_pods.get(info.name),
     )
@@ -412,7 +471,7 @@ def _gpus(reading: _Reading, frozen: frozenset[int]) -> list[GpuSlots]:
         GpuSlots(
             g.index,
             [
-                Device(r, k, c, u, mig_profile=p, memory_mib=m, thread_percentage=th)
+                Device(r, k, c, u, False, p, m, th)  # positional: half the cost, per cycle
                 for r, k, c, u, p, m, th in devices
             ],
             frozen=g.index in frozen,
@@ -465,8 +524,9 @@ def build_ledgers(
             cpu_free=gpu.cpu_milli - usage.cpu_milli,
             memory_free=gpu.memory_mib - usage.memory_mib,
             reported=reading.adopted.source == "agent",
+            reading=reading,
         )
-        status_used = _status_used(gpus)
+        status_used = _status_used(gpus) if name in frozen else reading.used
         frozen_used = ledger.frozen_used()
         if np_info is not None and np_info.pods_seen != index.node_pods.get(name, 0):
             # Pods bound to the node changed since the agent's last report: its used flags

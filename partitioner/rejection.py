@@ -2,7 +2,7 @@
 
 A pod is rejected (reported ``cannot place: <reason>``, never batched) when, for some slice it
 asks for, none of its eligible GPU nodes is of the right kind (MIG or hybrid for
-``nvidia.com/mig-<profile>``, MPS for ``nvidia.com/gpu-<N>gb``), the MPS size is not positive,
+``nvidia.com/mig-<profile>``, MPS or hybrid for ``nvidia.com/gpu-<N>gb``), the MPS size is not positive,
 or no eligible node's GPU model has the MIG profile under exactly that name
 (:meth:`planner.catalog.GpuModel.profile`).  Anything else (capacity) is the planner's to judge.
 """
@@ -34,7 +34,7 @@ def reject_reason(
     (``(mode, model)`` each, in node-name order), or ``None``."""
     for resource in sorted(slices):
         profile, gb = mig_profile_of(resource), mps_gb_of(resource)
-        modes = MIG_MODES if profile is not None else (Mode.MPS,)
+        modes = MIG_MODES if profile is not None else (Mode.MPS, Mode.HYBRID)
         kind = "MIG" if profile is not None else "MPS"
         fitting = [model for mode, model in eligible if mode in modes]
         if not fitting:

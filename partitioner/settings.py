@@ -128,8 +128,9 @@ class PartitionerSettings(CommonSettings):
         "gpuslice-partitioner", description="Name of the Lease."
     )
     leader_election_identity: str = Field(
-        "", description="This replica's holderIdentity in the Lease (the pod's name); empty: "
-        "the host name."
+        "",
+        description="This replica's holderIdentity in the Lease (the pod's name); empty: "
+        "the host name.",
     )
     leader_election_lease_duration_seconds: int = Field(
         15,

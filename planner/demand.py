@@ -11,7 +11,9 @@ model:
   :meth:`GpuModel.profile <planner.catalog.GpuModel.profile>` (which normalises driver
   variants such as ``7g.79gb``); a MIG pod may go to ``mig`` and ``hybrid`` nodes;
 * an MPS resource ``nvidia.com/gpu-<N>gb`` is one slice of ``N * 1024`` MiB; an MPS pod may go
-  to ``mps`` nodes.  A GPU offers ``memory - settings.mps_reserve_mib`` MiB to slices.
+  to ``mps`` nodes, where a GPU offers ``memory - settings.mps_reserve_mib`` MiB to slices, and
+  to ``hybrid`` nodes, where a slice lives inside a MIG instance that offers its own memory
+  minus the reserve (:mod:`planner.hybrid`): a unit must fit the largest profile's instance.
 
 A pod is *eligible* for a node iff it names the node (or names none), the node's mode matches
 the pod's resource kind, every requested profile exists on the node's model, every unit fits
@@ -252,7 +254,7 @@ def resolve_on_node(
     kind = pod_kind(pod)
     if isinstance(kind, Rejection):
         return kind
-    want = (Mode.MIG, Mode.HYBRID) if kind is RequestKind.MIG else (Mode.MPS,)
+    want = (Mode.MIG, Mode.HYBRID) if kind is RequestKind.MIG else (Mode.MPS, Mode.HYBRID)
     if node.mode not in want:
         return Rejection(
             Unplaced.NO_ELIGIBLE_NODE,
@@ -267,11 +269,15 @@ def resolve_on_node(
     n_gpus = len(node.gpus)
     if kind is RequestKind.MPS:
         usable = mps_usable_mib(node, model, settings)
+        where = "a GPU offers"
+        if node.mode is Mode.HYBRID:
+            usable = max(0, max(p.memory_mib for p in model.profiles) - settings.mps_reserve_mib)
+            where = "the largest MIG instance offers"
         for r in requests:
             if r.mps_mib > usable:
                 return Rejection(
                     Unplaced.EXCEEDS_GPU,
-                    f"{r.resource} needs {r.mps_mib} MiB, a GPU offers {usable} MiB to MPS "
+                    f"{r.resource} needs {r.mps_mib} MiB, {where} {usable} MiB to MPS "
                     f"slices (memory minus the {settings.mps_reserve_mib} MiB server reserve)",
                     model.name,
                 )

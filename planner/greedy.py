@@ -30,7 +30,15 @@ be compared with what users run today, minus nos's placement bugs:
    is not enough, free (unclaimed) slices of that GPU are removed, largest first, but only as
    many as the new slices need.  New slices get an active-thread percentage per
    ``settings.mps_thread_policy`` (:func:`planner.mps.thread_percentage`).
-5. A pod that fits nowhere is unplaced with :mod:`planner.demand`'s reason: its eligibility
+5. A hybrid node (:mod:`planner.hybrid`) takes MIG pods as a MIG node does (preferring free
+   instances that host no slices) and MPS pods unit by unit: a free slice of exactly the size
+   in a host instance (GPU index order, then start), else a new slice in a host with room
+   (``usable(P)`` minus its slices), else a free instance that hosts nothing becomes a host
+   (the smallest profile that holds the slice), else a new instance of the smallest profile
+   that holds the slice is created beside the pinned ones (the layout covering it, as in 3).
+   Every instance that gets a slice of this plan is pinned from then on; a locked GPU only
+   lends the free slices it has.
+6. A pod that fits nowhere is unplaced with :mod:`planner.demand`'s reason: its eligibility
    rejection, ``node cpu/memory`` when GPU room existed on a node whose CPU/memory the
    earlier pods took, else ``capacity``.
 
@@ -85,6 +93,7 @@ from planner.geometry import (
     layout_errors,
 )
 from planner.host_index import HostIndex
+from planner.hybrid import host_profiles, instance_usable_mib
 from planner.mps import thread_percentage
 from planner.settings import PlannerSettings, Policy
 from planner.snapshot import (
@@ -138,20 +147,45 @@ class _MigGpu:
     """(profile name, start) of ``pinned``/``free``: cheap cache keys."""
     locked: bool = False
     """``GpuState.locked``: free instances may be claimed, nothing created or destroyed."""
+    hosts: tuple[_Host, ...] = ()
+    """Hybrid: the instances (of ``pinned`` or ``free``) hosting MPS slices, by start."""
+
+
+@dataclass(frozen=True, slots=True)
+class _HostSlice:
+    memory_mib: int
+    thread_percentage: int
+    used: bool
+    """Used in the snapshot."""
+    taken: bool
+    """Used, or claimed by a pod of this plan."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Host:
+    start: int
+    profile: str
+    usable_mib: int
+    slices: tuple[_HostSlice, ...]
+
+    @property
+    def room_mib(self) -> int:
+        return self.usable_mib - sum(s.memory_mib for s in self.slices)
 
 
 def _mig_gpu(
-    index: int, pinned: Iterable[Placement], free: Iterable[Placement], locked: bool = False
+    index: int,
+    pinned: Iterable[Placement],
+    free: Iterable[Placement],
+    locked: bool = False,
+    hosts: Iterable[_Host] = (),
 ) -> _MigGpu:
     p, f = canonical(pinned), canonical(free)
-    return _MigGpu(
-        index,
-        p,
-        f,
-        tuple((pl.profile.name, pl.start) for pl in p),
-        tuple((pl.profile.name, pl.start) for pl in f),
-        locked,
-    )
+    pk = tuple((pl.profile.name, pl.start) for pl in p)
+    fk = tuple((pl.profile.name, pl.start) for pl in f)
+    alive = set(pk) | set(fk)
+    kept = tuple(sorted((h for h in hosts if (h.profile, h.start) in alive), key=lambda h: h.start))
+    return _MigGpu(index, p, f, pk, fk, locked, kept)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +245,8 @@ class _Fit:
     mig: tuple[_MigGpu, ...] = ()
     mps: tuple[_MpsGpu, ...] = ()
     units: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    hosts: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    """Hybrid MPS units: the start of each unit's host instance."""
 
 
 _Resolved = tuple[tuple[ResolvedRequest, ...], frozenset[str]]
@@ -236,7 +272,9 @@ class _PodTable:
 _ParsedGpus = dict[tuple[str, tuple[MigInstance, ...], bool], _MigGpu]
 
 
-def _mig_gpus(node: NodeState, model: GpuModel, parsed: _ParsedGpus) -> list[_MigGpu]:
+def _mig_gpus(
+    node: NodeState, model: GpuModel, parsed: _ParsedGpus, settings: PlannerSettings
+) -> list[_MigGpu]:
     """The node's GPUs as working state; ``parsed`` memoises identical layouts (per call)."""
     gpus: list[_MigGpu] = []
     for gpu in sorted(node.gpus, key=lambda g: g.index):
@@ -247,8 +285,9 @@ def _mig_gpus(node: NodeState, model: GpuModel, parsed: _ParsedGpus) -> list[_Mi
             gpus.append(known)
             continue
         try:
-            pinned = [Placement(i.start, model.profile(i.profile)) for i in gpu.mig if i.used]
-            free = [Placement(i.start, model.profile(i.profile)) for i in gpu.mig if not i.used]
+            pinned = [Placement(i.start, model.profile(i.profile)) for i in gpu.mig if i.pinned]
+            free = [Placement(i.start, model.profile(i.profile)) for i in gpu.mig if not i.pinned]
+            hosts = [_host_now(model, i, settings) for i in gpu.mig if i.mps]
         except ValueError as e:  # UnknownProfile
             raise InvalidLayout(f"node {node.name} GPU {gpu.index}: {e}") from e
         errors = layout_errors(model, (*pinned, *free))
@@ -257,9 +296,31 @@ def _mig_gpus(node: NodeState, model: GpuModel, parsed: _ParsedGpus) -> list[_Mi
                 f"node {node.name} GPU {gpu.index}: its current MIG layout is invalid: "
                 + "; ".join(errors)
             )
-        gpus.append(_mig_gpu(gpu.index, pinned, free, gpu.locked))
+        gpus.append(_mig_gpu(gpu.index, pinned, free, gpu.locked, hosts))
         parsed[(model.name, gpu.mig, gpu.locked)] = gpus[-1]
     return gpus
+
+
+def _host_now(model: GpuModel, inst: MigInstance, settings: PlannerSettings) -> _Host:
+    prof = model.profile(inst.profile)
+    usable = instance_usable_mib(prof, settings)
+    policy = settings.mps_thread_policy
+    return _Host(
+        inst.start,
+        prof.name,
+        usable,
+        tuple(
+            _HostSlice(
+                s.memory_mib,
+                s.thread_percentage
+                if s.thread_percentage is not None
+                else thread_percentage(s.memory_mib, usable, policy),
+                s.used,
+                s.used,
+            )
+            for s in inst.mps
+        ),
+    )
 
 
 def _mps_gpus(node: NodeState, model: GpuModel, settings: PlannerSettings) -> list[_MpsGpu]:
@@ -311,7 +372,7 @@ class _Greedy:
             node.sizing_key = (model.name, len(ns.gpus), ns.mode, ns.gpu_memory_mib)
             node.pos = len(self.nodes)
             if node.is_mig:
-                node.mig = _mig_gpus(ns, model, parsed)
+                node.mig = _mig_gpus(ns, model, parsed, settings)
                 self._initial[ns.name] = list(node.mig)
                 node.capable = self.capable(node)
             else:
@@ -394,14 +455,19 @@ class _Greedy:
             owner.gpus.append(gpu.index)
             need[pl.profile] -= 1
             return _mig_gpu(
-                gpu.index, (*gpu.pinned, pl), (f for f in gpu.free if f != pl), gpu.locked
+                gpu.index,
+                (*gpu.pinned, pl),
+                (f for f in gpu.free if f != pl),
+                gpu.locked,
+                (h for h in gpu.hosts if h.start != pl.start),  # now a whole MIG device
             )
 
         gpus = list(node.mig)
         changed: set[int] = set()
         # 1. Claim free instances of the requested profiles.
         for k, gpu in enumerate(gpus):
-            for pl in gpu.free:
+            hosting = {h.start for h in gpu.hosts}
+            for pl in sorted(gpu.free, key=lambda pl: pl.start in hosting):
                 if need[pl.profile] > 0:
                     gpus[k] = gpu = claim(gpu, pl)
                     changed.add(k)
@@ -417,7 +483,7 @@ class _Greedy:
                 continue
             pinned = set(gpu.pinned)
             extra = [pl for pl in layout if pl not in pinned]
-            gpu = _mig_gpu(gpu.index, gpu.pinned, extra)
+            gpu = _mig_gpu(gpu.index, gpu.pinned, extra, gpu.locked, gpu.hosts)
             for pl in extra:
                 if need[pl.profile] > 0:
                     gpu = claim(gpu, pl)
@@ -429,6 +495,97 @@ class _Greedy:
             mig=tuple(gpus[k] for k in sorted(changed)),
             units={o.resource: tuple(o.gpus) for o in owners},
         )
+
+    # ---- hybrid: MPS slices inside MIG instances ----------------------------------------
+
+    def fit_hybrid(self, node: _Node, demand: Sequence[ResolvedRequest]) -> _Fit | None:
+        gpus = list(node.mig)
+        changed: set[int] = set()
+        units: dict[str, list[int]] = {r.resource: [] for r in demand}
+        starts: dict[str, list[int]] = {r.resource: [] for r in demand}
+        for r in demand:
+            for _ in range(r.count):
+                got = self._host_slice(node, gpus, r.mps_mib)
+                if got is None:
+                    return None
+                k, start = got
+                changed.add(k)
+                units[r.resource].append(gpus[k].index)
+                starts[r.resource].append(start)
+        return _Fit(
+            mig=tuple(gpus[k] for k in sorted(changed)),
+            units={res: tuple(ix) for res, ix in units.items()},
+            hosts={res: tuple(st) for res, st in starts.items()},
+        )
+
+    def _host_slice(self, node: _Node, gpus: list[_MigGpu], mib: int) -> tuple[int, int] | None:
+        """Claim one slice of ``mib`` MiB on ``gpus`` (module docstring, rule 5): (position in
+        ``gpus``, host start), ``gpus`` updated; ``None`` if there is no room."""
+        model, settings = node.model, self.settings
+        policy = settings.mps_thread_policy
+
+        def put(k: int, host: _Host, start: int) -> tuple[int, int]:
+            gpu = gpus[k]
+            pl = next(p for p in (*gpu.pinned, *gpu.free) if p.start == start)
+            pinned = gpu.pinned if pl in gpu.pinned else (*gpu.pinned, pl)
+            hosts = [h for h in gpu.hosts if h.start != start] + [host]
+            gpus[k] = _mig_gpu(
+                gpu.index, pinned, (f for f in gpu.free if f != pl), gpu.locked, hosts
+            )
+            return k, start
+
+        for k, gpu in enumerate(gpus):  # a free slice of this size
+            for h in gpu.hosts:
+                for j, sl in enumerate(h.slices):
+                    if not sl.taken and sl.memory_mib == mib:
+                        new = (*h.slices[:j], replace(sl, taken=True), *h.slices[j + 1 :])
+                        return put(k, replace(h, slices=new), h.start)
+        for k, gpu in enumerate(gpus):  # room in a host
+            for h in () if gpu.locked else gpu.hosts:
+                if h.room_mib >= mib:
+                    pct = thread_percentage(mib, h.usable_mib, policy)
+                    new = (*h.slices, _HostSlice(mib, pct, False, True))
+                    return put(k, replace(h, slices=new), h.start)
+        fitting = sorted(
+            host_profiles(model, (mib,), settings), key=lambda p: (p.memory_mib, p.compute, p.name)
+        )
+        best: tuple[int, int, int, int] | None = None  # (memory, k, start, profile index)
+        for k, gpu in enumerate(gpus):  # a free instance hosting nothing
+            hosting = {h.start for h in gpu.hosts}
+            for pl in () if gpu.locked else gpu.free:
+                if pl.start not in hosting and pl.profile in fitting:
+                    cand = (pl.profile.memory_mib, k, pl.start, fitting.index(pl.profile))
+                    best = cand if best is None or cand < best else best
+        if best is None:
+            for prof in fitting:  # a new instance
+                for k, gpu in enumerate(gpus):
+                    if prof.name not in self.placeable(model, gpu):
+                        continue
+                    layout = self.best_layout(model, gpu, Counter({prof: 1}))
+                    if layout is None:
+                        continue
+                    pinned = set(gpu.pinned)
+                    hosting = {h.start for h in gpu.hosts}
+                    extra = [pl for pl in layout if pl not in pinned]
+                    new_gpu = _mig_gpu(gpu.index, gpu.pinned, extra, gpu.locked, gpu.hosts)
+                    pick = next(
+                        (pl for pl in extra if pl.profile == prof and pl.start not in hosting),
+                        None,
+                    )
+                    if pick is None:
+                        continue
+                    gpus[k] = new_gpu
+                    best = (prof.memory_mib, k, pick.start, fitting.index(prof))
+                    break
+                if best is not None:
+                    break
+        if best is None:
+            return None
+        _, k, start, pi = best
+        prof = fitting[pi]
+        usable = instance_usable_mib(prof, settings)
+        sl = _HostSlice(mib, thread_percentage(mib, usable, policy), False, True)
+        return put(k, _Host(start, prof.name, usable, (sl,)), start)
 
     # ---- MPS -----------------------------------------------------------------------------
 
@@ -517,7 +674,8 @@ class _Greedy:
             positions: list[int] = []
             want_mig, allowed = kind is RequestKind.MIG, pod.eligible_nodes
             for node in self.order:
-                if node.is_mig != want_mig or (
+                hybrid = node.state.mode is Mode.HYBRID
+                if (node.is_mig != want_mig and not hybrid) or (
                     allowed is not None and node.state.name not in allowed
                 ):
                     continue
@@ -530,6 +688,8 @@ class _Greedy:
         return found
 
     def fit(self, node: _Node, demand: Sequence[ResolvedRequest]) -> _Fit | None:
+        if node.is_mig and demand and demand[0].profile is None:
+            return self.fit_hybrid(node, demand)
         if node.is_mig:
             return self.fit_mig(node, demand)
         return self.fit_mps(node, demand)
@@ -595,6 +755,8 @@ class _Greedy:
             fit = self.fit_once(node, requests, demand)
             if fit is not None:
                 self.commit(node, pod, fit)
+                if fit.hosts:
+                    return Assignment(ns.name, dict(fit.units), dict(fit.hosts))
                 return Assignment(ns.name, dict(fit.units))
         eligible = [
             order[pos].state.name
@@ -629,9 +791,30 @@ class _Greedy:
                     (node.model.profile(i.profile).name, i.start) for i in before[mg.index].mig
                 )
                 after = Counter((pl.profile.name, pl.start) for pl in now)
-                if then != after:
+                hosts_then = {
+                    i.start: sorted(s.memory_mib for s in i.mps)
+                    for i in before[mg.index].mig
+                    if i.mps
+                }
+                hosts_after = {
+                    h.start: sorted(s.memory_mib for s in h.slices) for h in mg.hosts if h.slices
+                }
+                if then != after or hosts_then != hosts_after:
                     out[(name, mg.index)] = PlannedGpu(
-                        name, mg.index, mig=tuple((pl.profile.name, pl.start) for pl in now)
+                        name,
+                        mg.index,
+                        mig=tuple((pl.profile.name, pl.start) for pl in now),
+                        mig_mps=tuple(
+                            (
+                                h.start,
+                                tuple(
+                                    PlannedSlice(s.memory_mib, s.thread_percentage, s.used)
+                                    for s in h.slices
+                                ),
+                            )
+                            for h in mg.hosts
+                            if h.slices
+                        ),
                     )
                     churn["gpus_touched"] += 1
                     churn["instances_created"] += (after - then).total()

@@ -71,6 +71,9 @@ budget, and without it the plans on 3 seeds at 100 and 1000 nodes placed as many
 whenever the solve ends at the optimum or at the deterministic limit; only when the machine is
 so slow or loaded that the wall-clock limit comes first does it depend on timing.
 
+Hybrid nodes (MPS slices inside MIG instances) add host variables to this model; their
+formulation is in :mod:`planner.hybrid`.  An instance holding a used slice counts as used here.
+
 Scale: :mod:`planner.api` calls this model on the whole snapshot when it has at most
 ``settings.max_model_gpus`` GPUs, else on neighbourhoods of the greedy plan
 (:mod:`planner.neighbourhood`); candidate layouts are memoised per (model, current layout
@@ -102,6 +105,7 @@ from planner.demand import (
     pod_weights,
 )
 from planner.geometry import Layout, Placement, canonical, enumerate_layouts, layout_errors
+from planner.hybrid import HybridNodeVars, add_hybrid_node, needed_host_profiles
 from planner.mps import MpsGpuVars, add_mps_gpu, mps_key, upper_bound
 from planner.settings import PlannerSettings, Policy
 from planner.snapshot import (
@@ -216,7 +220,7 @@ def current_mig(
 def _parse_mig(node: NodeState, gpu: GpuState, model: GpuModel) -> CurrentMig:
     where = f"node {node.name} GPU {gpu.index}"
     try:
-        placements = [(Placement(i.start, model.profile(i.profile)), i.used) for i in gpu.mig]
+        placements = [(Placement(i.start, model.profile(i.profile)), i.pinned) for i in gpu.mig]
     except CatalogError as e:
         raise SnapshotError(f"{where}: {e}") from e
     layout = canonical(p for p, _ in placements)
@@ -401,6 +405,7 @@ def _node_info(
             cur = current_mig(node, gpu, model, cache)
             info.mig[gpu.index] = cur
             free_now.update(p.profile.name for p in cur.layout if p not in cur.used)
+            free_now.update(mps_key(s.memory_mib) for i in gpu.mig for s in i.mps if not s.used)
             if cur.locked:  # only its free instances can ever be offered
                 info.potential += sum(
                     p.profile.memory_slices for p in cur.layout if p not in cur.used
@@ -443,6 +448,7 @@ class _Model:
     cp: cp_model.CpModel = field(default_factory=cp_model.CpModel)
     mig: list[_MigClass] = field(default_factory=list)
     mps: list[MpsGpuVars] = field(default_factory=list)
+    hybrid: list[HybridNodeVars] = field(default_factory=list)
     x: dict[tuple[int, str], cp_model.IntVar] = field(default_factory=dict)
     supply: dict[str, dict[str, list[tuple[int, cp_model.IntVar]]]] = field(
         default_factory=lambda: defaultdict(lambda: defaultdict(list))
@@ -618,8 +624,13 @@ def solve_batch(
     # so GPU classes with the same current layout share one enumeration across nodes.
     model_keys: dict[str, set[str]] = defaultdict(set)
     for name, keys in need.items():
-        if infos[name].is_mig:
-            model_keys[infos[name].model.name].update(keys)
+        info = infos[name]
+        if info.state.mode is Mode.HYBRID:
+            model_keys[info.model.name].update(
+                needed_host_profiles(info.state, info.model, keys, settings)
+            )
+        elif info.is_mig:
+            model_keys[info.model.name].update(keys)
     m = _Model()
     options_cache: LayoutCache = layout_cache if layout_cache is not None else {}
     for name in sorted(need):
@@ -627,6 +638,19 @@ def solve_batch(
         if info.is_mig:
             needed = frozenset(info.model.profile(k) for k in model_keys[info.model.name])
             _add_mig_node(m, info, needed, warm_layouts, settings, options_cache)
+            if info.state.mode is Mode.HYBRID:
+                h = add_hybrid_node(
+                    m.cp,
+                    info.state,
+                    info.model,
+                    need[name],
+                    m.supply[name],
+                    m.supply_max[name],
+                    settings,
+                )
+                m.hybrid.append(h)
+                m.churn_exprs.append(h.churn)
+                m.churn_max += h.churn_max
         else:
             _add_mps_node(m, info, need[name], settings)
 
@@ -692,8 +716,8 @@ def solve_batch(
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
 
-    layouts, free = _decode_gpus(m, solver, settings)
-    assignments = _decode_pods(m, solver, groups, cands, free)
+    layouts, free, hosted = _decode_gpus(m, solver, settings)
+    assignments = _decode_pods(m, solver, groups, cands, free, hosted)
     unplaced: dict[str, str] = {}
     for pod in snapshot.pods:
         if pod.name in assignments:
@@ -761,6 +785,8 @@ def _hint(
             m.cp.add_hint(var, c)
     for g in m.mps:
         g.hint(m.cp, warm_layouts.get((g.node, g.gpu.index)))
+    for h in m.hybrid:
+        h.hint(m.cp, warm_layouts)
     for (gi, name), x in m.x.items():
         n = sum(1 for p in groups[gi].pods if warm_node.get(p.name) == name)
         m.cp.add_hint(x, min(n, upper_bound(x)))
@@ -770,15 +796,22 @@ def _decode_gpus(
     m: _Model,
     solver: cp_model.CpSolver,
     settings: PlannerSettings,
-) -> tuple[dict[tuple[str, int], PlannedGpu], dict[str, dict[str, list[int]]]]:
-    """Changed GPUs' full layouts, and per node and key the GPU index of each free unit."""
+) -> tuple[
+    dict[tuple[str, int], PlannedGpu],
+    dict[str, dict[str, list[int]]],
+    dict[str, dict[str, list[tuple[int, int]]]],
+]:
+    """Changed GPUs' full layouts, per node and key the GPU index of each free unit, and per
+    hybrid node and MPS key the (GPU index, host start) of each free slice."""
     layouts: dict[tuple[str, int], PlannedGpu] = {}
     free: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
+    final: dict[str, dict[int, Layout]] = defaultdict(dict)
     for cls in m.mig:
         indices = iter(cls.indices)
         for opt, var in zip(cls.options, cls.counts, strict=True):
             for _ in range(solver.value(var)):
                 index = next(indices)
+                final[cls.node][index] = opt.layout
                 for p in opt.layout:
                     if p not in cls.current.used:
                         free[cls.node][p.profile.name].append(index)
@@ -795,7 +828,15 @@ def _decode_gpus(
     for per_key in free.values():
         for lst in per_key.values():
             lst.sort()
-    return layouts, free
+    hosted: dict[str, dict[str, list[tuple[int, int]]]] = {}
+    for h in m.hybrid:
+        name = h.node.name
+        for index in final[name]:
+            layouts.pop((name, index), None)  # the hybrid decode lists what changed
+        changed_gpus, hosted[name] = h.decode(solver, final[name], free[name], settings)
+        for index, planned in changed_gpus.items():
+            layouts[(name, index)] = planned
+    return layouts, free, hosted
 
 
 def _decode_pods(
@@ -804,6 +845,7 @@ def _decode_pods(
     groups: Sequence[PodGroup],
     cands: Sequence[Sequence[str]],
     free: Mapping[str, Mapping[str, list[int]]],
+    hosted: Mapping[str, Mapping[str, list[tuple[int, int]]]],
 ) -> dict[str, Assignment]:
     on_node: dict[str, list[tuple[PendingPod, NodeDemand]]] = defaultdict(list)
     for gi, (g, cs) in enumerate(zip(groups, cands, strict=True)):
@@ -815,13 +857,25 @@ def _decode_pods(
     assignments: dict[str, Assignment] = {}
     for name, entries in sorted(on_node.items()):
         pool = {k: list(v) for k, v in free.get(name, {}).items()}
+        in_hosts = {k: list(v) for k, v in hosted.get(name, {}).items()}
         for pod, demand in sorted(entries, key=lambda e: (-e[0].priority, e[0].name)):
             gpus: dict[str, tuple[int, ...]] = {}
+            hosts: dict[str, tuple[int, ...]] = {}
             for r in demand.requests:
+                if r.profile is None and name in hosted:  # an MPS slice inside an instance
+                    got = in_hosts.get(r.key, [])[: r.count]
+                    del in_hosts.setdefault(r.key, [])[: r.count]
+                    if len(got) < r.count:  # the model guarantees this never happens
+                        raise AssertionError(f"plan decoding: {pod.name} lacks {r.key} on {name}")
+                    gpus[r.resource] = tuple(g for g, _ in got)
+                    hosts[r.resource] = tuple(st for _, st in got)
+                    continue
                 take = pool[r.key][: r.count]
                 del pool[r.key][: r.count]
                 if len(take) < r.count:  # the model guarantees this never happens
                     raise AssertionError(f"plan decoding: {pod.name} lacks {r.key} on {name}")
                 gpus[r.resource] = tuple(take)
-            assignments[pod.name] = Assignment(name, gpus)
+            assignments[pod.name] = (
+                Assignment(name, gpus, hosts) if hosts else Assignment(name, gpus)
+            )
     return assignments

@@ -5,8 +5,8 @@ Input (:class:`Snapshot`)
 * :class:`NodeState` — a node that takes part in planning: name, mode (``mig``/``mps``/
   ``hybrid``), catalog GPU model name, CPU (milli) and memory (MiB) still allocatable, and its
   GPUs.  Each :class:`GpuState` lists the MIG instances (:class:`MigInstance`: profile name,
-  start slot, used or free) or MPS slices (:class:`MpsSlice`: memory MiB, used or free) it has
-  now.  ``gpu_memory_mib`` overrides the catalog memory (the ``nvidia.com/gpu.memory`` label).
+  start slot, used or free; on ``hybrid`` nodes also the MPS slices inside it) or MPS slices
+  (:class:`MpsSlice`: memory MiB, used or free) it has now.  ``gpu_memory_mib`` overrides the catalog memory (the ``nvidia.com/gpu.memory`` label).
 * :class:`PendingPod` — a pod waiting for slices: per extended resource a count
   (``nvidia.com/mig-1g.10gb: 2``, ``nvidia.com/gpu-10gb: 1``), CPU and memory requests,
   priority, and the nodes it may go to (after nodeSelector, affinity, taints; ``None`` = any).
@@ -14,9 +14,11 @@ Input (:class:`Snapshot`)
 Output (:class:`Plan`)
 ----------------------
 * ``layouts``: for every GPU whose layout changes, the *full* desired layout — every MIG
-  instance with its start, or every MPS slice with its memory and active-thread percentage.
-  GPUs not listed keep their current layout.
-* ``assignments``: the expected pod -> (node, per-resource GPU indices) placement.
+  instance with its start, or every MPS slice with its memory and active-thread percentage;
+  on ``hybrid`` nodes also the MPS slices inside each instance that hosts some
+  (:attr:`PlannedGpu.mig_mps`).  GPUs not listed keep their current layout.
+* ``assignments``: the expected pod -> (node, per-resource GPU indices) placement; for an MPS
+  slice inside a MIG instance (hybrid) also the start of the hosting instance.
 * ``unplaced``: a reason for every pending pod the plan cannot place.
 
 Resource names: ``nvidia.com/mig-<profile>`` (MIG), ``nvidia.com/gpu-<N>gb`` (an MPS slice of
@@ -90,14 +92,9 @@ class Mode(StrEnum):
     MIG = "mig"
     MPS = "mps"
     HYBRID = "hybrid"
-    """MIG instances with MPS inside them (planned as MIG by this version; see README)."""
-
-
-@dataclass(frozen=True, slots=True)
-class MigInstance:
-    profile: str
-    start: int
-    used: bool = False
+    """MIG instances, some of which host MPS slices (:mod:`planner.hybrid`): pods asking for
+    ``nvidia.com/mig-<profile>`` get whole instances, pods asking for ``nvidia.com/gpu-<N>gb``
+    get an MPS slice inside an instance."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +102,22 @@ class MpsSlice:
     memory_mib: int
     used: bool = False
     thread_percentage: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MigInstance:
+    profile: str
+    start: int
+    used: bool = False
+    """A pod holds the whole instance (or processes run on it)."""
+    mps: tuple[MpsSlice, ...] = ()
+    """Hybrid nodes: the MPS slices this instance hosts (its daemon serves them).  An instance
+    holding a used slice is pinned like a used instance (:attr:`pinned`)."""
+
+    @property
+    def pinned(self) -> bool:
+        """Used itself, or hosting a used MPS slice: the plan keeps it where it is."""
+        return self.used or any(s.used for s in self.mps)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +182,9 @@ class PlannedGpu:
     mig: tuple[tuple[str, int], ...] = ()
     """(profile name, start) for every instance, sorted by start."""
     mps: tuple[PlannedSlice, ...] = ()
+    mig_mps: tuple[tuple[int, tuple[PlannedSlice, ...]], ...] = ()
+    """Hybrid: (instance start, its MPS slices) for every instance of ``mig`` that hosts
+    slices, sorted by start; an instance not listed hosts none (a whole MIG device)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +192,9 @@ class Assignment:
     node: str
     gpus: Mapping[str, tuple[int, ...]]
     """Resource -> the GPU index of each unit requested."""
+    hosts: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    """Hybrid MPS resources only: resource -> the start of the MIG instance hosting each unit's
+    slice (parallel to ``gpus``)."""
 
 
 class Unplaced(StrEnum):

@@ -71,7 +71,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from contract.catalog_files import load_catalog
@@ -735,6 +735,29 @@ def _idle(
     return state, times
 
 
+def _after_events(
+    cluster: Cluster,
+    state: ControllerState,
+    index: ClusterIndex,
+    start: float,
+    step: float,
+    cycles: int,
+    config: DecideConfig,
+) -> _Times:
+    """Cycles each preceded by one watch event the controller reads: a new gated pod asking for
+    a slice (a copy of a generated pending pod under a new name).  Such a cycle is a full
+    decision step (no quiet mark survives a changed index); no target, shown beside the idle
+    figures."""
+    template = next(p for p in reversed(cluster.pods) if p.gated)
+    times = _Times()
+    for i in range(1, cycles + 1):
+        spec = replace(template, name=f"{template.name}-event-{i}", created=start + i * step)
+        obj = json.loads(json.dumps(_pod(spec, f"event-{i:08x}", 9_000_000 + i)))
+        index.apply("pods", "ADDED", obj)
+        state = times.call(state, index, start + i * step, config).state
+    return times
+
+
 def _target(value: float | None, limit: float) -> dict[str, Any]:
     shown = None if value is None else round(value, 4)
     return {"value": shown, "limit": limit, "pass": value is not None and value <= limit}
@@ -792,7 +815,13 @@ def run_benchmark(
         build.append(due_runs.wall[-1] - recorder.seconds[-1])
     assert planned is not None and planned.snapshot is not None
     progress(f"{cycles} idle cycles (after the plan)")
-    _, after_runs = _idle(planned.state, index, due_at, step, cycles, config, "after plan")
+    after_state, after_runs = _idle(
+        planned.state, index, due_at, step, cycles, config, "after plan"
+    )
+    progress(f"{cycles} cycles after one event each (a new pending pod)")
+    event_runs = _after_events(
+        cluster, after_state, index, due_at + cycles * step, step, cycles, config
+    )
     rss_cycles = _settled_rss()
     snapshot = planned.snapshot
 
@@ -842,6 +871,8 @@ def run_benchmark(
             "idle_after_plan_cpu_s": _summary(after_runs.cpu),
             "idle_all_s": _summary(idle_all),
             "idle_actions_max": max(open_runs.actions, after_runs.actions),
+            "after_event_s": _summary(event_runs.wall),
+            "after_event_cpu_s": _summary(event_runs.cpu),
             "counts": dict(sorted(first.counts.items())),
         },
         "snapshot": {

@@ -19,7 +19,9 @@ in the agent's :class:`~node_agent.allocations.AllocationLedger`) returns *befor
 records the allocation, so PodResources shows a device only some ``List`` answers later;
 some allocations are abandoned after ``Allocate`` (the pod's admission failed) and never show.
 A pod given a device whose ``Allocate`` env names an MPS pipe directory (an MPS slice, or a MIG
-instance of a hybrid GPU) is a client of that MPS daemon.
+instance of a hybrid GPU) is a client of that MPS daemon.  Hybrid specs also put MPS slices
+inside instances (keeping the slices pods hold, most of the time, like the planner); a held
+slice inside an instance holds that instance too.
 
 Checked all the time, counted, and required to be zero:
 
@@ -55,7 +57,7 @@ from node_agent.mps import FakeSupervisor, MpsDaemonSpec
 from node_agent.nvml import NvmlErrorCode
 from node_agent.nvml_fake import OPS, FakeNvml
 from node_agent.reconciler import Reconciler
-from planner.catalog import CatalogError, GpuModel, default_catalog
+from planner.catalog import CatalogError, GpuModel, MigProfile, default_catalog
 from planner.geometry import Placement, enumerate_layouts, layout_errors
 
 SEQUENCES = int(os.environ.get("GPUSLICE_FAULT_SEQUENCES", "10000"))
@@ -126,6 +128,7 @@ class Kubelet:
     delayed: int = 0
     abandoned: int = 0
     mps_clients: int = 0
+    hosted_clients: int = 0
     destroyed_in_use: set[str] = field(default_factory=set)
 
     def set_devices(self, devices: object) -> None:
@@ -162,13 +165,18 @@ class Kubelet:
         if pipe:
             self.client_of[dev] = pipe.rsplit("/", 1)[1]
             self.mps_clients += 1
+            sid = parse_mps_slice_id(dev)
+            self.hosted_clients += sid is not None and sid.gpu_uuid.startswith("MIG-")
         pid = None
         if self.rng.random() < 0.5:  # the pod's container starts CUDA work
-            mig = self.nv.mig_uuids().get(dev)
+            migs = self.nv.mig_uuids()
+            mig = migs.get(dev)
+            sid = parse_mps_slice_id(dev)
+            if mig is None and sid is not None:
+                mig = migs.get(sid.gpu_uuid)  # a slice inside a hybrid instance
             if mig is not None:
                 pid = self.nv.start_process(mig[0], mig[1], mig[2])
             else:
-                sid = parse_mps_slice_id(dev)
                 assert sid is not None, dev
                 gpu = self.nv.gpu_index_of(sid.gpu_uuid)
                 if not self.nv.mig_enabled(gpu):
@@ -204,14 +212,32 @@ class Kubelet:
             uuid = self.nv.mig_uuids_of(gpu).get((gi, ci))
             if uuid in self.allocated:
                 self.destroyed_in_use.add(uuid)
+            for dev in self.allocated:  # a held slice inside the destroyed instance
+                sid = parse_mps_slice_id(dev)
+                if uuid is not None and sid is not None and sid.gpu_uuid == uuid:
+                    self.destroyed_in_use.add(dev)
         if self.race and self.rng.random() < self.race:
             self.allocate()
 
     def check_mig(self) -> None:
         uuids = self.nv.mig_uuids()
         for dev in self.allocated:
-            if dev.startswith("MIG-") and dev not in uuids:
+            sid = parse_mps_slice_id(dev)
+            if sid is not None and sid.gpu_uuid.startswith("MIG-"):
+                if sid.gpu_uuid not in uuids:  # its hybrid instance is gone
+                    self.destroyed_in_use.add(dev)
+            elif sid is None and dev.startswith("MIG-") and dev not in uuids:
                 self.destroyed_in_use.add(dev)
+
+    def hosted_used(self, uuids: Iterable[str]) -> Counter[tuple[int, int]]:
+        """(memory, thread %) of the held slices inside the instance with one of ``uuids``."""
+        inside = set(uuids)
+        out: Counter[tuple[int, int]] = Counter()
+        for dev in self.allocated:
+            sid = parse_mps_slice_id(dev)
+            if sid is not None and sid.gpu_uuid in inside:
+                out[(sid.memory_mib, sid.thread_percentage)] += 1
+        return out
 
 
 class CountingLedger(AllocationLedger):
@@ -273,6 +299,8 @@ class Stats:
     """In-use answers in which the ledger alone protected a device a pod held."""
     mps_clients: int = 0
     """Allocations that made a pod a client of an MPS daemon."""
+    hosted_clients: int = 0
+    """Of those, allocations of an MPS slice inside a hybrid MIG instance."""
     in_use_destroyed: int = 0
     used_daemons_stopped: int = 0
     violations: list[str] = field(default_factory=list)
@@ -283,7 +311,29 @@ def used_placements(nv: FakeNvml, kube: Kubelet, gpu: int) -> set[tuple[str, int
     return {
         (prof.name, start)
         for gi, prof, start, uuids in nv.instances(gpu)
-        if nv.processes_on(gpu, gi) or any(u in kube.allocated for u in uuids)
+        if nv.processes_on(gpu, gi)
+        or any(u in kube.allocated for u in uuids)
+        or kube.hosted_used(uuids)
+    }
+
+
+def hosted_now(
+    nv: FakeNvml, kube: Kubelet, gpu: int
+) -> dict[tuple[str, int], list[tuple[int, int]]]:
+    """(profile, start) -> the held slices inside that instance."""
+    return {
+        (prof.name, start): list(kube.hosted_used(uuids).elements())
+        for _gi, prof, start, uuids in nv.instances(gpu)
+        if kube.hosted_used(uuids)
+    }
+
+
+def whole_used(nv: FakeNvml, kube: Kubelet, gpu: int) -> set[tuple[str, int]]:
+    """(profile, start) of the instances a pod holds as a whole MIG device."""
+    return {
+        (prof.name, start)
+        for _gi, prof, start, uuids in nv.instances(gpu)
+        if any(u in kube.allocated for u in uuids)
     }
 
 
@@ -318,6 +368,14 @@ def random_spec(
             choices = layouts_with(model, pinned)
             lay = rng.choice(choices) if choices else ()
             mig = [{"profile": p.profile.name, "start": p.start} for p in lay]
+            if mode == "hybrid":
+                held = hosted_now(nv, kube, i)
+                whole = whole_used(nv, kube, i)
+                for m in mig:
+                    key = (str(m["profile"]), int(str(m["start"])))
+                    if key in whole or rng.random() < 0.3:
+                        continue  # stays a whole MIG device
+                    m["mps"] = random_hosted(rng, model.profile(key[0]), held.get(key, []))
             rng.shuffle(mig)
         gpus.append({"index": i, "mig": mig})
     if all("mps" in g for g in gpus):
@@ -325,6 +383,20 @@ def random_spec(
     return NodePartitioningSpec.model_validate(
         {"planId": f"p{rng.randrange(1000)}", "mode": mode, "gpus": gpus}
     )
+
+
+def random_hosted(
+    rng: random.Random, prof: MigProfile, held: list[tuple[int, int]]
+) -> list[dict[str, int]]:
+    """MPS slices for an instance of ``prof``: its held ones (most of the time), then more."""
+    sizes = list(held) if rng.random() < 0.85 else []
+    budget = prof.memory_mib - 512 - sum(m for m, _ in sizes)
+    for _ in range(rng.randint(0 if sizes else 1, 3)):
+        gb = rng.choice((1, 2, 4, 8))
+        if gb * 1024 <= budget:
+            budget -= gb * 1024
+            sizes.append((gb * 1024, max(1, min(100, gb * 100 * 1024 // prof.memory_mib))))
+    return [{"memoryMiB": m, "activeThreadPercentage": p} for m, p in sizes]
 
 
 def random_mps(
@@ -377,7 +449,21 @@ def _expected_block(nv: FakeNvml, kube: Kubelet, spec: NodePartitioningSpec, i: 
     if not nv.mig_enabled(i):
         return "GPU busy" if used_slices(nv, kube, i) or nv.processes_on(i) else ""
     want = {(p.profile.name, p.start) for p in target}
-    return "used instance not in spec" if used_placements(nv, kube, i) - want else ""
+    if used_placements(nv, kube, i) - want:
+        return "used instance not in spec"
+    wanted_slices = {
+        (model.profile(x.profile).name, x.start): Counter(
+            (s.memoryMiB, s.activeThreadPercentage) for s in x.mps
+        )
+        for x in d.mig
+    }
+    for key, held in hosted_now(nv, kube, i).items():
+        if Counter(held) - wanted_slices.get(key, Counter()):
+            return "held slice inside an instance not in spec"
+    for key in whole_used(nv, kube, i):
+        if wanted_slices.get(key):
+            return "whole-used instance asked to host slices"
+    return ""
 
 
 def gpu_converged(
@@ -411,10 +497,29 @@ def gpu_converged(
         return False
     have_mig = sorted((p.name, s, ci) for p, s, ci in nv.layout(i))
     want = sorted((model.profile(x.profile).name, x.start, True) for x in d.mig)
+    actual = next(g for g in status.gpus if g.index == i)
+    have_hosted = {
+        m.start: sorted((s.memoryMiB, s.activeThreadPercentage) for s in m.mps)
+        for m in actual.mig
+        if m.mps
+    }
+    want_hosted = {
+        x.start: sorted((s.memoryMiB, s.activeThreadPercentage) for s in x.mps)
+        for x in d.mig
+        if x.mps
+    }
+    if have_hosted != want_hosted:
+        return False
     if spec.mode == "hybrid":
         for _gi, _, start, uuids in nv.instances(i):
             daemon = sup.daemons.get(f"gpu{i}-mig{start}")
             if daemon is None or (daemon.device_uuid,) != uuids:  # serves this very instance
+                return False
+            hosted = want_hosted.get(start)
+            if hosted and (
+                daemon.default_pinned_mem_limit_mib != max(m for m, _ in hosted)
+                or daemon.default_thread_percentage != max(p for _, p in hosted)
+            ):
                 return False
     return have_mig == want
 
@@ -466,7 +571,8 @@ async def run_sequence(seed: int, st: Stats) -> None:
         kube.check_mig()
         if res.fresh:
             kept = {d.id for ds in res.devices.values() for d in ds}
-            slices_lost.update({x for x in kube.allocated if not x.startswith("MIG-")} - kept)
+            slices = {x for x in kube.allocated if parse_mps_slice_id(x) is not None}
+            slices_lost.update(slices - kept)
         status = res.status
         return res.settled
 
@@ -575,6 +681,7 @@ async def run_sequence(seed: int, st: Stats) -> None:
     st.allocations_delayed += kube.delayed
     st.allocations_abandoned += kube.abandoned
     st.mps_clients += kube.mps_clients
+    st.hosted_clients += kube.hosted_clients
     st.in_use_destroyed += len(kube.destroyed_in_use) + len(slices_lost)
     st.used_daemons_stopped += len(sup.used_stopped)
     if kube.destroyed_in_use or slices_lost or sup.used_stopped:
@@ -603,7 +710,7 @@ async def test_random_fault_sequences_never_destroy_in_use_and_converge() -> Non
         f"allocations: {st.allocations_delayed} seen late by PodResources, "
         f"{st.allocations_abandoned} abandoned after Allocate, {st.held_by_ledger_only} in-use "
         f"answers where only the ledger held a pod's device, {st.mps_clients} pods made MPS "
-        f"clients; {st.gpus_checked} GPUs checked: {st.converged} converged, {st.degraded} "
+        f"clients ({st.hosted_clients} of a slice inside a hybrid instance); {st.gpus_checked} GPUs checked: {st.converged} converged, {st.degraded} "
         f"degraded (justified; {st.pending_degraded} with a MIG-mode change pending); "
         f"{st.in_use_destroyed} in-use devices destroyed, {st.used_daemons_stopped} used MPS "
         f"daemons stopped; {took:.1f} s"
@@ -617,3 +724,4 @@ async def test_random_fault_sequences_never_destroy_in_use_and_converge() -> Non
     assert st.reboots > n // 10 and st.resets > n // 4 and st.pending_degraded > n // 100
     assert st.allocations_delayed > n // 2 and st.held_by_ledger_only > n // 10
     assert st.allocations_abandoned > n // 20 and st.mps_clients > n // 10
+    assert st.hosted_clients > n // 50

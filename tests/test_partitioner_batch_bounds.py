@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from partitioner.decide import _UnitBounds
+from partitioner.decide import _mig_gpu_bounds, _UnitBounds
 from partitioner.ledger import Device, GpuSlots
 from planner.catalog import GpuModel, default_catalog
 from planner.geometry import Placement, enumerate_layouts
@@ -40,7 +40,8 @@ def _bounds(model: GpuModel, layout: tuple[Placement, ...], pinned: set[int]) ->
         for i, p in enumerate(layout)
     ]
     b = _UnitBounds([], 0)
-    b._add_mig_gpu(model, GpuSlots(0, devices))
+    for resource, k in _mig_gpu_bounds(model, GpuSlots(0, devices)):
+        b.mig[resource] += k
     return b
 
 

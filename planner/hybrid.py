@@ -1,0 +1,619 @@
+"""Hybrid nodes: MPS slices inside MIG instances, in the CP-SAT batch model and in plans.
+
+Rules (what a plan must obey on a ``hybrid`` node)
+--------------------------------------------------
+* Every GPU holds a valid MIG layout (:mod:`planner.geometry`).  An instance either is a whole
+  MIG device (``nvidia.com/mig-<profile>``) or *hosts* MPS slices (``nvidia.com/gpu-<N>gb``),
+  never both: its MPS daemon serves the slices, and a host is not advertised as a MIG device.
+* A host instance of profile ``P`` offers ``usable(P) = memory(P) - settings.mps_reserve_mib``
+  MiB (the same server reserve as a whole MPS GPU, :func:`instance_usable_mib`); its slices
+  together fit that.  A new slice's active-thread % is its share of ``usable(P)``
+  (:func:`planner.mps.thread_percentage`, ``settings.mps_thread_policy``): at most 100.
+* Used things never move: a used instance stays where it is and hosts nothing new; a used slice
+  stays in its instance, and an instance holding a used slice is *pinned* (kept like a used
+  instance, :attr:`planner.snapshot.MigInstance.pinned`).  In a pinned host the free slices may
+  be dropped and new slices added, within ``usable(P)``.
+* Pods asking for ``nvidia.com/mig-<profile>`` take whole free instances; pods asking for
+  ``nvidia.com/gpu-<N>gb`` take free slices of exactly ``N`` GiB in hosts of the same node.
+
+Model (added to :mod:`planner.mig_cpsat`'s, per hybrid node ``v``)
+------------------------------------------------------------------
+The MIG part is the MIG node's unchanged: GPU classes pick candidate layouts ``y_{h,l}``, which
+offer ``F_P = sum f_{l,P} y_{h,l}`` free instances of each profile ``P``.  The profiles that
+enter the candidate layouts (``needed``) are the MIG pods' profiles plus every profile whose
+instance can hold the smallest slice size asked for on the node (:func:`host_profiles`) and
+the profiles of the free hosts the node has.  Hosting is then decided per *memory class*
+(the host profiles with equal ``usable(P)``, e.g. ``3g.40gb`` and ``4g.40gb``), not per
+instance: every slice pattern fits every instance of a class, so free instances of one class
+are interchangeable for slices, and one set of pattern variables per class (not per profile)
+keeps the model free of that symmetry (on a 2-node, 40-pod benchmark it was the difference
+between proving the best placement within 1 s and not):
+
+* *patterns* ``pi`` of class ``M``: multisets of the slice sizes ``S_v`` asked for on ``v``
+  (at most the units asked for per size) that fit ``usable(M)``, plus the slice multisets of
+  ``v``'s current free hosts of the class (so keeping a host as it is is an option).  All
+  patterns when there are at most ``_PATTERN_LIMIT``, else only the maximal ones (a superset
+  of slices never offers less, so the placement level stays exact unless even the maximal ones
+  are more than ``_PATTERN_LIMIT``; only churn is then coarser);
+* ``h_P`` in ``[0, max free P]``: free instances of profile ``P`` that become hosts (the
+  host's profile is a decision);
+  ``h_P + (MIG units of P placed on v) <= F_P``: a host is an instance no MIG pod gets;
+  ``h_P <= F_P - L_P`` with ``L_P`` the free instances of ``P`` on *locked* GPUs
+  (``GpuState.locked``: their layout stays exactly, so they host nothing new);
+* ``z_{M,pi}`` in ``[0, sum_{P in M} max h_P]``: hosts of class ``M`` filled with ``pi``;
+  ``sum_pi z_{M,pi} = sum_{P in M} h_P``;
+* every pinned host ``j`` (an instance with a used slice) is an MPS GPU of
+  :func:`planner.mps.add_mps_gpu` with ``usable(P_j)`` and its current slices: ``keep``/``new``
+  variables, its memory constraint and churn, imported unchanged;
+* free slices of size ``s`` offered on ``v``: ``sum_{M,pi} pi_s z_{M,pi} + sum_j free_j(s)``,
+  which must cover the MPS units placed on ``v`` (the batch model's per-key constraint).
+
+Churn of hosts (the batch model's middle level): ``w_create`` per slice of a chosen pattern,
+less what a kept host already has (``k_{M,e} <= min(z_{M,e}, c_e)`` hosts of current pattern
+``e``, ``c_e`` of them now), plus ``w_destroy`` per slice of a current free host not kept.  It
+is approximate (a pattern kept in the model may be decoded onto an instance the layout
+re-creates); placement is exact.  Usefulness is the MIG model's.
+
+Decoding (:meth:`HybridNodeVars.decode`): with the GPUs' decoded layouts, ``h_P`` free
+instances of each ``P`` become hosts -- current hosts whose slices suit a chosen pattern
+first, then the rest in (GPU index, start) order -- and the class's patterns go to them,
+best-suited pairs first: a current host with exactly that pattern, then one whose free slices
+include it (kept as they are: they fit already), then other current hosts (re-filled), then
+new hosts.  Current free hosts left over
+become whole MIG devices (their slices are dropped).  A GPU whose layout or hosts change is
+listed in the plan with every instance and every host's slices.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ortools.sat.python import cp_model
+
+from planner.catalog import GpuModel, MigProfile
+from planner.geometry import Layout, Placement, canonical, layout_errors
+from planner.mps import MpsGpuVars, add_mps_gpu, mps_key, thread_percentage, upper_bound
+from planner.settings import PlannerSettings
+from planner.snapshot import GpuState, MigInstance, NodeState, PlannedGpu, PlannedSlice
+
+__all__ = [
+    "HybridNodeVars",
+    "add_hybrid_node",
+    "host_profiles",
+    "hybrid_plan_errors",
+    "instance_usable_mib",
+    "mps_sizes",
+    "needed_host_profiles",
+    "patterns",
+]
+
+_PATTERN_LIMIT = 64
+"""Most patterns per (node, profile) before only maximal patterns are kept."""
+_MAXIMAL_SCAN = 4096
+"""Most maximal patterns looked at per (node, profile) before the best are kept."""
+
+Pattern = tuple[int, ...]
+"""Slices per size, parallel to a sorted size list."""
+
+
+def instance_usable_mib(profile: MigProfile, settings: PlannerSettings) -> int:
+    """Memory an instance of ``profile`` offers to MPS slices: its memory minus the reserve."""
+    return max(0, profile.memory_mib - settings.mps_reserve_mib)
+
+
+def host_profiles(
+    model: GpuModel, sizes: Iterable[int], settings: PlannerSettings
+) -> frozenset[MigProfile]:
+    """Profiles of ``model`` whose instance can hold at least one slice of ``sizes`` (MiB).
+
+    Variants (``+me``, ``+gfx`` ...) are left out: each has a plain twin of the same memory
+    that may start wherever it may, with at least its count, so a host of a variant can always
+    be swapped for its twin and the placement level stays exact, while the candidate layouts
+    (enumerated over these profiles) are about a third as many on 8-slot GPUs."""
+    smallest = min(sizes, default=None)
+    if smallest is None:
+        return frozenset()
+    return frozenset(
+        p for p in model.profiles if not p.variant and instance_usable_mib(p, settings) >= smallest
+    )
+
+
+def mps_sizes(keys: Iterable[str]) -> dict[int, str]:
+    """Slice size (MiB) -> demand key, for the MPS keys among ``keys``."""
+    out: dict[int, str] = {}
+    for k in keys:
+        if k.startswith("mps:"):
+            out[int(k.split(":", 1)[1])] = k
+    return out
+
+
+def needed_host_profiles(
+    node: NodeState, model: GpuModel, keys: Iterable[str], settings: PlannerSettings
+) -> set[str]:
+    """Profile names a hybrid node's candidate layouts must count (module docstring)."""
+    names = {k for k in keys if not k.startswith("mps:")}
+    names |= {p.name for p in host_profiles(model, mps_sizes(keys), settings)}
+    for gpu in node.gpus:
+        for inst in gpu.mig:
+            if inst.mps and not inst.pinned:
+                names.add(model.profile(inst.profile).name)
+    return names
+
+
+def patterns(usable: int, sizes: Sequence[int], caps: Sequence[int]) -> list[Pattern]:
+    """Non-empty multisets of ``sizes`` (at most ``caps`` each) within ``usable`` MiB.
+
+    All of them when there are at most ``_PATTERN_LIMIT``; else the maximal ones (no slice of
+    any size can be added), at most ``_PATTERN_LIMIT`` of those, most slices first (out of the
+    first ``_MAXIMAL_SCAN`` found, so that many sizes cannot make the enumeration explode)."""
+    n = len(sizes)
+    caps = [min(c, usable // s) if s > 0 else 0 for s, c in zip(sizes, caps, strict=True)]
+
+    def feasible(k: int, left: int) -> Iterator[tuple[int, ...]]:
+        if k == n:
+            yield ()
+            return
+        for count in range(min(caps[k], left // sizes[k]) + 1):
+            for rest in feasible(k + 1, left - count * sizes[k]):
+                yield (count, *rest)
+
+    every = [p for p in itertools.islice(feasible(0, usable), _PATTERN_LIMIT + 2) if any(p)]
+    if len(every) <= _PATTERN_LIMIT:
+        return every
+    # maximal: choose the counts of every size but the smallest, fill the smallest, and keep
+    # the result if nothing more fits
+    order = sorted(range(n), key=lambda k: sizes[k])
+    small, others = order[0], order[1:]
+
+    def maximal(j: int, left: int, chosen: dict[int, int]) -> Iterator[Pattern]:
+        if j == len(others):
+            fill = min(caps[small], left // sizes[small])
+            counts = dict(chosen)
+            counts[small] = fill
+            rest = left - fill * sizes[small]
+            if all(counts[k] >= caps[k] or sizes[k] > rest for k in range(n)) and any(
+                counts.values()
+            ):
+                yield tuple(counts[k] for k in range(n))
+            return
+        k = others[j]
+        for count in range(min(caps[k], left // sizes[k]) + 1):
+            chosen[k] = count
+            yield from maximal(j + 1, left - count * sizes[k], chosen)
+        chosen.pop(k, None)
+
+    found = list(itertools.islice(maximal(0, usable, {}), _MAXIMAL_SCAN))
+    found.sort(key=lambda p: (-sum(p), p))
+    return found[:_PATTERN_LIMIT]
+
+
+@dataclass(slots=True)
+class _HostChoice:
+    usable: int
+    """The memory class: ``usable(P)`` of its profiles."""
+    sizes: tuple[int, ...]
+    pattern: Pattern
+    var: cp_model.IntVar
+    current: int = 0
+    """Current free hosts of this class with exactly this pattern (``c_e``)."""
+    kept: cp_model.IntVar | None = None
+
+
+@dataclass(slots=True)
+class _PinnedHost:
+    gpu: int
+    start: int
+    vars: MpsGpuVars
+
+
+@dataclass(slots=True)
+class HybridNodeVars:
+    """One hybrid node's host variables, and how to read a solution back."""
+
+    node: NodeState
+    model: GpuModel
+    settings: PlannerSettings
+    choices: list[_HostChoice] = field(default_factory=list)
+    quotas: dict[str, cp_model.IntVar] = field(default_factory=dict)
+    """Profile name -> ``h_P``, the free instances of ``P`` that become hosts."""
+    pinned: list[_PinnedHost] = field(default_factory=list)
+    churn: cp_model.LinearExpr = field(default_factory=lambda: cp_model.LinearExpr.constant(0))
+    churn_max: int = 0
+
+    def hint(self, cp: cp_model.CpModel, warm: Mapping[tuple[str, int], PlannedGpu]) -> None:
+        """Hint the host variables from another plan (the greedy one): its hosts per (profile,
+        pattern), its pinned hosts' slices; GPUs it does not change keep their hosts."""
+        counts: Counter[tuple[int, Pattern]] = Counter()
+        quotas: Counter[str] = Counter()
+        pinned: dict[tuple[int, int], PlannedGpu] = {}
+        sizes = {c.usable: c.sizes for c in self.choices}
+        for gpu in self.node.gpus:
+            planned = warm.get((self.node.name, gpu.index))
+            now = {i.start: i for i in gpu.mig}
+            if planned is None:
+                layout = {i.start: i.profile for i in gpu.mig}
+                hosts = {i.start: [s.memory_mib for s in i.mps] for i in gpu.mig if i.mps}
+                planned_slices = {
+                    i.start: tuple(
+                        PlannedSlice(s.memory_mib, s.thread_percentage or 100, s.used)
+                        for s in i.mps
+                    )
+                    for i in gpu.mig
+                }
+            else:
+                layout = {st: name for name, st in planned.mig}
+                hosts = {st: [s.memory_mib for s in sl] for st, sl in planned.mig_mps}
+                planned_slices = dict(planned.mig_mps)
+            for start, mibs in hosts.items():
+                inst = now.get(start)
+                if inst is not None and inst.pinned:
+                    pinned[(gpu.index, start)] = PlannedGpu(
+                        self.node.name, gpu.index, mps=planned_slices.get(start, ())
+                    )
+                    continue
+                prof = self.model.profile(layout[start])
+                usable = instance_usable_mib(prof, self.settings)
+                if prof.name not in self.quotas or usable not in sizes:
+                    continue
+                have = Counter(mibs)
+                pat = tuple(have.pop(sz, 0) for sz in sizes[usable])
+                if not have:  # every slice is of a size the patterns know
+                    counts[(usable, pat)] += 1
+                    quotas[prof.name] += 1
+        for c in self.choices:
+            n = counts.get((c.usable, c.pattern), 0)
+            cp.add_hint(c.var, min(n, upper_bound(c.var)))
+            if c.kept is not None:
+                cp.add_hint(c.kept, min(n, c.current))
+        for name, h in self.quotas.items():
+            cp.add_hint(h, min(quotas[name], upper_bound(h)))
+        for ph in self.pinned:
+            ph.vars.hint(cp, pinned.get((ph.gpu, ph.start)))
+
+    def decode(
+        self,
+        solver: cp_model.CpSolver,
+        final: Mapping[int, Layout],
+        free: dict[str, list[int]],
+        settings: PlannerSettings,
+    ) -> tuple[dict[int, PlannedGpu], dict[str, list[tuple[int, int]]]]:
+        """The node's changed GPUs (full layouts with hosts) and, per MPS key, the
+        (GPU index, host start) of each free slice; removes the hosts' instances from the
+        free MIG units ``free`` (key -> GPU index per free instance).
+
+        ``final`` maps every GPU index of the node in the model to its decoded layout."""
+        policy = settings.mps_thread_policy
+        gpus = {g.index: g for g in self.node.gpus}
+        now: dict[tuple[int, int], MigInstance] = {
+            (g.index, i.start): i for g in self.node.gpus for i in g.mig
+        }
+        hosts: dict[int, dict[int, tuple[PlannedSlice, ...]]] = {i: {} for i in final}
+        hosted: dict[str, list[tuple[int, int]]] = {}
+
+        def offer(gpu: int, start: int, slices: Iterable[PlannedSlice]) -> None:
+            for s in slices:
+                if not s.used:
+                    hosted.setdefault(mps_key(s.memory_mib), []).append((gpu, start))
+
+        for g in self.node.gpus:  # a used instance listing slices: kept as it is
+            for inst in g.mig:
+                if inst.used and inst.mps and g.index in hosts:
+                    hosts[g.index][inst.start] = tuple(
+                        PlannedSlice(s.memory_mib, s.thread_percentage or 100, s.used)
+                        for s in inst.mps
+                    )
+        for ph in self.pinned:
+            slices, _, _ = ph.vars.decode(solver, policy)
+            hosts[ph.gpu][ph.start] = slices
+            offer(ph.gpu, ph.start, slices)
+
+        def current(i: int, p: Placement) -> Counter[int]:
+            inst = now.get((i, p.start))
+            if inst is None or self.model.profile(inst.profile) != p.profile:
+                return Counter()
+            return Counter(s.memory_mib for s in inst.mps)
+
+        def rank(cur: Counter[int], want: Counter[int]) -> int:
+            """How well a current host suits a pattern: 0 the same slices, 1 more, 2 other
+            slices (re-filled), 3 no slices (a new host)."""
+            if cur and cur == want:
+                return 0
+            if cur and not want - cur:
+                return 1
+            return 2 if cur else 3
+
+        by_class: dict[int, list[_HostChoice]] = {}
+        for c in self.choices:
+            by_class.setdefault(c.usable, []).append(c)
+        for usable_mib, choices in sorted(by_class.items()):
+            wanted = [
+                Counter({m: n for m, n in zip(c.sizes, c.pattern, strict=True) if n})
+                for c in choices
+                for _ in range(solver.value(c.var))
+            ]
+            names = {
+                name
+                for name in self.quotas
+                if instance_usable_mib(self.model.profile(name), settings) == usable_mib
+            }
+            # the instances that become hosts: h_P of each profile, current hosts first
+            chosen: list[tuple[int, Placement]] = []
+            for name in sorted(names):
+                cands = [
+                    (i, p)
+                    for i in sorted(final)
+                    for p in final[i]
+                    if p.profile.name == name
+                    and not _pinned_now(now.get((i, p.start)), p)
+                    and not gpus[i].locked
+                ]
+                cands.sort(
+                    key=lambda ip: (
+                        min((rank(current(*ip), w) for w in wanted), default=3),
+                        ip[0],
+                        ip[1].start,
+                    )
+                )
+                need = solver.value(self.quotas[name])
+                if need > len(cands):  # the model guarantees enough instances
+                    raise AssertionError(f"hybrid decoding: too few free {name}")
+                chosen += cands[:need]
+                pool = free.get(name)
+                for i, _ in cands[:need]:
+                    if pool is not None and i in pool:
+                        pool.remove(i)
+            # patterns to the chosen instances: best-suited pairs first
+            pairs = sorted(
+                (rank(current(i, p), w), k, j)
+                for k, w in enumerate(wanted)
+                for j, (i, p) in enumerate(chosen)
+            )
+            done_w: set[int] = set()
+            done_c: set[int] = set()
+            for r, k, j in pairs:
+                if k in done_w or j in done_c:
+                    continue
+                done_w.add(k)
+                done_c.add(j)
+                i, p = chosen[j]
+                usable = instance_usable_mib(p.profile, settings)
+                here = now.get((i, p.start))
+                if r <= 1 and here is not None:
+                    slices = tuple(
+                        PlannedSlice(
+                            x.memory_mib,
+                            x.thread_percentage
+                            if x.thread_percentage is not None
+                            else thread_percentage(x.memory_mib, usable, policy),
+                        )
+                        for x in here.mps
+                    )
+                else:
+                    slices = tuple(
+                        PlannedSlice(m, thread_percentage(m, usable, policy))
+                        for m in sorted(wanted[k].elements(), reverse=True)
+                    )
+                hosts[i][p.start] = slices
+                offer(i, p.start, slices)
+            if len(done_w) != len(wanted):  # the model keeps sum z = sum h
+                raise AssertionError(f"hybrid decoding: {len(wanted)} hosts, {len(chosen)} chosen")
+        changed: dict[int, PlannedGpu] = {}
+        for i, layout in final.items():
+            before = gpus[i]
+            then = {(x.start, self.model.profile(x.profile).name) for x in before.mig}
+            after = {(p.start, p.profile.name) for p in layout}
+            old_hosts = {
+                x.start: Counter((s.memory_mib, s.thread_percentage) for s in x.mps)
+                for x in before.mig
+                if x.mps
+            }
+            new_hosts = {
+                st: Counter((s.memory_mib, s.thread_percentage) for s in sl)
+                for st, sl in hosts[i].items()
+                if sl
+            }
+            if then != after or not _same_hosts(old_hosts, new_hosts):
+                changed[i] = PlannedGpu(
+                    self.node.name,
+                    i,
+                    mig=tuple((p.profile.name, p.start) for p in layout),
+                    mig_mps=tuple(sorted((st, sl) for st, sl in hosts[i].items() if sl)),
+                )
+        for lst in hosted.values():
+            lst.sort()
+        return changed, hosted
+
+
+def _same_hosts(
+    old: Mapping[int, Counter[tuple[int, int | None]]],
+    new: Mapping[int, Counter[tuple[int, int]]],
+) -> bool:
+    """Same slices per host; a current slice without a thread % matches any."""
+    if set(old) != set(new):
+        return False
+    for start, have in old.items():
+        want = new[start]
+        if Counter(m for m, _ in have.elements()) != Counter(m for m, _ in want.elements()):
+            return False
+        if any(pct is not None and (m, pct) not in want for m, pct in have):
+            return False
+    return True
+
+
+def _pinned_now(inst: MigInstance | None, p: Placement) -> bool:
+    return inst is not None and inst.start == p.start and inst.pinned
+
+
+def add_hybrid_node(
+    cp: cp_model.CpModel,
+    node: NodeState,
+    model: GpuModel,
+    need: Mapping[str, int],
+    supply: dict[str, list[tuple[int, cp_model.IntVar]]],
+    supply_max: Counter[str],
+    settings: PlannerSettings,
+) -> HybridNodeVars:
+    """Add one hybrid node's hosts to the batch model (module docstring).
+
+    ``need`` is the node's demand (key -> units of candidate pods), ``supply``/``supply_max``
+    the node's free-unit terms and bounds, which already hold the MIG layouts' free instances
+    of every profile in :func:`needed_host_profiles`; the MPS keys' terms are added here."""
+    out = HybridNodeVars(node, model, settings)
+    sizes_keys = mps_sizes(need)
+    sizes = sorted(sizes_keys)
+    caps = [need[sizes_keys[s]] for s in sizes]
+    max_new = {s: need[sizes_keys[s]] for s in sizes}
+    churn_terms: list[tuple[int, cp_model.IntVar]] = []
+    churn_const = 0
+    churn_exprs: list[cp_model.LinearExpr] = []
+    w_c, w_d = settings.weight_create, settings.weight_destroy
+    # pinned hosts: MPS GPUs of their own
+    for gpu in sorted(node.gpus, key=lambda g: g.index):
+        for inst in gpu.mig:
+            if not inst.mps or inst.used or not inst.pinned:
+                continue
+            usable = instance_usable_mib(model.profile(inst.profile), settings)
+            g = add_mps_gpu(
+                cp, node.name, GpuState(gpu.index, mps=inst.mps), usable, max_new, settings
+            )
+            out.pinned.append(_PinnedHost(gpu.index, inst.start, g))
+            for s in sizes:
+                supply[sizes_keys[s]].extend(g.free_units(s))
+                supply_max[sizes_keys[s]] += g.free_units_max(s)
+            churn_exprs.append(g.churn)
+            out.churn_max += g.churn_max
+    # free instances of locked GPUs (their layout is fixed, so this count is a constant)
+    locked_free: Counter[str] = Counter(
+        model.profile(i.profile).name for g in node.gpus if g.locked for i in g.mig if not i.pinned
+    )
+    # current free hosts, per memory class: their slice multisets
+    existing: dict[int, Counter[tuple[tuple[int, int], ...]]] = {}
+    names = {p.name for p in host_profiles(model, sizes, settings)}
+    for gpu in node.gpus:
+        for inst in gpu.mig:
+            if inst.mps and not inst.pinned:
+                prof = model.profile(inst.profile)
+                names.add(prof.name)
+                shape = tuple(sorted(Counter(s.memory_mib for s in inst.mps).items()))
+                existing.setdefault(instance_usable_mib(prof, settings), Counter())[shape] += 1
+    classes: dict[int, list[MigProfile]] = {}
+    for name in sorted(names):
+        prof = model.profile(name)
+        classes.setdefault(instance_usable_mib(prof, settings), []).append(prof)
+    for usable, profs in sorted(classes.items()):
+        cur = existing.get(usable, Counter())
+        destroyed_all = w_d * sum(sum(m for _, m in shape) * n for shape, n in cur.items())
+        hs: list[cp_model.IntVar] = []
+        for prof in profs:
+            positive = [(f, v) for f, v in supply.get(prof.name, []) if f > 0]
+            ub = max(0, _free_max(positive) - locked_free[prof.name])
+            if ub <= 0:
+                continue
+            h = cp.new_int_var(0, ub, f"hosts[{node.name},{prof.name}]")
+            out.quotas[prof.name] = h
+            hs.append(h)
+            cp.add(  # a locked GPU keeps its layout: no new host there
+                h + locked_free[prof.name]
+                <= cp_model.LinearExpr.weighted_sum(
+                    [v for _, v in positive], [f for f, _ in positive]
+                )
+            )
+            supply.setdefault(prof.name, []).append((-1, h))
+        all_sizes = sorted(set(sizes) | {m for shape in cur for m, _ in shape})
+        options: dict[Pattern, int] = {}
+        if sizes:
+            for pat in patterns(usable, sizes, caps):
+                full = tuple(pat[sizes.index(s)] if s in sizes else 0 for s in all_sizes)
+                options[full] = 0
+        for shape, n in cur.items():
+            d = dict(shape)
+            options[tuple(d.get(s, 0) for s in all_sizes)] = n
+        if not options or not hs:
+            churn_const += destroyed_all
+            out.churn_max += destroyed_all
+            for h in hs:
+                cp.add(h == 0)
+            continue
+        ub = sum(upper_bound(h) for h in hs)
+        zs: list[cp_model.IntVar] = []
+        for pat, n_now in options.items():
+            z = cp.new_int_var(0, ub, f"host[{node.name},{usable},{pat}]")
+            zs.append(z)
+            out.choices.append(_HostChoice(usable, tuple(all_sizes), pat, z, n_now))
+            slices = sum(pat)
+            for s, k in zip(all_sizes, pat, strict=True):
+                if k and s in sizes_keys:
+                    supply[sizes_keys[s]].append((k, z))
+                    supply_max[sizes_keys[s]] += k * ub
+            if slices:
+                churn_terms.append((w_c * slices, z))
+                out.churn_max += w_c * slices * ub
+            if n_now:
+                kept = cp.new_int_var(0, n_now, f"kept[{node.name},{usable},{pat}]")
+                out.choices[-1].kept = kept
+                cp.add(kept <= z)
+                churn_terms.append((-(w_c + w_d) * slices, kept))
+                churn_const += w_d * slices * n_now
+                out.churn_max += w_d * slices * n_now
+        cp.add(sum(zs) == sum(hs))
+    churn_terms.append((churn_const, cp.new_constant(1)))
+    expr = cp_model.LinearExpr.weighted_sum(
+        [v for _, v in churn_terms], [c for c, _ in churn_terms]
+    )
+    for e in churn_exprs:
+        expr = expr + e
+    out.churn = expr
+    return out
+
+
+def _free_max(terms: Sequence[tuple[int, cp_model.IntVar]]) -> int:
+    return sum(f * upper_bound(v) for f, v in terms if f > 0)
+
+
+def hybrid_plan_errors(
+    node: NodeState, model: GpuModel, planned: PlannedGpu, settings: PlannerSettings
+) -> list[str]:
+    """What is wrong with a planned hybrid GPU: an invalid layout, a host that is not one of
+    its instances or a used instance, slices beyond ``usable(P)``, a pinned instance moved, a
+    used slice dropped.  Empty when the plan is valid (module docstring's rules)."""
+    where = f"node {node.name} GPU {planned.index}"
+    try:
+        layout = canonical(Placement(s, model.profile(n)) for n, s in planned.mig)
+    except ValueError as e:
+        return [f"{where}: {e}"]
+    errors = [f"{where}: {e}" for e in layout_errors(model, layout)]
+    by_start = {p.start: p for p in layout}
+    gpu = next((g for g in node.gpus if g.index == planned.index), None)
+    now = {i.start: i for i in (gpu.mig if gpu is not None else ())}
+    for inst in now.values():
+        if not inst.pinned:
+            continue
+        p = by_start.get(inst.start)
+        if p is None or p.profile != model.profile(inst.profile):
+            errors.append(f"{where}: pinned instance {inst.profile}@{inst.start} moved")
+    hosts = dict(planned.mig_mps)
+    for start, slices in planned.mig_mps:
+        p = by_start.get(start)
+        if p is None:
+            errors.append(f"{where}: slices in no instance (start {start})")
+            continue
+        was = now.get(start)
+        if was is not None and was.used and model.profile(was.profile) == p.profile:
+            errors.append(f"{where}: used instance {p} cannot host slices")
+        usable = instance_usable_mib(p.profile, settings)
+        total = sum(s.memory_mib for s in slices)
+        if total > usable:
+            errors.append(f"{where}: slices of {p} need {total} MiB > {usable} MiB usable")
+        if any(not 1 <= s.thread_percentage <= 100 for s in slices):
+            errors.append(f"{where}: a slice of {p} has a thread % outside 1..100")
+    for inst in now.values():
+        used = Counter(s.memory_mib for s in inst.mps if s.used)
+        if not used:
+            continue
+        kept = Counter(s.memory_mib for s in hosts.get(inst.start, ()) if s.used)
+        if used - kept:
+            errors.append(f"{where}: used slices of {inst.profile}@{inst.start} dropped")
+    return errors
