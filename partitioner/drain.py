@@ -11,16 +11,25 @@ or a free slice elsewhere that fits it cancels the drain.
 
 Choice (:func:`choose_drain`): the pod needs one GPU per requested unit (``units`` GPUs); on
 every eligible node with that many GPUs that are not frozen, whose CPU and memory hold the pod
-and whose model offers the pod's resources, take the ``units`` least loaded GPUs (load: compute
-slices of instances in use or held on MIG GPUs, MiB of slices in use or held on MPS GPUs; then
-devices in use; then index); the node whose chosen GPUs carry the least load wins (then the
-fewest devices in use, then the name).  At most ``budget`` GPUs may be frozen in the cluster at
-once (:func:`drain_budget`); drains start in age order, and a pod whose drain would exceed what
-is left waits for a later cycle, as do all younger ones (none overtakes it).  A pod that needs
-more GPUs than the whole budget (a whole-node pod on a small cluster) is never drained and
-holds no one back: freezing a whole node until its longest pod ends costs the other pods more
-than it saves (measured: with such drains, the openb gpushare40 replay on 8 nodes waited p99
-15,279 s instead of 24 s).  Raise ``drain_fraction`` to let such pods drain.
+and whose model offers the pod's resources, take the ``units`` GPUs that best fit: first those
+whose layout already has a device of a requested resource (a used ``4g`` instance for a ``4g``
+pod: once drained, it serves the pod as it is), then the least loaded (load: compute slices of
+instances in use or held on MIG GPUs, MiB of slices in use or held on MPS GPUs; then devices in
+use; then index); the node whose chosen GPUs need the fewest new layouts wins, then the least
+load (then the fewest devices in use, then the name).  Why layouts first: a drain onto a GPU
+whose layout lacks the pod's instance repartitions it for the pod and again for the next pod
+after it; in the 4-node openb replays (deep overload) that made drains most of all
+reconfigurations (default: 272-340 GPUs reconfigured against nos's 96; gpushare40: 554 against
+172), and preferring the GPU that already has the instance brought them to 92 and 155 with the
+same waiting times as no drains at all (README, replay notes).
+
+At most ``budget`` GPUs may be frozen in the cluster at once (:func:`drain_budget`); drains
+start in age order, and a pod whose drain would exceed what is left waits for a later cycle, as
+do all younger ones (none overtakes it). A pod that needs more GPUs than the whole budget (a
+whole-node pod on a small cluster) is never drained and holds no one back: freezing a whole
+node until its longest pod ends costs the other pods more than it saves (measured: with such
+drains, the openb gpushare40 replay on 8 nodes waited p99 15,279 s instead of 24 s). Raise
+``drain_fraction`` to let such pods drain.
 
 Starvation bound: a pod that no plan can place is frozen a GPU set at most one batch window
 after it has waited ``drain_after`` (if the budget has room); the set empties once the pods on
@@ -74,6 +83,12 @@ def serves(ledger: NodeLedger, units: Mapping[str, int]) -> bool:
     return True
 
 
+def _misfit(gpu: GpuSlots, units: Mapping[str, int]) -> int:
+    """0 if the GPU already has a device of a requested resource (once drained, the pod takes
+    it without a new layout), else 1 (its layout must change for the pod, and later again)."""
+    return 0 if any(d.resource in units for d in gpu.devices) else 1
+
+
 def choose_drain(
     units: Mapping[str, int],
     cpu_milli: int,
@@ -84,20 +99,27 @@ def choose_drain(
     need = sum(units.values())
     if need <= 0:
         return None
-    best: tuple[tuple[int, int, str], DrainChoice] | None = None
+    best: tuple[tuple[int, int, int, str], DrainChoice] | None = None
     for ledger in candidates:
         if not serves(ledger, units):
             continue
         if cpu_milli > ledger.cpu_free or memory_mib > ledger.memory_free:
             continue
         open_gpus = sorted(
-            (gpu_load(g, ledger.gpu.mode), g.index) for g in ledger.gpus if not g.frozen
+            (_misfit(g, units), gpu_load(g, ledger.gpu.mode), g.index)
+            for g in ledger.gpus
+            if not g.frozen
         )
         if len(open_gpus) < need:
             continue
         chosen = open_gpus[:need]
-        key = (sum(c[0][0] for c in chosen), sum(c[0][1] for c in chosen), ledger.name)
-        choice = DrainChoice(ledger.name, tuple(sorted(i for _, i in chosen)))
+        key = (
+            sum(c[0] for c in chosen),
+            sum(c[1][0] for c in chosen),
+            sum(c[1][1] for c in chosen),
+            ledger.name,
+        )
+        choice = DrainChoice(ledger.name, tuple(sorted(c[2] for c in chosen)))
         if best is None or key < best[0]:
             best = (key, choice)
     return best[1] if best is not None else None

@@ -416,6 +416,39 @@ def test_a_long_waiting_pod_no_gpu_can_host_gets_a_drain_then_the_emptied_gpu() 
     assert (r.state, r.node, dict(r.gpus)) == (State.PLANNED, "n1", {SEVEN_G: (0,)})
 
 
+def test_a_drain_prefers_a_gpu_whose_layout_already_has_the_pods_instance() -> None:
+    """GPU 0 holds a used 4g + a used 3g (load 7), GPU 1 a used 1g + a used 3g (load 4): no
+    plan can place a 4g without moving a pod.  A waiting 4g pod is drained onto GPU 0, the more
+    loaded one: once it empties, its 4g instance serves the
+    pod as it is, with no new layout now and none to undo later (the least loaded GPU would
+    need 4g + 3g made for it and, after it, the layout back for the next whole-GPU pod)."""
+    four, three = "nvidia.com/mig-4g.40gb", "nvidia.com/mig-3g.40gb"
+    gpu0 = status_gpu(0, ("4g.40gb", 0, True), ("3g.40gb", 4, True))
+    gpu1 = status_gpu(1, ("1g.10gb", 0, True), ("3g.40gb", 4, True))
+    c = Cluster(
+        with_alloc(node("n1", MIG), **{"4g_40gb": 1, "3g_40gb": 2, "1g_10gb": 1}),
+        applied_np("n1", gpu0, gpu1),
+        gated("waits", four, created=T0),
+        running("a", "n1", four),
+        running("b", "n1", three),
+        running("c", "n1", three, ONE_G),
+    )
+    c.step(T0 + 600)
+    d = c.step(T0 + 611)
+    (msg,) = events(d, "Draining")
+    assert "draining node n1 GPU 0" in msg
+    assert dict(reservation(c, "waits").gpus) == {four: (0,)}
+    # GPU 0 empties: the pod gets its 4g instance, and no spec is written (no new layout)
+    for gone in ("a", "b"):
+        del c.objs[("Pod", f"ns/{gone}")]
+    c.put(applied_np("n1", status_gpu(0, ("4g.40gb", 0, False), ("3g.40gb", 4, False)), gpu1))
+    d = c.step(T0 + 620)
+    assert not [a for a in d.actions if isinstance(a, WriteSpec)]
+    r = reservation(c, "waits")
+    assert (r.node, dict(r.gpus)) == ("n1", {four: (0,)})
+    assert r.state in (State.PLANNED, State.RELEASED)
+
+
 def test_a_pod_larger_than_the_drain_budget_is_not_drained_and_holds_no_one_back() -> None:
     """Budget 1 GPU (a quarter of 2, at least 1): the older pod needs both GPUs of the node and
     is never drained; the younger one-GPU pod behind it gets its drain."""
