@@ -29,6 +29,17 @@ of the fewest GPUs whose valid MIG layouts hold every instance the trace's pods 
 time (pods at their trace times), solved exactly as a pattern integer program with CP-SAT;
 node boundaries and CPU ignored, so it is a lower bound for any policy.
 
+Hybrid and mixed clusters
+-------------------------
+``--mode hybrid`` makes every node hybrid (MPS slices inside MIG instances); pods then map with
+``hybrid-threshold:500`` (shares of at least 500 milli and whole GPUs get a MIG instance, smaller
+shares an MPS slice inside one; ``--mapping`` overrides).  ``--models A,B`` gives node ``i`` the
+model ``i mod len``: ``--models A100-SXM4-80GB,H100-SXM5-80GB`` alternates A100 and H100 nodes.
+Pods are mapped for the model with the most GPUs (:func:`simulations.replay.cluster_replay_pods`;
+on A100-80GB and H100-80GB every profile name and slice size exists on both, so a pod may run on
+either).  ``best-static`` needs a one-model MIG cluster.  The JSON and table are the MIG run's;
+a cell of a non-default cluster carries its ``cluster`` label, shown in the table's trace column.
+
 Output: one JSON document (``--out FILE`` also writes it there; ``--report DIR`` writes the
 Markdown report with plots).  Runs take minutes on the full trace; ``--compression`` and
 ``--limit`` make smaller runs.
@@ -54,11 +65,15 @@ from simulations.geometry_bound import geometry_bound
 from simulations.openb import OPENB_TRACES, load_openb_pods, resolve_trace
 from simulations.replay import (
     NOS_WINDOW,
+    ReplayError,
     ReplayPod,
     ReplayPolicy,
     ReplaySettings,
+    build_fake_cluster,
+    cluster_kinds,
+    cluster_replay_pods,
+    default_mapping,
     parse_policy,
-    replay_pods,
     run_time_replay,
 )
 from simulations.replay_metrics import ReplayResult, summarize
@@ -71,23 +86,52 @@ __all__ = ["average_demand", "main", "mig_cluster", "render_table", "verdict"]
 MODEL = "A100-SXM4-80GB"
 
 
-def mig_cluster(nodes: int, gpus_per_node: int = 8, model: str = MODEL) -> Cluster:
+def mig_cluster(
+    nodes: int,
+    gpus_per_node: int = 8,
+    model: str = MODEL,
+    mode: Mode = Mode.MIG,
+    models: Sequence[str] = (),
+) -> Cluster:
+    """``nodes`` DGX-like nodes in ``mode``; with ``models``, node ``i`` gets ``models[i % n]``
+    (catalog names or product labels), else every node ``model``."""
+    names = [default_catalog().model(m).name for m in (models or (model,))]
+    label = "+".join(dict.fromkeys(names))
     return Cluster(
-        f"{nodes}x{gpus_per_node}-{model}",
+        f"{nodes}x{gpus_per_node}-{label}" + ("" if mode is Mode.MIG else f"-{mode.value}"),
         tuple(
             Node(
                 f"dgx-{i:03d}",
                 cpu_milli=256_000,
                 memory_mib=2 * 1024 * 1024,
                 gpus=gpus_per_node,
-                model=model,
-                mode=Mode.MIG,
-                catalog_model=model,
+                model=names[i % len(names)],
+                mode=mode,
+                catalog_model=names[i % len(names)],
             )
             for i in range(nodes)
         ),
         source="bench_replay",
     )
+
+
+def cluster_label(opts: dict[str, Any]) -> str:
+    """``""`` for the default cluster (A100 MIG), else e.g. ``hybrid A100-SXM4-80GB+H100-80GB``."""
+    models = opts.get("models") or [MODEL]
+    mode = opts.get("mode", "mig")
+    if mode == "mig" and [default_catalog().model(m).name for m in models] == [MODEL]:
+        return ""
+    names = "+".join(dict.fromkeys(default_catalog().model(m).name for m in models))
+    return f"{mode} {names}"
+
+
+def _cluster_of(nodes: int, opts: dict[str, Any]) -> Cluster:
+    return mig_cluster(nodes, mode=Mode(opts.get("mode", "mig")), models=opts.get("models") or ())
+
+
+def _pods_for(workload: Workload, cluster: Cluster, settings: ReplaySettings) -> list[ReplayPod]:
+    fake = build_fake_cluster(cluster, mps_reserve_mib=settings.planner.mps_reserve_mib)
+    return cluster_replay_pods(workload, fake, settings)
 
 
 def average_demand(model: GpuModel, pods: Sequence[ReplayPod]) -> dict[str, float]:
@@ -161,11 +205,13 @@ def _cell(job: tuple[str, int, str, dict[str, Any]]) -> tuple[str, int, str, dic
     settings = ReplaySettings(
         **opts["settings"], planner=PlannerSettings(time_limit_s=opts["limit"])
     )
-    pods = replay_pods(workload, model, Mode.MIG, settings)
+    cluster = _cluster_of(nodes, opts)
+    pods = _pods_for(workload, cluster, settings)
     if opts["limit_pods"]:
         pods = pods[: opts["limit_pods"]]
-    cluster = mig_cluster(nodes)
     if name == "static":
+        if cluster_label(opts):
+            raise ReplayError("best-static needs the default one-model MIG cluster")
         gpus = cluster.total_gpus
         bound = geometry_bound(model, pods)
         peak = {model.profile(p).shape: float(n) for p, n in bound.demand.items()}
@@ -220,6 +266,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--time-limit", type=float, default=1.0, help="CP-SAT seconds per plan")
     ap.add_argument("--policies", default="cpsat,greedy")
     ap.add_argument(
+        "--mode",
+        default="mig",
+        choices=("mig", "hybrid"),
+        help="partitioning mode of every node (hybrid: MPS slices inside MIG instances)",
+    )
+    ap.add_argument(
+        "--models",
+        default="",
+        help=f"GPU models, comma-separated: node i gets model i mod n (default {MODEL})",
+    )
+    ap.add_argument(
+        "--mapping",
+        default="",
+        help="simulations.mapping rule (default: mig-compute on MIG, hybrid-threshold:500 on "
+        "hybrid clusters)",
+    )
+    ap.add_argument(
         "--times-from",
         default="default",
         help="trace lending creation/deletion times to a trace without them (multigpu20)",
@@ -248,6 +311,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "seed": args.seed,
         "limit": args.time_limit,
         "limit_pods": args.limit,
+        "mode": args.mode,
+        "models": _split(args.models) if args.models else [],
         "settings": {
             "batch_timeout_s": args.timeout,
             "batch_idle_s": args.idle,
@@ -259,6 +324,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "seed": args.seed,
         },
     }
+    if args.mapping:
+        opts["settings"]["mapping"] = args.mapping  # type: ignore[index]
+    label = cluster_label(opts)
     jobs = [(t, n, p, opts) for t in traces for n in node_counts for p in wanted]
     t0 = time.perf_counter()
     if args.jobs > 1:
@@ -274,21 +342,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             (trace, nodes),
             {"trace": trace, "nodes": nodes, "gpus": nodes * 8, "policies": {}},
         )
+        if label:
+            cell["cluster"] = label
         cell["policies"][name] = summary
     for cell in cells.values():
         pols = cell["policies"]
         if "cpsat" in pols and "greedy" in pols:
             cell["verdict"] = verdict(pols["cpsat"], pols["greedy"])
+    kinds = cluster_kinds(
+        build_fake_cluster(_cluster_of(max(node_counts), opts))  # every model and mode
+    )
     doc: dict[str, Any] = {
-        "benchmark": "time replay, MIG",
+        "benchmark": f"time replay, {label}" if label else "time replay, MIG",
         "date": dt.date.today().isoformat(),
         "command": "python -m simulations.bench_replay "
         + " ".join(argv if argv is not None else sys.argv[1:]),
         "settings": {
             **opts["settings"],
             "cpsat_time_limit_s": args.time_limit,
-            "mapping": "mig-compute",
-            "model": MODEL,
+            "mapping": args.mapping or default_mapping(kinds),
+            "model": "+".join(dict.fromkeys(m.name for m, _ in kinds)) if label else MODEL,
+            **({"mode": args.mode} if label else {}),
             "times_from": args.times_from,
         },
         "cells": list(cells.values()),
@@ -308,12 +382,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 def render_table(paths: Sequence[str]) -> str:
     """One Markdown table of the cells of several ``--out`` files, merged per policy (a later
     file's run of a policy replaces an earlier one's); verdicts are recomputed."""
-    cells: dict[tuple[str, int], dict[str, Any]] = {}
+    cells: dict[tuple[str, int, str], dict[str, Any]] = {}
     for path in paths:
         with open(path) as f:
             doc = json.load(f)
         for cell in doc["cells"]:
-            have = cells.setdefault((cell["trace"], cell["nodes"]), {**cell, "policies": {}})
+            key = (cell["trace"], cell["nodes"], cell.get("cluster", ""))
+            have = cells.setdefault(key, {**cell, "policies": {}})
             have["policies"].update(cell["policies"])
     rows = [
         "| trace | nodes (GPUs) | regime | pending p95 / p99 (s), CP-SAT | nos-like greedy "
@@ -321,8 +396,8 @@ def render_table(paths: Sequence[str]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     order = {t: i for i, t in enumerate(OPENB_TRACES)}
-    for (trace, nodes), cell in sorted(
-        cells.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0][1])
+    for (trace, nodes, label), cell in sorted(
+        cells.items(), key=lambda kv: (kv[0][2], order.get(kv[0][0], 99), kv[0][1])
     ):
         pols = cell["policies"]
         c, g = pols.get("cpsat"), pols.get("greedy")
@@ -331,7 +406,7 @@ def render_table(paths: Sequence[str]) -> str:
         v = verdict(c, g)
         failed = [k for k, ok in v["checks"].items() if not ok]
         rows.append(
-            f"| {trace} | {nodes} ({cell['gpus']}) | {v['regime'].split(' (')[0]} "
+            f"| {trace}{f' ({label})' if label else ''} | {nodes} ({cell['gpus']}) | {v['regime'].split(' (')[0]} "
             f"| {c['pending_p95_s']:,.0f} / {c['pending_p99_s']:,.0f} "
             f"| {g['pending_p95_s']:,.0f} / {g['pending_p99_s']:,.0f} "
             f"| {v['p95_ratio'] if v['p95_ratio'] is not None else '-'} / "
@@ -356,13 +431,12 @@ def _split(text: str) -> list[str]:
 def _write_report(args: argparse.Namespace, trace: str, nodes: int, opts: dict[str, Any]) -> None:
     from simulations.report import write_replay_report
 
-    model = default_catalog().model(MODEL)
     workload, _ = _load(trace, opts["openb_dir"], opts["times_from"], opts["seed"])
     settings = ReplaySettings(
         **opts["settings"], planner=PlannerSettings(time_limit_s=opts["limit"])
     )
-    pods = replay_pods(workload, model, Mode.MIG, settings)
-    cluster = mig_cluster(nodes)
+    cluster = _cluster_of(nodes, opts)
+    pods = _pods_for(workload, cluster, settings)
     results = []
     for name in _split(args.policies):
         if name == "static":

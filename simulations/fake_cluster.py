@@ -18,6 +18,22 @@ spec stay as they are (bound pods untouched), removed devices disappear, new one
 free.  MIG layouts are validated with :func:`planner.geometry.parse_layout`; MPS layouts must fit
 the GPU memory.  A node with a spec not yet applied is *in flight* and is left out of snapshots.
 
+Hybrid GPUs
+-----------
+On a ``hybrid`` node a MIG instance may *host* MPS slices (:attr:`planner.snapshot.PlannedGpu.
+mig_mps`), as the node agent does it (:mod:`node_agent.gpu_plan`, :mod:`node_agent.devices`):
+
+* a host is advertised only as its slices (each a device of ``nvidia.com/gpu-<N>gb``); an
+  instance with no slices is a whole ``nvidia.com/mig-<profile>`` device.  The host itself is a
+  :class:`Device` with an empty ``resource`` (never advertised, never bound);
+* the slices of one host must fit the instance's memory (the agent's check);
+* a kept instance's slice table is diffed like the agent's :func:`~node_agent.gpu_plan.
+  diff_slices`: slices match by (memory, thread %), bound slices claim their twin first, so a
+  free twin is the one dropped; new slices take the lowest free positions;
+* a bound slice pins its instance: turning a host into a whole device, or a whole bound device
+  into a host, removes the bound device (a disruption, as for any removed bound device; the
+  real agent refuses such a spec, so the count must stay 0).
+
 Disruptions
 -----------
 A spec that removes a device bound to a pod *disrupts* that pod: the fake agent (obediently,
@@ -81,10 +97,27 @@ class Device:
     pod: str | None = None
     withdrawn: bool = False
     """True while a spec in flight will remove it: not advertised, cannot be bound."""
+    host: int = -1
+    """Hybrid: the start of the MIG instance hosting this MPS slice (``-1``: not hosted)."""
+    share: float = 0.0
+    """Hybrid slice: the host's compute slices times the slice's share of the host's memory
+    (what the slice counts for in the allocation metric)."""
 
     @property
     def key(self) -> tuple[str, int]:
+        if self.host >= 0:
+            return (f"{self.resource}@{self.host}", self.slot)
         return (self.profile or self.resource, self.slot)
+
+    @property
+    def is_host(self) -> bool:
+        """A hybrid MIG instance hosting slices: not a device of its own."""
+        return not self.resource
+
+    @property
+    def device_id(self) -> str:
+        """The id the fake kubelet allocates by (unique per GPU and resource)."""
+        return f"{self.host}.{self.slot}" if self.host >= 0 else str(self.slot)
 
 
 @dataclass(slots=True)
@@ -93,7 +126,8 @@ class FakeGpu:
     devices: list[Device] = field(default_factory=list)
 
     def sort(self) -> None:
-        self.devices.sort(key=lambda d: d.slot)
+        # instances by start; a host's slices right after it, by position
+        self.devices.sort(key=lambda d: (d.host, 1, d.slot) if d.host >= 0 else (d.slot, 0, 0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,14 +264,35 @@ class FakeCluster:
             if n.mode is not Mode.MPS
         )
 
-    def used_compute(self) -> int:
+    def used_compute(self) -> float:
+        """Compute slices of bound instances, plus each bound hybrid slice's :attr:`Device.share`."""
         return sum(
-            d.compute
+            d.compute + d.share
             for n in self.nodes.values()
             for g in n.gpus
             for d in g.devices
             if d.pod is not None
         )
+
+    def uniform(self) -> bool:
+        """All nodes share one GPU model and one mode."""
+        return len({(n.model.name, n.mode) for n in self.nodes.values()}) <= 1
+
+    def gpu_fraction_used(self) -> float:
+        """Mean over all GPUs of the fraction in use: MIG/hybrid GPUs by compute (as
+        :meth:`used_compute`), MPS GPUs by memory of the usable memory (mixed clusters)."""
+        used = 0.0
+        gpus = 0
+        for n in self.nodes.values():
+            for g in n.gpus:
+                gpus += 1
+                bound = [d for d in g.devices if d.pod is not None]
+                if n.mode is Mode.MPS:
+                    usable = n.model.memory_mib - self.mps_reserve_mib
+                    used += sum(d.memory_mib for d in bound) / usable if usable > 0 else 0.0
+                else:
+                    used += sum(d.compute + d.share for d in bound) / n.model.compute_slices
+        return used / gpus if gpus else 0.0
 
     def total_mps_mib(self) -> int:
         return sum(
@@ -265,9 +320,19 @@ class FakeCluster:
                     for d in gpu.devices
                 ),
             )
+        hosted: dict[int, list[MpsSlice]] = {}
+        for d in gpu.devices:
+            if d.host >= 0:
+                hosted.setdefault(d.host, []).append(
+                    MpsSlice(d.memory_mib, d.pod is not None, d.thread_percentage)
+                )
         return GpuState(
             gpu.index,
-            mig=tuple(MigInstance(d.profile, d.slot, d.pod is not None) for d in gpu.devices),
+            mig=tuple(
+                MigInstance(d.profile, d.slot, d.pod is not None, tuple(hosted.get(d.slot, ())))
+                for d in gpu.devices
+                if d.host < 0
+            ),
         )
 
     def node_states(self) -> tuple[NodeState, ...]:
@@ -334,7 +399,9 @@ class FakeCluster:
     def advertised(self, node: str) -> Counter[str]:
         """Devices the node's agent advertises per resource (free or bound, not withdrawn)."""
         n = self._node(node)
-        return Counter(d.resource for g in n.gpus for d in g.devices if not d.withdrawn)
+        return Counter(
+            d.resource for g in n.gpus for d in g.devices if not d.withdrawn and d.resource
+        )
 
     def free_devices(self, node: str, resource: str) -> list[tuple[int, Device]]:
         """Free advertised devices of ``resource`` on ``node``: (GPU index, device)."""
@@ -434,9 +501,12 @@ class FakeCluster:
         """Split a GPU's devices against a desired layout: (kept, to create, to remove).
 
         MIG instances match by (profile, start).  MPS slices match by memory size, bound slices
-        first, so a spec that keeps a used slice's size keeps that very slice.
+        first, so a spec that keeps a used slice's size keeps that very slice.  Hybrid: see
+        :meth:`_match_hybrid`.
         """
         desired = self._devices_of(n, pg)
+        if n.mode is Mode.HYBRID:
+            return self._match_hybrid(g, desired)
         kept: list[Device] = []
         new: list[Device] = []
         if n.mode is Mode.MPS:
@@ -463,6 +533,64 @@ class FakeCluster:
                 kept.append(old)
         return kept, new, list(have.values())
 
+    @staticmethod
+    def _match_hybrid(
+        g: FakeGpu, desired: list[Device]
+    ) -> tuple[list[Device], list[Device], list[Device]]:
+        """Hybrid GPUs: instances by (profile, start) and whether they host slices; the slice
+        table of a kept host diffed as the agent's ``diff_slices`` does (module docstring)."""
+        have_inst = {d.key: d for d in g.devices if d.host < 0}
+        have_slices: dict[int, list[Device]] = {}
+        for d in g.devices:
+            if d.host >= 0:
+                have_slices.setdefault(d.host, []).append(d)
+        want_slices: dict[int, list[Device]] = {}
+        for d in desired:
+            if d.host >= 0:
+                want_slices.setdefault(d.host, []).append(d)
+        kept: list[Device] = []
+        new: list[Device] = []
+        for d in desired:
+            if d.host >= 0:
+                continue
+            old = have_inst.get(d.key)
+            if old is None or old.is_host != d.is_host:
+                new.append(d)
+                new.extend(want_slices.get(d.slot, ()))
+                continue
+            del have_inst[d.key]
+            kept.append(old)
+            if not d.is_host:
+                continue
+            pool = sorted(have_slices.pop(d.slot, []), key=lambda x: (x.pod is None, x.slot))
+            fresh: list[Device] = []
+            for w in want_slices.get(d.slot, ()):
+                match = next(
+                    (
+                        o
+                        for o in pool
+                        if (o.memory_mib, o.thread_percentage)
+                        == (w.memory_mib, w.thread_percentage)
+                    ),
+                    None,
+                )
+                if match is None:
+                    fresh.append(w)
+                else:
+                    pool.remove(match)
+                    kept.append(match)
+            have_slices[d.slot] = pool  # left over: removed
+            taken = {o.slot for o in kept if o.host == d.slot}
+            slot = 0
+            for w in sorted(fresh, key=lambda x: (x.memory_mib, x.thread_percentage)):
+                while slot in taken:
+                    slot += 1
+                taken.add(slot)
+                w.slot = slot
+                new.append(w)
+        removed = list(have_inst.values()) + [d for ds in have_slices.values() for d in ds]
+        return kept, new, removed
+
     def _devices_of(self, n: FakeNode, pg: PlannedGpu) -> list[Device]:
         """Free devices for a desired layout; raises :class:`FakeClusterError` if invalid."""
         if n.mode is Mode.MPS:
@@ -478,23 +606,56 @@ class FakeCluster:
             layout = parse_layout(n.model, pg.mig)
         except InvalidLayout as e:
             raise FakeClusterError(f"{n.name} GPU {pg.index}: {e}") from None
-        return [
-            Device(
-                resource=p.profile.resource,
-                slot=p.start,
-                compute=p.profile.compute,
-                memory_mib=p.profile.memory_mib,
-                profile=p.profile.name,
+        hosted = dict(pg.mig_mps)
+        if hosted and n.mode is not Mode.HYBRID:
+            raise FakeClusterError(
+                f"{n.name} GPU {pg.index}: MPS slices inside MIG instances need mode hybrid, the "
+                f"node is in {n.mode.value} mode"
             )
-            for p in layout
-        ]
+        starts = {p.start for p in layout}
+        if set(hosted) - starts:
+            raise FakeClusterError(
+                f"{n.name} GPU {pg.index}: slices listed for instance start(s) "
+                f"{sorted(set(hosted) - starts)} the layout does not have"
+            )
+        out: list[Device] = []
+        for p in layout:
+            slices = hosted.get(p.start, ())
+            out.append(
+                Device(
+                    resource="" if slices else p.profile.resource,
+                    slot=p.start,
+                    compute=p.profile.compute,
+                    memory_mib=p.profile.memory_mib,
+                    profile=p.profile.name,
+                )
+            )
+            if not slices:
+                continue
+            total = sum(s.memory_mib for s in slices)
+            if total > p.profile.memory_mib:
+                raise FakeClusterError(
+                    f"{n.name} GPU {pg.index}: the MPS slices of instance "
+                    f"{p.profile.name}@{p.start} take {total} MiB, more than its "
+                    f"{p.profile.memory_mib} MiB"
+                )
+            usable = max(1, p.profile.memory_mib - self.mps_reserve_mib)
+            for k, s_ in enumerate(slices):
+                d = _mps_device(k, s_)
+                d.host = p.start
+                d.share = p.profile.compute * s_.memory_mib / usable
+                out.append(d)
+        return out
 
     def _recount(self, n: FakeNode) -> None:
         old = self._free.get(n.name)
         if old is not None:
             self.free_total.subtract(old)
         free: Counter[str] = Counter(
-            d.resource for g in n.gpus for d in g.devices if d.pod is None and not d.withdrawn
+            d.resource
+            for g in n.gpus
+            for d in g.devices
+            if d.pod is None and not d.withdrawn and d.resource
         )
         self._free[n.name] = free
         self.free_total.update(free)

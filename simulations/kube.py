@@ -34,7 +34,8 @@ kubelet (:class:`Kubelet`)
     device ids come from the node agent's own preferred-allocation rule
     (:func:`node_agent.deviceplugin.preferred_allocation`, with the GPUs the partitioner drains
     avoided, as the agent reads them from its NodePartitioning) among the free advertised
-    devices; if there are not enough (the status the scheduler saw is stale) the pod is
+    devices (an MPS slice inside a hybrid MIG instance is a device of its GPU like any other;
+    a host instance is not advertised); if there are not enough (the status the scheduler saw is stale) the pod is
     rejected (``UnexpectedAdmissionError``, phase Failed) and its controller creates it again.
 """
 
@@ -551,7 +552,7 @@ class Kubelet:
         picks: list[tuple[int, Device]] = []
         for resource in sorted(pod.slices):
             free = self.fake.free_devices(node, resource)
-            ids = {f"{gi}:{d.slot}": (gi, d) for gi, d in free}
+            ids = {f"{gi}:{d.device_id}": (gi, d) for gi, d in free}
             chosen = preferred_allocation(
                 sorted(ids),
                 [],

@@ -22,6 +22,12 @@ Rules (selectable by name with :func:`make_mapping`)
 ``hybrid``
     Latency-sensitive pods (qos ``LS`` or ``Guaranteed``) by ``mig-compute``, the rest
     (``BE``, ``Burstable``, unknown) by ``mps-memory``.
+``hybrid-threshold:T[:G]``
+    By size instead of QoS: a pod whose share is at least ``T`` milli (``1 <= T <= 1000``),
+    and every whole-GPU or multi-GPU pod, by ``mig-compute`` (a whole MIG instance); a
+    smaller share by ``mps-memory[:G]`` (an MPS slice, which on a hybrid node lives inside a
+    MIG instance).  The user's request is the same either way; the threshold only says which
+    shares deserve hardware isolation.
 
 Whole-GPU requests (``gpu_milli = 1000``) and multi-GPU pods map to ``num_gpu`` full slices: the
 model's largest MIG profile, or an MPS slice of all the memory the GPU offers to slices.  Media-extension and other
@@ -44,6 +50,7 @@ MPS_RESERVE_MIB = PlannerSettings().mps_reserve_mib
 __all__ = [
     "MAPPINGS",
     "Hybrid",
+    "HybridThreshold",
     "Mapping",
     "MappingError",
     "MigByCompute",
@@ -53,7 +60,7 @@ __all__ = [
     "make_mapping",
 ]
 
-MAPPINGS = ("mig-compute", "mig-memory", "mps-memory", "hybrid")
+MAPPINGS = ("mig-compute", "mig-memory", "mps-memory", "hybrid", "hybrid-threshold")
 MIG_QOS = frozenset({"LS", "Guaranteed"})
 """QoS classes the hybrid rule sends to MIG (isolation for latency-sensitive pods)."""
 
@@ -192,11 +199,44 @@ class Hybrid:
         return (self.mig if pod.qos in self.mig_qos else self.mps).map(pod)
 
 
+class HybridThreshold:
+    """Shares ``>= threshold`` milli (and whole GPUs) on MIG (``mig``), smaller ones on MPS."""
+
+    name = "hybrid-threshold"
+
+    def __init__(self, mig: Mapping, mps: Mapping, threshold: int) -> None:
+        if not 1 <= threshold <= GPU_MILLI:
+            raise MappingError(
+                f"hybrid-threshold: the threshold must be 1..{GPU_MILLI} milli, got {threshold}"
+            )
+        self.mig, self.mps, self.threshold = mig, mps, threshold
+
+    def map(self, pod: Pod) -> SliceRequest | None:
+        if pod.is_cpu_only:
+            return None
+        big = not pod.is_sharing or pod.gpu_milli >= self.threshold
+        return (self.mig if big else self.mps).map(pod)
+
+
 def make_mapping(
     spec: str, model: str | GpuModel, mps_reserve_mib: int = MPS_RESERVE_MIB
 ) -> Mapping:
-    """``mig-compute``, ``mig-memory``, ``mps-memory[:G]`` or ``hybrid[:G]`` for ``model``."""
+    """``mig-compute``, ``mig-memory``, ``mps-memory[:G]``, ``hybrid[:G]`` or
+    ``hybrid-threshold:T[:G]`` for ``model``."""
     name, _, arg = spec.partition(":")
+    if name == "hybrid-threshold":
+        t_txt, _, g_txt = arg.partition(":")
+        try:
+            threshold = int(t_txt)
+            gran = int(g_txt) if g_txt else 1
+        except ValueError:
+            raise MappingError(
+                f"mapping {spec!r}: use hybrid-threshold:T[:G] with T in milli (1..1000) and "
+                f"G in GiB, e.g. hybrid-threshold:500"
+            ) from None
+        return HybridThreshold(
+            MigByCompute(model), MpsByMemory(model, gran, mps_reserve_mib), threshold
+        )
     granularity = 1
     if arg:
         try:

@@ -9,9 +9,35 @@ shifted by a seeded uniform offset and wrapped around the trace span (so the loa
 multiplied, for clusters larger than the trace's).  CPU-only pods are left out.
 
 Fractional GPU requests become slices with a :mod:`simulations.mapping` rule
-(``settings.mapping``; default ``mig-compute`` on MIG/hybrid nodes: the smallest profile whose
-compute covers ``gpu_milli * 7 / 1000``, and ``mps-memory`` on MPS nodes).  All GPU nodes of a
-replay must share one GPU model and mode.
+(``settings.mapping``; default :func:`default_mapping`: ``mig-compute`` when every node is MIG
+(the smallest profile whose compute covers ``gpu_milli * 7 / 1000``), ``mps-memory`` when every
+node is MPS, and ``hybrid-threshold:500`` when some node is hybrid or MIG and MPS nodes are
+mixed: shares of at least 500 milli and whole GPUs get a whole MIG instance, smaller shares an
+MPS slice, which a hybrid node makes inside a MIG instance).
+
+Several GPU models and modes
+----------------------------
+Every node has its own catalog model and mode.  A pod's request is one set of Kubernetes
+resource names, the same whatever node it lands on, so a trace pod is mapped *once*, for the
+cluster's *reference model* (:func:`reference_model`: the model with the most GPUs, ties by
+name; among MIG-capable models in MIG/hybrid mode when the rule can give MIG profiles).  The
+request then means what the resource name means on each node: ``nvidia.com/mig-3g.40gb`` is a
+3g.40gb instance of whichever model advertises that name, and a node whose model has no such
+profile (an A100-40GB names its 3-slice profile ``3g.20gb``) or whose mode serves the other kind
+never advertises it, so the pod cannot go there (:func:`serves`).  On the mixed cluster the
+benchmark runs (A100-SXM4-80GB and H100-80GB) every profile name and every MPS size exists on
+both models (the same grid, 79 GiB offered to MPS slices on each), so every pod may run on
+either model.  A request no node advertises is an error naming the pods.  Pods that name their
+slices (:mod:`simulations.workload_slices`) keep them; on a mixed or hybrid cluster they are
+checked the same way.  The allocation metric of a cluster with several models or modes is the
+mean over GPUs of each GPU's used fraction (:meth:`FakeCluster.gpu_fraction_used`).
+
+Hybrid nodes
+------------
+The fake agent models MPS slices inside MIG instances as the node agent does
+(:mod:`simulations.fake_cluster`): a host instance is advertised only as its slices, a bound
+slice pins its instance, and the status the agent reports lists each host's slices with their
+``used`` flags (``ActualMigInstance.mps``), which is what the partitioner's ledger reads.
 
 The cluster is Kubernetes as :mod:`simulations.kube` models it, and nothing more: an API store
 with the API server's pod rules and the partitioner's admission webhook (when the policy gates
@@ -59,11 +85,19 @@ from partitioner.batching import BatchPolicy, forget
 from partitioner.decide import ControllerState, DecideConfig, decide
 from partitioner.index import ClusterIndex
 from partitioner.reservations import State
-from planner.catalog import Catalog, GpuModel, default_catalog
+from planner.catalog import Catalog, CatalogError, GpuModel, default_catalog
 from planner.settings import PlannerSettings, Policy
-from planner.snapshot import Mode, Plan, PlannedGpu, PlannedSlice, Snapshot
+from planner.snapshot import (
+    Mode,
+    Plan,
+    PlannedGpu,
+    PlannedSlice,
+    Snapshot,
+    mig_profile_of,
+    mps_gb_of,
+)
 from simulations.cluster import Cluster
-from simulations.fake_cluster import FakeCluster, FakeNode
+from simulations.fake_cluster import Device, FakeCluster, FakeClusterError, FakeGpu, FakeNode
 from simulations.kube import Conflict, Invalid, Kubelet, Scheduler, SimApi
 from simulations.mapping import MappingError, make_mapping
 from simulations.replay_metrics import PlanRecord, PodRecord, ReplayResult
@@ -79,7 +113,11 @@ __all__ = [
     "ReplayPolicy",
     "ReplaySettings",
     "build_fake_cluster",
+    "cluster_kinds",
+    "cluster_replay_pods",
+    "default_mapping",
     "parse_policy",
+    "reference_model",
     "replay_pods",
     "run_time_replay",
 ]
@@ -88,6 +126,10 @@ PlanFn = Callable[[Snapshot, PlannerSettings, Catalog], Plan]
 NOS_WINDOW = (60.0, 10.0)
 """nos's batch window: 60 s timeout, 10 s idle."""
 MIB_PER_GIB = 1024
+HYBRID_THRESHOLD = 500
+"""Default mapping threshold on clusters with hybrid (or mixed MIG and MPS) nodes: shares of
+at least this many milli, and whole GPUs, get a MIG instance; smaller ones an MPS slice (the
+partitioned saturation benchmark's default too)."""
 NAMESPACE = "sim"
 _EPSILON = 1e-6
 """Seconds added to retry wake-ups so ``now - planned_at >= retry`` holds despite rounding."""
@@ -227,24 +269,11 @@ def replay_pods(
     mode: Mode,
     settings: ReplaySettings = ReplaySettings(),
 ) -> list[ReplayPod]:
-    """The GPU pods of ``workload`` as timed requests (module docstring), by arrival."""
-    base: list[tuple[Pod, float, float]] = []
-    for pod in workload.pods:
-        if pod.is_cpu_only:
-            continue
-        if pod.creation_time is None:
-            raise ReplayError(
-                f"workload {workload.name!r}: pod {pod.name!r} has no creation_time; the time "
-                "replay needs creation and deletion times (use the saturation protocol instead)"
-            )
-        end = pod.deletion_time if pod.deletion_time is not None else pod.creation_time + 3600
-        base.append((pod, float(pod.creation_time), float(max(1, end - pod.creation_time))))
-    if not base:
-        raise ReplayError(f"workload {workload.name!r} has no GPU pods to replay")
-    t0 = min(t for _, t, _ in base)
-    span = max(t for _, t, _ in base) - t0 + 1.0
-    rng = random.Random(settings.seed)
-    offsets = [0.0] + [rng.uniform(0, span) for _ in range(settings.copies - 1)]
+    """The GPU pods of ``workload`` as timed requests (module docstring), by arrival, for a
+    cluster of ``model`` GPUs in ``mode``."""
+    base = _gpu_pods(workload)
+    if mode is Mode.HYBRID:
+        return _timed(base, _map_for_kinds(base, [(model, mode)], settings), settings)
     rule = settings.mapping or ("mps-memory" if mode is Mode.MPS else "mig-compute")
     try:  # pods that name their slices are replayed with exactly those (workload_slices)
         direct = direct_requests(
@@ -261,6 +290,158 @@ def replay_pods(
                 f"mapping {rule!r} gives pod {name!r} {req.resource if req else 'nothing'}; "
                 f"the cluster's nodes are in {mode.value} mode, choose a {want} mapping"
             )
+    out = dict(direct)
+    for name, req in requests.items():
+        if name not in out:
+            out[name] = req.as_requests()  # type: ignore[union-attr]
+    return _timed(base, out, settings)
+
+
+def cluster_replay_pods(
+    workload: Workload, fake: FakeCluster, settings: ReplaySettings = ReplaySettings()
+) -> list[ReplayPod]:
+    """The GPU pods of ``workload`` as timed requests for ``fake``'s nodes, which may mix GPU
+    models and modes (module docstring, "Several GPU models and modes")."""
+    kinds = cluster_kinds(fake)
+    base = _gpu_pods(workload)
+    if len(kinds) == 1 and kinds[0][1] is not Mode.HYBRID:
+        return replay_pods(workload, kinds[0][0], kinds[0][1], settings)
+    return _timed(base, _map_for_kinds(base, kinds, settings), settings)
+
+
+def cluster_kinds(fake: FakeCluster) -> list[tuple[GpuModel, Mode]]:
+    """The (GPU model, mode) pairs of ``fake``'s nodes, most GPUs first (then model name, mode)."""
+    gpus: dict[tuple[str, Mode], int] = {}
+    models: dict[str, GpuModel] = {}
+    for n in fake.nodes.values():
+        gpus[(n.model.name, n.mode)] = gpus.get((n.model.name, n.mode), 0) + len(n.gpus)
+        models[n.model.name] = n.model
+    order = sorted(gpus, key=lambda k: (-gpus[k], k[0], k[1].value))
+    return [(models[m], mode) for m, mode in order]
+
+
+def default_mapping(kinds: Sequence[tuple[GpuModel, Mode]]) -> str:
+    """``mig-compute`` if every node is MIG, ``mps-memory`` if every node is MPS, else
+    ``hybrid-threshold:<HYBRID_THRESHOLD>`` (hybrid nodes, or MIG and MPS nodes mixed)."""
+    modes = {mode for _, mode in kinds}
+    if modes == {Mode.MIG}:
+        return "mig-compute"
+    if modes == {Mode.MPS}:
+        return "mps-memory"
+    return f"hybrid-threshold:{HYBRID_THRESHOLD}"
+
+
+def reference_model(kinds: Sequence[tuple[GpuModel, Mode]], rule: str) -> GpuModel:
+    """The model a mixed cluster's pods are mapped for: the one with the most GPUs (ties: by
+    name), among MIG-capable models in MIG/hybrid mode when the rule can give MIG profiles."""
+    if not rule.startswith("mps-"):
+        mig = [m for m, mode in kinds if mode is not Mode.MPS and m.mig_capable]
+        if mig:
+            return mig[0]
+    return kinds[0][0]
+
+
+def serves(model: GpuModel, mode: Mode, resource: str, mps_reserve_mib: int) -> str | None:
+    """The advertised spelling of ``resource`` on a node of ``model`` in ``mode``, or ``None``
+    if such a node never advertises it (the profile is not the model's, the slice does not fit
+    a GPU, or the mode serves the other kind)."""
+    profile = mig_profile_of(resource)
+    if profile is not None:
+        if mode is Mode.MPS:
+            return None
+        try:
+            return model.profile(profile).resource
+        except CatalogError:
+            return None
+    gb = mps_gb_of(resource)
+    if gb is None or mode is Mode.MIG:
+        return None
+    if mode is Mode.MPS:
+        room = model.memory_mib - mps_reserve_mib
+    else:  # hybrid: inside the largest instance, minus the MPS server reserve
+        room = max((p.memory_mib for p in model.profiles), default=0) - mps_reserve_mib
+    return resource if gb * MIB_PER_GIB <= room else None
+
+
+def _map_for_kinds(
+    base: Sequence[tuple[Pod, float, float]],
+    kinds: Sequence[tuple[GpuModel, Mode]],
+    settings: ReplaySettings,
+) -> dict[str, dict[str, int]]:
+    """Requests per pod for a cluster of several (model, mode) kinds (module docstring): share
+    pods mapped once, for the reference model; pods naming slices keep them.  Each request must
+    be advertised by at least one kind, else :class:`ReplayError` naming the pods."""
+    rule = settings.mapping or default_mapping(kinds)
+    reserve = settings.planner.mps_reserve_mib
+    ref = reference_model(kinds, rule)
+    try:
+        mapping = make_mapping(rule, ref, reserve)
+    except MappingError as e:
+        raise ReplayError(str(e)) from None
+    out: dict[str, dict[str, int]] = {}
+    problems: list[str] = []
+    for pod, _, _ in base:
+        if pod.slices:
+            wanted: dict[str, int] = {}
+            for resource, count in pod.slices:
+                wanted[resource] = wanted.get(resource, 0) + count
+        else:
+            try:
+                req = mapping.map(pod)
+            except MappingError as e:
+                raise ReplayError(str(e)) from None
+            if req is None:  # pragma: no cover - CPU-only pods are left out before
+                continue
+            wanted = req.as_requests()
+        spelled: dict[str, int] = {}
+        for resource, count in wanted.items():
+            name = next(
+                (x for m, mode in kinds if (x := serves(m, mode, resource, reserve)) is not None),
+                None,
+            )
+            if name is None:
+                problems.append(f"pod {pod.name!r}: {resource}")
+            spelled[name or resource] = spelled.get(name or resource, 0) + count
+        out[pod.name] = spelled
+    if problems:
+        listed = "; ".join(problems[:10])
+        more = f"; and {len(problems) - 10} more" if len(problems) > 10 else ""
+        kinds_txt = ", ".join(f"{m.name} ({mode.value})" for m, mode in kinds)
+        raise ReplayError(
+            f"mapping {rule!r} (for {ref.name}) asks for resources no node of the cluster "
+            f"({kinds_txt}) advertises: {listed}{more}; choose another mapping or GPU model"
+        )
+    return out
+
+
+def _gpu_pods(workload: Workload) -> list[tuple[Pod, float, float]]:
+    """(pod, creation time, lifetime) of every GPU pod (CPU-only pods are left out)."""
+    base: list[tuple[Pod, float, float]] = []
+    for pod in workload.pods:
+        if pod.is_cpu_only:
+            continue
+        if pod.creation_time is None:
+            raise ReplayError(
+                f"workload {workload.name!r}: pod {pod.name!r} has no creation_time; the time "
+                "replay needs creation and deletion times (use the saturation protocol instead)"
+            )
+        end = pod.deletion_time if pod.deletion_time is not None else pod.creation_time + 3600
+        base.append((pod, float(pod.creation_time), float(max(1, end - pod.creation_time))))
+    if not base:
+        raise ReplayError(f"workload {workload.name!r} has no GPU pods to replay")
+    return base
+
+
+def _timed(
+    base: Sequence[tuple[Pod, float, float]],
+    requests: Mapping[str, Mapping[str, int]],
+    settings: ReplaySettings,
+) -> list[ReplayPod]:
+    """Arrival and duration of every pod (and of the overlaid copies), by arrival."""
+    t0 = min(t for _, t, _ in base)
+    span = max(t for _, t, _ in base) - t0 + 1.0
+    rng = random.Random(settings.seed)
+    offsets = [0.0] + [rng.uniform(0, span) for _ in range(settings.copies - 1)]
     c = settings.time_compression
     out: list[ReplayPod] = []
     for k, offset in enumerate(offsets):
@@ -269,7 +450,7 @@ def replay_pods(
             out.append(
                 ReplayPod(
                     name=pod.name if settings.copies == 1 else f"{pod.name}-c{k}",
-                    requests=direct.get(pod.name) or requests[pod.name].as_requests(),  # type: ignore[union-attr]
+                    requests=requests[pod.name],
                     arrival=arrival / c,
                     duration=max(duration / c, 1e-3),
                     cpu_milli=pod.cpu_milli,
@@ -287,27 +468,21 @@ def replay_pods(
 def build_fake_cluster(
     cluster: Cluster, catalog: Catalog | None = None, mps_reserve_mib: int = 512
 ) -> FakeCluster:
-    """A fake cluster of ``cluster``'s GPU nodes; they must share one catalog model and mode."""
+    """A fake cluster of ``cluster``'s GPU nodes, each with its own catalog model and mode."""
     cat = catalog or default_catalog()
     gpu_nodes = [n for n in cluster.nodes if n.gpus > 0]
     if not gpu_nodes:
         raise ReplayError(f"cluster {cluster.name!r} has no GPU nodes")
-    kinds = {(n.catalog_model, n.mode) for n in gpu_nodes}
-    if len(kinds) != 1:
+    unknown = sorted({n.model for n in gpu_nodes if n.catalog_model is None})
+    if unknown:
         raise ReplayError(
-            f"cluster {cluster.name!r}: the time replay needs one GPU model and mode for all GPU "
-            f"nodes, got {sorted((str(m), md.value) for m, md in kinds)}; split the cluster"
-        )
-    model_name, _mode = next(iter(kinds))
-    if model_name is None:
-        raise ReplayError(
-            f"cluster {cluster.name!r}: GPU model {gpu_nodes[0].model!r} is not in the GPU "
-            "catalog; add it with a catalog override file"
+            f"cluster {cluster.name!r}: GPU model(s) {', '.join(map(repr, unknown))} not in the "
+            "GPU catalog; add them with a catalog override file"
         )
     nodes = [
         FakeCluster.node(
             n.name,
-            cat.model(model_name),
+            cat.model(n.catalog_model),  # type: ignore[arg-type]
             n.gpus,
             n.mode,
             cpu_milli=n.cpu_milli,
@@ -316,7 +491,10 @@ def build_fake_cluster(
         )
         for n in gpu_nodes
     ]
-    return FakeCluster(nodes, mps_reserve_mib=mps_reserve_mib)
+    try:
+        return FakeCluster(nodes, mps_reserve_mib=mps_reserve_mib)
+    except FakeClusterError as e:
+        raise ReplayError(f"cluster {cluster.name!r}: {e}") from None
 
 
 # --------------------------------------------------------------------------- engine
@@ -421,6 +599,7 @@ class _Engine:
         self.expected_of: dict[str, list[tuple[str, str]]] = {}
         self.theft = 0
         self.by_size: dict[str, str] = {}
+        self.uniform = fake.uniform()
         for node in fake.nodes.values():
             self.api.add_node(node)
             self.api.add_partitioning(node)
@@ -430,9 +609,10 @@ class _Engine:
                 for n in sorted(fake.nodes.values(), key=lambda n: n.name)
                 for g in n.gpus
             ]
-            if any(n.mode is Mode.MPS for n in fake.nodes.values()):
+            if any(n.mode is not Mode.MIG for n in fake.nodes.values()):
                 raise ReplayError(
-                    f"static policy {policy.name!r} sets MIG layouts; the cluster is in mps mode"
+                    f"static policy {policy.name!r} sets MIG layouts (whole instances); the "
+                    "cluster has mps or hybrid nodes: use a planner policy (cpsat, greedy)"
                 )
             for pg in assign_static(policy.static, gpus):
                 fake.set_layout(pg.node, pg.index, pg)
@@ -535,6 +715,8 @@ class _Engine:
                         ],
                     }
                 )
+            elif n.mode is Mode.HYBRID:
+                gpus.append({"index": g.index, "migEnabled": True, "mig": _hybrid_status(g)})
             else:
                 gpus.append(
                     {
@@ -564,6 +746,8 @@ class _Engine:
         )
 
     def _allocation(self) -> float:
+        if not self.uniform:
+            return self.fake.gpu_fraction_used()
         total = self.fake.total_compute()
         if total:
             return self.fake.used_compute() / total
@@ -931,9 +1115,50 @@ def _planned(node: str, spec: Any, fake: FakeNode) -> list[PlannedGpu]:
                 )
             )
         else:
-            out.append(PlannedGpu(node, g.index, mig=tuple((m.profile, m.start) for m in g.mig)))
+            hosted = tuple(
+                (m.start, tuple(PlannedSlice(x.memoryMiB, x.activeThreadPercentage) for x in m.mps))
+                for m in sorted(g.mig, key=lambda m: m.start)
+                if m.mps
+            )
+            out.append(
+                PlannedGpu(
+                    node,
+                    g.index,
+                    mig=tuple((m.profile, m.start) for m in g.mig),
+                    mig_mps=hosted,
+                )
+            )
     listed = {g.index for g in spec.gpus}
     out.extend(PlannedGpu(node, g.index) for g in fake.gpus if g.index not in listed)
+    return out
+
+
+def _hybrid_status(g: FakeGpu) -> list[dict[str, Any]]:
+    """A hybrid GPU's instances as the agent reports them: a host lists its slices and is used
+    while one of them is (a used slice pins its instance)."""
+    slices: dict[int, list[Device]] = {}
+    for d in g.devices:
+        if d.host >= 0:
+            slices.setdefault(d.host, []).append(d)
+    out: list[dict[str, Any]] = []
+    for d in g.devices:
+        if d.host >= 0:
+            continue
+        entry: dict[str, Any] = {"profile": d.profile, "start": d.slot}
+        hosted = slices.get(d.slot, [])
+        if hosted:
+            entry["used"] = any(x.pod is not None for x in hosted)
+            entry["mps"] = [
+                {
+                    "memoryMiB": x.memory_mib,
+                    "activeThreadPercentage": x.thread_percentage,
+                    "used": x.pod is not None,
+                }
+                for x in hosted
+            ]
+        else:
+            entry["used"] = d.pod is not None
+        out.append(entry)
     return out
 
 
@@ -954,8 +1179,8 @@ def run_time_replay(
 ) -> ReplayResult:
     """Replay ``workload`` on ``cluster`` under ``policy`` (module docstring).
 
-    ``cluster`` is a :class:`~simulations.cluster.Cluster` (GPU nodes: one model and mode) or a
-    ready :class:`FakeCluster` (used as is, and changed).  ``pods`` overrides the pods derived
+    ``cluster`` is a :class:`~simulations.cluster.Cluster` (each GPU node with its own model and
+    mode) or a ready :class:`FakeCluster` (used as is, and changed).  ``pods`` overrides the pods derived
     from ``workload`` (already mapped and timed).
     """
     cat = catalog or default_catalog()
@@ -966,6 +1191,5 @@ def run_time_replay(
         else build_fake_cluster(cluster, cat, settings.planner.mps_reserve_mib)
     )
     if pods is None:
-        first: FakeNode = next(iter(fake.nodes.values()))
-        pods = replay_pods(workload, first.model, first.mode, settings)
+        pods = cluster_replay_pods(workload, fake, settings)
     return _Engine(pods, fake, pol, settings, cat).run()

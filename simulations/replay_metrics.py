@@ -9,7 +9,9 @@ Records (:class:`ReplayResult`)
 * per applied spec: ``(time, GPUs whose layout changed)`` in :attr:`ReplayResult.reconfigurations`;
 * the allocation step function ``(time, fraction)`` in :attr:`ReplayResult.allocation`: after
   every change, the allocated fraction of the cluster (MIG: compute slices of bound instances /
-  all compute slices; MPS: memory of bound slices / usable memory);
+  all compute slices; MPS: memory of bound slices / usable memory; hybrid: as MIG, a bound MPS
+  slice counting its host's compute slices times its share of the host's usable memory; a
+  cluster of several models or modes: the mean over GPUs of each GPU's fraction);
 * ``start``/``end``: the first arrival and the time the replay stopped.
 
 Metric definitions (:func:`summarize`)

@@ -6,9 +6,11 @@ A pod exported from a real cluster asks for MIG profiles or MPS sizes by resourc
 (:attr:`simulations.workload.Pod.slices`).  The time replay passes those requests to the
 simulated cluster *as they are*: no gpu_milli mapping is involved.  They must be requests the
 replayed cluster's GPUs can serve, so :func:`direct_requests` checks every such pod against the
-cluster's GPU model and partitioning mode (all GPU nodes of a replay share one of each):
+cluster's GPU model and partitioning mode when all its GPU nodes share one of each (on hybrid
+and mixed-model clusters the replay checks each request against every node kind itself,
+:mod:`simulations.replay`):
 
-* ``nvidia.com/mig-<profile>`` needs nodes in ``mig`` (or ``hybrid``, planned as MIG) mode and
+* ``nvidia.com/mig-<profile>`` needs nodes in ``mig`` mode and
   a profile of *that* model, spelled as the catalog names it (:meth:`planner.catalog.GpuModel.
   profile`: ``1g.10gb`` is an A100-80GB/H100-80GB profile, ``1g.5gb`` an A100-40GB one).  The
   name comes back in the exact spelling the simulated agent advertises.

@@ -450,7 +450,7 @@ def test_simulate_on_an_mps_cluster_compares_what_applies_to_it(
     assert [r["policy"] for r in json.loads(out)["summaries"]] == ["cpsat", "greedy"]
     assert "has MPS nodes: comparing cpsat, greedy (static layouts are MIG layouts)" in err
     rc, out, err = run(capsys, *argv, "--policy", "static:balanced")
-    assert rc == 2 and "sets MIG layouts; the cluster is in mps mode" in err
+    assert rc == 2 and "sets MIG layouts (whole instances); the cluster has mps or hybrid nodes" in err
     assert "static:balanced" in help_of("simulate")  # the help names the replay's default
 
 

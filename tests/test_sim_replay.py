@@ -266,16 +266,27 @@ def test_replay_pods_compress_and_overlay_copies() -> None:
         replay_pods(no_times, m, Mode.MIG)
 
 
-def test_bad_policy_and_mixed_cluster_are_rejected() -> None:
+def test_bad_policy_and_uncatalogued_model_are_rejected() -> None:
     with pytest.raises(ReplayError, match="unknown replay policy"):
         parse_policy("random")
+    odd = Cluster("odd", (Node("a", 1000, 1000, 1, "G2", Mode.MPS, None),))
+    wl, _ = small_workload(count=3)
+    with pytest.raises(ReplayError, match="not in the GPU catalog"):
+        run_time_replay(wl, odd, "greedy")
+
+
+def test_mixed_model_and_mode_cluster_replays() -> None:
+    # A MIG A100 node and an MPS V100 node: whole-GPU pods map (for the A100, the model with
+    # the most MIG GPUs) to 7g.80gb instances, which only the A100 advertises; all are placed.
     mixed = Cluster(
         "mixed",
         (
-            Node("a", 1000, 1000, 1, A100, Mode.MIG, A100),
-            Node("b", 1000, 1000, 1, "V100-32GB", Mode.MPS, "V100-32GB"),
+            Node("a", 64000, 512000, 2, A100, Mode.MIG, A100),
+            Node("b", 64000, 512000, 1, "V100-32GB", Mode.MPS, "V100-32GB"),
         ),
     )
-    wl, _ = small_workload(count=3)
-    with pytest.raises(ReplayError, match="one GPU model and mode"):
-        run_time_replay(wl, mixed, "greedy")
+    wl, _ = small_workload(count=6)
+    r = run_time_replay(wl, mixed, "greedy")
+    assert {p.name for p in r.pods} == {p.name for p in wl.pods}
+    assert all(p.first_bound is not None for p in r.pods)
+    assert r.disruptions == 0 and r.theft == 0

@@ -82,8 +82,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--cluster",
-        help="cluster YAML/JSON (one GPU model and mode), 'openb', or 'builtin'; default: the "
-        "built-in 2 x 4 A100-80GB MIG nodes",
+        help="cluster YAML/JSON (pools of any GPU models and modes), 'openb', or 'builtin'; "
+        "default: the built-in 2 x 4 A100-80GB MIG nodes",
     )
     parser.add_argument(
         "--openb-dir",
