@@ -51,7 +51,11 @@ step:
    ``drain_after_s`` gets a drain (:mod:`partitioner.drain`) while the cluster's drain budget
    (``drain_fraction`` of the GPUs) has room; with ``drain_overtaken`` = K > 0 only once K
    younger slice pods are bound (it is being overtaken, not merely waiting in a queue that
-   everyone waits in: in deep overload drains were most of the reconfigurations).
+   everyone waits in: in deep overload drains were most of the reconfigurations).  No drain
+   starts while more slice units wait than ``drain_queue_limit`` per GPU of the cluster (and
+   more than one): that queue is overload, where pods are served oldest-first as capacity
+   frees (step 5) and a frozen GPU's free slices would idle while younger pods could use them
+   (openb replays, README design notes, "No drain in a deep queue").
 9. **Status view.**  Each node's ``status.reservations`` is rewritten when the promises on it
    changed.
 
@@ -169,6 +173,12 @@ class DecideConfig:
     """A gated pod no plan can place gets a drain after waiting this long."""
     drain_fraction: float = 0.1
     """At most this fraction of the GPUs may be frozen for drains at once."""
+    drain_queue_limit: float = 0.1
+    """Drains start only while the slice units waiting (gated candidates) are at most this many
+    per GPU of the cluster, or one unit (a lone starving pod on a small cluster).  A deeper
+    queue is overload, where throughput rules: a drain idles the free slices of its GPUs until
+    their last pod ends while younger pods could use them, and pods are served oldest-first as
+    capacity frees anyway (fast path).  ``inf``: no limit."""
     drain_overtaken: int = 0
     """Drain only for a pod that at least this many younger slice pods have overtaken (bound
     now, created after it): starvation relative to the queue rather than waiting alone.  0
@@ -185,6 +195,8 @@ class DecideConfig:
                 raise ValueError(f"{name} must be >= 0 seconds, got {getattr(self, name)}")
         if not 0 <= self.drain_fraction <= 1:
             raise ValueError(f"drain_fraction must be in [0, 1], got {self.drain_fraction}")
+        if not self.drain_queue_limit > 0:
+            raise ValueError(f"drain_queue_limit must be > 0, got {self.drain_queue_limit}")
         if not self.drain_overtaken >= 0:
             raise ValueError(f"drain_overtaken must be >= 0, got {self.drain_overtaken}")
 
@@ -1099,6 +1111,12 @@ class _Step:
     def start_drains(self, plan: Plan) -> None:
         if not self.config.reservation or self.config.drain_fraction <= 0:
             return
+        cluster_gpus = sum(len(ledger.gpus) for ledger in self.ledgers.values())
+        if self.candidate_resources.total() > max(
+            1.0, self.config.drain_queue_limit * cluster_gpus
+        ):
+            self.counts["drains_deep_queue"] += 1
+            return  # overload: no new drain (the ones started stay until they complete)
         frozen_now = sum(1 for ledger in self.ledgers.values() for g in ledger.gpus if g.frozen)
         full = drain_budget(self.ledgers.values(), self.config.drain_fraction)
         budget = full - frozen_now

@@ -36,7 +36,11 @@ after it has waited ``drain_after`` (if the budget has room); the set empties on
 it end, i.e. within the longest remaining runtime ``R`` of those pods; it is then planned at
 the next cycle and released once the node has applied (``apply_deadline`` at most).  So its
 wait is at most ``drain_after + window + R + apply_deadline + bind``, and, with ``B`` GPUs of
-budget and ``q`` older drains ahead of it, ``(q // B + 1)`` such rounds.
+budget and ``q`` older drains ahead of it, ``(q // B + 1)`` such rounds.  The bound holds
+while the queue is shallow: no drain starts while more slice units wait than
+``drain_queue_limit`` per GPU of the cluster (overload; :mod:`partitioner.decide`, step 8).
+Then pods are served oldest-first as capacity frees, and a pod's wait is bounded by the time
+the queue ahead of it takes to drain below the limit, plus the bound above.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from pydantic import Field, model_validator
 
 from contract.common_settings import CommonSettings
 from partitioner.batching import BatchPolicy
-from planner.settings import PlannerSettings, Policy
+from planner.settings import PlacementWeight, PlannerSettings, Policy
 
 if TYPE_CHECKING:
     from partitioner.decide import DecideConfig, PlanFn
@@ -58,6 +58,11 @@ class PartitionerSettings(CommonSettings):
     weight_free_gpu: int = Field(4, ge=0, description="Value of a GPU left entirely free.")
     weight_free_block: int = Field(1, ge=0, description="Value per slot of the largest free block.")
     mps_reserve_mib: int = Field(512, ge=0, description="GPU memory kept for the MPS server.")
+    placement_weight: PlacementWeight = Field(
+        PlacementWeight.COMPUTE,
+        description="What the objective's placement level counts: compute (GPU compute placed, "
+        "so a waiting whole-GPU pod is not outweighed by smaller newcomers) or pods.",
+    )
     reservation: bool = Field(
         True,
         description="Gate, reserve and release pods (plans are promises); false: nos's "
@@ -88,6 +93,13 @@ class PartitionerSettings(CommonSettings):
     )
     drain_fraction: float = Field(
         0.1, ge=0, le=1, description="At most this fraction of the GPUs may be drained at once."
+    )
+    drain_queue_limit: float = Field(
+        0.1,
+        gt=0,
+        description="Drains start only while the slice units waiting are at most this many per "
+        "GPU of the cluster (a deeper queue is overload, where pods are served oldest-first "
+        "as capacity frees and a drain would idle GPUs younger pods could use).",
     )
     drain_overtaken: int = Field(
         0,
@@ -208,6 +220,7 @@ class PartitionerSettings(CommonSettings):
             cooldown_s=self.cooldown_seconds,
             drain_after_s=self.drain_after_seconds,
             drain_fraction=self.drain_fraction,
+            drain_queue_limit=self.drain_queue_limit,
             drain_overtaken=self.drain_overtaken,
             node_lifecycle=True,
         )
@@ -230,6 +243,7 @@ class PartitionerSettings(CommonSettings):
             weight_free_gpu=self.weight_free_gpu,
             weight_free_block=self.weight_free_block,
             mps_reserve_mib=self.mps_reserve_mib,
+            placement_weight=self.placement_weight,
         )
 
     # -- admission webhook (partitioner/webhook.py); the chart sets these -----------------------

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from planner.api import plan, validate_snapshot
     from planner.catalog import Catalog, GpuModel, MigProfile, default_catalog
     from planner.demand import SnapshotError
-    from planner.settings import PlannerSettings, Policy, ThreadPolicy
+    from planner.settings import PlacementWeight, PlannerSettings, Policy, ThreadPolicy
     from planner.snapshot import (
         Assignment,
         GpuState,
@@ -40,6 +40,7 @@ _HOME = {
     "MigProfile": "planner.catalog",
     "default_catalog": "planner.catalog",
     "SnapshotError": "planner.demand",
+    "PlacementWeight": "planner.settings",
     "PlannerSettings": "planner.settings",
     "Policy": "planner.settings",
     "ThreadPolicy": "planner.settings",
@@ -66,6 +67,7 @@ __all__ = [
     "MpsSlice",
     "NodeState",
     "PendingPod",
+    "PlacementWeight",
     "Plan",
     "PlannedGpu",
     "PlannedSlice",

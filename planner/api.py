@@ -184,7 +184,6 @@ def plan(
     greedy = plan_greedy(snapshot, settings, cat)
     if settings.policy is Policy.GREEDY:
         return greedy
-    tiers = settings.wait_tiers_s
     greedy_ok = _consistent(greedy, snapshot, models, parsed, settings)
     warm = greedy if greedy_ok else _nothing_placed(snapshot, greedy)
     gpus = sum(len(n.gpus) for n in snapshot.nodes)
@@ -229,7 +228,7 @@ def plan(
         if nb.whole:
             current, stats, solved = part, dict(part.stats), 1
             break
-        if _weight(part, nb.snapshot, tiers) < _weight(nb.warm_start, nb.snapshot, tiers):
+        if _weight(part, nb.snapshot, settings) < _weight(nb.warm_start, nb.snapshot, settings):
             continue  # a time-out before CP-SAT reached its hint: keep the round's start
         current = merge_plans(current, nb, part)
         solved += 1
@@ -240,12 +239,12 @@ def plan(
     result = current
     if len(chunks) > 1:
         result = _cluster_reasons(result, snapshot, models, settings, greedy.unplaced)
-        stats.update(_lns_stats(result, snapshot, len(chunks), solved, tiers))
+        stats.update(_lns_stats(result, snapshot, len(chunks), solved, settings))
         stats["rounds_skipped"] = float(skipped)
         result = replace(result, policy=Policy.CPSAT.value, status="FEASIBLE", stats=stats)
     else:
         result = replace(result, stats={**result.stats, "rounds": 1.0, "rounds_skipped": 0.0})
-    if not greedy_ok or _weight(result, snapshot, tiers) >= _weight(greedy, snapshot, tiers):
+    if not greedy_ok or _weight(result, snapshot, settings) >= _weight(greedy, snapshot, settings):
         return result
     fallback = dict(greedy.stats)
     fallback["cpsat_placed"] = float(len(result.assignments))
@@ -275,10 +274,10 @@ def _add_round_stats(total: dict[str, float], part: Mapping[str, float]) -> None
 
 
 def _lns_stats(
-    result: Plan, snapshot: Snapshot, chunks: int, solved: int, tiers: Sequence[float]
+    result: Plan, snapshot: Snapshot, chunks: int, solved: int, settings: PlannerSettings
 ) -> dict[str, float]:
     """Whole-plan figures for a neighbourhood (LNS) plan; the bound is the trivial one."""
-    weights = pod_weights(snapshot.pods, tiers)
+    weights = pod_weights(snapshot.pods, settings.wait_tiers_s, settings.placement_weight)
     eligible_weight = sum(
         weights[p.name]
         for p in snapshot.pods
@@ -287,7 +286,7 @@ def _lns_stats(
     return {
         "placed": float(len(result.assignments)),
         "unplaced": float(len(result.unplaced)),
-        "placed_weight": float(_weight(result, snapshot, tiers)),
+        "placed_weight": float(_weight(result, snapshot, settings)),
         "placed_weight_bound": float(eligible_weight),
         "gpus_touched": float(len(result.layouts)),
         "neighbourhoods": float(chunks),
@@ -324,8 +323,8 @@ def _cluster_reasons(
     return replace(result, unplaced=unplaced)
 
 
-def _weight(p: Plan, snapshot: Snapshot, tiers: Sequence[float]) -> int:
-    weights = pod_weights(snapshot.pods, tiers)
+def _weight(p: Plan, snapshot: Snapshot, settings: PlannerSettings) -> int:
+    weights = pod_weights(snapshot.pods, settings.wait_tiers_s, settings.placement_weight)
     return sum(weights[name] for name in p.assignments)
 
 

@@ -34,24 +34,27 @@ Pod groups: pods with the same requests, CPU, memory, priority, waiting tier and
 interchangeable for the planner, which decides how many of each group go to each node
 (:func:`group_pods`).  Priorities and waiting times become objective weights with
 :func:`pod_weights`: one pod of a higher priority outweighs all pods of lower priorities
-together; within a priority one more pod placed outweighs any difference in waiting, and among
-plans placing as many pods the one placing longer-waiting pods wins (the waiting-time level).
+together; within a priority one more unit of GPU compute placed (or one more pod, with the
+``pods`` placement weight) outweighs any difference in waiting, and among plans placing as much
+the one placing longer-waiting pods wins (the waiting-time level).
 
 Everything here is a pure function of its arguments.
 """
 
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
 from planner.catalog import Catalog, CatalogError, GpuModel, MigProfile, UnknownGpuModel
-from planner.settings import PlannerSettings
+from planner.settings import PlacementWeight, PlannerSettings
 from planner.snapshot import Mode, NodeState, PendingPod, Unplaced, mig_profile_of, mps_gb_of
 
 __all__ = [
+    "MPS_GB_PER_COMPUTE_UNIT",
     "Eligibility",
     "EligibilityIndex",
     "NodeDemand",
@@ -67,8 +70,8 @@ __all__ = [
     "mps_usable_mib",
     "node_model",
     "pod_kind",
+    "pod_size",
     "pod_weights",
-    "priority_weights",
     "resolve_on_node",
     "wait_tier",
 ]
@@ -502,7 +505,9 @@ def group_pods(
 ) -> list[PodGroup]:
     """Group eligible pods by (requests, cpu, memory, priority, waiting tier, eligible nodes).
 
-    Groups come in a deterministic order: priority descending, then first pod name.
+    Pods of a group come longest-waiting first (then by name), so the plan gives a group's
+    places to its oldest pods; groups come in a deterministic order: priority descending, then
+    first pod name.
     """
     buckets: dict[tuple[object, ...], list[PendingPod]] = defaultdict(list)
     demands: dict[tuple[object, ...], Mapping[str, NodeDemand]] = {}
@@ -521,7 +526,7 @@ def group_pods(
         buckets[key].append(pod)
         demands.setdefault(key, el.demands)
     groups = [
-        PodGroup(tuple(sorted(members, key=lambda p: p.name)), demands[key])
+        PodGroup(tuple(sorted(members, key=lambda p: (-p.waited_s, p.name))), demands[key])
         for key, members in buckets.items()
     ]
     groups.sort(key=lambda g: (-g.first.priority, g.first.name))
@@ -533,16 +538,56 @@ def wait_tier(pod: PendingPod, tiers: Sequence[float]) -> int:
     return sum(1 for t in tiers if pod.waited_s >= t)
 
 
-def pod_weights(pods: Iterable[PendingPod], tiers: Sequence[float] = ()) -> dict[str, int]:
-    """Objective weight per pod: priorities lexicographic, then count, then waiting tier.
+_MIG_COMPUTE = re.compile(r"^(?:\d+c\.)?(?P<g>\d+)g\.")
+MPS_GB_PER_COMPUTE_UNIT = 10
+"""An MPS slice weighs one compute unit per started 10 GB (an eighth of an 80 GB GPU)."""
 
-    With priorities ascending ``q_1 < q_2 < ...``, ``below`` the total weight of all pods of
-    lower priorities and ``T_q`` the sum of the waiting tiers of priority ``q``'s pods, every
-    pod of priority ``q`` weighs ``B_q + tier`` with ``B_q = below + T_q + 1``.  So one pod of a
+
+def pod_size(pod: PendingPod) -> int:
+    """The pod's GPU compute in compute-slice units (the ``compute`` placement weight).
+
+    A MIG unit weighs its profile's compute slices (``7g.80gb``: 7; a ``1c.2g.20gb`` compute
+    instance: 2); an MPS slice of ``N`` GB weighs ``ceil(N / 10)``; anything else weighs 1.
+    The weight is read from the resource name alone, so it is the same on every GPU model
+    (profile names are per model, their compute prefix means the same everywhere).  At least 1.
+    """
+    total = 0
+    for resource, count in pod.requests.items():
+        if count <= 0:
+            continue
+        name = mig_profile_of(resource)
+        gb = mps_gb_of(resource) if name is None else None
+        m = _MIG_COMPUTE.match(name) if name is not None else None
+        if m is not None:
+            unit = max(1, int(m.group("g")))
+        elif gb is not None and gb > 0:
+            unit = -(-gb // MPS_GB_PER_COMPUTE_UNIT)
+        else:
+            unit = 1
+        total += unit * count
+    return max(1, total)
+
+
+def pod_weights(
+    pods: Iterable[PendingPod],
+    tiers: Sequence[float] = (),
+    weight: PlacementWeight = PlacementWeight.COMPUTE,
+) -> dict[str, int]:
+    """Objective weight per pod: priorities lexicographic, then size placed, then waiting tier.
+
+    A pod's size ``s_p`` is :func:`pod_size` (``weight`` = ``compute``) or 1 (``pods``).  With
+    priorities ascending ``q_1 < q_2 < ...``, ``below`` the total weight of all pods of lower
+    priorities and ``T_q`` the sum of the waiting tiers of priority ``q``'s pods, every pod of
+    priority ``q`` weighs ``s_p * B_q + tier`` with ``B_q = below + T_q + 1``.  So one pod of a
     higher priority outweighs every lower-priority pod together; within a priority, placing one
-    pod more outweighs any difference in tiers (and every lower-priority pod); among plans that
-    place as many pods of each priority, the sum of the placed pods' tiers decides.  Without
-    tiers this is :func:`priority_weights`.
+    compute unit (or pod) more outweighs any difference in tiers (and every lower-priority pod);
+    among plans that place as much of each priority, the sum of the placed pods' tiers decides.
+
+    Why compute is the default: with ``pods`` the plan that fills a freed whole GPU with seven
+    ``1g`` pods beats the one giving it to a waiting ``7g`` pod, every time, so whole-GPU pods
+    get a contested GPU only when no smaller pod wants it, however long they waited.  With
+    ``compute`` both plans place as much, and the lower levels (waiting tiers,
+    then churn: the ``7g`` instance is already there) decide.
     """
     by_priority: dict[int, list[PendingPod]] = defaultdict(list)
     for p in pods:
@@ -554,23 +599,7 @@ def pod_weights(pods: Iterable[PendingPod], tiers: Sequence[float] = ()) -> dict
         t = {p.name: wait_tier(p, tiers) for p in members}
         base = below + sum(t.values()) + 1
         for p in members:
-            out[p.name] = base + t[p.name]
-        below += sum(base + t[p.name] for p in members)
+            size = pod_size(p) if weight is PlacementWeight.COMPUTE else 1
+            out[p.name] = size * base + t[p.name]
+        below += sum(out[p.name] for p in members)
     return out
-
-
-def priority_weights(pods: Iterable[PendingPod]) -> dict[int, int]:
-    """Objective weight per priority value, strictly lexicographic across priorities.
-
-    With distinct priorities ``q_1 < q_2 < ...`` holding ``n_1, n_2, ...`` pods, weight
-    ``w_1 = 1`` and ``w_{j+1} = 1 + sum_{i<=j} w_i * n_i``: one pod of priority ``q_{j+1}``
-    is worth more than every lower-priority pod together, and within a priority every pod
-    counts the same.
-    """
-    counts = Counter(p.priority for p in pods)
-    weights: dict[int, int] = {}
-    below = 0
-    for prio in sorted(counts):
-        weights[prio] = below + 1
-        below += weights[prio] * counts[prio]
-    return weights

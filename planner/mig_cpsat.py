@@ -7,7 +7,7 @@ Sets
 * ``N``: nodes that are a candidate of some pod group (others are left out and unchanged).
 * ``G``: pod groups (:func:`planner.demand.group_pods`: same requests, priority and waiting
   tier); group ``g`` has ``n_g`` identical pods, weight ``w_g`` (:func:`planner.demand.pod_weights`:
-  priorities lexicographic, then pods placed, then their waiting tiers), CPU ``c_g``, memory
+  priorities lexicographic, then compute (or pods) placed, then their waiting tiers), CPU ``c_g``, memory
   ``m_g``, and on each candidate node ``v`` in ``N_g`` needs ``u_{g,k}`` units of key ``k``
   (a MIG profile name, or ``mps:<MiB>`` for an MPS slice size).
 * ``N_g``: the ``settings.max_candidate_nodes`` eligible nodes ranked best for ``g`` (most
@@ -81,7 +81,7 @@ with used flags, needed profiles) across those calls (:data:`LayoutCache`), and 
 layouts are parsed once per plan (:data:`MigParseCache`).
 
 Decoding: class counts go to the class's GPUs in index order, options in candidate order;
-each group's first pods (name order) go to its nodes in name order; on a node, pods in
+each group's first pods (longest waiting, then name) go to its nodes in name order; on a node, pods in
 (priority desc, name) order take free instances of their keys in GPU-index order.
 """
 
@@ -600,7 +600,9 @@ def solve_batch(
     """
     cache: MigParseCache = parse_cache if parse_cache is not None else {}
     groups = group_pods(snapshot.pods, eligibilities, settings.wait_tiers_s)
-    weights = pod_weights((p for g in groups for p in g.pods), settings.wait_tiers_s)
+    weights = pod_weights(
+        (p for g in groups for p in g.pods), settings.wait_tiers_s, settings.placement_weight
+    )
     nodes = {n.name: n for n in snapshot.nodes}
     warm_layouts = dict(warm_start.layouts) if warm_start is not None else {}
     warm_node = {pod: a.node for pod, a in (warm_start.assignments.items() if warm_start else ())}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-__all__ = ["PlannerSettings", "Policy", "ThreadPolicy"]
+__all__ = ["PlacementWeight", "PlannerSettings", "Policy", "ThreadPolicy"]
 
 
 class Policy(StrEnum):
@@ -20,6 +20,16 @@ class ThreadPolicy(StrEnum):
     """MPS active-thread % proportional to the slice's share of usable memory."""
     FULL = "full"
     """Every MPS client may use 100 % of the threads (no compute limit)."""
+
+
+class PlacementWeight(StrEnum):
+    COMPUTE = "compute"
+    """The placement level counts the GPU compute placed (compute slices of each MIG unit; one
+    per started 10 GB of each MPS slice): a whole-GPU pod weighs as much as the seven ``1g``
+    pods that could take its GPU instead (default)."""
+    PODS = "pods"
+    """The placement level counts pods: small pods win every contested GPU, so under a deep
+    queue whole-GPU pods wait the longest."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +56,8 @@ class PlannerSettings:
     """GPU memory kept free for the MPS server on each MPS GPU."""
     mps_thread_policy: ThreadPolicy = ThreadPolicy.PROPORTIONAL
     """How active-thread percentages are set for MPS slices."""
+    placement_weight: PlacementWeight = PlacementWeight.COMPUTE
+    """What one unit of the objective's placement level is (:func:`planner.demand.pod_weights`)."""
     wait_tiers_s: tuple[float, ...] = (300.0, 1800.0, 7200.0, 28800.0)
     """Waiting-time thresholds (seconds) of the objective's waiting-time level: among plans
     placing as many pods of each priority, the one placing pods past more thresholds wins

@@ -21,8 +21,9 @@ and size it reports:
   ``over_limit_10pct``: calls whose wall time exceeded the time limit by more than 10 %;
 * ``unplaced_eligible``: pods left unplaced although some node was eligible for them
   (reason ``capacity`` or ``node cpu/memory``): what a better plan could still place;
-* ``placed``: pods placed, and ``placed_weight``: the priority-weighted count with
-  :func:`planner.demand.priority_weights` (the CP-SAT objective's first level);
+* ``placed``: pods placed, and ``placed_weight``: the CP-SAT objective's first level
+  (:func:`planner.demand.pod_weights` without waiting tiers: priorities, then compute placed
+  or pods placed per ``placement_weight``);
 * ``churn``: instances created and destroyed, GPUs touched, and the weighted churn
   ``w_destroy * destroyed + w_create * created + w_gpu_touched * gpus_touched``, all computed
   here from the snapshot and the plan, the same way for both planners;
@@ -54,7 +55,7 @@ from typing import Any
 
 from planner.api import plan
 from planner.catalog import Catalog, default_catalog
-from planner.demand import priority_weights
+from planner.demand import pod_weights
 from planner.settings import PlannerSettings, Policy
 from planner.snapshot import Mode, Plan, Snapshot, Unplaced
 from simulations.instances import mig_benchmark_snapshot
@@ -117,10 +118,9 @@ def plan_churn(
     }
 
 
-def _placed_weight(snapshot: Snapshot, result: Plan) -> int:
-    weights = priority_weights(snapshot.pods)
-    prio = {p.name: p.priority for p in snapshot.pods}
-    return sum(weights[prio[name]] for name in result.assignments)
+def _placed_weight(snapshot: Snapshot, result: Plan, settings: PlannerSettings) -> int:
+    weights = pod_weights(snapshot.pods, (), settings.placement_weight)
+    return sum(weights[name] for name in result.assignments)
 
 
 def _run_one(
@@ -220,7 +220,7 @@ def run_benchmark(
                     "status": result.status,
                     "placed": len(result.assignments),
                     "unplaced_eligible": unplaced_eligible(result),
-                    "placed_weight": _placed_weight(snapshot, result),
+                    "placed_weight": _placed_weight(snapshot, result, settings),
                     "churn": plan_churn(snapshot, result, settings, catalog),
                 }
                 if name == "cpsat":

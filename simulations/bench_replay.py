@@ -263,6 +263,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="partitioner setting drainOvertaken: drain only pods this many younger slice pods "
         "have overtaken (0: any pod past the drain wait; greedy never drains)",
     )
+    ap.add_argument(
+        "--drain-queue-limit",
+        type=float,
+        default=0.1,
+        help="partitioner setting drainQueueLimit: drains start only while at most this many "
+        "slice units wait per GPU (inf: always)",
+    )
     ap.add_argument("--time-limit", type=float, default=1.0, help="CP-SAT seconds per plan")
     ap.add_argument("--policies", default="cpsat,greedy")
     ap.add_argument(
@@ -319,6 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "batch_retry_s": args.retry,
             "apply_delay_s": args.apply_delay,
             "drain_overtaken": args.drain_overtaken,
+            "drain_queue_limit": args.drain_queue_limit,
             "drain_fraction": args.drain_fraction,
             "time_compression": args.compression,
             "seed": args.seed,

@@ -186,6 +186,8 @@ class ReplaySettings:
     """Partitioner setting: at most this fraction of GPUs frozen for drains at once."""
     drain_overtaken: int = 0
     """Partitioner setting: drain only pods this many younger slice pods have overtaken."""
+    drain_queue_limit: float = 0.1
+    """Partitioner setting: drains start only while at most this many slice units wait per GPU."""
     recreate_delay_s: float = 1.0
     """A pod the kubelet rejected (stale allocatable) is created again by its controller this
     long after (the controller's reaction, scheduling and admission round trip)."""
@@ -631,6 +633,7 @@ class _Engine:
                 drain_after_s=settings.drain_after_s,
                 drain_fraction=settings.drain_fraction,
                 drain_overtaken=settings.drain_overtaken,
+                drain_queue_limit=settings.drain_queue_limit,
             )
         for name in fake.nodes:
             self._report(name)

@@ -844,6 +844,7 @@ def test_partitioner_values_reach_its_settings(
                 "timeLimitSeconds": 0.25,
                 "weights": {"destroy": 7, "gpuTouched": 0},
                 "mpsReserveMiB": 1024,
+                "placementWeight": "pods",
             },
             "reservations": {
                 "enabled": False,
@@ -853,6 +854,7 @@ def test_partitioner_values_reach_its_settings(
                 "drainAfterSeconds": 7200,
                 "drainFraction": 0.25,
                 "drainOvertaken": 4,
+                "drainQueueLimit": 2.5,
             },
             "liveness": {"staleSeconds": 300, "failedSteps": 0},
         }
@@ -867,10 +869,11 @@ def test_partitioner_values_reach_its_settings(
         7,
         0,
     )
-    assert p.mps_reserve_mib == 1024
+    assert p.mps_reserve_mib == 1024 and p.placement_weight == "pods"
     assert (s.reservation, s.apply_deadline_seconds, s.bind_deadline_seconds) == (False, 60, 30)
     assert (s.cooldown_seconds, s.drain_after_seconds, s.drain_fraction) == (0, 7200, 0.25)
     assert s.drain_overtaken == 4 and s.decide_config(load_catalog()).drain_overtaken == 4
+    assert s.decide_config(load_catalog()).drain_queue_limit == 2.5
     assert (s.liveness_stale_seconds, s.liveness_failed_steps) == (300, 0)
 
 

@@ -14,7 +14,7 @@ model's profiles, each leaf checked with ``layout_errors``), and, for every subs
 (largest priority weight first), every way to spread their units over the GPUs; a GPU holds a
 set of units if some layout has enough free instances of each MIG profile and the slices
 bin-pack into its other free instances and the pinned hosts' room.  Its optimum is the largest
-placed priority weight (:func:`planner.demand.priority_weights`).
+placed weight (tests/objective_weights.py: priorities, then compute placed).
 
 The plan checks, independent of the oracle: every planned layout is valid, pinned instances and
 used slices stay, hosts are instances of the layout that no pod uses whole, their slices fit,
@@ -31,6 +31,7 @@ from functools import cache
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from objective_weights import placement_weights
 
 from planner import (
     GpuState,
@@ -47,7 +48,6 @@ from planner import (
     plan,
 )
 from planner.catalog import GpuModel
-from planner.demand import priority_weights
 from planner.geometry import Placement, layout_errors
 from planner.greedy import plan_greedy
 
@@ -156,7 +156,7 @@ def _units(pod: PendingPod) -> tuple[list[str], list[int]]:
 def oracle(snap: Snapshot, s: PlannerSettings) -> int:
     (node,) = snap.nodes
     model = CATALOG.model(node.model)
-    w = priority_weights(snap.pods)
+    w = placement_weights(snap.pods)
     memo: dict[tuple[int, tuple[tuple[str, int], ...], tuple[int, ...]], bool] = {}
 
     def holds(k: int, mig: list[str], mps: list[int]) -> bool:
@@ -169,7 +169,7 @@ def oracle(snap: Snapshot, s: PlannerSettings) -> int:
     n = len(node.gpus)
     for r in range(len(snap.pods), 0, -1):
         for subset in itertools.combinations(snap.pods, r):
-            weight = sum(w[p.priority] for p in subset)
+            weight = sum(w[p.name] for p in subset)
             if weight <= best:
                 continue
             units = [("mig", u) for p in subset for u in _units(p)[0]]
@@ -236,7 +236,7 @@ def check_plan(snap: Snapshot, result: Plan, s: PlannerSettings) -> int:
             for m, u in sl:
                 if not u:
                     free_mps[(k, at, m)] += 1
-    w = priority_weights(snap.pods)
+    w = placement_weights(snap.pods)
     weight = 0
     for pod in snap.pods:
         a = result.assignments.get(pod.name)
@@ -244,7 +244,7 @@ def check_plan(snap: Snapshot, result: Plan, s: PlannerSettings) -> int:
             assert pod.name in result.unplaced
             continue
         assert a.node == node.name
-        weight += w[pod.priority]
+        weight += w[pod.name]
         for res, gpus in a.gpus.items():
             assert len(gpus) == pod.requests[res]
             if res.startswith("nvidia.com/mig-"):
@@ -355,9 +355,9 @@ def test_oracle_and_planner_on_the_issue_example() -> None:
         PendingPod("mig", {"nvidia.com/mig-3g.40gb": 1}),
     )
     snap = Snapshot((node,), pods)
-    assert oracle(snap, s) == 2
+    assert oracle(snap, s) == 1 + 3  # both placed: compute 1 (10 GB slice) + 3 (3g)
     result = plan(snap, s)
-    assert check_plan(snap, result, s) == 2
+    assert check_plan(snap, result, s) == 1 + 3
     planned = result.layouts[("n1", 0)]
     (host_start,) = result.assignments["mps"].hosts["nvidia.com/gpu-10gb"]
     assert host_start in dict(planned.mig_mps)
@@ -376,7 +376,7 @@ def test_a_used_slice_pins_its_instance() -> None:
     )
     snap = Snapshot((node,), pods)
     for result in (plan(snap, s), plan_greedy(snap, s)):
-        assert check_plan(snap, result, s) == oracle(snap, s) == 1
+        assert check_plan(snap, result, s) == oracle(snap, s) == 2  # placed: a 20 GB slice weighs 2
         assert "mig" in result.unplaced and result.assignments["mps"].hosts == {
             "nvidia.com/gpu-20gb": (0,)
         }

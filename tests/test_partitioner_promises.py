@@ -416,6 +416,39 @@ def test_a_long_waiting_pod_no_gpu_can_host_gets_a_drain_then_the_emptied_gpu() 
     assert (r.state, r.node, dict(r.gpus)) == (State.PLANNED, "n1", {SEVEN_G: (0,)})
 
 
+@pytest.mark.parametrize("limit", [1.0, math.inf])
+def test_no_drain_starts_while_the_queue_is_deeper_than_the_limit(limit: float) -> None:
+    """The drain case above with two younger whole-GPU pods waiting too: 3 slice units wait on
+    a 2-GPU cluster.  With the default limit (1 unit per GPU) that is overload: no GPU is
+    frozen, the pods wait their turn; without a limit the oldest gets its drain."""
+    config = dataclasses.replace(CONFIG, drain_queue_limit=limit)
+    busy0 = status_gpu(0, ("3g.40gb", 4, True))
+    busy1 = status_gpu(1, ("1g.10gb", 0, True), ("1g.10gb", 1, True), ("3g.40gb", 4, True))
+    three = "nvidia.com/mig-3g.40gb"
+    c = Cluster(
+        node("n1", MIG),
+        applied_np("n1", busy0, busy1),
+        gated("big", SEVEN_G, created=T0),
+        gated("next1", SEVEN_G, created=T0 + 1),
+        gated("next2", SEVEN_G, created=T0 + 2),
+        running("a", "n1", three),
+        running("b", "n1", ONE_G, ONE_G, three),
+    )
+    c.step(T0 + 600, config)
+    d = c.step(T0 + 611, config)
+    assert d.plan is not None and "ns/big" in d.plan.unplaced
+    if limit == math.inf:
+        assert events(d, "Draining") and reservation(c, "big").state is State.DRAINING
+        return
+    assert not events(d, "Draining") and d.counts["drains_deep_queue"] == 1
+    assert all(reservation(c, n) is None for n in ("big", "next1", "next2"))
+    # the queue shrinks to one unit per GPU (a pod was deleted): the oldest is drained
+    del c.objs[("Pod", "ns/next2")]
+    for t in (T0 + 700, T0 + 711, T0 + 722, T0 + 800):
+        c.step(t, config)
+    assert reservation(c, "big").state is State.DRAINING
+
+
 def test_a_drain_prefers_a_gpu_whose_layout_already_has_the_pods_instance() -> None:
     """GPU 0 holds a used 4g + a used 3g (load 7), GPU 1 a used 1g + a used 3g (load 4): no
     plan can place a 4g without moving a pod.  A waiting 4g pod is drained onto GPU 0, the more
@@ -451,8 +484,9 @@ def test_a_drain_prefers_a_gpu_whose_layout_already_has_the_pods_instance() -> N
 
 def test_a_pod_larger_than_the_drain_budget_is_not_drained_and_holds_no_one_back() -> None:
     """Budget 1 GPU (a quarter of 2, at least 1): the older pod needs both GPUs of the node and
-    is never drained; the younger one-GPU pod behind it gets its drain."""
-    config = dataclasses.replace(CONFIG, drain_fraction=0.25)
+    is never drained; the younger one-GPU pod behind it gets its drain.  (No queue limit: 3
+    units wait on 2 GPUs, which the default limit counts as overload.)"""
+    config = dataclasses.replace(CONFIG, drain_fraction=0.25, drain_queue_limit=math.inf)
     busy = [status_gpu(i, ("1g.10gb", 0, True), ("3g.40gb", 4, True)) for i in (0, 1)]
     three = "nvidia.com/mig-3g.40gb"
     whole_node = gated("whole", SEVEN_G, created=T0)

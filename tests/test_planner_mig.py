@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from objective_weights import placement_weights
 
 from planner import (
     GpuState,
@@ -12,6 +13,7 @@ from planner import (
     Mode,
     NodeState,
     PendingPod,
+    PlacementWeight,
     Plan,
     PlannerSettings,
     Policy,
@@ -19,7 +21,6 @@ from planner import (
     SnapshotError,
     plan,
 )
-from planner.demand import priority_weights
 from planner.greedy import plan_greedy
 
 A100 = "A100-SXM4-80GB"
@@ -227,9 +228,8 @@ def random_cluster(seed: int, n_nodes: int, n_pods: int) -> Snapshot:
 
 
 def _weight(result: Plan, snap: Snapshot) -> int:
-    w = priority_weights(snap.pods)
-    prio = {p.name: p.priority for p in snap.pods}
-    return sum(w[prio[n]] for n in result.assignments)
+    w = placement_weights(snap.pods)
+    return sum(w[n] for n in result.assignments)
 
 
 def test_same_input_and_seed_give_the_same_plan() -> None:
@@ -257,3 +257,41 @@ def test_candidate_node_pruning_keeps_the_greedy_nodes() -> None:
     greedy = plan_greedy(snap)
     assert pruned.policy == "cpsat"
     assert _weight(pruned, snap) >= _weight(greedy, snap)
+
+
+@pytest.mark.parametrize("weight", list(PlacementWeight))
+def test_a_long_waiting_whole_gpu_pod_and_seven_fresh_1g_pods_contest_one_free_gpu(
+    weight: PlacementWeight,
+) -> None:
+    """One free 7g.80gb; a 7g pod that has waited two hours and seven 1g pods that just came.
+    Counting pods, the seven always win (7 > 1) whatever the 7g pod waited; counting compute,
+    both choices place 7 slices and the waiting level gives the GPU to the older pod, whose
+    instance is already there (no churn either)."""
+    snap = Snapshot(
+        (node("n", gpu(0, ("7g.80gb", 0, False))),),
+        (pod("old", "7g.80gb", waited_s=7200.0), *(pod(f"new{i}", "1g.10gb") for i in range(7))),
+    )
+    result = plan(snap, PlannerSettings(placement_weight=weight))
+    assert result.status == "OPTIMAL"
+    if weight is PlacementWeight.COMPUTE:
+        assert set(result.assignments) == {"old"}
+        assert ("n", 0) not in result.layouts  # the 7g stays as it is
+    else:
+        assert set(result.assignments) == {f"new{i}" for i in range(7)}
+        assert result.layouts["n", 0].mig == tuple(("1g.10gb", s) for s in range(7))
+
+
+def test_a_group_of_identical_pods_gives_its_places_to_the_longest_waiting() -> None:
+    """Three identical 3g pods, one free 3g: the one that waited longest gets it, whatever the
+    names (the tiers are equal: all waited under the first threshold)."""
+    snap = Snapshot(
+        (node("n", gpu(0, ("3g.40gb", 4, False), ("4g.40gb", 0, True))),),
+        (
+            pod("a", "3g.40gb", waited_s=10.0),
+            pod("b", "3g.40gb", waited_s=250.0),
+            pod("c", "3g.40gb", waited_s=100.0),
+        ),
+    )
+    result = plan(snap)
+    assert result.status == "OPTIMAL"
+    assert set(result.assignments) == {"b"}

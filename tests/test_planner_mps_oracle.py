@@ -9,7 +9,7 @@ the used slices, must fit ``usable``.  Churn of a GPU = ``weight_destroy`` per r
 ``weight_create`` per created slice + ``weight_gpu_touched`` if anything changed; a GPU that
 ends with no slice at all counts as one empty GPU.
 
-The oracle shares no code with the planner except :func:`planner.demand.priority_weights`
+The oracle shares no code with the planner; its weights are tests/objective_weights.py
 (so that "placed weight" means the same number).  It tries every assignment of each pod to an
 allowed node or to nobody; on a node it tries every way to spread the node's units over its
 GPUs (units of equal size are interchangeable, so it enumerates, per size, every split of
@@ -32,6 +32,7 @@ from collections.abc import Iterator
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from objective_weights import placement_weights
 
 from planner import (
     GpuState,
@@ -48,7 +49,6 @@ from planner import (
     default_catalog,
     plan,
 )
-from planner.demand import priority_weights
 
 CATALOG = default_catalog()
 MODELS = ("V100-32GB", "A100-SXM4-40GB", "T4")
@@ -132,8 +132,8 @@ def _node_cost(node: NodeState, units: Counter[int], s: PlannerSettings) -> Cost
 
 
 def oracle(snap: Snapshot, s: PlannerSettings) -> Score:
-    """(most priority-weighted pods placed, least churn for that, most empty GPUs for both)."""
-    weights = priority_weights(snap.pods)
+    """(most priority-weighted compute placed, least churn for that, most empty GPUs for both)."""
+    weights = placement_weights(snap.pods)
     nodes = list(snap.nodes)
     memo: dict[tuple[int, tuple[tuple[int, int], ...]], Cost | None] = {}
 
@@ -154,7 +154,7 @@ def oracle(snap: Snapshot, s: PlannerSettings) -> Score:
     best: tuple[int, int, int] | None = None  # (weight, -churn, empties): larger is better
     for combo in itertools.product(*choices):
         weight = sum(
-            weights[p.priority] for p, c in zip(snap.pods, combo, strict=True) if c is not None
+            weights[p.name] for p, c in zip(snap.pods, combo, strict=True) if c is not None
         )
         if best is not None and weight < best[0]:
             continue
@@ -262,8 +262,8 @@ def check_plan(snap: Snapshot, result: Plan, s: PlannerSettings) -> Score:
     for name in cpu:
         assert cpu[name] <= nodes[name].cpu_milli_free
         assert mem[name] <= nodes[name].memory_mib_free
-    weights = priority_weights(snap.pods)
-    weight = sum(weights[pods[n].priority] for n in result.assignments)
+    weights = placement_weights(snap.pods)
+    weight = sum(weights[n] for n in result.assignments)
     return weight, churn, empties
 
 

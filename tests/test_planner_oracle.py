@@ -5,7 +5,8 @@ The oracle shares no code with the planner except the catalog lookups and the va
 GPU (keeping every used instance), keeps the valid ones, sums each node's free-instance
 vectors over every combination of its GPUs' layouts (remembering the least churn per vector),
 then tries every assignment of pods to nodes (or to nobody).  Its optimum is the best
-(pods placed per priority, highest priority first) and then the least churn.
+(compute placed per priority, highest priority first: ``tests/objective_weights.py``) and then
+the least churn.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from functools import cache
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from objective_weights import size
 
 from planner import (
     GpuState,
@@ -123,7 +125,7 @@ def _demand(pod: PendingPod, node: NodeState) -> tuple[int, ...] | None:
 
 
 def oracle(snap: Snapshot) -> tuple[tuple[int, ...], int]:
-    """(pods placed per distinct priority, highest first; least churn for that)."""
+    """(compute placed per distinct priority, highest first; least churn for that)."""
     nodes = list(snap.nodes)
     options = [_node_options(n) for n in nodes]
     prios = sorted({p.priority for p in snap.pods}, reverse=True)
@@ -162,7 +164,7 @@ def oracle(snap: Snapshot) -> tuple[tuple[int, ...], int]:
             continue
         placed = tuple(
             sum(
-                1
+                size(p)
                 for p, c in zip(snap.pods, combo, strict=True)
                 if c is not None and p.priority == q
             )
@@ -179,7 +181,8 @@ def oracle(snap: Snapshot) -> tuple[tuple[int, ...], int]:
 
 
 def check_plan(snap: Snapshot, result: Plan) -> tuple[tuple[int, ...], int]:
-    """Assert ``result`` is a consistent, valid plan; return (placed per priority, churn)."""
+    """Assert ``result`` is a consistent, valid plan; return (compute placed per priority,
+    churn)."""
     assert set(result.assignments).isdisjoint(result.unplaced)
     assert set(result.assignments) | set(result.unplaced) == {p.name for p in snap.pods}
     nodes = {n.name: n for n in snap.nodes}
@@ -219,7 +222,9 @@ def check_plan(snap: Snapshot, result: Plan) -> tuple[tuple[int, ...], int]:
     for name, c in cpu.items():
         assert c <= nodes[name].cpu_milli_free
     prios = sorted({p.priority for p in snap.pods}, reverse=True)
-    placed = tuple(sum(1 for n in result.assignments if pods[n].priority == q) for q in prios)
+    placed = tuple(
+        sum(size(pods[n]) for n in result.assignments if pods[n].priority == q) for q in prios
+    )
     return placed, churn
 
 
@@ -301,5 +306,5 @@ def test_oracle_finds_what_a_human_would() -> None:
             PendingPod("b", {"nvidia.com/mig-3g.40gb": 1}),
         ),
     )
-    # only 3g@4 fits beside 1g@0: one pod, one created instance, GPU touched
-    assert oracle(snap) == ((1,), SETTINGS.weight_create + SETTINGS.weight_gpu_touched)
+    # only 3g@4 fits beside 1g@0: one pod (3 compute slices), one created instance, GPU touched
+    assert oracle(snap) == ((3,), SETTINGS.weight_create + SETTINGS.weight_gpu_touched)

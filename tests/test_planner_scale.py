@@ -14,6 +14,7 @@ from collections import Counter
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from objective_weights import placement_weights
 
 from planner import (
     GpuState,
@@ -39,7 +40,7 @@ from planner.api import (
     round_limits,
     solver_budget,
 )
-from planner.demand import EligibilityIndex, capacity_reason, eligibility, priority_weights
+from planner.demand import EligibilityIndex, capacity_reason, eligibility
 from planner.geometry import Placement, enumerate_layouts, layout_errors
 from planner.greedy import plan_greedy
 from planner.mig_cpsat import LayoutOption, candidate_layouts, current_mig, layout_option
@@ -138,9 +139,8 @@ def assert_valid(snap: Snapshot, result: Plan) -> None:
 
 
 def weight(result: Plan, snap: Snapshot) -> int:
-    w = priority_weights(snap.pods)
-    prio = {p.name: p.priority for p in snap.pods}
-    return sum(w[prio[n]] for n in result.assignments)
+    w = placement_weights(snap.pods)
+    return sum(w[n] for n in result.assignments)
 
 
 # --------------------------------------------------------------------------- eligibility
