@@ -1277,6 +1277,19 @@ class _Step:
                 )
                 continue
             slices = pod.slices
+            short = next((r for r, k in slices.items() if k > 1 and k > bound.node_max(r)), None)
+            if short is not None:
+                # All of a pod's units go to one node: a pod that no node could hold now cannot
+                # be placed by this plan, and counting its units against the resource's bound
+                # would crowd out pods that can (a burst of one-GPU pods behind whole-node pods
+                # waited 48,000 s on a cluster with 21 free GPUs). It stays a candidate: drains
+                # and the next plans see it.
+                self.waiting[key] = (
+                    f"no node can hold its {slices[short]} x {short} now (slices in use on "
+                    "every node); waiting for one to free"
+                )
+                self.counts["too_big_now"] += 1
+                continue
             over = False
             for r, k in slices.items():
                 have = taken.get(r, 0)
@@ -1598,6 +1611,9 @@ class _UnitBounds:
         self.mig: Counter[str] = Counter()
         self.locked: Counter[str] = Counter()
         self.mps_mib: list[int] = []
+        self.parts: list[tuple[Counter[str], Counter[str], tuple[int, ...]]] = []
+        """Each node's share: a pod's units of one resource must all fit on one node."""
+        self._node_max: dict[str, int] = {}
         for ledger in ledgers:
             reading = ledger.reading
             if ledger.base_pins and reading is not None and not any(g.frozen for g in ledger.gpus):
@@ -1613,6 +1629,7 @@ class _UnitBounds:
             self.mig.update(part[0])
             self.locked.update(part[1])
             self.mps_mib.extend(part[2])
+            self.parts.append(part)
 
     def __call__(self, resource: str) -> int:
         gb = mps_gb_of(resource)
@@ -1622,6 +1639,24 @@ class _UnitBounds:
         if gb <= 0:
             return locked
         return locked + sum(max(0, m) // (gb * MIB_PER_GIB) for m in self.mps_mib)
+
+    def node_max(self, resource: str) -> int:
+        """The most units of ``resource`` one node could offer (the bound, per node)."""
+        cached = self._node_max.get(resource)
+        if cached is not None:
+            return cached
+        gb = mps_gb_of(resource)
+        best = 0
+        for mig, locked, mps_mib in self.parts:
+            if gb is None:
+                units = mig[resource] + locked[resource]
+            elif gb <= 0:
+                units = locked[resource]
+            else:
+                units = locked[resource] + sum(max(0, m) // (gb * MIB_PER_GIB) for m in mps_mib)
+            best = max(best, units)
+        self._node_max[resource] = best
+        return best
 
 
 def _node_bounds(

@@ -449,6 +449,34 @@ def test_no_drain_starts_while_the_queue_is_deeper_than_the_limit(limit: float) 
     assert reservation(c, "big").state is State.DRAINING
 
 
+def test_pods_no_node_can_hold_now_do_not_crowd_out_the_ones_behind_them() -> None:
+    """Two nodes, each with one GPU busy and one empty: two 7g units fit the cluster, but not on
+    one node.  The older pod wants 2 x 7g (all on one node) and cannot be placed now; before,
+    it took the whole 7g bound of the batch (2 units) and the younger one-GPU pod was capped out
+    of every plan, waiting while a GPU sat empty.  Now the older pod waits outside the batch
+    (and is told why) and the younger one is planned onto an empty GPU."""
+    busy = status_gpu(0, ("7g.80gb", 0, True))
+    whole = gated("whole", SEVEN_G, created=T0)
+    whole["spec"]["containers"][0]["resources"]["limits"][SEVEN_G] = "2"
+    c = Cluster(
+        node("n1", MIG),
+        applied_np("n1", busy, status_gpu(1)),
+        node("n2", MIG),
+        applied_np("n2", busy, status_gpu(1)),
+        whole,
+        gated("one", SEVEN_G, created=T0 + 5),
+        running("a", "n1", SEVEN_G),
+        running("b", "n2", SEVEN_G),
+    )
+    c.step(T0 + 100)
+    d = c.step(T0 + 111)  # the window idles out: plan
+    assert d.counts["too_big_now"] == 1 and "capped" not in d.counts
+    assert d.plan is not None and "ns/whole" not in d.plan.assignments
+    r = reservation(c, "one")
+    assert r is not None and r.state is State.PLANNED and dict(r.gpus) == {SEVEN_G: (1,)}
+    assert reservation(c, "whole") is None
+
+
 def test_a_drain_prefers_a_gpu_whose_layout_already_has_the_pods_instance() -> None:
     """GPU 0 holds a used 4g + a used 3g (load 7), GPU 1 a used 1g + a used 3g (load 4): no
     plan can place a 4g without moving a pod.  A waiting 4g pod is drained onto GPU 0, the more
