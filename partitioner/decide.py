@@ -1277,33 +1277,29 @@ class _Step:
                 )
                 continue
             slices = pod.slices
-            short = next((r for r, k in slices.items() if k > 1 and k > bound.node_max(r)), None)
-            if short is not None:
+            if any(k > 1 and k > bound.node_max(r) for r, k in slices.items()):
                 # All of a pod's units go to one node: a pod that no node could hold now cannot
                 # be placed by this plan, and counting its units against the resource's bound
                 # would crowd out pods that can (a burst of one-GPU pods behind whole-node pods
-                # waited 48,000 s on a cluster with 21 free GPUs). It stays a candidate: drains
-                # and the next plans see it.
-                self.waiting[key] = (
-                    f"no node can hold its {slices[short]} x {short} now (slices in use on "
-                    "every node); waiting for one to free"
-                )
+                # waited 48,000 s on a cluster with 21 free GPUs).  It still enters the batch,
+                # taking none of the bound: the plan tells it why it waits (its Event), and
+                # drains see it.
                 self.counts["too_big_now"] += 1
-                continue
-            over = False
-            for r, k in slices.items():
-                have = taken.get(r, 0)
-                if have and have + k > limits[r]:
-                    over = True
-                    break
-            if over:
-                self.waiting[key] = "more pods wait for this resource than the GPUs can hold"
-                self.counts["capped"] += 1
-                continue
-            for r, k in slices.items():
-                have = taken[r] = taken.get(r, 0) + k
-                if have >= limits[r]:
-                    unsaturated.discard(r)
+            else:
+                over = False
+                for r, k in slices.items():
+                    have = taken.get(r, 0)
+                    if have and have + k > limits[r]:
+                        over = True
+                        break
+                if over:
+                    self.waiting[key] = "more pods wait for this resource than the GPUs can hold"
+                    self.counts["capped"] += 1
+                    continue
+                for r, k in slices.items():
+                    have = taken[r] = taken.get(r, 0) + k
+                    if have >= limits[r]:
+                        unsaturated.discard(r)
             created = pod.created
             waited = now - created if created is not None and created < now else 0.0
             pending = PendingPod(
@@ -1604,6 +1600,8 @@ class _UnitBounds:
 
     Summed over GPUs this is never below what any plan can place, and on a full cluster it is
     about zero: the batch stays small however many pods wait (:meth:`_Step.planning_input`).
+    Per node (:meth:`node_max`) it bounds what one pod can get, since all of a pod's units go
+    to one node: a pod asking for more than any node's share takes none of the batch's bound.
     Unknown profiles on a GPU are ignored (the bound only grows).
     """
 

@@ -59,9 +59,9 @@ class PartitionerSettings(CommonSettings):
     weight_free_block: int = Field(1, ge=0, description="Value per slot of the largest free block.")
     mps_reserve_mib: int = Field(512, ge=0, description="GPU memory kept for the MPS server.")
     placement_weight: PlacementWeight = Field(
-        PlacementWeight.COMPUTE,
-        description="What the objective's placement level counts: compute (GPU compute placed, "
-        "so a waiting whole-GPU pod is not outweighed by smaller newcomers) or pods.",
+        PlacementWeight.PODS,
+        description="What the objective's placement level counts: pods (default) or compute "
+        "(GPU compute placed).",
     )
     reservation: bool = Field(
         True,

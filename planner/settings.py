@@ -23,13 +23,14 @@ class ThreadPolicy(StrEnum):
 
 
 class PlacementWeight(StrEnum):
+    PODS = "pods"
+    """The placement level counts pods (default): among plans placing as many pods, the waiting
+    tiers, then churn decide, whatever the pods' sizes."""
     COMPUTE = "compute"
     """The placement level counts the GPU compute placed (compute slices of each MIG unit; one
-    per started 10 GB of each MPS slice): a whole-GPU pod weighs as much as the seven ``1g``
-    pods that could take its GPU instead (default)."""
-    PODS = "pods"
-    """The placement level counts pods: small pods win every contested GPU, so under a deep
-    queue whole-GPU pods wait the longest."""
+    per started 10 GB of each MPS slice): seven newer ``1g`` pods no longer outweigh a waiting
+    ``7g`` pod, but a ``7g`` pod outweighs an older ``4g`` pod (in the openb replays ``4g`` pods
+    then starved: README design notes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +57,7 @@ class PlannerSettings:
     """GPU memory kept free for the MPS server on each MPS GPU."""
     mps_thread_policy: ThreadPolicy = ThreadPolicy.PROPORTIONAL
     """How active-thread percentages are set for MPS slices."""
-    placement_weight: PlacementWeight = PlacementWeight.COMPUTE
+    placement_weight: PlacementWeight = PlacementWeight.PODS
     """What one unit of the objective's placement level is (:func:`planner.demand.pod_weights`)."""
     wait_tiers_s: tuple[float, ...] = (300.0, 1800.0, 7200.0, 28800.0)
     """Waiting-time thresholds (seconds) of the objective's waiting-time level: among plans

@@ -1,9 +1,9 @@
 """Test oracle: the placement level of the planner's objective, written from its rule only.
 
 The rule (``PlannerSettings.placement_weight``, README design notes): with the default
-``compute`` weight a pod counts the GPU compute it asks for -- a MIG unit ``<c>g.<m>gb`` counts
+``pods`` weight every pod counts 1; with ``compute`` a pod counts the GPU compute it asks for -- a MIG unit ``<c>g.<m>gb`` counts
 ``c``, an MPS slice of ``N`` GB counts ``ceil(N / 10)`` -- and every pod of a higher priority
-outweighs all lower-priority pods together; with ``pods`` every pod counts 1.  No waiting tiers
+outweighs all lower-priority pods together.  No waiting tiers
 (the oracle tests plan pods that have not waited).  Nothing here is imported from the planner.
 """
 
@@ -33,7 +33,7 @@ def size(pod: PendingPod) -> int:
     return max(1, total)
 
 
-def placement_weights(pods: Iterable[PendingPod], by: str = "compute") -> dict[str, int]:
+def placement_weights(pods: Iterable[PendingPod], by: str = "pods") -> dict[str, int]:
     """Pod name -> weight: lexicographic in priority, then compute (``by="pods"``: 1 per pod)."""
     pods = list(pods)
     out: dict[str, int] = {}

@@ -14,7 +14,7 @@ model's profiles, each leaf checked with ``layout_errors``), and, for every subs
 (largest priority weight first), every way to spread their units over the GPUs; a GPU holds a
 set of units if some layout has enough free instances of each MIG profile and the slices
 bin-pack into its other free instances and the pinned hosts' room.  Its optimum is the largest
-placed weight (tests/objective_weights.py: priorities, then compute placed).
+placed weight (tests/objective_weights.py: priorities, then pods placed).
 
 The plan checks, independent of the oracle: every planned layout is valid, pinned instances and
 used slices stay, hosts are instances of the layout that no pod uses whole, their slices fit,
@@ -355,9 +355,9 @@ def test_oracle_and_planner_on_the_issue_example() -> None:
         PendingPod("mig", {"nvidia.com/mig-3g.40gb": 1}),
     )
     snap = Snapshot((node,), pods)
-    assert oracle(snap, s) == 1 + 3  # both placed: compute 1 (10 GB slice) + 3 (3g)
+    assert oracle(snap, s) == 2
     result = plan(snap, s)
-    assert check_plan(snap, result, s) == 1 + 3
+    assert check_plan(snap, result, s) == 2
     planned = result.layouts[("n1", 0)]
     (host_start,) = result.assignments["mps"].hosts["nvidia.com/gpu-10gb"]
     assert host_start in dict(planned.mig_mps)
@@ -376,7 +376,7 @@ def test_a_used_slice_pins_its_instance() -> None:
     )
     snap = Snapshot((node,), pods)
     for result in (plan(snap, s), plan_greedy(snap, s)):
-        assert check_plan(snap, result, s) == oracle(snap, s) == 2  # placed: a 20 GB slice weighs 2
+        assert check_plan(snap, result, s) == oracle(snap, s) == 1
         assert "mig" in result.unplaced and result.assignments["mps"].hosts == {
             "nvidia.com/gpu-20gb": (0,)
         }

@@ -453,8 +453,9 @@ def test_pods_no_node_can_hold_now_do_not_crowd_out_the_ones_behind_them() -> No
     """Two nodes, each with one GPU busy and one empty: two 7g units fit the cluster, but not on
     one node.  The older pod wants 2 x 7g (all on one node) and cannot be placed now; before,
     it took the whole 7g bound of the batch (2 units) and the younger one-GPU pod was capped out
-    of every plan, waiting while a GPU sat empty.  Now the older pod waits outside the batch
-    (and is told why) and the younger one is planned onto an empty GPU."""
+    of every plan, waiting while a GPU sat empty.  Now the older pod enters the batch taking
+    none of the bound (the plan tells it why it waits) and the younger one is planned onto an
+    empty GPU."""
     busy = status_gpu(0, ("7g.80gb", 0, True))
     whole = gated("whole", SEVEN_G, created=T0)
     whole["spec"]["containers"][0]["resources"]["limits"][SEVEN_G] = "2"
@@ -471,7 +472,7 @@ def test_pods_no_node_can_hold_now_do_not_crowd_out_the_ones_behind_them() -> No
     c.step(T0 + 100)
     d = c.step(T0 + 111)  # the window idles out: plan
     assert d.counts["too_big_now"] == 1 and "capped" not in d.counts
-    assert d.plan is not None and "ns/whole" not in d.plan.assignments
+    assert d.plan is not None and d.plan.unplaced["ns/whole"].startswith("capacity")
     r = reservation(c, "one")
     assert r is not None and r.state is State.PLANNED and dict(r.gpus) == {SEVEN_G: (1,)}
     assert reservation(c, "whole") is None
@@ -529,7 +530,9 @@ def test_a_pod_larger_than_the_drain_budget_is_not_drained_and_holds_no_one_back
     )
     c.step(T0 + 600, config)
     d = c.step(T0 + 611, config)
+    # no node can hold both units now: in the batch (told why), taking none of its bound
     assert d.plan is not None and "ns/whole" in d.plan.unplaced
+    assert d.counts["too_big_now"] == 1
     (msg,) = events(d, "Draining")
     assert msg.startswith("waited 606 s") and "draining node n1 GPU 0" in msg
     assert reservation(c, "whole") is None

@@ -5,8 +5,8 @@ The oracle shares no code with the planner except the catalog lookups and the va
 GPU (keeping every used instance), keeps the valid ones, sums each node's free-instance
 vectors over every combination of its GPUs' layouts (remembering the least churn per vector),
 then tries every assignment of pods to nodes (or to nobody).  Its optimum is the best
-(compute placed per priority, highest priority first: ``tests/objective_weights.py``) and then
-the least churn.
+(weight placed per priority, highest priority first: pods, or compute with that setting,
+``tests/objective_weights.py``) and then the least churn.
 """
 
 from __future__ import annotations
@@ -33,8 +33,16 @@ from planner import (
 )
 from planner.catalog import GpuModel
 from planner.geometry import Placement, layout_errors
+from planner.settings import PlacementWeight
 
 CATALOG = default_catalog()
+
+
+def weight(pod: PendingPod) -> int:
+    """A placed pod's weight at the objective's placement level (per the settings)."""
+    return size(pod) if SETTINGS.placement_weight is PlacementWeight.COMPUTE else 1
+
+
 PROFILES = {
     "A100-SXM4-80GB": ("1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"),
     "H100-80GB": ("1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"),
@@ -125,7 +133,7 @@ def _demand(pod: PendingPod, node: NodeState) -> tuple[int, ...] | None:
 
 
 def oracle(snap: Snapshot) -> tuple[tuple[int, ...], int]:
-    """(compute placed per distinct priority, highest first; least churn for that)."""
+    """(weight placed per distinct priority, highest first; least churn for that)."""
     nodes = list(snap.nodes)
     options = [_node_options(n) for n in nodes]
     prios = sorted({p.priority for p in snap.pods}, reverse=True)
@@ -164,7 +172,7 @@ def oracle(snap: Snapshot) -> tuple[tuple[int, ...], int]:
             continue
         placed = tuple(
             sum(
-                size(p)
+                weight(p)
                 for p, c in zip(snap.pods, combo, strict=True)
                 if c is not None and p.priority == q
             )
@@ -181,7 +189,7 @@ def oracle(snap: Snapshot) -> tuple[tuple[int, ...], int]:
 
 
 def check_plan(snap: Snapshot, result: Plan) -> tuple[tuple[int, ...], int]:
-    """Assert ``result`` is a consistent, valid plan; return (compute placed per priority,
+    """Assert ``result`` is a consistent, valid plan; return (weight placed per priority,
     churn)."""
     assert set(result.assignments).isdisjoint(result.unplaced)
     assert set(result.assignments) | set(result.unplaced) == {p.name for p in snap.pods}
@@ -223,7 +231,7 @@ def check_plan(snap: Snapshot, result: Plan) -> tuple[tuple[int, ...], int]:
         assert c <= nodes[name].cpu_milli_free
     prios = sorted({p.priority for p in snap.pods}, reverse=True)
     placed = tuple(
-        sum(size(pods[n]) for n in result.assignments if pods[n].priority == q) for q in prios
+        sum(weight(pods[n]) for n in result.assignments if pods[n].priority == q) for q in prios
     )
     return placed, churn
 
@@ -306,5 +314,8 @@ def test_oracle_finds_what_a_human_would() -> None:
             PendingPod("b", {"nvidia.com/mig-3g.40gb": 1}),
         ),
     )
-    # only 3g@4 fits beside 1g@0: one pod (3 compute slices), one created instance, GPU touched
-    assert oracle(snap) == ((3,), SETTINGS.weight_create + SETTINGS.weight_gpu_touched)
+    # only 3g@4 fits beside 1g@0: one pod, one created instance, GPU touched
+    assert oracle(snap) == (
+        (weight(snap.pods[0]),),
+        SETTINGS.weight_create + SETTINGS.weight_gpu_touched,
+    )
