@@ -1243,6 +1243,8 @@ class _Step:
         by_key: dict[str, PodInfo] = {}
         plannable_names = self.plannable = frozenset(plannable)
         limits = {r: bound(r) for r, n in self.candidate_resources.items() if n > 0}
+        too_big: set[tuple[tuple[str, int], ...]] = set()
+        """Requests of the pods no node can hold now that entered the batch (one pod each)."""
         unsaturated = set(limits)
         usable_of: dict[int, tuple[frozenset[str], frozenset[str]]] = {}
         """id(eligible set) -> (that set, its plannable part): pods sharing an eligible set
@@ -1281,10 +1283,19 @@ class _Step:
                 # All of a pod's units go to one node: a pod that no node could hold now cannot
                 # be placed by this plan, and counting its units against the resource's bound
                 # would crowd out pods that can (a burst of one-GPU pods behind whole-node pods
-                # waited 48,000 s on a cluster with 21 free GPUs).  It still enters the batch,
-                # taking none of the bound: the plan tells it why it waits (its Event), and
-                # drains see it.
+                # waited 48,000 s on a cluster with 21 free GPUs).  The oldest such pod of each
+                # request still enters the batch, taking none of the bound: the plan tells it
+                # why it waits (its Event), and drains see it; the younger ones of the same
+                # request wait outside it, so the batch stays small however many wait.
                 self.counts["too_big_now"] += 1
+                request = tuple(sorted(slices.items()))
+                if request in too_big:
+                    self.waiting[key] = (
+                        "no node can hold its request now (slices in use on every node), "
+                        "nor an older pod's of the same request"
+                    )
+                    continue
+                too_big.add(request)
             else:
                 over = False
                 for r, k in slices.items():

@@ -455,24 +455,30 @@ def test_pods_no_node_can_hold_now_do_not_crowd_out_the_ones_behind_them() -> No
     it took the whole 7g bound of the batch (2 units) and the younger one-GPU pod was capped out
     of every plan, waiting while a GPU sat empty.  Now the older pod enters the batch taking
     none of the bound (the plan tells it why it waits) and the younger one is planned onto an
-    empty GPU."""
+    empty GPU.  A second pod of the same request waits outside the batch."""
     busy = status_gpu(0, ("7g.80gb", 0, True))
     whole = gated("whole", SEVEN_G, created=T0)
     whole["spec"]["containers"][0]["resources"]["limits"][SEVEN_G] = "2"
+    whole2 = gated("whole2", SEVEN_G, created=T0 + 1)
+    whole2["spec"]["containers"][0]["resources"]["limits"][SEVEN_G] = "2"
     c = Cluster(
         node("n1", MIG),
         applied_np("n1", busy, status_gpu(1)),
         node("n2", MIG),
         applied_np("n2", busy, status_gpu(1)),
         whole,
+        whole2,
         gated("one", SEVEN_G, created=T0 + 5),
         running("a", "n1", SEVEN_G),
         running("b", "n2", SEVEN_G),
     )
     c.step(T0 + 100)
     d = c.step(T0 + 111)  # the window idles out: plan
-    assert d.counts["too_big_now"] == 1 and "capped" not in d.counts
+    assert d.counts["too_big_now"] == 2 and "capped" not in d.counts
     assert d.plan is not None and d.plan.unplaced["ns/whole"].startswith("capacity")
+    # the younger pod of the same request waits outside the batch: it stays small
+    assert d.snapshot is not None
+    assert {p.name for p in d.snapshot.pods} == {"ns/whole", "ns/one"}
     r = reservation(c, "one")
     assert r is not None and r.state is State.PLANNED and dict(r.gpus) == {SEVEN_G: (1,)}
     assert reservation(c, "whole") is None
