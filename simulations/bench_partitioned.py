@@ -52,9 +52,9 @@ import numpy as np
 
 from planner.settings import Policy
 from planner.snapshot import Mode
-from simulations.bench_saturation import parse_seeds
+from simulations.bench_saturation import parse_choices, parse_seeds, parse_traces
 from simulations.cluster import Cluster, load_cluster
-from simulations.openb import OPENB_TRACES, load_openb_pods, openb_dir, resolve_trace
+from simulations.openb import load_openb_pods, openb_dir, resolve_trace
 from simulations.partitioned_saturation import (
     DEFAULT_NEIGHBOURHOOD_GPUS,
     GPU_MODEL,
@@ -394,13 +394,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         seeds = parse_seeds(args.seeds)
-        traces = (
-            list(OPENB_TRACES) if args.trace == "all" else [t for t in args.trace.split(",") if t]
-        )
-        rows = [r.strip() for r in args.rows.split(",") if r.strip()]
-        unknown = [r for r in rows if r not in ROWS]
-        if unknown:
-            raise ValueError(f"unknown rows {unknown}; choose from {', '.join(ROWS)}")
+        traces = parse_traces(args.trace)
+        rows = parse_choices(args.rows, list(ROWS), "rows")
         if args.batch < 1 or args.neighbourhood_gpus < 1 or args.jobs < 1:
             raise ValueError("--batch, --neighbourhood-gpus and --jobs must be >= 1")
         if not 1 <= args.hybrid_threshold <= 1000:

@@ -218,6 +218,20 @@ def write_report(
     return [md, png, js]
 
 
+def parse_traces(text: str) -> list[str]:
+    """``all`` -> every openb trace; else the comma-separated names."""
+    return list(OPENB_TRACES) if text == "all" else [t for t in text.split(",") if t]
+
+
+def parse_choices(text: str, allowed: Sequence[str], what: str) -> list[str]:
+    """Comma-separated names, each one of ``allowed`` (else ValueError naming ``what``)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in allowed]
+    if unknown:
+        raise ValueError(f"unknown {what} {unknown}; choose from {', '.join(allowed)}")
+    return names
+
+
 def parse_seeds(text: str) -> list[int]:
     """``42-51`` or ``42,43,50`` (or a mix) -> list of seeds."""
     seeds: list[int] = []
@@ -299,13 +313,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         seeds = parse_seeds(args.seeds)
-        traces = (
-            list(OPENB_TRACES) if args.trace == "all" else [t for t in args.trace.split(",") if t]
-        )
-        policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-        unknown = [p for p in policies if p not in POLICIES]
-        if unknown:
-            raise ValueError(f"unknown policies {unknown}; choose from {', '.join(POLICIES)}")
+        traces = parse_traces(args.trace)
+        policies = parse_choices(args.policies, list(POLICIES), "policies")
         if args.batch < 1:
             raise ValueError("--batch must be >= 1")
         if args.cluster == "openb":

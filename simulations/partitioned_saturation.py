@@ -680,6 +680,27 @@ def _percentile(values: Sequence[float], q: float) -> float | None:
     return float(np.percentile(np.asarray(values), q))
 
 
+def _seeded(
+    cluster: Cluster,
+    mode: Mode,
+    workload: Workload,
+    seed: int,
+    target: float,
+    settings: PlannerSettings,
+    arrivals: Sequence[Pod] | None,
+) -> tuple[Cluster, PartitionedState, list[Pod]]:
+    """The partitioned cluster, its empty state and the arrivals of one seed: the arrivals
+    drawn from ``seed`` (unless given), then the node rank from the same generator."""
+    part = partitioned_cluster(cluster, mode)
+    rng = random.Random(seed)
+    drawn = (
+        list(arrivals)
+        if arrivals is not None
+        else build_arrivals(workload.pods, part.total_gpus * GPU_MILLI, rng, target)
+    )
+    return part, PartitionedState(part, node_ranks(part, rng), settings), drawn
+
+
 def run_planned(
     cluster: Cluster,
     workload: Workload,
@@ -709,15 +730,7 @@ def run_planned(
         raise ValueError(f"neighbourhood_gpus must be >= 1, got {neighbourhood_gpus}")
     started = time.perf_counter()
     st = settings if settings is not None else PlannerSettings(policy=policy)
-    part = partitioned_cluster(cluster, mode)
-    rng = random.Random(seed)
-    arrivals = (
-        list(arrivals)
-        if arrivals is not None
-        else build_arrivals(workload.pods, part.total_gpus * GPU_MILLI, rng, target)
-    )
-    rank = node_ranks(part, rng)
-    state = PartitionedState(part, rank, st)
+    part, state, arrivals = _seeded(cluster, mode, workload, seed, target, st, arrivals)
     mapper: PodMapping = make_mapping(mapping, state.model, st.mps_reserve_mib)
     plan_fn = planner if planner is not None else _default_planner
     rec = _Recorder(len(arrivals))
@@ -813,15 +826,9 @@ def run_static(
 
     ``arrivals`` and ``on_batch`` (called after every pod) as in :func:`run_planned`."""
     started = time.perf_counter()
-    part = partitioned_cluster(cluster, Mode.MIG)
-    rng = random.Random(seed)
-    arrivals = (
-        list(arrivals)
-        if arrivals is not None
-        else build_arrivals(workload.pods, part.total_gpus * GPU_MILLI, rng, target)
+    part, state, arrivals = _seeded(
+        cluster, Mode.MIG, workload, seed, target, PlannerSettings(), arrivals
     )
-    rank = node_ranks(part, rng)
-    state = PartitionedState(part, rank, PlannerSettings())
     mapper = make_mapping(mapping, state.model)
     gpus = [(n.name, g.index, state.model) for n in state.nodes for g in n.gpus]
     for planned in assign_static(static, gpus):

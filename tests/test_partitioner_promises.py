@@ -382,17 +382,26 @@ def test_pods_gated_by_another_controller_wait_for_it() -> None:
     assert reservation(c, "p") is None and d.counts.get("candidates", 0) == 0
 
 
-def test_a_long_waiting_pod_no_gpu_can_host_gets_a_drain_then_the_emptied_gpu() -> None:
-    busy0 = status_gpu(0, ("3g.40gb", 4, True))
-    busy1 = status_gpu(1, ("1g.10gb", 0, True), ("1g.10gb", 1, True), ("3g.40gb", 4, True))
+BUSY0 = status_gpu(0, ("3g.40gb", 4, True))
+BUSY1 = status_gpu(1, ("1g.10gb", 0, True), ("1g.10gb", 1, True), ("3g.40gb", 4, True))
+
+
+def no_gpu_can_host_big(*waiting: dict[str, Any]) -> Cluster:
+    """Two busy GPUs (a used 3g on each, two used 1g beside one of them) and a gated 7g pod
+    ``big`` that no plan can place without moving them, plus ``waiting``."""
     three = "nvidia.com/mig-3g.40gb"
-    c = Cluster(
+    return Cluster(
         node("n1", MIG),
-        applied_np("n1", busy0, busy1),
+        applied_np("n1", BUSY0, BUSY1),
         gated("big", SEVEN_G, created=T0),
+        *waiting,
         running("a", "n1", three),
         running("b", "n1", ONE_G, ONE_G, three),
     )
+
+
+def test_a_long_waiting_pod_no_gpu_can_host_gets_a_drain_then_the_emptied_gpu() -> None:
+    c = no_gpu_can_host_big()
     c.step(T0 + 600)
     d = c.step(T0 + 611)
     assert d.plan is not None and "ns/big" in d.plan.unplaced
@@ -406,7 +415,7 @@ def test_a_long_waiting_pod_no_gpu_can_host_gets_a_drain_then_the_emptied_gpu() 
     assert [(e.state, e.gpus) for e in view.reservations] == [("draining", {SEVEN_G: [0]})]
     # GPU 0 empties (its pod ended): the waiting pod is planned there, nowhere else
     del c.objs[("Pod", "ns/a")]
-    c.put(applied_np("n1", status_gpu(0, ("3g.40gb", 4, False)), busy1))
+    c.put(applied_np("n1", status_gpu(0, ("3g.40gb", 4, False)), BUSY1))
     d = c.step(T0 + 620)
     (w,) = [a for a in d.actions if isinstance(a, WriteSpec)]
     by_index = {g.index: [(m.profile, m.start) for m in g.mig] for g in w.spec.gpus}
@@ -419,20 +428,11 @@ def test_a_long_waiting_pod_no_gpu_can_host_gets_a_drain_then_the_emptied_gpu() 
 @pytest.mark.parametrize("limit", [1.0, math.inf])
 def test_no_drain_starts_while_the_queue_is_deeper_than_the_limit(limit: float) -> None:
     """The drain case above with two younger whole-GPU pods waiting too: 3 slice units wait on
-    a 2-GPU cluster.  With the default limit (1 unit per GPU) that is overload: no GPU is
-    frozen, the pods wait their turn; without a limit the oldest gets its drain."""
+    a 2-GPU cluster.  With a limit of 1 unit per GPU that is overload: no GPU is frozen, the
+    pods wait their turn; without a limit the oldest gets its drain."""
     config = dataclasses.replace(CONFIG, drain_queue_limit=limit)
-    busy0 = status_gpu(0, ("3g.40gb", 4, True))
-    busy1 = status_gpu(1, ("1g.10gb", 0, True), ("1g.10gb", 1, True), ("3g.40gb", 4, True))
-    three = "nvidia.com/mig-3g.40gb"
-    c = Cluster(
-        node("n1", MIG),
-        applied_np("n1", busy0, busy1),
-        gated("big", SEVEN_G, created=T0),
-        gated("next1", SEVEN_G, created=T0 + 1),
-        gated("next2", SEVEN_G, created=T0 + 2),
-        running("a", "n1", three),
-        running("b", "n1", ONE_G, ONE_G, three),
+    c = no_gpu_can_host_big(
+        gated("next1", SEVEN_G, created=T0 + 1), gated("next2", SEVEN_G, created=T0 + 2)
     )
     c.step(T0 + 600, config)
     d = c.step(T0 + 611, config)
@@ -617,8 +617,6 @@ def test_with_drain_overtaken_only_an_overtaken_pod_is_drained() -> None:
     """``drain_overtaken`` = 2: the long-waiting 7g pod gets no drain while only one younger
     slice pod is bound (everyone waits in turn), and a drain once a second one is."""
     config = dataclasses.replace(CONFIG, drain_overtaken=2)
-    busy0 = status_gpu(0, ("3g.40gb", 4, True))
-    busy1 = status_gpu(1, ("1g.10gb", 0, True), ("1g.10gb", 1, True), ("3g.40gb", 4, True))
     three = "nvidia.com/mig-3g.40gb"
 
     def younger(name: str, *resources: str) -> dict[str, Any]:
@@ -628,7 +626,7 @@ def test_with_drain_overtaken_only_an_overtaken_pod_is_drained() -> None:
 
     c = Cluster(
         node("n1", MIG),
-        applied_np("n1", busy0, busy1),
+        applied_np("n1", BUSY0, BUSY1),
         gated("big", SEVEN_G, created=T0),
         running("a", "n1", three),  # older than "big" (no creation time: not counted)
         younger("b", ONE_G, ONE_G, three),
@@ -638,7 +636,7 @@ def test_with_drain_overtaken_only_an_overtaken_pod_is_drained() -> None:
     assert d.plan is not None and "ns/big" in d.plan.unplaced
     assert events(d, "Draining") == [] and reservation(c, "big") is None
     c.put(younger("c", ONE_G))
-    c.put(applied_np("n1", busy0, status_gpu(1, ("1g.10gb", 0, True), ("1g.10gb", 1, True),
+    c.put(applied_np("n1", BUSY0, status_gpu(1, ("1g.10gb", 0, True), ("1g.10gb", 1, True),
                                                ("1g.10gb", 2, True), ("3g.40gb", 4, True))))  # fmt: skip
     c.step(T0 + 700, config)  # the change opens a window; planned after its idle time
     d = c.step(T0 + 711, config)
