@@ -35,10 +35,17 @@ step:
 5. **Free slices first.**  A candidate for which a free, unpromised slice exists on an eligible
    node is reserved there at once and released in the same patch when the scheduler can see
    it (no batch, no plan); the busiest GPU's slice is taken, so lightly used GPUs stay whole.
-   Oldest first across shapes: once a one-GPU pod that has waited past the first waiting tier
-   finds no free slice, the free slices of its eligible nodes are kept from younger pods this
-   step, so the next plan can repartition them for it (else every freed 7g instance would go to
-   the next 7g pod and a waiting 4g pod would get a GPU only from a drain).
+   In a shallow queue, oldest first across shapes: once a one-GPU pod that has waited past
+   the first waiting tier finds no free slice, the free slices of its eligible nodes are kept
+   from younger pods this step, so the next plan can repartition them for it (else every freed
+   7g instance would go to the next 7g pod and a waiting 4g pod would get a GPU only from a
+   drain).  In a deep queue (more slice units waiting than ``drain_queue_limit`` per GPU, as
+   for drains, step 8) throughput comes first: smallest pods first (fewest units, then
+   oldest), and a kept slice idles until the next plan, so only pods past the last waiting
+   tier (8 h by default) go ahead of the others (oldest first), and the oldest such one-GPU
+   pod per request keeps the free slices of one node (the most idle compute) for the next
+   plan; in a queue that lasts, no shape starves behind the rest (README design notes, "Deep
+   queue: throughput first, then age").
 6. **Drain completion.**  A ``draining`` pod whose frozen GPUs are empty is planned onto them
    (a one-pod plan on those GPUs only) and reserved.
 7. **Batch and plan** the remaining candidates (:mod:`partitioner.batching`): the planner sees
@@ -53,9 +60,10 @@ step:
    younger slice pods are bound (it is being overtaken, not merely waiting in a queue that
    everyone waits in: in deep overload drains were most of the reconfigurations).  No drain
    starts while more slice units wait than ``drain_queue_limit`` per GPU of the cluster (and
-   more than one): that queue is overload, where pods are served oldest-first as capacity
-   frees (step 5) and a frozen GPU's free slices would idle while younger pods could use them
-   (openb replays, README design notes, "No drain in a deep queue").
+   more than one): that queue is overload, where pods are served smallest-first as capacity
+   frees, those past the last waiting tier first (step 5), and a frozen GPU's free slices
+   would idle while younger pods could use them (openb replays, README design notes, "No
+   drain in a deep queue").
 9. **Status view.**  Each node's ``status.reservations`` is rewritten when the promises on it
    changed.
 
@@ -177,8 +185,9 @@ class DecideConfig:
     """Drains start only while the slice units waiting (gated candidates) are at most this many
     per GPU of the cluster, or one unit (a lone starving pod on a small cluster).  A deeper
     queue is overload, where throughput rules: a drain idles the free slices of its GPUs until
-    their last pod ends while younger pods could use them, and pods are served oldest-first as
-    capacity frees anyway (fast path).  ``inf``: no limit."""
+    their last pod ends while younger pods could use them.  The same limit switches the fast
+    path to smallest pods first, with only pods past the last waiting tier served oldest first
+    and one node's free slices kept per request (module docstring, step 5).  ``inf``: no limit (oldest first always)."""
     drain_overtaken: int = 0
     """Drain only for a pod that at least this many younger slice pods have overtaken (bound
     now, created after it): starvation relative to the queue rather than waiting alone.  0
@@ -989,9 +998,29 @@ class _Step:
             return
         offered = frozenset(free_nodes)
         tiers = self.config.planner_settings.wait_tiers_s
-        starving_after = tiers[0] if tiers else math.inf
+        order = [k for k in self.candidates if k in self.managed]  # oldest first
+        deep = self.deep_queue()
+        kept_for: set[tuple[tuple[str, int], ...]] = set()
+        if deep:
+            # Overload: throughput rules.  Smaller pods first (fewest units; oldest first among
+            # equals), as the plan's objective counts pods placed: free slices that would serve
+            # several one-GPU pods do not go to one whole-node pod ahead of them.  Only a pod
+            # past the last waiting tier is served oldest first and may keep free slices from
+            # younger ones (below; a kept slice idles until the next plan): in a queue that
+            # lasts, no shape starves behind the others.
+            starving_after = tiers[-1] if tiers else math.inf
+            candidates, now = self.candidates, self.now
+
+            def rank(key: str) -> tuple[int, bool, int]:
+                pod = candidates[key]
+                aged = now - (pod.created if pod.created is not None else now) >= starving_after
+                return (-pod.priority, not aged, 0 if aged else sum(pod.slices.values()))
+
+            order.sort(key=rank)
+        else:
+            starving_after = tiers[0] if tiers else math.inf
         protected: set[str] = set()
-        for key in [k for k in self.candidates if k in self.managed]:  # oldest first
+        for key in order:
             pod = self.candidates[key]
             if key in self.restricted or not pod.slices:
                 continue
@@ -1008,11 +1037,26 @@ class _Step:
                 ]
             if not options:
                 # Oldest first across shapes: a one-GPU pod that has waited past the first tier
-                # and that no free slice serves keeps the free slices of its nodes from younger
-                # pods, so the next plan can repartition them for it (a free 7g becomes its 4g).
+                # (the last in a deep queue) and that no free slice serves keeps the free slices
+                # of its nodes from younger pods, so the next plan can repartition them for it
+                # (a free 7g becomes its 4g).
                 waited = self.now - (pod.created if pod.created is not None else self.now)
                 if waited >= starving_after and sum(pod.slices.values()) == 1:
-                    protected |= eligible
+                    if deep:
+                        # one node per request (the oldest pod's): the rest keep serving
+                        request = tuple(pod.slices.items())
+                        if request in kept_for:
+                            continue
+                        kept_for.add(request)
+                        room = [
+                            led
+                            for led in usable
+                            if led.name in eligible and led.name not in protected
+                        ]
+                        if room:
+                            protected.add(max(room, key=_idle_compute).name)
+                    else:
+                        protected |= eligible
                     if all(led.name in protected for led in usable):
                         return
                 continue
@@ -1108,13 +1152,18 @@ class _Step:
         self.managed.discard(pod.key)
         self.drains.pop(pod.key, None)
 
+    def deep_queue(self) -> bool:
+        """More slice units wait (gated candidates) than ``drain_queue_limit`` per GPU of the
+        cluster, and more than one: overload, where no drain starts and the fast path serves
+        the smallest pods first, those past the last waiting tier first (module docstring)."""
+        cluster_gpus = sum(len(ledger.gpus) for ledger in self.ledgers.values())
+        limit = max(1.0, self.config.drain_queue_limit * cluster_gpus)
+        return self.candidate_resources.total() > limit
+
     def start_drains(self, plan: Plan) -> None:
         if not self.config.reservation or self.config.drain_fraction <= 0:
             return
-        cluster_gpus = sum(len(ledger.gpus) for ledger in self.ledgers.values())
-        if self.candidate_resources.total() > max(
-            1.0, self.config.drain_queue_limit * cluster_gpus
-        ):
+        if self.deep_queue():
             self.counts["drains_deep_queue"] += 1
             return  # overload: no new drain (the ones started stay until they complete)
         frozen_now = sum(1 for ledger in self.ledgers.values() for g in ledger.gpus if g.frozen)
@@ -1755,6 +1804,19 @@ def _mig_gpu_bound(model: GpuModel, pinned: _Pinned) -> tuple[tuple[str, int], .
         most = max(0, min(count, profile.max_count - same[profile.name], limit))
         out.append((profile.resource, most))
     return tuple(out)
+
+
+def _idle_compute(ledger: NodeLedger) -> tuple[int, str]:
+    """Compute slices of the node's free devices (GPUs not frozen), then its name: the node a
+    starving pod's next plan can most likely repartition for it."""
+    idle = sum(
+        d.compute
+        for g in ledger.gpus
+        if not g.frozen
+        for d in g.devices
+        if not (d.used or d.pinned)
+    )
+    return (idle, ledger.name)
 
 
 def _packing(ledger: NodeLedger, units: Mapping[str, int]) -> int:

@@ -39,8 +39,12 @@ wait is at most ``drain_after + window + R + apply_deadline + bind``, and, with 
 budget and ``q`` older drains ahead of it, ``(q // B + 1)`` such rounds.  The bound holds
 while the queue is shallow: no drain starts while more slice units wait than
 ``drain_queue_limit`` per GPU of the cluster (overload; :mod:`partitioner.decide`, step 8).
-Then pods are served oldest-first as capacity frees, and a pod's wait is bounded by the time
-the queue ahead of it takes to drain below the limit, plus the bound above.
+Then free slices go to the smallest pods first (throughput), except that pods past the last
+waiting tier go first, oldest first, and a one-GPU one keeps free slices for the next plan:
+such a pod waits at most the last tier plus the time the older ones past it take to be
+served, as capacity frees.  A pod that needs several GPUs on one node is served only when
+that many are free at once (no drain runs in a deep queue), so its wait is bounded only once
+the queue is back below the limit, plus the bound above.
 """
 
 from __future__ import annotations

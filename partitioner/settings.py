@@ -98,8 +98,9 @@ class PartitionerSettings(CommonSettings):
         0.1,
         gt=0,
         description="Drains start only while the slice units waiting are at most this many per "
-        "GPU of the cluster (a deeper queue is overload, where pods are served oldest-first "
-        "as capacity frees and a drain would idle GPUs younger pods could use).",
+        "GPU of the cluster (a deeper queue is overload: a drain would idle GPUs younger pods "
+        "could use, and free slices go to the smallest pods first, those past the last waiting "
+        "tier first).",
     )
     drain_overtaken: int = Field(
         0,

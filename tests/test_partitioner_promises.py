@@ -545,13 +545,20 @@ def test_a_pod_larger_than_the_drain_budget_is_not_drained_and_holds_no_one_back
     assert reservation(c, "one").state is State.DRAINING
 
 
-@pytest.mark.parametrize("waited", [200, 500])
-def test_free_slices_wait_for_an_older_starving_pod_to_be_planned(waited: float) -> None:
+@pytest.mark.parametrize("waited", [200, 500, 30_000])
+@pytest.mark.parametrize("queue_limit", [1.0, 0.1])
+def test_free_slices_wait_for_an_older_starving_pod_to_be_planned(
+    waited: float, queue_limit: float
+) -> None:
     """A free 7g instance and two gated pods: an older 4g pod no free slice serves and a younger
     7g pod the free instance fits. Past the first waiting tier (300 s) the older pod keeps the
     node's free slices from the younger one, and the next plan repartitions the 7g for it;
-    before that, the younger pod takes the free slice at once."""
+    before that, the younger pod takes the free slice at once.  That is a shallow queue; two
+    units waiting on two GPUs is a deep one for a ``drain_queue_limit`` of 0.1 per GPU
+    (threshold: 1 unit), where throughput comes first and only a pod past the last tier (8 h)
+    keeps slices."""
     four = "nvidia.com/mig-4g.40gb"
+    config = dataclasses.replace(CONFIG, drain_queue_limit=queue_limit)
     c = Cluster(
         with_alloc(node("n1", MIG), **{"7g_80gb": 2}),
         applied_np("n1", status_gpu(0, ("7g.80gb", 0, False)), status_gpu(1, ("7g.80gb", 0, True))),
@@ -559,15 +566,82 @@ def test_free_slices_wait_for_an_older_starving_pod_to_be_planned(waited: float)
         gated("young", SEVEN_G, created=T0 + waited - 60),
         running("busy", "n1", SEVEN_G),
     )
-    c.step(T0 + waited)
-    if waited < 300:
+    c.step(T0 + waited, config)
+    if waited < 300 or (queue_limit < 1 and waited < 28_800):
         assert reservation(c, "young").state is State.RELEASED
+        assert reservation(c, "old") is None
         return
     assert reservation(c, "young") is None
-    c.step(T0 + waited + 11)  # the window idles out: plan
+    c.step(T0 + waited + 11, config)  # the window idles out: plan
     r = reservation(c, "old")
     assert (r.state, r.node, dict(r.gpus)) == (State.PLANNED, "n1", {four: (0,)})
     assert reservation(c, "young") is None
+
+
+@pytest.mark.parametrize(
+    ("queue_limit", "whole_waited"), [(math.inf, 30), (0.1, 30), (0.1, 30_000)]
+)
+def test_in_a_deep_queue_free_slices_go_to_the_smallest_pods_first(
+    queue_limit: float, whole_waited: float
+) -> None:
+    """Two free 7g instances on one node; an older pod wants both (2 x 7g), two younger ones one
+    each.  In a shallow queue free slices go oldest first: the older pod takes both.  When more
+    units wait than ``drain_queue_limit`` per GPU (4 units on 2 GPUs, threshold 1) throughput
+    rules, as in the plan's objective (pods placed): the two one-GPU pods get them and the
+    older pod waits, unless it has waited past the last waiting tier (8 h)."""
+    now = T0 + 30
+    whole = gated("whole", SEVEN_G, created=now - whole_waited)
+    whole["spec"]["containers"][0]["resources"]["limits"][SEVEN_G] = "2"
+    config = dataclasses.replace(CONFIG, drain_queue_limit=queue_limit)
+    c = Cluster(
+        with_alloc(node("n1", MIG), **{"7g_80gb": 2}),
+        applied_np(
+            "n1", status_gpu(0, ("7g.80gb", 0, False)), status_gpu(1, ("7g.80gb", 0, False))
+        ),
+        whole,
+        gated("one", SEVEN_G, created=T0 + 10),
+        gated("two", SEVEN_G, created=T0 + 20),
+    )
+    d = c.step(now, config)
+    assert d.plan is None  # free slices, no plan
+    if queue_limit == math.inf or whole_waited > 28_800:
+        r = reservation(c, "whole")
+        assert (r.state, r.node, dict(r.gpus)) == (State.RELEASED, "n1", {SEVEN_G: (0, 1)})
+        assert reservation(c, "one") is None and reservation(c, "two") is None
+        return
+    assert reservation(c, "whole") is None
+    got = {n: dict(reservation(c, n).gpus)[SEVEN_G] for n in ("one", "two")}
+    assert reservation(c, "one").state is State.RELEASED
+    assert sorted(got.values()) == [(0,), (1,)]
+
+
+def test_in_a_deep_queue_a_pod_past_the_last_tier_keeps_one_node_only() -> None:
+    """Deep queue (5 units on 4 GPUs, threshold 1): two 4g pods past the last tier (8 h) that
+    no free slice serves, and three young 7g pods.  Free 7g instances: one on n1, two on n2.
+    The oldest 4g pod keeps n2 (the most idle compute) for the next plan; the second 4g pod
+    keeps nothing more (one node per request), so a young 7g pod takes n1's free instance.
+    In a shallow queue the first 4g pod would keep every node's free slices."""
+    four = "nvidia.com/mig-4g.40gb"
+    now = T0 + 40_000
+    c = Cluster(
+        with_alloc(node("n1", MIG), **{"7g_80gb": 2}),
+        applied_np("n1", status_gpu(0, ("7g.80gb", 0, False)), status_gpu(1, ("7g.80gb", 0, True))),
+        with_alloc(node("n2", MIG), **{"7g_80gb": 2}),
+        applied_np(
+            "n2", status_gpu(0, ("7g.80gb", 0, False)), status_gpu(1, ("7g.80gb", 0, False))
+        ),
+        gated("old4a", four, created=T0),
+        gated("old4b", four, created=T0 + 1),
+        gated("y1", SEVEN_G, created=now - 30),
+        gated("y2", SEVEN_G, created=now - 20),
+        gated("y3", SEVEN_G, created=now - 10),
+        running("busy", "n1", SEVEN_G),
+    )
+    c.step(now)
+    r = reservation(c, "y1")
+    assert (r.state, r.node) == (State.RELEASED, "n1")
+    assert reservation(c, "y2") is None and reservation(c, "y3") is None  # n2 is kept
+    assert reservation(c, "old4a") is None and reservation(c, "old4b") is None
 
 
 def test_a_drained_gpu_takes_no_other_pod() -> None:
