@@ -74,7 +74,13 @@ def observe(
     """The window after seeing the current candidate pods at time ``now``; with
     ``retry=False`` pods planned before are not arrivals however long ago (module docstring)."""
     current = frozenset(candidates)
-    planned_at = {p: t for p, t in window.planned_at.items() if p in current}
+    # Stamps are pruned only when a stamped pod is no longer a candidate (the subset test is
+    # far cheaper than rebuilding the mapping every cycle, with thousands of pods waiting);
+    # windows may share the mapping: nothing changes one in place (:func:`planned` and
+    # :func:`forget` copy it).
+    planned_at = window.planned_at
+    if not planned_at.keys() <= current:
+        planned_at = {p: t for p, t in planned_at.items() if p in current}
     arrivals = {
         p
         for p in current - window.members

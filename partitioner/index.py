@@ -19,7 +19,8 @@ Derived, updated incrementally:
 * per node, the CPU, memory and slices held by the pods bound to it that have not finished
   (:meth:`ClusterIndex.usage`);
 * the keys of the *waiting* slice pods (asking for a slice, not bound, not finished, not being
-  deleted) — the only pods a controller cycle looks at;
+  deleted) — the only pods a controller cycle looks at — also kept in age order (a bisect per
+  pod that starts or stops waiting, instead of a sort of thousands of pods per cycle);
 * :attr:`ClusterIndex.topology` — a counter bumped whenever a node appears, disappears or
   changes what pod eligibility depends on (labels, taints, ``unschedulable``, opt-in reading);
   a pod's eligible nodes are cached against it (:meth:`ClusterIndex.eligible`), and shared by
@@ -41,6 +42,7 @@ Cost: an event costs one object's parsing; a cycle costs O(waiting pods + nodes)
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import datetime
 import gc
@@ -270,13 +272,21 @@ class PodInfo:
     plan_sig: tuple[object, ...] | None = None
     """What a plan reads of the pod besides its eligible nodes and waiting time (set by the
     decision step on first use: the object is replaced whenever the pod changes)."""
+    # Derived flags, computed once in __post_init__ (the decision step and the simulator's
+    # scheduler read them for every waiting pod, many times a second): a PodInfo's fields are
+    # never reassigned once built but for ``rv``, ``obj`` and the caches above, which these do
+    # not read, so the flags cannot go stale.
+    plain: bool = field(init=False)
+    """Nothing but its slice request to read: no DaemonSet owner, no nomination, readable
+    requests, no reservation (valid or not) and no scheduling gate but gpuslice's.  Most
+    waiting pods are plain; the decision step reads them on a short path."""
+    finished: bool = field(init=False)
+    """Phase ``Succeeded`` or ``Failed``."""
+    waiting: bool = field(init=False)
+    """Asks for a slice, is not bound, not finished, not being deleted."""
 
-    @property
-    def plain(self) -> bool:
-        """Nothing but its slice request to read: no DaemonSet owner, no nomination, readable
-        requests, no reservation (valid or not) and no scheduling gate but gpuslice's.  Most
-        waiting pods are plain; the decision step reads them on a short path."""
-        return not (
+    def __post_init__(self) -> None:
+        self.plain = not (
             self.daemonset
             or self.nominated
             or self.request_error
@@ -284,15 +294,8 @@ class PodInfo:
             or self.reservation_error
             or self.other_gates
         )
-
-    @property
-    def finished(self) -> bool:
-        return self.phase in ("Succeeded", "Failed")
-
-    @property
-    def waiting(self) -> bool:
-        """Asks for a slice, is not bound, not finished, not being deleted."""
-        return bool(self.slices or self.request_error) and not (
+        self.finished = self.phase in ("Succeeded", "Failed")
+        self.waiting = bool(self.slices or self.request_error) and not (
             self.node or self.finished or self.deleting
         )
 
@@ -308,10 +311,22 @@ class PodInfo:
 _POD_CONTENT = tuple(
     f.name
     for f in dataclasses.fields(PodInfo)
-    if f.name not in ("key", "uid", "rv", "obj", "eligible_cache", "reject_cache", "plan_sig")
+    if f.name
+    not in (
+        "key",
+        "uid",
+        "rv",
+        "obj",
+        "eligible_cache",
+        "reject_cache",
+        "plan_sig",
+        "plain",
+        "finished",
+        "waiting",
+    )
 )
 """The parsed fields of a :class:`PodInfo` that describe the pod (``obj`` is compared apart,
-without its resourceVersion)."""
+without its resourceVersion; the derived flags follow from these)."""
 
 
 def _wants_slices(pod: Obj) -> bool:
@@ -367,6 +382,26 @@ def _trim_pod(pod: Obj) -> dict[str, Any]:
     }
 
 
+_SLICES: dict[tuple[tuple[str, int], ...], tuple[Mapping[str, int], frozenset[str]]] = {}
+"""Interned requests: thousands of pods ask for a few shapes, and pods asking for the same
+units (in the same order) share one ``slices`` mapping and one ``resources`` set.  The
+decision step and the replay's scheduler read every waiting pod's request many times a
+second, and a few shared objects stay in the CPU cache where thousands of copies do not.
+Nothing changes a PodInfo's request in place (it is ``Mapping``-typed and replaced with the
+pod), so sharing is safe; the table is emptied when full (pods keep their objects)."""
+_SLICES_MAX = 4096
+
+
+def _interned(slices: dict[str, int]) -> tuple[Mapping[str, int], frozenset[str]]:
+    key = tuple(slices.items())
+    hit = _SLICES.get(key)
+    if hit is None:
+        if len(_SLICES) >= _SLICES_MAX:
+            _SLICES.clear()
+        hit = _SLICES[key] = (slices, frozenset(slices))
+    return hit
+
+
 def _read_pod(pod: Obj) -> PodInfo:
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
@@ -407,6 +442,7 @@ def _read_pod(pod: Obj) -> PodInfo:
         except ReservationError as e:
             reservation_error = f"annotation {RESERVATION_ANNOTATION} is malformed ({e})"
     priority = spec.get("priority") or 0
+    shared, resources = _interned(slices)
     return PodInfo(
         key=pod_key(pod),
         uid=str(meta.get("uid", "")),
@@ -422,8 +458,8 @@ def _read_pod(pod: Obj) -> PodInfo:
         and scheduled.get("status") == "False"
         and scheduled.get("reason") == "Unschedulable",
         nominated=bool(status.get("nominatedNodeName")),
-        slices=slices,
-        resources=frozenset(slices),
+        slices=shared,
+        resources=resources,
         whole_gpus=whole,
         cpu_milli=cpu,
         memory_mib=mem,
@@ -530,6 +566,11 @@ class ClusterIndex:
         self._waiting: set[str] = set()
         self._waiting_sorted: list[str] | None = None
         self._waiting_aged: list[str] | None = None
+        self._aged: list[tuple[int, float, str]] = []
+        """:func:`_age_key` of every waiting pod, kept sorted as pods come and go (a bisect
+        each), so :meth:`waiting_by_age` never sorts the whole queue again: a pod's key is
+        read from its :class:`PodInfo` (never changed once built), and the entry is removed
+        with the same key when that PodInfo leaves the waiting set."""
         self.node_pods: dict[str, int] = {}
         """Node -> a counter bumped whenever a pod bound to it appears, changes or goes."""
         self._eligible_shared: dict[str, frozenset[str]] = {}
@@ -640,6 +681,7 @@ class ClusterIndex:
             self.node_pods[info.node] = self.node_pods.get(info.node, 0) + 1
         if info.waiting and key not in self._waiting:
             self._waiting.add(key)
+            bisect.insort(self._aged, _age_key(info))
             self._waiting_sorted = self._waiting_aged = None
         self.version += 1
 
@@ -655,6 +697,12 @@ class ClusterIndex:
             self.node_pods[old.node] = self.node_pods.get(old.node, 0) + 1
         if key in self._waiting:
             self._waiting.discard(key)
+            aged, age = self._aged, _age_key(old)
+            at = bisect.bisect_left(aged, age)
+            if at < len(aged) and aged[at] == age:
+                del aged[at]
+            else:  # pragma: no cover - the entry added with this PodInfo is always there
+                aged.remove(next(a for a in aged if a[2] == key))
             self._waiting_sorted = self._waiting_aged = None
         if bump:
             self.version += 1
@@ -694,7 +742,7 @@ class ClusterIndex:
     def waiting_by_age(self) -> list[str]:
         """Keys of the waiting slice pods, highest priority first, then oldest, then key."""
         if self._waiting_aged is None:
-            self._waiting_aged = sorted(self._waiting, key=lambda k: _age_key(self.pods[k]))
+            self._waiting_aged = [a[2] for a in self._aged]
         return self._waiting_aged
 
     def gpu_nodes(self) -> dict[str, NodeInfo]:
@@ -742,7 +790,7 @@ class ClusterIndex:
         return index
 
 
-def _age_key(pod: PodInfo) -> tuple[object, ...]:
+def _age_key(pod: PodInfo) -> tuple[int, float, str]:
     created = pod.created if pod.created is not None else float("inf")
     return (-pod.priority, created, pod.key)
 

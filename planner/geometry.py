@@ -67,8 +67,34 @@ def canonical(placements: Iterable[Placement]) -> Layout:
     return tuple(sorted(placements, key=lambda p: (p.start, p.profile.name)))
 
 
+_MEMO_MAX = 1024
+"""Entries each memo below keeps; it is emptied when full (planning touches a few dozen)."""
+_errors_memo: dict[tuple[int, tuple[Placement, ...]], tuple[GpuModel, tuple[str, ...]]] = {}
+_layouts_memo: dict[
+    tuple[int, tuple[Placement, ...], frozenset[MigProfile] | None],
+    tuple[GpuModel, tuple[Layout, ...]],
+] = {}
+# Both memos are keyed by the model's identity (the entry holds the model, so the identity
+# cannot be reused while it is there) and by the exact arguments: models, profiles and
+# placements are frozen, so a result computed once is the result of every later call with the
+# same arguments.  The planner asks the same questions thousands of times in a replay (every
+# plan re-validates every GPU's layout and enumerates the same few pinned layouts).
+
+
 def layout_errors(model: GpuModel, placements: Sequence[Placement]) -> list[str]:
-    """Every placement rule ``placements`` breaks on ``model`` (empty if the layout is valid)."""
+    """Every placement rule ``placements`` breaks on ``model`` (empty if the layout is valid).
+
+    Memoised (see ``_errors_memo``); each call returns a new list."""
+    key = (id(model), tuple(placements))
+    hit = _errors_memo.get(key)
+    if hit is None or hit[0] is not model:
+        if len(_errors_memo) >= _MEMO_MAX:
+            _errors_memo.clear()
+        hit = _errors_memo[key] = (model, tuple(_layout_errors(model, key[1])))
+    return list(hit[1])
+
+
+def _layout_errors(model: GpuModel, placements: Sequence[Placement]) -> list[str]:
     errors: list[str] = []
     if not model.mig_capable:
         return [f"{model.name} does not support MIG"]
@@ -128,8 +154,24 @@ def enumerate_layouts(
 
     ``profiles`` restricts the profiles that may be *added* (default: all of the model's);
     pinned instances are kept whatever their profile.  Raises :class:`InvalidLayout` if the
-    pinned instances are not a valid layout themselves.
+    pinned instances are not a valid layout themselves (when the first layout is asked for).
+    The layouts of one set of arguments are enumerated once and memoised (see
+    ``_errors_memo``), in the same order.
     """
+    addable = None if profiles is None else frozenset(profiles)
+    key = (id(model), tuple(pinned), addable)
+    hit = _layouts_memo.get(key)
+    if hit is None or hit[0] is not model:
+        layouts = tuple(_enumerate_layouts(model, key[1], addable))
+        if len(_layouts_memo) >= _MEMO_MAX:
+            _layouts_memo.clear()
+        hit = _layouts_memo[key] = (model, layouts)
+    yield from hit[1]
+
+
+def _enumerate_layouts(
+    model: GpuModel, pinned: Sequence[Placement], profiles: Iterable[MigProfile] | None
+) -> Iterator[Layout]:
     pinned_l = canonical(pinned)
     errs = layout_errors(model, pinned_l)
     if errs:

@@ -41,13 +41,13 @@ kubelet (:class:`Kubelet`)
 
 from __future__ import annotations
 
-import copy
+import bisect
 import heapq
 import itertools
 import json
 import math
 import random
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -131,12 +131,17 @@ class SimApi:
         if wanted is not None and wanted != old["metadata"]["resourceVersion"]:
             self.refused["Conflict"] += 1
             raise Conflict(f"pod {key}: resourceVersion {wanted} is stale")
-        new = merge_patch(copy.deepcopy(old), patch)
+        # merge_patch copies every mapping on the patch's paths and deep-copies the values it
+        # sets, and never changes its target: ``new`` shares only untouched parts with ``old``,
+        # which is dropped from the store below (no deep copy of the whole pod needed).
+        new = merge_patch(old, patch)
         try:
             validate_pod_update(old, new)
         except Invalid:
             self.refused["Invalid"] += 1
             raise
+        if new.get("metadata") is old.get("metadata"):  # stamped in place below
+            new["metadata"] = dict(new["metadata"])
         self._stamp(new)
         self.pods[key] = new
         self.index.upsert_pod(new)
@@ -308,7 +313,15 @@ def _least_allocated(alloc: int, requested: int) -> float:
 
 @dataclass(slots=True)
 class Scheduler:
-    """kube-scheduler's queue and default scoring (module docstring)."""
+    """kube-scheduler's queue and default scoring (module docstring).
+
+    Queues, cheaply (the time replay tries thousands of parked pods again after every
+    departure): ``active`` is a plain list, sorted once when :meth:`run` drains it (a sorted
+    list is popped in the order a heap would pop it: every entry is unique by its sequence
+    number, and nothing is queued while :meth:`run` drains); ``parked`` is a deque, appended in
+    ``(since, seq)`` order because scheduling time never goes back (an out-of-order entry is
+    inserted in place).
+    """
 
     api: SimApi
     rng: random.Random
@@ -318,16 +331,28 @@ class Scheduler:
     flush_period_s: float = 30.0
     entries: dict[str, _Entry] = field(default_factory=dict)
     active: list[tuple[int, float, int, str]] = field(default_factory=list)
+    """Queued pods as ``(-priority, queue timestamp, seq, pod)``, unsorted until :meth:`run`."""
     backoff: list[tuple[float, int, str]] = field(default_factory=list)
-    unschedulable: set[str] = field(default_factory=set)
-    parked: list[tuple[float, int, str]] = field(default_factory=list)
+    unschedulable: dict[str, None] = field(default_factory=dict)
+    """Parked unschedulable pods (a dict as an ordered set: they are listed sorted, and a
+    dict in the order they failed sorts much faster than a hash-ordered set)."""
+    parked: deque[tuple[float, int, str]] = field(default_factory=deque)
     """(parked since, seq, pod) of unschedulable pods, oldest first (stale entries skipped)."""
     gated: set[str] = field(default_factory=set)
     attempts: int = 0
     _seq: itertools.count[int] = field(default_factory=itertools.count)
+    _backoffs: tuple[float, ...] = ()
+    """Backoff after the n-th failed attempt (index n, saturating at the last), computed once
+    with the expression kube-scheduler's backoff is (same floats)."""
+
+    def __post_init__(self) -> None:
+        self._backoffs = tuple(
+            min(self.max_backoff_s, self.initial_backoff_s * 2 ** min(n - 1, 16))
+            for n in range(0, 18)
+        )
 
     def _push_active(self, e: _Entry) -> None:
-        heapq.heappush(self.active, (-e.priority, e.timestamp, next(self._seq), e.key))
+        self.active.append((-e.priority, e.timestamp, next(self._seq), e.key))
 
     def add(self, key: str, now: float) -> None:
         """A new pod: parked if gated, else queued."""
@@ -355,10 +380,10 @@ class Scheduler:
     def forget(self, key: str) -> None:
         self.entries.pop(key, None)
         self.gated.discard(key)
-        self.unschedulable.discard(key)
+        self.unschedulable.pop(key, None)
 
     def _requeue(self, e: _Entry, now: float) -> None:
-        self.unschedulable.discard(e.key)
+        self.unschedulable.pop(e.key, None)
         if e.backoff_until > now:
             heapq.heappush(self.backoff, (e.backoff_until, next(self._seq), e.key))
         else:
@@ -380,27 +405,38 @@ class Scheduler:
 
     def bound_pod_deleted(self, now: float) -> None:
         """NodeResourcesFit's queueing hint for an assigned pod's deletion: try them again."""
-        for key in sorted(self.unschedulable):
-            self._requeue(self.entries[key], now)
+        if not self.unschedulable:
+            return
+        keys = sorted(self.unschedulable)
+        self.unschedulable.clear()  # each is requeued (as _requeue, inlined: thousands of pods)
+        entries, active, backoff, seq = self.entries, self.active, self.backoff, self._seq
+        for key in keys:
+            e = entries[key]
+            if e.backoff_until > now:
+                heapq.heappush(backoff, (e.backoff_until, next(seq), key))
+            else:
+                active.append((-e.priority, e.timestamp, next(seq), key))
 
     def flush(self, now: float) -> None:
         """Unschedulable pods parked for 5 minutes go back to the queue."""
-        while self.parked and now - self.parked[0][0] >= self.unschedulable_timeout_s:
-            since, _, key = heapq.heappop(self.parked)
+        parked, timeout = self.parked, self.unschedulable_timeout_s
+        while parked and now - parked[0][0] >= timeout:
+            since, _, key = parked.popleft()
             e = self.entries.get(key)
             if key in self.unschedulable and e is not None and e.unschedulable_since == since:
                 self._requeue(e, now)
 
     def next_flush(self, now: float) -> float | None:
         """When the flush loop (every ``flush_period_s``) next moves a parked pod."""
-        while self.parked:
-            since, _, key = self.parked[0]
-            e = self.entries.get(key)
-            if key in self.unschedulable and e is not None and e.unschedulable_since == since:
+        parked, unschedulable, entries = self.parked, self.unschedulable, self.entries
+        while parked:
+            since, _, key = parked[0]
+            e = entries.get(key)
+            if key in unschedulable and e is not None and e.unschedulable_since == since:
                 due = since + self.unschedulable_timeout_s
                 period = self.flush_period_s
                 return max(now, math.ceil(due / period - 1e-9) * period)
-            heapq.heappop(self.parked)
+            parked.popleft()
         return None
 
     def next_event(self) -> float | None:
@@ -425,26 +461,45 @@ class Scheduler:
                     room[r] = left
         return room
 
+    def _park(self, entry: tuple[float, int, str]) -> None:
+        """Add to :attr:`parked`, keeping it sorted (appends but for a clock that went back)."""
+        parked = self.parked
+        if parked and parked[-1] > entry:
+            bisect.insort(parked, entry)
+        else:
+            parked.append(entry)
+
     def run(self, now: float, bind: Callable[[str, str], bool]) -> None:
         """Schedule every pod in the active queue (scheduling takes no simulated time).
 
         A pod asking for more of a resource than any node has left fails its attempt at once
         (the filter would reject every node; the outcome and the backoff are the same).
+        ``bind`` must not queue pods (the replay's does not).
         """
         self._ready(now)
+        queue = self.active
+        if not queue:
+            return
+        queue.sort()  # the order heap pops would give
+        self.active = []
         seen: set[str] = set()
         room: dict[str, int] | None = None
         entries, pods = self.entries, self.api.index.pods
-        active, parked, unschedulable = self.active, self.parked, self.unschedulable
-        seq = self._seq
-        while active:
-            key = heapq.heappop(active)[3]
+        unschedulable, seq, backoffs = self.unschedulable, self._seq, self._backoffs
+        last = len(backoffs) - 1
+        parked = self.parked
+        in_order = not parked or parked[-1][0] <= now
+        attempts = 0
+        for item in queue:
+            key = item[3]
+            if key in seen:
+                continue
             e = entries.get(key)
             pod = pods.get(key)
-            if e is None or pod is None or key in seen or pod.node or not pod.waiting:
+            if e is None or pod is None or not pod.waiting:  # waiting: not bound either
                 continue
             seen.add(key)
-            self.attempts += 1
+            attempts += 1
             if room is None:
                 room = self._room()
             fits = True
@@ -452,19 +507,21 @@ class Scheduler:
                 if room.get(r, 0) < k:
                     fits = False
                     break
-            node = self._choose(pod) if fits else None
-            if node is not None and bind(key, node):
-                self.forget(key)
-                room = None
-                continue
-            e.attempts += 1
-            e.backoff_until = now + min(
-                self.max_backoff_s, self.initial_backoff_s * 2 ** min(e.attempts - 1, 16)
-            )
+            if fits:
+                node = self._choose(pod)
+                if node is not None and bind(key, node):
+                    self.forget(key)
+                    room = None
+                    continue
+            n = e.attempts = e.attempts + 1
+            e.backoff_until = now + backoffs[n if n < last else last]
             e.timestamp = now
             e.unschedulable_since = now
-            unschedulable.add(key)
-            heapq.heappush(parked, (now, next(seq), key))
+            unschedulable[key] = None
+            if in_order:
+                parked.append((now, next(seq), key))
+            else:
+                self._park((now, next(seq), key))
             if not pod.unschedulable:
                 self.api.set_pod_status(
                     key,
@@ -475,6 +532,10 @@ class Scheduler:
                         ],
                     },
                 )
+        self.attempts += attempts
+        if self.active:
+            raise AssertionError("Scheduler.run: bind queued pods while the queue drained")
+        self.active = []
 
     def _choose(self, pod: PodInfo) -> str | None:
         index = self.api.index

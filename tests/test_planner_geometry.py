@@ -114,3 +114,26 @@ def test_a30_has_its_own_4_slot_grid() -> None:
         == []
     )
     assert layout_errors(A30, [Placement(1, A30.profile("2g.12gb"))]) != []
+
+
+def test_memoised_enumeration_and_errors_answer_as_computed() -> None:
+    # enumerate_layouts and layout_errors memoise per (model, arguments): a second call gives
+    # the same layouts in the same order, an invalid pinned layout raises on every call (when
+    # the first layout is asked for), and each errors list is the caller's own.
+    pinned = lay(("3g.40gb", 4))
+    first = list(enumerate_layouts(A100, pinned))
+    assert first and list(enumerate_layouts(A100, pinned)) == first
+    only_1g = [A100.profile("1g.10gb")]
+    assert list(enumerate_layouts(A100, tuple(pinned), only_1g)) == [
+        layout
+        for layout in first
+        if all(p in pinned or p.profile.name == "1g.10gb" for p in layout)
+    ]
+    bad = lay(("3g.40gb", 0), ("4g.40gb", 0))
+    for _ in range(2):
+        layouts = enumerate_layouts(A100, bad)  # nothing raised before the first layout
+        with pytest.raises(InvalidLayout, match="overlaps"):
+            next(layouts)
+    errors = layout_errors(A100, bad)
+    errors.append("changed by the caller")
+    assert layout_errors(A100, bad) == errors[:-1] != []
