@@ -696,6 +696,9 @@ class _Step:
         reservation, topology = self.config.reservation, self.index.topology
         candidates, counts, managed = self.candidates, self.candidate_resources, self.managed
         seen = self.seen
+        shapes: dict[int, tuple[Mapping[str, int], list[int]]] = {}
+        """Short-path candidates per request object (pods asking the same share one in the
+        index): their units are added to ``counts`` once per request, after the loop."""
         for pod in self.pods_now:
             if pod.plain and (pod.gated if reservation else not pod.gated):
                 # The short path (the outcome of the general one below for such a pod): a
@@ -718,8 +721,11 @@ class _Step:
                     self.rejected[key] = reason
                     continue
                 candidates[key] = pod
-                for resource, k in pod.slices.items():
-                    counts[resource] += k
+                tally = shapes.get(id(pod.slices))
+                if tally is None:
+                    shapes[id(pod.slices)] = (pod.slices, [1])
+                else:
+                    tally[1][0] += 1
                 if reservation:
                     managed.add(key)
                     if "Gated" not in self.reported.get(key, ()):
@@ -775,6 +781,9 @@ class _Step:
                 self._hold(pod, r)
             elif pod.unschedulable:
                 self.candidate(pod, managed=False)
+        for slices, (n,) in shapes.values():
+            for resource, k in slices.items():
+                counts[resource] += k * n
         self.counts["waiting"] = len(self.seen)
         if math.isfinite(soonest):
             self.wake(soonest)
@@ -1000,7 +1009,7 @@ class _Step:
         tiers = self.config.planner_settings.wait_tiers_s
         order = [k for k in self.candidates if k in self.managed]  # oldest first
         deep = self.deep_queue()
-        kept_for: set[tuple[tuple[str, int], ...]] = set()
+        kept_for: set[str] = set()
         if deep:
             # Overload: throughput rules.  Smaller pods first (fewest units; oldest first among
             # equals), as the plan's objective counts pods placed: free slices that would serve
@@ -1009,24 +1018,33 @@ class _Step:
             # younger ones (below; a kept slice idles until the next plan): in a queue that
             # lasts, no shape starves behind the others.
             starving_after = tiers[-1] if tiers else math.inf
-            candidates, now = self.candidates, self.now
+            candidates, aged_before = self.candidates, self.now - starving_after
 
             def rank(key: str) -> tuple[int, bool, int]:
                 pod = candidates[key]
-                aged = now - (pod.created if pod.created is not None else now) >= starving_after
+                aged = pod.created is not None and pod.created <= aged_before
                 return (-pod.priority, not aged, 0 if aged else sum(pod.slices.values()))
 
             order.sort(key=rank)
         else:
             starving_after = tiers[0] if tiers else math.inf
         protected: set[str] = set()
+        unserved: set[tuple[int, int, int, int]] = set()
+        """(request, eligible set, CPU, memory) of pods that found no free slice this step: free
+        slices only go and kept nodes only grow during the loop, so a later pod asking the
+        same finds none either (requests and eligible sets are shared objects in the index)."""
+        now = self.now
         for key in order:
             pod = self.candidates[key]
             if key in self.restricted or not pod.slices:
                 continue
+            waited = now - (pod.created if pod.created is not None else now)
+            if waited < starving_after and not pod.resources <= offered:
+                continue  # no free slice can serve it and it keeps none (below)
             options: list[NodeLedger] = []
             eligible = self.index.eligible(pod, self.gpu_nodes)
-            if pod.resources <= offered:
+            ask = (id(pod.slices), id(eligible), pod.cpu_milli, pod.memory_mib)
+            if pod.resources <= offered and ask not in unserved:
                 first = min(pod.slices, key=lambda r: len(free_nodes[r]))
                 options = [
                     ledger
@@ -1036,15 +1054,15 @@ class _Step:
                     and ledger.fits(pod.slices, pod.cpu_milli, pod.memory_mib)
                 ]
             if not options:
+                unserved.add(ask)
                 # Oldest first across shapes: a one-GPU pod that has waited past the first tier
                 # (the last in a deep queue) and that no free slice serves keeps the free slices
                 # of its nodes from younger pods, so the next plan can repartition them for it
                 # (a free 7g becomes its 4g).
-                waited = self.now - (pod.created if pod.created is not None else self.now)
                 if waited >= starving_after and sum(pod.slices.values()) == 1:
                     if deep:
                         # one node per request (the oldest pod's): the rest keep serving
-                        request = tuple(pod.slices.items())
+                        (request,) = pod.slices  # its one resource, one unit
                         if request in kept_for:
                             continue
                         kept_for.add(request)
@@ -1464,11 +1482,17 @@ class _Step:
             ledger.add_hold(Hold(pod, r))
 
     def plan_batch(self) -> tuple[Plan | None, str, tuple[str, ...], int, str]:
-        candidates = [
-            k
-            for k, pod in self.candidates.items()
-            if not (self.index.eligible(pod, self.gpu_nodes) <= self.switching)
-        ]
+        topology, switching = self.index.topology, self.switching
+        candidates: list[str] = []
+        for k, pod in self.candidates.items():
+            cached = pod.eligible_cache  # ClusterIndex.eligible's cache, read inline (hot loop)
+            eligible = (
+                cached[1]
+                if cached is not None and cached[0] == topology
+                else self.index.eligible(pod, self.gpu_nodes)
+            )
+            if not eligible <= switching:
+                candidates.append(k)
         retry = self._version() != self.state.plan_version or self.now >= self.state.replan_at
         window = observe(self.state.window, candidates, self.now, self.config.policy, retry)
         if not due(window, self.now, self.config.policy):
@@ -1550,11 +1574,17 @@ class _Step:
         if self.window.planned_at:  # a planned pod arrives again after the retry time
             unchanged = self._version() == self.plan_version
             members = self.window.members
+            # the earliest of these wake-ups that :meth:`wake` would take, in one call
+            candidates, now, retry, replan_at = self.candidates, self.now, policy.retry, self.replan_at
+            best = math.inf
             for key, at in self.window.planned_at.items():
-                if key in self.candidates and key not in members:
-                    self.wake(
-                        max(at + policy.retry, self.replan_at) if unchanged else at + policy.retry
-                    )
+                if key in candidates and key not in members:
+                    due = at + retry
+                    if unchanged and due < replan_at:
+                        due = replan_at
+                    if now < due < best:
+                        best = due
+            self.wake(best)
         for until in self.cooldown.values():
             self.wake(until)
 
