@@ -187,7 +187,8 @@ class DecideConfig:
     queue is overload, where throughput rules: a drain idles the free slices of its GPUs until
     their last pod ends while younger pods could use them.  The same limit switches the fast
     path to smallest pods first, with only pods past the last waiting tier served oldest first
-    and one node's free slices kept per request (module docstring, step 5).  ``inf``: no limit (oldest first always)."""
+    and one node's free slices kept per request (module docstring, step 5).  ``inf``: no limit
+    (oldest first always)."""
     drain_overtaken: int = 0
     """Drain only for a pod that at least this many younger slice pods have overtaken (bound
     now, created after it): starvation relative to the queue rather than waiting alone.  0
@@ -1720,31 +1721,29 @@ class _UnitBounds:
             self.parts.append(part)
 
     def __call__(self, resource: str) -> int:
-        gb = mps_gb_of(resource)
-        locked = self.locked[resource]
-        if gb is None:
-            return self.mig[resource] + locked
-        if gb <= 0:
-            return locked
-        return locked + sum(max(0, m) // (gb * MIB_PER_GIB) for m in self.mps_mib)
+        return _units_of(resource, self.mig, self.locked, self.mps_mib)
 
     def node_max(self, resource: str) -> int:
         """The most units of ``resource`` one node could offer (the bound, per node)."""
         cached = self._node_max.get(resource)
-        if cached is not None:
-            return cached
-        gb = mps_gb_of(resource)
-        best = 0
-        for mig, locked, mps_mib in self.parts:
-            if gb is None:
-                units = mig[resource] + locked[resource]
-            elif gb <= 0:
-                units = locked[resource]
-            else:
-                units = locked[resource] + sum(max(0, m) // (gb * MIB_PER_GIB) for m in mps_mib)
-            best = max(best, units)
-        self._node_max[resource] = best
-        return best
+        if cached is None:
+            cached = self._node_max[resource] = max(
+                (_units_of(resource, *part) for part in self.parts), default=0
+            )
+        return cached
+
+
+def _units_of(
+    resource: str, mig: Counter[str], locked: Counter[str], mps_mib: Iterable[int]
+) -> int:
+    """Units of ``resource`` a share of GPUs could offer (:class:`_UnitBounds`): MIG instance
+    places plus locked free devices, or locked devices plus MPS slices of its size."""
+    gb = mps_gb_of(resource)
+    if gb is None:
+        return mig[resource] + locked[resource]
+    if gb <= 0:
+        return locked[resource]
+    return locked[resource] + sum(max(0, m) // (gb * MIB_PER_GIB) for m in mps_mib)
 
 
 def _node_bounds(

@@ -34,9 +34,9 @@ Pod groups: pods with the same requests, CPU, memory, priority, waiting tier and
 interchangeable for the planner, which decides how many of each group go to each node
 (:func:`group_pods`).  Priorities and waiting times become objective weights with
 :func:`pod_weights`: one pod of a higher priority outweighs all pods of lower priorities
-together; within a priority one more unit of GPU compute placed (or one more pod, with the
-``pods`` placement weight) outweighs any difference in waiting, and among plans placing as much
-the one placing longer-waiting pods wins (the waiting-time level).
+together; within a priority one more pod placed (or one more unit of GPU compute, with the
+``compute`` placement weight) outweighs any difference in waiting, and among plans placing as
+much the one placing longer-waiting pods wins (the waiting-time level).
 
 Everything here is a pure function of its arguments.
 """

@@ -6,10 +6,11 @@ Sets
 
 * ``N``: nodes that are a candidate of some pod group (others are left out and unchanged).
 * ``G``: pod groups (:func:`planner.demand.group_pods`: same requests, priority and waiting
-  tier); group ``g`` has ``n_g`` identical pods, weight ``w_g`` (:func:`planner.demand.pod_weights`:
-  priorities lexicographic, then compute (or pods) placed, then their waiting tiers), CPU ``c_g``, memory
-  ``m_g``, and on each candidate node ``v`` in ``N_g`` needs ``u_{g,k}`` units of key ``k``
-  (a MIG profile name, or ``mps:<MiB>`` for an MPS slice size).
+  tier); group ``g`` has ``n_g`` identical pods, weight ``w_g``
+  (:func:`planner.demand.pod_weights`: priorities lexicographic, then pods (or compute)
+  placed, then their waiting tiers), CPU ``c_g``, memory ``m_g``, and on each candidate node
+  ``v`` in ``N_g`` needs ``u_{g,k}`` units of key ``k`` (a MIG profile name, or ``mps:<MiB>``
+  for an MPS slice size).
 * ``N_g``: the ``settings.max_candidate_nodes`` eligible nodes ranked best for ``g`` (most
   pods servable by free instances now, then most memory not in use, then name), plus every
   node the greedy warm start put a pod of ``g`` on.

@@ -535,7 +535,6 @@ class Scheduler:
         self.attempts += attempts
         if self.active:
             raise AssertionError("Scheduler.run: bind queued pods while the queue drained")
-        self.active = []
 
     def _choose(self, pod: PodInfo) -> str | None:
         index = self.api.index
