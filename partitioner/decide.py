@@ -53,7 +53,10 @@ step:
    unreported bound pod may use pinned and frozen GPUs left out (:mod:`partitioner.ledger`),
    and each pod's waiting time (the objective's waiting-time level).  Changed nodes get a spec
    (resourceVersion-guarded); each placed pod gets a ``planned`` reservation written after its
-   node's spec; unplaced pods get ``cannot place: <reason>``.
+   node's spec; unplaced pods get ``cannot place: <reason>``.  A batch no pod of which could
+   get its units on any plannable node (the batch's bound, :class:`_UnitBounds`: a full
+   cluster with free slices nobody waiting can use) goes to the planner's greedy pass, not to
+   CP-SAT: the plan places nothing and changes nothing either way, with the same reasons.
 8. **Drain.**  A gated pod the plan could not place for lack of capacity that has waited
    ``drain_after_s`` gets a drain (:mod:`partitioner.drain`) while the cluster's drain budget
    (``drain_fraction`` of the GPUs) has room; with ``drain_overtaken`` = K > 0 only once K
@@ -127,7 +130,7 @@ from partitioner.snapshot import (
     planned_pods,
 )
 from planner.catalog import Catalog, CatalogError, GpuModel
-from planner.settings import PlannerSettings
+from planner.settings import PlannerSettings, Policy
 from planner.snapshot import (
     Assignment,
     Mode,
@@ -511,6 +514,8 @@ class _Step:
         self.planned_snapshot: Snapshot | None = None
         self.plan_key: object = None
         """What the plan of :attr:`planned_snapshot` depends on (:meth:`planning_input`)."""
+        self.unit_bound: _UnitBounds | None = None
+        """The batch's bound on what the plannable nodes could offer (:meth:`planning_input`)."""
         self.next_wakeup: float | None = None
         self._rejects: dict[tuple[frozenset[str], tuple[tuple[str, int], ...]], str | None] = {}
         """(eligible nodes, slices) -> :func:`_reject_reason` (this step's nodes)."""
@@ -1008,8 +1013,28 @@ class _Step:
             return
         offered = frozenset(free_nodes)
         tiers = self.config.planner_settings.wait_tiers_s
-        order = [k for k in self.candidates if k in self.managed]  # oldest first
         deep = self.deep_queue()
+        starving_after = (tiers[-1] if deep else tiers[0]) if tiers else math.inf
+        now, managed, restricted = self.now, self.managed, self.restricted
+        # Only the pods the loop below would not skip take part, and only they are ranked:
+        # those a free slice could serve (``offered`` only shrinks), and those old enough to
+        # keep slices; in a deep queue only a one-unit pod keeps, the first of its request.
+        order: list[str] = []
+        keeping: set[str] = set()
+        for k, pod in self.candidates.items():  # highest priority, then oldest first
+            if k not in managed or k in restricted or not pod.slices:
+                continue
+            if not pod.resources <= offered:
+                if now - (pod.created if pod.created is not None else now) < starving_after:
+                    continue
+                if deep:
+                    if sum(pod.slices.values()) != 1:
+                        continue
+                    (request,) = pod.slices
+                    if request in keeping:
+                        continue
+                    keeping.add(request)
+            order.append(k)
         kept_for: set[str] = set()
         if deep:
             # Overload: throughput rules.  Smaller pods first (fewest units; oldest first among
@@ -1018,8 +1043,7 @@ class _Step:
             # past the last waiting tier is served oldest first and may keep free slices from
             # younger ones (below; a kept slice idles until the next plan): in a queue that
             # lasts, no shape starves behind the others.
-            starving_after = tiers[-1] if tiers else math.inf
-            candidates, aged_before = self.candidates, self.now - starving_after
+            candidates, aged_before = self.candidates, now - starving_after
 
             def rank(key: str) -> tuple[int, bool, int]:
                 pod = candidates[key]
@@ -1027,14 +1051,11 @@ class _Step:
                 return (-pod.priority, not aged, 0 if aged else sum(pod.slices.values()))
 
             order.sort(key=rank)
-        else:
-            starving_after = tiers[0] if tiers else math.inf
         protected: set[str] = set()
         unserved: set[tuple[int, int, int, int]] = set()
         """(request, eligible set, CPU, memory) of pods that found no free slice this step: free
         slices only go and kept nodes only grow during the loop, so a later pod asking the
         same finds none either (requests and eligible sets are shared objects in the index)."""
-        now = self.now
         for key in order:
             pod = self.candidates[key]
             if key in self.restricted or not pod.slices:
@@ -1303,7 +1324,9 @@ class _Step:
             if not ledger.busy and name not in self.cooldown
         }
         nodes = tuple(plannable[n].node_state() for n in sorted(plannable))
-        bound = _UnitBounds(plannable.values(), self.config.planner_settings.mps_reserve_mib)
+        bound = self.unit_bound = _UnitBounds(
+            plannable.values(), self.config.planner_settings.mps_reserve_mib
+        )
         taken: dict[str, int] = {}
         pods: list[PendingPod] = []
         rows: list[tuple[str, tuple[object, ...], frozenset[str], int]] = []
@@ -1523,9 +1546,17 @@ class _Step:
                 plan = self.last_plan[1]
                 self.counts["plans_reused"] += 1
             else:
-                plan = self.config.planner(
-                    snapshot, self.config.planner_settings, self.config.catalog
-                )
+                settings = self.config.planner_settings
+                if settings.policy is not Policy.GREEDY and not self._may_place(snapshot):
+                    # No pod can get its units on any plannable node: the plan places nothing
+                    # and changes no layout (churn costs, placing gains nothing), so a solve
+                    # would only confirm it.  The greedy pass the planner starts with gives
+                    # the same plan and the same reasons at a fraction of the cost (a full
+                    # cluster with free slices nobody waiting can use: most batches in
+                    # overload, tests/test_partitioner_no_room.py).
+                    settings = replace(settings, policy=Policy.GREEDY)
+                    self.counts["plans_without_solve"] += 1
+                plan = self.config.planner(snapshot, settings, self.config.catalog)
                 self.last_plan = (key, plan)
         except Exception as e:  # a planner bug must not stop the controller
             error = (
@@ -1538,6 +1569,18 @@ class _Step:
                 self.once(pods[key], "Unplaceable", f"cannot place: {reason}", "Warning")
         self.start_drains(plan)
         return plan, plan_id, batch, reconfigured, ""
+
+    def _may_place(self, snapshot: Snapshot) -> bool:
+        """Whether some pod of ``snapshot`` could be placed, by the batch's bound
+        (:class:`_UnitBounds`): ``False`` only if every pod asks for more units of some
+        resource than any plannable node could offer without moving a pinned device."""
+        bound = self.unit_bound
+        if bound is None:
+            return True
+        return any(
+            all(k <= bound.node_max(r) for r, k in p.requests.items() if k > 0)
+            for p in snapshot.pods
+        )
 
     def _version(self) -> tuple[int, int]:
         return (self.index.identity, self.index.version)
@@ -1576,7 +1619,12 @@ class _Step:
             unchanged = self._version() == self.plan_version
             members = self.window.members
             # the earliest of these wake-ups that :meth:`wake` would take, in one call
-            candidates, now, retry, replan_at = self.candidates, self.now, policy.retry, self.replan_at
+            candidates, now, retry, replan_at = (
+                self.candidates,
+                self.now,
+                policy.retry,
+                self.replan_at,
+            )
             best = math.inf
             for key, at in self.window.planned_at.items():
                 if key in candidates and key not in members:
