@@ -1021,8 +1021,8 @@ class _Step:
         # keep slices; in a deep queue only a one-unit pod keeps, the first of its request.
         order: list[str] = []
         keeping: set[str] = set()
-        for k, pod in self.candidates.items():  # highest priority, then oldest first
-            if k not in managed or k in restricted or not pod.slices:
+        for name, pod in self.candidates.items():  # highest priority, then oldest first
+            if name not in managed or name in restricted or not pod.slices:
                 continue
             if not pod.resources <= offered:
                 if now - (pod.created if pod.created is not None else now) < starving_after:
@@ -1034,7 +1034,7 @@ class _Step:
                     if request in keeping:
                         continue
                     keeping.add(request)
-            order.append(k)
+            order.append(name)
         kept_for: set[str] = set()
         if deep:
             # Overload: throughput rules.  Smaller pods first (fewest units; oldest first among
