@@ -52,11 +52,31 @@ Constraints
 Objective (lexicographic, by big-M scaling)
 
 ``maximize  M1 * PLACED - M2 * CHURN + USEFUL`` with ``PLACED = sum w_g x_{g,v}``,
-``CHURN = sum churn_l y_{h,l} + MPS churn`` and ``USEFUL = sum useful_l y_{h,l} + MPS
-usefulness``.  All three are non-negative integers bounded by ``CHURN <= C*`` and
+``CHURN = sum churn_l y_{h,l} + MPS churn`` and ``USEFUL = sum_v useful_v`` (below).  All three are non-negative integers bounded by ``CHURN <= C*`` and
 ``USEFUL <= U*`` (sums of per-class maxima), so ``M2 = U* + 1`` makes one unit of churn
 outweigh any usefulness difference and ``M1 = M2 C* + U* + 1`` makes one unit of ``PLACED``
 outweigh any churn/usefulness difference: the maximum is exactly the lexicographic optimum.
+Usefulness is CPU-aware: free GPU capacity on a node no pod can get CPU or memory beside is
+stranded, not useful.  With the target workload's per-pod needs ``(c*, m*)``
+(:func:`free_capacity_needs`: ``settings.free_capacity_cpu_milli`` / ``_memory_mib``, by
+default the lower quartile of the batch's pods), a node ``v`` with ``G_v`` GPUs in the model, ``U_v =
+sum_{h in H_v, l} useful_l y_{h,l} + MPS usefulness of v`` (at most ``U*_v``, at most ``u*_v``
+per GPU), and ``useful_v`` in ``[0, U*_v]``:
+
+* ``useful_v = 0`` if not one such pod fits the node now (``cpu_free_v < c*`` or
+  ``mem_free_v < m*``): its free GPUs are stranded whatever the plan does;
+* ``useful_v = U_v`` if ``G_v`` such pods fit whatever the plan places there
+  (``cpu_free_v - sum_g c_g ub(x_{g,v}) >= G_v c*``, the same for memory);
+* else an integer ``hosts_v`` in ``[0, min(G_v, cpu_free_v // c*, mem_free_v // m*)]`` with
+  ``c* hosts_v + sum_g c_g x_{g,v} <= cpu_free_v`` (and memory), ``useful_v <= U_v`` and
+  ``useful_v <= u*_v hosts_v``: free capacity counts for at most as many GPUs as pods of the
+  target could still use.
+
+So among plans placing as much with as little churn, the one that leaves free GPUs where pods
+can still use them wins, FGD's idea on the planner's own terms (issue 13: the CPU-blind level
+left 94 GPUs empty on CPU-exhausted nodes on the saturation protocol, greedy 55).
+``U* = sum_v U*_v`` over the nodes not stranded before the plan.
+
 The integers must stay below 2^53 (CP-SAT bounds objectives in doubles); when
 ``M1 * max PLACED`` would not, the usefulness level is dropped, then the churn level, and
 ``stats['objective_levels']`` says how many levels were optimised.  One solve keeps the time
@@ -89,7 +109,7 @@ each group's first pods (longest waiting, then name) go to its nodes in name ord
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
@@ -129,9 +149,11 @@ __all__ = [
     "WallBudget",
     "candidate_layouts",
     "current_mig",
+    "free_capacity_needs",
     "largest_free_block",
     "layout_option",
     "solve_batch",
+    "workload_needs",
 ]
 
 _EXACT_INT = 1 << 53
@@ -457,10 +479,21 @@ class _Model:
     supply_max: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
     churn_terms: list[tuple[int, cp_model.IntVar]] = field(default_factory=list)
     churn_exprs: list[cp_model.LinearExpr] = field(default_factory=list)
-    useful_terms: list[tuple[int, cp_model.IntVar]] = field(default_factory=list)
-    useful_exprs: list[cp_model.LinearExpr] = field(default_factory=list)
+    useful_terms: dict[str, list[tuple[int, cp_model.IntVar]]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
+    """Node -> (usefulness, layout count variable) of its MIG classes' options."""
+    useful_exprs: dict[str, list[cp_model.LinearExpr]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
+    """Node -> usefulness expressions of its MPS GPUs."""
+    useful_node_max: Counter[str] = field(default_factory=Counter)
+    """Node -> the most usefulness its GPUs can have."""
+    useful_gpu_max: Counter[str] = field(default_factory=Counter)
+    """Node -> the most usefulness one of its GPUs can have."""
+    node_gpus: Counter[str] = field(default_factory=Counter)
+    """Node -> its GPUs in the model."""
     churn_max: int = 0
-    useful_max: int = 0
     n_layouts: int = 0
 
 
@@ -502,12 +535,15 @@ def _add_mig_node(
             if opt.churn:
                 m.churn_terms.append((opt.churn, var))
             if opt.useful:
-                m.useful_terms.append((opt.useful, var))
+                m.useful_terms[node].append((opt.useful, var))
         m.cp.add(sum(cls.counts) == size)
         for k in names:
             m.supply_max[node][k] += size * max(o.free.get(k, 0) for o in options)
         m.churn_max += size * max(o.churn for o in options)
-        m.useful_max += size * max(o.useful for o in options)
+        best = max(o.useful for o in options)
+        m.useful_node_max[node] += size * best
+        m.useful_gpu_max[node] = max(m.useful_gpu_max[node], best)
+        m.node_gpus[node] += size
         m.n_layouts += len(options)
         m.mig.append(cls)
 
@@ -539,9 +575,11 @@ def _add_mps_node(
             m.supply[node][mps_key(mib)].extend(g.free_units(mib))
             m.supply_max[node][mps_key(mib)] += g.free_units_max(mib)
         m.churn_exprs.append(g.churn)
-        m.useful_exprs.append(g.useful)
+        m.useful_exprs[node].append(g.useful)
         m.churn_max += g.churn_max
-        m.useful_max += g.useful_max
+        m.useful_node_max[node] += g.useful_max
+        m.useful_gpu_max[node] = max(m.useful_gpu_max[node], g.useful_max)
+        m.node_gpus[node] += 1
 
 
 def _pod_upper_bound(
@@ -691,11 +729,12 @@ def solve_batch(
         if sum(c * upper_bound(x) for c, x in mem) > state.memory_mib_free:
             m.cp.add(_wsum(mem) <= state.memory_mib_free)
 
+    needs = free_capacity_needs(snapshot, settings)
+    useful, useful_max = _usefulness(m, nodes, groups, per_node, needs)
     placed_max = sum(c * upper_bound(x) for c, x in placed_terms)
-    scale = _scaling(placed_max, m.churn_max, m.useful_max)
+    scale = _scaling(placed_max, m.churn_max, useful_max)
     placed = _wsum(placed_terms)
     churn = _wsum(m.churn_terms) + sum(m.churn_exprs)
-    useful = _wsum(m.useful_terms) + sum(m.useful_exprs)
     objective = scale.m1 * placed
     if scale.levels >= 2:
         objective -= scale.m2 * churn
@@ -754,6 +793,85 @@ def solve_batch(
         status=solver.status_name(status),
         stats=stats,
     )
+
+
+def free_capacity_needs(snapshot: Snapshot, settings: PlannerSettings) -> tuple[int, int]:
+    """CPU (milli) and memory (MiB) a pod of the target workload needs beside its GPU slice
+    (module docstring, "Usefulness"): ``settings.free_capacity_cpu_milli`` /
+    ``free_capacity_memory_mib`` when given, else the lower quartile of the batch's pods
+    (:func:`workload_needs`)."""
+    cpu, mem = settings.free_capacity_cpu_milli, settings.free_capacity_memory_mib
+    if cpu is None or mem is None:
+        learned = workload_needs((p.cpu_milli, p.memory_mib) for p in snapshot.pods)
+        cpu = learned[0] if cpu is None else cpu
+        mem = learned[1] if mem is None else mem
+    return max(0, cpu), max(0, mem)
+
+
+def workload_needs(pods: Iterable[tuple[int, int]]) -> tuple[int, int]:
+    """The target workload's per-pod (CPU milli, memory MiB) from its pods' requests: the lower
+    quartile of each (a node that can still host a quarter of the pods counts as useful;
+    the median was worse on the openb saturation runs, README design notes); (0, 0) for
+    none."""
+    cpus, mems = [], []
+    for cpu, mem in pods:
+        cpus.append(cpu)
+        mems.append(mem)
+    if not cpus:
+        return (0, 0)
+    cpus.sort()
+    mems.sort()
+    quarter = (len(cpus) - 1) // 4
+    return (cpus[quarter], mems[quarter])
+
+
+def _usefulness(
+    m: _Model,
+    nodes: Mapping[str, NodeState],
+    groups: Sequence[PodGroup],
+    per_node: Mapping[str, Sequence[tuple[int, cp_model.IntVar]]],
+    needs: tuple[int, int],
+) -> tuple[cp_model.LinearExpr, int]:
+    """The objective's usefulness level and its maximum, node by node (module docstring): a
+    node's free GPU capacity counts for at most as many GPUs as pods of the target workload
+    (``needs``: CPU, memory) could still get CPU and memory there after the plan."""
+    need_cpu, need_mem = needs
+    parts: list[cp_model.LinearExpr] = []
+    total_max = 0
+    for name in sorted(m.useful_node_max):
+        most = m.useful_node_max[name]
+        if most <= 0:
+            continue
+        state, gpus = nodes[name], m.node_gpus[name]
+        room = gpus
+        if need_cpu > 0:
+            room = min(room, state.cpu_milli_free // need_cpu)
+        if need_mem > 0:
+            room = min(room, state.memory_mib_free // need_mem)
+        if room <= 0:
+            continue  # no pod like the target's fits the node: its free GPUs are stranded
+        raw = _wsum(m.useful_terms.get(name, ())) + sum(m.useful_exprs.get(name, ()))
+        total_max += most
+        entries = per_node.get(name, ())
+        cpu = [(groups[gi].first.cpu_milli, x) for gi, x in entries]
+        mem = [(groups[gi].first.memory_mib, x) for gi, x in entries]
+        cpu_low = state.cpu_milli_free - sum(c * upper_bound(x) for c, x in cpu)
+        mem_low = state.memory_mib_free - sum(c * upper_bound(x) for c, x in mem)
+        if (need_cpu <= 0 or cpu_low >= gpus * need_cpu) and (
+            need_mem <= 0 or mem_low >= gpus * need_mem
+        ):
+            parts.append(raw)  # whatever the plan places there, every GPU keeps room
+            continue
+        hosts = m.cp.new_int_var(0, room, f"hosts[{name}]")
+        if need_cpu > 0:
+            m.cp.add(need_cpu * hosts + _wsum(cpu) <= state.cpu_milli_free)
+        if need_mem > 0:
+            m.cp.add(need_mem * hosts + _wsum(mem) <= state.memory_mib_free)
+        value = m.cp.new_int_var(0, most, f"useful[{name}]")
+        m.cp.add(value <= raw)
+        m.cp.add(value <= m.useful_gpu_max[name] * hosts)
+        parts.append(value)
+    return cp_model.LinearExpr.sum(parts), total_max
 
 
 def _wsum(terms: Sequence[tuple[int, cp_model.IntVar]]) -> cp_model.LinearExpr:

@@ -53,6 +53,14 @@ class PlannerSettings:
     """Value of leaving a GPU with nothing on it (whole 7g still possible)."""
     weight_free_block: int = 1
     """Value per free memory slot kept in the largest aligned free block of a GPU."""
+    free_capacity_cpu_milli: int | None = None
+    """The target workload's CPU per pod: a node's free GPU capacity is valued (the two
+    weights above) for at most as many GPUs as such pods could still get CPU on the node after
+    the plan, since a GPU no pod can get CPU beside is stranded.  ``None``: learned from the
+    batch, the lower quartile of its pods' requests (the pods waiting now stand for the next
+    ones; :func:`planner.mig_cpsat.workload_needs`); 0: CPU-blind."""
+    free_capacity_memory_mib: int | None = None
+    """The same for node memory (MiB); ``None``: the batch's lower quartile."""
     mps_reserve_mib: int = 512
     """GPU memory kept free for the MPS server on each MPS GPU."""
     mps_thread_policy: ThreadPolicy = ThreadPolicy.PROPORTIONAL

@@ -59,8 +59,10 @@ The arrival list is cut into batches of ``k`` consecutive pods.  For each batch:
    nodes: their current instances/slices with used flags, free CPU and memory; the batch's
    remaining pods as :class:`~planner.snapshot.PendingPod` (requests from the mapping, CPU,
    memory, priority 0, ``eligible_nodes`` = the neighbourhood nodes their ``gpu_spec``
-   allows).  Settings: ``PlannerSettings(policy=cpsat|greedy)``, every other field at its
-   default (time limit 1 s).
+   allows).  Settings: ``PlannerSettings(policy=cpsat|greedy)`` with the target workload
+   given (the free-capacity level's per-pod CPU and memory, :func:`target_settings`: the lower
+   quartile of the trace's GPU pods, as FGD measures fragmentation against the trace's own
+   pods), every other field at its default (time limit 1 s).
 5. **Apply.**  Every changed GPU gets the planned layout; instances/slices in use must all be
    in it (checked: a plan that moves one raises :class:`PlanViolation`).  Each placed pod
    takes, on each GPU index of its assignment, a free instance of its profile (the one with
@@ -114,7 +116,7 @@ from ortools.sat.python import cp_model
 
 from planner.catalog import GpuModel, MigProfile, default_catalog
 from planner.geometry import Placement, enumerate_layouts
-from planner.mig_cpsat import largest_free_block
+from planner.mig_cpsat import largest_free_block, workload_needs
 from planner.settings import PlannerSettings, Policy
 from planner.snapshot import (
     GpuState,
@@ -701,6 +703,14 @@ def _seeded(
     return part, PartitionedState(part, node_ranks(part, rng), settings), drawn
 
 
+def target_settings(workload: Workload, policy: Policy) -> PlannerSettings:
+    """The planner's settings for ``policy`` with the target workload given: the per-pod CPU
+    and memory of :func:`planner.mig_cpsat.workload_needs` over ``workload``'s GPU pods."""
+    gpu_pods = (p for p in workload.pods if p.num_gpu or p.slices)
+    cpu, mem = workload_needs((p.cpu_milli, p.memory_mib) for p in gpu_pods)
+    return PlannerSettings(policy=policy, free_capacity_cpu_milli=cpu, free_capacity_memory_mib=mem)
+
+
 def run_planned(
     cluster: Cluster,
     workload: Workload,
@@ -729,7 +739,7 @@ def run_planned(
     if neighbourhood_gpus < 1:
         raise ValueError(f"neighbourhood_gpus must be >= 1, got {neighbourhood_gpus}")
     started = time.perf_counter()
-    st = settings if settings is not None else PlannerSettings(policy=policy)
+    st = settings if settings is not None else target_settings(workload, policy)
     part, state, arrivals = _seeded(cluster, mode, workload, seed, target, st, arrivals)
     mapper: PodMapping = make_mapping(mapping, state.model, st.mps_reserve_mib)
     plan_fn = planner if planner is not None else _default_planner
