@@ -57,6 +57,19 @@ class PartitionerSettings(CommonSettings):
     weight_gpu_touched: int = Field(8, ge=0, description="Churn cost per GPU reconfigured.")
     weight_free_gpu: int = Field(4, ge=0, description="Value of a GPU left entirely free.")
     weight_free_block: int = Field(1, ge=0, description="Value per slot of the largest free block.")
+    free_capacity_cpu_milli: int | None = Field(
+        None,
+        ge=0,
+        description="CPU (milli) a pod of the target workload needs: a node's free GPUs count "
+        "as useful for at most as many pods of that size as its CPU could still hold; unset: "
+        "the lower quartile of the waiting pods' requests; 0: CPU-blind.",
+    )
+    free_capacity_memory_mib: int | None = Field(
+        None,
+        ge=0,
+        description="Memory (MiB) a pod of the target workload needs, as above; unset: the "
+        "lower quartile of the waiting pods' requests; 0: memory-blind.",
+    )
     mps_reserve_mib: int = Field(512, ge=0, description="GPU memory kept for the MPS server.")
     placement_weight: PlacementWeight = Field(
         PlacementWeight.PODS,
@@ -243,6 +256,8 @@ class PartitionerSettings(CommonSettings):
             weight_gpu_touched=self.weight_gpu_touched,
             weight_free_gpu=self.weight_free_gpu,
             weight_free_block=self.weight_free_block,
+            free_capacity_cpu_milli=self.free_capacity_cpu_milli,
+            free_capacity_memory_mib=self.free_capacity_memory_mib,
             mps_reserve_mib=self.mps_reserve_mib,
             placement_weight=self.placement_weight,
         )

@@ -52,16 +52,17 @@ Constraints
 Objective (lexicographic, by big-M scaling)
 
 ``maximize  M1 * PLACED - M2 * CHURN + USEFUL`` with ``PLACED = sum w_g x_{g,v}``,
-``CHURN = sum churn_l y_{h,l} + MPS churn`` and ``USEFUL = sum_v useful_v`` (below).  All three are non-negative integers bounded by ``CHURN <= C*`` and
-``USEFUL <= U*`` (sums of per-class maxima), so ``M2 = U* + 1`` makes one unit of churn
+``CHURN = sum churn_l y_{h,l} + MPS churn`` and ``USEFUL = sum_v useful_v`` (below).  All
+three are non-negative integers bounded by ``CHURN <= C*`` and ``USEFUL <= U*`` (sums of
+per-class and per-node maxima), so ``M2 = U* + 1`` makes one unit of churn
 outweigh any usefulness difference and ``M1 = M2 C* + U* + 1`` makes one unit of ``PLACED``
 outweigh any churn/usefulness difference: the maximum is exactly the lexicographic optimum.
 Usefulness is CPU-aware: free GPU capacity on a node no pod can get CPU or memory beside is
 stranded, not useful.  With the target workload's per-pod needs ``(c*, m*)``
 (:func:`free_capacity_needs`: ``settings.free_capacity_cpu_milli`` / ``_memory_mib``, by
-default the lower quartile of the batch's pods), a node ``v`` with ``G_v`` GPUs in the model, ``U_v =
-sum_{h in H_v, l} useful_l y_{h,l} + MPS usefulness of v`` (at most ``U*_v``, at most ``u*_v``
-per GPU), and ``useful_v`` in ``[0, U*_v]``:
+default the lower quartile of the batch's pods), a node ``v`` with ``G_v`` GPUs in the
+model, ``U_v = sum_{h in H_v, l} useful_l y_{h,l} + MPS usefulness of v`` (at most ``U*_v``,
+at most ``u*_v`` per GPU), and ``useful_v`` in ``[0, U*_v]``:
 
 * ``useful_v = 0`` if not one such pod fits the node now (``cpu_free_v < c*`` or
   ``mem_free_v < m*``): its free GPUs are stranded whatever the plan does;

@@ -845,6 +845,7 @@ def test_partitioner_values_reach_its_settings(
                 "weights": {"destroy": 7, "gpuTouched": 0},
                 "mpsReserveMiB": 1024,
                 "placementWeight": "pods",
+                "freeCapacity": {"cpuMilli": 4000, "memoryMiB": 0},
             },
             "reservations": {
                 "enabled": False,
@@ -870,6 +871,7 @@ def test_partitioner_values_reach_its_settings(
         0,
     )
     assert p.mps_reserve_mib == 1024 and p.placement_weight == "pods"
+    assert (p.free_capacity_cpu_milli, p.free_capacity_memory_mib) == (4000, 0)
     assert (s.reservation, s.apply_deadline_seconds, s.bind_deadline_seconds) == (False, 60, 30)
     assert (s.cooldown_seconds, s.drain_after_seconds, s.drain_fraction) == (0, 7200, 0.25)
     assert s.drain_overtaken == 4 and s.decide_config(load_catalog()).drain_overtaken == 4
