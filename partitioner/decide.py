@@ -1336,6 +1336,8 @@ class _Step:
         limits = {r: bound(r) for r, n in self.candidate_resources.items() if n > 0}
         too_big: set[tuple[tuple[str, int], ...]] = set()
         """Requests of the pods no node can hold now that entered the batch (one pod each)."""
+        too_big_of: dict[int, bool] = {}
+        """id(request) -> whether no node could hold it now (the pods keep the objects alive)."""
         unsaturated = set(limits)
         usable_of: dict[int, tuple[frozenset[str], frozenset[str]]] = {}
         """id(eligible set) -> (that set, its plannable part): pods sharing an eligible set
@@ -1370,7 +1372,12 @@ class _Step:
                 )
                 continue
             slices = pod.slices
-            if any(k > 1 and k > bound.node_max(r) for r, k in slices.items()):
+            big = too_big_of.get(id(slices))  # one answer per request object (shared by pods)
+            if big is None:
+                big = too_big_of[id(slices)] = any(
+                    k > 1 and k > bound.node_max(r) for r, k in slices.items()
+                )
+            if big:
                 # All of a pod's units go to one node: a pod that no node could hold now cannot
                 # be placed by this plan, and counting its units against the resource's bound
                 # would crowd out pods that can (a burst of one-GPU pods behind whole-node pods
