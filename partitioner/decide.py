@@ -1056,10 +1056,8 @@ class _Step:
         """(request, eligible set, CPU, memory) of pods that found no free slice this step: free
         slices only go and kept nodes only grow during the loop, so a later pod asking the
         same finds none either (requests and eligible sets are shared objects in the index)."""
-        for key in order:
+        for key in order:  # managed, not restricted, asking for slices (above)
             pod = self.candidates[key]
-            if key in self.restricted or not pod.slices:
-                continue
             waited = now - (pod.created if pod.created is not None else now)
             if waited < starving_after and not pod.resources <= offered:
                 continue  # no free slice can serve it and it keeps none (below)

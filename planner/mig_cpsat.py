@@ -492,8 +492,6 @@ class _Model:
     """Node -> the most usefulness its GPUs can have."""
     useful_gpu_max: Counter[str] = field(default_factory=Counter)
     """Node -> the most usefulness one of its GPUs can have."""
-    node_gpus: Counter[str] = field(default_factory=Counter)
-    """Node -> its GPUs in the model."""
     churn_max: int = 0
     n_layouts: int = 0
 
@@ -544,7 +542,6 @@ def _add_mig_node(
         best = max(o.useful for o in options)
         m.useful_node_max[node] += size * best
         m.useful_gpu_max[node] = max(m.useful_gpu_max[node], best)
-        m.node_gpus[node] += size
         m.n_layouts += len(options)
         m.mig.append(cls)
 
@@ -580,7 +577,6 @@ def _add_mps_node(
         m.churn_max += g.churn_max
         m.useful_node_max[node] += g.useful_max
         m.useful_gpu_max[node] = max(m.useful_gpu_max[node], g.useful_max)
-        m.node_gpus[node] += 1
 
 
 def _pod_upper_bound(
@@ -712,6 +708,7 @@ def solve_batch(
         if len(xs) > 1:
             m.cp.add(sum(xs) <= g.size)
 
+    loads: dict[str, _NodeLoad] = {}
     for name, entries in per_node.items():
         state = nodes[name]
         demand_terms: dict[str, list[tuple[int, cp_model.IntVar]]] = defaultdict(list)
@@ -725,13 +722,19 @@ def solve_batch(
             mem.append((g.first.memory_mib, x))
         for k, terms in demand_terms.items():
             m.cp.add(_wsum(terms) <= _wsum(m.supply[name][k]))
-        if sum(c * upper_bound(x) for c, x in cpu) > state.cpu_milli_free:
+        load = loads[name] = _NodeLoad(
+            cpu,
+            mem,
+            sum(c * upper_bound(x) for c, x in cpu),
+            sum(c * upper_bound(x) for c, x in mem),
+        )
+        if load.cpu_most > state.cpu_milli_free:
             m.cp.add(_wsum(cpu) <= state.cpu_milli_free)
-        if sum(c * upper_bound(x) for c, x in mem) > state.memory_mib_free:
+        if load.mem_most > state.memory_mib_free:
             m.cp.add(_wsum(mem) <= state.memory_mib_free)
 
     needs = free_capacity_needs(snapshot, settings)
-    useful, useful_max = _usefulness(m, nodes, groups, per_node, needs)
+    useful, useful_max = _usefulness(m, nodes, loads, needs)
     placed_max = sum(c * upper_bound(x) for c, x in placed_terms)
     scale = _scaling(placed_max, m.churn_max, useful_max)
     placed = _wsum(placed_terms)
@@ -826,11 +829,24 @@ def workload_needs(pods: Iterable[tuple[int, int]]) -> tuple[int, int]:
     return (cpus[quarter], mems[quarter])
 
 
+@dataclass(frozen=True, slots=True)
+class _NodeLoad:
+    """The CPU and memory the plan's placements take on a node: (request, count variable)
+    terms and their largest possible sums."""
+
+    cpu: list[tuple[int, cp_model.IntVar]]
+    mem: list[tuple[int, cp_model.IntVar]]
+    cpu_most: int
+    mem_most: int
+
+
+_NO_LOAD = _NodeLoad([], [], 0, 0)
+
+
 def _usefulness(
     m: _Model,
     nodes: Mapping[str, NodeState],
-    groups: Sequence[PodGroup],
-    per_node: Mapping[str, Sequence[tuple[int, cp_model.IntVar]]],
+    loads: Mapping[str, _NodeLoad],
     needs: tuple[int, int],
 ) -> tuple[cp_model.LinearExpr, int]:
     """The objective's usefulness level and its maximum, node by node (module docstring): a
@@ -843,8 +859,8 @@ def _usefulness(
         most = m.useful_node_max[name]
         if most <= 0:
             continue
-        state, gpus = nodes[name], m.node_gpus[name]
-        room = gpus
+        state = nodes[name]
+        room = gpus = len(state.gpus)  # every GPU of a node in the model is in it
         if need_cpu > 0:
             room = min(room, state.cpu_milli_free // need_cpu)
         if need_mem > 0:
@@ -853,11 +869,9 @@ def _usefulness(
             continue  # no pod like the target's fits the node: its free GPUs are stranded
         raw = _wsum(m.useful_terms.get(name, ())) + sum(m.useful_exprs.get(name, ()))
         total_max += most
-        entries = per_node.get(name, ())
-        cpu = [(groups[gi].first.cpu_milli, x) for gi, x in entries]
-        mem = [(groups[gi].first.memory_mib, x) for gi, x in entries]
-        cpu_low = state.cpu_milli_free - sum(c * upper_bound(x) for c, x in cpu)
-        mem_low = state.memory_mib_free - sum(c * upper_bound(x) for c, x in mem)
+        load = loads.get(name, _NO_LOAD)
+        cpu_low = state.cpu_milli_free - load.cpu_most
+        mem_low = state.memory_mib_free - load.mem_most
         if (need_cpu <= 0 or cpu_low >= gpus * need_cpu) and (
             need_mem <= 0 or mem_low >= gpus * need_mem
         ):
@@ -865,9 +879,9 @@ def _usefulness(
             continue
         hosts = m.cp.new_int_var(0, room, f"hosts[{name}]")
         if need_cpu > 0:
-            m.cp.add(need_cpu * hosts + _wsum(cpu) <= state.cpu_milli_free)
+            m.cp.add(need_cpu * hosts + _wsum(load.cpu) <= state.cpu_milli_free)
         if need_mem > 0:
-            m.cp.add(need_mem * hosts + _wsum(mem) <= state.memory_mib_free)
+            m.cp.add(need_mem * hosts + _wsum(load.mem) <= state.memory_mib_free)
         value = m.cp.new_int_var(0, most, f"useful[{name}]")
         m.cp.add(value <= raw)
         m.cp.add(value <= m.useful_gpu_max[name] * hosts)
