@@ -30,11 +30,16 @@ invocation                                  effect (exit code, output)
 ==========================================  ===============================================
 
 Test controls stand for the rest of the node: :meth:`FakeMpsControl.connect` is a pod's CUDA
-process becoming a client (the daemon starts its MPS server, a process on the GPU or MIG
-device, on the first client), :meth:`FakeMpsControl.disconnect` its exit (the server ends with
-its last client), and :meth:`FakeMpsControl.kill_all` the death of the container the daemons
-run in: daemons and servers are gone, and every connected client is *broken* (its CUDA
-context lost), listed in :attr:`FakeMpsControl.broken`.  The daemons are otherwise host
+process becoming a client (the daemon starts its MPS server on the first client; client and
+server are both processes on the GPU or MIG device, named ``cuda-app`` and
+``nvidia-cuda-mps-server``), :meth:`FakeMpsControl.disconnect` the client's exit (the server
+stays, idle, until the daemon quits), and :meth:`FakeMpsControl.kill_all` the death of the
+container the daemons run in: daemons and servers are gone, and every connected client is
+*broken* (its CUDA context lost, its process gone from the GPU), listed in
+:attr:`FakeMpsControl.broken`.  What the process lists hold was read on an H100 80GB (driver
+580.159.04, ``scripts/mps_smoke.py``, tests/fixtures/hardware): NVML's compute-process list
+names both the clients and the server, and the server stays listed after its last client
+ended, with ``get_client_list`` empty, until ``quit``.  The daemons are otherwise host
 processes: they outlive any supervisor object, so a new agent finds them running.
 """
 
@@ -60,7 +65,8 @@ class _Daemon:
     defaults: dict[str, str] = field(default_factory=dict)
     server_limits: dict[str, str] = field(default_factory=dict)
     server: int | None = None
-    """Pid of the MPS server (a process on the GPU or MIG device) while it has clients."""
+    """Pid of the MPS server (a process on the GPU or MIG device), from the first client on
+    until the daemon quits."""
     clients: set[int] = field(default_factory=set)
 
 
@@ -77,7 +83,6 @@ class FakeMpsControl:
     quit_with_clients: list[str] = field(default_factory=list)
     broken: set[int] = field(default_factory=set)
     """Clients whose daemon died under them."""
-    _next_client: int = 1
     _client_pipe: dict[int, str] = field(default_factory=dict)
 
     def __call__(
@@ -138,11 +143,12 @@ class FakeMpsControl:
         for client in daemon.clients:
             self.broken.add(client)
             self._client_pipe.pop(client, None)
+            self.nvml.stop_process(client)
 
     # -- test controls: the pods and the container ------------------------------------
 
     def connect(self, pipe: str) -> int:
-        """A pod's CUDA process becomes a client of the daemon at ``pipe``; its id."""
+        """A pod's CUDA process becomes a client of the daemon at ``pipe``; its pid."""
         daemon = self.daemons.get(pipe)
         if daemon is None:
             raise RuntimeError(f"no MPS control daemon at {pipe}: the client's CUDA init fails")
@@ -150,22 +156,18 @@ class FakeMpsControl:
             daemon.server = self.nvml.start_process(
                 daemon.gpu, daemon.gi_id, daemon.ci_id, name="nvidia-cuda-mps-server"
             )
-        client = self._next_client
-        self._next_client += 1
+        client = self.nvml.start_process(daemon.gpu, daemon.gi_id, daemon.ci_id)
         daemon.clients.add(client)
         self._client_pipe[client] = pipe
         return client
 
     def disconnect(self, client: int) -> None:
-        """The client process ends; the server ends with the daemon's last client."""
+        """The client process ends; the server stays (idle) until its daemon quits."""
         pipe = self._client_pipe.pop(client, None)
+        self.nvml.stop_process(client)
         daemon = self.daemons.get(pipe or "")
-        if daemon is None:
-            return
-        daemon.clients.discard(client)
-        if not daemon.clients and daemon.server is not None:
-            self.nvml.stop_process(daemon.server)
-            daemon.server = None
+        if daemon is not None:
+            daemon.clients.discard(client)
 
     def kill_all(self) -> None:
         """The container the daemons run in is gone: every daemon and server ends."""

@@ -195,7 +195,7 @@ class Reconciler:
                         except CatalogError:
                             profile = None
                     uuid = uuids.get(gi.gi_id, "")
-                    busy = bool(gi.compute_instances) and bool(nv.running_processes(i, gi.gi_id))
+                    busy = bool(gi.compute_instances) and bool(_workload(nv, i, gi.gi_id))
                     hosted = self._table(uuid, in_use) if uuid else ()
                     instances.append(
                         ObservedInstance(
@@ -214,7 +214,7 @@ class Reconciler:
                     )
                 slices: tuple[MpsSlot, ...] | None = ()
             else:
-                gpu_procs = len(nv.running_processes(i))
+                gpu_procs = len(_workload(nv, i))
                 slices = self._table(info.uuid, in_use)
             used = _used(slices, in_use)
             out.append(
@@ -397,9 +397,11 @@ class Reconciler:
         ops = 0
         try:
             for inst in plan.destroy:
-                if inst.ci_ids and nv.running_processes(g, inst.gi_id):
+                if inst.ci_ids and _workload(nv, g, inst.gi_id):
                     errors.append(f"GPU {g}: {inst} has processes now; not destroyed")
                     return ops
+                # hybrid: the instance's daemon and its idle MPS server hold the instance
+                self._supervisor.stop(mps_key(g, inst.start))
                 for ci in inst.ci_ids:
                     nv.destroy_compute_instance(g, inst.gi_id, ci)
                     ops += 1
@@ -792,6 +794,25 @@ def _devices_of_daemon(key: str, observed: list[ObservedGpu]) -> set[str]:
             if key == mps_key(i, inst.start) and inst.uuid:
                 return {inst.uuid} | {s.device_id for s in inst.slices or ()}
     return set()
+
+
+MPS_SERVER = "nvidia-cuda-mps-server"
+"""The process an MPS control daemon starts for its clients (its name as NVML reports it)."""
+
+
+def _workload(nv: Nvml, gpu: int, gi_id: int | None = None) -> list[int]:
+    """The compute processes on a GPU (or MIG instance ``gi_id``) other than MPS servers.
+
+    An MPS server is the daemon's, not a pod's: it stays on the device after its last client
+    ended, until the daemon quits (read on an H100, tests/fixtures/hardware), so counting it
+    would keep an idle daemon "in use" and its GPU or instance from ever being repartitioned.
+    Every MPS client is a process of its own in the same list, so nothing a pod runs is
+    missed."""
+    return [
+        p
+        for p in nv.running_processes(gpu, gi_id)
+        if nv.process_name(p).rsplit("/", 1)[-1] != MPS_SERVER
+    ]
 
 
 def _daemon_in_use(key: str, observed: list[ObservedGpu], in_use: set[str]) -> bool:
