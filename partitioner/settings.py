@@ -23,7 +23,31 @@ if TYPE_CHECKING:
     from partitioner.decide import DecideConfig, PlanFn
     from planner.catalog import Catalog
 
-__all__ = ["PartitionerSettings"]
+__all__ = ["PartitionerSettings", "parse_mps_sizes"]
+
+
+def parse_mps_sizes(text: str | None) -> tuple[tuple[int, float], ...] | None:
+    """``'10:3,20:1'`` (GiB:weight) -> ``((10240, 3.0), (20480, 1.0))``; ``None`` stays
+    ``None`` (learned), ``''`` is ``()`` (only empty GPUs count).  A malformed value raises
+    :class:`ValueError` naming the setting and the expected form."""
+    if text is None:
+        return None
+    out: list[tuple[int, float]] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        gib, sep, weight = part.partition(":")
+        try:
+            size, w = int(gib), float(weight) if sep else 1.0
+        except ValueError:
+            size, w = 0, 0.0
+        if size <= 0 or not w > 0 or w == float("inf"):
+            raise ValueError(
+                f"free_capacity_mps_sizes (GPUSLICE_FREE_CAPACITY_MPS_SIZES): {part!r} is not "
+                "GiB:weight with a whole number of GiB > 0 and a weight > 0, e.g. '10:3,20:1'"
+            )
+        out.append((size * 1024, w))
+    return tuple(out)
 
 
 class PartitionerSettings(CommonSettings):
@@ -69,6 +93,13 @@ class PartitionerSettings(CommonSettings):
         ge=0,
         description="Memory (MiB) a pod of the target workload needs, as above; unset: the "
         "lower quartile of the waiting pods' requests; 0: memory-blind.",
+    )
+    free_capacity_mps_sizes: str | None = Field(
+        None,
+        description="The target workload's MPS slice sizes as GiB:weight pairs, comma-separated "
+        "(e.g. '10:3,20:1'): an MPS GPU's free memory is valued by the share of such slices it "
+        "could still hold (FGD's fragmentation); unset: learned from the slices in use and the "
+        "waiting pods' requests; empty: only empty GPUs count.",
     )
     mps_reserve_mib: int = Field(512, ge=0, description="GPU memory kept for the MPS server.")
     placement_weight: PlacementWeight = Field(
@@ -178,6 +209,11 @@ class PartitionerSettings(CommonSettings):
     )
 
     @model_validator(mode="after")
+    def _mps_sizes(self) -> PartitionerSettings:
+        parse_mps_sizes(self.free_capacity_mps_sizes)  # raises with the fix in the message
+        return self
+
+    @model_validator(mode="after")
     def _leader_election_settings(self) -> PartitionerSettings:
         if not self.leader_election_enabled:
             return self
@@ -258,6 +294,7 @@ class PartitionerSettings(CommonSettings):
             weight_free_block=self.weight_free_block,
             free_capacity_cpu_milli=self.free_capacity_cpu_milli,
             free_capacity_memory_mib=self.free_capacity_memory_mib,
+            free_capacity_mps_sizes=parse_mps_sizes(self.free_capacity_mps_sizes),
             mps_reserve_mib=self.mps_reserve_mib,
             placement_weight=self.placement_weight,
         )

@@ -26,8 +26,10 @@ Sets
 Per candidate layout ``l`` of class ``h``: ``f_{l,k}`` = free (unused) instances of key ``k``,
 ``churn_l = w_destroy |C \\ l| + w_create |l \\ C| + w_touched [l != C]`` (``C`` = current
 layout; only free instances can be destroyed since used ones are pinned), and
-``useful_l = w_free_gpu [l empty] + w_free_block * (largest memory-slice span of a profile that
-could still be placed on the unallocated slots)``.  Pareto reduction: ``l`` is dropped if
+``useful_l = 8 (w_free_gpu [l empty] + w_free_block * (largest memory-slice span of a profile
+that could still be placed on the unallocated slots))`` (the 8 is
+:data:`planner.mps.USEFUL_RESOLUTION`: MPS GPUs score their free memory in eighths of a slot,
+FGD's fragmentation measure, :mod:`planner.mps`).  Pareto reduction: ``l`` is dropped if
 another candidate has ``f >= f_l`` on every needed key, ``churn <= churn_l`` and
 ``useful >= useful_l`` (ties keep the first); a dropped layout can be swapped for its
 dominator in any solution without breaking a constraint or worsening the objective, so the
@@ -128,7 +130,14 @@ from planner.demand import (
 )
 from planner.geometry import Layout, Placement, canonical, enumerate_layouts, layout_errors
 from planner.hybrid import HybridNodeVars, add_hybrid_node, needed_host_profiles
-from planner.mps import MpsGpuVars, add_mps_gpu, mps_key, upper_bound
+from planner.mps import (
+    USEFUL_RESOLUTION,
+    MpsGpuVars,
+    add_mps_gpu,
+    mps_key,
+    mps_target,
+    upper_bound,
+)
 from planner.settings import PlannerSettings, Policy
 from planner.snapshot import (
     Assignment,
@@ -318,8 +327,9 @@ def layout_option(
         + settings.weight_create * created
         + settings.weight_gpu_touched * (destroyed + created > 0)
     )
-    useful = settings.weight_free_gpu * (not layout) + settings.weight_free_block * (
-        largest_free_block(model, layout, memo)
+    useful = USEFUL_RESOLUTION * (
+        settings.weight_free_gpu * (not layout)
+        + settings.weight_free_block * largest_free_block(model, layout, memo)
     )
     return LayoutOption(layout, free, destroyed, created, churn, useful)
 
@@ -562,12 +572,13 @@ def _add_mps_node(
     info: _NodeInfo,
     need: Mapping[str, int],
     settings: PlannerSettings,
+    target: Mapping[int, float],
 ) -> None:
     node = info.state.name
     usable = mps_usable_mib(info.state, info.model, settings)
     max_new = {int(k.split(":")[1]): units for k, units in need.items()}
     for gpu in sorted(info.state.gpus, key=lambda g: g.index):
-        g = add_mps_gpu(m.cp, node, gpu, usable, max_new, settings)
+        g = add_mps_gpu(m.cp, node, gpu, usable, max_new, settings, target)
         m.mps.append(g)
         for mib in max_new:
             m.supply[node][mps_key(mib)].extend(g.free_units(mib))
@@ -671,6 +682,7 @@ def solve_batch(
             model_keys[info.model.name].update(keys)
     m = _Model()
     options_cache: LayoutCache = layout_cache if layout_cache is not None else {}
+    target = mps_target(snapshot, settings)
     for name in sorted(need):
         info = infos[name]
         if info.is_mig:
@@ -690,7 +702,7 @@ def solve_batch(
                 m.churn_exprs.append(h.churn)
                 m.churn_max += h.churn_max
         else:
-            _add_mps_node(m, info, need[name], settings)
+            _add_mps_node(m, info, need[name], settings, target)
 
     placed_terms: list[tuple[int, cp_model.IntVar]] = []
     per_node: dict[str, list[tuple[int, cp_model.IntVar]]] = defaultdict(list)

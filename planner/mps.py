@@ -24,9 +24,29 @@ Constraints:
 
 Free units offered to pods, per size ``s``: ``sum_{j free, m_j = s} keep_j + new_s``.
 Churn: ``w_destroy sum_j (1 - keep_j) + w_create sum_s new_s + w_touched touched``; a resize
-is a removal plus a creation.  Usefulness of what stays free: ``w_free_gpu empty`` (a whole
-GPU left for the next batch).  The batch model (:mod:`planner.mig_cpsat`) links the free
+is a removal plus a creation.  The batch model (:mod:`planner.mig_cpsat`) links the free
 units to pod placements and puts churn and usefulness into its lexicographic objective.
+
+Usefulness of what stays free (FGD's fragmentation measure on slice memory).  With the
+target workload's slice sizes ``s_m`` and their shares ``p_m`` (:func:`mps_target`: given in
+``settings.free_capacity_mps_sizes``, else learned from the snapshot: the slices in use on its
+MPS GPUs and the slices its pending pods ask for), a GPU left with ``f`` MiB of usable memory
+not in slices can still serve ``P(f) = sum_m p_m [s_m <= f]`` of the next pods; what it
+offers them is ``f P(f)`` -- the rest, ``f (1 - P(f))``, is FGD's expected fragmentation.
+
+In the model: one boolean ``b_a`` per GiB level ``a`` the GPU's kept and new slices can add
+up to (rounded up; every level of ``[0, ceil(room / 1024)]`` when they could reach more than
+256 sums), ``sum_a b_a = 1`` and ``1024 A - 1023 <= sum_j m_j keep_j + sum_s s new_s <= 1024
+A`` with ``A = sum_a a b_a`` (the allocation rounded up to GiB), and ``v = sum_a T[a] b_a``
+with the table ``T[a] = round(64 w_free_block f_a P(f_a) / U_g)``, ``f_a = max(0, room - 1024
+a)``; ``useful = 8 w_free_gpu empty + v``.  (One-hot rather than an element constraint on an
+integer ``a``: the LP relaxation then bounds ``v`` by the table; on the saturation protocol's
+96-GPU models the element form made each plan ~8x slower.)  An empty GPU is worth ``8
+(w_free_gpu + 8 w_free_block)``, what an empty MIG GPU is worth (:data:`USEFUL_RESOLUTION`:
+MIG layouts are scored in memory slots, 8 per GPU, MPS GPUs in eighths of one).  Placing a
+pod on one GPU or another then differs in how much of the free memory the expected next pods
+could still use: a 10 GiB pod goes where it leaves no 5 GiB hole nobody asks for.  Without a
+target (no MPS pod or slice anywhere) only ``empty`` counts.
 
 Thread percentages: a kept slice keeps its own; a new slice gets its share of ``U_g``
 (``round(100 m / U_g)`` clamped to 1..100, :attr:`ThreadPolicy.PROPORTIONAL`) or 100
@@ -42,9 +62,25 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from planner.settings import PlannerSettings, ThreadPolicy
-from planner.snapshot import GpuState, PlannedGpu, PlannedSlice
+from planner.snapshot import GpuState, Mode, PlannedGpu, PlannedSlice, Snapshot, mps_gb_of
 
-__all__ = ["MpsGpuVars", "add_mps_gpu", "mps_key", "thread_percentage", "upper_bound"]
+__all__ = [
+    "USEFUL_RESOLUTION",
+    "MpsGpuVars",
+    "add_mps_gpu",
+    "mps_key",
+    "mps_target",
+    "thread_percentage",
+    "upper_bound",
+    "usefulness_table",
+]
+
+USEFUL_RESOLUTION = 8
+"""Units of the objective's usefulness level per unit of ``weight_free_gpu`` and
+``weight_free_block``: MIG layouts score whole memory slots (:func:`planner.mig_cpsat.layout_option`),
+MPS GPUs eighths of one (module docstring)."""
+
+_GIB = 1024
 
 
 def upper_bound(var: cp_model.IntVar) -> int:
@@ -141,6 +177,71 @@ class MpsGpuVars:
         return tuple(slices), changed, free
 
 
+def mps_target(snapshot: Snapshot, settings: PlannerSettings) -> dict[int, float]:
+    """The target workload's slice sizes (MiB) and their shares (summing to 1; empty: none).
+
+    ``settings.free_capacity_mps_sizes`` when given; else learned from the snapshot, one
+    count per slice in use on an MPS GPU and per slice a pending pod asks for (the pods
+    running and waiting now stand for the next ones)."""
+    counts: dict[int, float] = {}
+    if settings.free_capacity_mps_sizes is not None:
+        for mib, weight in settings.free_capacity_mps_sizes:
+            if mib > 0 and weight > 0:
+                counts[mib] = counts.get(mib, 0.0) + weight
+    else:
+        for node in snapshot.nodes:
+            if node.mode is Mode.MPS:
+                for gpu in node.gpus:
+                    for s in gpu.mps:
+                        if s.used:
+                            counts[s.memory_mib] = counts.get(s.memory_mib, 0.0) + 1
+        for pod in snapshot.pods:
+            for resource, units in pod.requests.items():
+                gb = mps_gb_of(resource)
+                if gb is not None and units > 0:
+                    counts[gb * _GIB] = counts.get(gb * _GIB, 0.0) + units
+    total = sum(counts.values())
+    return {mib: c / total for mib, c in sorted(counts.items())} if total > 0 else {}
+
+
+def usefulness_table(
+    room_mib: int, usable_mib: int, target: Mapping[int, float], settings: PlannerSettings
+) -> list[int]:
+    """``T[a]`` of the module docstring for ``a = 0 .. ceil(room / 1024)`` GiB allocated."""
+    scale = USEFUL_RESOLUTION * 8 * settings.weight_free_block
+    out: list[int] = []
+    for a in range(-(-room_mib // _GIB) + 1):
+        free = max(0, room_mib - _GIB * a)
+        share = sum(p for mib, p in target.items() if mib <= free)
+        out.append(round(scale * free * share / usable_mib) if usable_mib > 0 else 0)
+    return out
+
+
+_LEVEL_LIMIT = 256
+"""Most distinct allocations enumerated per GPU before every GiB level is offered instead."""
+
+
+def _allocation_levels(
+    gpu: GpuState,
+    keep: list[tuple[int, cp_model.IntVar]],
+    new: Mapping[int, cp_model.IntVar],
+    room: int,
+) -> list[int]:
+    """The GiB levels ``a`` (rounded up) the GPU's free slices kept and new slices created
+    can add up to, within ``room``: the one-hot choices of the usefulness table.  All levels
+    ``0 .. ceil(room / 1024)`` when there are more than :data:`_LEVEL_LIMIT` sums."""
+    top = -(-room // _GIB)
+    items = [gpu.mps[j].memory_mib for j, _ in keep]
+    for mib, var in new.items():
+        items.extend([mib] * upper_bound(var))
+    sums = {0}
+    for mib in items:
+        sums |= {x + mib for x in sums if x + mib <= room}
+        if len(sums) > _LEVEL_LIMIT:
+            return list(range(top + 1))
+    return sorted({-(-x // _GIB) for x in sums})
+
+
 def add_mps_gpu(
     model: cp_model.CpModel,
     node: str,
@@ -148,11 +249,14 @@ def add_mps_gpu(
     usable_mib: int,
     max_new: Mapping[int, int],
     settings: PlannerSettings,
+    target: Mapping[int, float] | None = None,
 ) -> MpsGpuVars:
     """Add one MPS GPU (module docstring) to ``model``.
 
     ``max_new`` maps each slice size (MiB) pending pods of the node ask for to the number of
-    units of that size they need in total (an upper bound on useful new slices).
+    units of that size they need in total (an upper bound on useful new slices).  ``target``
+    (:func:`mps_target`) values the free memory left; ``None`` or empty: only an empty GPU
+    counts.
     """
     used_mib = sum(s.memory_mib for s in gpu.mps if s.used)
     room = max(0, usable_mib - used_mib)
@@ -187,7 +291,30 @@ def add_mps_gpu(
     w_d, w_c, w_t = settings.weight_destroy, settings.weight_create, settings.weight_gpu_touched
     churn = w_d * sum(1 - v for _, v in keep) + w_c * sum(new.values()) + w_t * touched
     churn_max = w_d * len(keep) + w_c * sum(upper_bound(v) for v in new.values()) + w_t
-    useful = settings.weight_free_gpu * empty
+    useful_gpu = USEFUL_RESOLUTION * settings.weight_free_gpu
+    useful: cp_model.LinearExpr = useful_gpu * empty
+    useful_max = useful_gpu
+    table = usefulness_table(room, usable_mib, target, settings) if target and room else []
+    if table and table[0] > 0:
+        useful_max += table[0]
+        if keep or new:
+            levels = _allocation_levels(gpu, keep, new, room)
+            pick = {a: model.new_bool_var(f"alloc_gib[{tag},{a}]") for a in levels}
+            model.add_exactly_one(pick.values())
+            level = cp_model.LinearExpr.weighted_sum(
+                list(pick.values()), [_GIB * a for a in pick]
+            )
+            alloc = cp_model.LinearExpr.weighted_sum(
+                [*(v for _, v in keep), *new.values()],
+                [*(gpu.mps[j].memory_mib for j, _ in keep), *new],
+            )
+            model.add(level >= alloc)
+            model.add(level <= alloc + (_GIB - 1))
+            useful = useful + cp_model.LinearExpr.weighted_sum(
+                list(pick.values()), [table[a] for a in pick]
+            )
+        else:
+            useful = useful + table[0]  # nothing on it can change
     return MpsGpuVars(
         node=node,
         gpu=gpu,
@@ -199,5 +326,5 @@ def add_mps_gpu(
         churn=churn,
         churn_max=churn_max,
         useful=useful,
-        useful_max=settings.weight_free_gpu,
+        useful_max=useful_max,
     )

@@ -61,6 +61,11 @@ class PlannerSettings:
     ones; :func:`planner.mig_cpsat.workload_needs`); 0: CPU-blind."""
     free_capacity_memory_mib: int | None = None
     """The same for node memory (MiB); ``None``: the batch's lower quartile."""
+    free_capacity_mps_sizes: tuple[tuple[int, float], ...] | None = None
+    """The target workload's MPS slice sizes: ``(MiB, weight)`` pairs.  An MPS GPU's free
+    memory is valued by the share of these slices it could still hold (FGD's fragmentation,
+    :mod:`planner.mps`).  ``None``: learned from the snapshot (the slices in use on MPS GPUs
+    and those pending pods ask for); ``()``: only empty GPUs count."""
     mps_reserve_mib: int = 512
     """GPU memory kept free for the MPS server on each MPS GPU."""
     mps_thread_policy: ThreadPolicy = ThreadPolicy.PROPORTIONAL

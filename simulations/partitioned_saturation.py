@@ -703,12 +703,27 @@ def _seeded(
     return part, PartitionedState(part, node_ranks(part, rng), settings), drawn
 
 
-def target_settings(workload: Workload, policy: Policy) -> PlannerSettings:
+def target_settings(
+    workload: Workload, policy: Policy, mapper: PodMapping | None = None
+) -> PlannerSettings:
     """The planner's settings for ``policy`` with the target workload given: the per-pod CPU
-    and memory of :func:`planner.mig_cpsat.workload_needs` over ``workload``'s GPU pods."""
-    gpu_pods = (p for p in workload.pods if p.num_gpu or p.slices)
+    and memory of :func:`planner.mig_cpsat.workload_needs` over ``workload``'s GPU pods, and
+    (with ``mapper``) the MPS slice sizes those pods map to, one count per slice
+    (``free_capacity_mps_sizes``: FGD's target workload, its pods' shapes and frequencies)."""
+    gpu_pods = [p for p in workload.pods if p.num_gpu or p.slices]
     cpu, mem = workload_needs((p.cpu_milli, p.memory_mib) for p in gpu_pods)
-    return PlannerSettings(policy=policy, free_capacity_cpu_milli=cpu, free_capacity_memory_mib=mem)
+    sizes: Counter[int] = Counter()
+    if mapper is not None:
+        for p in gpu_pods:
+            req = mapper.map(p)
+            if req is not None and req.kind == "mps" and req.memory_gb is not None:
+                sizes[req.memory_gb * 1024] += req.count
+    return PlannerSettings(
+        policy=policy,
+        free_capacity_cpu_milli=cpu,
+        free_capacity_memory_mib=mem,
+        free_capacity_mps_sizes=tuple((mib, float(n)) for mib, n in sorted(sizes.items())),
+    )
 
 
 def run_planned(
@@ -742,6 +757,8 @@ def run_planned(
     st = settings if settings is not None else target_settings(workload, policy)
     part, state, arrivals = _seeded(cluster, mode, workload, seed, target, st, arrivals)
     mapper: PodMapping = make_mapping(mapping, state.model, st.mps_reserve_mib)
+    if settings is None:
+        st = target_settings(workload, policy, mapper)
     plan_fn = planner if planner is not None else _default_planner
     rec = _Recorder(len(arrivals))
     plan_s: list[float] = []

@@ -427,6 +427,10 @@ BAD_VALUES: list[tuple[dict[str, Any], str]] = [
     ),
     ({"partitioner": {"metricsPort": 70000}}, "/partitioner/metricsPort"),
     (
+        {"partitioner": {"planner": {"freeCapacity": {"mpsSizes": "10gb:3"}}}},
+        "/partitioner/planner/freeCapacity/mpsSizes",
+    ),
+    (
         {"agent": {"hostPaths": {"devicePluginDir": "var/lib/kubelet/device-plugins"}}},
         "/agent/hostPaths/devicePluginDir",
     ),
@@ -845,7 +849,7 @@ def test_partitioner_values_reach_its_settings(
                 "weights": {"destroy": 7, "gpuTouched": 0},
                 "mpsReserveMiB": 1024,
                 "placementWeight": "pods",
-                "freeCapacity": {"cpuMilli": 4000, "memoryMiB": 0},
+                "freeCapacity": {"cpuMilli": 4000, "memoryMiB": 0, "mpsSizes": "10:3,20:1"},
             },
             "reservations": {
                 "enabled": False,
@@ -872,6 +876,7 @@ def test_partitioner_values_reach_its_settings(
     )
     assert p.mps_reserve_mib == 1024 and p.placement_weight == "pods"
     assert (p.free_capacity_cpu_milli, p.free_capacity_memory_mib) == (4000, 0)
+    assert p.free_capacity_mps_sizes == ((10240, 3.0), (20480, 1.0))
     assert (s.reservation, s.apply_deadline_seconds, s.bind_deadline_seconds) == (False, 60, 30)
     assert (s.cooldown_seconds, s.drain_after_seconds, s.drain_fraction) == (0, 7200, 0.25)
     assert s.drain_overtaken == 4 and s.decide_config(load_catalog()).drain_overtaken == 4
