@@ -234,6 +234,12 @@ def _allocation_levels(
     items = [gpu.mps[j].memory_mib for j, _ in keep]
     for mib, var in new.items():
         items.extend([mib] * upper_bound(var))
+    if all(mib % _GIB == 0 for mib in items):  # the usual case: a bit per whole GiB reached
+        limit = (1 << (room // _GIB + 1)) - 1
+        reach = 1
+        for mib in items:
+            reach |= (reach << (mib // _GIB)) & limit
+        return [a for a in range(top + 1) if reach >> a & 1]
     sums = {0}
     for mib in items:
         sums |= {x + mib for x in sums if x + mib <= room}

@@ -13,10 +13,11 @@ import itertools
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from ortools.sat.python import cp_model
 
 from partitioner.settings import PartitionerSettings, parse_mps_sizes
 from planner import GpuState, Mode, MpsSlice, NodeState, PendingPod, PlannerSettings, Snapshot, plan
-from planner.mps import USEFUL_RESOLUTION, mps_target, usefulness_table
+from planner.mps import USEFUL_RESOLUTION, _allocation_levels, mps_target, usefulness_table
 
 A100 = "A100-SXM4-80GB"
 GIB = 1024
@@ -131,3 +132,29 @@ def test_the_partitioner_setting_gives_the_sizes_and_rejects_malformed_ones(
             ValueError, match=r"GPUSLICE_FREE_CAPACITY_MPS_SIZES.*e\.g\. '10:3,20:1'"
         ):
             PartitionerSettings()
+
+
+@given(
+    free=st.lists(st.sampled_from([1024, 2048, 5120, 10240, 10340, 20480]), max_size=3),
+    new=st.dictionaries(st.sampled_from([1, 2, 4, 7, 10, 13]), st.integers(0, 4), max_size=3),
+    room_gib=st.integers(0, 80),
+)
+@settings(max_examples=200, deadline=None)
+def test_the_allocation_levels_are_every_sum_the_slices_can_reach(
+    free: list[int], new: dict[int, int], room_gib: int
+) -> None:
+    """The one-hot levels of a GPU: exactly the rounded-up sums of its free slices kept and new
+    slices created that fit its room (brute force over every subset)."""
+    m = cp_model.CpModel()
+    g = GpuState(0, mps=tuple(MpsSlice(x) for x in free))
+    keep = [(j, m.new_bool_var(f"k{j}")) for j in range(len(free))]
+    new_vars = {gb * GIB: m.new_int_var(0, n, f"n{gb}") for gb, n in new.items()}
+    room = room_gib * GIB + 512
+    items = free + [gb * GIB for gb, n in new.items() for _ in range(n)]
+    sums = {
+        sum(c)
+        for r in range(len(items) + 1)
+        for c in itertools.combinations(items, r)
+        if sum(c) <= room
+    }
+    assert _allocation_levels(g, keep, new_vars, room) == sorted({-(-x // GIB) for x in sums})
