@@ -1,0 +1,239 @@
+"""DRA ResourceSlices for MIG GPUs: every placement a device, shared counters keep them valid.
+
+Model (Kubernetes partitionable devices, ``resource.k8s.io/v1``)
+----------------------------------------------------------------
+A node's devices form one *pool* (named after the node).  Per MIG-capable GPU ``g`` (index
+``i``) the pool has one counter set ``gpu<i>`` and these devices:
+
+* one device per placement ``(P, s)`` of every MIG profile ``P`` of the GPU's model at every
+  start ``s`` it allows (shared/facts/mig.md), named ``gpu<i>-<P>-s<s>`` (``.`` and ``+``
+  spelled ``-``: device names are DNS labels);
+* the whole GPU, ``gpu<i>`` (MIG off).
+
+Counters of ``gpu<i>``, and what each device consumes:
+
+* ``mem<k>`` = 1 for every memory slot ``k``: a placement consumes 1 of each slot it covers,
+  the whole GPU every slot -- so no two allocated devices share a slot (facts rule 2) and the
+  whole GPU excludes every placement;
+* ``compute`` = the GPU's compute slices: a placement consumes its compute slices (rule 5);
+* ``max-<P>`` = ``max_count(P)`` for each profile whose maximum count is below the number of
+  disjoint placements it has: each instance of ``P`` consumes 1 (rule 3);
+* ``media`` = 1 where the model has media-extension profiles: each ``+me``/``+me.all``
+  placement consumes 1 (rule 4, at most one);
+* ``me-all`` = the slot count where the model has a ``+me.all`` profile: a ``+me.all``
+  placement consumes all of it, every other placement except ``-me`` ones 1 (rule 4: ``+me.all``
+  allows only ``-me`` profiles beside it).
+
+Allowed starts (rule 1) hold because only allowed placements are devices.  So a set of devices
+of one GPU can be allocated together exactly when its placements form a valid layout, which
+``tests/test_agent_dra_slices.py`` checks against an oracle written from the facts.
+
+Slices: the counter sets go in their own slices (at most 8 sets per slice), the devices in
+others (at most 64 per slice when they consume counters); every slice of the pool carries
+the pool's generation and slice count.  Device attributes (qualified by the driver name):
+``type`` (``mig`` or ``gpu``), ``profile``, ``start``, ``index``, ``uuid`` (the parent GPU),
+``model``; capacity ``memory``.  :func:`device_classes` are the DeviceClasses that select MIG
+placements and whole GPUs of this driver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from planner.catalog import GpuModel, MigProfile
+
+__all__ = [
+    "API_VERSION",
+    "DRIVER",
+    "DraGpu",
+    "device_classes",
+    "device_name",
+    "gpu_counters",
+    "placement_counters",
+    "resource_slices",
+]
+
+DRIVER = "gpu.gpuslice.io"
+"""The DRA driver name (a DNS subdomain gpuslice owns)."""
+API_VERSION = "resource.k8s.io/v1"
+MAX_COUNTER_SETS_PER_SLICE = 8
+MAX_DEVICES_PER_SLICE = 64
+"""The API's limit for slices whose devices consume counters."""
+
+
+@dataclass(frozen=True, slots=True)
+class DraGpu:
+    """One GPU of the node as the driver publishes it."""
+
+    index: int
+    uuid: str
+    model: GpuModel
+
+
+def _label(text: str) -> str:
+    return text.lower().replace(".", "-").replace("+", "-")
+
+
+def device_name(gpu: int, profile: MigProfile | None = None, start: int = 0) -> str:
+    """``gpu0`` (whole GPU) or ``gpu0-3g-40gb-s4`` (a placement): a DNS label."""
+    return f"gpu{gpu}" if profile is None else f"gpu{gpu}-{_label(profile.name)}-s{start}"
+
+
+def _disjoint(profile: MigProfile) -> int:
+    """The most placements of ``profile`` that share no memory slot."""
+    taken = -1
+    count = 0
+    for s in sorted(profile.starts):
+        if s > taken:
+            count += 1
+            taken = s + profile.memory_slices - 1
+    return count
+
+
+def gpu_counters(model: GpuModel) -> dict[str, int]:
+    """The counter set of one GPU of ``model`` (module docstring)."""
+    out = {f"mem{k}": 1 for k in range(model.memory_slots)}
+    out["compute"] = model.compute_slices
+    for p in model.profiles:
+        if p.max_count < _disjoint(p):
+            out[f"max-{_label(p.name)}"] = p.max_count
+    if any(p.has_media_extensions for p in model.profiles):
+        out["media"] = 1
+    if any(p.variant == "+me.all" for p in model.profiles):
+        out["me-all"] = model.memory_slots
+    return out
+
+
+def placement_counters(
+    model: GpuModel, profile: MigProfile | None, start: int = 0
+) -> dict[str, int]:
+    """What one device consumes of its GPU's counters (``profile=None``: the whole GPU)."""
+    have = gpu_counters(model)
+    if profile is None:
+        return {k: v for k, v in have.items() if k.startswith("mem")}
+    out = {f"mem{k}": 1 for k in profile.span(start)}
+    out["compute"] = profile.compute
+    name = f"max-{_label(profile.name)}"
+    if name in have:
+        out[name] = 1
+    if profile.has_media_extensions:
+        out["media"] = 1
+    if "me-all" in have:
+        if profile.variant == "+me.all":
+            out["me-all"] = have["me-all"]
+        elif profile.variant != "-me":
+            out["me-all"] = 1
+    return out
+
+
+def _quantity(value: int) -> dict[str, str]:
+    return {"value": str(value)}
+
+
+def _devices(gpu: DraGpu, only: Collection[str] | None) -> list[dict[str, Any]]:
+    model = gpu.model
+    attrs = {
+        "index": {"int": gpu.index},
+        "uuid": {"string": gpu.uuid},
+        "model": {"string": model.name},
+    }
+    whole: dict[str, Any] = {
+        "name": device_name(gpu.index),
+        "attributes": {"type": {"string": "gpu"}, **attrs},
+        "capacity": {"memory": _quantity_mib(model.memory_mib)},
+    }
+    if model.mig_capable:
+        whole["consumesCounters"] = [_consumes(gpu.index, placement_counters(model, None))]
+    out = [whole]
+    for p in sorted(model.profiles, key=lambda x: (x.memory_slices, x.name)):
+        for s in p.starts:
+            out.append(
+                {
+                    "name": device_name(gpu.index, p, s),
+                    "attributes": {
+                        "type": {"string": "mig"},
+                        "profile": {"string": p.name},
+                        "start": {"int": s},
+                        **attrs,
+                    },
+                    "capacity": {"memory": _quantity_mib(p.memory_mib)},
+                    "consumesCounters": [_consumes(gpu.index, placement_counters(model, p, s))],
+                }
+            )
+    if only is not None:
+        out = [d for d in out if d["name"] in only]
+    return out
+
+
+def _quantity_mib(mib: int) -> dict[str, str]:
+    return {"value": f"{mib}Mi"}
+
+
+def _consumes(gpu: int, counters: dict[str, int]) -> dict[str, Any]:
+    return {"counterSet": f"gpu{gpu}", "counters": {k: _quantity(v) for k, v in counters.items()}}
+
+
+def resource_slices(
+    node: str,
+    gpus: Sequence[DraGpu],
+    generation: int = 1,
+    publish: Collection[str] | None = None,
+) -> list[dict[str, Any]]:
+    """The node's ResourceSlice manifests (module docstring).
+
+    ``publish`` limits the devices to those names (planner-shaped publishing: the placements
+    the plan wants used next, plus the allocated ones); ``None`` publishes every placement.
+    GPUs of a model without MIG are published as whole GPUs only."""
+    ordered = sorted(gpus, key=lambda g: g.index)
+    mig = [g for g in ordered if g.model.mig_capable]
+    counter_chunks = [
+        mig[i : i + MAX_COUNTER_SETS_PER_SLICE]
+        for i in range(0, len(mig), MAX_COUNTER_SETS_PER_SLICE)
+    ]
+    devices = [d for g in ordered for d in _devices(g, publish)]
+    device_chunks = [
+        devices[i : i + MAX_DEVICES_PER_SLICE]
+        for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)
+    ]
+    total = len(counter_chunks) + len(device_chunks)
+    pool = {"name": node, "generation": generation, "resourceSliceCount": total}
+    out: list[dict[str, Any]] = []
+    for n, gpu_chunk in enumerate(counter_chunks):
+        sets = [
+            {
+                "name": f"gpu{g.index}",
+                "counters": {k: _quantity(v) for k, v in gpu_counters(g.model).items()},
+            }
+            for g in gpu_chunk
+        ]
+        out.append(_slice(node, f"counters-{n}", pool, {"sharedCounters": sets}))
+    for n, device_chunk in enumerate(device_chunks):
+        out.append(_slice(node, f"devices-{n}", pool, {"devices": device_chunk}))
+    return out
+
+
+def _slice(node: str, suffix: str, pool: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-{DRIVER}-{suffix}"},
+        "spec": {"driver": DRIVER, "nodeName": node, "pool": dict(pool), **body},
+    }
+
+
+def device_classes() -> list[dict[str, Any]]:
+    """DeviceClasses: ``mig.gpuslice.io`` (any MIG placement; a claim narrows it with a CEL
+    selector on ``profile``) and ``gpu.gpuslice.io`` (whole GPUs)."""
+
+    def cls(name: str, kind: str) -> dict[str, Any]:
+        expr = f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "{kind}"'
+        return {
+            "apiVersion": API_VERSION,
+            "kind": "DeviceClass",
+            "metadata": {"name": name},
+            "spec": {"selectors": [{"cel": {"expression": expr}}]},
+        }
+
+    return [cls("mig.gpuslice.io", "mig"), cls("gpu.gpuslice.io", "gpu")]
