@@ -279,14 +279,12 @@ def add_mps_gpu(
     empty = model.new_bool_var(f"empty[{tag}]")
     if any(s.used for s in gpu.mps):
         model.add(empty == 0)
+    alloc = cp_model.LinearExpr.weighted_sum(  # MiB the kept and new free slices take
+        [*(v for _, v in keep), *new.values()],
+        [*(gpu.mps[j].memory_mib for j, _ in keep), *new],
+    )
     if keep or new:
-        model.add(
-            cp_model.LinearExpr.weighted_sum(
-                [*(v for _, v in keep), *new.values()],
-                [*(gpu.mps[j].memory_mib for j, _ in keep), *new],
-            )
-            <= room
-        )
+        model.add(alloc <= room)
     for _, v in keep:
         model.add(touched >= 1 - v)
         model.add(v <= 1 - empty)
@@ -309,10 +307,6 @@ def add_mps_gpu(
             model.add_exactly_one(pick.values())
             level = cp_model.LinearExpr.weighted_sum(
                 list(pick.values()), [_GIB * a for a in pick]
-            )
-            alloc = cp_model.LinearExpr.weighted_sum(
-                [*(v for _, v in keep), *new.values()],
-                [*(gpu.mps[j].memory_mib for j, _ in keep), *new],
             )
             model.add(level >= alloc)
             model.add(level <= alloc + (_GIB - 1))

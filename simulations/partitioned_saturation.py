@@ -754,11 +754,12 @@ def run_planned(
     if neighbourhood_gpus < 1:
         raise ValueError(f"neighbourhood_gpus must be >= 1, got {neighbourhood_gpus}")
     started = time.perf_counter()
-    st = settings if settings is not None else target_settings(workload, policy)
-    part, state, arrivals = _seeded(cluster, mode, workload, seed, target, st, arrivals)
-    mapper: PodMapping = make_mapping(mapping, state.model, st.mps_reserve_mib)
-    if settings is None:
-        st = target_settings(workload, policy, mapper)
+    # the state needs only the MPS reserve, the same in the default and the target settings;
+    # the target (CPU, memory, slice sizes) needs the mapper, which needs the state's model
+    base = settings if settings is not None else PlannerSettings(policy=policy)
+    part, state, arrivals = _seeded(cluster, mode, workload, seed, target, base, arrivals)
+    mapper: PodMapping = make_mapping(mapping, state.model, base.mps_reserve_mib)
+    st = settings if settings is not None else target_settings(workload, policy, mapper)
     plan_fn = planner if planner is not None else _default_planner
     rec = _Recorder(len(arrivals))
     plan_s: list[float] = []
