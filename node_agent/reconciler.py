@@ -86,7 +86,7 @@ from node_agent.nvml import ComputeMode, GpuInfo, Nvml, NvmlError, NvmlErrorCode
 from node_agent.status import actual_gpus, build_status
 from planner.catalog import Catalog, CatalogError, GpuModel
 
-__all__ = ["Publish", "ReconcileResult", "Reconciler"]
+__all__ = ["Publish", "ReconcileResult", "Reconciler", "workload"]
 
 Publish = Callable[[Mapping[str, list[AdvertisedDevice]]], None]
 """Receives resource name -> devices (``DevicePluginManager.set_devices``)."""
@@ -195,7 +195,7 @@ class Reconciler:
                         except CatalogError:
                             profile = None
                     uuid = uuids.get(gi.gi_id, "")
-                    busy = bool(gi.compute_instances) and bool(_workload(nv, i, gi.gi_id))
+                    busy = bool(gi.compute_instances) and bool(workload(nv, i, gi.gi_id))
                     hosted = self._table(uuid, in_use) if uuid else ()
                     instances.append(
                         ObservedInstance(
@@ -214,7 +214,7 @@ class Reconciler:
                     )
                 slices: tuple[MpsSlot, ...] | None = ()
             else:
-                gpu_procs = len(_workload(nv, i))
+                gpu_procs = len(workload(nv, i))
                 slices = self._table(info.uuid, in_use)
             used = _used(slices, in_use)
             out.append(
@@ -397,7 +397,7 @@ class Reconciler:
         ops = 0
         try:
             for inst in plan.destroy:
-                if inst.ci_ids and _workload(nv, g, inst.gi_id):
+                if inst.ci_ids and workload(nv, g, inst.gi_id):
                     errors.append(f"GPU {g}: {inst} has processes now; not destroyed")
                     return ops
                 # hybrid: the instance's daemon and its idle MPS server hold the instance
@@ -800,7 +800,7 @@ MPS_SERVER = "nvidia-cuda-mps-server"
 """The process an MPS control daemon starts for its clients (its name as NVML reports it)."""
 
 
-def _workload(nv: Nvml, gpu: int, gi_id: int | None = None) -> list[int]:
+def workload(nv: Nvml, gpu: int, gi_id: int | None = None) -> list[int]:
     """The compute processes on a GPU (or MIG instance ``gi_id``) other than MPS servers.
 
     An MPS server is the daemon's, not a pod's: it stays on the device after its last client

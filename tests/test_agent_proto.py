@@ -23,8 +23,20 @@ from google.protobuf import descriptor_pb2
 
 from node_agent.proto import deviceplugin_v1beta1_pb2 as dp
 from node_agent.proto import deviceplugin_v1beta1_pb2_grpc as dp_grpc
+from node_agent.proto import dra_v1_pb2 as dra
+from node_agent.proto import dra_v1_pb2_grpc as dra_grpc
 from node_agent.proto import generate
+from node_agent.proto import pluginregistration_v1_pb2 as reg
+from node_agent.proto import pluginregistration_v1_pb2_grpc as reg_grpc
 from node_agent.proto import podresources_v1_pb2 as pr
+
+UPSTREAM = {
+    # vendored verbatim from kubernetes/kubelet @63b3249724f7 (2026-07-23)
+    "dra_v1.proto": "b3066ad7f6abcfd0003c47b06ceb801d76997d78d6be505597478d3905b9cc57",
+    "pluginregistration_v1.proto": (
+        "7a67a0000a1a167c155286834bc9ccb489f8bcdb394e006daba270189c272afa"
+    ),
+}
 
 # message -> field name -> (number, type); "[]" = repeated, ".pkg.Msg" = message type
 DEVICEPLUGIN_MESSAGES: dict[str, dict[str, tuple[int, str]]] = {
@@ -239,7 +251,7 @@ def test_committed_code_describes_the_current_protos(tmp_path: Path) -> None:
     fresh = descriptor_pb2.FileDescriptorSet()
     fresh.ParseFromString(generate.compile_descriptor_set(tmp_path / "set.bin").read_bytes())
     committed = []
-    for module in (dp, pr):
+    for module in (dp, pr, reg, dra):
         proto = descriptor_pb2.FileDescriptorProto()
         module.DESCRIPTOR.CopyToProto(proto)
         committed.append(proto)
@@ -260,3 +272,42 @@ def test_regeneration_is_byte_identical_with_the_same_grpcio_tools() -> None:
             assert new.read_bytes() == old.read_bytes(), (
                 f"{old.name} is stale: run python -m node_agent.proto.generate"
             )
+
+
+@pytest.mark.parametrize("name", sorted(UPSTREAM))
+def test_dra_protos_are_the_kubelets_own_files(name: str) -> None:
+    """pkg/apis/dra/v1/api.proto and pkg/apis/pluginregistration/v1/api.proto, byte for byte."""
+    import hashlib
+
+    data = (generate.PROTO_DIR / name).read_bytes()
+    assert hashlib.sha256(data).hexdigest() == UPSTREAM[name]
+
+
+def test_dra_wire_names_match_the_kubelet() -> None:
+    """Method paths and the fields the plugin fills (shared/facts/dra.md section 3)."""
+    text = Path(dra_grpc.__file__).read_text() + Path(reg_grpc.__file__).read_text()
+    for path in (
+        "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources",
+        "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources",
+        "/pluginregistration.Registration/GetInfo",
+        "/pluginregistration.Registration/NotifyRegistrationStatus",
+    ):
+        assert path in text
+    fields = {
+        f.name: (f.number, f.type) for f in dra.DESCRIPTOR.message_types_by_name["Device"].fields
+    }
+    assert fields == {
+        "request_names": (1, 9),
+        "pool_name": (2, 9),
+        "device_name": (3, 9),
+        "cdi_device_ids": (4, 9),
+        "share_id": (5, 9),
+    }
+    assert dra.Device.DESCRIPTOR.fields_by_name["share_id"].has_presence
+    info = reg.PluginInfo.DESCRIPTOR.fields_by_name
+    assert [info[n].number for n in ("type", "name", "endpoint", "supported_versions")] == [
+        1,
+        2,
+        3,
+        4,
+    ]

@@ -28,7 +28,12 @@ from pathlib import Path
 
 PROTO_DIR = Path(__file__).resolve().parent
 REPO_ROOT = PROTO_DIR.parent.parent
-PROTO_FILES = ("deviceplugin_v1beta1.proto", "podresources_v1.proto")
+PROTO_FILES = (
+    "deviceplugin_v1beta1.proto",
+    "podresources_v1.proto",
+    "pluginregistration_v1.proto",
+    "dra_v1.proto",
+)
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 
 __all__ = ["PROTO_FILES", "compile_descriptor_set", "generate", "generated_files", "main"]

@@ -1,0 +1,472 @@
+"""Preparing DRA claims on this node's GPUs: create (or find) each allocated MIG instance at its
+placement, or hand out a whole GPU; release it at unprepare; never touch another claim's.
+
+Model
+-----
+An allocation result names a device of this node's pool (:mod:`node_agent.dra_claims`): a MIG
+placement ``(GPU, profile, start)`` or a whole GPU.  Kube-scheduler chose it against the
+ResourceSlice counters (:mod:`node_agent.dra_slices`), which make overlapping placements
+exclusive; the driver still checks the hardware itself, because allocations made against an
+older publication stay valid and another tool may have touched the GPU.
+
+*Ownership.*  An instance belongs to a claim when its MIG device UUID is in that claim's
+:class:`~node_agent.dra_checkpoint.ClaimRecord` (GI ids are reused by the driver; a MIG UUID is
+fresh for every compute instance).  A whole GPU belongs to the claim that recorded it.  Any
+other instance is *unknown*.
+
+*Prepare* ``(claim, devices)``, serialized node-wide:
+
+1. A ``completed`` record of the same device set answers at once, after checking that every
+   instance still exists (a reboot drops MIG instances: missing ones are created again, at the
+   same placements).  A record of another device set (the claim was deallocated and allocated
+   again) is released first, if idle.  A ``started`` record (the agent died mid-prepare) is
+   rolled back first.
+2. The record is written ``started`` before the first NVML mutation and after each instance.
+3. Whole GPU: refused if another claim holds an instance or the GPU; unknown instances are
+   destroyed if idle (refused if they run processes); MIG mode is disabled.
+4. Placement: refused if another claim holds the whole GPU or an overlapping instance, or an
+   unknown overlapping instance runs processes; idle unknown overlapping instances are
+   destroyed; MIG mode is enabled if off (GPU idle, compute mode DEFAULT; on Ampere the change
+   waits for a GPU reset, which the driver runs on the idle GPU); an instance of exactly that
+   profile and placement that nobody owns is adopted (its compute instance created if
+   missing); else the GPU instance is created at the placement with its full-size compute
+   instance.  If the driver refuses for lack of resources (compute slices or a profile's
+   maximum count held by unknown idle instances elsewhere on the GPU), those are destroyed and
+   the creation is tried once more.
+5. Any failure rolls back what this call created (idle by construction) and fails the claim
+   with a message naming it; the kubelet retries.  Success writes the CDI spec
+   (:mod:`node_agent.cdi`) and the ``completed`` record.
+
+*Unprepare* ``(uid)``: an unknown claim is success (idempotent; the claim may be gone).  If any
+of its instances (or its whole GPU) runs processes, nothing is released and the call fails
+(the kubelet retries once the containers are gone); else each MIG instance is destroyed (compute instance first; an
+instance already gone is fine), the CDI spec removed and the record dropped.  A whole GPU keeps
+its MIG mode (the next prepare switches it if needed).  Destroying at unprepare keeps the GPU
+equal to what the counters say is free: an idle instance left behind would block placements
+the scheduler may allocate next.
+
+*Unknown instances at start* (:meth:`DraPreparer.clean_unknown`): idle ones are destroyed, used
+ones kept and reported; ``started`` records are rolled back.  Nothing a prepared claim uses is
+ever destroyed: every destroy is of an unknown idle instance or of the claim's own, idle, at its
+unprepare.
+
+Processes: NVML's compute processes on the instance or GPU, less MPS servers (the same rule as
+the reconciler's, :func:`node_agent.reconciler.workload`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from node_agent.cdi import cdi_device_id, cdi_spec, remove_spec, write_spec
+from node_agent.dra_checkpoint import Checkpoint, ClaimRecord, PreparedDevice
+from node_agent.dra_claims import AllocatedDevice, ClaimError, ClaimRef, DeviceTarget
+from node_agent.dra_claims import device_targets as _targets
+from node_agent.dra_slices import DRIVER
+from node_agent.nvml import ComputeMode, GpuInfo, GpuInstanceInfo, Nvml, NvmlError, NvmlErrorCode
+from node_agent.reconciler import workload
+from planner.catalog import Catalog, CatalogError, GpuModel
+
+__all__ = ["DraPreparer", "gpu_models"]
+
+log = logging.getLogger(__name__)
+
+
+def gpu_models(nvml: Nvml, catalog: Catalog) -> dict[int, GpuModel]:
+    """The catalog model of every GPU NVML lists (by PCI device id, else by product name);
+    GPUs of unknown models are left out (they are not published)."""
+    out: dict[int, GpuModel] = {}
+    for info in nvml.gpus():
+        try:
+            out[info.index] = catalog.model_for_pci_id(info.pci_device_id)
+        except CatalogError:
+            try:
+                out[info.index] = catalog.model_for_product(info.name)
+            except CatalogError:
+                log.warning(
+                    "GPU %d (%s) is not in the catalog; not published", info.index, info.name
+                )
+    return out
+
+
+class DraPreparer:
+    """Prepare and unprepare claims (module docstring).  Thread-safe; blocking (NVML)."""
+
+    def __init__(
+        self,
+        nvml: Nvml,
+        catalog: Catalog,
+        *,
+        node: str,
+        checkpoint: Checkpoint | None = None,
+        cdi_dir: str | Path | None = None,
+        driver: str = DRIVER,
+    ) -> None:
+        self._nvml = nvml
+        self._catalog = catalog
+        self.node = node
+        self.checkpoint = checkpoint if checkpoint is not None else Checkpoint(None)
+        self.cdi_dir = cdi_dir
+        self.driver = driver
+        self._lock = threading.Lock()
+        self.models = gpu_models(nvml, catalog)
+        self.targets: dict[str, DeviceTarget] = _targets(self.models)
+
+    # -- queries -----------------------------------------------------------------------
+
+    def _info(self, gpu: int) -> GpuInfo:
+        for info in self._nvml.gpus():
+            if info.index == gpu:
+                return info
+        raise ClaimError(f"GPU {gpu} is gone from this node")
+
+    def _owners(
+        self, gpu: int, exclude: str | None = None
+    ) -> dict[str, tuple[ClaimRecord, PreparedDevice]]:
+        """UUID (MIG device or whole GPU) -> owning claim, for devices on ``gpu``."""
+        out: dict[str, tuple[ClaimRecord, PreparedDevice]] = {}
+        for rec in self.checkpoint:
+            if rec.uid == exclude:
+                continue
+            for d in rec.devices:
+                if d.gpu == gpu:
+                    out[d.uuid] = (rec, d)
+        return out
+
+    def _instances(self, gpu: int) -> list[tuple[GpuInstanceInfo, str]]:
+        """GPU instances with the UUID of their MIG device (``""`` without a compute instance)."""
+        nv = self._nvml
+        uuids: dict[int, str] = {}
+        for d in nv.mig_devices(gpu):
+            uuids.setdefault(d.gi_id, d.uuid)
+        return [(gi, uuids.get(gi.gi_id, "")) for gi in nv.gpu_instances(gpu)]
+
+    def _busy(self, gpu: int, gi: GpuInstanceInfo | None = None) -> list[int]:
+        if gi is not None and not gi.compute_instances:
+            return []
+        return workload(self._nvml, gpu, None if gi is None else gi.gi_id)
+
+    # -- instance operations ---------------------------------------------------------------
+
+    def _destroy(self, gpu: int, gi: GpuInstanceInfo) -> None:
+        nv = self._nvml
+        for ci in gi.compute_instances:
+            try:
+                nv.destroy_compute_instance(gpu, gi.gi_id, ci)
+            except NvmlError as e:
+                if e.code != NvmlErrorCode.NOT_FOUND:
+                    raise
+        try:
+            nv.destroy_gpu_instance(gpu, gi.gi_id)
+        except NvmlError as e:
+            if e.code != NvmlErrorCode.NOT_FOUND:
+                raise
+
+    def _set_mig(self, info: GpuInfo, enabled: bool) -> None:
+        nv = self._nvml
+        g = info.index
+        if info.mig_enabled == enabled and not info.mig_pending:
+            return
+        busy = self._busy(g)
+        if busy:
+            raise ClaimError(
+                f"GPU {g}: MIG mode must be {'enabled' if enabled else 'disabled'} but processes "
+                f"run on the GPU outside any claim (pids {', '.join(map(str, busy[:8]))})"
+            )
+        if enabled and info.compute_mode != ComputeMode.DEFAULT:
+            nv.set_compute_mode(g, ComputeMode.DEFAULT)
+        pending = nv.set_mig_mode(g, enabled) is not None
+        if pending:
+            try:
+                nv.reset_gpu(g)
+            except NvmlError as e:
+                raise ClaimError(
+                    f"GPU {g}: MIG mode {'enable' if enabled else 'disable'} waits for a GPU "
+                    f"reset, which failed ({e}); give the agent nvidia-smi, or stop what holds "
+                    f"the GPU (nvidia-persistenced, DCGM), or reboot the node"
+                ) from None
+        if self._info(g).mig_enabled != enabled:
+            raise ClaimError(f"GPU {g}: MIG mode is still {'off' if enabled else 'on'}")
+
+    def _whole(self, uid: str, t: DeviceTarget) -> str:
+        g = t.gpu
+        info = self._info(g)
+        for owner, d in self._owners(g).values():  # this claim's own devices too
+            raise ClaimError(f"GPU {g} holds {d.device} prepared for claim {owner.label()}")
+        if info.mig_enabled or info.mig_pending:
+            for gi, mig_uuid in self._instances(g) if info.mig_enabled else []:
+                busy = self._busy(g, gi)
+                if busy:
+                    raise ClaimError(
+                        f"GPU {g}: MIG instance {mig_uuid or gi.gi_id} (start {gi.start}) runs "
+                        f"processes outside any claim (pids {', '.join(map(str, busy[:8]))})"
+                    )
+                log.info("GPU %d: destroying unknown idle MIG instance %s", g, mig_uuid or gi.gi_id)
+                self._destroy(g, gi)
+            self._set_mig(self._info(g), False)
+        return info.uuid
+
+    def _placement(self, uid: str, t: DeviceTarget) -> str:
+        nv = self._nvml
+        g, p, start = t.gpu, t.profile, t.start
+        assert p is not None
+        owners = self._owners(g, exclude=uid)
+        info = self._info(g)
+        whole = self._owners(g).get(info.uuid)  # this claim's own devices too
+        if whole is not None:
+            raise ClaimError(f"GPU {g} is prepared whole for claim {whole[0].label()}")
+        if not info.mig_enabled:
+            self._set_mig(info, True)
+        mine = {d.uuid for d in (self.checkpoint.get(uid) or _EMPTY).devices}
+        span = set(p.span(start))
+        exact: tuple[GpuInstanceInfo, str] | None = None
+        for gi, mig_uuid in self._instances(g):
+            if gi.start == start and gi.profile_id == p.profile_id:
+                exact = (gi, mig_uuid)
+                continue
+            if not span & set(range(gi.start, gi.start + gi.size)):
+                continue
+            if mig_uuid in owners:
+                raise ClaimError(
+                    f"placement {p.name} at {start} on GPU {g} overlaps instance {mig_uuid} "
+                    f"prepared for claim {owners[mig_uuid][0].label()}: the allocation "
+                    "conflicts with a prepared claim (another tool may manage this GPU)"
+                )
+            if mig_uuid in mine:
+                raise ClaimError(f"claim devices overlap on GPU {g} at {start}")
+            self._destroy_unknown(g, gi, mig_uuid)
+        if exact is not None:
+            gi, mig_uuid = exact
+            if mig_uuid in owners:
+                raise ClaimError(
+                    f"{p.name} at {start} on GPU {g} is prepared for claim "
+                    f"{owners[mig_uuid][0].label()}"
+                )
+            busy = self._busy(g, gi)
+            if busy:
+                raise ClaimError(
+                    f"{p.name} at {start} on GPU {g} runs processes outside any claim "
+                    f"(pids {', '.join(map(str, busy[:8]))})"
+                )
+            if not gi.compute_instances:
+                nv.create_compute_instance(g, gi.gi_id)
+            return self._uuid_of(g, gi.gi_id)
+        try:
+            gi_id = nv.create_gpu_instance(g, p.profile_id, start, p.memory_slices)
+        except NvmlError as e:
+            if e.code != NvmlErrorCode.INSUFFICIENT_RESOURCES:
+                raise
+            keep = set(owners) | mine
+            for gi, mig_uuid in self._instances(g):
+                if mig_uuid not in keep:
+                    self._destroy_unknown(g, gi, mig_uuid)
+            gi_id = nv.create_gpu_instance(g, p.profile_id, start, p.memory_slices)
+        try:
+            nv.create_compute_instance(g, gi_id)
+        except NvmlError:
+            nv.destroy_gpu_instance(g, gi_id)  # no half-made instance is left behind
+            raise
+        return self._uuid_of(g, gi_id)
+
+    def _destroy_unknown(self, g: int, gi: GpuInstanceInfo, mig_uuid: str) -> None:
+        busy = self._busy(g, gi)
+        if busy:
+            raise ClaimError(
+                f"GPU {g}: instance {mig_uuid or gi.gi_id} at start {gi.start} is in the way and "
+                f"runs processes outside any claim (pids {', '.join(map(str, busy[:8]))}); it is "
+                "never destroyed: end those processes"
+            )
+        log.info("GPU %d: destroying unknown idle MIG instance %s", g, mig_uuid or gi.gi_id)
+        self._destroy(g, gi)
+
+    def _uuid_of(self, g: int, gi_id: int) -> str:
+        for d in self._nvml.mig_devices(g):
+            if d.gi_id == gi_id:
+                return d.uuid
+        raise ClaimError(f"GPU {g}: GPU instance {gi_id} has no MIG device after creation")
+
+    def _exists(self, d: PreparedDevice) -> bool:
+        try:
+            info = self._info(d.gpu)
+            if d.profile is None:
+                return info.uuid == d.uuid and not info.mig_enabled
+            return info.mig_enabled and any(m.uuid == d.uuid for m in self._nvml.mig_devices(d.gpu))
+        except (NvmlError, ClaimError):
+            return False
+
+    def _destroy_devices(
+        self, label: str, devices: Sequence[PreparedDevice], *, check_busy: bool
+    ) -> None:
+        """Destroy the MIG instances of ``devices``: with ``check_busy``, all idle or none
+        (raises); without, the idle ones (a used one is kept and logged)."""
+        found: list[tuple[int, GpuInstanceInfo]] = []
+        for d in devices:
+            info = self._info(d.gpu)
+            if d.profile is None:
+                busy = self._busy(d.gpu) if check_busy and not info.mig_enabled else []
+                if busy:
+                    raise ClaimError(
+                        f"claim {label}: GPU {d.gpu} still runs processes (pids "
+                        f"{', '.join(map(str, busy[:8]))}); retried once they end"
+                    )
+                continue
+            if not info.mig_enabled:
+                continue
+            for gi, mig_uuid in self._instances(d.gpu):
+                if mig_uuid == d.uuid:
+                    found.append((d.gpu, gi))
+        if check_busy:
+            for g, gi in found:
+                busy = self._busy(g, gi)
+                if busy:
+                    raise ClaimError(
+                        f"claim {label}: its instance on GPU {g} at start {gi.start} still runs "
+                        f"processes (pids {', '.join(map(str, busy[:8]))}); retried once they end"
+                    )
+        for g, gi in found:
+            if not check_busy and self._busy(g, gi):
+                log.warning("claim %s: instance on GPU %d runs processes; kept", label, g)
+                continue
+            self._destroy(g, gi)
+
+    def _release(self, rec: ClaimRecord, *, check_busy: bool) -> None:
+        """Destroy the record's MIG instances (see :meth:`_destroy_devices`) and forget it."""
+        self._destroy_devices(rec.label(), rec.devices, check_busy=check_busy)
+        if self.cdi_dir is not None:
+            remove_spec(self.cdi_dir, rec.uid, self.driver)
+        self.checkpoint.drop(rec.uid)
+
+    # -- the API -----------------------------------------------------------------------
+
+    def prepare(self, ref: ClaimRef, devices: Sequence[AllocatedDevice]) -> list[PreparedDevice]:
+        """Prepare the claim's devices (module docstring); raises :class:`ClaimError`."""
+        with self._lock:
+            try:
+                return self._prepare(ref, devices)
+            except NvmlError as e:
+                raise ClaimError(f"{ref}: {e}") from None
+
+    def _prepare(self, ref: ClaimRef, devices: Sequence[AllocatedDevice]) -> list[PreparedDevice]:
+        for a in devices:
+            if a.device not in self.targets:
+                raise ClaimError(f"{ref}: device {a.device} is not a device of this node")
+        wanted = sorted((d.request, d.device) for d in devices)
+        old = self.checkpoint.get(ref.uid)
+        keep: list[PreparedDevice] = []
+        if old is not None:
+            have = sorted((d.request, d.device) for d in old.devices)
+            if old.state == "completed" and have == wanted:
+                missing = [d for d in old.devices if not self._exists(d)]
+                if not missing:
+                    self._write_cdi(old)
+                    return list(old.devices)
+                log.warning(
+                    "claim %s: %d prepared device(s) are gone (reboot?); preparing them again",
+                    old.label(),
+                    len(missing),
+                )
+                keep = [d for d in old.devices if d not in missing]
+            else:
+                self._release(old, check_busy=old.state == "completed")
+                old = None
+        rec = ClaimRecord(ref.namespace, ref.name, ref.uid, "started", list(keep))
+        self.checkpoint.put(rec)
+        kept = {d.device for d in keep}
+        todo = sorted(
+            (a for a in devices if a.device not in kept),
+            key=lambda a: (
+                self.targets[a.device].gpu,
+                -(p.memory_slices if (p := self.targets[a.device].profile) else 99),
+                a.device,
+            ),
+        )
+        created: list[PreparedDevice] = []
+        try:
+            for a in todo:
+                t = self.targets[a.device]
+                uuid = self._whole(ref.uid, t) if t.profile is None else self._placement(ref.uid, t)
+                made = PreparedDevice(
+                    request=a.request,
+                    device=a.device,
+                    gpu=t.gpu,
+                    gpu_uuid=self._info(t.gpu).uuid,
+                    profile=None if t.profile is None else t.profile.name,
+                    start=t.start,
+                    uuid=uuid,
+                    cdi_id=cdi_device_id(ref.uid, a.device, self.driver),
+                    share_id=a.share_id,
+                )
+                created.append(made)
+                rec.devices.append(made)
+                self.checkpoint.put(rec)
+            self._write_cdi(rec)
+        except (ClaimError, NvmlError) as e:
+            self._destroy_devices(rec.label(), created, check_busy=False)
+            if old is not None:
+                self.checkpoint.put(old)  # the devices still there stay this claim's
+            else:
+                if self.cdi_dir is not None:
+                    remove_spec(self.cdi_dir, rec.uid, self.driver)
+                self.checkpoint.drop(rec.uid)
+            if isinstance(e, ClaimError):
+                raise ClaimError(str(e) if str(ref) in str(e) else f"{ref}: {e}") from None
+            raise
+        rec.state = "completed"
+        self.checkpoint.put(rec)
+        return list(rec.devices)
+
+    def _write_cdi(self, rec: ClaimRecord) -> None:
+        if self.cdi_dir is None:
+            return
+        spec = cdi_spec(rec.uid, [(d.request, d.device, d.uuid) for d in rec.devices], self.driver)
+        write_spec(self.cdi_dir, rec.uid, spec, self.driver)
+
+    def unprepare(self, uid: str) -> None:
+        """Release what was prepared for claim ``uid`` (module docstring)."""
+        with self._lock:
+            rec = self.checkpoint.get(uid)
+            if rec is None:
+                return
+            try:
+                self._release(rec, check_busy=True)
+            except NvmlError as e:
+                raise ClaimError(f"claim {rec.label()}: {e}") from None
+
+    def clean_unknown(self) -> list[str]:
+        """At start: roll back ``started`` records, destroy idle unknown instances; return what
+        was kept (used unknown instances), one line each."""
+        kept: list[str] = []
+        with self._lock:
+            for rec in self.checkpoint:
+                if rec.state == "started":
+                    log.warning(
+                        "claim %s was being prepared when the agent stopped; rolled back",
+                        rec.label(),
+                    )
+                    self._release(rec, check_busy=False)
+            for g, model in self.models.items():
+                if not model.mig_capable or not self._info(g).mig_enabled:
+                    continue
+                owners = self._owners(g)
+                for gi, mig_uuid in self._instances(g):
+                    if mig_uuid and mig_uuid in owners:
+                        continue
+                    if self._busy(g, gi):
+                        kept.append(
+                            f"GPU {g}: instance {mig_uuid or gi.gi_id} at start {gi.start} runs processes"
+                        )
+                        continue
+                    log.info(
+                        "GPU %d: destroying unknown idle MIG instance %s", g, mig_uuid or gi.gi_id
+                    )
+                    self._destroy(g, gi)
+        return kept
+
+    def prepared(self) -> Mapping[str, ClaimRecord]:
+        return {r.uid: r for r in self.checkpoint}
+
+
+_EMPTY = ClaimRecord("", "", "", "completed", [])

@@ -1,0 +1,296 @@
+"""The DRA kubelet plugin: plugin registration (v1) and the DRA v1 service over unix sockets.
+
+Model
+-----
+The kubelet discovers plugins by watching its ``plugins_registry`` directory
+(shared/facts/dra.md section 3):
+
+* :class:`DraKubeletPlugin` serves ``pluginregistration.Registration`` on
+  ``<registry_dir>/<driver>-reg.sock``.  ``GetInfo`` answers ``PluginInfo{type: "DRAPlugin",
+  name: <driver>, endpoint: <plugin_dir>/<driver>/dra.sock, supported_versions:
+  ["v1.DRAPlugin"]}``; the kubelet dials the endpoint and calls ``NotifyRegistrationStatus``,
+  whose outcome is kept (:attr:`DraKubeletPlugin.registered`, :attr:`DraKubeletPlugin.error`) and
+  a success passed to ``on_registered`` (the ResourceSlice publisher republishes then: a
+  starting kubelet deletes its node's slices).
+* ``k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`` on the endpoint.  ``NodePrepareResources``: for
+  each claim, read the ResourceClaim from the API (:class:`ClaimReader`), take this driver's
+  results (:func:`node_agent.dra_claims.allocated_devices`), prepare them
+  (:class:`node_agent.dra_prepare.DraPreparer`, in a worker thread: NVML blocks) and answer
+  its devices with their CDI IDs; a claim that fails gets its ``error`` and the others are
+  still answered (every claim of the request gets an entry, as the kubelet requires).
+  ``NodeUnprepareResources`` likewise, by UID (an unknown claim is success).
+* Both sockets are watched (every ``poll_interval_s``): a socket file someone removed (a
+  kubelet that cleans its directories, an operator) is served again on a fresh file, so the
+  kubelet's directory watch registers the plugin again.  A kubelet restart needs nothing: the
+  kubelet rescans the registry directory and calls ``GetInfo`` again; prepared claims are in
+  the preparer's checkpoint, so a repeated prepare answers the same devices.
+
+The gRPC bodies never raise for a claim's failure: a gRPC error would void the whole response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import stat
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import grpc
+import grpc.aio
+
+from node_agent.dra_claims import ClaimError, ClaimRef, allocated_devices
+from node_agent.dra_prepare import DraPreparer
+from node_agent.dra_slices import DRIVER
+from node_agent.proto import dra_v1_pb2 as dra
+from node_agent.proto import dra_v1_pb2_grpc as dra_grpc
+from node_agent.proto import pluginregistration_v1_pb2 as reg
+from node_agent.proto import pluginregistration_v1_pb2_grpc as reg_grpc
+
+__all__ = [
+    "DRA_PLUGIN_DIR",
+    "DRA_SERVICE",
+    "PLUGIN_TYPE",
+    "REGISTRY_DIR",
+    "ClaimReader",
+    "DraKubeletPlugin",
+    "KubeClaimReader",
+]
+
+log = logging.getLogger(__name__)
+
+REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
+DRA_PLUGIN_DIR = "/var/lib/kubelet/plugins"
+PLUGIN_TYPE = "DRAPlugin"
+DRA_SERVICE = "v1.DRAPlugin"
+"""What ``supported_versions`` lists for the v1 DRAPlugin service (kubelet ``types.go``)."""
+
+
+class ClaimReader(Protocol):
+    async def read(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The ResourceClaim as a dict; ``None`` if it does not exist."""
+        ...
+
+
+class KubeClaimReader:
+    """Reads ResourceClaims (``resource.k8s.io/v1``) through a kubernetes_asyncio
+    ``CustomObjectsApi`` (which serves any group's path), each read bounded in time."""
+
+    def __init__(self, api: Any, request_timeout_s: float = 10.0) -> None:
+        self.api = api
+        self.request_timeout_s = request_timeout_s
+
+    async def read(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            obj: Mapping[str, Any] = await self.api.get_namespaced_custom_object(
+                "resource.k8s.io",
+                "v1",
+                namespace,
+                "resourceclaims",
+                name,
+                _request_timeout=self.request_timeout_s,
+            )
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        return obj
+
+
+def _socket_identity(path: str) -> tuple[int, int, int] | None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISSOCK(st.st_mode):
+        return None
+    return st.st_dev, st.st_ino, st.st_ctime_ns
+
+
+class DraKubeletPlugin:
+    """The registration and DRA servers of one driver on this node (module docstring)."""
+
+    def __init__(
+        self,
+        preparer: DraPreparer,
+        claims: ClaimReader,
+        *,
+        registry_dir: str = REGISTRY_DIR,
+        plugin_dir: str = DRA_PLUGIN_DIR,
+        driver: str = DRIVER,
+        on_registered: Callable[[], None] | None = None,
+        poll_interval_s: float = 1.0,
+    ) -> None:
+        self.preparer = preparer
+        self.claims = claims
+        self.driver = driver
+        self.pool = preparer.node
+        self.registration_socket = os.path.join(registry_dir, f"{driver}-reg.sock")
+        self.dra_socket = os.path.join(plugin_dir, driver, "dra.sock")
+        self.on_registered = on_registered
+        self.poll_interval_s = poll_interval_s
+        self.registered = False
+        self.error = ""
+        """The kubelet's last registration error (empty: none)."""
+        self.prepare_calls = 0
+        self.unprepare_calls = 0
+        self._servers: dict[str, grpc.aio.Server] = {}
+        self._served: dict[str, tuple[int, int, int] | None] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Serve the DRA endpoint, then the registration socket (the kubelet dials the
+        endpoint as soon as it sees the registration socket), and watch both files."""
+        await self._serve(self.dra_socket)
+        await self._serve(self.registration_socket)
+        self._task = asyncio.create_task(self._watch(), name="dra-plugin-sockets")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for path in (self.registration_socket, self.dra_socket):  # deregister first
+            await self._unserve(path)
+        self.registered = False
+
+    async def _serve(self, path: str) -> None:
+        await self._unserve(path)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        server = grpc.aio.server()
+        if path == self.dra_socket:
+            dra_grpc.add_DRAPluginServicer_to_server(_DraServicer(self), server)
+        else:
+            reg_grpc.add_RegistrationServicer_to_server(_RegistrationServicer(self), server)
+        server.add_insecure_port(f"unix:{path}")
+        await server.start()
+        self._servers[path] = server
+        self._served[path] = _socket_identity(path)
+
+    async def _unserve(self, path: str) -> None:
+        server = self._servers.pop(path, None)
+        if server is not None:
+            await server.stop(grace=0.5)
+        if self._served.pop(path, None) is not None and _socket_identity(path) is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_interval_s)
+            await self.check_sockets()
+
+    async def check_sockets(self) -> list[str]:
+        """Serve again any socket whose file is gone or replaced; return their paths."""
+        redone = []
+        for path in (self.dra_socket, self.registration_socket):
+            if _socket_identity(path) != self._served.get(path):
+                log.warning("DRA plugin socket %s vanished; serving it again", path)
+                if path == self.registration_socket:
+                    self.registered = False
+                await self._serve(path)
+                redone.append(path)
+        return redone
+
+    # -- RPC bodies --------------------------------------------------------------------
+
+    def info(self) -> reg.PluginInfo:
+        return reg.PluginInfo(
+            type=PLUGIN_TYPE,
+            name=self.driver,
+            endpoint=self.dra_socket,
+            supported_versions=[DRA_SERVICE],
+        )
+
+    def notified(self, status: reg.RegistrationStatus) -> None:
+        self.registered = status.plugin_registered
+        self.error = status.error
+        if status.plugin_registered:
+            log.info("DRA driver %s registered with the kubelet", self.driver)
+            if self.on_registered is not None:
+                self.on_registered()
+        else:
+            log.error("the kubelet refused DRA driver %s: %s", self.driver, status.error)
+
+    async def prepare(
+        self, request: dra.NodePrepareResourcesRequest
+    ) -> dra.NodePrepareResourcesResponse:
+        self.prepare_calls += 1
+        out = dra.NodePrepareResourcesResponse()
+        for c in request.claims:
+            ref = ClaimRef(c.namespace, c.name, c.uid)
+            entry = out.claims[c.uid]
+            try:
+                try:
+                    obj = await self.claims.read(c.namespace, c.name)
+                except Exception as e:  # the API is down: the kubelet retries
+                    raise ClaimError(f"{ref}: cannot read it from the API: {e}") from None
+                devices = allocated_devices(obj, ref, self.pool, self.preparer.targets, self.driver)
+                prepared = await asyncio.to_thread(self.preparer.prepare, ref, devices)
+            except ClaimError as e:
+                entry.error = str(e)
+                log.warning("prepare failed: %s", e)
+                continue
+            for d in prepared:
+                dev = entry.devices.add(
+                    request_names=[d.request],
+                    pool_name=self.pool,
+                    device_name=d.device,
+                    cdi_device_ids=[d.cdi_id],
+                )
+                if d.share_id is not None:
+                    dev.share_id = d.share_id
+            log.info("prepared %s: %s", ref, ", ".join(d.device for d in prepared) or "nothing")
+        return out
+
+    async def unprepare(
+        self, request: dra.NodeUnprepareResourcesRequest
+    ) -> dra.NodeUnprepareResourcesResponse:
+        self.unprepare_calls += 1
+        out = dra.NodeUnprepareResourcesResponse()
+        for c in request.claims:
+            entry = out.claims[c.uid]
+            try:
+                await asyncio.to_thread(self.preparer.unprepare, c.uid)
+            except ClaimError as e:
+                entry.error = str(e)
+                log.warning("unprepare failed: %s", e)
+        return out
+
+
+class _RegistrationServicer(reg_grpc.RegistrationServicer):  # type: ignore[misc]
+    def __init__(self, plugin: DraKubeletPlugin) -> None:
+        self.plugin = plugin
+
+    async def GetInfo(self, request: reg.InfoRequest, context: Any) -> reg.PluginInfo:
+        return self.plugin.info()
+
+    async def NotifyRegistrationStatus(
+        self, request: reg.RegistrationStatus, context: Any
+    ) -> reg.RegistrationStatusResponse:
+        self.plugin.notified(request)
+        return reg.RegistrationStatusResponse()
+
+
+class _DraServicer(dra_grpc.DRAPluginServicer):  # type: ignore[misc]
+    def __init__(self, plugin: DraKubeletPlugin) -> None:
+        self.plugin = plugin
+
+    async def NodePrepareResources(
+        self, request: dra.NodePrepareResourcesRequest, context: Any
+    ) -> dra.NodePrepareResourcesResponse:
+        return await self.plugin.prepare(request)
+
+    async def NodeUnprepareResources(
+        self, request: dra.NodeUnprepareResourcesRequest, context: Any
+    ) -> dra.NodeUnprepareResourcesResponse:
+        return await self.plugin.unprepare(request)
