@@ -28,9 +28,12 @@ Allowed starts (rule 1) hold because only allowed placements are devices.  So a 
 of one GPU can be allocated together exactly when its placements form a valid layout, which
 ``tests/test_agent_dra_slices.py`` checks against an oracle written from the facts.
 
-Slices: the counter sets go in their own slices (at most 8 sets per slice), the devices in
-others (at most 64 per slice when they consume counters); every slice of the pool carries
-the pool's generation and slice count.  Device attributes (qualified by the driver name):
+Slices: the counter sets go in their own slices (at most 8 sets per slice), the devices of
+each GPU in a slice of their own, ``devices-gpu<i>`` (a GPU has at most 30 placements; more
+than 64 devices would be split, the API's limit for devices that consume counters), so that
+narrowing what one GPU publishes rewrites one slice and leaves the counters alone
+(shared/facts/dra.md, consequence 2); a GPU that publishes nothing has no device slice.  Every
+slice of the pool carries the pool's generation and slice count.  Device attributes (qualified by the driver name):
 ``type`` (``mig`` or ``gpu``), ``profile``, ``start``, ``index``, ``uuid`` (the parent GPU),
 ``model``; capacity ``memory``.  :func:`device_classes` are the DeviceClasses that select MIG
 placements and whole GPUs of this driver.
@@ -192,11 +195,12 @@ def resource_slices(
         mig[i : i + MAX_COUNTER_SETS_PER_SLICE]
         for i in range(0, len(mig), MAX_COUNTER_SETS_PER_SLICE)
     ]
-    devices = [d for g in ordered for d in _devices(g, publish)]
-    device_chunks = [
-        devices[i : i + MAX_DEVICES_PER_SLICE]
-        for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)
-    ]
+    device_chunks: list[tuple[str, list[dict[str, Any]]]] = []
+    for g in ordered:
+        devices = _devices(g, publish)
+        for n, i in enumerate(range(0, len(devices), MAX_DEVICES_PER_SLICE)):
+            suffix = f"gpu{g.index}" + (f"-{n}" if n else "")
+            device_chunks.append((suffix, devices[i : i + MAX_DEVICES_PER_SLICE]))
     total = len(counter_chunks) + len(device_chunks)
     pool = {"name": node, "generation": generation, "resourceSliceCount": total}
     out: list[dict[str, Any]] = []
@@ -209,8 +213,8 @@ def resource_slices(
             for g in gpu_chunk
         ]
         out.append(_slice(node, f"counters-{n}", pool, {"sharedCounters": sets}))
-    for n, device_chunk in enumerate(device_chunks):
-        out.append(_slice(node, f"devices-{n}", pool, {"devices": device_chunk}))
+    for suffix, device_chunk in device_chunks:
+        out.append(_slice(node, f"devices-{suffix}", pool, {"devices": device_chunk}))
     return out
 
 

@@ -78,3 +78,22 @@ class AgentSettings(CommonSettings):
         ge=1,
         description="/healthz fails after passes failed (or none ran) this many resyncs long.",
     )
+    dra: bool = Field(
+        False,
+        description="Run as a DRA driver (Kubernetes >= 1.34 with partitionable devices): "
+        "publish ResourceSlices and prepare ResourceClaims through the kubelet's DRA plugin "
+        "API, instead of device plugins and the NodePartitioning (node_agent.dra_driver).",
+    )
+    dra_registry_dir: str = Field(
+        "/var/lib/kubelet/plugins_registry",
+        description="Kubelet plugin-registration directory (DRA mode: <driver>-reg.sock).",
+    )
+    dra_plugin_dir: str = Field(
+        "/var/lib/kubelet/plugins",
+        description="Parent of the DRA plugin's socket directory (DRA mode: <driver>/dra.sock).",
+    )
+    cdi_dir: str = Field(
+        "/var/run/cdi",
+        description="Where the container runtime reads generated CDI specs (DRA mode: one "
+        "spec per prepared claim).",
+    )

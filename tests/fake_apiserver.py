@@ -86,6 +86,7 @@ _VERBS = {"list", "watch", "get", "create", "patch", "update", "delete"}
 _PODS = kmock.resource("v1/pods")
 LEASE_RESOURCE = "coordination.k8s.io/v1/leases"
 _LEASES = kmock.resource(LEASE_RESOURCE)
+_SLICES = kmock.resource("resource.k8s.io/v1/resourceslices")
 _SMP = "application/strategic-merge-patch+json"
 
 
@@ -197,6 +198,9 @@ class ApiServer(kmock.KubernetesEmulator):
     """The next this many list requests answer ``503 ServiceUnavailable`` (an outage)."""
     expire_continues: int = attrs.field(default=0, init=False)
     """The next this many list requests with a continue token answer ``410 Expired``."""
+    drop_partitionable: bool = attrs.field(default=False, init=False)
+    """Drop ``sharedCounters`` and ``consumesCounters`` from ResourceSlice writes, as an API
+    server with the DRAPartitionableDevices gate off does (silently)."""
 
     def configure_admission(self, admission: Admission | None) -> None:
         self.admission = admission
@@ -228,6 +232,11 @@ class ApiServer(kmock.KubernetesEmulator):
         binding = request.resource == _PODS and request.subresource == "binding"
         if binding and str(request.method).upper().endswith("POST") and request.name is not None:
             return await self._bind(request)
+        if request.resource == _SLICES and self.drop_partitionable and isinstance(data, dict):
+            spec = data.get("spec") or {}
+            spec.pop("sharedCounters", None)
+            for device in spec.get("devices") or ():
+                device.pop("consumesCounters", None)
         if request.resource is not None and isinstance(data, (dict, list)):
             if request.action == kmock.action.CREATE and isinstance(data, dict):
                 meta = data.setdefault("metadata", {})
@@ -639,6 +648,24 @@ def declare_leases(api: kmock.KubernetesEmulator) -> None:
     """Declare ``coordination.k8s.io/v1`` Leases (namespaced; PUT is served by :class:`ApiServer`)."""
     api.resources[LEASE_RESOURCE] = kmock.ResourceInfo(
         kind="Lease", singular="lease", namespaced=True, verbs=_VERBS
+    )
+
+
+SLICE_RESOURCE = "resource.k8s.io/v1/resourceslices"
+CLAIM_RESOURCE = "resource.k8s.io/v1/resourceclaims"
+
+
+def declare_dra(api: kmock.KubernetesEmulator) -> None:
+    """Declare ``resource.k8s.io/v1`` ResourceSlices (cluster-scoped) and ResourceClaims."""
+    api.resources[SLICE_RESOURCE] = kmock.ResourceInfo(
+        kind="ResourceSlice", singular="resourceslice", namespaced=False, verbs=_VERBS
+    )
+    api.resources[CLAIM_RESOURCE] = kmock.ResourceInfo(
+        kind="ResourceClaim",
+        singular="resourceclaim",
+        namespaced=True,
+        verbs=_VERBS,
+        subresources={"status"},
     )
 
 

@@ -246,3 +246,16 @@ def test_checkpoint_path_is_the_state_dir(tmp_path: Path) -> None:
 
     cp.put(ClaimRecord("n", "c", "u", "started"))
     assert json.loads((tmp_path / "x" / "dra.json").read_text())["claims"][0]["uid"] == "u"
+
+
+def test_dra_mode_refuses_the_fake_and_one_shot_flags(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpuslice.cli import main
+
+    monkeypatch.setenv("GPUSLICE_METRICS_PORT", "0")
+    for argv in (["agent", "--dra", "--fake"], ["agent", "--dra", "--once"]):
+        assert main(argv) == 2
+        assert "DRA mode serves the kubelet" in capsys.readouterr().err
+    monkeypatch.setenv("GPUSLICE_DRA", "true")
+    assert main(["agent", "--fake"]) == 2

@@ -52,6 +52,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--once", action="store_true", help="one reconcile pass, print the status")
     parser.add_argument(
+        "--dra",
+        action="store_true",
+        help="run as a DRA driver (also GPUSLICE_DRA=true): publish ResourceSlices and prepare "
+        "ResourceClaims through the kubelet's DRA plugin API instead of device plugins and the "
+        "NodePartitioning (Kubernetes >= 1.34 with partitionable devices)",
+    )
+    parser.add_argument(
         "--check-catalog",
         action="store_true",
         help="read-only: ask NVML for this machine's MIG profiles and placements, compare them "
@@ -250,6 +257,14 @@ def run(args: argparse.Namespace) -> int:
         if args.fake:
             raise BadInput("--check-catalog reads the real driver; run it without --fake")
         return check_catalog(catalog, args.output)
+    dra = args.dra or settings.dra
+    if dra and (args.fake or args.once or args.spec):
+        raise BadInput(
+            "DRA mode serves the kubelet and the cluster's ResourceClaims: it runs without "
+            "--fake, --once and --spec"
+        )
+    if dra:
+        return asyncio.run(_run_dra(settings, catalog))
     if args.fake:
         return asyncio.run(_run_fake(args, settings, catalog))
     if args.spec:
@@ -398,4 +413,63 @@ async def _run_real(args: argparse.Namespace, settings: Any, catalog: Any) -> in
     finally:
         await plugins.stop()
         await source.close()
+    return 0
+
+
+async def _run_dra(settings: Any, catalog: Any) -> int:
+    from kubernetes_asyncio import client, config
+
+    from node_agent.dra_checkpoint import Checkpoint
+    from node_agent.dra_driver import DraDriver
+    from node_agent.dra_prepare import DraPreparer
+    from node_agent.dra_publish import SlicePublisher
+    from node_agent.dra_slices import DraGpu
+    from node_agent.draplugin import DraKubeletPlugin, KubeClaimReader
+    from node_agent.gpu_reset import NvidiaSmi
+    from node_agent.metrics import MeteredNvml
+    from node_agent.nvml_pynvml import PynvmlAdapter
+
+    if not settings.node_name:
+        raise BadInput("GPUSLICE_NODE_NAME is not set (DaemonSet: downward API spec.nodeName)")
+    metrics, health = _observability(settings)
+    nvml = MeteredNvml(PynvmlAdapter(smi=NvidiaSmi(binary=settings.nvidia_smi)), metrics)
+    state = settings.state_dir.rstrip("/")
+    preparer = DraPreparer(
+        nvml,
+        catalog,
+        node=settings.node_name,
+        checkpoint=Checkpoint(f"{state}/dra-claims.json" if state else None),
+        cdi_dir=settings.cdi_dir,
+    )
+    uuids = {g.index: g.uuid for g in nvml.gpus()}
+    gpus = [DraGpu(i, uuids[i], m) for i, m in sorted(preparer.models.items())]
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)
+    except config.ConfigException:
+        await config.load_kube_config(client_configuration=configuration)
+    async with client.ApiClient(configuration) as api_client:
+        node = await client.CoreV1Api(api_client).read_node(settings.node_name)
+        custom = client.CustomObjectsApi(api_client)
+        publisher = SlicePublisher(custom, settings.node_name, gpus, node_uid=node.metadata.uid)
+
+        def make_plugin(on_registered: Any) -> DraKubeletPlugin:
+            return DraKubeletPlugin(
+                preparer,
+                KubeClaimReader(custom),
+                registry_dir=settings.dra_registry_dir,
+                plugin_dir=settings.dra_plugin_dir,
+                on_registered=on_registered,
+            )
+
+        driver = DraDriver(
+            preparer,
+            make_plugin,
+            publisher,
+            resync_s=settings.resync_seconds,
+            retry_s=settings.reconcile_retry_seconds,
+            health=health,
+        )
+        with _serving(settings, metrics, health):
+            await driver.run(_stop_on_signals())
     return 0

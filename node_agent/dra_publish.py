@@ -1,0 +1,204 @@
+"""Publishing this node's ResourceSlices through the Kubernetes API (kubernetes_asyncio).
+
+Model
+-----
+The pool is the node's: every slice of this driver whose ``spec.nodeName`` is this node
+(:mod:`node_agent.dra_slices` builds them).  :meth:`SlicePublisher.publish` converges the API to
+the wanted slices:
+
+1. List the driver's slices of this node (field selectors ``spec.nodeName``, ``spec.driver``,
+   checked again on the answers).
+2. If the stored slices are exactly the wanted ones at the stored generation, nothing is
+   written (a resync of an unchanged node costs one list).
+3. Else the pool's generation is bumped (one above the highest stored) and every wanted slice
+   is written at it: created, or updated by a JSON merge patch that carries the stored
+   ``resourceVersion`` (a concurrent writer gets ``409`` and the next round starts over); then
+   slices no longer wanted are deleted.  Consumers use only the highest generation and skip a
+   pool until all ``resourceSliceCount`` slices of it are there, so the pool is never read
+   half-written (shared/facts/dra.md section 2).
+4. The slices are read back and compared with what was sent: an API server whose
+   DRAPartitionableDevices gate is off drops ``sharedCounters`` and ``consumesCounters``
+   silently, which would let the scheduler allocate overlapping placements.  Then
+   :class:`PublishError` says so and names the fix; the slices that lost their counters are
+   deleted again, so nothing allocatable without counters is left published.
+
+Slices carry an owner reference to the Node when its UID is given, so they are
+garbage-collected with the Node.  Errors are one-line :class:`PublishError` naming the slice.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+from node_agent.dra_slices import DRIVER, DraGpu, resource_slices
+
+__all__ = ["GROUP", "PLURAL", "VERSION", "PublishError", "SlicePublisher"]
+
+log = logging.getLogger(__name__)
+
+GROUP = "resource.k8s.io"
+VERSION = "v1"
+PLURAL = "resourceslices"
+
+
+class PublishError(Exception):
+    """Publishing failed (the message names the slice and the cause)."""
+
+
+def _dropped(sent: Mapping[str, Any], got: Mapping[str, Any]) -> bool:
+    """Did the server drop counters from the slice we sent?"""
+    s, g = sent.get("spec") or {}, got.get("spec") or {}
+    if s.get("sharedCounters") and not g.get("sharedCounters"):
+        return True
+    got_devices = {d.get("name"): d for d in g.get("devices") or ()}
+    for d in s.get("devices") or ():
+        if d.get("consumesCounters") and not (got_devices.get(d["name"]) or {}).get(
+            "consumesCounters"
+        ):
+            return True
+    return False
+
+
+class SlicePublisher:
+    """Keeps this node's ResourceSlices equal to the wanted ones (module docstring)."""
+
+    def __init__(
+        self,
+        api: Any,
+        node: str,
+        gpus: Sequence[DraGpu],
+        *,
+        node_uid: str | None = None,
+        driver: str = DRIVER,
+        request_timeout_s: float = 10.0,
+    ) -> None:
+        self.api = api
+        self.node = node
+        self.gpus = list(gpus)
+        self.node_uid = node_uid
+        self.driver = driver
+        self.request_timeout_s = request_timeout_s
+        self.writes = 0
+        """Slices created, patched or deleted so far (for tests and metrics)."""
+
+    async def stored(self) -> dict[str, dict[str, Any]]:
+        """This node's slices of this driver, by name."""
+        answer = await self.api.list_cluster_custom_object(
+            GROUP,
+            VERSION,
+            PLURAL,
+            field_selector=f"spec.nodeName={self.node},spec.driver={self.driver}",
+            _request_timeout=self.request_timeout_s,
+        )
+        out: dict[str, dict[str, Any]] = {}
+        for item in answer.get("items") or ():
+            spec = item.get("spec") or {}
+            if spec.get("nodeName") == self.node and spec.get("driver") == self.driver:
+                out[item["metadata"]["name"]] = item
+        return out
+
+    def _wanted(self, generation: int, publish: Collection[str] | None) -> list[dict[str, Any]]:
+        out = resource_slices(self.node, self.gpus, generation, publish)
+        if self.node_uid:
+            for s in out:
+                s["metadata"]["ownerReferences"] = [
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Node",
+                        "name": self.node,
+                        "uid": self.node_uid,
+                        "controller": True,
+                    }
+                ]
+        return out
+
+    async def publish(self, publish: Collection[str] | None = None) -> bool:
+        """Converge; return whether anything was written.  ``publish`` narrows the devices
+        (planner-shaped publishing; ``None``: every placement)."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            stored = await self.stored()
+        except ApiException as e:
+            raise PublishError(f"listing ResourceSlices of node {self.node}: {_why(e)}") from None
+        generation = max(
+            (int(((s["spec"].get("pool") or {}).get("generation")) or 0) for s in stored.values()),
+            default=0,
+        )
+        same = self._wanted(max(generation, 1), publish)
+        if (
+            generation
+            and {s["metadata"]["name"] for s in same} == set(stored)
+            and all(stored[s["metadata"]["name"]].get("spec") == s["spec"] for s in same)
+        ):
+            return False
+        wanted = self._wanted(generation + 1, publish)
+        for s in wanted:
+            name = s["metadata"]["name"]
+            try:
+                if name in stored:
+                    meta: dict[str, Any] = {
+                        "resourceVersion": stored[name]["metadata"].get("resourceVersion")
+                    }
+                    if self.node_uid:
+                        meta["ownerReferences"] = s["metadata"]["ownerReferences"]
+                    await self.api.patch_cluster_custom_object(
+                        GROUP,
+                        VERSION,
+                        PLURAL,
+                        name,
+                        {"metadata": meta, "spec": s["spec"]},
+                        _request_timeout=self.request_timeout_s,
+                    )
+                else:
+                    await self.api.create_cluster_custom_object(
+                        GROUP, VERSION, PLURAL, s, _request_timeout=self.request_timeout_s
+                    )
+            except ApiException as e:
+                raise PublishError(f"writing ResourceSlice {name}: {_why(e)}") from None
+            self.writes += 1
+        try:
+            now = await self.stored()  # what the server kept (its answers may be empty)
+        except ApiException as e:
+            raise PublishError(f"listing ResourceSlices of node {self.node}: {_why(e)}") from None
+        names = {s["metadata"]["name"] for s in wanted}
+        dropped = [
+            s["metadata"]["name"]
+            for s in wanted
+            if s["metadata"]["name"] in now and _dropped(s, now[s["metadata"]["name"]])
+        ]
+        for name in sorted((set(now) - names) | set(dropped)):
+            try:
+                await self.api.delete_cluster_custom_object(
+                    GROUP, VERSION, PLURAL, name, _request_timeout=self.request_timeout_s
+                )
+            except ApiException as e:
+                if e.status != 404:
+                    raise PublishError(f"deleting ResourceSlice {name}: {_why(e)}") from None
+            self.writes += 1
+        if dropped:
+            raise PublishError(
+                f"the API server dropped the counters of ResourceSlice {dropped[0]} (and "
+                f"{len(dropped) - 1} more): its DRAPartitionableDevices feature gate is off. "
+                "Enable it on kube-apiserver and kube-scheduler (beta, on by default from "
+                "Kubernetes 1.36), or run gpuslice in device-plugin mode; the slices were removed"
+            )
+        log.info(
+            "published %d ResourceSlice(s) of node %s at generation %d",
+            len(wanted),
+            self.node,
+            generation + 1,
+        )
+        return True
+
+
+def _why(e: Any) -> str:
+    import json
+
+    try:
+        message = json.loads(e.body).get("message")
+    except (TypeError, ValueError, AttributeError):
+        message = None
+    return f"HTTP {e.status} {message or e.reason}"

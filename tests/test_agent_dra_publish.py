@@ -1,0 +1,193 @@
+"""The DRA driver's ResourceSlice publisher and claim reader over real HTTP against kmock
+(tests/fake_apiserver.py), with the official asyncio client.
+
+Checked: the first publication creates the node's pool (counter slice + one device slice per
+GPU) at generation 1 with the Node as owner; an unchanged node writes nothing; narrowing bumps
+the generation, rewrites only through patches carrying the resourceVersion, and deletes the
+slices of GPUs that publish nothing; another node's slices are never touched; an API server
+that drops the counters (DRAPartitionableDevices off) is reported and nothing stays published;
+the claim reader returns claims and ``None`` for absent ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import kmock
+import kubernetes_validate
+import pytest
+from fake_apiserver import SLICE_RESOURCE, ApiServer, declare_dra
+from kubernetes_asyncio import client as kclient
+
+from node_agent.dra_publish import PublishError, SlicePublisher
+from node_agent.dra_slices import DraGpu, device_name
+from node_agent.draplugin import KubeClaimReader
+from planner.catalog import default_catalog
+
+CAT = default_catalog()
+H100 = CAT.model("H100-80GB")
+GPUS = [DraGpu(i, f"GPU-{i:08d}-0000-0000-0000-000000000000", H100) for i in range(2)]
+PATH = "/apis/resource.k8s.io/v1/resourceslices"
+
+
+@pytest.fixture
+def kmock_options() -> dict[str, Any]:
+    return {"cls": ApiServer}
+
+
+@pytest.fixture
+async def connect() -> AsyncIterator[Callable[[str], Any]]:
+    clients: list[kclient.ApiClient] = []
+
+    def custom_objects(url: str) -> Any:
+        api_client = kclient.ApiClient(kclient.Configuration(host=url.rstrip("/")))
+        clients.append(api_client)
+        return kclient.CustomObjectsApi(api_client)
+
+    yield custom_objects
+    for api_client in clients:
+        await api_client.close()
+
+
+def slices(api: ApiServer, node: str | None = None) -> dict[str, dict[str, Any]]:
+    out = {}
+    for (resource, _ns, name), obj in list(api.objects.items()):
+        if resource == kmock.resource(SLICE_RESOURCE) and not obj.deleted:
+            raw = dict(obj.raw)
+            if node is None or raw["spec"]["nodeName"] == node:
+                out[name] = raw
+    return out
+
+
+def writes(api: ApiServer) -> list[tuple[str, str]]:
+    return [(w.method, w.path.rsplit("/", 1)[-1]) for w in api.writes if PATH in w.path]
+
+
+async def test_publish_creates_the_pool_then_narrows_it(
+    kmock: ApiServer, connect: Callable[[str], Any]
+) -> None:
+    declare_dra(kmock)
+    other = SlicePublisher(connect(str(kmock.url)), "node-b", GPUS[:1])
+    await other.publish()
+    pub = SlicePublisher(connect(str(kmock.url)), "node-a", GPUS, node_uid="uid-node-a")
+    assert await pub.publish()
+    mine = slices(kmock, "node-a")
+    assert sorted(mine) == [
+        "node-a-gpu.gpuslice.io-counters-0",
+        "node-a-gpu.gpuslice.io-devices-gpu0",
+        "node-a-gpu.gpuslice.io-devices-gpu1",
+    ]
+    for s in mine.values():
+        assert s["spec"]["pool"] == {"name": "node-a", "generation": 1, "resourceSliceCount": 3}
+        assert s["metadata"]["ownerReferences"][0]["uid"] == "uid-node-a"
+        body = {k: v for k, v in s.items() if k != "metadata"} | {
+            "metadata": {"name": s["metadata"]["name"]}
+        }
+        kubernetes_validate.validate(body, "1.36", strict=True)
+    n = len(kmock.writes)
+    assert not await pub.publish()  # unchanged: only a list
+    assert len(kmock.writes) == n
+    three = H100.profile("3g.40gb")
+    want = {device_name(1, three, 0), device_name(1, three, 4)}
+    assert await pub.publish(want)
+    mine = slices(kmock, "node-a")
+    assert sorted(mine) == [
+        "node-a-gpu.gpuslice.io-counters-0",
+        "node-a-gpu.gpuslice.io-devices-gpu1",
+    ]
+    assert {
+        d["name"] for d in mine["node-a-gpu.gpuslice.io-devices-gpu1"]["spec"]["devices"]
+    } == want
+    assert {s["spec"]["pool"]["generation"] for s in mine.values()} == {2}
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in mine.values()} == {2}
+    assert writes(kmock)[-3:] == [
+        ("PATCH", "node-a-gpu.gpuslice.io-counters-0"),
+        ("PATCH", "node-a-gpu.gpuslice.io-devices-gpu1"),
+        ("DELETE", "node-a-gpu.gpuslice.io-devices-gpu0"),
+    ]
+    assert len(slices(kmock, "node-b")) == 2  # never touched
+
+
+async def test_a_server_that_drops_counters_is_refused(
+    kmock: ApiServer, connect: Callable[[str], Any]
+) -> None:
+    declare_dra(kmock)
+    kmock.drop_partitionable = True
+    pub = SlicePublisher(connect(str(kmock.url)), "node-a", GPUS)
+    with pytest.raises(PublishError, match="DRAPartitionableDevices"):
+        await pub.publish()
+    assert slices(kmock) == {}
+
+
+async def test_claim_reader(kmock: ApiServer, connect: Callable[[str], Any]) -> None:
+    declare_dra(kmock)
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c1", "namespace": "team"},
+        "spec": {"devices": {"requests": []}},
+    }
+    resp = await kmock.post("/apis/resource.k8s.io/v1/namespaces/team/resourceclaims", json=body)
+    assert resp.status in (200, 201), await resp.text()
+    reader = KubeClaimReader(connect(str(kmock.url)), request_timeout_s=5)
+    got = await reader.read("team", "c1")
+    assert got is not None and got["metadata"]["uid"]
+    assert await reader.read("team", "absent") is None
+
+
+async def test_driver_republishes_when_the_kubelet_registers_it_again(
+    kmock: ApiServer, connect: Callable[[str], Any], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A starting kubelet deletes its node's slices and registers the plugin again: the
+    driver republishes at once, not at its next resync; stop removes the sockets."""
+    import asyncio
+    import os
+    import tempfile
+
+    from fake_dra_kubelet import FakeDraKubelet
+    from fake_kubelet import eventually
+
+    from node_agent.dra_driver import DraDriver
+    from node_agent.dra_prepare import DraPreparer
+    from node_agent.draplugin import DraKubeletPlugin
+    from node_agent.health import AgentHealth
+    from node_agent.nvml_fake import FakeNvml
+
+    declare_dra(kmock)
+    with tempfile.TemporaryDirectory(prefix="gsdrv-", dir="/tmp") as tmp:
+        registry, plugins = os.path.join(tmp, "r"), os.path.join(tmp, "p")
+        os.makedirs(registry)
+        nv = FakeNvml([H100, H100])
+        prep = DraPreparer(nv, CAT, node="node-a")
+        api = connect(str(kmock.url))
+        health = AgentHealth(resync_seconds=3600)
+
+        def make(on_registered: Callable[[], None]) -> DraKubeletPlugin:
+            return DraKubeletPlugin(
+                prep,
+                KubeClaimReader(api),
+                registry_dir=registry,
+                plugin_dir=plugins,
+                on_registered=on_registered,
+            )
+
+        driver = DraDriver(
+            prep, make, SlicePublisher(api, "node-a", GPUS), resync_s=3600, health=health
+        )
+        stop = asyncio.Event()
+        task = asyncio.create_task(driver.run(stop))
+        await eventually(lambda: len(slices(kmock)) == 3, what="first publication")
+        kubelet = FakeDraKubelet(registry)
+        await kubelet.scan()
+        await eventually(lambda: driver.rounds == 2, what="republish on registration")
+        for name in list(slices(kmock)):  # the kubelet's start wipes the node's slices
+            resp = await kmock.delete(f"{PATH}/{name}")
+            assert resp.status == 200
+        await kubelet.restart()
+        await eventually(lambda: len(slices(kmock)) == 3, what="republished")
+        assert driver.rounds == 3 and driver.failures == 0 and health.check()[0]
+        stop.set()
+        await asyncio.wait_for(task, 5)
+        assert not os.path.exists(driver.plugin.registration_socket)
+        await kubelet.close()
