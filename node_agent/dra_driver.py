@@ -63,16 +63,18 @@ class DraDriver:
         self.failures = 0
 
     async def publish_once(self) -> bool:
-        """One publish round; return whether it succeeded."""
-        self.rounds += 1
+        """One publish round; return whether it succeeded (:attr:`rounds` counts finished
+        rounds)."""
         try:
             await self.publisher.publish(self.publish_set())
         except Exception as e:  # PublishError, a connection or a timeout: the loop goes on
+            self.rounds += 1
             self.failures += 1
             log.warning("publishing ResourceSlices failed (will retry): %s", e)
             if self.health is not None:
                 self.health.record(False, str(e))
             return False
+        self.rounds += 1
         if self.health is not None:
             self.health.record(True, "")
         return True

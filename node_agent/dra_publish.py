@@ -114,6 +114,29 @@ class SlicePublisher:
                 ]
         return out
 
+    async def _patched(self, name: str, stored: Mapping[str, Any], want: Mapping[str, Any]) -> bool:
+        """Merge-patch a stored slice to ``want`` (guarded by its resourceVersion); ``False``
+        if it is gone (404)."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        meta: dict[str, Any] = {"resourceVersion": stored["metadata"].get("resourceVersion")}
+        if self.node_uid:
+            meta["ownerReferences"] = want["metadata"]["ownerReferences"]
+        try:
+            await self.api.patch_cluster_custom_object(
+                GROUP,
+                VERSION,
+                PLURAL,
+                name,
+                {"metadata": meta, "spec": want["spec"]},
+                _request_timeout=self.request_timeout_s,
+            )
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
+
     async def publish(self, publish: Collection[str] | None = None) -> bool:
         """Converge; return whether anything was written.  ``publish`` narrows the devices
         (planner-shaped publishing; ``None``: every placement)."""
@@ -138,21 +161,9 @@ class SlicePublisher:
         for s in wanted:
             name = s["metadata"]["name"]
             try:
-                if name in stored:
-                    meta: dict[str, Any] = {
-                        "resourceVersion": stored[name]["metadata"].get("resourceVersion")
-                    }
-                    if self.node_uid:
-                        meta["ownerReferences"] = s["metadata"]["ownerReferences"]
-                    await self.api.patch_cluster_custom_object(
-                        GROUP,
-                        VERSION,
-                        PLURAL,
-                        name,
-                        {"metadata": meta, "spec": s["spec"]},
-                        _request_timeout=self.request_timeout_s,
-                    )
-                else:
+                if name in stored and not await self._patched(name, stored[name], s):
+                    stored.pop(name)  # deleted meanwhile (a starting kubelet): create it
+                if name not in stored:
                     await self.api.create_cluster_custom_object(
                         GROUP, VERSION, PLURAL, s, _request_timeout=self.request_timeout_s
                     )

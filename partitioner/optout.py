@@ -44,7 +44,7 @@ from typing import Any
 from partitioner.actions import NODE_CONDITION, EmitEvent, ObjectRef, SetNodeCondition
 from partitioner.index import ClusterIndex, NodeInfo
 from partitioner.node_actions import RemoveNodeCondition, SetNodeLabel
-from partitioner.snapshot import GPUSLICE_LABEL, NOS_LABEL, opted_in
+from partitioner.snapshot import DRA_VALUE, GPUSLICE_LABEL, NOS_LABEL, opted_in
 
 __all__ = ["DRAINING", "MANAGED_LABEL", "agent_selected", "node_lifecycle", "slice_holders"]
 
@@ -63,7 +63,10 @@ agent-daemonset.yaml; tests/test_chart.py keeps the two equal)."""
 
 
 def agent_selected(labels: Mapping[str, str]) -> bool:
-    """An opt-in label with a value the agent DaemonSet selects (its terms are ORed)."""
+    """An opt-in label with a value the agent DaemonSet selects (its terms are ORed; the nos
+    term excludes ``gpuslice.io/partitioning=dra``, a DRA node)."""
+    if labels.get(GPUSLICE_LABEL) == DRA_VALUE:
+        return False
     return any(labels.get(key) in values for key, values in AGENT_VALUES.items())
 
 

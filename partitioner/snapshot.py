@@ -65,6 +65,7 @@ from planner.snapshot import (
 )
 
 __all__ = [
+    "DRA_VALUE",
     "GPUSLICE_LABEL",
     "NOS_LABEL",
     "PLANNED_AT_ANNOTATION",
@@ -85,6 +86,9 @@ __all__ = [
 
 NOS_LABEL = "nos.nebuly.com/gpu-partitioning"
 GPUSLICE_LABEL = "gpuslice.io/partitioning"
+DRA_VALUE = "dra"
+"""``gpuslice.io/partitioning=dra``: the node runs the DRA agent (chart value dra.enabled);
+the partitioner neither plans it nor counts it opted in."""
 PLANNED_PODS_ANNOTATION = "gpuslice.io/planned-pods"
 """On a NodePartitioning: JSON list of the pod keys its current spec was written for."""
 PLANNED_AT_ANNOTATION = "gpuslice.io/planned-at"
@@ -167,8 +171,11 @@ def _name(obj: Obj) -> str:
 
 
 def opted_in(node: Obj) -> bool:
-    """The node carries an opt-in label (whatever its value)."""
+    """The node carries an opt-in label (whatever its value) and is not a DRA node
+    (``gpuslice.io/partitioning=dra``: the DRA driver's, never planned here)."""
     labels: Mapping[str, str] = (node.get("metadata") or {}).get("labels") or {}
+    if labels.get(GPUSLICE_LABEL) == DRA_VALUE:
+        return False
     return labels.get(GPUSLICE_LABEL) is not None or labels.get(NOS_LABEL) is not None
 
 
@@ -177,6 +184,8 @@ def read_node(node: Obj, catalog: Catalog) -> GpuNode | NodeProblem | None:
     name = _name(node)
     labels: Mapping[str, str] = (node.get("metadata") or {}).get("labels") or {}
     allowed: tuple[str, ...]
+    if labels.get(GPUSLICE_LABEL) == DRA_VALUE:
+        return None  # the DRA driver's node (node_agent.dra_driver): not planned here
     if labels.get(GPUSLICE_LABEL) is not None:
         key, allowed = GPUSLICE_LABEL, ("mig", "mps", "hybrid")
     elif labels.get(NOS_LABEL) is not None:

@@ -21,7 +21,7 @@ from fake_apiserver import SLICE_RESOURCE, ApiServer, declare_dra
 from kubernetes_asyncio import client as kclient
 
 from node_agent.dra_publish import PublishError, SlicePublisher
-from node_agent.dra_slices import DraGpu, device_name
+from node_agent.dra_slices import DRIVER, DraGpu, device_name
 from node_agent.draplugin import KubeClaimReader
 from planner.catalog import default_catalog
 
@@ -187,7 +187,74 @@ async def test_driver_republishes_when_the_kubelet_registers_it_again(
         await kubelet.restart()
         await eventually(lambda: len(slices(kmock)) == 3, what="republished")
         assert driver.rounds == 3 and driver.failures == 0 and health.check()[0]
+        # a claim kube-scheduler allocated, read from the API by the plugin, prepared on NVML
+        placement = device_name(1, H100.profile("3g.40gb"), 4)
+        claim = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "train", "namespace": "team"},
+            "spec": {"devices": {"requests": []}},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "gpu", "driver": DRIVER, "pool": "node-a", "device": placement}
+            ]}}},
+        }  # fmt: skip
+        resp = await kmock.post(
+            "/apis/resource.k8s.io/v1/namespaces/team/resourceclaims", json=claim
+        )
+        assert resp.status in (200, 201), await resp.text()
+        uid = (await resp.json())["metadata"]["uid"]
+        if "status" not in await resp.json():  # the status subresource dropped it: set it
+            resp = await kmock.patch(
+                "/apis/resource.k8s.io/v1/namespaces/team/resourceclaims/train/status",
+                json={"status": claim["status"]},
+            )
+            assert resp.status == 200, await resp.text()
+        reply = await kubelet.prepare(DRIVER, ("team", "train", uid))
+        assert reply[uid].error == ""
+        assert [d.device_name for d in reply[uid].devices] == [placement]
+        assert [(p.name, s) for p, s, _ in nv.layout(1)] == [("3g.40gb", 4)]
         stop.set()
         await asyncio.wait_for(task, 5)
         assert not os.path.exists(driver.plugin.registration_socket)
         await kubelet.close()
+
+
+async def test_a_slice_deleted_during_a_round_is_created_again() -> None:
+    """The kubelet's start may delete the node's slices between the publisher's list and its
+    patch: the 404 makes it create the slice instead of failing the round."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    first = SlicePublisher(None, "node-a", GPUS[:1])._wanted(1, None)
+
+    class Api:
+        def __init__(self) -> None:
+            self.objects = {s["metadata"]["name"]: s for s in first}
+            self.calls: list[tuple[str, str]] = []
+
+        async def list_cluster_custom_object(self, *a: Any, **k: Any) -> dict[str, Any]:
+            return {"items": list(self.objects.values())}
+
+        async def patch_cluster_custom_object(
+            self, g: str, v: str, p: str, name: str, body: Any, **k: Any
+        ) -> None:
+            self.calls.append(("patch", name))
+            raise ApiException(status=404, reason="NotFound")
+
+        async def create_cluster_custom_object(
+            self, g: str, v: str, p: str, body: Any, **k: Any
+        ) -> None:
+            self.calls.append(("create", body["metadata"]["name"]))
+            self.objects[body["metadata"]["name"]] = body
+
+        async def delete_cluster_custom_object(
+            self, g: str, v: str, p: str, name: str, **k: Any
+        ) -> None:
+            self.calls.append(("delete", name))
+            self.objects.pop(name, None)
+
+    api = Api()
+    pub = SlicePublisher(api, "node-a", GPUS[:1])
+    assert await pub.publish({device_name(0)})
+    names = [s["metadata"]["name"] for s in first]
+    assert api.calls == [c for n in names for c in (("patch", n), ("create", n))]
+    assert {s["spec"]["pool"]["generation"] for s in api.objects.values()} == {2}
