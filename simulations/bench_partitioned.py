@@ -10,22 +10,22 @@ Usage::
 Rows (``--rows``, comma-separated; default: all)
 ------------------------------------------------
 ``mig-cpsat`` / ``mig-greedy``
-    :func:`simulations.partitioned_saturation.run_planned` on MIG nodes, mapping
+    :func:`simulations.saturation.partitioned.run_planned` on MIG nodes, mapping
     ``mig-compute``, ``planner.plan`` with policy ``cpsat`` / ``greedy``.
 ``mig-static``
-    :func:`~simulations.partitioned_saturation.best_static_run`: the best static layout mix in
+    :func:`~simulations.saturation.partitioned.best_static_run`: the best static layout mix in
     hindsight per seed (its name and every candidate's alloc@130 are in ``per_seed_extra``).
 ``mig-bound``
-    :func:`~simulations.partitioned_saturation.upper_bound_run`: the MIG upper bound (the most
+    :func:`~simulations.saturation.partitioned.upper_bound_run`: the MIG upper bound (the most
     GPU-milli valid layouts can hold for the arrived pods; see the module's docstring).
 ``mps``
     ``run_planned`` on MPS nodes, mapping ``mps-memory``, policy ``cpsat``.
 ``hybrid``
     ``run_planned`` on hybrid nodes with mapping ``hybrid-threshold:<--hybrid-threshold>``,
-    once :func:`~simulations.partitioned_saturation.hybrid_support` finds that the planner
+    once :func:`~simulations.saturation.partitioned.hybrid_support` finds that the planner
     places MPS requests on hybrid nodes; until then the row reports ``unsupported`` and why.
 ``share:bestfit``, ``share:fgd``, ``share:gpuslice``
-    The GPU-share protocol (:func:`simulations.saturation.run_saturation`) on the original
+    The GPU-share protocol (:func:`simulations.saturation.protocol.run_saturation`) on the original
     openb cluster (its own GPU models), as :mod:`simulations.bench_saturation` runs it.
 
 Output: per trace and row, the mean and sample standard deviation over seeds of alloc@130, the
@@ -53,9 +53,10 @@ import numpy as np
 from planner.settings import Policy
 from planner.snapshot import Mode
 from simulations.bench_saturation import parse_choices, parse_seeds, parse_traces
-from simulations.cluster import Cluster, load_cluster
-from simulations.openb import load_openb_pods, openb_dir, resolve_trace
-from simulations.partitioned_saturation import (
+from simulations.inputs.cluster import Cluster, load_cluster
+from simulations.inputs.openb import load_openb_pods, openb_dir, resolve_trace
+from simulations.inputs.workload import Workload
+from simulations.saturation.partitioned import (
     DEFAULT_NEIGHBOURHOOD_GPUS,
     GPU_MODEL,
     best_static_run,
@@ -63,8 +64,7 @@ from simulations.partitioned_saturation import (
     run_planned,
     upper_bound_run,
 )
-from simulations.saturation import SaturationResult, run_saturation
-from simulations.workload import Workload
+from simulations.saturation.protocol import SaturationResult, run_saturation
 
 __all__ = ["ROWS", "main", "markdown", "run_grid", "summarise", "targets"]
 
@@ -327,7 +327,7 @@ def run_grid(
             done(_one(t))
     cluster = _cluster(directory)
     doc: dict[str, Any] = {
-        "protocol": "partitioned saturation (simulations.partitioned_saturation)",
+        "protocol": "partitioned saturation (simulations.saturation.partitioned)",
         "date": time.strftime("%Y-%m-%d"),
         "cluster": cluster.summary(),
         "partitioned_cluster": (

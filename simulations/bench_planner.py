@@ -3,7 +3,7 @@
 What it measures
 ----------------
 For each cluster size (default 10, 100 and 1000 nodes x 8 A100-80GB) it generates seeded
-instances with :func:`simulations.instances.mig_benchmark_snapshot` (85 % of the compute
+instances with :func:`simulations.inputs.instances.mig_benchmark_snapshot` (85 % of the compute
 slices held by used instances, a pending batch of 30 % of the GPU count) and runs, on each
 instance, ``planner.api.plan`` with policy ``cpsat`` and with policy ``greedy``.  Per planner
 and size it reports:
@@ -58,7 +58,7 @@ from planner.catalog import Catalog, default_catalog
 from planner.demand import pod_weights
 from planner.settings import PlannerSettings, Policy
 from planner.snapshot import Mode, Plan, Snapshot, Unplaced
-from simulations.instances import mig_benchmark_snapshot
+from simulations.inputs.instances import mig_benchmark_snapshot
 
 __all__ = [
     "add_arguments",

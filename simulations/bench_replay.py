@@ -2,7 +2,7 @@
 
 Scenario
 --------
-The openb ``default`` trace (``--trace``) replayed over time (:mod:`simulations.replay`) on
+The openb ``default`` trace (``--trace``) replayed over time (:mod:`simulations.replay.engine`) on
 ``--nodes`` nodes of eight A100-SXM4-80GB GPUs in MIG mode (DGX A100-like hosts: 256 CPU
 threads, 2 TiB memory, so GPUs are the bottleneck).  Fractional requests map to MIG profiles by
 compute (``ceil(gpu_milli x 7 / 1000)`` compute slices; most openb pods then need a 7g or 4g).
@@ -17,14 +17,14 @@ Policies
 * ``cpsat`` — gpuslice: the partitioner's decision step with the CP-SAT planner;
 * ``greedy`` — the nos-like greedy planner with nos's 60 s / 10 s batch window;
 * ``best-static`` — the best of the static candidates
-  (:func:`simulations.static_layouts.static_candidates`: the built-in layouts and CP-SAT mixes
+  (:func:`simulations.replay.static_layouts.static_candidates`: the built-in layouts and CP-SAT mixes
   matched to the trace's average and peak demand), ranked by (pods never scheduled, p95, p50).
 Both planner policies use the same batch window (``--timeout``/``--idle``, default nos's
 60 s / 10 s) and retry time, so the comparison isolates the planner.
 
 Bound
 -----
-``geometry_bound``: :func:`simulations.geometry_bound.geometry_bound` — the maximum over time
+``geometry_bound``: :func:`simulations.saturation.geometry_bound.geometry_bound` — the maximum over time
 of the fewest GPUs whose valid MIG layouts hold every instance the trace's pods hold at that
 time (pods at their trace times), solved exactly as a pattern integer program with CP-SAT;
 node boundaries and CPU ignored, so it is a lower bound for any policy.
@@ -35,7 +35,7 @@ Hybrid and mixed clusters
 ``hybrid-threshold:500`` (shares of at least 500 milli and whole GPUs get a MIG instance, smaller
 shares an MPS slice inside one; ``--mapping`` overrides).  ``--models A,B`` gives node ``i`` the
 model ``i mod len``: ``--models A100-SXM4-80GB,H100-SXM5-80GB`` alternates A100 and H100 nodes.
-Pods are mapped for the model with the most GPUs (:func:`simulations.replay.cluster_replay_pods`;
+Pods are mapped for the model with the most GPUs (:func:`simulations.replay.engine.cluster_replay_pods`;
 on A100-80GB and H100-80GB every profile name and slice size exists on both, so a pod may run on
 either).  ``best-static`` needs a one-model MIG cluster.  The JSON and table are the MIG run's;
 a cell of a non-default cluster carries its ``cluster`` label, shown in the table's trace column.
@@ -60,10 +60,11 @@ from typing import Any
 from planner.catalog import GpuModel, default_catalog
 from planner.settings import PlannerSettings, Policy
 from planner.snapshot import Mode, mig_profile_of
-from simulations.cluster import Cluster, Node
-from simulations.geometry_bound import geometry_bound
-from simulations.openb import OPENB_TRACES, load_openb_pods, resolve_trace
-from simulations.replay import (
+from simulations.inputs.cluster import Cluster, Node
+from simulations.inputs.openb import OPENB_TRACES, load_openb_pods, resolve_trace
+from simulations.inputs.timeline import borrow_times, has_times
+from simulations.inputs.workload import Workload
+from simulations.replay.engine import (
     NOS_WINDOW,
     ReplayError,
     ReplayPod,
@@ -76,10 +77,9 @@ from simulations.replay import (
     parse_policy,
     run_time_replay,
 )
-from simulations.replay_metrics import ReplayResult, summarize
-from simulations.static_layouts import StaticPolicy, best_static, static_candidates
-from simulations.timeline import borrow_times, has_times
-from simulations.workload import Workload
+from simulations.replay.metrics import ReplayResult, summarize
+from simulations.replay.static_layouts import StaticPolicy, best_static, static_candidates
+from simulations.saturation.geometry_bound import geometry_bound
 
 __all__ = ["average_demand", "main", "mig_cluster", "render_table", "verdict"]
 
@@ -156,7 +156,7 @@ def _static_key(result: ReplayResult) -> tuple[float, ...]:
 
 
 def _load(trace: str, openb_dir: str | None, times_from: str, seed: int) -> tuple[Workload, str]:
-    """The trace, with times borrowed from ``times_from`` if it has none (simulations.timeline)."""
+    """The trace, with times borrowed from ``times_from`` if it has none (simulations.inputs.timeline)."""
     workload = load_openb_pods(resolve_trace(trace, openb_dir))
     if has_times(workload):
         return workload, ""
@@ -286,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--mapping",
         default="",
-        help="simulations.mapping rule (default: mig-compute on MIG, hybrid-threshold:500 on "
+        help="simulations.inputs.mapping rule (default: mig-compute on MIG, hybrid-threshold:500 on "
         "hybrid clusters)",
     )
     ap.add_argument(
@@ -437,7 +437,7 @@ def _split(text: str) -> list[str]:
 
 
 def _write_report(args: argparse.Namespace, trace: str, nodes: int, opts: dict[str, Any]) -> None:
-    from simulations.report import write_replay_report
+    from simulations.reports.replay_report import write_replay_report
 
     workload, _ = _load(trace, opts["openb_dir"], opts["times_from"], opts["seed"])
     settings = ReplaySettings(

@@ -7,7 +7,7 @@ Usage::
     python -m simulations.bench_saturation --trace gpuspec10 --seeds 42-46 --policies fgd,gpuslice
     python -m simulations.bench_saturation --batch 8 --policies gpuslice
 
-It runs :func:`simulations.saturation.run_saturation` for every (trace, policy, seed) on the
+It runs :func:`simulations.saturation.protocol.run_saturation` for every (trace, policy, seed) on the
 openb cluster (``--cluster`` takes a YAML file too) and prints one JSON document: per trace and
 policy the mean and standard deviation over seeds of alloc@130, alloc@100, fragmentation amount
 and ratio at 100 %, idle GPUs, failed pods and run time, plus the per-seed alloc@130 values and
@@ -34,10 +34,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from simulations.cluster import load_cluster
-from simulations.openb import OPENB_TRACES, load_openb_pods, openb_dir, resolve_trace
-from simulations.policies import POLICIES
-from simulations.saturation import SaturationResult, run_saturation
+from simulations.inputs.cluster import load_cluster
+from simulations.inputs.openb import OPENB_TRACES, load_openb_pods, openb_dir, resolve_trace
+from simulations.saturation.policies import POLICIES
+from simulations.saturation.protocol import SaturationResult, run_saturation
 
 __all__ = ["PUBLISHED", "aggregate", "format_table", "main", "parse_seeds", "write_report"]
 

@@ -15,7 +15,7 @@ realistic objects and are refused what a real cluster refuses:
 * resources declared with the ``status`` subresource (:func:`declare`): a write to the object
   drops ``status`` from the body and bumps ``generation`` when ``spec`` changes; a write to
   ``<object>/status`` keeps only ``status`` (and the precondition) and never bumps it;
-* pods (:mod:`simulations.kube_rules`): a create with duplicate gates or with ``nodeName`` and gates, and any
+* pods (:mod:`simulations.replay.kube_rules`): a create with duplicate gates or with ``nodeName`` and gates, and any
   update Kubernetes forbids (gates added, node affinity widened or changed after the last gate
   is gone, resources changed, ...) -> ``422 Invalid`` naming the field; a gated pod is created
   with the condition ``PodScheduled=False, reason SchedulingGated`` (unless it brings a
@@ -77,7 +77,7 @@ import jsonpatch
 import kmock
 
 from partitioner.eligibility import pod_fits_node
-from simulations.kube_rules import create_errors, invalid_message, update_errors
+from simulations.replay.kube_rules import create_errors, invalid_message, update_errors
 
 NP_RESOURCE = "gpuslice.io/v1alpha1/nodepartitionings"
 NP_PATH = "/apis/gpuslice.io/v1alpha1/nodepartitionings"

@@ -11,7 +11,7 @@ from planner.geometry import parse_layout
 from planner.settings import PlannerSettings
 from planner.snapshot import Mode, Plan, PlannedGpu, Snapshot
 from simulations.bench_planner import percentile, plan_churn, run_benchmark, unplaced_eligible
-from simulations.instances import demo_snapshot, mig_benchmark_snapshot
+from simulations.inputs.instances import demo_snapshot, mig_benchmark_snapshot
 
 CAT = default_catalog()
 

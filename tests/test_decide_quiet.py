@@ -18,15 +18,15 @@ from typing import Any
 
 import pytest
 
-import simulations.replay as replay_module
+import simulations.replay.engine as replay_module
 from partitioner import decide as decide_module
 from partitioner.decide import ControllerState, Decision, _same_state, _Step
 from planner.settings import PlannerSettings
 from planner.snapshot import Mode
-from simulations.cluster import Cluster, Node
-from simulations.replay import ReplaySettings, run_time_replay
-from simulations.replay_metrics import summarize
-from simulations.workload import PodShape, SyntheticSpec, synthetic_workload
+from simulations.inputs.cluster import Cluster, Node
+from simulations.inputs.workload import PodShape, SyntheticSpec, synthetic_workload
+from simulations.replay.engine import ReplaySettings, run_time_replay
+from simulations.replay.metrics import summarize
 
 A100 = "A100-SXM4-80GB"
 

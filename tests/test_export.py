@@ -14,12 +14,12 @@ import yaml
 
 from gpuslice.cli import main
 from gpuslice.commands.export import sniff
-from simulations.cluster import load_cluster_file
-from simulations.export import ExportError, parse_time, split_at
-from simulations.export_ksm import export_ksm
-from simulations.export_kubectl import export_kubectl
-from simulations.replay import run_time_replay
-from simulations.workload import Pod, load_workload
+from simulations.export.ksm import export_ksm
+from simulations.export.kubectl import export_kubectl
+from simulations.export.pods import ExportError, parse_time, split_at
+from simulations.inputs.cluster import load_cluster_file
+from simulations.inputs.workload import Pod, load_workload
+from simulations.replay.engine import run_time_replay
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "docs" / "examples"

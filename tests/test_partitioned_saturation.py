@@ -1,4 +1,4 @@
-"""The partitioned-mode saturation protocol (simulations.partitioned_saturation).
+"""The partitioned-mode saturation protocol (simulations.saturation.partitioned).
 
 Hand-computed allocations on one-GPU clusters, a brute-force check of the MIG upper bound,
 the bound above every MIG row on random small instances, used instances never moving, and
@@ -19,9 +19,11 @@ from planner.catalog import default_catalog
 from planner.settings import PlannerSettings, Policy
 from planner.snapshot import Mode, Plan, Snapshot
 from simulations.bench_partitioned import markdown, summarise, targets
-from simulations.cluster import Cluster, Node
-from simulations.mapping import HybridThreshold, MappingError, make_mapping
-from simulations.partitioned_saturation import (
+from simulations.inputs.cluster import Cluster, Node
+from simulations.inputs.mapping import HybridThreshold, MappingError, make_mapping
+from simulations.inputs.workload import Pod, Workload
+from simulations.replay.static_layouts import StaticPolicy, maximal_layouts
+from simulations.saturation.partitioned import (
     GPU_MODEL,
     PartitionedState,
     PlanViolation,
@@ -30,8 +32,6 @@ from simulations.partitioned_saturation import (
     run_planned,
     run_static,
 )
-from simulations.static_layouts import StaticPolicy, maximal_layouts
-from simulations.workload import Pod, Workload
 
 MODEL = default_catalog().model(GPU_MODEL)
 

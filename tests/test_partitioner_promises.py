@@ -2,7 +2,7 @@
 
 Every test drives :func:`partitioner.decide.decide` on plain API objects, applying the actions
 it returns the way the API server would (JSON merge patches through
-:mod:`simulations.kube_rules`, which refuses what Kubernetes refuses), so a release that widens
+:mod:`simulations.replay.kube_rules`, which refuses what Kubernetes refuses), so a release that widens
 affinity or adds a gate would fail here too.
 """
 
@@ -26,7 +26,7 @@ from partitioner.index import ClusterIndex
 from partitioner.reservations import RESERVATION_ANNOTATION, State, parse_reservation
 from planner.catalog import default_catalog
 from planner.greedy import plan_greedy
-from simulations.kube_rules import merge_patch, validate_pod_update
+from simulations.replay.kube_rules import merge_patch, validate_pod_update
 
 CAT = default_catalog()
 MIG = {"gpuslice.io/partitioning": "mig", **A100}

@@ -25,7 +25,7 @@ from planner.snapshot import (
     Snapshot,
     Unplaced,
 )
-from simulations.instances import demo_snapshot, mig_benchmark_snapshot
+from simulations.inputs.instances import demo_snapshot, mig_benchmark_snapshot
 
 CAT = default_catalog()
 A100 = CAT.model("A100-SXM4-80GB")

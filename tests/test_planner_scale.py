@@ -46,7 +46,7 @@ from planner.greedy import plan_greedy
 from planner.mig_cpsat import LayoutOption, candidate_layouts, current_mig, layout_option
 from planner.neighbourhood import merge_plans, node_chunks, restrict, spare_capacity
 from planner.snapshot import Assignment, PlannedGpu
-from simulations.instances import mig_benchmark_snapshot
+from simulations.inputs.instances import mig_benchmark_snapshot
 
 CATALOG = default_catalog()
 A100 = "A100-SXM4-80GB"

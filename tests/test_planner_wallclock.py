@@ -19,7 +19,7 @@ from planner import PlannerSettings, Policy, default_catalog, plan
 from planner.api import _MIN_WALL_S, _PLANNED_FRACTION, _S_PER_GPU, _S_PER_MODEL_GPU, _S_PER_POD
 from planner.greedy import plan_greedy
 from planner.mig_cpsat import DETERMINISTIC_PER_SECOND, WallBudget
-from simulations.instances import mig_benchmark_snapshot
+from simulations.inputs.instances import mig_benchmark_snapshot
 
 CATALOG = default_catalog()
 

@@ -14,9 +14,9 @@ from planner.catalog import Catalog
 from planner.settings import PlannerSettings
 from planner.snapshot import Mode, Plan, PlannedGpu, PlannedSlice, Snapshot
 from simulations.bench_replay import cluster_label, mig_cluster, render_table
-from simulations.cluster import Cluster, Node
-from simulations.fake_cluster import FakeCluster, FakeClusterError
-from simulations.replay import (
+from simulations.inputs.cluster import Cluster, Node
+from simulations.inputs.workload import Pod, PodShape, SyntheticSpec, Workload, synthetic_workload
+from simulations.replay.engine import (
     ReplayError,
     ReplayPod,
     ReplayPolicy,
@@ -28,8 +28,8 @@ from simulations.replay import (
     parse_policy,
     run_time_replay,
 )
-from simulations.replay_metrics import summarize
-from simulations.workload import Pod, PodShape, SyntheticSpec, Workload, synthetic_workload
+from simulations.replay.fake_cluster import FakeCluster, FakeClusterError
+from simulations.replay.metrics import summarize
 
 A100 = "A100-SXM4-80GB"
 H100 = "H100-SXM5-80GB"

@@ -7,11 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from simulations.fragmentation import FragModel, TargetWorkload, frag_amount_pct, frag_ratio_pct
-from simulations.openb import load_openb_pods
-from simulations.policies.baselines import fgd_score
-from simulations.policies.gpuslice import CpuAwareFragModel
-from simulations.workload import Pod
+from simulations.inputs.openb import load_openb_pods
+from simulations.inputs.workload import Pod
+from simulations.saturation.fragmentation import (
+    FragModel,
+    TargetWorkload,
+    frag_amount_pct,
+    frag_ratio_pct,
+)
+from simulations.saturation.policies.baselines import fgd_score
+from simulations.saturation.policies.gpuslice import CpuAwareFragModel
 
 OPENB = Path(__file__).resolve().parents[2] / "shared" / "traces" / "openb"
 needs_openb = pytest.mark.skipif(

@@ -8,9 +8,20 @@ from pathlib import Path
 import pytest
 
 from planner.snapshot import Mode
-from simulations.cluster import ClusterError, load_cluster, load_cluster_file, load_openb_nodes
-from simulations.openb import OPENB_DIR_ENV, TraceError, load_openb_pods, openb_dir, resolve_trace
-from simulations.workload import (
+from simulations.inputs.cluster import (
+    ClusterError,
+    load_cluster,
+    load_cluster_file,
+    load_openb_nodes,
+)
+from simulations.inputs.openb import (
+    OPENB_DIR_ENV,
+    TraceError,
+    load_openb_pods,
+    openb_dir,
+    resolve_trace,
+)
+from simulations.inputs.workload import (
     Pod,
     PodShape,
     SyntheticSpec,

@@ -1,11 +1,17 @@
-"""Fractional request -> slice mapping rules (simulations.mapping), hand-computed cases."""
+"""Fractional request -> slice mapping rules (simulations.inputs.mapping), hand-computed cases."""
 
 from __future__ import annotations
 
 import pytest
 
-from simulations.mapping import Mapping, MappingError, MpsByMemory, SliceRequest, make_mapping
-from simulations.workload import Pod
+from simulations.inputs.mapping import (
+    Mapping,
+    MappingError,
+    MpsByMemory,
+    SliceRequest,
+    make_mapping,
+)
+from simulations.inputs.workload import Pod
 
 
 def share(gm: int, qos: str = "BE", num_gpu: int = 1) -> Pod:

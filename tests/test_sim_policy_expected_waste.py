@@ -1,12 +1,12 @@
-"""Expected waste of free GPU shares (simulations.policies.expected_waste) on hand-computed cases."""
+"""Expected waste of free GPU shares (simulations.saturation.policies.expected_waste) on hand-computed cases."""
 
 from __future__ import annotations
 
 import pytest
 
-from simulations.fragmentation import TargetWorkload
-from simulations.policies.expected_waste import ExpectedWaste
-from simulations.workload import Pod
+from simulations.inputs.workload import Pod
+from simulations.saturation.fragmentation import TargetWorkload
+from simulations.saturation.policies.expected_waste import ExpectedWaste
 
 
 def target(*shapes: tuple[int, int, int, int, tuple[str, ...]]) -> TargetWorkload:

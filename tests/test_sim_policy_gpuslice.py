@@ -1,4 +1,4 @@
-"""gpuslice's GPU-share policy (simulations.policies.gpuslice): measure and score on hand-computed
+"""gpuslice's GPU-share policy (simulations.saturation.policies.gpuslice): measure and score on hand-computed
 cases, node and GPU choice, determinism, and a smoke run of the saturation protocol."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ import random
 import numpy as np
 import pytest
 
-from simulations.cluster import Cluster, Node
-from simulations.fragmentation import FragModel, TargetWorkload
-from simulations.policies import GpusliceShare
-from simulations.policies.gpuslice import CpuAwareFragModel, GpusliceMeasure, step_score
-from simulations.policies.state import ShareState
-from simulations.saturation import run_saturation
-from simulations.workload import Pod, Workload
+from simulations.inputs.cluster import Cluster, Node
+from simulations.inputs.workload import Pod, Workload
+from simulations.saturation.fragmentation import FragModel, TargetWorkload
+from simulations.saturation.policies import GpusliceShare
+from simulations.saturation.policies.gpuslice import CpuAwareFragModel, GpusliceMeasure, step_score
+from simulations.saturation.policies.state import ShareState
+from simulations.saturation.protocol import run_saturation
 
 # target: 810 milli (p 0.6, 3000 CPU), 1000 milli (p 0.4, 8000 CPU)
 ORIGINALS = [Pod(f"a{i}", 3000, 0, 1, 810) for i in range(3)] + [

@@ -11,9 +11,9 @@ from planner.catalog import Catalog
 from planner.greedy import plan_greedy
 from planner.settings import PlannerSettings
 from planner.snapshot import GpuState, MigInstance, Mode, Plan, Snapshot
-from simulations.cluster import Cluster, Node
-from simulations.fake_cluster import FakeCluster
-from simulations.replay import (
+from simulations.inputs.cluster import Cluster, Node
+from simulations.inputs.workload import Pod, PodShape, SyntheticSpec, Workload, synthetic_workload
+from simulations.replay.engine import (
     ReplayError,
     ReplayPod,
     ReplayPolicy,
@@ -22,8 +22,8 @@ from simulations.replay import (
     replay_pods,
     run_time_replay,
 )
-from simulations.replay_metrics import summarize
-from simulations.workload import Pod, PodShape, SyntheticSpec, Workload, synthetic_workload
+from simulations.replay.fake_cluster import FakeCluster
+from simulations.replay.metrics import summarize
 
 A100 = "A100-SXM4-80GB"
 EMPTY = Workload("none", (Pod("unused", 0),))

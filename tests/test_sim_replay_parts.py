@@ -11,12 +11,11 @@ import pytest
 
 from planner.catalog import default_catalog
 from planner.snapshot import Mode, PlannedGpu, PlannedSlice
-from simulations.fake_cluster import FakeCluster, FakeClusterError
-from simulations.geometry_bound import geometry_bound, gpus_needed, peak_demands
-from simulations.replay import ReplayPod, run_time_replay
-from simulations.replay_metrics import nearest_rank, summarize, time_weighted_mean
-from simulations.report import format_table, write_replay_report
-from simulations.static_layouts import (
+from simulations.inputs.workload import Pod, Workload
+from simulations.replay.engine import ReplayPod, run_time_replay
+from simulations.replay.fake_cluster import FakeCluster, FakeClusterError
+from simulations.replay.metrics import nearest_rank, summarize, time_weighted_mean
+from simulations.replay.static_layouts import (
     BUILTIN_STATIC,
     StaticLayoutError,
     assign_static,
@@ -24,7 +23,8 @@ from simulations.static_layouts import (
     maximal_layouts,
     static_policy,
 )
-from simulations.workload import Pod, Workload
+from simulations.reports.replay_report import format_table, write_replay_report
+from simulations.saturation.geometry_bound import geometry_bound, gpus_needed, peak_demands
 
 CAT = default_catalog()
 A100 = CAT.model("A100-SXM4-80GB")

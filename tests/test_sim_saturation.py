@@ -9,14 +9,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simulations.cluster import Cluster, Node, load_cluster_file, load_openb_nodes
-from simulations.fragmentation import FragModel, TargetWorkload
-from simulations.openb import load_openb_pods
-from simulations.policies import BestFit, Fgd, GpusliceShare, make_policy
-from simulations.policies.baselines import Policy, fgd_score
-from simulations.policies.state import ShareState
-from simulations.saturation import build_arrivals, discrete_curve, node_ranks, run_saturation
-from simulations.workload import Pod, load_workload
+from simulations.inputs.cluster import Cluster, Node, load_cluster_file, load_openb_nodes
+from simulations.inputs.openb import load_openb_pods
+from simulations.inputs.workload import Pod, load_workload
+from simulations.saturation.fragmentation import FragModel, TargetWorkload
+from simulations.saturation.policies import BestFit, Fgd, GpusliceShare, make_policy
+from simulations.saturation.policies.baselines import Policy, fgd_score
+from simulations.saturation.policies.state import ShareState
+from simulations.saturation.protocol import (
+    build_arrivals,
+    discrete_curve,
+    node_ranks,
+    run_saturation,
+)
 
 DATA = Path(__file__).resolve().parents[1] / "simulations" / "data"
 OPENB = Path(__file__).resolve().parents[2] / "shared" / "traces" / "openb"

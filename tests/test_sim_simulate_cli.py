@@ -12,7 +12,7 @@ from cli_tables import table
 from gpuslice.cli import main
 from simulations.bench_saturation import main as bench_main
 from simulations.bench_saturation import parse_seeds
-from simulations.openb import OPENB_DIR_ENV
+from simulations.inputs.openb import OPENB_DIR_ENV
 
 
 def test_default_run_prints_the_comparison_table(capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,9 +10,9 @@ import pytest
 from cli_tables import table
 
 from gpuslice.cli import main
-from simulations.replay import ReplaySettings, parse_policy
-from simulations.replay_metrics import ReplaySummary
-from simulations.sweep import (
+from simulations.replay.engine import ReplaySettings, parse_policy
+from simulations.replay.metrics import ReplaySummary
+from simulations.replay.sweep import (
     SweepError,
     SweepPoint,
     SweepRow,

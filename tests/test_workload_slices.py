@@ -14,16 +14,16 @@ from hypothesis import strategies as st
 from gpuslice.cli import main
 from planner.catalog import default_catalog
 from planner.snapshot import Mode
-from simulations.cluster import Cluster, Node
-from simulations.gpu_resources import classify, from_ksm_label, ksm_label_of
-from simulations.replay import ReplayError, ReplaySettings, replay_pods, run_time_replay
-from simulations.workload import Pod, Workload, WorkloadError, parse_workload, pod_entry
-from simulations.workload_slices import (
+from simulations.inputs.cluster import Cluster, Node
+from simulations.inputs.gpu_resources import classify, from_ksm_label, ksm_label_of
+from simulations.inputs.workload import Pod, Workload, WorkloadError, parse_workload, pod_entry
+from simulations.inputs.workload_slices import (
     MAX_LISTED,
     SliceRequestError,
     direct_requests,
     require_shares,
 )
+from simulations.replay.engine import ReplayError, ReplaySettings, replay_pods, run_time_replay
 
 A100 = "A100-SXM4-80GB"
 CATALOG = default_catalog()

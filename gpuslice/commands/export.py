@@ -1,8 +1,8 @@
 """``gpuslice export``: a workload file from your cluster's pods, in its own resource names.
 
-Reads kubectl dumps of the pods taken over time (:mod:`simulations.export_kubectl`) or
-kube-state-metrics series (:mod:`simulations.export_ksm`), told apart by their content unless
-``--from`` says, and prints the workload (:mod:`simulations.export`; format in
+Reads kubectl dumps of the pods taken over time (:mod:`simulations.export.kubectl`) or
+kube-state-metrics series (:mod:`simulations.export.ksm`), told apart by their content unless
+``--from`` says, and prints the workload (:mod:`simulations.export.pods`; format in
 docs/workloads.md) as YAML, or JSON with ``-o json``.  ``--out FILE`` writes it to a file
 instead (JSON when FILE ends in ``.json``); nothing is written unless asked.  What was read, skipped, renamed and how each pod's
 end was decided goes to stderr (``--quiet``: only errors) and into the file's ``export`` block.
@@ -99,9 +99,9 @@ def sniff(path: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from simulations.export import ExportError, render, split_at, workload_document
-    from simulations.gpu_resources import ResourceMapError, parse_resource_map
-    from simulations.workload import WorkloadError
+    from simulations.export.pods import ExportError, render, split_at, workload_document
+    from simulations.inputs.gpu_resources import ResourceMapError, parse_resource_map
+    from simulations.inputs.workload import WorkloadError
 
     try:
         resource_map = parse_resource_map(args.map_resource)
@@ -119,11 +119,11 @@ def run(args: argparse.Namespace) -> int:
                     "--priority-class is for kube-state-metrics data; kubectl dumps carry each "
                     "pod's spec.priority"
                 )
-            from simulations.export_kubectl import export_kubectl
+            from simulations.export.kubectl import export_kubectl
 
             workload, report = export_kubectl(args.files, args.name, resource_map)
         else:
-            from simulations.export_ksm import export_ksm, parse_priority_classes
+            from simulations.export.ksm import export_ksm, parse_priority_classes
 
             classes = parse_priority_classes(args.priority_class)
             workload, report = export_ksm(args.files, args.name, resource_map, classes)

@@ -1,6 +1,6 @@
 """``gpuslice plan``: plan one pending batch and show the layout per GPU, assignments, reasons.
 
-Input is the built-in demo cluster (``--demo``, :func:`simulations.instances.demo_snapshot`)
+Input is the built-in demo cluster (``--demo``, :func:`simulations.inputs.instances.demo_snapshot`)
 or a cluster dump (``--snapshot FILE``, the JSON of ``kubectl get nodes,pods -A -o json``,
 plus ``nodepartitionings`` once gpuslice's CRD is installed; read by
 :func:`partitioner.snapshot.read_kubectl_list`).  The plan comes from
@@ -286,7 +286,7 @@ def run(args: argparse.Namespace) -> int:
     warnings: list[str] = []
     read: dict[str, dict[str, Any]] = {}
     if args.demo:
-        from simulations.instances import demo_snapshot
+        from simulations.inputs.instances import demo_snapshot
 
         snapshot = demo_snapshot()
     else:

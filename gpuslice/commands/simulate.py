@@ -8,8 +8,8 @@ layout), and prints both comparison tables.  Nothing outside the package is read
 
 ``--trace`` takes an openb trace name (``default``, ``gpushare40`` ...; the folder comes from
 ``--openb-dir``, ``$GPUSLICE_OPENB_DIR`` or ``../shared/traces/openb``), an openb pod CSV, or a
-workload YAML/JSON file (:mod:`simulations.workload`), and needs ``--cluster``: ``openb``, a
-cluster YAML/JSON file (:mod:`simulations.cluster`), or ``builtin`` for the built-in cluster on
+workload YAML/JSON file (:mod:`simulations.inputs.workload`), and needs ``--cluster``: ``openb``, a
+cluster YAML/JSON file (:mod:`simulations.inputs.cluster`), or ``builtin`` for the built-in cluster on
 purpose.  Without ``--cluster`` the command refuses (exit 2): a trace replayed on a cluster it
 was not written for silently answers another question.  ``--cluster`` alone runs the built-in
 synthetic workload on that cluster (the first line of the output names both).
@@ -34,19 +34,19 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import simulations.workload
+import simulations
 from gpuslice.cli import BadInput
 from gpuslice.options import BUILTIN_CLUSTER, trace_needs_cluster
 from gpuslice.output import Column, add_output_argument, emit, render_table
 from gpuslice.progress import Progress
 from simulations.bench_saturation import aggregate, write_report
-from simulations.cluster import Cluster, ClusterError, load_cluster
-from simulations.openb import load_openb_pods, resolve_trace
-from simulations.policies import POLICIES
-from simulations.report import COLUMNS as REPLAY_COLUMNS
-from simulations.report import REPLAY_FILES
-from simulations.saturation import SaturationResult, run_saturation
-from simulations.workload import Workload, WorkloadError, load_workload
+from simulations.inputs.cluster import Cluster, ClusterError, load_cluster
+from simulations.inputs.openb import load_openb_pods, resolve_trace
+from simulations.inputs.workload import Workload, WorkloadError, load_workload
+from simulations.reports.replay_report import COLUMNS as REPLAY_COLUMNS
+from simulations.reports.replay_report import REPLAY_FILES
+from simulations.saturation.policies import POLICIES
+from simulations.saturation.protocol import SaturationResult, run_saturation
 
 HELP = "what-if simulator (default: built-in synthetic workload on a built-in cluster)"
 
@@ -119,10 +119,10 @@ def _run_saturation_protocol(
 def _run_time_replay_protocol(
     args: argparse.Namespace, cluster: Cluster, workload: Workload, bar: Progress
 ) -> Doc:
-    """Time replay (simulations.replay_protocol); no --trace/--cluster: its built-in MIG scenario."""
-    from simulations.replay import ReplayError, ReplaySettings
-    from simulations.replay_metrics import summarize
-    from simulations.replay_protocol import builtin_scenario, run_replay_protocol
+    """Time replay (simulations.reports.replay_protocol); no --trace/--cluster: its built-in MIG scenario."""
+    from simulations.replay.engine import ReplayError, ReplaySettings
+    from simulations.replay.metrics import summarize
+    from simulations.reports.replay_protocol import builtin_scenario, run_replay_protocol
 
     if args.trace is None and args.cluster is None:
         workload, cluster = builtin_scenario()
@@ -155,7 +155,7 @@ def replay_default_policies(cluster: Cluster) -> str:
     the static layouts are MIG layouts, so a cluster with MPS nodes gets only the first two
     (said on stderr)."""
     from planner.snapshot import Mode
-    from simulations.replay_protocol import DEFAULT_POLICIES
+    from simulations.reports.replay_protocol import DEFAULT_POLICIES
 
     names = DEFAULT_POLICIES.split(",")
     if any(n.mode is Mode.MPS for n in cluster.nodes):
@@ -276,7 +276,7 @@ def _policies(spec: str | None) -> list[str]:
 
 def _builtin(name: str) -> Path:
     """A file of the package data ``simulations/data``."""
-    return Path(simulations.workload.__file__).parent / "data" / name
+    return Path(simulations.__file__).parent / "data" / name
 
 
 def _load_workload(spec: str | None, openb_directory: str | None) -> Workload:
@@ -369,7 +369,7 @@ def run(args: argparse.Namespace) -> int:
         replay = bool(workload.slice_pods)
         args.protocol = "both" if builtin else "time-replay" if replay else "saturation"
     if args.protocol != "time-replay":
-        from simulations.workload_slices import require_shares
+        from simulations.inputs.workload_slices import require_shares
 
         try:
             require_shares(workload, args.protocol)

@@ -1,15 +1,15 @@
 """``gpuslice sweep``: tune the batch window and planner weights with the time replay.
 
-Runs :func:`simulations.sweep.run_sweep` over a grid of batch timeouts, idle times and
+Runs :func:`simulations.replay.sweep.run_sweep` over a grid of batch timeouts, idle times and
 planner-weight presets, prints a table (``-o``, :mod:`gpuslice.output`) and recommends a
-setting by the churn-aware rule of :func:`simulations.sweep.recommend`: among the runs that
+setting by the churn-aware rule of :func:`simulations.replay.sweep.recommend`: among the runs that
 disrupt no pod and meet no planner error, the lowest p95 pending time -- but a setting with more
 than ``--max-extra-churn`` % more reconfigurations per hour than the calmest such run must
 lower p95 pending time by at least ``--min-p95-gain`` % (defaults 10 and 5), else the calmer
 setting wins.  Exit code 1 when no setting qualifies.
 
 Without ``--trace``/``--cluster`` it uses the small built-in scenario
-(:func:`simulations.sweep.default_scenario`).  ``--trace`` needs ``--cluster`` (a workload
+(:func:`simulations.replay.sweep.default_scenario`).  ``--trace`` needs ``--cluster`` (a workload
 means nothing on a cluster it was not written for; ``--cluster builtin`` runs it on the
 built-in one on purpose).  Nothing is written unless ``--out DIR`` is given: then ``sweep.json``
 (the ``-o json`` document) and ``sweep.png`` (p95 per setting) go there.
@@ -55,7 +55,7 @@ def _percent(text: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from simulations.sweep import DEFAULT_CHURN_BAND, DEFAULT_MIN_GAIN
+    from simulations.replay.sweep import DEFAULT_CHURN_BAND, DEFAULT_MIN_GAIN
 
     parser.add_argument(
         "--timeouts",
@@ -142,8 +142,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _load_workload(args: argparse.Namespace) -> object:
-    from simulations.openb import OPENB_TRACES, load_openb_pods, resolve_trace
-    from simulations.workload import load_workload
+    from simulations.inputs.openb import OPENB_TRACES, load_openb_pods, resolve_trace
+    from simulations.inputs.workload import load_workload
 
     trace: str = args.trace
     if trace in OPENB_TRACES or trace.endswith(".csv"):
@@ -221,10 +221,11 @@ def render_text(doc: dict[str, Any], wide: bool = False, width: int | None = Non
 
 def run(args: argparse.Namespace) -> int:
     from gpuslice.progress import Progress
-    from simulations.cluster import ClusterError, load_cluster
-    from simulations.replay import ReplayError, ReplaySettings, parse_policy
-    from simulations.static_layouts import StaticLayoutError
-    from simulations.sweep import (
+    from simulations.inputs.cluster import ClusterError, load_cluster
+    from simulations.inputs.workload import Workload, WorkloadError
+    from simulations.replay.engine import ReplayError, ReplaySettings, parse_policy
+    from simulations.replay.static_layouts import StaticLayoutError
+    from simulations.replay.sweep import (
         SweepError,
         churn_note,
         default_scenario,
@@ -233,7 +234,6 @@ def run(args: argparse.Namespace) -> int:
         recommend,
         run_sweep,
     )
-    from simulations.workload import Workload, WorkloadError
 
     trace_needs_cluster("sweep", args.trace, args.cluster)
     out = Path(args.out) if args.out else None

@@ -1,6 +1,6 @@
 """Bounds of the simulator's inputs: counts and quantities no real trace or cluster comes near.
 
-Every loader (:mod:`simulations.workload`, :mod:`simulations.cluster`, :mod:`simulations.openb`)
+Every loader (:mod:`simulations.inputs.workload`, :mod:`simulations.inputs.cluster`, :mod:`simulations.inputs.openb`)
 checks its values against these before building anything, so a value such as ``replicas: 1e8``
 or ``count: 1000000000`` is refused at once with the file, the entry and the limit named,
 instead of making the simulator build (or loop over) a billion objects.

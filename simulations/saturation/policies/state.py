@@ -23,9 +23,9 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from simulations.cluster import Cluster, Node
-from simulations.fragmentation import FragModel
-from simulations.workload import GPU_MILLI, Pod
+from simulations.inputs.cluster import Cluster, Node
+from simulations.inputs.workload import GPU_MILLI, Pod
+from simulations.saturation.fragmentation import FragModel
 
 __all__ = ["ShareState"]
 

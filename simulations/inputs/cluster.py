@@ -46,9 +46,9 @@ from typing import Any
 
 from planner.catalog import CatalogError, default_catalog
 from planner.snapshot import Mode
-from simulations.documents import named_entry, read_document
-from simulations.limits import MAX_CPU_MILLI, MAX_GPUS_PER_NODE, MAX_MEMORY_MIB, MAX_NODES
-from simulations.openb import TraceError, openb_dir, raise_collected, read_csv_rows
+from simulations.inputs.documents import named_entry, read_document
+from simulations.inputs.limits import MAX_CPU_MILLI, MAX_GPUS_PER_NODE, MAX_MEMORY_MIB, MAX_NODES
+from simulations.inputs.openb import TraceError, openb_dir, raise_collected, read_csv_rows
 
 __all__ = [
     "OPENB_MODEL_TO_CATALOG",
@@ -148,7 +148,7 @@ _POOL_MAX = {
     "cpu_milli": MAX_CPU_MILLI,
     "memory_mib": MAX_MEMORY_MIB,
 }
-"""Upper bounds of the pool fields (simulations.limits)."""
+"""Upper bounds of the pool fields (simulations.inputs.limits)."""
 
 
 def _pool_int(d: Mapping[str, Any], key: str, where: str, default: int | None = None) -> int:

@@ -15,7 +15,7 @@ CPU/memory, which can only raise the true minimum, so ``B`` is a lower bound.
 Computation
 -----------
 ``GPUS(D)`` is a pattern integer program solved exactly with CP-SAT: ``x_L`` = GPUs that get
-maximal layout ``L`` (:func:`simulations.static_layouts.maximal_layouts` over the standard
+maximal layout ``L`` (:func:`simulations.replay.static_layouts.maximal_layouts` over the standard
 profiles, which covers every valid layout because a valid layout minus instances is valid);
 minimise ``Σ x_L`` subject to ``Σ_L x_L · count_L(p) >= D(p)`` for every profile ``p``.
 ``D(t)`` only needs checking at local maxima (after the arrivals of an instant, when the next
@@ -36,8 +36,8 @@ from ortools.sat.python import cp_model
 
 from planner.catalog import GpuModel
 from planner.snapshot import mig_profile_of
-from simulations.replay import ReplayPod
-from simulations.static_layouts import maximal_layouts
+from simulations.replay.engine import ReplayPod
+from simulations.replay.static_layouts import maximal_layouts
 
 __all__ = ["GeometryBound", "geometry_bound", "gpus_needed", "peak_demands"]
 

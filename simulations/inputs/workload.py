@@ -8,10 +8,10 @@ optional set of GPU models it may run on (``gpu_spec``; empty = any model), a Qo
 optional times in seconds (creation, deletion, scheduled; the saturation protocol ignores them,
 the time-replay protocol uses them).
 
-A pod exported from a real cluster (:mod:`simulations.export`) asks instead for *slices by
+A pod exported from a real cluster (:mod:`simulations.export.pods`) asks instead for *slices by
 name*: ``slices`` holds its exact extended-resource requests (``nvidia.com/mig-1g.10gb: 2``,
 ``nvidia.com/gpu-10gb: 1``), which the time replay passes to the cluster unchanged
-(:mod:`simulations.workload_slices`), never through a gpu_milli mapping.  Whole-GPU requests
+(:mod:`simulations.inputs.workload_slices`), never through a gpu_milli mapping.  Whole-GPU requests
 (``nvidia.com/gpu: N``) are ``num_gpu = N, gpu_milli = 1000``, as in the traces.  A pod also
 carries its scheduling ``priority`` (``spec.priority``) and ``running`` (it was still running
 or pending when the observation ended, so ``deletion_time`` is the end of the observation,
@@ -23,7 +23,7 @@ Invariants, enforced at construction:
 * ``num_gpu >= 1`` implies ``1 <= gpu_milli <= 1000``;  a *sharing* pod has ``num_gpu == 1`` and
   ``gpu_milli < 1000``; everything else with GPUs takes whole GPUs;
 * ``slices`` non-empty implies ``num_gpu == 0``; its names are MIG or MPS resource names
-  (:func:`simulations.gpu_resources.classify`), each once, sorted, with counts ``>= 1``;
+  (:func:`simulations.inputs.gpu_resources.classify`), each once, sorted, with counts ``>= 1``;
 * a pod is *CPU-only* when it has neither GPUs nor slices.
 
 Loaders normalise raw values the way the FGD simulator does (:func:`normalise_gpu_milli`):
@@ -81,9 +81,9 @@ from pathlib import Path
 from typing import Any
 
 from planner.snapshot import MIG_RESOURCE_PREFIX
-from simulations.documents import named_entry, read_document
-from simulations.gpu_resources import ACCEPTED, WHOLE, classify, from_ksm_label
-from simulations.limits import (
+from simulations.inputs.documents import named_entry, read_document
+from simulations.inputs.gpu_resources import ACCEPTED, WHOLE, classify, from_ksm_label
+from simulations.inputs.limits import (
     MAX_CPU_MILLI,
     MAX_GPUS_PER_NODE,
     MAX_MEMORY_MIB,
@@ -303,7 +303,7 @@ _POD_MAX = {
     "scheduled_time": MAX_TIME_S,
     "priority": MAX_PRIORITY,
 }
-"""Upper bounds of the integer pod fields (simulations.limits)."""
+"""Upper bounds of the integer pod fields (simulations.inputs.limits)."""
 
 
 def _int_field(d: Mapping[str, Any], key: str, where: str, default: int | None) -> int | None:
@@ -348,7 +348,7 @@ def _request_hint(resource: str) -> str:
 def parse_gpu_requests(value: object, where: str) -> tuple[int, tuple[tuple[str, int], ...]]:
     """A ``requests`` mapping -> (whole GPUs, sorted slices); errors name ``where`` and the fix.
 
-    Keys are the names of :data:`simulations.gpu_resources.ACCEPTED`; values are integer
+    Keys are the names of :data:`simulations.inputs.gpu_resources.ACCEPTED`; values are integer
     counts ``>= 1`` (strings of digits too, as kubectl prints quantities).
     """
     if not isinstance(value, dict) or not value:
@@ -452,7 +452,7 @@ def parse_workload(doc: object, where: str, default_name: str = "workload") -> W
         doc = {"pods": doc}
     if not isinstance(doc, dict) or "pods" not in doc:
         raise WorkloadError(
-            f"{where}: expected a mapping with a 'pods' list (see simulations.workload)"
+            f"{where}: expected a mapping with a 'pods' list (see simulations.inputs.workload)"
         )
     entries = doc["pods"]
     if not isinstance(entries, list) or not entries:

@@ -11,7 +11,7 @@ Protocol, per seed ``s`` (one ``random.Random(s)`` drives every draw, in this or
 3. Node rank: a uniform permutation of the name-sorted nodes (node ``i`` gets rank
    ``perm[i]``), fixed for the run; score ties go to the smallest rank.
 4. Pods arrive one at a time (or in batches of ``k``: the policy may order each batch, see
-   :meth:`~simulations.policies.baselines.Policy.order_batch`); each is tried once: placed on
+   :meth:`~simulations.saturation.policies.baselines.Policy.order_batch`); each is tried once: placed on
    the node the policy chooses among the feasible ones, or failed and dropped.  Nothing departs.
 5. After every pod (placed or failed) record arrived demand (failed pods count), allocated
    milli-GPU, the cluster fragmentation ``Σ_n F_n`` and idle milli-GPU.
@@ -23,7 +23,7 @@ Discrete curve (§2.6): per event ``arrive = round(arrived / G / 10)`` (Python's
 (``100·F/1000/G``) and ratio (``100·F/idle``, 2 decimals per event) are binned the same way.
 
 The target workload for FGD's measure is built from the original pods, before tuning
-(:class:`~simulations.fragmentation.TargetWorkload`); policies see it, never future arrivals.
+(:class:`~simulations.saturation.fragmentation.TargetWorkload`); policies see it, never future arrivals.
 """
 
 from __future__ import annotations
@@ -37,12 +37,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from simulations.cluster import Cluster
-from simulations.fragmentation import FragModel, TargetWorkload
-from simulations.policies import make_policy
-from simulations.policies.baselines import Policy
-from simulations.policies.state import ShareState
-from simulations.workload import GPU_MILLI, Pod, Workload
+from simulations.inputs.cluster import Cluster
+from simulations.inputs.workload import GPU_MILLI, Pod, Workload
+from simulations.saturation.fragmentation import FragModel, TargetWorkload
+from simulations.saturation.policies import make_policy
+from simulations.saturation.policies.baselines import Policy
+from simulations.saturation.policies.state import ShareState
 
 __all__ = [
     "SaturationResult",

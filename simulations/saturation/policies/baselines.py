@@ -1,7 +1,7 @@
 """The FGD paper's baseline policies, re-implemented from ../shared/facts/fgd.md §3-5.
 
 Both choose a node among the feasible ones by an integer score, ties to the smallest rank
-(the first maximum, since :class:`~simulations.policies.state.ShareState` stores nodes in rank
+(the first maximum, since :class:`~simulations.saturation.policies.state.ShareState` stores nodes in rank
 order); a single feasible node is taken without scoring.
 
 BestFit (§4)
@@ -13,7 +13,7 @@ BestFit (§4)
 
 FGD (§5)
     ``score = trunc(100·sigmoid(-Δ/1000))`` where ``Δ = F_after - F_before`` is the change of the
-    node's fragmentation (:mod:`simulations.fragmentation`) caused by the hypothetical placement.
+    node's fragmentation (:mod:`simulations.saturation.fragmentation`) caused by the hypothetical placement.
     Sharing pods try every GPU with enough free milli; the node scores the best of them and the
     pod takes the lowest-indexed GPU reaching it.  Other pods: CPU drops, and ``num_gpu`` fully
     free GPUs drop to 0.
@@ -36,8 +36,8 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from simulations.policies.state import IntArray, ShareState
-from simulations.workload import GPU_MILLI, Pod
+from simulations.inputs.workload import GPU_MILLI, Pod
+from simulations.saturation.policies.state import IntArray, ShareState
 
 __all__ = ["BestFit", "Decision", "Fgd", "FragMeasure", "Policy", "ScoreCache", "fgd_score"]
 

@@ -2,9 +2,9 @@
 
 Model
 -----
-A sweep runs :func:`simulations.replay.run_time_replay` once per grid point
+A sweep runs :func:`simulations.replay.engine.run_time_replay` once per grid point
 (:class:`SweepPoint`: batch timeout, batch idle, a named planner-weight preset) on the same
-workload, cluster and policy, and summarises each run (:mod:`simulations.replay_metrics`).
+workload, cluster and policy, and summarises each run (:mod:`simulations.replay.metrics`).
 Points with ``idle > timeout`` are skipped (the idle rule could never fire).
 
 Recommendation (:func:`recommend`), churn-aware as the README's batch-window decision is:
@@ -41,10 +41,10 @@ from pathlib import Path
 from typing import Any
 
 from planner.snapshot import Mode
-from simulations.cluster import Cluster, Node
-from simulations.replay import ReplayPolicy, ReplaySettings, run_time_replay
-from simulations.replay_metrics import ReplaySummary, summarize
-from simulations.workload import PodShape, SyntheticSpec, Workload, synthetic_workload
+from simulations.inputs.cluster import Cluster, Node
+from simulations.inputs.workload import PodShape, SyntheticSpec, Workload, synthetic_workload
+from simulations.replay.engine import ReplayPolicy, ReplaySettings, run_time_replay
+from simulations.replay.metrics import ReplaySummary, summarize
 
 __all__ = [
     "DEFAULT_CHURN_BAND",

@@ -1,11 +1,11 @@
 """The time-replay protocol as ``gpuslice simulate --protocol time-replay`` runs it.
 
 :func:`run_replay_protocol` replays one workload on one cluster once per policy
-(:func:`simulations.replay.parse_policy` names: ``cpsat``, ``greedy``, ``static:<layout>``;
+(:func:`simulations.replay.engine.parse_policy` names: ``cpsat``, ``greedy``, ``static:<layout>``;
 default :data:`DEFAULT_POLICIES`), returns the comparison table, and with ``out`` writes the
-Markdown report, JSON and plots (:func:`simulations.report.write_replay_report`).
+Markdown report, JSON and plots (:func:`simulations.reports.replay_report.write_replay_report`).
 :func:`builtin_scenario` is the small MIG scenario used when the user names no trace and no
-cluster (:func:`simulations.sweep.default_scenario`).  Errors are :class:`ReplayError` (or
+cluster (:func:`simulations.replay.sweep.default_scenario`).  Errors are :class:`ReplayError` (or
 another ``ValueError``) naming the input to fix.
 """
 
@@ -14,12 +14,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from simulations.cluster import Cluster
-from simulations.replay import ReplayError, ReplaySettings, parse_policy, run_time_replay
-from simulations.replay_metrics import ReplayResult, summarize
-from simulations.report import format_table, write_replay_report
-from simulations.sweep import default_scenario
-from simulations.workload import Workload
+from simulations.inputs.cluster import Cluster
+from simulations.inputs.workload import Workload
+from simulations.replay.engine import ReplayError, ReplaySettings, parse_policy, run_time_replay
+from simulations.replay.metrics import ReplayResult, summarize
+from simulations.replay.sweep import default_scenario
+from simulations.reports.replay_report import format_table, write_replay_report
 
 __all__ = ["DEFAULT_POLICIES", "builtin_scenario", "run_replay_protocol"]
 

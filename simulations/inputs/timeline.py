@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-from simulations.workload import Pod, Workload
+from simulations.inputs.workload import Pod, Workload
 
 __all__ = ["TimelineError", "borrow_times", "has_times"]
 

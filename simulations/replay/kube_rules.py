@@ -1,6 +1,6 @@
 """What the Kubernetes API server lets a pod be created and updated with, as pure checks.
 
-The time replay's API store (:mod:`simulations.kube`) and the tests' fake API server
+The time replay's API store (:mod:`simulations.replay.kube`) and the tests' fake API server
 (``tests/fake_apiserver.py``) both refuse what a real API server (>= 1.30) refuses, with these
 functions, so a controller that relies on something Kubernetes forbids fails in both.
 

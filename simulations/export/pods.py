@@ -2,14 +2,14 @@
 
 Model
 -----
-A source reader -- :mod:`simulations.export_kubectl` (``kubectl get pods -A -o json`` dumps
-taken over time) or :mod:`simulations.export_ksm` (kube-state-metrics series) -- turns its files
+A source reader -- :mod:`simulations.export.kubectl` (``kubectl get pods -A -o json`` dumps
+taken over time) or :mod:`simulations.export.ksm` (kube-state-metrics series) -- turns its files
 into :class:`ObservedPod` records: per pod (one per uid; ``namespace/name`` where the source
 has no uid) the times the source shows, its effective requests per resource, its priority and
 QoS class, and when the pod was first and last seen.  :func:`build_workload` turns those into a
-:class:`~simulations.workload.Workload` with these decisions:
+:class:`~simulations.inputs.workload.Workload` with these decisions:
 
-* **GPU requests** keep the cluster's names (:mod:`simulations.gpu_resources`): MIG profiles
+* **GPU requests** keep the cluster's names (:mod:`simulations.inputs.gpu_resources`): MIG profiles
   and MPS sizes become :attr:`Pod.slices` (replayed exactly as named), ``nvidia.com/gpu``
   becomes ``num_gpu`` whole GPUs.  A ``--map-resource FROM=TO`` entry renames (or, with an
   empty ``TO``, drops) a resource first.  Any other ``nvidia.com/`` name is an error naming the
@@ -32,7 +32,7 @@ Problems are collected over all pods and raised together (:class:`ExportError`, 
 :data:`MAX_LISTED` named, the rest counted): nothing is dropped silently.
 
 The document :func:`workload_document` writes is the workload format of
-:mod:`simulations.workload` plus ``time_zero`` and an ``export`` block (what was read, skipped,
+:mod:`simulations.inputs.workload` plus ``time_zero`` and an ``export`` block (what was read, skipped,
 mapped and how ends were decided); ``gpuslice simulate --trace`` and ``gpuslice sweep --trace``
 read it as it is.
 """
@@ -51,15 +51,15 @@ from typing import Any
 
 import yaml
 
-from simulations.gpu_resources import (
+from simulations.inputs.gpu_resources import (
     WHOLE,
     WHOLE_GPU,
     apply_resource_map,
     classify,
     is_gpu_resource,
 )
-from simulations.limits import MAX_PODS
-from simulations.workload import GPU_MILLI, MAX_SLICES_PER_POD, Pod, Workload, pod_entry
+from simulations.inputs.limits import MAX_PODS
+from simulations.inputs.workload import GPU_MILLI, MAX_SLICES_PER_POD, Pod, Workload, pod_entry
 
 __all__ = [
     "END_DELETED",
@@ -416,7 +416,7 @@ def build_workload(
 
 
 def workload_document(workload: Workload, report: ExportReport) -> dict[str, Any]:
-    """The workload file (:mod:`simulations.workload` format) with ``time_zero`` and ``export``."""
+    """The workload file (:mod:`simulations.inputs.workload` format) with ``time_zero`` and ``export``."""
     return {
         "name": workload.name,
         "time_zero": format_time(report.time_zero),

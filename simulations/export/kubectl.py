@@ -44,7 +44,7 @@ from typing import Any
 from contract.input_files import MAX_SNAPSHOT_BYTES, InputError, parse_json, parse_yaml, read_text
 from partitioner.quantities import QuantityError, cpu_milli, memory_mib, pod_requests
 from planner.snapshot import mig_resource
-from simulations.export import (
+from simulations.export.pods import (
     END_FINISHED,
     ExportError,
     ExportReport,
@@ -53,8 +53,8 @@ from simulations.export import (
     parse_time,
     split_at,
 )
-from simulations.gpu_resources import WHOLE_GPU
-from simulations.workload import Workload
+from simulations.inputs.gpu_resources import WHOLE_GPU
+from simulations.inputs.workload import Workload
 
 __all__ = ["Dump", "export_kubectl", "observe_dumps", "read_dump"]
 

@@ -8,7 +8,7 @@ lifetime ``deletion - creation`` (at least 1 s), then depart.  Times are divided
 shifted by a seeded uniform offset and wrapped around the trace span (so the load density is
 multiplied, for clusters larger than the trace's).  CPU-only pods are left out.
 
-Fractional GPU requests become slices with a :mod:`simulations.mapping` rule
+Fractional GPU requests become slices with a :mod:`simulations.inputs.mapping` rule
 (``settings.mapping``; default :func:`default_mapping`: ``mig-compute`` when every node is MIG
 (the smallest profile whose compute covers ``gpu_milli * 7 / 1000``), ``mps-memory`` when every
 node is MPS, and ``hybrid-threshold:500`` when some node is hybrid or MIG and MPS nodes are
@@ -28,23 +28,23 @@ never advertises it, so the pod cannot go there (:func:`serves`).  On the mixed 
 benchmark runs (A100-SXM4-80GB and H100-80GB) every profile name and every MPS size exists on
 both models (the same grid, 79 GiB offered to MPS slices on each), so every pod may run on
 either model.  A request no node advertises is an error naming the pods.  Pods that name their
-slices (:mod:`simulations.workload_slices`) keep them; on a mixed or hybrid cluster they are
+slices (:mod:`simulations.inputs.workload_slices`) keep them; on a mixed or hybrid cluster they are
 checked the same way.  The allocation metric of a cluster with several models or modes is the
 mean over GPUs of each GPU's used fraction (:meth:`FakeCluster.gpu_fraction_used`).
 
 Hybrid nodes
 ------------
 The fake agent models MPS slices inside MIG instances as the node agent does
-(:mod:`simulations.fake_cluster`): a host instance is advertised only as its slices, a bound
+(:mod:`simulations.replay.fake_cluster`): a host instance is advertised only as its slices, a bound
 slice pins its instance, and the status the agent reports lists each host's slices with their
 ``used`` flags (``ActualMigInstance.mps``), which is what the partitioner's ledger reads.
 
-The cluster is Kubernetes as :mod:`simulations.kube` models it, and nothing more: an API store
+The cluster is Kubernetes as :mod:`simulations.replay.kube` models it, and nothing more: an API store
 with the API server's pod rules and the partitioner's admission webhook (when the policy gates
 pods), kube-scheduler's queue and default scoring (it knows no plan: it binds whichever pod it
 tries first to whatever the node advertises), the kubelet's 10 s node-status sync and device
 admission through the node agent's preferred allocation.  The node agents are
-:class:`~simulations.fake_cluster.FakeCluster`: a written spec withdraws the devices it removes
+:class:`~simulations.replay.fake_cluster.FakeCluster`: a written spec withdraws the devices it removes
 at once and is applied ``apply_delay_s`` later; the agent reports its NodePartitioning status
 then and at every resync (``agent_resync_s``), so ``used`` flags lag as in production.
 
@@ -96,14 +96,14 @@ from planner.snapshot import (
     mig_profile_of,
     mps_gb_of,
 )
-from simulations.cluster import Cluster
-from simulations.fake_cluster import Device, FakeCluster, FakeClusterError, FakeGpu, FakeNode
-from simulations.kube import Conflict, Invalid, Kubelet, Scheduler, SimApi
-from simulations.mapping import MappingError, make_mapping
-from simulations.replay_metrics import PlanRecord, PodRecord, ReplayResult
-from simulations.static_layouts import StaticPolicy, assign_static, static_policy
-from simulations.workload import Pod, Workload
-from simulations.workload_slices import SliceRequestError, direct_requests
+from simulations.inputs.cluster import Cluster
+from simulations.inputs.mapping import MappingError, make_mapping
+from simulations.inputs.workload import Pod, Workload
+from simulations.inputs.workload_slices import SliceRequestError, direct_requests
+from simulations.replay.fake_cluster import Device, FakeCluster, FakeClusterError, FakeGpu, FakeNode
+from simulations.replay.kube import Conflict, Invalid, Kubelet, Scheduler, SimApi
+from simulations.replay.metrics import PlanRecord, PodRecord, ReplayResult
+from simulations.replay.static_layouts import StaticPolicy, assign_static, static_policy
 
 __all__ = [
     "NOS_WINDOW",
@@ -158,7 +158,7 @@ class ReplaySettings:
     seed: int = 0
     """Seeds the copies' offsets (and nothing else: the replay is deterministic)."""
     mapping: str | None = None
-    """A :func:`simulations.mapping.make_mapping` rule; ``None``: ``mig-compute`` on MIG and
+    """A :func:`simulations.inputs.mapping.make_mapping` rule; ``None``: ``mig-compute`` on MIG and
     hybrid nodes, ``mps-memory`` on MPS nodes."""
     planner: PlannerSettings = field(default_factory=PlannerSettings)
     max_pending_s: float | None = None
@@ -1182,7 +1182,7 @@ def run_time_replay(
 ) -> ReplayResult:
     """Replay ``workload`` on ``cluster`` under ``policy`` (module docstring).
 
-    ``cluster`` is a :class:`~simulations.cluster.Cluster` (each GPU node with its own model and
+    ``cluster`` is a :class:`~simulations.inputs.cluster.Cluster` (each GPU node with its own model and
     mode) or a ready :class:`FakeCluster` (used as is, and changed).  ``pods`` overrides the pods derived
     from ``workload`` (already mapped and timed).
     """

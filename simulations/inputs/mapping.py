@@ -1,7 +1,7 @@
 """Mapping of fractional GPU requests (openb ``gpu_milli``) to partitionable slices.
 
 The traces ask for *shares* of a GPU; a MIG or MPS cluster serves *slices*.  A mapping turns a
-:class:`~simulations.workload.Pod` into the extended resources it would request on a GPU model of
+:class:`~simulations.inputs.workload.Pod` into the extended resources it would request on a GPU model of
 :mod:`planner.catalog` (:class:`SliceRequest`; CPU-only pods map to ``None``).
 
 Rules (selectable by name with :func:`make_mapping`)
@@ -42,7 +42,7 @@ from typing import Literal, Protocol
 from planner.catalog import GpuModel, MigProfile, default_catalog
 from planner.settings import PlannerSettings
 from planner.snapshot import mps_resource
-from simulations.workload import GPU_MILLI, Pod
+from simulations.inputs.workload import GPU_MILLI, Pod
 
 MPS_RESERVE_MIB = PlannerSettings().mps_reserve_mib
 """The planner's default MPS server reserve per GPU, MiB."""

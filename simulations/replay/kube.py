@@ -9,7 +9,7 @@ API server (:class:`SimApi`)
     mutating webhook when the partitioner serves one (:func:`partitioner.gating.admission_patch`
     — the function the real webhook calls); pod patches are JSON merge patches checked against
     ``resourceVersion`` (409) and the API server's pod rules (422,
-    :mod:`simulations.kube_rules`).  Binding sets ``spec.nodeName`` (the binding subresource).
+    :mod:`simulations.replay.kube_rules`).  Binding sets ``spec.nodeName`` (the binding subresource).
 
 kube-scheduler (:class:`Scheduler`, default profile, facts/k8s-scheduling.md §1, §4, §5)
     A gated pod is parked and never tried.  Ungated pods wait in the active queue ordered by
@@ -60,8 +60,13 @@ from partitioner.gating import admission_patch
 from partitioner.index import ClusterIndex, PodInfo
 from partitioner.node_labels import COUNT_LABEL, PRODUCT_LABEL
 from partitioner.snapshot import GPUSLICE_LABEL, PLANNED_AT_ANNOTATION, PLANNED_PODS_ANNOTATION
-from simulations.fake_cluster import Device, FakeCluster, FakeNode
-from simulations.kube_rules import Invalid, merge_patch, validate_pod_create, validate_pod_update
+from simulations.replay.fake_cluster import Device, FakeCluster, FakeNode
+from simulations.replay.kube_rules import (
+    Invalid,
+    merge_patch,
+    validate_pod_create,
+    validate_pod_update,
+)
 
 __all__ = [
     "Conflict",

@@ -2,7 +2,7 @@
 
 Model
 -----
-FGD's fragmentation (:mod:`simulations.fragmentation`) counts a GPU's free milli as lost for
+FGD's fragmentation (:mod:`simulations.saturation.fragmentation`) counts a GPU's free milli as lost for
 every target shape that is *currently* too big for it, and as usable for every shape that fits
 now — whatever that shape would leave behind.  A 530-milli hole looks useful to the 470-milli
 shape, yet the 60 milli it then leaves can take almost nothing.  Here a free share is valued by
@@ -23,7 +23,7 @@ shape fits; the model does not see that many holes compete for few such pods).
 
 The model ignores CPU-only and multi-GPU shapes and how many pods the node's CPU can still
 host; gpuslice adds ``W`` to the CPU-aware fragmentation that covers those
-(:class:`~simulations.policies.gpuslice.GpusliceMeasure`).
+(:class:`~simulations.saturation.policies.gpuslice.GpusliceMeasure`).
 
 Speed: ``w_S`` is tabulated once per admitted set ``S`` for every ``h`` in ``0..1000`` (a
 dynamic programme over ``h``); few distinct sets occur (model access x CPU thresholds).
@@ -33,8 +33,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from simulations.fragmentation import TargetWorkload
-from simulations.workload import GPU_MILLI
+from simulations.inputs.workload import GPU_MILLI
+from simulations.saturation.fragmentation import TargetWorkload
 
 __all__ = ["ExpectedWaste"]
 

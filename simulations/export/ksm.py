@@ -20,7 +20,7 @@ Metrics read (every other series is ignored), per pod (``namespace``, ``pod``, `
 ``kube_pod_container_resource_requests``   requests per container and ``resource`` (summed);
                                            the ``resource`` label is sanitised
                                            (``nvidia_com_mig_1g_10gb``) and mapped back
-                                           (:func:`simulations.gpu_resources.from_ksm_label`);
+                                           (:func:`simulations.inputs.gpu_resources.from_ksm_label`);
                                            ``unit`` ``core`` (CPU) and ``byte`` (memory)
 ``kube_pod_init_container_resource_requests``  init containers (their maximum counts)
 ``kube_pod_created``                       arrival (else: first sample, counted)
@@ -60,9 +60,9 @@ from pathlib import Path
 from typing import Any
 
 from contract.input_files import MAX_SNAPSHOT_BYTES, InputError, parse_json, read_text
-from simulations.export import ExportError, ExportReport, ObservedPod, build_workload, split_at
-from simulations.gpu_resources import from_ksm_label, is_gpu_resource
-from simulations.workload import Workload
+from simulations.export.pods import ExportError, ExportReport, ObservedPod, build_workload, split_at
+from simulations.inputs.gpu_resources import from_ksm_label, is_gpu_resource
+from simulations.inputs.workload import Workload
 
 __all__ = ["Sample", "export_ksm", "observe_samples", "parse_priority_classes", "read_samples"]
 

@@ -3,12 +3,12 @@
 Model
 -----
 A pod exported from a real cluster asks for MIG profiles or MPS sizes by resource name
-(:attr:`simulations.workload.Pod.slices`).  The time replay passes those requests to the
+(:attr:`simulations.inputs.workload.Pod.slices`).  The time replay passes those requests to the
 simulated cluster *as they are*: no gpu_milli mapping is involved.  They must be requests the
 replayed cluster's GPUs can serve, so :func:`direct_requests` checks every such pod against the
 cluster's GPU model and partitioning mode when all its GPU nodes share one of each (on hybrid
 and mixed-model clusters the replay checks each request against every node kind itself,
-:mod:`simulations.replay`):
+:mod:`simulations.replay.engine`):
 
 * ``nvidia.com/mig-<profile>`` needs nodes in ``mig`` mode and
   a profile of *that* model, spelled as the catalog names it (:meth:`planner.catalog.GpuModel.
@@ -23,7 +23,7 @@ Every pod that fails is listed (up to :data:`MAX_LISTED`, then a count) in one
 --map-resource FROM=TO``).  Nothing is dropped silently.
 
 Pods that ask for GPU *shares* (``num_gpu``/``gpu_milli``, whole GPUs included) are not this
-module's: the replay maps them with :mod:`simulations.mapping` as before.  The saturation
+module's: the replay maps them with :mod:`simulations.inputs.mapping` as before.  The saturation
 protocol places shares only; :func:`require_shares` refuses a workload with slice pods there.
 """
 
@@ -33,7 +33,7 @@ from collections.abc import Iterable
 
 from planner.catalog import CatalogError, GpuModel
 from planner.snapshot import Mode, mig_profile_of, mps_gb_of
-from simulations.workload import Pod, Workload, WorkloadError
+from simulations.inputs.workload import Pod, Workload, WorkloadError
 
 __all__ = ["MAX_LISTED", "SliceRequestError", "direct_requests", "require_shares"]
 

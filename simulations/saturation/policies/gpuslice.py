@@ -2,7 +2,7 @@
 
 Model
 -----
-Like FGD (:class:`~simulations.policies.baselines.Fgd`), gpuslice scores each feasible node by
+Like FGD (:class:`~simulations.saturation.policies.baselines.Fgd`), gpuslice scores each feasible node by
 how a hypothetical placement changes a per-node measure of lost capacity, takes the best score
 and breaks ties by the fixed node rank (the smallest wins).  It changes the measure and the
 score.
@@ -23,7 +23,7 @@ pods' most frequent shapes and their probabilities ``p_m``; nothing about future
 
   Where CPU admits a pod per fitting GPU this equals FGD's ``frag_m``.  ``F' = Σ_m p_m·frag_m``.
 * ``W`` — the expected milli each GPU's free share will still waste once future single-GPU
-  pods have filled it (:class:`~simulations.policies.expected_waste.ExpectedWaste`): FGD's
+  pods have filled it (:class:`~simulations.saturation.policies.expected_waste.ExpectedWaste`): FGD's
   measure sees a 530-milli hole as usable by the 470-milli shape, ``W`` also sees the 60 milli
   that shape leaves.  Only shapes the node's model and free CPU admit take part.
 
@@ -43,11 +43,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from simulations.fragmentation import FragModel, TargetWorkload
-from simulations.policies.baselines import Fgd, FragMeasure
-from simulations.policies.expected_waste import ExpectedWaste
-from simulations.policies.state import ShareState
-from simulations.workload import Pod
+from simulations.inputs.workload import Pod
+from simulations.saturation.fragmentation import FragModel, TargetWorkload
+from simulations.saturation.policies.baselines import Fgd, FragMeasure
+from simulations.saturation.policies.expected_waste import ExpectedWaste
+from simulations.saturation.policies.state import ShareState
 
 __all__ = [
     "SCORE_STEP_MILLI",

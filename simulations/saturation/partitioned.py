@@ -1,15 +1,15 @@
 """The FGD saturation protocol for partitioned modes (MIG, MPS, hybrid) with repartitioning.
 
-Sampling and metric (as :mod:`simulations.saturation`, fgd.md §2 and §6)
+Sampling and metric (as :mod:`simulations.saturation.protocol`, fgd.md §2 and §6)
 -----------------------------------------------------------------------
 Per seed ``s`` one ``random.Random(s)`` draws, in this order, the arrival list
-(:func:`simulations.saturation.build_arrivals`: the name-sorted originals shuffled, then clones
+(:func:`simulations.saturation.protocol.build_arrivals`: the name-sorted originals shuffled, then clones
 drawn with replacement until the arrived GPU request reaches 130 % of ``C = 1000 × GPUs``) and
-the node rank (:func:`simulations.saturation.node_ranks`).  Nothing departs.  After every pod
+the node rank (:func:`simulations.saturation.protocol.node_ranks`).  Nothing departs.  After every pod
 (placed or failed) the event records the arrived request (``num_gpu × gpu_milli``, failed pods
 included) and the allocated GPU-milli: the sum of ``num_gpu × gpu_milli`` of the pods placed so
 far -- a pod counts its *original* share, not the slice it got.  ``alloc@130`` is the binned
-curve of :func:`simulations.saturation.discrete_curve` at 130 %.  (No FGD fragmentation is
+curve of :func:`simulations.saturation.protocol.discrete_curve` at 130 %.  (No FGD fragmentation is
 measured here: its series are zeros.)
 
 Cluster mapping (:func:`partitioned_cluster`)
@@ -20,7 +20,7 @@ row's mode (``mig``, ``mps`` or ``hybrid``).  The openb model (``T4``, ``G2``, .
 node's label, so a pod's ``gpu_spec`` still restricts it to the same nodes (``gpuspec10``).
 Capacity is unchanged: ``C = 6212 × 1000``.
 
-Pod mapping (:mod:`simulations.mapping`)
+Pod mapping (:mod:`simulations.inputs.mapping`)
 ----------------------------------------
 MIG rows: ``mig-compute`` (the smallest profile with ``>= gpu_milli × 7 / 1000`` compute slices;
 whole-GPU and multi-GPU pods get ``num_gpu`` ``7g.80gb`` instances on one node).  MPS row:
@@ -74,11 +74,11 @@ The arrival list is cut into batches of ``k`` consecutive pods.  For each batch:
    Pods the plan leaves unplaced fail and are dropped.
 
 MIG best static (:func:`run_static`): the layouts of a
-:class:`~simulations.static_layouts.StaticPolicy` are set once (all instances free) and never
+:class:`~simulations.replay.static_layouts.StaticPolicy` are set once (all instances free) and never
 change; a GPU pod goes to the host with the fewest free instances of its profile (best fit;
 ties to the smallest rank), on its lowest-indexed free instances (GPU index, then start).
 :func:`best_static_run` runs every candidate of
-:func:`simulations.static_layouts.static_candidates` (built-ins plus the mixes matched to the
+:func:`simulations.replay.static_layouts.static_candidates` (built-ins plus the mixes matched to the
 originals' and to the arrivals' profile demand) and keeps the one with the highest alloc@130:
 the best static layout *in hindsight* for that seed.
 
@@ -92,7 +92,7 @@ allocation any row above reaches under the MIG mapping is such a subset (the fin
 valid and each placed pod holds distinct instances), and ``alloc@130 <= final allocation``,
 so ``UB`` bounds every MIG row.  Computed with CP-SAT as a pattern program: per GPU label
 group ``g`` (the node label; one group unless pods carry ``gpu_spec``) and maximal layout ``L``
-(:func:`simulations.static_layouts.maximal_layouts`; every valid layout is contained in one),
+(:func:`simulations.replay.static_layouts.maximal_layouts`; every valid layout is contained in one),
 ``x_{g,L}`` GPUs with ``Σ_L x_{g,L} = GPUs of g``; per pod class ``c`` (profile, instances
 ``u_c``, value ``v_c = num_gpu × gpu_milli``, allowed groups) and allowed group, ``y_{c,g}``
 pods with ``Σ_g y_{c,g} <= n_c`` (class size); per group and profile
@@ -130,23 +130,23 @@ from planner.snapshot import (
     mig_profile_of,
     mps_gb_of,
 )
-from simulations.cluster import Cluster, Node
-from simulations.mapping import Mapping as PodMapping
-from simulations.mapping import SliceRequest, make_mapping
-from simulations.saturation import (
+from simulations.inputs.cluster import Cluster, Node
+from simulations.inputs.mapping import Mapping as PodMapping
+from simulations.inputs.mapping import SliceRequest, make_mapping
+from simulations.inputs.workload import GPU_MILLI, Pod, Workload
+from simulations.replay.static_layouts import (
+    StaticPolicy,
+    assign_static,
+    maximal_layouts,
+    static_candidates,
+)
+from simulations.saturation.protocol import (
     TARGET_RATIO,
     SaturationResult,
     build_arrivals,
     discrete_curve,
     node_ranks,
 )
-from simulations.static_layouts import (
-    StaticPolicy,
-    assign_static,
-    maximal_layouts,
-    static_candidates,
-)
-from simulations.workload import GPU_MILLI, Pod, Workload
 
 __all__ = [
     "GPU_MODEL",

@@ -3,7 +3,7 @@
 Output of :func:`write_replay_report` in a directory:
 
 * ``replay.md`` — the settings, the comparison table (one row per policy, the metrics of
-  :mod:`simulations.replay_metrics`), the plots, and notes;
+  :mod:`simulations.replay.metrics`), the plots, and notes;
 * ``replay.json`` — the same summaries plus the settings, machine-readable;
 * ``pending_cdf.png`` — the empirical CDF of pending time per policy (log x axis; a pod never
   scheduled counts with its censored wait);
@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from simulations.replay_metrics import ReplayResult, ReplaySummary, summarize
+from simulations.replay.metrics import ReplayResult, ReplaySummary, summarize
 
 __all__ = [
     "COLUMNS",

@@ -35,7 +35,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from simulations.workload import Pod
+from simulations.inputs.workload import Pod
 
 __all__ = [
     "FragModel",

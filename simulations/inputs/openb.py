@@ -6,11 +6,11 @@ Files
   memory_mib, num_gpu, gpu_milli``; optional ``gpu_spec, qos, pod_phase, creation_time,
   deletion_time, scheduled_time`` (``multigpu20`` has only the required five).
 * ``openb_node_list_gpu_node.csv``: one row per GPU node (``sn, cpu_milli, memory_mib, gpu,
-  model``), read by :func:`simulations.cluster.load_openb_nodes` with the same row reader.
+  model``), read by :func:`simulations.inputs.cluster.load_openb_nodes` with the same row reader.
 
 Rules
 -----
-Values are normalised as the FGD simulator does (:func:`simulations.workload.normalise_gpu_milli`):
+Values are normalised as the FGD simulator does (:func:`simulations.inputs.workload.normalise_gpu_milli`):
 ``gpu_milli`` is the share *per GPU*, clipped to 0..1000; a pod with no GPUs or no share is
 CPU-only.  ``gpu_spec`` is a ``|``-separated model list (empty pieces dropped; empty = any).
 Times are integers (seconds); an empty time cell is ``None``.
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from contract.input_files import MAX_TABLE_BYTES, InputError, read_text
-from simulations.limits import (
+from simulations.inputs.limits import (
     MAX_CPU_MILLI,
     MAX_GPUS_PER_NODE,
     MAX_MEMORY_MIB,
@@ -45,7 +45,13 @@ from simulations.limits import (
     MAX_TIME_S,
     MAX_VALUE,
 )
-from simulations.workload import Pod, Workload, WorkloadError, normalise_gpu_milli, parse_gpu_spec
+from simulations.inputs.workload import (
+    Pod,
+    Workload,
+    WorkloadError,
+    normalise_gpu_milli,
+    parse_gpu_spec,
+)
 
 __all__ = [
     "OPENB_DIR_ENV",
@@ -119,7 +125,7 @@ def read_csv_rows(
     """Yield the rows of ``path`` with line numbers; raise if a required column is missing.
 
     The file is read within :data:`contract.input_files.MAX_TABLE_BYTES` (UTF-8, a BOM allowed)
-    and at most :data:`~simulations.limits.MAX_TABLE_ROWS` rows.  Rows with the wrong number of
+    and at most :data:`~simulations.inputs.limits.MAX_TABLE_ROWS` rows.  Rows with the wrong number of
     cells, a header naming a column twice, and cells the CSV reader refuses (e.g. over its field
     size limit) raise a :class:`TraceError` naming the line.
     """

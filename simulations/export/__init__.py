@@ -1,0 +1,1 @@
+"""Workload files from what a real cluster recorded: kubectl dumps and kube-state-metrics."""

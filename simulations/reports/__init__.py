@@ -1,0 +1,1 @@
+"""Reports of simulation results: tables, Markdown, JSON and plots."""
