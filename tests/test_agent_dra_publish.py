@@ -177,44 +177,53 @@ async def test_driver_republishes_when_the_kubelet_registers_it_again(
         )
         stop = asyncio.Event()
         task = asyncio.create_task(driver.run(stop))
-        await eventually(lambda: len(slices(kmock)) == 3, what="first publication")
         kubelet = FakeDraKubelet(registry)
-        await kubelet.scan()
-        await eventually(lambda: driver.rounds == 2, what="republish on registration")
-        for name in list(slices(kmock)):  # the kubelet's start wipes the node's slices
-            resp = await kmock.delete(f"{PATH}/{name}")
-            assert resp.status == 200
-        await kubelet.restart()
-        await eventually(lambda: len(slices(kmock)) == 3, what="republished")
-        assert driver.rounds == 3 and driver.failures == 0 and health.check()[0]
-        # a claim kube-scheduler allocated, read from the API by the plugin, prepared on NVML
-        placement = device_name(1, H100.profile("3g.40gb"), 4)
-        claim = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": "train", "namespace": "team"},
-            "spec": {"devices": {"requests": []}},
-            "status": {"allocation": {"devices": {"results": [
-                {"request": "gpu", "driver": DRIVER, "pool": "node-a", "device": placement}
-            ]}}},
-        }  # fmt: skip
-        resp = await kmock.post(
-            "/apis/resource.k8s.io/v1/namespaces/team/resourceclaims", json=claim
-        )
-        assert resp.status in (200, 201), await resp.text()
-        uid = (await resp.json())["metadata"]["uid"]
-        if "status" not in await resp.json():  # the status subresource dropped it: set it
-            resp = await kmock.patch(
-                "/apis/resource.k8s.io/v1/namespaces/team/resourceclaims/train/status",
-                json={"status": claim["status"]},
+        try:
+            await eventually(lambda: len(slices(kmock)) == 3, what="first publication", timeout=30)
+            await kubelet.scan()
+            await eventually(
+                lambda: driver.rounds == 2, what="republish on registration", timeout=30
             )
-            assert resp.status == 200, await resp.text()
-        reply = await kubelet.prepare(DRIVER, ("team", "train", uid))
-        assert reply[uid].error == ""
-        assert [d.device_name for d in reply[uid].devices] == [placement]
-        assert [(p.name, s) for p, s, _ in nv.layout(1)] == [("3g.40gb", 4)]
-        stop.set()
-        await asyncio.wait_for(task, 5)
+            for name in list(slices(kmock)):  # the kubelet's start wipes the node's slices
+                resp = await kmock.delete(f"{PATH}/{name}")
+                assert resp.status == 200
+            await kubelet.restart()
+            await eventually(
+                lambda: driver.rounds == 3 and len(slices(kmock)) == 3,
+                what="republished",
+                timeout=30,
+            )
+            assert driver.failures == 0 and health.check()[0]
+            # a claim kube-scheduler allocated, read from the API by the plugin, prepared on NVML
+            placement = device_name(1, H100.profile("3g.40gb"), 4)
+            claim = {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": "train", "namespace": "team"},
+                "spec": {"devices": {"requests": []}},
+                "status": {"allocation": {"devices": {"results": [
+                    {"request": "gpu", "driver": DRIVER, "pool": "node-a", "device": placement}
+                ]}}},
+            }  # fmt: skip
+            resp = await kmock.post(
+                "/apis/resource.k8s.io/v1/namespaces/team/resourceclaims", json=claim
+            )
+            assert resp.status in (200, 201), await resp.text()
+            uid = (await resp.json())["metadata"]["uid"]
+            if "status" not in await resp.json():  # the status subresource dropped it: set it
+                resp = await kmock.patch(
+                    "/apis/resource.k8s.io/v1/namespaces/team/resourceclaims/train/status",
+                    json={"status": claim["status"]},
+                )
+                assert resp.status == 200, await resp.text()
+            reply = await kubelet.prepare(DRIVER, ("team", "train", uid))
+            assert reply[uid].error == ""
+            assert [d.device_name for d in reply[uid].devices] == [placement]
+            assert [(p.name, s) for p, s, _ in nv.layout(1)] == [("3g.40gb", 4)]
+        finally:  # a failed check must not leave the servers running into the next tests
+            stop.set()
+            await asyncio.wait_for(task, 30)
+            await kubelet.close()
         assert not os.path.exists(driver.plugin.registration_socket)
         await kubelet.close()
 

@@ -12,7 +12,6 @@ an agent restart in between.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import tempfile
@@ -22,6 +21,7 @@ from typing import Any
 
 import pytest
 from fake_dra_kubelet import FakeDraKubelet
+from fake_kubelet import eventually
 
 from node_agent.cdi import spec_path
 from node_agent.dra_checkpoint import Checkpoint
@@ -227,12 +227,14 @@ async def test_kubelet_restart_then_agent_restart(node: Node) -> None:
 async def test_a_vanished_socket_is_served_again(node: Node) -> None:
     os.unlink(node.plugin.registration_socket)
     os.unlink(node.plugin.dra_socket)
-    for _ in range(200):
-        await asyncio.sleep(0.02)
-        if os.path.exists(node.plugin.registration_socket) and os.path.exists(
-            node.plugin.dra_socket
-        ):
-            break
+    await eventually(
+        lambda: (
+            os.path.exists(node.plugin.registration_socket)
+            and os.path.exists(node.plugin.dra_socket)
+        ),
+        timeout=30,
+        what="sockets served again",
+    )
     assert not node.plugin.registered
     await node.kubelet.restart()
     assert node.plugin.registered and node.registered == 2

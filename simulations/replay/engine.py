@@ -63,6 +63,18 @@ GPUs reconfigured, disruptions (a spec removing a device a pod holds: must stay 
 scheduler acted on a stale allocatable; the pod's controller creates it again and its wait goes
 on), scheduling attempts and refused API requests.
 
+DRA mode
+--------
+Policy ``dra`` replays the DRA agent as it is built (docs/operations.md, "DRA mode"): no
+partitioner; every node publishes every MIG placement of every GPU (the production
+ResourceSlices); a pod's mapped request stands for a ResourceClaim, which kube-scheduler
+allocates first-fit over the published devices and their counters when it schedules the pod
+(:mod:`simulations.replay.dra`); the kubelet then prepares the claim and the agent creates the
+instances, taking ``apply_delay_s`` (the time an applied spec takes in the other policies),
+after which the pod runs; when it ends, unprepare destroys them.  Its pending time runs from
+arrival to the end of prepare; each prepare and each unprepare counts as a reconfiguration of
+the GPUs it touches; nothing is ever disrupted or stolen (an allocation is the pod's own).
+
 The replay stops when no arrival, departure, spec application or status sync is left and
 nothing has progressed for longer than any retry, window or deadline could take.  Pods still
 pending then are *never scheduled*; with ``max_pending_s`` a pod gives up after waiting that
@@ -100,6 +112,7 @@ from simulations.inputs.cluster import Cluster
 from simulations.inputs.mapping import MappingError, make_mapping
 from simulations.inputs.workload import Pod, Workload
 from simulations.inputs.workload_slices import SliceRequestError, direct_requests
+from simulations.replay.dra import DraPools
 from simulations.replay.fake_cluster import Device, FakeCluster, FakeClusterError, FakeGpu, FakeNode
 from simulations.replay.kube import Conflict, Invalid, Kubelet, Scheduler, SimApi
 from simulations.replay.metrics import PlanRecord, PodRecord, ReplayResult
@@ -219,6 +232,9 @@ class ReplayPolicy:
     """Planner override (tests); default ``planner.api.plan``."""
     reservation: bool = True
     """Gate pods at admission, reserve and release them (``False``: nos's behaviour)."""
+    dra: bool = False
+    """DRA mode, publish-everything (module docstring, "DRA mode"): no partitioner; claims
+    are allocated first-fit by kube-scheduler and instances made at prepare."""
 
 
 _POLICIES = {
@@ -239,6 +255,8 @@ def parse_policy(text: str) -> ReplayPolicy:
     reservations'.
     """
     t = text.strip().lower()
+    if t == "dra":
+        return ReplayPolicy("dra", reservation=False, dra=True)
     if t in _POLICIES:
         name, planner, reservation, window = _POLICIES[t]
         return ReplayPolicy(name, planner_policy=planner, window=window, reservation=reservation)
@@ -246,7 +264,7 @@ def parse_policy(text: str) -> ReplayPolicy:
         sp = static_policy(t.split(":", 1)[1])
         return ReplayPolicy(f"static:{sp.name}", static=sp, reservation=False)
     raise ReplayError(
-        f"unknown replay policy {text!r}; use {', '.join(sorted(_POLICIES))} or "
+        f"unknown replay policy {text!r}; use {', '.join(sorted(_POLICIES))}, dra or "
         "static:<layout> (all-1g, balanced, all-2g, all-3g, all-7g)"
     )
 
@@ -605,7 +623,21 @@ class _Engine:
         for node in fake.nodes.values():
             self.api.add_node(node)
             self.api.add_partitioning(node)
-        if policy.static is not None:
+        self.dra: DraPools | None = None
+        if policy.dra:
+            wrong = sorted(
+                n.name
+                for n in fake.nodes.values()
+                if n.mode is not Mode.MIG or not n.model.mig_capable
+            )
+            if wrong:
+                raise ReplayError(
+                    f"policy dra serves MIG instances through DRA: nodes {', '.join(wrong[:5])} "
+                    "are not MIG nodes of a MIG-capable model"
+                )
+            self.dra = DraPools(fake)
+            self.scheduler.dra = self.dra
+        elif policy.static is not None:
             gpus = [
                 (n.name, g.index, n.model)
                 for n in sorted(fake.nodes.values(), key=lambda n: n.name)
@@ -749,6 +781,9 @@ class _Engine:
         )
 
     def _allocation(self) -> float:
+        if self.dra is not None:
+            total = self.fake.total_compute()
+            return self.dra.used_compute() / total if total else 0.0
         if not self.uniform:
             return self.fake.gpu_fraction_used()
         total = self.fake.total_compute()
@@ -763,8 +798,37 @@ class _Engine:
         self.api.create_pod(_pod_object(self.pods[name]), self.epoch + t)
         self.scheduler.add(self._key(name), t)
 
+    def _bind_dra(self, t: float, key: str, node: str) -> bool:
+        """DRA: the claim gets the allocator's devices, the pod is bound, the kubelet prepares
+        the claim (the agent creates the instances, ``apply_delay_s``), then the pod runs."""
+        assert self.dra is not None
+        name = key[len(NAMESPACE) + 1 :]
+        devices = self.dra.fit(node, self.index.pods[key].slices)
+        if devices is None:  # the filter found them a moment ago: nothing changed since
+            return False
+        self.dra.allocate(node, name, devices)
+        self.api.bind(key, node)
+        pod = self.pods[name]
+        started = t + self.settings.apply_delay_s
+        rec = self.records[name]
+        if rec.first_bound is None:
+            rec.first_bound = t
+        if rec.waiting_since is not None:
+            rec.pending_s += started - rec.waiting_since
+            rec.waiting_since = None
+            self.waiting -= 1
+        if devices:
+            self.result.reconfigurations.append((t, len({d.gpu for d in devices})))
+        self.seq += 1
+        self.running[name] = self.seq
+        self._push(started + pod.duration, _Kind.DEPART, f"{self.seq}:{name}")
+        self.last_progress = t
+        return True
+
     def _bind(self, t: float, key: str, node: str) -> bool:
         """kube-scheduler bound ``key`` to ``node``: kubelet admission, then the pod runs."""
+        if self.dra is not None:
+            return self._bind_dra(t, key, node)
         name = key[len(NAMESPACE) + 1 :]
         info = self.index.pods[key]
         picks = self.kubelet.admit(node, info)
@@ -968,6 +1032,14 @@ class _Engine:
             if self.running.get(name) != int(token):
                 return
             del self.running[name]
+            if self.dra is not None:  # unprepare destroys the claim's instances
+                _, devices = self.dra.release(name)
+                if devices:
+                    self.result.reconfigurations.append((t, len({d.gpu for d in devices})))
+                self.api.delete_pod(self._key(name))
+                self.scheduler.bound_pod_deleted(t)
+                self._wake("schedule_at", t, _Kind.SCHEDULE)
+                return
             node = self.fake.bindings[name].node
             self.fake.release(name)
             self.api.delete_pod(self._key(name))

@@ -26,6 +26,11 @@ kube-scheduler (:class:`Scheduler`, default profile, facts/k8s-scheduling.md §1
     waits out its backoff (1 s doubling to 10 s per failed attempt).  Binding assumes the pod
     on the node at once.
 
+DRA mode (``Scheduler.dra``)
+    A pod's slice requests stand for a ResourceClaim: the filter asks the DRA allocator
+    (:class:`simulations.replay.dra.DraPools`, first-fit over the node's published devices and
+    their counters) instead of the node's allocatable; scoring is unchanged (DRA adds no score).
+
 kubelet (:class:`Kubelet`)
     Posts node status every 10 s (a per-node phase, seeded): ``status.allocatable`` of every
     extended resource is the number of devices the node agent advertises (free or allocated;
@@ -48,10 +53,10 @@ import json
 import math
 import random
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from contract.nodepartitioning import API_VERSION, KIND
 from node_agent.deviceplugin import preferred_allocation
@@ -79,6 +84,12 @@ __all__ = [
 
 _DEFAULT_CPU_MILLI = 100
 _DEFAULT_MEMORY_MIB = 200
+
+
+class DraFit(Protocol):
+    def fit(self, node: str, requests: Mapping[str, int]) -> Sequence[object] | None:
+        """The DRA allocator's allocation of ``requests`` on ``node``, or ``None``."""
+        ...
 
 
 class Conflict(Exception):
@@ -344,6 +355,10 @@ class Scheduler:
     parked: deque[tuple[float, int, str]] = field(default_factory=deque)
     """(parked since, seq, pod) of unschedulable pods, oldest first (stale entries skipped)."""
     gated: set[str] = field(default_factory=set)
+    dra: DraFit | None = None
+    """DRA mode: pods' slice requests are ResourceClaims, filtered by the DRA allocator on
+    each node's published devices (:class:`simulations.replay.dra.DraPools`) instead of the
+    node's allocatable extended resources."""
     attempts: int = 0
     _seq: itertools.count[int] = field(default_factory=itertools.count)
     _backoffs: tuple[float, ...] = ()
@@ -505,13 +520,14 @@ class Scheduler:
                 continue
             seen.add(key)
             attempts += 1
-            if room is None:
-                room = self._room()
             fits = True
-            for r, k in pod.slices.items():
-                if room.get(r, 0) < k:
-                    fits = False
-                    break
+            if self.dra is None:
+                if room is None:
+                    room = self._room()
+                for r, k in pod.slices.items():
+                    if room.get(r, 0) < k:
+                        fits = False
+                        break
             if fits:
                 node = self._choose(pod)
                 if node is not None and bind(key, node):
@@ -551,7 +567,10 @@ class Scheduler:
             if gpu is None or not pod_fits_node(pod.obj, info.obj):
                 continue
             usage = index.usage(name)
-            if any(
+            if self.dra is not None:
+                if pod.slices and self.dra.fit(name, pod.slices) is None:
+                    continue
+            elif any(
                 info.allocatable.get(r, 0) - usage.slices.get(r, 0) < k
                 for r, k in pod.slices.items()
             ):
