@@ -81,6 +81,7 @@ __all__ = [
     "PluginStatus",
     "plugin_socket_name",
     "preferred_allocation",
+    "socket_identity",
 ]
 
 log = logging.getLogger(__name__)
@@ -150,7 +151,9 @@ def preferred_allocation(
     return chosen
 
 
-def _socket_identity(path: str) -> SocketIdentity | None:
+def socket_identity(path: str) -> SocketIdentity | None:
+    """(device, inode, ctime) of the socket file at ``path``; ``None`` if absent or not a
+    socket (a recreated file has another identity)."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -248,12 +251,12 @@ class _ResourcePlugin:
         server.add_insecure_port(f"unix:{self.socket_path}")
         await server.start()
         self._server = server
-        self.served_socket = _socket_identity(self.socket_path)
+        self.served_socket = socket_identity(self.socket_path)
         self.registered_with = None
 
     def socket_intact(self) -> bool:
         return self.served_socket is not None and (
-            _socket_identity(self.socket_path) == self.served_socket
+            socket_identity(self.socket_path) == self.served_socket
         )
 
     async def close(self) -> None:
@@ -507,7 +510,7 @@ class DevicePluginManager:
         for resource in [r for r in self._plugins if r not in self._desired]:
             log.info("stopping device plugin for %s (no longer advertised)", resource)
             await self._plugins.pop(resource).close()
-        kubelet = _socket_identity(self.kubelet_socket)
+        kubelet = socket_identity(self.kubelet_socket)
         for resource, devices in list(self._desired.items()):
             plugin = self._plugins.get(resource)
             if plugin is None:

@@ -34,13 +34,13 @@ import asyncio
 import contextlib
 import logging
 import os
-import stat
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import grpc
 import grpc.aio
 
+from node_agent.deviceplugin import socket_identity
 from node_agent.dra_claims import ClaimError, ClaimRef, allocated_devices
 from node_agent.dra_prepare import DraPreparer
 from node_agent.dra_slices import DRIVER
@@ -99,16 +99,6 @@ class KubeClaimReader:
                 return None
             raise
         return obj
-
-
-def _socket_identity(path: str) -> tuple[int, int, int] | None:
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return None
-    if not stat.S_ISSOCK(st.st_mode):
-        return None
-    return st.st_dev, st.st_ino, st.st_ctime_ns
 
 
 class DraKubeletPlugin:
@@ -174,13 +164,13 @@ class DraKubeletPlugin:
         server.add_insecure_port(f"unix:{path}")
         await server.start()
         self._servers[path] = server
-        self._served[path] = _socket_identity(path)
+        self._served[path] = socket_identity(path)
 
     async def _unserve(self, path: str) -> None:
         server = self._servers.pop(path, None)
         if server is not None:
             await server.stop(grace=0.5)
-        if self._served.pop(path, None) is not None and _socket_identity(path) is not None:
+        if self._served.pop(path, None) is not None and socket_identity(path) is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
 
@@ -193,7 +183,7 @@ class DraKubeletPlugin:
         """Serve again any socket whose file is gone or replaced; return their paths."""
         redone = []
         for path in (self.dra_socket, self.registration_socket):
-            if _socket_identity(path) != self._served.get(path):
+            if socket_identity(path) != self._served.get(path):
                 log.warning("DRA plugin socket %s vanished; serving it again", path)
                 if path == self.registration_socket:
                     self.registered = False

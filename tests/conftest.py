@@ -5,14 +5,15 @@ its handler and level) like the real processes do; without a reset, a later test
 process would see an earlier test's level and handler (aiohttp's access lines in a CLI's
 stderr, say).  After each test the handlers ``configure`` added are removed and the root
 level is put back; pytest's own capture handlers are left to pytest.  The heap a controller
-froze is unfrozen.
+froze is unfrozen.  ``connect`` gives tests a Kubernetes client for a fake API server.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -35,3 +36,21 @@ def _heap_unfrozen() -> Iterator[None]:
     in one test process that would keep every later test's garbage cycles alive."""
     yield
     gc.unfreeze()
+
+
+@pytest.fixture
+async def connect() -> AsyncIterator[Callable[[str], Any]]:
+    """``connect(url)``: a kubernetes_asyncio CustomObjectsApi for a fake API server at
+    ``url``; its ApiClient is closed after the test."""
+    from kubernetes_asyncio import client as kclient
+
+    clients: list[Any] = []
+
+    def custom_objects(url: str) -> Any:
+        api_client = kclient.ApiClient(kclient.Configuration(host=url.rstrip("/")))
+        clients.append(api_client)
+        return kclient.CustomObjectsApi(api_client)
+
+    yield custom_objects
+    for api_client in clients:
+        await api_client.close()

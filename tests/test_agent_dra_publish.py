@@ -11,14 +11,13 @@ the claim reader returns claims and ``None`` for absent ones.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import kmock
 import kubernetes_validate
 import pytest
 from fake_apiserver import SLICE_RESOURCE, ApiServer, declare_dra
-from kubernetes_asyncio import client as kclient
 
 from node_agent.dra_publish import PublishError, SlicePublisher
 from node_agent.dra_slices import DRIVER, DraGpu, device_name
@@ -34,20 +33,6 @@ PATH = "/apis/resource.k8s.io/v1/resourceslices"
 @pytest.fixture
 def kmock_options() -> dict[str, Any]:
     return {"cls": ApiServer}
-
-
-@pytest.fixture
-async def connect() -> AsyncIterator[Callable[[str], Any]]:
-    clients: list[kclient.ApiClient] = []
-
-    def custom_objects(url: str) -> Any:
-        api_client = kclient.ApiClient(kclient.Configuration(host=url.rstrip("/")))
-        clients.append(api_client)
-        return kclient.CustomObjectsApi(api_client)
-
-    yield custom_objects
-    for api_client in clients:
-        await api_client.close()
 
 
 def slices(api: ApiServer, node: str | None = None) -> dict[str, dict[str, Any]]:

@@ -24,7 +24,6 @@ import aiohttp.web
 import kmock
 import pytest
 from fake_apiserver import NP_PATH, NP_RESOURCE, ApiServer, declare, stored
-from kubernetes_asyncio import client as kclient
 
 from contract.kube_retry import Backoff
 from contract.nodepartitioning import NodePartitioningSpec, NodePartitioningStatus
@@ -42,21 +41,6 @@ SPEC_7G = {"planId": "2", "mode": "mig", "gpus": [{"index": 0, "mig": [{"profile
 @pytest.fixture
 def kmock_options() -> dict[str, Any]:
     return {"cls": ApiServer}
-
-
-@pytest.fixture
-async def connect() -> AsyncIterator[Callable[[str], Any]]:
-    """``connect(url)``: a kubernetes_asyncio CustomObjectsApi; its ApiClient is closed after."""
-    clients: list[kclient.ApiClient] = []
-
-    def custom_objects(url: str) -> Any:
-        api_client = kclient.ApiClient(kclient.Configuration(host=url.rstrip("/")))
-        clients.append(api_client)
-        return kclient.CustomObjectsApi(api_client)
-
-    yield custom_objects
-    for api_client in clients:
-        await api_client.close()
 
 
 @pytest.fixture
