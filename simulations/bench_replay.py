@@ -16,6 +16,10 @@ Policies
 --------
 * ``cpsat`` — gpuslice: the partitioner's decision step with the CP-SAT planner;
 * ``greedy`` — the nos-like greedy planner with nos's 60 s / 10 s batch window;
+* ``dra`` — DRA mode as the agent runs it (``gpuslice agent --dra``): every placement
+  published, claims allocated first-fit by kube-scheduler, instances made at prepare and
+  destroyed at unprepare (:mod:`simulations.replay.dra`); ``--render-modes`` tables it beside
+  ``cpsat`` and ``greedy``;
 * ``best-static`` — the best of the static candidates
   (:func:`simulations.replay.static_layouts.static_candidates`: the built-in layouts and CP-SAT mixes
   matched to the trace's average and peak demand), ranked by (pods never scheduled, p95, p50).
@@ -81,7 +85,14 @@ from simulations.replay.metrics import ReplayResult, summarize
 from simulations.replay.static_layouts import StaticPolicy, best_static, static_candidates
 from simulations.saturation.geometry_bound import geometry_bound
 
-__all__ = ["average_demand", "main", "mig_cluster", "render_table", "verdict"]
+__all__ = [
+    "average_demand",
+    "main",
+    "mig_cluster",
+    "render_modes_table",
+    "render_table",
+    "verdict",
+]
 
 MODEL = "A100-SXM4-80GB"
 
@@ -304,9 +315,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="JSON",
         help="print the Markdown table of earlier runs' JSON outputs (merged) and exit",
     )
+    ap.add_argument(
+        "--render-modes",
+        nargs="+",
+        metavar="JSON",
+        help="print the Markdown table of DRA mode (policy dra) beside cpsat and greedy from "
+        "earlier runs' JSON outputs (merged) and exit",
+    )
     args = ap.parse_args(argv)
     if args.render:
         print(render_table(args.render))
+        return 0
+    if args.render_modes:
+        print(render_modes_table(args.render_modes))
         return 0
 
     traces = list(OPENB_TRACES) if args.trace == "all" else _split(args.trace)
@@ -387,9 +408,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def render_table(paths: Sequence[str]) -> str:
-    """One Markdown table of the cells of several ``--out`` files, merged per policy (a later
-    file's run of a policy replaces an earlier one's); verdicts are recomputed."""
+def _merged_cells(paths: Sequence[str]) -> dict[tuple[str, int, str], dict[str, Any]]:
+    """The cells of several ``--out`` files, merged per policy (a later file's run of a policy
+    replaces an earlier one's)."""
     cells: dict[tuple[str, int, str], dict[str, Any]] = {}
     for path in paths:
         with open(path) as f:
@@ -398,6 +419,52 @@ def render_table(paths: Sequence[str]) -> str:
             key = (cell["trace"], cell["nodes"], cell.get("cluster", ""))
             have = cells.setdefault(key, {**cell, "policies": {}})
             have["policies"].update(cell["policies"])
+    return cells
+
+
+WHOLE_NODE = "nvidia.com/mig-7g.80gb x8"
+"""The request of a pod that needs a whole node (eight full GPUs)."""
+
+
+def render_modes_table(paths: Sequence[str]) -> str:
+    """DRA mode (policy ``dra``) beside the device-plugin policies (``cpsat``, ``greedy``):
+    pending p50 / p95 / p99, the whole-node pods' median wait, GPUs reconfigured."""
+
+    def pend(p: dict[str, Any]) -> str:
+        return f"{p['pending_p50_s']:,.0f} / {p['pending_p95_s']:,.0f} / {p['pending_p99_s']:,.0f}"
+
+    def whole(p: dict[str, Any]) -> str:
+        row = (p.get("pending_by_size") or {}).get(WHOLE_NODE)
+        return "-" if not row else f"{row['p50']:,.0f}"
+
+    rows = [
+        "| trace | nodes (GPUs) | pending p50 / p95 / p99 (s): DRA first-fit | CP-SAT | greedy "
+        "| whole-node pods, median wait (s): DRA / CP-SAT / greedy "
+        "| GPUs reconfigured: DRA / CP-SAT / greedy |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    order = {t: i for i, t in enumerate(OPENB_TRACES)}
+    cells = _merged_cells(paths)
+    for (trace, nodes, label), cell in sorted(
+        cells.items(), key=lambda kv: (kv[0][2], order.get(kv[0][0], 99), kv[0][1])
+    ):
+        pols = cell["policies"]
+        d, c, g = pols.get("dra"), pols.get("cpsat"), pols.get("greedy")
+        if d is None or c is None or g is None:
+            continue
+        rows.append(
+            f"| {trace}{f' ({label})' if label else ''} | {nodes} ({cell['gpus']}) "
+            f"| {pend(d)} | {pend(c)} | {pend(g)} "
+            f"| {whole(d)} / {whole(c)} / {whole(g)} "
+            f"| {d['gpus_reconfigured']:,} / {c['gpus_reconfigured']:,} / {g['gpus_reconfigured']:,} |"
+        )
+    return "\n".join(rows)
+
+
+def render_table(paths: Sequence[str]) -> str:
+    """One Markdown table of the cells of several ``--out`` files, merged per policy (a later
+    file's run of a policy replaces an earlier one's); verdicts are recomputed."""
+    cells = _merged_cells(paths)
     rows = [
         "| trace | nodes (GPUs) | regime | pending p95 / p99 (s), CP-SAT | nos-like greedy "
         "| p95 / p99 ratio | reconfigured | theft | disrupted | wall s | verdict |",

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from simulations.bench_replay import render_table, verdict
+from simulations.bench_replay import WHOLE_NODE, render_modes_table, render_table, verdict
 
 
 def summary(
@@ -61,3 +61,46 @@ def test_render_merges_files_and_names_the_failed_checks(tmp_path: Path) -> None
     assert lines[2].startswith("| default | 5 (40) | overload | 900 / 5,000 | 1,000 / 4,000 |")
     assert lines[2].endswith("| FAIL: p99 <= greedy, p95 <= 0.5 x greedy |")
     assert lines[3].startswith("| gpushare40 | 4 (32) | light |") and lines[3].endswith("| pass |")
+
+
+def test_render_modes_puts_dra_beside_the_planners(tmp_path: Path) -> None:
+    def pol(p50: float, p95: float, p99: float, reconf: int, whole: float | None) -> dict[str, Any]:
+        by_size = {} if whole is None else {WHOLE_NODE: {"pods": 2, "p50": whole}}
+        return {
+            "pending_p50_s": p50,
+            "pending_p95_s": p95,
+            "pending_p99_s": p99,
+            "gpus_reconfigured": reconf,
+            "pending_by_size": by_size,
+        }
+
+    cell = {"trace": "default", "nodes": 4, "gpus": 32}
+    run = tmp_path / "run.json"
+    run.write_text(
+        json.dumps(
+            {
+                "cells": [
+                    {
+                        **cell,
+                        "policies": {
+                            "dra": pol(5, 300, 9000, 900, 2_000_000),
+                            "cpsat": pol(10, 1500, 20000, 50, 600_000),
+                            "greedy": pol(12, 1600, 21000, 60, None),
+                        },
+                    },
+                    {
+                        "trace": "gpushare40",
+                        "nodes": 4,
+                        "gpus": 32,
+                        "policies": {"dra": pol(1, 1, 1, 1, None)},
+                    },
+                ]
+            }
+        )
+    )
+    lines = render_modes_table([str(run)]).splitlines()
+    assert len(lines) == 3  # a cell without the planners' runs is left out
+    assert lines[2] == (
+        "| default | 4 (32) | 5 / 300 / 9,000 | 10 / 1,500 / 20,000 | 12 / 1,600 / 21,000 "
+        "| 2,000,000 / 600,000 / - | 900 / 50 / 60 |"
+    )
