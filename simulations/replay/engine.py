@@ -808,22 +808,25 @@ class _Engine:
             return False
         self.dra.allocate(node, name, devices)
         self.api.bind(key, node)
-        pod = self.pods[name]
-        started = t + self.settings.apply_delay_s
+        if devices:
+            self.result.reconfigurations.append((t, len({d.gpu for d in devices})))
+        self._started(name, t, t + self.settings.apply_delay_s)
+        return True
+
+    def _started(self, name: str, bound: float, started: float) -> None:
+        """Pod ``name`` was bound at ``bound`` and runs from ``started``: its wait ends then,
+        and its departure is due its trace lifetime later."""
         rec = self.records[name]
         if rec.first_bound is None:
-            rec.first_bound = t
+            rec.first_bound = bound
         if rec.waiting_since is not None:
             rec.pending_s += started - rec.waiting_since
             rec.waiting_since = None
             self.waiting -= 1
-        if devices:
-            self.result.reconfigurations.append((t, len({d.gpu for d in devices})))
         self.seq += 1
         self.running[name] = self.seq
-        self._push(started + pod.duration, _Kind.DEPART, f"{self.seq}:{name}")
-        self.last_progress = t
-        return True
+        self._push(started + self.pods[name].duration, _Kind.DEPART, f"{self.seq}:{name}")
+        self.last_progress = bound
 
     def _bind(self, t: float, key: str, node: str) -> bool:
         """kube-scheduler bound ``key`` to ``node``: kubelet admission, then the pod runs."""
@@ -843,20 +846,10 @@ class _Engine:
         pod = self.pods[name]
         self.fake.bind_devices(name, node, picks, pod.cpu_milli, pod.memory_mib)
         self.api.bind(key, node)
-        rec = self.records[name]
-        if rec.first_bound is None:
-            rec.first_bound = t
-        if rec.waiting_since is not None:
-            rec.pending_s += t - rec.waiting_since
-            rec.waiting_since = None
-            self.waiting -= 1
-        self.seq += 1
-        self.running[name] = self.seq
-        self._push(t + pod.duration, _Kind.DEPART, f"{self.seq}:{name}")
+        self._started(name, t, t)
         self._account_theft(key, node)
         self._report_soon(node, t)
         self._dirty(t)
-        self.last_progress = t
         return True
 
     def _expect(self, key: str, node: str, units: Mapping[str, int]) -> None:
