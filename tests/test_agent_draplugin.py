@@ -261,3 +261,23 @@ def test_dra_mode_refuses_the_fake_and_one_shot_flags(
         assert "DRA mode serves the kubelet" in capsys.readouterr().err
     monkeypatch.setenv("GPUSLICE_DRA", "true")
     assert main(["agent", "--fake"]) == 2
+
+
+def test_dra_mode_without_nvml_says_so(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pynvml
+
+    from gpuslice.cli import main
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        pass
+    else:  # a GPU machine: the agent would start for real
+        pynvml.nvmlShutdown()
+        pytest.skip("NVML works here")
+    monkeypatch.setenv("GPUSLICE_METRICS_PORT", "0")
+    monkeypatch.setenv("GPUSLICE_NODE_NAME", "n1")
+    assert main(["agent", "--dra"]) == 2
+    assert "NVML is not usable" in capsys.readouterr().err

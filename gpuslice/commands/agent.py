@@ -431,23 +431,37 @@ async def _run_dra(settings: Any, catalog: Any) -> int:
 
     if not settings.node_name:
         raise BadInput("GPUSLICE_NODE_NAME is not set (DaemonSet: downward API spec.nodeName)")
+    from node_agent.nvml import NvmlError
+
     metrics, health = _observability(settings)
-    nvml = MeteredNvml(PynvmlAdapter(smi=NvidiaSmi(binary=settings.nvidia_smi)), metrics)
     state = settings.state_dir.rstrip("/")
-    preparer = DraPreparer(
-        nvml,
-        catalog,
-        node=settings.node_name,
-        checkpoint=Checkpoint(f"{state}/dra-claims.json" if state else None),
-        cdi_dir=settings.cdi_dir,
-    )
-    uuids = {g.index: g.uuid for g in nvml.gpus()}
+    try:
+        nvml = MeteredNvml(PynvmlAdapter(smi=NvidiaSmi(binary=settings.nvidia_smi)), metrics)
+        preparer = DraPreparer(
+            nvml,
+            catalog,
+            node=settings.node_name,
+            checkpoint=Checkpoint(f"{state}/dra-claims.json" if state else None),
+            cdi_dir=settings.cdi_dir,
+        )
+        uuids = {g.index: g.uuid for g in nvml.gpus()}
+    except NvmlError as e:
+        raise BadInput(
+            f"NVML is not usable ({e}): the DRA agent runs on a GPU node with the NVIDIA driver "
+            "and the NVIDIA container runtime (the chart's DaemonSet)"
+        ) from None
     gpus = [DraGpu(i, uuids[i], m) for i, m in sorted(preparer.models.items())]
     configuration = client.Configuration()
     try:
         config.load_incluster_config(client_configuration=configuration)
-    except config.ConfigException:
-        await config.load_kube_config(client_configuration=configuration)
+    except config.ConfigException as not_in_pod:
+        try:
+            await config.load_kube_config(client_configuration=configuration)
+        except (config.ConfigException, OSError) as e:
+            raise BadInput(
+                f"cannot connect to the Kubernetes API: not in a pod ({not_in_pod}) and no "
+                f"usable kubeconfig ({e}); run the DRA agent in its DaemonSet, or set KUBECONFIG"
+            ) from None
     async with client.ApiClient(configuration) as api_client:
         node = await client.CoreV1Api(api_client).read_node(settings.node_name)
         custom = client.CustomObjectsApi(api_client)
