@@ -170,13 +170,7 @@ def probe(m: ModuleType) -> list[ProbedGpu]:
 
 def match_model(catalog: Catalog, gpu: ProbedGpu) -> GpuModel | None:
     """The catalog model the agent would use for this GPU (PCI id first, then the name)."""
-    try:
-        return catalog.model_for_pci_id(gpu.pci_device_id)
-    except CatalogError:
-        try:
-            return catalog.model_for_product(gpu.name)
-        except CatalogError:
-            return None
+    return catalog.model_for_device(gpu.pci_device_id, gpu.name)
 
 
 def compare(model: GpuModel | None, gpu: ProbedGpu) -> list[str]:

@@ -68,7 +68,7 @@ from node_agent.dra_claims import device_targets as _targets
 from node_agent.dra_slices import DRIVER
 from node_agent.nvml import ComputeMode, GpuInfo, GpuInstanceInfo, Nvml, NvmlError, NvmlErrorCode
 from node_agent.reconciler import workload
-from planner.catalog import Catalog, CatalogError, GpuModel
+from planner.catalog import Catalog, GpuModel
 
 __all__ = ["DraPreparer", "gpu_models"]
 
@@ -80,15 +80,11 @@ def gpu_models(nvml: Nvml, catalog: Catalog) -> dict[int, GpuModel]:
     GPUs of unknown models are left out (they are not published)."""
     out: dict[int, GpuModel] = {}
     for info in nvml.gpus():
-        try:
-            out[info.index] = catalog.model_for_pci_id(info.pci_device_id)
-        except CatalogError:
-            try:
-                out[info.index] = catalog.model_for_product(info.name)
-            except CatalogError:
-                log.warning(
-                    "GPU %d (%s) is not in the catalog; not published", info.index, info.name
-                )
+        model = catalog.model_for_device(info.pci_device_id, info.name)
+        if model is None:
+            log.warning("GPU %d (%s) is not in the catalog; not published", info.index, info.name)
+        else:
+            out[info.index] = model
     return out
 
 
@@ -123,14 +119,10 @@ class DraPreparer:
                 return info
         raise ClaimError(f"GPU {gpu} is gone from this node")
 
-    def _owners(
-        self, gpu: int, exclude: str | None = None
-    ) -> dict[str, tuple[ClaimRecord, PreparedDevice]]:
+    def _owners(self, gpu: int) -> dict[str, tuple[ClaimRecord, PreparedDevice]]:
         """UUID (MIG device or whole GPU) -> owning claim, for devices on ``gpu``."""
         out: dict[str, tuple[ClaimRecord, PreparedDevice]] = {}
         for rec in self.checkpoint:
-            if rec.uid == exclude:
-                continue
             for d in rec.devices:
                 if d.gpu == gpu:
                     out[d.uuid] = (rec, d)
@@ -174,7 +166,7 @@ class DraPreparer:
         if busy:
             raise ClaimError(
                 f"GPU {g}: MIG mode must be {'enabled' if enabled else 'disabled'} but processes "
-                f"run on the GPU outside any claim (pids {', '.join(map(str, busy[:8]))})"
+                f"run on the GPU outside any claim (pids {_pids(busy)})"
             )
         if enabled and info.compute_mode != ComputeMode.DEFAULT:
             nv.set_compute_mode(g, ComputeMode.DEFAULT)
@@ -191,36 +183,33 @@ class DraPreparer:
         if self._info(g).mig_enabled != enabled:
             raise ClaimError(f"GPU {g}: MIG mode is still {'off' if enabled else 'on'}")
 
-    def _whole(self, uid: str, t: DeviceTarget) -> str:
+    def _whole(self, t: DeviceTarget) -> tuple[str, str]:
+        """Hand out GPU ``t.gpu`` whole; returns ``(device UUID, GPU UUID)`` (the same)."""
         g = t.gpu
         info = self._info(g)
         for owner, d in self._owners(g).values():  # this claim's own devices too
             raise ClaimError(f"GPU {g} holds {d.device} prepared for claim {owner.label()}")
         if info.mig_enabled or info.mig_pending:
             for gi, mig_uuid in self._instances(g) if info.mig_enabled else []:
-                busy = self._busy(g, gi)
-                if busy:
-                    raise ClaimError(
-                        f"GPU {g}: MIG instance {mig_uuid or gi.gi_id} (start {gi.start}) runs "
-                        f"processes outside any claim (pids {', '.join(map(str, busy[:8]))})"
-                    )
-                log.info("GPU %d: destroying unknown idle MIG instance %s", g, mig_uuid or gi.gi_id)
-                self._destroy(g, gi)
+                self._destroy_unknown(g, gi, mig_uuid)
             self._set_mig(self._info(g), False)
-        return info.uuid
+        return info.uuid, info.uuid
 
-    def _placement(self, uid: str, t: DeviceTarget) -> str:
+    def _placement(self, uid: str, t: DeviceTarget) -> tuple[str, str]:
+        """Create or adopt the instance of placement ``t`` for claim ``uid``; returns
+        ``(MIG device UUID, GPU UUID)``."""
         nv = self._nvml
         g, p, start = t.gpu, t.profile, t.start
         assert p is not None
-        owners = self._owners(g, exclude=uid)
+        everyone = self._owners(g)
+        owners = {u: o for u, o in everyone.items() if o[0].uid != uid}
+        mine = {u for u, o in everyone.items() if o[0].uid == uid}
         info = self._info(g)
-        whole = self._owners(g).get(info.uuid)  # this claim's own devices too
+        whole = everyone.get(info.uuid)  # this claim's own devices too
         if whole is not None:
             raise ClaimError(f"GPU {g} is prepared whole for claim {whole[0].label()}")
         if not info.mig_enabled:
             self._set_mig(info, True)
-        mine = {d.uuid for d in (self.checkpoint.get(uid) or _EMPTY).devices}
         span = set(p.span(start))
         exact: tuple[GpuInstanceInfo, str] | None = None
         for gi, mig_uuid in self._instances(g):
@@ -249,11 +238,11 @@ class DraPreparer:
             if busy:
                 raise ClaimError(
                     f"{p.name} at {start} on GPU {g} runs processes outside any claim "
-                    f"(pids {', '.join(map(str, busy[:8]))})"
+                    f"(pids {_pids(busy)})"
                 )
             if not gi.compute_instances:
                 nv.create_compute_instance(g, gi.gi_id)
-            return self._uuid_of(g, gi.gi_id)
+            return self._uuid_of(g, gi.gi_id), info.uuid
         try:
             gi_id = nv.create_gpu_instance(g, p.profile_id, start, p.memory_slices)
         except NvmlError as e:
@@ -269,14 +258,14 @@ class DraPreparer:
         except NvmlError:
             nv.destroy_gpu_instance(g, gi_id)  # no half-made instance is left behind
             raise
-        return self._uuid_of(g, gi_id)
+        return self._uuid_of(g, gi_id), info.uuid
 
     def _destroy_unknown(self, g: int, gi: GpuInstanceInfo, mig_uuid: str) -> None:
         busy = self._busy(g, gi)
         if busy:
             raise ClaimError(
                 f"GPU {g}: instance {mig_uuid or gi.gi_id} at start {gi.start} is in the way and "
-                f"runs processes outside any claim (pids {', '.join(map(str, busy[:8]))}); it is "
+                f"runs processes outside any claim (pids {_pids(busy)}); it is "
                 "never destroyed: end those processes"
             )
         log.info("GPU %d: destroying unknown idle MIG instance %s", g, mig_uuid or gi.gi_id)
@@ -310,7 +299,7 @@ class DraPreparer:
                 if busy:
                     raise ClaimError(
                         f"claim {label}: GPU {d.gpu} still runs processes (pids "
-                        f"{', '.join(map(str, busy[:8]))}); retried once they end"
+                        f"{_pids(busy)}); retried once they end"
                     )
                 continue
             if not info.mig_enabled:
@@ -324,7 +313,7 @@ class DraPreparer:
                 if busy:
                     raise ClaimError(
                         f"claim {label}: its instance on GPU {g} at start {gi.start} still runs "
-                        f"processes (pids {', '.join(map(str, busy[:8]))}); retried once they end"
+                        f"processes (pids {_pids(busy)}); retried once they end"
                     )
         for g, gi in found:
             if not check_busy and self._busy(g, gi):
@@ -387,12 +376,14 @@ class DraPreparer:
         try:
             for a in todo:
                 t = self.targets[a.device]
-                uuid = self._whole(ref.uid, t) if t.profile is None else self._placement(ref.uid, t)
+                uuid, gpu_uuid = (
+                    self._whole(t) if t.profile is None else self._placement(ref.uid, t)
+                )
                 made = PreparedDevice(
                     request=a.request,
                     device=a.device,
                     gpu=t.gpu,
-                    gpu_uuid=self._info(t.gpu).uuid,
+                    gpu_uuid=gpu_uuid,
                     profile=None if t.profile is None else t.profile.name,
                     start=t.start,
                     uuid=uuid,
@@ -469,4 +460,6 @@ class DraPreparer:
         return {r.uid: r for r in self.checkpoint}
 
 
-_EMPTY = ClaimRecord("", "", "", "completed", [])
+def _pids(pids: Sequence[int]) -> str:
+    """The first pids of a list, for a message."""
+    return ", ".join(map(str, pids[:8]))

@@ -164,15 +164,7 @@ class Reconciler:
     def _model(self, info: GpuInfo) -> GpuModel | None:
         key = f"{info.pci_device_id}|{info.name}"
         if key not in self._models:
-            model: GpuModel | None
-            try:
-                model = self._catalog.model_for_pci_id(info.pci_device_id)
-            except CatalogError:
-                try:
-                    model = self._catalog.model_for_product(info.name)
-                except CatalogError:
-                    model = None
-            self._models[key] = model
+            self._models[key] = self._catalog.model_for_device(info.pci_device_id, info.name)
         return self._models[key]
 
     def _observe(self, in_use: set[str] | None) -> list[ObservedGpu]:

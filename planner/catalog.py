@@ -266,6 +266,17 @@ class Catalog:
             )
         return found
 
+    def model_for_device(self, pci_id: str, name: str) -> GpuModel | None:
+        """The model of a GPU as the driver reports it: by PCI device id, else by product
+        name; ``None`` if the catalog knows neither (how the node agent identifies GPUs)."""
+        try:
+            return self.model_for_pci_id(pci_id)
+        except CatalogError:
+            try:
+                return self.model_for_product(name)
+            except CatalogError:
+                return None
+
     def merged(self, other: Sequence[GpuModel]) -> Catalog:
         """This catalog with ``other``'s models added; same-named models are replaced."""
         names = {m.name.upper() for m in other}
