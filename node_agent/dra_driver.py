@@ -26,9 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Collection
 
-from node_agent.dra_prepare import DraPreparer
 from node_agent.dra_publish import SlicePublisher
 from node_agent.draplugin import DraKubeletPlugin
 from node_agent.health import AgentHealth
@@ -41,24 +39,23 @@ log = logging.getLogger(__name__)
 class DraDriver:
     def __init__(
         self,
-        preparer: DraPreparer,
-        make_plugin: Callable[[Callable[[], None]], DraKubeletPlugin],
+        plugin: DraKubeletPlugin,
         publisher: SlicePublisher,
         *,
         resync_s: float = 30.0,
         retry_s: float = 2.0,
         health: AgentHealth | None = None,
-        publish: Callable[[], Collection[str] | None] = lambda: None,
     ) -> None:
-        self.preparer = preparer
+        """``plugin``'s registrations wake the publish loop (its ``on_registered`` is set
+        here); its preparer is the one the start-up clean-up runs on."""
+        self.plugin = plugin
+        self.preparer = plugin.preparer
         self.publisher = publisher
         self.resync_s = resync_s
         self.retry_s = retry_s
         self.health = health
-        self.publish_set = publish
-        """The device names to publish now (``None``: every placement)."""
         self._wake = asyncio.Event()
-        self.plugin = make_plugin(self._wake.set)
+        plugin.on_registered = self._wake.set
         self.rounds = 0
         self.failures = 0
 
@@ -66,7 +63,7 @@ class DraDriver:
         """One publish round; return whether it succeeded (:attr:`rounds` counts finished
         rounds)."""
         try:
-            await self.publisher.publish(self.publish_set())
+            await self.publisher.publish()
         except Exception as e:  # PublishError, a connection or a timeout: the loop goes on
             self.rounds += 1
             self.failures += 1

@@ -61,6 +61,11 @@ def _dropped(sent: Mapping[str, Any], got: Mapping[str, Any]) -> bool:
     return False
 
 
+def _at(spec: Mapping[str, Any], generation: int) -> dict[str, Any]:
+    """``spec`` with its pool at ``generation``."""
+    return {**spec, "pool": {**spec["pool"], "generation": generation}}
+
+
 class SlicePublisher:
     """Keeps this node's ResourceSlices equal to the wanted ones (module docstring)."""
 
@@ -150,14 +155,16 @@ class SlicePublisher:
             (int(((s["spec"].get("pool") or {}).get("generation")) or 0) for s in stored.values()),
             default=0,
         )
-        same = self._wanted(max(generation, 1), publish)
+        wanted = self._wanted(generation + 1, publish)
         if (
             generation
-            and {s["metadata"]["name"] for s in same} == set(stored)
-            and all(stored[s["metadata"]["name"]].get("spec") == s["spec"] for s in same)
+            and {s["metadata"]["name"] for s in wanted} == set(stored)
+            and all(
+                stored[s["metadata"]["name"]].get("spec") == _at(s["spec"], generation)
+                for s in wanted
+            )
         ):
-            return False
-        wanted = self._wanted(generation + 1, publish)
+            return False  # the stored slices are these, at the stored generation
         for s in wanted:
             name = s["metadata"]["name"]
             try:

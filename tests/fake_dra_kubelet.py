@@ -97,6 +97,14 @@ class FakeDraKubelet:
             raise AssertionError(f"driver {driver} is not registered")
         return conn
 
+    async def _call(self, driver: str, method: str, request: Any, claims: Any) -> dict[str, Any]:
+        """Call ``method`` with the kubelet's deadline; every claim must get an entry."""
+        stub = self._conn(driver).stub
+        reply = await getattr(stub, method)(request, timeout=CALL_DEADLINE_S)
+        missing = {u for _, _, u in claims} - set(reply.claims)
+        assert not missing, f"{method} left out claims {missing}"
+        return dict(reply.claims)
+
     async def prepare(
         self, driver: str, *claims: tuple[str, str, str]
     ) -> dict[str, dra.NodePrepareResourceResponse]:
@@ -104,10 +112,7 @@ class FakeDraKubelet:
         req = dra.NodePrepareResourcesRequest(
             claims=[dra.Claim(namespace=ns, name=n, uid=u) for ns, n, u in claims]
         )
-        reply = await self._conn(driver).stub.NodePrepareResources(req, timeout=CALL_DEADLINE_S)
-        missing = {u for _, _, u in claims} - set(reply.claims)
-        assert not missing, f"NodePrepareResources left out claims {missing}"
-        return dict(reply.claims)
+        return await self._call(driver, "NodePrepareResources", req, claims)
 
     async def unprepare(
         self, driver: str, *claims: tuple[str, str, str]
@@ -115,10 +120,7 @@ class FakeDraKubelet:
         req = dra.NodeUnprepareResourcesRequest(
             claims=[dra.Claim(namespace=ns, name=n, uid=u) for ns, n, u in claims]
         )
-        reply = await self._conn(driver).stub.NodeUnprepareResources(req, timeout=CALL_DEADLINE_S)
-        missing = {u for _, _, u in claims} - set(reply.claims)
-        assert not missing, f"NodeUnprepareResources left out claims {missing}"
-        return dict(reply.claims)
+        return await self._call(driver, "NodeUnprepareResources", req, claims)
 
     async def close(self) -> None:
         plugins, self.plugins = self.plugins, {}

@@ -148,17 +148,11 @@ async def test_driver_republishes_when_the_kubelet_registers_it_again(
         api = connect(str(kmock.url))
         health = AgentHealth(resync_seconds=3600)
 
-        def make(on_registered: Callable[[], None]) -> DraKubeletPlugin:
-            return DraKubeletPlugin(
-                prep,
-                KubeClaimReader(api),
-                registry_dir=registry,
-                plugin_dir=plugins,
-                on_registered=on_registered,
-            )
-
+        plugin = DraKubeletPlugin(
+            prep, KubeClaimReader(api), registry_dir=registry, plugin_dir=plugins
+        )
         driver = DraDriver(
-            prep, make, SlicePublisher(api, "node-a", GPUS), resync_s=3600, health=health
+            plugin, SlicePublisher(api, "node-a", GPUS), resync_s=3600, health=health
         )
         stop = asyncio.Event()
         task = asyncio.create_task(driver.run(stop))

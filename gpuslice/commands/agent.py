@@ -467,18 +467,14 @@ async def _run_dra(settings: Any, catalog: Any) -> int:
         custom = client.CustomObjectsApi(api_client)
         publisher = SlicePublisher(custom, settings.node_name, gpus, node_uid=node.metadata.uid)
 
-        def make_plugin(on_registered: Any) -> DraKubeletPlugin:
-            return DraKubeletPlugin(
-                preparer,
-                KubeClaimReader(custom),
-                registry_dir=settings.dra_registry_dir,
-                plugin_dir=settings.dra_plugin_dir,
-                on_registered=on_registered,
-            )
-
-        driver = DraDriver(
+        plugin = DraKubeletPlugin(
             preparer,
-            make_plugin,
+            KubeClaimReader(custom),
+            registry_dir=settings.dra_registry_dir,
+            plugin_dir=settings.dra_plugin_dir,
+        )
+        driver = DraDriver(
+            plugin,
             publisher,
             resync_s=settings.resync_seconds,
             retry_s=settings.reconcile_retry_seconds,
