@@ -57,6 +57,11 @@ class _Pool:
     used: dict[tuple[int, str], int] = field(default_factory=dict)
     held: dict[str, str] = field(default_factory=dict)
     """Device name -> the pod whose claim holds it."""
+    fits: dict[tuple[tuple[str, int], ...], list[PublishedDevice] | None] = field(
+        default_factory=dict
+    )
+    """First-fit answers for the pool as it is (cleared when an allocation changes): the
+    scheduler's filter asks for every parked pod on every retry, and binding asks again."""
 
 
 def _published(node: str, models: Mapping[int, GpuModel]) -> _Pool:
@@ -102,10 +107,20 @@ class DraPools:
         pool = self.pools.get(node)
         if pool is None:
             return None
+        key = tuple(sorted(requests.items()))
+        if key not in pool.fits:
+            pool.fits[key] = self._first_fit(pool, key)
+        found = pool.fits[key]
+        return None if found is None else list(found)
+
+    @staticmethod
+    def _first_fit(
+        pool: _Pool, requests: tuple[tuple[str, int], ...]
+    ) -> list[PublishedDevice] | None:
         used = dict(pool.used)
         picked: list[PublishedDevice] = []
         taken: set[str] = set()
-        for resource, count in sorted(requests.items()):
+        for resource, count in requests:
             need = count
             for d in pool.devices:
                 if need == 0:
@@ -127,6 +142,7 @@ class DraPools:
 
     def allocate(self, node: str, pod: str, devices: list[PublishedDevice]) -> None:
         pool = self.pools[node]
+        pool.fits.clear()
         for d in devices:
             if d.name in pool.held:
                 raise AssertionError(f"device {d.name} of {node} is already allocated")
@@ -138,6 +154,7 @@ class DraPools:
     def release(self, pod: str) -> tuple[str, list[PublishedDevice]]:
         node, devices = self.claims.pop(pod)
         pool = self.pools[node]
+        pool.fits.clear()
         for d in devices:
             del pool.held[d.name]
             for k, v in d.consumes:

@@ -1029,16 +1029,13 @@ class _Engine:
                 _, devices = self.dra.release(name)
                 if devices:
                     self.result.reconfigurations.append((t, len({d.gpu for d in devices})))
-                self.api.delete_pod(self._key(name))
-                self.scheduler.bound_pod_deleted(t)
-                self._wake("schedule_at", t, _Kind.SCHEDULE)
-                return
-            node = self.fake.bindings[name].node
-            self.fake.release(name)
+            else:
+                node = self.fake.bindings[name].node
+                self.fake.release(name)
+                self._report_soon(node, t)
             self.api.delete_pod(self._key(name))
             self.scheduler.bound_pod_deleted(t)
             self._wake("schedule_at", t, _Kind.SCHEDULE)
-            self._report_soon(node, t)
             self._dirty(t)
         elif kind is _Kind.APPLY:
             token, node = payload.split(":", 1)
