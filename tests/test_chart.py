@@ -1056,7 +1056,11 @@ def admit(policy: dict[str, Any], request: dict[str, Any]) -> list[str] | None:
     def evaluate(expr: str, activation: dict[str, Any]) -> Any:
         return env.program(env.compile(expr)).evaluate(activation)
 
-    activation: dict[str, Any] = {"request": celpy.json_to_cel(request)}
+    activation: dict[str, Any] = {  # the API server binds object and oldObject too
+        "request": celpy.json_to_cel(request),
+        "object": celpy.json_to_cel(request.get("object")),
+        "oldObject": celpy.json_to_cel(request.get("oldObject")),
+    }
     if not all(evaluate(c["expression"], activation) for c in policy["matchConditions"]):
         return None
     variables: dict[str, Any] = {}

@@ -23,8 +23,10 @@ from test_chart import (
     CHART,
     NAMESPACE,
     NEWEST_KUBE,
+    NODE_CLAIM,
     NODE_LABELS,
     RELEASE,
+    admit,
     apply_env,
     declared_usage,
     granted,
@@ -158,25 +160,6 @@ def test_partitioner_leaves_dra_nodes_alone() -> None:
     assert not opted_in(node) and not agent_selected(node["metadata"]["labels"])
 
 
-def _policy_allows(spec: dict[str, Any], request: dict[str, Any]) -> list[str]:
-    import celpy
-
-    env = celpy.Environment()
-    act: dict[str, Any] = {
-        "request": celpy.json_to_cel(request),
-        "object": celpy.json_to_cel(request.get("object")),
-        "oldObject": celpy.json_to_cel(request.get("oldObject")),
-    }
-    for var in spec["variables"]:
-        value = env.program(env.compile(var["expression"])).evaluate(act)
-        act["variables"] = celpy.json_to_cel({var["name"]: value})
-    failed = []
-    for v in spec["validations"]:
-        if not env.program(env.compile(v["expression"])).evaluate(act):
-            failed.append(v["reason"])
-    return failed
-
-
 def test_the_agent_writes_only_its_own_nodes_slices(chart: helm.Chart) -> None:
     docs = render(chart, DRA)
     (policy,) = [
@@ -186,17 +169,21 @@ def test_the_agent_writes_only_its_own_nodes_slices(chart: helm.Chart) -> None:
     ]
     spec = policy["spec"]
     assert spec["matchConstraints"]["resourceRules"][0]["resources"] == ["resourceslices"]
-    extra = {"authentication.kubernetes.io/node-name": ["n1"]}
+    agent = f"system:serviceaccount:{NAMESPACE}:{RELEASE}-gpuslice-agent"
+    claim = {NODE_CLAIM: ["n1"]}
 
-    def req(obj: Any, old: Any, extra: Any = extra) -> dict[str, Any]:
-        return {"userInfo": {"username": "x", "extra": extra}, "object": obj, "oldObject": old}
+    def req(obj: Any, old: Any, extra: Any = claim, user: str = agent) -> dict[str, Any]:
+        return {"userInfo": {"username": user, "extra": extra}, "object": obj, "oldObject": old}
 
     mine, theirs = {"spec": {"nodeName": "n1"}}, {"spec": {"nodeName": "n2"}}
-    assert _policy_allows(spec, req(mine, None)) == []
-    assert _policy_allows(spec, req(mine, mine)) == []
-    assert _policy_allows(spec, req(None, mine)) == []  # delete
-    assert _policy_allows(spec, req(theirs, None)) == ["Forbidden"]
-    assert _policy_allows(spec, req(mine, theirs)) == ["Forbidden"]
-    assert _policy_allows(spec, req(None, theirs)) == ["Forbidden"]
-    assert _policy_allows(spec, req(mine, None, {})) == ["Forbidden", "Forbidden"]
+    denied = ["the gpuslice agent on node n1 may only write ResourceSlices of that node"]
+    assert admit(spec, req(mine, None)) == []
+    assert admit(spec, req(mine, mine)) == []
+    assert admit(spec, req(None, mine)) == []  # delete
+    assert admit(spec, req(theirs, None)) == denied
+    assert admit(spec, req(mine, theirs)) == denied
+    assert admit(spec, req(None, theirs)) == denied
+    no_claim = admit(spec, req(mine, None, {}))
+    assert no_claim is not None and len(no_claim) == 2 and "carries no node claim" in no_claim[0]
+    assert admit(spec, req(theirs, None, user="system:serviceaccount:x:y")) is None  # not the agent
     assert RELEASE in policy["metadata"]["name"]
