@@ -16,6 +16,29 @@ Model
    (:class:`~node_agent.health.AgentHealth`), so an API server that keeps refusing the slices
    (e.g. with DRAPartitionableDevices off) turns ``/healthz`` unhealthy with that reason.
 
+Publishing every placement (``spec_source=None``, ``dra_publish=all``) is the whole story.
+Planner-shaped publishing (a ``spec_source``: the node's NodePartitioning, and ``claims``: the
+cluster's ResourceClaims; :mod:`node_agent.dra_shape`) adds, per round and in this order: read
+the NodePartitioning (a 404 is "no spec"; another failure fails the round), list the allocated
+devices, hand the spec's placements to the preparer (:attr:`DraPreparer.planned
+<node_agent.dra_prepare.DraPreparer.planned>`: kept at unprepare), destroy the idle instances no
+claim owns outside the planned and allocated placements (:attr:`DraDriver.idle_destroyed`
+counts them), create the planned placements' instances that are missing
+(:meth:`~node_agent.dra_prepare.DraPreparer.create_planned`, :attr:`DraDriver.planned_created`;
+an NVML failure in either is logged, not fatal: prepare makes what is missing), publish the
+shaped set, and write the status when it differs from the stored one.  The start-up clean-up reads the
+NodePartitioning first, so it keeps idle instances at planned placements (unreadable: it
+destroys them all, as without shaping).  Rounds also run
+
+* when the NodePartitioning changes: every ``spec_poll_s`` it is read, and a uid,
+  ``metadata.generation`` or set of drained GPUs (``status.reservations`` in state
+  ``draining``, whose free devices are not published) other than the last round's wakes the
+  loop (the agent's own status writes change none of them);
+* after every prepare and unprepare of the kubelet plugin (a new allocation, a freed instance:
+  the status's ``used`` flags and the idle clean-up follow at once);
+* ``spec_poll_s`` after a round that stopped publishing some device, so that an allocation that
+  raced with the narrowing (made against the older slices) is published again quickly.
+
 :meth:`DraDriver.run` returns when ``stop`` is set; the plugin's sockets are removed on the
 way out (the kubelet then deregisters the driver) and nothing on the GPUs is touched: prepared
 instances keep serving their pods, and the next agent finds them in the checkpoint.
@@ -26,14 +49,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Any
 
+from contract.nodepartitioning import PARTITIONER_STATUS_FIELDS, NodePartitioning
+from node_agent.agent import draining_gpus, now_rfc3339
 from node_agent.dra_publish import SlicePublisher
+from node_agent.dra_shape import planned_devices, publish_set, shaped_status
 from node_agent.draplugin import DraKubeletPlugin
 from node_agent.health import AgentHealth
 
 __all__ = ["DraDriver"]
 
 log = logging.getLogger(__name__)
+
+
+def _draining(obj: NodePartitioning | None) -> frozenset[int]:
+    """The GPUs the partitioner drains on this node (its ``status.reservations``)."""
+    if obj is None or obj.status is None:
+        return frozenset()
+    return draining_gpus(obj.status.model_dump(mode="json"))
+
+
+def _key(obj: NodePartitioning | None) -> tuple[str, int, tuple[int, ...]] | None:
+    """What a round depends on in the object: its uid, generation and drained GPUs
+    (``None``: no object)."""
+    if obj is None:
+        return None
+    return (obj.metadata.uid or "", obj.metadata.generation or 0, tuple(sorted(_draining(obj))))
 
 
 class DraDriver:
@@ -45,25 +87,133 @@ class DraDriver:
         resync_s: float = 30.0,
         retry_s: float = 2.0,
         health: AgentHealth | None = None,
+        spec_source: Any = None,
+        claims: Any = None,
+        spec_poll_s: float = 2.0,
     ) -> None:
         """``plugin``'s registrations wake the publish loop (its ``on_registered`` is set
-        here); its preparer is the one the start-up clean-up runs on."""
+        here); its preparer is the one the start-up clean-up runs on.  ``spec_source``
+        (``get()``, ``write_status(status)``: :class:`~node_agent.agent.KubeSpecSource`) and
+        ``claims`` (``allocated()``: :class:`~node_agent.dra_shape.ShapeApi`) turn on
+        planner-shaped publishing."""
+        if (spec_source is None) != (claims is None):
+            raise ValueError("shaped publishing needs both spec_source and claims")
         self.plugin = plugin
         self.preparer = plugin.preparer
         self.publisher = publisher
         self.resync_s = resync_s
         self.retry_s = retry_s
         self.health = health
+        self.spec_source = spec_source
+        self.claims = claims
+        self.spec_poll_s = spec_poll_s
         self._wake = asyncio.Event()
         plugin.on_registered = self._wake.set
+        if self.shaped:
+            plugin.on_claims_changed = self._wake.set
         self.rounds = 0
         self.failures = 0
+        self.idle_destroyed = 0
+        """Idle instances outside the planned and allocated placements destroyed so far."""
+        self.planned_created = 0
+        """Planned placements' instances created ahead of any claim so far."""
+        self.status_writes = 0
+        self.published: set[str] | None = None
+        """The devices the last successful shaped round published."""
+        self._seen: tuple[str, int, tuple[int, ...]] | None = None
+        self._skipped: list[str] = []
+        self._narrowed = False
+
+    @property
+    def shaped(self) -> bool:
+        return self.spec_source is not None
+
+    async def _shaped_round(self) -> None:
+        obj: NodePartitioning | None = await self.spec_source.get()
+        self._seen = _key(obj)
+        gpus = self.publisher.gpus
+        planned, skipped = planned_devices(gpus, obj.spec if obj is not None else None)
+        if skipped != self._skipped:
+            for line in skipped:
+                log.warning("NodePartitioning %s: skipped placement %s", self.publisher.node, line)
+        self._skipped = skipped
+        allocated: set[str] = await self.claims.allocated()
+        allocated |= {d.device for rec in self.preparer.checkpoint for d in rec.devices}
+        planned_names = {n for names in planned.values() for n in names}
+        self.preparer.planned = frozenset(planned_names)
+        try:
+            destroyed = await asyncio.to_thread(
+                self.preparer.destroy_idle, frozenset(planned_names | allocated)
+            )
+        except Exception as e:  # NVML: the next round tries again; publishing goes on
+            log.warning("destroying idle MIG instances the spec no longer wants failed: %s", e)
+            destroyed = 0
+        if destroyed:
+            self.idle_destroyed += destroyed
+            log.info(
+                "destroyed %d idle MIG instance(s) the spec no longer wants (%d so far)",
+                destroyed,
+                self.idle_destroyed,
+            )
+        try:
+            created = await asyncio.to_thread(
+                self.preparer.create_planned, frozenset(planned_names), frozenset(allocated)
+            )
+        except Exception as e:  # NVML: prepare creates what is missing
+            log.warning("creating the planned MIG instances failed: %s", e)
+            created = 0
+        self.planned_created += created
+        want = publish_set(planned, allocated, _draining(obj))
+        await self.publisher.publish(want)
+        self._narrowed = self.published is not None and bool(self.published - want)
+        self.published = want
+        if obj is None:
+            return
+        status = shaped_status(
+            gpus, self.preparer.targets, obj, planned, allocated, skipped, now_rfc3339()
+        )
+        ours = set(PARTITIONER_STATUS_FIELDS)
+        if obj.status is None or status.model_dump(exclude=ours) != obj.status.model_dump(
+            exclude=ours
+        ):
+            await self.spec_source.write_status(status)
+            self.status_writes += 1
+
+    async def _spec_changed(self) -> None:
+        """Return once the NodePartitioning's uid or generation differs from the last round's
+        (polled every ``spec_poll_s``; a failed read is retried at the next poll)."""
+        while True:
+            await asyncio.sleep(self.spec_poll_s)
+            try:
+                key = _key(await self.spec_source.get())
+            except Exception as e:  # the source logs the outage; the next poll retries
+                log.debug("polling the NodePartitioning failed: %s", e)
+                continue
+            if key != self._seen:
+                return
+
+    async def _read_planned(self) -> None:
+        """Before the start-up clean-up: the spec's placements, so that it keeps them."""
+        try:
+            obj = await self.spec_source.get()
+        except Exception as e:
+            log.warning(
+                "reading the NodePartitioning before the start-up clean-up failed (%s): idle "
+                "MIG instances no claim owns are all destroyed",
+                e,
+            )
+            return
+        planned, _ = planned_devices(self.publisher.gpus, obj.spec if obj is not None else None)
+        self.preparer.planned = frozenset(n for names in planned.values() for n in names)
 
     async def publish_once(self) -> bool:
         """One publish round; return whether it succeeded (:attr:`rounds` counts finished
         rounds)."""
         try:
-            await self.publisher.publish()
+            if self.shaped:
+                await self._shaped_round()
+            else:
+                await self.publisher.publish()
         except Exception as e:  # PublishError, a connection or a timeout: the loop goes on
             self.rounds += 1
             self.failures += 1
@@ -77,6 +227,8 @@ class DraDriver:
         return True
 
     async def run(self, stop: asyncio.Event) -> None:
+        if self.shaped:
+            await self._read_planned()
         kept = await asyncio.to_thread(self.preparer.clean_unknown)
         for line in kept:
             log.warning("kept a MIG instance no claim owns, because it is in use: %s", line)
@@ -85,14 +237,19 @@ class DraDriver:
             while not stop.is_set():
                 self._wake.clear()
                 ok = await self.publish_once()
-                waits = [
+                waits: list[asyncio.Future[Any]] = [
                     asyncio.ensure_future(stop.wait()),
                     asyncio.ensure_future(self._wake.wait()),
                 ]
+                timeout = self.resync_s if ok else self.retry_s
+                if self.shaped:
+                    waits.append(asyncio.ensure_future(self._spec_changed()))
+                    if ok and self._narrowed:
+                        timeout = min(timeout, self.spec_poll_s)
                 try:
                     await asyncio.wait(
                         waits,
-                        timeout=self.resync_s if ok else self.retry_s,
+                        timeout=timeout,
                         return_when=asyncio.FIRST_COMPLETED,
                     )
                 finally:

@@ -43,12 +43,19 @@ of its instances (or its whole GPU) runs processes, nothing is released and the 
 instance already gone is fine), the CDI spec removed and the record dropped.  A whole GPU keeps
 its MIG mode (the next prepare switches it if needed).  Destroying at unprepare keeps the GPU
 equal to what the counters say is free: an idle instance left behind would block placements
-the scheduler may allocate next.
+the scheduler may allocate next.  Except under planner-shaped publishing
+(:mod:`node_agent.dra_shape`): an instance whose placement is in :attr:`DraPreparer.planned`
+(the spec's placements) stays, idle and owned by no claim, so the next claim allocated that
+placement adopts it (step 4) and nothing is reconfigured; it blocks nothing the scheduler can
+allocate, because a published device overlapping it is allocated only through prepare, which
+destroys idle unknown instances in its way.
 
-*Unknown instances at start* (:meth:`DraPreparer.clean_unknown`): idle ones are destroyed, used
-ones kept and reported; ``started`` records are rolled back.  Nothing a prepared claim uses is
-ever destroyed: every destroy is of an unknown idle instance or of the claim's own, idle, at its
-unprepare.
+*Unknown instances at start* (:meth:`DraPreparer.clean_unknown`): idle ones are destroyed
+(except, under shaped publishing, those at planned placements), used ones kept and reported;
+``started`` records are rolled back.  :meth:`DraPreparer.destroy_idle` (each shaped round)
+destroys the idle unknown instances outside a given set of placements.  Nothing a prepared
+claim uses is ever destroyed: every destroy is of an unknown idle instance or of the claim's
+own, idle, at its unprepare.
 
 Processes: NVML's compute processes on the instance or GPU, less MPS servers (the same rule as
 the reconciler's, :func:`node_agent.reconciler.workload`).
@@ -58,14 +65,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 from node_agent.cdi import cdi_device_id, cdi_spec, remove_spec, write_spec
 from node_agent.dra_checkpoint import Checkpoint, ClaimRecord, PreparedDevice
 from node_agent.dra_claims import AllocatedDevice, ClaimError, ClaimRef, DeviceTarget
 from node_agent.dra_claims import device_targets as _targets
-from node_agent.dra_slices import DRIVER
+from node_agent.dra_slices import DRIVER, device_name
 from node_agent.nvml import ComputeMode, GpuInfo, GpuInstanceInfo, Nvml, NvmlError, NvmlErrorCode
 from node_agent.reconciler import workload
 from planner.catalog import Catalog, GpuModel
@@ -110,6 +117,10 @@ class DraPreparer:
         self._lock = threading.Lock()
         self.models = gpu_models(nvml, catalog)
         self.targets: dict[str, DeviceTarget] = _targets(self.models)
+        self.planned: frozenset[str] | None = None
+        """Shaped publishing (:mod:`node_agent.dra_shape`): the device names of the spec's
+        placements, whose idle instances unprepare and :meth:`clean_unknown` keep; ``None``
+        (publishing every placement): they are destroyed."""
 
     # -- queries -----------------------------------------------------------------------
 
@@ -287,11 +298,17 @@ class DraPreparer:
             return False
 
     def _destroy_devices(
-        self, label: str, devices: Sequence[PreparedDevice], *, check_busy: bool
+        self,
+        label: str,
+        devices: Sequence[PreparedDevice],
+        *,
+        check_busy: bool,
+        keep: Collection[str] = (),
     ) -> None:
         """Destroy the MIG instances of ``devices``: with ``check_busy``, all idle or none
-        (raises); without, the idle ones (a used one is kept and logged)."""
-        found: list[tuple[int, GpuInstanceInfo]] = []
+        (raises); without, the idle ones (a used one is kept and logged).  Idle instances of
+        devices named in ``keep`` (planned placements) are left in place, owned by no one."""
+        found: list[tuple[int, GpuInstanceInfo, bool]] = []  # (GPU, instance, kept if idle)
         for d in devices:
             info = self._info(d.gpu)
             if d.profile is None:
@@ -306,24 +323,35 @@ class DraPreparer:
                 continue
             for gi, mig_uuid in self._instances(d.gpu):
                 if mig_uuid == d.uuid:
-                    found.append((d.gpu, gi))
+                    found.append((d.gpu, gi, d.device in keep))
         if check_busy:
-            for g, gi in found:
+            for g, gi, _ in found:
                 busy = self._busy(g, gi)
                 if busy:
                     raise ClaimError(
                         f"claim {label}: its instance on GPU {g} at start {gi.start} still runs "
                         f"processes (pids {_pids(busy)}); retried once they end"
                     )
-        for g, gi in found:
+        for g, gi, planned in found:
             if not check_busy and self._busy(g, gi):
                 log.warning("claim %s: instance on GPU %d runs processes; kept", label, g)
                 continue
+            if planned:
+                log.info(
+                    "claim %s: kept its idle instance on GPU %d at start %d (a planned "
+                    "placement: the next claim allocated it adopts it)",
+                    label,
+                    g,
+                    gi.start,
+                )
+                continue
             self._destroy(g, gi)
 
-    def _release(self, rec: ClaimRecord, *, check_busy: bool) -> None:
-        """Destroy the record's MIG instances (see :meth:`_destroy_devices`) and forget it."""
-        self._destroy_devices(rec.label(), rec.devices, check_busy=check_busy)
+    def _release(self, rec: ClaimRecord, *, check_busy: bool, keep_planned: bool = False) -> None:
+        """Destroy the record's MIG instances (see :meth:`_destroy_devices`; with
+        ``keep_planned``, idle ones at :attr:`planned` placements stay) and forget it."""
+        keep = self.planned if keep_planned and self.planned is not None else ()
+        self._destroy_devices(rec.label(), rec.devices, check_busy=check_busy, keep=keep)
         if self.cdi_dir is not None:
             remove_spec(self.cdi_dir, rec.uid, self.driver)
         self.checkpoint.drop(rec.uid)
@@ -359,7 +387,7 @@ class DraPreparer:
                 )
                 keep = [d for d in old.devices if d not in missing]
             else:
-                self._release(old, check_busy=old.state == "completed")
+                self._release(old, check_busy=old.state == "completed", keep_planned=True)
                 old = None
         rec = ClaimRecord(ref.namespace, ref.name, ref.uid, "started", list(keep))
         self.checkpoint.put(rec)
@@ -422,13 +450,14 @@ class DraPreparer:
             if rec is None:
                 return
             try:
-                self._release(rec, check_busy=True)
+                self._release(rec, check_busy=True, keep_planned=True)
             except NvmlError as e:
                 raise ClaimError(f"claim {rec.label()}: {e}") from None
 
     def clean_unknown(self) -> list[str]:
-        """At start: roll back ``started`` records, destroy idle unknown instances; return what
-        was kept (used unknown instances), one line each."""
+        """At start: roll back ``started`` records, destroy idle unknown instances (with
+        :attr:`planned` set, those at planned placements stay); return what was kept (used
+        unknown instances), one line each."""
         kept: list[str] = []
         with self._lock:
             for rec in self.checkpoint:
@@ -438,26 +467,98 @@ class DraPreparer:
                         rec.label(),
                     )
                     self._release(rec, check_busy=False)
-            for g, model in self.models.items():
-                if not model.mig_capable or not self._info(g).mig_enabled:
-                    continue
-                owners = self._owners(g)
-                for gi, mig_uuid in self._instances(g):
-                    if mig_uuid and mig_uuid in owners:
-                        continue
-                    if self._busy(g, gi):
-                        kept.append(
-                            f"GPU {g}: instance {mig_uuid or gi.gi_id} at start {gi.start} runs processes"
-                        )
-                        continue
-                    log.info(
-                        "GPU %d: destroying unknown idle MIG instance %s", g, mig_uuid or gi.gi_id
-                    )
-                    self._destroy(g, gi)
+            self._sweep(self.planned, kept)
         return kept
+
+    def create_planned(self, planned: Collection[str], allocated: Collection[str] = ()) -> int:
+        """Create the instances of the planned placements (device names) that have none, on
+        GPUs in MIG mode or idle ones (switched to MIG), where no instance and no allocated
+        device overlaps the placement; return how many were created (shaped publishing, each
+        round, after :meth:`destroy_idle`).  A placement that cannot be made now (MIG mode
+        blocked, NVML out of resources) is logged and left to prepare."""
+        created = 0
+        with self._lock:
+            spans: dict[int, set[int]] = {}
+            for name in allocated:
+                t = self.targets.get(name)
+                if t is None:
+                    continue
+                if t.profile is None:
+                    spans.setdefault(t.gpu, set()).update(range(64))
+                else:
+                    spans.setdefault(t.gpu, set()).update(t.profile.span(t.start))
+            wanted = sorted(
+                (t.gpu, t.start, name)
+                for name in planned
+                if (t := self.targets.get(name)) is not None and t.profile is not None
+            )
+            for g, _start, name in wanted:
+                t = self.targets[name]
+                p = t.profile
+                assert p is not None
+                span = set(p.span(t.start))
+                if span & spans.get(g, set()):
+                    continue  # an allocated device there: made by prepare once it is gone
+                try:
+                    info = self._info(g)
+                    if any(d.uuid == info.uuid for _, d in self._owners(g).values()):
+                        continue  # prepared whole for a claim
+                    if not info.mig_enabled:
+                        self._set_mig(info, True)
+                    instances = self._instances(g)
+                    if any(span & set(range(gi.start, gi.start + gi.size)) for gi, _ in instances):
+                        continue  # there already, or something in the way
+                    gi_id = self._nvml.create_gpu_instance(
+                        g, p.profile_id, t.start, p.memory_slices
+                    )
+                    try:
+                        self._nvml.create_compute_instance(g, gi_id)
+                    except NvmlError:
+                        self._nvml.destroy_gpu_instance(g, gi_id)
+                        raise
+                except (ClaimError, NvmlError) as e:
+                    log.warning("planned placement %s not created now (prepare will): %s", name, e)
+                    continue
+                created += 1
+        return created
+
+    def destroy_idle(self, keep: Collection[str]) -> int:
+        """Destroy every idle MIG instance no claim owns whose placement (device name) is not
+        in ``keep``; return how many (shaped publishing, each round)."""
+        with self._lock:
+            return self._sweep(keep, [])
+
+    def _sweep(self, keep: Collection[str] | None, kept: list[str]) -> int:
+        destroyed = 0
+        for g, model in self.models.items():
+            if not model.mig_capable or not self._info(g).mig_enabled:
+                continue
+            owners = self._owners(g)
+            for gi, mig_uuid in self._instances(g):
+                if mig_uuid and mig_uuid in owners:
+                    continue
+                if keep is not None and _placement(g, model, gi) in keep:
+                    continue
+                if self._busy(g, gi):
+                    kept.append(
+                        f"GPU {g}: instance {mig_uuid or gi.gi_id} at start {gi.start} runs processes"
+                    )
+                    continue
+                log.info("GPU %d: destroying unknown idle MIG instance %s", g, mig_uuid or gi.gi_id)
+                self._destroy(g, gi)
+                destroyed += 1
+        return destroyed
 
     def prepared(self) -> Mapping[str, ClaimRecord]:
         return {r.uid: r for r in self.checkpoint}
+
+
+def _placement(g: int, model: GpuModel, gi: GpuInstanceInfo) -> str | None:
+    """The device name of instance ``gi``'s placement (``None``: a profile the catalog lacks)."""
+    try:
+        return device_name(g, model.profile_by_id(gi.profile_id), gi.start)
+    except ValueError:
+        return None
 
 
 def _pids(pids: Sequence[int]) -> str:

@@ -18,7 +18,8 @@ The kubelet discovers plugins by watching its ``plugins_registry`` directory
   (:class:`node_agent.dra_prepare.DraPreparer`, in a worker thread: NVML blocks) and answer
   its devices with their CDI IDs; a claim that fails gets its ``error`` and the others are
   still answered (every claim of the request gets an entry, as the kubelet requires).
-  ``NodeUnprepareResources`` likewise, by UID (an unknown claim is success).
+  ``NodeUnprepareResources`` likewise, by UID (an unknown claim is success).  After either,
+  ``on_claims_changed`` is called (the driver's shaped publishing runs a round).
 * Both sockets are watched (every ``poll_interval_s``): a socket file someone removed (a
   kubelet that cleans its directories, an operator) is served again on a fresh file, so the
   kubelet's directory watch registers the plugin again.  A kubelet restart needs nothing: the
@@ -122,6 +123,9 @@ class DraKubeletPlugin:
         self.registration_socket = os.path.join(registry_dir, f"{driver}-reg.sock")
         self.dra_socket = os.path.join(plugin_dir, driver, "dra.sock")
         self.on_registered = on_registered
+        self.on_claims_changed: Callable[[], None] | None = None
+        """Called after every NodePrepareResources and NodeUnprepareResources (the driver's
+        shaped publishing runs a round then)."""
         self.poll_interval_s = poll_interval_s
         self.registered = False
         self.error = ""
@@ -240,6 +244,8 @@ class DraKubeletPlugin:
                 if d.share_id is not None:
                     dev.share_id = d.share_id
             log.info("prepared %s: %s", ref, ", ".join(d.device for d in prepared) or "nothing")
+        if self.on_claims_changed is not None:
+            self.on_claims_changed()
         return out
 
     async def unprepare(
@@ -254,6 +260,8 @@ class DraKubeletPlugin:
             except ClaimError as e:
                 entry.error = str(e)
                 log.warning("unprepare failed: %s", e)
+        if self.on_claims_changed is not None:
+            self.on_claims_changed()
         return out
 
 

@@ -14,7 +14,7 @@ warning in the log (:mod:`contract.renamed_env`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -91,6 +91,19 @@ class AgentSettings(CommonSettings):
     dra_plugin_dir: str = Field(
         "/var/lib/kubelet/plugins",
         description="Parent of the DRA plugin's socket directory (DRA mode: <driver>/dra.sock).",
+    )
+    dra_publish: Literal["shaped", "all"] = Field(
+        "shaped",
+        description="DRA mode: which devices to publish. shaped: the placements of the node's "
+        "NodePartitioning spec (the partitioner's plan; the whole GPU where it plans none) "
+        "plus the allocated devices; all: every placement of every GPU "
+        "(node_agent.dra_shape).",
+    )
+    dra_spec_poll_seconds: float = Field(
+        2.0,
+        gt=0,
+        description="DRA mode, shaped publishing: read the NodePartitioning this often and "
+        "publish again when its spec changed.",
     )
     cdi_dir: str = Field(
         "/var/run/cdi",

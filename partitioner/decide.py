@@ -893,6 +893,26 @@ class _Step:
                 out[p] = f"in flight: waiting for node {name} to apply plan {np.spec.planId}"
         return out
 
+    def ungate_strays(self) -> None:
+        """Pods gated at admission for naming ResourceClaims whose claims, all known, ask
+        gpuslice for nothing (another driver's devices) lose the gate at once."""
+        for key in sorted(self.index.strays):
+            pod = self.index.pods[key]
+            patch = ungate_patch(pod.obj)
+            if patch is None:
+                continue
+            message = "its ResourceClaims ask gpuslice for no slice: gpuslice removed its gate"
+            self.actions.append(
+                PatchPod(
+                    key,
+                    _pod_ref(pod),
+                    patch,
+                    "ungate",
+                    None,
+                    (EmitEvent(_pod_ref(pod), "Normal", "Ungated", message),),
+                )
+            )
+
     def _read_legacy(self, pod: PodInfo, in_flight: Mapping[str, str]) -> None:
         if pod.gated:
             patch = ungate_patch(pod.obj)
@@ -1669,6 +1689,7 @@ class _Step:
         if self.config.node_lifecycle:
             self.actions.extend(node_lifecycle(self.index))
         self.view = {name: {} for name in self.ledgers}
+        self.ungate_strays()
         self.read_pods()
         if self.config.reservation:
             self.settle()

@@ -42,6 +42,7 @@ from typing import Any
 __all__ = [
     "GATE",
     "MATCH_CONDITIONS",
+    "MATCH_CONDITIONS_DRA",
     "OPT_OUT_LABEL",
     "OPT_OUT_VALUE",
     "admission_patch",
@@ -72,13 +73,14 @@ _CEL_CONTAINERS = (
     f"(has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(k, {_CEL_SLICE_KEY})) || "
     f"(has(c.resources.requests) && c.resources.requests.exists(k, {_CEL_SLICE_KEY}))))"
 )
+_CEL_ASKS = (
+    f"object.spec.containers.exists(c, {_CEL_CONTAINERS}) || "
+    f"(has(object.spec.initContainers) && object.spec.initContainers.exists(c, "
+    f"{_CEL_CONTAINERS}))"
+)
+_CEL_CLAIMS = "(has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0)"
 MATCH_CONDITIONS: tuple[tuple[str, str], ...] = (
-    (
-        "asks-for-a-slice",
-        f"object.spec.containers.exists(c, {_CEL_CONTAINERS}) || "
-        f"(has(object.spec.initContainers) && object.spec.initContainers.exists(c, "
-        f"{_CEL_CONTAINERS}))",
-    ),
+    ("asks-for-a-slice", _CEL_ASKS),
     ("not-bound", "!has(object.spec.nodeName) || object.spec.nodeName == ''"),
     (
         "not-opted-out",
@@ -94,6 +96,12 @@ MATCH_CONDITIONS: tuple[tuple[str, str], ...] = (
 """``(name, CEL expression)`` pairs for the MutatingWebhookConfiguration's ``matchConditions``:
 the API server calls the webhook only for pods :func:`wants_gate` would gate (ignoring whether
 the gate is already there, which the webhook itself checks)."""
+MATCH_CONDITIONS_DRA: tuple[tuple[str, str], ...] = (
+    ("asks-for-a-slice", f"{_CEL_CLAIMS} || {_CEL_ASKS}"),
+    *MATCH_CONDITIONS[1:],
+)
+"""The same with DRA nodes served (``claims=True`` in :func:`wants_gate`): pods naming
+ResourceClaims are gated too."""
 
 Obj = Mapping[str, Any]
 
@@ -139,24 +147,31 @@ def _owned_by_daemonset(pod: Obj) -> bool:
     return any(isinstance(o, Mapping) and o.get("kind") == "DaemonSet" for o in owners)
 
 
-def wants_gate(pod: Obj) -> bool:
-    """The pod is one gpuslice gates at admission (see the module docstring)."""
+def wants_gate(pod: Obj, claims: bool = False) -> bool:
+    """The pod is one gpuslice gates at admission (see the module docstring); with ``claims``
+    (DRA nodes served) also a pod that names ResourceClaims: which driver they ask is not
+    known at admission, so the partitioner removes the gate of a pod whose claims ask gpuslice
+    for nothing (:mod:`partitioner.decide`)."""
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
     if isinstance(labels, Mapping) and labels.get(OPT_OUT_LABEL) == OPT_OUT_VALUE:
         return False
     if (pod.get("spec") or {}).get("nodeName") or _owned_by_daemonset(pod):
         return False
+    if claims:
+        named = (pod.get("spec") or {}).get("resourceClaims")
+        if isinstance(named, Sequence) and not isinstance(named, str) and len(named) > 0:
+            return True
     return bool(slice_resources(pod))
 
 
-def admission_patch(pod: Obj) -> list[dict[str, Any]] | None:
+def admission_patch(pod: Obj, claims: bool = False) -> list[dict[str, Any]] | None:
     """The gates list the webhook sets (existing gates + :data:`GATE`), or ``None``.
 
     ``None`` when the pod is not one to gate or already carries the gate (a repeated gate name
     would make the API server reject the pod).
     """
-    if not wants_gate(pod) or has_gate(pod):
+    if not wants_gate(pod, claims) or has_gate(pod):
         return None
     raw = (pod.get("spec") or {}).get("schedulingGates") or []
     return [*(dict(g) for g in raw if isinstance(g, Mapping)), {"name": GATE}]

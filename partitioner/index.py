@@ -13,6 +13,11 @@ each parsed once when it changes (not once per cycle):
   the fields the controller reads; their requests are parsed once (a malformed quantity is
   kept as the error text), the reservation annotation is parsed once.
 * :class:`NpInfo` — the NodePartitioning validated once (or its validation error).
+* ResourceClaims (``resource.k8s.io/v1``, watched when DRA nodes are served), each read once
+  into its demand (:func:`partitioner.claims.read_claim`).  A pod that names claims
+  (``spec.resourceClaims``) asks for its claims' units (:attr:`PodInfo.dra`; only DRA nodes
+  are eligible for it, and only non-DRA pods for other nodes); the pod is kept as received and
+  read again when one of its claims appears, changes or goes.
 
 Derived, updated incrementally:
 
@@ -56,6 +61,7 @@ from pydantic import ValidationError
 
 from contract.nodepartitioning import KIND as NP_KIND
 from contract.nodepartitioning import NodePartitioning
+from partitioner.claims import ClaimDemand, claim_key, pod_claim_keys, read_claim
 from partitioner.eligibility import pod_fits_node
 from partitioner.gating import GATE
 from partitioner.quantities import QuantityError, cpu_milli, memory_mib, pod_requests
@@ -80,7 +86,7 @@ __all__ = [
 ]
 
 Obj = Mapping[str, Any]
-KINDS = ("nodes", "pods", "partitionings")
+KINDS = ("nodes", "pods", "partitionings", "claims")
 _WHOLE_GPU = "nvidia.com/gpu"
 _MAX_UNITS = 1 << 20
 """A device count above this is an input error, not a number to count with."""
@@ -147,7 +153,7 @@ class NodeInfo:
 
 def _reading_key(reading: GpuNode | NodeProblem | None) -> tuple[object, ...]:
     if isinstance(reading, GpuNode):
-        return ("gpu", reading.mode, reading.model.name, reading.gpu_count)
+        return ("gpu", reading.mode, reading.model.name, reading.gpu_count, reading.dra)
     if isinstance(reading, NodeProblem):
         return ("problem", reading.reason, reading.message)
     return ()
@@ -267,6 +273,14 @@ class PodInfo:
     created: float | None
     reservation: Reservation | None
     reservation_error: str
+    dra: bool = False
+    """Asks through ResourceClaims of gpuslice's DRA driver (:mod:`partitioner.claims`): its
+    ``slices`` are its claims' units and only DRA nodes can serve it (only those serve DRA
+    pods: a MIG request in extended resources never goes to a DRA node)."""
+    claims: tuple[str, ...] = ()
+    """Keys (``namespace/name``) of the pod's ResourceClaims."""
+    claims_pending: bool = False
+    """Some claim of the pod is not known yet (its demand is unknown, not planned yet)."""
     eligible_cache: tuple[int, frozenset[str]] | None = None
     reject_cache: tuple[int, str | None] | None = None
     plan_sig: tuple[object, ...] | None = None
@@ -284,6 +298,9 @@ class PodInfo:
     """Phase ``Succeeded`` or ``Failed``."""
     waiting: bool = field(init=False)
     """Asks for a slice, is not bound, not finished, not being deleted."""
+    stray: bool = field(init=False)
+    """Carries gpuslice's gate but asks gpuslice for nothing (its ResourceClaims, all known,
+    are another driver's): the decision step removes the gate."""
 
     def __post_init__(self) -> None:
         self.plain = not (
@@ -297,6 +314,11 @@ class PodInfo:
         self.finished = self.phase in ("Succeeded", "Failed")
         self.waiting = bool(self.slices or self.request_error) and not (
             self.node or self.finished or self.deleting
+        )
+        self.stray = (
+            self.gated
+            and not (self.waiting or self.node or self.finished or self.deleting)
+            and not self.claims_pending
         )
 
     @property
@@ -323,6 +345,7 @@ _POD_CONTENT = tuple(
         "plain",
         "finished",
         "waiting",
+        "stray",
     )
 )
 """The parsed fields of a :class:`PodInfo` that describe the pod (``obj`` is compared apart,
@@ -330,6 +353,8 @@ without its resourceVersion; the derived flags follow from these)."""
 
 
 def _wants_slices(pod: Obj) -> bool:
+    if (pod.get("spec") or {}).get("resourceClaims"):
+        return True  # its claims say (partitioner.claims)
     for key in ("containers", "initContainers"):
         for c in (pod.get("spec") or {}).get(key) or ():
             res = c.get("resources") or {} if isinstance(c, Mapping) else {}
@@ -360,7 +385,14 @@ def _trim_pod(pod: Obj) -> dict[str, Any]:
         ]
     keep_spec = {
         k: spec[k]
-        for k in ("nodeName", "nodeSelector", "affinity", "tolerations", "schedulingGates")
+        for k in (
+            "nodeName",
+            "nodeSelector",
+            "affinity",
+            "tolerations",
+            "schedulingGates",
+            "resourceClaims",
+        )
         if k in spec
     }
     if "priority" in spec:
@@ -373,6 +405,8 @@ def _trim_pod(pod: Obj) -> dict[str, Any]:
     keep_status: dict[str, Any] = {"phase": status.get("phase", ""), "conditions": scheduled}
     if status.get("nominatedNodeName"):
         keep_status["nominatedNodeName"] = status["nominatedNodeName"]
+    if status.get("resourceClaimStatuses"):
+        keep_status["resourceClaimStatuses"] = status["resourceClaimStatuses"]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -402,13 +436,31 @@ def _interned(slices: dict[str, int]) -> tuple[Mapping[str, int], frozenset[str]
     return hit
 
 
-def _read_pod(pod: Obj) -> PodInfo:
+def _claim_units(
+    keys: tuple[str, ...], complete: bool, claims: Mapping[str, ClaimDemand]
+) -> tuple[dict[str, int], str, bool]:
+    """The units a pod's claims ask for, the first error, and whether all are known."""
+    units: dict[str, int] = {}
+    for k in keys:
+        d = claims.get(k)
+        if d is None:
+            complete = False
+            continue
+        if d.error:
+            return {}, d.error, True
+        for r, n in d.units.items():
+            units[r] = units.get(r, 0) + n
+    return units, "", complete
+
+
+def _read_pod(pod: Obj, claims: Mapping[str, ClaimDemand] | None = None) -> PodInfo:
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
     slices: dict[str, int] = {}
     cpu = mem = whole = 0
     error = ""
+    claim_keys, complete = pod_claim_keys(pod)
     try:
         requests = pod_requests(pod)
         gpus = requests.get(_WHOLE_GPU)
@@ -426,6 +478,23 @@ def _read_pod(pod: Obj) -> PodInfo:
     except QuantityError as e:
         error = f"invalid resource request: {e}"
         slices = {}
+    dra = pending = False
+    if claim_keys or not complete:
+        units, claim_error, known = _claim_units(claim_keys, complete, claims or {})
+        pending = not known
+        dra = bool(units or claim_error)
+        if dra and slices:
+            error = (
+                "asks for slices both as extended resources and through ResourceClaims of "
+                "gpuslice's DRA driver; ask one way (a DRA node serves claims only)"
+            )
+            slices = {}
+        elif claim_error and not error:
+            error = claim_error
+        elif units and not known:
+            dra = False  # a claim not created yet: its demand is unknown, not planned yet
+        elif units:
+            slices = units
     scheduled = next(
         (c for c in status.get("conditions") or () if c.get("type") == "PodScheduled"), None
     )
@@ -468,6 +537,9 @@ def _read_pod(pod: Obj) -> PodInfo:
         created=parse_time(meta.get("creationTimestamp")),
         reservation=reservation,
         reservation_error=reservation_error,
+        dra=dra,
+        claims=claim_keys,
+        claims_pending=pending,
     )
 
 
@@ -544,7 +616,7 @@ or when the topology changes)."""
 def _constraints_key(pod: PodInfo) -> str:
     """What :func:`~partitioner.eligibility.pod_fits_node` reads of the pod, as one string."""
     spec = pod.obj.get("spec") or {}
-    return repr((spec.get("nodeSelector"), spec.get("affinity"), spec.get("tolerations")))
+    return repr((pod.dra, spec.get("nodeSelector"), spec.get("affinity"), spec.get("tolerations")))
 
 
 class ClusterIndex:
@@ -577,6 +649,15 @@ class ClusterIndex:
         """Node constraints (:func:`_constraints_key`) -> eligible nodes at topology
         :attr:`_eligible_topology`."""
         self._eligible_topology = -1
+        self.claims: dict[str, ClaimDemand] = {}
+        """ResourceClaim key -> its demand (:mod:`partitioner.claims`)."""
+        self._claim_rv: dict[str, str | None] = {}
+        self._claim_pods: dict[str, set[str]] = {}
+        """Claim key -> keys of the pods naming it (their demand is re-read when it changes)."""
+        self.strays: set[str] = set()
+        """Keys of :attr:`PodInfo.stray` pods."""
+        self._claim_pod_raw: dict[str, Obj] = {}
+        """Pods with claims, as received: re-read when one of their claims changes."""
 
     # ------------------------------------------------------------------ events
 
@@ -600,6 +681,13 @@ class ClusterIndex:
                 self.remove_partitioning(name)
             else:
                 self.upsert_partitioning(obj)
+        elif kind == "claims":
+            meta = obj.get("metadata") or {}
+            key = claim_key(str(meta.get("namespace", "")), str(meta.get("name", "")))
+            if event_type == "DELETED":
+                self.remove_claim(key)
+            else:
+                self.upsert_claim(obj)
         else:
             raise ValueError(f"unknown kind {kind!r}; expected one of {', '.join(KINDS)}")
 
@@ -609,10 +697,18 @@ class ClusterIndex:
         for obj in objs:
             self.apply(kind, None, obj)
             seen.add(
-                pod_key(obj) if kind == "pods" else str((obj.get("metadata") or {}).get("name"))
+                pod_key(obj)
+                if kind in ("pods", "claims")
+                else str((obj.get("metadata") or {}).get("name"))
             )
         held: Iterable[str] = (
-            self.pods if kind == "pods" else self.nodes if kind == "nodes" else self.partitionings
+            self.pods
+            if kind == "pods"
+            else self.nodes
+            if kind == "nodes"
+            else self.claims
+            if kind == "claims"
+            else self.partitionings
         )
         gone = sorted(set(held) - seen)
         for key in gone:
@@ -655,7 +751,18 @@ class ClusterIndex:
             return
         if old is None and not (pod.get("spec") or {}).get("nodeName") and not _wants_slices(pod):
             return  # not a slice pod and not bound: nothing the controller reads
-        info = _read_pod(pod)
+        info = _read_pod(pod, self.claims)
+        if old is not None and old.claims != info.claims:
+            self._unlink_claims(key, old.claims)
+        if info.claims:
+            self._claim_pod_raw[key] = pod
+            for c in info.claims:
+                self._claim_pods.setdefault(c, set()).add(key)
+        else:
+            self._claim_pod_raw.pop(key, None)
+        self._store(key, old, info)
+
+    def _store(self, key: str, old: PodInfo | None, info: PodInfo) -> None:
         if old is not None and _same_pod(old, info):
             # Nothing the controller reads changed (another condition, container statuses):
             # keep the parsed pod and its caches, take the new resourceVersion (patches are
@@ -671,7 +778,7 @@ class ClusterIndex:
             same = same and old.obj["spec"].get("tolerations") == info.obj["spec"].get(
                 "tolerations"
             )
-            if same:
+            if same and old.dra == info.dra:
                 info.eligible_cache = old.eligible_cache
         self._drop_pod(key, bump=False)
         self.pods[key] = info
@@ -679,22 +786,64 @@ class ClusterIndex:
             self._usage.setdefault(info.node, Usage()).add(info, +1)
         if info.node:
             self.node_pods[info.node] = self.node_pods.get(info.node, 0) + 1
+        if info.stray:
+            self.strays.add(key)
         if info.waiting and key not in self._waiting:
             self._waiting.add(key)
             bisect.insort(self._aged, _age_key(info))
             self._waiting_sorted = self._waiting_aged = None
         self.version += 1
 
+    def _unlink_claims(self, key: str, claims: Iterable[str]) -> None:
+        for c in claims:
+            pods = self._claim_pods.get(c)
+            if pods is not None:
+                pods.discard(key)
+                if not pods:
+                    del self._claim_pods[c]
+
+    def upsert_claim(self, claim: Obj) -> None:
+        """A ResourceClaim changed: its pods' demand is read again if it changed."""
+        meta = claim.get("metadata") or {}
+        key = claim_key(str(meta.get("namespace", "")), str(meta.get("name", "")))
+        if key in self._claim_rv and not _newer(_rv(claim), self._claim_rv[key]):
+            return
+        self._claim_rv[key] = _rv(claim)
+        demand = read_claim(claim)
+        if self.claims.get(key) == demand:
+            return
+        self.claims[key] = demand
+        self._reread(key)
+
+    def remove_claim(self, key: str) -> None:
+        self._claim_rv.pop(key, None)
+        if self.claims.pop(key, None) is not None:
+            self._reread(key)
+
+    def _reread(self, claim: str) -> None:
+        self.version += 1
+        for pod in sorted(self._claim_pods.get(claim, ())):
+            raw = self._claim_pod_raw.get(pod)
+            old = self.pods.get(pod)
+            if raw is not None and old is not None:
+                info = _read_pod(raw, self.claims)
+                info.rv = old.rv
+                self._store(pod, old, info)
+
     def _drop_pod(self, key: str, bump: bool = True) -> None:
         old = self.pods.pop(key, None)
         if old is None:
             return
+        if bump:  # a removal, not a replacement (upsert_pod relinks the claims it keeps)
+            self._unlink_claims(key, old.claims)
+            self._claim_pod_raw.pop(key, None)
         if _counts(old):
             usage = self._usage.get(old.node)
             if usage is not None:
                 usage.add(old, -1)
         if old.node:
             self.node_pods[old.node] = self.node_pods.get(old.node, 0) + 1
+        self.strays.discard(key)
         if key in self._waiting:
             self._waiting.discard(key)
             aged, age = self._aged, _age_key(old)
@@ -762,7 +911,11 @@ class ClusterIndex:
         names = shared.get(key)
         if names is None:
             names = frozenset(
-                n for n, info in gpu_nodes.items() if pod_fits_node(pod.obj, info.obj)
+                n
+                for n, info in gpu_nodes.items()
+                if info.gpu is not None
+                and info.gpu.dra == pod.dra
+                and pod_fits_node(pod.obj, info.obj)
             )
             shared[key] = names
         pod.eligible_cache = (self.topology, names)
@@ -779,8 +932,11 @@ class ClusterIndex:
         nodes: Iterable[Obj] = (),
         pods: Iterable[Obj] = (),
         partitionings: Iterable[Obj] = (),
+        claims: Iterable[Obj] = (),
     ) -> ClusterIndex:
         index = cls(catalog)
+        for c in claims:
+            index.upsert_claim(c)
         for n in nodes:
             index.upsert_node(n)
         for p in pods:
@@ -796,7 +952,7 @@ def _age_key(pod: PodInfo) -> tuple[int, float, str]:
 
 
 def _key_meta(kind: str, key: str) -> dict[str, str]:
-    if kind == "pods":
+    if kind in ("pods", "claims"):
         namespace, _, name = key.partition("/")
         return {"namespace": namespace, "name": name}
     return {"name": key}

@@ -228,8 +228,14 @@ class NodeLedger:
         return False
 
     def scheduler_room(self, resource: str) -> int:
-        """Units of ``resource`` kube-scheduler would still admit beyond bound and released pods."""
-        allocatable = self.info.allocatable.get(resource, 0)
+        """Units of ``resource`` kube-scheduler would still admit beyond bound and released pods.
+
+        On a DRA node the devices are what its agent publishes, which its status lists (the
+        spec's placements and the allocated ones), not extended resources."""
+        if self.gpu.dra:
+            allocatable = self.total()[resource]
+        else:
+            allocatable = self.info.allocatable.get(resource, 0)
         return allocatable - self.bound[resource] - self.released_unbound[resource]
 
     # ------------------------------------------------------------------ GPUs

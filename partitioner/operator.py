@@ -92,6 +92,8 @@ __all__ = ["Controller", "build_registry", "configure_logging", "endpoint_from",
 log = logging.getLogger("gpuslice.partitioner")
 
 _LISTS = {"nodes": "/api/v1/nodes", "pods": "/api/v1/pods", "partitionings": NP_PATH}
+CLAIMS_PATH = "/apis/resource.k8s.io/v1/resourceclaims"
+"""Listed and watched with ``dra_enabled`` (DRA nodes' demand, partitioner.claims)."""
 
 
 def _routine(record: logging.LogRecord) -> bool:
@@ -245,8 +247,11 @@ class Controller:
 
     # -- the cycle -------------------------------------------------------------------------
     async def sync(self) -> None:
-        """List the three resources (paginated), reconciling the index with what exists now."""
-        for kind, path in _LISTS.items():
+        """List the watched resources (paginated), reconciling the index with what exists now."""
+        lists = dict(_LISTS)
+        if self.settings.dra_enabled:
+            lists["claims"] = CLAIMS_PATH
+        for kind, path in lists.items():
             doc = await self.api.list_all(path, page_size=self.list_page_size)
             self.index.relist(kind, doc.get("items") or ())
 
@@ -442,6 +447,14 @@ def build_registry(controller: Controller) -> kopf.OperatorRegistry:
     @kopf.on.event(GROUP, VERSION, PLURAL, id="watch-partitionings", registry=registry)
     def _partitioning(event: Mapping[str, Any], **_: Any) -> None:
         controller.observe("partitionings", event)
+
+    if controller.settings.dra_enabled:  # DRA nodes' demand: partitioner/claims.py
+
+        @kopf.on.event(
+            "resource.k8s.io", "v1", "resourceclaims", id="watch-claims", registry=registry
+        )
+        def _claim(event: Mapping[str, Any], **_: Any) -> None:
+            controller.observe("claims", event)
 
     if controller.settings.webhook_enabled:  # gates pods at admission: partitioner/webhook.py
         register_webhook(registry, controller.settings, controller.api)

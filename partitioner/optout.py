@@ -44,12 +44,10 @@ from typing import Any
 from partitioner.actions import NODE_CONDITION, EmitEvent, ObjectRef, SetNodeCondition
 from partitioner.index import ClusterIndex, NodeInfo
 from partitioner.node_actions import RemoveNodeCondition, SetNodeLabel
-from partitioner.snapshot import DRA_VALUE, GPUSLICE_LABEL, NOS_LABEL, opted_in
+from partitioner.snapshot import DRA_VALUE, GPUSLICE_LABEL, MANAGED_LABEL, NOS_LABEL, opted_in
 
 __all__ = ["DRAINING", "MANAGED_LABEL", "agent_selected", "node_lifecycle", "slice_holders"]
 
-MANAGED_LABEL = "gpuslice.io/managed"
-"""Set by the partitioner on opted-in nodes, removed once an opted-out node is drained."""
 DRAINING = "Draining"
 """Reason of the ``GpusliceReady=False`` condition of a node being drained."""
 _SHOWN = 5

@@ -299,6 +299,16 @@ class PartitionerSettings(CommonSettings):
             placement_weight=self.placement_weight,
         )
 
+    dra_enabled: bool = Field(
+        False,
+        description=(
+            "Plan nodes labelled gpuslice.io/partitioning=dra for pods that ask through "
+            "ResourceClaims of gpuslice's DRA driver: watch ResourceClaims (resource.k8s.io/v1, "
+            "Kubernetes >= 1.34) and write those nodes' NodePartitioning specs, which their "
+            "agents publish (the chart sets it with dra.enabled)."
+        ),
+    )
+
     # -- admission webhook (partitioner/webhook.py); the chart sets these -----------------------
     webhook_enabled: bool = Field(
         False,

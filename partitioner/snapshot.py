@@ -67,6 +67,7 @@ from planner.snapshot import (
 __all__ = [
     "DRA_VALUE",
     "GPUSLICE_LABEL",
+    "MANAGED_LABEL",
     "NOS_LABEL",
     "PLANNED_AT_ANNOTATION",
     "PLANNED_PODS_ANNOTATION",
@@ -87,8 +88,11 @@ __all__ = [
 NOS_LABEL = "nos.nebuly.com/gpu-partitioning"
 GPUSLICE_LABEL = "gpuslice.io/partitioning"
 DRA_VALUE = "dra"
-"""``gpuslice.io/partitioning=dra``: the node runs the DRA agent (chart value dra.enabled);
-the partitioner neither plans it nor counts it opted in."""
+"""``gpuslice.io/partitioning=dra``: the node runs the DRA agent (chart value dra.enabled); the
+partitioner plans it as a MIG node for pods that ask through ResourceClaims, and the agent
+publishes the plan's placements (:mod:`partitioner.claims`)."""
+MANAGED_LABEL = "gpuslice.io/managed"
+"""Set by the partitioner on nodes the device-plugin agent serves (:mod:`partitioner.optout`)."""
 PLANNED_PODS_ANNOTATION = "gpuslice.io/planned-pods"
 """On a NodePartitioning: JSON list of the pod keys its current spec was written for."""
 PLANNED_AT_ANNOTATION = "gpuslice.io/planned-at"
@@ -121,6 +125,10 @@ class GpuNode:
     labels: GpuLabels | None = None
     """Everything read from the GPU labels, by MIG strategy (:mod:`partitioner.node_labels`);
     ``gpu_count`` is 0 here when they cannot say and the agent's report must."""
+    dra: bool = False
+    """Served by gpuslice's DRA driver (``gpuslice.io/partitioning=dra``): planned as a MIG
+    node whose planned placements the agent publishes as devices; only pods asking through
+    ResourceClaims (:mod:`partitioner.claims`) are planned onto it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,11 +179,9 @@ def _name(obj: Obj) -> str:
 
 
 def opted_in(node: Obj) -> bool:
-    """The node carries an opt-in label (whatever its value) and is not a DRA node
-    (``gpuslice.io/partitioning=dra``: the DRA driver's, never planned here)."""
+    """The node carries an opt-in label (whatever its value; ``gpuslice.io/partitioning=dra``,
+    a DRA node, is planned too: its agent publishes the plan, :mod:`partitioner.claims`)."""
     labels: Mapping[str, str] = (node.get("metadata") or {}).get("labels") or {}
-    if labels.get(GPUSLICE_LABEL) == DRA_VALUE:
-        return False
     return labels.get(GPUSLICE_LABEL) is not None or labels.get(NOS_LABEL) is not None
 
 
@@ -184,9 +190,14 @@ def read_node(node: Obj, catalog: Catalog) -> GpuNode | NodeProblem | None:
     name = _name(node)
     labels: Mapping[str, str] = (node.get("metadata") or {}).get("labels") or {}
     allowed: tuple[str, ...]
-    if labels.get(GPUSLICE_LABEL) == DRA_VALUE:
-        return None  # the DRA driver's node (node_agent.dra_driver): not planned here
-    if labels.get(GPUSLICE_LABEL) is not None:
+    dra = labels.get(GPUSLICE_LABEL) == DRA_VALUE
+    if dra and labels.get(MANAGED_LABEL) is not None:
+        # Leaving the device-plugin mode: its agent stays until its slices are drained
+        # (partitioner.optout), and the DRA agent starts only then; not planned meanwhile.
+        return None
+    if dra:
+        key, allowed = GPUSLICE_LABEL, (DRA_VALUE,)
+    elif labels.get(GPUSLICE_LABEL) is not None:
         key, allowed = GPUSLICE_LABEL, ("mig", "mps", "hybrid")
     elif labels.get(NOS_LABEL) is not None:
         key, allowed = NOS_LABEL, ("mig", "mps")
@@ -199,7 +210,7 @@ def read_node(node: Obj, catalog: Catalog) -> GpuNode | NodeProblem | None:
             "InvalidPartitioningLabel",
             f"label {key}={value!r} is not one of {', '.join(allowed)}; fix or remove the label",
         )
-    mode = Mode(value)
+    mode = Mode.MIG if dra else Mode(value)
     product = labels.get(PRODUCT_LABEL)
     if not product:
         return NodeProblem(
@@ -225,7 +236,7 @@ def read_node(node: Obj, catalog: Catalog) -> GpuNode | NodeProblem | None:
         mem = memory_mib(alloc["memory"]) if "memory" in alloc else 1 << 50
     except QuantityError as e:
         return NodeProblem(name, "InvalidAllocatable", f"status.allocatable: {e}")
-    return GpuNode(name, mode, model, read.gpu_count or 0, read.gpu_memory_mib, cpu, mem, read)
+    return GpuNode(name, mode, model, read.gpu_count or 0, read.gpu_memory_mib, cpu, mem, read, dra)
 
 
 def _owned_by_daemonset(pod: Obj) -> bool:

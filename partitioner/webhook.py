@@ -74,13 +74,14 @@ def _pod_name(body: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace') or '?'}/{name}"
 
 
-def gate_pod(body: Mapping[str, Any], patch: kopf.Patch) -> None:
-    """Add the gate to ``patch`` when ``body`` (the pod being created) should be gated.
+def gate_pod(body: Mapping[str, Any], patch: kopf.Patch, claims: bool = False) -> None:
+    """Add the gate to ``patch`` when ``body`` (the pod being created) should be gated
+    (``claims``: DRA nodes are served, pods naming ResourceClaims are gated too).
 
     Never raises (module docstring): a failure is logged and the pod goes ungated.
     """
     try:
-        gates = gating.admission_patch(body)
+        gates = gating.admission_patch(body, claims)
         if gates is not None:
             patch.spec["schedulingGates"] = gates
             log.debug("gating pod %s", _pod_name(body))
@@ -172,7 +173,7 @@ def register_webhook(
         registry=registry,
     )
     def _gate(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-        gate_pod(body, patch)
+        gate_pod(body, patch, settings.dra_enabled)
 
     @kopf.on.startup(id="admission-server", registry=registry)
     def _configure_admission(settings: kopf.OperatorSettings, **_: Any) -> None:

@@ -20,6 +20,10 @@ Policies
   published, claims allocated first-fit by kube-scheduler, instances made at prepare and
   destroyed at unprepare (:mod:`simulations.replay.dra`); ``--render-modes`` tables it beside
   ``cpsat`` and ``greedy``;
+* ``dra-shaped`` — DRA mode with planner-shaped publishing: claim pods gated, planned and
+  released by the partitioner, the agents publishing the planned placements and keeping
+  instances the plan lists (:mod:`simulations.replay.engine`, "DRA mode");
+  ``--render-shaped`` tables it beside ``dra`` with issue 15's verdict;
 * ``best-static`` — the best of the static candidates
   (:func:`simulations.replay.static_layouts.static_candidates`: the built-in layouts and CP-SAT mixes
   matched to the trace's average and peak demand), ranked by (pods never scheduled, p95, p50).
@@ -90,7 +94,9 @@ __all__ = [
     "main",
     "mig_cluster",
     "render_modes_table",
+    "render_shaped_table",
     "render_table",
+    "shaped_verdict",
     "verdict",
 ]
 
@@ -322,12 +328,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="print the Markdown table of DRA mode (policy dra) beside cpsat and greedy from "
         "earlier runs' JSON outputs (merged) and exit",
     )
+    ap.add_argument(
+        "--render-shaped",
+        nargs="+",
+        metavar="JSON",
+        help="print the Markdown table of planner-shaped DRA publishing (policy dra-shaped) "
+        "beside publish-everything (dra) from earlier runs' JSON outputs (merged) and exit",
+    )
     args = ap.parse_args(argv)
     if args.render:
         print(render_table(args.render))
         return 0
     if args.render_modes:
         print(render_modes_table(args.render_modes))
+        return 0
+    if args.render_shaped:
+        print(render_shaped_table(args.render_shaped))
         return 0
 
     traces = list(OPENB_TRACES) if args.trace == "all" else _split(args.trace)
@@ -457,6 +473,54 @@ def render_modes_table(paths: Sequence[str]) -> str:
             f"| {pend(d)} | {pend(c)} | {pend(g)} "
             f"| {whole(d)} / {whole(c)} / {whole(g)} "
             f"| {d['gpus_reconfigured']:,} / {c['gpus_reconfigured']:,} / {g['gpus_reconfigured']:,} |"
+        )
+    return "\n".join(rows)
+
+
+def shaped_verdict(everything: dict[str, Any], shaped: dict[str, Any]) -> str:
+    """Issue 15's bar for planner-shaped publishing against publish-everything: fewer GPUs
+    reconfigured and a p95 wait no worse."""
+    failed = []
+    if not shaped["gpus_reconfigured"] < everything["gpus_reconfigured"]:
+        failed.append("reconfigured < publish-everything")
+    if not shaped["pending_p95_s"] <= everything["pending_p95_s"]:
+        failed.append("p95 <= publish-everything")
+    return "pass" if not failed else "FAIL: " + ", ".join(failed)
+
+
+def render_shaped_table(paths: Sequence[str]) -> str:
+    """DRA mode: planner-shaped publishing (``dra-shaped``) beside publish-everything (``dra``):
+    pending p50 / p95 / p99, the p95 ratio, the whole-node pods' median wait, GPUs
+    reconfigured and issue 15's verdict."""
+
+    def pend(p: dict[str, Any]) -> str:
+        return f"{p['pending_p50_s']:,.0f} / {p['pending_p95_s']:,.0f} / {p['pending_p99_s']:,.0f}"
+
+    def whole(p: dict[str, Any]) -> str:
+        row = (p.get("pending_by_size") or {}).get(WHOLE_NODE)
+        return "-" if not row else f"{row['p50']:,.0f}"
+
+    rows = [
+        "| trace | nodes (GPUs) | pending p50 / p95 / p99 (s): planner-shaped "
+        "| publish-everything | p95 ratio | whole-node pods, median wait (s): shaped / everything "
+        "| GPUs reconfigured: shaped / everything | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    order = {t: i for i, t in enumerate(OPENB_TRACES)}
+    cells = _merged_cells(paths)
+    for (trace, nodes, label), cell in sorted(
+        cells.items(), key=lambda kv: (kv[0][2], order.get(kv[0][0], 99), kv[0][1])
+    ):
+        pols = cell["policies"]
+        s, e = pols.get("dra-shaped"), pols.get("dra")
+        if s is None or e is None:
+            continue
+        ratio = f"{s['pending_p95_s'] / e['pending_p95_s']:.2f}" if e["pending_p95_s"] > 0 else "-"
+        rows.append(
+            f"| {trace}{f' ({label})' if label else ''} | {nodes} ({cell['gpus']}) "
+            f"| {pend(s)} | {pend(e)} | {ratio} | {whole(s)} / {whole(e)} "
+            f"| {s['gpus_reconfigured']:,} / {e['gpus_reconfigured']:,} "
+            f"| {shaped_verdict(e, s)} |"
         )
     return "\n".join(rows)
 

@@ -142,22 +142,25 @@ def test_agents_never_share_a_node_and_nvidia_covers_the_rest(chart: helm.Chart)
     assert placed[-3:] == [True, False, True]  # gpuslice.io/partitioning=dra wins over nos
 
 
-def test_partitioner_leaves_dra_nodes_alone() -> None:
-    from partitioner.optout import agent_selected
-    from partitioner.snapshot import opted_in, read_node
+def test_the_partitioner_plans_dra_nodes_but_never_labels_them_for_the_plugin_agent() -> None:
+    from partitioner.index import ClusterIndex
+    from partitioner.optout import agent_selected, node_lifecycle
+    from partitioner.snapshot import GpuNode, opted_in, read_node
     from planner.catalog import default_catalog
 
-    node = {
-        "metadata": {
-            "name": "n1",
-            "labels": {
-                "gpuslice.io/partitioning": "dra",
-                "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
-            },
-        }
+    labels = {
+        "gpuslice.io/partitioning": "dra",
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+        "nvidia.com/gpu.count": "8",
     }
-    assert read_node(node, default_catalog()) is None
-    assert not opted_in(node) and not agent_selected(node["metadata"]["labels"])
+    node = {"metadata": {"name": "n1", "labels": labels}}
+    reading = read_node(node, default_catalog())
+    assert isinstance(reading, GpuNode) and reading.dra
+    assert opted_in(node) and not agent_selected(labels)
+    # gpuslice.io/managed (the device-plugin agent's DaemonSet) is never set on a DRA node: the
+    # DRA agent's DaemonSet selects only unmanaged ones.
+    index = ClusterIndex.from_objects(default_catalog(), nodes=[node])
+    assert node_lifecycle(index) == []
 
 
 def test_the_agent_writes_only_its_own_nodes_slices(chart: helm.Chart) -> None:
@@ -187,3 +190,28 @@ def test_the_agent_writes_only_its_own_nodes_slices(chart: helm.Chart) -> None:
     assert no_claim is not None and len(no_claim) == 2 and "carries no node claim" in no_claim[0]
     assert admit(spec, req(theirs, None, user="system:serviceaccount:x:y")) is None  # not the agent
     assert RELEASE in policy["metadata"]["name"]
+
+
+def test_with_dra_the_partitioner_watches_claims_and_the_webhook_gates_claim_pods(
+    chart: helm.Chart,
+) -> None:
+    from test_chart import container, env_of, webhook_of
+
+    from partitioner.gating import MATCH_CONDITIONS, MATCH_CONDITIONS_DRA
+
+    conditions = {"webhook", "self-managed-webhook", "leader-election"}
+    for values, dra in (({}, False), (DRA, True)):
+        docs = render(chart, values)
+        (role,) = [
+            d
+            for d in docs
+            if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-partitioner")
+        ]
+        want = declared_usage(conditions | ({"dra"} if dra else set()))["partitioner"]
+        assert {p[:3] for p in granted(role)} == {p[:3] for p in want}
+        assert (("resource.k8s.io", "resourceclaims", "watch") in {p[:3] for p in want}) is dra
+        env = env_of(container(docs, "Deployment"))
+        assert env.get("GPUSLICE_DRA_ENABLED") == ("true" if dra else None)
+        hook = webhook_of(docs)
+        expected = MATCH_CONDITIONS_DRA if dra else MATCH_CONDITIONS
+        assert [(c["name"], c["expression"]) for c in hook["matchConditions"]] == list(expected)

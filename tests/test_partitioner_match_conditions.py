@@ -15,15 +15,24 @@ import celpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from partitioner.gating import GATE, MATCH_CONDITIONS, OPT_OUT_LABEL, admission_patch, wants_gate
+from partitioner.gating import (
+    GATE,
+    MATCH_CONDITIONS,
+    MATCH_CONDITIONS_DRA,
+    OPT_OUT_LABEL,
+    admission_patch,
+    wants_gate,
+)
 
 _ENV = celpy.Environment()
 _PROGRAMS = [(name, _ENV.program(_ENV.compile(expr))) for name, expr in MATCH_CONDITIONS]
+_PROGRAMS_DRA = [(name, _ENV.program(_ENV.compile(expr))) for name, expr in MATCH_CONDITIONS_DRA]
 
 
-def selected(pod: dict[str, Any]) -> bool:
+def selected(pod: dict[str, Any], claims: bool = False) -> bool:
     activation = {"object": celpy.json_to_cel(pod)}
-    return all(bool(program.evaluate(activation)) for _, program in _PROGRAMS)
+    programs = _PROGRAMS_DRA if claims else _PROGRAMS
+    return all(bool(program.evaluate(activation)) for _, program in programs)
 
 
 RESOURCES = st.one_of(
@@ -91,15 +100,22 @@ def pods(draw: st.DrawFn) -> dict[str, Any]:
         spec["nodeName"] = node
     if draw(st.booleans()):
         spec["schedulingGates"] = [{"name": draw(st.sampled_from([GATE, "other.io/gate"]))}]
+    claims = draw(st.sampled_from([None, 0, 1, 2]))
+    if claims is not None:  # DRA: claims named by the pod (an empty list is allowed)
+        spec["resourceClaims"] = [
+            {"name": f"c{i}", "resourceClaimTemplateName": "t"} for i in range(claims)
+        ]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
-@settings(max_examples=120, deadline=None)
-@given(pods())
-def test_match_conditions_select_exactly_the_pods_wants_gate_selects(pod: dict[str, Any]) -> None:
-    assert selected(pod) == wants_gate(pod)
-    if not selected(pod):  # the webhook is not even called: it must not have wanted to gate it
-        assert admission_patch(pod) is None
+@settings(max_examples=160, deadline=None)
+@given(pods(), st.booleans())
+def test_match_conditions_select_exactly_the_pods_wants_gate_selects(
+    pod: dict[str, Any], claims: bool
+) -> None:
+    assert selected(pod, claims) == wants_gate(pod, claims)
+    if not selected(pod, claims):  # the webhook is not called: it must not have wanted to gate
+        assert admission_patch(pod, claims) is None
 
 
 def test_each_condition_can_exclude_a_pod() -> None:

@@ -19,7 +19,7 @@ import kmock
 import kopf
 import prometheus_client
 import pytest
-from fake_apiserver import NP_PATH, NP_RESOURCE, ApiServer, declare, stored
+from fake_apiserver import NP_PATH, NP_RESOURCE, ApiServer, declare, declare_dra, stored
 
 from partitioner.operator import Controller, run_operator
 from partitioner.settings import PartitionerSettings
@@ -445,3 +445,47 @@ async def test_initial_listing_outage_backs_off_and_logs_once(
         "initial listing of nodes, pods and NodePartitionings succeeded after 7 failed attempt(s)"
     ]
     assert sum(1 for r in lines if r.levelno == logging.DEBUG) == 6
+
+
+@pytest.mark.looptime
+async def test_with_dra_a_claim_pod_is_planned_on_the_dra_node_from_its_watched_claim(
+    kmock: ApiServer,
+) -> None:
+    declare(kmock)
+    declare_dra(kmock)
+    await create(kmock, "/api/v1/nodes", node("d1", {"gpuslice.io/partitioning": "dra", **A100}))
+    await create(kmock, "/api/v1/nodes", node("m1", {"gpuslice.io/partitioning": "mig", **A100}))
+    selector = 'device.attributes["gpu.gpuslice.io"].profile == "3g.40gb"'
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c1", "namespace": "default"},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": "mig.gpuslice.io",
+                            "selectors": [{"cel": {"expression": selector}}],
+                        },
+                    }
+                ]
+            }
+        },
+    }
+    p1 = pod("p1", "cpu", resourceClaims=[{"name": "gpu", "resourceClaimName": "c1"}])
+    p1["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "1"}}
+    async with operator(kmock, dra_enabled=True) as controller:
+        await create(kmock, "/api/v1/namespaces/default/pods", p1)
+        await asyncio.sleep(5)
+        # the claim is not known yet: nothing to plan
+        assert controller.index.pods["default/p1"].claims_pending
+        await create(kmock, "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims", claim)
+        await eventually(lambda: spec_writes(kmock, "d1"), within=20)
+        assert spec_writes(kmock, "m1") == []  # a claim pod never goes to a device-plugin node
+        spec = partitioning(kmock, "d1")
+        assert spec is not None and spec["spec"]["mode"] == "mig"
+        (gpu,) = spec["spec"]["gpus"]
+        assert [m["profile"] for m in gpu["mig"]] == ["3g.40gb"]
+    assert any(c.path.endswith("/resourceclaims") for c in kmock.lists)

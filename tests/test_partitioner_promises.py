@@ -105,9 +105,8 @@ class Cluster:
 
     def put(self, obj: dict[str, Any]) -> None:
         meta = obj["metadata"]
-        key = (
-            f"{meta.get('namespace', '')}/{meta['name']}" if obj["kind"] == "Pod" else meta["name"]
-        )
+        namespaced = obj["kind"] in ("Pod", "ResourceClaim")
+        key = f"{meta.get('namespace', '')}/{meta['name']}" if namespaced else meta["name"]
         self.objs[(obj["kind"], key)] = obj
 
     def pod(self, name: str) -> dict[str, Any]:
@@ -119,6 +118,7 @@ class Cluster:
             [o for (k, _), o in self.objs.items() if k == "Node"],
             [o for (k, _), o in self.objs.items() if k == "Pod"],
             [o for (k, _), o in self.objs.items() if k == "NodePartitioning"],
+            [o for (k, _), o in self.objs.items() if k == "ResourceClaim"],
         )
 
     def step(self, now: float, config: DecideConfig = CONFIG) -> Decision:

@@ -8,7 +8,13 @@ from typing import Any
 
 import pytest
 
-from simulations.bench_replay import WHOLE_NODE, render_modes_table, render_table, verdict
+from simulations.bench_replay import (
+    WHOLE_NODE,
+    render_modes_table,
+    render_shaped_table,
+    render_table,
+    verdict,
+)
 
 
 def summary(
@@ -104,3 +110,46 @@ def test_render_modes_puts_dra_beside_the_planners(tmp_path: Path) -> None:
         "| default | 4 (32) | 5 / 300 / 9,000 | 10 / 1,500 / 20,000 | 12 / 1,600 / 21,000 "
         "| 2,000,000 / 600,000 / - | 900 / 50 / 60 |"
     )
+
+
+def test_render_shaped_puts_planner_shaped_beside_publish_everything(tmp_path: Path) -> None:
+    def pol(p95: float, reconf: int) -> dict[str, Any]:
+        return {
+            "pending_p50_s": 1,
+            "pending_p95_s": p95,
+            "pending_p99_s": 2 * p95,
+            "gpus_reconfigured": reconf,
+            "pending_by_size": {WHOLE_NODE: {"pods": 1, "p50": 7}},
+        }
+
+    cells = [
+        {
+            "trace": "default",
+            "nodes": 4,
+            "gpus": 32,
+            "policies": {"dra": pol(100, 900), "dra-shaped": pol(50, 90)},
+        },
+        {
+            "trace": "default",
+            "nodes": 5,
+            "gpus": 40,
+            "policies": {"dra": pol(100, 900), "dra-shaped": pol(150, 90)},
+        },
+        {
+            "trace": "default",
+            "nodes": 8,
+            "gpus": 64,
+            "policies": {"dra": pol(100, 900), "dra-shaped": pol(100, 900)},
+        },
+        {"trace": "gpushare40", "nodes": 4, "gpus": 32, "policies": {"dra": pol(1, 1)}},
+    ]
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"cells": cells}))
+    lines = render_shaped_table([str(run)]).splitlines()
+    assert len(lines) == 5  # a cell without both policies is left out
+    assert (
+        lines[2]
+        == "| default | 4 (32) | 1 / 50 / 100 | 1 / 100 / 200 | 0.50 | 7 / 7 | 90 / 900 | pass |"
+    )
+    assert lines[3].endswith("| 1.50 | 7 / 7 | 90 / 900 | FAIL: p95 <= publish-everything |")
+    assert lines[4].endswith("| FAIL: reconfigured < publish-everything |")

@@ -109,3 +109,70 @@ def test_dra_needs_mig_nodes() -> None:
     fake = FakeCluster([FakeCluster.node("n0", A100, 1, mode=Mode.MPS)])
     with pytest.raises(ReplayError, match="not MIG nodes"):
         run_time_replay(EMPTY, fake, "dra", pods=[pod("a", "1g.10gb", 0, 1)])
+
+
+# ----------------------------------------------------------------------------- planner-shaped
+
+
+def test_shaped_publishing_plans_the_claim_and_a_later_claim_adopts_the_kept_instance() -> None:
+    # a (3g) arrives at 0: gated at admission, planned at the window's end; the agent creates
+    # the instance and publishes it (apply_delay_s), a is released, prepare adopts the instance,
+    # a runs 100 s; unprepare keeps the instance (the spec lists it); b (3g) at 300 is reserved
+    # from the free slice at once and adopts it too: no wait beyond the partitioner's cycle.
+    settings = ReplaySettings(apply_delay_s=5, batch_timeout_s=20, batch_idle_s=5, cycle_s=1)
+    pods = [pod("a", "3g.40gb", 0, 100), pod("b", "3g.40gb", 300, 50)]
+    fake = FakeCluster([FakeCluster.node("n0", A100, 1)])
+    r = run_time_replay(EMPTY, fake, "dra-shaped", settings, pods=pods)
+    rec = {p.name: p for p in r.pods}
+    assert rec["a"].first_bound is not None and 5 <= rec["a"].first_bound <= 30
+    assert rec["a"].pending_s == pytest.approx(rec["a"].first_bound)  # nothing left to create
+    assert rec["b"].pending_s <= 2 and rec["b"].first_bound is not None
+    s = summarize(r)
+    assert s.never_scheduled == 0 and s.pods_disrupted == 0 and r.theft == 0
+    assert s.gpus_reconfigured == 1  # the spec applied once; the instance kept at both unprepares
+    assert not r.planner_errors
+    everything = run_time_replay(
+        EMPTY, FakeCluster([FakeCluster.node("n0", A100, 1)]), "dra", settings, pods=pods
+    )
+    assert summarize(everything).gpus_reconfigured == 4
+
+
+def test_shaped_reports_valid_layouts_and_reconfigures_less_than_publishing_everything(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reports = 0
+    status_gpus = DraPools.status_gpus
+
+    def checking(self: DraPools, node: str, gpu_count: int) -> list[dict[str, Any]]:
+        nonlocal reports
+        out = status_gpus(self, node, gpu_count)
+        for g in out:
+            assert layout_ok(A100, [(m["profile"], m["start"]) for m in g["mig"]]), g
+            used = {(m["profile"], m["start"]) for m in g["mig"] if m["used"]}
+            held = {
+                (d.profile, d.start)
+                for d in self.pools[node].devices
+                if d.gpu == g["index"] and d.name in self.pools[node].held
+            }
+            assert used == held  # every allocated device is reported, as used
+        reports += 1
+        return out
+
+    monkeypatch.setattr(dra_module.DraPools, "status_gpus", checking)
+    mix = (
+        PodShape(4, 1000, 1024, 1, 120),
+        PodShape(3, 1000, 1024, 1, 300),
+        PodShape(2, 1000, 1024, 1, 450),
+        PodShape(1, 1000, 1024, 1, 1000),
+    )
+    wl = synthetic_workload(
+        SyntheticSpec(count=300, mix=mix, arrival_rate_per_s=1 / 5, mean_duration_s=900, seed=4)
+    )
+    nodes = tuple(Node(f"n{i}", 64000, 512000, 2, A100, Mode.MIG, A100) for i in range(2))
+    settings = ReplaySettings(planner=PlannerSettings())
+    shaped = summarize(run_time_replay(wl, Cluster("small", nodes), "dra-shaped", settings))
+    everything = summarize(run_time_replay(wl, Cluster("small", nodes), "dra", settings))
+    assert shaped.pods == everything.pods == 300
+    assert shaped.never_scheduled == 0 and shaped.pods_disrupted == 0
+    assert reports > 50
+    assert shaped.gpus_reconfigured < everything.gpus_reconfigured / 2

@@ -59,6 +59,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "NodePartitioning (Kubernetes >= 1.34 with partitionable devices)",
     )
     parser.add_argument(
+        "--dra-publish",
+        metavar="{shaped,all}",
+        default=None,
+        help="(--dra) which devices to publish (also GPUSLICE_DRA_PUBLISH; default shaped): "
+        "shaped, the placements the partitioner planned in the node's NodePartitioning (the "
+        "whole GPU where it planned none) plus the allocated devices; all, every placement "
+        "(immediate first-fit allocation, but claims fragment GPUs)",
+    )
+    parser.add_argument(
         "--check-catalog",
         action="store_true",
         help="read-only: ask NVML for this machine's MIG profiles and placements, compare them "
@@ -263,8 +272,12 @@ def run(args: argparse.Namespace) -> int:
             "DRA mode serves the kubelet and the cluster's ResourceClaims: it runs without "
             "--fake, --once and --spec"
         )
+    if args.dra_publish is not None and args.dra_publish not in ("shaped", "all"):
+        raise BadInput(f"--dra-publish {args.dra_publish[:40]!r}: expected shaped or all")
     if dra:
-        return asyncio.run(_run_dra(settings, catalog))
+        return asyncio.run(_run_dra(settings, catalog, args.dra_publish or settings.dra_publish))
+    if args.dra_publish is not None:
+        raise BadInput("--dra-publish is for DRA mode (--dra or GPUSLICE_DRA=true)")
     if args.fake:
         return asyncio.run(_run_fake(args, settings, catalog))
     if args.spec:
@@ -416,13 +429,15 @@ async def _run_real(args: argparse.Namespace, settings: Any, catalog: Any) -> in
     return 0
 
 
-async def _run_dra(settings: Any, catalog: Any) -> int:
+async def _run_dra(settings: Any, catalog: Any, publish: str) -> int:
     from kubernetes_asyncio import client, config
 
+    from node_agent.agent import KubeSpecSource
     from node_agent.dra_checkpoint import Checkpoint
     from node_agent.dra_driver import DraDriver
     from node_agent.dra_prepare import DraPreparer
     from node_agent.dra_publish import SlicePublisher
+    from node_agent.dra_shape import ShapeApi
     from node_agent.dra_slices import DraGpu
     from node_agent.draplugin import DraKubeletPlugin, KubeClaimReader
     from node_agent.gpu_reset import NvidiaSmi
@@ -473,12 +488,16 @@ async def _run_dra(settings: Any, catalog: Any) -> int:
             registry_dir=settings.dra_registry_dir,
             plugin_dir=settings.dra_plugin_dir,
         )
+        shaped = publish == "shaped"
         driver = DraDriver(
             plugin,
             publisher,
             resync_s=settings.resync_seconds,
             retry_s=settings.reconcile_retry_seconds,
             health=health,
+            spec_source=KubeSpecSource(settings.node_name, custom) if shaped else None,
+            claims=ShapeApi(custom, settings.node_name) if shaped else None,
+            spec_poll_s=settings.dra_spec_poll_seconds,
         )
         with _serving(settings, metrics, health):
             await driver.run(_stop_on_signals())

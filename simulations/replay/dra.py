@@ -19,14 +19,31 @@ profile's cpu/memory scores alone, :meth:`simulations.replay.kube.Scheduler._cho
 
 :class:`DraPools` keeps the allocations of bound claims; :meth:`DraPools.release` frees them
 when the pod ends (the claim is deallocated).  The agent creates the instance when the kubelet
-prepares the claim and destroys it at unprepare (publish-everything: what the agent does now),
-which the replay engine counts as reconfigurations.
+prepares the claim and destroys it at unprepare (publish-everything), which the replay engine
+counts as reconfigurations.
+
+Planner-shaped publishing (``shaped``; policy ``dra-shaped``)
+-------------------------------------------------------------
+The agent (``gpuslice agent --dra``, publish mode ``shaped``) publishes, per GPU, the
+placements of its node's NodePartitioning spec (the whole GPU where the spec lists none) and
+every allocated device (:meth:`DraPools.publish`, run when the agent's round reads a new spec):
+it destroys the idle instances the new spec no longer lists and creates the spec's placements
+as idle instances (except where an allocated device still overlaps one), as the device-plugin
+agent applies a spec.  First-fit then only chooses among planned placements.  Prepare adopts
+the idle instance at the allocated placement (no reconfiguration, no wait) or creates one;
+unprepare keeps an instance the spec lists and destroys the others (:meth:`DraPools.prepare`,
+:meth:`DraPools.unprepare`).  Reconfigurations are counted per GPU and event (a spec applied,
+a prepare that created, an unprepare that destroyed).  The status the
+agent reports (:meth:`DraPools.status_gpus`) is what the partitioner's ledger reads: allocated
+placements (used), then the spec's placements the counters still allow beside them, so it is
+always a valid layout even when a spec was planned before an allocation it now overlaps.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from node_agent.dra_slices import DraGpu, resource_slices
 from planner.catalog import GpuModel
@@ -48,6 +65,8 @@ class PublishedDevice:
     compute: int
     consumes: tuple[tuple[str, int], ...]
     """``(counter, amount)`` of the GPU's counter set."""
+    start: int = 0
+    """The placement's first memory slot (0 for the whole GPU)."""
 
 
 @dataclass(slots=True)
@@ -57,6 +76,12 @@ class _Pool:
     used: dict[tuple[int, str], int] = field(default_factory=dict)
     held: dict[str, str] = field(default_factory=dict)
     """Device name -> the pod whose claim holds it."""
+    published: set[str] | None = None
+    """Planner-shaped publishing: the device names the agent publishes (``None``: every one)."""
+    spec: set[str] = field(default_factory=set)
+    """Planner-shaped: the placements of the node's spec, as device names."""
+    kept: set[str] = field(default_factory=set)
+    """Planner-shaped: idle MIG instances the agent keeps (spec placements a claim used)."""
     fits: dict[tuple[tuple[str, int], ...], list[PublishedDevice] | None] = field(
         default_factory=dict
     )
@@ -87,18 +112,30 @@ def _published(node: str, models: Mapping[int, GpuModel]) -> _Pool:
                 for k, v in sorted(c["counters"].items())
             )
             resource = mig_resource(profile) if profile else ""
-            devices.append(PublishedDevice(d["name"], g, profile, resource, compute, consumes))
+            start = int(attrs["start"]["int"]) if "start" in attrs else 0
+            devices.append(
+                PublishedDevice(d["name"], g, profile, resource, compute, consumes, start)
+            )
     return _Pool(devices, capacity)
 
 
 class DraPools:
     """Every node's published devices and the allocations of bound claims (module docstring)."""
 
-    def __init__(self, fake: FakeCluster) -> None:
+    def __init__(
+        self,
+        fake: FakeCluster,
+        shaped: bool = False,
+        draining: Callable[[str], frozenset[int]] | None = None,
+    ) -> None:
+        self.shaped = shaped
+        self.draining = draining
         self.pools: dict[str, _Pool] = {}
         for name, node in fake.nodes.items():
             models = {g.index: node.model for g in node.gpus}
-            self.pools[name] = _published(name, models)
+            self.pools[name] = pool = _published(name, models)
+            if shaped:  # no spec yet: whole GPUs only
+                pool.published = {d.name for d in pool.devices if d.profile is None}
         self.claims: dict[str, tuple[str, list[PublishedDevice]]] = {}
         """Pod -> (node, its allocated devices)."""
 
@@ -109,13 +146,20 @@ class DraPools:
             return None
         key = tuple(sorted(requests.items()))
         if key not in pool.fits:
-            pool.fits[key] = self._first_fit(pool, key)
+            pool.fits[key] = self._first_fit(pool, key, self.withheld(node))
         found = pool.fits[key]
         return None if found is None else list(found)
 
+    def withheld(self, node: str) -> frozenset[int]:
+        """Planner-shaped: GPUs whose free placements the agent does not publish (the ones the
+        partitioner drains, read from its NodePartitioning's ``status.reservations``)."""
+        if not self.shaped or self.draining is None:
+            return frozenset()
+        return self.draining(node)
+
     @staticmethod
     def _first_fit(
-        pool: _Pool, requests: tuple[tuple[str, int], ...]
+        pool: _Pool, requests: tuple[tuple[str, int], ...], withheld: frozenset[int] = frozenset()
     ) -> list[PublishedDevice] | None:
         used = dict(pool.used)
         picked: list[PublishedDevice] = []
@@ -126,6 +170,10 @@ class DraPools:
                 if need == 0:
                     break
                 if d.resource != resource or d.name in pool.held or d.name in taken:
+                    continue
+                if pool.published is not None and d.name not in pool.published:
+                    continue
+                if d.gpu in withheld:
                     continue
                 if any(
                     used.get((d.gpu, k), 0) + v > pool.capacity[(d.gpu, k)] for k, v in d.consumes
@@ -160,6 +208,103 @@ class DraPools:
             for k, v in d.consumes:
                 pool.used[(d.gpu, k)] -= v
         return node, devices
+
+    # ------------------------------------------------------------------ planner-shaped agent
+
+    def publish(self, node: str, spec: Mapping[int, list[tuple[str, int]]]) -> tuple[int, set[str]]:
+        """The agent's round after a spec (module docstring, "Planner-shaped publishing"):
+        destroy kept instances the spec no longer lists, create the spec's placements that are
+        free (not overlapping an allocated device), publish the spec's placements (the whole
+        GPU where it lists none) and every allocated device.  Returns the GPUs reconfigured
+        and the resources newly published."""
+        pool = self.pools[node]
+        by_slot = {(d.gpu, d.profile, d.start): d for d in pool.devices}
+        wanted = [
+            d
+            for gpu, placements in spec.items()
+            for profile, start in placements
+            if (d := by_slot.get((gpu, profile, start))) is not None
+        ]
+        pool.spec = {d.name for d in wanted}
+        whole = {d.name for d in pool.devices if d.profile is None and not spec.get(d.gpu)}
+        before = pool.published or set()
+        pool.published = pool.spec | whole | set(pool.held)
+        changed = {d.gpu for d in pool.devices if d.name in pool.kept - pool.spec}
+        pool.kept &= pool.spec
+        used: dict[tuple[int, str], int] = {}
+        for d in pool.devices:
+            if d.name in pool.held or d.name in pool.kept:
+                for k, v in d.consumes:
+                    used[(d.gpu, k)] = used.get((d.gpu, k), 0) + v
+        for d in wanted:
+            if d.name in pool.held or d.name in pool.kept:
+                continue
+            if any(used.get((d.gpu, k), 0) + v > pool.capacity[(d.gpu, k)] for k, v in d.consumes):
+                continue  # overlaps an allocated device: made once that claim is gone
+            for k, v in d.consumes:
+                used[(d.gpu, k)] = used.get((d.gpu, k), 0) + v
+            pool.kept.add(d.name)
+            changed.add(d.gpu)
+        pool.fits.clear()
+        grown = {d.resource for d in pool.devices if d.name in pool.published - before}
+        return len(changed), grown
+
+    def prepare(self, node: str, devices: list[PublishedDevice]) -> int:
+        """Prepare: adopt a kept instance at the placement, else create one; returns the GPUs
+        on which an instance was created."""
+        pool = self.pools[node]
+        created = set()
+        for d in devices:
+            if d.name in pool.kept:
+                pool.kept.discard(d.name)
+            elif d.profile is not None:
+                created.add(d.gpu)
+        return len(created)
+
+    def unprepare(self, node: str, devices: list[PublishedDevice]) -> int:
+        """Unprepare: keep an instance the spec lists, destroy the others; returns the GPUs
+        on which an instance was destroyed.  A device no longer in the spec stops being
+        published once free."""
+        pool = self.pools[node]
+        destroyed = set()
+        for d in devices:
+            if d.name in pool.spec:
+                pool.kept.add(d.name)
+            else:
+                if d.profile is not None:
+                    destroyed.add(d.gpu)
+                if pool.published is not None:
+                    pool.published.discard(d.name)
+        pool.fits.clear()
+        return len(destroyed)
+
+    def status_gpus(self, node: str, gpu_count: int) -> list[dict[str, Any]]:
+        """The NodePartitioning status the agent reports: per GPU the allocated placements
+        (``used``) and the spec's placements the counters still allow beside them (free), in
+        that order, so the report is always a valid layout (a spec written before the agent saw
+        an allocation may overlap it; that placement is not free until the claim goes)."""
+        pool = self.pools[node]
+        out: list[dict[str, Any]] = []
+        for g in range(gpu_count):
+            used: dict[tuple[int, str], int] = {}
+            mig: list[dict[str, Any]] = []
+            ordered = sorted(
+                (d for d in pool.devices if d.gpu == g and d.profile is not None),
+                key=lambda d: d.name not in pool.held,
+            )
+            for d in ordered:
+                held = d.name in pool.held
+                if not held and d.name not in pool.spec:
+                    continue
+                if not held and any(
+                    used.get((g, k), 0) + v > pool.capacity[(g, k)] for k, v in d.consumes
+                ):
+                    continue
+                for k, v in d.consumes:
+                    used[(g, k)] = used.get((g, k), 0) + v
+                mig.append({"profile": d.profile, "start": d.start, "used": held})
+            out.append({"index": g, "migEnabled": True, "mig": mig})
+        return out
 
     def used_compute(self) -> int:
         return sum(d.compute for _, ds in self.claims.values() for d in ds)

@@ -75,6 +75,18 @@ after which the pod runs; when it ends, unprepare destroys them.  Its pending ti
 arrival to the end of prepare; each prepare and each unprepare counts as a reconfiguration of
 the GPUs it touches; nothing is ever disrupted or stolen (an allocation is the pod's own).
 
+Policy ``dra-shaped`` is DRA mode with planner-shaped publishing (issue 15 item 3): nodes are
+labelled ``gpuslice.io/partitioning=dra``, each pod names a ResourceClaim of DeviceClass
+``mig.gpuslice.io`` with a profile selector (no extended resources), and the partitioner is the
+real decision step with reservations: the webhook gates pods naming claims, the index reads
+their claims as demand (:mod:`partitioner.claims`), plans are written as specs of the DRA
+nodes, the DRA agent creates the spec's instances, publishes them and reports the spec
+applied ``apply_delay_s`` later (as the device-plugin agent applies a spec), and a released
+pod's claim is allocated first-fit among the published placements of its node
+(:mod:`simulations.replay.dra`, "Planner-shaped publishing").  Prepare adopts the instance
+(no wait); one it must create (a device allocated from an older generation) takes
+``apply_delay_s``.
+
 The replay stops when no arrival, departure, spec application or status sync is left and
 nothing has progressed for longer than any retry, window or deadline could take.  Pods still
 pending then are *never scheduled*; with ``max_pending_s`` a pod gives up after waiting that
@@ -94,9 +106,11 @@ from typing import Any
 
 from partitioner.actions import EmitEvent, PatchPod, SetNodeCondition, WriteReservations, WriteSpec
 from partitioner.batching import BatchPolicy, forget
+from partitioner.claims import DRIVER, MIG_CLASS
 from partitioner.decide import ControllerState, DecideConfig, decide
 from partitioner.index import ClusterIndex
 from partitioner.reservations import State
+from partitioner.snapshot import DRA_VALUE
 from planner.catalog import Catalog, CatalogError, GpuModel, default_catalog
 from planner.settings import PlannerSettings, Policy
 from planner.snapshot import (
@@ -163,7 +177,9 @@ class ReplaySettings:
     batch_retry_s: float = 60.0
     """A planned but still pending pod re-enters the window after this long."""
     apply_delay_s: float = 5.0
-    """Seconds from a spec being written to the node agent having applied it."""
+    """Seconds from a spec being written to the node agent having applied it (DRA mode: a
+    prepare that creates a MIG instance takes as long; with planner-shaped publishing the
+    agent creates the spec's instances, then publishes them, in this time)."""
     time_compression: float = 1.0
     """Trace times are divided by this factor."""
     copies: int = 1
@@ -233,8 +249,11 @@ class ReplayPolicy:
     reservation: bool = True
     """Gate pods at admission, reserve and release them (``False``: nos's behaviour)."""
     dra: bool = False
-    """DRA mode, publish-everything (module docstring, "DRA mode"): no partitioner; claims
-    are allocated first-fit by kube-scheduler and instances made at prepare."""
+    """DRA mode (module docstring, "DRA mode"): claims are allocated first-fit by
+    kube-scheduler over the published devices and instances made at prepare."""
+    shaped: bool = False
+    """With ``dra``: planner-shaped publishing (the partitioner plans the claims, the agents
+    publish the plan); without: publish-everything and no partitioner."""
 
 
 _POLICIES = {
@@ -257,6 +276,8 @@ def parse_policy(text: str) -> ReplayPolicy:
     t = text.strip().lower()
     if t == "dra":
         return ReplayPolicy("dra", reservation=False, dra=True)
+    if t == "dra-shaped":
+        return ReplayPolicy("dra-shaped", dra=True, shaped=True)
     if t in _POLICIES:
         name, planner, reservation, window = _POLICIES[t]
         return ReplayPolicy(name, planner_policy=planner, window=window, reservation=reservation)
@@ -264,7 +285,7 @@ def parse_policy(text: str) -> ReplayPolicy:
         sp = static_policy(t.split(":", 1)[1])
         return ReplayPolicy(f"static:{sp.name}", static=sp, reservation=False)
     raise ReplayError(
-        f"unknown replay policy {text!r}; use {', '.join(sorted(_POLICIES))}, dra or "
+        f"unknown replay policy {text!r}; use {', '.join(sorted(_POLICIES))}, dra, dra-shaped or "
         "static:<layout> (all-1g, balanced, all-2g, all-3g, all-7g)"
     )
 
@@ -537,8 +558,41 @@ _LIVE = frozenset({_Kind.DEPART, _Kind.APPLY, _Kind.ARRIVE, _Kind.SYNC, _Kind.RE
 """Events that change the cluster on their own (the rest only react to it)."""
 
 
-def _pod_object(pod: ReplayPod) -> dict[str, Any]:
-    requests: dict[str, str] = {r: str(k) for r, k in pod.requests.items()}
+def _claim_name(pod: str) -> str:
+    return f"{pod}-gpu"
+
+
+def _claim_object(pod: ReplayPod) -> dict[str, Any]:
+    """The ResourceClaim a pod's slice request stands for in DRA mode: one request per MIG
+    profile, of DeviceClass ``mig.gpuslice.io`` with the profile selector the docs give."""
+    requests = []
+    for n, (resource, k) in enumerate(sorted(pod.requests.items())):
+        profile = mig_profile_of(resource)
+        if profile is None:
+            raise ReplayError(f"pod {pod.name}: {resource} is not a MIG profile (DRA mode)")
+        expr = f'device.attributes["{DRIVER}"].profile == "{profile}"'
+        requests.append(
+            {
+                "name": "gpu" if n == 0 else f"gpu{n}",
+                "exactly": {
+                    "deviceClassName": MIG_CLASS,
+                    "count": k,
+                    "selectors": [{"cel": {"expression": expr}}],
+                },
+            }
+        )
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": _claim_name(pod.name), "namespace": NAMESPACE},
+        "spec": {"devices": {"requests": requests}},
+    }
+
+
+def _pod_object(pod: ReplayPod, claim: bool = False) -> dict[str, Any]:
+    """The pod; with ``claim`` its slices are asked for by its ResourceClaim instead."""
+    slices = {} if claim else pod.requests
+    requests: dict[str, str] = {r: str(k) for r, k in slices.items()}
     if pod.cpu_milli:
         requests["cpu"] = f"{pod.cpu_milli}m"
     if pod.memory_mib:
@@ -558,10 +612,15 @@ def _pod_object(pod: ReplayPod) -> dict[str, Any]:
                     "name": "main",
                     "resources": {
                         "requests": requests,
-                        "limits": {r: str(k) for r, k in pod.requests.items()},
+                        "limits": {r: str(k) for r, k in slices.items()},
                     },
                 }
             ],
+            **(
+                {"resourceClaims": [{"name": "gpu", "resourceClaimName": _claim_name(pod.name)}]}
+                if claim
+                else {}
+            ),
         },
         "status": {"phase": "Pending"},
     }
@@ -595,7 +654,7 @@ class _Engine:
         rng = random.Random(settings.seed)
         self.index = ClusterIndex(catalog)
         reserve = policy.static is None and policy.reservation
-        self.api = SimApi(self.index, webhook=reserve)
+        self.api = SimApi(self.index, webhook=reserve, gate_claims=policy.dra and policy.shaped)
         self.scheduler = Scheduler(self.api, random.Random(rng.random()))
         self.kubelet = Kubelet.create(fake, self.api, random.Random(rng.random()))
         self.result.status_sync = dict(self.kubelet.phases)
@@ -620,9 +679,12 @@ class _Engine:
         self.theft = 0
         self.by_size: dict[str, str] = {}
         self.uniform = fake.uniform()
+        self.shaped = policy.dra and policy.shaped
         for node in fake.nodes.values():
-            self.api.add_node(node)
+            self.api.add_node(node, DRA_VALUE if self.shaped else None)
             self.api.add_partitioning(node)
+        self.publishing: dict[str, dict[int, list[tuple[str, int]]]] = {}
+        """Planner-shaped: node -> the spec its agent publishes at its next round."""
         self.dra: DraPools | None = None
         if policy.dra:
             wrong = sorted(
@@ -635,9 +697,9 @@ class _Engine:
                     f"policy dra serves MIG instances through DRA: nodes {', '.join(wrong[:5])} "
                     "are not MIG nodes of a MIG-capable model"
                 )
-            self.dra = DraPools(fake)
+            self.dra = DraPools(fake, shaped=self.shaped, draining=self.api.draining_gpus)
             self.scheduler.dra = self.dra
-        elif policy.static is not None:
+        if policy.static is not None:
             gpus = [
                 (n.name, g.index, n.model)
                 for n in sorted(fake.nodes.values(), key=lambda n: n.name)
@@ -650,7 +712,7 @@ class _Engine:
                 )
             for pg in assign_static(policy.static, gpus):
                 fake.set_layout(pg.node, pg.index, pg)
-        else:
+        elif self.dra is None or self.shaped:  # publish-everything has no partitioner
             timeout, idle = policy.window or (settings.batch_timeout_s, settings.batch_idle_s)
             planner = policy.planner or _default_plan()
             self.config = DecideConfig(
@@ -732,10 +794,13 @@ class _Engine:
         generation = int(np["metadata"]["generation"])
         status = np.get("status") or {}
         observed = int(status.get("observedGeneration", 0))
-        if n.spec is None:
+        if n.spec is None and node not in self.publishing:
             observed = generation
         gpus: list[dict[str, Any]] = []
         for g in n.gpus:
+            if self.dra is not None and self.shaped:
+                gpus = self.dra.status_gpus(node, len(n.gpus))
+                break
             if n.mode is Mode.MPS:
                 gpus.append(
                     {
@@ -795,7 +860,12 @@ class _Engine:
     # ------------------------------------------------------------------ pods
 
     def _create(self, name: str, t: float) -> None:
-        self.api.create_pod(_pod_object(self.pods[name]), self.epoch + t)
+        pod = self.pods[name]
+        if self.shaped:  # the pod's request is a ResourceClaim (partitioner.claims)
+            self.api.create_claim(_claim_object(pod))
+            self.api.create_pod(_pod_object(pod, claim=True), self.epoch + t)
+        else:
+            self.api.create_pod(_pod_object(pod), self.epoch + t)
         self.scheduler.add(self._key(name), t)
 
     def _bind_dra(self, t: float, key: str, node: str) -> bool:
@@ -807,10 +877,23 @@ class _Engine:
         if devices is None:  # the filter found them a moment ago: nothing changed since
             return False
         self.dra.allocate(node, name, devices)
+        if not self.shaped:
+            self.api.bind(key, node)
+            if devices:
+                self.result.reconfigurations.append((t, len({d.gpu for d in devices})))
+            self._started(name, t, t + self.settings.apply_delay_s)
+            return True
+        self.api.allocate_claim(
+            f"{NAMESPACE}/{_claim_name(name)}", node, [d.name for d in devices], DRIVER
+        )
         self.api.bind(key, node)
-        if devices:
-            self.result.reconfigurations.append((t, len({d.gpu for d in devices})))
-        self._started(name, t, t + self.settings.apply_delay_s)
+        created = self.dra.prepare(node, devices)
+        if created:
+            self.result.reconfigurations.append((t, created))
+        self._started(name, t, t + (self.settings.apply_delay_s if created else 0.0))
+        self._account_theft(key, node)
+        self._report_soon(node, t)
+        self._dirty(t)
         return True
 
     def _started(self, name: str, bound: float, started: float) -> None:
@@ -910,6 +993,8 @@ class _Engine:
                     action.node,
                     {"reservations": [e.model_dump(mode="json") for e in action.reservations]},
                 )
+                if self.dra is not None:  # the DRA agent withholds draining GPUs' free devices
+                    self.dra.pools[action.node].fits.clear()
             elif isinstance(action, EmitEvent):
                 self.result.events[action.reason] = self.result.events.get(action.reason, 0) + 1
             elif isinstance(action, SetNodeCondition):
@@ -960,6 +1045,14 @@ class _Engine:
             return False
         for ev in action.on_success:
             self.result.events[ev.reason] = self.result.events.get(ev.reason, 0) + 1
+        if self.shaped:  # the DRA agent publishes it at its next round
+            self.publishing[action.node] = {
+                g.index: [(m.profile, m.start) for m in g.mig] for g in action.spec.gpus
+            }
+            self.seq += 1
+            self.apply_token[action.node] = self.seq
+            self._push(t + self.settings.apply_delay_s, _Kind.APPLY, f"{self.seq}:{action.node}")
+            return True
         apply_at = t + self.settings.apply_delay_s
         self.fake.write_spec(action.node, _planned(action.node, action.spec, node), apply_at)
         self.seq += 1
@@ -1025,7 +1118,14 @@ class _Engine:
             if self.running.get(name) != int(token):
                 return
             del self.running[name]
-            if self.dra is not None:  # unprepare destroys the claim's instances
+            if self.dra is not None and self.shaped:  # unprepare keeps spec placements
+                node, devices = self.dra.release(name)
+                destroyed = self.dra.unprepare(node, devices)
+                if destroyed:
+                    self.result.reconfigurations.append((t, destroyed))
+                self.api.delete_claim(f"{NAMESPACE}/{_claim_name(name)}")
+                self._report_soon(node, t)
+            elif self.dra is not None:  # unprepare destroys the claim's instances
                 _, devices = self.dra.release(name)
                 if devices:
                     self.result.reconfigurations.append((t, len({d.gpu for d in devices})))
@@ -1040,6 +1140,15 @@ class _Engine:
         elif kind is _Kind.APPLY:
             token, node = payload.split(":", 1)
             if self.apply_token.get(node) != int(token):
+                return
+            if self.dra is not None and self.shaped:
+                destroyed, grown = self.dra.publish(node, self.publishing.pop(node))
+                if destroyed:
+                    self.result.reconfigurations.append((t, destroyed))
+                self._report(node)
+                self.scheduler.devices_published(grown, t)
+                self._wake("schedule_at", t, _Kind.SCHEDULE)
+                self._dirty(t)
                 return
             res = self.fake.apply_spec(node)
             if res.gpus_changed:

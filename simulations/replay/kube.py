@@ -106,13 +106,17 @@ def rfc3339(t: float) -> str:
 class SimApi:
     """Pods, Nodes and NodePartitionings of the simulated cluster (module docstring)."""
 
-    def __init__(self, index: ClusterIndex, webhook: bool) -> None:
+    def __init__(self, index: ClusterIndex, webhook: bool, gate_claims: bool = False) -> None:
         self.index = index
         self.webhook = webhook
         """The partitioner's mutating webhook is installed (pods asking for slices get gated)."""
+        self.gate_claims = gate_claims
+        """The webhook gates pods naming ResourceClaims too (DRA nodes served)."""
         self.pods: dict[str, dict[str, Any]] = {}
         self.nodes: dict[str, dict[str, Any]] = {}
         self.partitionings: dict[str, dict[str, Any]] = {}
+        self.claims: dict[str, dict[str, Any]] = {}
+        """ResourceClaims (DRA policies with planner-shaped publishing)."""
         self._rv = itertools.count(1)
         self.refused: Counter[str] = Counter()
         """Requests refused, by reason (``Conflict``, ``Invalid``)."""
@@ -124,7 +128,7 @@ class SimApi:
 
     def create_pod(self, pod: dict[str, Any], now: float) -> dict[str, Any]:
         if self.webhook:
-            gates = admission_patch(pod)
+            gates = admission_patch(pod, self.gate_claims)
             if gates is not None:
                 pod["spec"]["schedulingGates"] = gates
         validate_pod_create(pod)
@@ -186,9 +190,30 @@ class SimApi:
             self.index.apply("pods", "DELETED", pod)
         return pod
 
+    # ------------------------------------------------------------------ claims
+
+    def create_claim(self, claim: dict[str, Any]) -> None:
+        self._stamp(claim)
+        meta = claim["metadata"]
+        self.claims[f"{meta['namespace']}/{meta['name']}"] = claim
+        self.index.apply("claims", "ADDED", claim)
+
+    def allocate_claim(self, key: str, node: str, devices: Iterable[str], driver: str) -> None:
+        """kube-scheduler writes the allocation to the claim's status before binding."""
+        claim = self.claims[key]
+        results = [{"request": "gpu", "driver": driver, "pool": node, "device": d} for d in devices]
+        claim["status"] = {"allocation": {"devices": {"results": results}}}
+        self._stamp(claim)
+        self.index.apply("claims", "MODIFIED", claim)
+
+    def delete_claim(self, key: str) -> None:
+        claim = self.claims.pop(key, None)
+        if claim is not None:
+            self.index.apply("claims", "DELETED", claim)
+
     # ------------------------------------------------------------------ nodes
 
-    def add_node(self, node: FakeNode) -> None:
+    def add_node(self, node: FakeNode, partitioning: str | None = None) -> None:
         obj = {
             "apiVersion": "v1",
             "kind": "Node",
@@ -196,7 +221,7 @@ class SimApi:
                 "name": node.name,
                 "uid": f"node-{node.name}",
                 "labels": {
-                    GPUSLICE_LABEL: node.mode.value,
+                    GPUSLICE_LABEL: partitioning or node.mode.value,
                     PRODUCT_LABEL: node.model.name,
                     COUNT_LABEL: str(len(node.gpus)),
                 },
@@ -421,6 +446,16 @@ class Scheduler:
             if pod is None or not (set(pod.slices) & resources):
                 continue
             if all(info_node.allocatable.get(r, 0) >= k for r, k in pod.slices.items()):
+                self._requeue(self.entries[key], now)
+
+    def devices_published(self, resources: set[str], now: float) -> None:
+        """The DRA plugin's queueing hint for a ResourceSlice change: unschedulable pods
+        asking for a newly published kind of device are tried again."""
+        if not resources or not self.unschedulable:
+            return
+        for key in sorted(self.unschedulable):
+            pod = self.api.index.pods.get(key)
+            if pod is not None and set(pod.slices) & resources:
                 self._requeue(self.entries[key], now)
 
     def bound_pod_deleted(self, now: float) -> None:

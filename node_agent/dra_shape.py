@@ -1,0 +1,295 @@
+"""Planner-shaped publishing in DRA mode: which devices the node publishes, the status it
+reports, which idle MIG instances it keeps.
+
+Model
+-----
+The partitioner plans a ``gpuslice.io/partitioning=dra`` node like a MIG node: it writes the
+``spec`` of the node's NodePartitioning (named after the node), per GPU the MIG layout it
+wants, a list of ``(profile, start)``.  With ``dra_publish=shaped`` (the default) every round
+of the DRA agent (:class:`~node_agent.dra_driver.DraDriver`) reads that object and computes:
+
+* the *planned* devices of GPU ``i``: the spec's placements of ``i`` as device names
+  (:func:`~node_agent.dra_slices.device_name`); a placement the GPU's model does not have (an
+  unknown profile, a start the profile does not allow) is skipped and reported
+  (:func:`planned_devices`);
+* the *allocated* devices: every result of this driver in this node's pool in the
+  ``status.allocation`` of any ResourceClaim (all namespaces, :meth:`ShapeApi.allocated`), plus
+  the devices of the claims the preparer has prepared (its checkpoint);
+* the *published* devices (:func:`publish_set`): per GPU its planned devices, or the whole GPU
+  ``gpu<i>`` when the spec lists no MIG instance for it (or there is no NodePartitioning, or no
+  spec): the most useful free capacity, and a MIG claim that finds no published placement makes
+  the partitioner plan a layout for it; always united with the allocated devices.  An
+  allocated device never leaves the slices, even when the new spec overlaps it: the scheduler
+  counts counters only for published devices, and the counters keep the overlapping planned
+  device from being allocated beside it;
+* the *status* (:func:`shaped_status`), written after a successful publish as a merge patch of
+  the status subresource: ``observedGeneration`` (the generation read), ``planId``, condition
+  ``Applied`` ``True`` (``False``/``Degraded`` with ``Degraded`` ``True``, reason
+  ``InvalidPlacement``, when some placement was skipped) and per MIG-capable GPU ``{index, uuid,
+  model, migEnabled: true, mig: [{profile, start, used}]}``: the allocated placements (``used``)
+  and then the planned placements the GPU's counters allow beside them (free), so the report is
+  always a valid layout (a spec planned before an allocation was seen may overlap it; that
+  placement is not free until the claim goes).  A GPU a claim holds whole (device
+  ``gpu<i>`` allocated) is reported as one instance of the model's profile covering every
+  memory slot (e.g. ``7g.80gb``) at start 0, used (:func:`whole_gpu_profile`): planners then
+  take the GPU as fully used.  Without a NodePartitioning no status is written.
+* the *kept* placements, for the preparer (:class:`~node_agent.dra_prepare.DraPreparer`):
+  the planned devices.  Each round first destroys the idle instances no claim owns whose
+  placement is neither planned nor allocated, then creates the planned placements that have no
+  instance yet (where nothing allocated or in use overlaps them), then publishes: as the
+  device-plugin agent applies a spec before its devices are advertised, so a claim's prepare
+  adopts the instance and a pod never holds its placement while the instance is made.
+  Unprepare keeps a claim's idle instance when its placement is planned (the next claim
+  allocated that placement adopts it).
+
+With ``dra_publish=all`` none of this runs: every placement is published, as before.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from contract.nodepartitioning import (
+    ActualGpu,
+    ActualMigInstance,
+    Condition,
+    NodePartitioning,
+    NodePartitioningSpec,
+    NodePartitioningStatus,
+)
+from node_agent.dra_claims import DeviceTarget
+from node_agent.dra_slices import (
+    DRIVER,
+    DraGpu,
+    device_name,
+    gpu_counters,
+    placement_counters,
+)
+from planner.catalog import GpuModel, MigProfile
+
+__all__ = [
+    "PUBLISH_MODES",
+    "ShapeApi",
+    "claim_devices",
+    "planned_devices",
+    "publish_set",
+    "shaped_status",
+    "whole_gpu_profile",
+]
+
+log = logging.getLogger(__name__)
+
+PUBLISH_MODES = ("shaped", "all")
+"""``dra_publish``: planner-shaped (this module) or every placement."""
+
+CLAIM_GROUP, CLAIM_VERSION, CLAIM_PLURAL = "resource.k8s.io", "v1", "resourceclaims"
+CLAIM_PAGE = 500
+
+
+def planned_devices(
+    gpus: Sequence[DraGpu], spec: NodePartitioningSpec | None
+) -> tuple[dict[int, list[str]], list[str]]:
+    """Per GPU index, the device names of the spec's MIG placements (a GPU the spec does not
+    list: ``[]``); and one line per placement skipped (not a placement of the GPU's model)."""
+    by_index = {g.index: g for g in gpus}
+    out: dict[int, list[str]] = {g.index: [] for g in gpus}
+    skipped: list[str] = []
+    for d in spec.gpus if spec is not None else ():
+        g = by_index.get(d.index)
+        for inst in d.mig:
+            where = f"GPU {d.index} instance {inst.profile}@{inst.start}"
+            if g is None:
+                skipped.append(f"{where}: the node has no such GPU in the catalog")
+                continue
+            try:
+                p = g.model.profile(inst.profile)
+            except ValueError as e:
+                skipped.append(f"{where}: {e}")
+                continue
+            if inst.start not in p.starts:
+                skipped.append(
+                    f"{where}: {p.name} cannot start at {inst.start} on {g.model.name} "
+                    f"(starts {', '.join(map(str, p.starts))})"
+                )
+                continue
+            name = device_name(g.index, p, inst.start)
+            if name not in out[g.index]:
+                out[g.index].append(name)
+    return out, skipped
+
+
+def publish_set(
+    planned: Mapping[int, Sequence[str]],
+    allocated: Collection[str],
+    withheld: Collection[int] = (),
+) -> set[str]:
+    """The devices to publish: per GPU its planned devices, else the whole GPU; nothing free on
+    the ``withheld`` GPUs (the ones the partitioner drains); plus every allocated device."""
+    out = set(allocated)
+    for i, names in planned.items():
+        if i not in withheld:
+            out.update(names if names else [device_name(i)])
+    return out
+
+
+def claim_devices(claims: Iterable[Mapping[str, Any]], pool: str, driver: str = DRIVER) -> set[str]:
+    """The devices of ``driver`` in ``pool`` the claims' ``status.allocation`` names."""
+    out: set[str] = set()
+    for c in claims:
+        allocation = (c.get("status") or {}).get("allocation") if isinstance(c, Mapping) else None
+        if not isinstance(allocation, Mapping):
+            continue
+        results = (allocation.get("devices") or {}).get("results") or ()
+        for r in results if isinstance(results, list) else ():
+            if (
+                isinstance(r, Mapping)
+                and r.get("driver") == driver
+                and r.get("pool") == pool
+                and isinstance(r.get("device"), str)
+            ):
+                out.add(r["device"])
+    return out
+
+
+def whole_gpu_profile(model: GpuModel) -> MigProfile | None:
+    """The profile that stands for a whole GPU in the status: it covers every memory slot (the
+    plain variant, most compute first), e.g. ``7g.80gb``; ``None`` without MIG."""
+    full = [p for p in model.profiles if p.memory_slices == model.memory_slots and 0 in p.starts]
+    full.sort(key=lambda p: (p.variant != "", -p.compute, p.name))
+    return full[0] if full else None
+
+
+def _condition(
+    type_: str,
+    status: str,
+    reason: str,
+    message: str,
+    generation: int,
+    previous: NodePartitioningStatus | None,
+    now: str,
+) -> Condition:
+    prev = next((c for c in previous.conditions if c.type == type_), None) if previous else None
+    since = (
+        prev.lastTransitionTime
+        if prev is not None and prev.status == status and prev.reason == reason
+        else now
+    )
+    return Condition(
+        type=type_,  # type: ignore[arg-type]
+        status=status,  # type: ignore[arg-type]
+        reason=reason,
+        message=message,
+        lastTransitionTime=since,
+        observedGeneration=generation,
+    )
+
+
+def shaped_status(
+    gpus: Sequence[DraGpu],
+    targets: Mapping[str, DeviceTarget],
+    obj: NodePartitioning,
+    planned: Mapping[int, Sequence[str]],
+    allocated: Collection[str],
+    skipped: Sequence[str],
+    now: str,
+) -> NodePartitioningStatus:
+    """The status after publishing ``planned`` and ``allocated`` for ``obj`` (module
+    docstring); ``lastTransitionTime`` is kept from ``obj.status`` while a condition holds."""
+    generation = obj.metadata.generation or 0
+    out: list[ActualGpu] = []
+    for g in sorted(gpus, key=lambda x: x.index):
+        mig: dict[tuple[int, str], ActualMigInstance] = {}
+        if g.model.mig_capable:
+            whole = whole_gpu_profile(g.model)
+            if device_name(g.index) in allocated and whole is not None:
+                mig[(0, whole.name)] = ActualMigInstance(profile=whole.name, start=0, used=True)
+            else:
+                capacity = gpu_counters(g.model)
+                taken: dict[str, int] = {}
+                # allocated first, then the planned placements the counters allow beside them:
+                # a spec written before an allocation may overlap it (a valid layout always)
+                names = [*sorted(allocated), *planned.get(g.index, ())]
+                for name in names:
+                    t = targets.get(name)
+                    if t is None or t.gpu != g.index or t.profile is None:
+                        continue
+                    if (t.start, t.profile.name) in mig:
+                        continue
+                    need = placement_counters(g.model, t.profile, t.start)
+                    if name not in allocated and any(
+                        taken.get(k, 0) + v > capacity[k] for k, v in need.items()
+                    ):
+                        continue
+                    for k, v in need.items():
+                        taken[k] = taken.get(k, 0) + v
+                    mig[(t.start, t.profile.name)] = ActualMigInstance(
+                        profile=t.profile.name, start=t.start, used=name in allocated
+                    )
+        out.append(
+            ActualGpu(
+                index=g.index,
+                uuid=g.uuid,
+                model=g.model.name,
+                migEnabled=g.model.mig_capable,
+                mig=[mig[k] for k in sorted(mig)],
+            )
+        )
+    previous = obj.status
+    if skipped:
+        message = "; ".join(skipped)
+        applied = _condition("Applied", "False", "Degraded", message, generation, previous, now)
+        degraded = _condition(
+            "Degraded", "True", "InvalidPlacement", message, generation, previous, now
+        )
+    else:
+        applied = _condition(
+            "Applied",
+            "True",
+            "Applied",
+            f"spec generation {generation} published",
+            generation,
+            previous,
+            now,
+        )
+        degraded = _condition("Degraded", "False", "AsExpected", "", generation, previous, now)
+    return NodePartitioningStatus(
+        observedGeneration=generation,
+        planId=obj.spec.planId,
+        gpus=out,
+        conditions=[applied, degraded],
+        lastError="",
+    )
+
+
+@dataclass(slots=True)
+class ShapeApi:
+    """The API calls of shaped publishing (kubernetes_asyncio ``CustomObjectsApi``):
+    ResourceClaims of all namespaces, listed in pages of :data:`CLAIM_PAGE`."""
+
+    api: Any
+    node: str
+    driver: str = DRIVER
+    request_timeout_s: float = 10.0
+
+    async def allocated(self) -> set[str]:
+        """This pool's allocated devices, from every ResourceClaim's allocation."""
+        out: set[str] = set()
+        token = ""
+        while True:
+            kwargs: dict[str, Any] = {"limit": CLAIM_PAGE}
+            if token:
+                kwargs["_continue"] = token
+            page = await self.api.list_cluster_custom_object(
+                CLAIM_GROUP,
+                CLAIM_VERSION,
+                CLAIM_PLURAL,
+                _request_timeout=self.request_timeout_s,
+                **kwargs,
+            )
+            out |= claim_devices(page.get("items") or (), self.node, self.driver)
+            token = str((page.get("metadata") or {}).get("continue") or "")
+            if not token:
+                return out

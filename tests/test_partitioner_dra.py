@@ -1,0 +1,271 @@
+"""DRA nodes in the partitioner: ResourceClaims read as demand, planned, gated, released.
+
+Pure tests on :mod:`partitioner.claims`, the index and :func:`partitioner.decide.decide`
+(driven through the promises tests' :class:`Cluster`, which applies patches as the API server
+would), plus the webhook's CEL for pods that name claims.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from test_partitioner_promises import (
+    T0,
+    Cluster,
+    applied_np,
+    events,
+    gated,
+    reservation,
+    status_gpu,
+)
+from test_partitioner_snapshot import A100, node, np
+
+from partitioner.actions import CreatePartitioning, PatchPod, WriteSpec
+from partitioner.claims import MIG_CLASS, pod_claim_keys, read_claim
+from partitioner.gating import GATE, MATCH_CONDITIONS_DRA, admission_patch, wants_gate
+from partitioner.index import ClusterIndex
+from partitioner.reservations import State
+from partitioner.snapshot import GpuNode, NodeProblem, read_node
+from planner.catalog import default_catalog
+
+CAT = default_catalog()
+DRA = {"gpuslice.io/partitioning": "dra", **A100}
+MIG = {"gpuslice.io/partitioning": "mig", **A100}
+THREE_G = "nvidia.com/mig-3g.40gb"
+PROFILE = 'device.attributes["gpu.gpuslice.io"].profile == "3g.40gb"'
+
+
+def claim(
+    name: str,
+    *requests: dict[str, Any],
+    allocated: bool = False,
+    namespace: str = "ns",
+) -> dict[str, Any]:
+    obj: dict[str, Any] = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace, "resourceVersion": "1"},
+        "spec": {"devices": {"requests": list(requests)}},
+    }
+    if allocated:
+        obj["status"] = {"allocation": {"devices": {"results": [{"device": "gpu0"}]}}}
+    return obj
+
+
+def mig_request(expr: str = PROFILE, count: int = 1, **extra: Any) -> dict[str, Any]:
+    return {
+        "name": "gpu",
+        "exactly": {
+            "deviceClassName": MIG_CLASS,
+            "count": count,
+            "selectors": [{"cel": {"expression": expr}}],
+            **extra,
+        },
+    }
+
+
+def claim_pod(name: str, *claims: str, gate: bool = True, **spec: Any) -> dict[str, Any]:
+    """A pod naming ResourceClaims (no extended resources), gated like the webhook does."""
+    obj = gated(name, "cpu", **spec)
+    obj["spec"]["containers"] = [{"name": "c", "resources": {"requests": {"cpu": "1"}}}]
+    obj["spec"]["resourceClaims"] = [
+        {"name": f"c{i}", "resourceClaimName": c} for i, c in enumerate(claims)
+    ]
+    if not gate:
+        del obj["spec"]["schedulingGates"]
+    return obj
+
+
+# ----------------------------------------------------------------------------- claims
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        PROFILE,
+        "device.attributes['gpu.gpuslice.io'].profile == '3g.40gb'",
+        'device.attributes["gpu.gpuslice.io"]["profile"] == "3g.40gb"',
+        'device.attributes["gpu.gpuslice.io"].start >= 4 && ' + PROFILE,
+        "(" + PROFILE + ")",
+    ],
+)
+def test_a_profile_selector_becomes_the_units_of_that_profile(expr: str) -> None:
+    d = read_claim(claim("c", mig_request(expr, count=2)))
+    assert (dict(d.units), d.error, d.allocated) == ({THREE_G: 2}, "", False)
+
+
+def test_claims_of_other_classes_ask_for_nothing_and_allocated_ones_keep_their_units() -> None:
+    other = {"name": "nic", "exactly": {"deviceClassName": "nic.example.com"}}
+    assert dict(read_claim(claim("c", other)).units) == {}
+    d = read_claim(claim("c", other, mig_request(), allocated=True))
+    assert (dict(d.units), d.allocated) == ({THREE_G: 1}, True)
+
+
+@pytest.mark.parametrize(
+    ("request_", "why"),
+    [
+        (mig_request('device.attributes["gpu.gpuslice.io"].memory > 10'), "no single MIG"),
+        (
+            mig_request(PROFILE + ' && device.attributes["gpu.gpuslice.io"].profile == "1g.10gb"'),
+            "no single MIG",
+        ),
+        (mig_request(allocationMode="All"), "allocationMode All"),
+        (mig_request(count=0), "count 0"),
+        ({"name": "gpu", "firstAvailable": [{"deviceClassName": MIG_CLASS}]}, "firstAvailable"),
+    ],
+)
+def test_a_mig_request_that_cannot_be_planned_is_an_error_naming_the_claim_and_the_fix(
+    request_: dict[str, Any], why: str
+) -> None:
+    d = read_claim(claim("c", request_))
+    assert dict(d.units) == {}
+    assert why in d.error and "ResourceClaim ns/c" in d.error and "profile ==" in d.error
+
+
+def test_a_template_claim_is_known_once_the_pod_status_names_it() -> None:
+    pod = claim_pod("p")
+    pod["spec"]["resourceClaims"] = [
+        {"name": "a", "resourceClaimName": "direct"},
+        {"name": "b", "resourceClaimTemplateName": "tmpl"},
+    ]
+    assert pod_claim_keys(pod) == (("ns/direct",), False)
+    pod["status"]["resourceClaimStatuses"] = [{"name": "b", "resourceClaimName": "p-b-x1"}]
+    assert pod_claim_keys(pod) == (("ns/direct", "ns/p-b-x1"), True)
+
+
+# ----------------------------------------------------------------------------- index
+
+
+def test_a_pod_asks_for_its_claims_units_and_is_read_again_when_a_claim_arrives() -> None:
+    index = ClusterIndex(CAT)
+    index.upsert_pod(claim_pod("p", "cl"))
+    p = index.pods["ns/p"]
+    assert (dict(p.slices), p.waiting, p.claims_pending, p.stray) == ({}, False, True, False)
+    before = index.version
+    index.apply("claims", "ADDED", claim("cl", mig_request()))
+    p = index.pods["ns/p"]
+    assert index.version > before
+    assert (dict(p.slices), p.dra, p.waiting) == ({THREE_G: 1}, True, True)
+    assert [w.key for w in index.waiting()] == ["ns/p"]
+    index.apply("claims", "DELETED", claim("cl"))
+    assert index.pods["ns/p"].claims_pending and not index.pods["ns/p"].waiting
+    index.relist("claims", [claim("cl", mig_request(count=3))])
+    assert dict(index.pods["ns/p"].slices) == {THREE_G: 3}
+    index.relist("claims", [])
+    assert index.claims == {} and not index.pods["ns/p"].waiting
+
+
+def test_a_gated_pod_whose_claims_ask_gpuslice_for_nothing_is_a_stray() -> None:
+    index = ClusterIndex.from_objects(
+        CAT,
+        pods=[claim_pod("p", "nic")],
+        claims=[claim("nic", {"name": "n", "exactly": {"deviceClassName": "nic.example.com"}})],
+    )
+    assert index.strays == {"ns/p"} and not index.pods["ns/p"].waiting
+    index.apply("pods", "DELETED", claim_pod("p", "nic"))
+    assert index.strays == set()
+
+
+def test_extended_resources_and_claims_in_one_pod_is_an_error() -> None:
+    pod = claim_pod("p", "cl")
+    pod["spec"]["containers"][0]["resources"]["limits"] = {THREE_G: "1"}
+    index = ClusterIndex.from_objects(CAT, pods=[pod], claims=[claim("cl", mig_request())])
+    p = index.pods["ns/p"]
+    assert dict(p.slices) == {} and "both as extended resources and through" in p.request_error
+
+
+def test_dra_pods_are_eligible_only_on_dra_nodes_and_others_only_elsewhere() -> None:
+    mig_pod = gated("m", THREE_G)
+    index = ClusterIndex.from_objects(
+        CAT,
+        nodes=[node("d1", DRA), node("m1", MIG)],
+        pods=[claim_pod("p", "cl"), mig_pod],
+        claims=[claim("cl", mig_request())],
+    )
+    gpu_nodes = index.gpu_nodes()
+    assert index.eligible(index.pods["ns/p"], gpu_nodes) == {"d1"}
+    assert index.eligible(index.pods["ns/m"], gpu_nodes) == {"m1"}
+
+
+def test_a_dra_node_is_read_as_a_mig_node_unless_the_device_plugin_agent_still_holds_it() -> None:
+    reading = read_node(node("d1", DRA), CAT)
+    assert isinstance(reading, GpuNode) and reading.dra and reading.mode.value == "mig"
+    assert read_node(node("d1", {**DRA, "gpuslice.io/managed": "true"}), CAT) is None
+    t4 = {"gpuslice.io/partitioning": "dra", "nvidia.com/gpu.product": "Tesla-T4"}
+    t4["nvidia.com/gpu.count"] = "1"
+    problem = read_node(node("t", t4), CAT)
+    assert isinstance(problem, NodeProblem) and problem.reason == "MigNotSupported"
+
+
+# ----------------------------------------------------------------------------- decisions
+
+
+def test_a_claim_pod_is_planned_on_the_dra_node_and_released_when_the_agent_publishes() -> None:
+    c = Cluster(node("d1", DRA), np("d1"), claim_pod("p", "cl"), claim("cl", mig_request()))
+    c.step(T0)  # the batch window opens
+    d = c.step(T0 + 61)
+    (spec,) = [a for a in d.actions if isinstance(a, WriteSpec)]
+    assert spec.node == "d1" and spec.spec.mode == "mig"
+    assert [(m.profile) for g in spec.spec.gpus for m in g.mig] == ["3g.40gb"]
+    assert reservation(c, "p").state is State.PLANNED and GATE in str(c.pod("p")["spec"])
+    placed = [(m.profile, m.start) for g in spec.spec.gpus for m in g.mig]
+    gpu = spec.spec.gpus[0].index
+    # The DRA agent publishes the spec and reports it as its status: a free 3g placement.
+    c.put(applied_np("d1", status_gpu(gpu, *[(p, s, False) for p, s in placed]), generation=2))
+    d = c.step(T0 + 62)
+    assert [a.purpose for a in d.actions if isinstance(a, PatchPod)] == ["release"]
+    pod = c.pod("p")
+    assert "schedulingGates" not in pod["spec"] or GATE not in str(pod["spec"]["schedulingGates"])
+    assert "d1" in str(pod["spec"]["affinity"]) and reservation(c, "p").state is State.RELEASED
+
+
+def test_no_room_on_a_dra_node_while_its_published_placement_is_allocated() -> None:
+    allocated = claim("held", mig_request(), allocated=True)
+    bound = claim_pod("b", "held", gate=False)
+    bound["spec"]["nodeName"] = "d1"
+    bound["status"] = {"phase": "Running"}
+    c = Cluster(
+        node("d1", DRA),
+        applied_np("d1", status_gpu(0, ("3g.40gb", 0, False))),  # the agent has not caught up
+        bound,
+        allocated,
+        claim_pod("p", "cl"),
+        claim("cl", mig_request()),
+    )
+    d = c.step(T0)
+    idx = c.index()
+    # The only published 3g placement is the bound pod's: nothing is reserved or released.
+    assert not [a for a in d.actions if isinstance(a, PatchPod) and a.purpose == "release"]
+    assert idx.pods["ns/p"].waiting
+
+
+def test_a_gated_pod_whose_claims_are_another_drivers_loses_the_gate() -> None:
+    nic = claim("nic", {"name": "n", "exactly": {"deviceClassName": "x"}})
+    c = Cluster(node("d1", DRA), np("d1"), claim_pod("p", "nic"), nic)
+    d = c.step(T0)
+    (patch,) = [a for a in d.actions if isinstance(a, PatchPod)]
+    assert patch.purpose == "ungate" and "schedulingGates" not in c.pod("p")["spec"]
+    assert "ask gpuslice for no slice" in events(d, "Ungated")[0]
+
+
+def test_dra_nodes_get_a_node_partitioning() -> None:
+    d = Cluster(node("d1", DRA)).step(T0)
+    assert [a.node for a in d.actions if isinstance(a, CreatePartitioning)] == ["d1"]
+
+
+# ----------------------------------------------------------------------------- the webhook
+
+
+def test_with_dra_served_pods_naming_claims_are_gated_and_the_cel_agrees() -> None:
+    pod = claim_pod("p", "cl", gate=False)
+    assert not wants_gate(pod) and wants_gate(pod, claims=True)
+    assert admission_patch(pod, claims=True) == [{"name": GATE}]
+    bound = copy.deepcopy(pod)
+    bound["spec"]["nodeName"] = "n"
+    assert not wants_gate(bound, claims=True)
+    (asks,) = [e for n, e in MATCH_CONDITIONS_DRA if n == "asks-for-a-slice"]
+    assert asks.startswith(
+        "(has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0)"
+    )
