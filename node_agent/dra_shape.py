@@ -55,7 +55,6 @@ from typing import Any
 from contract.nodepartitioning import (
     ActualGpu,
     ActualMigInstance,
-    Condition,
     NodePartitioning,
     NodePartitioningSpec,
     NodePartitioningStatus,
@@ -68,6 +67,7 @@ from node_agent.dra_slices import (
     gpu_counters,
     placement_counters,
 )
+from node_agent.status import condition
 from planner.catalog import GpuModel, MigProfile
 
 __all__ = [
@@ -162,31 +162,6 @@ def whole_gpu_profile(model: GpuModel) -> MigProfile | None:
     return full[0] if full else None
 
 
-def _condition(
-    type_: str,
-    status: str,
-    reason: str,
-    message: str,
-    generation: int,
-    previous: NodePartitioningStatus | None,
-    now: str,
-) -> Condition:
-    prev = next((c for c in previous.conditions if c.type == type_), None) if previous else None
-    since = (
-        prev.lastTransitionTime
-        if prev is not None and prev.status == status and prev.reason == reason
-        else now
-    )
-    return Condition(
-        type=type_,  # type: ignore[arg-type]
-        status=status,  # type: ignore[arg-type]
-        reason=reason,
-        message=message,
-        lastTransitionTime=since,
-        observedGeneration=generation,
-    )
-
-
 def shaped_status(
     gpus: Sequence[DraGpu],
     targets: Mapping[str, DeviceTarget],
@@ -237,15 +212,15 @@ def shaped_status(
                 mig=[mig[k] for k in sorted(mig)],
             )
         )
-    previous = obj.status
+    previous = obj.status.conditions if obj.status is not None else []
     if skipped:
         message = "; ".join(skipped)
-        applied = _condition("Applied", "False", "Degraded", message, generation, previous, now)
-        degraded = _condition(
+        applied = condition("Applied", "False", "Degraded", message, generation, previous, now)
+        degraded = condition(
             "Degraded", "True", "InvalidPlacement", message, generation, previous, now
         )
     else:
-        applied = _condition(
+        applied = condition(
             "Applied",
             "True",
             "Applied",
@@ -254,7 +229,7 @@ def shaped_status(
             previous,
             now,
         )
-        degraded = _condition("Degraded", "False", "AsExpected", "", generation, previous, now)
+        degraded = condition("Degraded", "False", "AsExpected", "", generation, previous, now)
     return NodePartitioningStatus(
         observedGeneration=generation,
         planId=obj.spec.planId,

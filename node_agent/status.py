@@ -31,7 +31,7 @@ from contract.nodepartitioning import (
 )
 from node_agent.gpu_plan import Block, MpsSlot, ObservedGpu
 
-__all__ = ["actual_gpus", "build_status", "gpu_matches", "spec_applied"]
+__all__ = ["actual_gpus", "build_status", "condition", "gpu_matches", "spec_applied"]
 
 
 def actual_gpus(observed: Sequence[ObservedGpu]) -> list[ActualGpu]:
@@ -123,7 +123,7 @@ def spec_applied(spec: NodePartitioningSpec, observed: Sequence[ObservedGpu]) ->
     return True
 
 
-def _condition(
+def condition(
     type_: str,
     status: str,
     reason: str,
@@ -132,6 +132,8 @@ def _condition(
     previous: Sequence[Condition],
     now: str,
 ) -> Condition:
+    """A status condition; its ``lastTransitionTime`` is kept from ``previous`` while the
+    condition's status and reason hold."""
     prev = next((c for c in previous if c.type == type_), None)
     since = (
         prev.lastTransitionTime
@@ -178,10 +180,10 @@ def build_status(
         a_reason, a_msg = "InProgress", "; ".join(errors) or "applying the spec"
     prev_conds = previous.conditions if previous is not None else []
     conditions = [
-        _condition(
+        condition(
             "Applied", "True" if applied else "False", a_reason, a_msg, generation, prev_conds, now
         ),
-        _condition(
+        condition(
             "Degraded",
             "True" if hard else "False",
             hard[0].reason if hard else "AsExpected",

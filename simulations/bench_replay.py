@@ -442,36 +442,45 @@ WHOLE_NODE = "nvidia.com/mig-7g.80gb x8"
 """The request of a pod that needs a whole node (eight full GPUs)."""
 
 
+def _pend(p: dict[str, Any]) -> str:
+    return f"{p['pending_p50_s']:,.0f} / {p['pending_p95_s']:,.0f} / {p['pending_p99_s']:,.0f}"
+
+
+def _whole(p: dict[str, Any]) -> str:
+    row = (p.get("pending_by_size") or {}).get(WHOLE_NODE)
+    return "-" if not row else f"{row['p50']:,.0f}"
+
+
+def _ordered_cells(paths: Sequence[str]) -> list[tuple[str, int, str, dict[str, Any]]]:
+    """The merged cells as ``(trace, nodes, label, cell)``, by label, openb trace, nodes."""
+    order = {t: i for i, t in enumerate(OPENB_TRACES)}
+    cells = _merged_cells(paths)
+    return [
+        (trace, nodes, label, cell)
+        for (trace, nodes, label), cell in sorted(
+            cells.items(), key=lambda kv: (kv[0][2], order.get(kv[0][0], 99), kv[0][1])
+        )
+    ]
+
+
 def render_modes_table(paths: Sequence[str]) -> str:
     """DRA mode (policy ``dra``) beside the device-plugin policies (``cpsat``, ``greedy``):
     pending p50 / p95 / p99, the whole-node pods' median wait, GPUs reconfigured."""
-
-    def pend(p: dict[str, Any]) -> str:
-        return f"{p['pending_p50_s']:,.0f} / {p['pending_p95_s']:,.0f} / {p['pending_p99_s']:,.0f}"
-
-    def whole(p: dict[str, Any]) -> str:
-        row = (p.get("pending_by_size") or {}).get(WHOLE_NODE)
-        return "-" if not row else f"{row['p50']:,.0f}"
-
     rows = [
         "| trace | nodes (GPUs) | pending p50 / p95 / p99 (s): DRA first-fit | CP-SAT | greedy "
         "| whole-node pods, median wait (s): DRA / CP-SAT / greedy "
         "| GPUs reconfigured: DRA / CP-SAT / greedy |",
         "|---|---|---|---|---|---|---|",
     ]
-    order = {t: i for i, t in enumerate(OPENB_TRACES)}
-    cells = _merged_cells(paths)
-    for (trace, nodes, label), cell in sorted(
-        cells.items(), key=lambda kv: (kv[0][2], order.get(kv[0][0], 99), kv[0][1])
-    ):
+    for trace, nodes, label, cell in _ordered_cells(paths):
         pols = cell["policies"]
         d, c, g = pols.get("dra"), pols.get("cpsat"), pols.get("greedy")
         if d is None or c is None or g is None:
             continue
         rows.append(
             f"| {trace}{f' ({label})' if label else ''} | {nodes} ({cell['gpus']}) "
-            f"| {pend(d)} | {pend(c)} | {pend(g)} "
-            f"| {whole(d)} / {whole(c)} / {whole(g)} "
+            f"| {_pend(d)} | {_pend(c)} | {_pend(g)} "
+            f"| {_whole(d)} / {_whole(c)} / {_whole(g)} "
             f"| {d['gpus_reconfigured']:,} / {c['gpus_reconfigured']:,} / {g['gpus_reconfigured']:,} |"
         )
     return "\n".join(rows)
@@ -492,25 +501,13 @@ def render_shaped_table(paths: Sequence[str]) -> str:
     """DRA mode: planner-shaped publishing (``dra-shaped``) beside publish-everything (``dra``):
     pending p50 / p95 / p99, the p95 ratio, the whole-node pods' median wait, GPUs
     reconfigured and issue 15's verdict."""
-
-    def pend(p: dict[str, Any]) -> str:
-        return f"{p['pending_p50_s']:,.0f} / {p['pending_p95_s']:,.0f} / {p['pending_p99_s']:,.0f}"
-
-    def whole(p: dict[str, Any]) -> str:
-        row = (p.get("pending_by_size") or {}).get(WHOLE_NODE)
-        return "-" if not row else f"{row['p50']:,.0f}"
-
     rows = [
         "| trace | nodes (GPUs) | pending p50 / p95 / p99 (s): planner-shaped "
         "| publish-everything | p95 ratio | whole-node pods, median wait (s): shaped / everything "
         "| GPUs reconfigured: shaped / everything | verdict |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    order = {t: i for i, t in enumerate(OPENB_TRACES)}
-    cells = _merged_cells(paths)
-    for (trace, nodes, label), cell in sorted(
-        cells.items(), key=lambda kv: (kv[0][2], order.get(kv[0][0], 99), kv[0][1])
-    ):
+    for trace, nodes, label, cell in _ordered_cells(paths):
         pols = cell["policies"]
         s, e = pols.get("dra-shaped"), pols.get("dra")
         if s is None or e is None:
@@ -518,7 +515,7 @@ def render_shaped_table(paths: Sequence[str]) -> str:
         ratio = f"{s['pending_p95_s'] / e['pending_p95_s']:.2f}" if e["pending_p95_s"] > 0 else "-"
         rows.append(
             f"| {trace}{f' ({label})' if label else ''} | {nodes} ({cell['gpus']}) "
-            f"| {pend(s)} | {pend(e)} | {ratio} | {whole(s)} / {whole(e)} "
+            f"| {_pend(s)} | {_pend(e)} | {ratio} | {_whole(s)} / {_whole(e)} "
             f"| {s['gpus_reconfigured']:,} / {e['gpus_reconfigured']:,} "
             f"| {shaped_verdict(e, s)} |"
         )

@@ -33,6 +33,21 @@ def pod(name: str, profile: str, arrival: float, duration: float, k: int = 1) ->
     return ReplayPod(name, {f"nvidia.com/mig-{profile}": k}, arrival, duration)
 
 
+def small_mix() -> tuple[Workload, Cluster]:
+    """300 pods of 4g..7g-sized shares arriving every 5 s on two 2-GPU A100 MIG nodes."""
+    mix = (
+        PodShape(4, 1000, 1024, 1, 120),
+        PodShape(3, 1000, 1024, 1, 300),
+        PodShape(2, 1000, 1024, 1, 450),
+        PodShape(1, 1000, 1024, 1, 1000),
+    )
+    wl = synthetic_workload(
+        SyntheticSpec(count=300, mix=mix, arrival_rate_per_s=1 / 5, mean_duration_s=900, seed=4)
+    )
+    nodes = tuple(Node(f"n{i}", 64000, 512000, 2, A100, Mode.MIG, A100) for i in range(2))
+    return wl, Cluster("small", nodes)
+
+
 def test_first_fit_timeline_is_hand_computed() -> None:
     # one GPU; published order: whole GPU, then placements by size: 1g.10gb s0..s6, ...
     # a (3g) takes s0, b (4g, start 0 only) cannot fit beside it until a ends at 5 + 100;
@@ -86,18 +101,9 @@ def test_every_allocation_is_a_valid_layout(monkeypatch: pytest.MonkeyPatch) -> 
             checked += 1
 
     monkeypatch.setattr(dra_module.DraPools, "allocate", checking)
-    mix = (
-        PodShape(4, 1000, 1024, 1, 120),
-        PodShape(3, 1000, 1024, 1, 300),
-        PodShape(2, 1000, 1024, 1, 450),
-        PodShape(1, 1000, 1024, 1, 1000),
-    )
-    wl = synthetic_workload(
-        SyntheticSpec(count=300, mix=mix, arrival_rate_per_s=1 / 5, mean_duration_s=900, seed=4)
-    )
-    nodes = tuple(Node(f"n{i}", 64000, 512000, 2, A100, Mode.MIG, A100) for i in range(2))
+    wl, cluster = small_mix()
     r = run_time_replay(
-        wl, Cluster("small", nodes), "dra", ReplaySettings(planner=PlannerSettings())
+        wl, cluster, "dra", ReplaySettings(planner=PlannerSettings())
     )
     s = summarize(r)
     assert s.pods == 300 and s.never_scheduled == 0 and s.pods_disrupted == 0
@@ -159,19 +165,10 @@ def test_shaped_reports_valid_layouts_and_reconfigures_less_than_publishing_ever
         return out
 
     monkeypatch.setattr(dra_module.DraPools, "status_gpus", checking)
-    mix = (
-        PodShape(4, 1000, 1024, 1, 120),
-        PodShape(3, 1000, 1024, 1, 300),
-        PodShape(2, 1000, 1024, 1, 450),
-        PodShape(1, 1000, 1024, 1, 1000),
-    )
-    wl = synthetic_workload(
-        SyntheticSpec(count=300, mix=mix, arrival_rate_per_s=1 / 5, mean_duration_s=900, seed=4)
-    )
-    nodes = tuple(Node(f"n{i}", 64000, 512000, 2, A100, Mode.MIG, A100) for i in range(2))
+    wl, cluster = small_mix()
     settings = ReplaySettings(planner=PlannerSettings())
-    shaped = summarize(run_time_replay(wl, Cluster("small", nodes), "dra-shaped", settings))
-    everything = summarize(run_time_replay(wl, Cluster("small", nodes), "dra", settings))
+    shaped = summarize(run_time_replay(wl, cluster, "dra-shaped", settings))
+    everything = summarize(run_time_replay(wl, small_mix()[1], "dra", settings))
     assert shaped.pods == everything.pods == 300
     assert shaped.never_scheduled == 0 and shaped.pods_disrupted == 0
     assert reports > 50
