@@ -105,8 +105,10 @@ def node_lifecycle(index: ClusterIndex) -> list[LifecycleAction]:
             if labels.get(MANAGED_LABEL) != "true":
                 out.append(SetNodeLabel(name, MANAGED_LABEL, "true"))
             continue
-        # an invalid opt-in value: the label check owns the condition (module docstring)
-        owns_condition = not opted_in(info.obj)
+        # an invalid opt-in value: the label check owns the condition (module docstring); a
+        # node moving to DRA mode is not read (planned) while labelled, so its drain owns it
+        moving_to_dra = managed and labels.get(GPUSLICE_LABEL) == DRA_VALUE
+        owns_condition = not opted_in(info.obj) or moving_to_dra
         have = _condition(info) if owns_condition else None
         ref = ObjectRef("Node", name, uid=info.uid)
         if not managed:

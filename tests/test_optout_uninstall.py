@@ -500,3 +500,25 @@ async def test_the_operator_drains_an_opted_out_node_once_no_pod_uses_a_slice(
         (drained,) = await eventually(lambda: events(kmock, "Drained"), within=5)
         assert drained["involvedObject"]["name"] == "n1"
         assert "gpuslice.io/partitioning" not in labels()
+
+
+def test_a_node_moving_to_dra_mode_drains_with_its_condition_then_is_let_go() -> None:
+    """``gpuslice.io/partitioning=dra`` on a managed node: the device-plugin agent stays until
+    no pod uses its slices (the node is not planned meanwhile), with ``GpusliceReady=False/
+    Draining``; then condition and label go and the DRA agent can start."""
+    labels = {"gpuslice.io/partitioning": "dra", MANAGED_LABEL: "true", **GPU_LABELS}
+    holder = bound("infer", "n1", "nvidia.com/mig-1g.10gb")
+    index = ClusterIndex.from_objects(CAT, nodes=[node_obj("n1", labels)], pods=[holder])
+    assert index.nodes["n1"].reading is None  # not planned while it drains
+    cond, event = node_lifecycle(index)
+    assert isinstance(cond, SetNodeCondition) and cond.reason == DRAINING
+    assert "infer" in cond.message
+    assert isinstance(event, EmitEvent) and event.reason == DRAINING
+    draining = node_obj("n1", labels, [condition(DRAINING, cond.message, "False")])
+    index = ClusterIndex.from_objects(CAT, nodes=[draining], pods=[
+        {**holder, "metadata": {**holder["metadata"], "resourceVersion": "2"},
+         "status": {"phase": "Succeeded"}}])  # fmt: skip
+    remove, unlabel, done = node_lifecycle(index)
+    assert remove == RemoveNodeCondition("n1", "GpusliceReady")
+    assert unlabel == SetNodeLabel("n1", MANAGED_LABEL, None)
+    assert isinstance(done, EmitEvent) and done.reason == "Drained"
