@@ -264,12 +264,17 @@ class DraPreparer:
                 if mig_uuid not in keep:
                     self._destroy_unknown(g, gi, mig_uuid)
             gi_id = nv.create_gpu_instance(g, p.profile_id, start, p.memory_slices)
-        try:
-            nv.create_compute_instance(g, gi_id)
-        except NvmlError:
-            nv.destroy_gpu_instance(g, gi_id)  # no half-made instance is left behind
-            raise
+        self._compute_on(g, gi_id)
         return self._uuid_of(g, gi_id), info.uuid
+
+    def _compute_on(self, g: int, gi_id: int) -> None:
+        """Create the compute instance of a new GPU instance; on failure destroy the GPU
+        instance, so no half-made instance is left behind."""
+        try:
+            self._nvml.create_compute_instance(g, gi_id)
+        except NvmlError:
+            self._nvml.destroy_gpu_instance(g, gi_id)
+            raise
 
     def _destroy_unknown(self, g: int, gi: GpuInstanceInfo, mig_uuid: str) -> None:
         busy = self._busy(g, gi)
@@ -511,11 +516,7 @@ class DraPreparer:
                     gi_id = self._nvml.create_gpu_instance(
                         g, p.profile_id, t.start, p.memory_slices
                     )
-                    try:
-                        self._nvml.create_compute_instance(g, gi_id)
-                    except NvmlError:
-                        self._nvml.destroy_gpu_instance(g, gi_id)
-                        raise
+                    self._compute_on(g, gi_id)
                 except (ClaimError, NvmlError) as e:
                     log.warning("planned placement %s not created now (prepare will): %s", name, e)
                     continue

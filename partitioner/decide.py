@@ -897,37 +897,22 @@ class _Step:
         """Pods gated at admission for naming ResourceClaims whose claims, all known, ask
         gpuslice for nothing (another driver's devices) lose the gate at once."""
         for key in sorted(self.index.strays):
-            pod = self.index.pods[key]
-            patch = ungate_patch(pod.obj)
-            if patch is None:
-                continue
-            message = "its ResourceClaims ask gpuslice for no slice: gpuslice removed its gate"
-            self.actions.append(
-                PatchPod(
-                    key,
-                    _pod_ref(pod),
-                    patch,
-                    "ungate",
-                    None,
-                    (EmitEvent(_pod_ref(pod), "Normal", "Ungated", message),),
-                )
+            self._ungate(
+                self.index.pods[key],
+                "its ResourceClaims ask gpuslice for no slice: gpuslice removed its gate",
             )
+
+    def _ungate(self, pod: PodInfo, message: str) -> None:
+        """Remove gpuslice's gate from ``pod`` (if it has it), with a Normal Event ``Ungated``."""
+        patch = ungate_patch(pod.obj)
+        if patch is None:
+            return
+        event = EmitEvent(_pod_ref(pod), "Normal", "Ungated", message)
+        self.actions.append(PatchPod(pod.key, _pod_ref(pod), patch, "ungate", None, (event,)))
 
     def _read_legacy(self, pod: PodInfo, in_flight: Mapping[str, str]) -> None:
         if pod.gated:
-            patch = ungate_patch(pod.obj)
-            if patch is not None:
-                message = "reservations are off: gpuslice removed its scheduling gate"
-                self.actions.append(
-                    PatchPod(
-                        pod.key,
-                        _pod_ref(pod),
-                        patch,
-                        "ungate",
-                        None,
-                        (EmitEvent(_pod_ref(pod), "Normal", "Ungated", message),),
-                    )
-                )
+            self._ungate(pod, "reservations are off: gpuslice removed its scheduling gate")
             return
         if not pod.unschedulable:
             return

@@ -89,6 +89,20 @@ class _Pool:
     scheduler's filter asks for every parked pod on every retry, and binding asks again."""
 
 
+Used = dict[tuple[int, str], int]
+"""``(GPU, counter) -> amount`` consumed."""
+
+
+def _fits(used: Used, capacity: Mapping[tuple[int, str], int], d: PublishedDevice) -> bool:
+    """``d``'s counters, added to ``used``, stay within its GPU's counter set."""
+    return all(used.get((d.gpu, k), 0) + v <= capacity[(d.gpu, k)] for k, v in d.consumes)
+
+
+def _consume(used: Used, d: PublishedDevice, sign: int = 1) -> None:
+    for k, v in d.consumes:
+        used[(d.gpu, k)] = used.get((d.gpu, k), 0) + sign * v
+
+
 def _published(node: str, models: Mapping[int, GpuModel]) -> _Pool:
     gpus = [DraGpu(i, f"GPU-{node}-{i}", m) for i, m in sorted(models.items())]
     slices = sorted(resource_slices(node, gpus), key=lambda s: s["metadata"]["name"])
@@ -175,12 +189,9 @@ class DraPools:
                     continue
                 if d.gpu in withheld:
                     continue
-                if any(
-                    used.get((d.gpu, k), 0) + v > pool.capacity[(d.gpu, k)] for k, v in d.consumes
-                ):
+                if not _fits(used, pool.capacity, d):
                     continue
-                for k, v in d.consumes:
-                    used[(d.gpu, k)] = used.get((d.gpu, k), 0) + v
+                _consume(used, d)
                 picked.append(d)
                 taken.add(d.name)
                 need -= 1
@@ -195,8 +206,7 @@ class DraPools:
             if d.name in pool.held:
                 raise AssertionError(f"device {d.name} of {node} is already allocated")
             pool.held[d.name] = pod
-            for k, v in d.consumes:
-                pool.used[(d.gpu, k)] = pool.used.get((d.gpu, k), 0) + v
+            _consume(pool.used, d)
         self.claims[pod] = (node, list(devices))
 
     def release(self, pod: str) -> tuple[str, list[PublishedDevice]]:
@@ -205,8 +215,7 @@ class DraPools:
         pool.fits.clear()
         for d in devices:
             del pool.held[d.name]
-            for k, v in d.consumes:
-                pool.used[(d.gpu, k)] -= v
+            _consume(pool.used, d, -1)
         return node, devices
 
     # ------------------------------------------------------------------ planner-shaped agent
@@ -231,18 +240,16 @@ class DraPools:
         pool.published = pool.spec | whole | set(pool.held)
         changed = {d.gpu for d in pool.devices if d.name in pool.kept - pool.spec}
         pool.kept &= pool.spec
-        used: dict[tuple[int, str], int] = {}
+        used: Used = {}
         for d in pool.devices:
             if d.name in pool.held or d.name in pool.kept:
-                for k, v in d.consumes:
-                    used[(d.gpu, k)] = used.get((d.gpu, k), 0) + v
+                _consume(used, d)
         for d in wanted:
             if d.name in pool.held or d.name in pool.kept:
                 continue
-            if any(used.get((d.gpu, k), 0) + v > pool.capacity[(d.gpu, k)] for k, v in d.consumes):
+            if not _fits(used, pool.capacity, d):
                 continue  # overlaps an allocated device: made once that claim is gone
-            for k, v in d.consumes:
-                used[(d.gpu, k)] = used.get((d.gpu, k), 0) + v
+            _consume(used, d)
             pool.kept.add(d.name)
             changed.add(d.gpu)
         pool.fits.clear()
@@ -286,7 +293,7 @@ class DraPools:
         pool = self.pools[node]
         out: list[dict[str, Any]] = []
         for g in range(gpu_count):
-            used: dict[tuple[int, str], int] = {}
+            used: Used = {}
             mig: list[dict[str, Any]] = []
             ordered = sorted(
                 (d for d in pool.devices if d.gpu == g and d.profile is not None),
@@ -296,12 +303,9 @@ class DraPools:
                 held = d.name in pool.held
                 if not held and d.name not in pool.spec:
                     continue
-                if not held and any(
-                    used.get((g, k), 0) + v > pool.capacity[(g, k)] for k, v in d.consumes
-                ):
+                if not held and not _fits(used, pool.capacity, d):
                     continue
-                for k, v in d.consumes:
-                    used[(g, k)] = used.get((g, k), 0) + v
+                _consume(used, d)
                 mig.append({"profile": d.profile, "start": d.start, "used": held})
             out.append({"index": g, "migEnabled": True, "mig": mig})
         return out

@@ -796,38 +796,10 @@ class _Engine:
         observed = int(status.get("observedGeneration", 0))
         if n.spec is None and node not in self.publishing:
             observed = generation
-        gpus: list[dict[str, Any]] = []
-        for g in n.gpus:
-            if self.dra is not None and self.shaped:
-                gpus = self.dra.status_gpus(node, len(n.gpus))
-                break
-            if n.mode is Mode.MPS:
-                gpus.append(
-                    {
-                        "index": g.index,
-                        "mps": [
-                            {
-                                "memoryMiB": d.memory_mib,
-                                "activeThreadPercentage": d.thread_percentage,
-                                "used": d.pod is not None,
-                            }
-                            for d in g.devices
-                        ],
-                    }
-                )
-            elif n.mode is Mode.HYBRID:
-                gpus.append({"index": g.index, "migEnabled": True, "mig": _hybrid_status(g)})
-            else:
-                gpus.append(
-                    {
-                        "index": g.index,
-                        "migEnabled": True,
-                        "mig": [
-                            {"profile": d.profile, "start": d.slot, "used": d.pod is not None}
-                            for d in g.devices
-                        ],
-                    }
-                )
+        if self.dra is not None and self.shaped:
+            gpus = self.dra.status_gpus(node, len(n.gpus))
+        else:
+            gpus = _agent_gpus(n)
         applied = observed == generation
         self.api.patch_np_status(
             node,
@@ -1275,6 +1247,40 @@ class _Engine:
         self.result.api_refusals = dict(self.api.refused)
         self.result.wall_s = time.perf_counter() - wall0
         return self.result
+
+
+def _agent_gpus(n: FakeNode) -> list[dict[str, Any]]:
+    """The ``status.gpus`` the device-plugin agent reports for its node's actual devices."""
+    gpus: list[dict[str, Any]] = []
+    for g in n.gpus:
+        if n.mode is Mode.MPS:
+            gpus.append(
+                {
+                    "index": g.index,
+                    "mps": [
+                        {
+                            "memoryMiB": d.memory_mib,
+                            "activeThreadPercentage": d.thread_percentage,
+                            "used": d.pod is not None,
+                        }
+                        for d in g.devices
+                    ],
+                }
+            )
+        elif n.mode is Mode.HYBRID:
+            gpus.append({"index": g.index, "migEnabled": True, "mig": _hybrid_status(g)})
+        else:
+            gpus.append(
+                {
+                    "index": g.index,
+                    "migEnabled": True,
+                    "mig": [
+                        {"profile": d.profile, "start": d.slot, "used": d.pod is not None}
+                        for d in g.devices
+                    ],
+                }
+            )
+    return gpus
 
 
 def _planned(node: str, spec: Any, fake: FakeNode) -> list[PlannedGpu]:

@@ -374,27 +374,14 @@ class FakeCluster:
             raise FakeClusterError(f"pod {pod!r} is already bound to {self.bindings[pod].node}")
         if not self.fits(node, requests, cpu, memory):
             raise FakeClusterError(f"pod {pod!r} does not fit node {node!r} now")
-        n = self.nodes[node]
         chosen: list[tuple[int, Device]] = []
         for resource, count in sorted(requests.items()):
             want = list((preferred or {}).get(resource, ()))
-            free = [
-                (g.index, d)
-                for g in n.gpus
-                for d in g.devices
-                if d.resource == resource and d.pod is None and not d.withdrawn
-            ]
+            free = self.free_devices(node, resource)
             # preferred GPUs first (in the order the plan named them), then GPU/slot order
             free.sort(key=lambda gd: (0 if gd[0] in want else 1, gd[0], gd[1].slot))
-            for gi, d in free[:count]:
-                d.pod = pod
-                chosen.append((gi, d))
-        n.cpu_used += cpu
-        n.memory_used += memory
-        self._recount(n)
-        b = Binding(node, tuple((gi, d.key) for gi, d in chosen), cpu, memory)
-        self.bindings[pod] = b
-        return b
+            chosen.extend(free[:count])
+        return self.bind_devices(pod, node, chosen, cpu, memory)
 
     def advertised(self, node: str) -> Counter[str]:
         """Devices the node's agent advertises per resource (free or bound, not withdrawn)."""
