@@ -31,8 +31,9 @@ of the DRA agent (:class:`~node_agent.dra_driver.DraDriver`) reads that object a
   always a valid layout (a spec planned before an allocation was seen may overlap it; that
   placement is not free until the claim goes).  A GPU a claim holds whole (device
   ``gpu<i>`` allocated) is reported as one instance of the model's profile covering every
-  memory slot (e.g. ``7g.80gb``) at start 0, used (:func:`whole_gpu_profile`): planners then
-  take the GPU as fully used.  Without a NodePartitioning no status is written.
+  memory slot (e.g. ``7g.80gb``) at start 0, used: planners then take the GPU as fully used
+  (:func:`~node_agent.dra_slices.reported_layout`, which the time replay's fake agent
+  reports too).  Without a NodePartitioning no status is written.
 * the *kept* placements, for the preparer (:class:`~node_agent.dra_prepare.DraPreparer`):
   the planned devices.  Each round first destroys the idle instances no claim owns whose
   placement is neither planned nor allocated, then creates the planned placements that have no
@@ -64,11 +65,9 @@ from node_agent.dra_slices import (
     DRIVER,
     DraGpu,
     device_name,
-    gpu_counters,
-    placement_counters,
+    reported_layout,
 )
 from node_agent.status import condition
-from planner.catalog import GpuModel, MigProfile
 
 __all__ = [
     "PUBLISH_MODES",
@@ -77,7 +76,6 @@ __all__ = [
     "planned_devices",
     "publish_set",
     "shaped_status",
-    "whole_gpu_profile",
 ]
 
 log = logging.getLogger(__name__)
@@ -154,14 +152,6 @@ def claim_devices(claims: Iterable[Mapping[str, Any]], pool: str, driver: str = 
     return out
 
 
-def whole_gpu_profile(model: GpuModel) -> MigProfile | None:
-    """The profile that stands for a whole GPU in the status: it covers every memory slot (the
-    plain variant, most compute first), e.g. ``7g.80gb``; ``None`` without MIG."""
-    full = [p for p in model.profiles if p.memory_slices == model.memory_slots and 0 in p.starts]
-    full.sort(key=lambda p: (p.variant != "", -p.compute, p.name))
-    return full[0] if full else None
-
-
 def shaped_status(
     gpus: Sequence[DraGpu],
     targets: Mapping[str, DeviceTarget],
@@ -176,40 +166,27 @@ def shaped_status(
     generation = obj.metadata.generation or 0
     out: list[ActualGpu] = []
     for g in sorted(gpus, key=lambda x: x.index):
-        mig: dict[tuple[int, str], ActualMigInstance] = {}
+        mig: list[ActualMigInstance] = []
         if g.model.mig_capable:
-            whole = whole_gpu_profile(g.model)
-            if device_name(g.index) in allocated and whole is not None:
-                mig[(0, whole.name)] = ActualMigInstance(profile=whole.name, start=0, used=True)
-            else:
-                capacity = gpu_counters(g.model)
-                taken: dict[str, int] = {}
-                # allocated first, then the planned placements the counters allow beside them:
-                # a spec written before an allocation may overlap it (a valid layout always)
-                names = [*sorted(allocated), *planned.get(g.index, ())]
-                for name in names:
-                    t = targets.get(name)
-                    if t is None or t.gpu != g.index or t.profile is None:
-                        continue
-                    if (t.start, t.profile.name) in mig:
-                        continue
-                    need = placement_counters(g.model, t.profile, t.start)
-                    if name not in allocated and any(
-                        taken.get(k, 0) + v > capacity[k] for k, v in need.items()
-                    ):
-                        continue
-                    for k, v in need.items():
-                        taken[k] = taken.get(k, 0) + v
-                    mig[(t.start, t.profile.name)] = ActualMigInstance(
-                        profile=t.profile.name, start=t.start, used=name in allocated
-                    )
+            held = [targets[n] for n in sorted(allocated) if n in targets]
+            wanted = [targets[n] for n in planned.get(g.index, ()) if n in targets]
+            layout = reported_layout(
+                g.model,
+                [(t.profile, t.start) for t in held if t.gpu == g.index],
+                [
+                    (t.profile, t.start)
+                    for t in wanted
+                    if t.gpu == g.index and t.profile is not None
+                ],
+            )
+            mig = [ActualMigInstance(profile=p, start=s, used=u) for p, s, u in layout]
         out.append(
             ActualGpu(
                 index=g.index,
                 uuid=g.uuid,
                 model=g.model.name,
                 migEnabled=g.model.mig_capable,
-                mig=[mig[k] for k in sorted(mig)],
+                mig=mig,
             )
         )
     previous = obj.status.conditions if obj.status is not None else []

@@ -55,7 +55,9 @@ __all__ = [
     "device_name",
     "gpu_counters",
     "placement_counters",
+    "reported_layout",
     "resource_slices",
+    "whole_gpu_profile",
 ]
 
 DRIVER = "gpu.gpuslice.io"
@@ -129,6 +131,49 @@ def placement_counters(
         elif profile.variant != "-me":
             out["me-all"] = 1
     return out
+
+
+def whole_gpu_profile(model: GpuModel) -> MigProfile | None:
+    """The profile that covers every memory slot from start 0 (``7g.80gb`` on an A100-80GB),
+    without media variants: how a GPU allocated whole is reported in a MIG layout."""
+    full = [p for p in model.profiles if p.memory_slices == model.memory_slots and 0 in p.starts]
+    full.sort(key=lambda p: (p.variant != "", -p.compute, p.name))
+    return full[0] if full else None
+
+
+def reported_layout(
+    model: GpuModel,
+    allocated: Sequence[tuple[MigProfile | None, int]],
+    planned: Sequence[tuple[MigProfile, int]],
+) -> list[tuple[str, int, bool]]:
+    """The MIG layout a DRA agent reports for one GPU, as ``(profile, start, used)`` sorted by
+    ``(start, profile)``: every allocated placement, used (``None``: the whole GPU, reported as
+    :func:`whole_gpu_profile` at start 0, alone), then each planned placement whose counters
+    (:func:`placement_counters`) still fit beside those taken, free; each placement once.
+
+    Allocated placements come first because a spec written before the agent saw an
+    allocation may overlap it: that planned placement is not free until the claim goes, and
+    the report stays a valid layout (the partitioner's planner refuses any other).  The
+    device-plugin-free agent and the time replay's fake DRA agent both report this.
+    """
+    if any(profile is None for profile, _ in allocated):
+        whole = whole_gpu_profile(model)
+        return [(whole.name, 0, True)] if whole is not None else []
+    capacity = gpu_counters(model)
+    taken: dict[str, int] = {}
+    out: dict[tuple[int, str], bool] = {}
+    rows = [(p, s, True) for p, s in allocated] + [(p, s, False) for p, s in planned]
+    for profile, start, used in rows:
+        assert profile is not None  # the whole GPU returned above
+        if (start, profile.name) in out:
+            continue
+        need = placement_counters(model, profile, start)
+        if not used and any(taken.get(k, 0) + v > capacity[k] for k, v in need.items()):
+            continue
+        for k, v in need.items():
+            taken[k] = taken.get(k, 0) + v
+        out[(start, profile.name)] = used
+    return [(name, start, used) for (start, name), used in sorted(out.items())]
 
 
 def _quantity(value: int) -> dict[str, str]:

@@ -34,8 +34,8 @@ from node_agent.dra_claims import AllocatedDevice, ClaimError, ClaimRef
 from node_agent.dra_driver import DraDriver
 from node_agent.dra_prepare import DraPreparer
 from node_agent.dra_publish import SlicePublisher
-from node_agent.dra_shape import ShapeApi, planned_devices, whole_gpu_profile
-from node_agent.dra_slices import DRIVER, DraGpu, device_name
+from node_agent.dra_shape import ShapeApi, planned_devices
+from node_agent.dra_slices import DRIVER, DraGpu, device_name, whole_gpu_profile
 from node_agent.draplugin import DraKubeletPlugin, KubeClaimReader
 from node_agent.nvml_fake import FakeNvml
 from planner.catalog import default_catalog

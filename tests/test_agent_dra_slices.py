@@ -26,7 +26,9 @@ from node_agent.dra_slices import (
     device_name,
     gpu_counters,
     placement_counters,
+    reported_layout,
     resource_slices,
+    whole_gpu_profile,
 )
 from planner.catalog import GpuModel, MigProfile, default_catalog
 from tests.mig_facts import layout_ok
@@ -98,6 +100,39 @@ def test_the_whole_gpu_excludes_every_placement(model: GpuModel) -> None:
     for p, s in placements(model):
         used = Counter(whole) + Counter(placement_counters(model, p, s))
         assert any(used[k] > have[k] for k in used)
+
+
+@given(data=st.data(), model=st.sampled_from(MIG_MODELS))
+@settings(max_examples=300, deadline=None)
+def test_the_reported_layout_is_valid_and_keeps_every_allocation(
+    data: st.DataObject, model: GpuModel
+) -> None:
+    """Allocated placements (a valid set) and any planned placements, overlapping or not:
+    the report is a valid layout (the facts' oracle), holds every allocation as used, and
+    leaves out a planned placement only when adding it would break the layout."""
+    every = placements(model)
+    valid = [p for p in every if layout_ok(model.name, [(p[0].name, p[1])])]
+    allocated: list[Placed] = []
+    for p in data.draw(st.lists(st.sampled_from(valid), max_size=4, unique=True)):
+        if layout_ok(model.name, [(q.name, s) for q, s in [*allocated, p]]):
+            allocated.append(p)
+    planned = data.draw(st.lists(st.sampled_from(every), max_size=6))
+    layout = reported_layout(model, allocated, planned)
+    got = [(name, start) for name, start, _ in layout]
+    assert layout_ok(model.name, got), got
+    assert {(p.name, s) for p, s in allocated} == {(n, s) for n, s, used in layout if used}
+    for p, s in planned:
+        if (p.name, s) not in got:
+            assert not layout_ok(model.name, [*got, (p.name, s)]), (p.name, s, got)
+    assert len(got) == len(set(got))
+
+
+@pytest.mark.parametrize("model", MIG_MODELS, ids=[m.name for m in MIG_MODELS])
+def test_a_gpu_allocated_whole_is_reported_as_one_used_full_instance(model: GpuModel) -> None:
+    whole = whole_gpu_profile(model)
+    assert whole is not None and whole.memory_slices == model.memory_slots
+    p, s = placements(model)[0]
+    assert reported_layout(model, [(None, 0)], [(p, s)]) == [(whole.name, 0, True)]
 
 
 def _node(model: str, n: int = 8) -> list[DraGpu]:

@@ -45,8 +45,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from node_agent.dra_slices import DraGpu, resource_slices
-from planner.catalog import GpuModel
+from node_agent.dra_slices import DraGpu, reported_layout, resource_slices
+from planner.catalog import GpuModel, MigProfile
 from planner.snapshot import mig_resource
 from simulations.replay.fake_cluster import FakeCluster
 
@@ -73,6 +73,7 @@ class PublishedDevice:
 class _Pool:
     devices: list[PublishedDevice]
     capacity: dict[tuple[int, str], int]
+    models: dict[int, GpuModel]
     used: dict[tuple[int, str], int] = field(default_factory=dict)
     held: dict[str, str] = field(default_factory=dict)
     """Device name -> the pod whose claim holds it."""
@@ -103,6 +104,10 @@ def _consume(used: Used, d: PublishedDevice, sign: int = 1) -> None:
         used[(d.gpu, k)] = used.get((d.gpu, k), 0) + sign * v
 
 
+def _profile(model: GpuModel, d: PublishedDevice) -> MigProfile | None:
+    return model.profile(d.profile) if d.profile is not None else None
+
+
 def _published(node: str, models: Mapping[int, GpuModel]) -> _Pool:
     gpus = [DraGpu(i, f"GPU-{node}-{i}", m) for i, m in sorted(models.items())]
     slices = sorted(resource_slices(node, gpus), key=lambda s: s["metadata"]["name"])
@@ -130,7 +135,7 @@ def _published(node: str, models: Mapping[int, GpuModel]) -> _Pool:
             devices.append(
                 PublishedDevice(d["name"], g, profile, resource, compute, consumes, start)
             )
-    return _Pool(devices, capacity)
+    return _Pool(devices, capacity, dict(models))
 
 
 class DraPools:
@@ -293,20 +298,14 @@ class DraPools:
         pool = self.pools[node]
         out: list[dict[str, Any]] = []
         for g in range(gpu_count):
-            used: Used = {}
-            mig: list[dict[str, Any]] = []
-            ordered = sorted(
-                (d for d in pool.devices if d.gpu == g and d.profile is not None),
-                key=lambda d: d.name not in pool.held,
+            model = pool.models[g]
+            mine = [d for d in pool.devices if d.gpu == g]
+            layout = reported_layout(
+                model,
+                [(_profile(model, d), d.start) for d in mine if d.name in pool.held],
+                [(p, d.start) for d in mine if d.name in pool.spec and (p := _profile(model, d))],
             )
-            for d in ordered:
-                held = d.name in pool.held
-                if not held and d.name not in pool.spec:
-                    continue
-                if not held and not _fits(used, pool.capacity, d):
-                    continue
-                _consume(used, d)
-                mig.append({"profile": d.profile, "start": d.start, "used": held})
+            mig = [{"profile": p, "start": s, "used": u} for p, s, u in layout]
             out.append({"index": g, "migEnabled": True, "mig": mig})
         return out
 
