@@ -61,6 +61,7 @@ from contract.nodepartitioning import (
 from node_agent.health import AgentHealth
 from node_agent.metrics import AgentMetrics
 from node_agent.reconciler import Reconciler, ReconcileResult
+from node_agent.tasks import first_of
 
 __all__ = [
     "Agent",
@@ -668,12 +669,4 @@ class Agent:
                     log.info("reconcile passes succeed again after %d failure(s)", failing)
                 failing = 0
             timeout = self.resync_seconds if settled else self.retry_seconds
-            waiter = asyncio.ensure_future(self.source.wait_change(timeout))
-            stopper = asyncio.ensure_future(stop.wait())
-            try:
-                await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for t in (waiter, stopper):
-                    t.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await t
+            await first_of(self.source.wait_change(timeout), stop.wait())

@@ -70,6 +70,7 @@ from node_agent.devices import (
 )
 from node_agent.proto import deviceplugin_v1beta1_pb2 as pb
 from node_agent.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from node_agent.tasks import cancel
 
 __all__ = [
     "API_VERSION",
@@ -449,10 +450,7 @@ class DevicePluginManager:
     async def stop(self) -> None:
         """Stop every plugin server, remove their sockets, end the reconcile task."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel(task)
         plugins, self._plugins = self._plugins, {}
         for plugin in plugins.values():
             await plugin.close()

@@ -47,16 +47,17 @@ instances keep serving their pods, and the next agent finds them in the checkpoi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from typing import Any
+from collections.abc import Awaitable
+from typing import Protocol
 
 from contract.nodepartitioning import PARTITIONER_STATUS_FIELDS, NodePartitioning
-from node_agent.agent import draining_gpus, now_rfc3339
+from node_agent.agent import SpecSource, draining_gpus, now_rfc3339
 from node_agent.dra_publish import SlicePublisher
 from node_agent.dra_shape import planned_devices, publish_set, shaped_status
 from node_agent.draplugin import DraKubeletPlugin
 from node_agent.health import AgentHealth
+from node_agent.tasks import first_of
 
 __all__ = ["DraDriver"]
 
@@ -78,6 +79,12 @@ def _key(obj: NodePartitioning | None) -> tuple[str, int, tuple[int, ...]] | Non
     return (obj.metadata.uid or "", obj.metadata.generation or 0, tuple(sorted(_draining(obj))))
 
 
+class AllocatedClaims(Protocol):
+    async def allocated(self) -> set[str]:
+        """The devices of this node's pool that some ResourceClaim holds."""
+        ...
+
+
 class DraDriver:
     def __init__(
         self,
@@ -87,8 +94,8 @@ class DraDriver:
         resync_s: float = 30.0,
         retry_s: float = 2.0,
         health: AgentHealth | None = None,
-        spec_source: Any = None,
-        claims: Any = None,
+        spec_source: SpecSource | None = None,
+        claims: AllocatedClaims | None = None,
         spec_poll_s: float = 2.0,
     ) -> None:
         """``plugin``'s registrations wake the publish loop (its ``on_registered`` is set
@@ -128,8 +135,14 @@ class DraDriver:
     def shaped(self) -> bool:
         return self.spec_source is not None
 
+    def _sources(self) -> tuple[SpecSource, AllocatedClaims]:
+        if self.spec_source is None or self.claims is None:
+            raise RuntimeError("planner-shaped publishing is off (no spec_source and claims)")
+        return self.spec_source, self.claims
+
     async def _shaped_round(self) -> None:
-        obj: NodePartitioning | None = await self.spec_source.get()
+        source, claims = self._sources()
+        obj: NodePartitioning | None = await source.get()
         self._seen = _key(obj)
         gpus = self.publisher.gpus
         planned, skipped = planned_devices(gpus, obj.spec if obj is not None else None)
@@ -137,7 +150,7 @@ class DraDriver:
             for line in skipped:
                 log.warning("NodePartitioning %s: skipped placement %s", self.publisher.node, line)
         self._skipped = skipped
-        allocated: set[str] = await self.claims.allocated()
+        allocated: set[str] = await claims.allocated()
         allocated |= {d.device for rec in self.preparer.checkpoint for d in rec.devices}
         planned_names = {n for names in planned.values() for n in names}
         self.preparer.planned = frozenset(planned_names)
@@ -176,16 +189,17 @@ class DraDriver:
         if obj.status is None or status.model_dump(exclude=ours) != obj.status.model_dump(
             exclude=ours
         ):
-            await self.spec_source.write_status(status)
+            await source.write_status(status)
             self.status_writes += 1
 
     async def _spec_changed(self) -> None:
         """Return once the NodePartitioning's uid or generation differs from the last round's
         (polled every ``spec_poll_s``; a failed read is retried at the next poll)."""
+        source, _ = self._sources()
         while True:
             await asyncio.sleep(self.spec_poll_s)
             try:
-                key = _key(await self.spec_source.get())
+                key = _key(await source.get())
             except Exception as e:  # the source logs the outage; the next poll retries
                 log.debug("polling the NodePartitioning failed: %s", e)
                 continue
@@ -194,8 +208,9 @@ class DraDriver:
 
     async def _read_planned(self) -> None:
         """Before the start-up clean-up: the spec's placements, so that it keeps them."""
+        source, _ = self._sources()
         try:
-            obj = await self.spec_source.get()
+            obj = await source.get()
         except Exception as e:
             log.warning(
                 "reading the NodePartitioning before the start-up clean-up failed (%s): idle "
@@ -237,25 +252,12 @@ class DraDriver:
             while not stop.is_set():
                 self._wake.clear()
                 ok = await self.publish_once()
-                waits: list[asyncio.Future[Any]] = [
-                    asyncio.ensure_future(stop.wait()),
-                    asyncio.ensure_future(self._wake.wait()),
-                ]
+                waits: list[Awaitable[object]] = [stop.wait(), self._wake.wait()]
                 timeout = self.resync_s if ok else self.retry_s
                 if self.shaped:
-                    waits.append(asyncio.ensure_future(self._spec_changed()))
+                    waits.append(self._spec_changed())
                     if ok and self._narrowed:
                         timeout = min(timeout, self.spec_poll_s)
-                try:
-                    await asyncio.wait(
-                        waits,
-                        timeout=timeout,
-                        return_when=asyncio.FIRST_COMPLETED,
-                    )
-                finally:
-                    for w in waits:
-                        w.cancel()
-                        with contextlib.suppress(asyncio.CancelledError):
-                            await w
+                await first_of(*waits, timeout=timeout)
         finally:
             await self.plugin.stop()

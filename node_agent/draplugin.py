@@ -49,6 +49,7 @@ from node_agent.proto import dra_v1_pb2 as dra
 from node_agent.proto import dra_v1_pb2_grpc as dra_grpc
 from node_agent.proto import pluginregistration_v1_pb2 as reg
 from node_agent.proto import pluginregistration_v1_pb2_grpc as reg_grpc
+from node_agent.tasks import cancel
 
 __all__ = [
     "DRA_PLUGIN_DIR",
@@ -147,10 +148,7 @@ class DraKubeletPlugin:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel(task)
         for path in (self.registration_socket, self.dra_socket):  # deregister first
             await self._unserve(path)
         self.registered = False
