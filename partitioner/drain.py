@@ -38,7 +38,10 @@ the next cycle and released once the node has applied (``apply_deadline`` at mos
 wait is at most ``drain_after + window + R + apply_deadline + bind``, and, with ``B`` GPUs of
 budget and ``q`` older drains ahead of it, ``(q // B + 1)`` such rounds.  The bound holds
 while the queue is shallow: no drain starts while more slice units wait than
-``drain_queue_limit`` per GPU of the cluster (overload; :mod:`partitioner.decide`, step 8).
+``drain_queue_limit`` per GPU of the cluster (overload; :mod:`partitioner.decide`, step 8),
+and a queue that turns deep ends the drains in progress (their frozen GPUs would idle while
+the queue's pods could run there); such a pod is drained again, from the start, once the
+queue is short.
 Then free slices go to the smallest pods first (throughput), except that pods past the last
 waiting tier go first, oldest first, and a one-GPU one keeps free slices for the next plan:
 such a pod waits at most the last tier plus the time the older ones past it take to be

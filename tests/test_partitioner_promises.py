@@ -449,6 +449,33 @@ def test_no_drain_starts_while_the_queue_is_deeper_than_the_limit(limit: float) 
     assert reservation(c, "big").state is State.DRAINING
 
 
+def test_a_deep_queue_ends_a_drain_and_a_short_one_starts_it_again() -> None:
+    """A drain started in a short queue ends when the queue turns deep (a frozen GPU that has
+    emptied would idle while the queue's pods could use it): the pod is a plain candidate
+    again, with an Event; no drain starts while the queue stays deep, and once it is short
+    the pod is drained again."""
+    c = no_gpu_can_host_big()
+    c.step(T0 + 600)
+    c.step(T0 + 611)
+    assert reservation(c, "big").state is State.DRAINING
+    c.put(gated("next1", SEVEN_G, created=T0 + 612))
+    c.put(gated("next2", SEVEN_G, created=T0 + 613))  # 3 units on 2 GPUs: deep
+    d = c.step(T0 + 620)
+    assert d.counts["drains_ended_deep_queue"] == 1
+    (msg,) = events(d, "ReservationDropped")
+    assert msg.startswith("drain of node n1 ended: 3 slice unit(s) wait for 2 GPU(s)")
+    assert reservation(c, "big") is None and GATE in str(c.pod("big")["spec"])
+    (view,) = [a for a in d.actions if isinstance(a, WriteReservations)]
+    assert view.reservations == ()
+    d = c.step(T0 + 700)
+    assert not events(d, "Draining") and reservation(c, "big") is None
+    del c.objs[("Pod", "ns/next1")]
+    del c.objs[("Pod", "ns/next2")]
+    for t in (T0 + 800, T0 + 811, T0 + 822, T0 + 900):
+        c.step(t)
+    assert reservation(c, "big").state is State.DRAINING
+
+
 def test_pods_no_node_can_hold_now_do_not_crowd_out_the_ones_behind_them() -> None:
     """Two nodes, each with one GPU busy and one empty: two 7g units fit the cluster, but not on
     one node.  The older pod wants 2 x 7g (all on one node) and cannot be placed now; before,

@@ -290,3 +290,34 @@ def test_mixed_model_and_mode_cluster_replays() -> None:
     assert {p.name for p in r.pods} == {p.name for p in wl.pods}
     assert all(p.first_bound is not None for p in r.pods)
     assert r.disruptions == 0 and r.theft == 0
+
+
+@pytest.mark.parametrize("policy", ["cpsat", "greedy"])
+def test_the_partitioner_steps_again_one_cycle_after_its_own_writes(
+    policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator sees its own patches as watch events and steps again at its next cycle (a
+    reservation a plan made on a free slice is released there); the replay must not wait for
+    a time-based wake-up instead (it once waited for the reservation's 300 s deadline)."""
+    from simulations.replay import engine as engine_module
+
+    steps: list[tuple[float, bool]] = []
+    step = engine_module._Engine._step
+
+    def recording(self: engine_module._Engine, t: float) -> None:
+        before = self.index.version
+        step(self, t)
+        steps.append((t, self.index.version != before))
+
+    monkeypatch.setattr(engine_module._Engine, "_step", recording)
+    wl, cl = small_workload(seed=7, count=60)
+    settings = ReplaySettings(planner=PlannerSettings(time_limit_s=2))
+    run_time_replay(wl, cl, policy, settings)
+    wrote = [i for i, (_, changed) in enumerate(steps[:-1]) if changed]
+    assert len(wrote) > 10
+    late = [
+        (steps[i][0], steps[i + 1][0])
+        for i in wrote
+        if steps[i + 1][0] > steps[i][0] + settings.cycle_s + 1e-6
+    ]
+    assert not late, late[:5]

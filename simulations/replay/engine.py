@@ -998,6 +998,11 @@ class _Engine:
         if progress:
             self.last_progress = t
         self._schedule_next(t, decision.next_wakeup)
+        if self.index.version != self.stepped_version:
+            # The step's own writes changed what it reads (a reservation, a spec): the operator
+            # sees them as watch events and steps again at its next cycle (a reservation made
+            # by a plan on a free slice is released there), as it does after any change.
+            self._dirty(t)
 
     def _write_spec(self, t: float, action: WriteSpec) -> bool:
         node = self.fake.nodes.get(action.node)
