@@ -72,6 +72,8 @@ def test_static_whole_gpu_queue_is_hand_computed() -> None:
     assert (s.pending_p50_s, s.pending_p95_s, s.never_scheduled) == (90, 130, 1)
     assert s.allocation_mean == pytest.approx(1.0)
     assert s.reconfigurations_per_hour == 0 and s.plans == 0
+    # b waits 10-100 and c 20-150 while a, then b, holds the GPU: nothing idle while they wait
+    assert (s.waiting_span_s, s.idle_gpus_while_waiting) == (140, 0)
 
 
 def test_partitioner_window_and_apply_delay_are_hand_computed() -> None:
@@ -92,6 +94,8 @@ def test_partitioner_window_and_apply_delay_are_hand_computed() -> None:
     s = summarize(r)
     assert s.pods_disrupted == 0 and s.never_scheduled == 0
     assert s.reconfigurations_per_hour == pytest.approx(1 / ((sync + 100) / 3600))
+    # the GPU idles for the whole wait (window, apply, status sync)
+    assert s.waiting_span_s == pytest.approx(sync) and s.idle_gpus_while_waiting == 1
 
 
 def test_timeout_closes_a_window_that_keeps_getting_arrivals() -> None:

@@ -64,6 +64,11 @@ def test_first_fit_timeline_is_hand_computed() -> None:
     s = summarize(r)
     assert s.never_scheduled == 0 and s.pods_disrupted == 0 and r.theft == 0
     assert s.gpus_reconfigured == 6  # three prepares, three unprepares, one GPU each
+    # a pod is unbound from 10 to b's allocation (a prepared claim's pod is bound); the GPU
+    # holds a claim throughout but from a's end (105) to b's allocation
+    b = rec["b"].first_bound  # its allocation (its wait goes on through prepare)
+    assert s.waiting_span_s == pytest.approx(b - 10)
+    assert s.idle_gpus_while_waiting * s.waiting_span_s == pytest.approx(b - 105)
 
 
 def test_first_fit_devices_follow_the_published_order() -> None:
@@ -102,9 +107,7 @@ def test_every_allocation_is_a_valid_layout(monkeypatch: pytest.MonkeyPatch) -> 
 
     monkeypatch.setattr(dra_module.DraPools, "allocate", checking)
     wl, cluster = small_mix()
-    r = run_time_replay(
-        wl, cluster, "dra", ReplaySettings(planner=PlannerSettings())
-    )
+    r = run_time_replay(wl, cluster, "dra", ReplaySettings(planner=PlannerSettings()))
     s = summarize(r)
     assert s.pods == 300 and s.never_scheduled == 0 and s.pods_disrupted == 0
     assert checked > 300

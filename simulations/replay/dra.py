@@ -309,5 +309,9 @@ class DraPools:
             out.append({"index": g, "migEnabled": True, "mig": mig})
         return out
 
+    def busy_gpus(self) -> int:
+        """GPUs some bound claim holds a device of."""
+        return len({(node, d.gpu) for node, ds in self.claims.values() for d in ds})
+
     def used_compute(self) -> int:
         return sum(d.compute for _, ds in self.claims.values() for d in ds)

@@ -817,6 +817,12 @@ class _Engine:
             },
         )
 
+    def _idle_gpus(self) -> int:
+        """GPUs on which nothing is bound (DRA: no claim holds a device of theirs)."""
+        if self.dra is not None:
+            return self.fake.gpu_count() - self.dra.busy_gpus()
+        return self.fake.idle_gpus()
+
     def _allocation(self) -> float:
         if self.dra is not None:
             total = self.fake.total_compute()
@@ -1217,12 +1223,16 @@ class _Engine:
         wall0 = time.perf_counter()
         self.result.allocation.append((self.result.start, self._allocation()))
         t = self.result.start
+        idle = self._idle_gpus()
         while self.heap:
             t_next = self.heap[0][0]
             if self._quiet(t_next):
                 break
             if self.settings.horizon_s is not None and t_next > self.settings.horizon_s:
                 break
+            if self.waiting > 0:  # the state since t held until t_next
+                self.result.waiting_span_s += t_next - t
+                self.result.idle_gpu_s_waiting += (t_next - t) * idle
             t = t_next
             tick = False
             while self.heap and self.heap[0][0] == t:
@@ -1241,6 +1251,7 @@ class _Engine:
             alloc = self._allocation()
             if alloc != self.result.allocation[-1][1]:
                 self.result.allocation.append((t, alloc))
+            idle = self._idle_gpus()
         self.result.end = max(t, self.result.start)
         for rec in self.records.values():
             if rec.waiting_since is not None:

@@ -274,6 +274,15 @@ class FakeCluster:
             if d.pod is not None
         )
 
+    def gpu_count(self) -> int:
+        return sum(len(n.gpus) for n in self.nodes.values())
+
+    def idle_gpus(self) -> int:
+        """GPUs none of whose devices (instances, slices) a pod holds."""
+        return sum(
+            1 for n in self.nodes.values() for g in n.gpus if all(d.pod is None for d in g.devices)
+        )
+
     def uniform(self) -> bool:
         """All nodes share one GPU model and one mode."""
         return len({(n.model.name, n.mode) for n in self.nodes.values()}) <= 1

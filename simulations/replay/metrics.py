@@ -28,6 +28,12 @@ Metric definitions (:func:`summarize`)
   the plans actually computed (plans reused for an identical input are counted apart).
 * **allocation**: the time-weighted mean and the maximum of the allocation step function over
   ``[start, end]``.
+* **idle GPUs while pods wait**: over the time at least one pod is not bound
+  (``waiting_span_s``; in DRA mode a pod whose claim is allocated and being prepared is
+  bound), the time-weighted mean number of GPUs on which nothing is bound (no pod holds any of
+  their devices).  It separates capacity lost (GPUs idle while work waits: batch windows, applies,
+  holds, drains, or pods no idle GPU can serve, such as a whole-node pod while every node
+  runs something) from the order in which pods are served.
 """
 
 from __future__ import annotations
@@ -105,6 +111,10 @@ class ReplayResult:
     api_refusals: dict[str, int] = field(default_factory=dict)
     status_sync: dict[str, float] = field(default_factory=dict)
     """Node -> phase (s) of its kubelet's node-status sync: syncs at ``phase + k * 10 s``."""
+    waiting_span_s: float = 0.0
+    """Time during which at least one pod waited."""
+    idle_gpu_s_waiting: float = 0.0
+    """GPU-seconds of GPUs with nothing bound, during :attr:`waiting_span_s`."""
 
     def pending_times(self) -> list[float]:
         return [p.pending_at(self.end) for p in self.pods]
@@ -165,6 +175,9 @@ class ReplaySummary:
     admission_rejections: int = 0
     pending_by_size: dict[str, dict[str, float]] = field(default_factory=dict)
     """``resource xunits`` -> pods, p50, p95, p99 of their pending time (s)."""
+    waiting_span_s: float = 0.0
+    idle_gpus_while_waiting: float = 0.0
+    """Mean GPUs with nothing bound while at least one pod waits (module docstring)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -220,4 +233,8 @@ def summarize(result: ReplayResult) -> ReplaySummary:
         theft=result.theft,
         admission_rejections=result.admission_rejections,
         pending_by_size=pending_by_size(result),
+        waiting_span_s=result.waiting_span_s,
+        idle_gpus_while_waiting=(
+            result.idle_gpu_s_waiting / result.waiting_span_s if result.waiting_span_s else 0.0
+        ),
     )
