@@ -22,13 +22,11 @@ import simulations.replay.engine as replay_module
 from partitioner import decide as decide_module
 from partitioner.decide import ControllerState, Decision, _same_state, _Step
 from planner.settings import PlannerSettings
-from planner.snapshot import Mode
-from simulations.inputs.cluster import Cluster, Node
-from simulations.inputs.workload import PodShape, SyntheticSpec, synthetic_workload
+from simulations.inputs.cluster import Cluster
+from simulations.inputs.workload import PodShape
 from simulations.replay.engine import ReplaySettings, run_time_replay
 from simulations.replay.metrics import summarize
-
-A100 = "A100-SXM4-80GB"
+from tests.replay_workloads import mig_workload
 
 
 def _workload(count: int, seed: int) -> tuple[Any, Cluster]:
@@ -38,13 +36,9 @@ def _workload(count: int, seed: int) -> tuple[Any, Cluster]:
         PodShape(1, 1000, 1024, 1, 1000),
         PodShape(1, 1000, 1024, 2, 1000),
     )
-    wl = synthetic_workload(
-        SyntheticSpec(
-            count=count, mix=mix, arrival_rate_per_s=1 / 20, mean_duration_s=900, seed=seed
-        )
+    return mig_workload(
+        "quiet", mix, count=count, rate_per_s=1 / 20, mean_duration_s=900, seed=seed
     )
-    nodes = tuple(Node(f"n{i}", 64000, 512000, 2, A100, Mode.MIG, A100) for i in range(2))
-    return wl, Cluster("quiet", nodes)
 
 
 def _probe_times(now: float, decision: Decision) -> list[float]:

@@ -12,7 +12,7 @@ from planner.greedy import plan_greedy
 from planner.settings import PlannerSettings
 from planner.snapshot import GpuState, MigInstance, Mode, Plan, Snapshot
 from simulations.inputs.cluster import Cluster, Node
-from simulations.inputs.workload import Pod, PodShape, SyntheticSpec, Workload, synthetic_workload
+from simulations.inputs.workload import Pod, PodShape, Workload
 from simulations.replay.engine import (
     ReplayError,
     ReplayPod,
@@ -24,6 +24,7 @@ from simulations.replay.engine import (
 )
 from simulations.replay.fake_cluster import FakeCluster
 from simulations.replay.metrics import summarize
+from tests.replay_workloads import mig_workload
 
 A100 = "A100-SXM4-80GB"
 EMPTY = Workload("none", (Pod("unused", 0),))
@@ -43,13 +44,9 @@ def small_workload(seed: int = 3, count: int = 40) -> tuple[Workload, Cluster]:
         PodShape(2, 1000, 1024, 1, 300),
         PodShape(1, 1000, 1024, 1, 1000),
     )
-    wl = synthetic_workload(
-        SyntheticSpec(
-            count=count, mix=mix, arrival_rate_per_s=1 / 40, mean_duration_s=600, seed=seed
-        )
+    return mig_workload(
+        "small", mix, count=count, rate_per_s=1 / 40, mean_duration_s=600, seed=seed
     )
-    nodes = tuple(Node(f"n{i}", 64000, 512000, 2, A100, Mode.MIG, A100) for i in range(2))
-    return wl, Cluster("small", nodes)
 
 
 # ------------------------------------------------------------------ hand-computed timelines

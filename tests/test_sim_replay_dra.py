@@ -17,13 +17,14 @@ from mig_facts import layout_ok
 
 from planner.settings import PlannerSettings
 from planner.snapshot import Mode
-from simulations.inputs.cluster import Cluster, Node
-from simulations.inputs.workload import Pod, PodShape, SyntheticSpec, Workload, synthetic_workload
+from simulations.inputs.cluster import Cluster
+from simulations.inputs.workload import Pod, PodShape, Workload
 from simulations.replay import dra as dra_module
 from simulations.replay.dra import DraPools
 from simulations.replay.engine import ReplayError, ReplayPod, ReplaySettings, run_time_replay
 from simulations.replay.fake_cluster import FakeCluster
 from simulations.replay.metrics import summarize
+from tests.replay_workloads import mig_workload
 
 A100 = "A100-SXM4-80GB"
 EMPTY = Workload("none", (Pod("unused", 0),))
@@ -41,11 +42,7 @@ def small_mix() -> tuple[Workload, Cluster]:
         PodShape(2, 1000, 1024, 1, 450),
         PodShape(1, 1000, 1024, 1, 1000),
     )
-    wl = synthetic_workload(
-        SyntheticSpec(count=300, mix=mix, arrival_rate_per_s=1 / 5, mean_duration_s=900, seed=4)
-    )
-    nodes = tuple(Node(f"n{i}", 64000, 512000, 2, A100, Mode.MIG, A100) for i in range(2))
-    return wl, Cluster("small", nodes)
+    return mig_workload("small", mix, count=300, rate_per_s=1 / 5, mean_duration_s=900, seed=4)
 
 
 def test_first_fit_timeline_is_hand_computed() -> None:
