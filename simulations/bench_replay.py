@@ -61,7 +61,7 @@ import json
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -463,6 +463,17 @@ def _ordered_cells(paths: Sequence[str]) -> list[tuple[str, int, str, dict[str, 
     ]
 
 
+def _rows_with(paths: Sequence[str], *policies: str) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """Per merged cell in table order (:func:`_ordered_cells`) that ran every one of
+    ``policies``: the row's first two columns (trace, nodes and GPUs) and each policy's
+    summary in the order asked."""
+    for trace, nodes, label, cell in _ordered_cells(paths):
+        pols = cell["policies"]
+        if all(p in pols for p in policies):
+            head = f"| {trace}{f' ({label})' if label else ''} | {nodes} ({cell['gpus']}) "
+            yield head, [pols[p] for p in policies]
+
+
 def render_modes_table(paths: Sequence[str]) -> str:
     """DRA mode (policy ``dra``) beside the device-plugin policies (``cpsat``, ``greedy``):
     pending p50 / p95 / p99, the whole-node pods' median wait, GPUs reconfigured."""
@@ -472,14 +483,9 @@ def render_modes_table(paths: Sequence[str]) -> str:
         "| GPUs reconfigured: DRA / CP-SAT / greedy |",
         "|---|---|---|---|---|---|---|",
     ]
-    for trace, nodes, label, cell in _ordered_cells(paths):
-        pols = cell["policies"]
-        d, c, g = pols.get("dra"), pols.get("cpsat"), pols.get("greedy")
-        if d is None or c is None or g is None:
-            continue
+    for head, (d, c, g) in _rows_with(paths, "dra", "cpsat", "greedy"):
         rows.append(
-            f"| {trace}{f' ({label})' if label else ''} | {nodes} ({cell['gpus']}) "
-            f"| {_pend(d)} | {_pend(c)} | {_pend(g)} "
+            f"{head}| {_pend(d)} | {_pend(c)} | {_pend(g)} "
             f"| {_whole(d)} / {_whole(c)} / {_whole(g)} "
             f"| {d['gpus_reconfigured']:,} / {c['gpus_reconfigured']:,} / {g['gpus_reconfigured']:,} |"
         )
@@ -507,15 +513,10 @@ def render_shaped_table(paths: Sequence[str]) -> str:
         "| GPUs reconfigured: shaped / everything | verdict |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for trace, nodes, label, cell in _ordered_cells(paths):
-        pols = cell["policies"]
-        s, e = pols.get("dra-shaped"), pols.get("dra")
-        if s is None or e is None:
-            continue
+    for head, (s, e) in _rows_with(paths, "dra-shaped", "dra"):
         ratio = f"{s['pending_p95_s'] / e['pending_p95_s']:.2f}" if e["pending_p95_s"] > 0 else "-"
         rows.append(
-            f"| {trace}{f' ({label})' if label else ''} | {nodes} ({cell['gpus']}) "
-            f"| {_pend(s)} | {_pend(e)} | {ratio} | {_whole(s)} / {_whole(e)} "
+            f"{head}| {_pend(s)} | {_pend(e)} | {ratio} | {_whole(s)} / {_whole(e)} "
             f"| {s['gpus_reconfigured']:,} / {e['gpus_reconfigured']:,} "
             f"| {shaped_verdict(e, s)} |"
         )
@@ -525,24 +526,16 @@ def render_shaped_table(paths: Sequence[str]) -> str:
 def render_table(paths: Sequence[str]) -> str:
     """One Markdown table of the cells of several ``--out`` files, merged per policy (a later
     file's run of a policy replaces an earlier one's); verdicts are recomputed."""
-    cells = _merged_cells(paths)
     rows = [
         "| trace | nodes (GPUs) | regime | pending p95 / p99 (s), CP-SAT | nos-like greedy "
         "| p95 / p99 ratio | reconfigured | theft | disrupted | wall s | verdict |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    order = {t: i for i, t in enumerate(OPENB_TRACES)}
-    for (trace, nodes, label), cell in sorted(
-        cells.items(), key=lambda kv: (kv[0][2], order.get(kv[0][0], 99), kv[0][1])
-    ):
-        pols = cell["policies"]
-        c, g = pols.get("cpsat"), pols.get("greedy")
-        if c is None or g is None:
-            continue
+    for head, (c, g) in _rows_with(paths, "cpsat", "greedy"):
         v = verdict(c, g)
         failed = [k for k, ok in v["checks"].items() if not ok]
         rows.append(
-            f"| {trace}{f' ({label})' if label else ''} | {nodes} ({cell['gpus']}) | {v['regime'].split(' (')[0]} "
+            f"{head}| {v['regime'].split(' (')[0]} "
             f"| {c['pending_p95_s']:,.0f} / {c['pending_p99_s']:,.0f} "
             f"| {g['pending_p95_s']:,.0f} / {g['pending_p99_s']:,.0f} "
             f"| {v['p95_ratio'] if v['p95_ratio'] is not None else '-'} / "
