@@ -68,6 +68,7 @@ from node_agent.dra_slices import (
     reported_layout,
 )
 from node_agent.status import condition
+from planner.catalog import MigProfile
 
 __all__ = [
     "PUBLISH_MODES",
@@ -164,15 +165,18 @@ def shaped_status(
     """The status after publishing ``planned`` and ``allocated`` for ``obj`` (module
     docstring); ``lastTransitionTime`` is kept from ``obj.status`` while a condition holds."""
     generation = obj.metadata.generation or 0
+    held: dict[int, list[tuple[MigProfile | None, int]]] = {}
+    for name in sorted(allocated):
+        if (t := targets.get(name)) is not None:
+            held.setdefault(t.gpu, []).append((t.profile, t.start))
     out: list[ActualGpu] = []
     for g in sorted(gpus, key=lambda x: x.index):
         mig: list[ActualMigInstance] = []
         if g.model.mig_capable:
-            held = [targets[n] for n in sorted(allocated) if n in targets]
             wanted = [targets[n] for n in planned.get(g.index, ()) if n in targets]
             layout = reported_layout(
                 g.model,
-                [(t.profile, t.start) for t in held if t.gpu == g.index],
+                held.get(g.index, []),
                 [
                     (t.profile, t.start)
                     for t in wanted

@@ -806,7 +806,7 @@ class _Step:
         emptied idles until the rest of its set does, while the queue's pods could run on it.
         The GPUs stay frozen for this step only (the ledgers are built); the pods are
         candidates as before and may be drained again once the queue is short."""
-        cluster_gpus = sum(len(ledger.gpus) for ledger in self.ledgers.values())
+        cluster_gpus = self.cluster_gpus()
         queue = self.candidate_resources.total()
         for key, r in sorted(self.drains.items()):
             self.counts["drains_ended_deep_queue"] += 1
@@ -1220,12 +1220,15 @@ class _Step:
         self.managed.discard(pod.key)
         self.drains.pop(pod.key, None)
 
+    def cluster_gpus(self) -> int:
+        """GPUs of every node with a ledger (the deep-queue limit is per GPU of these)."""
+        return sum(len(ledger.gpus) for ledger in self.ledgers.values())
+
     def deep_queue(self) -> bool:
         """More slice units wait (gated candidates) than ``drain_queue_limit`` per GPU of the
         cluster, and more than one: overload, where no drain starts and the fast path serves
         the smallest pods first, those past the last waiting tier first (module docstring)."""
-        cluster_gpus = sum(len(ledger.gpus) for ledger in self.ledgers.values())
-        limit = max(1.0, self.config.drain_queue_limit * cluster_gpus)
+        limit = max(1.0, self.config.drain_queue_limit * self.cluster_gpus())
         return self.candidate_resources.total() > limit
 
     def start_drains(self, plan: Plan) -> None:

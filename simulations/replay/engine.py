@@ -1223,7 +1223,7 @@ class _Engine:
         wall0 = time.perf_counter()
         self.result.allocation.append((self.result.start, self._allocation()))
         t = self.result.start
-        idle = self._idle_gpus()
+        idle = 0  # GPUs with nothing bound, counted only while some pod waits (below)
         while self.heap:
             t_next = self.heap[0][0]
             if self._quiet(t_next):
@@ -1251,7 +1251,7 @@ class _Engine:
             alloc = self._allocation()
             if alloc != self.result.allocation[-1][1]:
                 self.result.allocation.append((t, alloc))
-            idle = self._idle_gpus()
+            idle = self._idle_gpus() if self.waiting > 0 else 0
         self.result.end = max(t, self.result.start)
         for rec in self.records.values():
             if rec.waiting_since is not None:
