@@ -48,13 +48,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import Protocol
 
 from contract.nodepartitioning import PARTITIONER_STATUS_FIELDS, NodePartitioning
 from node_agent.agent import SpecSource, draining_gpus, now_rfc3339
 from node_agent.dra_publish import SlicePublisher
 from node_agent.dra_shape import planned_devices, publish_set, shaped_status
+from node_agent.dra_slices import DraGpu
 from node_agent.draplugin import DraKubeletPlugin
 from node_agent.health import AgentHealth
 from node_agent.tasks import first_of
@@ -71,12 +72,24 @@ def _draining(obj: NodePartitioning | None) -> frozenset[int]:
     return draining_gpus(obj.status.model_dump(mode="json"))
 
 
-def _key(obj: NodePartitioning | None) -> tuple[str, int, tuple[int, ...]] | None:
+def _key(
+    obj: NodePartitioning | None, draining: frozenset[int] | None = None
+) -> tuple[str, int, tuple[int, ...]] | None:
     """What a round depends on in the object: its uid, generation and drained GPUs
-    (``None``: no object)."""
+    (``draining``, when the caller has them already; ``None``: no object)."""
     if obj is None:
         return None
-    return (obj.metadata.uid or "", obj.metadata.generation or 0, tuple(sorted(_draining(obj))))
+    drained = _draining(obj) if draining is None else draining
+    return (obj.metadata.uid or "", obj.metadata.generation or 0, tuple(sorted(drained)))
+
+
+def _planned(
+    gpus: Sequence[DraGpu], obj: NodePartitioning | None
+) -> tuple[dict[int, list[str]], list[str], frozenset[str]]:
+    """The spec's placements per GPU, the placements skipped (why, one line each) and the
+    names of all planned devices (what unprepare and the clean-up keep)."""
+    planned, skipped = planned_devices(gpus, obj.spec if obj is not None else None)
+    return planned, skipped, frozenset(n for names in planned.values() for n in names)
 
 
 class AllocatedClaims(Protocol):
@@ -143,20 +156,20 @@ class DraDriver:
     async def _shaped_round(self) -> None:
         source, claims = self._sources()
         obj: NodePartitioning | None = await source.get()
-        self._seen = _key(obj)
+        draining = _draining(obj)
+        self._seen = _key(obj, draining)
         gpus = self.publisher.gpus
-        planned, skipped = planned_devices(gpus, obj.spec if obj is not None else None)
+        planned, skipped, planned_names = _planned(gpus, obj)
         if skipped != self._skipped:
             for line in skipped:
                 log.warning("NodePartitioning %s: skipped placement %s", self.publisher.node, line)
         self._skipped = skipped
         allocated: set[str] = await claims.allocated()
         allocated |= {d.device for rec in self.preparer.checkpoint for d in rec.devices}
-        planned_names = {n for names in planned.values() for n in names}
-        self.preparer.planned = frozenset(planned_names)
+        self.preparer.planned = planned_names
         try:
             destroyed = await asyncio.to_thread(
-                self.preparer.destroy_idle, frozenset(planned_names | allocated)
+                self.preparer.destroy_idle, planned_names | allocated
             )
         except Exception as e:  # NVML: the next round tries again; publishing goes on
             log.warning("destroying idle MIG instances the spec no longer wants failed: %s", e)
@@ -170,13 +183,13 @@ class DraDriver:
             )
         try:
             created = await asyncio.to_thread(
-                self.preparer.create_planned, frozenset(planned_names), frozenset(allocated)
+                self.preparer.create_planned, planned_names, frozenset(allocated)
             )
         except Exception as e:  # NVML: prepare creates what is missing
             log.warning("creating the planned MIG instances failed: %s", e)
             created = 0
         self.planned_created += created
-        want = publish_set(planned, allocated, _draining(obj))
+        want = publish_set(planned, allocated, draining)
         await self.publisher.publish(want)
         self._narrowed = self.published is not None and bool(self.published - want)
         self.published = want
@@ -218,8 +231,7 @@ class DraDriver:
                 e,
             )
             return
-        planned, _ = planned_devices(self.publisher.gpus, obj.spec if obj is not None else None)
-        self.preparer.planned = frozenset(n for names in planned.values() for n in names)
+        self.preparer.planned = _planned(self.publisher.gpus, obj)[2]
 
     async def publish_once(self) -> bool:
         """One publish round; return whether it succeeded (:attr:`rounds` counts finished

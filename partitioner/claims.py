@@ -45,6 +45,7 @@ __all__ = [
     "MIG_CLASS",
     "ClaimDemand",
     "claim_key",
+    "claim_key_of",
     "pod_claim_keys",
     "read_claim",
 ]
@@ -81,6 +82,12 @@ def claim_key(namespace: str, name: str) -> str:
     return f"{namespace}/{name}"
 
 
+def claim_key_of(claim: Obj) -> str:
+    """``namespace/name`` of a ResourceClaim object (the index's key for it)."""
+    meta = claim.get("metadata") or {}
+    return claim_key(str(meta.get("namespace", "")), str(meta.get("name", "")))
+
+
 def _profile(selectors: object) -> str | None:
     """The profile the selectors pin, if exactly one comparison names one."""
     found: set[str] = set()
@@ -97,8 +104,7 @@ def _profile(selectors: object) -> str | None:
 
 def read_claim(claim: Obj) -> ClaimDemand:
     """The demand of one ResourceClaim (module docstring)."""
-    meta = claim.get("metadata") or {}
-    name = claim_key(str(meta.get("namespace", "")), str(meta.get("name", "")))
+    name = claim_key_of(claim)
     allocated = bool((claim.get("status") or {}).get("allocation"))
     units: dict[str, int] = {}
     requests = ((claim.get("spec") or {}).get("devices") or {}).get("requests") or ()

@@ -61,7 +61,7 @@ from pydantic import ValidationError
 
 from contract.nodepartitioning import KIND as NP_KIND
 from contract.nodepartitioning import NodePartitioning
-from partitioner.claims import ClaimDemand, claim_key, pod_claim_keys, read_claim
+from partitioner.claims import ClaimDemand, claim_key_of, pod_claim_keys, read_claim
 from partitioner.eligibility import pod_fits_node
 from partitioner.gating import GATE
 from partitioner.quantities import QuantityError, cpu_milli, memory_mib, pod_requests
@@ -682,8 +682,7 @@ class ClusterIndex:
             else:
                 self.upsert_partitioning(obj)
         elif kind == "claims":
-            meta = obj.get("metadata") or {}
-            key = claim_key(str(meta.get("namespace", "")), str(meta.get("name", "")))
+            key = claim_key_of(obj)
             if event_type == "DELETED":
                 self.remove_claim(key)
             else:
@@ -698,7 +697,9 @@ class ClusterIndex:
             self.apply(kind, None, obj)
             seen.add(
                 pod_key(obj)
-                if kind in ("pods", "claims")
+                if kind == "pods"
+                else claim_key_of(obj)
+                if kind == "claims"
                 else str((obj.get("metadata") or {}).get("name"))
             )
         held: Iterable[str] = (
@@ -804,8 +805,7 @@ class ClusterIndex:
 
     def upsert_claim(self, claim: Obj) -> None:
         """A ResourceClaim changed: its pods' demand is read again if it changed."""
-        meta = claim.get("metadata") or {}
-        key = claim_key(str(meta.get("namespace", "")), str(meta.get("name", "")))
+        key = claim_key_of(claim)
         if key in self._claim_rv and not _newer(_rv(claim), self._claim_rv[key]):
             return
         self._claim_rv[key] = _rv(claim)
