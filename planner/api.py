@@ -6,10 +6,14 @@ Stages
    for ``mig``/``hybrid`` nodes), locked GPUs only on MIG nodes, every current MIG layout possible (each distinct layout is
    parsed once: :data:`planner.mig_cpsat.MigParseCache`).  Bad input raises
    :class:`~planner.demand.SnapshotError` naming the node/pod and the fix.
-2. The greedy baseline (:func:`planner.greedy.plan_greedy`).  Policy ``greedy``: done.
+2. The greedy baseline (:func:`planner.greedy.plan_greedy`).  Policy ``greedy``: done (nos's
+   name order).  Policy ``cpsat`` on a snapshot of more than ``settings.max_model_gpus`` GPUs:
+   greedy visits nodes best fit first (least spare capacity), the warm start of the rounds.
 3. Policy ``cpsat``: the snapshot's neighbourhoods (:func:`planner.neighbourhood.node_chunks`):
    one holding everything if the snapshot has at most ``settings.max_model_gpus`` GPUs (the
-   exact model), else chunks of nodes by spare capacity.  Per round: the pods to re-plan
+   exact model), else the packing neighbourhood (:func:`planner.neighbourhood.packing_chunk`:
+   where the warm start placed pods and the tightest nodes with room) and then chunks of the
+   other nodes by spare capacity.  Per round: the pods to re-plan
    there (:func:`planner.neighbourhood.restrict`), their eligibility on those nodes
    (:class:`planner.demand.EligibilityIndex`), the CP-SAT model
    (:func:`planner.mig_cpsat.solve_batch`, MIG and MPS nodes in one model) hinted with the
@@ -80,7 +84,13 @@ from planner.geometry import Placement, canonical, layout_errors
 from planner.greedy import plan_greedy
 from planner.hybrid import hybrid_plan_errors
 from planner.mig_cpsat import LayoutCache, MigParseCache, WallBudget, current_mig, solve_batch
-from planner.neighbourhood import merge_plans, node_chunks, restrict
+from planner.neighbourhood import (
+    merge_plans,
+    node_chunks,
+    packing_chunk,
+    restrict,
+    spare_capacity,
+)
 from planner.settings import PlannerSettings, Policy
 from planner.snapshot import Mode, NodeState, Plan, Snapshot, Unplaced
 
@@ -181,17 +191,21 @@ def plan(
     cat = catalog if catalog is not None else default_catalog()
     parsed: MigParseCache = {}
     models = validate_snapshot(snapshot, cat, parsed)
-    greedy = plan_greedy(snapshot, settings, cat)
+    gpus = sum(len(n.gpus) for n in snapshot.nodes)
+    large = settings.policy is Policy.CPSAT and gpus > max(1, settings.max_model_gpus)
+    # a large snapshot's warm start visits nodes best fit first (planner.neighbourhood)
+    spare = spare_capacity(snapshot, models, settings, parsed) if large else None
+    greedy = plan_greedy(snapshot, settings, cat, node_rank=spare)
     if settings.policy is Policy.GREEDY:
         return greedy
     greedy_ok = _consistent(greedy, snapshot, models, parsed, settings)
     warm = greedy if greedy_ok else _nothing_placed(snapshot, greedy)
-    gpus = sum(len(n.gpus) for n in snapshot.nodes)
     budget = solver_budget(settings, gpus, len(snapshot.pods))
     cap = max(1, settings.max_model_gpus)
     if gpus > cap:
         cap = neighbourhood_gpus(settings, budget)
-    chunks = node_chunks(snapshot, models, settings, cap, parsed)
+    first = packing_chunk(snapshot, warm, spare, cap) if spare is not None else frozenset()
+    chunks = node_chunks(snapshot, models, settings, cap, parsed, spare=spare, first=first)
     by_name = {n.name: n for n in snapshot.nodes}
     chunk_gpus = [sum(_build_gpus(by_name[n]) for n in c) for c in chunks]
     limits = round_limits(budget, chunk_gpus)

@@ -9,7 +9,8 @@ be compared with what users run today, minus nos's placement bugs:
    state (total GB, then total compute slices: "smallest slice first"), then by name.
 2. For each pod, the candidate nodes are its eligible nodes (:mod:`planner.demand`: mode,
    profiles that exist on the model, sizes that fit a GPU, CPU/memory free in the snapshot),
-   in NAME order.  The pod goes to the first candidate where it fits now; a decision is
+   in NAME order (or a given rank: :func:`plan_greedy`'s ``node_rank``).  The pod goes to
+   the first candidate where it fits now; a decision is
    never revisited.
 3. A MIG node fits the pod when the CPU/memory it has left (after the pods placed before)
    covers the pod's requests and, after claiming the node's FREE instances of the requested
@@ -53,7 +54,7 @@ layout changed, the assignments (resource -> GPU index per unit), the unplaced r
 Speed: a pod does not scan every node.  Its candidates (mode, allowed nodes, GPUs that can
 ever hold its requests) are tabulated once per (requests, allowed nodes, kind), and for MIG
 pods only the nodes that :mod:`planner.host_index` lists as able to host its profiles now
-are visited, in name order; the index is updated for the one node each placement changes.
+are visited, in visiting order (name, or the given rank); the index is updated for the one node each placement changes.
 A node whose ``capable`` set lacks a profile would be skipped by the scan anyway, so the
 first fit is the same node.  A fit that failed on a node is not tried again for the same
 requests until that node changes.
@@ -223,7 +224,7 @@ class _Node:
     sizing_key: tuple[object, ...] = ()
     """What :func:`planner.demand.resolve_on_node` depends on, besides the pod."""
     pos: int = 0
-    """Position in name order (:mod:`planner.host_index`)."""
+    """Position in visiting order (:mod:`planner.host_index`)."""
     version: int = 0
     """Bumped on every commit: a fit that failed at this version fails again."""
 
@@ -348,7 +349,13 @@ def _mps_gpus(node: NodeState, model: GpuModel, settings: PlannerSettings) -> li
 
 
 class _Greedy:
-    def __init__(self, snapshot: Snapshot, settings: PlannerSettings, catalog: Catalog) -> None:
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        settings: PlannerSettings,
+        catalog: Catalog,
+        node_rank: Mapping[str, float] | None = None,
+    ) -> None:
         self.settings = settings
         self.snapshot = snapshot
         self._best: dict[tuple[str, _Key, _Key, _Key], Layout | None] = {}
@@ -361,7 +368,8 @@ class _Greedy:
         """Each MIG node's GPUs before planning (``layouts`` skips those still identical)."""
         parsed: _ParsedGpus = {}
         self.nodes: dict[str, _Node] = {}
-        for ns in sorted(snapshot.nodes, key=lambda n: n.name):
+        rank = node_rank or {}
+        for ns in sorted(snapshot.nodes, key=lambda n: (rank.get(n.name, 0.0), n.name)):
             if ns.name in self.nodes:
                 raise ValueError(
                     f"snapshot lists node {ns.name!r} twice; node names must be unique"
@@ -723,7 +731,7 @@ class _Greedy:
         """Place one pod on the first candidate node it fits; else the unplaced reason.
 
         The nodes visited are the pod's candidates (:meth:`table`) among those the host
-        index lists as able to host its profiles (MIG), in name order: the same first fit
+        index lists as able to host its profiles (MIG), in visiting order: the same first fit
         as a scan of every candidate, without visiting the nodes already full for it.
         """
         kind = pod_kind(pod)
@@ -841,12 +849,17 @@ def plan_greedy(
     snapshot: Snapshot,
     settings: PlannerSettings = _DEFAULT_SETTINGS,
     catalog: Catalog | None = None,
+    node_rank: Mapping[str, float] | None = None,
 ) -> Plan:
-    """Plan ``snapshot`` the way nos does, with placement-exact layouts (module docstring)."""
+    """Plan ``snapshot`` the way nos does, with placement-exact layouts (module docstring).
+
+    ``node_rank`` replaces nos's name order of step 2: nodes are visited by rank ascending,
+    then name (the CP-SAT planner's warm start on a large snapshot ranks by spare capacity,
+    best fit first: :mod:`planner.api`).  ``None``: name order, as nos."""
     dup = [n for n, c in Counter(p.name for p in snapshot.pods).items() if c > 1]
     if dup:
         raise ValueError(f"snapshot lists pending pod(s) {dup} twice; pod names must be unique")
-    greedy = _Greedy(snapshot, settings, catalog or default_catalog())
+    greedy = _Greedy(snapshot, settings, catalog or default_catalog(), node_rank)
     assignments: dict[str, Assignment] = {}
     unplaced: dict[str, str] = {}
     for pod in sorted(snapshot.pods, key=lambda p: (-p.priority, _pod_size(p), p.name)):

@@ -2,8 +2,9 @@
 
 Model
 -----
-Nodes are numbered by *position*, their index in name order (``0 .. n-1``).  Every node has
-a set of *keys* it can host now: for a MIG node, the profile names of which it has a free
+Nodes are numbered by *position*, their index in the greedy planner's visiting order
+(``0 .. n-1``: name order, or the rank it was given).  Every node has a set of *keys* it can
+host now: for a MIG node, the profile names of which it has a free
 instance or could create one more instance on some GPU beside the instances pinned there
 (:meth:`planner.greedy._Greedy.capable`, a necessary condition for a pod asking for that
 profile to fit).  The index keeps, per key ``k``, the sorted list ``hosts(k)`` of the
@@ -12,7 +13,7 @@ positions of the nodes whose key set holds ``k``.
 A pod that needs the key set ``K`` on every node of one GPU model can only fit on a node
 whose keys include ``K``, so every such node is in ``hosts(k)`` for each ``k`` in ``K``;
 scanning the shortest of those lists in order visits every node the pod could fit on, in
-name order, and skips the nodes that are full for it.  A pod whose key sets differ between
+visiting order, and skips the nodes that are full for it.  A pod whose key sets differ between
 the nodes it may use (a cluster of several models, whose profile names differ) needs one
 such list per key set: :meth:`HostIndex.covering` merges them.
 

@@ -44,7 +44,13 @@ from planner.demand import EligibilityIndex, capacity_reason, eligibility
 from planner.geometry import Placement, enumerate_layouts, layout_errors
 from planner.greedy import plan_greedy
 from planner.mig_cpsat import LayoutOption, candidate_layouts, current_mig, layout_option
-from planner.neighbourhood import merge_plans, node_chunks, restrict, spare_capacity
+from planner.neighbourhood import (
+    merge_plans,
+    node_chunks,
+    packing_chunk,
+    restrict,
+    spare_capacity,
+)
 from planner.snapshot import Assignment, PlannedGpu
 from simulations.inputs.instances import mig_benchmark_snapshot
 
@@ -280,6 +286,74 @@ def test_node_chunks_partition_the_nodes_most_spare_first() -> None:
     assert node_chunks(snap, models, s, 36) == [frozenset(n.name for n in snap.nodes)]
 
 
+GIB = 1024
+
+
+def _mps_nodes(used_gb: list[int], gpus: int = 4) -> tuple[NodeState, ...]:
+    """One MPS A100 node per entry, named so that name order is the reverse of how full
+    they are: on each node's GPU 0 a used slice of that many GiB, the other GPUs empty."""
+    nodes = []
+    for k, gb in enumerate(used_gb):
+        states = [GpuState(0, mps=(MpsSlice(gb * GIB, used=True),) if gb else ())]
+        states += [GpuState(i) for i in range(1, gpus)]
+        nodes.append(NodeState(f"n{k:02d}", Mode.MPS, A100, tuple(states), 64000, 256 * GIB))
+    return tuple(nodes)
+
+
+def test_greedy_visits_nodes_by_the_rank_it_is_given() -> None:
+    nodes = _mps_nodes([0, 0, 60, 30])
+    pod = PendingPod("p", {"nvidia.com/gpu-10gb": 1})
+    snap = Snapshot(nodes, (pod,))
+    assert plan_greedy(snap).assignments["p"].node == "n00"  # nos: first by name
+    rank = {"n00": 4.0, "n01": 4.0, "n02": 3.2, "n03": 3.6}
+    assert plan_greedy(snap, node_rank=rank).assignments["p"].node == "n02"
+    # the rank orders the visit; a node the pod does not fit is still skipped
+    full = _mps_nodes([0, 79])
+    got = plan_greedy(Snapshot(full, (pod,)), node_rank={"n01": 0.0, "n00": 1.0})
+    assert got.assignments["p"].node == "n01"  # 79 GiB used on GPU 0, GPUs 1-3 empty
+
+
+def test_a_large_snapshot_places_a_pod_where_the_exact_model_does() -> None:
+    # 24 nodes x 4 GPUs = 96 GPUs, more than the model's 16: neighbourhood rounds.  Empty
+    # nodes come first by name (nos's greedy puts the pod on n00); n20-n23 have 40-70 GiB
+    # used on GPU 0.  The rounds must find what one exact model over every GPU finds.
+    nodes = _mps_nodes([0] * 20 + [40, 50, 60, 70])
+    snap = Snapshot(nodes, (PendingPod("p", {"nvidia.com/gpu-9gb": 1}),))
+    exact = plan(snap, PlannerSettings(max_model_gpus=96, time_limit_s=2.0), CATALOG)
+    assert exact.status == "OPTIMAL" and exact.assignments["p"].node in {"n20", "n21", "n22", "n23"}
+    rounds = plan(snap, PlannerSettings(max_model_gpus=16, time_limit_s=2.0), CATALOG)
+    assert rounds.stats["neighbourhoods"] > 1
+    assert rounds.assignments == exact.assignments and rounds.layouts == exact.layouts
+
+
+def test_the_packing_neighbourhood_is_the_warm_starts_nodes_then_the_tightest() -> None:
+    nodes = _mps_nodes([0, 0, 40, 70, 79, 79, 10])
+    models = {n.name: CATALOG.model(n.model) for n in nodes}
+    s = PlannerSettings()
+    pods = (
+        PendingPod(
+            "a",
+            {"nvidia.com/gpu-5gb": 1},
+            eligible_nodes=frozenset(nodes[i].name for i in (0, 2, 3, 5, 6)),
+        ),
+    )
+    snap = Snapshot(nodes, pods)
+    spare = spare_capacity(snap, models, s)
+    warm = Plan(
+        layouts={},
+        assignments={"a": Assignment("n00", {"nvidia.com/gpu-5gb": (0,)})},
+        unplaced={},
+    )
+    # n00 (where the warm start placed the pod) first, then room by least spare: n05 (GPU 0
+    # almost full), n03, n02; n04 is not eligible for any pod; 4 nodes x 4 GPUs = the cap
+    assert packing_chunk(snap, warm, spare, 16) == frozenset({"n00", "n05", "n03", "n02"})
+    assert packing_chunk(snap, warm, spare, 4) == frozenset({"n00"})
+    chunks = node_chunks(snap, models, s, 8, spare=spare, first=frozenset({"n00", "n05"}))
+    assert chunks[0] == frozenset({"n00", "n05"})
+    assert sorted(n for c in chunks for n in c) == sorted(n.name for n in nodes)
+    assert all(c.isdisjoint(chunks[0]) for c in chunks[1:])
+
+
 def test_restrict_and_merge_keep_the_fixed_part() -> None:
     snap = busy_cluster(5, 6, 30)
     greedy = plan_greedy(snap)
@@ -394,7 +468,7 @@ def test_an_invalid_warm_start_is_ignored_in_rounds(monkeypatch: pytest.MonkeyPa
         assignments={},
         unplaced={p.name: "capacity: greedy" for p in snap.pods},
     )
-    monkeypatch.setattr("planner.api.plan_greedy", lambda *_: bad)
+    monkeypatch.setattr("planner.api.plan_greedy", lambda *_, **__: bad)
     result = plan(snap, PlannerSettings(time_limit_s=1.5, max_model_gpus=8))
     assert_valid(snap, result)
     assert result.assignments

@@ -16,9 +16,17 @@ from ortools.sat.python import cp_model
 from test_planner_scale import assert_valid, weight
 
 from planner import PlannerSettings, Policy, default_catalog, plan
-from planner.api import _MIN_WALL_S, _PLANNED_FRACTION, _S_PER_GPU, _S_PER_MODEL_GPU, _S_PER_POD
+from planner.api import (
+    _MIN_WALL_S,
+    _PLANNED_FRACTION,
+    _S_PER_GPU,
+    _S_PER_MODEL_GPU,
+    _S_PER_POD,
+    validate_snapshot,
+)
 from planner.greedy import plan_greedy
 from planner.mig_cpsat import DETERMINISTIC_PER_SECOND, WallBudget
+from planner.neighbourhood import spare_capacity
 from simulations.inputs.instances import mig_benchmark_snapshot
 
 CATALOG = default_catalog()
@@ -97,7 +105,9 @@ def test_no_round_fits_a_budget_already_spent_and_greedy_is_returned() -> None:
     assert _S_PER_GPU * 8000 + _S_PER_POD * len(snap.pods) > _PLANNED_FRACTION * 0.1
     result = plan(snap, s, CATALOG)
     assert result.status == "GREEDY_FALLBACK" and result.stats["rounds_skipped"] >= 1
-    greedy = plan_greedy(snap, s, CATALOG)
+    # the warm start of a large snapshot: greedy visiting nodes best fit first
+    spare = spare_capacity(snap, validate_snapshot(snap, CATALOG), s)
+    greedy = plan_greedy(snap, s, CATALOG, node_rank=spare)
     assert result.assignments == greedy.assignments and result.layouts == greedy.layouts
 
 
