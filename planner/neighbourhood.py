@@ -23,11 +23,11 @@ large-neighbourhood search (LNS) starting from a warm-start plan ``W_0`` (the gr
   tightest first, then the other nodes with some spare capacity that a pending pod may use,
   least spare first, while the total stays within ``gpu_cap`` GPUs.  Round 1 re-plans where
   the batch packs tightest, with the model's free-capacity level choosing among the nodes a
-  best-fit scheduler would consider.  Measured on the FGD saturation protocol (openb default,
-  seed 42, MPS mode, one arrival per plan, the planner given the best-fit hosts of 384 or
-  1536 GPUs): 93.36 % GPU-milli allocated with name-order greedy and spare-most neighbourhoods
-  first, 94.81 % and 94.97 % with this warm start and ``N_1``; the protocol's own 96-GPU
-  best-fit neighbourhood, one exact model, gives 94.90 %.
+  best-fit scheduler would consider.  Measured on the FGD saturation protocol (openb
+  default, one arrival per plan, the planner given the best-fit hosts of 1536 GPUs, seed 42):
+  with name-order greedy and the most spare nodes first, 82.85 % GPU-milli allocated on MIG
+  nodes and 93.16 % on MPS nodes; with this warm start and ``N_1``, 90.03 % and 94.98 % (the
+  protocol's own 96-GPU best-fit neighbourhood, one exact model: 89.59 % and 94.90 %).
 * **Neighbourhoods** ``N_2, N_3, ...``: the other nodes in order of spare capacity (most
   first, then fewer GPUs, then name), cut into consecutive chunks of at most ``gpu_cap`` GPUs
   (:func:`node_chunks`).  Round ``k`` re-plans ``N_k`` around the plan ``W_{k-1}``.
@@ -42,7 +42,9 @@ large-neighbourhood search (LNS) starting from a warm-start plan ``W_0`` (the gr
 
 ``W_{k-1}`` restricted to ``(N_k, P_k)`` is a feasible solution of round ``k``'s model and is
 its hint; :mod:`planner.api` keeps a round's plan only if it places at least the hint's
-priority-weighted pods, so every ``W_k`` places at least what greedy placed.  How many rounds
+priority-weighted pods, so every ``W_k`` places at least what ``W_0`` placed (on a large
+snapshot the best-fit greedy plan; against nos's name-order plan, the ``greedy`` policy, the
+floor is not built in).  How many rounds
 run is set by the time budget (:func:`planner.api.round_limits`).  When the whole snapshot fits
 ``gpu_cap``, there is one neighbourhood holding every node and every pod: the model is the
 exact one of :mod:`planner.mig_cpsat` (the brute-force oracle tests run there).

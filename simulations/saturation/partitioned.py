@@ -54,7 +54,10 @@ The arrival list is cut into batches of ``k`` consecutive pods.  For each batch:
    (best fit first).  Nodes are taken round-robin over the batch's pods (each pod's first
    host, then each pod's second, ...) while the total stays within ``neighbourhood_gpus``
    GPUs (default 96 = ``PlannerSettings.max_model_gpus``: the planner solves one exact model,
-   no internal LNS rounds).
+   no internal LNS rounds).  A larger ``neighbourhood_gpus`` hands the planner more hosts
+   than one model holds, and the planner's own rounds choose where to pack (a best-fit warm
+   start and the packing neighbourhood, :mod:`planner.neighbourhood`), as on a production
+   cluster, where the partitioner hands it every plannable node.
 4. **Plan.**  :func:`planner.plan` gets a :class:`~planner.snapshot.Snapshot` of exactly those
    nodes: their current instances/slices with used flags, free CPU and memory; the batch's
    remaining pods as :class:`~planner.snapshot.PendingPod` (requests from the mapping, CPU,
