@@ -305,9 +305,7 @@ def add_mps_gpu(
             levels = _allocation_levels(gpu, keep, new, room)
             pick = {a: model.new_bool_var(f"alloc_gib[{tag},{a}]") for a in levels}
             model.add_exactly_one(pick.values())
-            level = cp_model.LinearExpr.weighted_sum(
-                list(pick.values()), [_GIB * a for a in pick]
-            )
+            level = cp_model.LinearExpr.weighted_sum(list(pick.values()), [_GIB * a for a in pick])
             model.add(level >= alloc)
             model.add(level <= alloc + (_GIB - 1))
             useful = useful + cp_model.LinearExpr.weighted_sum(

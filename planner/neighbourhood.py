@@ -134,10 +134,11 @@ def packing_chunk(
     GPUs (the first node always enters)."""
     gpus = {n.name: len(n.gpus) for n in snapshot.nodes}
     placed = {a.node for a in warm.assignments.values()}
-    sets = [p.eligible_nodes for p in snapshot.pods]
+    # pods share eligible-set objects (the partitioner's index): union each distinct one once
+    sets = {id(p.eligible_nodes): p.eligible_nodes for p in snapshot.pods}
     allowed: frozenset[str] | None = None
-    if all(e is not None for e in sets):
-        allowed = frozenset(n for e in sets if e is not None for n in e)
+    if all(e is not None for e in sets.values()):
+        allowed = frozenset().union(*(e for e in sets.values() if e is not None))
     others = [
         n for n in gpus if n not in placed and spare[n] > 0 and (allowed is None or n in allowed)
     ]
