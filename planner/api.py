@@ -201,11 +201,12 @@ def plan(
     greedy_ok = _consistent(greedy, snapshot, models, parsed, settings)
     warm = greedy if greedy_ok else _nothing_placed(snapshot, greedy)
     budget = solver_budget(settings, gpus, len(snapshot.pods))
-    cap = max(1, settings.max_model_gpus)
-    if gpus > cap:
+    if spare is None:  # the exact model: one neighbourhood holding everything
+        cap = max(1, settings.max_model_gpus)
+        chunks = [frozenset(n.name for n in snapshot.nodes)]
+    else:
         cap = neighbourhood_gpus(settings, budget)
-    first = packing_chunk(snapshot, warm, spare, cap) if spare is not None else frozenset()
-    chunks = node_chunks(snapshot, models, settings, cap, parsed, spare=spare, first=first)
+        chunks = node_chunks(snapshot, spare, cap, packing_chunk(snapshot, warm, spare, cap))
     by_name = {n.name: n for n in snapshot.nodes}
     chunk_gpus = [sum(_build_gpus(by_name[n]) for n in c) for c in chunks]
     limits = round_limits(budget, chunk_gpus)

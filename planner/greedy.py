@@ -10,8 +10,7 @@ be compared with what users run today, minus nos's placement bugs:
 2. For each pod, the candidate nodes are its eligible nodes (:mod:`planner.demand`: mode,
    profiles that exist on the model, sizes that fit a GPU, CPU/memory free in the snapshot),
    in NAME order (or a given rank: :func:`plan_greedy`'s ``node_rank``).  The pod goes to
-   the first candidate where it fits now; a decision is
-   never revisited.
+   the first candidate where it fits now; a decision is never revisited.
 3. A MIG node fits the pod when the CPU/memory it has left (after the pods placed before)
    covers the pod's requests and, after claiming the node's FREE instances of the requested
    profiles (GPU index order, then start), the *lacking* profiles can be created: GPU by GPU
@@ -54,7 +53,8 @@ layout changed, the assignments (resource -> GPU index per unit), the unplaced r
 Speed: a pod does not scan every node.  Its candidates (mode, allowed nodes, GPUs that can
 ever hold its requests) are tabulated once per (requests, allowed nodes, kind), and for MIG
 pods only the nodes that :mod:`planner.host_index` lists as able to host its profiles now
-are visited, in visiting order (name, or the given rank); the index is updated for the one node each placement changes.
+are visited, in visiting order (name, or the given rank); the index is updated for the one
+node each placement changes.
 A node whose ``capable`` set lacks a profile would be skipped by the scan anyway, so the
 first fit is the same node.  A fit that failed on a node is not tried again for the same
 requests until that node changes.

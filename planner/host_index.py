@@ -4,8 +4,8 @@ Model
 -----
 Nodes are numbered by *position*, their index in the greedy planner's visiting order
 (``0 .. n-1``: name order, or the rank it was given).  Every node has a set of *keys* it can
-host now: for a MIG node, the profile names of which it has a free
-instance or could create one more instance on some GPU beside the instances pinned there
+host now: for a MIG node, the profile names of which it has a free instance or could create
+one more instance on some GPU beside the instances pinned there
 (:meth:`planner.greedy._Greedy.capable`, a necessary condition for a pod asking for that
 profile to fit).  The index keeps, per key ``k``, the sorted list ``hosts(k)`` of the
 positions of the nodes whose key set holds ``k``.

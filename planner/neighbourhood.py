@@ -158,22 +158,16 @@ def packing_chunk(
 
 def node_chunks(
     snapshot: Snapshot,
-    models: Mapping[str, GpuModel],
-    settings: PlannerSettings,
+    spare: Mapping[str, float],
     gpu_cap: int,
-    parsed: MigParseCache | None = None,
-    *,
-    spare: Mapping[str, float] | None = None,
     first: frozenset[str] = frozenset(),
 ) -> list[frozenset[str]]:
     """The neighbourhoods (module docstring): ``first`` (the packing neighbourhood, when
-    given), then the other nodes by spare capacity, most first, in chunks of at most
-    ``gpu_cap`` GPUs; one holding every node if the snapshot has at most ``gpu_cap`` GPUs.
-    ``spare``: :func:`spare_capacity` of the snapshot, when the caller has it."""
+    given), then the other nodes by ``spare`` capacity (:func:`spare_capacity`), most first,
+    in chunks of at most ``gpu_cap`` GPUs; one holding every node if the snapshot has at most
+    ``gpu_cap`` GPUs."""
     if sum(len(n.gpus) for n in snapshot.nodes) <= gpu_cap:
         return [frozenset(n.name for n in snapshot.nodes)]
-    if spare is None:
-        spare = spare_capacity(snapshot, models, settings, parsed)
     ranked = sorted(
         (n for n in snapshot.nodes if n.name not in first),
         key=lambda n: (-spare[n.name], len(n.gpus), n.name),

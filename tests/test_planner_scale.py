@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from objective_weights import placement_weights
+from test_planner_mps import mps_gpu, mps_node
 
 from planner import (
     GpuState,
@@ -275,29 +276,27 @@ def test_packed_pareto_front_equals_the_naive_filter(menu: int, used_mask: int) 
 def test_node_chunks_partition_the_nodes_most_spare_first() -> None:
     snap = busy_cluster(3, 9, 0, gpus=4)
     models = {n.name: CATALOG.model(n.model) for n in snap.nodes}
-    s = PlannerSettings()
-    chunks = node_chunks(snap, models, s, 8)
+    spare = spare_capacity(snap, models, PlannerSettings())
+    chunks = node_chunks(snap, spare, 8)
     assert sorted(n for c in chunks for n in c) == sorted(n.name for n in snap.nodes)
     assert all(len(c) == 2 for c in chunks[:-1])  # 2 nodes x 4 GPUs = the cap of 8
-    spare = spare_capacity(snap, models, s)
     firsts = [min(spare[n] for n in c) for c in chunks]
     lasts = [max(spare[n] for n in c) for c in chunks]
     assert all(a >= b for a, b in zip(firsts, lasts[1:], strict=False))
-    assert node_chunks(snap, models, s, 36) == [frozenset(n.name for n in snap.nodes)]
-
-
-GIB = 1024
+    assert node_chunks(snap, spare, 36) == [frozenset(n.name for n in snap.nodes)]
 
 
 def _mps_nodes(used_gb: list[int], gpus: int = 4) -> tuple[NodeState, ...]:
-    """One MPS A100 node per entry, named so that name order is the reverse of how full
-    they are: on each node's GPU 0 a used slice of that many GiB, the other GPUs empty."""
-    nodes = []
-    for k, gb in enumerate(used_gb):
-        states = [GpuState(0, mps=(MpsSlice(gb * GIB, used=True),) if gb else ())]
-        states += [GpuState(i) for i in range(1, gpus)]
-        nodes.append(NodeState(f"n{k:02d}", Mode.MPS, A100, tuple(states), 64000, 256 * GIB))
-    return tuple(nodes)
+    """MPS A100 nodes ``n00, n01, ...``: node ``k`` has a used slice of ``used_gb[k]`` GiB on
+    GPU 0 (none for 0), its other GPUs empty."""
+    return tuple(
+        mps_node(
+            f"n{k:02d}",
+            mps_gpu(0, (gb, True)) if gb else mps_gpu(0),
+            *(mps_gpu(i) for i in range(1, gpus)),
+        )
+        for k, gb in enumerate(used_gb)
+    )
 
 
 def test_greedy_visits_nodes_by_the_rank_it_is_given() -> None:
@@ -348,7 +347,7 @@ def test_the_packing_neighbourhood_is_the_warm_starts_nodes_then_the_tightest() 
     # almost full), n03, n02; n04 is not eligible for any pod; 4 nodes x 4 GPUs = the cap
     assert packing_chunk(snap, warm, spare, 16) == frozenset({"n00", "n05", "n03", "n02"})
     assert packing_chunk(snap, warm, spare, 4) == frozenset({"n00"})
-    chunks = node_chunks(snap, models, s, 8, spare=spare, first=frozenset({"n00", "n05"}))
+    chunks = node_chunks(snap, spare, 8, frozenset({"n00", "n05"}))
     assert chunks[0] == frozenset({"n00", "n05"})
     assert sorted(n for c in chunks for n in c) == sorted(n.name for n in nodes)
     assert all(c.isdisjoint(chunks[0]) for c in chunks[1:])
