@@ -386,6 +386,26 @@ def test_a_used_slice_pins_its_instance() -> None:
         assert sorted((x.memory_mib, x.used) for x in sl) == [(10 * GIB, True), (20 * GIB, False)]
 
 
+def test_a_new_slice_joins_a_host_with_room_before_a_free_instance_becomes_a_host() -> None:
+    """A 20 GiB MPS pod, a 7g.80gb hosting a used 10 GiB slice (room for 69 GiB more) on GPU 0
+    and a free whole 7g.80gb on GPU 1: the slice goes beside the used one and GPU 1 stays a
+    whole MIG device.  Making GPU 1 a host changes a GPU as much (a daemon started, a MIG
+    device withdrawn) and leaves a host that a 7g pod can have only after another
+    reconfiguration: the churn level charges a host started or stopped like a touched GPU
+    (before, a new host cost one slice, 2, and a slice in a pinned host 10)."""
+    s = PlannerSettings(time_limit_s=10.0)
+    host = GpuState(0, mig=(MigInstance("7g.80gb", 0, mps=(MpsSlice(10 * GIB, used=True),)),))
+    whole = GpuState(1, mig=(MigInstance("7g.80gb", 0),))
+    snap = Snapshot(
+        (NodeState("n1", Mode.HYBRID, MODEL, (host, whole)),),
+        (PendingPod("mps", {"nvidia.com/gpu-20gb": 1}),),
+    )
+    for result in (plan(snap, s), plan_greedy(snap, s)):
+        assert check_plan(snap, result, s) == oracle(snap, s) == 1
+        assert result.assignments["mps"].gpus == {"nvidia.com/gpu-20gb": (0,)}
+        assert set(result.layouts) == {("n1", 0)}
+
+
 def test_oracle_refuses_what_does_not_fit() -> None:
     """Two 40 GiB slices exceed any instance's usable memory on an A100-80GB split 3g+4g."""
     s = PlannerSettings(time_limit_s=10.0)
