@@ -526,6 +526,7 @@ def add_hybrid_node(
     for usable, profs in sorted(classes.items()):
         cur = existing.get(usable, Counter())
         destroyed_all = w_d * sum(sum(m for _, m in shape) * n for shape, n in cur.items())
+        now_hosts = sum(cur.values())  # c_M
         hs: list[cp_model.IntVar] = []
         for prof in profs:
             positive = [(f, v) for f, v in supply.get(prof.name, []) if f > 0]
@@ -552,14 +553,13 @@ def add_hybrid_node(
             d = dict(shape)
             options[tuple(d.get(s, 0) for s in all_sizes)] = n
         if not options or not hs:
-            dropped = (w_t + w_d) * sum(cur.values())
+            dropped = (w_t + w_d) * now_hosts
             churn_const += destroyed_all + dropped
             out.churn_max += destroyed_all + dropped
             for h in hs:
                 cp.add(h == 0)
             continue
         ub = sum(upper_bound(h) for h in hs)
-        now_hosts = sum(cur.values())
         zs: list[cp_model.IntVar] = []
         kepts: list[cp_model.IntVar] = []
         for pat, n_now in options.items():
