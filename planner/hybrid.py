@@ -561,7 +561,6 @@ def add_hybrid_node(
             continue
         ub = sum(upper_bound(h) for h in hs)
         zs: list[cp_model.IntVar] = []
-        kepts: list[cp_model.IntVar] = []
         for pat, n_now in options.items():
             z = cp.new_int_var(0, ub, f"host[{node.name},{usable},{pat}]")
             zs.append(z)
@@ -571,28 +570,23 @@ def add_hybrid_node(
                 if k and s in sizes_keys:
                     supply[sizes_keys[s]].append((k, z))
                     supply_max[sizes_keys[s]] += k * ub
-            if slices:
-                churn_terms.append((w_c * slices, z))
-                out.churn_max += w_c * slices * ub
+            # its slices created, and the host touched (new or re-filled) unless kept as it is
+            churn_terms.append((w_c * slices + w_t, z))
+            out.churn_max += w_c * slices * ub
             if n_now:
                 kept = cp.new_int_var(0, n_now, f"kept[{node.name},{usable},{pat}]")
                 out.choices[-1].kept = kept
                 cp.add(kept <= z)
-                kepts.append(kept)
-                churn_terms.append((-(w_c + w_d) * slices, kept))
+                churn_terms.append((-(w_c + w_d) * slices - w_t, kept))
                 churn_const += w_d * slices * n_now
                 out.churn_max += w_d * slices * n_now
         cp.add(sum(zs) == sum(hs))
-        # hosts touched: new or re-filled (sum z - kept) and dropped; daemons started/stopped
+        # daemons started and stopped
         started = cp.new_int_var(0, ub, f"hosts_started[{node.name},{usable}]")
         stopped = cp.new_int_var(0, now_hosts, f"hosts_stopped[{node.name},{usable}]")
         cp.add(started >= sum(zs) - now_hosts)
         cp.add(stopped >= now_hosts - sum(zs))
         out.host_counts.append((usable, now_hosts, started, stopped))
-        for z in zs:
-            churn_terms.append((w_t, z))
-        for kept in kepts:
-            churn_terms.append((-w_t, kept))
         churn_terms.append((w_t + w_d, stopped))
         churn_terms.append((w_c, started))
         out.churn_max += w_t * ub + (w_t + w_d) * now_hosts + w_c * ub
