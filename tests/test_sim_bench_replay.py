@@ -10,6 +10,7 @@ import pytest
 
 from simulations.bench_replay import (
     WHOLE_NODE,
+    _cell,
     render_modes_table,
     render_shaped_table,
     render_table,
@@ -57,7 +58,10 @@ def test_render_merges_files_and_names_the_failed_checks(tmp_path: Path) -> None
         return {"cells": [{**cell, "policies": {"cpsat": c, "greedy": g}}]}
 
     a, b, c = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "c.json"
-    a.write_text(json.dumps(doc("gpushare40", 4, summary(10, 20), summary(30, 40))))
+    whole = {"pending_by_size": {WHOLE_NODE: {"pods": 3, "p50": 12345.0}}}
+    a.write_text(
+        json.dumps(doc("gpushare40", 4, summary(10, 20), {**summary(30, 40), **whole}))
+    )
     b.write_text(json.dumps(doc("default", 5, summary(1, 1), summary(1000, 4000))))
     rerun = doc("default", 5, summary(900, 5000), summary(0, 0))
     del rerun["cells"][0]["policies"]["greedy"]  # a later run of CP-SAT alone replaces b's
@@ -67,6 +71,9 @@ def test_render_merges_files_and_names_the_failed_checks(tmp_path: Path) -> None
     assert lines[2].startswith("| default | 5 (40) | overload | 900 / 5,000 | 1,000 / 4,000 |")
     assert lines[2].endswith("| FAIL: p99 <= greedy, p95 <= 0.5 x greedy |")
     assert lines[3].startswith("| gpushare40 | 4 (32) | light |") and lines[3].endswith("| pass |")
+    # the whole-node pods' median wait, CP-SAT vs greedy ("-": the run had none)
+    assert "| - vs 12,345 | 10 vs 10 |" in lines[3]
+    assert "| - vs - | 10 vs 10 |" in lines[2]
 
 
 def test_render_modes_puts_dra_beside_the_planners(tmp_path: Path) -> None:
@@ -153,3 +160,28 @@ def test_render_shaped_puts_planner_shaped_beside_publish_everything(tmp_path: P
     )
     assert lines[3].endswith("| 1.50 | 7 / 7 | 90 / 900 | FAIL: p95 <= publish-everything |")
     assert lines[4].endswith("| FAIL: reconfigured < publish-everything |")
+
+
+OPENB = Path(__file__).resolve().parents[2] / "shared" / "traces" / "openb"
+
+
+@pytest.mark.skipif(
+    not (OPENB / "openb_pod_list_default.csv").is_file(), reason="needs ../shared/traces/openb"
+)
+def test_max_pod_slices_leaves_the_whole_node_pods_out_of_the_replay() -> None:
+    # The first 130 GPU pods of openb default hold two eight-GPU pods (the 16th and 123rd).
+    opts: dict[str, Any] = {
+        "openb_dir": str(OPENB),
+        "times_from": "default",
+        "seed": 0,
+        "limit": 1.0,
+        "limit_pods": 130,
+        "mode": "mig",
+        "models": [],
+        "settings": {},
+    }
+    _, _, _, everything = _cell(("default", 2, "greedy", {**opts, "max_pod_slices": 0}))
+    _, _, _, pooled = _cell(("default", 2, "greedy", {**opts, "max_pod_slices": 7}))
+    assert everything["gpu_pods"] == 130 and pooled["gpu_pods"] == 128
+    assert everything["pending_by_size"][WHOLE_NODE]["pods"] == 2
+    assert WHOLE_NODE not in pooled["pending_by_size"]
