@@ -59,9 +59,7 @@ def test_render_merges_files_and_names_the_failed_checks(tmp_path: Path) -> None
 
     a, b, c = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "c.json"
     whole = {"pending_by_size": {WHOLE_NODE: {"pods": 3, "p50": 12345.0}}}
-    a.write_text(
-        json.dumps(doc("gpushare40", 4, summary(10, 20), {**summary(30, 40), **whole}))
-    )
+    a.write_text(json.dumps(doc("gpushare40", 4, summary(10, 20), {**summary(30, 40), **whole})))
     b.write_text(json.dumps(doc("default", 5, summary(1, 1), summary(1000, 4000))))
     rerun = doc("default", 5, summary(900, 5000), summary(0, 0))
     del rerun["cells"][0]["policies"]["greedy"]  # a later run of CP-SAT alone replaces b's
