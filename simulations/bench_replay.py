@@ -279,8 +279,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--max-pod-slices",
         type=int,
         default=0,
-        help="leave out pods asking for more slices than this (8: none left out; 7 on the "
-        "openb traces: the whole-node pods, as if they ran in a pool of their own; 0 = all)",
+        help="leave out pods asking for more slices than this (after --limit; 7 on the openb "
+        "traces: the eight-GPU pods, as if they ran on a pool of their own; 0: keep all)",
     )
     ap.add_argument("--timeout", type=float, default=NOS_WINDOW[0])
     ap.add_argument("--idle", type=float, default=NOS_WINDOW[1])
@@ -365,6 +365,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(render_shaped_table(args.render_shaped))
         return 0
 
+    if args.max_pod_slices < 0:
+        ap.error(f"--max-pod-slices must be 0 (keep all) or more, not {args.max_pod_slices}")
     traces = list(OPENB_TRACES) if args.trace == "all" else _split(args.trace)
     node_counts = [int(n) for n in _split(args.nodes)]
     wanted = _split(args.policies)

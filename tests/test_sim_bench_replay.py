@@ -183,3 +183,14 @@ def test_max_pod_slices_leaves_the_whole_node_pods_out_of_the_replay() -> None:
     assert everything["gpu_pods"] == 130 and pooled["gpu_pods"] == 128
     assert everything["pending_by_size"][WHOLE_NODE]["pods"] == 2
     assert WHOLE_NODE not in pooled["pending_by_size"]
+
+
+def test_a_negative_max_pod_slices_is_refused_with_exit_code_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from simulations.bench_replay import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--max-pod-slices", "-1"])
+    assert exit_info.value.code == 2
+    assert "--max-pod-slices must be 0 (keep all) or more, not -1" in capsys.readouterr().err
