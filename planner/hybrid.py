@@ -490,6 +490,7 @@ def add_hybrid_node(
     churn_exprs: list[cp_model.LinearExpr] = []
     w_c, w_d = settings.weight_create, settings.weight_destroy
     w_t = settings.weight_gpu_touched
+    w_stop = w_t + w_d  # a host whose daemon stops: its GPU touched, its instance destroyed
     # pinned hosts: MPS GPUs of their own
     for gpu in sorted(node.gpus, key=lambda g: g.index):
         for inst in gpu.mig:
@@ -553,7 +554,7 @@ def add_hybrid_node(
             d = dict(shape)
             options[tuple(d.get(s, 0) for s in all_sizes)] = n
         if not options or not hs:
-            dropped = (w_t + w_d) * now_hosts
+            dropped = w_stop * now_hosts
             churn_const += destroyed_all + dropped
             out.churn_max += destroyed_all + dropped
             for h in hs:
@@ -587,9 +588,9 @@ def add_hybrid_node(
         cp.add(started >= sum(zs) - now_hosts)
         cp.add(stopped >= now_hosts - sum(zs))
         out.host_counts.append((usable, now_hosts, started, stopped))
-        churn_terms.append((w_t + w_d, stopped))
+        churn_terms.append((w_stop, stopped))
         churn_terms.append((w_c, started))
-        out.churn_max += w_t * ub + (w_t + w_d) * now_hosts + w_c * ub
+        out.churn_max += w_t * ub + w_stop * now_hosts + w_c * ub
     churn_terms.append((churn_const, cp.new_constant(1)))
     expr = cp_model.LinearExpr.weighted_sum(
         [v for _, v in churn_terms], [c for c, _ in churn_terms]

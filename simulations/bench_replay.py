@@ -236,7 +236,7 @@ def _cell(job: tuple[str, int, str, dict[str, Any]]) -> tuple[str, int, str, dic
     pods = _pods_for(workload, cluster, settings)
     if opts["limit_pods"]:
         pods = pods[: opts["limit_pods"]]
-    if opts.get("max_pod_slices"):
+    if opts["max_pod_slices"]:
         pods = [p for p in pods if sum(p.requests.values()) <= opts["max_pod_slices"]]
     if name == "static":
         if cluster_label(opts):
