@@ -73,6 +73,13 @@ step:
    about 50 hours while up to 42 whole-GPU pods waited).
 9. **Status view.**  Each node's ``status.reservations`` is rewritten when the promises on it
    changed.
+10. **Warm slices** (``warm_share`` > 0, off by default).  When no pod is a candidate, no
+    batch was planned and no node is applying a spec, a request that at least ``warm_share``
+    of the bound one-slice pods hold and of which no free, unpromised slice is left gets one:
+    a one-node plan for a stand-in pod on the busiest node that could hold it, with every
+    device on that node kept (a warm slice never replaces a free one), never on a node where
+    nothing is in use; at most one spec per step (:meth:`_Step.warm_slices`; measured in
+    ``simulations/results/warm-2026-11-28/``).
 
 Without reservations (``config.reservation=False``; nos's behaviour, the baseline) pods are
 not gated (a gated pod is ungated at once), the partitioner plans the pods kube-scheduler
@@ -138,6 +145,7 @@ from planner.settings import PlannerSettings, Policy
 from planner.snapshot import (
     Assignment,
     Mode,
+    NodeState,
     PendingPod,
     Plan,
     PlannedGpu,
@@ -161,6 +169,9 @@ PlanFn = Callable[[Any, PlannerSettings, Catalog], Plan]
 """``plan(snapshot, settings, catalog) -> Plan``."""
 
 MIB_PER_GIB = 1024
+
+WARM_PREFIX = "gpuslice.io/warm:"
+"""Name prefix of the stand-in pod a warm slice is planned for (never a real pod key)."""
 
 
 def default_planner() -> PlanFn:
@@ -200,6 +211,11 @@ class DecideConfig:
     """Drain only for a pod that at least this many younger slice pods have overtaken (bound
     now, created after it): starvation relative to the queue rather than waiting alone.  0
     (the default): every pod past ``drain_after_s`` may be drained (module docstring, step 8)."""
+    warm_share: float = 0.0
+    """Warm slices (module docstring, step 10): while no slice pod waits and no node is applying
+    a spec, keep one free slice of each request that at least this share of the bound
+    one-slice pods hold, made on the busiest node with room, so the next such pod is released
+    at once instead of waiting for a batch, a plan and the agent.  0: off."""
     node_lifecycle: bool = False
     """Also emit the opt-in/opt-out node writes (:func:`partitioner.optout.node_lifecycle`:
     the ``gpuslice.io/managed`` label, the ``Draining`` condition, their removal once drained).
@@ -216,6 +232,8 @@ class DecideConfig:
             raise ValueError(f"drain_queue_limit must be > 0, got {self.drain_queue_limit}")
         if not self.drain_overtaken >= 0:
             raise ValueError(f"drain_overtaken must be >= 0, got {self.drain_overtaken}")
+        if not 0 <= self.warm_share <= 1:
+            raise ValueError(f"warm_share must be in [0, 1], got {self.warm_share}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -1608,6 +1626,78 @@ class _Step:
         self.start_drains(plan)
         return plan, plan_id, batch, reconfigured, ""
 
+    def warm_slices(self) -> None:
+        """Step 10: make one warm slice if a common one-slice request has no free slice left.
+
+        Runs only when nothing waits (no candidate, no batch planned) and no node is applying a
+        spec, so every slice a spec will create is already in the ledgers (a spec in flight
+        would hide its slice, and the next step would make another on the next node).  The mix
+        is the bound pods holding one unit of one resource; a request of at least
+        ``warm_share`` of them with no free, unpromised slice on a plannable node gets one, on
+        the node with the most compute in use that could hold it (never on a node where
+        nothing is in use: nodes that empty in lulls stay empty for whole-node pods), laid out
+        by the planner as for a pod of that request (a one-node plan), at most one per step.
+        """
+        usable = [
+            led
+            for led in self.ledgers.values()
+            if led.name not in self.cooldown and not led.degraded
+        ]
+        if any(led.busy for led in self.ledgers.values()) or not usable:
+            return
+        mix: Counter[str] = Counter()
+        for led in usable:
+            mix.update(self.index.usage(led.name).single)
+        total = sum(mix.values())
+        if not total:
+            return
+        free: Counter[str] = Counter()
+        for led in usable:
+            free.update(led.free())
+        wanted = [
+            r
+            for r, n in sorted(mix.items(), key=lambda rn: (-rn[1], rn[0]))
+            if n >= self.config.warm_share * total and free[r] <= 0
+        ]
+        if not wanted:
+            return
+        busiest = sorted(
+            (
+                (-used, led.name, led)
+                for led in usable
+                if (used := sum(g.used_compute for g in led.gpus if not g.frozen)) > 0
+            ),
+            key=lambda t: (t[0], t[1]),
+        )
+        reserve = self.config.planner_settings.mps_reserve_mib
+        tries = _WARM_TRIES
+        for r in wanted:
+            for _, name, led in busiest:
+                if _units_of(r, *_node_bounds(led, reserve)) < 1:
+                    continue
+                if tries <= 0:
+                    return
+                tries -= 1
+                pod = PendingPod(
+                    name=f"{WARM_PREFIX}{r}",
+                    requests={r: 1},
+                    eligible_nodes=frozenset({name}),
+                )
+                try:
+                    plan = self.config.planner(
+                        Snapshot(nodes=(_all_kept(led.node_state()),), pods=(pod,)),
+                        self.config.planner_settings,
+                        self.config.catalog,
+                    )
+                except Exception:  # a planner bug must not stop the controller; nothing waits
+                    return
+                if pod.name not in plan.assignments:
+                    continue
+                layouts = Plan(plan.layouts, {}, {}, plan.policy, plan.status)
+                if self._write_plan(layouts, self.next_id(), {}):
+                    self.counts["warm"] += 1
+                    return
+
     def _may_place(self, snapshot: Snapshot) -> bool:
         """Whether some pod of ``snapshot`` could be placed, by the batch's bound
         (:class:`_UnitBounds`): ``False`` only if every pod asks for more units of some
@@ -1713,6 +1803,14 @@ class _Step:
             for ledger in self.ledgers.values():
                 ledger.pin()
         plan, plan_id, batch, reconfigured, error = self.plan_batch()
+        if (
+            self.config.reservation
+            and self.config.warm_share > 0
+            and plan is None
+            and not error
+            and not self.candidates
+        ):
+            self.warm_slices()
         if error:  # a failed plan may succeed on retry (e.g. out of time): no suppression
             self.plan_version = None
         elif self.planned_snapshot is not None:
@@ -1920,6 +2018,32 @@ def _mig_gpu_bound(model: GpuModel, pinned: _Pinned) -> tuple[tuple[str, int], .
         most = max(0, min(count, profile.max_count - same[profile.name], limit))
         out.append((profile.resource, most))
     return tuple(out)
+
+
+_WARM_TRIES = 3
+"""One-node plans a step may try for warm slices (a node the bound admits may still not hold
+the slice beside every device it keeps)."""
+
+
+def _all_kept(node: NodeState) -> NodeState:
+    """``node`` with every instance and slice marked used (a hybrid host through its slices,
+    so a warm slice may still join it): a warm slice is added beside what exists and never
+    replaces a free device (else two requests' warm slices that do not fit
+    together on the busiest node would replace each other at every step)."""
+    gpus = tuple(
+        replace(
+            g,
+            mig=tuple(
+                replace(
+                    m, used=m.used or not m.mps, mps=tuple(replace(s, used=True) for s in m.mps)
+                )
+                for m in g.mig
+            ),
+            mps=tuple(replace(s, used=True) for s in g.mps),
+        )
+        for g in node.gpus
+    )
+    return replace(node, gpus=gpus)
 
 
 def _idle_compute(ledger: NodeLedger) -> tuple[int, str]:

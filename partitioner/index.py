@@ -590,6 +590,9 @@ class Usage:
     cpu_milli: int = 0
     memory_mib: int = 0
     slices: dict[str, int] = field(default_factory=dict)
+    single: dict[str, int] = field(default_factory=dict)
+    """Pods that hold one unit of one resource, per resource (the warm-slice mix:
+    :meth:`partitioner.decide._Step.warm_slices`)."""
 
     def add(self, pod: PodInfo, sign: int) -> None:
         self.cpu_milli += sign * pod.cpu_milli
@@ -600,6 +603,14 @@ class Usage:
                 self.slices[r] = left
             else:
                 self.slices.pop(r, None)
+        if len(pod.slices) == 1:
+            ((r, k),) = pod.slices.items()
+            if k == 1:
+                left = self.single.get(r, 0) + sign
+                if left:
+                    self.single[r] = left
+                else:
+                    self.single.pop(r, None)
 
 
 def _counts(pod: PodInfo) -> bool:

@@ -146,6 +146,15 @@ class PartitionerSettings(CommonSettings):
         "could use, and free slices go to the smallest pods first, those past the last waiting "
         "tier first).",
     )
+    warm_slice_share: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Warm slices: while no slice pod waits, keep one free slice of each request "
+        "that at least this share of the bound one-slice pods hold, on the busiest node with "
+        "room, so the next such pod starts at once; 0 turns them off (the default: they delay "
+        "whole-node pods, docs/operations.md).",
+    )
     drain_overtaken: int = Field(
         0,
         ge=0,
@@ -272,6 +281,7 @@ class PartitionerSettings(CommonSettings):
             drain_fraction=self.drain_fraction,
             drain_queue_limit=self.drain_queue_limit,
             drain_overtaken=self.drain_overtaken,
+            warm_share=self.warm_slice_share,
             node_lifecycle=True,
         )
 

@@ -306,6 +306,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="partitioner setting drainQueueLimit: drains start only while at most this many "
         "slice units wait per GPU (inf: always)",
     )
+    ap.add_argument(
+        "--warm-share",
+        type=float,
+        default=0.0,
+        help="partitioner setting warmSliceShare: keep one free slice of each request that at "
+        "least this share of the bound one-slice pods hold (0: off; greedy has none)",
+    )
     ap.add_argument("--time-limit", type=float, default=1.0, help="CP-SAT seconds per plan")
     ap.add_argument("--policies", default="cpsat,greedy")
     ap.add_argument(
@@ -367,6 +374,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.max_pod_slices < 0:
         ap.error(f"--max-pod-slices must be 0 (keep all) or more, not {args.max_pod_slices}")
+    if not 0 <= args.warm_share <= 1:
+        ap.error(f"--warm-share must be in [0, 1] (0: off), not {args.warm_share}")
     traces = list(OPENB_TRACES) if args.trace == "all" else _split(args.trace)
     node_counts = [int(n) for n in _split(args.nodes)]
     wanted = _split(args.policies)
@@ -386,6 +395,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "apply_delay_s": args.apply_delay,
             "drain_overtaken": args.drain_overtaken,
             "drain_queue_limit": args.drain_queue_limit,
+            "warm_share": args.warm_share,
             "drain_fraction": args.drain_fraction,
             "time_compression": args.compression,
             "seed": args.seed,

@@ -860,6 +860,7 @@ def test_partitioner_values_reach_its_settings(
                 "drainFraction": 0.25,
                 "drainOvertaken": 4,
                 "drainQueueLimit": 2.5,
+                "warmSliceShare": 0.05,
             },
             "liveness": {"staleSeconds": 300, "failedSteps": 0},
         }
@@ -881,6 +882,7 @@ def test_partitioner_values_reach_its_settings(
     assert (s.cooldown_seconds, s.drain_after_seconds, s.drain_fraction) == (0, 7200, 0.25)
     assert s.drain_overtaken == 4 and s.decide_config(load_catalog()).drain_overtaken == 4
     assert s.decide_config(load_catalog()).drain_queue_limit == 2.5
+    assert s.decide_config(load_catalog()).warm_share == 0.05
     assert (s.liveness_stale_seconds, s.liveness_failed_steps) == (300, 0)
 
 

@@ -194,3 +194,15 @@ def test_a_negative_max_pod_slices_is_refused_with_exit_code_2(
         main(["--max-pod-slices", "-1"])
     assert exit_info.value.code == 2
     assert "--max-pod-slices must be 0 (keep all) or more, not -1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("share", ["-0.5", "1.5"])
+def test_a_warm_share_outside_zero_to_one_is_refused_with_exit_code_2(
+    share: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from simulations.bench_replay import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--warm-share", share])
+    assert exit_info.value.code == 2
+    assert f"--warm-share must be in [0, 1] (0: off), not {float(share)}" in capsys.readouterr().err

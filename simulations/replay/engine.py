@@ -217,6 +217,9 @@ class ReplaySettings:
     """Partitioner setting: drain only pods this many younger slice pods have overtaken."""
     drain_queue_limit: float = 0.1
     """Partitioner setting: drains start only while at most this many slice units wait per GPU."""
+    warm_share: float = 0.0
+    """Partitioner setting: warm slices for requests of at least this share of the bound
+    one-slice pods (0: off; :attr:`partitioner.decide.DecideConfig.warm_share`)."""
     recreate_delay_s: float = 1.0
     """A pod the kubelet rejected (stale allocatable) is created again by its controller this
     long after (the controller's reaction, scheduling and admission round trip)."""
@@ -728,6 +731,7 @@ class _Engine:
                 drain_fraction=settings.drain_fraction,
                 drain_overtaken=settings.drain_overtaken,
                 drain_queue_limit=settings.drain_queue_limit,
+                warm_share=settings.warm_share,
             )
         for name in fake.nodes:
             self._report(name)
