@@ -1690,6 +1690,7 @@ class _Step:
                         self.config.catalog,
                     )
                 except Exception:  # a planner bug must not stop the controller; nothing waits
+                    self.counts["warm_errors"] += 1  # counted as a planner error, logged
                     return
                 if pod.name not in plan.assignments:
                     continue

@@ -70,6 +70,11 @@ class Metrics:
         self.spec_conflicts = Counter(
             "gpuslice_spec_conflicts", "Spec writes refused with 409", registry=r
         )
+        self.warm_slices = Counter(
+            "gpuslice_warm_slices",
+            "Specs written to keep a free slice ready while nothing waits (warmSliceShare)",
+            registry=r,
+        )
         self.oldest_pending = Gauge(
             "gpuslice_oldest_pending_pod_seconds",
             "Age of the oldest pod waiting for a slice (0: none waits)",

@@ -311,6 +311,13 @@ class Controller:
                 d.plan.status or d.plan.policy,
                 extra={"plan": d.plan_id},
             )
+        m.warm_slices.inc(d.counts.get("warm", 0))
+        if d.counts.get("warm_errors", 0):
+            m.planner_errors.inc()
+            log.error(
+                "planner raised while planning a warm slice: none made this step (tried again "
+                "once the cluster changes)"
+            )
         m.spec_conflicts.inc(len(outcome.conflicts))
         for node in outcome.written:
             generation = (outcome.objects[node].get("metadata") or {}).get("generation") or 0

@@ -178,3 +178,11 @@ def test_in_the_replay_a_warm_slice_lets_the_next_pod_start_at_once() -> None:
     assert warm <= 1
     # the warm 1g is the one b's plan would have made; once b takes it, one more is kept free
     assert warm_changes == cold_changes + 1
+
+
+def test_a_planner_that_raises_on_a_warm_slice_writes_nothing_and_is_counted() -> None:
+    def broken(*_: object) -> object:
+        raise RuntimeError("boom")
+
+    d = busy_and_idle().step(T0, dataclasses.replace(WARM, planner=broken))
+    assert specs(d) == {} and d.counts["warm_errors"] == 1 and not d.error
