@@ -1630,8 +1630,10 @@ class _Step:
         """Step 10: make one warm slice if a common one-slice request has no free slice left.
 
         Runs only when nothing waits (no candidate, no batch planned) and no node is applying a
-        spec, so every slice a spec will create is already in the ledgers (a spec in flight
-        would hide its slice, and the next step would make another on the next node).  The mix
+        spec written less than ``apply_deadline_s`` ago, so every slice a spec will create is
+        already in the ledgers (a spec in flight would hide its slice, and the next step would
+        make another on the next node); a node past that deadline (its agent down, say) stops
+        blocking them, and the step wakes when it gets there.  The mix
         is the bound pods holding one unit of one resource; a request of at least
         ``warm_share`` of them with no free, unpromised slice on a plannable node gets one, on
         the node with the most compute in use that could hold it (never on a node where
@@ -1643,8 +1645,19 @@ class _Step:
             for led in self.ledgers.values()
             if led.name not in self.cooldown and not led.degraded
         ]
-        if any(led.busy for led in self.ledgers.values()) or not usable:
+        if not usable:
             return
+        for led in self.ledgers.values():
+            if not led.busy:
+                continue
+            at = _planned_at(led.np) if led.np is not None else None
+            if at is None:
+                return
+            overdue = at + self.config.apply_deadline_s
+            if self.now < overdue:  # in flight: its slices are not in the ledgers yet
+                self.wake(overdue)
+                return
+            # past its apply deadline (agent down?): its pods were given back; it blocks no more
         mix: Counter[str] = Counter()
         for led in usable:
             mix.update(self.index.usage(led.name).single)

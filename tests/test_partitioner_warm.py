@@ -186,3 +186,15 @@ def test_a_planner_that_raises_on_a_warm_slice_writes_nothing_and_is_counted() -
 
     d = busy_and_idle().step(T0, dataclasses.replace(WARM, planner=broken))
     assert specs(d) == {} and d.counts["warm_errors"] == 1 and not d.error
+
+
+def test_a_node_that_never_applies_blocks_warm_slices_only_until_its_apply_deadline() -> None:
+    c = busy_and_idle()
+    stuck = np("n2", plan="9", generation=3, observed=2, applied=True, gpus=[])
+    stuck["spec"]["gpus"] = [{"index": 0, "mig": [{"profile": "7g.80gb", "start": 0}]}]
+    stuck["metadata"]["annotations"]["gpuslice.io/planned-at"] = str(T0)
+    c.put(stuck)
+    d = c.step(T0 + 10, WARM)
+    assert specs(d) == {} and d.next_wakeup == T0 + CONFIG.apply_deadline_s
+    d = c.step(T0 + CONFIG.apply_deadline_s + 1, WARM)
+    assert list(specs(d)) == ["n1"] and d.counts["warm"] == 1
