@@ -1643,7 +1643,7 @@ class _Step:
         usable = [
             led
             for led in self.ledgers.values()
-            if led.name not in self.cooldown and not led.degraded
+            if led.name not in self.cooldown and not led.degraded and not led.busy
         ]
         if not usable:
             return
