@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from openb_data import OPENB, needs_openb
 
 from simulations.bench_replay import (
     WHOLE_NODE,
@@ -160,12 +161,7 @@ def test_render_shaped_puts_planner_shaped_beside_publish_everything(tmp_path: P
     assert lines[4].endswith("| FAIL: reconfigured < publish-everything |")
 
 
-OPENB = Path(__file__).resolve().parents[2] / "shared" / "traces" / "openb"
-
-
-@pytest.mark.skipif(
-    not (OPENB / "openb_pod_list_default.csv").is_file(), reason="needs ../shared/traces/openb"
-)
+@needs_openb
 def test_max_pod_slices_leaves_the_whole_node_pods_out_of_the_replay() -> None:
     # The first 130 GPU pods of openb default hold two eight-GPU pods (the 16th and 123rd).
     opts: dict[str, Any] = {

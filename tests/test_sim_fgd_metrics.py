@@ -3,9 +3,8 @@ plus the paper's test vectors (fgd.md §5) on the openb default trace."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from openb_data import OPENB, needs_openb
 
 from simulations.inputs.openb import load_openb_pods
 from simulations.inputs.workload import Pod
@@ -17,12 +16,6 @@ from simulations.saturation.fragmentation import (
 )
 from simulations.saturation.policies.baselines import fgd_score
 from simulations.saturation.policies.gpuslice import CpuAwareFragModel
-
-OPENB = Path(__file__).resolve().parents[2] / "shared" / "traces" / "openb"
-needs_openb = pytest.mark.skipif(
-    not (OPENB / "openb_pod_list_default.csv").is_file(),
-    reason=f"openb traces not found at {OPENB} (../shared/traces/openb)",
-)
 
 
 def pods(*specs: tuple[int, int, int, int]) -> list[Pod]:

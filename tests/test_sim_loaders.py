@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from openb_data import OPENB, needs_openb
 
 from planner.snapshot import Mode
 from simulations.inputs.cluster import (
@@ -28,12 +29,6 @@ from simulations.inputs.workload import (
     WorkloadError,
     load_workload,
     synthetic_workload,
-)
-
-OPENB = Path(__file__).resolve().parents[2] / "shared" / "traces" / "openb"
-needs_openb = pytest.mark.skipif(
-    not (OPENB / "openb_pod_list_default.csv").is_file(),
-    reason=f"openb traces not found at {OPENB} (../shared/traces/openb)",
 )
 
 POD_HEADER = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n"

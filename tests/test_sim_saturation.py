@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from openb_data import OPENB, needs_openb
 
 from simulations.inputs.cluster import Cluster, Node, load_cluster_file, load_openb_nodes
 from simulations.inputs.openb import load_openb_pods
@@ -24,11 +25,6 @@ from simulations.saturation.protocol import (
 )
 
 DATA = Path(__file__).resolve().parents[1] / "simulations" / "data"
-OPENB = Path(__file__).resolve().parents[2] / "shared" / "traces" / "openb"
-needs_openb = pytest.mark.skipif(
-    not (OPENB / "openb_pod_list_default.csv").is_file(),
-    reason=f"openb traces not found at {OPENB} (../shared/traces/openb)",
-)
 
 
 # ----------------------------------------------------------------------------- arrivals, ranks
