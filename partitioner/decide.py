@@ -1674,13 +1674,10 @@ class _Step:
         ]
         if not wanted:
             return
-        busiest = sorted(
-            (
-                (-used, led.name, led)
-                for led in usable
-                if (used := sum(g.used_compute for g in led.gpus if not g.frozen)) > 0
-            ),
-            key=lambda t: (t[0], t[1]),
+        busiest = sorted(  # most compute in use first; node names are unique, so ties end there
+            (-used, led.name, led)
+            for led in usable
+            if (used := sum(g.used_compute for g in led.gpus if not g.frozen)) > 0
         )
         reserve = self.config.planner_settings.mps_reserve_mib
         tries = _WARM_TRIES
