@@ -310,6 +310,10 @@ class Decision:
     """The earliest future time a time-based decision falls due with no other change (a
     deadline, a drain threshold, the batch window, a retry, a cool-down's end): a caller that
     steps on changes only (the simulator) steps again then."""
+    warm_error: str = ""
+    """A planner exception while planning a warm slice (step 10), as text.  Unlike ``error`` it
+    closes no window and keeps the step quiet: warm slices are tried again once the cluster
+    changes, not every cycle."""
 
     @property
     def waiting(self) -> int:
@@ -539,6 +543,7 @@ class _Step:
         self.unit_bound: _UnitBounds | None = None
         """The batch's bound on what the plannable nodes could offer (:meth:`planning_input`)."""
         self.next_wakeup: float | None = None
+        self.warm_error = ""
         self._rejects: dict[tuple[frozenset[str], tuple[tuple[str, int], ...]], str | None] = {}
         """(eligible nodes, slices) -> :func:`_reject_reason` (this step's nodes)."""
 
@@ -1699,8 +1704,11 @@ class _Step:
                         self.config.planner_settings,
                         self.config.catalog,
                     )
-                except Exception:  # a planner bug must not stop the controller; nothing waits
+                except Exception as e:  # a planner bug must not stop the controller
                     self.counts["warm_errors"] += 1  # counted as a planner error, logged
+                    self.warm_error = (
+                        f"planner failed on warm slice {r} for node {name}: {type(e).__name__}: {e}"
+                    )
                     return
                 if pod.name not in plan.assignments:
                     continue
@@ -1860,6 +1868,7 @@ class _Step:
             {**self._label_problems(), **self.unreadable},
             self.planned_snapshot,
             self.next_wakeup,
+            self.warm_error,
         )
 
 

@@ -315,8 +315,8 @@ class Controller:
         if d.counts.get("warm_errors", 0):
             m.planner_errors.inc()
             log.error(
-                "planner raised while planning a warm slice: none made this step (tried again "
-                "once the cluster changes)"
+                "%s; no warm slice made this step (tried again once the cluster changes)",
+                d.warm_error or "planner raised while planning a warm slice",
             )
         m.spec_conflicts.inc(len(outcome.conflicts))
         for node in outcome.written:

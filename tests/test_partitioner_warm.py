@@ -186,6 +186,8 @@ def test_a_planner_that_raises_on_a_warm_slice_writes_nothing_and_is_counted() -
 
     d = busy_and_idle().step(T0, dataclasses.replace(WARM, planner=broken))
     assert specs(d) == {} and d.counts["warm_errors"] == 1 and not d.error
+    # the operator logs the exception's text: which slice, which node, what was raised
+    assert "RuntimeError: boom" in d.warm_error and "for node n1" in d.warm_error
 
 
 def test_a_node_that_never_applies_blocks_warm_slices_only_until_its_apply_deadline() -> None:
@@ -196,5 +198,38 @@ def test_a_node_that_never_applies_blocks_warm_slices_only_until_its_apply_deadl
     c.put(stuck)
     d = c.step(T0 + 10, WARM)
     assert specs(d) == {} and d.next_wakeup == T0 + CONFIG.apply_deadline_s
+    d = c.step(T0 + CONFIG.apply_deadline_s + 1, WARM)
+    assert list(specs(d)) == ["n1"] and d.counts["warm"] == 1
+
+
+def test_a_node_stuck_applying_never_gets_a_warm_slice_even_when_busiest() -> None:
+    """Past its apply deadline a stuck node stops pausing warm slices (above), but it is never
+    the node one is planned on: its spec may never be applied, and a second would only wait
+    behind the first.  n2 runs more than n1 and would be chosen if it were not stuck."""
+    c = Cluster(
+        with_alloc(node("n1", MIG), **{"1g_10gb": 1}),
+        applied_np("n1", status_gpu(0, ("1g.10gb", 0, True)), status_gpu(1)),
+        with_alloc(node("n2", MIG), **{"1g_10gb": 2}),
+        running("r1", "n1", ONE_G),
+        running("r2", "n2", ONE_G),
+        running("r3", "n2", ONE_G),
+    )
+    stuck = np(
+        "n2",
+        plan="9",
+        generation=3,
+        observed=2,
+        applied=True,
+        gpus=[status_gpu(0, ("1g.10gb", 0, True), ("1g.10gb", 1, True)), status_gpu(1)],
+    )
+    stuck["spec"]["gpus"] = [
+        {
+            "index": 0,
+            "mig": [{"profile": "1g.10gb", "start": 0}, {"profile": "1g.10gb", "start": 1}],
+        },
+        {"index": 1, "mig": [{"profile": "7g.80gb", "start": 0}]},
+    ]
+    stuck["metadata"]["annotations"]["gpuslice.io/planned-at"] = str(T0)
+    c.put(stuck)
     d = c.step(T0 + CONFIG.apply_deadline_s + 1, WARM)
     assert list(specs(d)) == ["n1"] and d.counts["warm"] == 1
