@@ -324,7 +324,7 @@ def _decisions(index: ClusterIndex) -> list[tuple[object, ...]]:
     timeout) plans the batch."""
     for name, info in index.partitionings.items():  # every agent reported after the pods
         info.pods_seen = index.node_pods.get(name, 0)
-    out = []
+    out: list[tuple[object, ...]] = []
     for config in (CONFIG, WARM):
         state = ControllerState()
         for now in (T0, T0 + 61):
