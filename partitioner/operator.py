@@ -16,7 +16,8 @@ Wiring
   ``list_page_size`` (:meth:`~partitioner.kubeapi.KubeApi.list_all`); while the API server
   cannot be listed it retries with exponential backoff and jitter (:attr:`Controller.backoff`:
   1 s doubling up to 30 s), logging one WARNING when the outage starts and one INFO when the
-  listing succeeds (:func:`~partitioner.kubeapi.retry_with_backoff`).  Then every ``cycle_seconds``
+  listing succeeds (:func:`~partitioner.kubeapi.retry_with_backoff`).  Then every ``cycle_seconds``,
+  and ``react_seconds`` after a watch event that changed the index (:meth:`Controller._pause`),
   calls :func:`partitioner.decide.decide` with the index and the wall clock (reservation
   deadlines are stored on pods in that clock), carries the actions out (:mod:`.writer`), folds
   the written objects back into the index and records metrics.  ``on.cleanup`` stops it.
@@ -57,6 +58,7 @@ open a new window; plan ids continue after the largest in the cluster.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import socket
@@ -215,6 +217,8 @@ class Controller:
         self._logged_in = asyncio.Event()
         self._awaiting_applied: dict[str, tuple[int, float]] = {}
         self._task: asyncio.Task[None] | None = None
+        self.changed = asyncio.Event()
+        """Set when a watch event changed the index since the last step began reading it."""
 
     # -- index -----------------------------------------------------------------------------
     def observe(self, kind: str, event: Mapping[str, Any]) -> None:
@@ -224,12 +228,18 @@ class Controller:
         if self._buffered is not None:  # a step is reading the index in its thread
             self._buffered.append((kind, event_type, obj))
             return
+        self._fold(kind, event_type, obj)
+
+    def _fold(self, kind: str, event_type: str | None, obj: Mapping[str, Any]) -> None:
+        before = self.index.version
         self.index.apply(kind, event_type, obj)
+        if self.index.version != before:  # a change the step reads: react (:meth:`_pause`)
+            self.changed.set()
 
     def _drain_buffer(self) -> None:
         buffered, self._buffered = self._buffered or [], None
         for kind, event_type, obj in buffered:
-            self.index.apply(kind, event_type, obj)
+            self._fold(kind, event_type, obj)
 
     # -- login -----------------------------------------------------------------------------
     def logged_in(self, info: kopf.ConnectionInfo) -> None:
@@ -259,6 +269,7 @@ class Controller:
         """One cycle: decide at ``now`` (default: the controller's clock), act, record."""
         now = self.clock() if now is None else now
         state = self.state
+        self.changed.clear()  # what happened so far, this step reads
         started = time.perf_counter()
         if self.offload:
             self._buffered = []
@@ -394,7 +405,23 @@ class Controller:
             )
         while True:
             await self._cycle()
-            await asyncio.sleep(self.settings.cycle_seconds)
+            await self._pause()
+
+    async def _pause(self) -> None:
+        """Between two cycles: ``react_seconds`` at least; then the next cycle starts at once if
+        a watch event changed the index (a node reported a new slice, a pod arrived), else at
+        the first such event, and ``cycle_seconds`` after this one ended at the latest (the
+        time-based decisions: batch window, deadlines, drains).  The step's own writes, folded
+        back into the index, are not such a change: it acts on them at the next regular cycle.
+        """
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self.settings.cycle_seconds
+        await asyncio.sleep(self.settings.react_seconds)
+        left = end - loop.time()
+        if self.changed.is_set() or left <= 0:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.changed.wait(), timeout=left)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self.run(), name="gpuslice-partitioner-cycle")

@@ -71,6 +71,14 @@ class PartitionerSettings(CommonSettings):
     cycle_seconds: float = Field(
         1.0, gt=0, description="How often the controller re-evaluates the cluster state."
     )
+    react_seconds: float = Field(
+        0.1,
+        ge=0,
+        description="After a watch event that changes what the controller reads, the next "
+        "cycle starts this long after the previous one ended instead of waiting out "
+        "cycle_seconds (a pod is released as soon as its node reports its slice); also the "
+        "least gap between cycles.  Equal to cycle_seconds: poll only.",
+    )
     planner_policy: Policy = Field(Policy.CPSAT, description="cpsat or greedy.")
     planner_time_limit_seconds: float = Field(
         1.0, gt=0, description="CP-SAT wall-clock limit per plan."
@@ -240,6 +248,15 @@ class PartitionerSettings(CommonSettings):
                 f"leader_election_renew_deadline_seconds ({renew:g}) < "
                 f"leader_election_lease_duration_seconds ({lease}): a leader must stop writing "
                 f"before its lease can expire for the others"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _react_within_a_cycle(self) -> PartitionerSettings:
+        if self.react_seconds > self.cycle_seconds:
+            raise ValueError(
+                f"react_seconds ({self.react_seconds:g}) must be at most cycle_seconds "
+                f"({self.cycle_seconds:g}): a change is acted on within one cycle anyway"
             )
         return self
 

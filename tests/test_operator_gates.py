@@ -289,3 +289,28 @@ async def test_a_reserved_slice_is_given_to_no_other_pod(kmock: ApiServer, tmp_p
         await eventually(
             lambda: any(reason == "SliceTaken" for reason, _ in pod_events(kmock, "p1")), 10
         )
+
+
+@pytest.mark.looptime
+@pytest.mark.parametrize(("react", "at_least", "within"), [(0.1, 0.0, 1.0), (30.0, 1.0, 31.0)])
+async def test_a_node_reporting_its_slice_releases_the_pod_within_the_reaction_time(
+    kmock: ApiServer, tmp_path: Path, react: float, at_least: float, within: float
+) -> None:
+    """The loop waits ``cycle_seconds`` (30 s here) between cycles unless a watch event changed
+    the index: then the next cycle starts ``react_seconds`` after the last one ended.  The
+    kubelet's report of the planned slice is such an event: with a 0.1 s reaction the pod is
+    released within a second of it; polling only (reaction = cycle), up to a whole cycle."""
+    await setup(kmock, "n1")
+    async with gating_operator(kmock, tmp_path, cycle_seconds=30, react_seconds=react):
+        await eventually(lambda: stored(kmock, NP_RESOURCE, "n1"), within=70)
+        await kmock.post(PODS, json=pod("p1"))
+        r = await eventually(lambda: reservation(kmock, "p1"), within=120)
+        await asyncio.sleep(31)  # past the cycle that planned it and the one after
+        await agent_applies(kmock, r.node)
+        loop = asyncio.get_running_loop()
+        reported = loop.time()
+        await kubelet_advertises(kmock, r.node, {SEVEN_G: 1})
+        await eventually(
+            lambda: not get_pod(kmock, "p1")["spec"].get("schedulingGates"), within, step=0.05
+        )
+        assert at_least <= loop.time() - reported <= within  # measured: 0.15 s and 28.55 s

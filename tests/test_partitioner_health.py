@@ -116,6 +116,13 @@ def serving(health: ControllerHealth) -> Any:
         server.stop()
 
 
+def test_the_reaction_time_is_at_most_a_cycle() -> None:
+    with pytest.raises(ValueError, match=r"react_seconds \(2\) must be at most cycle_seconds"):
+        PartitionerSettings(cycle_seconds=1, react_seconds=2)
+    assert PartitionerSettings(cycle_seconds=1, react_seconds=1).react_seconds == 1
+    assert PartitionerSettings().react_seconds == 0.1
+
+
 def test_endpoint_answers_503_with_the_reason_and_200_when_well() -> None:
     clock = ManualClock(1000.0)
     health = ControllerHealth(stale_seconds=60, failed_steps=2, clock=clock)

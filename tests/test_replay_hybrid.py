@@ -121,11 +121,11 @@ def test_invalid_hosted_slices_are_refused() -> None:
 
 def test_hybrid_replay_is_hand_computed() -> None:
     # One hybrid A100: a 3g.40gb pod and two 10 GiB MPS pods arrive at 0.  gpuslice (CP-SAT,
-    # gates): the partitioner sees them at its first cycle (1 s), the 10 s idle window closes at
-    # 11, the spec is written then and applied 5 s later (16); the node's first kubelet status
-    # sync after 16 posts the slices, the partitioner sees them at its next cycle (a whole
-    # second) and releases the pods, which bind at once.  CP-SAT packs the two slices into
-    # one host (a 4g.40gb: 40192 - 512 MiB hold two 10 GiB slices) beside the 3g.40gb.
+    # gates): the partitioner sees them at once (it reacts to changes), the 10 s idle window
+    # closes at 10, the spec is written then and applied 5 s later (15); the node's first
+    # kubelet status sync after 15 posts the slices, the partitioner reacts to it at once and
+    # releases the pods, which bind then.  CP-SAT packs the two slices into one host (a
+    # 4g.40gb: 40192 - 512 MiB hold two 10 GiB slices) beside the 3g.40gb.
     fake = hybrid_node()
     pods = [
         ReplayPod("big", {MIG3: 1}, 0, 1000),
@@ -134,11 +134,12 @@ def test_hybrid_replay_is_hand_computed() -> None:
     ]
     r = run_time_replay(EMPTY, fake, "cpsat", ReplaySettings(horizon_s=500), pods=pods)
     phase = r.status_sync["h0"]
-    sync = phase + math.ceil((16 - phase) / 10 - 1e-9) * 10
-    bound_at = math.floor(sync) + 1.0
-    assert r.reconfigurations == [(16.0, 1)]
-    assert {p.name: p.first_bound for p in r.pods} == {n: bound_at for n in ("big", "s1", "s2")}
-    assert all(p.pending_s == bound_at for p in r.pods)
+    sync = phase + math.ceil((15 - phase) / 10 - 1e-9) * 10
+    assert r.reconfigurations == [(15.0, 1)]
+    assert {p.name: p.first_bound for p in r.pods} == {
+        n: pytest.approx(sync) for n in ("big", "s1", "s2")
+    }
+    assert all(p.pending_s == pytest.approx(sync) for p in r.pods)
     assert r.disruptions == 0 and r.theft == 0 and r.admission_rejections == 0
     assert r.planner_errors == []
     hosts = {fake.bindings[s].devices[0][1][0] for s in ("s1", "s2")}

@@ -73,20 +73,25 @@ def test_static_whole_gpu_queue_is_hand_computed() -> None:
     assert (s.waiting_span_s, s.idle_gpus_while_waiting) == (140, 0)
 
 
-def test_partitioner_window_and_apply_delay_are_hand_computed() -> None:
+@pytest.mark.parametrize(("react", "opened"), [(None, 1.0), (0.1, 0.0)])
+def test_partitioner_window_and_apply_delay_are_hand_computed(
+    react: float | None, opened: float
+) -> None:
     # nos's path (greedy, no gates): kube-scheduler finds no slice at 0 (Unschedulable); the
-    # partitioner sees that at its next cycle (1 s), the window opens at 1 and idles out at 11;
-    # the spec is applied at 16; the node's allocatable reaches the API at the kubelet's next
-    # status sync (phase + 10 k s), and kube-scheduler binds the pod then
-    settings = ReplaySettings(batch_timeout_s=60, batch_idle_s=10, apply_delay_s=5)
+    # partitioner, which has not stepped yet, sees that at once (the loop before reactions: at
+    # its next cycle, 1 s), the window opens then and idles out 10 s later; the spec is applied 5 s after that; the node's allocatable reaches the API at the
+    # kubelet's next status sync (phase + 10 k s), and kube-scheduler binds the pod then
+    settings = ReplaySettings(batch_timeout_s=60, batch_idle_s=10, apply_delay_s=5, react_s=react)
     r = run_time_replay(EMPTY, one_gpu(), "greedy", settings, pods=[pod("a", "1g.10gb", 0, 100)])
     (rec,) = r.pods
+    planned, applied = opened + 10, opened + 15
     phase = r.status_sync["n0"]
-    sync = phase + math.ceil((16 - phase) / 10) * 10
-    assert 16 <= sync < 26
+    sync = phase + math.ceil((applied - phase) / 10) * 10
+    assert applied <= sync < applied + 10
     assert rec.first_bound == pytest.approx(sync) and rec.pending_s == pytest.approx(sync)
-    assert r.reconfigurations == [(16, 1)]
-    assert len(r.plans) == 1 and r.plans[0].time == 11 and r.plans[0].placed == 1
+    assert r.reconfigurations == [(pytest.approx(applied), 1)]
+    assert len(r.plans) == 1 and r.plans[0].placed == 1
+    assert r.plans[0].time == pytest.approx(planned)
     assert r.end == pytest.approx(sync + 100)  # the pod departs; nothing waits: the replay ends
     s = summarize(r)
     assert s.pods_disrupted == 0 and s.never_scheduled == 0
@@ -96,25 +101,26 @@ def test_partitioner_window_and_apply_delay_are_hand_computed() -> None:
 
 
 def test_timeout_closes_a_window_that_keeps_getting_arrivals() -> None:
-    # gated pods (cpsat reserves): arrivals at 0, 8, 16, 24 are seen at 1, 9, 17, 25; the window
-    # opened at 1 times out at 21 with 3 pods; applied at once, they are released at the
-    # partitioner's first cycle after the node's allocatable shows the slices (status sync),
-    # and bound then. p3's window opens at 25 and idles out at 35.
+    # gated pods (cpsat reserves): arrivals at 0, 8, 16, 24 are seen at once (the partitioner
+    # reacts to each, its last step long past); the window opened at 0 times out at 20 with 3
+    # pods; applied at once, they are released when the node's allocatable shows the slices
+    # (the kubelet's status sync: the partitioner reacts to it at once too), and bound then.
+    # p3's window opens at 24 and idles out at 34.
     settings = ReplaySettings(batch_timeout_s=20, batch_idle_s=10, apply_delay_s=0)
     pods = [pod(f"p{i}", "1g.10gb", 8 * i, 1000) for i in range(4)]
     r = run_time_replay(EMPTY, one_gpu(), "cpsat", settings, pods=pods)
-    assert [(p.time, p.batch) for p in r.plans] == [(21, 3), (35, 1)]
+    assert [(p.time, p.batch) for p in r.plans] == [(20, 3), (34, 1)]
     phase = r.status_sync["n0"]
 
     def released(applied: float) -> float:
-        return math.ceil(phase + math.ceil((applied - phase) / 10) * 10)
+        return phase + math.ceil((applied - phase) / 10) * 10
 
     bound = sorted((p.name, p.first_bound) for p in r.pods)
     assert bound == [
-        ("p0", released(21)),
-        ("p1", released(21)),
-        ("p2", released(21)),
-        ("p3", released(35)),
+        ("p0", pytest.approx(released(20))),
+        ("p1", pytest.approx(released(20))),
+        ("p2", pytest.approx(released(20))),
+        ("p3", pytest.approx(released(34))),
     ]
     assert r.theft == 0 and r.events["Released"] == 4
 

@@ -49,8 +49,10 @@ at once and is applied ``apply_delay_s`` later; the agent reports its NodePartit
 then and at every resync (``agent_resync_s``), so ``used`` flags lag as in production.
 
 The partitioner is the real decision step (:func:`partitioner.decide.decide`) on the real
-:class:`~partitioner.index.ClusterIndex`, run at its cycle (``cycle_s``) after anything it
-reads changed and at its time-based decisions (batch window, retries, deadlines, drains); its
+:class:`~partitioner.index.ClusterIndex`, run ``react_s`` after its last step once anything
+it reads changed elsewhere, one cycle (``cycle_s``) after its own writes, and at its
+time-based decisions (batch window, retries, deadlines, drains), as the operator's loop runs
+it; its
 actions go through the API store (a refused patch is refused).  Planning takes no simulated
 time; its wall time is recorded.  A policy with ``reservation`` gates pods at admission and
 reserves and releases them (:mod:`partitioner.decide`); without it (nos's behaviour, the
@@ -200,7 +202,13 @@ class ReplaySettings:
     spec application is left to change its input (it would fail forever); the pods still pending
     count as never scheduled and :attr:`ReplayResult.planner_errors` says why."""
     cycle_s: float = 1.0
-    """The partitioner's cycle (it decides at most once per cycle)."""
+    """The partitioner's cycle (``cycle_seconds``: without changes it decides once per cycle)."""
+    react_s: float | None = 0.1
+    """The partitioner's ``react_seconds``: a change it reads from elsewhere (an arrival, a
+    node's status, a pod bound or gone) is acted on at ``max(t, last step + react_s)``, as the
+    operator's loop does (:meth:`partitioner.operator.Controller._pause`); its own writes at
+    its next regular cycle.  ``None``: the loop before reactions (changes seen at the next
+    multiple of ``cycle_s``), to reproduce earlier figures."""
     agent_resync_s: float = 30.0
     """The node agent's resync: how often it reports ``used`` flags without a spec change."""
     apply_deadline_s: float = 300.0
@@ -236,6 +244,8 @@ class ReplaySettings:
             raise ReplayError(
                 "replay settings: cycle_s, agent_resync_s and recreate_delay_s must be > 0"
             )
+        if self.react_s is not None and not 0 <= self.react_s <= self.cycle_s:
+            raise ReplayError("replay settings: react_s must be in [0, cycle_s] (or None)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -669,6 +679,8 @@ class _Engine:
         """The partitioner's next time-based decision (its last ``Decision.next_wakeup``)."""
         self.stepped_version = -1
         """The cluster index's version the partitioner last decided on."""
+        self.stepped_at = -math.inf
+        """Simulated time of the partitioner's last step."""
         self.flush_at: float | None = None
         self.schedule_at: float | None = None
         self.sync_at: dict[str, float] = {}
@@ -767,12 +779,18 @@ class _Engine:
         setattr(self, attr, t)
         self._push(t, kind, "")
 
-    def _dirty(self, t: float) -> None:
-        """Something the partitioner reads changed: it sees it at its next cycle."""
+    def _dirty(self, t: float, own: bool = False) -> None:
+        """Something the partitioner reads changed: it acts on it ``react_s`` after its last
+        step at the earliest (its own writes: at its next regular cycle, ``cycle_s``)."""
         if self.config is None:
             return
-        cycle = self.settings.cycle_s
-        self._wake("tick_at", (math.floor(t / cycle + 1e-9) + 1) * cycle, _Kind.TICK)
+        cycle, react = self.settings.cycle_s, self.settings.react_s
+        if react is None:
+            self._wake("tick_at", (math.floor(t / cycle + 1e-9) + 1) * cycle, _Kind.TICK)
+        elif own:
+            self._wake("tick_at", t + cycle, _Kind.TICK)
+        else:
+            self._wake("tick_at", max(t, self.stepped_at + react), _Kind.TICK)
 
     def _sync_soon(self, node: str, t: float) -> None:
         at = self.kubelet.next_sync(node, t + 1e-9)
@@ -952,6 +970,7 @@ class _Engine:
         assert self.config is not None
         decision = decide(self.state, self.index, self.epoch + t, self.config)
         self.stepped_version = self.index.version
+        self.stepped_at = t
         self.result.partitioner_steps += 1
         self.state = decision.state
         failed_specs: set[str] = set()
@@ -1011,8 +1030,8 @@ class _Engine:
         if self.index.version != self.stepped_version:
             # The step's own writes changed what it reads (a reservation, a spec): the operator
             # sees them as watch events and steps again at its next cycle (a reservation made
-            # by a plan on a free slice is released there), as it does after any change.
-            self._dirty(t)
+            # by a plan on a free slice is released there).
+            self._dirty(t, own=True)
 
     def _write_spec(self, t: float, action: WriteSpec) -> bool:
         node = self.fake.nodes.get(action.node)
