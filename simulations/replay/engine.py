@@ -52,9 +52,8 @@ The partitioner is the real decision step (:func:`partitioner.decide.decide`) on
 :class:`~partitioner.index.ClusterIndex`, run ``react_s`` after its last step once anything
 it reads changed elsewhere, one cycle (``cycle_s``) after its own writes, and at its
 time-based decisions (batch window, retries, deadlines, drains), as the operator's loop runs
-it; its
-actions go through the API store (a refused patch is refused).  Planning takes no simulated
-time; its wall time is recorded.  A policy with ``reservation`` gates pods at admission and
+it; its actions go through the API store (a refused patch is refused).  Planning takes no
+simulated time; its wall time is recorded.  A policy with ``reservation`` gates pods at admission and
 reserves and releases them (:mod:`partitioner.decide`); without it (nos's behaviour, the
 ``greedy`` baseline) pods are never gated.  Static policies set every GPU's layout once before
 the first pod and never plan.
