@@ -45,6 +45,7 @@ from typing import Any
 
 from planner.snapshot import Mode
 from simulations.bench_replay import verdict
+from simulations.bench_saturation import parse_seeds
 from simulations.inputs.cluster import Cluster, Node
 from simulations.inputs.workload import PodShape, SyntheticSpec, Workload, synthetic_workload
 from simulations.replay.engine import ReplaySettings, run_time_replay
@@ -208,23 +209,6 @@ def render(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _cases(text: str) -> list[int]:
-    """``A-B`` (inclusive) or a comma-separated list of case numbers."""
-    out: list[int] = []
-    for part in text.split(","):
-        lo, sep, hi = part.strip().partition("-")
-        if sep:
-            a, b = int(lo), int(hi)
-            if b < a:
-                raise ValueError(f"range {part!r} runs backwards")
-            out.extend(range(a, b + 1))
-        else:
-            out.append(int(lo))
-    if any(c < 0 for c in out):
-        raise ValueError("case numbers are >= 0")
-    return out
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m simulations.bench_random_replay", description=__doc__.splitlines()[0]
@@ -236,9 +220,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", help="also write the JSON document to this file")
     args = ap.parse_args(argv)
     try:
-        cases = _cases(args.cases)
+        cases = parse_seeds(args.cases, what="cases")
     except ValueError as e:
-        print(f"bench_random_replay: --cases {args.cases!r}: {e}; use e.g. 0-199", file=sys.stderr)
+        print(f"bench_random_replay: --cases: {e}", file=sys.stderr)
         return 2
     if args.pods < 1 or args.jobs < 1:
         print("bench_random_replay: --pods and --jobs must be >= 1", file=sys.stderr)

@@ -232,8 +232,10 @@ def parse_choices(text: str, allowed: Sequence[str], what: str) -> list[str]:
     return names
 
 
-def parse_seeds(text: str) -> list[int]:
-    """``42-51`` or ``42,43,50`` (or a mix) -> list of seeds."""
+def parse_seeds(text: str, what: str = "seeds") -> list[int]:
+    """``42-51`` or ``42,43,50`` (or a mix) -> list of seeds (or case numbers: ``what``).
+
+    A range that runs backwards (``51-42``) is refused, not read as empty."""
     seeds: list[int] = []
     for part in text.split(","):
         part = part.strip()
@@ -242,13 +244,16 @@ def parse_seeds(text: str) -> list[int]:
         lo, sep, hi = part.partition("-")
         try:
             if sep:
-                seeds.extend(range(int(lo), int(hi) + 1))
+                first, last = int(lo), int(hi)
             else:
-                seeds.append(int(part))
+                first = last = int(part)
         except ValueError:
-            raise ValueError(f"seeds {text!r}: use '42-51' or '42,43,44'") from None
+            raise ValueError(f"{what} {text!r}: use '42-51' or '42,43,44'") from None
+        if last < first:
+            raise ValueError(f"{what} {text!r}: range {part!r} runs backwards")
+        seeds.extend(range(first, last + 1))
     if not seeds:
-        raise ValueError(f"seeds {text!r}: no seed given")
+        raise ValueError(f"{what} {text!r}: none given")
     return seeds
 
 
