@@ -598,19 +598,20 @@ class Usage:
         self.cpu_milli += sign * pod.cpu_milli
         self.memory_mib += sign * pod.memory_mib
         for r, k in pod.slices.items():
-            left = self.slices.get(r, 0) + sign * k
-            if left:
-                self.slices[r] = left
-            else:
-                self.slices.pop(r, None)
+            _bump(self.slices, r, sign * k)
         if len(pod.slices) == 1:
             ((r, k),) = pod.slices.items()
             if k == 1:
-                left = self.single.get(r, 0) + sign
-                if left:
-                    self.single[r] = left
-                else:
-                    self.single.pop(r, None)
+                _bump(self.single, r, sign)
+
+
+def _bump(counts: dict[str, int], key: str, delta: int) -> None:
+    """Add ``delta`` to ``counts[key]``, dropping the key when it reaches 0."""
+    left = counts.get(key, 0) + delta
+    if left:
+        counts[key] = left
+    else:
+        counts.pop(key, None)
 
 
 def _counts(pod: PodInfo) -> bool:
