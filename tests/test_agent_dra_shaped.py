@@ -410,13 +410,16 @@ async def test_the_loop_keeps_planned_instances_at_start_and_follows_spec_change
             assert published(kmock) == {p(0, "3g.40gb", 0)}
             rounds = driver.rounds
             await patch_spec(kmock, spec("p2", {0: [("3g.40gb", 4), ("2g.20gb", 0)]}))
+            # the status write is the round's last await: the round counts as finished only
+            # when publish_once returns, so wait for both rather than read rounds in between
             await eventually(
-                lambda: np_of(kmock).get("status", {}).get("observedGeneration") == 2,
-                what="the new spec published",
+                lambda: np_of(kmock).get("status", {}).get("observedGeneration") == 2
+                and driver.rounds > rounds,
+                what="the new spec published and its round finished",
                 timeout=20,
             )
             assert published(kmock) == {p(0, "3g.40gb", 4), p(0, "2g.20gb", 0)}
-            assert driver.rounds > rounds and driver.failures == 0, caplog.text[-3000:]
+            assert driver.failures == 0, caplog.text[-3000:]
             # the dropped 3g@0 destroyed, the new placements made before they were published
             assert layout(nv) == {("3g.40gb", 4), ("2g.20gb", 0)}
             assert driver.idle_destroyed == 1 and driver.planned_created == 2
