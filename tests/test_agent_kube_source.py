@@ -220,7 +220,7 @@ async def test_agent_loop_over_kube_source_applies_each_generation_once(
         for spec, gen in ((SPEC_1G, 1), (SPEC_7G, 2)):
             if gen == 2:
                 await patch_np(kmock, "n1", {"spec": spec})
-            deadline = time.monotonic() + 5
+            deadline = time.monotonic() + 20
             while time.monotonic() < deadline:
                 np = stored(kmock, NP_RESOURCE, "n1")
                 status = (np or {}).get("status") or {}
@@ -371,7 +371,7 @@ def client_tasks() -> set[asyncio.Task[Any]]:
     }
 
 
-async def until(condition: Callable[[], bool], within: float = 2.0) -> None:
+async def until(condition: Callable[[], bool], within: float = 20.0) -> None:
     deadline = time.monotonic() + within
     while not condition():
         assert time.monotonic() < deadline, "condition not reached in time"
