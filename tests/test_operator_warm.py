@@ -68,6 +68,7 @@ async def test_a_warm_7g_is_kept_ready_beside_the_running_pod(
         await eventually(lambda: profiles(kmock, r.node) == [["7g.80gb"], ["7g.80gb"]], 20)
         other = "n2" if r.node == "n1" else "n1"
         assert all(not gpu for gpu in profiles(kmock, other))  # the idle node stays whole
-        assert controller.metrics.registry.get_sample_value(warm) == 1
+        # the step counts its warm slice after all its writes: wait for the count as well
+        await eventually(lambda: controller.metrics.registry.get_sample_value(warm) == 1, 5)
         await asyncio.sleep(30)  # the node applies nothing: no second warm spec meanwhile
         assert controller.metrics.registry.get_sample_value(warm) == 1

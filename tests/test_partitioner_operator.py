@@ -359,7 +359,8 @@ async def test_conflicting_update_is_reported_and_retried(kmock: ApiServer) -> N
         (conflict,) = await eventually(lambda: events(kmock, "SpecConflict"), within=15)
         assert conflict["involvedObject"]["kind"] == "NodePartitioning"
         assert "plan 1 not written" in conflict["message"]
-        assert controller.metrics.spec_conflicts._value.get() == 1
+        # the step records its metrics after all its writes (the Event is one of them)
+        await eventually(lambda: controller.metrics.spec_conflicts._value.get() == 1, within=5)
 
         # Retried with the re-read resourceVersion in the next window: plan 2 lands.
         await eventually(
