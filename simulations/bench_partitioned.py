@@ -56,6 +56,7 @@ from simulations.bench_saturation import parse_choices, parse_seeds, parse_trace
 from simulations.inputs.cluster import Cluster, load_cluster
 from simulations.inputs.openb import load_openb_pods, openb_dir, resolve_trace
 from simulations.inputs.workload import Workload
+from simulations.reports.out_file import out_file_error
 from simulations.saturation.partitioned import (
     DEFAULT_NEIGHBOURHOOD_GPUS,
     GPU_MODEL,
@@ -400,6 +401,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError("--batch, --neighbourhood-gpus and --jobs must be >= 1")
         if not 1 <= args.hybrid_threshold <= 1000:
             raise ValueError("--hybrid-threshold must be 1..1000 milli")
+        for option, path, folders in (
+            ("--out", args.out, True),
+            ("--markdown", args.markdown, True),
+            ("--records", args.records, False),
+        ):
+            if problem := out_file_error(option, path, make_folders=folders):
+                raise ValueError(problem)
         openb_dir(args.openb_dir)
         doc = run_grid(
             traces,

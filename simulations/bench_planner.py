@@ -59,6 +59,7 @@ from planner.demand import pod_weights
 from planner.settings import PlannerSettings, Policy
 from planner.snapshot import Mode, Plan, Snapshot, Unplaced
 from simulations.inputs.instances import mig_benchmark_snapshot
+from simulations.reports.out_file import out_file_error
 
 __all__ = [
     "add_arguments",
@@ -411,6 +412,9 @@ def parse_bench_args[T](
     add(parser)
     parser.add_argument("--out", default=None, help="write the JSON here instead of stdout")
     args = parser.parse_args(argv)
+    problem = out_file_error("--out", args.out)
+    if problem:
+        parser.error(problem)  # before the run, which may take minutes (exit status 2)
     try:
         return args, check(args)
     except ValueError as e:

@@ -50,6 +50,7 @@ from simulations.inputs.cluster import Cluster, Node
 from simulations.inputs.workload import PodShape, SyntheticSpec, Workload, synthetic_workload
 from simulations.replay.engine import ReplaySettings, run_time_replay
 from simulations.replay.metrics import summarize
+from simulations.reports.out_file import out_file_error
 
 MODEL = "A100-SXM4-80GB"
 SHARES = (100, 200, 300, 400, 500, 600, 800, 1000)
@@ -226,6 +227,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.pods < 1 or args.jobs < 1:
         print("bench_random_replay: --pods and --jobs must be >= 1", file=sys.stderr)
+        return 2
+    if problem := out_file_error("--out", args.out):
+        print(f"bench_random_replay: {problem}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
     jobs = [(c, args.pods) for c in cases]

@@ -71,7 +71,7 @@ import json
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -97,9 +97,11 @@ from simulations.replay.engine import (
 )
 from simulations.replay.metrics import ReplayResult, summarize
 from simulations.replay.static_layouts import StaticPolicy, best_static, static_candidates
+from simulations.reports.out_file import out_file_error
 from simulations.saturation.geometry_bound import geometry_bound
 
 __all__ = [
+    "ResultsFileError",
     "average_demand",
     "main",
     "mig_cluster",
@@ -362,15 +364,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         "beside publish-everything (dra) from earlier runs' JSON outputs (merged) and exit",
     )
     args = ap.parse_args(argv)
-    if args.render:
-        print(render_table(args.render))
-        return 0
-    if args.render_modes:
-        print(render_modes_table(args.render_modes))
-        return 0
-    if args.render_shaped:
-        print(render_shaped_table(args.render_shaped))
-        return 0
+    renders = (
+        (args.render, render_table),
+        (args.render_modes, render_modes_table),
+        (args.render_shaped, render_shaped_table),
+    )
+    for paths, render in renders:
+        if paths:
+            try:
+                print(render(paths))
+            except ResultsFileError as e:
+                ap.error(str(e))  # exit status 2
+            except (KeyError, TypeError, ValueError) as e:  # a cell without a figure a table needs
+                ap.error(
+                    f"{', '.join(paths)}: a run lacks {e!r}; give files that bench_replay's "
+                    "--out wrote"
+                )
+            return 0
+    for option, path in (("--out", args.out), ("--report", args.report)):
+        if problem := out_file_error(option, path):
+            ap.error(problem)  # before the replays, which may take an hour
 
     if args.max_pod_slices < 0:
         ap.error(f"--max-pod-slices must be 0 (keep all) or more, not {args.max_pod_slices}")
@@ -462,13 +475,34 @@ def _merged_cells(paths: Sequence[str]) -> dict[tuple[str, int, str], dict[str, 
     replaces an earlier one's)."""
     cells: dict[tuple[str, int, str], dict[str, Any]] = {}
     for path in paths:
-        with open(path) as f:
-            doc = json.load(f)
-        for cell in doc["cells"]:
-            key = (cell["trace"], cell["nodes"], cell.get("cluster", ""))
+        try:
+            with open(path) as f:
+                doc = json.load(f)
+        except OSError as e:
+            raise ResultsFileError(f"{path}: cannot be read ({e.strerror})") from e
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ResultsFileError(f"{path}: is not JSON ({e}); give a file --out wrote") from e
+        found = doc.get("cells") if isinstance(doc, dict) else None
+        if not isinstance(found, list):
+            raise ResultsFileError(
+                f"{path}: has no 'cells' list; give a file that bench_replay's --out wrote"
+            )
+        for i, cell in enumerate(found):
+            try:
+                key = (str(cell["trace"]), int(cell["nodes"]), str(cell.get("cluster", "")))
+                policies = dict(cell["policies"])
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                raise ResultsFileError(
+                    f"{path}: cell {i} lacks trace, nodes or policies ({e!r}); give a file "
+                    "that bench_replay's --out wrote"
+                ) from e
             have = cells.setdefault(key, {**cell, "policies": {}})
-            have["policies"].update(cell["policies"])
+            have["policies"].update(policies)
     return cells
+
+
+class ResultsFileError(ValueError):
+    """A ``--render*`` input is not a readable ``--out`` document of this benchmark."""
 
 
 WHOLE_NODE = "nvidia.com/mig-7g.80gb x8"
@@ -496,15 +530,22 @@ def _ordered_cells(paths: Sequence[str]) -> list[tuple[str, int, str, dict[str, 
     ]
 
 
-def _rows_with(paths: Sequence[str], *policies: str) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+def _rows_with(paths: Sequence[str], *policies: str) -> list[tuple[str, list[dict[str, Any]]]]:
     """Per merged cell in table order (:func:`_ordered_cells`) that ran every one of
     ``policies``: the row's first two columns (trace, nodes and GPUs) and each policy's
-    summary in the order asked."""
+    summary in the order asked.  No such cell is an error (an empty table says nothing)."""
+    rows = []
     for trace, nodes, label, cell in _ordered_cells(paths):
         pols = cell["policies"]
         if all(p in pols for p in policies):
             head = f"| {trace}{f' ({label})' if label else ''} | {nodes} ({cell['gpus']}) "
-            yield head, [pols[p] for p in policies]
+            rows.append((head, [pols[p] for p in policies]))
+    if not rows:
+        raise ResultsFileError(
+            f"{', '.join(paths)}: no cell ran all of {', '.join(policies)}; this table needs "
+            f"runs of --policies {','.join(policies)}"
+        )
+    return rows
 
 
 def render_modes_table(paths: Sequence[str]) -> str:

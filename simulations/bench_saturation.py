@@ -36,6 +36,7 @@ from typing import Any
 
 from simulations.inputs.cluster import load_cluster
 from simulations.inputs.openb import OPENB_TRACES, load_openb_pods, openb_dir, resolve_trace
+from simulations.reports.out_file import out_file_error
 from simulations.saturation.policies import POLICIES
 from simulations.saturation.protocol import SaturationResult, run_saturation
 
@@ -322,6 +323,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         policies = parse_choices(args.policies, list(POLICIES), "policies")
         if args.batch < 1:
             raise ValueError("--batch must be >= 1")
+        if problem := out_file_error("--out", args.out):
+            raise ValueError(problem)
         if args.cluster == "openb":
             openb_dir(args.openb_dir)  # fail early with the fix named
         doc = run_grid(args.cluster, traces, policies, seeds, args.batch, args.openb_dir)
