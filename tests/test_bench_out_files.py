@@ -3,6 +3,7 @@ bench_replay's ``--render*`` refuse input files that are not its ``--out`` docum
 
 from __future__ import annotations
 
+import importlib
 import json
 import time
 from collections.abc import Callable
@@ -37,49 +38,21 @@ def test_out_file_error_names_the_problem_and_accepts_a_writable_path(tmp_path: 
     assert problem is not None and f"folder {blocker} does not exist" in problem
 
 
-def _replay(argv: list[str]) -> int:
-    from simulations.bench_replay import main
+def _cli(module: str) -> Callable[[list[str]], int]:
+    """``python -m simulations.<module> ARGV``'s exit status (argparse's usage errors exit)."""
 
-    try:
-        return main(argv)
-    except SystemExit as e:
-        return int(e.code or 0)
+    def run(argv: list[str]) -> int:
+        main = importlib.import_module(f"simulations.{module}").main
+        try:
+            return int(main(argv))
+        except SystemExit as e:
+            return int(e.code or 0)
 
-
-def _random(argv: list[str]) -> int:
-    from simulations.bench_random_replay import main
-
-    return main(argv)
+    return run
 
 
-def _planner(argv: list[str]) -> int:
-    from simulations.bench_planner import main
-
-    try:
-        return main(argv)
-    except SystemExit as e:
-        return int(e.code or 0)
-
-
-def _controller(argv: list[str]) -> int:
-    from simulations.bench_controller import main
-
-    try:
-        return main(argv)
-    except SystemExit as e:
-        return int(e.code or 0)
-
-
-def _saturation(argv: list[str]) -> int:
-    from simulations.bench_saturation import main
-
-    return main(argv)
-
-
-def _partitioned(argv: list[str]) -> int:
-    from simulations.bench_partitioned import main
-
-    return main(argv)
+_replay = _cli("bench_replay")
+_partitioned = _cli("bench_partitioned")
 
 
 @pytest.mark.parametrize(
@@ -87,10 +60,10 @@ def _partitioned(argv: list[str]) -> int:
     [
         (_replay, [], "--out"),
         (_replay, ["--report", "{bad}"], "--report"),
-        (_random, ["--cases", "0-199"], "--out"),
-        (_planner, [], "--out"),
-        (_controller, [], "--out"),
-        (_saturation, [], "--out"),
+        (_cli("bench_random_replay"), ["--cases", "0-199"], "--out"),
+        (_cli("bench_planner"), [], "--out"),
+        (_cli("bench_controller"), [], "--out"),
+        (_cli("bench_saturation"), [], "--out"),
         (_partitioned, ["--records", "{bad}"], "--records"),
     ],
     ids=["replay", "replay-report", "random", "planner", "controller", "saturation", "partitioned"],
