@@ -10,6 +10,7 @@ on a namespace: the partitioner watches Nodes, Pods and NodePartitionings cluste
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar, Literal
 
@@ -18,12 +19,13 @@ from pydantic import Field, model_validator
 from contract.common_settings import CommonSettings
 from partitioner.batching import BatchPolicy
 from planner.settings import PlacementWeight, PlannerSettings, Policy
+from planner.snapshot import MIG_RESOURCE_PREFIX, mig_resource
 
 if TYPE_CHECKING:
     from partitioner.decide import DecideConfig, PlanFn
     from planner.catalog import Catalog
 
-__all__ = ["PartitionerSettings", "parse_mps_sizes"]
+__all__ = ["PartitionerSettings", "parse_mig_profiles", "parse_mps_sizes"]
 
 
 def parse_mps_sizes(text: str | None) -> tuple[tuple[int, float], ...] | None:
@@ -48,6 +50,37 @@ def parse_mps_sizes(text: str | None) -> tuple[tuple[int, float], ...] | None:
             )
         out.append((size * 1024, w))
     return tuple(out)
+
+
+def parse_mig_profiles(text: str | None) -> tuple[tuple[str, float], ...] | None:
+    """``'7g.80gb:3,4g.40gb'`` (profile:weight, weight 1 by default) -> ``(("nvidia.com/mig-7g.80gb",
+    3.0), ("nvidia.com/mig-4g.40gb", 1.0))``; a full resource name (``nvidia.com/mig-7g.80gb``)
+    works too.  ``None`` stays ``None`` (learned), ``''`` is ``()`` (free instances count
+    nothing).  A malformed value raises :class:`ValueError` naming the setting and the form."""
+    if text is None:
+        return None
+    out: list[tuple[str, float]] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        name, sep, weight = part.rpartition(":") if ":" in part else (part, "", "")
+        name = name.strip().removeprefix(MIG_RESOURCE_PREFIX)
+        try:
+            w = float(weight) if sep else 1.0
+        except ValueError:
+            w = 0.0
+        if not _MIG_PROFILE.fullmatch(name) or not w > 0 or w == float("inf"):
+            raise ValueError(
+                f"free_capacity_mig_profiles (GPUSLICE_FREE_CAPACITY_MIG_PROFILES): {part!r} is "
+                "not profile:weight with a MIG profile name and a weight > 0, e.g. "
+                "'7g.80gb:3,4g.40gb:1'"
+            )
+        out.append((mig_resource(name), w))
+    return tuple(out)
+
+
+_MIG_PROFILE = re.compile(r"\d+g\.\d+gb([+.][a-z][a-z0-9.]*)?")
+"""A MIG profile name as the driver spells it (``1g.10gb``, ``1g.10gb+me``, ``1g.10gb.me``)."""
 
 
 class PartitionerSettings(CommonSettings):
@@ -108,6 +141,14 @@ class PartitionerSettings(CommonSettings):
         "(e.g. '10:3,20:1'): an MPS GPU's free memory is valued by the share of such slices it "
         "could still hold (FGD's fragmentation); unset: learned from the slices in use and the "
         "waiting pods' requests; empty: only empty GPUs count.",
+    )
+    free_capacity_mig_profiles: str | None = Field(
+        None,
+        description="The target workload's MIG profiles as profile:weight pairs, "
+        "comma-separated (e.g. '7g.80gb:3,4g.40gb:1'): a free MIG instance is valued by its "
+        "memory slots times its profile's share, so plans keep free the instances the next pods "
+        "ask for; unset: learned from the instances in use and the waiting pods' requests; "
+        "empty: free instances count nothing.",
     )
     mps_reserve_mib: int = Field(512, ge=0, description="GPU memory kept for the MPS server.")
     placement_weight: PlacementWeight = Field(
@@ -228,6 +269,7 @@ class PartitionerSettings(CommonSettings):
     @model_validator(mode="after")
     def _mps_sizes(self) -> PartitionerSettings:
         parse_mps_sizes(self.free_capacity_mps_sizes)  # raises with the fix in the message
+        parse_mig_profiles(self.free_capacity_mig_profiles)
         return self
 
     @model_validator(mode="after")
@@ -322,6 +364,7 @@ class PartitionerSettings(CommonSettings):
             free_capacity_cpu_milli=self.free_capacity_cpu_milli,
             free_capacity_memory_mib=self.free_capacity_memory_mib,
             free_capacity_mps_sizes=parse_mps_sizes(self.free_capacity_mps_sizes),
+            free_capacity_mig_profiles=parse_mig_profiles(self.free_capacity_mig_profiles),
             mps_reserve_mib=self.mps_reserve_mib,
             placement_weight=self.placement_weight,
         )

@@ -27,9 +27,13 @@ Per candidate layout ``l`` of class ``h``: ``f_{l,k}`` = free (unused) instances
 ``churn_l = w_destroy |C \\ l| + w_create |l \\ C| + w_touched [l != C]`` (``C`` = current
 layout; only free instances can be destroyed since used ones are pinned), and
 ``useful_l = 8 (w_free_gpu [l empty] + w_free_block * (largest memory-slice span of a profile
-that could still be placed on the unallocated slots))`` (the 8 is
+that could still be placed on the unallocated slots)) + value_l`` (the 8 is
 :data:`planner.mps.USEFUL_RESOLUTION`: MPS GPUs score their free memory in eighths of a slot,
-FGD's fragmentation measure, :mod:`planner.mps`).  Pareto reduction: ``l`` is dropped if
+FGD's fragmentation measure, :mod:`planner.mps`), where ``value_l = round(8 w_free_block
+sum_{i in l \\ used} slots_i t_{r(i)})`` values each instance of ``l`` that is not in use by
+its request's share ``t_r`` of the target workload (:mod:`planner.mig_target`: given, or
+learned from the instances in use and the pending pods' requests), so a free ``7g`` is kept
+when ``7g`` pods are what comes next.  Pareto reduction: ``l`` is dropped if
 another candidate has ``f >= f_l`` on every needed key, ``churn <= churn_l`` and
 ``useful >= useful_l`` (ties keep the first); a dropped layout can be swapped for its
 dominator in any solution without breaking a constraint or worsening the objective, so the
@@ -130,6 +134,7 @@ from planner.demand import (
 )
 from planner.geometry import Layout, Placement, canonical, enumerate_layouts, layout_errors
 from planner.hybrid import HybridNodeVars, add_hybrid_node, needed_host_profiles
+from planner.mig_target import free_instance_value, mig_target
 from planner.mps import (
     USEFUL_RESOLUTION,
     MpsGpuVars,
@@ -312,8 +317,11 @@ def layout_option(
     needed: frozenset[str],
     settings: PlannerSettings,
     memo: dict[int, int] | None = None,
+    target: Mapping[str, float] | None = None,
 ) -> LayoutOption:
-    """Score ``layout`` as a replacement of ``current`` (free units, churn, usefulness)."""
+    """Score ``layout`` as a replacement of ``current`` (free units, churn, usefulness);
+    ``target`` is the MIG target workload (:func:`planner.mig_target.mig_target`; ``None``:
+    free instances count nothing)."""
     now = set(layout)
     kept = sum(1 for p in current.layout if p in now)  # placements are unique in a layout
     destroyed, created = len(current.layout) - kept, len(layout) - kept
@@ -331,6 +339,10 @@ def layout_option(
         settings.weight_free_gpu * (not layout)
         + settings.weight_free_block * largest_free_block(model, layout, memo)
     )
+    if target:
+        useful += free_instance_value(
+            (p for p in layout if p not in current.used), target, settings
+        )
     return LayoutOption(layout, free, destroyed, created, churn, useful)
 
 
@@ -350,6 +362,7 @@ def candidate_layouts(
     current: CurrentMig,
     needed: frozenset[MigProfile],
     settings: PlannerSettings,
+    target: Mapping[str, float] | None = None,
 ) -> list[LayoutOption]:
     """The Pareto front of layouts for one GPU; the current layout first (module docstring).
 
@@ -363,13 +376,13 @@ def candidate_layouts(
     addable = set(needed) | {p.profile for p in current.layout if p not in current.used}
     pinned = sorted(current.used)
     memo: dict[int, int] = {}
-    first = layout_option(model, current, current.layout, names, settings, memo)
+    first = layout_option(model, current, current.layout, names, settings, memo, target)
     options = [first]
     if current.locked:
         return options
     for layout in enumerate_layouts(model, pinned, addable):
         if layout != current.layout:
-            options.append(layout_option(model, current, layout, names, settings, memo))
+            options.append(layout_option(model, current, layout, names, settings, memo, target))
     keys = sorted(names)
     vectors = [tuple(o.free.get(k, 0) for k in keys) for o in options]
     if any(v >= 1 << (_FIELD - 1) for vec in vectors for v in vec):
@@ -403,7 +416,7 @@ def candidate_layouts(
 
 
 LayoutCache = dict[tuple[object, ...], list[LayoutOption]]
-"""Candidate layouts by (model, current layout with used flags, needed profiles)."""
+"""Candidate layouts by (model, current layout with used flags, needed profiles, MIG target)."""
 
 # --------------------------------------------------------------------------- the batch model
 
@@ -513,17 +526,19 @@ def _add_mig_node(
     warm: Mapping[tuple[str, int], PlannedGpu],
     settings: PlannerSettings,
     cache: LayoutCache,
+    target: Mapping[str, float],
 ) -> None:
     node = info.state.name
+    target_key = tuple(sorted(target.items()))
     classes: dict[tuple[object, ...], list[int]] = defaultdict(list)
     for index, cur in sorted(info.mig.items()):
         classes[cur.key()].append(index)
     needed_key = tuple(sorted(p.name for p in needed))
     for key, indices in classes.items():
         current = info.mig[indices[0]]
-        ckey = (info.model.name, key, needed_key)
+        ckey = (info.model.name, key, needed_key, target_key)
         if ckey not in cache:
-            cache[ckey] = candidate_layouts(info.model, current, needed, settings)
+            cache[ckey] = candidate_layouts(info.model, current, needed, settings, target)
         options = list(cache[ckey])
         names = frozenset(p.name for p in needed)
         for index in indices:
@@ -532,7 +547,9 @@ def _add_mig_node(
                 continue
             layout = _warm_layout(info.model, current, planned)
             if layout is not None and all(o.layout != layout for o in options):
-                options.append(layout_option(info.model, current, layout, names, settings))
+                options.append(
+                    layout_option(info.model, current, layout, names, settings, target=target)
+                )
         cls = _MigClass(node, tuple(indices), current, options)
         size = len(indices)
         for j, opt in enumerate(options):
@@ -683,11 +700,12 @@ def solve_batch(
     m = _Model()
     options_cache: LayoutCache = layout_cache if layout_cache is not None else {}
     target = mps_target(snapshot, settings)
+    instances_target = mig_target(snapshot, settings)
     for name in sorted(need):
         info = infos[name]
         if info.is_mig:
             needed = frozenset(info.model.profile(k) for k in model_keys[info.model.name])
-            _add_mig_node(m, info, needed, warm_layouts, settings, options_cache)
+            _add_mig_node(m, info, needed, warm_layouts, settings, options_cache, instances_target)
             if info.state.mode is Mode.HYBRID:
                 h = add_hybrid_node(
                     m.cp,

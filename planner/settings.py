@@ -66,6 +66,15 @@ class PlannerSettings:
     memory is valued by the share of these slices it could still hold (FGD's fragmentation,
     :mod:`planner.mps`).  ``None``: learned from the snapshot (the slices in use on MPS GPUs
     and those pending pods ask for); ``()``: only empty GPUs count."""
+    free_capacity_mig_profiles: tuple[tuple[str, float], ...] | None = None
+    """The target workload's MIG requests: ``(resource, weight)`` pairs, e.g.
+    ``(("nvidia.com/mig-7g.80gb", 3.0), ("nvidia.com/mig-4g.40gb", 1.0))``.  A free MIG
+    instance is valued by its memory slots times its request's share of the target
+    (:mod:`planner.mig_target`), so among plans placing as much with as little churn, the one
+    that keeps free the instances the next pods ask for wins (a ``4g`` pod is carved from an idle
+    GPU of little-asked ``3g`` instances rather than from a free ``7g``).  ``None``: learned from
+    the snapshot (the instances in use on MIG GPUs and the MIG requests of pending pods);
+    ``()``: free instances count nothing, only unallocated slots do (before 2026-11-29)."""
     mps_reserve_mib: int = 512
     """GPU memory kept free for the MPS server on each MPS GPU."""
     mps_thread_policy: ThreadPolicy = ThreadPolicy.PROPORTIONAL

@@ -431,6 +431,10 @@ BAD_VALUES: list[tuple[dict[str, Any], str]] = [
         "/partitioner/planner/freeCapacity/mpsSizes",
     ),
     (
+        {"partitioner": {"planner": {"freeCapacity": {"migProfiles": "7g:3"}}}},
+        "/partitioner/planner/freeCapacity/migProfiles",
+    ),
+    (
         {"agent": {"hostPaths": {"devicePluginDir": "var/lib/kubelet/device-plugins"}}},
         "/agent/hostPaths/devicePluginDir",
     ),
@@ -849,7 +853,12 @@ def test_partitioner_values_reach_its_settings(
                 "weights": {"destroy": 7, "gpuTouched": 0},
                 "mpsReserveMiB": 1024,
                 "placementWeight": "pods",
-                "freeCapacity": {"cpuMilli": 4000, "memoryMiB": 0, "mpsSizes": "10:3,20:1"},
+                "freeCapacity": {
+                    "cpuMilli": 4000,
+                    "memoryMiB": 0,
+                    "mpsSizes": "10:3,20:1",
+                    "migProfiles": "7g.80gb:3, 4g.40gb",
+                },
             },
             "reservations": {
                 "enabled": False,
@@ -878,6 +887,10 @@ def test_partitioner_values_reach_its_settings(
     assert p.mps_reserve_mib == 1024 and p.placement_weight == "pods"
     assert (p.free_capacity_cpu_milli, p.free_capacity_memory_mib) == (4000, 0)
     assert p.free_capacity_mps_sizes == ((10240, 3.0), (20480, 1.0))
+    assert p.free_capacity_mig_profiles == (
+        ("nvidia.com/mig-7g.80gb", 3.0),
+        ("nvidia.com/mig-4g.40gb", 1.0),
+    )
     assert (s.reservation, s.apply_deadline_seconds, s.bind_deadline_seconds) == (False, 60, 30)
     assert (s.cooldown_seconds, s.drain_after_seconds, s.drain_fraction) == (0, 7200, 0.25)
     assert s.drain_overtaken == 4 and s.decide_config(load_catalog()).drain_overtaken == 4
