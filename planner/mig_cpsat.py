@@ -33,7 +33,8 @@ FGD's fragmentation measure, :mod:`planner.mps`), where ``value_l = round(8 w_fr
 sum_{i in l \\ used} slots_i t_{r(i)})`` values each instance of ``l`` that is not in use by
 its request's share ``t_r`` of the target workload (:mod:`planner.mig_target`: given, or
 learned from the instances in use and the pending pods' requests), so a free ``7g`` is kept
-when ``7g`` pods are what comes next.  Pareto reduction: ``l`` is dropped if
+when ``7g`` pods are what comes next (MIG nodes only: on a hybrid node a free instance may
+become a host for MPS slices, :mod:`planner.hybrid`).  Pareto reduction: ``l`` is dropped if
 another candidate has ``f >= f_l`` on every needed key, ``churn <= churn_l`` and
 ``useful >= useful_l`` (ties keep the first); a dropped layout can be swapped for its
 dominator in any solution without breaking a constraint or worsening the objective, so the
@@ -705,7 +706,10 @@ def solve_batch(
         info = infos[name]
         if info.is_mig:
             needed = frozenset(info.model.profile(k) for k in model_keys[info.model.name])
-            _add_mig_node(m, info, needed, warm_layouts, settings, options_cache, instances_target)
+            # on a hybrid node a free instance may become a host for MPS slices, whose worth is
+            # the hybrid model's (planner.hybrid); only MIG nodes value free instances by requests
+            mig_only = instances_target if info.state.mode is Mode.MIG else {}
+            _add_mig_node(m, info, needed, warm_layouts, settings, options_cache, mig_only)
             if info.state.mode is Mode.HYBRID:
                 h = add_hybrid_node(
                     m.cp,

@@ -9,8 +9,9 @@ request ``r`` (``sum_r t_r = 1``) and ``s_i`` the memory slots of instance ``i``
 
     ``value(l) = round(USEFUL_RESOLUTION * w_free_block * sum_{i in l, i not used} s_i t_{r(i)})``
 
-per layout ``l``: a free ``7g`` is worth eight slots if every next pod asks for one, nothing if
-none does.  The target is ``settings.free_capacity_mig_profiles`` when given, else learned from
+per layout ``l`` of a MIG node's GPU: a free ``7g`` is worth eight slots if every next pod
+asks for one, nothing if none does.  Hybrid nodes are left out: a free instance there may
+become a host for MPS slices, which :mod:`planner.hybrid` values.  The target is ``settings.free_capacity_mig_profiles`` when given, else learned from
 the snapshot: one count per instance in use on a MIG GPU (a hybrid host holding MPS slices is
 not a request) and per unit of a pending pod's MIG request (the pods running and waiting now
 stand for the next ones, as for the MPS target, :func:`planner.mps.mps_target`).
