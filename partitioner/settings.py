@@ -28,6 +28,23 @@ if TYPE_CHECKING:
 __all__ = ["PartitionerSettings", "parse_mig_profiles", "parse_mps_sizes"]
 
 
+def _weighted_parts(text: str) -> list[tuple[str, str, float]]:
+    """``'a:3, b'`` -> ``[('a:3', 'a', 3.0), ('b', 'b', 1.0)]``: each comma-separated part, its
+    key and its weight (1 when absent; 0.0 when it is not a finite number > 0, which the callers
+    refuse with their setting's message)."""
+    out: list[tuple[str, str, float]] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        key, sep, weight = part.partition(":")
+        try:
+            w = float(weight) if sep else 1.0
+        except ValueError:
+            w = 0.0
+        out.append((part, key, w if 0 < w < float("inf") else 0.0))
+    return out
+
+
 def parse_mps_sizes(text: str | None) -> tuple[tuple[int, float], ...] | None:
     """``'10:3,20:1'`` (GiB:weight) -> ``((10240, 3.0), (20480, 1.0))``; ``None`` stays
     ``None`` (learned), ``''`` is ``()`` (only empty GPUs count).  A malformed value raises
@@ -35,15 +52,12 @@ def parse_mps_sizes(text: str | None) -> tuple[tuple[int, float], ...] | None:
     if text is None:
         return None
     out: list[tuple[int, float]] = []
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        gib, sep, weight = part.partition(":")
+    for part, gib, w in _weighted_parts(text):
         try:
-            size, w = int(gib), float(weight) if sep else 1.0
+            size = int(gib)
         except ValueError:
-            size, w = 0, 0.0
-        if size <= 0 or not w > 0 or w == float("inf"):
+            size = 0
+        if size <= 0 or not w:
             raise ValueError(
                 f"free_capacity_mps_sizes (GPUSLICE_FREE_CAPACITY_MPS_SIZES): {part!r} is not "
                 "GiB:weight with a whole number of GiB > 0 and a weight > 0, e.g. '10:3,20:1'"
@@ -60,16 +74,9 @@ def parse_mig_profiles(text: str | None) -> tuple[tuple[str, float], ...] | None
     if text is None:
         return None
     out: list[tuple[str, float]] = []
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        name, sep, weight = part.rpartition(":") if ":" in part else (part, "", "")
-        name = name.strip().removeprefix(MIG_RESOURCE_PREFIX)
-        try:
-            w = float(weight) if sep else 1.0
-        except ValueError:
-            w = 0.0
-        if not _MIG_PROFILE.fullmatch(name) or not w > 0 or w == float("inf"):
+    for part, key, w in _weighted_parts(text):
+        name = key.strip().removeprefix(MIG_RESOURCE_PREFIX)
+        if not _MIG_PROFILE.fullmatch(name) or not w:
             raise ValueError(
                 f"free_capacity_mig_profiles (GPUSLICE_FREE_CAPACITY_MIG_PROFILES): {part!r} is "
                 "not profile:weight with a MIG profile name and a weight > 0, e.g. "
