@@ -1272,6 +1272,16 @@ class _Step:
                 # More GPUs than the whole budget (a whole-node pod on a small cluster): never
                 # drained, and it does not hold the younger ones back. Freezing a whole node
                 # until its longest pod ends costs every other pod far more than it saves.
+                # Its owner is told once why it waits and what changes that.
+                self.once(
+                    pod,
+                    "NotDrained",
+                    f"waits for {need} GPU(s) on one node, more than the drain budget of {full} "
+                    f"GPU(s) (drainFraction {self.config.drain_fraction:g} of the cluster's "
+                    f"GPUs): no GPU is emptied for it, it starts when a node frees enough by "
+                    f"itself; raise partitioner.reservations.drainFraction, or give such jobs "
+                    f"a node pool of their own (docs/operations.md, 'Whole-node jobs')",
+                )
                 continue
             if need > budget:  # in age order: no younger pod overtakes an older starving one
                 break

@@ -570,6 +570,35 @@ def test_a_pod_larger_than_the_drain_budget_is_not_drained_and_holds_no_one_back
     assert msg.startswith("waited 606 s") and "draining node n1 GPU 0" in msg
     assert reservation(c, "whole") is None
     assert reservation(c, "one").state is State.DRAINING
+    # the whole-node pod's owner is told why no GPU is emptied for it, and what changes that
+    (told,) = [a for a in d.actions if isinstance(a, EmitEvent) and a.reason == "NotDrained"]
+    assert told.ref.name == "whole" and told.type == "Normal"
+    assert told.message.startswith(
+        "waits for 2 GPU(s) on one node, more than the drain budget of 1 GPU(s) "
+        "(drainFraction 0.25 of the cluster's GPUs)"
+    )
+    assert "drainFraction" in told.message and "node pool of their own" in told.message
+
+
+def test_a_pod_larger_than_the_drain_budget_is_told_once() -> None:
+    config = dataclasses.replace(CONFIG, drain_fraction=0.25, drain_queue_limit=math.inf)
+    busy = [status_gpu(i, ("1g.10gb", 0, True), ("3g.40gb", 4, True)) for i in (0, 1)]
+    whole_node = gated("whole", SEVEN_G, created=T0)
+    whole_node["spec"]["containers"][0]["resources"]["limits"][SEVEN_G] = "2"
+    c = Cluster(
+        node("n1", MIG),
+        applied_np("n1", *busy),
+        whole_node,
+        running("a", "n1", ONE_G, "nvidia.com/mig-3g.40gb"),
+        running("b", "n1", ONE_G, "nvidia.com/mig-3g.40gb"),
+    )
+    steps = [c.step(T0 + t, config) for t in range(600, 900, 10)]
+    # the batch was planned again and again, each time looking for drains; none started
+    planned = [d for d in steps if d.plan is not None]
+    assert len(planned) >= 3 and all("ns/whole" in d.plan.unplaced for d in planned)
+    assert not any(d.counts.get("drains_started") for d in steps)
+    assert [len(events(d, "NotDrained")) for d in planned] == [1] + [0] * (len(planned) - 1)
+    assert sum(len(events(d, "NotDrained")) for d in steps) == 1
 
 
 @pytest.mark.parametrize("waited", [200, 500, 30_000])
