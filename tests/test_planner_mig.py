@@ -6,10 +6,10 @@ import random
 
 import pytest
 from objective_weights import placement_weights
+from planner_states import gpu
 
 from planner import (
     GpuState,
-    MigInstance,
     Mode,
     NodeState,
     PendingPod,
@@ -24,10 +24,6 @@ from planner import (
 from planner.greedy import plan_greedy
 
 A100 = "A100-SXM4-80GB"
-
-
-def gpu(index: int, *instances: tuple[str, int, bool]) -> GpuState:
-    return GpuState(index, tuple(MigInstance(p, s, used=u) for p, s, u in instances))
 
 
 def node(name: str, *gpus: GpuState, model: str = A100, **kw: int) -> NodeState:

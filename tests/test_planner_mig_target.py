@@ -16,6 +16,7 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from planner_states import gpu
 
 from partitioner.settings import PartitionerSettings, parse_mig_profiles
 from planner import (
@@ -38,10 +39,6 @@ MODEL = default_catalog().model(A100)
 SETTINGS = PlannerSettings(time_limit_s=10.0, free_capacity_cpu_milli=0, free_capacity_memory_mib=0)
 """Deterministic and optimal on these small models; CPU- and memory-blind usefulness."""
 R = "nvidia.com/mig-"
-
-
-def gpu(index: int, *instances: tuple[str, int, bool]) -> GpuState:
-    return GpuState(index, tuple(MigInstance(p, s, used=u) for p, s, u in instances))
 
 
 def four_g_pod() -> PendingPod:

@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from planner_states import gpu
 
 from planner import (
     GpuState,
@@ -32,10 +33,6 @@ A100 = "A100-SXM4-80GB"
 MODEL = default_catalog().model(A100)
 SETTINGS = PlannerSettings(time_limit_s=10.0)
 """Deterministic and optimal on these small models (one worker, far from the limit)."""
-
-
-def gpu(index: int, *instances: tuple[str, int, bool]) -> GpuState:
-    return GpuState(index, tuple(MigInstance(p, s, used=u) for p, s, u in instances))
 
 
 def node(name: str, cpu: int, *gpus: GpuState) -> NodeState:
