@@ -544,23 +544,33 @@ def test_a_drain_prefers_a_gpu_whose_layout_already_has_the_pods_instance() -> N
     assert r.state in (State.PLANNED, State.RELEASED)
 
 
-def test_a_pod_larger_than_the_drain_budget_is_not_drained_and_holds_no_one_back() -> None:
-    """Budget 1 GPU (a quarter of 2, at least 1): the older pod needs both GPUs of the node and
-    is never drained; the younger one-GPU pod behind it gets its drain.  (No queue limit: 3
-    units wait on 2 GPUs, which the default limit counts as overload.)"""
-    config = dataclasses.replace(CONFIG, drain_fraction=0.25, drain_queue_limit=math.inf)
+BUDGET_OF_ONE = dataclasses.replace(CONFIG, drain_fraction=0.25, drain_queue_limit=math.inf)
+"""Drain budget 1 GPU (a quarter of 2, at least 1); no queue limit (3 units waiting on 2 GPUs
+would count as overload with the default one)."""
+
+
+def whole_node_waits(*others: dict[str, Any]) -> Cluster:
+    """Node n1 (2 GPUs, each with a 1g and a 3g instance in use) and a gated pod ``whole``
+    asking for both GPUs, beside ``others``."""
     busy = [status_gpu(i, ("1g.10gb", 0, True), ("3g.40gb", 4, True)) for i in (0, 1)]
     three = "nvidia.com/mig-3g.40gb"
     whole_node = gated("whole", SEVEN_G, created=T0)
     whole_node["spec"]["containers"][0]["resources"]["limits"][SEVEN_G] = "2"
-    c = Cluster(
+    return Cluster(
         node("n1", MIG),
         applied_np("n1", *busy),
         whole_node,
-        gated("one", "nvidia.com/mig-4g.40gb", created=T0 + 5),
+        *others,
         running("a", "n1", ONE_G, three),
         running("b", "n1", ONE_G, three),
     )
+
+
+def test_a_pod_larger_than_the_drain_budget_is_not_drained_and_holds_no_one_back() -> None:
+    """The older pod needs both GPUs of the node and is never drained; the younger one-GPU pod
+    behind it gets its drain."""
+    config = BUDGET_OF_ONE
+    c = whole_node_waits(gated("one", "nvidia.com/mig-4g.40gb", created=T0 + 5))
     c.step(T0 + 600, config)
     d = c.step(T0 + 611, config)
     # no node can hold both units now: in the batch (told why), taking none of its bound
@@ -581,18 +591,8 @@ def test_a_pod_larger_than_the_drain_budget_is_not_drained_and_holds_no_one_back
 
 
 def test_a_pod_larger_than_the_drain_budget_is_told_once() -> None:
-    config = dataclasses.replace(CONFIG, drain_fraction=0.25, drain_queue_limit=math.inf)
-    busy = [status_gpu(i, ("1g.10gb", 0, True), ("3g.40gb", 4, True)) for i in (0, 1)]
-    whole_node = gated("whole", SEVEN_G, created=T0)
-    whole_node["spec"]["containers"][0]["resources"]["limits"][SEVEN_G] = "2"
-    c = Cluster(
-        node("n1", MIG),
-        applied_np("n1", *busy),
-        whole_node,
-        running("a", "n1", ONE_G, "nvidia.com/mig-3g.40gb"),
-        running("b", "n1", ONE_G, "nvidia.com/mig-3g.40gb"),
-    )
-    steps = [c.step(T0 + t, config) for t in range(600, 900, 10)]
+    c = whole_node_waits()
+    steps = [c.step(T0 + t, BUDGET_OF_ONE) for t in range(600, 900, 10)]
     # the batch was planned again and again, each time looking for drains; none started
     planned = [d for d in steps if d.plan is not None]
     assert len(planned) >= 3 and all("ns/whole" in d.plan.unplaced for d in planned)
