@@ -24,9 +24,14 @@ Rows (``--rows``, comma-separated; default: all)
     ``run_planned`` on hybrid nodes with mapping ``hybrid-threshold:<--hybrid-threshold>``,
     once :func:`~simulations.saturation.partitioned.hybrid_support` finds that the planner
     places MPS requests on hybrid nodes; until then the row reports ``unsupported`` and why.
-``share:bestfit``, ``share:fgd``, ``share:gpuslice``
+``mps:bestfit``, ``mps:fgd``, ``mps:fgd-waste``
+    The GPU-share rules on the MPS row's cluster, mapping and CPU-only placement
+    (:func:`simulations.saturation.mps_rules.run_rule`): what BestFit, FGD and the what-if
+    ``fgd-waste`` rule pack where, as for gpuslice, kube-scheduler places the CPU-only pods.
+``share:bestfit``, ``share:fgd``, ``share:fgd-waste``
     The GPU-share protocol (:func:`simulations.saturation.protocol.run_saturation`) on the original
-    openb cluster (its own GPU models), as :mod:`simulations.bench_saturation` runs it.
+    openb cluster (its own GPU models), as :mod:`simulations.bench_saturation` runs it: the
+    policy places every pod, CPU-only pods too.
 
 Output: per trace and row, the mean and sample standard deviation over seeds of alloc@130, the
 per-seed values, failed pods (mean and per seed), the planner's wall time per arrival batch
@@ -57,6 +62,7 @@ from simulations.inputs.cluster import Cluster, load_cluster
 from simulations.inputs.openb import load_openb_pods, openb_dir, resolve_trace
 from simulations.inputs.workload import Workload
 from simulations.reports.out_file import out_file_error
+from simulations.saturation.mps_rules import run_rule
 from simulations.saturation.partitioned import (
     DEFAULT_NEIGHBOURHOOD_GPUS,
     GPU_MODEL,
@@ -76,9 +82,12 @@ ROWS = (
     "mig-bound",
     "mps",
     "hybrid",
+    "mps:bestfit",
+    "mps:fgd",
+    "mps:fgd-waste",
     "share:bestfit",
     "share:fgd",
-    "share:gpuslice",
+    "share:fgd-waste",
 )
 DEFAULT_HYBRID_THRESHOLD = 500
 
@@ -139,6 +148,8 @@ def _run_one(task: tuple[str, str, int, dict[str, Any]]) -> dict[str, Any]:
             neighbourhood_gpus=opt["neighbourhood_gpus"],
             label=row,
         )
+    elif row.startswith("mps:"):
+        r = run_rule(cluster, workload, row.partition(":")[2], seed, batch=opt["batch"])
     elif row.startswith("share:"):
         r = run_saturation(cluster, workload, row.partition(":")[2], seed)
     else:

@@ -3,16 +3,22 @@
 Usage::
 
     python -m simulations.bench_saturation                      # default trace, seeds 42-51
-    python -m simulations.bench_saturation --trace all --out bench.json
+    python -m simulations.bench_saturation --trace all --jobs 2 --out bench.json
     python -m simulations.bench_saturation --trace gpuspec10 --seeds 42-46 --policies fgd,gpuslice
     python -m simulations.bench_saturation --batch 8 --policies gpuslice
 
-It runs :func:`simulations.saturation.protocol.run_saturation` for every (trace, policy, seed) on the
+It runs :func:`simulations.saturation.runner.run_policy` for every (trace, policy, seed) on the
 openb cluster (``--cluster`` takes a YAML file too) and prints one JSON document: per trace and
-policy the mean and standard deviation over seeds of alloc@130, alloc@100, fragmentation amount
-and ratio at 100 %, idle GPUs, failed pods and run time, plus the per-seed alloc@130 values and
-the published FGD figures for the default trace.  The openb directory comes from
-``--openb-dir``, ``$GPUSLICE_OPENB_DIR`` or ``../shared/traces/openb``.
+policy its protocol, the mean and standard deviation over seeds of alloc@130, alloc@100,
+fragmentation amount and ratio at 100 %, idle GPUs, failed pods and run time, the per-seed
+alloc@130 values, for the ``gpuslice`` row the planner's time per call and per arrival, and
+the published FGD figures for the default trace.  The rows (:data:`simulations.saturation.runner.ROWS`)
+belong to two protocols: ``bestfit``, ``fgd`` and ``fgd-waste`` to the FGD paper's, where the
+policy places every pod; ``gpuslice`` (:func:`planner.plan`, the production decision) and
+``mps:bestfit``, ``mps:fgd``, ``mps:fgd-waste`` to the partitioner protocol, where
+kube-scheduler places the CPU-only pods and GPU pods get MPS slices
+(:mod:`simulations.saturation.runner`).  ``--jobs N`` runs N processes.  The openb directory
+comes from ``--openb-dir``, ``$GPUSLICE_OPENB_DIR`` or ``../shared/traces/openb``.
 
 Report helpers (shared with ``gpuslice simulate``)
 --------------------------------------------------
@@ -30,15 +36,16 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from simulations.inputs.cluster import load_cluster
 from simulations.inputs.openb import OPENB_TRACES, load_openb_pods, openb_dir, resolve_trace
 from simulations.reports.out_file import out_file_error
-from simulations.saturation.policies import POLICIES
-from simulations.saturation.protocol import SaturationResult, run_saturation
+from simulations.saturation.protocol import SaturationResult
+from simulations.saturation.runner import ROWS, protocol_of, run_policy
 
 __all__ = ["PUBLISHED", "aggregate", "format_table", "main", "parse_seeds", "write_report"]
 
@@ -83,6 +90,7 @@ def aggregate(results: Sequence[SaturationResult]) -> dict[str, dict[str, Any]]:
     for label, rs in groups.items():
         row: dict[str, Any] = {
             "policy": rs[0].policy,
+            "protocol": _protocol(rs[0]),
             "batch": rs[0].batch,
             "seeds": [r.seed for r in rs],
         }
@@ -98,8 +106,26 @@ def aggregate(results: Sequence[SaturationResult]) -> dict[str, dict[str, Any]]:
         row["pods"] = round(statistics.fmean(r.pods for r in rs), 1)
         row["runtime_s"] = round(statistics.fmean(r.runtime_s for r in rs), 3)
         row["per_seed_alloc@130"] = [r.at("alloc", 130) for r in rs]
+        planned = [r for r in rs if r.extra.get("planner_calls")]
+        if planned:
+            row["planner_ms_per_call_p50"] = _ms(r.extra["planner_s_p50"] for r in planned)
+            row["planner_ms_per_call_p95"] = _ms(r.extra["planner_s_p95"] for r in planned)
+            row["planner_ms_per_arrival"] = _ms(
+                r.extra["planner_s_total"] / max(1, r.pods) for r in planned
+            )
         out[label] = row
     return out
+
+
+def _protocol(r: SaturationResult) -> str:
+    known = r.extra.get("protocol")
+    return str(known) if known else protocol_of(r.policy)
+
+
+def _ms(seconds: Iterable[float | None]) -> float | None:
+    """Mean over seeds, in milliseconds (None when no seed has the figure)."""
+    vals = [1000.0 * v for v in seconds if v is not None]
+    return round(statistics.fmean(vals), 2) if vals else None
 
 
 def _cell(row: Mapping[str, Any], key: str, width: int) -> str:
@@ -110,7 +136,7 @@ def _cell(row: Mapping[str, Any], key: str, width: int) -> str:
 def format_table(summary: Mapping[str, Mapping[str, Any]]) -> str:
     """A fixed-width comparison table (one line per policy; n/a where a bin had no event)."""
     head = (
-        f"{'policy':<18}{'alloc@130 %':>13}{'alloc@100 %':>13}{'final %':>9}{'frag amt@100':>14}"
+        f"{'policy':<22}{'protocol':<13}{'alloc@130 %':>13}{'alloc@100 %':>13}{'final %':>9}{'frag amt@100':>14}"
         f"{'frag ratio@100':>16}{'idle GPUs':>11}{'failed':>9}{'s/run':>8}"
     )
     lines = [head, "-" * len(head)]
@@ -121,7 +147,7 @@ def format_table(summary: Mapping[str, Mapping[str, Any]]) -> str:
             else f"{r['alloc@130']:.2f}±{r.get('alloc@130_sd', 0.0):.2f}"
         )
         lines.append(
-            f"{label:<18}{a130:>13}{_cell(r, 'alloc@100', 13)}{_cell(r, 'final_alloc', 9)}"
+            f"{label:<22}{r.get('protocol', ''):<13}{a130:>13}{_cell(r, 'alloc@100', 13)}{_cell(r, 'final_alloc', 9)}"
             f"{_cell(r, 'frag_amount@100', 14)}{_cell(r, 'frag_ratio@100', 16)}"
             f"{r['unallocated_gpus']:>11.1f}{r['failed_pods']:>9.0f}{r['runtime_s']:>8.2f}"
         )
@@ -258,6 +284,23 @@ def parse_seeds(text: str, what: str = "seeds") -> list[int]:
     return seeds
 
 
+def _run_task(task: tuple[str, str, str, int, int, str | None]) -> SaturationResult:
+    """One (trace, policy, seed) run (in a worker process when ``--jobs`` > 1)."""
+    cluster_spec, trace, policy, seed, batch, directory = task
+    cluster = load_cluster(cluster_spec, directory)
+    workload = load_openb_pods(resolve_trace(trace, directory))
+    r = run_policy(cluster, workload, policy, seed, batch=batch)
+    r.extra.pop("plan_s_list", None)
+    r.extra.pop("placed_flags", None)
+    print(
+        f"{trace} {r.policy} k={batch} seed {seed}: alloc@130 {r.at('alloc', 130)} "
+        f"({r.runtime_s:.1f} s)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return r
+
+
 def run_grid(
     cluster_spec: str,
     traces: Sequence[str],
@@ -265,8 +308,9 @@ def run_grid(
     seeds: Sequence[int],
     batch: int,
     directory: str | None,
+    jobs: int = 1,
 ) -> dict[str, Any]:
-    """Run every (trace, policy, seed); return the JSON-ready document."""
+    """Run every (trace, policy, seed), ``jobs`` at a time; return the JSON-ready document."""
     cluster = load_cluster(cluster_spec, directory)
     doc: dict[str, Any] = {
         "protocol": "saturation",
@@ -276,19 +320,21 @@ def run_grid(
         "date": time.strftime("%Y-%m-%d"),
         "traces": {},
     }
+    tasks = [
+        (cluster_spec, trace, policy, seed, batch, directory)
+        for trace in traces
+        for policy in policies
+        for seed in seeds
+    ]
+    if jobs > 1:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            results = list(pool.map(_run_task, tasks))
+    else:
+        results = [_run_task(t) for t in tasks]
     for trace in traces:
         workload = load_openb_pods(resolve_trace(trace, directory))
-        results: list[SaturationResult] = []
-        for policy in policies:
-            for seed in seeds:
-                r = run_saturation(cluster, workload, policy, seed, batch=batch)
-                print(
-                    f"{trace} {r.policy} k={batch} seed {seed}: alloc@130 {r.at('alloc', 130)} "
-                    f"({r.runtime_s:.1f} s)",
-                    file=sys.stderr,
-                )
-                results.append(r)
-        entry: dict[str, Any] = {"pods": len(workload), "policies": aggregate(results)}
+        mine = [r for r, t in zip(results, tasks, strict=True) if t[1] == trace]
+        entry: dict[str, Any] = {"pods": len(workload), "policies": aggregate(mine)}
         if trace == "default" and cluster_spec == "openb":
             entry["published"] = PUBLISHED
         doc["traces"][trace] = entry
@@ -310,24 +356,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seeds", default="42-51", help="seeds, e.g. 42-51 or 42,43 (default: 42-51)")
     ap.add_argument(
         "--policies",
-        default=",".join(POLICIES),
-        help=f"comma-separated (default: {','.join(POLICIES)})",
+        default=",".join(ROWS),
+        help=f"comma-separated (default: {','.join(ROWS)})",
     )
     ap.add_argument("--batch", type=int, default=1, help="arrivals per batch k (default: 1)")
+    ap.add_argument("--jobs", type=int, default=1, help="processes (default: 1)")
     ap.add_argument("--openb-dir", default=None, help="folder with the openb CSVs")
     ap.add_argument("--out", default=None, help="also write the JSON to this file")
     args = ap.parse_args(argv)
     try:
         seeds = parse_seeds(args.seeds)
         traces = parse_traces(args.trace)
-        policies = parse_choices(args.policies, list(POLICIES), "policies")
+        policies = parse_choices(args.policies, list(ROWS), "policies")
         if args.batch < 1:
             raise ValueError("--batch must be >= 1")
+        if args.jobs < 1:
+            raise ValueError("--jobs must be >= 1")
         if problem := out_file_error("--out", args.out):
             raise ValueError(problem)
         if args.cluster == "openb":
             openb_dir(args.openb_dir)  # fail early with the fix named
-        doc = run_grid(args.cluster, traces, policies, seeds, args.batch, args.openb_dir)
+        doc = run_grid(
+            args.cluster, traces, policies, seeds, args.batch, args.openb_dir, args.jobs
+        )
     except ValueError as e:
         print(f"bench_saturation: error: {e}", file=sys.stderr)
         return 2

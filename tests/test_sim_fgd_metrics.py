@@ -15,7 +15,7 @@ from simulations.saturation.fragmentation import (
     frag_ratio_pct,
 )
 from simulations.saturation.policies.baselines import fgd_score
-from simulations.saturation.policies.gpuslice import CpuAwareFragModel
+from simulations.saturation.policies.fgd_waste import CpuAwareFragModel
 
 
 def pods(*specs: tuple[int, int, int, int]) -> list[Pod]:

@@ -14,7 +14,7 @@ from simulations.inputs.cluster import Cluster, Node, load_cluster_file, load_op
 from simulations.inputs.openb import load_openb_pods
 from simulations.inputs.workload import Pod, load_workload
 from simulations.saturation.fragmentation import FragModel, TargetWorkload
-from simulations.saturation.policies import BestFit, Fgd, GpusliceShare, make_policy
+from simulations.saturation.policies import BestFit, Fgd, FgdWaste, make_policy
 from simulations.saturation.policies.baselines import Policy, fgd_score
 from simulations.saturation.policies.state import ShareState
 from simulations.saturation.protocol import (
@@ -231,20 +231,20 @@ def builtin() -> tuple[Cluster, list[Pod]]:
 def test_protocol_is_deterministic_for_a_seed() -> None:
     cluster, pods = builtin()
     wl = load_workload(DATA / "default_workload.yaml")
-    a = run_saturation(cluster, wl, "gpuslice", 7)
-    b = run_saturation(cluster, wl, "gpuslice", 7)
-    c = run_saturation(cluster, wl, "gpuslice", 8)
+    a = run_saturation(cluster, wl, "fgd-waste", 7)
+    b = run_saturation(cluster, wl, "fgd-waste", 7)
+    c = run_saturation(cluster, wl, "fgd-waste", 8)
     assert np.array_equal(a.arrived, b.arrived) and np.array_equal(a.used, b.used)
     assert np.array_equal(a.frag, b.frag) and a.curve == b.curve
     assert not np.array_equal(a.used, c.used)
     assert len(pods) == 500
 
 
-@pytest.mark.parametrize("policy", ["bestfit", "fgd", "gpuslice"])
+@pytest.mark.parametrize("policy", ["bestfit", "fgd", "fgd-waste"])
 def test_smoke_run_on_builtin_cluster(policy: str) -> None:
     cluster = load_cluster_file(DATA / "default_cluster.yaml")
     wl = load_workload(DATA / "default_workload.yaml")
-    r = run_saturation(cluster, wl, policy, 42, batch=1 if policy != "gpuslice" else 4)
+    r = run_saturation(cluster, wl, policy, 42, batch=1 if policy != "fgd-waste" else 4)
     cap = cluster.total_gpus * 1000
     assert r.placed + r.failed == r.pods == len(r.arrived)
     assert 1.3 * cap - 8000 < r.arrived[-1] <= 1.3 * cap + 7000
@@ -258,7 +258,7 @@ def test_smoke_run_on_builtin_cluster(policy: str) -> None:
 
 def test_unknown_policy_and_bad_batch() -> None:
     with pytest.raises(
-        ValueError, match="unknown policy 'worstfit'; choose one of bestfit, fgd, gpuslice"
+        ValueError, match="unknown policy 'worstfit'; choose one of bestfit, fgd, fgd-waste"
     ):
         make_policy("worstfit")
     cluster, _ = builtin()
@@ -266,9 +266,9 @@ def test_unknown_policy_and_bad_batch() -> None:
         run_saturation(cluster, load_workload(DATA / "default_workload.yaml"), "fgd", 1, batch=0)
 
 
-def test_gpuslice_orders_batches_largest_first() -> None:
+def test_fgd_waste_orders_batches_largest_first() -> None:
     batch = [Pod("a", 1, 0, 1, 300), Pod("b", 5), Pod("c", 1, 0, 2, 1000), Pod("d", 1, 0, 1, 810)]
-    assert [p.name for p in GpusliceShare().order_batch(batch)] == ["c", "d", "a", "b"]
+    assert [p.name for p in FgdWaste().order_batch(batch)] == ["c", "d", "a", "b"]
     assert [p.name for p in Fgd().order_batch(batch)] == ["a", "b", "c", "d"]
 
 

@@ -13,6 +13,7 @@ from gpuslice.cli import main
 from simulations.bench_saturation import main as bench_main
 from simulations.bench_saturation import parse_seeds
 from simulations.inputs.openb import OPENB_DIR_ENV
+from simulations.saturation.runner import ROWS
 
 
 def test_default_run_prints_the_comparison_table(capsys: pytest.CaptureFixture[str]) -> None:
@@ -23,7 +24,8 @@ def test_default_run_prints_the_comparison_table(capsys: pytest.CaptureFixture[s
         "saturation protocol: builtin-synthetic (500 pods) on builtin-demo"
     )
     rows = table(saturation, "POLICY")
-    assert [r["POLICY"] for r in rows] == ["bestfit", "fgd", "gpuslice"]
+    assert [r["POLICY"] for r in rows] == list(ROWS)
+    assert {r["PROTOCOL"] for r in rows} == {"scheduler", "partitioner"}
     # then the time replay of the partitioning policies on the built-in MIG scenario
     assert replay.startswith("time replay: sweep-default")
     lines = table(replay, "POLICY")

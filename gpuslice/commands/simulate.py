@@ -45,8 +45,8 @@ from simulations.inputs.openb import load_openb_pods, resolve_trace
 from simulations.inputs.workload import Workload, WorkloadError, load_workload
 from simulations.reports.replay_report import COLUMNS as REPLAY_COLUMNS
 from simulations.reports.replay_report import REPLAY_FILES
-from simulations.saturation.policies import POLICIES
-from simulations.saturation.protocol import SaturationResult, run_saturation
+from simulations.saturation.protocol import SaturationResult
+from simulations.saturation.runner import ROWS, run_policy
 
 HELP = "what-if simulator (default: built-in synthetic workload on a built-in cluster)"
 
@@ -86,7 +86,7 @@ def _run_saturation_protocol(
 
         try:
             results.append(
-                run_saturation(cluster, workload, policy, seed, batch=args.batch, progress=progress)
+                run_policy(cluster, workload, policy, seed, batch=args.batch, progress=progress)
             )
         except ValueError as e:
             raise BadInput(str(e)) from None
@@ -210,6 +210,7 @@ def _num(key: str, fmt: str = "{:.2f}") -> Callable[[Mapping[str, Any]], str]:
 
 SATURATION_COLUMNS = (
     Column("policy", "label"),
+    Column("protocol", "protocol"),
     Column("alloc@130 %", _alloc130, align="right"),
     Column("alloc@100 %", _num("alloc@100"), align="right"),
     Column("final %", _num("final_alloc"), align="right"),
@@ -264,12 +265,12 @@ def render_text(doc: Doc, wide: bool = False, width: int | None = None) -> str:
 
 def _policies(spec: str | None) -> list[str]:
     if not spec:
-        return list(POLICIES)
+        return list(ROWS)
     names = [p.strip().lower() for p in spec.split(",") if p.strip()]
-    unknown = [p for p in names if p not in POLICIES]
+    unknown = [p for p in names if p not in ROWS]
     if unknown or not names:
         raise BadInput(
-            f"--policy {spec!r}: unknown {unknown}; choose from {', '.join(POLICIES)} (comma-separated)"
+            f"--policy {spec!r}: unknown {unknown}; choose from {', '.join(ROWS)} (comma-separated)"
         )
     return names
 
@@ -323,7 +324,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--policy",
-        help=f"comma-separated policies: for the saturation protocol {', '.join(POLICIES)} "
+        help=f"comma-separated policies: for the saturation protocol {', '.join(ROWS)} "
         "(default: all), for the time replay cpsat, greedy, static:<layout> (default: "
         "cpsat,greedy,static:balanced; without the static layout on a cluster with MPS nodes)",
     )

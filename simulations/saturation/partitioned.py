@@ -9,8 +9,9 @@ the node rank (:func:`simulations.saturation.protocol.node_ranks`).  Nothing dep
 (placed or failed) the event records the arrived request (``num_gpu × gpu_milli``, failed pods
 included) and the allocated GPU-milli: the sum of ``num_gpu × gpu_milli`` of the pods placed so
 far -- a pod counts its *original* share, not the slice it got.  ``alloc@130`` is the binned
-curve of :func:`simulations.saturation.protocol.discrete_curve` at 130 %.  (No FGD fragmentation is
-measured here: its series are zeros.)
+curve of :func:`simulations.saturation.protocol.discrete_curve` at 130 %.  FGD's fragmentation is
+measured on MPS rows only, on their milli view (:mod:`simulations.saturation.mps_frag`); MIG and
+hybrid rows record zeros.
 
 Cluster mapping (:func:`partitioned_cluster`)
 ---------------------------------------------
@@ -143,8 +144,11 @@ from simulations.replay.static_layouts import (
     maximal_layouts,
     static_candidates,
 )
+from simulations.saturation.fragmentation import TargetWorkload
+from simulations.saturation.mps_frag import MpsFragTracker
 from simulations.saturation.protocol import (
     TARGET_RATIO,
+    Progress,
     SaturationResult,
     build_arrivals,
     discrete_curve,
@@ -423,8 +427,9 @@ class PartitionedState:
 
     # ------------------------------------------------------------------ CPU-only pods
 
-    def place_cpu_only(self, pod: Pod) -> bool:
-        """fgd.md §4 BestFit (free GPU = spare capacity in milli), ties to the smallest rank."""
+    def place_cpu_only(self, pod: Pod) -> SimNode | None:
+        """fgd.md §4 BestFit (free GPU = spare capacity in milli), ties to the smallest rank;
+        the node it went to, or ``None`` when no node has the CPU and memory."""
         best: tuple[int, int] | None = None
         chosen: SimNode | None = None
         for n in self.nodes:
@@ -436,10 +441,10 @@ class PartitionedState:
             if best is None or key < best:
                 best, chosen = key, n
         if chosen is None:
-            return False
+            return None
         chosen.cpu_free -= pod.cpu_milli
         chosen.mem_free -= pod.memory_mib
-        return True
+        return chosen
 
     # ------------------------------------------------------------------ applying a plan
 
@@ -620,6 +625,11 @@ class _Recorder:
     used: np.ndarray = field(init=False)
     ok: np.ndarray = field(init=False)
     """Per event: the pod was placed."""
+    frag: np.ndarray = field(init=False)
+    """Per event: the cluster's FGD fragmentation (milli-GPU; zeros where none is measured)."""
+    idle: np.ndarray = field(init=False)
+    """Per event: the free milli-GPU that fragmentation is measured on (NaN: capacity minus
+    the allocated milli)."""
     event: int = 0
     total_arrived: int = 0
     placed: int = 0
@@ -628,10 +638,17 @@ class _Recorder:
     def __post_init__(self) -> None:
         self.arrived = np.zeros(self.n, dtype=np.int64)
         self.used = np.zeros(self.n, dtype=np.int64)
+        self.frag = np.zeros(self.n, dtype=np.float64)
+        self.idle = np.full(self.n, np.nan, dtype=np.float64)
         self.ok = np.zeros(self.n, dtype=np.bool_)
 
-    def record(self, pod: Pod, ok: bool, used_milli: int) -> None:
+    def record(
+        self, pod: Pod, ok: bool, used_milli: int, frag: float = 0.0, idle: float | None = None
+    ) -> None:
         self.ok[self.event] = ok
+        self.frag[self.event] = frag
+        if idle is not None:
+            self.idle[self.event] = idle
         if ok:
             self.placed += 1
         else:
@@ -652,7 +669,7 @@ def _result(
     started: float,
     extra: dict[str, Any],
 ) -> SaturationResult:
-    frag = np.zeros(rec.n, dtype=np.float64)
+    frag = rec.frag
     return SaturationResult(
         policy=label,
         seed=seed,
@@ -667,7 +684,13 @@ def _result(
         arrived=rec.arrived,
         used=rec.used,
         frag=frag,
-        curve=discrete_curve(rec.arrived, rec.used, frag, cluster.total_gpus),
+        curve=discrete_curve(
+            rec.arrived,
+            rec.used,
+            frag,
+            cluster.total_gpus,
+            idle=None if np.isnan(rec.idle).any() else rec.idle,
+        ),
         runtime_s=time.perf_counter() - started,
         extra={**extra, "placed_flags": rec.ok},
     )
@@ -745,13 +768,16 @@ def run_planned(
     planner: PlannerFn | None = None,
     on_batch: BatchHook | None = None,
     arrivals: Sequence[Pod] | None = None,
+    progress: Progress | None = None,
 ) -> SaturationResult:
     """One seed of a planned row (module docstring): ``cluster`` is the *openb-like* cluster;
     its GPUs are mapped to :data:`GPU_MODEL` in ``mode``.
 
     ``arrivals`` replays that list instead of drawing one (the node rank is still drawn from
     ``seed``); ``planner`` replaces :func:`planner.plan` (tests); ``on_batch`` is called with
-    the state after every batch."""
+    the state after every batch; ``progress(done, total)`` every few hundred pods.  On MPS
+    nodes the result carries FGD's fragmentation of the milli view
+    (:class:`simulations.saturation.mps_frag.MpsFragTracker`); other modes record none."""
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
     if neighbourhood_gpus < 1:
@@ -765,19 +791,25 @@ def run_planned(
     st = settings if settings is not None else target_settings(workload, policy, mapper)
     plan_fn = planner if planner is not None else _default_planner
     rec = _Recorder(len(arrivals))
+    frag = MpsFragTracker(state, TargetWorkload.from_pods(workload.pods)) if mode is Mode.MPS else None
     plan_s: list[float] = []
     statuses: Counter[str] = Counter()
     prefiltered = 0
+    step = max(1, len(arrivals) // 200)
     for start in range(0, len(arrivals), batch):
         chunk = arrivals[start : start + batch]
         outcome: dict[int, bool] = {}
         pending: dict[str, tuple[Pod, SliceRequest]] = {}
         hosts: list[list[SimNode]] = []
         keys: dict[str, int] = {}
+        changed: set[str] = set()
         for j, pod in enumerate(chunk):
             req = mapper.map(pod)
             if req is None:
-                outcome[j] = state.place_cpu_only(pod)
+                went = state.place_cpu_only(pod)
+                outcome[j] = went is not None
+                if went is not None:
+                    changed.add(went.name)
                 continue
             cand = [n for n in state.nodes if state.can_host(n, pod, req)]
             if not cand:
@@ -815,10 +847,21 @@ def run_planned(
                 outcome[keys[name]] = True
             for name in pending:
                 outcome.setdefault(keys[name], False)
+            changed.update(n for n, _ in result.layouts)
+            changed.update(a.node for a in result.assignments.values())
+        if frag is not None:
+            frag.update(state.by_name[n] for n in changed)
         for j, pod in enumerate(chunk):
-            rec.record(pod, outcome[j], state.used_milli)
+            if frag is None:
+                rec.record(pod, outcome[j], state.used_milli)
+            else:
+                rec.record(pod, outcome[j], state.used_milli, frag.total, frag.idle)
+            if progress is not None and rec.event % step == 0:
+                progress(rec.event, rec.n)
         if on_batch is not None:
             on_batch(state)
+    if progress is not None:
+        progress(rec.n, rec.n)
     extra = {
         "mode": mode.value,
         "mapping": mapping,
@@ -873,7 +916,7 @@ def run_static(
         req = mapper.map(pod)
         ok = False
         if req is None:
-            ok = state.place_cpu_only(pod)
+            ok = state.place_cpu_only(pod) is not None
         else:
             profile = req.profile or ""
             best: SimNode | None = None

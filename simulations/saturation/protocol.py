@@ -120,11 +120,16 @@ def discrete_curve(
     frag: npt.NDArray[np.float64],
     total_gpus: int,
     upto: int = CURVE_MAX,
+    idle: npt.NDArray[np.float64] | None = None,
 ) -> Curve:
-    """The binned curves of fgd.md §2.6 / §6 from per-event records."""
+    """The binned curves of fgd.md §2.6 / §6 from per-event records.
+
+    ``idle`` is the free milli-GPU the fragmentation ratio divides by; by default capacity
+    minus ``used`` (a GPU-share state, where both count the same milli)."""
     bins = np.array([round(a / total_gpus / 10) for a in arrived.tolist()], dtype=np.int64)
     alloc = np.array([round(u / total_gpus / 10, 2) for u in used.tolist()])
-    idle = total_gpus * GPU_MILLI - used
+    if idle is None:
+        idle = (total_gpus * GPU_MILLI - used).astype(np.float64)
     amount = 100.0 * frag / 1000.0 / total_gpus
     ratio = np.array(
         [

@@ -22,8 +22,8 @@ openb default trace, for a 96-core node: ``w(1000) ≈ 21.9``, ``w(530) ≈ 61.0
 shape fits; the model does not see that many holes compete for few such pods).
 
 The model ignores CPU-only and multi-GPU shapes and how many pods the node's CPU can still
-host; gpuslice adds ``W`` to the CPU-aware fragmentation that covers those
-(:class:`~simulations.saturation.policies.gpuslice.GpusliceMeasure`).
+host; the ``fgd-waste`` rule adds ``W`` to the CPU-aware fragmentation that covers those
+(:class:`~simulations.saturation.policies.fgd_waste.FgdWasteMeasure`).
 
 Speed: ``w_S`` is tabulated once per admitted set ``S`` for every ``h`` in ``0..1000`` (a
 dynamic programme over ``h``); few distinct sets occur (model access x CPU thresholds).

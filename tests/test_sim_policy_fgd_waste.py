@@ -1,4 +1,4 @@
-"""gpuslice's GPU-share policy (simulations.saturation.policies.gpuslice): measure and score on hand-computed
+"""The what-if GPU-share rule ``fgd-waste`` (simulations.saturation.policies.fgd_waste): measure and score on hand-computed
 cases, node and GPU choice, determinism, and a smoke run of the saturation protocol."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from simulations.inputs.cluster import Cluster, Node
 from simulations.inputs.workload import Pod, Workload
 from simulations.saturation.fragmentation import FragModel, TargetWorkload
-from simulations.saturation.policies import GpusliceShare
-from simulations.saturation.policies.gpuslice import CpuAwareFragModel, GpusliceMeasure, step_score
+from simulations.saturation.policies import FgdWaste
+from simulations.saturation.policies.fgd_waste import CpuAwareFragModel, FgdWasteMeasure, step_score
 from simulations.saturation.policies.state import ShareState
 from simulations.saturation.protocol import run_saturation
 
@@ -24,7 +24,7 @@ T_810 = TargetWorkload.from_pods(ORIGINALS, coverage=1.0)
 
 
 def measure_value(frees: tuple[int, ...], cpu: int = 96000) -> float:
-    m = GpusliceMeasure(T_810)
+    m = FgdWasteMeasure(T_810)
     return m.frag(m.model_class("G2"), cpu, frees)
 
 
@@ -48,7 +48,7 @@ def test_measure_adds_half_the_waste_to_the_cpu_aware_fragmentation() -> None:
     t = TargetWorkload.from_pods(
         [*ORIGINALS, Pod("c", 12000, 0, 0, 0), Pod("d", 30000, 0, 2, 1000)], coverage=1.0
     )
-    g, f = GpusliceMeasure(t), CpuAwareFragModel(t)
+    g, f = FgdWasteMeasure(t), CpuAwareFragModel(t)
     for cpu, frees in [(96000, (0, 190, 500, 1000)), (20000, (1000, 1000, 1000)), (5000, (60,))]:
         cls = g.model_class("T4")
         access = [True] * len(t.shapes)
@@ -60,7 +60,7 @@ def test_measure_adds_half_the_waste_to_the_cpu_aware_fragmentation() -> None:
 
 def test_measure_rejects_a_bad_weight() -> None:
     with pytest.raises(ValueError, match="waste_weight"):
-        GpusliceMeasure(T_810, waste_weight=-1.0)
+        FgdWasteMeasure(T_810, waste_weight=-1.0)
 
 
 def two_node_state(second_node_used: int) -> ShareState:
@@ -77,7 +77,7 @@ def two_node_state(second_node_used: int) -> ShareState:
 
 def test_810_goes_onto_the_gpu_it_completes_not_the_lowest_rank() -> None:
     state = two_node_state(160)
-    policy = GpusliceShare()
+    policy = FgdWaste()
     policy.prepare(state, ORIGINALS)
     pod = Pod("x", 3000, 0, 1, 810)
     # A: ΔG = 342 - 114 = 228 -> score -11; B: 840 -> 30 free: ΔG = (30 + 15) - 351 -> score 16
@@ -86,7 +86,7 @@ def test_810_goes_onto_the_gpu_it_completes_not_the_lowest_rank() -> None:
 
 def test_ties_go_to_the_smallest_rank_and_negative_scores_work() -> None:
     state = two_node_state(0)  # A: 2 free GPUs, B: 1 free GPU
-    policy = GpusliceShare()
+    policy = FgdWaste()
     policy.prepare(state, ORIGINALS)
     pod = Pod("x", 3000, 0, 1, 810)
     # B: ΔG = (190 + 95) - 57 = 228, like A: both score -11, A has the smaller rank
@@ -123,9 +123,9 @@ def small_run(seed: int, batch: int) -> tuple[Cluster, Workload]:
 @pytest.mark.parametrize("batch", [1, 4])
 def test_saturation_smoke_and_determinism(batch: int) -> None:
     cluster, wl = small_run(3, batch)
-    a = run_saturation(cluster, wl, "gpuslice", 11, batch=batch)
-    b = run_saturation(cluster, wl, GpusliceShare(), 11, batch=batch)
-    assert a.policy == "gpuslice" and a.placed + a.failed == a.pods
+    a = run_saturation(cluster, wl, "fgd-waste", 11, batch=batch)
+    b = run_saturation(cluster, wl, FgdWaste(), 11, batch=batch)
+    assert a.policy == "fgd-waste" and a.placed + a.failed == a.pods
     assert np.array_equal(a.used, b.used) and np.array_equal(a.frag, b.frag)
     assert 0 < a.used[-1] <= cluster.total_gpus * 1000
     assert a.arrived[-1] > cluster.total_gpus * 1000  # saturated: demand beyond capacity

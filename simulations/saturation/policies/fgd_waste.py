@@ -1,8 +1,14 @@
-"""gpuslice's GPU-share (MPS) placement policy for the saturation protocol.
+"""``fgd-waste``: a what-if GPU-share placement rule for the saturation protocol (simulator only).
+
+This rule is **not** what production decides: production places GPU pods with
+:func:`planner.plan` (the saturation protocol's ``gpuslice`` row, :mod:`simulations.saturation.runner`).
+It is kept as a what-if baseline: how much a GPU-share scheduler that scores every node with
+this measure could pack, beside BestFit and FGD.  Until 2026-12-01 it was the ``gpuslice`` row
+of the README's GPU-share table.
 
 Model
 -----
-Like FGD (:class:`~simulations.saturation.policies.baselines.Fgd`), gpuslice scores each feasible node by
+Like FGD (:class:`~simulations.saturation.policies.baselines.Fgd`), the rule scores each feasible node by
 how a hypothetical placement changes a per-node measure of lost capacity, takes the best score
 and breaks ties by the fixed node rank (the smallest wins).  It changes the measure and the
 score.
@@ -53,8 +59,8 @@ __all__ = [
     "SCORE_STEP_MILLI",
     "WASTE_WEIGHT",
     "CpuAwareFragModel",
-    "GpusliceMeasure",
-    "GpusliceShare",
+    "FgdWaste",
+    "FgdWasteMeasure",
 ]
 
 SCORE_STEP_MILLI = 20.0
@@ -90,7 +96,7 @@ class CpuAwareFragModel(FragModel):
         return total
 
 
-class GpusliceMeasure(CpuAwareFragModel):
+class FgdWasteMeasure(CpuAwareFragModel):
     """``G = F' + WASTE_WEIGHT · W`` per node (see the module docstring); memoised by state."""
 
     def __init__(self, target: TargetWorkload, waste_weight: float = WASTE_WEIGHT) -> None:
@@ -112,13 +118,13 @@ def step_score(delta: float, step: float = SCORE_STEP_MILLI) -> int:
     return -math.floor(delta / step)
 
 
-class GpusliceShare(Fgd):
+class FgdWaste(Fgd):
     """Descent on the CPU-aware fragmentation plus expected waste (GPU-share / MPS mode)."""
 
-    name = "gpuslice"
+    name = "fgd-waste"
 
     def make_measure(self, state: ShareState, originals: Sequence[Pod]) -> FragMeasure:
-        return GpusliceMeasure(TargetWorkload.from_pods(originals))
+        return FgdWasteMeasure(TargetWorkload.from_pods(originals))
 
     @staticmethod
     def delta_score(delta: float) -> int:
