@@ -130,6 +130,7 @@ from partitioner.eligibility import pod_fits_node
 from partitioner.gating import release_patch, ungate_patch
 from partitioner.index import ClusterIndex, NodeInfo, PodInfo
 from partitioner.ledger import GpuSlots, Hold, NodeLedger, build_ledgers
+from partitioner.mps_target import learned_mps_shapes
 from partitioner.optout import node_lifecycle
 from partitioner.rejection import reject_reason
 from partitioner.reservations import RESERVATION_ANNOTATION, Reservation, State
@@ -1216,6 +1217,25 @@ class _Step:
                 continue
             self._plan_drained(ledger, self.candidates[key], frozen, r)
 
+    def _with_mps_target(self, settings: PlannerSettings) -> PlannerSettings:
+        """``settings`` with the MPS packing target learned from the cluster's pods
+        (:mod:`partitioner.mps_target`), unless one is given or the polish is off."""
+        if (
+            not settings.mps_polish
+            or settings.free_capacity_mps_shapes is not None
+            or settings.free_capacity_mps_sizes is not None
+        ):
+            return settings
+        mps_nodes = frozenset(
+            n
+            for n, info in self.gpu_nodes.items()
+            if info.gpu is not None and info.gpu.mode is Mode.MPS
+        )
+        if not mps_nodes:
+            return settings
+        shapes = learned_mps_shapes(self.index.pods.values(), self.candidates.values(), mps_nodes)
+        return settings if shapes is None else replace(settings, free_capacity_mps_shapes=shapes)
+
     def _plan_drained(
         self, ledger: NodeLedger, pod: PodInfo, frozen: set[int], r: Reservation
     ) -> None:
@@ -1617,7 +1637,7 @@ class _Step:
                 plan = self.last_plan[1]
                 self.counts["plans_reused"] += 1
             else:
-                settings = self.config.planner_settings
+                settings = self._with_mps_target(self.config.planner_settings)
                 if settings.policy is not Policy.GREEDY and not self._may_place(snapshot):
                     # No pod can get its units on any plannable node: the plan places nothing
                     # and changes no layout (churn costs, placing gains nothing), so a solve

@@ -27,6 +27,10 @@ Stages
 4. If CP-SAT finds no solution in time (no round kept), or (only possible on a time-out) the
    plan places less priority-weighted pods than the greedy plan, the greedy plan is returned
    with status ``GREEDY_FALLBACK``.
+5. Otherwise the CP-SAT plan's single-slice MPS placements are polished with the node-level
+   packing measure (:mod:`planner.mps_polish`; setting ``mps_polish``): the same pods placed,
+   no more churn, each such pod where FGD-style descent on CPU-aware fragmentation plus
+   expected waste puts it.
 
 Time budget: ``settings.time_limit_s`` is wall time for the whole call.  The planner reads no
 clock; the one clock it obeys is the solver's.  Two budgets are kept:
@@ -84,6 +88,7 @@ from planner.geometry import Placement, canonical, layout_errors
 from planner.greedy import plan_greedy
 from planner.hybrid import hybrid_plan_errors
 from planner.mig_cpsat import LayoutCache, MigParseCache, WallBudget, current_mig, solve_batch
+from planner.mps_polish import polish_mps
 from planner.neighbourhood import (
     merge_plans,
     node_chunks,
@@ -260,7 +265,7 @@ def plan(
     else:
         result = replace(result, stats={**result.stats, "rounds": 1.0, "rounds_skipped": 0.0})
     if not greedy_ok or _weight(result, snapshot, settings) >= _weight(greedy, snapshot, settings):
-        return result
+        return polish_mps(snapshot, result, models, settings) if settings.mps_polish else result
     fallback = dict(greedy.stats)
     fallback["cpsat_placed"] = float(len(result.assignments))
     fallback["solve_s"] = result.stats.get("solve_s", 0.0)

@@ -66,6 +66,15 @@ class PlannerSettings:
     memory is valued by the share of these slices it could still hold (FGD's fragmentation,
     :mod:`planner.mps`).  ``None``: learned from the snapshot (the slices in use on MPS GPUs
     and those pending pods ask for); ``()``: only empty GPUs count."""
+    free_capacity_mps_shapes: tuple[tuple[int, int, int, float], ...] | None = None
+    """The target workload's MPS pod shapes for the packing polish (:mod:`planner.mps_polish`):
+    ``(CPU milli, slice MiB, slices, weight)`` tuples.  ``None``: learned from the snapshot
+    (the pending pods' shapes, and the slices in use with ``free_capacity_cpu_milli``);
+    ``()``: no polish."""
+    mps_polish: bool = True
+    """Polish the solve's MPS placements with the node-level packing measure of
+    :mod:`planner.mps_polish` (same pods placed, no more churn).  ``False``: the solve's
+    placements as they are."""
     free_capacity_mig_profiles: tuple[tuple[str, float], ...] | None = None
     """The target workload's MIG requests: ``(resource, weight)`` pairs, e.g.
     ``(("nvidia.com/mig-7g.80gb", 3.0), ("nvidia.com/mig-4g.40gb", 1.0))``.  A free MIG

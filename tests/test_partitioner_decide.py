@@ -201,3 +201,50 @@ def test_settings_from_environment(monkeypatch: Any) -> None:
 
 def test_committed_crd_matches_the_contract() -> None:
     assert DEFAULT_PATH.read_text() == crd_yaml(), "CRD drifted: run python -m contract.gen_crd"
+
+
+def test_the_batch_plan_gets_the_mps_packing_target_of_the_clusters_pods() -> None:
+    """The planner's MPS polish measures against the pods bound to MPS nodes and the waiting
+    ones (partitioner/mps_target.py): their CPU, slice size and count, one count per pod."""
+    seen: list[Any] = []
+
+    def spy(snapshot: Any, settings: Any, catalog: Any) -> Plan:
+        seen.append(settings)
+        return plan_greedy(snapshot, settings, catalog)
+
+    mps = {"gpuslice.io/partitioning": "mps", **A100}
+    used = {"memoryMiB": 10240, "activeThreadPercentage": 13, "used": True}
+    objs = [
+        node("m", mps),
+        np(
+            "m",
+            observed=1,
+            applied=True,
+            mode="mps",
+            gpus=[{"index": 0, "mps": [used, used]}, {"index": 1, "mps": []}],
+        ),
+        node("g", MIG),
+        np("g", observed=1, applied=True),
+        pod("run-a", {"nvidia.com/gpu-10gb": "1", "cpu": "3"}, node_name="m", phase="Running"),
+        pod("run-b", {"nvidia.com/gpu-10gb": "1", "cpu": "3"}, node_name="m", phase="Running"),
+        pod("done", {"nvidia.com/gpu-10gb": "1", "cpu": "3"}, node_name="m", phase="Succeeded"),
+        pod("on-mig", {"nvidia.com/mig-1g.10gb": "1", "cpu": "2"}, node_name="g", phase="Running"),
+        pod("wait", {"nvidia.com/gpu-20gb": "1", "cpu": "500m"}),
+    ]
+    config = replace(CONFIG, planner=spy)
+    d = run(ControllerState(), objs, 100, config)
+    run(d.state, objs, 110, config)
+    assert seen[-1].free_capacity_mps_shapes == (
+        (500, 20 * 1024, 1, 1.0),
+        (3000, 10 * 1024, 1, 2.0),
+    )
+    # a target given in the settings, or the polish off, is left alone
+    for planner_settings in (
+        replace(config.planner_settings, free_capacity_mps_sizes=((10 * 1024, 1.0),)),
+        replace(config.planner_settings, mps_polish=False),
+    ):
+        seen.clear()
+        given = replace(config, planner_settings=planner_settings)
+        d = run(ControllerState(), objs, 100, given)
+        run(d.state, objs, 110, given)
+        assert seen[-1].free_capacity_mps_shapes is None

@@ -29,6 +29,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -301,10 +302,16 @@ def gpu_state(draw: st.DrawFn, index: int, usable: int) -> GpuState:
 
 @st.composite
 def instances(draw: st.DrawFn) -> tuple[Snapshot, PlannerSettings]:
+    # the oracle's third level counts empty GPUs: the planner's free-capacity level reduced to
+    # that (no target sizes, CPU- and memory-blind); the full level has tests of its own
+    # (test_planner_mps_usefulness.py, test_planner_usefulness.py)
     s = PlannerSettings(
         time_limit_s=10.0,
         mps_reserve_mib=draw(st.sampled_from([512, 0, 1536])),
         mps_thread_policy=draw(st.sampled_from(list(ThreadPolicy))),
+        free_capacity_cpu_milli=0,
+        free_capacity_memory_mib=0,
+        free_capacity_mps_sizes=(),
     )
     n_nodes = draw(st.integers(1, 2))
     counts = draw(st.sampled_from([(1,), (2,), (3,)] if n_nodes == 1 else [(1, 1), (1, 2), (2, 1)]))
@@ -370,6 +377,14 @@ def test_cpsat_mps_plan_matches_bruteforce_optimum(case: tuple[Snapshot, Planner
     score = check_plan(snap, result, s)
     assert score == oracle(snap, s)
     assert result.stats["churn"] == score[1]  # the planner's own churn reads the plan the same way
+    # with the free-capacity level learned, and the packing polish (planner/mps_polish.py)
+    # moving pods afterwards, the two higher levels stay the optimum: the same priority
+    # weight placed with the same churn, in a valid plan
+    learned = replace(
+        s, free_capacity_cpu_milli=None, free_capacity_memory_mib=None, free_capacity_mps_sizes=None
+    )
+    polished = plan(snap, learned)
+    assert check_plan(snap, polished, learned)[:2] == score[:2]
 
 
 # --------------------------------------------------------------------------- the oracle and checks themselves

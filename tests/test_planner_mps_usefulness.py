@@ -1,5 +1,8 @@
 """The MPS free-capacity level: FGD's fragmentation measure on slice memory (planner/mps.py).
 
+These check the solve's own level, so the packing polish that may move its placements
+afterwards (planner/mps_polish.py, tests/test_planner_mps_polish.py) is off here.
+
 A fixed case where best fit strands memory and the measure does not, the learned target, and
 a hypothesis property: on random MPS GPUs the GPU the planner gives a pending pod scores best
 by the definition, computed here by brute force over every GPU the pod fits on (a planner
@@ -41,10 +44,14 @@ def test_a_pod_goes_where_it_leaves_memory_the_next_pods_can_use() -> None:
     # GPU 0 has 30.5 GiB left, GPU 1 11.5 GiB.  Best fit puts a 10 GiB pod on GPU 1 and
     # strands 1.5 GiB; on GPU 0 it leaves 20.5 + 11.5 GiB, room for three more 10 GiB pods.
     gpus = (gpu(0, 49), gpu(1, 68))
-    s = PlannerSettings(free_capacity_mps_sizes=((10 * GIB, 1.0),), free_capacity_cpu_milli=0)
+    s = PlannerSettings(
+        free_capacity_mps_sizes=((10 * GIB, 1.0),), free_capacity_cpu_milli=0, mps_polish=False
+    )
     assert where(gpus, 10, s) == 0
     # a target of 21 GiB pods: only GPU 0's 30.5 GiB can hold one, so it is kept whole
-    s = PlannerSettings(free_capacity_mps_sizes=((21 * GIB, 1.0),), free_capacity_cpu_milli=0)
+    s = PlannerSettings(
+        free_capacity_mps_sizes=((21 * GIB, 1.0),), free_capacity_cpu_milli=0, mps_polish=False
+    )
     assert where(gpus, 10, s) == 1
 
 
@@ -101,6 +108,7 @@ def test_the_chosen_gpu_scores_best_by_the_definition(
         free_capacity_mps_sizes=tuple((g * GIB, 1.0) for g in set(sizes)),
         free_capacity_cpu_milli=0,
         free_capacity_memory_mib=0,
+        mps_polish=False,
     )
 
     def total(on: int) -> int:

@@ -735,20 +735,27 @@ def target_settings(
     """The planner's settings for ``policy`` with the target workload given: the per-pod CPU
     and memory of :func:`planner.mig_cpsat.workload_needs` over ``workload``'s GPU pods, and
     (with ``mapper``) the MPS slice sizes those pods map to, one count per slice
-    (``free_capacity_mps_sizes``: FGD's target workload, its pods' shapes and frequencies)."""
+    (``free_capacity_mps_sizes``), and their shapes, one count per pod
+    (``free_capacity_mps_shapes``: CPU, slice, slices; FGD's target workload, its pods'
+    shapes and frequencies)."""
     gpu_pods = [p for p in workload.pods if p.num_gpu or p.slices]
     cpu, mem = workload_needs((p.cpu_milli, p.memory_mib) for p in gpu_pods)
     sizes: Counter[int] = Counter()
+    shapes: Counter[tuple[int, int, int]] = Counter()
     if mapper is not None:
         for p in gpu_pods:
             req = mapper.map(p)
             if req is not None and req.kind == "mps" and req.memory_gb is not None:
                 sizes[req.memory_gb * 1024] += req.count
+                shapes[(p.cpu_milli, req.memory_gb * 1024, req.count)] += 1
     return PlannerSettings(
         policy=policy,
         free_capacity_cpu_milli=cpu,
         free_capacity_memory_mib=mem,
         free_capacity_mps_sizes=tuple((mib, float(n)) for mib, n in sorted(sizes.items())),
+        free_capacity_mps_shapes=tuple(
+            (c, mib, k, float(n)) for (c, mib, k), n in sorted(shapes.items())
+        ),
     )
 
 
