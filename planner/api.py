@@ -30,7 +30,8 @@ Stages
 5. Otherwise the CP-SAT plan's single-slice MPS placements are polished with the node-level
    packing measure (:mod:`planner.mps_polish`; setting ``mps_polish``): the same pods placed,
    no more churn, each such pod where FGD-style descent on CPU-aware fragmentation plus
-   expected waste puts it.
+   expected waste puts it.  Its share of the time limit (an estimate, at most 10 %) is set
+   aside before the rounds, like the other work outside the solver.
 
 Time budget: ``settings.time_limit_s`` is wall time for the whole call.  The planner reads no
 clock; the one clock it obeys is the solver's.  Two budgets are kept:
@@ -88,7 +89,7 @@ from planner.geometry import Placement, canonical, layout_errors
 from planner.greedy import plan_greedy
 from planner.hybrid import hybrid_plan_errors
 from planner.mig_cpsat import LayoutCache, MigParseCache, WallBudget, current_mig, solve_batch
-from planner.mps_polish import polish_mps
+from planner.mps_polish import S_PER_EVAL, polish_evals, polish_mps
 from planner.neighbourhood import (
     merge_plans,
     node_chunks,
@@ -205,7 +206,12 @@ def plan(
         return greedy
     greedy_ok = _consistent(greedy, snapshot, models, parsed, settings)
     warm = greedy if greedy_ok else _nothing_placed(snapshot, greedy)
-    budget = solver_budget(settings, gpus, len(snapshot.pods))
+    # the MPS packing polish runs after the solve: its share of the limit is set aside first
+    polish_s = S_PER_EVAL * polish_evals(snapshot, settings)
+    budget = max(
+        _MIN_SOLVE_FRACTION * settings.time_limit_s,
+        solver_budget(settings, gpus, len(snapshot.pods)) - polish_s,
+    )
     if spare is None:  # the exact model: one neighbourhood holding everything
         cap = max(1, settings.max_model_gpus)
         chunks = [frozenset(n.name for n in snapshot.nodes)]
@@ -217,7 +223,7 @@ def plan(
     limits = round_limits(budget, chunk_gpus)
     wall = WallBudget(
         _PLANNED_FRACTION * settings.time_limit_s,
-        _S_PER_GPU * gpus + _S_PER_POD * len(snapshot.pods),
+        _S_PER_GPU * gpus + _S_PER_POD * len(snapshot.pods) + polish_s,
     )
     current, solved, skipped = warm, 0, 0
     layouts: LayoutCache = {}

@@ -41,8 +41,13 @@ touches, none back for one it no longer does); ties go to the earlier node in th
 order, then to the lower GPU index; within a node the GPU with the smallest raw ``G_after``
 counts.  The quantisation is FGD's (fgd.md §7): changes within one step tie and go to a fixed
 node order, which packs nodes one after another (measured: without it the same measure loses
-0.4 points on the openb saturation protocol).  The polish costs at most ``POLISH_MAX_EVALS``
-node evaluations per plan (pods beyond are left where the solve put them).
+0.4 points on the openb saturation protocol).
+
+Cost.  A pod's candidates are its own node and, best fit first (least free memory share, then
+the snapshot's order), the MPS nodes it may use, up to ``settings.max_model_gpus`` GPUs (the
+planner's neighbourhood size).  One plan evaluates at most ``max_evals`` nodes (its caller's
+share of the time limit, :func:`polish_evals`; pods beyond are left where the solve put them),
+about a millisecond each on the development machine (:data:`S_PER_EVAL`).
 
 Pure and deterministic: no clock; memoised per (node class, CPU, free memory).
 """
@@ -62,6 +67,7 @@ from planner.settings import PlannerSettings
 from planner.snapshot import (
     Assignment,
     Mode,
+    NodeState,
     PendingPod,
     Plan,
     PlannedGpu,
@@ -71,11 +77,13 @@ from planner.snapshot import (
 )
 
 __all__ = [
-    "POLISH_MAX_EVALS",
     "SCORE_STEP_MILLI",
+    "S_PER_EVAL",
+    "TIME_SHARE",
     "WASTE_WEIGHT",
     "NodeMeasure",
     "Shape",
+    "polish_evals",
     "polish_mps",
     "polish_target",
 ]
@@ -84,8 +92,10 @@ SCORE_STEP_MILLI = 20.0
 """Width of one score step of the measure's change, milli-GPU (module docstring)."""
 WASTE_WEIGHT = 0.5
 """Weight of the expected waste beside the CPU-aware fragmentation."""
-POLISH_MAX_EVALS = 40_000
-"""Most node evaluations one polish makes (a bound on its cost, independent of the clock)."""
+S_PER_EVAL = 1e-3
+"""Seconds one node evaluation takes (one core of the development machine, rounded up)."""
+TIME_SHARE = 0.1
+"""The most of a plan's time limit the polish may take (:func:`polish_evals`)."""
 COVERAGE = 0.95
 """The target keeps its most frequent shapes up to this share of the weight (as FGD's)."""
 _GIB = 1024
@@ -238,13 +248,39 @@ class _Gpu:
         return self.usable - sum(s.memory_mib for s in self.planned)
 
 
+def polish_evals(snapshot: Snapshot, settings: PlannerSettings) -> int:
+    """Node evaluations the polish of a plan of ``snapshot`` may make: one neighbourhood per
+    pod asking for one MPS slice, within :data:`TIME_SHARE` of the time limit; 0 without
+    MPS nodes or with the polish off.  Deterministic, so the caller can set the time aside."""
+    if not settings.mps_polish:
+        return 0
+    mps_gpus = [len(n.gpus) for n in snapshot.nodes if n.mode is Mode.MPS and n.gpus]
+    if not mps_gpus:
+        return 0
+    per_pod = 0
+    total = 0
+    for k in sorted(mps_gpus):  # the most nodes one neighbourhood of max_model_gpus can hold
+        if total + k > max(1, settings.max_model_gpus):
+            break
+        total += k
+        per_pod += 1
+    pods = sum(
+        1 for p in snapshot.pods if _pod_shape(p) is not None and sum(p.requests.values()) == 1
+    )
+    cap = int(TIME_SHARE * settings.time_limit_s / S_PER_EVAL)
+    return min(cap, pods * max(1, per_pod))
+
+
 def polish_mps(
     snapshot: Snapshot,
     result: Plan,
     models: Mapping[str, GpuModel],
     settings: PlannerSettings,
+    max_evals: int | None = None,
 ) -> Plan:
-    """``result`` with its movable MPS placements polished (module docstring)."""
+    """``result`` with its movable MPS placements polished (module docstring); at most
+    ``max_evals`` node evaluations (default :func:`polish_evals`)."""
+    limit = polish_evals(snapshot, settings) if max_evals is None else max_evals
     shapes = polish_target(snapshot, settings)
     if not shapes:
         return result
@@ -290,11 +326,9 @@ def polish_mps(
         mib = (mps_gb_of(resource) or 0) * _GIB
         here = assignments[pod_name]
         src = gpus[(here.node, here.gpus[resource][0])]
-        allowed = [
-            n for n in mps_nodes if pod.eligible_nodes is None or n.name in pod.eligible_nodes
-        ]
+        allowed = _neighbourhood(pod, src.node, mps_nodes, gpus, order, settings.max_model_gpus)
         evals += len(allowed)
-        if evals > POLISH_MAX_EVALS:
+        if evals > limit:
             break
         _take_off(src, mib)
         cpu_left[src.node] += pod.cpu_milli
@@ -348,6 +382,33 @@ def polish_mps(
             )
     stats = {**result.stats, "polish_moved": float(moved), "gpus_touched": float(len(layouts))}
     return replace(result, layouts=layouts, assignments=assignments, stats=stats)
+
+
+def _neighbourhood(
+    pod: PendingPod,
+    home: str,
+    mps_nodes: Sequence[NodeState],
+    gpus: Mapping[tuple[str, int], _Gpu],
+    order: Mapping[str, int],
+    cap_gpus: int,
+) -> list[NodeState]:
+    """The pod's candidate nodes (module docstring, "Cost"), in the snapshot's order."""
+    usable = [n for n in mps_nodes if pod.eligible_nodes is None or n.name in pod.eligible_nodes]
+
+    def spare(n: NodeState) -> float:
+        states = [gpus[(n.name, g.index)] for g in n.gpus]
+        return sum(max(0, g.free) / g.usable for g in states if g.usable > 0)
+
+    chosen = {home}
+    total = sum(len(n.gpus) for n in usable if n.name == home)
+    for n in sorted(usable, key=lambda n: (spare(n), order[n.name])):
+        if n.name in chosen:
+            continue
+        if total + len(n.gpus) > max(1, cap_gpus):
+            continue
+        chosen.add(n.name)
+        total += len(n.gpus)
+    return [n for n in usable if n.name in chosen]
 
 
 def _movable(
