@@ -157,6 +157,13 @@ class PartitionerSettings(CommonSettings):
         "ask for; unset: learned from the instances in use and the waiting pods' requests; "
         "empty: free instances count nothing.",
     )
+    mps_polish: bool = Field(
+        True,
+        description="Polish the planner's MPS placements with its node-level packing measure "
+        "(CPU-aware fragmentation plus expected waste, against the shapes of the pods bound to "
+        "MPS nodes and waiting): the same pods placed, no more churn; false: the solve's "
+        "placements as they are.",
+    )
     mps_reserve_mib: int = Field(512, ge=0, description="GPU memory kept for the MPS server.")
     placement_weight: PlacementWeight = Field(
         PlacementWeight.PODS,
@@ -373,6 +380,7 @@ class PartitionerSettings(CommonSettings):
             free_capacity_mps_sizes=parse_mps_sizes(self.free_capacity_mps_sizes),
             free_capacity_mig_profiles=parse_mig_profiles(self.free_capacity_mig_profiles),
             mps_reserve_mib=self.mps_reserve_mib,
+            mps_polish=self.mps_polish,
             placement_weight=self.placement_weight,
         )
 
