@@ -10,6 +10,7 @@ import random
 
 import numpy as np
 import pytest
+from test_sim_policy_fgd_waste import small_run
 
 import planner.api
 from planner.snapshot import Mode, MpsSlice
@@ -118,28 +119,9 @@ def test_bestfit_takes_the_fullest_gpu_that_holds_the_slice() -> None:
     assert bf.choose(st.nodes[0], Pod("z", 1000, 0, 1, 1000), FULL)[1] == (2,)
 
 
-def small_workload(seed: int, n: int = 60) -> tuple[Cluster, Workload]:
-    rng = random.Random(seed)
-    nodes = tuple(
-        Node(
-            f"n{i:02d}", rng.choice((16000, 48000, 96000)), 1 << 20, rng.choice((1, 2, 4, 8)), "G2"
-        )
-        for i in range(8)
-    )
-    shapes = [
-        (3152, 1, 810),
-        (11300, 1, 1000),
-        (8000, 1, 470),
-        (4000, 1, 320),
-        (12500, 0, 0),
-        (24000, 2, 1000),
-        (2000, 1, 160),
-    ]
-    pods = []
-    for i in range(n):
-        cpu, ng, gm = rng.choice(shapes)
-        pods.append(Pod(f"p{i:03d}", cpu, 1024, ng, gm) if ng else Pod(f"p{i:03d}", cpu, 1024))
-    return Cluster("small", nodes), Workload("small", tuple(pods))
+def small_workload(seed: int) -> tuple[Cluster, Workload]:
+    """The fgd-waste tests' small mixed cluster (models, gpu_spec, CPU-only and 4-GPU pods)."""
+    return small_run(seed, 1)
 
 
 @pytest.mark.parametrize("rule", sorted(RULES))
@@ -161,7 +143,7 @@ def test_every_rule_run_keeps_the_protocols_invariants(rule: str) -> None:
 def test_the_gpuslice_row_is_planner_plan_on_every_arrival_batch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    c, wl = small_workload(4, 40)
+    c, wl = small_workload(4)
     calls: list[int] = []
     real = planner.api.plan
 
@@ -206,7 +188,7 @@ def test_rows_and_protocols() -> None:
 
 
 def test_aggregate_reports_the_planner_time_and_protocol() -> None:
-    c, wl = small_workload(2, 30)
+    c, wl = small_workload(2)
     rows = aggregate(
         [run_policy(c, wl, p, s) for p in ("gpuslice", "mps:fgd", "fgd") for s in (1, 2)]
     )
