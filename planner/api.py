@@ -89,7 +89,7 @@ from planner.geometry import Placement, canonical, layout_errors
 from planner.greedy import plan_greedy
 from planner.hybrid import hybrid_plan_errors
 from planner.mig_cpsat import LayoutCache, MigParseCache, WallBudget, current_mig, solve_batch
-from planner.mps_polish import S_PER_EVAL, polish_evals, polish_mps
+from planner.mps_polish import polish_mps, polish_seconds
 from planner.neighbourhood import (
     merge_plans,
     node_chunks,
@@ -207,7 +207,7 @@ def plan(
     greedy_ok = _consistent(greedy, snapshot, models, parsed, settings)
     warm = greedy if greedy_ok else _nothing_placed(snapshot, greedy)
     # the MPS packing polish runs after the solve: its share of the limit is set aside first
-    polish_s = S_PER_EVAL * polish_evals(snapshot, settings)
+    polish_s = polish_seconds(snapshot, settings)
     budget = max(
         _MIN_SOLVE_FRACTION * settings.time_limit_s,
         solver_budget(settings, gpus, len(snapshot.pods)) - polish_s,

@@ -43,11 +43,17 @@ counts.  The quantisation is FGD's (fgd.md §7): changes within one step tie and
 node order, which packs nodes one after another (measured: without it the same measure loses
 0.4 points on the openb saturation protocol).
 
-Cost.  A pod's candidates are its own node and, best fit first (least free memory share, then
-the snapshot's order), the MPS nodes it may use, up to ``settings.max_model_gpus`` GPUs (the
-planner's neighbourhood size).  One plan evaluates at most ``max_evals`` nodes (its caller's
-share of the time limit, :func:`polish_evals`; pods beyond are left where the solve put them),
-about a millisecond each on the development machine (:data:`S_PER_EVAL`).
+Cost.  A pod's candidates are every MPS node of the snapshot it may use.  One plan evaluates
+at most ``max_evals`` nodes (:func:`polish_evals`: :data:`TIME_SHARE` of the time limit less
+the setup, :data:`S_PER_GPU` per MPS GPU, at :data:`S_PER_EVAL` an evaluation); a pod with
+fewer evaluations left than candidates gets its own node and the best-fit ones (least free
+memory share, then the snapshot's order) up to what is left, and pods beyond are left where
+the solve put them.  Why every node, measured (openb default, seed 42, kube-scheduler's default
+profile placing the CPU-only pods, simulations/results/saturation-2026-12-02/): with the
+candidates cut to the best-fit MPS nodes of ``max_model_gpus`` GPUs the planner reached 89.16
+% GPU-milli allocation, the rule ``fgd-waste`` scoring every node 96.10 %, and that rule cut
+to the same best-fit nodes 90.04 %: a node whose free CPU strands its GPUs looks roomy to best
+fit, and a small pod there is what packs.
 
 Pure and deterministic: no clock; memoised per (node class, CPU, free memory).
 """
@@ -63,7 +69,7 @@ from functools import lru_cache
 from planner.catalog import GpuModel
 from planner.demand import mps_usable_mib
 from planner.mps import thread_percentage
-from planner.settings import PlannerSettings
+from planner.settings import PlannerSettings, ThreadPolicy
 from planner.snapshot import (
     Assignment,
     Mode,
@@ -79,12 +85,16 @@ from planner.snapshot import (
 __all__ = [
     "SCORE_STEP_MILLI",
     "S_PER_EVAL",
+    "S_PER_GPU",
     "TIME_SHARE",
     "WASTE_WEIGHT",
     "NodeMeasure",
     "Shape",
+    "node_measure",
+    "node_score",
     "polish_evals",
     "polish_mps",
+    "polish_seconds",
     "polish_target",
 ]
 
@@ -92,8 +102,13 @@ SCORE_STEP_MILLI = 20.0
 """Width of one score step of the measure's change, milli-GPU (module docstring)."""
 WASTE_WEIGHT = 0.5
 """Weight of the expected waste beside the CPU-aware fragmentation."""
-S_PER_EVAL = 1e-3
-"""Seconds one node evaluation takes (one core of the development machine, rounded up)."""
+S_PER_EVAL = 1e-5
+"""Seconds one node evaluation takes (one core of the development machine, the 1213-node
+openb cluster: 3 µs measured once the measure's memo holds the nodes' states, as it does
+across consecutive plans; up to 80 µs for a state never seen, so the first plan after a start
+or a target change may overrun its share)."""
+S_PER_GPU = 5e-6
+"""Seconds the polish's setup takes per MPS GPU of the snapshot (2.5-5 µs measured)."""
 TIME_SHARE = 0.1
 """The most of a plan's time limit the polish may take (:func:`polish_evals`)."""
 COVERAGE = 0.95
@@ -227,6 +242,40 @@ class NodeMeasure:
         return t
 
 
+def node_score(
+    measure: NodeMeasure,
+    cpu_free: int,
+    frees: Sequence[int],
+    pod_cpu: int,
+    mib: int,
+    options: Sequence[int] | None = None,
+) -> tuple[int, int] | None:
+    """The polish's score of a node for a pod of ``pod_cpu`` CPU on one ``mib`` slice, and the
+    GPU it would take (module docstring): ``-floor((G_after - G_before) / step)`` at the GPU
+    with the smallest ``G_after`` among ``options`` (default: every GPU with ``mib`` free;
+    equal values to the fullest GPU, then the lowest index); ``None`` when none holds it.
+    The caller checks that the node's CPU and memory admit the pod."""
+    ks = options if options is not None else [k for k, f in enumerate(frees) if f >= mib]
+    if not ks:
+        return None
+    before = measure.value(cpu_free, frees)
+    pick: tuple[float, int, int] | None = None
+    for k in ks:
+        after = list(frees)
+        after[k] -= mib
+        v = measure.value(cpu_free - pod_cpu, after)
+        # equal values: the fullest GPU (an empty one stays empty), then the lowest index
+        if pick is None or (v, frees[k]) < (pick[0], pick[2]):
+            pick = (v, k, frees[k])
+    assert pick is not None
+    return -math.floor((pick[0] - before) / SCORE_STEP_MILLI), pick[1]
+
+
+def node_measure(shapes: tuple[Shape, ...], usable_mib: int) -> NodeMeasure:
+    """The shared, memoised :class:`NodeMeasure` of a target and a GPU size."""
+    return _measure(shapes, usable_mib)
+
+
 @lru_cache(maxsize=8)
 def _measure(shapes: tuple[Shape, ...], usable_mib: int) -> NodeMeasure:
     """One :class:`NodeMeasure` per (target, GPU size), shared by consecutive plans: its memo
@@ -241,34 +290,61 @@ class _Gpu:
     usable: int
     current: tuple[tuple[int, bool, int | None], ...]
     """(MiB, used, threads) of the slices it has now."""
-    planned: list[PlannedSlice]
+    planned: list[PlannedSlice] | None
+    """The slices the plan gives it; ``None``: its current ones (built on the first change, so
+    the setup of a large snapshot costs little)."""
+    free: int = 0
+    """Usable memory minus every planned slice (:meth:`update`)."""
+    touched: bool = False
+    """The plan changes its slices (:meth:`update`)."""
 
-    @property
-    def free(self) -> int:
-        return self.usable - sum(s.memory_mib for s in self.planned)
+    def slices(self, policy: ThreadPolicy) -> list[PlannedSlice]:
+        """The planned slices, built from the current ones when the plan leaves it alone."""
+        if self.planned is None:
+            self.planned = [
+                PlannedSlice(
+                    m, t if t is not None else thread_percentage(m, self.usable, policy), u
+                )
+                for m, u, t in self.current
+            ]
+        return self.planned
+
+    def update(self) -> None:
+        if self.planned is None:
+            self.free = self.usable - sum(m for m, _, _ in self.current)
+            self.touched = False
+            return
+        self.free = self.usable - sum(x.memory_mib for x in self.planned)
+        now = Counter((m, u) for m, u, _ in self.current)
+        self.touched = now != Counter((x.memory_mib, x.used) for x in self.planned)
 
 
 def polish_evals(snapshot: Snapshot, settings: PlannerSettings) -> int:
-    """Node evaluations the polish of a plan of ``snapshot`` may make: one neighbourhood per
-    pod asking for one MPS slice, within :data:`TIME_SHARE` of the time limit; 0 without
-    MPS nodes or with the polish off.  Deterministic, so the caller can set the time aside."""
+    """Node evaluations the polish of a plan of ``snapshot`` may make: every MPS node for each
+    pod asking for one MPS slice, within :data:`TIME_SHARE` of the time limit once the setup
+    (:data:`S_PER_GPU` per MPS GPU) is paid; 0 without MPS nodes, with the polish off, or when
+    the setup alone takes the share.  Deterministic, so the caller can set the time aside."""
     if not settings.mps_polish:
         return 0
-    mps_gpus = [len(n.gpus) for n in snapshot.nodes if n.mode is Mode.MPS and n.gpus]
-    if not mps_gpus:
+    nodes = [n for n in snapshot.nodes if n.mode is Mode.MPS and n.gpus]
+    if not nodes:
         return 0
-    per_pod = 0
-    total = 0
-    for k in sorted(mps_gpus):  # the most nodes one neighbourhood of max_model_gpus can hold
-        if total + k > max(1, settings.max_model_gpus):
-            break
-        total += k
-        per_pod += 1
     pods = sum(
         1 for p in snapshot.pods if _pod_shape(p) is not None and sum(p.requests.values()) == 1
     )
-    cap = int(TIME_SHARE * settings.time_limit_s / S_PER_EVAL)
-    return min(cap, pods * max(1, per_pod))
+    setup = S_PER_GPU * sum(len(n.gpus) for n in nodes)
+    cap = int((TIME_SHARE * settings.time_limit_s - setup) / S_PER_EVAL)
+    return max(0, min(cap, pods * len(nodes)))
+
+
+def polish_seconds(snapshot: Snapshot, settings: PlannerSettings) -> float:
+    """The time :func:`polish_mps` is expected to take (setup and evaluations; 0 when it
+    evaluates nothing): what :func:`planner.plan` sets aside before the solve."""
+    evals = polish_evals(snapshot, settings)
+    if evals <= 0:
+        return 0.0
+    gpus = sum(len(n.gpus) for n in snapshot.nodes if n.mode is Mode.MPS)
+    return S_PER_GPU * gpus + S_PER_EVAL * evals
 
 
 def polish_mps(
@@ -281,32 +357,26 @@ def polish_mps(
     """``result`` with its movable MPS placements polished (module docstring); at most
     ``max_evals`` node evaluations (default :func:`polish_evals`)."""
     limit = polish_evals(snapshot, settings) if max_evals is None else max_evals
-    shapes = polish_target(snapshot, settings)
+    shapes = polish_target(snapshot, settings) if limit > 0 else ()
     if not shapes:
         return result
     mps_nodes = [n for n in snapshot.nodes if n.mode is Mode.MPS and n.gpus]
     if not mps_nodes:
         return result
     order = {n.name: i for i, n in enumerate(mps_nodes)}
+    policy = settings.mps_thread_policy
     gpus: dict[tuple[str, int], _Gpu] = {}
     measures: dict[int, NodeMeasure] = {}
     for n in mps_nodes:
         usable = mps_usable_mib(n, models[n.name], settings)
         if usable not in measures:
             measures[usable] = _measure(shapes, usable)
-        policy = settings.mps_thread_policy
         for g in n.gpus:
             planned = result.layouts.get((n.name, g.index))
             cur = tuple((s.memory_mib, s.used, s.thread_percentage) for s in g.mps)
-            slices = (
-                list(planned.mps)
-                if planned is not None
-                else [
-                    PlannedSlice(m, t if t is not None else thread_percentage(m, usable, policy), u)
-                    for m, u, t in cur
-                ]
-            )
-            gpus[(n.name, g.index)] = _Gpu(n.name, g.index, usable, cur, slices)
+            state = _Gpu(n.name, g.index, usable, cur, list(planned.mps) if planned else None)
+            state.update()
+            gpus[(n.name, g.index)] = state
     cpu_left = {n.name: n.cpu_milli_free for n in mps_nodes}
     mem_left = {n.name: n.memory_mib_free for n in mps_nodes}
     pods = {p.name: p for p in snapshot.pods}
@@ -326,47 +396,38 @@ def polish_mps(
         mib = (mps_gb_of(resource) or 0) * _GIB
         here = assignments[pod_name]
         src = gpus[(here.node, here.gpus[resource][0])]
-        allowed = _neighbourhood(pod, src.node, mps_nodes, gpus, order, settings.max_model_gpus)
-        evals += len(allowed)
-        if evals > limit:
+        allowed = _candidates(pod, src.node, mps_nodes, gpus, order, limit - evals)
+        if not allowed:
             break
-        _take_off(src, mib)
+        evals += len(allowed)
+        _take_off(src, mib, policy)
         cpu_left[src.node] += pod.cpu_milli
         mem_left[src.node] += pod.memory_mib
         # churn: the source stops being touched if the slice was its only change; a GPU the
         # plan does not touch yet would start to be
-        src_gain = 0 if _differs(src) else w_t
+        src_gain = 0 if src.touched else w_t
         best: tuple[tuple[int, int, int], _Gpu] | None = None
         for node in allowed:
             cpu = cpu_left[node.name]
             if cpu < pod.cpu_milli or mem_left[node.name] < pod.memory_mib:
                 continue
             mine = [gpus[(node.name, x.index)] for x in node.gpus]
-            frees = [g.free for g in mine]
             options = [
                 k
                 for k, g in enumerate(mine)
-                if g.free >= mib and (0 if _differs(g) else w_t) - src_gain <= 0
+                if g.free >= mib and (0 if g.touched else w_t) - src_gain <= 0
             ]
-            if not options:
+            scored = node_score(
+                measures[mine[0].usable], cpu, [g.free for g in mine], pod.cpu_milli, mib, options
+            )
+            if scored is None:
                 continue
-            measure = measures[mine[0].usable]
-            before = measure.value(cpu, frees)
-            pick: tuple[float, int, int] | None = None
-            for k in options:
-                after = list(frees)
-                after[k] -= mib
-                v = measure.value(cpu - pod.cpu_milli, after)
-                # equal values: the fullest GPU (an empty one stays empty), then the lowest index
-                if pick is None or (v, frees[k]) < (pick[0], pick[2]):
-                    pick = (v, k, frees[k])
-            assert pick is not None
-            score = -math.floor((pick[0] - before) / SCORE_STEP_MILLI)
-            key = (score, -order[node.name], -mine[pick[1]].index)
+            score, k = scored
+            key = (score, -order[node.name], -mine[k].index)
             if best is None or key > best[0]:
-                best = (key, mine[pick[1]])
+                best = (key, mine[k])
         dst = best[1] if best is not None else src
-        _put_on(dst, mib, settings)
+        _put_on(dst, mib, policy)
         cpu_left[dst.node] -= pod.cpu_milli
         mem_left[dst.node] -= pod.memory_mib
         if dst is not src:
@@ -376,38 +437,40 @@ def polish_mps(
         return replace(result, stats={**result.stats, "polish_moved": 0.0})
     layouts = {k: v for k, v in result.layouts.items() if k not in gpus}
     for where, state in gpus.items():
-        if _differs(state):
+        if state.touched:
             layouts[where] = PlannedGpu(
-                node=state.node, index=state.index, mps=tuple(state.planned)
+                node=state.node, index=state.index, mps=tuple(state.slices(policy))
             )
     stats = {**result.stats, "polish_moved": float(moved), "gpus_touched": float(len(layouts))}
     return replace(result, layouts=layouts, assignments=assignments, stats=stats)
 
 
-def _neighbourhood(
+def _candidates(
     pod: PendingPod,
     home: str,
     mps_nodes: Sequence[NodeState],
     gpus: Mapping[tuple[str, int], _Gpu],
     order: Mapping[str, int],
-    cap_gpus: int,
+    budget: int,
 ) -> list[NodeState]:
-    """The pod's candidate nodes (module docstring, "Cost"), in the snapshot's order."""
+    """The pod's candidate nodes (module docstring, "Cost"), in the snapshot's order: every
+    MPS node it may use, or, when more than ``budget`` evaluations are left, its own node and
+    the best-fit ones up to ``budget``; none when no evaluation is left."""
+    if budget <= 0:
+        return []
     usable = [n for n in mps_nodes if pod.eligible_nodes is None or n.name in pod.eligible_nodes]
+    if len(usable) <= budget:
+        return usable
 
     def spare(n: NodeState) -> float:
         states = [gpus[(n.name, g.index)] for g in n.gpus]
         return sum(max(0, g.free) / g.usable for g in states if g.usable > 0)
 
     chosen = {home}
-    total = sum(len(n.gpus) for n in usable if n.name == home)
     for n in sorted(usable, key=lambda n: (spare(n), order[n.name])):
-        if n.name in chosen:
-            continue
-        if total + len(n.gpus) > max(1, cap_gpus):
-            continue
+        if len(chosen) >= budget:
+            break
         chosen.add(n.name)
-        total += len(n.gpus)
     return [n for n in usable if n.name in chosen]
 
 
@@ -434,22 +497,18 @@ def _movable(
     return [name for _, name in sorted(out)]
 
 
-def _take_off(g: _Gpu, mib: int) -> None:
-    for k in range(len(g.planned) - 1, -1, -1):
-        s = g.planned[k]
+def _take_off(g: _Gpu, mib: int, policy: ThreadPolicy) -> None:
+    planned = g.slices(policy)
+    for k in range(len(planned) - 1, -1, -1):
+        s = planned[k]
         if not s.used and s.memory_mib == mib:
-            del g.planned[k]
+            del planned[k]
+            g.update()
             return
     raise AssertionError(f"polish: GPU {g.node}/{g.index} holds no free {mib} MiB slice")
 
 
-def _put_on(g: _Gpu, mib: int, settings: PlannerSettings) -> None:
-    pct = thread_percentage(mib, g.usable, settings.mps_thread_policy)
-    g.planned.append(PlannedSlice(mib, pct, False))
-
-
-def _differs(g: _Gpu) -> bool:
-    """Whether the GPU's planned slices differ from its current ones (the plan touches it)."""
-    now = Counter((m, u) for m, u, _ in g.current)
-    planned = Counter((s.memory_mib, s.used) for s in g.planned)
-    return now != planned
+def _put_on(g: _Gpu, mib: int, policy: ThreadPolicy) -> None:
+    pct = thread_percentage(mib, g.usable, policy)
+    g.slices(policy).append(PlannedSlice(mib, pct, False))
+    g.update()

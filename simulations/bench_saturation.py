@@ -17,7 +17,9 @@ belong to two protocols: ``bestfit``, ``fgd`` and ``fgd-waste`` to the FGD paper
 policy places every pod; ``gpuslice`` (:func:`planner.plan`, the production decision) and
 ``mps:bestfit``, ``mps:fgd``, ``mps:fgd-waste`` to the partitioner protocol, where
 kube-scheduler places the CPU-only pods and GPU pods get MPS slices
-(:mod:`simulations.saturation.runner`).  ``--jobs N`` runs N processes.  The openb directory
+(:mod:`simulations.saturation.runner`); ``--cpu-scheduler`` says who places those CPU-only pods
+(FGD's BestFit by default; ``least-allocated`` is kube-scheduler's default profile,
+``most-allocated`` its bin-packing one).  ``--jobs N`` runs N processes.  The openb directory
 comes from ``--openb-dir``, ``$GPUSLICE_OPENB_DIR`` or ``../shared/traces/openb``.
 
 Report helpers (shared with ``gpuslice simulate``)
@@ -44,8 +46,9 @@ from typing import Any
 from simulations.inputs.cluster import load_cluster
 from simulations.inputs.openb import OPENB_TRACES, load_openb_pods, openb_dir, resolve_trace
 from simulations.reports.out_file import out_file_error
+from simulations.saturation.partitioned import CpuScheduler
 from simulations.saturation.protocol import SaturationResult
-from simulations.saturation.runner import ROWS, protocol_of, run_policy
+from simulations.saturation.runner import ROWS, cpu_scheduler_of, protocol_of, run_policy
 
 __all__ = ["PUBLISHED", "aggregate", "format_table", "main", "parse_seeds", "write_report"]
 
@@ -74,7 +77,9 @@ _METRICS = (
 
 
 def _label(r: SaturationResult) -> str:
-    return r.policy if r.batch == 1 else f"{r.policy} (k={r.batch})"
+    label = r.policy if r.batch == 1 else f"{r.policy} (k={r.batch})"
+    cpu = r.extra.get("cpu_scheduler", CpuScheduler.BESTFIT.value)
+    return label if cpu == CpuScheduler.BESTFIT.value else f"{label} [cpu {cpu}]"
 
 
 def _mean_sd(values: Sequence[float]) -> tuple[float, float]:
@@ -94,6 +99,8 @@ def aggregate(results: Sequence[SaturationResult]) -> dict[str, dict[str, Any]]:
             "batch": rs[0].batch,
             "seeds": [r.seed for r in rs],
         }
+        if "cpu_scheduler" in rs[0].extra:
+            row["cpu_scheduler"] = rs[0].extra["cpu_scheduler"]
         for name, series, pct in _METRICS:
             vals = [v for r in rs if (v := r.at(series, pct)) is not None]
             if vals:
@@ -284,12 +291,12 @@ def parse_seeds(text: str, what: str = "seeds") -> list[int]:
     return seeds
 
 
-def _run_task(task: tuple[str, str, str, int, int, str | None]) -> SaturationResult:
+def _run_task(task: tuple[str, str, str, int, int, str | None, str]) -> SaturationResult:
     """One (trace, policy, seed) run (in a worker process when ``--jobs`` > 1)."""
-    cluster_spec, trace, policy, seed, batch, directory = task
+    cluster_spec, trace, policy, seed, batch, directory, cpu_scheduler = task
     cluster = load_cluster(cluster_spec, directory)
     workload = load_openb_pods(resolve_trace(trace, directory))
-    r = run_policy(cluster, workload, policy, seed, batch=batch)
+    r = run_policy(cluster, workload, policy, seed, batch=batch, cpu_scheduler=cpu_scheduler)
     r.extra.pop("plan_s_list", None)
     r.extra.pop("placed_flags", None)
     print(
@@ -309,19 +316,22 @@ def run_grid(
     batch: int,
     directory: str | None,
     jobs: int = 1,
+    cpu_scheduler: str = CpuScheduler.BESTFIT.value,
 ) -> dict[str, Any]:
-    """Run every (trace, policy, seed), ``jobs`` at a time; return the JSON-ready document."""
+    """Run every (trace, policy, seed), ``jobs`` at a time; return the JSON-ready document.
+    ``cpu_scheduler`` places the partitioner protocol's CPU-only pods."""
     cluster = load_cluster(cluster_spec, directory)
     doc: dict[str, Any] = {
         "protocol": "saturation",
         "cluster": cluster.summary(),
         "seeds": list(seeds),
         "batch": batch,
+        "cpu_scheduler": cpu_scheduler,
         "date": time.strftime("%Y-%m-%d"),
         "traces": {},
     }
     tasks = [
-        (cluster_spec, trace, policy, seed, batch, directory)
+        (cluster_spec, trace, policy, seed, batch, directory, cpu_scheduler)
         for trace in traces
         for policy in policies
         for seed in seeds
@@ -360,6 +370,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"comma-separated (default: {','.join(ROWS)})",
     )
     ap.add_argument("--batch", type=int, default=1, help="arrivals per batch k (default: 1)")
+    ap.add_argument(
+        "--cpu-scheduler",
+        default=CpuScheduler.BESTFIT.value,
+        help="who places the partitioner protocol's CPU-only pods: "
+        + ", ".join(c.value for c in CpuScheduler)
+        + " (default: bestfit, FGD's BestFit)",
+    )
     ap.add_argument("--jobs", type=int, default=1, help="processes (default: 1)")
     ap.add_argument("--openb-dir", default=None, help="folder with the openb CSVs")
     ap.add_argument("--out", default=None, help="also write the JSON to this file")
@@ -370,6 +387,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         policies = parse_choices(args.policies, list(ROWS), "policies")
         if args.batch < 1:
             raise ValueError("--batch must be >= 1")
+        cpu = cpu_scheduler_of(args.cpu_scheduler)
+        if cpu is not CpuScheduler.BESTFIT:
+            own = [p for p in policies if protocol_of(p) == "scheduler"]
+            if own:
+                raise ValueError(
+                    f"--cpu-scheduler {cpu.value}: rows {', '.join(own)} place every pod "
+                    "themselves (the FGD paper's protocol); pass partitioner-protocol rows "
+                    "only (gpuslice, mps:*)"
+                )
         if args.jobs < 1:
             raise ValueError("--jobs must be >= 1")
         if problem := out_file_error("--out", args.out):
@@ -377,7 +403,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.cluster == "openb":
             openb_dir(args.openb_dir)  # fail early with the fix named
         doc = run_grid(
-            args.cluster, traces, policies, seeds, args.batch, args.openb_dir, args.jobs
+            args.cluster,
+            traces,
+            policies,
+            seeds,
+            args.batch,
+            args.openb_dir,
+            args.jobs,
+            cpu.value,
         )
     except ValueError as e:
         print(f"bench_saturation: error: {e}", file=sys.stderr)

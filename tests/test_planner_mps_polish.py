@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner import GpuState, Mode, MpsSlice, NodeState, PendingPod, PlannerSettings, Snapshot, plan
-from planner.mps_polish import NodeMeasure, Shape, polish_target
+from planner.catalog import default_catalog
+from planner.mps_polish import NodeMeasure, Shape, polish_evals, polish_mps, polish_target
 
 A100 = "A100-SXM4-80GB"
 GIB = 1024
@@ -219,3 +221,56 @@ def test_a_pod_on_a_kept_free_slice_is_not_moved_and_eligibility_holds() -> None
     assert ("a", 0) not in result.layouts
     assert result.assignments["only-b"].node == "b"
     assert result.stats["churn"] >= 0
+
+
+def _stranded_cluster() -> Snapshot:
+    """12 tight nodes of 8 GPUs (60 GiB used on each GPU, CPU to spare): 96 GPUs, all a best
+    fit would look at; and ``z``, 8 empty GPUs whose node has CPU for one small pod only."""
+    tight = [
+        NodeState(f"t{k:02d}", Mode.MPS, A100, tuple(gpu(i, 60) for i in range(8)), 64000, 1 << 20)
+        for k in range(12)
+    ]
+    z = NodeState("z", Mode.MPS, A100, tuple(gpu(i) for i in range(8)), 2000, 1 << 20)
+    pod = PendingPod("p", {"nvidia.com/gpu-10gb": 1}, cpu_milli=2000)
+    return Snapshot((*tight, z), (pod,))
+
+
+STRANDED_TARGET = PlannerSettings(
+    free_capacity_mps_shapes=((8000, 10 * GIB, 1, 1.0),),
+    free_capacity_cpu_milli=8000,
+    free_capacity_memory_mib=0,
+)
+"""The target of the stranded cluster: pods of 8 cores on one 10 GiB slice."""
+
+
+def test_every_node_is_a_candidate_not_only_the_best_fit_ones() -> None:
+    # The target pods need 8 cores: z's GPUs are of no use to them (its CPU strands them),
+    # so a small pod there loses nothing (the measure falls), while on a tight node it cuts a
+    # 19.5 GiB hole the target's 10 GiB pods could use (the measure rises).  Best fit ranks z
+    # last (all its memory is free), beyond max_model_gpus = 96 GPUs of tight nodes.
+    snap = _stranded_cluster()
+    s = STRANDED_TARGET
+    shapes = list(polish_target(snap, s))
+    on_z = _g(shapes, 0, [USABLE - 10 * GIB] + [USABLE] * 7) - _g(shapes, 2000, [USABLE] * 8)
+    tight_free = [USABLE - 60 * GIB] * 8
+    on_tight = _g(shapes, 62000, [tight_free[0] - 10 * GIB, *tight_free[1:]]) - _g(
+        shapes, 64000, tight_free
+    )
+    assert on_z < 0 < on_tight
+    result = plan(snap, s)
+    assert result.assignments["p"].node == "z"
+
+
+def test_a_short_budget_evaluates_the_best_fit_nodes() -> None:
+    # with fewer evaluations left than candidates, the pod's own node and the best-fit ones
+    # up to the budget are looked at: z, the roomiest node, is not among them
+    snap = _stranded_cluster()
+    s = replace(STRANDED_TARGET, mps_polish=False)
+    solved = plan(snap, s)
+    assert solved.assignments["p"].node != "z"
+    on = replace(s, mps_polish=True)
+    models = {n.name: default_catalog().model(A100) for n in snap.nodes}
+    assert polish_mps(snap, solved, models, on, max_evals=12).assignments["p"].node != "z"
+    assert polish_mps(snap, solved, models, on, max_evals=13).assignments["p"].node == "z"
+    assert polish_evals(snap, on) == 13  # one pod, 13 MPS nodes, within the 100 ms share
+    assert polish_evals(snap, replace(on, time_limit_s=0.005)) == 0  # setup 0.52 > 0.5 ms

@@ -95,6 +95,11 @@ def test_out_dir_gets_markdown_png_and_json(
         (["--trace", "no-such-trace", "--cluster", "builtin"], "no openb trace named 'no-such-trace'"),
         (["--trace", "default"], "--trace default needs --cluster: give the cluster"),
         (["--repeats", "0"], "--repeats must be >= 1"),
+        (["--cpu-scheduler", "spread"], "unknown CPU scheduler 'spread'; choose one of"),
+        (
+            ["--policy", "fgd", "--cpu-scheduler", "least-allocated"],
+            "row 'fgd' places every pod itself",
+        ),
     ],
 )
 def test_bad_input_exits_2_naming_the_fix(

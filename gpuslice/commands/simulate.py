@@ -86,7 +86,15 @@ def _run_saturation_protocol(
 
         try:
             results.append(
-                run_policy(cluster, workload, policy, seed, batch=args.batch, progress=progress)
+                run_policy(
+                    cluster,
+                    workload,
+                    policy,
+                    seed,
+                    batch=args.batch,
+                    progress=progress,
+                    cpu_scheduler=args.cpu_scheduler,
+                )
             )
         except ValueError as e:
             raise BadInput(str(e)) from None
@@ -97,6 +105,7 @@ def _run_saturation_protocol(
         "cluster": f"{cluster.name}: {cluster.summary()}",
         "seeds": seeds,
         "batch": args.batch,
+        "cpu_scheduler": args.cpu_scheduler,
         "policies": policies,
         "summary": aggregate(results),
         "files": [],
@@ -347,6 +356,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--batch", type=int, default=1, help="saturation: arrivals per batch k (default: 1)"
+    )
+    parser.add_argument(
+        "--cpu-scheduler",
+        default="bestfit",
+        help="saturation: who places the partitioner protocol's CPU-only pods: bestfit "
+        "(FGD's, the default), least-allocated (kube-scheduler's default profile) or "
+        "most-allocated (its bin-packing profile)",
     )
     parser.add_argument("--openb-dir", help="folder holding the openb CSVs")
     parser.add_argument("--out", metavar="DIR", help=_writes_help())

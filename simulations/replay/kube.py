@@ -72,6 +72,7 @@ from simulations.replay.kube_rules import (
     validate_pod_create,
     validate_pod_update,
 )
+from simulations.replay.kube_score import resource_score
 
 __all__ = [
     "Conflict",
@@ -81,9 +82,6 @@ __all__ = [
     "SimApi",
     "rfc3339",
 ]
-
-_DEFAULT_CPU_MILLI = 100
-_DEFAULT_MEMORY_MIB = 200
 
 
 class DraFit(Protocol):
@@ -344,12 +342,6 @@ class _Entry:
     attempts: int = 0
     backoff_until: float = 0.0
     unschedulable_since: float = 0.0
-
-
-def _least_allocated(alloc: int, requested: int) -> float:
-    if alloc <= 0:
-        return 0.0
-    return max(0.0, (alloc - requested) * 100.0 / alloc)
 
 
 @dataclass(slots=True)
@@ -614,18 +606,14 @@ class Scheduler:
                 continue
             if usage.memory_mib + pod.memory_mib > gpu.memory_mib:
                 continue
-            cpu_req = usage.cpu_milli + (pod.cpu_milli or _DEFAULT_CPU_MILLI)
-            mem_req = usage.memory_mib + (pod.memory_mib or _DEFAULT_MEMORY_MIB)
-            least = (
-                _least_allocated(gpu.cpu_milli, cpu_req) + _least_allocated(gpu.memory_mib, mem_req)
-            ) / 2
-            fractions = [
-                min(1.0, (usage.cpu_milli + pod.cpu_milli) / gpu.cpu_milli),
-                min(1.0, (usage.memory_mib + pod.memory_mib) / gpu.memory_mib),
-            ]
-            mean = sum(fractions) / 2
-            std = math.sqrt(sum((f - mean) ** 2 for f in fractions) / 2)
-            score = round(least) + round((1 - std) * 100)
+            score = resource_score(
+                gpu.cpu_milli,
+                gpu.memory_mib,
+                usage.cpu_milli,
+                usage.memory_mib,
+                pod.cpu_milli,
+                pod.memory_mib,
+            )
             if score > best_score:
                 best, best_score = [name], score
             elif score == best_score:

@@ -19,8 +19,10 @@ Protocol (per seed; the same draws as :mod:`simulations.saturation.partitioned`)
   (``mps-memory``; whole GPUs 79 GiB).  A node can host it when its CPU and memory suffice, its
   label matches ``gpu_spec`` and its GPUs' free memory holds the slices
   (:meth:`simulations.saturation.partitioned.PartitionedState.can_host`).
-* CPU-only pods go where kube-scheduler's stand-in puts them, as in every partitioned row:
-  BestFit of fgd.md §4, ties to the smallest rank.
+* CPU-only pods go where the row's CPU scheduler puts them, as in every partitioned row
+  (:class:`simulations.saturation.partitioned.CpuScheduler`): BestFit of fgd.md §4 by
+  default, or kube-scheduler's default (``least-allocated``) or bin-packing
+  (``most-allocated``) profile.
 * Each GPU pod is placed by a *rule* over **every** node that can host it, scoring the nodes'
   milli view (:mod:`simulations.saturation.mps_frag`):
 
@@ -59,6 +61,7 @@ from simulations.inputs.workload import GPU_MILLI, Pod, Workload
 from simulations.saturation.fragmentation import FragModel, TargetWorkload
 from simulations.saturation.mps_frag import MpsFragTracker, milli_of
 from simulations.saturation.partitioned import (
+    CpuScheduler,
     PartitionedState,
     PlanViolation,
     SimNode,
@@ -208,8 +211,10 @@ def run_rule(
     target: float = TARGET_RATIO,
     arrivals: Sequence[Pod] | None = None,
     progress: Progress | None = None,
+    cpu_scheduler: CpuScheduler = CpuScheduler.BESTFIT,
 ) -> SaturationResult:
-    """One seed of the partitioner protocol with a GPU-share ``rule`` (module docstring)."""
+    """One seed of the partitioner protocol with a GPU-share ``rule`` (module docstring);
+    ``cpu_scheduler`` places the CPU-only pods."""
     factory = RULES.get(rule)
     if factory is None:
         raise ValueError(f"unknown rule {rule!r}; choose one of {', '.join(RULES)}")
@@ -217,7 +222,9 @@ def run_rule(
         raise ValueError(f"batch must be >= 1, got {batch}")
     started = time.perf_counter()
     settings = PlannerSettings()
-    part, state, drawn = _seeded(cluster, Mode.MPS, workload, seed, target, settings, arrivals)
+    part, state, drawn = _seeded(
+        cluster, Mode.MPS, workload, seed, target, settings, arrivals, CpuScheduler(cpu_scheduler)
+    )
     mapper = make_mapping(MAPPING, state.model, settings.mps_reserve_mib)
     target_wl = TargetWorkload.from_pods(workload.pods)
     tracker = MpsFragTracker(state, target_wl)
@@ -233,7 +240,13 @@ def run_rule(
                 progress(rec.event, rec.n)
     if progress is not None:
         progress(rec.n, rec.n)
-    extra = {"mode": Mode.MPS.value, "mapping": MAPPING, "rule": rule, **state.utilisation()}
+    extra = {
+        "mode": Mode.MPS.value,
+        "mapping": MAPPING,
+        "rule": rule,
+        "cpu_scheduler": state.cpu_scheduler.value,
+        **state.utilisation(),
+    }
     return _result(f"mps:{rule}", seed, batch, part, workload, rec, started, extra)
 
 

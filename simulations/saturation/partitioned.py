@@ -27,10 +27,18 @@ MIG rows: ``mig-compute`` (the smallest profile with ``>= gpu_milli × 7 / 1000`
 whole-GPU and multi-GPU pods get ``num_gpu`` ``7g.80gb`` instances on one node).  MPS row:
 ``mps-memory`` (a slice of ``floor(gpu_milli × 79 / 1000)`` GiB, at least 1; whole GPUs 79
 GiB).  Hybrid row: ``hybrid-threshold:T`` (shares ``>= T`` and whole GPUs a MIG instance, smaller
-shares an MPS slice inside one).  CPU-only pods need no slice: they go, when they arrive, to the
-node with the best BestFit score of fgd.md §4 among those with enough free CPU and memory (the
-free-GPU term is the node's spare capacity below, in GPU-milli), ties to the smallest rank; a
-CPU-only pod with no such node fails.  They count 0 GPU-milli, as in the FGD protocol.
+shares an MPS slice inside one).  CPU-only pods need no slice: they go, when they arrive, to a
+node with enough free CPU and memory chosen by the row's *CPU scheduler* (:class:`CpuScheduler`,
+ties to the smallest rank; a CPU-only pod with no such node fails; they count 0 GPU-milli, as
+in the FGD protocol):
+
+* ``bestfit`` (the default, as the FGD paper's BestFit): the best BestFit score of fgd.md §4
+  over every node, its free-GPU term the node's spare capacity below, in GPU-milli.  No
+  kube-scheduler profile can do this: it does not score a resource the pod does not request.
+* ``least-allocated``: kube-scheduler's default profile, ``most-allocated``: its bin-packing
+  profile (NodeResourcesFit ``MostAllocated``), both with BalancedAllocation, on CPU and memory
+  only, over the adaptive share of feasible nodes from a rotating start
+  (:mod:`simulations.replay.kube_score`; nodes in the cluster's order).
 
 Arrivals in batches of ``k`` (the planned rows)
 -----------------------------------------------
@@ -52,7 +60,12 @@ The arrival list is cut into batches of ``k`` consecutive pods.  For each batch:
    planner's own measure, :func:`planner.neighbourhood.spare_capacity`: per MIG GPU the
    largest free aligned block beside the instances in use as a share of the slots, per MPS
    GPU the unused share of usable memory, summed over the node), ties to the smallest rank
-   (best fit first).  Nodes are taken round-robin over the batch's pods (each pod's first
+   (best fit first).  On MPS nodes a pod asking for one slice lists first, up to half of
+   ``neighbourhood_gpus`` GPUs, the nodes the planner's MPS polish scores best for it
+   (:func:`planner.mps_polish.node_score` with the settings' target, ties by name, the
+   snapshot's order): in production the planner sees every node and its polish scores each
+   one, so the snapshot must hold the node it would pick, which best fit may rank last (a
+   node whose free CPU strands roomy GPUs).  Nodes are taken round-robin over the batch's pods (each pod's first
    host, then each pod's second, ...) while the total stays within ``neighbourhood_gpus``
    GPUs (default 96 = ``PlannerSettings.max_model_gpus``: the planner solves one exact model,
    no internal LNS rounds).  A larger ``neighbourhood_gpus`` hands the planner more hosts
@@ -113,6 +126,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
@@ -121,6 +135,7 @@ from ortools.sat.python import cp_model
 from planner.catalog import GpuModel, MigProfile, default_catalog
 from planner.geometry import Placement, enumerate_layouts
 from planner.mig_cpsat import largest_free_block, workload_needs
+from planner.mps_polish import NodeMeasure, node_measure, node_score, polish_target
 from planner.settings import PlannerSettings, Policy
 from planner.snapshot import (
     GpuState,
@@ -138,6 +153,7 @@ from simulations.inputs.cluster import Cluster, Node
 from simulations.inputs.mapping import Mapping as PodMapping
 from simulations.inputs.mapping import SliceRequest, make_mapping
 from simulations.inputs.workload import GPU_MILLI, Pod, Workload
+from simulations.replay.kube_score import Strategy, nodes_to_score, resource_score
 from simulations.replay.static_layouts import (
     StaticPolicy,
     assign_static,
@@ -157,6 +173,7 @@ from simulations.saturation.protocol import (
 
 __all__ = [
     "GPU_MODEL",
+    "CpuScheduler",
     "PartitionedState",
     "PlanViolation",
     "UpperBound",
@@ -176,6 +193,23 @@ _MIB_PER_GIB = 1024
 
 PlannerFn = Callable[[Snapshot, PlannerSettings], Plan]
 BatchHook = Callable[["PartitionedState"], None]
+
+
+class CpuScheduler(StrEnum):
+    """Who places the CPU-only pods (module docstring, CPU-only pods)."""
+
+    BESTFIT = "bestfit"
+    """fgd.md §4 BestFit, which also sees the node's free GPU share (the FGD paper's)."""
+    LEAST_ALLOCATED = "least-allocated"
+    """kube-scheduler's default profile (NodeResourcesFit LeastAllocated + balanced)."""
+    MOST_ALLOCATED = "most-allocated"
+    """kube-scheduler with NodeResourcesFit MostAllocated, the bin-packing profile."""
+
+
+_STRATEGY = {
+    CpuScheduler.LEAST_ALLOCATED: Strategy.LEAST_ALLOCATED,
+    CpuScheduler.MOST_ALLOCATED: Strategy.MOST_ALLOCATED,
+}
 
 
 class PlanViolation(RuntimeError):
@@ -263,6 +297,7 @@ class SimNode:
     cpu_free: int
     mem_free: int
     cpu_total: int
+    mem_total: int
     gpus: list[SimGpu]
     addable: dict[str, int] = field(default_factory=dict)
     """MIG: profile -> instances that could be added on the node (free capacity only)."""
@@ -277,7 +312,13 @@ class SimNode:
 class PartitionedState:
     """Nodes, their GPUs' instances/slices (used or free), CPU and memory; allocated milli."""
 
-    def __init__(self, cluster: Cluster, rank: Sequence[int], settings: PlannerSettings) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        rank: Sequence[int],
+        settings: PlannerSettings,
+        cpu_scheduler: CpuScheduler = CpuScheduler.BESTFIT,
+    ) -> None:
         models = {n.catalog_model for n in cluster.nodes if n.gpus}
         if len(models) != 1:
             raise ValueError(
@@ -297,6 +338,7 @@ class PartitionedState:
                 n.cpu_milli,
                 n.memory_mib,
                 n.cpu_milli,
+                n.memory_mib,
                 [SimGpu(i) for i in range(n.gpus)],
             )
             self.nodes.append(node)
@@ -305,6 +347,9 @@ class PartitionedState:
         self.max_cpu = max(n.cpu_milli for n in cluster.nodes) or 1
         self.max_gpus = max(n.gpus for n in cluster.nodes) or 1
         self.used_milli = 0
+        self.cpu_scheduler = CpuScheduler(cpu_scheduler)
+        self._next_start = 0
+        self._to_score = nodes_to_score(len(self.nodes))
 
     def refresh(self, node: SimNode) -> None:
         """Recompute the node's host index and spare capacity after a change."""
@@ -428,8 +473,21 @@ class PartitionedState:
     # ------------------------------------------------------------------ CPU-only pods
 
     def place_cpu_only(self, pod: Pod) -> SimNode | None:
-        """fgd.md §4 BestFit (free GPU = spare capacity in milli), ties to the smallest rank;
-        the node it went to, or ``None`` when no node has the CPU and memory."""
+        """Place a CPU-only pod as ``cpu_scheduler`` does (module docstring); the node it went
+        to, or ``None`` when no node has the CPU and memory."""
+        chosen = (
+            self._bestfit_node(pod)
+            if self.cpu_scheduler is CpuScheduler.BESTFIT
+            else self._kube_node(pod, _STRATEGY[self.cpu_scheduler])
+        )
+        if chosen is None:
+            return None
+        chosen.cpu_free -= pod.cpu_milli
+        chosen.mem_free -= pod.memory_mib
+        return chosen
+
+    def _bestfit_node(self, pod: Pod) -> SimNode | None:
+        """fgd.md §4 BestFit (free GPU = spare capacity in milli), ties to the smallest rank."""
         best: tuple[int, int] | None = None
         chosen: SimNode | None = None
         for n in self.nodes:
@@ -440,10 +498,36 @@ class PartitionedState:
             key = (-int((1.0 - s) * 100), n.rank)
             if best is None or key < best:
                 best, chosen = key, n
-        if chosen is None:
-            return None
-        chosen.cpu_free -= pod.cpu_milli
-        chosen.mem_free -= pod.memory_mib
+        return chosen
+
+    def _kube_node(self, pod: Pod, strategy: Strategy) -> SimNode | None:
+        """kube-scheduler's cycle (:mod:`simulations.replay.kube_score`): feasible nodes
+        collected from where the last cycle stopped until enough are found, scored on CPU and
+        memory, ties to the smallest rank."""
+        total = len(self.nodes)
+        found: list[SimNode] = []
+        processed = 0
+        while processed < total and len(found) < self._to_score:
+            n = self.nodes[(self._next_start + processed) % total]
+            processed += 1
+            if n.cpu_free >= pod.cpu_milli and n.mem_free >= pod.memory_mib:
+                found.append(n)
+        self._next_start = (self._next_start + processed) % total if total else 0
+        best: tuple[int, int] | None = None
+        chosen: SimNode | None = None
+        for n in found:
+            score = resource_score(
+                n.cpu_total,
+                n.mem_total,
+                n.cpu_total - n.cpu_free,
+                n.mem_total - n.mem_free,
+                pod.cpu_milli,
+                pod.memory_mib,
+                strategy,
+            )
+            key = (-score, n.rank)
+            if best is None or key < best:
+                best, chosen = key, n
         return chosen
 
     # ------------------------------------------------------------------ applying a plan
@@ -601,6 +685,59 @@ def _keep_used(
 # --------------------------------------------------------------------------- planned rows
 
 
+@dataclass(frozen=True, slots=True)
+class _PolishRanker:
+    """The planner's polish measure (:func:`planner.mps_polish.node_score`) for host lists."""
+
+    measure: NodeMeasure
+    usable_mib: int
+
+
+def _polish_ranker(state: PartitionedState, settings: PlannerSettings) -> _PolishRanker | None:
+    """The polish measure of ``settings``' target on the state's GPUs, or ``None`` when the
+    polish is off or has no target shape given (then it learns one per snapshot)."""
+    if not settings.mps_polish:
+        return None
+    shapes = polish_target(Snapshot(nodes=(), pods=()), settings)
+    if not shapes:
+        return None
+    return _PolishRanker(node_measure(shapes, state.usable_mib), state.usable_mib)
+
+
+def _hosts(
+    state: PartitionedState,
+    cand: Sequence[SimNode],
+    pod: Pod,
+    req: SliceRequest,
+    cap_gpus: int,
+    polish: _PolishRanker | None,
+) -> list[SimNode]:
+    """A pod's host list (module docstring, step 3): on MPS nodes, for one slice, the nodes
+    the planner's polish scores best for it (its score, then name: the snapshot's order) up to
+    half of ``cap_gpus``, then best fit (spare capacity, then rank)."""
+    best_fit = heapq.nsmallest(cap_gpus, cand, key=lambda n: (n.spare, n.rank))
+    if polish is None or req.kind != "mps" or req.count != 1 or req.memory_gb is None:
+        return best_fit
+    mib = req.memory_gb * _MIB_PER_GIB
+    scored: list[tuple[int, str, SimNode]] = []
+    for n in cand:
+        frees = [polish.usable_mib - sum(x.memory_mib for x in g.mps) for g in n.gpus]
+        got = node_score(polish.measure, n.cpu_free, frees, pod.cpu_milli, mib)
+        if got is not None:
+            scored.append((-got[0], n.name, n))
+    out: list[SimNode] = []
+    seen: set[str] = set()
+    total = 0
+    for _, name, n in heapq.nsmallest(cap_gpus, scored, key=lambda t: (t[0], t[1])):
+        if total + len(n.gpus) > cap_gpus // 2:
+            break
+        out.append(n)
+        seen.add(name)
+        total += len(n.gpus)
+    out.extend(n for n in best_fit if n.name not in seen)
+    return out
+
+
 def _neighbourhood(hosts: Sequence[Sequence[SimNode]], cap_gpus: int) -> list[SimNode]:
     """Round-robin over the pods' host lists while the GPUs stay within ``cap_gpus``."""
     chosen: dict[str, SimNode] = {}
@@ -716,6 +853,7 @@ def _seeded(
     target: float,
     settings: PlannerSettings,
     arrivals: Sequence[Pod] | None,
+    cpu_scheduler: CpuScheduler = CpuScheduler.BESTFIT,
 ) -> tuple[Cluster, PartitionedState, list[Pod]]:
     """The partitioned cluster, its empty state and the arrivals of one seed: the arrivals
     drawn from ``seed`` (unless given), then the node rank from the same generator."""
@@ -726,7 +864,7 @@ def _seeded(
         if arrivals is not None
         else build_arrivals(workload.pods, part.total_gpus * GPU_MILLI, rng, target)
     )
-    return part, PartitionedState(part, node_ranks(part, rng), settings), drawn
+    return part, PartitionedState(part, node_ranks(part, rng), settings, cpu_scheduler), drawn
 
 
 def target_settings(
@@ -776,9 +914,11 @@ def run_planned(
     on_batch: BatchHook | None = None,
     arrivals: Sequence[Pod] | None = None,
     progress: Progress | None = None,
+    cpu_scheduler: CpuScheduler = CpuScheduler.BESTFIT,
 ) -> SaturationResult:
     """One seed of a planned row (module docstring): ``cluster`` is the *openb-like* cluster;
-    its GPUs are mapped to :data:`GPU_MODEL` in ``mode``.
+    its GPUs are mapped to :data:`GPU_MODEL` in ``mode``; ``cpu_scheduler`` places the
+    CPU-only pods.
 
     ``arrivals`` replays that list instead of drawing one (the node rank is still drawn from
     ``seed``); ``planner`` replaces :func:`planner.plan` (tests); ``on_batch`` is called with
@@ -793,12 +933,17 @@ def run_planned(
     # the state needs only the MPS reserve, the same in the default and the target settings;
     # the target (CPU, memory, slice sizes) needs the mapper, which needs the state's model
     base = settings if settings is not None else PlannerSettings(policy=policy)
-    part, state, arrivals = _seeded(cluster, mode, workload, seed, target, base, arrivals)
+    part, state, arrivals = _seeded(
+        cluster, mode, workload, seed, target, base, arrivals, CpuScheduler(cpu_scheduler)
+    )
     mapper: PodMapping = make_mapping(mapping, state.model, base.mps_reserve_mib)
     st = settings if settings is not None else target_settings(workload, policy, mapper)
     plan_fn = planner if planner is not None else _default_planner
+    polish = _polish_ranker(state, st) if mode is Mode.MPS else None
     rec = _Recorder(len(arrivals))
-    frag = MpsFragTracker(state, TargetWorkload.from_pods(workload.pods)) if mode is Mode.MPS else None
+    frag = (
+        MpsFragTracker(state, TargetWorkload.from_pods(workload.pods)) if mode is Mode.MPS else None
+    )
     plan_s: list[float] = []
     statuses: Counter[str] = Counter()
     prefiltered = 0
@@ -826,7 +971,7 @@ def run_planned(
             name = f"{start + j}/{pod.name}"
             pending[name] = (pod, req)
             keys[name] = j
-            hosts.append(heapq.nsmallest(neighbourhood_gpus, cand, key=lambda n: (n.spare, n.rank)))
+            hosts.append(_hosts(state, cand, pod, req, neighbourhood_gpus, polish))
         if pending:
             nb = _neighbourhood(hosts, neighbourhood_gpus)
             snap = Snapshot(
@@ -872,6 +1017,7 @@ def run_planned(
     extra = {
         "mode": mode.value,
         "mapping": mapping,
+        "cpu_scheduler": state.cpu_scheduler.value,
         "planner_policy": st.policy.value,
         "neighbourhood_gpus": neighbourhood_gpus,
         "planner_calls": len(plan_s),

@@ -7,7 +7,8 @@ Two protocols answer two questions on the same arrivals (fgd.md §2 sampling, se
   ``bestfit``, ``fgd`` (the paper's baselines, re-implemented) and ``fgd-waste`` (a what-if
   rule, :mod:`simulations.saturation.policies.fgd_waste`).
 * **partitioner** (:mod:`simulations.saturation.mps_rules`): kube-scheduler places the CPU-only pods
-  (BestFit), GPU pods get MPS slices, and a rule or the planner places them -- what gpuslice,
+  (a stand-in chosen by ``cpu_scheduler``: FGD's BestFit by default, or kube-scheduler's
+  default or bin-packing profile), GPU pods get MPS slices, and a rule or the planner places them -- what gpuslice,
   which places only GPU pods, packs in production.  Rows ``gpuslice`` (:func:`planner.plan` on
   each arrival batch, :func:`simulations.saturation.partitioned.run_planned`, the production
   decision), and the baselines ``mps:bestfit``, ``mps:fgd``, ``mps:fgd-waste`` (the same rules
@@ -22,11 +23,11 @@ from planner.snapshot import Mode
 from simulations.inputs.cluster import Cluster
 from simulations.inputs.workload import Workload
 from simulations.saturation.mps_rules import RULES, run_rule
-from simulations.saturation.partitioned import run_planned
+from simulations.saturation.partitioned import CpuScheduler, run_planned
 from simulations.saturation.policies import POLICIES
 from simulations.saturation.protocol import Progress, SaturationResult, run_saturation
 
-__all__ = ["GPUSLICE", "ROWS", "protocol_of", "run_policy"]
+__all__ = ["GPUSLICE", "ROWS", "cpu_scheduler_of", "protocol_of", "run_policy"]
 
 GPUSLICE = "gpuslice"
 """The production row: :func:`planner.plan` on MPS slices."""
@@ -49,6 +50,16 @@ def protocol_of(name: str) -> str:
     raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(ROWS)}")
 
 
+def cpu_scheduler_of(name: str) -> CpuScheduler:
+    """The :class:`~simulations.saturation.partitioned.CpuScheduler` called ``name``;
+    ``ValueError`` naming the choices otherwise."""
+    try:
+        return CpuScheduler(name.lower())
+    except ValueError:
+        choices = ", ".join(c.value for c in CpuScheduler)
+        raise ValueError(f"unknown CPU scheduler {name!r}; choose one of {choices}") from None
+
+
 def run_policy(
     cluster: Cluster,
     workload: Workload,
@@ -57,10 +68,20 @@ def run_policy(
     *,
     batch: int = 1,
     progress: Progress | None = None,
+    cpu_scheduler: str = CpuScheduler.BESTFIT,
 ) -> SaturationResult:
-    """One seed of row ``name`` (module docstring), batches of ``batch`` arrivals."""
+    """One seed of row ``name`` (module docstring), batches of ``batch`` arrivals;
+    ``cpu_scheduler`` (:class:`~simulations.saturation.partitioned.CpuScheduler`) places the
+    CPU-only pods of a partitioner-protocol row (``ValueError`` for another value, or for
+    anything but ``bestfit`` on a scheduler-protocol row, whose policy places every pod)."""
     key = name.lower()
     protocol = protocol_of(key)
+    cpu = cpu_scheduler_of(cpu_scheduler)
+    if protocol == "scheduler" and cpu is not CpuScheduler.BESTFIT:
+        raise ValueError(
+            f"row {name!r} places every pod itself (the FGD paper's protocol); "
+            f"--cpu-scheduler {cpu.value} applies to the partitioner protocol's rows only"
+        )
     if protocol == "scheduler":
         result = run_saturation(cluster, workload, key, seed, batch=batch, progress=progress)
     elif cluster.total_gpus == 0:
@@ -77,9 +98,12 @@ def run_policy(
             batch=batch,
             label=GPUSLICE,
             progress=progress,
+            cpu_scheduler=cpu,
         )
     else:
         rule = key[len(_MPS_PREFIX) :]
-        result = run_rule(cluster, workload, rule, seed, batch=batch, progress=progress)
+        result = run_rule(
+            cluster, workload, rule, seed, batch=batch, progress=progress, cpu_scheduler=cpu
+        )
     result.extra["protocol"] = protocol
     return result
