@@ -271,13 +271,8 @@ def node_score(
     return -math.floor((pick[0] - before) / SCORE_STEP_MILLI), pick[1]
 
 
-def node_measure(shapes: tuple[Shape, ...], usable_mib: int) -> NodeMeasure:
-    """The shared, memoised :class:`NodeMeasure` of a target and a GPU size."""
-    return _measure(shapes, usable_mib)
-
-
 @lru_cache(maxsize=8)
-def _measure(shapes: tuple[Shape, ...], usable_mib: int) -> NodeMeasure:
+def node_measure(shapes: tuple[Shape, ...], usable_mib: int) -> NodeMeasure:
     """One :class:`NodeMeasure` per (target, GPU size), shared by consecutive plans: its memo
     is a pure function's (the values never depend on what was asked before)."""
     return NodeMeasure(shapes, usable_mib)
@@ -319,32 +314,35 @@ class _Gpu:
         self.touched = now != Counter((x.memory_mib, x.used) for x in self.planned)
 
 
-def polish_evals(snapshot: Snapshot, settings: PlannerSettings) -> int:
-    """Node evaluations the polish of a plan of ``snapshot`` may make: every MPS node for each
-    pod asking for one MPS slice, within :data:`TIME_SHARE` of the time limit once the setup
-    (:data:`S_PER_GPU` per MPS GPU) is paid; 0 without MPS nodes, with the polish off, or when
-    the setup alone takes the share.  Deterministic, so the caller can set the time aside."""
+def _budget(snapshot: Snapshot, settings: PlannerSettings) -> tuple[int, float]:
+    """(evaluations, setup seconds) of the polish of a plan of ``snapshot``
+    (:func:`polish_evals`, :func:`polish_seconds`)."""
     if not settings.mps_polish:
-        return 0
+        return 0, 0.0
     nodes = [n for n in snapshot.nodes if n.mode is Mode.MPS and n.gpus]
     if not nodes:
-        return 0
+        return 0, 0.0
     pods = sum(
         1 for p in snapshot.pods if _pod_shape(p) is not None and sum(p.requests.values()) == 1
     )
     setup = S_PER_GPU * sum(len(n.gpus) for n in nodes)
     cap = int((TIME_SHARE * settings.time_limit_s - setup) / S_PER_EVAL)
-    return max(0, min(cap, pods * len(nodes)))
+    return max(0, min(cap, pods * len(nodes))), setup
+
+
+def polish_evals(snapshot: Snapshot, settings: PlannerSettings) -> int:
+    """Node evaluations the polish of a plan of ``snapshot`` may make: every MPS node for each
+    pod asking for one MPS slice, within :data:`TIME_SHARE` of the time limit once the setup
+    (:data:`S_PER_GPU` per MPS GPU) is paid; 0 without MPS nodes, with the polish off, or when
+    the setup alone takes the share.  Deterministic, so the caller can set the time aside."""
+    return _budget(snapshot, settings)[0]
 
 
 def polish_seconds(snapshot: Snapshot, settings: PlannerSettings) -> float:
     """The time :func:`polish_mps` is expected to take (setup and evaluations; 0 when it
     evaluates nothing): what :func:`planner.plan` sets aside before the solve."""
-    evals = polish_evals(snapshot, settings)
-    if evals <= 0:
-        return 0.0
-    gpus = sum(len(n.gpus) for n in snapshot.nodes if n.mode is Mode.MPS)
-    return S_PER_GPU * gpus + S_PER_EVAL * evals
+    evals, setup = _budget(snapshot, settings)
+    return setup + S_PER_EVAL * evals if evals > 0 else 0.0
 
 
 def polish_mps(
@@ -370,7 +368,7 @@ def polish_mps(
     for n in mps_nodes:
         usable = mps_usable_mib(n, models[n.name], settings)
         if usable not in measures:
-            measures[usable] = _measure(shapes, usable)
+            measures[usable] = node_measure(shapes, usable)
         for g in n.gpus:
             planned = result.layouts.get((n.name, g.index))
             cur = tuple((s.memory_mib, s.used, s.thread_percentage) for s in g.mps)

@@ -126,7 +126,7 @@ def test_host_lists_hold_the_nodes_the_planners_polish_scores_best() -> None:
     would choose: a node whose CPU strands its free GPUs is last by best fit, first by the
     polish's measure (planner.mps_polish.node_score)."""
     from simulations.inputs.mapping import make_mapping
-    from simulations.saturation.partitioned import _hosts, _polish_ranker
+    from simulations.saturation.partitioned import _hosts, _polish_measure
 
     st = _state([64000] * 12 + [2000], CpuScheduler.LEAST_ALLOCATED, gpus=8)
     for n in st.nodes[:12]:
@@ -134,14 +134,14 @@ def test_host_lists_hold_the_nodes_the_planners_polish_scores_best() -> None:
             g.mps.append(MpsSlice(60 * 1024, True, 75))
         st.refresh(n)
     settings = PlannerSettings(free_capacity_mps_shapes=((8000, 10 * 1024, 1, 1.0),))
-    ranker = _polish_ranker(st, settings)
+    ranker = _polish_measure(settings, st.usable_mib)
     assert ranker is not None
     pod = Pod("p", 2000, 0, 1, 130)  # 130 milli -> a 10 GiB slice
     req = make_mapping("mps-memory", st.model, settings.mps_reserve_mib).map(pod)
     assert req is not None and req.memory_gb == 10
-    hosts = _hosts(st, st.nodes, pod, req, 96, ranker)
+    hosts = _hosts(st.nodes, pod, req, 96, ranker)
     assert hosts[0].name == "n012"  # the stranded node first
     assert [n.name for n in hosts[1:]] == [f"n{i:03d}" for i in range(12)]  # then best fit
-    best_fit_only = _hosts(st, st.nodes, pod, req, 96, None)
+    best_fit_only = _hosts(st.nodes, pod, req, 96, None)
     assert "n012" not in [n.name for n in best_fit_only[:12]]
-    assert _polish_ranker(st, replace(settings, mps_polish=False)) is None
+    assert _polish_measure(replace(settings, mps_polish=False), st.usable_mib) is None

@@ -223,7 +223,7 @@ def run_rule(
     started = time.perf_counter()
     settings = PlannerSettings()
     part, state, drawn = _seeded(
-        cluster, Mode.MPS, workload, seed, target, settings, arrivals, CpuScheduler(cpu_scheduler)
+        cluster, Mode.MPS, workload, seed, target, settings, arrivals, cpu_scheduler
     )
     mapper = make_mapping(MAPPING, state.model, settings.mps_reserve_mib)
     target_wl = TargetWorkload.from_pods(workload.pods)

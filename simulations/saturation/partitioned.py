@@ -685,32 +685,22 @@ def _keep_used(
 # --------------------------------------------------------------------------- planned rows
 
 
-@dataclass(frozen=True, slots=True)
-class _PolishRanker:
-    """The planner's polish measure (:func:`planner.mps_polish.node_score`) for host lists."""
-
-    measure: NodeMeasure
-    usable_mib: int
-
-
-def _polish_ranker(state: PartitionedState, settings: PlannerSettings) -> _PolishRanker | None:
-    """The polish measure of ``settings``' target on the state's GPUs, or ``None`` when the
-    polish is off or has no target shape given (then it learns one per snapshot)."""
+def _polish_measure(settings: PlannerSettings, usable_mib: int) -> NodeMeasure | None:
+    """The planner's polish measure of ``settings``' target on GPUs of ``usable_mib``, or
+    ``None`` when the polish is off or has no target shape given (then it learns one per
+    snapshot)."""
     if not settings.mps_polish:
         return None
     shapes = polish_target(Snapshot(nodes=(), pods=()), settings)
-    if not shapes:
-        return None
-    return _PolishRanker(node_measure(shapes, state.usable_mib), state.usable_mib)
+    return node_measure(shapes, usable_mib) if shapes else None
 
 
 def _hosts(
-    state: PartitionedState,
     cand: Sequence[SimNode],
     pod: Pod,
     req: SliceRequest,
     cap_gpus: int,
-    polish: _PolishRanker | None,
+    polish: NodeMeasure | None,
 ) -> list[SimNode]:
     """A pod's host list (module docstring, step 3): on MPS nodes, for one slice, the nodes
     the planner's polish scores best for it (its score, then name: the snapshot's order) up to
@@ -721,8 +711,8 @@ def _hosts(
     mib = req.memory_gb * _MIB_PER_GIB
     scored: list[tuple[int, str, SimNode]] = []
     for n in cand:
-        frees = [polish.usable_mib - sum(x.memory_mib for x in g.mps) for g in n.gpus]
-        got = node_score(polish.measure, n.cpu_free, frees, pod.cpu_milli, mib)
+        frees = [polish.usable - sum(x.memory_mib for x in g.mps) for g in n.gpus]
+        got = node_score(polish, n.cpu_free, frees, pod.cpu_milli, mib)
         if got is not None:
             scored.append((-got[0], n.name, n))
     out: list[SimNode] = []
@@ -934,12 +924,12 @@ def run_planned(
     # the target (CPU, memory, slice sizes) needs the mapper, which needs the state's model
     base = settings if settings is not None else PlannerSettings(policy=policy)
     part, state, arrivals = _seeded(
-        cluster, mode, workload, seed, target, base, arrivals, CpuScheduler(cpu_scheduler)
+        cluster, mode, workload, seed, target, base, arrivals, cpu_scheduler
     )
     mapper: PodMapping = make_mapping(mapping, state.model, base.mps_reserve_mib)
     st = settings if settings is not None else target_settings(workload, policy, mapper)
     plan_fn = planner if planner is not None else _default_planner
-    polish = _polish_ranker(state, st) if mode is Mode.MPS else None
+    polish = _polish_measure(st, state.usable_mib) if mode is Mode.MPS else None
     rec = _Recorder(len(arrivals))
     frag = (
         MpsFragTracker(state, TargetWorkload.from_pods(workload.pods)) if mode is Mode.MPS else None
@@ -971,7 +961,7 @@ def run_planned(
             name = f"{start + j}/{pod.name}"
             pending[name] = (pod, req)
             keys[name] = j
-            hosts.append(_hosts(state, cand, pod, req, neighbourhood_gpus, polish))
+            hosts.append(_hosts(cand, pod, req, neighbourhood_gpus, polish))
         if pending:
             nb = _neighbourhood(hosts, neighbourhood_gpus)
             snap = Snapshot(
