@@ -27,8 +27,8 @@ Stages
 4. If CP-SAT finds no solution in time (no round kept), or (only possible on a time-out) the
    plan places less priority-weighted pods than the greedy plan, the greedy plan is returned
    with status ``GREEDY_FALLBACK``.
-5. Otherwise the CP-SAT plan's single-slice MPS placements are polished with the node-level
-   packing measure (:mod:`planner.mps_polish`; setting ``mps_polish``): the same pods placed,
+5. Otherwise the CP-SAT plan's MPS placements of one slice size (one GPU or several) are
+   polished with the node-level packing measure (:mod:`planner.mps_polish`; setting ``mps_polish``): the same pods placed,
    no more churn, each such pod where FGD-style descent on CPU-aware fragmentation plus
    expected waste puts it.  Its share of the time limit (an estimate, at most 10 %) is set
    aside before the rounds, like the other work outside the solver.

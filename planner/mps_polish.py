@@ -7,8 +7,9 @@ FGD's fragmentation of one GPU), which the model can sum linearly.  What packs a
 *node*-level measure: a GPU's free memory is of use only to pods the node's free CPU can still
 host, and only as many of them as that CPU admits; and a free share that fits the next pod may
 still leave a hole no later pod fits.  Neither is linear in the model's variables.  So after
-the solve the placements of single-slice MPS pods are polished with that measure, keeping
-every higher level of the objective: the same pods placed, no more churn.
+the solve the placements of MPS pods asking for one slice size (one slice or several, on one
+node) are polished with that measure, keeping every higher level of the objective: the same
+pods placed, no more churn.
 
 Measure (one node; memory in MiB, reported in milli-GPU: ``× 1000 / full``, ``full`` the GPU's
 usable memory rounded down to GiB, the whole-GPU slice)
@@ -31,24 +32,28 @@ memory minus every slice the plan leaves on it, used or free), ``idle = Σ_g f_g
 
 Polish
 ------
-Movable: every pod of the plan whose request is one MPS slice on an MPS node, on a GPU that had
-no free slice of that size before (so its slice is new).  In order of slice size (largest
-first), then name, each movable pod is taken off its GPU and put back where its *score*
-``-floor((G_after - G_before) / 20 milli)`` is highest among the GPUs of the snapshot's MPS
-nodes it may use (eligible node, the node's CPU and memory left by the plan, free memory for
-the slice), moving it only where churn does not grow (``w_touched`` for a GPU the plan now
-touches, none back for one it no longer does); ties go to the earlier node in the snapshot's
-order, then to the lower GPU index; within a node the GPU with the smallest raw ``G_after``
-counts.  The quantisation is FGD's (fgd.md §7): changes within one step tie and go to a fixed
-node order, which packs nodes one after another (measured: without it the same measure loses
-0.4 points on the openb saturation protocol).
+Movable: every pod of the plan whose request is one MPS slice size (``n >= 1`` slices) on an
+MPS node, on GPUs none of which had a free slice of that size before (so its slices are new).
+In order of the memory it asks for (largest first), then slice size, then name, each movable
+pod is taken off its GPUs and put back where its *score* ``-floor((G_after - G_before) / 20
+milli)`` is highest among the snapshot's MPS nodes it may use (eligible node, the node's CPU
+and memory left by the plan, free memory for its slices); on a node its slices are chosen one
+at a time, each on the GPU with the smallest raw ``G`` after it (equal values to the fullest
+GPU, then the lower index; a GPU may take several), moving it only where churn does not grow:
+it may start touching at most as many GPUs (``w_touched`` each) as its source GPUs stop
+being touched.  Ties between nodes go to the earlier node in the snapshot's order, then to the
+lower first GPU index.  A multi-GPU pod moves as a whole, so where it goes is chosen by what
+its GPUs leave behind: the measure counts a node's free GPUs for the multi-GPU shapes of the
+target only while enough of them fit together.  The quantisation is FGD's (fgd.md §7):
+changes within one step tie and go to a fixed node order, which packs nodes one after another
+(measured: without it the same measure loses 0.4 points on the openb saturation protocol).
 
-Cost.  A pod's candidates are every MPS node of the snapshot it may use.  One plan evaluates
-at most ``max_evals`` nodes (:func:`polish_evals`: :data:`TIME_SHARE` of the time limit less
+Cost.  A pod's candidates are every MPS node of the snapshot it may use.  One plan makes at
+most ``max_evals`` node evaluations, one per node and slice of a pod (:func:`polish_evals`: :data:`TIME_SHARE` of the time limit less
 the setup, :data:`S_PER_GPU` per MPS GPU, at :data:`S_PER_EVAL` an evaluation); a pod with
 fewer evaluations left than candidates gets its own node and the best-fit ones (least free
-memory share, then the snapshot's order) up to what is left, and pods beyond are left where
-the solve put them.  Why every node, measured (openb default, seed 42, kube-scheduler's default
+memory share, then the snapshot's order) up to what is left, and a pod with fewer evaluations left than its slices stays where the
+solve put it (smaller pods after it may still move).  Why every node, measured (openb default, seed 42, kube-scheduler's default
 profile placing the CPU-only pods, simulations/results/saturation-2026-12-02/): with the
 candidates cut to the best-fit MPS nodes of ``max_model_gpus`` GPUs the planner reached 89.16
 % GPU-milli allocation, the rule ``fgd-waste`` scoring every node 96.10 %, and that rule cut
@@ -248,27 +253,47 @@ def node_score(
     frees: Sequence[int],
     pod_cpu: int,
     mib: int,
-    options: Sequence[int] | None = None,
-) -> tuple[int, int] | None:
-    """The polish's score of a node for a pod of ``pod_cpu`` CPU on one ``mib`` slice, and the
-    GPU it would take (module docstring): ``-floor((G_after - G_before) / step)`` at the GPU
-    with the smallest ``G_after`` among ``options`` (default: every GPU with ``mib`` free;
-    equal values to the fullest GPU, then the lowest index); ``None`` when none holds it.
-    The caller checks that the node's CPU and memory admit the pod."""
-    ks = options if options is not None else [k for k, f in enumerate(frees) if f >= mib]
-    if not ks:
+    count: int = 1,
+    cost: Sequence[int] | None = None,
+    budget: int = 0,
+) -> tuple[int, tuple[int, ...]] | None:
+    """The polish's score of a node for a pod of ``pod_cpu`` CPU on ``count`` slices of
+    ``mib`` MiB, and the GPUs they would take (module docstring, "Polish"):
+    ``-floor((G_after - G_before) / step)``.  The slices are chosen one at a time, each on the
+    GPU with the smallest ``G`` after it (the node's CPU already less the pod's; equal values
+    to the fullest GPU, then the lowest index) among the GPUs with ``mib`` free whose churn
+    ``cost[k]`` (default 0: none) keeps the total of distinct GPUs chosen within ``budget``; a
+    GPU may take several.  ``None`` when fewer than ``count`` slices fit.  The caller checks
+    that the node's CPU and memory admit the pod."""
+    if count < 1:
         return None
+    left = list(frees)
     before = measure.value(cpu_free, frees)
-    pick: tuple[float, int, int] | None = None
-    for k in ks:
-        after = list(frees)
-        after[k] -= mib
-        v = measure.value(cpu_free - pod_cpu, after)
-        # equal values: the fullest GPU (an empty one stays empty), then the lowest index
-        if pick is None or (v, frees[k]) < (pick[0], pick[2]):
-            pick = (v, k, frees[k])
-    assert pick is not None
-    return -math.floor((pick[0] - before) / SCORE_STEP_MILLI), pick[1]
+    after_cpu = cpu_free - pod_cpu
+    chosen: list[int] = []
+    spent = 0
+    value = before
+    for _ in range(count):
+        pick: tuple[float, int, int] | None = None
+        for k, f in enumerate(left):
+            if f < mib:
+                continue
+            extra = 0 if cost is None or k in chosen else cost[k]
+            if spent + extra > budget:
+                continue
+            left[k] -= mib
+            v = measure.value(after_cpu, left)
+            left[k] += mib
+            # equal values: the fullest GPU (an empty one stays empty), then the lowest index
+            if pick is None or (v, f) < (pick[0], pick[2]):
+                pick = (v, k, f)
+        if pick is None:
+            return None
+        value, k, _ = pick
+        spent += 0 if cost is None or k in chosen else cost[k]
+        left[k] -= mib
+        chosen.append(k)
+    return -math.floor((value - before) / SCORE_STEP_MILLI), tuple(sorted(chosen))
 
 
 @lru_cache(maxsize=8)
@@ -322,17 +347,15 @@ def _budget(snapshot: Snapshot, settings: PlannerSettings) -> tuple[int, float]:
     nodes = [n for n in snapshot.nodes if n.mode is Mode.MPS and n.gpus]
     if not nodes:
         return 0, 0.0
-    pods = sum(
-        1 for p in snapshot.pods if _pod_shape(p) is not None and sum(p.requests.values()) == 1
-    )
+    slices = sum(shape[2] for p in snapshot.pods if (shape := _pod_shape(p)) is not None)
     setup = S_PER_GPU * sum(len(n.gpus) for n in nodes)
     cap = int((TIME_SHARE * settings.time_limit_s - setup) / S_PER_EVAL)
-    return max(0, min(cap, pods * len(nodes))), setup
+    return max(0, min(cap, slices * len(nodes))), setup
 
 
 def polish_evals(snapshot: Snapshot, settings: PlannerSettings) -> int:
     """Node evaluations the polish of a plan of ``snapshot`` may make: every MPS node for each
-    pod asking for one MPS slice, within :data:`TIME_SHARE` of the time limit once the setup
+    slice of the pods asking for one MPS slice size, within :data:`TIME_SHARE` of the time limit once the setup
     (:data:`S_PER_GPU` per MPS GPU) is paid; 0 without MPS nodes, with the polish off, or when
     the setup alone takes the share.  Deterministic, so the caller can set the time aside."""
     return _budget(snapshot, settings)[0]
@@ -390,46 +413,52 @@ def polish_mps(
     w_t = settings.weight_gpu_touched
     for pod_name in movable:
         pod = pods[pod_name]
-        ((resource, _n),) = pod.requests.items()
+        ((resource, count),) = pod.requests.items()
         mib = (mps_gb_of(resource) or 0) * _GIB
         here = assignments[pod_name]
-        src = gpus[(here.node, here.gpus[resource][0])]
-        allowed = _candidates(pod, src.node, mps_nodes, gpus, order, limit - evals)
+        srcs = [gpus[(here.node, k)] for k in here.gpus[resource]]
+        allowed = _candidates(pod, here.node, mps_nodes, gpus, order, (limit - evals) // count)
         if not allowed:
-            break
-        evals += len(allowed)
-        _take_off(src, mib, policy)
-        cpu_left[src.node] += pod.cpu_milli
-        mem_left[src.node] += pod.memory_mib
-        # churn: the source stops being touched if the slice was its only change; a GPU the
-        # plan does not touch yet would start to be
-        src_gain = 0 if src.touched else w_t
-        best: tuple[tuple[int, int, int], _Gpu] | None = None
+            continue  # too few evaluations left for its slices; a smaller pod may still move
+        evals += len(allowed) * count
+        for src in srcs:
+            _take_off(src, mib, policy)
+        cpu_left[here.node] += pod.cpu_milli
+        mem_left[here.node] += pod.memory_mib
+        # churn: a source stops being touched if its slices were its only change; a GPU the
+        # plan does not touch yet would start to be: the pod may touch as many such GPUs as
+        # its sources stop being touched
+        budget = w_t * sum(1 for g in {id(g): g for g in srcs}.values() if not g.touched)
+        best: tuple[tuple[int, int, int], list[_Gpu]] | None = None
         for node in allowed:
             cpu = cpu_left[node.name]
             if cpu < pod.cpu_milli or mem_left[node.name] < pod.memory_mib:
                 continue
             mine = [gpus[(node.name, x.index)] for x in node.gpus]
-            options = [
-                k
-                for k, g in enumerate(mine)
-                if g.free >= mib and (0 if g.touched else w_t) - src_gain <= 0
-            ]
             scored = node_score(
-                measures[mine[0].usable], cpu, [g.free for g in mine], pod.cpu_milli, mib, options
+                measures[mine[0].usable],
+                cpu,
+                [g.free for g in mine],
+                pod.cpu_milli,
+                mib,
+                count,
+                [0 if g.touched else w_t for g in mine],
+                budget,
             )
             if scored is None:
                 continue
-            score, k = scored
-            key = (score, -order[node.name], -mine[k].index)
+            score, ks = scored
+            key = (score, -order[node.name], -mine[ks[0]].index)
             if best is None or key > best[0]:
-                best = (key, mine[k])
-        dst = best[1] if best is not None else src
-        _put_on(dst, mib, policy)
-        cpu_left[dst.node] -= pod.cpu_milli
-        mem_left[dst.node] -= pod.memory_mib
-        if dst is not src:
-            assignments[pod_name] = Assignment(dst.node, {resource: (dst.index,)})
+                best = (key, [mine[k] for k in ks])
+        dsts = best[1] if best is not None else srcs
+        for dst in dsts:
+            _put_on(dst, mib, policy)
+        cpu_left[dsts[0].node] -= pod.cpu_milli
+        mem_left[dsts[0].node] -= pod.memory_mib
+        if sorted((g.node, g.index) for g in dsts) != sorted((g.node, g.index) for g in srcs):
+            indices = tuple(g.index for g in dsts)
+            assignments[pod_name] = Assignment(dsts[0].node, {resource: indices})
             moved += 1
     if not moved:
         return replace(result, stats={**result.stats, "polish_moved": 0.0})
@@ -475,24 +504,25 @@ def _candidates(
 def _movable(
     result: Plan, pods: Mapping[str, PendingPod], gpus: Mapping[tuple[str, int], _Gpu]
 ) -> list[str]:
-    """Pods on one new MPS slice (module docstring), largest slice first, then by name."""
-    out: list[tuple[int, str]] = []
+    """Pods on new MPS slices of one size (module docstring), the most memory first, then
+    the larger slice, then by name."""
+    out: list[tuple[int, int, str]] = []
     for name, a in result.assignments.items():
         pod = pods.get(name)
         if pod is None or len(pod.requests) != 1:
             continue
         ((resource, n),) = pod.requests.items()
         gb = mps_gb_of(resource)
-        if gb is None or n != 1 or resource not in a.gpus or len(a.gpus[resource]) != 1:
+        if gb is None or n < 1 or resource not in a.gpus or len(a.gpus[resource]) != n:
             continue
-        g = gpus.get((a.node, a.gpus[resource][0]))
-        if g is None:
+        where = [gpus.get((a.node, k)) for k in a.gpus[resource]]
+        if any(g is None for g in where):
             continue
         mib = gb * _GIB
-        if any(not used and m == mib for m, used, _ in g.current):
+        if any(not used and m == mib for g in where if g is not None for m, used, _ in g.current):
             continue  # it may hold a free slice that existed before: moving it adds churn
-        out.append((-mib, name))
-    return [name for _, name in sorted(out)]
+        out.append((-mib * n, -mib, name))
+    return [name for *_, name in sorted(out)]
 
 
 def _take_off(g: _Gpu, mib: int, policy: ThreadPolicy) -> None:

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from planner import GpuState, Mode, MpsSlice, NodeState, PendingPod, PlannerSettings, Snapshot, plan
 from planner.catalog import default_catalog
 from planner.mps_polish import NodeMeasure, Shape, polish_evals, polish_mps, polish_target
+from planner.snapshot import Assignment, Plan, PlannedGpu, PlannedSlice, mps_gb_of
 
 A100 = "A100-SXM4-80GB"
 GIB = 1024
@@ -274,3 +275,204 @@ def test_a_short_budget_evaluates_the_best_fit_nodes() -> None:
     assert polish_mps(snap, solved, models, on, max_evals=13).assignments["p"].node == "z"
     assert polish_evals(snap, on) == 13  # one pod, 13 MPS nodes, within the 100 ms share
     assert polish_evals(snap, replace(on, time_limit_s=0.005)) == 0  # setup 0.52 > 0.5 ms
+
+
+# --------------------------------------------------------------------------- multi-slice pods
+
+PAIR = "nvidia.com/gpu-79gb"
+
+
+def _whole(node: str, *indices: int) -> dict[tuple[str, int], PlannedGpu]:
+    return {(node, i): PlannedGpu(node, i, mps=(PlannedSlice(FULL, 100, False),)) for i in indices}
+
+
+def test_a_two_gpu_pod_moves_off_a_whole_free_node() -> None:
+    # The target holds eight-GPU pods: "big", 8 empty GPUs with the CPU for one of them, is
+    # what they need.  A plan putting a two-GPU pod there breaks it up; "pair", 2 empty GPUs
+    # beside used ones, holds the pod and keeps big whole.  The polish moves the pod as a
+    # whole, to two GPUs of one node, and adds no churn (2 GPUs no longer touched, 2 now).
+    big = NodeState("big", Mode.MPS, A100, tuple(gpu(i) for i in range(8)), 96000, 1 << 20)
+    pair = NodeState(
+        "pair", Mode.MPS, A100, (gpu(0, 79), gpu(1, 79), gpu(2), gpu(3)), 96000, 1 << 20
+    )
+    pod = PendingPod("p", {PAIR: 2}, cpu_milli=8000)
+    snap = Snapshot((big, pair), (pod,))
+    s = PlannerSettings(
+        free_capacity_mps_shapes=((64000, FULL, 8, 1.0), (8000, FULL, 1, 1.0)),
+        free_capacity_cpu_milli=8000,
+        free_capacity_memory_mib=0,
+    )
+    models = {n.name: default_catalog().model(A100) for n in snap.nodes}
+    on_big = Plan(_whole("big", 0, 1), {"p": Assignment("big", {PAIR: (0, 1)})}, {})
+    polished = polish_mps(snap, on_big, models, s)
+    assert polished.assignments["p"] == Assignment("pair", {PAIR: (2, 3)})
+    assert set(polished.layouts) == {("pair", 2), ("pair", 3)}
+    assert polished.stats["polish_moved"] == 1.0
+    # the measure agrees: big loses its eight-GPU room, pair loses nothing it could use
+    shapes = list(polish_target(snap, s))
+    on_big_g = _g(shapes, 88000, [0, 0, *[USABLE] * 6]) - _g(shapes, 96000, [USABLE] * 8)
+    on_pair_g = _g(shapes, 88000, [USABLE - FULL] * 4) - _g(
+        shapes, 96000, [USABLE - FULL] * 2 + [USABLE] * 2
+    )
+    assert on_pair_g < on_big_g
+    # and the planner, given the choice, ends there too
+    assert plan(snap, s).assignments["p"].node == "pair"
+
+
+def test_a_multi_slice_pod_that_cannot_move_without_churn_stays() -> None:
+    # p's two 20 GiB slices share GPU 0 of "a" with q's new 10 GiB slice, so taking them off
+    # frees no GPU; on "b" one would fill GPU 1's last 20.5 GiB, the other take empty GPU 0,
+    # which the measure prefers (a's GPU 0 keeps room for two 30 GiB pods), but that touches
+    # two GPUs more: only with GPU touches free of churn does p move
+    a = NodeState("a", Mode.MPS, A100, (gpu(0), gpu(1)), 64000, 1 << 20)
+    b = NodeState("b", Mode.MPS, A100, (gpu(0), gpu(1, 59)), 64000, 1 << 20)
+    pods = (
+        PendingPod("p", {"nvidia.com/gpu-20gb": 2}, cpu_milli=1000),
+        PendingPod("q", {"nvidia.com/gpu-10gb": 1}, cpu_milli=1000),
+    )
+    snap = Snapshot((a, b), pods)
+    s = PlannerSettings(
+        free_capacity_mps_shapes=((0, 30 * GIB, 1, 1.0),),
+        free_capacity_cpu_milli=0,
+        free_capacity_memory_mib=0,
+    )
+    slices = (
+        PlannedSlice(20 * GIB, 25, False),
+        PlannedSlice(20 * GIB, 25, False),
+        PlannedSlice(10 * GIB, 13, False),
+    )
+    solved = Plan(
+        {("a", 0): PlannedGpu("a", 0, mps=slices)},
+        {
+            "p": Assignment("a", {"nvidia.com/gpu-20gb": (0, 0)}),
+            "q": Assignment("a", {"nvidia.com/gpu-10gb": (0,)}),
+        },
+        {},
+    )
+    models = {n.name: default_catalog().model(A100) for n in snap.nodes}
+    kept = polish_mps(snap, solved, models, s)
+    assert kept.assignments == solved.assignments
+    assert set(kept.layouts) == {("a", 0)}
+    free = polish_mps(snap, solved, models, replace(s, weight_gpu_touched=0))
+    assert free.assignments["p"] == Assignment("b", {"nvidia.com/gpu-20gb": (0, 1)})
+
+
+@st.composite
+def multi_pod_cases(draw: st.DrawFn) -> tuple[Snapshot, PlannerSettings]:
+    nodes = []
+    for k in range(draw(st.integers(1, 3))):
+        gpus = []
+        for i in range(draw(st.integers(1, 4))):
+            used = draw(st.lists(st.sampled_from(SIZES), max_size=2))
+            while sum(used) * GIB > USABLE:
+                used.pop()
+            gpus.append(gpu(i, *used))
+        cpu = draw(st.sampled_from([4000, 16000, 64000]))
+        nodes.append(NodeState(f"n{k}", Mode.MPS, A100, tuple(gpus), cpu, 1 << 20))
+    pods = []
+    for j in range(draw(st.integers(1, 3))):
+        size = draw(st.sampled_from([5, 10, 20, 39, 79]))
+        n = draw(st.integers(1, 3))
+        pods.append(PendingPod(f"p{j}", {f"nvidia.com/gpu-{size}gb": n}, cpu_milli=2000))
+    shapes = draw(
+        st.lists(
+            st.tuples(st.sampled_from([0, 2000, 8000]), st.sampled_from(SIZES), st.integers(1, 3)),
+            min_size=1,
+            max_size=3,
+            unique=True,
+        )
+    )
+    s = PlannerSettings(
+        free_capacity_mps_shapes=tuple((c, g * GIB, n, 1.0) for c, g, n in shapes),
+        free_capacity_cpu_milli=0,
+        free_capacity_memory_mib=0,
+        time_limit_s=10.0,
+    )
+    return Snapshot(tuple(nodes), tuple(pods)), s
+
+
+@given(multi_pod_cases())
+@settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+def test_the_polish_of_multi_slice_pods_keeps_what_the_solve_promised(
+    case: tuple[Snapshot, PlannerSettings],
+) -> None:
+    # Whatever the polish moves: the same pods placed, each slice on a GPU of one node of the
+    # pod, every used slice kept, no GPU over its memory, no node over its CPU, and no more
+    # GPUs touched than the solve's plan.
+    snap, s = case
+    solved = plan(snap, replace(s, mps_polish=False))
+    polished = plan(snap, s)
+    assert set(polished.assignments) == set(solved.assignments)
+    assert len(polished.layouts) <= len(solved.layouts)
+    by_node = {n.name: n for n in snap.nodes}
+    cpu_used: dict[str, int] = {}
+    demand: dict[tuple[str, int], int] = {}
+    for pod in snap.pods:
+        a = polished.assignments.get(pod.name)
+        if a is None:
+            continue
+        ((resource, n),) = pod.requests.items()
+        assert len(a.gpus[resource]) == n
+        cpu_used[a.node] = cpu_used.get(a.node, 0) + pod.cpu_milli
+        for k in a.gpus[resource]:
+            demand[(a.node, k)] = demand.get((a.node, k), 0) + (mps_gb_of(resource) or 0) * GIB
+    for name, used in cpu_used.items():
+        assert used <= by_node[name].cpu_milli_free
+    for node in snap.nodes:
+        for g in node.gpus:
+            laid = polished.layouts.get((node.name, g.index))
+            slices = (
+                laid.mps
+                if laid is not None
+                else tuple(PlannedSlice(x.memory_mib, 0, x.used) for x in g.mps)
+            )
+            assert sum(x.memory_mib for x in slices) <= USABLE
+            kept = sorted(x.memory_mib for x in slices if x.used)
+            assert kept == sorted(x.memory_mib for x in g.mps if x.used)
+            free = sorted(x.memory_mib for x in slices if not x.used)
+            # every slice the pods were given exists, free, on that GPU
+            want = demand.get((node.name, g.index), 0)
+            assert sum(free) >= want
+
+
+def test_a_pod_the_budget_cannot_cover_is_skipped_not_the_rest() -> None:
+    # max_evals = 1: the two-slice pod (first, the most memory) needs 2 evaluations and stays;
+    # the one-slice pod still gets its own node evaluated: on a's GPU 1 its slice leaves half
+    # a GiB no 10 GiB pod fits, on the empty GPU 0 nothing is lost, so it moves there
+    a = NodeState("a", Mode.MPS, A100, (gpu(0), gpu(1, 69)), 64000, 1 << 20)
+    b = NodeState("b", Mode.MPS, A100, (gpu(0), gpu(1)), 64000, 1 << 20)
+    pods = (
+        PendingPod("p", {"nvidia.com/gpu-20gb": 2}, cpu_milli=1000),
+        PendingPod("q", {"nvidia.com/gpu-10gb": 1}, cpu_milli=1000),
+    )
+    snap = Snapshot((a, b), pods)
+    s = PlannerSettings(
+        free_capacity_mps_shapes=((0, 10 * GIB, 1, 1.0),),
+        free_capacity_cpu_milli=0,
+        free_capacity_memory_mib=0,
+    )
+    twenty = PlannedSlice(20 * GIB, 25, False)
+    on_a1 = (PlannedSlice(69 * GIB, 87, True), PlannedSlice(10 * GIB, 13, False))
+    solved = Plan(
+        {
+            ("a", 1): PlannedGpu("a", 1, mps=on_a1),
+            ("b", 0): PlannedGpu("b", 0, mps=(twenty,)),
+            ("b", 1): PlannedGpu("b", 1, mps=(twenty,)),
+        },
+        {
+            "p": Assignment("b", {"nvidia.com/gpu-20gb": (0, 1)}),
+            "q": Assignment("a", {"nvidia.com/gpu-10gb": (1,)}),
+        },
+        {},
+    )
+    models = {n.name: default_catalog().model(A100) for n in snap.nodes}
+    polished = polish_mps(snap, solved, models, s, max_evals=1)
+    assert polished.assignments["p"] == solved.assignments["p"]
+    assert polished.assignments["q"] == Assignment("a", {"nvidia.com/gpu-10gb": (0,)})
+    assert ("a", 1) not in polished.layouts  # back to its used slice alone: untouched
+    assert polish_mps(snap, solved, models, s, max_evals=0).assignments == solved.assignments

@@ -145,3 +145,30 @@ def test_host_lists_hold_the_nodes_the_planners_polish_scores_best() -> None:
     best_fit_only = _hosts(st.nodes, pod, req, 96, None)
     assert "n012" not in [n.name for n in best_fit_only[:12]]
     assert _polish_measure(replace(settings, mps_polish=False), st.usable_mib) is None
+
+
+def test_a_multi_gpu_pods_host_list_holds_the_node_the_polish_scores_best() -> None:
+    """The same for a pod on two whole GPUs: twelve nodes of two free GPUs fill best fit's
+    96 GPUs; ``n012``, eight free GPUs whose CPU admits two one-GPU pods of the target and no
+    eight-GPU one, is where the two GPUs cost the target least (planner.mps_polish.node_score
+    with count 2), so it heads the list."""
+    from simulations.inputs.mapping import make_mapping
+    from simulations.saturation.partitioned import _hosts, _polish_measure
+
+    st = _state([64000] * 12 + [16000], CpuScheduler.LEAST_ALLOCATED, gpus=8)
+    for n in st.nodes[:12]:
+        for g in n.gpus[:6]:
+            g.mps.append(MpsSlice(79 * 1024, True, 100))
+        st.refresh(n)
+    settings = PlannerSettings(
+        free_capacity_mps_shapes=((64000, 79 * 1024, 8, 1.0), (8000, 79 * 1024, 1, 3.0))
+    )
+    ranker = _polish_measure(settings, st.usable_mib)
+    assert ranker is not None
+    pod = Pod("p", 8000, 0, 2, 1000)
+    req = make_mapping("mps-memory", st.model, settings.mps_reserve_mib).map(pod)
+    assert req is not None and req.count == 2 and req.memory_gb == 79
+    hosts = _hosts(st.nodes, pod, req, 96, ranker)
+    assert hosts[0].name == "n012"
+    # best fit puts it last, beyond the 96 GPUs the neighbourhood takes
+    assert [n.name for n in _hosts(st.nodes, pod, req, 96, None)][-1] == "n012"

@@ -60,7 +60,7 @@ The arrival list is cut into batches of ``k`` consecutive pods.  For each batch:
    planner's own measure, :func:`planner.neighbourhood.spare_capacity`: per MIG GPU the
    largest free aligned block beside the instances in use as a share of the slots, per MPS
    GPU the unused share of usable memory, summed over the node), ties to the smallest rank
-   (best fit first).  On MPS nodes a pod asking for one slice lists first, up to half of
+   (best fit first).  On MPS nodes a pod asking for slices of one size lists first, up to half of
    ``neighbourhood_gpus`` GPUs, the nodes the planner's MPS polish scores best for it
    (:func:`planner.mps_polish.node_score` with the settings' target, ties by name, the
    snapshot's order): in production the planner sees every node and its polish scores each
@@ -702,17 +702,17 @@ def _hosts(
     cap_gpus: int,
     polish: NodeMeasure | None,
 ) -> list[SimNode]:
-    """A pod's host list (module docstring, step 3): on MPS nodes, for one slice, the nodes
-    the planner's polish scores best for it (its score, then name: the snapshot's order) up to
+    """A pod's host list (module docstring, step 3): on MPS nodes, for slices of one size, the
+    nodes the planner's polish scores best for it (its score, then name: the snapshot's order) up to
     half of ``cap_gpus``, then best fit (spare capacity, then rank)."""
     best_fit = heapq.nsmallest(cap_gpus, cand, key=lambda n: (n.spare, n.rank))
-    if polish is None or req.kind != "mps" or req.count != 1 or req.memory_gb is None:
+    if polish is None or req.kind != "mps" or req.count < 1 or req.memory_gb is None:
         return best_fit
     mib = req.memory_gb * _MIB_PER_GIB
     scored: list[tuple[int, str, SimNode]] = []
     for n in cand:
         frees = [polish.usable - sum(x.memory_mib for x in g.mps) for g in n.gpus]
-        got = node_score(polish, n.cpu_free, frees, pod.cpu_milli, mib)
+        got = node_score(polish, n.cpu_free, frees, pod.cpu_milli, mib, req.count)
         if got is not None:
             scored.append((-got[0], n.name, n))
     out: list[SimNode] = []
