@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner import GpuState, Mode, MpsSlice, NodeState, PendingPod, PlannerSettings, Snapshot, plan
-from planner.catalog import default_catalog
+from planner.catalog import GpuModel, default_catalog
 from planner.mps_polish import NodeMeasure, Shape, polish_evals, polish_mps, polish_target
 from planner.snapshot import Assignment, Plan, PlannedGpu, PlannedSlice, mps_gb_of
 
@@ -112,18 +112,27 @@ def _g(shapes: list[Shape], cpu: int, frees: list[int]) -> float:
 SIZES = [1, 5, 10, 20, 39]
 
 
-@st.composite
-def one_pod_cases(draw: st.DrawFn) -> tuple[Snapshot, PlannerSettings, int]:
+def _draw_nodes(
+    draw: st.DrawFn, most_gpus: int, most_used: int, cpus: list[int]
+) -> list[NodeState]:
+    """1-3 MPS nodes of 1..``most_gpus`` GPUs, each with up to ``most_used`` used slices of
+    :data:`SIZES` that fit, and a free CPU drawn from ``cpus``."""
     nodes = []
     for k in range(draw(st.integers(1, 3))):
         gpus = []
-        for i in range(draw(st.integers(1, 3))):
-            used = draw(st.lists(st.sampled_from(SIZES), max_size=3))
+        for i in range(draw(st.integers(1, most_gpus))):
+            used = draw(st.lists(st.sampled_from(SIZES), max_size=most_used))
             while sum(used) * GIB > USABLE:
                 used.pop()
             gpus.append(gpu(i, *used))
-        cpu = draw(st.sampled_from([2000, 6000, 12000, 64000]))
+        cpu = draw(st.sampled_from(cpus))
         nodes.append(NodeState(f"n{k}", Mode.MPS, A100, tuple(gpus), cpu, 1 << 20))
+    return nodes
+
+
+@st.composite
+def one_pod_cases(draw: st.DrawFn) -> tuple[Snapshot, PlannerSettings, int]:
+    nodes = _draw_nodes(draw, 3, 3, [2000, 6000, 12000, 64000])
     size = draw(st.sampled_from(SIZES))
     shapes = draw(
         st.lists(
@@ -319,23 +328,32 @@ def test_a_two_gpu_pod_moves_off_a_whole_free_node() -> None:
     assert plan(snap, s).assignments["p"].node == "pair"
 
 
+def _p_and_q(
+    a_gpus: tuple[GpuState, ...], b_gpus: tuple[GpuState, ...], target_gib: int
+) -> tuple[Snapshot, PlannerSettings, dict[str, GpuModel]]:
+    """Nodes ``a`` and ``b`` (64 cores each), pods ``p`` (two 20 GiB slices) and ``q`` (one
+    10 GiB slice), a target of one shape (no CPU, one ``target_gib`` slice), and the models."""
+    a = NodeState("a", Mode.MPS, A100, a_gpus, 64000, 1 << 20)
+    b = NodeState("b", Mode.MPS, A100, b_gpus, 64000, 1 << 20)
+    pods = (
+        PendingPod("p", {"nvidia.com/gpu-20gb": 2}, cpu_milli=1000),
+        PendingPod("q", {"nvidia.com/gpu-10gb": 1}, cpu_milli=1000),
+    )
+    s = PlannerSettings(
+        free_capacity_mps_shapes=((0, target_gib * GIB, 1, 1.0),),
+        free_capacity_cpu_milli=0,
+        free_capacity_memory_mib=0,
+    )
+    models = {n: default_catalog().model(A100) for n in ("a", "b")}
+    return Snapshot((a, b), pods), s, models
+
+
 def test_a_multi_slice_pod_that_cannot_move_without_churn_stays() -> None:
     # p's two 20 GiB slices share GPU 0 of "a" with q's new 10 GiB slice, so taking them off
     # frees no GPU; on "b" one would fill GPU 1's last 20.5 GiB, the other take empty GPU 0,
     # which the measure prefers (a's GPU 0 keeps room for two 30 GiB pods), but that touches
     # two GPUs more: only with GPU touches free of churn does p move
-    a = NodeState("a", Mode.MPS, A100, (gpu(0), gpu(1)), 64000, 1 << 20)
-    b = NodeState("b", Mode.MPS, A100, (gpu(0), gpu(1, 59)), 64000, 1 << 20)
-    pods = (
-        PendingPod("p", {"nvidia.com/gpu-20gb": 2}, cpu_milli=1000),
-        PendingPod("q", {"nvidia.com/gpu-10gb": 1}, cpu_milli=1000),
-    )
-    snap = Snapshot((a, b), pods)
-    s = PlannerSettings(
-        free_capacity_mps_shapes=((0, 30 * GIB, 1, 1.0),),
-        free_capacity_cpu_milli=0,
-        free_capacity_memory_mib=0,
-    )
+    snap, s, models = _p_and_q((gpu(0), gpu(1)), (gpu(0), gpu(1, 59)), 30)
     slices = (
         PlannedSlice(20 * GIB, 25, False),
         PlannedSlice(20 * GIB, 25, False),
@@ -349,7 +367,6 @@ def test_a_multi_slice_pod_that_cannot_move_without_churn_stays() -> None:
         },
         {},
     )
-    models = {n.name: default_catalog().model(A100) for n in snap.nodes}
     kept = polish_mps(snap, solved, models, s)
     assert kept.assignments == solved.assignments
     assert set(kept.layouts) == {("a", 0)}
@@ -359,16 +376,7 @@ def test_a_multi_slice_pod_that_cannot_move_without_churn_stays() -> None:
 
 @st.composite
 def multi_pod_cases(draw: st.DrawFn) -> tuple[Snapshot, PlannerSettings]:
-    nodes = []
-    for k in range(draw(st.integers(1, 3))):
-        gpus = []
-        for i in range(draw(st.integers(1, 4))):
-            used = draw(st.lists(st.sampled_from(SIZES), max_size=2))
-            while sum(used) * GIB > USABLE:
-                used.pop()
-            gpus.append(gpu(i, *used))
-        cpu = draw(st.sampled_from([4000, 16000, 64000]))
-        nodes.append(NodeState(f"n{k}", Mode.MPS, A100, tuple(gpus), cpu, 1 << 20))
+    nodes = _draw_nodes(draw, 4, 2, [4000, 16000, 64000])
     pods = []
     for j in range(draw(st.integers(1, 3))):
         size = draw(st.sampled_from([5, 10, 20, 39, 79]))
@@ -444,18 +452,7 @@ def test_a_pod_the_budget_cannot_cover_is_skipped_not_the_rest() -> None:
     # max_evals = 1: the two-slice pod (first, the most memory) needs 2 evaluations and stays;
     # the one-slice pod still gets its own node evaluated: on a's GPU 1 its slice leaves half
     # a GiB no 10 GiB pod fits, on the empty GPU 0 nothing is lost, so it moves there
-    a = NodeState("a", Mode.MPS, A100, (gpu(0), gpu(1, 69)), 64000, 1 << 20)
-    b = NodeState("b", Mode.MPS, A100, (gpu(0), gpu(1)), 64000, 1 << 20)
-    pods = (
-        PendingPod("p", {"nvidia.com/gpu-20gb": 2}, cpu_milli=1000),
-        PendingPod("q", {"nvidia.com/gpu-10gb": 1}, cpu_milli=1000),
-    )
-    snap = Snapshot((a, b), pods)
-    s = PlannerSettings(
-        free_capacity_mps_shapes=((0, 10 * GIB, 1, 1.0),),
-        free_capacity_cpu_milli=0,
-        free_capacity_memory_mib=0,
-    )
+    snap, s, models = _p_and_q((gpu(0), gpu(1, 69)), (gpu(0), gpu(1)), 10)
     twenty = PlannedSlice(20 * GIB, 25, False)
     on_a1 = (PlannedSlice(69 * GIB, 87, True), PlannedSlice(10 * GIB, 13, False))
     solved = Plan(
@@ -470,7 +467,6 @@ def test_a_pod_the_budget_cannot_cover_is_skipped_not_the_rest() -> None:
         },
         {},
     )
-    models = {n.name: default_catalog().model(A100) for n in snap.nodes}
     polished = polish_mps(snap, solved, models, s, max_evals=1)
     assert polished.assignments["p"] == solved.assignments["p"]
     assert polished.assignments["q"] == Assignment("a", {"nvidia.com/gpu-10gb": (0,)})
