@@ -49,16 +49,18 @@ changes within one step tie and go to a fixed node order, which packs nodes one 
 (measured: without it the same measure loses 0.4 points on the openb saturation protocol).
 
 Cost.  A pod's candidates are every MPS node of the snapshot it may use.  One plan makes at
-most ``max_evals`` node evaluations, one per node and slice of a pod (:func:`polish_evals`: :data:`TIME_SHARE` of the time limit less
-the setup, :data:`S_PER_GPU` per MPS GPU, at :data:`S_PER_EVAL` an evaluation); a pod with
-fewer evaluations left than candidates gets its own node and the best-fit ones (least free
-memory share, then the snapshot's order) up to what is left, and a pod with fewer evaluations left than its slices stays where the
-solve put it (smaller pods after it may still move).  Why every node, measured (openb default, seed 42, kube-scheduler's default
-profile placing the CPU-only pods, simulations/results/saturation-2026-12-02/): with the
-candidates cut to the best-fit MPS nodes of ``max_model_gpus`` GPUs the planner reached 89.16
-% GPU-milli allocation, the rule ``fgd-waste`` scoring every node 96.10 %, and that rule cut
-to the same best-fit nodes 90.04 %: a node whose free CPU strands its GPUs looks roomy to best
-fit, and a small pod there is what packs.
+most ``max_evals`` node evaluations, one per node and slice of a pod (:func:`polish_evals`:
+:data:`TIME_SHARE` of the time limit less the setup, :data:`S_PER_GPU` per MPS GPU, at
+:data:`S_PER_EVAL` an evaluation); a pod with fewer evaluations left than its candidates
+times its slices gets its own node and the best-fit ones (least free memory share, then the snapshot's order) up to what
+is left, and a pod with fewer evaluations left than its slices stays where the solve put it
+(smaller pods after it may still move).  Why every node, measured (openb default, seed 42,
+kube-scheduler's default profile placing the CPU-only pods,
+simulations/results/saturation-2026-12-02/): with the candidates cut to the best-fit MPS nodes
+of ``max_model_gpus`` GPUs the planner reached 89.16 % GPU-milli allocation, the rule
+``fgd-waste`` scoring every node 96.10 %, and that rule cut to the same best-fit nodes 90.04 %:
+a node whose free CPU strands its GPUs looks roomy to best fit, and a small pod there is what
+packs.
 
 Pure and deterministic: no clock; memoised per (node class, CPU, free memory).
 """
@@ -354,10 +356,11 @@ def _budget(snapshot: Snapshot, settings: PlannerSettings) -> tuple[int, float]:
 
 
 def polish_evals(snapshot: Snapshot, settings: PlannerSettings) -> int:
-    """Node evaluations the polish of a plan of ``snapshot`` may make: every MPS node for each
-    slice of the pods asking for one MPS slice size, within :data:`TIME_SHARE` of the time limit once the setup
-    (:data:`S_PER_GPU` per MPS GPU) is paid; 0 without MPS nodes, with the polish off, or when
-    the setup alone takes the share.  Deterministic, so the caller can set the time aside."""
+    """Node evaluations the polish of a plan of ``snapshot`` may make: every MPS node for
+    each slice of the pods asking for one MPS slice size, within :data:`TIME_SHARE` of the
+    time limit once the setup (:data:`S_PER_GPU` per MPS GPU) is paid; 0 without MPS nodes,
+    with the polish off, or when the setup alone takes the share.  Deterministic, so the
+    caller can set the time aside."""
     return _budget(snapshot, settings)[0]
 
 
