@@ -28,10 +28,11 @@ Stages
    plan places less priority-weighted pods than the greedy plan, the greedy plan is returned
    with status ``GREEDY_FALLBACK``.
 5. Otherwise the CP-SAT plan's MPS placements of one slice size (one GPU or several) are
-   polished with the node-level packing measure (:mod:`planner.mps_polish`; setting ``mps_polish``): the same pods placed,
-   no more churn, each such pod where FGD-style descent on CPU-aware fragmentation plus
-   expected waste puts it.  Its share of the time limit (an estimate, at most 10 %) is set
-   aside before the rounds, like the other work outside the solver.
+   polished with the node-level packing measure (:mod:`planner.mps_polish`; setting
+   ``mps_polish``): the same pods placed, no more churn, each such pod where FGD-style
+   descent on CPU-aware fragmentation plus expected waste puts it.  Its share of the time
+   limit (an estimate, at most 10 %) is set aside before the rounds, like the other work
+   outside the solver.
 
 Time budget: ``settings.time_limit_s`` is wall time for the whole call.  The planner reads no
 clock; the one clock it obeys is the solver's.  Two budgets are kept:

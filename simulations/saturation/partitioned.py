@@ -60,8 +60,8 @@ The arrival list is cut into batches of ``k`` consecutive pods.  For each batch:
    planner's own measure, :func:`planner.neighbourhood.spare_capacity`: per MIG GPU the
    largest free aligned block beside the instances in use as a share of the slots, per MPS
    GPU the unused share of usable memory, summed over the node), ties to the smallest rank
-   (best fit first).  On MPS nodes a pod asking for slices of one size lists first, up to half of
-   ``neighbourhood_gpus`` GPUs, the nodes the planner's MPS polish scores best for it
+   (best fit first).  On MPS nodes a pod asking for slices of one size lists first, up to
+   half of ``neighbourhood_gpus`` GPUs, the nodes the planner's MPS polish scores best for it
    (:func:`planner.mps_polish.node_score` with the settings' target, ties by name, the
    snapshot's order): in production the planner sees every node and its polish scores each
    one, so the snapshot must hold the node it would pick, which best fit may rank last (a
@@ -703,8 +703,8 @@ def _hosts(
     polish: NodeMeasure | None,
 ) -> list[SimNode]:
     """A pod's host list (module docstring, step 3): on MPS nodes, for slices of one size, the
-    nodes the planner's polish scores best for it (its score, then name: the snapshot's order) up to
-    half of ``cap_gpus``, then best fit (spare capacity, then rank)."""
+    nodes the planner's polish scores best for it (its score, then name: the snapshot's
+    order) up to half of ``cap_gpus``, then best fit (spare capacity, then rank)."""
     best_fit = heapq.nsmallest(cap_gpus, cand, key=lambda n: (n.spare, n.rank))
     if polish is None or req.kind != "mps" or req.count < 1 or req.memory_gb is None:
         return best_fit
