@@ -90,7 +90,7 @@ from planner.geometry import Placement, canonical, layout_errors
 from planner.greedy import plan_greedy
 from planner.hybrid import hybrid_plan_errors
 from planner.mig_cpsat import LayoutCache, MigParseCache, WallBudget, current_mig, solve_batch
-from planner.mps_polish import polish_mps, polish_seconds
+from planner.mps_polish import polish_budget, polish_mps
 from planner.neighbourhood import (
     merge_plans,
     node_chunks,
@@ -208,7 +208,7 @@ def plan(
     greedy_ok = _consistent(greedy, snapshot, models, parsed, settings)
     warm = greedy if greedy_ok else _nothing_placed(snapshot, greedy)
     # the MPS packing polish runs after the solve: its share of the limit is set aside first
-    polish_s = polish_seconds(snapshot, settings)
+    polish_n, polish_s = polish_budget(snapshot, settings)
     budget = max(
         _MIN_SOLVE_FRACTION * settings.time_limit_s,
         solver_budget(settings, gpus, len(snapshot.pods)) - polish_s,
@@ -272,7 +272,9 @@ def plan(
     else:
         result = replace(result, stats={**result.stats, "rounds": 1.0, "rounds_skipped": 0.0})
     if not greedy_ok or _weight(result, snapshot, settings) >= _weight(greedy, snapshot, settings):
-        return polish_mps(snapshot, result, models, settings) if settings.mps_polish else result
+        if settings.mps_polish:
+            return polish_mps(snapshot, result, models, settings, max_evals=polish_n)
+        return result
     fallback = dict(greedy.stats)
     fallback["cpsat_placed"] = float(len(result.assignments))
     fallback["solve_s"] = result.stats.get("solve_s", 0.0)

@@ -99,9 +99,9 @@ __all__ = [
     "Shape",
     "node_measure",
     "node_score",
+    "polish_budget",
     "polish_evals",
     "polish_mps",
-    "polish_seconds",
     "polish_target",
 ]
 
@@ -341,9 +341,14 @@ class _Gpu:
         self.touched = now != Counter((x.memory_mib, x.used) for x in self.planned)
 
 
-def _budget(snapshot: Snapshot, settings: PlannerSettings) -> tuple[int, float]:
-    """(evaluations, setup seconds) of the polish of a plan of ``snapshot``
-    (:func:`polish_evals`, :func:`polish_seconds`)."""
+def polish_budget(snapshot: Snapshot, settings: PlannerSettings) -> tuple[int, float]:
+    """(evaluations, seconds) of the polish of a plan of ``snapshot``: the node evaluations it
+    may make, every MPS node for each slice of the pods asking for one MPS slice size, within
+    :data:`TIME_SHARE` of the time limit once the setup (:data:`S_PER_GPU` per MPS GPU) is
+    paid (0 without MPS nodes, with the polish off, or when the setup alone takes the share);
+    and the time it is expected to take, setup and evaluations (0 when it evaluates nothing).
+    Deterministic, so :func:`planner.plan` sets the time aside before the solve and hands the
+    evaluations to :func:`polish_mps`."""
     if not settings.mps_polish:
         return 0, 0.0
     nodes = [n for n in snapshot.nodes if n.mode is Mode.MPS and n.gpus]
@@ -352,23 +357,13 @@ def _budget(snapshot: Snapshot, settings: PlannerSettings) -> tuple[int, float]:
     slices = sum(shape[2] for p in snapshot.pods if (shape := _pod_shape(p)) is not None)
     setup = S_PER_GPU * sum(len(n.gpus) for n in nodes)
     cap = int((TIME_SHARE * settings.time_limit_s - setup) / S_PER_EVAL)
-    return max(0, min(cap, slices * len(nodes))), setup
+    evals = max(0, min(cap, slices * len(nodes)))
+    return evals, (setup + S_PER_EVAL * evals if evals > 0 else 0.0)
 
 
 def polish_evals(snapshot: Snapshot, settings: PlannerSettings) -> int:
-    """Node evaluations the polish of a plan of ``snapshot`` may make: every MPS node for
-    each slice of the pods asking for one MPS slice size, within :data:`TIME_SHARE` of the
-    time limit once the setup (:data:`S_PER_GPU` per MPS GPU) is paid; 0 without MPS nodes,
-    with the polish off, or when the setup alone takes the share.  Deterministic, so the
-    caller can set the time aside."""
-    return _budget(snapshot, settings)[0]
-
-
-def polish_seconds(snapshot: Snapshot, settings: PlannerSettings) -> float:
-    """The time :func:`polish_mps` is expected to take (setup and evaluations; 0 when it
-    evaluates nothing): what :func:`planner.plan` sets aside before the solve."""
-    evals, setup = _budget(snapshot, settings)
-    return setup + S_PER_EVAL * evals if evals > 0 else 0.0
+    """The evaluations of :func:`polish_budget`."""
+    return polish_budget(snapshot, settings)[0]
 
 
 def polish_mps(
