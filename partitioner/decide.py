@@ -64,7 +64,7 @@ step:
    everyone waits in: in deep overload drains were most of the reconfigurations).  No drain
    starts while more slice units wait than ``drain_queue_limit`` per GPU of the cluster (and
    more than one): that queue is overload, where pods are served smallest-first as capacity
-   frees, those past the last waiting tier first (step 5), and a frozen GPU's free slices
+   frees, those past ``aged_after_s`` (8 h) first (step 5), and a frozen GPU's free slices
    would idle while younger pods could use them (openb replays, README design notes, "No
    drain in a deep queue").  A deep queue also *ends* the drains in progress (the pods stay
    candidates, each gets a ``ReservationDropped`` Event, and may be drained again once the
@@ -205,9 +205,14 @@ class DecideConfig:
     per GPU of the cluster, or one unit (a lone starving pod on a small cluster).  A deeper
     queue is overload, where throughput rules: a drain idles the free slices of its GPUs until
     their last pod ends while younger pods could use them.  The same limit switches the fast
-    path to smallest pods first, with only pods past the last waiting tier served oldest first
+    path to smallest pods first, with only pods past ``aged_after_s`` served oldest first
     and one node's free slices kept per request (module docstring, step 5).  ``inf``: no limit
     (oldest first always)."""
+    aged_after_s: float = 28800.0
+    """In a deep queue (``drain_queue_limit``) a pod that has waited this long is served
+    oldest first, ahead of the smaller pods, and a one-GPU one keeps one node's free slices
+    for the next plan (module docstring, step 5).  8 h, the planner's fourth waiting tier
+    (until 2026-12-02 its last); the tiers beyond it only order plans."""
     drain_overtaken: int = 0
     """Drain only for a pod that at least this many younger slice pods have overtaken (bound
     now, created after it): starvation relative to the queue rather than waiting alone.  0
@@ -224,7 +229,13 @@ class DecideConfig:
     the label, leave it off."""
 
     def __post_init__(self) -> None:
-        for name in ("apply_deadline_s", "bind_deadline_s", "cooldown_s", "drain_after_s"):
+        for name in (
+            "apply_deadline_s",
+            "bind_deadline_s",
+            "cooldown_s",
+            "drain_after_s",
+            "aged_after_s",
+        ):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0 seconds, got {getattr(self, name)}")
         if not 0 <= self.drain_fraction <= 1:
@@ -1068,7 +1079,8 @@ class _Step:
         offered = frozenset(free_nodes)
         tiers = self.config.planner_settings.wait_tiers_s
         deep = self.deep_queue()
-        starving_after = (tiers[-1] if deep else tiers[0]) if tiers else math.inf
+        aged = min(self.config.aged_after_s, tiers[-1]) if tiers else math.inf
+        starving_after = (aged if deep else tiers[0]) if tiers else math.inf
         now, managed, restricted = self.now, self.managed, self.restricted
         # Only the pods the loop below would not skip take part, and only they are ranked:
         # those a free slice could serve (``offered`` only shrinks), and those old enough to
@@ -1094,7 +1106,7 @@ class _Step:
             # Overload: throughput rules.  Smaller pods first (fewest units; oldest first among
             # equals), as the plan's objective counts pods placed: free slices that would serve
             # several one-GPU pods do not go to one whole-node pod ahead of them.  Only a pod
-            # past the last waiting tier is served oldest first and may keep free slices from
+            # past ``aged_after_s`` is served oldest first and may keep free slices from
             # younger ones (below; a kept slice idles until the next plan): in a queue that
             # lasts, no shape starves behind the others.
             candidates, aged_before = self.candidates, now - starving_after
@@ -1270,7 +1282,7 @@ class _Step:
     def deep_queue(self) -> bool:
         """More slice units wait (gated candidates) than ``drain_queue_limit`` per GPU of the
         cluster, and more than one: overload, where no drain starts and the fast path serves
-        the smallest pods first, those past the last waiting tier first (module docstring)."""
+        the smallest pods first, those past ``aged_after_s`` first (module docstring)."""
         limit = max(1.0, self.config.drain_queue_limit * self.cluster_gpus())
         return self.candidate_resources.total() > limit
 

@@ -42,9 +42,9 @@ while the queue is shallow: no drain starts while more slice units wait than
 and a queue that turns deep ends the drains in progress (their frozen GPUs would idle while
 the queue's pods could run there); such a pod is drained again, from the start, once the
 queue is short.
-Then free slices go to the smallest pods first (throughput), except that pods past the last
-waiting tier go first, oldest first, and a one-GPU one keeps free slices for the next plan:
-such a pod waits at most the last tier plus the time the older ones past it take to be
+Then free slices go to the smallest pods first (throughput), except that pods past ``aged_after``
+(8 h) go first, oldest first, and a one-GPU one keeps free slices for the next plan:
+such a pod waits at most ``aged_after`` plus the time the older ones past it take to be
 served, as capacity frees.  A pod that needs several GPUs on one node is served only when
 that many are free at once (no drain runs in a deep queue), so its wait is bounded only once
 the queue is back below the limit, plus the bound above.

@@ -90,10 +90,25 @@ class PlannerSettings:
     """How active-thread percentages are set for MPS slices."""
     placement_weight: PlacementWeight = PlacementWeight.PODS
     """What one unit of the objective's placement level is (:func:`planner.demand.pod_weights`)."""
-    wait_tiers_s: tuple[float, ...] = (300.0, 1800.0, 7200.0, 28800.0)
+    wait_tiers_s: tuple[float, ...] = (
+        300.0,
+        1800.0,
+        7200.0,
+        28800.0,
+        57600.0,
+        86400.0,
+        172800.0,
+        345600.0,
+        691200.0,
+        1382400.0,
+    )
     """Waiting-time thresholds (seconds) of the objective's waiting-time level: among plans
     placing as many pods of each priority, the one placing pods past more thresholds wins
-    (:func:`planner.demand.pod_weights`).  Empty: no waiting-time level."""
+    (:func:`planner.demand.pod_weights`).  Empty: no waiting-time level.  5 min, 30 min, 2 h,
+    8 h, then 16 h, 1, 2, 4, 8 and 16 days (2026-12-02; before, the last tier was 8 h): in a
+    queue that lasts days every pod is past 8 h, and with one top tier a `4g` pod that waited
+    four days tied with a `7g` pod that waited nine hours for a freed `7g` GPU, which churn
+    then gave to the younger one (README design notes, "Waiting tiers reach past 8 h")."""
     max_candidate_nodes: int = 64
     """Per pod group, at most this many candidate nodes enter the CP-SAT model (pruning)."""
     max_model_gpus: int = 96

@@ -611,7 +611,7 @@ def test_free_slices_wait_for_an_older_starving_pod_to_be_planned(
     node's free slices from the younger one, and the next plan repartitions the 7g for it;
     before that, the younger pod takes the free slice at once.  That is a shallow queue; two
     units waiting on two GPUs is a deep one for a ``drain_queue_limit`` of 0.1 per GPU
-    (threshold: 1 unit), where throughput comes first and only a pod past the last tier (8 h)
+    (threshold: 1 unit), where throughput comes first and only a pod past ``aged_after_s`` (8 h)
     keeps slices."""
     four = "nvidia.com/mig-4g.40gb"
     config = dataclasses.replace(CONFIG, drain_queue_limit=queue_limit)
@@ -644,7 +644,7 @@ def test_in_a_deep_queue_free_slices_go_to_the_smallest_pods_first(
     each.  In a shallow queue free slices go oldest first: the older pod takes both.  When more
     units wait than ``drain_queue_limit`` per GPU (4 units on 2 GPUs, threshold 1) throughput
     rules, as in the plan's objective (pods placed): the two one-GPU pods get them and the
-    older pod waits, unless it has waited past the last waiting tier (8 h)."""
+    older pod waits, unless it has waited past ``aged_after_s`` (8 h)."""
     now = T0 + 30
     whole = gated("whole", SEVEN_G, created=now - whole_waited)
     whole["spec"]["containers"][0]["resources"]["limits"][SEVEN_G] = "2"
@@ -672,7 +672,7 @@ def test_in_a_deep_queue_free_slices_go_to_the_smallest_pods_first(
 
 
 def test_in_a_deep_queue_a_pod_past_the_last_tier_keeps_one_node_only() -> None:
-    """Deep queue (5 units on 4 GPUs, threshold 1): two 4g pods past the last tier (8 h) that
+    """Deep queue (5 units on 4 GPUs, threshold 1): two 4g pods past ``aged_after_s`` (8 h) that
     no free slice serves, and three young 7g pods.  Free 7g instances: one on n1, two on n2.
     The oldest 4g pod keeps n2 (the most idle compute) for the next plan; the second 4g pod
     keeps nothing more (one node per request), so a young 7g pod takes n1's free instance.
@@ -775,3 +775,39 @@ def test_with_drain_overtaken_only_an_overtaken_pod_is_drained() -> None:
     assert reservation(c, "big").state is State.DRAINING
     with pytest.raises(ValueError, match="drain_overtaken"):
         dataclasses.replace(CONFIG, drain_overtaken=-1)
+
+
+@pytest.mark.parametrize(("aged_after", "whole_first"), [(28_800.0, False), (20_000.0, True)])
+def test_in_a_deep_queue_aged_after_decides_who_goes_first(
+    aged_after: float, whole_first: bool
+) -> None:
+    """The deep-queue rule of the smallest-first test with the older pod at 25,000 s: under the
+    default ``aged_after_s`` (8 h, below the planner's last waiting tier since 2026-12-02) the
+    two one-GPU pods take the free instances; with ``aged_after_s`` at 20,000 s the older
+    two-GPU pod has aged and takes both."""
+    now = T0 + 25_000
+    whole = gated("whole", SEVEN_G, created=now - 25_000)
+    whole["spec"]["containers"][0]["resources"]["limits"][SEVEN_G] = "2"
+    config = dataclasses.replace(CONFIG, drain_queue_limit=0.1, aged_after_s=aged_after)
+    c = Cluster(
+        with_alloc(node("n1", MIG), **{"7g_80gb": 2}),
+        applied_np(
+            "n1", status_gpu(0, ("7g.80gb", 0, False)), status_gpu(1, ("7g.80gb", 0, False))
+        ),
+        whole,
+        gated("one", SEVEN_G, created=now - 20),
+        gated("two", SEVEN_G, created=now - 10),
+    )
+    c.step(now, config)
+    if whole_first:
+        assert reservation(c, "whole").state is State.RELEASED
+        assert reservation(c, "one") is None and reservation(c, "two") is None
+    else:
+        assert reservation(c, "whole") is None
+        assert reservation(c, "one").state is State.RELEASED
+        assert reservation(c, "two").state is State.RELEASED
+
+
+def test_a_negative_aged_after_is_refused() -> None:
+    with pytest.raises(ValueError, match="aged_after_s"):
+        DecideConfig(catalog=CONFIG.catalog, aged_after_s=-1.0)

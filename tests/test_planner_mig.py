@@ -291,3 +291,33 @@ def test_a_group_of_identical_pods_gives_its_places_to_the_longest_waiting() -> 
     result = plan(snap)
     assert result.status == "OPTIMAL"
     assert set(result.assignments) == {"b"}
+
+
+@pytest.mark.parametrize(
+    ("tiers", "winner"),
+    [
+        (PlannerSettings().wait_tiers_s, "old4g"),
+        ((300.0, 1800.0, 7200.0, 28800.0), "young7g"),  # the tiers before 2026-12-02
+    ],
+)
+def test_past_eight_hours_the_older_pod_still_wins_a_freed_gpu(
+    tiers: tuple[float, ...], winner: str
+) -> None:
+    """One free 7g.80gb; a 7g pod that has waited 9 h and a 4g pod that has waited 4 days (a
+    queue that lasts). Either places one pod. With tiers past 8 h the 4-day pod is in a higher
+    tier and gets the GPU (carved into a 4g); with 8 h as the last tier both sit in it, and
+    churn gives the GPU to the 7g pod, whose instance is already there."""
+    snap = Snapshot(
+        (node("n", gpu(0, ("7g.80gb", 0, False))),),
+        (
+            pod("young7g", "7g.80gb", waited_s=9 * 3600.0),
+            pod("old4g", "4g.40gb", waited_s=4 * 86400.0 + 60),
+        ),
+    )
+    result = plan(snap, PlannerSettings(wait_tiers_s=tiers))
+    assert result.status == "OPTIMAL"
+    assert set(result.assignments) == {winner}
+    if winner == "old4g":
+        assert ("4g.40gb", 0) in layout_of(result, snap, "n", 0)
+    else:
+        assert ("n", 0) not in result.layouts
