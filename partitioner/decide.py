@@ -212,7 +212,8 @@ class DecideConfig:
     """In a deep queue (``drain_queue_limit``) a pod that has waited this long is served
     oldest first, ahead of the smaller pods, and a one-GPU one keeps one node's free slices
     for the next plan (module docstring, step 5).  8 h, the planner's fourth waiting tier
-    (until 2026-12-02 its last); the tiers beyond it only order plans."""
+    (until 2026-12-02 its last); the tiers beyond it only order plans.  Planner tiers that end
+    sooner cap it at their last one; with no tiers no pod ages."""
     drain_overtaken: int = 0
     """Drain only for a pod that at least this many younger slice pods have overtaken (bound
     now, created after it): starvation relative to the queue rather than waiting alone.  0
@@ -1079,8 +1080,12 @@ class _Step:
         offered = frozenset(free_nodes)
         tiers = self.config.planner_settings.wait_tiers_s
         deep = self.deep_queue()
-        aged = min(self.config.aged_after_s, tiers[-1]) if tiers else math.inf
-        starving_after = (aged if deep else tiers[0]) if tiers else math.inf
+        if not tiers:
+            starving_after = math.inf
+        elif deep:
+            starving_after = min(self.config.aged_after_s, tiers[-1])
+        else:
+            starving_after = tiers[0]
         now, managed, restricted = self.now, self.managed, self.restricted
         # Only the pods the loop below would not skip take part, and only they are ranked:
         # those a free slice could serve (``offered`` only shrinks), and those old enough to

@@ -671,7 +671,7 @@ def test_in_a_deep_queue_free_slices_go_to_the_smallest_pods_first(
     assert sorted(got.values()) == [(0,), (1,)]
 
 
-def test_in_a_deep_queue_a_pod_past_the_last_tier_keeps_one_node_only() -> None:
+def test_in_a_deep_queue_a_pod_past_aged_after_keeps_one_node_only() -> None:
     """Deep queue (5 units on 4 GPUs, threshold 1): two 4g pods past ``aged_after_s`` (8 h) that
     no free slice serves, and three young 7g pods.  Free 7g instances: one on n1, two on n2.
     The oldest 4g pod keeps n2 (the most idle compute) for the next plan; the second 4g pod
