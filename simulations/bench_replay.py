@@ -58,6 +58,17 @@ costs them (nos-like greedy serves those only once no smaller pod waits, since k
 spreads pods so nodes seldom empty; gpuslice packs and serves them in turn).  The settings in
 the JSON name the option; the table's whole-node column is then empty.
 
+Trace log
+---------
+``--trace-log FILE`` also writes, per cell and policy, what the summary counts but does not
+show: every GPU layout an applied spec changed (time, node, GPU, devices before and after,
+the pods waiting then per request), those changes counted by transition (``7g.80gb ->
+4g.40gb``: 260 on openb default at 5 nodes), and every pod's arrival, first binding and
+pending time.  It answers "what are the reconfigurations for" and "who waits, when" without
+patching the replay (:attr:`~simulations.replay.engine.ReplaySettings.record_changes`;
+spec-driven changes only: DRA prepares and static layouts are not specs).  Recording changes
+no decision.
+
 Output: one JSON document (``--out FILE`` also writes it there; ``--report DIR`` writes the
 Markdown report with plots).  Runs take minutes on the full trace; ``--compression`` and
 ``--limit`` make smaller runs.
@@ -95,7 +106,7 @@ from simulations.replay.engine import (
     parse_policy,
     run_time_replay,
 )
-from simulations.replay.metrics import ReplayResult, summarize
+from simulations.replay.metrics import ReplayResult, request_shape, summarize
 from simulations.replay.static_layouts import StaticPolicy, best_static, static_candidates
 from simulations.reports.out_file import out_file_error
 from simulations.saturation.geometry_bound import geometry_bound
@@ -226,6 +237,38 @@ def verdict(cpsat: dict[str, Any], greedy: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+_TRACE_LOG = "_trace_log"
+"""Key of a cell's trace log in :func:`_cell`'s summary; :func:`main` moves it to ``--trace-log``."""
+
+
+def layout_shape(devices: Sequence[str]) -> str:
+    """A GPU layout without positions: ``4g.40gb+3g.40gb`` (device order), ``-`` if empty."""
+    return "+".join(d.split("@", 1)[0] for d in devices) or "-"
+
+
+def trace_log(result: ReplayResult) -> dict[str, Any]:
+    """One replay's ``--trace-log`` entry: how often each layout became each other one
+    (``transitions``, most frequent first), every layout change with the waiting queue then,
+    and every pod's arrival, first binding and total pending time."""
+    transitions = Counter(
+        f"{layout_shape(c.before)} -> {layout_shape(c.after)}" for c in result.layout_changes
+    )
+    return {
+        "transitions": dict(sorted(transitions.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "layout_changes": [c.as_dict() for c in result.layout_changes],
+        "pods": [
+            {
+                "name": p.name,
+                "request": request_shape(p.requests),
+                "arrival": p.arrival,
+                "first_bound": p.first_bound,
+                "pending_s": p.pending_at(result.end),
+            }
+            for p in result.pods
+        ],
+    }
+
+
 def _cell(job: tuple[str, int, str, dict[str, Any]]) -> tuple[str, int, str, dict[str, Any]]:
     """One (trace, nodes, policy) replay, in its own process when ``--jobs`` > 1."""
     trace, nodes, name, opts = job
@@ -257,6 +300,8 @@ def _cell(job: tuple[str, int, str, dict[str, Any]]) -> tuple[str, int, str, dic
     out["gpu_pods"] = len(pods)
     out["times_from"] = times_from
     out["wall_s"] = round(result.wall_s, 1)
+    if settings.record_changes:
+        out[_TRACE_LOG] = trace_log(result)
     print(
         f"bench_replay: {trace} {nodes} nodes {name}: p95 {out['pending_p95_s']:.0f} s, "
         f"p99 {out['pending_p99_s']:.0f} s, {result.wall_s:.0f} s wall",
@@ -344,6 +389,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out")
     ap.add_argument("--report", help="write the Markdown report (one trace and node count only)")
     ap.add_argument(
+        "--trace-log",
+        metavar="FILE",
+        help="also write, per cell and policy, every GPU layout an applied spec changed (with "
+        "the waiting queue then), the layout transitions counted, and every pod's wait (JSON)",
+    )
+    ap.add_argument(
         "--render",
         nargs="+",
         metavar="JSON",
@@ -381,7 +432,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "--out wrote"
                 )
             return 0
-    for option, path in (("--out", args.out), ("--report", args.report)):
+    for option, path in (
+        ("--out", args.out),
+        ("--report", args.report),
+        ("--trace-log", args.trace_log),
+    ):
         if problem := out_file_error(option, path):
             ap.error(problem)  # before the replays, which may take an hour
 
@@ -416,6 +471,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     if args.mapping:
         opts["settings"]["mapping"] = args.mapping  # type: ignore[index]
+    if args.trace_log:
+        opts["settings"]["record_changes"] = True  # type: ignore[index]
     label = cluster_label(opts)
     jobs = [(t, n, p, opts) for t in traces for n in node_counts for p in wanted]
     t0 = time.perf_counter()
@@ -427,7 +484,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         done = [_cell(j) for j in jobs]
     cells: dict[tuple[str, int], dict[str, Any]] = {}
+    logs: list[dict[str, Any]] = []
     for trace, nodes, name, summary in done:
+        log = summary.pop(_TRACE_LOG, None)
+        if log is not None:
+            logs.append({"trace": trace, "nodes": nodes, "policy": name, **log})
+            top = ", ".join(f"{k} {v}" for k, v in list(log["transitions"].items())[:3])
+            print(
+                f"bench_replay: {trace} {nodes} nodes {name}: "
+                f"{len(log['layout_changes'])} GPU layout changes ({top or 'none'})",
+                file=sys.stderr,
+            )
         cell = cells.setdefault(
             (trace, nodes),
             {"trace": trace, "nodes": nodes, "gpus": nodes * 8, "policies": {}},
@@ -465,6 +532,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out:
         with open(args.out, "w") as f:
             f.write(text + "\n")
+    if args.trace_log:
+        with open(args.trace_log, "w") as f:
+            json.dump({"command": doc["command"], "date": doc["date"], "cells": logs}, f)
+            f.write("\n")
     if args.report and len(cells) == 1:
         _write_report(args, traces[0], node_counts[0], opts)
     return 0

@@ -100,6 +100,7 @@ import heapq
 import math
 import random
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
@@ -128,9 +129,22 @@ from simulations.inputs.mapping import MappingError, make_mapping
 from simulations.inputs.workload import Pod, Workload
 from simulations.inputs.workload_slices import SliceRequestError, direct_requests
 from simulations.replay.dra import DraPools
-from simulations.replay.fake_cluster import Device, FakeCluster, FakeClusterError, FakeGpu, FakeNode
+from simulations.replay.fake_cluster import (
+    ApplyResult,
+    Device,
+    FakeCluster,
+    FakeClusterError,
+    FakeGpu,
+    FakeNode,
+)
 from simulations.replay.kube import Conflict, Invalid, Kubelet, Scheduler, SimApi
-from simulations.replay.metrics import PlanRecord, PodRecord, ReplayResult
+from simulations.replay.metrics import (
+    LayoutChange,
+    PlanRecord,
+    PodRecord,
+    ReplayResult,
+    request_shape,
+)
 from simulations.replay.static_layouts import StaticPolicy, assign_static, static_policy
 
 __all__ = [
@@ -230,6 +244,10 @@ class ReplaySettings:
     recreate_delay_s: float = 1.0
     """A pod the kubelet rejected (stale allocatable) is created again by its controller this
     long after (the controller's reaction, scheduling and admission round trip)."""
+    record_changes: bool = False
+    """Record every GPU layout an applied spec changed, with the waiting queue at that moment
+    (:attr:`ReplayResult.layout_changes`; ``bench_replay --trace-log``).  Off by default: a
+    full openb replay changes a few hundred GPUs, a long one many more."""
     epoch_s: float = 1_767_225_600.0
     """Wall-clock time of simulated time 0 (2026-01-01 UTC): pod timestamps and the partitioner's
     clock are ``epoch_s + t``."""
@@ -1032,6 +1050,14 @@ class _Engine:
             # by a plan on a free slice is released there).
             self._dirty(t, own=True)
 
+    def _record_changes(self, t: float, res: ApplyResult) -> None:
+        waiting = Counter(request_shape(p.slices) for p in self.index.waiting() if p.slices)
+        queue = dict(sorted(waiting.items()))
+        for c in res.changes:
+            self.result.layout_changes.append(
+                LayoutChange(t, res.node, c.gpu, c.before, c.after, queue)
+            )
+
     def _write_spec(self, t: float, action: WriteSpec) -> bool:
         node = self.fake.nodes.get(action.node)
         if node is None or node.spec is not None:
@@ -1158,6 +1184,8 @@ class _Engine:
             res = self.fake.apply_spec(node)
             if res.gpus_changed:
                 self.result.reconfigurations.append((t, res.gpus_changed))
+                if self.settings.record_changes:
+                    self._record_changes(t, res)
             for victim in res.disrupted:
                 self.result.disruptions += 1
                 self.records[victim].disruptions += 1

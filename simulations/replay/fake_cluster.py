@@ -71,7 +71,9 @@ __all__ = [
     "FakeClusterError",
     "FakeGpu",
     "FakeNode",
+    "GpuChange",
     "NodeSpec",
+    "device_names",
 ]
 
 MIB_PER_GIB = 1024
@@ -158,6 +160,28 @@ class FakeNode:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuChange:
+    """One GPU's layout before and after an applied spec, as device names (``<profile>@<start>``
+    for MIG instances, ``<resource>@<position>`` for MPS slices, ``<resource>@<host>/<position>``
+    for MPS slices inside a hybrid host instance), in the GPU's device order."""
+
+    gpu: int
+    before: tuple[str, ...]
+    after: tuple[str, ...]
+
+
+def device_names(g: FakeGpu) -> tuple[str, ...]:
+    """:class:`GpuChange`'s names of a GPU's devices (host instances included)."""
+    out: list[str] = []
+    for d in g.devices:
+        if d.host >= 0:
+            out.append(f"{d.resource}@{d.host}/{d.slot}")
+        else:
+            out.append(f"{d.profile or d.resource}@{d.slot}")
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
 class ApplyResult:
     """What applying one spec did."""
 
@@ -167,6 +191,8 @@ class ApplyResult:
     destroyed: int
     disrupted: tuple[str, ...]
     """Pods whose bound device the spec removed (evicted)."""
+    changes: tuple[GpuChange, ...] = ()
+    """The GPUs whose layout changed (``gpus_changed`` of them), in index order."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -471,7 +497,8 @@ class FakeCluster:
         n = self._node(node)
         if n.spec is None:
             raise FakeClusterError(f"node {node!r} has no spec in flight")
-        created = destroyed = changed = 0
+        created = destroyed = 0
+        changes: list[GpuChange] = []
         disrupted: list[str] = []
         for gi, pg in sorted(n.spec.layouts.items()):
             g = n.gpus[gi]
@@ -481,15 +508,17 @@ class FakeCluster:
             disrupted.extend(d.pod for d in removed if d.pod is not None)
             created += len(new)
             destroyed += len(removed)
-            changed += bool(new or removed)
+            before = device_names(g) if new or removed else ()
             g.devices = kept + new
             g.sort()
+            if new or removed:
+                changes.append(GpuChange(gi, before, device_names(g)))
         n.spec = None
         pods = tuple(dict.fromkeys(disrupted))
         for pod in pods:
             self._unbind(pod)
         self._recount(n)
-        return ApplyResult(n.name, changed, created, destroyed, pods)
+        return ApplyResult(n.name, len(changes), created, destroyed, pods, tuple(changes))
 
     def _match(
         self, n: FakeNode, g: FakeGpu, pg: PlannedGpu

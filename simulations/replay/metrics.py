@@ -39,17 +39,19 @@ Metric definitions (:func:`summarize`)
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "LayoutChange",
     "PlanRecord",
     "PodRecord",
     "ReplayResult",
     "ReplaySummary",
     "nearest_rank",
     "pending_by_size",
+    "request_shape",
     "summarize",
     "time_weighted_mean",
 ]
@@ -86,6 +88,31 @@ class PlanRecord:
     """True when an identical input was planned before and its plan was reused."""
 
 
+@dataclass(frozen=True, slots=True)
+class LayoutChange:
+    """One GPU whose layout an applied spec changed (``ReplaySettings.record_changes``)."""
+
+    time: float
+    node: str
+    gpu: int
+    before: tuple[str, ...]
+    after: tuple[str, ...]
+    """Device names, :class:`simulations.replay.fake_cluster.GpuChange`'s."""
+    waiting: dict[str, int]
+    """Pods waiting to be bound at that moment, per request (:func:`request_shape`): what the
+    change was made for, or around."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "time": self.time,
+            "node": self.node,
+            "gpu": self.gpu,
+            "before": list(self.before),
+            "after": list(self.after),
+            "waiting": self.waiting,
+        }
+
+
 @dataclass(slots=True)
 class ReplayResult:
     policy: str
@@ -115,6 +142,9 @@ class ReplayResult:
     """Time during which at least one pod waited."""
     idle_gpu_s_waiting: float = 0.0
     """GPU-seconds of GPUs with nothing bound, during :attr:`waiting_span_s`."""
+    layout_changes: list[LayoutChange] = field(default_factory=list)
+    """Every GPU an applied spec changed, with the waiting queue then (only with
+    ``ReplaySettings.record_changes``; DRA prepares and static layouts are not specs)."""
 
     def pending_times(self) -> list[float]:
         return [p.pending_at(self.end) for p in self.pods]
@@ -186,12 +216,17 @@ class ReplaySummary:
         }
 
 
+def request_shape(requests: Mapping[str, int]) -> str:
+    """A pod's request as one label: ``nvidia.com/mig-7g.80gb x2`` (several resources joined
+    by `` + ``, by name)."""
+    return " + ".join(f"{r} x{k}" for r, k in sorted(requests.items()))
+
+
 def pending_by_size(result: ReplayResult) -> dict[str, dict[str, float]]:
-    """Pending-time percentiles per request shape (``nvidia.com/mig-7g.80gb x2``)."""
+    """Pending-time percentiles per request shape (:func:`request_shape`)."""
     groups: dict[str, list[float]] = {}
     for p in result.pods:
-        shape = " + ".join(f"{r} x{k}" for r, k in sorted(p.requests.items()))
-        groups.setdefault(shape, []).append(p.pending_at(result.end))
+        groups.setdefault(request_shape(p.requests), []).append(p.pending_at(result.end))
     return {
         shape: {
             "pods": float(len(v)),
