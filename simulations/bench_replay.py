@@ -106,7 +106,7 @@ from simulations.replay.engine import (
     parse_policy,
     run_time_replay,
 )
-from simulations.replay.metrics import ReplayResult, request_shape, summarize
+from simulations.replay.metrics import ReplayResult, request_shape, summarize, transitions
 from simulations.replay.static_layouts import StaticPolicy, best_static, static_candidates
 from simulations.reports.out_file import out_file_error
 from simulations.saturation.geometry_bound import geometry_bound
@@ -241,20 +241,12 @@ _TRACE_LOG = "_trace_log"
 """Key of a cell's trace log in :func:`_cell`'s summary; :func:`main` moves it to ``--trace-log``."""
 
 
-def layout_shape(devices: Sequence[str]) -> str:
-    """A GPU layout without positions: ``4g.40gb+3g.40gb`` (device order), ``-`` if empty."""
-    return "+".join(d.split("@", 1)[0] for d in devices) or "-"
-
-
 def trace_log(result: ReplayResult) -> dict[str, Any]:
     """One replay's ``--trace-log`` entry: how often each layout became each other one
     (``transitions``, most frequent first), every layout change with the waiting queue then,
     and every pod's arrival, first binding and total pending time."""
-    transitions = Counter(
-        f"{layout_shape(c.before)} -> {layout_shape(c.after)}" for c in result.layout_changes
-    )
     return {
-        "transitions": dict(sorted(transitions.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "transitions": transitions(result),
         "layout_changes": [c.as_dict() for c in result.layout_changes],
         "pods": [
             {

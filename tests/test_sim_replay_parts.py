@@ -191,5 +191,15 @@ def test_simulate_time_replay_protocol_cli(
     out = capsys.readouterr().out
     assert "time replay: sweep-default (160 pods)" in out and "static:all-7g" in out
     assert (tmp_path / "replay.md").exists()
+    # what the reconfigurations were: greedy's changes, counted and tabled; a static layout has none
+    changes = json.loads((tmp_path / "layout_changes.json").read_text())["policies"]
+    greedy, static = changes
+    reconfigured = json.loads((tmp_path / "replay.json").read_text())["summaries"][0]
+    assert sum(greedy["transitions"].values()) == reconfigured["gpus_reconfigured"] > 0
+    assert len(greedy["layout_changes"]) == reconfigured["gpus_reconfigured"]
+    assert static["transitions"] == {} and static["layout_changes"] == []
+    report = (tmp_path / "replay.md").read_text()
+    top, count = next(iter(greedy["transitions"].items()))
+    assert f"| greedy | {top} | {count} |" in report
     assert main(["simulate", "--protocol", "time-replay", "--quiet", "--policy", "fifo"]) == 2
     assert "unknown replay policy" in capsys.readouterr().err

@@ -9,9 +9,9 @@ import pytest
 from openb_data import OPENB, needs_openb
 
 from planner.settings import PlannerSettings
-from simulations.bench_replay import layout_shape, main
+from simulations.bench_replay import main
 from simulations.replay.engine import ReplaySettings, run_time_replay
-from simulations.replay.metrics import nearest_rank, summarize
+from simulations.replay.metrics import layout_shape, nearest_rank, summarize
 from tests.test_sim_replay import small_workload
 
 SETTINGS = ReplaySettings(planner=PlannerSettings(time_limit_s=2))

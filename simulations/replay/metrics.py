@@ -49,11 +49,13 @@ __all__ = [
     "PodRecord",
     "ReplayResult",
     "ReplaySummary",
+    "layout_shape",
     "nearest_rank",
     "pending_by_size",
     "request_shape",
     "summarize",
     "time_weighted_mean",
+    "transitions",
 ]
 
 
@@ -220,6 +222,21 @@ def request_shape(requests: Mapping[str, int]) -> str:
     """A pod's request as one label: ``nvidia.com/mig-7g.80gb x2`` (several resources joined
     by `` + ``, by name)."""
     return " + ".join(f"{r} x{k}" for r, k in sorted(requests.items()))
+
+
+def layout_shape(devices: Sequence[str]) -> str:
+    """A GPU layout without positions: ``4g.40gb+3g.40gb`` (device order), ``-`` if empty."""
+    return "+".join(d.split("@", 1)[0] for d in devices) or "-"
+
+
+def transitions(result: ReplayResult) -> dict[str, int]:
+    """How often each GPU layout became each other one (``7g.80gb -> 4g.40gb``), most
+    frequent first (ties by name), over :attr:`ReplayResult.layout_changes`."""
+    counts: dict[str, int] = {}
+    for c in result.layout_changes:
+        key = f"{layout_shape(c.before)} -> {layout_shape(c.after)}"
+        counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def pending_by_size(result: ReplayResult) -> dict[str, dict[str, float]]:

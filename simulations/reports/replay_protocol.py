@@ -3,7 +3,8 @@
 :func:`run_replay_protocol` replays one workload on one cluster once per policy
 (:func:`simulations.replay.engine.parse_policy` names: ``cpsat``, ``greedy``, ``static:<layout>``;
 default :data:`DEFAULT_POLICIES`), returns the comparison table, and with ``out`` writes the
-Markdown report, JSON and plots (:func:`simulations.reports.replay_report.write_replay_report`).
+Markdown report, JSON, plots and every layout change
+(:func:`simulations.reports.replay_report.write_replay_report`).
 :func:`builtin_scenario` is the small MIG scenario used when the user names no trace and no
 cluster (:func:`simulations.replay.sweep.default_scenario`).  Errors are :class:`ReplayError` (or
 another ``ValueError``) naming the input to fix.
@@ -12,6 +13,7 @@ another ``ValueError``) naming the input to fix.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from simulations.inputs.cluster import Cluster
@@ -43,6 +45,8 @@ def run_replay_protocol(
     if not names:
         raise ReplayError("no replay policy given; use e.g. cpsat,greedy,static:balanced")
     parsed = [parse_policy(n) for n in names]
+    if out is not None:  # the report says what the reconfigurations were
+        settings = replace(settings, record_changes=True)
     results: list[ReplayResult] = []
     for i, policy in enumerate(parsed):
         if progress is not None:

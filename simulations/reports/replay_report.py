@@ -8,7 +8,10 @@ Output of :func:`write_replay_report` in a directory:
 * ``pending_cdf.png`` — the empirical CDF of pending time per policy (log x axis; a pod never
   scheduled counts with its censored wait);
 * ``reconfigurations.png`` — cumulative GPUs reconfigured over time per policy;
-* ``allocation.png`` — the allocation step function over time per policy.
+* ``allocation.png`` — the allocation step function over time per policy;
+* ``layout_changes.json`` — per policy, every GPU layout an applied spec changed (devices
+  before and after, the pods waiting then per request) and the changes counted by transition;
+  the report tables the most frequent ("What the reconfigurations were").
 
 Plots use matplotlib's Agg backend (no display needed).  The saturation protocol's report
 (allocation against arrived demand) is :func:`simulations.bench_saturation.write_report`.
@@ -22,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from simulations.replay.metrics import ReplayResult, ReplaySummary, summarize
+from simulations.replay.metrics import ReplayResult, ReplaySummary, summarize, transitions
 
 __all__ = [
     "COLUMNS",
@@ -58,6 +61,7 @@ REPLAY_FILES: tuple[str, ...] = (
     "pending_cdf.png",
     "reconfigurations.png",
     "allocation.png",
+    "layout_changes.json",
 )
 """Every file :func:`write_replay_report` writes, report first."""
 
@@ -171,12 +175,18 @@ def write_replay_report(
     context: Mapping[str, Any] | None = None,
     notes: Sequence[str] = (),
 ) -> Path:
-    """Write :data:`REPLAY_FILES` (``replay.md``, ``replay.json`` and the three PNGs) into
-    ``out_dir``; return the .md."""
+    """Write :data:`REPLAY_FILES` (``replay.md``, ``replay.json``, the three PNGs and
+    ``layout_changes.json``) into ``out_dir``; return the .md.
+
+    ``layout_changes.json`` holds, per policy, every GPU layout an applied spec changed with
+    the waiting queue then and the changes counted by transition; the report tables the most
+    frequent transitions.  Both are empty for results replayed without
+    ``ReplaySettings.record_changes`` (:func:`simulations.reports.replay_protocol.run_replay_protocol`
+    turns it on when it writes a report)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     summaries = [summarize(r) for r in results]
-    md_name, json_name, cdf_name, reconf_name, alloc_name = REPLAY_FILES
+    md_name, json_name, cdf_name, reconf_name, alloc_name, changes_name = REPLAY_FILES
     plots = {
         cdf_name: plot_pending_cdf(results, out / cdf_name),
         reconf_name: plot_reconfigurations(results, out / reconf_name),
@@ -198,6 +208,25 @@ def write_replay_report(
     ]
     for name in plots:
         lines += [f"![{name[:-4]}]({name})", ""]
+    counted = [(r.policy, transitions(r)) for r in results]
+    (out / changes_name).write_text(
+        json.dumps(
+            {
+                "policies": [
+                    {
+                        "policy": r.policy,
+                        "transitions": counts,
+                        "layout_changes": [c.as_dict() for c in r.layout_changes],
+                    }
+                    for r, (_, counts) in zip(results, counted, strict=True)
+                ]
+            },
+            indent=1,
+        )
+        + "\n"
+    )
+    if any(counts for _, counts in counted):
+        lines += _transition_lines(counted, changes_name)
     all_notes = [*notes, *(n for r in results for n in r.notes)]
     errors = [f"{r.policy}: {e}" for r in results for e in r.planner_errors[:3]]
     if all_notes or errors:
@@ -205,3 +234,28 @@ def write_replay_report(
     md = out / md_name
     md.write_text("\n".join(lines))
     return md
+
+
+TOP_TRANSITIONS = 6
+"""Transitions per policy the report tables (the JSON holds them all)."""
+
+
+def _transition_lines(counted: Sequence[tuple[str, Mapping[str, int]]], name: str) -> list[str]:
+    """The report's "What the reconfigurations were" section: per policy, its most frequent
+    layout transitions (GPU layout before -> after, positions dropped) and their share."""
+    lines = [
+        "## What the reconfigurations were",
+        "",
+        "GPUs changed by applied specs, by layout before -> after (`-`: no instance), the "
+        f"{TOP_TRANSITIONS} most frequent per policy; every change, with the pods waiting then, "
+        f"is in [{name}]({name}).",
+        "",
+        "| policy | transition | GPUs | share |",
+        "|---|---|---|---|",
+    ]
+    for policy, counts in counted:
+        total = sum(counts.values())
+        for key, n in list(counts.items())[:TOP_TRANSITIONS]:
+            lines.append(f"| {policy} | {key} | {n} | {100 * n / total:.0f} % |")
+    lines.append("")
+    return lines
