@@ -106,7 +106,7 @@ from simulations.replay.engine import (
     parse_policy,
     run_time_replay,
 )
-from simulations.replay.metrics import ReplayResult, request_shape, summarize, transitions
+from simulations.replay.metrics import ReplayResult, change_log, request_shape, summarize
 from simulations.replay.static_layouts import StaticPolicy, best_static, static_candidates
 from simulations.reports.out_file import out_file_error
 from simulations.saturation.geometry_bound import geometry_bound
@@ -246,8 +246,7 @@ def trace_log(result: ReplayResult) -> dict[str, Any]:
     (``transitions``, most frequent first), every layout change with the waiting queue then,
     and every pod's arrival, first binding and total pending time."""
     return {
-        "transitions": transitions(result),
-        "layout_changes": [c.as_dict() for c in result.layout_changes],
+        **change_log(result),
         "pods": [
             {
                 "name": p.name,

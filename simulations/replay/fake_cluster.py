@@ -171,13 +171,13 @@ class GpuChange:
 
 
 def device_names(g: FakeGpu) -> tuple[str, ...]:
-    """:class:`GpuChange`'s names of a GPU's devices (host instances included)."""
+    """:class:`GpuChange`'s names of a GPU's devices (host instances included): each
+    device's :attr:`Device.key`, its name and slot joined by ``@`` (``/`` inside a host, whose
+    key already names the host as ``<resource>@<host>``)."""
     out: list[str] = []
     for d in g.devices:
-        if d.host >= 0:
-            out.append(f"{d.resource}@{d.host}/{d.slot}")
-        else:
-            out.append(f"{d.profile or d.resource}@{d.slot}")
+        name, slot = d.key
+        out.append(f"{name}/{slot}" if d.host >= 0 else f"{name}@{slot}")
     return tuple(out)
 
 
@@ -508,10 +508,10 @@ class FakeCluster:
             disrupted.extend(d.pod for d in removed if d.pod is not None)
             created += len(new)
             destroyed += len(removed)
-            before = device_names(g) if new or removed else ()
+            before = device_names(g) if new or removed else None
             g.devices = kept + new
             g.sort()
-            if new or removed:
+            if before is not None:
                 changes.append(GpuChange(gi, before, device_names(g)))
         n.spec = None
         pods = tuple(dict.fromkeys(disrupted))

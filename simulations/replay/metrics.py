@@ -49,6 +49,7 @@ __all__ = [
     "PodRecord",
     "ReplayResult",
     "ReplaySummary",
+    "change_log",
     "layout_shape",
     "nearest_rank",
     "pending_by_size",
@@ -237,6 +238,16 @@ def transitions(result: ReplayResult) -> dict[str, int]:
         key = f"{layout_shape(c.before)} -> {layout_shape(c.after)}"
         counts[key] = counts.get(key, 0) + 1
     return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def change_log(result: ReplayResult) -> dict[str, Any]:
+    """A replay's layout changes for a JSON file: :func:`transitions` and every
+    :class:`LayoutChange` (``bench_replay --trace-log``, the time-replay report's
+    ``layout_changes.json``)."""
+    return {
+        "transitions": transitions(result),
+        "layout_changes": [c.as_dict() for c in result.layout_changes],
+    }
 
 
 def pending_by_size(result: ReplayResult) -> dict[str, dict[str, float]]:

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from simulations.replay.metrics import ReplayResult, ReplaySummary, summarize, transitions
+from simulations.replay.metrics import ReplayResult, ReplaySummary, change_log, summarize
 
 __all__ = [
     "COLUMNS",
@@ -208,23 +208,9 @@ def write_replay_report(
     ]
     for name in plots:
         lines += [f"![{name[:-4]}]({name})", ""]
-    counted = [(r.policy, transitions(r)) for r in results]
-    (out / changes_name).write_text(
-        json.dumps(
-            {
-                "policies": [
-                    {
-                        "policy": r.policy,
-                        "transitions": counts,
-                        "layout_changes": [c.as_dict() for c in r.layout_changes],
-                    }
-                    for r, (_, counts) in zip(results, counted, strict=True)
-                ]
-            },
-            indent=1,
-        )
-        + "\n"
-    )
+    logs = [{"policy": r.policy, **change_log(r)} for r in results]
+    (out / changes_name).write_text(json.dumps({"policies": logs}, indent=1) + "\n")
+    counted = [(log["policy"], log["transitions"]) for log in logs]
     if any(counts for _, counts in counted):
         lines += _transition_lines(counted, changes_name)
     all_notes = [*notes, *(n for r in results for n in r.notes)]
