@@ -174,11 +174,18 @@ def aggregate(cases: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "p50": _geomean_ratio([(a["pending_p50_s"], b["pending_p50_s"]) for a, b in pairs]),
             "p95": _geomean_ratio([(a["pending_p95_s"], b["pending_p95_s"]) for a, b in pairs]),
             "p99": _geomean_ratio([(a["pending_p99_s"], b["pending_p99_s"]) for a, b in pairs]),
+            "mean": _geomean_ratio([(a["pending_mean_s"], b["pending_mean_s"]) for a, b in pairs]),
         },
         "totals": {
             p: {
                 k: sum(c["policies"][p][k] for c in cases)
-                for k in ("theft", "pods_disrupted", "never_scheduled", "gpus_reconfigured")
+                for k in (
+                    "theft",
+                    "pods_disrupted",
+                    "never_scheduled",
+                    "gpus_reconfigured",
+                    "overtakes",
+                )
             }
             for p in POLICIES
         },
@@ -203,7 +210,8 @@ def render(doc: dict[str, Any]) -> str:
     lines.append(
         f"gpuslice <= greedy in: p95 {at_most['p95']}, p99 {at_most['p99']}, "
         f"GPUs reconfigured {at_most['gpus_reconfigured']} of the cases; geometric mean "
-        f"ratio p50 {ratio['p50']}, p95 {ratio['p95']}, p99 {ratio['p99']}"
+        f"ratio p50 {ratio['p50']}, p95 {ratio['p95']}, p99 {ratio['p99']}, "
+        f"mean {ratio['mean']}"
     )
     for p, t in agg["totals"].items():
         lines.append(f"{p}: " + ", ".join(f"{k} {v}" for k, v in t.items()))

@@ -61,21 +61,25 @@ def test_a_case_replays_both_policies_and_is_judged() -> None:
 
 
 def test_the_aggregate_counts_what_failed() -> None:
-    def summary(p95: float, p99: float, reconf: int, theft: int = 0) -> dict[str, float]:
+    def summary(
+        p95: float, p99: float, reconf: int, theft: int = 0, mean: float = 0.0
+    ) -> dict[str, float]:
         return {
             "pending_p50_s": 0.0,
+            "pending_mean_s": mean,
             "pending_p95_s": p95,
             "pending_p99_s": p99,
             "gpus_reconfigured": reconf,
             "theft": theft,
             "pods_disrupted": 0,
             "never_scheduled": 0,
+            "overtakes": theft,
         }
 
     from simulations.bench_replay import verdict
 
-    good = {"cpsat": summary(10, 20, 5), "greedy": summary(30, 40, 6, theft=2)}
-    bad = {"cpsat": summary(500, 900, 9), "greedy": summary(600, 800, 6)}
+    good = {"cpsat": summary(10, 20, 5, mean=3), "greedy": summary(30, 40, 6, theft=2, mean=7)}
+    bad = {"cpsat": summary(500, 900, 9, mean=99), "greedy": summary(600, 800, 6, mean=24)}
     cases = [{"policies": p, "verdict": verdict(p["cpsat"], p["greedy"])} for p in (good, bad)]
     agg = aggregate(cases)
     assert agg["pass"] == 1
@@ -86,6 +90,9 @@ def test_the_aggregate_counts_what_failed() -> None:
     }
     assert agg["cpsat_at_most_greedy"] == {"p95": 1.0, "p99": 0.5, "gpus_reconfigured": 0.5}
     assert agg["totals"]["greedy"]["theft"] == 2
+    assert agg["totals"]["greedy"]["overtakes"] == 2
+    # geometric mean of (a + 1) / (b + 1): (4 / 8 * 100 / 25) ** 0.5 = 2 ** 0.5
+    assert agg["geomean_ratio_cpsat_to_greedy"]["mean"] == pytest.approx(2**0.5, abs=1e-3)
 
 
 @pytest.mark.parametrize("argv", [["--cases", "5-2"], ["--cases", "x"], ["--pods", "0"]])

@@ -67,6 +67,7 @@ def test_static_whole_gpu_queue_is_hand_computed() -> None:
     assert rec["c"].pending_s == 130  # censored: waited from 20 to the end
     s = summarize(r)
     assert (s.pending_p50_s, s.pending_p95_s, s.never_scheduled) == (90, 130, 1)
+    assert s.pending_mean_s == pytest.approx((0 + 90 + 130) / 3)
     assert s.allocation_mean == pytest.approx(1.0)
     assert s.reconfigurations_per_hour == 0 and s.plans == 0
     # b waits 10-100 and c 20-150 while a, then b, holds the GPU: nothing idle while they wait
@@ -98,6 +99,29 @@ def test_partitioner_window_and_apply_delay_are_hand_computed(
     assert s.reconfigurations_per_hour == pytest.approx(1 / ((sync + 100) / 3600))
     # the GPU idles for the whole wait (window, apply, status sync)
     assert s.waiting_span_s == pytest.approx(sync) and s.idle_gpus_while_waiting == 1
+    # the pod asks for one instance: the same span counts for one-GPU pods
+    assert s.one_gpu_waiting_span_s == pytest.approx(sync)
+    assert s.idle_gpus_while_one_gpu_pods_wait == 1
+
+
+def test_idle_while_one_gpu_pods_wait_leaves_out_pods_no_idle_gpu_can_hold() -> None:
+    # static all-7g, one GPU: a holds it 0-100; b (two GPUs) can never bind on this cluster;
+    # c (one GPU) waits 10-100 and holds it 100-130; d arrives at 200 and holds it at once
+    # until 210, the end.  While c waits the GPU is busy; from 130 to 200 only b waits,
+    # beside the idle GPU: that counts for "pods wait", not for "one-GPU pods wait".
+    pods = [
+        pod("a", "7g.80gb", 0, 100),
+        pod("b", "7g.80gb", 5, 1, k=2),
+        pod("c", "7g.80gb", 10, 30),
+        pod("d", "7g.80gb", 200, 10),
+    ]
+    r = run_time_replay(EMPTY, one_gpu(), "static:all-7g", pods=pods)
+    assert r.end == 210
+    s = summarize(r)
+    assert s.waiting_span_s == 205  # b waits from 5 to the end
+    assert s.idle_gpus_while_waiting == pytest.approx(70 / 205)
+    assert s.one_gpu_waiting_span_s == 90  # c waits from 10 to 100, d not at all
+    assert s.idle_gpus_while_one_gpu_pods_wait == 0
 
 
 def test_timeout_closes_a_window_that_keeps_getting_arrivals() -> None:

@@ -14,7 +14,13 @@ from planner.snapshot import Mode, PlannedGpu, PlannedSlice
 from simulations.inputs.workload import Pod, Workload
 from simulations.replay.engine import ReplayPod, run_time_replay
 from simulations.replay.fake_cluster import FakeCluster, FakeClusterError
-from simulations.replay.metrics import nearest_rank, summarize, time_weighted_mean
+from simulations.replay.metrics import (
+    PodRecord,
+    nearest_rank,
+    overtakes,
+    summarize,
+    time_weighted_mean,
+)
 from simulations.replay.static_layouts import (
     BUILTIN_STATIC,
     StaticLayoutError,
@@ -203,3 +209,19 @@ def test_simulate_time_replay_protocol_cli(
     assert f"| greedy | {top} | {count} |" in report
     assert main(["simulate", "--protocol", "time-replay", "--quiet", "--policy", "fifo"]) == 2
     assert "unknown replay policy" in capsys.readouterr().err
+
+
+def test_overtakes_count_pods_bound_before_an_older_pod_of_their_request() -> None:
+    def rec(name: str, arrival: float, bound: float | None, req: str = "a") -> PodRecord:
+        return PodRecord(name, arrival, {req: 1}, first_bound=bound)
+
+    fifo = [rec("p1", 0, 5), rec("p2", 1, 6), rec("p3", 2, 7)]
+    assert overtakes(fifo) == 0
+    # p3 is bound at 6 while p2 (older) waits until 9; p4 is bound while p2 waits too
+    out_of_order = [rec("p1", 0, 5), rec("p2", 1, 9), rec("p3", 2, 6), rec("p4", 3, 8)]
+    assert overtakes(out_of_order) == 2
+    # an older pod never bound is overtaken by every later binding of its request only
+    never = [rec("p1", 0, None), rec("p2", 1, 3), rec("p3", 2, 4, req="b")]
+    assert overtakes(never) == 1
+    # pods arriving at the same instant do not overtake each other
+    assert overtakes([rec("p1", 0, 9), rec("p2", 0, 1)]) == 0

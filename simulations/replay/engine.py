@@ -680,6 +680,9 @@ class _Engine:
         self.live = 0
         self.waiting = 0
         """Pods waiting to be bound (arrived or disrupted, not bound, not abandoned)."""
+        self.waiting_one_gpu = 0
+        """Of those, pods asking for one slice unit (one GPU's worth or less): any idle GPU
+        could serve one of them, given a new layout."""
         self.epoch = settings.epoch_s
         rng = random.Random(settings.seed)
         self.index = ClusterIndex(catalog)
@@ -923,6 +926,7 @@ class _Engine:
             rec.pending_s += started - rec.waiting_since
             rec.waiting_since = None
             self.waiting -= 1
+            self.waiting_one_gpu -= _one_gpu(rec.requests)
         self.seq += 1
         self.running[name] = self.seq
         self._push(started + self.pods[name].duration, _Kind.DEPART, f"{self.seq}:{name}")
@@ -1135,6 +1139,7 @@ class _Engine:
             pod = self.pods[payload]
             self.records[payload] = PodRecord(payload, t, dict(pod.requests), waiting_since=t)
             self.waiting += 1
+            self.waiting_one_gpu += _one_gpu(pod.requests)
             self._create(payload, t)
             if self.settings.max_pending_s is not None:
                 self._push(t + self.settings.max_pending_s, _Kind.ABANDON, payload)
@@ -1191,6 +1196,7 @@ class _Engine:
                 self.records[victim].disruptions += 1
                 self.records[victim].waiting_since = t
                 self.waiting += 1
+                self.waiting_one_gpu += _one_gpu(self.records[victim].requests)
                 self.running.pop(victim, None)
                 self.api.delete_pod(self._key(victim))
                 self._create(victim, t)
@@ -1218,6 +1224,7 @@ class _Engine:
                 rec.pending_s += t - rec.waiting_since
                 rec.waiting_since = None
                 self.waiting -= 1
+                self.waiting_one_gpu -= _one_gpu(rec.requests)
                 rec.abandoned = True
                 self.api.delete_pod(key)
                 self.scheduler.forget(key)
@@ -1283,6 +1290,9 @@ class _Engine:
             if self.waiting > 0:  # the state since t held until t_next
                 self.result.waiting_span_s += t_next - t
                 self.result.idle_gpu_s_waiting += (t_next - t) * idle
+                if self.waiting_one_gpu > 0:
+                    self.result.one_gpu_waiting_span_s += t_next - t
+                    self.result.idle_gpu_s_one_gpu_waiting += (t_next - t) * idle
             t = t_next
             tick = False
             while self.heap and self.heap[0][0] == t:
@@ -1313,6 +1323,11 @@ class _Engine:
         self.result.api_refusals = dict(self.api.refused)
         self.result.wall_s = time.perf_counter() - wall0
         return self.result
+
+
+def _one_gpu(requests: Mapping[str, int]) -> int:
+    """1 if a pod with ``requests`` asks for one slice unit (any idle GPU could hold it), else 0."""
+    return 1 if sum(requests.values()) == 1 else 0
 
 
 def _agent_gpus(n: FakeNode) -> list[dict[str, Any]]:

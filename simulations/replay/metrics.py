@@ -20,6 +20,8 @@ Metric definitions (:func:`summarize`)
   wait after a disruption.  A pod that is never scheduled counts with the time it waited
   (until it was abandoned, or until the end): a *censored* value, a lower bound.  Percentiles
   are nearest-rank over all pods: ``p_q`` = the ``ceil(q/100 * n)``-th smallest value.
+  The mean is over all pods too: with the same pods and the same capacity kept busy, two
+  policies have about the same mean and differ in percentiles only by whom they serve first.
 * **never scheduled**: pods not bound when the replay ends (abandoned ones included).
 * **GPU reconfigurations per hour**: the GPUs changed by all applied specs, divided by the
   replayed span ``(end - start) / 3600`` (simulated, i.e. compressed, hours).
@@ -34,6 +36,14 @@ Metric definitions (:func:`summarize`)
   their devices).  It separates capacity lost (GPUs idle while work waits: batch windows, applies,
   holds, drains, or pods no idle GPU can serve, such as a whole-node pod while every node
   runs something) from the order in which pods are served.
+* **overtakes**: pods first bound while an older pod with the same requests (arrived earlier)
+  was not bound yet: how far the order of service is from first come, first served within a
+  request (pods that arrived at the same instant do not overtake each other).
+* **idle GPUs while one-GPU pods wait**: the same mean, over the time at least one pod asking
+  for one slice unit (one MIG instance, one MPS slice) is not bound.  Any idle GPU could serve
+  such a pod after a repartition, so this is the capacity the partitioner itself leaves unused
+  while work it could place waits: batch windows, applies, kubelet syncs, holds and drains,
+  or CPU/memory a node lacks.  Pods no idle GPU can serve (multi-GPU pods) do not count here.
 """
 
 from __future__ import annotations
@@ -145,6 +155,10 @@ class ReplayResult:
     """Time during which at least one pod waited."""
     idle_gpu_s_waiting: float = 0.0
     """GPU-seconds of GPUs with nothing bound, during :attr:`waiting_span_s`."""
+    one_gpu_waiting_span_s: float = 0.0
+    """Time during which at least one pod asking for one slice unit waited."""
+    idle_gpu_s_one_gpu_waiting: float = 0.0
+    """GPU-seconds of GPUs with nothing bound, during :attr:`one_gpu_waiting_span_s`."""
     layout_changes: list[LayoutChange] = field(default_factory=list)
     """Every GPU an applied spec changed, with the waiting queue then (only with
     ``ReplaySettings.record_changes``; DRA prepares and static layouts are not specs)."""
@@ -211,6 +225,14 @@ class ReplaySummary:
     waiting_span_s: float = 0.0
     idle_gpus_while_waiting: float = 0.0
     """Mean GPUs with nothing bound while at least one pod waits (module docstring)."""
+    one_gpu_waiting_span_s: float = 0.0
+    idle_gpus_while_one_gpu_pods_wait: float = 0.0
+    """Mean GPUs with nothing bound while at least one one-unit pod waits (module docstring)."""
+    pending_mean_s: float = 0.0
+    """Mean pending time over all pods (module docstring, "pending time")."""
+    overtakes: int = 0
+    """First bindings that went to a pod while an older pod with the same requests had not
+    been bound yet (module docstring)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -266,6 +288,28 @@ def pending_by_size(result: ReplayResult) -> dict[str, dict[str, float]]:
     }
 
 
+def overtakes(pods: Sequence[PodRecord]) -> int:
+    """Pods first bound while an older pod with the same requests was still unbound (a pod
+    never bound counts as unbound to the end)."""
+    by_request: dict[tuple[tuple[str, int], ...], list[PodRecord]] = {}
+    for p in pods:
+        by_request.setdefault(tuple(sorted(p.requests.items())), []).append(p)
+    count = 0
+    for group in by_request.values():
+        group.sort(key=lambda r: r.arrival)
+        latest = -math.inf  # the latest first binding among the pods that arrived earlier
+        i = 0
+        while i < len(group):
+            j = i
+            while j < len(group) and group[j].arrival == group[i].arrival:
+                j += 1
+            bounds = [math.inf if p.first_bound is None else p.first_bound for p in group[i:j]]
+            count += sum(1 for b in bounds if b < latest)
+            latest = max(latest, *bounds)
+            i = j
+    return count
+
+
 def summarize(result: ReplayResult) -> ReplaySummary:
     """The metrics of the module docstring."""
     pending = result.pending_times()
@@ -299,5 +343,13 @@ def summarize(result: ReplayResult) -> ReplaySummary:
         waiting_span_s=result.waiting_span_s,
         idle_gpus_while_waiting=(
             result.idle_gpu_s_waiting / result.waiting_span_s if result.waiting_span_s else 0.0
+        ),
+        one_gpu_waiting_span_s=result.one_gpu_waiting_span_s,
+        pending_mean_s=sum(pending) / len(pending) if pending else 0.0,
+        overtakes=overtakes(result.pods),
+        idle_gpus_while_one_gpu_pods_wait=(
+            result.idle_gpu_s_one_gpu_waiting / result.one_gpu_waiting_span_s
+            if result.one_gpu_waiting_span_s
+            else 0.0
         ),
     )
