@@ -19,7 +19,11 @@ step:
    *hold* slices on their node (:class:`~partitioner.ledger.Hold`); ``draining`` pods are
    candidates that freeze GPUs; ungated pods kube-scheduler could not place
    (``PodScheduled=False/Unschedulable``: created while the webhook was down, or opted out) are
-   candidates too, planned as before but never released (they have no gate).
+   candidates too, planned as before but never released (they have no gate).  A gated pod
+   gpuslice can never place on its nodes as they are (no opted-in node of the right kind
+   matches it, no such node's GPU has its profile, or it asks for what gpuslice nodes never
+   advertise) loses the gate with an ``Ungated`` Event, unless an opted-in node whose GPU
+   labels cannot be read yet matches it (:meth:`_Step._give_back`).
 3. **Deadlines.**  A ``planned`` reservation on a node that has not applied its spec by the
    reservation's deadline (``apply_deadline_s``), or whose node is gone, is dropped: the pod
    goes back to the batch, the node cools down for ``cooldown_s`` (left out of plans) and both
@@ -971,6 +975,28 @@ class _Step:
         event = EmitEvent(_pod_ref(pod), "Normal", "Ungated", message)
         self.actions.append(PatchPod(pod.key, _pod_ref(pod), patch, "ungate", None, (event,)))
 
+    def _give_back(self, pod: PodInfo, reason: str) -> bool:
+        """A gated pod gpuslice can never place on its nodes as they are (``reason``: no
+        opted-in node of the right kind matches its nodeSelector, affinity and tolerations, no
+        such node's GPU has its profile, or it asks for something gpuslice nodes never offer)
+        loses the gate, unless an opted-in node whose GPU labels cannot be read yet matches it
+        (that node may still serve it).  Kept gated, it would wait forever; ungated,
+        kube-scheduler places it like any pod, e.g. on a node that is not opted in, whose own
+        device plugin advertises the slice (clusters adopt gpuslice node by node), and the
+        cluster autoscaler can act on it (a gated pod is never tried, so never unschedulable).  Returns whether the gate is being removed."""
+        if not (self.config.reservation and pod.gated):
+            return False
+        for info in self.index.nodes.values():
+            if isinstance(info.reading, NodeProblem) and pod_fits_node(pod.obj, info.obj):
+                return False
+        self._ungate(
+            pod,
+            f"gpuslice cannot place it ({reason}): gpuslice removed its scheduling gate, so "
+            f"kube-scheduler places it like any pod, on a node whose own device plugin offers "
+            f"what it asks for",
+        )
+        return True
+
     def _read_legacy(self, pod: PodInfo, in_flight: Mapping[str, str]) -> None:
         if pod.gated:
             self._ungate(pod, "reservations are off: gpuslice removed its scheduling gate")
@@ -1882,7 +1908,7 @@ class _Step:
         elif self.planned_snapshot is not None:
             self.replan_at = self._replan_at()
         for key, reason in sorted(self.rejected.items()):
-            if key in self.index.pods:
+            if key in self.index.pods and not self._give_back(self.index.pods[key], reason):
                 self.once(self.index.pods[key], "Unplaceable", f"cannot place: {reason}", "Warning")
         self.write_views()
         self._window_wakeups()

@@ -40,7 +40,9 @@ Events and relists
 is ignored, so a stale list can never overwrite newer watch state (resourceVersions are compared
 as integers when both are integers, which the API server's are in practice; otherwise any
 difference counts as newer).  :meth:`ClusterIndex.relist` reconciles one kind with a complete
-listing: objects missing from it are removed (deleted while the watch was down).
+listing: objects missing from it are removed (deleted while the watch was down), unless held at
+a newer version than the listing's snapshot, and an object whose DELETED event arrived while
+the listing was read is not brought back by it.
 
 Cost: an event costs one object's parsing; a cycle costs O(waiting pods + nodes).
 """
@@ -495,6 +497,14 @@ def _read_pod(pod: Obj, claims: Mapping[str, ClaimDemand] | None = None) -> PodI
             dra = False  # a claim not created yet: its demand is unknown, not planned yet
         elif units:
             slices = units
+    if whole and slices and not error:
+        # gpuslice nodes advertise no nvidia.com/gpu: released there, the pod could never bind
+        error = (
+            f"asks for whole GPUs ({_WHOLE_GPU}: {whole}) and slices at once; gpuslice nodes "
+            f"advertise no {_WHOLE_GPU}, so kube-scheduler could never bind it there; ask for "
+            f"slices or for whole GPUs, not both"
+        )
+        slices = {}
     scheduled = next(
         (c for c in status.get("conditions") or () if c.get("type") == "PodScheduled"), None
     )
@@ -670,11 +680,16 @@ class ClusterIndex:
         """Keys of :attr:`PodInfo.stray` pods."""
         self._claim_pod_raw: dict[str, Obj] = {}
         """Pods with claims, as received: re-read when one of their claims changes."""
+        self.deletions: dict[tuple[str, str], str | None] | None = None
+        """While not ``None`` (a listing is being read, :meth:`relist`): ``(kind, key)`` ->
+        resourceVersion of every DELETED event folded in meanwhile."""
 
     # ------------------------------------------------------------------ events
 
     def apply(self, kind: str, event_type: str | None, obj: Obj) -> None:
         """Fold one watch event (``kind``: nodes, pods or partitionings) in."""
+        if event_type == "DELETED" and self.deletions is not None:
+            self.deletions[(kind, _key_of(kind, obj))] = _rv(obj)
         if kind == "pods":
             key = pod_key(obj)
             if event_type == "DELETED":
@@ -702,19 +717,23 @@ class ClusterIndex:
         else:
             raise ValueError(f"unknown kind {kind!r}; expected one of {', '.join(KINDS)}")
 
-    def relist(self, kind: str, objs: Iterable[Obj]) -> list[str]:
-        """Reconcile ``kind`` with a complete listing; returns the keys removed."""
+    def relist(self, kind: str, objs: Iterable[Obj], version: str | None = None) -> list[str]:
+        """Reconcile ``kind`` with a complete listing; returns the keys removed.
+
+        ``version``: the listing's resourceVersion (its snapshot), when watch events may have
+        been folded in while it was read: an object held at a newer version than the snapshot
+        (created after it) stays, and a listed object whose DELETED event came in meanwhile
+        (:attr:`deletions`, at a newer version than the listed one) is not brought back.
+        """
         seen: set[str] = set()
+        deletions = self.deletions or {}
         for obj in objs:
+            key = _key_of(kind, obj)
+            seen.add(key)
+            if _later(deletions.get((kind, key)), _rv(obj)):
+                continue  # deleted after the snapshot
             self.apply(kind, None, obj)
-            seen.add(
-                pod_key(obj)
-                if kind == "pods"
-                else claim_key_of(obj)
-                if kind == "claims"
-                else str((obj.get("metadata") or {}).get("name"))
-            )
-        held: Iterable[str] = (
+        held: Mapping[str, Any] = (
             self.pods
             if kind == "pods"
             else self.nodes
@@ -723,7 +742,11 @@ class ClusterIndex:
             if kind == "claims"
             else self.partitionings
         )
-        gone = sorted(set(held) - seen)
+        gone = sorted(
+            k
+            for k in set(held) - seen
+            if not _later(self._claim_rv.get(k) if kind == "claims" else held[k].rv, version)
+        )
         for key in gone:
             self.apply(kind, "DELETED", {"metadata": _key_meta(kind, key)})
         return gone
@@ -961,6 +984,25 @@ class ClusterIndex:
 def _age_key(pod: PodInfo) -> tuple[int, float, str]:
     created = pod.created if pod.created is not None else float("inf")
     return (-pod.priority, created, pod.key)
+
+
+def _key_of(kind: str, obj: Obj) -> str:
+    if kind == "pods":
+        return pod_key(obj)
+    if kind == "claims":
+        return claim_key_of(obj)
+    return str((obj.get("metadata") or {}).get("name", ""))
+
+
+def _later(rv: str | None, than: str | None) -> bool:
+    """``rv`` is known to be a later version than ``than`` (both integers, as in practice)."""
+    return (
+        rv is not None
+        and than is not None
+        and rv.isdigit()
+        and than.isdigit()
+        and int(rv) > int(than)
+    )
 
 
 def _key_meta(kind: str, key: str) -> dict[str, str]:

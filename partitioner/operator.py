@@ -12,7 +12,8 @@ Wiring
   was given, and shares it with the partitioner's own writer client (:mod:`.kubeapi`).
 * ``on.startup`` starts :meth:`Controller.run`: it lists the three resources once (so the first
   decision never sees pods without their nodes; a listing reconciles the index: objects it
-  lacks are dropped, older versions never overwrite newer ones), in pages of
+  lacks are dropped, older versions never overwrite newer ones, and what the watches reported
+  after the listing's snapshot stays), in pages of
   ``list_page_size`` (:meth:`~partitioner.kubeapi.KubeApi.list_all`); while the API server
   cannot be listed it retries with exponential backoff and jitter (:attr:`Controller.backoff`:
   1 s doubling up to 30 s), logging one WARNING when the outage starts and one INFO when the
@@ -261,9 +262,18 @@ class Controller:
         lists = dict(_LISTS)
         if self.settings.dra_enabled:
             lists["claims"] = CLAIMS_PATH
-        for kind, path in lists.items():
-            doc = await self.api.list_all(path, page_size=self.list_page_size)
-            self.index.relist(kind, doc.get("items") or ())
+        # kopf's watches deliver events while the pages are read: the listing's snapshot must
+        # not undo what they report after it (ClusterIndex.relist)
+        self.index.deletions = {}
+        try:
+            for kind, path in lists.items():
+                doc = await self.api.list_all(path, page_size=self.list_page_size)
+                version = (doc.get("metadata") or {}).get("resourceVersion")
+                self.index.relist(
+                    kind, doc.get("items") or (), str(version) if version is not None else None
+                )
+        finally:
+            self.index.deletions = None
 
     async def step(self, now: float | None = None) -> Decision:
         """One cycle: decide at ``now`` (default: the controller's clock), act, record."""
@@ -291,6 +301,12 @@ class Controller:
             self.index.remove_partitioning(name)
         for obj in outcome.pods.values():
             self.index.upsert_pod(obj)
+        for key, uid in outcome.gone_pods:  # its DELETED event may never come (index.relist)
+            held = self.index.pods.get(key)
+            if held is not None and held.uid == uid:  # not a pod of that name created since
+                namespace, _, name = key.partition("/")
+                meta = {"namespace": namespace, "name": name}
+                self.index.apply("pods", "DELETED", {"metadata": meta})
         self._record(decision, outcome, elapsed, now)
         self.last_decision, self.last_cycle = decision, now
         return decision

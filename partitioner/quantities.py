@@ -3,8 +3,9 @@
 A quantity is a decimal number with an optional suffix: binary (``Ki Mi Gi Ti Pi Ei``),
 decimal (``k M G T P E``), milli (``m``) or an exponent (``1e3``).  The scheduler's rule for a
 pod's effective request of one resource is ``max(sum over containers, max over init
-containers)``; extended resources (``nvidia.com/...``) may be given as limits only, in which
-case the limit is the request.
+containers)``, where sidecars (init containers with ``restartPolicy: Always``) count with the
+containers and with every init container after them; extended resources (``nvidia.com/...``)
+may be given as limits only, in which case the limit is the request.
 """
 
 from __future__ import annotations
@@ -78,9 +79,25 @@ def pod_requests(pod: Mapping[str, Any]) -> dict[str, Decimal]:
     for c in spec.get("containers") or ():
         for k, v in _container_requests(c).items():
             total[k] = total.get(k, Decimal(0)) + v
+    # Sidecars (init containers with ``restartPolicy: Always``) run beside the app containers
+    # and the init containers after them: their requests add up (KEP-753).
+    sidecars: dict[str, Decimal] = {}
+    init: dict[str, Decimal] = {}
     for c in spec.get("initContainers") or ():
-        for k, v in _container_requests(c).items():
-            total[k] = max(total.get(k, Decimal(0)), v)
+        requests = _container_requests(c)
+        if c.get("restartPolicy") == "Always":
+            for k, v in requests.items():
+                total[k] = total.get(k, Decimal(0)) + v
+                sidecars[k] = sidecars.get(k, Decimal(0)) + v
+            during = dict(sidecars)
+        else:
+            during = dict(sidecars)
+            for k, v in requests.items():
+                during[k] = during.get(k, Decimal(0)) + v
+        for k, v in during.items():
+            init[k] = max(init.get(k, Decimal(0)), v)
+    for k, v in init.items():
+        total[k] = max(total.get(k, Decimal(0)), v)
     for k, v in (spec.get("overhead") or {}).items():
         total[k] = total.get(k, Decimal(0)) + parse_quantity(v)
     return total

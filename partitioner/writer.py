@@ -12,8 +12,9 @@
 * Pod patches (reserve, release, drop a reservation, ungate) are JSON merge patches; those that
   depend on what was read carry the pod's resourceVersion, so a pod changed meanwhile answers
   409 and the next cycle decides again.  A refused patch (409 conflict, 422 invalid, 404 gone)
-  is logged; its Events are not emitted.  ``after_spec`` patches run only if that node's spec
-  write in the same batch succeeded.
+  is logged; its Events are not emitted; a pod that answered 404 is listed in
+  ``Outcome.gone_pods`` (the controller drops it from its index).  ``after_spec`` patches run
+  only if that node's spec write in the same batch succeeded.
 * ``status.reservations`` of a NodePartitioning is a merge patch of the status subresource
   with that field alone, so the node agent's status fields stay.
 * Every action is independent: one failure is logged and the others still run.
@@ -73,6 +74,9 @@ class Outcome:
     """Pod key -> its state after a successful patch, for the controller's index."""
     pod_refusals: dict[str, str] = field(default_factory=dict)
     """Pod key -> why a patch was refused."""
+    gone_pods: list[tuple[str, str]] = field(default_factory=list)
+    """(key, uid) of the pods whose patch answered 404: no pod of that name exists (the index
+    drops them unless it holds another pod of that name by then)."""
 
 
 def _np_ref(name: str) -> ObjectRef:
@@ -159,6 +163,8 @@ class _Writer:
             self.out.pods[a.pod] = await self.api.patch(path, a.patch)
         except ApiError as e:
             self.out.pod_refusals[a.pod] = f"{e.status} {e.reason}: {e.message}"
+            if isinstance(e, NotFound):
+                self.out.gone_pods.append((a.pod, a.ref.uid))
             level = logging.INFO if e.status in (404, 409) else logging.WARNING
             log.log(level, "pod %s: %s patch refused: %s", a.pod, a.purpose, e)
             return

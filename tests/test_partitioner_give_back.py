@@ -1,0 +1,96 @@
+"""A gated pod gpuslice can never place is given back to kube-scheduler, not held forever.
+
+Clusters adopt gpuslice node by node: beside the opted-in nodes there are often MIG nodes where
+NVIDIA's device plugin (``mixed`` strategy) advertises a static layout.  The webhook gates every
+pod that asks for a MIG profile, whatever node it targets; a pod whose nodeSelector, affinity
+or tolerations match no opted-in node (or only nodes that can never serve it) would otherwise
+stay gated for good, and neither kube-scheduler nor the cluster autoscaler would ever see it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from test_partitioner_promises import (
+    MIG,
+    ONE_G,
+    T0,
+    Cluster,
+    applied_np,
+    events,
+    gated,
+    reservation,
+    status_gpu,
+    with_alloc,
+)
+from test_partitioner_snapshot import A100, node
+
+from partitioner.actions import PatchPod
+from partitioner.gating import GATE
+
+STATIC = {**A100, "nvidia.com/mig.strategy": "mixed", "pool": "static"}
+"""A MIG node that is not opted in: NVIDIA's device plugin advertises its instances."""
+
+
+def cluster(*pods: dict[str, Any], extra: tuple[dict[str, Any], ...] = ()) -> Cluster:
+    return Cluster(
+        with_alloc(node("n1", MIG), **{"1g_10gb": 1}),
+        applied_np("n1", status_gpu(0, ("1g.10gb", 0, False)), status_gpu(1)),
+        with_alloc(node("s1", STATIC), **{"1g_10gb": 7}),
+        *extra,
+        *pods,
+    )
+
+
+def gates(c: Cluster, name: str) -> list[dict[str, str]]:
+    return list(c.pod(name)["spec"].get("schedulingGates") or [])
+
+
+def test_a_pod_that_targets_a_node_not_opted_in_loses_the_gate() -> None:
+    c = cluster(gated("p", ONE_G, nodeSelector={"pool": "static"}))
+    d = c.step(T0 + 5)
+    assert gates(c, "p") == []
+    assert reservation(c, "p") is None
+    (message,) = events(d, "Ungated")
+    assert "no opted-in MIG node matches" in message and "kube-scheduler" in message
+    assert events(d, "Unplaceable") == []
+    # Ungated, it is no candidate of gpuslice's any more: later steps leave it alone.
+    d = c.step(T0 + 400)
+    assert not [a for a in d.actions if isinstance(a, PatchPod) and a.pod == "ns/p"]
+
+
+def test_other_gates_stay_when_gpuslice_gives_a_pod_back() -> None:
+    kueue = {"name": "kueue.x-k8s.io/admission"}
+    p = gated("p", ONE_G, nodeSelector={"pool": "static"})
+    p["spec"]["schedulingGates"] = [kueue, {"name": GATE}]
+    p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "1"  # a request error
+    c = cluster(p)
+    c.step(T0 + 5)
+    assert gates(c, "p") == [kueue]
+
+
+def test_a_pod_asking_for_a_profile_no_opted_in_gpu_has_loses_the_gate() -> None:
+    # 1g.5gb is an A100-40GB profile; the opted-in node is an 80 GB A100
+    c = cluster(gated("p", "nvidia.com/mig-1g.5gb"))
+    d = c.step(T0 + 5)
+    assert gates(c, "p") == []
+    (message,) = events(d, "Ungated")
+    assert "1g.5gb" in message
+
+
+def test_a_pod_an_opted_in_node_with_unreadable_gpus_matches_stays_gated() -> None:
+    # The node is opted in but its GPU labels are not readable yet (no product label): once
+    # they are, it may serve the pod, which keeps its gate and its place in the queue.
+    unread = node("u1", {"gpuslice.io/partitioning": "mig", "pool": "static"})
+    c = cluster(gated("p", ONE_G, nodeSelector={"pool": "static"}), extra=(unread,))
+    d = c.step(T0 + 5)
+    assert gates(c, "p") == [{"name": GATE}]
+    assert events(d, "Ungated") == []
+
+
+def test_a_pod_an_opted_in_node_can_serve_keeps_the_gate_and_gets_its_slice() -> None:
+    c = cluster(gated("p", ONE_G))
+    d = c.step(T0 + 5)
+    assert events(d, "Ungated") == []
+    r = reservation(c, "p")
+    assert r is not None and r.node == "n1"

@@ -1,0 +1,121 @@
+"""What a pod asks for, as kube-scheduler counts it, decides what gpuslice promises and releases.
+
+A pod is only released to a node where kube-scheduler can bind it: a promise smaller than the
+pod's real request, or a release of a pod that asks for something gpuslice nodes never
+advertise, pins the pod to a node it can never be bound to (the gate cannot be re-added and
+the affinity cannot be widened) while its slice stays held.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from test_partitioner_promises import (
+    MIG,
+    ONE_G,
+    T0,
+    Cluster,
+    applied_np,
+    events,
+    gated,
+    reservation,
+    status_gpu,
+    with_alloc,
+)
+from test_partitioner_snapshot import node
+
+from partitioner.gating import GATE
+from partitioner.index import ClusterIndex
+from partitioner.quantities import pod_requests
+from planner.catalog import default_catalog
+
+CAT = default_catalog()
+
+
+def _free_one_g(*pods: dict[str, Any], free: int = 1) -> Cluster:
+    instances = [("1g.10gb", s, False) for s in range(free)]
+    return Cluster(
+        with_alloc(node("n1", MIG), **{"1g_10gb": free}),
+        applied_np("n1", status_gpu(0, *instances), status_gpu(1)),
+        *pods,
+    )
+
+
+def test_a_pod_asking_for_a_slice_and_a_whole_gpu_is_not_released() -> None:
+    """gpuslice nodes advertise no ``nvidia.com/gpu`` (NVIDIA's device plugin is off there):
+    released, the pod would wait forever pinned to its node, holding the slice.  gpuslice
+    gives it back to kube-scheduler instead (a node that is not opted in may offer both; see
+    tests/test_partitioner_give_back.py): no reservation, no narrowed affinity."""
+    p = gated("p", ONE_G)
+    p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "1"
+    c = _free_one_g(p)
+    d = c.step(T0 + 5)
+    assert "schedulingGates" not in c.pod("p")["spec"]
+    assert "affinity" not in c.pod("p")["spec"]
+    assert reservation(c, "p") is None
+    assert events(d, "Released") == []
+    (why,) = events(d, "Ungated")
+    assert "nvidia.com/gpu" in why
+
+
+def test_a_slice_and_a_whole_gpu_pod_leaves_the_free_slice_to_the_next_pod() -> None:
+    p = gated("p", ONE_G, created=T0)
+    p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "1"
+    c = _free_one_g(p, gated("q", ONE_G, created=T0 + 1))
+    c.step(T0 + 5)
+    assert reservation(c, "q") is not None and "schedulingGates" not in c.pod("q")["spec"]
+
+
+def _sidecar_pod() -> dict[str, Any]:
+    """An app container and a sidecar (restartable init container) each with a 1g slice."""
+    p = gated("p", ONE_G)
+    p["spec"]["initContainers"] = [
+        {
+            "name": "sidecar",
+            "restartPolicy": "Always",
+            "resources": {"limits": {ONE_G: "1"}},
+        }
+    ]
+    return p
+
+
+def test_a_sidecar_slice_adds_to_the_app_containers_slices() -> None:
+    """A sidecar runs beside the app containers: kube-scheduler adds its requests to theirs
+    (KEP-753), and the kubelet keeps its devices for it."""
+    assert pod_requests(_sidecar_pod())[ONE_G] == 2
+    plain_init = gated("q", ONE_G)
+    plain_init["spec"]["initContainers"] = [{"name": "init", "resources": {"limits": {ONE_G: "1"}}}]
+    assert pod_requests(plain_init)[ONE_G] == 1  # a one-off init container's devices are reused
+
+
+def test_kube_schedulers_rule_for_init_containers_after_sidecars() -> None:
+    """An init container after a sidecar runs beside it: max(app + sidecars, init + the
+    sidecars started before it)."""
+    p = gated("p", ONE_G)
+    p["spec"]["initContainers"] = [
+        {"name": "side", "restartPolicy": "Always", "resources": {"limits": {ONE_G: "1"}}},
+        {"name": "init", "resources": {"limits": {ONE_G: "3"}}},
+    ]
+    assert pod_requests(p)[ONE_G] == 4  # max(1 + 1, 3 + 1)
+    p["spec"]["initContainers"].reverse()  # the init container now runs before the sidecar
+    assert pod_requests(p)[ONE_G] == 3  # max(1 + 1, 3)
+
+
+def test_a_pod_with_a_sidecar_slice_is_promised_both_slices() -> None:
+    c = _free_one_g(_sidecar_pod(), free=1)
+    d = c.step(T0 + 5)
+    assert events(d, "Released") == []  # one free slice: kube-scheduler needs two
+    assert c.pod("p")["spec"]["schedulingGates"] == [{"name": GATE}]
+    c = _free_one_g(_sidecar_pod(), free=2)
+    c.step(T0 + 5)
+    r = reservation(c, "p")
+    assert r is not None and r.units() == {ONE_G: 2}
+
+
+def test_the_index_counts_a_bound_sidecar_pods_slices() -> None:
+    p = _sidecar_pod()
+    p["spec"].pop("schedulingGates")
+    p["spec"]["nodeName"] = "n1"
+    p["status"]["phase"] = "Running"
+    index = ClusterIndex.from_objects(CAT, [node("n1", MIG)], [p])
+    assert index.usage("n1").slices == {ONE_G: 2}

@@ -1,0 +1,148 @@
+"""The operator's initial listing runs while kopf's watches already deliver events.
+
+kopf starts watching as soon as the startup handler returns, and the controller's own listing
+(:meth:`partitioner.operator.Controller.sync`, paginated: seconds on a large cluster) runs at
+the same time.  A watch event that arrives while the listing is being read describes the
+cluster *after* the listing's snapshot; reconciling the index with the listing must not undo
+it: a pod created after the snapshot must not be dropped (nothing re-announces a gated pod, so
+it would wait gated until the next restart), and a pod deleted after the snapshot must not come
+back (a ghost that holds its slice, or is planned every step ahead of real pods).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import kopf
+from test_partitioner_promises import MIG, T0, applied_np, status_gpu, with_alloc
+from test_partitioner_snapshot import node
+
+from partitioner.gating import GATE
+from partitioner.kubeapi import NotFound
+from partitioner.operator import Controller
+from partitioner.settings import PartitionerSettings
+
+ONE_G = "nvidia.com/mig-1g.10gb"
+
+
+def _pod(name: str, rv: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}", "resourceVersion": rv},
+        "spec": {
+            "containers": [{"name": "c", "resources": {"limits": {ONE_G: "1"}}}],
+            "schedulingGates": [{"name": GATE}],
+            **spec,
+        },
+        "status": {"phase": "Pending"},
+    }
+
+
+def _controller(
+    listings: Mapping[str, tuple[str, list[dict[str, Any]]]],
+    during: Callable[[Controller], None],
+) -> Controller:
+    """A controller whose listing of pods (snapshot ``version``, ``items``) lets ``during``
+    fold watch events in while it is read; other kinds list empty."""
+    controller = Controller(
+        PartitionerSettings(metrics_port=0, health_port=0),
+        connection=kopf.ConnectionInfo(server="https://example.invalid"),
+    )
+
+    async def list_all(path: str, page_size: int = 500, restarts: int = 3) -> dict[str, Any]:
+        kind = path.rsplit("/", 1)[-1]
+        version, items = listings.get(kind, ("100", []))
+        if kind == "pods":
+            during(controller)  # kopf's watch delivers events while the pages are read
+        return {"metadata": {"resourceVersion": version}, "items": items}
+
+    controller.api.list_all = list_all  # type: ignore[method-assign]
+    return controller
+
+
+def test_a_pod_created_after_the_listings_snapshot_stays() -> None:
+    def during(c: Controller) -> None:
+        c.observe("pods", {"type": "ADDED", "object": _pod("new", "120")})
+
+    controller = _controller({"pods": ("100", [_pod("old", "90")])}, during)
+    asyncio.run(controller.sync())
+    assert sorted(controller.index.pods) == ["ns/new", "ns/old"]
+    assert [p.key for p in controller.index.waiting()] == ["ns/new", "ns/old"]
+
+
+def test_a_pod_deleted_after_the_listings_snapshot_does_not_come_back() -> None:
+    def during(c: Controller) -> None:
+        c.observe("pods", {"type": None, "object": _pod("gone", "90")})  # kopf's own listing
+        c.observe("pods", {"type": "DELETED", "object": _pod("gone", "105")})
+
+    controller = _controller({"pods": ("100", [_pod("gone", "90"), _pod("old", "80")])}, during)
+    asyncio.run(controller.sync())
+    assert sorted(controller.index.pods) == ["ns/old"]
+
+
+def test_a_bound_pod_deleted_after_the_snapshot_frees_its_slice() -> None:
+    bound = _pod("done", "90", nodeName="n1")
+    del bound["spec"]["schedulingGates"]
+    bound["status"]["phase"] = "Running"
+    gone = {**bound, "metadata": {**bound["metadata"], "resourceVersion": "105"}}
+
+    def during(c: Controller) -> None:
+        c.observe("pods", {"type": "DELETED", "object": gone})
+
+    controller = _controller({"pods": ("100", [bound])}, during)
+    asyncio.run(controller.sync())
+    assert controller.index.usage("n1").slices == {}
+
+
+def test_a_pod_deleted_before_the_snapshot_is_dropped_and_a_recreated_one_kept() -> None:
+    """What the listing is for: a pod deleted while nobody watched goes; a pod deleted and
+    created again under the same name after the deletion event is the new pod."""
+
+    def during(c: Controller) -> None:
+        c.observe("pods", {"type": None, "object": _pod("stale", "50")})
+        c.observe("pods", {"type": None, "object": _pod("again", "40")})
+        c.observe("pods", {"type": "DELETED", "object": _pod("again", "60")})
+
+    again = _pod("again", "70")
+    again["metadata"]["uid"] = "uid-again-2"
+    controller = _controller({"pods": ("100", [again])}, during)
+    asyncio.run(controller.sync())
+    assert sorted(controller.index.pods) == ["ns/again"]
+    assert controller.index.pods["ns/again"].uid == "uid-again-2"
+
+
+def test_a_pod_the_api_server_no_longer_has_leaves_the_index_on_its_404() -> None:
+    """A pod deleted between the controller's snapshot and kopf's own listing gets no DELETED
+    event: the listing brings it in and nothing removes it.  Gated, it takes a free slice
+    every step ahead of younger pods; the 404 its patch gets is the proof that it is gone."""
+    ghost = _pod("ghost", "90")
+    ghost["metadata"]["creationTimestamp"] = "2020-01-01T00:00:00Z"
+    listings = {
+        "nodes": ("100", [with_alloc(node("n1", MIG), **{"1g_10gb": 1})]),
+        "nodepartitionings": ("100", [applied_np("n1", status_gpu(0, ("1g.10gb", 0, False)))]),
+        "pods": ("100", [ghost]),
+    }
+    controller = _controller(listings, lambda c: None)
+    controller.offload = False
+    patched: list[str] = []
+
+    class Api:
+        async def patch(self, path: str, body: Any, content_type: str = "") -> dict[str, Any]:
+            patched.append(path)
+            if path.endswith("/ghost"):
+                raise NotFound(404, "NotFound", 'pods "ghost" not found', path)
+            return {}
+
+        async def create(self, path: str, body: Any) -> dict[str, Any]:
+            return {}
+
+        async def request(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+            return {}
+
+    controller.writer_api = Api()  # type: ignore[assignment]
+    asyncio.run(controller.sync())
+    asyncio.run(controller.step(T0))
+    assert "/api/v1/namespaces/ns/pods/ghost" in patched
+    assert "ns/ghost" not in controller.index.pods
