@@ -23,7 +23,9 @@ not owned by a DaemonSet (those are placed per node by their controller), and do
 (pod label :data:`OPT_OUT_LABEL` = ``disabled``; the same label on the namespace keeps the whole
 namespace off the webhook, see the chart).  The webhook's ``matchConditions``
 (:data:`MATCH_CONDITIONS`, CEL) select the same pods inside the API server, so no other pod ever
-reaches the webhook; a test checks both agree.
+reaches the webhook; a test checks both agree.  Both go by resource *names*; the webhook
+(:mod:`partitioner.webhook`) also reads the amounts (:func:`partitioner.quantities.pod_requests`)
+and leaves a pod whose slice amounts are all zero ungated.
 
 Release (:func:`release_patch`): the pod's required node affinity is narrowed to the node its
 slice waits on by appending ``matchFields: metadata.name In [node]`` to every existing term (or

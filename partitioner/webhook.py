@@ -46,6 +46,7 @@ import kopf
 from partitioner import gating
 from partitioner.certs import service_dns_names
 from partitioner.kubeapi import KubeApi
+from partitioner.quantities import QuantityError, pod_requests
 from partitioner.settings import PartitionerSettings
 from partitioner.webhook_certs import CertificateKeeper
 
@@ -74,6 +75,24 @@ def _pod_name(body: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace') or '?'}/{name}"
 
 
+def _asks_for_nothing(body: Mapping[str, Any], claims: bool) -> bool:
+    """Every slice the pod names is requested as zero (:func:`partitioner.quantities.
+    pod_requests`, the scheduler's rule) and it names no ResourceClaim gpuslice would plan.
+
+    The ``matchConditions`` (CEL) select pods by resource *names*, so such a pod reaches the
+    webhook; gated, it would wait for a partitioner that has nothing to plan for it.  A request
+    that cannot be read is not "nothing": the pod is gated and the partitioner reports it.
+    """
+    spec = body.get("spec") or {}
+    if claims and spec.get("resourceClaims"):
+        return False
+    try:
+        requests = pod_requests(body)
+    except QuantityError:
+        return False
+    return not any(requests.get(r, 0) > 0 for r in gating.slice_resources(body))
+
+
 def gate_pod(body: Mapping[str, Any], patch: kopf.Patch, claims: bool = False) -> None:
     """Add the gate to ``patch`` when ``body`` (the pod being created) should be gated
     (``claims``: DRA nodes are served, pods naming ResourceClaims are gated too).
@@ -82,7 +101,7 @@ def gate_pod(body: Mapping[str, Any], patch: kopf.Patch, claims: bool = False) -
     """
     try:
         gates = gating.admission_patch(body, claims)
-        if gates is not None:
+        if gates is not None and not _asks_for_nothing(body, claims):
             patch.spec["schedulingGates"] = gates
             log.debug("gating pod %s", _pod_name(body))
     except Exception:
@@ -172,8 +191,11 @@ def register_webhook(
         ignore_failures=True,
         registry=registry,
     )
-    def _gate(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-        gate_pod(body, patch, settings.dra_enabled)
+    def _gate(body: kopf.Body, patch: kopf.Patch, **kwargs: Any) -> None:
+        # kopf's ``operations`` above only shapes a managed configuration (off here); it does
+        # not filter what is served.  Gates can only be added at creation.
+        if kwargs.get("operation") == "CREATE":
+            gate_pod(body, patch, settings.dra_enabled)
 
     @kopf.on.startup(id="admission-server", registry=registry)
     def _configure_admission(settings: kopf.OperatorSettings, **_: Any) -> None:

@@ -198,6 +198,11 @@ KUEUE = {"name": "kueue.x-k8s.io/admission"}
 DS_OWNER = [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "ds", "uid": "u1"}]
 RS_OWNER = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "u2"}]
 
+
+def _sidecar(name: str, limits: dict[str, str]) -> dict[str, Any]:
+    return {"name": name, "restartPolicy": "Always", "resources": {"limits": limits}}
+
+
 # pod -> the gates it must have after admission (None: left unpatched)
 CASES: dict[str, tuple[dict[str, Any], list[dict[str, str]] | None]] = {
     "mig-limit": (pod("a"), [{"name": gating.GATE}]),
@@ -216,6 +221,52 @@ CASES: dict[str, tuple[dict[str, Any], list[dict[str, str]] | None]] = {
     "node-name": (pod("h", nodeName="n1"), None),
     "gate-present": (pod("i", schedulingGates=[{"name": gating.GATE}]), None),
     "malformed": ({"metadata": {"name": "j", "namespace": "default"}, "spec": ["x"]}, None),
+    # amounts as kube-scheduler counts them: all zero asks for nothing (the CEL goes by names)
+    "zero-limit": (pod("z1", resources={"limits": {MIG: "0"}}), None),
+    "zero-request-and-limit": (
+        pod("z2", resources={"limits": {MIG: "0"}, "requests": {MIG: "0"}}),
+        None,
+    ),
+    "zero-in-container-and-init": (
+        pod(
+            "z3",
+            resources={"limits": {"nvidia.com/gpu-10gb": "0"}},
+            initContainers=[{"name": "i", "resources": {"requests": {MIG: "0"}}}],
+        ),
+        None,
+    ),
+    "zero-and-one": (
+        pod(
+            "z4",
+            resources={"limits": {MIG: "0"}},
+            initContainers=[{"name": "i", "resources": {"limits": {MIG: "1"}}}],
+        ),
+        [{"name": gating.GATE}],
+    ),
+    "sidecar-only": (
+        pod("s1", resources={}, initContainers=[_sidecar("side", {MIG: "1"})]),
+        [{"name": gating.GATE}],
+    ),
+    "several-containers": (
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "m1", "namespace": "default"},
+            "spec": {
+                "containers": [
+                    {"name": "a", "resources": {"limits": {"cpu": "1"}}},
+                    {"name": "b", "resources": {"requests": {"nvidia.com/gpu-10gb": "2"}}},
+                ]
+            },
+        },
+        [{"name": gating.GATE}],
+    ),
+    "fractional": (pod("f1", resources={"limits": {MIG: "500m"}}), [{"name": gating.GATE}]),
+    "large": (pod("l1", resources={"limits": {MIG: "2k"}}), [{"name": gating.GATE}]),
+    "two-gates-kept": (
+        pod("g1", schedulingGates=[{"name": "a.io/x"}, {"name": "b.io/y"}]),
+        [{"name": "a.io/x"}, {"name": "b.io/y"}, {"name": gating.GATE}],
+    ),
 }
 
 
