@@ -509,14 +509,18 @@ class DevicePluginManager:
             log.info("stopping device plugin for %s (no longer advertised)", resource)
             await self._plugins.pop(resource).close()
         kubelet = socket_identity(self.kubelet_socket)
-        for resource, devices in list(self._desired.items()):
+        for resource in list(self._desired):
+            # re-read after every await: set_devices may have changed or removed it meanwhile
+            devices = self._desired.get(resource)
+            if devices is None:
+                continue
             plugin = self._plugins.get(resource)
             if plugin is None:
                 plugin = _ResourcePlugin(resource, self._socket_path(resource), self.on_allocate)
                 plugin.avoided = self._avoided
                 plugin.update(devices)
+                self._plugins[resource] = plugin  # before serving: set_devices updates it
                 await plugin.serve()
-                self._plugins[resource] = plugin
                 log.info("serving device plugin for %s on %s", resource, plugin.socket_path)
             elif not plugin.socket_intact() or (
                 plugin.registered_with is not None and plugin.registered_with != kubelet
