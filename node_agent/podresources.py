@@ -14,6 +14,13 @@ Two unary calls matter to gpuslice:
   ``ContainerDevices`` entry per device (and per NUMA node); :meth:`PodResourcesClient.allocatable`
   groups them by resource name.
 
+A ``List`` answered while the kubelet is still loading its pods (right after a kubelet restart
+its pod list fills from the API server in the background, while the device assignments are
+already restored from its checkpoint) can leave out pods that hold devices.  Given the agent's
+own pod (``own_pod``, from the downward API), the client treats a ``List`` that lacks it as
+such an incomplete answer and raises :class:`PodResourcesError`: a DaemonSet pod on this node is
+in every complete list, so its absence means "not loaded yet", never "nothing in use".
+
 The client keeps one ``grpc.aio`` channel (opened lazily on the running event loop, and reopened
 after an ``UNAVAILABLE`` answer, so a restarted kubelet is reached on the next call) and raises :class:`PodResourcesError` on any failure, so that an
 in-use question is never answered with a silently empty set. Responses may exceed gRPC's default
@@ -69,7 +76,13 @@ class PodResourcesClient:
     the event loop of the first call.
     """
 
-    def __init__(self, socket_path: str = POD_RESOURCES_SOCKET, *, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        socket_path: str = POD_RESOURCES_SOCKET,
+        *,
+        timeout_s: float = 10.0,
+        own_pod: tuple[str, str] | None = None,
+    ) -> None:
         if not socket_path.startswith("/"):
             raise ValueError(
                 f"PodResources socket path {socket_path!r} must be absolute, "
@@ -79,6 +92,8 @@ class PodResourcesClient:
             raise ValueError(f"PodResources timeout_s must be > 0, got {timeout_s}")
         self.socket_path = socket_path
         self.timeout_s = timeout_s
+        self.own_pod = own_pod
+        """(namespace, name) of the agent's own pod; ``None``: lists are not checked."""
         self._channel: grpc.aio.Channel | None = None
         self._stub: Any = None
 
@@ -149,10 +164,22 @@ class PodResourcesClient:
         return reply
 
     async def list(self) -> list[ContainerAllocation]:
-        """``List``: one row per (pod, container, resource) holding at least one device."""
+        """``List``: one row per (pod, container, resource) holding at least one device.
+
+        Raises :class:`PodResourcesError` if the call fails or the answer lacks
+        :attr:`own_pod` (module docstring)."""
         reply: pb.ListPodResourcesResponse = await self._call(
             "List", pb.ListPodResourcesRequest(), pb.ListPodResourcesResponse
         )
+        if self.own_pod is not None and not any(
+            (pod.namespace, pod.name) == self.own_pod for pod in reply.pod_resources
+        ):
+            namespace, name = self.own_pod
+            raise PodResourcesError(
+                f"PodResources List at {self.socket_path} lacks this agent's own pod "
+                f"{namespace}/{name} ({len(reply.pod_resources)} pod(s) listed): the kubelet is "
+                f"still loading its pods (restarted?), so which devices are in use is unknown"
+            )
         rows: list[ContainerAllocation] = []
         for pod in reply.pod_resources:
             for container in pod.containers:

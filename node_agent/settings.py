@@ -39,6 +39,18 @@ class AgentSettings(CommonSettings):
         "/var/lib/kubelet/pod-resources/kubelet.sock",
         description="Kubelet PodResources API socket (which device ids pods hold).",
     )
+    pod_name: str = Field(
+        "",
+        description="This agent's own pod name (GPUSLICE_POD_NAME, from the downward API "
+        "metadata.name); with pod_namespace, a PodResources List that lacks this pod is "
+        "incomplete (the kubelet is still loading pods after a restart) and nothing is "
+        "destroyed on it. Empty: lists are not checked.",
+    )
+    pod_namespace: str = Field(
+        "",
+        description="This agent's own pod namespace (GPUSLICE_POD_NAMESPACE, from the downward "
+        "API metadata.namespace); see pod_name.",
+    )
     mps_pipe_root: str = Field(
         "/run/nvidia/mps", description="Parent of the per-GPU MPS pipe directories."
     )

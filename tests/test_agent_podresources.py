@@ -12,6 +12,7 @@ import grpc.aio
 import pytest
 from fake_kubelet import FakePodResources
 
+from node_agent.allocations import AllocationLedger, LedgerInUse
 from node_agent.podresources import (
     ContainerAllocation,
     PodResourcesClient,
@@ -165,3 +166,33 @@ async def test_undecodable_reply_is_a_podresources_error(
         assert socket_path in str(err.value)
     finally:
         await server.stop(None)
+
+
+async def test_a_list_without_the_agents_own_pod_is_incomplete(kubelet: FakePodResources) -> None:
+    """Right after a kubelet restart its pod list is still loading while device assignments are
+    already restored: a List may leave out pods that hold devices.  The agent's own DaemonSet
+    pod is in every complete List, so one without it answers nothing (in use unknown)."""
+    ledger = AllocationLedger(grace_seconds=60)
+    ledger.record(["MIG-1"])
+    kubelet.add_pod("agents", "gpuslice-agent-x", {"agent": {}})
+    kubelet.add_pod("team-a", "train-0", {"main": {MIG_1G: ["MIG-1"]}})
+    async with PodResourcesClient(
+        kubelet.socket_path, timeout_s=5, own_pod=("gpuslice", "gpuslice-agent-x")
+    ) as wrong_namespace:
+        with pytest.raises(PodResourcesError, match="gpuslice/gpuslice-agent-x"):
+            await wrong_namespace.list()
+    own = ("agents", "gpuslice-agent-x")
+    async with PodResourcesClient(kubelet.socket_path, timeout_s=5, own_pod=own) as c:
+        in_use = LedgerInUse(c, ledger)
+        assert await in_use.in_use_device_ids() == {"MIG-1"}  # seen: confirmed in the ledger
+        kubelet.pods.clear()  # the kubelet restarts: its pod list is empty for a while
+        with pytest.raises(PodResourcesError, match="still loading"):
+            await in_use.in_use_device_ids()
+        kubelet.add_pod("agents", "gpuslice-agent-x", {"agent": {}})
+        kubelet.add_pod("team-a", "train-0", {"main": {MIG_1G: ["MIG-1"]}})
+        assert await in_use.in_use_device_ids() == {"MIG-1"}
+        # without the check the empty list would have answered "nothing in use", and the
+        # ledger would have forgotten the confirmed id
+        kubelet.pods.clear()
+        async with PodResourcesClient(kubelet.socket_path, timeout_s=5) as unchecked:
+            assert await LedgerInUse(unchecked, ledger).in_use_device_ids() == set()

@@ -732,6 +732,10 @@ def test_agent_privileges_are_the_documented_minimum(chart: helm.Chart) -> None:
     assert env["NVIDIA_MIG_CONFIG_DEVICES"] == "all"
     node_name = next(e for e in c["env"] if e["name"] == "GPUSLICE_NODE_NAME")
     assert node_name["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    # its own pod: a PodResources List without it is incomplete (node_agent.podresources)
+    own = {e["name"]: e.get("valueFrom") for e in c["env"]}
+    assert own["GPUSLICE_POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert own["GPUSLICE_POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
 
 
 def test_agent_privileged_and_mig_only_variant(chart: helm.Chart) -> None:

@@ -401,7 +401,17 @@ async def _run_real(args: argparse.Namespace, settings: Any, catalog: Any) -> in
         await source.connect()  # in-cluster service account, else kubeconfig: fails at start
         reconciler = Reconciler(
             MeteredNvml(PynvmlAdapter(smi=NvidiaSmi(binary=settings.nvidia_smi)), metrics),
-            LedgerInUse(PodResourcesClient(settings.pod_resources_socket), ledger),
+            LedgerInUse(
+                PodResourcesClient(
+                    settings.pod_resources_socket,
+                    own_pod=(
+                        (settings.pod_namespace, settings.pod_name)
+                        if settings.pod_name and settings.pod_namespace
+                        else None
+                    ),
+                ),
+                ledger,
+            ),
             MpsControlSupervisor(),
             catalog,
             mps_pipe_root=settings.mps_pipe_root,
