@@ -22,8 +22,9 @@ step:
    candidates too, planned as before but never released (they have no gate).  A gated pod
    gpuslice can never place on its nodes as they are (no opted-in node of the right kind
    matches it, no such node's GPU has its profile, or it asks for what gpuslice nodes never
-   advertise) loses the gate with an ``Ungated`` Event, unless an opted-in node whose GPU
-   labels cannot be read yet matches it (:meth:`_Step._give_back`).
+   advertise) loses the gate with an ``Ungated`` Event once it has existed for a batch
+   window, unless an opted-in node whose GPU labels cannot be read yet matches it
+   (:meth:`_Step._give_back`).
 3. **Deadlines.**  A ``planned`` reservation on a node that has not applied its spec by the
    reservation's deadline (``apply_deadline_s``), or whose node is gone, is dropped: the pod
    goes back to the batch, the node cools down for ``cooldown_s`` (left out of plans) and both
@@ -983,8 +984,15 @@ class _Step:
         (that node may still serve it).  Kept gated, it would wait forever; ungated,
         kube-scheduler places it like any pod, e.g. on a node that is not opted in, whose own
         device plugin advertises the slice (clusters adopt gpuslice node by node), and the
-        cluster autoscaler can act on it (a gated pod is never tried, so never unschedulable).  Returns whether the gate is being removed."""
+        cluster autoscaler can act on it (a gated pod is never tried, so never unschedulable).
+        A gate removed cannot come back, so a pod is given back only once it has existed for
+        a batch window (``policy.timeout``): a node the partitioner has not read yet, or one
+        being opted in, has that long to appear.  Returns whether the gate is being removed."""
         if not (self.config.reservation and pod.gated):
+            return False
+        due = (pod.created if pod.created is not None else self.now) + self.config.policy.timeout
+        if self.now < due:
+            self.wake(due)
             return False
         for info in self.index.nodes.values():
             if isinstance(info.reading, NodeProblem) and pod_fits_node(pod.obj, info.obj):

@@ -46,14 +46,23 @@ def gates(c: Cluster, name: str) -> list[dict[str, str]]:
     return list(c.pod(name)["spec"].get("schedulingGates") or [])
 
 
+GRACE = 60.0
+"""The test config's batch window timeout: a pod is given back once it has existed this long."""
+
+
 def test_a_pod_that_targets_a_node_not_opted_in_loses_the_gate() -> None:
     c = cluster(gated("p", ONE_G, nodeSelector={"pool": "static"}))
     d = c.step(T0 + 5)
+    # within its first batch window: told why, still gated, and the controller wakes up then
+    assert gates(c, "p") == [{"name": GATE}]
+    (why,) = events(d, "Unplaceable")
+    assert "no eligible node" in why
+    assert d.next_wakeup is not None and d.next_wakeup <= T0 + GRACE
+    d = c.step(T0 + GRACE)
     assert gates(c, "p") == []
     assert reservation(c, "p") is None
     (message,) = events(d, "Ungated")
     assert "no opted-in MIG node matches" in message and "kube-scheduler" in message
-    assert events(d, "Unplaceable") == []
     # Ungated, it is no candidate of gpuslice's any more: later steps leave it alone.
     d = c.step(T0 + 400)
     assert not [a for a in d.actions if isinstance(a, PatchPod) and a.pod == "ns/p"]
@@ -65,14 +74,14 @@ def test_other_gates_stay_when_gpuslice_gives_a_pod_back() -> None:
     p["spec"]["schedulingGates"] = [kueue, {"name": GATE}]
     p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "1"  # a request error
     c = cluster(p)
-    c.step(T0 + 5)
+    c.step(T0 + GRACE)
     assert gates(c, "p") == [kueue]
 
 
 def test_a_pod_asking_for_a_profile_no_opted_in_gpu_has_loses_the_gate() -> None:
     # 1g.5gb is an A100-40GB profile; the opted-in node is an 80 GB A100
     c = cluster(gated("p", "nvidia.com/mig-1g.5gb"))
-    d = c.step(T0 + 5)
+    d = c.step(T0 + GRACE)
     assert gates(c, "p") == []
     (message,) = events(d, "Ungated")
     assert "1g.5gb" in message
@@ -83,7 +92,7 @@ def test_a_pod_an_opted_in_node_with_unreadable_gpus_matches_stays_gated() -> No
     # they are, it may serve the pod, which keeps its gate and its place in the queue.
     unread = node("u1", {"gpuslice.io/partitioning": "mig", "pool": "static"})
     c = cluster(gated("p", ONE_G, nodeSelector={"pool": "static"}), extra=(unread,))
-    d = c.step(T0 + 5)
+    d = c.step(T0 + 10 * GRACE)
     assert gates(c, "p") == [{"name": GATE}]
     assert events(d, "Ungated") == []
 

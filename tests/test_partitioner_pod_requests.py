@@ -50,6 +50,8 @@ def test_a_pod_asking_for_a_slice_and_a_whole_gpu_is_not_released() -> None:
     p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "1"
     c = _free_one_g(p)
     d = c.step(T0 + 5)
+    assert events(d, "Released") == [] and reservation(c, "p") is None
+    d = c.step(T0 + 60)  # given back once it has existed for a batch window
     assert "schedulingGates" not in c.pod("p")["spec"]
     assert "affinity" not in c.pod("p")["spec"]
     assert reservation(c, "p") is None
