@@ -160,12 +160,16 @@ class MeteredNvml:
     def _count(self, op: str, err: NvmlError) -> None:
         self._errors.labels(op, err.code.name).inc()
 
-    def gpus(self) -> list[GpuInfo]:
+    def gpus(self, *, isolate: bool = False) -> list[GpuInfo]:
         try:
-            return self._inner.gpus()
+            out = self._inner.gpus(isolate=isolate)
         except NvmlError as e:
             self._count("gpus", e)
             raise
+        for info in out:
+            if info.read_error is not None:  # one GPU unreadable (isolate=True)
+                self._count("gpus", info.read_error)
+        return out
 
     def set_mig_mode(self, gpu: int, enabled: bool) -> NvmlErrorCode | None:
         try:

@@ -11,7 +11,10 @@ agent creates holds exactly one full-size CI with the SHARED engine profile, and
 The operations and their driver rules (both adapters must behave alike):
 
 * :meth:`Nvml.gpus` -- index, UUID, name, PCI device id, memory, current *and pending* MIG
-  mode (``nvmlDeviceGetMigMode`` -> ``[current, pending]``), compute mode.
+  mode (``nvmlDeviceGetMigMode`` -> ``[current, pending]``), compute mode.  A failing read
+  raises; with ``isolate=True`` only a failing device count does (NVML itself down), and a GPU
+  whose own reads fail (e.g. ``GPU_IS_LOST`` at its handle or MIG mode) is listed with just its
+  index and :attr:`GpuInfo.read_error`, so the reconciler can isolate it.
 * :meth:`Nvml.set_mig_mode` -- a *change* of mode only on an idle GPU (no GI, no process), else
   ``IN_USE``.  Returns the driver's *activation status*: ``None`` (``NVML_SUCCESS``) when the
   new mode is current, else the code saying why it is only pending (``RESET_REQUIRED``,
@@ -146,6 +149,9 @@ class GpuInfo:
     """Pending MIG mode (the mode after the next GPU reset or reboot); ``None``: as current."""
     pci_bus_id: str = ""
     """``nvmlDeviceGetPciInfo().busId``, e.g. ``00000000:07:00.0`` (what ``nvidia-smi -i`` takes)."""
+    read_error: NvmlError | None = None
+    """``gpus(isolate=True)`` only: reading this GPU failed; every field but ``index`` is
+    unknown (empty)."""
 
     @property
     def mig_target(self) -> bool:
@@ -183,7 +189,9 @@ class MigDevice:
 class Nvml(Protocol):
     """The driver operations the agent uses (see the module docstring for the rules)."""
 
-    def gpus(self) -> list[GpuInfo]: ...
+    def gpus(self, *, isolate: bool = False) -> list[GpuInfo]:
+        """Every GPU; ``isolate``: a GPU whose reads fail is listed with ``read_error``."""
+        ...
 
     def set_mig_mode(self, gpu: int, enabled: bool) -> NvmlErrorCode | None:
         """Request MIG mode; return the activation status (``None``: active now)."""

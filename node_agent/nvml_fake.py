@@ -58,8 +58,12 @@ Fault injection
 (``None``: always) with probability ``probability``, either before the call has any effect or
 *after* it (``after=True``: the driver did the work, the caller sees an error -- a timeout).
 ``error`` raises an arbitrary exception instead of :class:`NvmlError` (e.g. a simulated agent
-crash).  ``hooks`` run before every call with ``(op, args)``: tests use them to interleave
-other actors (pods being allocated) with the agent's calls.
+crash).  ``gpu=N`` scopes a fault to one GPU (the calls whose first argument is GPU ``N``,
+and GPU ``N``'s entry in ``gpus()``): a GPU lost (``GPU_IS_LOST``) or unreadable while the
+others work.  ``gpus()`` then raises, as the real adapter does, or with ``isolate=True`` lists
+that GPU with only its index and ``read_error``.  ``hooks`` run before every call with
+``(op, args)``: tests use them to interleave other actors (pods being allocated) with the
+agent's calls.
 """
 
 from __future__ import annotations
@@ -111,6 +115,8 @@ class Fault:
     after: bool = False
     error: Callable[[], BaseException] | None = None
     fired: int = 0
+    gpu: int | None = None
+    """Only calls on this GPU (their first argument) fail; ``None``: any call."""
 
     def exhausted(self) -> bool:
         return self.times is not None and self.fired >= self.times
@@ -178,6 +184,8 @@ class FakeNvml:
         self._procs: dict[int, _Proc] = {}
         self._next_pid = 1000
         self.faults: list[Fault] = []
+        self._args: tuple[int, ...] = ()
+        """The arguments of the call in progress (GPU-scoped faults after it)."""
         self.hooks: list[Hook] = []
         self.calls = 0
         self.faults_raised = 0
@@ -193,19 +201,26 @@ class FakeNvml:
         probability: float = 1.0,
         after: bool = False,
         error: Callable[[], BaseException] | None = None,
+        gpu: int | None = None,
     ) -> Fault:
         if op != "*" and op not in OPS:
             raise ValueError(f"cannot inject a fault into unknown NVML operation {op!r}; use {OPS}")
-        f = Fault(op, code, times, probability, after, error)
+        f = Fault(op, code, times, probability, after, error, gpu=gpu)
         self.faults.append(f)
         return f
 
     def clear_faults(self) -> None:
         self.faults.clear()
 
-    def _maybe_fail(self, op: str, after: bool) -> None:
+    def _maybe_fail(
+        self, op: str, after: bool, args: tuple[int, ...] = (), scoped: bool = False
+    ) -> None:
+        """Raise the first fault that applies; ``scoped``: only GPU-scoped faults (one GPU's
+        entry in ``gpus()``)."""
         for f in self.faults:
             if f.after != after or (f.op != "*" and f.op != op) or f.exhausted():
+                continue
+            if (f.gpu is None and scoped) or (f.gpu is not None and args[:1] != (f.gpu,)):
                 continue
             if f.probability < 1.0 and self._rng.random() >= f.probability:
                 continue
@@ -220,11 +235,12 @@ class FakeNvml:
         for h in self.hooks:
             h(op, args)
         if self.faults:
-            self._maybe_fail(op, after=False)
+            self._maybe_fail(op, False, args)
+        self._args = args
 
     def _leave(self, op: str) -> None:
         if self.faults:
-            self._maybe_fail(op, after=True)
+            self._maybe_fail(op, True, self._args)
 
     # -- helpers -----------------------------------------------------------------------
 
@@ -244,25 +260,33 @@ class FakeNvml:
 
     # -- the port ----------------------------------------------------------------------
 
-    def gpus(self) -> list[GpuInfo]:
+    def gpus(self, *, isolate: bool = False) -> list[GpuInfo]:
         self._enter("gpus")
-        out = [
-            GpuInfo(
-                index=g.index,
-                uuid=g.uuid,
-                name=f"NVIDIA {g.model.name}",
-                pci_device_id=g.model.pci_device_ids[0] if g.model.pci_device_ids else "",
-                memory_mib=g.model.memory_mib,
-                mig_enabled=g.mig_enabled,
-                mig_capable=g.model.mig_capable,
-                compute_mode=g.compute_mode,
-                pending_mig_enabled=g.mig_pending_mode,
-                pci_bus_id=g.bus_id,
-            )
-            for g in self._gpus
-        ]
+        out = [self._entry(g, isolate) for g in self._gpus]
         self._leave("gpus")
         return out
+
+    def _entry(self, g: _Gpu, isolate: bool) -> GpuInfo:
+        """GPU ``g``'s entry in ``gpus()``; a fault scoped to it fails it alone."""
+        if self.faults:
+            try:
+                self._maybe_fail("gpus", False, (g.index,), scoped=True)
+            except NvmlError as e:
+                if not isolate:
+                    raise
+                return GpuInfo(g.index, "", "", "", 0, False, mig_capable=False, read_error=e)
+        return GpuInfo(
+            index=g.index,
+            uuid=g.uuid,
+            name=f"NVIDIA {g.model.name}",
+            pci_device_id=g.model.pci_device_ids[0] if g.model.pci_device_ids else "",
+            memory_mib=g.model.memory_mib,
+            mig_enabled=g.mig_enabled,
+            mig_capable=g.model.mig_capable,
+            compute_mode=g.compute_mode,
+            pending_mig_enabled=g.mig_pending_mode,
+            pci_bus_id=g.bus_id,
+        )
 
     def _idle(self, op: str, g: _Gpu) -> None:
         if g.gis or any(p.gpu == g.index for p in self._procs.values()):

@@ -6,7 +6,8 @@ A thin translation of :class:`node_agent.nvml.Nvml` into driver calls; no policy
 
 * GPUs: ``nvmlDeviceGetCount`` / ``GetHandleByIndex`` / ``GetUUID`` / ``GetName`` /
   ``GetPciInfo`` (``pciDeviceId >> 16`` is the device id) / ``GetMemoryInfo`` / ``GetMigMode`` /
-  ``GetComputeMode``; ``nvmlDeviceSetComputeMode`` sets it (``NVML_COMPUTEMODE_*``).
+  ``GetComputeMode``; ``nvmlDeviceSetComputeMode`` sets it (``NVML_COMPUTEMODE_*``).  With
+  ``isolate=True`` an error after ``nvmlDeviceGetCount`` lists that GPU with ``read_error``.
 * MIG mode: ``nvmlDeviceGetMigMode`` -> ``[current, pending]`` (both kept: on Ampere a change is
   pending until a GPU reset); ``nvmlDeviceSetMigMode`` returns the activation status, an
   ``nvmlReturn_t``: ``NVML_SUCCESS`` (0) -> ``None`` (active now), anything else -> that
@@ -99,36 +100,42 @@ class PynvmlAdapter:
 
     # -- GPUs ----------------------------------------------------------------------------
 
-    def gpus(self) -> list[GpuInfo]:
-        m = self._m
+    def gpus(self, *, isolate: bool = False) -> list[GpuInfo]:
         out: list[GpuInfo] = []
-        for i in range(self._call("gpus", m.nvmlDeviceGetCount)):
-            h = self._handle(i)
-            pci = self._call("gpus", m.nvmlDeviceGetPciInfo, h)
-            mem = self._call("gpus", m.nvmlDeviceGetMemoryInfo, h)
+        for i in range(self._call("gpus", self._m.nvmlDeviceGetCount)):
             try:
-                current, pending = m.nvmlDeviceGetMigMode(h)
-                capable = True
-            except m.NVMLError as e:
-                if int(e.value) != NvmlErrorCode.NOT_SUPPORTED:
-                    raise NvmlError(NvmlErrorCode.of(int(e.value)), "gpus", str(e)) from e
-                current, pending, capable = 0, 0, False
-            mode = self._call("gpus", m.nvmlDeviceGetComputeMode, h)
-            out.append(
-                GpuInfo(
-                    index=i,
-                    uuid=_text(self._call("gpus", m.nvmlDeviceGetUUID, h)),
-                    name=_text(self._call("gpus", m.nvmlDeviceGetName, h)),
-                    pci_device_id=f"{(int(pci.pciDeviceId) >> 16) & 0xFFFF:04X}",
-                    memory_mib=int(mem.total) // (1024 * 1024),
-                    mig_enabled=current == m.NVML_DEVICE_MIG_ENABLE,
-                    mig_capable=capable,
-                    compute_mode=ComputeMode(int(mode)),
-                    pending_mig_enabled=pending == m.NVML_DEVICE_MIG_ENABLE,
-                    pci_bus_id=_text(getattr(pci, "busId", "")),
-                )
-            )
+                out.append(self._gpu_info(i))
+            except NvmlError as e:
+                if not isolate:
+                    raise
+                out.append(GpuInfo(i, "", "", "", 0, False, mig_capable=False, read_error=e))
         return out
+
+    def _gpu_info(self, i: int) -> GpuInfo:
+        m = self._m
+        h = self._handle(i)
+        pci = self._call("gpus", m.nvmlDeviceGetPciInfo, h)
+        mem = self._call("gpus", m.nvmlDeviceGetMemoryInfo, h)
+        try:
+            current, pending = m.nvmlDeviceGetMigMode(h)
+            capable = True
+        except m.NVMLError as e:
+            if int(e.value) != NvmlErrorCode.NOT_SUPPORTED:
+                raise NvmlError(NvmlErrorCode.of(int(e.value)), "gpus", str(e)) from e
+            current, pending, capable = 0, 0, False
+        mode = self._call("gpus", m.nvmlDeviceGetComputeMode, h)
+        return GpuInfo(
+            index=i,
+            uuid=_text(self._call("gpus", m.nvmlDeviceGetUUID, h)),
+            name=_text(self._call("gpus", m.nvmlDeviceGetName, h)),
+            pci_device_id=f"{(int(pci.pciDeviceId) >> 16) & 0xFFFF:04X}",
+            memory_mib=int(mem.total) // (1024 * 1024),
+            mig_enabled=current == m.NVML_DEVICE_MIG_ENABLE,
+            mig_capable=capable,
+            compute_mode=ComputeMode(int(mode)),
+            pending_mig_enabled=pending == m.NVML_DEVICE_MIG_ENABLE,
+            pci_bus_id=_text(getattr(pci, "busId", "")),
+        )
 
     def set_compute_mode(self, gpu: int, mode: ComputeMode) -> None:
         self._call(

@@ -36,6 +36,17 @@ A pass (:meth:`Reconciler.reconcile`) is a pure function of what it reads, not o
 6. **re-read** the hardware, build the status (:func:`node_agent.status.build_status`) and the
    advertised devices (:func:`node_agent.devices.advertised_devices`) and publish them.
 
+**An unreadable GPU** (an NVML error reading one GPU: its handle, MIG mode, instances, MIG
+devices or processes -- ``GPU_IS_LOST`` typically) is isolated for the pass: it is not planned,
+nothing on it is created, destroyed or switched, and no MPS daemon of it is stopped.  Its
+devices stay advertised, from the last state read (this agent's, else ``previous`` status),
+but Unhealthy, so the kubelet stops allocating them while pods holding them keep them; the
+status keeps that state in ``status.gpus`` and a ``Degraded`` block ``GpuUnreadable`` names
+the GPU and the error.  The other GPUs are reconciled and published as usual.  Once the GPU
+reads again its devices are Healthy and it is reconciled like the others.  NVML itself down
+(the device count unreadable, or a driver-wide code such as ``UNINITIALIZED`` or
+``DRIVER_NOT_LOADED`` on any read) still fails the whole pass: nothing is published.
+
 **Drain** (no NodePartitioning: the node opted out and the partitioner deleted it, gpuslice is
 being uninstalled, or the partitioner has not created it yet).  A pass without a spec changes no
 MIG layout and destroys nothing.  It advertises only the devices pods hold (in-use ids read this
@@ -46,7 +57,8 @@ and a whole GPU whose daemon is gone and that runs no process is put back in com
 they are.  :attr:`ReconcileResult.held` lists what pods still hold; the drain is complete when
 it is empty.
 
-Crash safety: the only state kept between passes is the MPS slice table, and an agent that
+Crash safety: the only state kept between passes is the MPS slice table (and, for an
+unreadable GPU, the last state read of each GPU), and an agent that
 restarts rebuilds the in-use part of it from the kubelet's ids (MPS slice ids are
 self-describing); free slices are simply re-created.  MPS daemons still running from before
 the restart are found on the first pass (:meth:`~node_agent.mps.ProcessSupervisor.discover`
@@ -61,7 +73,7 @@ anyway.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 
 from contract.nodepartitioning import ActualGpu, NodePartitioningSpec, NodePartitioningStatus
@@ -149,6 +161,8 @@ class Reconciler:
         """GPU UUID -> MPS slice table (rebuilt from in-use ids after a restart); also MIG
         device UUID -> the table of the slices a hybrid instance hosts."""
         self._models: dict[str, GpuModel | None] = {}
+        self._known: dict[int, ActualGpu] = {}
+        """GPU index -> its state when last read (advertised Unhealthy while unreadable)."""
         self._discovered = False
         """Daemons left running by an earlier agent were looked for (first readable pass)."""
 
@@ -167,60 +181,72 @@ class Reconciler:
             self._models[key] = self._catalog.model_for_device(info.pci_device_id, info.name)
         return self._models[key]
 
-    def _observe(self, in_use: set[str] | None) -> list[ObservedGpu]:
-        nv = self._nvml
+    def _observe(self, in_use: set[str] | None) -> tuple[list[ObservedGpu], dict[int, NvmlError]]:
+        """The readable GPUs, and the error of each GPU that could not be read (isolated).
+
+        Raises :class:`NvmlError` when NVML itself is down (the device count unreadable, or a
+        driver-wide error code on any GPU's read)."""
         out: list[ObservedGpu] = []
-        for info in nv.gpus():
-            model = self._model(info)
-            i = info.index
-            instances: list[ObservedInstance] = []
-            gpu_procs = 0
-            if info.mig_enabled:
-                uuids: dict[int, str] = {}
-                for d in nv.mig_devices(i):
-                    uuids.setdefault(d.gi_id, d.uuid)
-                for gi in nv.gpu_instances(i):
-                    profile = None
-                    if model is not None:
-                        try:
-                            profile = model.profile_by_id(gi.profile_id)
-                        except CatalogError:
-                            profile = None
-                    uuid = uuids.get(gi.gi_id, "")
-                    busy = bool(gi.compute_instances) and bool(workload(nv, i, gi.gi_id))
-                    hosted = self._table(uuid, in_use) if uuid else ()
-                    instances.append(
-                        ObservedInstance(
-                            gi_id=gi.gi_id,
-                            profile_id=gi.profile_id,
-                            profile=profile,
-                            start=gi.start,
-                            size=gi.size,
-                            ci_ids=gi.compute_instances,
-                            uuid=uuid,
-                            in_use=in_use is None or (bool(uuid) and uuid in in_use),
-                            busy=busy,
-                            slices=hosted,
-                            used_slices=_used(hosted, in_use),
-                        )
+        failed: dict[int, NvmlError] = {}
+        for info in self._nvml.gpus(isolate=True):
+            try:
+                if info.read_error is not None:
+                    raise info.read_error
+                out.append(self._observe_gpu(info, in_use))
+            except NvmlError as e:
+                if e.code in _NVML_DOWN:
+                    raise
+                failed[info.index] = e
+        return out, failed
+
+    def _observe_gpu(self, info: GpuInfo, in_use: set[str] | None) -> ObservedGpu:
+        nv = self._nvml
+        model = self._model(info)
+        i = info.index
+        instances: list[ObservedInstance] = []
+        gpu_procs = 0
+        if info.mig_enabled:
+            uuids: dict[int, str] = {}
+            for d in nv.mig_devices(i):
+                uuids.setdefault(d.gi_id, d.uuid)
+            for gi in nv.gpu_instances(i):
+                profile = None
+                if model is not None:
+                    try:
+                        profile = model.profile_by_id(gi.profile_id)
+                    except CatalogError:
+                        profile = None
+                uuid = uuids.get(gi.gi_id, "")
+                busy = bool(gi.compute_instances) and bool(workload(nv, i, gi.gi_id))
+                hosted = self._table(uuid, in_use) if uuid else ()
+                instances.append(
+                    ObservedInstance(
+                        gi_id=gi.gi_id,
+                        profile_id=gi.profile_id,
+                        profile=profile,
+                        start=gi.start,
+                        size=gi.size,
+                        ci_ids=gi.compute_instances,
+                        uuid=uuid,
+                        in_use=in_use is None or (bool(uuid) and uuid in in_use),
+                        busy=busy,
+                        slices=hosted,
+                        used_slices=_used(hosted, in_use),
                     )
-                slices: tuple[MpsSlot, ...] | None = ()
-            else:
-                gpu_procs = len(workload(nv, i))
-                slices = self._table(info.uuid, in_use)
-            used = _used(slices, in_use)
-            out.append(
-                ObservedGpu(
-                    info=info,
-                    model=model,
-                    instances=tuple(instances),
-                    gpu_processes=gpu_procs,
-                    slices=slices,
-                    used_slices=used,
-                    in_use_known=in_use is not None,
                 )
-            )
-        return out
+            slices: tuple[MpsSlot, ...] | None = ()
+        else:
+            gpu_procs = len(workload(nv, i))
+            slices = self._table(info.uuid, in_use)
+        return ObservedGpu(
+            info=info,
+            model=model,
+            instances=tuple(instances),
+            gpu_processes=gpu_procs,
+            slices=slices,
+            used_slices=_used(slices, in_use),
+            in_use_known=in_use is not None,
+        )
 
     def _table(self, uuid: str, in_use: set[str] | None) -> tuple[MpsSlot, ...] | None:
         """The MPS slice table of a GPU or (hybrid) MIG device, by its UUID; after a restart
@@ -291,10 +317,12 @@ class Reconciler:
 
     @staticmethod
     def _plan(
-        spec: NodePartitioningSpec | None, observed: list[ObservedGpu]
+        spec: NodePartitioningSpec | None,
+        observed: list[ObservedGpu],
+        unreadable: Mapping[int, NvmlError],
     ) -> tuple[dict[int, GpuPlan], dict[int, Block]]:
         plans: dict[int, GpuPlan] = {}
-        blocks: dict[int, Block] = {}
+        blocks = {i: _unreadable_block(i, e) for i, e in sorted(unreadable.items())}
         if spec is None:
             return plans, blocks
         by_index = {g.info.index: g for g in observed}
@@ -307,11 +335,14 @@ class Reconciler:
                 plans.pop(d.index, None)
                 continue
             seen.add(d.index)
+            if d.index in unreadable:
+                continue  # isolated this pass: its block says why
             obs = by_index.get(d.index)
             if obs is None:
                 blocks[d.index] = Block(
                     "NoSuchGpu",
-                    f"GPU {d.index}: the node has GPUs {sorted(by_index)}; the spec names a "
+                    f"GPU {d.index}: the node has GPUs {sorted({*by_index, *unreadable})}; "
+                    "the spec names a "
                     "GPU index it does not have",
                 )
                 continue
@@ -440,7 +471,11 @@ class Reconciler:
         return ops
 
     def _sync_daemons(
-        self, spec: NodePartitioningSpec | None, observed: list[ObservedGpu], errors: list[str]
+        self,
+        spec: NodePartitioningSpec | None,
+        observed: list[ObservedGpu],
+        errors: list[str],
+        unreadable: Collection[int] = (),
     ) -> tuple[set[str], int, set[str]]:
         """Run the wanted MPS daemons; list the others that no pod seems to use.
 
@@ -463,7 +498,11 @@ class Reconciler:
                         k = mps_key(i, inst.start)
                         wanted[k] = self._daemon(k, inst.uuid, i, inst.start, inst.slices or ())
         running = self._supervisor.running()
-        unwanted = {k for k in running - set(wanted) if not _daemon_in_use(k, observed, set())}
+        unwanted = {
+            k
+            for k in running - set(wanted)
+            if not _daemon_in_use(k, observed, set()) and _key_gpu(k) not in unreadable
+        }  # an unreadable GPU's daemons are left alone: their clients are not known
         unhealthy: set[str] = set()
         ops = 0
         for key, d in sorted(wanted.items()):
@@ -517,7 +556,7 @@ class Reconciler:
             if not _daemon_in_use(key, observed, fresh):  # never kill the MPS clients of a pod
                 self._supervisor.stop(key)
 
-    def _discover(self, observed: list[ObservedGpu]) -> None:
+    def _discover(self, observed: list[ObservedGpu], complete: bool = True) -> None:
         """Once, on the first pass that read the GPUs: take over the MPS daemons an earlier
         agent left running (an agent restart or rollout), so that none is started twice and
         none a pod uses is stopped as unknown.  Candidates: every whole GPU's daemon and every
@@ -535,7 +574,7 @@ class Reconciler:
                 if inst.uuid
             ]
         self._supervisor.discover(candidates)
-        self._discovered = True
+        self._discovered = complete  # an unreadable GPU's daemons: looked for again next pass
 
     def _default_compute_mode(self, observed: list[ObservedGpu], errors: list[str]) -> int:
         """Draining: put every whole GPU in compute mode ``EXCLUSIVE_PROCESS`` whose MPS daemon
@@ -616,12 +655,13 @@ class Reconciler:
         errors: list[str] = []
         in_use = await self._read_in_use(errors)
         try:
-            observed = self._observe(in_use)
+            observed, unreadable = self._observe(in_use)
         except NvmlError as e:
             errors.append(f"reading GPUs: {e}")
             return self._failed_read(spec, generation, previous, now, errors)
-        self._discover(observed)
-        plans, blocks = self._plan(spec, observed)
+        self._discover(observed, complete=not unreadable)
+        lost = self._last_known(unreadable, previous)
+        plans, blocks = self._plan(spec, observed, unreadable)
         by_index = {g.info.index: g for g in observed}
 
         doomed = {i: self._doomed(by_index[i], p) for i, p in plans.items()}
@@ -629,7 +669,9 @@ class Reconciler:
             if self._publish is not None:
                 all_doomed = set().union(*doomed.values())
                 current = self._devices(
-                    spec, actual_gpus(observed), self._daemonless(spec, observed)
+                    spec,
+                    _by_index(actual_gpus(observed) + lost),
+                    self._daemonless(spec, observed) | _device_ids(lost),
                 )
                 self._publish(
                     {r: [d for d in ds if d.id not in all_doomed] for r, ds in current.items()}
@@ -656,15 +698,22 @@ class Reconciler:
         if ops or plans:
             before = {inst.uuid for g in observed for inst in g.instances if inst.uuid}
             try:
-                observed = self._observe(in_use)
+                observed, again = self._observe(in_use)
             except NvmlError as e:
                 errors.append(f"re-reading GPUs: {e}")
                 return self._failed_read(spec, generation, previous, now, errors, ops)
+            if again.keys() - unreadable.keys():  # a GPU failed after the first read
+                unreadable = {**again, **unreadable}
+                blocks.update({i: _unreadable_block(i, e) for i, e in again.items()})
+                lost = self._last_known(unreadable, previous)
+            observed = [g for g in observed if g.info.index not in unreadable]
             observed = self._fill_new_hosts(spec, observed, before, blocks)
-        unhealthy, mode_ops, unwanted = self._sync_daemons(spec, observed, errors)
+        unhealthy, mode_ops, unwanted = self._sync_daemons(spec, observed, errors, unreadable)
         ops += mode_ops
-        actual = actual_gpus(observed)
-        devices = self._devices(spec, actual, unhealthy)
+        read = actual_gpus(observed)
+        self._known.update((a.index, a) for a in read)
+        actual = _by_index(read + lost)
+        devices = self._devices(spec, actual, unhealthy | _device_ids(lost))
         # a GPU whose MPS slice table is unknown (restart + PodResources down) would be
         # advertised without its slices: publish nothing until the table is rebuilt
         complete = all(
@@ -712,6 +761,19 @@ class Reconciler:
             held=held,
         )
 
+    def _last_known(
+        self, unreadable: Mapping[int, NvmlError], previous: NodePartitioningStatus | None
+    ) -> list[ActualGpu]:
+        """The last state read of each unreadable GPU: this agent's, else the previous status's
+        (none known: the GPU is neither advertised nor listed in the status)."""
+        before = {g.index: g for g in previous.gpus} if previous is not None else {}
+        out: list[ActualGpu] = []
+        for i in sorted(unreadable):
+            known = self._known.get(i) or before.get(i)
+            if known is not None:
+                out.append(known)
+        return out
+
     def _failed_read(
         self,
         spec: NodePartitioningSpec | None,
@@ -755,6 +817,48 @@ _RESET_REMEDY = {
 def mps_key(gpu: int, mig_start: int | None = None) -> str:
     """The supervisor key of a GPU's (or hybrid MIG instance's) MPS daemon."""
     return f"gpu{gpu}" if mig_start is None else f"gpu{gpu}-mig{mig_start}"
+
+
+_NVML_DOWN = frozenset(
+    {
+        NvmlErrorCode.UNINITIALIZED,
+        NvmlErrorCode.DRIVER_NOT_LOADED,
+        NvmlErrorCode.LIBRARY_NOT_FOUND,
+        NvmlErrorCode.FUNCTION_NOT_FOUND,
+        NvmlErrorCode.LIB_RM_VERSION_MISMATCH,
+    }
+)
+"""Codes that say NVML itself is down, not one GPU: the whole pass fails."""
+
+
+def _unreadable_block(gpu: int, e: NvmlError) -> Block:
+    return Block(
+        "GpuUnreadable",
+        f"GPU {gpu}: NVML cannot read it ({e}); its devices are advertised Unhealthy and "
+        "nothing on it is changed until it reads again",
+    )
+
+
+def _by_index(gpus: list[ActualGpu]) -> list[ActualGpu]:
+    return sorted(gpus, key=lambda g: g.index)
+
+
+def _device_ids(gpus: list[ActualGpu]) -> set[str]:
+    """Every device id of ``gpus``: MIG instances, their hosted slices, MPS slices."""
+    out: set[str] = set()
+    for g in gpus:
+        out |= {s.deviceId for s in g.mps}
+        for inst in g.mig:
+            out.add(inst.deviceId)
+            out |= {s.deviceId for s in inst.mps}
+    out.discard("")
+    return out
+
+
+def _key_gpu(key: str) -> int | None:
+    """The GPU index of an MPS daemon key (:func:`mps_key`)."""
+    head = key.split("-", 1)[0]
+    return int(head[3:]) if head.startswith("gpu") and head[3:].isdigit() else None
 
 
 def _hybrid_gpus(spec: NodePartitioningSpec | None) -> set[int]:
