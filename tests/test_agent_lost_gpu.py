@@ -22,6 +22,7 @@ from node_agent.nvml_pynvml import PynvmlAdapter
 from node_agent.reconciler import Reconciler, ReconcileResult
 from planner.catalog import default_catalog
 from tests.test_agent_pynvml import FakePynvml
+from tests.test_agent_rollout import Pods  # in-use source: the device ids pods hold
 
 CAT = default_catalog()
 READS = ("gpu_instances", "mig_devices", "running_processes")
@@ -35,14 +36,6 @@ MUTATING = (
     "destroy_gpu_instance",
 )
 NOW = "2026-01-01T00:00:00Z"
-
-
-class Pods:
-    def __init__(self) -> None:
-        self.ids: set[str] = set()
-
-    async def in_use_device_ids(self) -> set[str]:
-        return set(self.ids)
 
 
 class Node:
