@@ -153,6 +153,11 @@ class GpuInfo:
     """``gpus(isolate=True)`` only: reading this GPU failed; every field but ``index`` is
     unknown (empty)."""
 
+    @classmethod
+    def unreadable(cls, index: int, error: NvmlError) -> GpuInfo:
+        """The ``gpus(isolate=True)`` entry of GPU ``index`` whose reads failed with ``error``."""
+        return cls(index, "", "", "", 0, False, mig_capable=False, read_error=error)
+
     @property
     def mig_target(self) -> bool:
         """The MIG mode the GPU is heading for: the pending one, else the current one."""

@@ -274,7 +274,7 @@ class FakeNvml:
             except NvmlError as e:
                 if not isolate:
                     raise
-                return GpuInfo(g.index, "", "", "", 0, False, mig_capable=False, read_error=e)
+                return GpuInfo.unreadable(g.index, e)
         return GpuInfo(
             index=g.index,
             uuid=g.uuid,

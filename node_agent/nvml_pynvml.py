@@ -108,7 +108,7 @@ class PynvmlAdapter:
             except NvmlError as e:
                 if not isolate:
                     raise
-                out.append(GpuInfo(i, "", "", "", 0, False, mig_capable=False, read_error=e))
+                out.append(GpuInfo.unreadable(i, e))
         return out
 
     def _gpu_info(self, i: int) -> GpuInfo:

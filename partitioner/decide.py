@@ -549,6 +549,8 @@ class _Step:
         self.switching: set[str] = set()
         self.ledgers: dict[str, NodeLedger] = {}
         self.unreadable: dict[str, NodeProblem] = {}
+        self._problem_nodes: list[dict[str, Any]] | None = None
+        """Opted-in nodes whose GPU labels cannot be read (:meth:`_give_back`), once read."""
         """GPU nodes whose GPUs cannot be read yet (:mod:`partitioner.adoption`)."""
         self.window: BatchWindow = state.window
         self.plan_version, self.replan_at = state.plan_version, state.replan_at
@@ -994,9 +996,10 @@ class _Step:
         if self.now < due:
             self.wake(due)
             return False
-        for info in self.index.nodes.values():
-            if isinstance(info.reading, NodeProblem) and pod_fits_node(pod.obj, info.obj):
-                return False
+        if self._problem_nodes is None:  # once per step: this runs for every rejected pod
+            self._problem_nodes = [self.index.nodes[n].obj for n in self._label_problems()]
+        if any(pod_fits_node(pod.obj, node) for node in self._problem_nodes):
+            return False
         self._ungate(
             pod,
             f"gpuslice cannot place it ({reason}): gpuslice removed its scheduling gate, so "

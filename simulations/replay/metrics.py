@@ -51,6 +51,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import groupby
+from operator import attrgetter
 from typing import Any
 
 __all__ = [
@@ -289,24 +291,19 @@ def pending_by_size(result: ReplayResult) -> dict[str, dict[str, float]]:
 
 
 def overtakes(pods: Sequence[PodRecord]) -> int:
-    """Pods first bound while an older pod with the same requests was still unbound (a pod
-    never bound counts as unbound to the end)."""
-    by_request: dict[tuple[tuple[str, int], ...], list[PodRecord]] = {}
+    """Pods first bound while an older pod with the same requests (:func:`request_shape`) was
+    still unbound (a pod never bound counts as unbound to the end)."""
+    by_request: dict[str, list[PodRecord]] = {}
     for p in pods:
-        by_request.setdefault(tuple(sorted(p.requests.items())), []).append(p)
+        by_request.setdefault(request_shape(p.requests), []).append(p)
     count = 0
     for group in by_request.values():
-        group.sort(key=lambda r: r.arrival)
         latest = -math.inf  # the latest first binding among the pods that arrived earlier
-        i = 0
-        while i < len(group):
-            j = i
-            while j < len(group) and group[j].arrival == group[i].arrival:
-                j += 1
-            bounds = [math.inf if p.first_bound is None else p.first_bound for p in group[i:j]]
+        arrival = attrgetter("arrival")
+        for _, same in groupby(sorted(group, key=arrival), key=arrival):
+            bounds = [math.inf if p.first_bound is None else p.first_bound for p in same]
             count += sum(1 for b in bounds if b < latest)
             latest = max(latest, *bounds)
-            i = j
     return count
 
 
