@@ -17,7 +17,10 @@ Wiring
   ``list_page_size`` (:meth:`~partitioner.kubeapi.KubeApi.list_all`); while the API server
   cannot be listed it retries with exponential backoff and jitter (:attr:`Controller.backoff`:
   1 s doubling up to 30 s), logging one WARNING when the outage starts and one INFO when the
-  listing succeeds (:func:`~partitioner.kubeapi.retry_with_backoff`).  Then every ``cycle_seconds``,
+  listing succeeds (:func:`~partitioner.kubeapi.retry_with_backoff`).  When kopf lists a kind
+  again (its watch lost its place: ``410 Gone``, a dropped connection), objects deleted in that
+  gap get no ``DELETED`` event, so the next cycle lists that kind itself first
+  (:meth:`Controller._note_listing`).  Then every ``cycle_seconds``,
   and ``react_seconds`` after a watch event that changed the index (:meth:`Controller._pause`),
   calls :func:`partitioner.decide.decide` with the index and the wall clock (reservation
   deadlines are stored on pods in that clock), carries the actions out (:mod:`.writer`), folds
@@ -64,7 +67,7 @@ import logging
 import random
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, TextIO
 
@@ -95,6 +98,9 @@ __all__ = ["Controller", "build_registry", "configure_logging", "endpoint_from",
 log = logging.getLogger("gpuslice.partitioner")
 
 _LISTS = {"nodes": "/api/v1/nodes", "pods": "/api/v1/pods", "partitionings": NP_PATH}
+RELIST_QUIET_S = 30.0
+"""A listed object this long after the previous one of its kind starts a new kopf listing
+(:meth:`Controller._note_listing`); one listing's objects come seconds apart at most."""
 CLAIMS_PATH = "/apis/resource.k8s.io/v1/resourceclaims"
 """Listed and watched with ``dra_enabled`` (DRA nodes' demand, partitioner.claims)."""
 
@@ -220,16 +226,51 @@ class Controller:
         self._task: asyncio.Task[None] | None = None
         self.changed = asyncio.Event()
         """Set when a watch event changed the index since the last step began reading it."""
+        self._monotonic = monotonic
+        self._listings: dict[str, tuple[bool, float]] = {}
+        """kind -> (a watch event came since kopf's last listed object, when that object came)."""
+        self.relist_due: set[str] = set()
+        """Kinds kopf listed again after a gap in its watch (:meth:`_note_listing`): the next
+        cycle lists them itself, reconciling the index (objects deleted in the gap go)."""
 
     # -- index -----------------------------------------------------------------------------
     def observe(self, kind: str, event: Mapping[str, Any]) -> None:
         """Fold one watch event (``kind`` in nodes, pods, partitionings) into the index."""
         obj = event.get("object") or {}
         event_type = event.get("type")
+        self._note_listing(kind, event_type)
         if self._buffered is not None:  # a step is reading the index in its thread
             self._buffered.append((kind, event_type, obj))
             return
         self._fold(kind, event_type, obj)
+
+    def _note_listing(self, kind: str, event_type: str | None) -> None:
+        """Notice kopf listing ``kind`` again, after a gap its watch could not bridge.
+
+        kopf lists a resource (events of type ``None``), then watches it from the listing's
+        resourceVersion; when the watch fails (``410 Gone``, a lost connection) it lists again.
+        A listing only upserts: an object deleted during the gap gets no ``DELETED`` event and
+        would stay in the index for good (a bound pod holding its slice, a node with its
+        GPUs).  A listed object that follows a watch event of its kind, or comes
+        ``RELIST_QUIET_S`` after the previous listed one, starts such a new listing (kopf's
+        own first listing is one burst before any watch event, so it triggers nothing); the
+        next cycle then lists the kind itself (:meth:`sync`), which drops what is gone.
+        """
+        now = self._monotonic()
+        watched, last = self._listings.get(kind, (False, now))
+        if event_type is not None:
+            self._listings[kind] = (True, last)
+            return
+        if kind in self._listings and (watched or now - last > RELIST_QUIET_S):
+            if kind not in self.relist_due:
+                log.info(
+                    "kopf is listing %s again after a gap in its watch; the partitioner "
+                    "lists them too, to drop what was deleted meanwhile",
+                    kind,
+                )
+            self.relist_due.add(kind)
+            self.changed.set()
+        self._listings[kind] = (False, now)
 
     def _fold(self, kind: str, event_type: str | None, obj: Mapping[str, Any]) -> None:
         before = self.index.version
@@ -257,11 +298,16 @@ class Controller:
         return self._login[1]
 
     # -- the cycle -------------------------------------------------------------------------
-    async def sync(self) -> None:
-        """List the watched resources (paginated), reconciling the index with what exists now."""
+    async def sync(self, kinds: Iterable[str] | None = None) -> None:
+        """List the watched resources (``kinds``: those only; paginated), reconciling the index
+        with what exists now."""
         lists = dict(_LISTS)
         if self.settings.dra_enabled:
             lists["claims"] = CLAIMS_PATH
+        if kinds is not None:
+            wanted = set(kinds)
+            lists = {kind: path for kind, path in lists.items() if kind in wanted}
+        self.relist_due -= lists.keys()  # a listing begun now covers every gap noticed so far
         # kopf's watches deliver events while the pages are read: the listing's snapshot must
         # not undo what they report after it (ClusterIndex.relist)
         self.index.deletions = {}
@@ -372,7 +418,17 @@ class Controller:
         return self.elector is None or self.elector.is_leader()
 
     async def _cycle(self) -> None:
-        """One cycle: a decision step when leading, nothing else (module docstring)."""
+        """One cycle: the relistings kopf's watch gaps call for (:meth:`_note_listing`), then a
+        decision step when leading (module docstring)."""
+        if self.relist_due:
+            due = sorted(self.relist_due)
+            try:
+                await self.sync(due)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # the step still runs; the next cycle lists again
+                self.relist_due.update(due)
+                log.warning("listing %s after a watch gap failed: %s", ", ".join(due), e)
         leading = self.leading()
         if leading and not self._was_leading and self.elector is not None:
             self.state = ControllerState()  # as after a restart: plans may have moved on

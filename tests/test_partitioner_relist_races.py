@@ -146,3 +146,127 @@ def test_a_pod_the_api_server_no_longer_has_leaves_the_index_on_its_404() -> Non
     asyncio.run(controller.step(T0))
     assert "/api/v1/namespaces/ns/pods/ghost" in patched
     assert "ns/ghost" not in controller.index.pods
+
+
+# -- kopf lists again after a gap in its watch ---------------------------------------------------
+
+
+class _Gap:
+    """A controller whose API lists ``items`` (a dict kind -> pods, mutable), a fake monotonic
+    clock, and a step that only counts (the cycle's relisting is what is tested)."""
+
+    def __init__(self, pods: list[dict[str, Any]]) -> None:
+        self.now = 0.0
+        self.items: dict[str, list[dict[str, Any]]] = {"pods": pods}
+        self.listed: list[str] = []
+        self.fail = False
+        self.steps = 0
+        self.controller = Controller(
+            PartitionerSettings(metrics_port=0, health_port=0),
+            connection=kopf.ConnectionInfo(server="https://example.invalid"),
+            monotonic=lambda: self.now,
+        )
+
+        async def list_all(path: str, page_size: int = 500, restarts: int = 3) -> dict[str, Any]:
+            kind = path.rsplit("/", 1)[-1]
+            self.listed.append(kind)
+            if self.fail:
+                raise ConnectionError("apiserver unreachable")
+            return {"metadata": {"resourceVersion": "500"}, "items": self.items.get(kind, [])}
+
+        async def step(now: float | None = None) -> Any:
+            self.steps += 1
+
+        self.controller.api.list_all = list_all  # type: ignore[method-assign]
+        self.controller.step = step  # type: ignore[method-assign]
+
+    def kopf_lists(self, pods: list[dict[str, Any]]) -> None:
+        for pod in pods:
+            self.controller.observe("pods", {"type": None, "object": pod})
+            self.now += 0.01
+
+
+def _bound(name: str, rv: str) -> dict[str, Any]:
+    pod = _pod(name, rv, nodeName="n1")
+    del pod["spec"]["schedulingGates"]
+    pod["status"]["phase"] = "Running"
+    return pod
+
+
+def test_a_bound_pod_deleted_in_a_watch_gap_frees_its_slice_at_kopfs_next_listing() -> None:
+    """kopf's watch fails (410 Gone); a bound pod is deleted before kopf lists again, so no
+    DELETED event ever comes: without a listing of its own the partitioner counts the pod's
+    slice as used until it restarts."""
+    done, waiting = _bound("done", "90"), _pod("waiting", "91")
+    gap = _Gap([done, waiting])
+    c = gap.controller
+    asyncio.run(c.sync())
+    gap.kopf_lists([done, waiting])  # kopf's first listing, beside the controller's own
+    c.observe("pods", {"type": "MODIFIED", "object": _pod("waiting", "95")})  # its watch
+    assert c.relist_due == set()
+    assert c.index.usage("n1").slices == {ONE_G: 1}
+
+    gap.items["pods"] = [_pod("waiting", "95")]  # "done" deleted while nobody watched
+    gap.now += 300
+    gap.kopf_lists([_pod("waiting", "95")])
+    assert c.relist_due == {"pods"}
+    assert c.changed.is_set()  # the next cycle starts at once
+    listed = len(gap.listed)
+    asyncio.run(c._cycle())
+    assert gap.listed[listed:] == ["pods"]  # that kind only
+    assert c.relist_due == set()
+    assert c.index.usage("n1").slices == {}
+    assert sorted(c.index.pods) == ["ns/waiting"]
+    assert gap.steps == 1
+
+
+def test_kopfs_first_listing_after_the_controllers_own_lists_nothing_again() -> None:
+    pods = [_pod(f"p{i}", str(10 + i)) for i in range(5)]
+    gap = _Gap(pods)
+    c = gap.controller
+    asyncio.run(c.sync())
+    gap.kopf_lists(pods)
+    assert c.relist_due == set()
+    listed = len(gap.listed)
+    asyncio.run(c._cycle())
+    assert gap.listed[listed:] == []
+    assert gap.steps == 1
+
+
+def test_a_quiet_kind_listed_again_is_listed_by_the_controller_too() -> None:
+    """No watch event between kopf's two listings (nothing changed for minutes, then the
+    watch's resourceVersion expired): the second listing is told apart by its time."""
+    pods = [_pod("a", "10"), _pod("b", "11")]
+    gap = _Gap(pods)
+    c = gap.controller
+    asyncio.run(c.sync())
+    gap.kopf_lists(pods)
+    gap.now += 10  # still kopf's first listing, one slow page later
+    gap.kopf_lists([_pod("c", "12")])
+    assert c.relist_due == set()
+    gap.now += 600
+    gap.items["pods"] = [_pod("a", "10")]
+    gap.kopf_lists([_pod("a", "10")])
+    assert c.relist_due == {"pods"}
+    asyncio.run(c._cycle())
+    assert sorted(c.index.pods) == ["ns/a"]
+
+
+def test_a_failed_relisting_is_tried_again_and_the_step_still_runs() -> None:
+    pods = [_pod("a", "10")]
+    gap = _Gap(pods)
+    c = gap.controller
+    asyncio.run(c.sync())
+    gap.kopf_lists(pods)
+    c.observe("pods", {"type": "MODIFIED", "object": _pod("a", "20")})
+    gap.kopf_lists([_pod("a", "20")])
+    gap.fail = True
+    asyncio.run(c._cycle())
+    assert c.relist_due == {"pods"}
+    assert gap.steps == 1
+    gap.fail = False
+    gap.items["pods"] = []
+    asyncio.run(c._cycle())
+    assert c.relist_due == set()
+    assert c.index.pods == {}
+    assert gap.steps == 2
