@@ -62,6 +62,11 @@ step:
    get its units on any plannable node (the batch's bound, :class:`_UnitBounds`: a full
    cluster with free slices nobody waiting can use) goes to the planner's greedy pass, not to
    CP-SAT: the plan places nothing and changes nothing either way, with the same reasons.
+7b. **Preemption.**  A gated pod the plan could not place for lack of capacity, for which
+   bound pods of lower priority hold the slices it asks for on a node it may use, loses its
+   gate (``Preempting`` Event) so that kube-scheduler preempts them, as it would for the pod
+   without gpuslice; a pod kube-scheduler nominated for a node keeps its units there from
+   every reservation and plan until it binds (:meth:`_Step.preempt`).
 8. **Drain.**  A gated pod the plan could not place for lack of capacity that has waited
    ``drain_after_s`` gets a drain (:mod:`partitioner.drain`) while the cluster's drain budget
    (``drain_fraction`` of the GPUs) has room; with ``drain_overtaken`` = K > 0 only once K
@@ -223,6 +228,10 @@ class DecideConfig:
     """Drain only for a pod that at least this many younger slice pods have overtaken (bound
     now, created after it): starvation relative to the queue rather than waiting alone.  0
     (the default): every pod past ``drain_after_s`` may be drained (module docstring, step 8)."""
+    preemption: bool = True
+    """A gated pod that no free slice and no plan can serve, for which lower-priority pods hold
+    the slices it asks for on a node it may use, loses its gate so kube-scheduler preempts
+    them, as it would without gpuslice (module docstring, step 7b).  False: it waits."""
     warm_share: float = 0.0
     """Warm slices (module docstring, step 10): while no slice pod waits and no node is applying
     a spec, keep one free slice of each request that at least this share of the bound
@@ -549,9 +558,11 @@ class _Step:
         self.switching: set[str] = set()
         self.ledgers: dict[str, NodeLedger] = {}
         self.unreadable: dict[str, NodeProblem] = {}
+        """GPU nodes whose GPUs cannot be read yet (:mod:`partitioner.adoption`)."""
         self._problem_nodes: list[dict[str, Any]] | None = None
         """Opted-in nodes whose GPU labels cannot be read (:meth:`_give_back`), once read."""
-        """GPU nodes whose GPUs cannot be read yet (:mod:`partitioner.adoption`)."""
+        self.preempting: set[str] = set()
+        """Candidates handed to kube-scheduler's preemption this step (:meth:`preempt`)."""
         self.window: BatchWindow = state.window
         self.plan_version, self.replan_at = state.plan_version, state.replan_at
         self.last_plan = state.last_plan
@@ -791,6 +802,10 @@ class _Step:
                         )
                 continue
             if pod.daemonset or pod.nominated:
+                if pod.nominated and not pod.daemonset:
+                    ledger = self.ledgers.get(pod.nominated_node)
+                    if ledger is not None:  # kube-scheduler preempted there for it
+                        ledger.add_nominated(pod)
                 continue
             key = pod.key
             self.seen.add(key)
@@ -970,12 +985,12 @@ class _Step:
                 "its ResourceClaims ask gpuslice for no slice: gpuslice removed its gate",
             )
 
-    def _ungate(self, pod: PodInfo, message: str) -> None:
-        """Remove gpuslice's gate from ``pod`` (if it has it), with a Normal Event ``Ungated``."""
+    def _ungate(self, pod: PodInfo, message: str, reason: str = "Ungated") -> None:
+        """Remove gpuslice's gate from ``pod`` (if it has it), with a Normal Event ``reason``."""
         patch = ungate_patch(pod.obj)
         if patch is None:
             return
-        event = EmitEvent(_pod_ref(pod), "Normal", "Ungated", message)
+        event = EmitEvent(_pod_ref(pod), "Normal", reason, message)
         self.actions.append(PatchPod(pod.key, _pod_ref(pod), patch, "ungate", None, (event,)))
 
     def _give_back(self, pod: PodInfo, reason: str) -> bool:
@@ -1328,6 +1343,67 @@ class _Step:
         limit = max(1.0, self.config.drain_queue_limit * self.cluster_gpus())
         return self.candidate_resources.total() > limit
 
+    def preempt(self, plan: Plan) -> None:
+        """Step 7b: hand kube-scheduler the gated pods only its preemption can serve now.
+
+        A gated pod is invisible to kube-scheduler, so its preemption never acts for it: a
+        high-priority pod whose slices lower-priority pods hold would wait for them to end (or
+        for a drain), where without gpuslice kube-scheduler evicts them at once.  A candidate
+        the plan left unplaced for capacity that may preempt (``preemptionPolicy`` is not
+        ``Never``), has no reservation (not draining) and asks through extended resources has
+        a node it may use where its free slices plus those of bound pods of lower priority
+        cover every unit it asks for, its CPU and its memory, less what pods handed over
+        before it in this step (highest priority first) need there: it loses the gate with a
+        ``Preempting`` Event naming that node.  kube-scheduler then preempts as it does for any
+        pod (its own choice of node and victims, PodDisruptionBudgets and graceful termination
+        included) and nominates a node; the nominated pod's units are kept there from every
+        reservation and plan (:meth:`~partitioner.ledger.NodeLedger.add_nominated`) until it
+        binds.  Only exact slices count, as for kube-scheduler: a pod asking for a ``7g``
+        instance cannot preempt ``1g`` pods (the GPU would have to be repartitioned; it waits,
+        or gets a drain).  If kube-scheduler does not preempt after all, the pod is an ungated
+        pod like one created while the webhook was down: planned, never released, bound when
+        its slice exists.
+
+        Cost: one pass over the pods when some candidate may preempt, then per candidate the
+        first node that serves it (nodes in name order, each node's free slices and freed
+        units computed once); candidates alike in priority, request and eligible nodes that
+        found no node are not searched again (what is handed over only shrinks the room)."""
+        if not (self.config.reservation and self.config.preemption):
+            return
+        capacity = Unplaced.CAPACITY.value
+        room: _PreemptionRoom | None = None
+        misses: set[tuple[int, int, frozenset[str]]] = set()
+        for key, pod in self.candidates.items():  # highest priority first
+            why = plan.unplaced.get(key)
+            if why is None or not why.startswith(capacity):
+                continue
+            if key not in self.managed or pod.reservation is not None or not pod.preempts:
+                continue
+            if pod.dra:  # a claim's devices: not modelled here (it waits, or gets a drain)
+                continue
+            if room is None:  # once per step, and only when some pod could preempt
+                room = _PreemptionRoom(self.index, self.ledgers)
+            if pod.priority <= room.lowest:
+                break  # candidates are in priority order: no later one outranks a bound pod
+            eligible = self.index.eligible(pod, self.gpu_nodes)
+            sig = (pod.priority, id(pod.slices), eligible)
+            if sig in misses:
+                continue
+            node = room.take(pod, room.order(eligible), self.cooldown)
+            if node is None:
+                misses.add(sig)
+                continue
+            self._ungate(
+                pod,
+                f"no free slice fits it and no plan can make one without moving pods, but "
+                f"lower-priority pods hold {_units(pod.slices)} on node {node}: gpuslice "
+                f"removed its scheduling gate so kube-scheduler can preempt them, as it would "
+                f"without gpuslice (preemptionPolicy: Never keeps a pod waiting instead)",
+                "Preempting",
+            )
+            self.preempting.add(key)
+            self.counts["preempting"] += 1
+
     def start_drains(self, plan: Plan) -> None:
         if not self.config.reservation or self.config.drain_fraction <= 0:
             return
@@ -1400,7 +1476,7 @@ class _Step:
         younger: list[float] | None = None
         """Creation times of the slice pods bound now, sorted (read once, if ``need``)."""
         for key, pod in self.candidates.items():  # in _order already
-            if key not in self.managed or key in self.drains:
+            if key not in self.managed or key in self.drains or key in self.preempting:
                 continue
             if self.now - (pod.created or self.now) < self.config.drain_after_s:
                 continue
@@ -1682,6 +1758,7 @@ class _Step:
             self.counts["plans_skipped_full"] += 1
             for key_, why in sorted(plan.unplaced.items()):
                 self.once(pods[key_], "Unplaceable", f"cannot place: {why}", "Warning")
+            self.preempt(plan)
             self.start_drains(plan)
             return plan, "", batch, 0, ""
         plan_id = self.next_id()
@@ -1712,6 +1789,7 @@ class _Step:
         for key, reason in sorted(plan.unplaced.items()):
             if key in pods:
                 self.once(pods[key], "Unplaceable", f"cannot place: {reason}", "Warning")
+        self.preempt(plan)
         self.start_drains(plan)
         return plan, plan_id, batch, reconfigured, ""
 
@@ -1954,6 +2032,72 @@ class _Step:
             self.next_wakeup,
             self.warm_error,
         )
+
+
+class _PreemptionRoom:
+    """What kube-scheduler's preemption could free for gated pods in one step (:meth:`_Step.
+    preempt`): per GPU node its free slices, CPU and memory (read once), the slice pods bound
+    there (the possible victims, lowest priority first), and what pods handed over this step
+    take."""
+
+    def __init__(self, index: ClusterIndex, ledgers: Mapping[str, NodeLedger]) -> None:
+        self.ledgers = ledgers
+        bound: dict[str, list[PodInfo]] = {}
+        for pod in index.pods.values():
+            if pod.node in ledgers and pod.slices and not pod.finished:
+                bound.setdefault(pod.node, []).append(pod)
+        self.bound = {n: sorted(pods, key=lambda p: p.priority) for n, pods in bound.items()}
+        self.lowest = min((pods[0].priority for pods in self.bound.values()), default=0)
+        """The lowest priority of a bound slice pod (a pod at or below it preempts nothing)."""
+        self._free: dict[str, Counter[str]] = {}
+        self._freed: dict[tuple[str, int], tuple[Counter[str], int, int]] = {}
+        self._taken: dict[str, tuple[Counter[str], list[int]]] = {}
+        self._orders: dict[frozenset[str], list[str]] = {}
+
+    def order(self, eligible: frozenset[str]) -> list[str]:
+        """``eligible``'s nodes with victims, in name order (kept per node set)."""
+        out = self._orders.get(eligible)
+        if out is None:
+            out = self._orders[eligible] = sorted(n for n in eligible if n in self.bound)
+        return out
+
+    def take(self, pod: PodInfo, nodes: Iterable[str], cooldown: Mapping[str, float]) -> str | None:
+        """The first of ``nodes`` where preemption makes room for ``pod`` (module docstring of
+        :meth:`_Step.preempt`); what it needs there is taken.  ``None``: no such node."""
+        for n in nodes:
+            if n in cooldown:
+                continue
+            ledger = self.ledgers[n]
+            free = self._free.get(n)
+            if free is None:
+                free = self._free[n] = ledger.free()
+            freed = self._freed.get((n, pod.priority))
+            if freed is None:
+                units: Counter[str] = Counter()
+                cpu = memory = 0
+                for v in self.bound[n]:
+                    if v.priority >= pod.priority:
+                        break
+                    units.update(v.slices)
+                    cpu += v.cpu_milli
+                    memory += v.memory_mib
+                freed = self._freed[(n, pod.priority)] = (units, cpu, memory)
+            units, cpu, memory = freed
+            if not units:
+                continue
+            taken, taken_cm = self._taken.get(n) or (Counter(), [0, 0])
+            if any(free[r] + units[r] - taken[r] < k for r, k in pod.slices.items()):
+                continue
+            if pod.cpu_milli > ledger.cpu_free + cpu - taken_cm[0]:
+                continue
+            if pod.memory_mib > ledger.memory_free + memory - taken_cm[1]:
+                continue
+            taken.update(pod.slices)
+            taken_cm[0] += pod.cpu_milli
+            taken_cm[1] += pod.memory_mib
+            self._taken[n] = (taken, taken_cm)
+            return n
+        return None
 
 
 def _planned(plan: Plan, key: str, plan_id: str) -> str:

@@ -328,6 +328,17 @@ class PodInfo:
         return str((self.obj.get("metadata") or {}).get("name", ""))
 
     @property
+    def nominated_node(self) -> str:
+        """The node kube-scheduler nominated for it (``status.nominatedNodeName``), or ``""``."""
+        return str((self.obj.get("status") or {}).get("nominatedNodeName") or "")
+
+    @property
+    def preempts(self) -> bool:
+        """kube-scheduler may preempt lower-priority pods for it (``spec.preemptionPolicy``
+        is not ``Never``)."""
+        return (self.obj.get("spec") or {}).get("preemptionPolicy") != "Never"
+
+    @property
     def namespace(self) -> str:
         return str((self.obj.get("metadata") or {}).get("namespace", ""))
 
@@ -397,8 +408,9 @@ def _trim_pod(pod: Obj) -> dict[str, Any]:
         )
         if k in spec
     }
-    if "priority" in spec:
-        keep_spec["priority"] = spec["priority"]
+    for k in ("priority", "preemptionPolicy"):
+        if k in spec:
+            keep_spec[k] = spec[k]
     scheduled = [
         c
         for c in status.get("conditions") or ()

@@ -11,7 +11,11 @@ For one GPU node (a :class:`NodeLedger`), per partitionable resource ``R``:
   less the status-``used`` instances of ``R`` on frozen GPUs (those pods sit there);
 * ``held[R]`` — units promised to pods that are not bound yet (reservations in state
   ``planned`` or ``released`` on this node, see :mod:`partitioner.reservations`);
-* ``free[R] = total[R] - bound[R] - held[R]`` (never below 0): what a new reservation may take.
+* ``nominated[R]`` — units of pods kube-scheduler nominated the node for (it preempted pods
+  there for them; they bind once the victims are gone), kept from everyone else as
+  kube-scheduler keeps them from lower-priority pods;
+* ``free[R] = total[R] - bound[R] - held[R] - nominated[R]`` (never below 0): what a new
+  reservation may take.
 
 A *frozen* GPU is being drained for a waiting pod: its free instances are neither counted nor
 offered, and the planner does not see the GPU at all.
@@ -26,7 +30,8 @@ expects (else the lowest GPU with one), and, while pods bound to the node hold m
 ``R`` than the status shows used (the agent has not reported them yet), or while the pods
 bound to the node changed after the agent's last report (a departed pod's device may still show
 used and a new pod's not, with equal counts), every free instance of ``R`` that bound pods hold
-— so no plan ever destroys a device that might be allocated.
+— so no plan ever destroys a device that might be allocated — and one free instance of ``R``
+per nominated unit (lowest GPU first), so the slice a preemption frees stays for its pod.
 """
 
 from __future__ import annotations
@@ -125,6 +130,10 @@ class NodeLedger:
     held: Counter[str] = field(default_factory=Counter)
     released_unbound: Counter[str] = field(default_factory=Counter)
     holds: list[Hold] = field(default_factory=list)
+    nominated: Counter[str] = field(default_factory=Counter)
+    """Units of pods kube-scheduler nominated this node for (``status.nominatedNodeName``: it
+    preempted pods here for them and binds them once the victims are gone): kept from every
+    new reservation and plan, as kube-scheduler keeps them from lower-priority pods."""
     cpu_free: int = 0
     memory_free: int = 0
     stale_used: frozenset[str] = frozenset()
@@ -165,7 +174,7 @@ class NodeLedger:
         out: Counter[str] = Counter()
         for r in total:
             bound = max(0, self.bound[r] - frozen_used[r])
-            left = total[r] - bound - self.held[r]
+            left = total[r] - bound - self.held[r] - self.nominated[r]
             if left > 0:
                 out[r] = left
         return out
@@ -185,6 +194,12 @@ class NodeLedger:
             self.released_unbound.update(hold.reservation.units())
         self.cpu_free -= hold.pod.cpu_milli
         self.memory_free -= hold.pod.memory_mib
+
+    def add_nominated(self, pod: PodInfo) -> None:
+        """Keep what ``pod``, nominated for this node by kube-scheduler, will bind to."""
+        self.nominated.update(pod.slices)
+        self.cpu_free -= pod.cpu_milli
+        self.memory_free -= pod.memory_mib
 
     def settle(self) -> list[Hold]:
         """Keep holds (released first, priority, age) while they fit; return the broken ones."""
@@ -236,7 +251,12 @@ class NodeLedger:
             allocatable = self.total()[resource]
         else:
             allocatable = self.info.allocatable.get(resource, 0)
-        return allocatable - self.bound[resource] - self.released_unbound[resource]
+        return (
+            allocatable
+            - self.bound[resource]
+            - self.released_unbound[resource]
+            - self.nominated[resource]
+        )
 
     # ------------------------------------------------------------------ GPUs
 
@@ -250,12 +270,15 @@ class NodeLedger:
             for r, indices in h.reservation.gpus.items():
                 for i in indices:
                     self._pin_one(r, i)
-        self.base_pins = not self.holds
+        for r, k in sorted(self.nominated.items()):  # no GPU expected: the kubelet picks
+            for _ in range(k):  # frozen GPUs too: a drain must not plan over the freed slice
+                self._pin_one(r, -1, frozen_too=True)
+        self.base_pins = not self.holds and not self.nominated
 
-    def _pin_one(self, resource: str, expected: int) -> None:
-        order = sorted(self.gpus, key=lambda g: (g.index != expected, g.index))
+    def _pin_one(self, resource: str, expected: int, frozen_too: bool = False) -> None:
+        order = sorted(self.gpus, key=lambda g: (g.frozen, g.index != expected, g.index))
         for g in order:
-            if g.frozen:
+            if g.frozen and not frozen_too:
                 continue
             for d in g.devices:
                 if d.resource == resource and not d.pinned:

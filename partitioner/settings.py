@@ -218,6 +218,12 @@ class PartitionerSettings(CommonSettings):
         "room, so the next such pod starts at once; 0 turns them off (the default: they delay "
         "whole-node pods, docs/operations.md).",
     )
+    preemption: bool = Field(
+        True,
+        description="A gated pod no free slice or plan can serve, for which lower-priority pods "
+        "hold the slices it asks for on a node it may use, loses its gate so kube-scheduler "
+        "preempts them (as without gpuslice); false: it waits for them to end.",
+    )
     drain_overtaken: int = Field(
         0,
         ge=0,
@@ -354,6 +360,7 @@ class PartitionerSettings(CommonSettings):
             drain_fraction=self.drain_fraction,
             drain_queue_limit=self.drain_queue_limit,
             drain_overtaken=self.drain_overtaken,
+            preemption=self.preemption,
             warm_share=self.warm_slice_share,
             node_lifecycle=True,
         )
