@@ -22,6 +22,17 @@ again for a few seconds until nothing is held, so the last idle MPS daemon is st
 put back in compute mode ``DEFAULT`` even when the pod goes right after its last client
 (opt-out) or right after its NodePartitioning (uninstall).
 
+MPS daemon liveness: between passes the loop checks every ``mps_liveness_seconds`` (default 5;
+0: off) that the MPS control daemons still run (:meth:`~node_agent.mps.ProcessSupervisor.check`:
+``get_server_list`` answering, run in a worker thread so the event loop never waits on it, and
+never while a pass runs: a check in flight when the loop wakes for another reason is finished
+first).  A daemon found dead -- a crash or an OOM kill, which also ended its clients -- is logged
+at WARNING with how often it died, counted (``gpuslice_agent_mps_daemon_deaths_total``) and
+wakes a pass at once, instead of at the next resync: that pass starts it again with its limits,
+in use or not (:mod:`node_agent.mps`), and advertises its devices Unhealthy while it cannot be
+started, so the kubelet stops handing them to new pods.  A death a pass's own probes noticed
+first (and already repaired) is reported by the next check the same way.
+
 :class:`KubeSpecSource` wakes the loop only for changes the agent must act on: a new
 ``metadata.generation`` (spec change), or the object created, deleted or re-created (new uid).
 Its own status writes, and the API server replaying the current object at the start of a watch,
@@ -38,7 +49,7 @@ import math
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -528,8 +539,13 @@ class Agent:
         metrics: AgentMetrics | None = None,
         health: AgentHealth | None = None,
         on_draining: Callable[[frozenset[str]], None] | None = None,
+        mps_liveness_seconds: float = 5.0,
     ) -> None:
         self.reconciler = reconciler
+        self.mps_liveness_seconds = mps_liveness_seconds
+        """Check the MPS daemons this often between passes (module docstring); 0: never."""
+        self.daemon_deaths: dict[str, int] = {}
+        """MPS daemon key -> deaths seen by this agent (crash loops)."""
         self.on_draining = on_draining
         """Receives the UUIDs of the GPUs the partitioner drains (the device plugin's preferred
         allocation puts their devices last: ``DevicePluginManager.set_avoided``)."""
@@ -669,4 +685,52 @@ class Agent:
                     log.info("reconcile passes succeed again after %d failure(s)", failing)
                 failing = 0
             timeout = self.resync_seconds if settled else self.retry_seconds
-            await first_of(self.source.wait_change(timeout), stop.wait())
+            await first_of(self.source.wait_change(timeout), stop.wait(), self._watch_daemons())
+
+    async def _watch_daemons(self) -> None:
+        """Return once an MPS daemon is found dead, checking every ``mps_liveness_seconds``;
+        never when that is 0 (module docstring).  A check that raises is logged at DEBUG and
+        tried again at the next interval."""
+        interval = self.mps_liveness_seconds
+        if interval <= 0:
+            await asyncio.Event().wait()  # off: never set; the loop's other waits end it
+            return
+        supervisor = self.reconciler.supervisor
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                died = await _run_to_end(asyncio.to_thread(supervisor.check))
+            except Exception as e:
+                log.debug("MPS daemon liveness check failed: %s", e)
+                continue
+            if died:
+                self._report_deaths(died)
+                return
+
+    def _report_deaths(self, died: list[str]) -> None:
+        """Log and count MPS daemon deaths (module docstring)."""
+        if self.metrics is not None:
+            self.metrics.observe_daemon_deaths(died)
+        for key in died:
+            n = self.daemon_deaths[key] = self.daemon_deaths.get(key, 0) + 1
+            log.warning(
+                "MPS control daemon %s died (%d time(s) since this agent started); its MPS "
+                "clients died with it. Reconciling now: its devices are advertised Unhealthy "
+                "until it runs again, and it is started again with its limits even where pods "
+                "hold its slices; a rising count is a crash loop (see its MPS log directory)",
+                key,
+                n,
+            )
+
+
+async def _run_to_end[T](work: Awaitable[T]) -> T:
+    """Await ``work``; if the waiter is cancelled meanwhile, let ``work`` finish first (a
+    thread cannot be interrupted: the next pass must not use the supervisor alongside it), then
+    re-raise the cancellation."""
+    task = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await task
+        raise

@@ -31,7 +31,14 @@ metric                                                    type       meaning
                                                                      NodePartitioning (draining: only
                                                                      devices pods hold stay
                                                                      advertised), else 0
+``gpuslice_agent_mps_daemon_deaths_total{daemon}``        counter    MPS control daemons found dead
+                                                                     after they ran, by daemon key
+                                                                     (``gpu0``, ``gpu0-mig4``); a
+                                                                     steady rise is a crash loop
 ========================================================  =========  ================================
+
+The agent calls :meth:`AgentMetrics.observe_daemon_deaths` with the deaths its liveness check
+reports (:meth:`node_agent.mps.ProcessSupervisor.check`).
 """
 
 from __future__ import annotations
@@ -104,6 +111,12 @@ class AgentMetrics:
             "1 if the last pass found no NodePartitioning (draining the node)",
             registry=r,
         )
+        self.mps_daemon_deaths = Counter(
+            "gpuslice_agent_mps_daemon_deaths",
+            "MPS control daemons found dead after they ran, by daemon key",
+            ["daemon"],
+            registry=r,
+        )
         self._device_labels: set[tuple[str, str]] = set()
         self._generation: int | None = None
         self._generation_seen_at = 0.0
@@ -130,6 +143,11 @@ class AgentMetrics:
             self.apply_latency.observe(max(0.0, now - self._generation_seen_at))
         if result.fresh:
             self._set_devices(result)
+
+    def observe_daemon_deaths(self, keys: list[str]) -> None:
+        """Record MPS daemons found dead (one count per key listed)."""
+        for key in keys:
+            self.mps_daemon_deaths.labels(key).inc()
 
     def observe_failure(self, duration_s: float) -> None:
         """Record a pass that raised."""

@@ -24,7 +24,20 @@ Hybrid daemons (one per MIG instance) need no limits: the instance is the bound.
 
 A :class:`ProcessSupervisor` starts, checks and stops daemons; the reconciler only says which
 keys should run (:meth:`ProcessSupervisor.ensure`) and which may stop.  It never stops a daemon
-whose GPU still has a slice in use: that would kill the pod's CUDA context.
+whose GPU still has a slice in use: that would kill the pod's CUDA context.  A daemon that
+*died* (crashed, OOM-killed) is another matter: its clients died with it, so nothing is left to
+protect, and every daemon still wanted -- one whose slices pods hold above all -- is simply
+started again, with its limits, by the next ``ensure``; "in use" only ever keeps a daemon
+running, it never keeps a dead one down.
+
+Deaths.  A supervisor remembers which of its daemons were *up* (started, adopted, or seen
+answering since) and counts a death when one of them is found not answering -- by
+:meth:`~ProcessSupervisor.check`, which the agent calls every few seconds between passes, or by
+a pass's own probes (``running``, ``ensure``).  A ``stop`` (or the ``quit`` of a restart for
+another device) is not a death, nor is a start that failed.  ``check`` returns the deaths seen
+since its last call, each once, so the agent can log and count them (crash loops) and wake a
+pass at once instead of at the next resync.  ``check`` is called off the event loop (it runs
+``get_server_list`` per daemon), never while a pass runs.
 
 * :class:`MpsControlSupervisor` runs the real ``nvidia-cuda-mps-control -d`` with
   ``CUDA_VISIBLE_DEVICES``, ``CUDA_MPS_PIPE_DIRECTORY`` and ``CUDA_MPS_LOG_DIRECTORY`` set, then
@@ -43,6 +56,7 @@ whose GPU still has a slice in use: that would kill the pod's CUDA context.
   MIG instance, ``device_uuid`` a MIG UUID) are not checked: the compute mode is a whole-GPU
   setting.  It counts starts, restarts (device changed) and limit updates.  Its daemons stand
   for processes on the host: a new reconciler given the same supervisor finds them running.
+  :meth:`FakeSupervisor.kill` is a daemon's death: reported by the next ``check``.
 """
 
 from __future__ import annotations
@@ -118,6 +132,13 @@ class ProcessSupervisor(Protocol):
         """Adopt the candidates whose daemon already runs (started by an earlier agent)."""
         ...
 
+    def check(self) -> list[str]:
+        """Probe the daemons that were up; return the keys of those that died since the last
+        call (found by this probe or an earlier one), each death once (module docstring).
+
+        Blocking (a control command per daemon): call it off the event loop, between passes."""
+        ...
+
 
 class MpsControlSupervisor:
     """Real daemons via ``nvidia-cuda-mps-control`` (see the module docstring)."""
@@ -127,6 +148,10 @@ class MpsControlSupervisor:
         self._specs: dict[str, MpsDaemonSpec] = {}
         self._adopted: set[str] = set()
         """Keys taken over from an earlier agent: their limits are sent again at ``ensure``."""
+        self._up: set[str] = set()
+        """Keys whose daemon answered when last probed or started (a later silence: a death)."""
+        self._deaths: list[str] = []
+        """Deaths seen and not yet returned by :meth:`check`."""
 
     @staticmethod
     def _env(spec: MpsDaemonSpec) -> dict[str, str]:
@@ -146,6 +171,14 @@ class MpsControlSupervisor:
     def _alive(self, spec: MpsDaemonSpec) -> bool:
         return self._servers(spec) is not None
 
+    def _seen(self, key: str, alive: bool) -> None:
+        """Record a probe of a supervised daemon: silent after it was up is a death."""
+        if alive:
+            self._up.add(key)
+        elif key in self._up:
+            self._up.discard(key)
+            self._deaths.append(key)
+
     def _send(self, spec: MpsDaemonSpec, commands: list[str]) -> None:
         env = self._env(spec)
         for cmd in commands:
@@ -156,11 +189,15 @@ class MpsControlSupervisor:
     def ensure(self, spec: MpsDaemonSpec) -> None:
         old = self._specs.get(spec.key)
         servers = self._servers(spec)
+        if old is not None:
+            self._seen(spec.key, servers is not None)
         if servers is not None and old is not None and old.device_uuid != spec.device_uuid:
             self._run([CONTROL], self._env(old), "quit\n")  # serves a device that is gone
+            self._up.discard(spec.key)  # stopped, not dead
             servers = None
         self._specs[spec.key] = spec
         if servers is not None:
+            self._up.add(spec.key)
             if old != spec or spec.key in self._adopted:  # new limits, or adopted
                 self._send(spec, spec.limit_commands())
                 for pid in servers:
@@ -176,16 +213,29 @@ class MpsControlSupervisor:
                 f"MPS daemon {spec.key}: '{CONTROL} -d' failed ({rc}): {out.strip()}; check that "
                 f"the agent runs privileged with the NVIDIA driver and {spec.pipe_dir} is writable"
             )
+        self._up.add(spec.key)  # up from here: silent later is a death
         self._send(spec, spec.limit_commands())
 
     def stop(self, key: str) -> None:
         spec = self._specs.pop(key, None)
         self._adopted.discard(key)
+        self._up.discard(key)
         if spec is not None:
             self._run([CONTROL], self._env(spec), "quit\n")
 
     def running(self) -> set[str]:
-        return {k for k, s in self._specs.items() if self._alive(s)}
+        out: set[str] = set()
+        for key, spec in list(self._specs.items()):
+            alive = self._alive(spec)
+            self._seen(key, alive)
+            if alive:
+                out.add(key)
+        return out
+
+    def check(self) -> list[str]:
+        self.running()
+        died, self._deaths = self._deaths, []
+        return died
 
     def discover(self, candidates: Iterable[MpsDaemonSpec]) -> None:
         for spec in candidates:
@@ -195,11 +245,13 @@ class MpsControlSupervisor:
             if self._alive(spec):
                 self._specs[spec.key] = spec
                 self._adopted.add(spec.key)
+                self._up.add(spec.key)
 
 
 @dataclass
 class FakeSupervisor:
-    """In-memory supervisor: ``fail_next`` start attempts fail; :meth:`kill` simulates a crash.
+    """In-memory supervisor: ``fail_next`` start attempts fail; :meth:`kill` simulates a crash
+    (a death that :meth:`check` reports once).
 
     With ``nvml`` set, starting a daemon for a GPU of that fake whose compute mode is not
     ``EXCLUSIVE_PROCESS`` fails (see the module docstring)."""
@@ -211,6 +263,7 @@ class FakeSupervisor:
     """Starts that replaced a daemon serving another device."""
     limit_updates: int = 0
     nvml: FakeNvml | None = None
+    _deaths: list[str] = field(default_factory=list)
 
     def ensure(self, spec: MpsDaemonSpec) -> None:
         old = self.daemons.get(spec.key)
@@ -248,5 +301,11 @@ class FakeSupervisor:
     def discover(self, candidates: Iterable[MpsDaemonSpec]) -> None:
         """Nothing to find: :attr:`daemons` is the host's state itself."""
 
+    def check(self) -> list[str]:
+        died, self._deaths = self._deaths, []
+        return died
+
     def kill(self, key: str) -> None:
-        self.daemons.pop(key, None)
+        """The daemon ``key`` dies (if it runs): gone, and a death for :meth:`check`."""
+        if self.daemons.pop(key, None) is not None:
+            self._deaths.append(key)

@@ -16,7 +16,9 @@ invocation                                  effect (exit code, output)
                                             or if a whole GPU is not in compute mode
                                             ``EXCLUSIVE_PROCESS`` (as
                                             :class:`~node_agent.mps.FakeSupervisor`: a
-                                            reconciler that forgets the mode fails tests)
+                                            reconciler that forgets the mode fails tests),
+                                            or while :attr:`FakeMpsControl.refuse_starts`
+                                            is above 0 (each refusal counts it down)
 ``get_server_list``                         the MPS server's pid, if any (0); 1 ("Cannot
                                             find MPS control daemon process") without daemon
 ``set_default_active_thread_percentage N``  recorded as the daemon's default (0)
@@ -33,8 +35,9 @@ Test controls stand for the rest of the node: :meth:`FakeMpsControl.connect` is 
 process becoming a client (the daemon starts its MPS server on the first client; client and
 server are both processes on the GPU or MIG device, named ``cuda-app`` and
 ``nvidia-cuda-mps-server``), :meth:`FakeMpsControl.disconnect` the client's exit (the server
-stays, idle, until the daemon quits), and :meth:`FakeMpsControl.kill_all` the death of the
-container the daemons run in: daemons and servers are gone, and every connected client is
+stays, idle, until the daemon quits), :meth:`FakeMpsControl.kill` the death of one daemon (a
+crash, an OOM kill) and :meth:`FakeMpsControl.kill_all` the death of the container the daemons
+run in: the daemons and their servers are gone, and every client connected to them is
 *broken* (its CUDA context lost, its process gone from the GPU), listed in
 :attr:`FakeMpsControl.broken`.  What the process lists hold was read on an H100 80GB (driver
 580.159.04, ``scripts/mps_smoke.py``, tests/fixtures/hardware): NVML's compute-process list
@@ -83,6 +86,8 @@ class FakeMpsControl:
     quit_with_clients: list[str] = field(default_factory=list)
     broken: set[int] = field(default_factory=set)
     """Clients whose daemon died under them."""
+    refuse_starts: int = 0
+    """The next this many ``-d`` fail (a daemon that cannot come back)."""
     _client_pipe: dict[int, str] = field(default_factory=dict)
 
     def __call__(
@@ -118,6 +123,9 @@ class FakeMpsControl:
     def _start(self, pipe: str, device: str) -> tuple[int, str]:
         if pipe in self.daemons:
             return 1, "An instance of this daemon is already running"
+        if self.refuse_starts > 0:
+            self.refuse_starts -= 1
+            return 1, "Failed to start the MPS control daemon (injected)"
         where = self._locate(device)
         if where is None:
             return 1, f"CUDA_VISIBLE_DEVICES={device!r}: no such device"
@@ -168,6 +176,13 @@ class FakeMpsControl:
         daemon = self.daemons.get(pipe or "")
         if daemon is not None:
             daemon.clients.discard(client)
+
+    def kill(self, pipe: str) -> None:
+        """The daemon at ``pipe`` dies (a crash, an OOM kill): it and its server end, and its
+        clients are broken; the other daemons run on."""
+        if pipe not in self.daemons:
+            raise RuntimeError(f"no MPS control daemon at {pipe}")
+        self._end(pipe)
 
     def kill_all(self) -> None:
         """The container the daemons run in is gone: every daemon and server ends."""

@@ -25,6 +25,8 @@ A pass (:meth:`Reconciler.reconcile`) is a pure function of what it reads, not o
    change is pending.
 5. **MPS daemons**: one per GPU with MPS slices, one per MIG instance on hybrid GPUs; daemons no
    longer wanted are stopped (never one whose slices or instance are in use: those are wanted).
+   A wanted daemon that died is started again like any missing one, in use or not (its clients
+   died with it); its devices are Unhealthy while it cannot be started (node_agent.mps).
    A hybrid instance that hosts MPS slices (``spec.gpus[].mig[].mps``) is advertised as its
    slices, not as a MIG device; its daemon gets its largest slice as limits.  The slice table
    of an instance created in this pass is filled as soon as its UUID is read (same pass).
@@ -165,6 +167,11 @@ class Reconciler:
         """GPU index -> its state when last read (advertised Unhealthy while unreadable)."""
         self._discovered = False
         """Daemons left running by an earlier agent were looked for (first readable pass)."""
+
+    @property
+    def supervisor(self) -> ProcessSupervisor:
+        """The MPS daemons' supervisor (the agent checks their liveness between passes)."""
+        return self._supervisor
 
     # -- reading -----------------------------------------------------------------------
 

@@ -6,6 +6,9 @@
 ``/healthz`` (default 8082, so it does not clash with the partitioner's 8080/8081); ``/healthz``
 turns unhealthy when reconcile passes have failed, or none has finished, for longer than
 ``health_failure_resyncs`` x ``resync_seconds`` (:mod:`node_agent.health`).
+``mps_liveness_seconds`` (``GPUSLICE_MPS_LIVENESS_SECONDS``, default 5, 0: off) is how often the
+loop checks, between passes, that the MPS control daemons still run: a dead one wakes a pass at
+once instead of waiting up to ``resync_seconds`` (:mod:`node_agent.agent`).
 ``GPUSLICE_RETRY_SECONDS`` (the partitioner's name too, for its batch retry) is now
 ``GPUSLICE_RECONCILE_RETRY_SECONDS``; the old name is still read for one release, with a
 warning in the log (:mod:`contract.renamed_env`).
@@ -81,6 +84,15 @@ class AgentSettings(CommonSettings):
     )
     reconcile_retry_seconds: float = Field(
         2.0, gt=0, description="Retry this soon after a pass that did not settle (errors)."
+    )
+    mps_liveness_seconds: float = Field(
+        5.0,
+        ge=0,
+        le=3600,
+        description="Between passes, check this often that the MPS control daemons still run "
+        "(get_server_list, one per daemon); a dead one wakes a pass at once, which advertises "
+        "its devices Unhealthy until it runs again and restarts it (node_agent.agent). "
+        "0: off (a dead daemon waits for the next resync).",
     )
     metrics_port: int = Field(
         8082, ge=0, le=65535, description="Port of /metrics and /healthz (0: disabled)."
