@@ -6,7 +6,8 @@ Model
 
 1. :meth:`~node_agent.dra_prepare.DraPreparer.clean_unknown`: claims whose prepare the last
    agent did not finish are rolled back, idle MIG instances no claim owns are destroyed (used
-   ones are kept and logged);
+   ones are kept and logged; a GPU NVML cannot read is skipped, NVML itself down stops the
+   start);
 2. the kubelet plugin (:class:`~node_agent.draplugin.DraKubeletPlugin`): registration and
    DRA servers;
 3. a publish loop: :meth:`~node_agent.dra_publish.SlicePublisher.publish` now, again whenever
@@ -16,7 +17,21 @@ Model
    (:class:`~node_agent.health.AgentHealth`), so an API server that keeps refusing the slices
    (e.g. with DRAPartitionableDevices off) turns ``/healthz`` unhealthy with that reason.
 
-Publishing every placement (``spec_source=None``, ``dra_publish=all``) is the whole story.
+Every round starts by listing the GPUs NVML cannot read
+(:meth:`~node_agent.dra_prepare.DraPreparer.unreadable`: one GPU's reads failing,
+``GPU_IS_LOST`` typically).  Such a GPU is isolated for the round, the device-plugin agent's
+rule: its free devices are withdrawn, its allocated ones stay published (why:
+:mod:`node_agent.dra_shape`), nothing on it is created or destroyed, and the other GPUs are
+served as usual; the set is logged when it changes (:attr:`DraDriver.unreadable`).  NVML itself
+down (the device count unreadable, a driver-wide code) fails the round: nothing is published,
+``/healthz`` learns why, and the round is retried after ``retry_s``.
+
+Publishing every placement (``spec_source=None``, ``dra_publish=all``) is then the whole story;
+there an unreadable GPU publishes only the devices prepared on it (the preparer's checkpoint:
+this mode lists no claims).  A claim allocated there but not prepared yet is withdrawn with the
+free devices -- harmless: no free device of that GPU is published, so nothing can be allocated
+beside it, and every device of the GPU is published again once it reads.
+
 Planner-shaped publishing (a ``spec_source``: the node's NodePartitioning, and ``claims``: the
 cluster's ResourceClaims; :mod:`node_agent.dra_shape`) adds, per round and in this order: read
 the NodePartitioning (a 404 is "no spec"; another failure fails the round), list the allocated
@@ -26,9 +41,11 @@ claim owns outside the planned and allocated placements (:attr:`DraDriver.idle_d
 counts them), create the planned placements' instances that are missing
 (:meth:`~node_agent.dra_prepare.DraPreparer.create_planned`, :attr:`DraDriver.planned_created`;
 an NVML failure in either is logged, not fatal: prepare makes what is missing), publish the
-shaped set, and write the status when it differs from the stored one.  The start-up clean-up reads the
-NodePartitioning first, so it keeps idle instances at planned placements (unreadable: it
-destroys them all, as without shaping).  Rounds also run
+shaped set (the unreadable GPUs' free devices withheld, like drained ones), and write the
+status when it differs from the stored one (``Degraded``/``GpuUnreadable`` while a GPU is
+unreadable).  The start-up clean-up reads the NodePartitioning first, so it keeps idle
+instances at planned placements (unreadable: it destroys them all, as without shaping); it
+skips a GPU NVML cannot read.  Rounds also run
 
 * when the NodePartitioning changes: every ``spec_poll_s`` it is read, and a uid,
   ``metadata.generation`` or set of drained GPUs (``status.reservations`` in state
@@ -48,16 +65,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Collection, Mapping, Sequence
 from typing import Protocol
 
 from contract.nodepartitioning import PARTITIONER_STATUS_FIELDS, NodePartitioning
 from node_agent.agent import SpecSource, draining_gpus, now_rfc3339
+from node_agent.dra_claims import DeviceTarget
 from node_agent.dra_publish import SlicePublisher
 from node_agent.dra_shape import planned_devices, publish_set, shaped_status
 from node_agent.dra_slices import DraGpu
 from node_agent.draplugin import DraKubeletPlugin
 from node_agent.health import AgentHealth
+from node_agent.nvml import NvmlError
 from node_agent.tasks import first_of
 
 __all__ = ["DraDriver"]
@@ -90,6 +109,18 @@ def _planned(
     names of all planned devices (what unprepare and the clean-up keep)."""
     planned, skipped = planned_devices(gpus, obj.spec if obj is not None else None)
     return planned, skipped, frozenset(n for names in planned.values() for n in names)
+
+
+def _all_but_unreadable(
+    targets: Mapping[str, DeviceTarget],
+    prepared: Collection[str],
+    unreadable: Collection[int],
+) -> set[str] | None:
+    """Mode ``all``: every device, less the free ones of the ``unreadable`` GPUs (those not
+    ``prepared`` on this node); ``None`` (every placement) when every GPU reads."""
+    if not unreadable:
+        return None
+    return {n for n, t in targets.items() if t.gpu not in unreadable} | set(prepared)
 
 
 class AllocatedClaims(Protocol):
@@ -140,6 +171,8 @@ class DraDriver:
         self.status_writes = 0
         self.published: set[str] | None = None
         """The devices the last successful shaped round published."""
+        self.unreadable: dict[int, NvmlError] = {}
+        """The GPUs the last round found NVML cannot read, with the error (isolated)."""
         self._seen: tuple[str, int, tuple[int, ...]] | None = None
         self._skipped: list[str] = []
         self._narrowed = False
@@ -153,6 +186,26 @@ class DraDriver:
             raise RuntimeError("planner-shaped publishing is off (no spec_source and claims)")
         return self.spec_source, self.claims
 
+    async def _read_unreadable(self) -> dict[int, NvmlError]:
+        """The GPUs NVML cannot read now (logged when the set changes); NVML down raises."""
+        unreadable = await asyncio.to_thread(self.preparer.unreadable)
+        if unreadable.keys() != self.unreadable.keys():
+            for i, e in sorted(unreadable.items()):
+                log.warning(
+                    "GPU %d cannot be read by NVML (%s): its free devices are withdrawn and "
+                    "nothing on it is changed until it reads again",
+                    i,
+                    e,
+                )
+            for i in sorted(self.unreadable.keys() - unreadable.keys()):
+                log.info("GPU %d reads again: published and shaped as usual", i)
+        self.unreadable = unreadable
+        return unreadable
+
+    def _prepared(self) -> set[str]:
+        """The devices of the claims the preparer prepared (its checkpoint)."""
+        return {d.device for rec in self.preparer.checkpoint for d in rec.devices}
+
     async def _shaped_round(self) -> None:
         source, claims = self._sources()
         obj: NodePartitioning | None = await source.get()
@@ -165,11 +218,12 @@ class DraDriver:
                 log.warning("NodePartitioning %s: skipped placement %s", self.publisher.node, line)
         self._skipped = skipped
         allocated: set[str] = await claims.allocated()
-        allocated |= {d.device for rec in self.preparer.checkpoint for d in rec.devices}
+        allocated |= self._prepared()
+        unreadable = await self._read_unreadable()
         self.preparer.planned = planned_names
         try:
             destroyed = await asyncio.to_thread(
-                self.preparer.destroy_idle, planned_names | allocated
+                self.preparer.destroy_idle, planned_names | allocated, frozenset(unreadable)
             )
         except Exception as e:  # NVML: the next round tries again; publishing goes on
             log.warning("destroying idle MIG instances the spec no longer wants failed: %s", e)
@@ -183,20 +237,30 @@ class DraDriver:
             )
         try:
             created = await asyncio.to_thread(
-                self.preparer.create_planned, planned_names, frozenset(allocated)
+                self.preparer.create_planned,
+                planned_names,
+                frozenset(allocated),
+                frozenset(unreadable),
             )
         except Exception as e:  # NVML: prepare creates what is missing
             log.warning("creating the planned MIG instances failed: %s", e)
             created = 0
         self.planned_created += created
-        want = publish_set(planned, allocated, draining)
+        want = publish_set(planned, allocated, draining | unreadable.keys())
         await self.publisher.publish(want)
         self._narrowed = self.published is not None and bool(self.published - want)
         self.published = want
         if obj is None:
             return
         status = shaped_status(
-            gpus, self.preparer.targets, obj, planned, allocated, skipped, now_rfc3339()
+            gpus,
+            self.preparer.targets,
+            obj,
+            planned,
+            allocated,
+            skipped,
+            now_rfc3339(),
+            unreadable,
         )
         ours = set(PARTITIONER_STATUS_FIELDS)
         if obj.status is None or status.model_dump(exclude=ours) != obj.status.model_dump(
@@ -240,8 +304,11 @@ class DraDriver:
             if self.shaped:
                 await self._shaped_round()
             else:
-                await self.publisher.publish()
-        except Exception as e:  # PublishError, a connection or a timeout: the loop goes on
+                unreadable = await self._read_unreadable()
+                await self.publisher.publish(
+                    _all_but_unreadable(self.preparer.targets, self._prepared(), unreadable)
+                )
+        except Exception as e:  # PublishError, NVML down, a connection, a timeout: go on
             self.rounds += 1
             self.failures += 1
             log.warning("publishing ResourceSlices failed (will retry): %s", e)

@@ -57,6 +57,21 @@ destroys the idle unknown instances outside a given set of placements.  Nothing 
 claim uses is ever destroyed: every destroy is of an unknown idle instance or of the claim's
 own, idle, at its unprepare.
 
+*An unreadable GPU* (NVML fails reading that GPU alone: its ``gpus(isolate=True)`` entry
+carries a ``read_error``, or its instances, MIG devices or processes cannot be read --
+``GPU_IS_LOST`` typically) is left exactly as it is, as the device-plugin agent does
+(:mod:`node_agent.reconciler`): before anything is done on a GPU its reads are tried
+(:meth:`DraPreparer._check_readable`), and an unreadable one raises :class:`GpuUnreadable`
+naming the GPU and the NVML error.  So prepare answers that claim's error (the kubelet
+retries; a ``completed`` record there is neither re-made nor dropped), unprepare fails and keeps
+the record until the GPU reads again, the clean-ups (:meth:`DraPreparer.clean_unknown`,
+:meth:`DraPreparer.destroy_idle`) skip the GPU -- an unfinished prepare's record there stays,
+rolled back later -- and :meth:`DraPreparer.create_planned` skips the GPUs it is told to.
+Claims on the other GPUs are prepared and released as usual.  :meth:`DraPreparer.unreadable`
+lists the unreadable GPUs for a publish round.  NVML itself down (the device count unreadable,
+or a driver-wide code, :data:`node_agent.reconciler.NVML_DOWN`) is not isolated: the
+:class:`~node_agent.nvml.NvmlError` propagates (a clean-up or publish round fails).
+
 Processes: NVML's compute processes on the instance or GPU, less MPS servers (the same rule as
 the reconciler's, :func:`node_agent.reconciler.workload`).
 """
@@ -65,7 +80,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from node_agent.cdi import cdi_device_id, cdi_spec, remove_spec, write_spec
@@ -74,25 +89,55 @@ from node_agent.dra_claims import AllocatedDevice, ClaimError, ClaimRef, DeviceT
 from node_agent.dra_claims import device_targets as _targets
 from node_agent.dra_slices import DRIVER, device_name
 from node_agent.nvml import ComputeMode, GpuInfo, GpuInstanceInfo, Nvml, NvmlError, NvmlErrorCode
-from node_agent.reconciler import workload
+from node_agent.reconciler import NVML_DOWN, workload
 from planner.catalog import Catalog, GpuModel
 
-__all__ = ["DraPreparer", "gpu_models"]
+__all__ = ["DraPreparer", "GpuUnreadable", "gpu_models"]
 
 log = logging.getLogger(__name__)
 
 
 def gpu_models(nvml: Nvml, catalog: Catalog) -> dict[int, GpuModel]:
     """The catalog model of every GPU NVML lists (by PCI device id, else by product name);
-    GPUs of unknown models are left out (they are not published)."""
+    GPUs of unknown models are left out (they are not published), and so are GPUs NVML cannot
+    read when the agent starts (``GPU_IS_LOST``: their model is unknown; the other GPUs are
+    served, and a restarted agent reads them again).  NVML itself down raises."""
     out: dict[int, GpuModel] = {}
-    for info in nvml.gpus():
+    for info in nvml.gpus(isolate=True):
+        if info.read_error is not None:
+            if info.read_error.code in NVML_DOWN:
+                raise info.read_error
+            log.error(
+                "GPU %d cannot be read by NVML (%s); not published until the agent restarts "
+                "and reads it",
+                info.index,
+                info.read_error,
+            )
+            continue
         model = catalog.model_for_device(info.pci_device_id, info.name)
         if model is None:
             log.warning("GPU %d (%s) is not in the catalog; not published", info.index, info.name)
         else:
             out[info.index] = model
     return out
+
+
+class GpuUnreadable(ClaimError):
+    """NVML cannot read GPU ``gpu`` (``error``): nothing on it is done until it reads again."""
+
+    def __init__(self, gpu: int, error: NvmlError) -> None:
+        self.gpu = gpu
+        self.error = error
+        super().__init__(
+            f"GPU {gpu} cannot be read by NVML ({error}): nothing on it is prepared, released "
+            "or cleaned up until it reads again"
+        )
+
+
+def _isolated(gpu: int, e: NvmlError) -> NvmlError | GpuUnreadable:
+    """What a failed read of GPU ``gpu`` raises: :class:`GpuUnreadable`, or ``e`` itself when its
+    code says NVML is down (not isolated)."""
+    return e if e.code in NVML_DOWN else GpuUnreadable(gpu, e)
 
 
 class DraPreparer:
@@ -125,10 +170,46 @@ class DraPreparer:
     # -- queries -----------------------------------------------------------------------
 
     def _info(self, gpu: int) -> GpuInfo:
-        for info in self._nvml.gpus():
+        """GPU ``gpu`` as NVML lists it; raises :class:`GpuUnreadable` if its entry cannot be
+        read (another GPU's read error does not matter), :class:`ClaimError` if it is gone."""
+        for info in self._nvml.gpus(isolate=True):
             if info.index == gpu:
+                if info.read_error is not None:
+                    raise _isolated(gpu, info.read_error)
                 return info
         raise ClaimError(f"GPU {gpu} is gone from this node")
+
+    def _probe(self, info: GpuInfo) -> None:
+        """Read what prepare and the clean-ups read of a GPU (its instances and MIG devices,
+        or its processes); a failure raises :class:`GpuUnreadable` (see :func:`_isolated`)."""
+        try:
+            if info.mig_enabled:
+                self._instances(info.index)
+            else:
+                self._nvml.running_processes(info.index)
+        except NvmlError as e:
+            raise _isolated(info.index, e) from None
+
+    def _check_readable(self, gpus: Iterable[int]) -> None:
+        """Raise :class:`GpuUnreadable` for the first of ``gpus`` NVML cannot read."""
+        for g in sorted(set(gpus)):
+            self._probe(self._info(g))
+
+    def unreadable(self) -> dict[int, NvmlError]:
+        """The GPUs of this node (those with a catalog model) NVML cannot read now, with the
+        error (module docstring); raises :class:`NvmlError` when NVML itself is down."""
+        out: dict[int, NvmlError] = {}
+        with self._lock:
+            for info in self._nvml.gpus(isolate=True):
+                if info.index not in self.models:
+                    continue
+                try:
+                    if info.read_error is not None:
+                        raise _isolated(info.index, info.read_error)
+                    self._probe(info)
+                except GpuUnreadable as e:
+                    out[info.index] = e.error
+        return out
 
     def _owners(self, gpu: int) -> dict[str, tuple[ClaimRecord, PreparedDevice]]:
         """UUID (MIG device or whole GPU) -> owning claim, for devices on ``gpu``."""
@@ -294,12 +375,18 @@ class DraPreparer:
         raise ClaimError(f"GPU {g}: GPU instance {gi_id} has no MIG device after creation")
 
     def _exists(self, d: PreparedDevice) -> bool:
+        """Does prepared device ``d`` still exist?  An unreadable GPU raises
+        :class:`GpuUnreadable` (unknown is not "gone": nothing is made again there)."""
         try:
             info = self._info(d.gpu)
             if d.profile is None:
                 return info.uuid == d.uuid and not info.mig_enabled
             return info.mig_enabled and any(m.uuid == d.uuid for m in self._nvml.mig_devices(d.gpu))
-        except (NvmlError, ClaimError):
+        except GpuUnreadable:
+            raise
+        except NvmlError as e:
+            raise _isolated(d.gpu, e) from None
+        except ClaimError:  # the GPU is gone from the node
             return False
 
     def _destroy_devices(
@@ -312,7 +399,10 @@ class DraPreparer:
     ) -> None:
         """Destroy the MIG instances of ``devices``: with ``check_busy``, all idle or none
         (raises); without, the idle ones (a used one is kept and logged).  Idle instances of
-        devices named in ``keep`` (planned placements) are left in place, owned by no one."""
+        devices named in ``keep`` (planned placements) are left in place, owned by no one.  A
+        GPU of ``devices`` that NVML cannot read raises :class:`GpuUnreadable` before anything
+        is destroyed."""
+        self._check_readable(d.gpu for d in devices)
         found: list[tuple[int, GpuInstanceInfo, bool]] = []  # (GPU, instance, kept if idle)
         for d in devices:
             info = self._info(d.gpu)
@@ -368,13 +458,14 @@ class DraPreparer:
         with self._lock:
             try:
                 return self._prepare(ref, devices)
-            except NvmlError as e:
+            except (GpuUnreadable, NvmlError) as e:  # GpuUnreadable: raised before the record
                 raise ClaimError(f"{ref}: {e}") from None
 
     def _prepare(self, ref: ClaimRef, devices: Sequence[AllocatedDevice]) -> list[PreparedDevice]:
         for a in devices:
             if a.device not in self.targets:
                 raise ClaimError(f"{ref}: device {a.device} is not a device of this node")
+        self._check_readable(self.targets[a.device].gpu for a in devices)
         wanted = sorted((d.request, d.device) for d in devices)
         old = self.checkpoint.get(ref.uid)
         keep: list[PreparedDevice] = []
@@ -409,9 +500,12 @@ class DraPreparer:
         try:
             for a in todo:
                 t = self.targets[a.device]
-                uuid, gpu_uuid = (
-                    self._whole(t) if t.profile is None else self._placement(ref.uid, t)
-                )
+                try:
+                    uuid, gpu_uuid = (
+                        self._whole(t) if t.profile is None else self._placement(ref.uid, t)
+                    )
+                except NvmlError as e:
+                    raise ClaimError(f"GPU {t.gpu}: {e}") from None
                 made = PreparedDevice(
                     request=a.request,
                     device=a.device,
@@ -456,31 +550,47 @@ class DraPreparer:
                 return
             try:
                 self._release(rec, check_busy=True, keep_planned=True)
-            except NvmlError as e:
+            except (GpuUnreadable, NvmlError) as e:
                 raise ClaimError(f"claim {rec.label()}: {e}") from None
 
     def clean_unknown(self) -> list[str]:
         """At start: roll back ``started`` records, destroy idle unknown instances (with
         :attr:`planned` set, those at planned placements stay); return what was kept (used
-        unknown instances), one line each."""
+        unknown instances), one line each.  An unreadable GPU is skipped, its ``started``
+        records kept (the claim's next prepare, or the next start, rolls them back)."""
         kept: list[str] = []
         with self._lock:
             for rec in self.checkpoint:
                 if rec.state == "started":
+                    try:
+                        self._release(rec, check_busy=False)
+                    except GpuUnreadable as e:
+                        log.warning(
+                            "claim %s was being prepared when the agent stopped; not rolled "
+                            "back yet: %s",
+                            rec.label(),
+                            e,
+                        )
+                        continue
                     log.warning(
                         "claim %s was being prepared when the agent stopped; rolled back",
                         rec.label(),
                     )
-                    self._release(rec, check_busy=False)
             self._sweep(self.planned, kept)
         return kept
 
-    def create_planned(self, planned: Collection[str], allocated: Collection[str] = ()) -> int:
+    def create_planned(
+        self,
+        planned: Collection[str],
+        allocated: Collection[str] = (),
+        skip: Collection[int] = (),
+    ) -> int:
         """Create the instances of the planned placements (device names) that have none, on
         GPUs in MIG mode or idle ones (switched to MIG), where no instance and no allocated
         device overlaps the placement; return how many were created (shaped publishing, each
         round, after :meth:`destroy_idle`).  A placement that cannot be made now (MIG mode
-        blocked, NVML out of resources) is logged and left to prepare."""
+        blocked, NVML out of resources, the GPU unreadable) is logged and left to prepare;
+        the GPUs in ``skip`` (unreadable this round) are not touched."""
         created = 0
         with self._lock:
             spans: dict[int, set[int]] = {}
@@ -495,7 +605,9 @@ class DraPreparer:
             wanted = sorted(
                 (t.gpu, t.start, name)
                 for name in planned
-                if (t := self.targets.get(name)) is not None and t.profile is not None
+                if (t := self.targets.get(name)) is not None
+                and t.profile is not None
+                and t.gpu not in skip
             )
             for g, _start, name in wanted:
                 t = self.targets[name]
@@ -523,31 +635,55 @@ class DraPreparer:
                 created += 1
         return created
 
-    def destroy_idle(self, keep: Collection[str]) -> int:
+    def destroy_idle(self, keep: Collection[str], skip: Collection[int] = ()) -> int:
         """Destroy every idle MIG instance no claim owns whose placement (device name) is not
-        in ``keep``; return how many (shaped publishing, each round)."""
+        in ``keep``, except on the GPUs in ``skip`` (unreadable this round); return how many
+        (shaped publishing, each round)."""
         with self._lock:
-            return self._sweep(keep, [])
+            return self._sweep(keep, [], skip)
 
-    def _sweep(self, keep: Collection[str] | None, kept: list[str]) -> int:
+    def _sweep(
+        self, keep: Collection[str] | None, kept: list[str], skip: Collection[int] = ()
+    ) -> int:
+        """Destroy the idle unknown instances outside ``keep`` GPU by GPU; a GPU in ``skip``,
+        or one whose reads fail (:class:`GpuUnreadable`), is left as it is and the others go
+        on.  NVML down raises."""
         destroyed = 0
         for g, model in self.models.items():
-            if not model.mig_capable or not self._info(g).mig_enabled:
+            if g in skip or not model.mig_capable:
                 continue
-            owners = self._owners(g)
-            for gi, mig_uuid in self._instances(g):
-                if mig_uuid and mig_uuid in owners:
+            try:
+                info = self._info(g)
+                if not info.mig_enabled:
                     continue
-                if keep is not None and _placement(g, model, gi) in keep:
-                    continue
-                if self._busy(g, gi):
-                    kept.append(
-                        f"GPU {g}: instance {mig_uuid or gi.gi_id} at start {gi.start} runs processes"
-                    )
-                    continue
-                log.info("GPU %d: destroying unknown idle MIG instance %s", g, mig_uuid or gi.gi_id)
-                self._destroy(g, gi)
-                destroyed += 1
+                self._probe(info)
+                destroyed += self._sweep_gpu(g, model, keep, kept)
+            except GpuUnreadable as e:
+                log.warning("%s; its idle MIG instances are left for now", e)
+            except NvmlError as e:  # e.g. a destroy refused: the other GPUs go on
+                if e.code in NVML_DOWN:
+                    raise
+                log.warning("GPU %d: removing idle MIG instances failed: %s", g, e)
+        return destroyed
+
+    def _sweep_gpu(
+        self, g: int, model: GpuModel, keep: Collection[str] | None, kept: list[str]
+    ) -> int:
+        destroyed = 0
+        owners = self._owners(g)
+        for gi, mig_uuid in self._instances(g):
+            if mig_uuid and mig_uuid in owners:
+                continue
+            if keep is not None and _placement(g, model, gi) in keep:
+                continue
+            if self._busy(g, gi):
+                kept.append(
+                    f"GPU {g}: instance {mig_uuid or gi.gi_id} at start {gi.start} runs processes"
+                )
+                continue
+            log.info("GPU %d: destroying unknown idle MIG instance %s", g, mig_uuid or gi.gi_id)
+            self._destroy(g, gi)
+            destroyed += 1
         return destroyed
 
     def prepared(self) -> Mapping[str, ClaimRecord]:

@@ -43,7 +43,30 @@ of the DRA agent (:class:`~node_agent.dra_driver.DraDriver`) reads that object a
   Unprepare keeps a claim's idle instance when its placement is planned (the next claim
   allocated that placement adopts it).
 
-With ``dra_publish=all`` none of this runs: every placement is published, as before.
+**An unreadable GPU** (NVML cannot read that GPU alone, ``GPU_IS_LOST`` typically:
+:meth:`DraPreparer.unreadable <node_agent.dra_prepare.DraPreparer.unreadable>`, read at the start
+of every round) is isolated for the round, as the device-plugin agent isolates it
+(:mod:`node_agent.reconciler`): its free devices are withdrawn -- :func:`publish_set` treats it
+like a drained GPU, so kube-scheduler allocates nothing new there -- while its *allocated*
+devices stay published; nothing on it is destroyed or created (the idle clean-up and
+:meth:`~node_agent.dra_prepare.DraPreparer.create_planned` skip it); the status keeps its
+reported layout (allocated and planned placements, as above: the partitioner does not see it
+empty and re-plan it) and says ``Degraded`` with reason ``GpuUnreadable``, the message naming
+the GPU and the NVML error (:func:`node_agent.reconciler.unreadable_block`, the device-plugin
+agent's block), ``Applied`` ``False``/``Degraded``.  The other GPUs are shaped as usual.  Once
+it reads again, the next round publishes and shapes it like the others.
+
+Why allocated devices stay published: kube-scheduler computes the counters an allocated device
+consumes from the published slices, and an allocated device that leaves them stops counting
+(the rule above), so the pool the scheduler sees would no longer be the one the claims hold;
+keeping them published keeps the scheduler's view of what is taken exact, the same for every
+GPU, and the claims' devices come back with no transition when the GPU recovers.  It allows
+nothing new: no free device of that GPU is published, so nothing can be allocated beside them.
+(A claim's prepare there fails meanwhile with an error naming the GPU; the kubelet retries.)
+
+With ``dra_publish=all`` none of this runs: every placement is published, as before -- except
+that an unreadable GPU's devices are withdrawn but those prepared on this node (the preparer's
+checkpoint: that mode lists no claims), see :class:`~node_agent.dra_driver.DraDriver`.
 """
 
 from __future__ import annotations
@@ -67,6 +90,8 @@ from node_agent.dra_slices import (
     device_name,
     reported_layout,
 )
+from node_agent.nvml import NvmlError
+from node_agent.reconciler import unreadable_block
 from node_agent.status import condition
 from planner.catalog import MigProfile
 
@@ -80,6 +105,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+UNREADABLE_DEVICES = "its free devices are withdrawn from the ResourceSlices"
+"""What the ``GpuUnreadable`` block says became of an unreadable GPU's devices in DRA mode."""
 
 PUBLISH_MODES = ("shaped", "all")
 """``dra_publish``: planner-shaped (this module) or every placement."""
@@ -126,7 +154,8 @@ def publish_set(
     withheld: Collection[int] = (),
 ) -> set[str]:
     """The devices to publish: per GPU its planned devices, else the whole GPU; nothing free on
-    the ``withheld`` GPUs (the ones the partitioner drains); plus every allocated device."""
+    the ``withheld`` GPUs (the ones the partitioner drains, the unreadable ones); plus every
+    allocated device."""
     out = set(allocated)
     for i, names in planned.items():
         if i not in withheld:
@@ -161,9 +190,12 @@ def shaped_status(
     allocated: Collection[str],
     skipped: Sequence[str],
     now: str,
+    unreadable: Mapping[int, NvmlError] | None = None,
 ) -> NodePartitioningStatus:
     """The status after publishing ``planned`` and ``allocated`` for ``obj`` (module
-    docstring); ``lastTransitionTime`` is kept from ``obj.status`` while a condition holds."""
+    docstring); ``lastTransitionTime`` is kept from ``obj.status`` while a condition holds.
+    ``unreadable``: the GPUs NVML could not read this round, with the error (``Degraded``,
+    ``GpuUnreadable``, before any ``InvalidPlacement``)."""
     generation = obj.metadata.generation or 0
     held: dict[int, list[tuple[MigProfile | None, int]]] = {}
     for name in sorted(allocated):
@@ -194,12 +226,14 @@ def shaped_status(
             )
         )
     previous = obj.status.conditions if obj.status is not None else []
-    if skipped:
-        message = "; ".join(skipped)
+    lost = [
+        unreadable_block(i, e, UNREADABLE_DEVICES) for i, e in sorted((unreadable or {}).items())
+    ]
+    if lost or skipped:
+        message = "; ".join([b.message for b in lost] + list(skipped))
+        reason = lost[0].reason if lost else "InvalidPlacement"
         applied = condition("Applied", "False", "Degraded", message, generation, previous, now)
-        degraded = condition(
-            "Degraded", "True", "InvalidPlacement", message, generation, previous, now
-        )
+        degraded = condition("Degraded", "True", reason, message, generation, previous, now)
     else:
         applied = condition(
             "Applied",

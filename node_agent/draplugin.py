@@ -17,7 +17,10 @@ The kubelet discovers plugins by watching its ``plugins_registry`` directory
   results (:func:`node_agent.dra_claims.allocated_devices`), prepare them
   (:class:`node_agent.dra_prepare.DraPreparer`, in a worker thread: NVML blocks) and answer
   its devices with their CDI IDs; a claim that fails gets its ``error`` and the others are
-  still answered (every claim of the request gets an entry, as the kubelet requires).
+  still answered (every claim of the request gets an entry, as the kubelet requires) -- a
+  claim on a GPU NVML cannot read (``GPU_IS_LOST``) gets an error naming the GPU and the NVML
+  error, and the kubelet retries it
+  (:class:`~node_agent.dra_prepare.GpuUnreadable`).
   ``NodeUnprepareResources`` likewise, by UID (an unknown claim is success).  After either,
   ``on_claims_changed`` is called (the driver's shaped publishing runs a round).
 * Both sockets are watched (every ``poll_interval_s``): a socket file someone removed (a

@@ -100,7 +100,7 @@ from node_agent.nvml import ComputeMode, GpuInfo, Nvml, NvmlError, NvmlErrorCode
 from node_agent.status import actual_gpus, build_status
 from planner.catalog import Catalog, CatalogError, GpuModel
 
-__all__ = ["Publish", "ReconcileResult", "Reconciler", "workload"]
+__all__ = ["NVML_DOWN", "Publish", "ReconcileResult", "Reconciler", "unreadable_block", "workload"]
 
 Publish = Callable[[Mapping[str, list[AdvertisedDevice]]], None]
 """Receives resource name -> devices (``DevicePluginManager.set_devices``)."""
@@ -201,7 +201,7 @@ class Reconciler:
                     raise info.read_error
                 out.append(self._observe_gpu(info, in_use))
             except NvmlError as e:
-                if e.code in _NVML_DOWN:
+                if e.code in NVML_DOWN:
                     raise
                 failed[info.index] = e
         return out, failed
@@ -329,7 +329,7 @@ class Reconciler:
         unreadable: Mapping[int, NvmlError],
     ) -> tuple[dict[int, GpuPlan], dict[int, Block]]:
         plans: dict[int, GpuPlan] = {}
-        blocks = {i: _unreadable_block(i, e) for i, e in sorted(unreadable.items())}
+        blocks = {i: unreadable_block(i, e) for i, e in sorted(unreadable.items())}
         if spec is None:
             return plans, blocks
         by_index = {g.info.index: g for g in observed}
@@ -711,7 +711,7 @@ class Reconciler:
                 return self._failed_read(spec, generation, previous, now, errors, ops)
             if again.keys() - unreadable.keys():  # a GPU failed after the first read
                 unreadable = {**again, **unreadable}
-                blocks.update({i: _unreadable_block(i, e) for i, e in again.items()})
+                blocks.update({i: unreadable_block(i, e) for i, e in again.items()})
                 lost = self._last_known(unreadable, previous)
             observed = [g for g in observed if g.info.index not in unreadable]
             observed = self._fill_new_hosts(spec, observed, before, blocks)
@@ -826,7 +826,7 @@ def mps_key(gpu: int, mig_start: int | None = None) -> str:
     return f"gpu{gpu}" if mig_start is None else f"gpu{gpu}-mig{mig_start}"
 
 
-_NVML_DOWN = frozenset(
+NVML_DOWN = frozenset(
     {
         NvmlErrorCode.UNINITIALIZED,
         NvmlErrorCode.DRIVER_NOT_LOADED,
@@ -838,11 +838,15 @@ _NVML_DOWN = frozenset(
 """Codes that say NVML itself is down, not one GPU: the whole pass fails."""
 
 
-def _unreadable_block(gpu: int, e: NvmlError) -> Block:
+def unreadable_block(
+    gpu: int, e: NvmlError, devices: str = "its devices are advertised Unhealthy"
+) -> Block:
+    """The ``Degraded`` block ``GpuUnreadable`` of a GPU NVML cannot read, naming the GPU and the
+    error; ``devices`` says what became of its devices (the DRA agent withdraws the free ones)."""
     return Block(
         "GpuUnreadable",
-        f"GPU {gpu}: NVML cannot read it ({e}); its devices are advertised Unhealthy and "
-        "nothing on it is changed until it reads again",
+        f"GPU {gpu}: NVML cannot read it ({e}); {devices} and nothing on it is changed until "
+        "it reads again",
     )
 
 

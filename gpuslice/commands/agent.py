@@ -471,13 +471,14 @@ async def _run_dra(settings: Any, catalog: Any, publish: str) -> int:
             checkpoint=Checkpoint(f"{state}/dra-claims.json" if state else None),
             cdi_dir=settings.cdi_dir,
         )
-        uuids = {g.index: g.uuid for g in nvml.gpus()}
+        # a GPU NVML cannot read now is left out (gpu_models), as NVML lists it then
+        uuids = {g.index: g.uuid for g in nvml.gpus(isolate=True) if g.read_error is None}
     except NvmlError as e:
         raise BadInput(
             f"NVML is not usable ({e}): the DRA agent runs on a GPU node with the NVIDIA driver "
             "and the NVIDIA container runtime (the chart's DaemonSet)"
         ) from None
-    gpus = [DraGpu(i, uuids[i], m) for i, m in sorted(preparer.models.items())]
+    gpus = [DraGpu(i, uuids[i], m) for i, m in sorted(preparer.models.items()) if i in uuids]
     configuration = client.Configuration()
     try:
         config.load_incluster_config(client_configuration=configuration)
