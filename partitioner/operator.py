@@ -254,7 +254,10 @@ class Controller:
         GPUs).  A listed object that follows a watch event of its kind, or comes
         ``RELIST_QUIET_S`` after the previous listed one, starts such a new listing (kopf's
         own first listing is one burst before any watch event, so it triggers nothing); the
-        next cycle then lists the kind itself (:meth:`sync`), which drops what is gone.
+        next cycle then lists the kind itself (:meth:`sync`), which drops what is gone.  A
+        listing of a kind with no object left shows nothing to notice (pods and nodes never run
+        out: the partitioner is a pod on a node; NodePartitionings and claims can, and a ghost
+        of those is dropped at the next restart or by the 404 a write to it gets).
         """
         now = self._monotonic()
         watched, last = self._listings.get(kind, (False, now))

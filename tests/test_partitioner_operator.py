@@ -490,3 +490,32 @@ async def test_with_dra_a_claim_pod_is_planned_on_the_dra_node_from_its_watched_
         (gpu,) = spec["spec"]["gpus"]
         assert [m["profile"] for m in gpu["mig"]] == ["3g.40gb"]
     assert any(c.path.endswith("/resourceclaims") for c in kmock.lists)
+
+
+@pytest.mark.looptime
+async def test_a_pod_deleted_while_kopfs_watch_was_gone_is_dropped_at_its_next_listing(
+    kmock: ApiServer,
+) -> None:
+    """The pods' watch fails (``410 Gone``: its resourceVersion is too old) and a bound pod is
+    deleted before kopf lists again: no ``DELETED`` event ever reaches the operator.  kopf's new
+    listing only upserts; the controller notices it and lists pods itself, which drops the
+    pod and frees the slice it held on the node."""
+    declare(kmock)
+    await create(kmock, "/api/v1/nodes", node("n1", {"gpuslice.io/partitioning": "mig", **A100}))
+    one_g = "nvidia.com/mig-1g.10gb"
+    for name in ("done", "stays"):
+        bound = pod(name, one_g, nodeName="n1")
+        bound["status"] = {"phase": "Running"}
+        await create(kmock, "/api/v1/namespaces/default/pods", bound)
+    async with operator(kmock) as controller:
+        await eventually(lambda: controller.index.usage("n1").slices == {one_g: 2}, within=5)
+        await asyncio.sleep(5)
+        pod_lists = [c for c in kmock.lists if c.path == "/api/v1/pods"]
+        assert len(pod_lists) == 2  # kopf's and the controller's: kopf's first listing is no gap
+        # deleted where no watch sees it, then the watch is told its version is gone
+        kmock.objects[kmock.resource("v1/pods"), "default", "done"].delete()
+        gone = {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"}
+        await kmock._buses[kmock.resource("v1/pods")].put({"type": "ERROR", "object": gone})
+        await eventually(lambda: controller.index.usage("n1").slices == {one_g: 1}, within=10)
+        assert sorted(controller.index.pods) == ["default/stays"]
+        assert len([c for c in kmock.lists if c.path == "/api/v1/pods"]) == 4  # kopf's, ours
