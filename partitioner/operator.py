@@ -257,7 +257,7 @@ class Controller:
         next cycle then lists the kind itself (:meth:`sync`), which drops what is gone.  A
         listing of a kind with no object left shows nothing to notice (pods and nodes never run
         out: the partitioner is a pod on a node; NodePartitionings and claims can, and a ghost
-        of those is dropped at the next restart or by the 404 a write to it gets).
+        of those stays until the next restart).
         """
         now = self._monotonic()
         watched, last = self._listings.get(kind, (False, now))
