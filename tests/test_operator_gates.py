@@ -314,3 +314,45 @@ async def test_a_node_reporting_its_slice_releases_the_pod_within_the_reaction_t
             lambda: not get_pod(kmock, "p1")["spec"].get("schedulingGates"), within, step=0.05
         )
         assert at_least <= loop.time() - reported <= within  # measured: 0.15 s and 28.55 s
+
+
+@pytest.mark.looptime
+async def test_a_high_priority_pod_only_preemption_can_serve_goes_to_kube_scheduler(
+    kmock: ApiServer, tmp_path: Path
+) -> None:
+    """A gated pod is invisible to kube-scheduler's preemption: the partitioner removes the
+    gate of one whose slice a lower-priority pod holds, and keeps the slice the eviction frees
+    for it once kube-scheduler nominated the node (not for an older gated pod)."""
+    await setup(kmock, "n1")
+    async with gating_operator(kmock, tmp_path):
+        await eventually(lambda: stored(kmock, NP_RESOURCE, "n1"), within=10)
+        await kmock.post(PODS, json=pod("low"))  # priority 0: its 7g is planned, then bound
+        await eventually(lambda: reservation(kmock, "low"), within=40)
+        await agent_applies(kmock, "n1")
+        await kubelet_advertises(kmock, "n1", {SEVEN_G: 1})
+        await eventually(lambda: not get_pod(kmock, "low")["spec"].get("schedulingGates"), 10)
+        await bind_like_scheduler(kmock, "default", "low", "n1")
+
+        await kmock.post(PODS, json=pod("older"))  # priority 0, waits for a 7g too
+        urgent = pod("urgent")
+        urgent["spec"]["priority"] = 1000  # set by the Priority admission plugin from its class
+        await kmock.post(PODS, json=urgent)
+        assert get_pod(kmock, "urgent")["spec"]["schedulingGates"] == [{"name": GATE}]
+        await eventually(lambda: not get_pod(kmock, "urgent")["spec"].get("schedulingGates"), 60)
+        reasons = [reason for reason, _ in pod_events(kmock, "urgent")]
+        assert "Preempting" in reasons and reservation(kmock, "urgent") is None
+        assert get_pod(kmock, "older")["spec"]["schedulingGates"] == [{"name": GATE}]
+
+        # kube-scheduler preempts: it nominates n1 and evicts "low", whose 7g frees
+        resp = await kmock.patch(
+            f"{PODS}/urgent/status", json={"status": {"nominatedNodeName": "n1"}}
+        )
+        assert resp.status == 200, await resp.text()
+        resp = await kmock.delete(f"{PODS}/low")
+        assert resp.status == 200, await resp.text()
+        await asyncio.sleep(60)  # windows close, plans run: "older" gets no promise of it
+        assert reservation(kmock, "older") is None
+        np = stored(kmock, NP_RESOURCE, "n1") or {}
+        assert [m["profile"] for g in np["spec"]["gpus"] for m in g["mig"]] == ["7g.80gb"]
+        bound = await bind_like_scheduler(kmock, "default", "urgent", "n1")
+        assert bound["spec"]["nodeName"] == "n1"
