@@ -425,6 +425,7 @@ class Controller:
         decision step when leading (module docstring)."""
         if self.relist_due:
             due = sorted(self.relist_due)
+            self.relist_due.clear()  # a kind noticed again while this listing runs stays due
             try:
                 await self.sync(due)
             except asyncio.CancelledError:
