@@ -33,6 +33,15 @@ in use or not (:mod:`node_agent.mps`), and advertises its devices Unhealthy whil
 started, so the kubelet stops handing them to new pods.  A death a pass's own probes noticed
 first (and already repaired) is reported by the next check the same way.
 
+XID critical errors (:mod:`node_agent.xid`): with an :class:`~node_agent.xid.XidWatcher`,
+:meth:`Agent.run` registers the GPUs for NVML's XID events and waits for them in a worker
+thread for as long as the loop runs (beside the passes, not between them: NVML is thread-safe
+and the wait shares nothing with a pass; stopping the loop ends the thread within the watcher's
+``wait_ms``).  Every event is counted (``gpuslice_agent_xid_errors_total{gpu,xid}``); a critical
+one is logged at WARNING and wakes a pass at once, which advertises the devices it hit
+Unhealthy -- for as long as this agent runs -- and reports ``Degraded`` (``GpuXid``); an
+ignored one (an application error) is logged at INFO and changes nothing.
+
 :class:`KubeSpecSource` wakes the loop only for changes the agent must act on: a new
 ``metadata.generation`` (spec change), or the object created, deleted or re-created (new uid).
 Its own status writes, and the API server replaying the current object at the start of a watch,
@@ -48,8 +57,9 @@ import logging
 import math
 import os
 import random
+import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -71,8 +81,10 @@ from contract.nodepartitioning import (
 )
 from node_agent.health import AgentHealth
 from node_agent.metrics import AgentMetrics
+from node_agent.nvml import XidEvent
 from node_agent.reconciler import Reconciler, ReconcileResult
 from node_agent.tasks import first_of
+from node_agent.xid import XidWatcher, xid_text
 
 __all__ = [
     "Agent",
@@ -540,8 +552,13 @@ class Agent:
         health: AgentHealth | None = None,
         on_draining: Callable[[frozenset[str]], None] | None = None,
         mps_liveness_seconds: float = 5.0,
+        xids: XidWatcher | None = None,
     ) -> None:
         self.reconciler = reconciler
+        self.xids = xids
+        """Watches NVML's XID events while :meth:`run` runs (module docstring); ``None``: off."""
+        self._xid_wake = asyncio.Event()
+        """Set (from the watcher's thread, through the loop) by a critical XID event."""
         self.mps_liveness_seconds = mps_liveness_seconds
         """Check the MPS daemons this often between passes (module docstring); 0: never."""
         self.daemon_deaths: dict[str, int] = {}
@@ -644,9 +661,36 @@ class Agent:
         """Reconcile until ``stop`` is set; if it was set mid-drain, finish the drain first (at
         most ``finish_drain_s`` seconds, :meth:`_finish_drain`)."""
         stop = stop or asyncio.Event()
-        await self._loop(stop)
-        if self.last is not None and self.last.draining:  # stopped (not cancelled) mid-drain
-            await self._finish_drain(finish_drain_s)
+        async with self._watching_xids():
+            await self._loop(stop)
+            if self.last is not None and self.last.draining:  # stopped (not cancelled) mid-drain
+                await self._finish_drain(finish_drain_s)
+
+    @contextlib.asynccontextmanager
+    async def _watching_xids(self) -> AsyncIterator[None]:
+        """Run the XID watcher in a worker thread while the body runs (module docstring)."""
+        watcher = self.xids
+        if watcher is None:
+            yield
+            return
+        loop = asyncio.get_running_loop()
+        halt = threading.Event()
+
+        def report(events: list[XidEvent]) -> None:  # in the watcher's thread
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to wake
+                loop.call_soon_threadsafe(self._report_xids, events)
+
+        thread = asyncio.ensure_future(asyncio.to_thread(watcher.run, halt, report))
+        try:
+            yield
+        finally:
+            halt.set()  # the thread ends after its current wait (at most wait_ms)
+            try:
+                await asyncio.shield(thread)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("the XID watcher failed")
 
     async def _finish_drain(self, within_s: float) -> None:
         """Stopped while draining (SIGTERM: the partitioner removed the node's label once no
@@ -668,6 +712,7 @@ class Agent:
         failing = 0  # passes that raised in a row: the first is logged with its traceback
         while not stop.is_set():
             settled = False
+            self._xid_wake.clear()  # an XID from now on wakes the next wait
             try:
                 settled = (await self.run_once()).settled
             except Exception as e:
@@ -685,7 +730,12 @@ class Agent:
                     log.info("reconcile passes succeed again after %d failure(s)", failing)
                 failing = 0
             timeout = self.resync_seconds if settled else self.retry_seconds
-            await first_of(self.source.wait_change(timeout), stop.wait(), self._watch_daemons())
+            await first_of(
+                self.source.wait_change(timeout),
+                stop.wait(),
+                self._watch_daemons(),
+                self._xid_wake.wait(),
+            )
 
     async def _watch_daemons(self) -> None:
         """Return once an MPS daemon is found dead, checking every ``mps_liveness_seconds``;
@@ -720,6 +770,40 @@ class Agent:
                 "hold its slices; a rising count is a crash loop (see its MPS log directory)",
                 key,
                 n,
+            )
+
+    def _report_xids(self, events: list[XidEvent]) -> None:
+        """Count and log the XID events of one wait; a critical one wakes a pass (module
+        docstring).  Runs on the event loop."""
+        watcher = self.xids
+        if watcher is None:
+            return
+        for e in events:
+            if self.metrics is not None:
+                self.metrics.observe_xid(e)
+            gpu = "an unknown GPU" if e.gpu is None else f"GPU {e.gpu}"
+            scope = (
+                f", GPU instance {e.gi_id} / compute instance {e.ci_id}"
+                if e.gi_id is not None
+                else ""
+            )
+            if not watcher.critical(e.xid):
+                log.info(
+                    "%s on %s%s: ignored (an application error, or in GPUSLICE_XID_IGNORE); "
+                    "its devices stay Healthy",
+                    xid_text(e.xid),
+                    gpu,
+                    scope,
+                )
+                continue
+            self._xid_wake.set()
+            log.warning(
+                "%s on %s%s: reconciling now; the devices it hit (that instance's, else the "
+                "whole GPU's) are advertised Unhealthy until the agent restarts: drain the "
+                "node, reset the GPU or reboot, then restart the agent pod",
+                xid_text(e.xid),
+                gpu,
+                scope,
             )
 
 

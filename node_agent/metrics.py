@@ -35,10 +35,15 @@ metric                                                    type       meaning
                                                                      after they ran, by daemon key
                                                                      (``gpu0``, ``gpu0-mig4``); a
                                                                      steady rise is a crash loop
+``gpuslice_agent_xid_errors_total{gpu,xid}``              counter    XID events NVML reported, by GPU
+                                                                     index (``unknown`` if NVML could
+                                                                     not tell) and XID code, ignored
+                                                                     application errors included
 ========================================================  =========  ================================
 
 The agent calls :meth:`AgentMetrics.observe_daemon_deaths` with the deaths its liveness check
-reports (:meth:`node_agent.mps.ProcessSupervisor.check`).
+reports (:meth:`node_agent.mps.ProcessSupervisor.check`) and :meth:`AgentMetrics.observe_xid`
+with every XID event its watcher reports (:mod:`node_agent.xid`).
 """
 
 from __future__ import annotations
@@ -54,6 +59,8 @@ from node_agent.nvml import (
     Nvml,
     NvmlError,
     NvmlErrorCode,
+    XidEvent,
+    XidRegistration,
 )
 from node_agent.reconciler import ReconcileResult
 
@@ -117,6 +124,12 @@ class AgentMetrics:
             ["daemon"],
             registry=r,
         )
+        self.xid_errors = Counter(
+            "gpuslice_agent_xid_errors",
+            "XID events NVML reported, by GPU index and XID code",
+            ["gpu", "xid"],
+            registry=r,
+        )
         self._device_labels: set[tuple[str, str]] = set()
         self._generation: int | None = None
         self._generation_seen_at = 0.0
@@ -148,6 +161,11 @@ class AgentMetrics:
         """Record MPS daemons found dead (one count per key listed)."""
         for key in keys:
             self.mps_daemon_deaths.labels(key).inc()
+
+    def observe_xid(self, event: XidEvent) -> None:
+        """Record one XID event (critical or ignored)."""
+        gpu = "unknown" if event.gpu is None else str(event.gpu)
+        self.xid_errors.labels(gpu, str(event.xid)).inc()
 
     def observe_failure(self, duration_s: float) -> None:
         """Record a pass that raised."""
@@ -261,3 +279,17 @@ class MeteredNvml:
 
     def process_name(self, pid: int) -> str:
         return self._inner.process_name(pid)
+
+    def watch_xids(self) -> XidRegistration:
+        try:
+            return self._inner.watch_xids()
+        except NvmlError as e:
+            self._count("watch_xids", e)
+            raise
+
+    def xid_events(self, timeout_ms: int) -> list[XidEvent]:
+        try:
+            return self._inner.xid_events(timeout_ms)
+        except NvmlError as e:
+            self._count("xid_events", e)
+            raise

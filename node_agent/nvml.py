@@ -40,6 +40,17 @@ The operations and their driver rules (both adapters must behave alike):
   that still has CIs fails with ``IN_USE``), a CI with running processes fails with ``IN_USE``.
 * :meth:`Nvml.mig_devices` -- ``(GI id, CI id, MIG UUID)`` of every MIG device.
 * :meth:`Nvml.running_processes` -- pids on a GI's MIG devices, or on the whole GPU.
+* :meth:`Nvml.watch_xids` -- register every GPU for XID critical-error events
+  (``nvmlDeviceRegisterEvents`` with ``nvmlEventTypeXidCriticalError`` into one event set; again:
+  a fresh set).  A GPU that answers ``NOT_SUPPORTED`` cannot report XIDs and is listed in
+  :attr:`XidRegistration.unsupported`; one whose registration fails otherwise (``GPU_IS_LOST``)
+  in :attr:`XidRegistration.failed`; neither raises.
+* :meth:`Nvml.xid_events` -- wait at most ``timeout_ms`` for XID events of the registered GPUs
+  (``nvmlEventSetWait_v2``); ``TIMEOUT`` is "no event" (``[]``), any other error raises.  Only
+  registered GPUs report events.  An event scoped to a MIG instance carries its GI and CI ids
+  (``nvmlEventData_t.gpuInstanceId`` / ``computeInstanceId``; :data:`XID_NOT_MIG_SCOPED` there
+  means "not MIG-scoped": ``None``).  This is the one call made from a worker thread beside
+  the reconcile passes (NVML is thread-safe); both adapters allow it.
 
 Errors are :class:`NvmlError` carrying an :class:`NvmlErrorCode` whose values equal pynvml's
 ``NVML_ERROR_*`` constants, so the real adapter maps ``pynvml.NVMLError.value`` one to one.
@@ -52,6 +63,7 @@ from enum import IntEnum
 from typing import Protocol
 
 __all__ = [
+    "XID_NOT_MIG_SCOPED",
     "ComputeMode",
     "GpuInfo",
     "GpuInstanceInfo",
@@ -59,6 +71,8 @@ __all__ = [
     "Nvml",
     "NvmlError",
     "NvmlErrorCode",
+    "XidEvent",
+    "XidRegistration",
 ]
 
 
@@ -191,6 +205,37 @@ class MigDevice:
     uuid: str
 
 
+XID_NOT_MIG_SCOPED = 0xFFFFFFFF
+"""``nvmlEventData_t.gpuInstanceId`` / ``computeInstanceId`` of an event not scoped to a MIG
+instance."""
+
+
+@dataclass(frozen=True, slots=True)
+class XidEvent:
+    """One XID critical-error event as NVML reported it."""
+
+    gpu: int | None
+    """The GPU's NVML index; ``None``: the adapter could not tell which GPU."""
+    xid: int
+    """The XID code (``nvmlEventData_t.eventData``)."""
+    gi_id: int | None = None
+    """The GPU instance the event is scoped to; ``None``: not MIG-scoped (the whole GPU)."""
+    ci_id: int | None = None
+    """The compute instance the event is scoped to; ``None``: not MIG-scoped."""
+
+
+@dataclass(frozen=True, slots=True)
+class XidRegistration:
+    """What :meth:`Nvml.watch_xids` registered."""
+
+    registered: tuple[int, ...]
+    """GPUs that report XID events."""
+    unsupported: tuple[int, ...] = ()
+    """GPUs that cannot report XIDs (``NOT_SUPPORTED``)."""
+    failed: tuple[tuple[int, NvmlError], ...] = ()
+    """GPUs whose registration failed otherwise, with the error."""
+
+
 class Nvml(Protocol):
     """The driver operations the agent uses (see the module docstring for the rules)."""
 
@@ -230,4 +275,12 @@ class Nvml(Protocol):
 
     def process_name(self, pid: int) -> str:
         """The process name of ``pid`` (``""`` if NVML cannot tell)."""
+        ...
+
+    def watch_xids(self) -> XidRegistration:
+        """Register every GPU for XID critical-error events (a fresh event set)."""
+        ...
+
+    def xid_events(self, timeout_ms: int) -> list[XidEvent]:
+        """XID events of registered GPUs, waiting at most ``timeout_ms``; ``[]`` on timeout."""
         ...

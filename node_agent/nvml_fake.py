@@ -64,11 +64,23 @@ others work.  ``gpus()`` then raises, as the real adapter does, or with ``isolat
 that GPU with only its index and ``read_error``.  ``hooks`` run before every call with
 ``(op, args)``: tests use them to interleave other actors (pods being allocated) with the
 agent's calls.
+
+XID events
+----------
+:meth:`FakeNvml.emit_xid` is the driver reporting an XID critical error on a GPU (scoped to a
+MIG instance with ``gi``/``ci``).  As in NVML, only GPUs registered by
+:meth:`FakeNvml.watch_xids` report events (an event for another GPU is dropped: ``emit_xid``
+returns ``False``), and GPUs in :attr:`FakeNvml.xid_unsupported` cannot be registered
+(``NOT_SUPPORTED``).  :meth:`FakeNvml.xid_events` blocks, like ``nvmlEventSetWait``, until an
+event is queued or its timeout passes; it may be called from another thread than the rest (the
+agent's watcher does), so the queue is guarded by a lock, and it is neither hooked nor subject
+to injected faults.
 """
 
 from __future__ import annotations
 
 import random
+import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -82,6 +94,8 @@ from node_agent.nvml import (
     MigDevice,
     NvmlError,
     NvmlErrorCode,
+    XidEvent,
+    XidRegistration,
 )
 from planner.catalog import GpuModel, MigProfile
 
@@ -189,6 +203,11 @@ class FakeNvml:
         self.hooks: list[Hook] = []
         self.calls = 0
         self.faults_raised = 0
+        self.xid_unsupported: set[int] = set()
+        """GPUs that cannot report XID events (registration answers ``NOT_SUPPORTED``)."""
+        self._xid_watched: frozenset[int] = frozenset()
+        self._xid_queue: list[XidEvent] = []
+        self._xid_ready = threading.Condition()
 
     # -- fault injection ---------------------------------------------------------------
 
@@ -475,6 +494,34 @@ class FakeNvml:
     def process_name(self, pid: int) -> str:
         p = self._procs.get(pid)
         return p.name if p is not None else ""
+
+    # -- XID events (see the module docstring) -----------------------------------------
+
+    def watch_xids(self) -> XidRegistration:
+        """Register every GPU but those in :attr:`xid_unsupported` (a fresh event set)."""
+        gpus = [g.index for g in self._gpus]
+        unsupported = tuple(i for i in gpus if i in self.xid_unsupported)
+        registered = tuple(i for i in gpus if i not in self.xid_unsupported)
+        with self._xid_ready:
+            self._xid_watched = frozenset(registered)
+            self._xid_queue.clear()
+        return XidRegistration(registered, unsupported)
+
+    def xid_events(self, timeout_ms: int) -> list[XidEvent]:
+        with self._xid_ready:
+            self._xid_ready.wait_for(lambda: bool(self._xid_queue), max(0, timeout_ms) / 1000)
+            out, self._xid_queue = self._xid_queue, []
+        return out
+
+    def emit_xid(self, gpu: int, code: int, gi: int | None = None, ci: int | None = None) -> bool:
+        """The driver reports XID ``code`` on ``gpu`` (on MIG instance ``gi``/``ci`` if given);
+        ``False``: the GPU is not registered and the event is lost, as in NVML."""
+        with self._xid_ready:
+            if gpu not in self._xid_watched:
+                return False
+            self._xid_queue.append(XidEvent(gpu, code, gi, ci))
+            self._xid_ready.notify_all()
+        return True
 
     # -- test controls (not part of the port; never fault-injected) --------------------
 

@@ -31,6 +31,16 @@ A thin translation of :class:`node_agent.nvml.Nvml` into driver calls; no policy
   for empty indices) / ``GetGpuInstanceId`` / ``GetComputeInstanceId`` / ``GetUUID``.
 * Processes: ``nvmlDeviceGetComputeRunningProcesses`` on the MIG device handles of the GI (or on
   the GPU handle).
+* XID events: :meth:`PynvmlAdapter.watch_xids` creates an event set (``nvmlEventSetCreate``,
+  the previous one freed with ``nvmlEventSetFree``) and registers every GPU handle for
+  ``nvmlEventTypeXidCriticalError`` (``nvmlDeviceRegisterEvents``); ``NOT_SUPPORTED`` lists the
+  GPU as unable to report XIDs, another error as failed.  :meth:`PynvmlAdapter.xid_events` waits
+  with ``nvmlEventSetWait_v2(set, timeout_ms)``: ``NVML_ERROR_TIMEOUT`` is no event; an event
+  names its GPU by the handle registered (its pointer value; else ``nvmlDeviceGetIndex``; else
+  unknown), its XID in ``eventData``, and the GI/CI ids unless ``0xFFFFFFFF``.  The wait runs in
+  the agent's watcher thread while passes call the rest (NVML is thread-safe); a GPU reset, which
+  shuts NVML down, first frees the event set (a lock keeps it from doing so under a wait) and
+  registers the same way again at the next wait.
 
 Every ``pynvml.NVMLError`` becomes :class:`node_agent.nvml.NvmlError` with the same code.
 The module is imported only without ``--fake``; tests drive it with a fake ``pynvml`` module.
@@ -38,20 +48,26 @@ The module is imported only without ``--fake``; tests drive it with a fake ``pyn
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib
+import threading
+import time
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any, TypeVar
 
 from node_agent.gpu_reset import NvidiaSmi, reset_gpu
 from node_agent.nvml import (
+    XID_NOT_MIG_SCOPED,
     ComputeMode,
     GpuInfo,
     GpuInstanceInfo,
     MigDevice,
     NvmlError,
     NvmlErrorCode,
+    XidEvent,
+    XidRegistration,
 )
 
 __all__ = ["PynvmlAdapter"]
@@ -77,6 +93,21 @@ def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
+def _handle_key(h: Any) -> Any:
+    """A hashable identity of a device handle: the pointer value of an ``nvmlDevice_t`` (the one
+    an event carries equals the one registered), else the handle itself."""
+    try:
+        return ctypes.cast(h, ctypes.c_void_p).value
+    except (ctypes.ArgumentError, TypeError):
+        return h
+
+
+def _scope(v: Any) -> int | None:
+    """A GI or CI id of an event; ``None`` for :data:`XID_NOT_MIG_SCOPED`."""
+    value = int(v)
+    return None if value == XID_NOT_MIG_SCOPED else value
+
+
 class PynvmlAdapter:
     """:class:`node_agent.nvml.Nvml` over the pynvml module (``nvmlInit`` on construction)."""
 
@@ -85,8 +116,19 @@ class PynvmlAdapter:
         self._smi = smi if smi is not None else NvidiaSmi()
         self._call("init", self._m.nvmlInit)
         self._profiles: dict[int, list[Any]] = {}
+        self._events: Any = None
+        """The XID event set (``None``: none now; made again at the next wait if watching)."""
+        self._watching = False
+        self._event_gpus: dict[Any, int] = {}
+        """:func:`_handle_key` of each registered GPU handle -> its index."""
+        self._events_lock = threading.Lock()
+        """Held by an event wait and by a GPU reset (which shuts NVML down)."""
+        self._resetting = threading.Event()
 
     def close(self) -> None:
+        with self._events_lock:
+            self._free_events()
+            self._watching = False
         self._call("shutdown", self._m.nvmlShutdown)
 
     def _call(self, op: str, fn: Callable[..., T], *args: Any) -> T:
@@ -157,12 +199,90 @@ class PynvmlAdapter:
             persistence = m.nvmlDeviceGetPersistenceMode(h) == m.NVML_FEATURE_ENABLED
         except m.NVMLError:
             persistence = False  # not readable: try the reset as it is
-        self._call("reset_gpu", m.nvmlShutdown)
+        self._resetting.set()  # an event wait gives way (the lock is not fair)
         try:
-            reset_gpu(self._smi, bus, persistence)
+            with self._events_lock:  # no wait on the event set while NVML is shut down
+                self._free_events()
+                self._call("reset_gpu", m.nvmlShutdown)
+                try:
+                    reset_gpu(self._smi, bus, persistence)
+                finally:
+                    self._profiles.clear()
+                    self._call("init", m.nvmlInit)
         finally:
-            self._profiles.clear()
-            self._call("init", m.nvmlInit)
+            self._resetting.clear()
+
+    # -- XID events ----------------------------------------------------------------------
+
+    def _free_events(self) -> None:
+        """Free the event set, if any (errors ignored: NVML may be going down)."""
+        events, self._events = self._events, None
+        self._event_gpus = {}
+        if events is not None:
+            with contextlib.suppress(self._m.NVMLError):
+                self._m.nvmlEventSetFree(events)
+
+    def _register_xids(self) -> XidRegistration:
+        m = self._m
+        self._free_events()
+        self._events = self._call("watch_xids", m.nvmlEventSetCreate)
+        registered: list[int] = []
+        unsupported: list[int] = []
+        failed: list[tuple[int, NvmlError]] = []
+        for i in range(self._call("watch_xids", m.nvmlDeviceGetCount)):
+            try:
+                h = self._handle(i)
+                self._call(
+                    "watch_xids",
+                    m.nvmlDeviceRegisterEvents,
+                    h,
+                    m.nvmlEventTypeXidCriticalError,
+                    self._events,
+                )
+            except NvmlError as e:
+                if e.code == NvmlErrorCode.NOT_SUPPORTED:
+                    unsupported.append(i)
+                else:
+                    failed.append((i, e))
+                continue
+            self._event_gpus[_handle_key(h)] = i
+            registered.append(i)
+        return XidRegistration(tuple(registered), tuple(unsupported), tuple(failed))
+
+    def watch_xids(self) -> XidRegistration:
+        with self._events_lock:
+            self._watching = True
+            return self._register_xids()
+
+    def xid_events(self, timeout_ms: int) -> list[XidEvent]:
+        m = self._m
+        if self._resetting.is_set():
+            time.sleep(min(timeout_ms, 50) / 1000)
+            return []
+        with self._events_lock:
+            if not self._watching:
+                raise NvmlError(NvmlErrorCode.UNINITIALIZED, "xid_events", "watch_xids first")
+            if self._events is None:  # freed by a GPU reset
+                self._register_xids()
+            try:
+                data = m.nvmlEventSetWait_v2(self._events, max(0, int(timeout_ms)))
+            except m.NVMLError as e:
+                if int(e.value) == NvmlErrorCode.TIMEOUT:
+                    return []
+                raise NvmlError(NvmlErrorCode.of(int(e.value)), "xid_events", str(e)) from e
+            if int(data.eventType) != m.nvmlEventTypeXidCriticalError:
+                return []  # only XIDs are registered; anything else is not ours
+            gpu = self._event_gpus.get(_handle_key(data.device))
+        if gpu is None:
+            try:
+                gpu = int(m.nvmlDeviceGetIndex(data.device))
+            except (m.NVMLError, AttributeError):
+                gpu = None
+        return [
+            XidEvent(
+                gpu, int(data.eventData), _scope(data.gpuInstanceId), _scope(data.computeInstanceId)
+            )
+        ]
 
     # -- GPU instances -------------------------------------------------------------------
 

@@ -49,6 +49,15 @@ reads again its devices are Healthy and it is reconciled like the others.  NVML 
 (the device count unreadable, or a driver-wide code such as ``UNINITIALIZED`` or
 ``DRIVER_NOT_LOADED`` on any read) still fails the whole pass: nothing is published.
 
+**An XID critical error** (:mod:`node_agent.xid`): the events the agent's watcher put in the
+:class:`~node_agent.xid.XidLedger` are resolved at the next pass into marks -- the MIG device
+of the GPU instance an event names, else the whole GPU -- that this reconciler keeps for its
+lifetime.  Every pass (the withdrawal publish included) advertises the marked devices
+Unhealthy, and the status gets a ``Degraded`` block ``GpuXid`` per marked GPU naming the
+instance and the XID (a GPU that also has another permanent block keeps that reason, with the
+XID added to its message).  The marks change nothing else: the GPU is planned and reconciled
+as before, no instance or daemon is created, destroyed or restarted because of them.
+
 **Drain** (no NodePartitioning: the node opted out and the partitioner deleted it, gpuslice is
 being uninstalled, or the partitioner has not created it yet).  A pass without a spec changes no
 MIG layout and destroys nothing.  It advertises only the devices pods hold (in-use ids read this
@@ -96,8 +105,9 @@ from node_agent.gpu_plan import (
     plan_gpu,
 )
 from node_agent.mps import MpsDaemonSpec, MpsError, ProcessSupervisor
-from node_agent.nvml import ComputeMode, GpuInfo, Nvml, NvmlError, NvmlErrorCode
+from node_agent.nvml import ComputeMode, GpuInfo, Nvml, NvmlError, NvmlErrorCode, XidEvent
 from node_agent.status import actual_gpus, build_status
+from node_agent.xid import XidLedger, XidMark, resolve, unhealthy_ids, xid_blocks
 from planner.catalog import Catalog, CatalogError, GpuModel
 
 __all__ = ["NVML_DOWN", "Publish", "ReconcileResult", "Reconciler", "unreadable_block", "workload"]
@@ -151,6 +161,7 @@ class Reconciler:
         mps_pipe_root: str = "/run/nvidia/mps",
         mps_log_root: str = "/var/log/nvidia-mps",
         publish: Publish | None = None,
+        xids: XidLedger | None = None,
     ) -> None:
         self._nvml = nvml
         self._in_use = in_use
@@ -167,6 +178,16 @@ class Reconciler:
         """GPU index -> its state when last read (advertised Unhealthy while unreadable)."""
         self._discovered = False
         """Daemons left running by an earlier agent were looked for (first readable pass)."""
+        self._xids = xids
+        self._xid_marks: list[XidMark] = []
+        """Devices XID critical errors hit: Unhealthy for this reconciler's lifetime."""
+        self._xid_later: list[XidEvent] = []
+        """XID events of a GPU not read yet (resolved at a later pass)."""
+
+    @property
+    def xid_marks(self) -> tuple[XidMark, ...]:
+        """The devices XID critical errors hit (module docstring)."""
+        return tuple(self._xid_marks)
 
     @property
     def supervisor(self) -> ProcessSupervisor:
@@ -668,6 +689,7 @@ class Reconciler:
             return self._failed_read(spec, generation, previous, now, errors)
         self._discover(observed, complete=not unreadable)
         lost = self._last_known(unreadable, previous)
+        self._take_xids(observed, lost)
         plans, blocks = self._plan(spec, observed, unreadable)
         by_index = {g.info.index: g for g in observed}
 
@@ -675,10 +697,13 @@ class Reconciler:
         if any(doomed.values()):
             if self._publish is not None:
                 all_doomed = set().union(*doomed.values())
+                now_actual = _by_index(actual_gpus(observed) + lost)
                 current = self._devices(
                     spec,
-                    _by_index(actual_gpus(observed) + lost),
-                    self._daemonless(spec, observed) | _device_ids(lost),
+                    now_actual,
+                    self._daemonless(spec, observed)
+                    | _device_ids(lost)
+                    | unhealthy_ids(self._xid_marks, now_actual),
                 )
                 self._publish(
                     {r: [d for d in ds if d.id not in all_doomed] for r, ds in current.items()}
@@ -720,7 +745,8 @@ class Reconciler:
         read = actual_gpus(observed)
         self._known.update((a.index, a) for a in read)
         actual = _by_index(read + lost)
-        devices = self._devices(spec, actual, unhealthy | _device_ids(lost))
+        xid_bad = unhealthy_ids(self._xid_marks, actual)
+        devices = self._devices(spec, actual, unhealthy | _device_ids(lost) | xid_bad)
         # a GPU whose MPS slice table is unknown (restart + PodResources down) would be
         # advertised without its slices: publish nothing until the table is rebuilt
         complete = all(
@@ -745,6 +771,7 @@ class Reconciler:
             await self._stop_daemons(unwanted, observed, errors)
         if draining:
             ops += self._default_compute_mode(observed, errors)
+        _add_xid_blocks(blocks, self._xid_marks)
         status = build_status(
             spec=spec,
             generation=generation,
@@ -767,6 +794,18 @@ class Reconciler:
             draining=draining,
             held=held,
         )
+
+    def _take_xids(self, observed: list[ObservedGpu], lost: list[ActualGpu]) -> None:
+        """Resolve the XID events the watcher saw since the last pass into marks (kept)."""
+        if self._xids is None:
+            return
+        events = self._xid_later + self._xids.take()
+        if not events:
+            return
+        marks, self._xid_later = resolve(events, observed, lost)
+        for m in marks:
+            if m not in self._xid_marks:
+                self._xid_marks.append(m)
 
     def _last_known(
         self, unreadable: Mapping[int, NvmlError], previous: NodePartitioningStatus | None
@@ -848,6 +887,17 @@ def unreadable_block(
         f"GPU {gpu}: NVML cannot read it ({e}); {devices} and nothing on it is changed until "
         "it reads again",
     )
+
+
+def _add_xid_blocks(blocks: dict[int, Block], marks: list[XidMark]) -> None:
+    """Give every GPU an XID hit its ``GpuXid`` block; a GPU with another permanent block keeps
+    it, with the XID added to its message (a transient one gives way: Degraded wins)."""
+    for i, xid in xid_blocks(marks).items():
+        had = blocks.get(i)
+        if had is None or had.transient:
+            blocks[i] = xid
+        else:
+            blocks[i] = replace(had, message=f"{had.message}; {xid.message}")
 
 
 def _by_index(gpus: list[ActualGpu]) -> list[ActualGpu]:

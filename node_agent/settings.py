@@ -9,6 +9,9 @@ turns unhealthy when reconcile passes have failed, or none has finished, for lon
 ``mps_liveness_seconds`` (``GPUSLICE_MPS_LIVENESS_SECONDS``, default 5, 0: off) is how often the
 loop checks, between passes, that the MPS control daemons still run: a dead one wakes a pass at
 once instead of waiting up to ``resync_seconds`` (:mod:`node_agent.agent`).
+``xid_ignore`` (``GPUSLICE_XID_IGNORE``, comma-separated XID codes, default none) adds to the
+application errors (13, 31, 43, 45, 68, 109) whose NVML XID events leave the devices Healthy;
+any other XID marks the devices it hit Unhealthy until the agent restarts (:mod:`node_agent.xid`).
 ``GPUSLICE_RETRY_SECONDS`` (the partitioner's name too, for its batch retry) is now
 ``GPUSLICE_RECONCILE_RETRY_SECONDS``; the old name is still read for one release, with a
 warning in the log (:mod:`contract.renamed_env`).
@@ -17,9 +20,10 @@ warning in the log (:mod:`contract.renamed_env`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
+from pydantic_settings import NoDecode
 
 from contract.common_settings import CommonSettings
 
@@ -94,6 +98,13 @@ class AgentSettings(CommonSettings):
         "its devices Unhealthy until it runs again and restarts it (node_agent.agent). "
         "0: off (a dead daemon waits for the next resync).",
     )
+    xid_ignore: Annotated[list[Annotated[int, Field(ge=1)]], NoDecode] = Field(
+        default_factory=list,
+        description="XID codes that leave the devices they hit Healthy, in addition to the "
+        "application errors 13, 31, 43, 45, 68 and 109 (comma-separated in the environment); "
+        "any other XID critical error marks them Unhealthy until the agent restarts "
+        "(node_agent.xid).",
+    )
     metrics_port: int = Field(
         8082, ge=0, le=65535, description="Port of /metrics and /healthz (0: disabled)."
     )
@@ -134,3 +145,10 @@ class AgentSettings(CommonSettings):
         description="Where the container runtime reads generated CDI specs (DRA mode: one "
         "spec per prepared claim).",
     )
+
+    @field_validator("xid_ignore", mode="before")
+    @classmethod
+    def _split_xids(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [x.strip() for x in value.split(",") if x.strip()]
+        return value

@@ -291,6 +291,7 @@ async def _run_fake(args: argparse.Namespace, settings: Any, catalog: Any) -> in
     from node_agent.mps import FakeSupervisor
     from node_agent.nvml_fake import FakeNvml
     from node_agent.reconciler import Reconciler
+    from node_agent.xid import XidLedger, XidWatcher
     from planner.catalog import CatalogError
 
     try:
@@ -299,6 +300,7 @@ async def _run_fake(args: argparse.Namespace, settings: Any, catalog: Any) -> in
         raise BadInput(f"--fake-gpus: {e}") from e
     nvml = FakeNvml(models, mig_enabled=args.fake_mig_enabled)
     metrics, health = _observability(settings)
+    xid_ledger = XidLedger()
     reconciler = Reconciler(
         MeteredNvml(nvml, metrics),
         _NoPods(),
@@ -307,6 +309,7 @@ async def _run_fake(args: argparse.Namespace, settings: Any, catalog: Any) -> in
         mps_pipe_root=settings.mps_pipe_root,
         mps_log_root=settings.mps_log_root,
         publish=_print_devices,
+        xids=xid_ledger,
     )
     name = settings.node_name or "fake-node"
     source: SpecSource = FileSpecSource(args.spec, name) if args.spec else InMemorySpecSource(name)
@@ -322,6 +325,7 @@ async def _run_fake(args: argparse.Namespace, settings: Any, catalog: Any) -> in
         retry_seconds=settings.reconcile_retry_seconds,
         metrics=metrics,
         health=health,
+        xids=XidWatcher(nvml, xid_ledger, ignore=settings.xid_ignore),
     )
     if args.once:
         try:
@@ -387,6 +391,7 @@ async def _run_real(args: argparse.Namespace, settings: Any, catalog: Any) -> in
     from node_agent.nvml_pynvml import PynvmlAdapter
     from node_agent.podresources import PodResourcesClient
     from node_agent.reconciler import Reconciler
+    from node_agent.xid import XidLedger, XidWatcher
 
     if not settings.node_name:
         raise BadInput("GPUSLICE_NODE_NAME is not set (DaemonSet: downward API spec.nodeName)")
@@ -400,8 +405,10 @@ async def _run_real(args: argparse.Namespace, settings: Any, catalog: Any) -> in
     await plugins.start()
     try:
         await source.connect()  # in-cluster service account, else kubeconfig: fails at start
+        nvml = MeteredNvml(PynvmlAdapter(smi=NvidiaSmi(binary=settings.nvidia_smi)), metrics)
+        xid_ledger = XidLedger()
         reconciler = Reconciler(
-            MeteredNvml(PynvmlAdapter(smi=NvidiaSmi(binary=settings.nvidia_smi)), metrics),
+            nvml,
             LedgerInUse(
                 PodResourcesClient(
                     settings.pod_resources_socket,
@@ -418,6 +425,7 @@ async def _run_real(args: argparse.Namespace, settings: Any, catalog: Any) -> in
             mps_pipe_root=settings.mps_pipe_root,
             mps_log_root=settings.mps_log_root,
             publish=plugins.set_devices,
+            xids=xid_ledger,
         )
         agent = Agent(
             reconciler,
@@ -428,6 +436,7 @@ async def _run_real(args: argparse.Namespace, settings: Any, catalog: Any) -> in
             metrics=metrics,
             health=health,
             on_draining=plugins.set_avoided,
+            xids=XidWatcher(nvml, xid_ledger, ignore=settings.xid_ignore),
         )
         if args.once:
             result = await agent.run_once()
