@@ -67,6 +67,10 @@ step:
    gate (``Preempting`` Event) so that kube-scheduler preempts them, as it would for the pod
    without gpuslice; a pod kube-scheduler nominated for a node keeps its units there from
    every reservation and plan until it binds (:meth:`_Step.preempt`).
+7c. **Scale-up** (``scale_up_after_s``, off by default).  A gated pod without a reservation
+   that the plan could not place for lack of capacity and that has waited that long loses its
+   gate (``ReleasedForScaleUp`` Event), so kube-scheduler marks it unschedulable and the
+   cluster autoscaler can add a node for it (:meth:`_Step.scale_up`).
 8. **Drain.**  A gated pod the plan could not place for lack of capacity that has waited
    ``drain_after_s`` gets a drain (:mod:`partitioner.drain`) while the cluster's drain budget
    (``drain_fraction`` of the GPUs) has room; with ``drain_overtaken`` = K > 0 only once K
@@ -232,6 +236,9 @@ class DecideConfig:
     """A gated pod that no free slice and no plan can serve, for which lower-priority pods hold
     the slices it asks for on a node it may use, loses its gate so kube-scheduler preempts
     them, as it would without gpuslice (module docstring, step 7b).  False: it waits."""
+    scale_up_after_s: float = 0.0
+    """A gated pod the cluster has no room for loses its gate after waiting this long, so the
+    cluster autoscaler sees it unschedulable (module docstring, step 7c).  0: never."""
     warm_share: float = 0.0
     """Warm slices (module docstring, step 10): while no slice pod waits and no node is applying
     a spec, keep one free slice of each request that at least this share of the bound
@@ -250,6 +257,7 @@ class DecideConfig:
             "cooldown_s",
             "drain_after_s",
             "aged_after_s",
+            "scale_up_after_s",
         ):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0 seconds, got {getattr(self, name)}")
@@ -563,6 +571,8 @@ class _Step:
         """Opted-in nodes whose GPU labels cannot be read (:meth:`_give_back`), once read."""
         self.preempting: set[str] = set()
         """Candidates handed to kube-scheduler's preemption this step (:meth:`preempt`)."""
+        self.released_for_scale_up: set[str] = set()
+        """Candidates handed to kube-scheduler for the cluster autoscaler (:meth:`scale_up`)."""
         self.window: BatchWindow = state.window
         self.plan_version, self.replan_at = state.plan_version, state.replan_at
         self.last_plan = state.last_plan
@@ -1370,16 +1380,14 @@ class _Step:
         found no node are not searched again (what is handed over only shrinks the room)."""
         if not (self.config.reservation and self.config.preemption):
             return
-        capacity = Unplaced.CAPACITY.value
         room: _PreemptionRoom | None = None
         misses: set[tuple[int, int, frozenset[str]]] = set()
         for key, pod in self.candidates.items():  # highest priority first
-            why = plan.unplaced.get(key)
-            if why is None or not why.startswith(capacity):
-                continue
             if key not in self.managed or pod.reservation is not None or not pod.preempts:
                 continue
             if pod.dra:  # a claim's devices: not modelled here (it waits, or gets a drain)
+                continue
+            if not self._short_of_capacity(key, pod, plan):
                 continue
             if room is None:  # once per step, and only when some pod could preempt
                 room = _PreemptionRoom(self.index, self.ledgers)
@@ -1403,6 +1411,40 @@ class _Step:
             )
             self.preempting.add(key)
             self.counts["preempting"] += 1
+
+    def scale_up(self, plan: Plan) -> None:
+        """Step 7c: with ``scale_up_after_s``, hand the cluster autoscaler the gated pods the
+        cluster has no room for.
+
+        The cluster autoscaler adds nodes for pods kube-scheduler found unschedulable; a gated
+        pod is never tried, so behind gpuslice's gate a full cluster never grows.  A gated
+        candidate without a reservation that the plan could not place for lack of capacity
+        (:meth:`_short_of_capacity`) and that has waited ``scale_up_after_s`` loses its gate
+        with a ``ReleasedForScaleUp`` Event: kube-scheduler tries it, marks it unschedulable,
+        and the autoscaler may add a node whose template advertises what it asks for.  From
+        then on it is served like a pod created while the webhook was down: planned (a new
+        opted-in node included), never released, bound by kube-scheduler once its slice exists,
+        without a reservation.  Off (0) by default: without an autoscaler it only gives up the
+        promise."""
+        after = self.config.scale_up_after_s
+        if not (self.config.reservation and after > 0):
+            return
+        for key, pod in self.candidates.items():
+            if key not in self.managed or key in self.preempting or pod.reservation is not None:
+                continue
+            waited = self.now - (pod.created if pod.created is not None else self.now)
+            if waited < after or not self._short_of_capacity(key, pod, plan):
+                continue
+            self._ungate(
+                pod,
+                f"waited {waited:.0f} s and no node has room for {_units(pod.slices)}: gpuslice "
+                f"removed its scheduling gate (scaleUpAfterSeconds {after:g}) so kube-scheduler "
+                f"marks it unschedulable and the cluster autoscaler can add a node for it; it "
+                f"is still planned, without a reservation",
+                "ReleasedForScaleUp",
+            )
+            self.released_for_scale_up.add(key)
+            self.counts["released_for_scale_up"] += 1
 
     def start_drains(self, plan: Plan) -> None:
         if not self.config.reservation or self.config.drain_fraction <= 0:
@@ -1471,12 +1513,13 @@ class _Step:
         of capacity, in :func:`_order`: the plan left them unplaced for capacity, or the batch
         left them out at their resource's bound (:meth:`planning_input`) although a plannable
         node is eligible for them."""
-        capacity = Unplaced.CAPACITY.value
         need = self.config.drain_overtaken
         younger: list[float] | None = None
         """Creation times of the slice pods bound now, sorted (read once, if ``need``)."""
         for key, pod in self.candidates.items():  # in _order already
-            if key not in self.managed or key in self.drains or key in self.preempting:
+            if key not in self.managed or key in self.drains or key in self.released_for_scale_up:
+                continue
+            if key in self.preempting:
                 continue
             if self.now - (pod.created or self.now) < self.config.drain_after_s:
                 continue
@@ -1493,15 +1536,21 @@ class _Step:
                 created = pod.created if pod.created is not None else self.now
                 if len(younger) - bisect.bisect_right(younger, created) < need:
                     continue  # not overtaken often enough: served in turn, no drain
-            if key in plan.unplaced:
-                if plan.unplaced[key].startswith(capacity):
-                    yield pod
-            elif (
-                key not in plan.assignments
-                and key not in self.batched
-                and self.index.eligible(pod, self.gpu_nodes) & self.plannable
-            ):
+            if self._short_of_capacity(key, pod, plan):
                 yield pod
+
+    def _short_of_capacity(self, key: str, pod: PodInfo, plan: Plan) -> bool:
+        """The plan could not place candidate ``key`` for lack of capacity: it left it unplaced
+        for capacity, or the batch left it out at its resource's bound
+        (:meth:`planning_input`) although a plannable node is eligible for it."""
+        why = plan.unplaced.get(key)
+        if why is not None:
+            return why.startswith(Unplaced.CAPACITY.value)
+        return bool(
+            key not in plan.assignments
+            and key not in self.batched
+            and self.index.eligible(pod, self.gpu_nodes) & self.plannable
+        )
 
     # ------------------------------------------------------------------ planning
 
@@ -1759,6 +1808,7 @@ class _Step:
             for key_, why in sorted(plan.unplaced.items()):
                 self.once(pods[key_], "Unplaceable", f"cannot place: {why}", "Warning")
             self.preempt(plan)
+            self.scale_up(plan)
             self.start_drains(plan)
             return plan, "", batch, 0, ""
         plan_id = self.next_id()
@@ -1790,6 +1840,7 @@ class _Step:
             if key in pods:
                 self.once(pods[key], "Unplaceable", f"cannot place: {reason}", "Warning")
         self.preempt(plan)
+        self.scale_up(plan)
         self.start_drains(plan)
         return plan, plan_id, batch, reconfigured, ""
 

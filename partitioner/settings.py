@@ -224,6 +224,13 @@ class PartitionerSettings(CommonSettings):
         "hold the slices it asks for on a node it may use, loses its gate so kube-scheduler "
         "preempts them (as without gpuslice); false: it waits for them to end.",
     )
+    scale_up_after_seconds: float = Field(
+        0.0,
+        ge=0,
+        description="A gated pod the cluster has no room for loses its gate after waiting this "
+        "long, so kube-scheduler marks it unschedulable and the cluster autoscaler can add a "
+        "node for it (it is still planned, without a reservation); 0 (the default): never.",
+    )
     drain_overtaken: int = Field(
         0,
         ge=0,
@@ -361,6 +368,7 @@ class PartitionerSettings(CommonSettings):
             drain_queue_limit=self.drain_queue_limit,
             drain_overtaken=self.drain_overtaken,
             preemption=self.preemption,
+            scale_up_after_s=self.scale_up_after_seconds,
             warm_share=self.warm_slice_share,
             node_lifecycle=True,
         )
