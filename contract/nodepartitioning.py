@@ -29,7 +29,14 @@ from __future__ import annotations
 import re
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 from contract.input_files import MAX_GPUS_PER_NODE
 from planner.settings import PlannerSettings
@@ -149,14 +156,34 @@ class NodePartitioningSpec(_Model):
         return self
 
 
-class ActualMpsSlice(_Model):
+class _Health(_Model):
+    """A status entry the agent may report ``unhealthy``: advertised Unhealthy to the kubelet
+    (an XID critical error, a GPU NVML cannot read), so it takes no new pod and the
+    partitioner neither offers nor repartitions it.  ``unhealthy`` is written only when true, so
+    a healthy status reads the same to a partitioner that predates the field."""
+
+    unhealthy: bool = Field(
+        default=False,
+        description="Advertised Unhealthy (XID error, GPU unreadable): offered to no new pod "
+        "and kept as it is",
+    )
+
+    @model_serializer(mode="wrap")
+    def _healthy_is_implicit(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if isinstance(data, dict) and not data.get("unhealthy"):
+            data.pop("unhealthy", None)
+        return data
+
+
+class ActualMpsSlice(_Health):
     memoryMiB: int = Field(ge=1)
     activeThreadPercentage: int = Field(ge=1, le=100)
     deviceId: str = Field(default="")
     used: bool = False
 
 
-class ActualMigInstance(_Model):
+class ActualMigInstance(_Health):
     profile: str
     start: int = Field(ge=0)
     deviceId: str = Field(default="", description="MIG device UUID advertised to the kubelet")
@@ -168,7 +195,7 @@ class ActualMigInstance(_Model):
     )
 
 
-class ActualGpu(_Model):
+class ActualGpu(_Health):
     index: int = Field(ge=0)
     uuid: str = ""
     model: str = ""

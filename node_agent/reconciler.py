@@ -106,7 +106,7 @@ from node_agent.gpu_plan import (
 )
 from node_agent.mps import MpsDaemonSpec, MpsError, ProcessSupervisor
 from node_agent.nvml import ComputeMode, GpuInfo, Nvml, NvmlError, NvmlErrorCode, XidEvent
-from node_agent.status import actual_gpus, build_status
+from node_agent.status import actual_gpus, build_status, flag_unhealthy
 from node_agent.xid import XidLedger, XidMark, resolve, unhealthy_ids, xid_blocks
 from planner.catalog import Catalog, CatalogError, GpuModel
 
@@ -772,6 +772,7 @@ class Reconciler:
         if draining:
             ops += self._default_compute_mode(observed, errors)
         _add_xid_blocks(blocks, self._xid_marks)
+        whole = {g.index for g in lost} | {m.gpu for m in self._xid_marks if not m.device}
         status = build_status(
             spec=spec,
             generation=generation,
@@ -780,7 +781,7 @@ class Reconciler:
             errors=errors,
             previous=previous,
             now=now,
-            actual=actual,
+            actual=flag_unhealthy(actual, whole, xid_bad),
         )
         applied = bool(status.conditions) and status.conditions[0].status == "True"
         return ReconcileResult(

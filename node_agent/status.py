@@ -4,7 +4,10 @@ Model
 -----
 * ``status.gpus`` is the *observed* state after the pass: per GPU its UUID, catalog model, MIG
   mode, MIG instances (profile, start, MIG UUID, used, and on hybrid GPUs the MPS slices the
-  instance hosts) and MPS slices (memory, thread %, slice id, used).
+  instance hosts) and MPS slices (memory, thread %, slice id, used).  A GPU, instance or slice
+  the agent advertises Unhealthy for good (a GPU NVML cannot read, an XID critical error:
+  :func:`flag_unhealthy`) is reported ``unhealthy``, so the partitioner neither offers nor
+  repartitions it (the MPS devices of a daemon being restarted are not: that is seconds).
 * ``Applied`` is ``True`` iff every GPU the spec lists matches it exactly (:func:`gpu_matches`;
   never while a MIG-mode change is still pending, waiting for a GPU reset), nothing is blocked and the pass had no error; otherwise ``False`` with reason ``Degraded``,
   ``Waiting`` (a transient block, e.g. in-use ids unreadable) or ``InProgress``.
@@ -18,7 +21,7 @@ Model
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from contract.nodepartitioning import (
     ActualGpu,
@@ -31,7 +34,14 @@ from contract.nodepartitioning import (
 )
 from node_agent.gpu_plan import Block, MpsSlot, ObservedGpu
 
-__all__ = ["actual_gpus", "build_status", "condition", "gpu_matches", "spec_applied"]
+__all__ = [
+    "actual_gpus",
+    "build_status",
+    "condition",
+    "flag_unhealthy",
+    "gpu_matches",
+    "spec_applied",
+]
 
 
 def actual_gpus(observed: Sequence[ObservedGpu]) -> list[ActualGpu]:
@@ -60,6 +70,40 @@ def actual_gpus(observed: Sequence[ObservedGpu]) -> list[ActualGpu]:
             )
         )
     return out
+
+
+def flag_unhealthy(
+    actual: Sequence[ActualGpu], gpus: Collection[int], devices: Collection[str]
+) -> list[ActualGpu]:
+    """``actual`` with the GPUs whose index is in ``gpus`` reported ``unhealthy`` as a whole and
+    the instances and MPS slices whose device id is in ``devices`` one by one."""
+    if not gpus and not devices:
+        return list(actual)
+    out: list[ActualGpu] = []
+    for g in actual:
+        if g.index in gpus:
+            out.append(g.model_copy(update={"unhealthy": True}))
+            continue
+        mig = [
+            i.model_copy(
+                update={
+                    "unhealthy": i.unhealthy or i.deviceId in devices,
+                    "mps": _flag_slices(i.mps, devices),
+                }
+            )
+            for i in g.mig
+        ]
+        out.append(g.model_copy(update={"mig": mig, "mps": _flag_slices(g.mps, devices)}))
+    return out
+
+
+def _flag_slices(
+    slices: Sequence[ActualMpsSlice], devices: Collection[str]
+) -> list[ActualMpsSlice]:
+    return [
+        s.model_copy(update={"unhealthy": True}) if s.deviceId and s.deviceId in devices else s
+        for s in slices
+    ]
 
 
 def _actual_slices(

@@ -106,7 +106,12 @@ def agent_reported(np: NodePartitioning | None) -> bool:
 
 
 def gpus_from_status(np: NodePartitioning | None, count: int) -> tuple[GpuState, ...]:
-    """GPUs ``0..count-1`` as the agent reported them (a GPU it did not list is empty)."""
+    """GPUs ``0..count-1`` as the agent reported them (a GPU it did not list is empty).
+
+    What the agent reports ``unhealthy`` (advertised Unhealthy: an XID error, a GPU NVML cannot
+    read) counts as used, so no plan destroys or moves it, and a GPU unhealthy as a whole is
+    locked (no plan changes its layout); the ledger keeps such devices from every reservation
+    (:func:`partitioner.ledger.unhealthy_free`)."""
     actual = {g.index: g for g in (np.status.gpus if np and np.status else ())}
     gpus = []
     for i in range(count):
@@ -114,6 +119,7 @@ def gpus_from_status(np: NodePartitioning | None, count: int) -> tuple[GpuState,
         if g is None:
             gpus.append(GpuState(i))
             continue
+        sick = g.unhealthy  # the whole GPU: its layout stays, nothing on it is offered
         gpus.append(
             GpuState(
                 i,
@@ -121,14 +127,24 @@ def gpus_from_status(np: NodePartitioning | None, count: int) -> tuple[GpuState,
                     MigInstance(
                         m.profile,
                         m.start,
-                        m.used and not m.mps,  # a host is used through its slices
+                        # a host is used through its slices; an unhealthy instance is kept
+                        (m.used or sick or m.unhealthy) and not m.mps,
                         tuple(
-                            MpsSlice(s.memoryMiB, s.used, s.activeThreadPercentage) for s in m.mps
+                            MpsSlice(
+                                s.memoryMiB,
+                                s.used or sick or m.unhealthy or s.unhealthy,
+                                s.activeThreadPercentage,
+                            )
+                            for s in m.mps
                         ),
                     )
                     for m in g.mig
                 ),
-                mps=tuple(MpsSlice(s.memoryMiB, s.used, s.activeThreadPercentage) for s in g.mps),
+                mps=tuple(
+                    MpsSlice(s.memoryMiB, s.used or sick or s.unhealthy, s.activeThreadPercentage)
+                    for s in g.mps
+                ),
+                locked=sick,
             )
         )
     return tuple(gpus)

@@ -14,8 +14,10 @@ For one GPU node (a :class:`NodeLedger`), per partitionable resource ``R``:
 * ``nominated[R]`` — units of pods kube-scheduler nominated the node for (it preempted pods
   there for them; they bind once the victims are gone), kept from everyone else as
   kube-scheduler keeps them from lower-priority pods;
-* ``free[R] = total[R] - bound[R] - held[R] - nominated[R]`` (never below 0): what a new
-  reservation may take.
+* ``unhealthy[R]`` — devices of ``R`` the agent reports ``unhealthy`` (advertised Unhealthy:
+  an XID error, a GPU NVML cannot read) that no pod uses: the kubelet gives them to no pod;
+* ``free[R] = total[R] - bound[R] - held[R] - nominated[R] - unhealthy[R]`` (never below 0):
+  what a new reservation may take.
 
 A *frozen* GPU is being drained for a waiting pod: its free instances are neither counted nor
 offered, and the planner does not see the GPU at all.
@@ -171,12 +173,23 @@ class NodeLedger:
     def free(self) -> Counter[str]:
         """Units of each resource a new reservation may take now (module docstring)."""
         total, frozen_used = self.total(), self.frozen_used()
+        sick = self._unhealthy()
         out: Counter[str] = Counter()
         for r in total:
             bound = max(0, self.bound[r] - frozen_used[r])
-            left = total[r] - bound - self.held[r] - self.nominated[r]
+            left = total[r] - bound - self.held[r] - self.nominated[r] - sick[r]
             if left > 0:
                 out[r] = left
+        return out
+
+    def _unhealthy(self) -> Counter[str]:
+        """Unused devices the agent reports unhealthy, on GPUs that are not frozen."""
+        out: Counter[str] = Counter()
+        if self.reading is not None and self.reading.unhealthy:
+            frozen = {g.index for g in self.gpus if g.frozen}
+            for i, bad in self.reading.unhealthy.items():
+                if i not in frozen:
+                    out.update(bad)
         return out
 
     def fits(self, units: Mapping[str, int], cpu: int, memory: int) -> bool:
@@ -399,6 +412,9 @@ class _Reading:
         default_factory=dict, compare=False, hash=False
     )
     """Per-reading memo of :class:`partitioner.decide._UnitBounds` (same conditions)."""
+    unhealthy: dict[int, Counter[str]] = field(default_factory=dict, compare=False, hash=False)
+    """GPU index -> devices per resource the agent reports unhealthy and no pod uses
+    (:func:`unhealthy_free`): kept from every reservation."""
     totals: Counter[str] = field(default_factory=Counter, compare=False, hash=False)
     """Devices per resource over all GPUs (read-only)."""
     used: Counter[str] = field(default_factory=Counter, compare=False, hash=False)
@@ -449,6 +465,28 @@ def _rows(model: GpuModel, gpus: Sequence[GpuState]) -> tuple[tuple[_Row, ...], 
     return tuple(out)
 
 
+def unhealthy_free(np: NodePartitioning | None, model: GpuModel) -> dict[int, Counter[str]]:
+    """Per GPU index, the devices per resource the agent reports ``unhealthy`` (the GPU as a
+    whole, or the instance or slice) and not used: the kubelet advertises them Unhealthy, so
+    a pod promised one would never bind."""
+    out: dict[int, Counter[str]] = {}
+    for g in np.status.gpus if np is not None and np.status is not None else ():
+        bad: Counter[str] = Counter()
+        for m in g.mig:
+            sick = g.unhealthy or m.unhealthy
+            if not m.mps and sick and not m.used:
+                bad[instance_resource(model, m.profile)] += 1
+            for sl in m.mps:
+                if (sick or sl.unhealthy) and not sl.used:
+                    bad[mps_resource(sl.memoryMiB // MIB_PER_GIB)] += 1
+        for sl in g.mps:
+            if (g.unhealthy or sl.unhealthy) and not sl.used:
+                bad[mps_resource(sl.memoryMiB // MIB_PER_GIB)] += 1
+        if bad:
+            out[g.index] = bad
+    return out
+
+
 def _pseudo_pod(pod: PodInfo) -> dict[str, object]:
     """What :func:`partitioner.adoption.adopt` reads of a bound pod: its name and GPU requests."""
     limits = {r: str(k) for r, k in pod.slices.items()}
@@ -490,6 +528,7 @@ def read_gpus(index: ClusterIndex, info: NodeInfo) -> _Reading | NodeProblem:
             adopted,
             _rows(gpu.model, adopted.gpus),
             frozenset(g.index for g in adopted.gpus if g.locked),
+            unhealthy=unhealthy_free(np, gpu.model) if adopted.source == "agent" else {},
         )
     info.derived = (key, result)
     return result

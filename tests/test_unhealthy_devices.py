@@ -1,0 +1,135 @@
+"""Devices the agent advertises Unhealthy are reported ``unhealthy`` and never promised.
+
+The kubelet gives an Unhealthy device to no pod (an XID critical error, a GPU NVML cannot
+read).  Before the agent reported it, the partitioner counted such a free instance as free
+capacity: the fast path promised it to a gated pod, whose release then waited for an
+allocatable that never came, until the apply deadline dropped the promise and cooled the node
+down for every other pod -- and the next pod got the same phantom slice.  Now the status marks
+the instance (or the whole GPU) ``unhealthy``; the partitioner keeps it from every reservation
+and from every plan (it is neither offered nor destroyed, and an unhealthy GPU's layout stays).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from test_partitioner_promises import (
+    MIG,
+    ONE_G,
+    T0,
+    Cluster,
+    applied_np,
+    events,
+    gated,
+    reservation,
+    running,
+    status_gpu,
+    with_alloc,
+)
+from test_partitioner_snapshot import node
+
+from contract.nodepartitioning import ActualGpu, ActualMigInstance, NodePartitioningStatus
+from node_agent.status import flag_unhealthy
+from partitioner.actions import WriteSpec
+from tests.fake_kubelet import eventually
+from tests.test_agent_mps_liveness import agent_running, settled
+from tests.test_agent_xid import XidNode, loop_of
+
+# -- the contract ----------------------------------------------------------------------------
+
+
+def test_unhealthy_is_written_only_when_true_so_older_readers_see_the_same_status() -> None:
+    healthy = ActualGpu(index=0, mig=[ActualMigInstance(profile="1g.10gb", start=0)])
+    assert "unhealthy" not in str(healthy.model_dump(mode="json"))
+    same = flag_unhealthy([healthy], (), {"MIG-other"})  # names nothing here: unchanged
+    assert same[0].model_dump(mode="json") == healthy.model_dump(mode="json")
+    inst = ActualMigInstance(profile="1g.10gb", start=1, deviceId="MIG-a")
+    flagged = flag_unhealthy([ActualGpu(index=0, mig=[inst])], (), {"MIG-a"})[0]
+    dumped = flagged.model_dump(mode="json")
+    assert dumped["mig"][0]["unhealthy"] is True and "unhealthy" not in dumped
+    assert ActualGpu.model_validate(dumped).model_dump(mode="json") == dumped  # round trip
+    whole = flag_unhealthy([ActualGpu(index=3)], {3}, ())[0].model_dump(mode="json")
+    assert whole["unhealthy"] is True
+
+
+# -- the agent -------------------------------------------------------------------------------
+
+
+async def test_the_agent_reports_the_instance_an_xid_hit_unhealthy() -> None:
+    node = XidNode("A100-SXM4-80GB", "A100-SXM4-80GB")
+    agent, source, _ = loop_of(node)
+    async with agent_running(agent):
+        await settled(agent)
+        gi, hit = node.gi_at(0, 4)
+        assert node.nv.emit_xid(0, 48, gi=gi, ci=0)
+
+        def flags() -> dict[str, bool] | None:
+            status: NodePartitioningStatus | None = source.obj.status if source.obj else None
+            if status is None:
+                return None
+            return {i.deviceId: i.unhealthy for g in status.gpus for i in g.mig}
+
+        await eventually(lambda: (f := flags()) is not None and f.get(hit), timeout=2.0)
+        others = {d: u for d, u in (flags() or {}).items() if d != hit}
+        assert others and not any(others.values())
+        assert not any(g.unhealthy for g in source.obj.status.gpus)  # type: ignore[union-attr]
+        assert node.nv.emit_xid(1, 79)  # not MIG-scoped: GPU 1 as a whole
+        await eventually(
+            lambda: any(g.unhealthy for g in source.obj.status.gpus if g.index == 1),  # type: ignore[union-attr]
+            timeout=2.0,
+        )
+
+
+# -- the partitioner -------------------------------------------------------------------------
+
+
+def sick_instance(status_entry: dict[str, Any], start: int) -> dict[str, Any]:
+    for m in status_entry["mig"]:
+        if m["start"] == start:
+            m["unhealthy"] = True
+    return status_entry
+
+
+def test_an_unhealthy_free_instance_is_promised_to_no_pod_and_kept_by_plans() -> None:
+    """GPU 0: two free 1g instances, the one at slot 1 hit by an XID (the kubelet advertises
+    one 1g: allocatable 1).  Two gated 1g pods: one gets the healthy slice, the other waits for
+    a plan, which never destroys the unhealthy instance."""
+    np = applied_np(
+        "n1",
+        sick_instance(status_gpu(0, ("1g.10gb", 0, False), ("1g.10gb", 1, False)), 1),
+        status_gpu(1, ("7g.80gb", 0, True)),
+    )
+    c = Cluster(
+        with_alloc(node("n1", MIG), **{"1g_10gb": 1, "7g_80gb": 1}),
+        np,
+        running("busy", "n1", "nvidia.com/mig-7g.80gb"),
+        gated("a", ONE_G, created=T0),
+        gated("b", ONE_G, created=T0 + 1),
+    )
+    d = c.step(T0 + 2)
+    assert reservation(c, "a") is not None and reservation(c, "b") is None
+    assert len(events(d, "Reserved")) == 1
+    for t in (T0 + 70, T0 + 140, T0 + 400):
+        d = c.step(t)
+        for w in (a for a in d.actions if isinstance(a, WriteSpec)):
+            gpu0 = next(g for g in w.spec.gpus if g.index == 0)
+            assert ("1g.10gb", 1) in [(m.profile, m.start) for m in gpu0.mig]
+
+
+def test_a_gpu_unhealthy_as_a_whole_is_neither_offered_nor_repartitioned() -> None:
+    np = applied_np("n1", status_gpu(0, ("7g.80gb", 0, False)), status_gpu(1))
+    np["status"]["gpus"][0]["unhealthy"] = True  # lost, or a non-MIG-scoped XID
+    c = Cluster(
+        with_alloc(node("n1", MIG)),
+        np,
+        gated("big", "nvidia.com/mig-7g.80gb", created=T0),
+    )
+    d = c.step(T0 + 2)
+    assert events(d, "Reserved") == []  # its free 7g is not offered
+    d = c.step(T0 + 70)
+    (w,) = [a for a in d.actions if isinstance(a, WriteSpec)]
+    by_index = {g.index: [(m.profile, m.start) for m in g.mig] for g in w.spec.gpus}
+    assert by_index.get(0, [("7g.80gb", 0)]) == [("7g.80gb", 0)]  # left as it is
+    assert by_index[1] == [("7g.80gb", 0)]  # the healthy empty GPU serves the pod
+    r = reservation(c, "big")
+    assert r is not None and dict(r.gpus) == {"nvidia.com/mig-7g.80gb": (1,)}
