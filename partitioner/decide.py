@@ -1401,16 +1401,13 @@ class _Step:
             if node is None:
                 misses.add(sig)
                 continue
-            self._ungate(
-                pod,
+            message = (
                 f"no free slice fits it and no plan can make one without moving pods, but "
                 f"lower-priority pods hold {_units(pod.slices)} on node {node}: gpuslice "
                 f"removed its scheduling gate so kube-scheduler can preempt them, as it would "
-                f"without gpuslice (preemptionPolicy: Never keeps a pod waiting instead)",
-                "Preempting",
+                f"without gpuslice (preemptionPolicy: Never keeps a pod waiting instead)"
             )
-            self.preempting.add(key)
-            self.counts["preempting"] += 1
+            self._hand_over(key, pod, message, "Preempting", self.preempting, "preempting")
 
     def scale_up(self, plan: Plan) -> None:
         """Step 7c: with ``scale_up_after_s``, hand the cluster autoscaler the gated pods the
@@ -1435,16 +1432,24 @@ class _Step:
             waited = self.now - (pod.created if pod.created is not None else self.now)
             if waited < after or not self._short_of_capacity(key, pod, plan):
                 continue
-            self._ungate(
-                pod,
+            message = (
                 f"waited {waited:.0f} s and no node has room for {_units(pod.slices)}: gpuslice "
                 f"removed its scheduling gate (scaleUpAfterSeconds {after:g}) so kube-scheduler "
                 f"marks it unschedulable and the cluster autoscaler can add a node for it; it "
-                f"is still planned, without a reservation",
-                "ReleasedForScaleUp",
+                f"is still planned, without a reservation"
             )
-            self.released_for_scale_up.add(key)
-            self.counts["released_for_scale_up"] += 1
+            self._hand_over(
+                key, pod, message, "ReleasedForScaleUp", self.released_for_scale_up, "scale_up"
+            )
+
+    def _hand_over(
+        self, key: str, pod: PodInfo, message: str, reason: str, into: set[str], count: str
+    ) -> None:
+        """Remove gpuslice's gate from candidate ``key`` (Event ``reason``: ``message``) so
+        kube-scheduler takes it from here; it is recorded in ``into`` and counted as ``count``."""
+        self._ungate(pod, message, reason)
+        into.add(key)
+        self.counts[count] += 1
 
     def start_drains(self, plan: Plan) -> None:
         if not self.config.reservation or self.config.drain_fraction <= 0:
