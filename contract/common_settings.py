@@ -15,7 +15,15 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from contract.renamed_env import fill_from_renamed, renamed_in_use
 
-__all__ = ["CommonSettings"]
+__all__ = ["CommonSettings", "split_commas"]
+
+
+def split_commas(value: object) -> object:
+    """A comma-separated environment value as its non-empty, stripped items; anything else
+    (a list given in code) as it is.  For ``mode="before"`` validators of list settings."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
 
 
 class CommonSettings(BaseSettings):
@@ -46,9 +54,7 @@ class CommonSettings(BaseSettings):
     @field_validator("catalog_files", mode="before")
     @classmethod
     def _split_files(cls, value: object) -> object:
-        if isinstance(value, str):
-            return [f.strip() for f in value.split(",") if f.strip()]
-        return value
+        return split_commas(value)
 
     @field_validator("log_level", mode="before")
     @classmethod

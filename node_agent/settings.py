@@ -25,7 +25,7 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
 
-from contract.common_settings import CommonSettings
+from contract.common_settings import CommonSettings, split_commas
 
 __all__ = ["AgentSettings"]
 
@@ -149,6 +149,4 @@ class AgentSettings(CommonSettings):
     @field_validator("xid_ignore", mode="before")
     @classmethod
     def _split_xids(cls, value: object) -> object:
-        if isinstance(value, str):
-            return [x.strip() for x in value.split(",") if x.strip()]
-        return value
+        return split_commas(value)

@@ -569,10 +569,9 @@ class _Step:
         """GPU nodes whose GPUs cannot be read yet (:mod:`partitioner.adoption`)."""
         self._problem_nodes: list[dict[str, Any]] | None = None
         """Opted-in nodes whose GPU labels cannot be read (:meth:`_give_back`), once read."""
-        self.preempting: set[str] = set()
-        """Candidates handed to kube-scheduler's preemption this step (:meth:`preempt`)."""
-        self.released_for_scale_up: set[str] = set()
-        """Candidates handed to kube-scheduler for the cluster autoscaler (:meth:`scale_up`)."""
+        self.handed_over: set[str] = set()
+        """Candidates whose gate this step removed for kube-scheduler: its preemption
+        (:meth:`preempt`) or the cluster autoscaler (:meth:`scale_up`)."""
         self.window: BatchWindow = state.window
         self.plan_version, self.replan_at = state.plan_version, state.replan_at
         self.last_plan = state.last_plan
@@ -811,11 +810,12 @@ class _Step:
                             f"until its slice is ready",
                         )
                 continue
-            if pod.daemonset or pod.nominated:
-                if pod.nominated and not pod.daemonset:
-                    ledger = self.ledgers.get(pod.nominated_node)
-                    if ledger is not None:  # kube-scheduler preempted there for it
-                        ledger.add_nominated(pod)
+            if pod.daemonset:
+                continue
+            if pod.nominated:  # kube-scheduler preempted for it: it binds where it nominated
+                ledger = self.ledgers.get(pod.nominated_node)
+                if ledger is not None:
+                    ledger.add_nominated(pod)
                 continue
             key = pod.key
             self.seen.add(key)
@@ -1407,7 +1407,7 @@ class _Step:
                 f"removed its scheduling gate so kube-scheduler can preempt them, as it would "
                 f"without gpuslice (preemptionPolicy: Never keeps a pod waiting instead)"
             )
-            self._hand_over(key, pod, message, "Preempting", self.preempting, "preempting")
+            self._hand_over(key, pod, message, "Preempting", "preempting")
 
     def scale_up(self, plan: Plan) -> None:
         """Step 7c: with ``scale_up_after_s``, hand the cluster autoscaler the gated pods the
@@ -1427,7 +1427,7 @@ class _Step:
         if not (self.config.reservation and after > 0):
             return
         for key, pod in self.candidates.items():
-            if key not in self.managed or key in self.preempting or pod.reservation is not None:
+            if key not in self.managed or key in self.handed_over or pod.reservation is not None:
                 continue
             waited = self.now - (pod.created if pod.created is not None else self.now)
             if waited < after or not self._short_of_capacity(key, pod, plan):
@@ -1438,17 +1438,13 @@ class _Step:
                 f"marks it unschedulable and the cluster autoscaler can add a node for it; it "
                 f"is still planned, without a reservation"
             )
-            self._hand_over(
-                key, pod, message, "ReleasedForScaleUp", self.released_for_scale_up, "scale_up"
-            )
+            self._hand_over(key, pod, message, "ReleasedForScaleUp", "scale_up")
 
-    def _hand_over(
-        self, key: str, pod: PodInfo, message: str, reason: str, into: set[str], count: str
-    ) -> None:
+    def _hand_over(self, key: str, pod: PodInfo, message: str, reason: str, count: str) -> None:
         """Remove gpuslice's gate from candidate ``key`` (Event ``reason``: ``message``) so
-        kube-scheduler takes it from here; it is recorded in ``into`` and counted as ``count``."""
+        kube-scheduler takes it from here (:attr:`handed_over`); counted as ``count``."""
         self._ungate(pod, message, reason)
-        into.add(key)
+        self.handed_over.add(key)
         self.counts[count] += 1
 
     def start_drains(self, plan: Plan) -> None:
@@ -1522,9 +1518,7 @@ class _Step:
         younger: list[float] | None = None
         """Creation times of the slice pods bound now, sorted (read once, if ``need``)."""
         for key, pod in self.candidates.items():  # in _order already
-            if key not in self.managed or key in self.drains or key in self.released_for_scale_up:
-                continue
-            if key in self.preempting:
+            if key not in self.managed or key in self.drains or key in self.handed_over:
                 continue
             if self.now - (pod.created or self.now) < self.config.drain_after_s:
                 continue
