@@ -40,7 +40,8 @@ and the wait shares nothing with a pass; stopping the loop ends the thread withi
 ``wait_ms``).  Every event is counted (``gpuslice_agent_xid_errors_total{gpu,xid}``); a critical
 one is logged at WARNING and wakes a pass at once, which advertises the devices it hit
 Unhealthy -- for as long as this agent runs -- and reports ``Degraded`` (``GpuXid``); an
-ignored one (an application error) is logged at INFO and changes nothing.
+ignored one (an application error) is logged at INFO and changes nothing.  A watcher switched
+off (setting ``xid_watch`` false: :func:`node_agent.xid.watching`) starts no thread.
 
 :class:`KubeSpecSource` wakes the loop only for changes the agent must act on: a new
 ``metadata.generation`` (spec change), or the object created, deleted or re-created (new uid).
@@ -57,9 +58,8 @@ import logging
 import math
 import os
 import random
-import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -84,7 +84,7 @@ from node_agent.metrics import AgentMetrics
 from node_agent.nvml import XidEvent
 from node_agent.reconciler import Reconciler, ReconcileResult
 from node_agent.tasks import first_of
-from node_agent.xid import XidWatcher, xid_text
+from node_agent.xid import XidWatcher, report_events, watching
 
 __all__ = [
     "Agent",
@@ -666,31 +666,10 @@ class Agent:
             if self.last is not None and self.last.draining:  # stopped (not cancelled) mid-drain
                 await self._finish_drain(finish_drain_s)
 
-    @contextlib.asynccontextmanager
-    async def _watching_xids(self) -> AsyncIterator[None]:
-        """Run the XID watcher in a worker thread while the body runs (module docstring)."""
-        watcher = self.xids
-        if watcher is None:
-            yield
-            return
-        loop = asyncio.get_running_loop()
-        halt = threading.Event()
-
-        def report(events: list[XidEvent]) -> None:  # in the watcher's thread
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to wake
-                loop.call_soon_threadsafe(self._report_xids, events)
-
-        thread = asyncio.ensure_future(asyncio.to_thread(watcher.run, halt, report))
-        try:
-            yield
-        finally:
-            halt.set()  # the thread ends after its current wait (at most wait_ms)
-            try:
-                await asyncio.shield(thread)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("the XID watcher failed")
+    def _watching_xids(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """Run the XID watcher in a worker thread while the body runs (module docstring;
+        none when the setting ``xid_watch`` is off)."""
+        return watching(self.xids, self._report_xids)
 
     async def _finish_drain(self, within_s: float) -> None:
         """Stopped while draining (SIGTERM: the partitioner removed the node's label once no
@@ -776,35 +755,16 @@ class Agent:
         """Count and log the XID events of one wait; a critical one wakes a pass (module
         docstring).  Runs on the event loop."""
         watcher = self.xids
-        if watcher is None:
-            return
-        for e in events:
-            if self.metrics is not None:
-                self.metrics.observe_xid(e)
-            gpu = "an unknown GPU" if e.gpu is None else f"GPU {e.gpu}"
-            scope = (
-                f", GPU instance {e.gi_id} / compute instance {e.ci_id}"
-                if e.gi_id is not None
-                else ""
-            )
-            if not watcher.critical(e.xid):
-                log.info(
-                    "%s on %s%s: ignored (an application error, or in GPUSLICE_XID_IGNORE); "
-                    "its devices stay Healthy",
-                    xid_text(e.xid),
-                    gpu,
-                    scope,
-                )
-                continue
+        if watcher is not None and report_events(events, watcher, self.metrics, _XID_DOES):
             self._xid_wake.set()
-            log.warning(
-                "%s on %s%s: reconciling now; the devices it hit (that instance's, else the "
-                "whole GPU's) are advertised Unhealthy until the agent restarts: drain the "
-                "node, reset the GPU or reboot, then restart the agent pod",
-                xid_text(e.xid),
-                gpu,
-                scope,
-            )
+
+
+_XID_DOES = (
+    "reconciling now; the devices it hit (that instance's, else the whole GPU's) are advertised "
+    "Unhealthy until the agent restarts: drain the node, reset the GPU or reboot, then restart "
+    "the agent pod"
+)
+"""What the device-plugin agent does about a critical XID, as its WARNING says."""
 
 
 async def _run_to_end[T](work: Awaitable[T]) -> T:

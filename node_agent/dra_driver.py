@@ -26,6 +26,23 @@ served as usual; the set is logged when it changes (:attr:`DraDriver.unreadable`
 down (the device count unreadable, a driver-wide code) fails the round: nothing is published,
 ``/healthz`` learns why, and the round is retried after ``retry_s``.
 
+A GPU unreadable when the agent started is in that list too (its model unknown, it is in no
+slice); each round first tries it again (:meth:`~node_agent.dra_prepare.DraPreparer.read_pending`)
+and, once it reads, adds it to the publisher's GPUs: published from that round on, without a
+restart.
+
+XID critical errors (:mod:`node_agent.xid`): with an :class:`~node_agent.xid.XidWatcher`
+(``xids``; none, or one switched off by the setting ``xid_watch``, watches nothing), :meth:`run`
+waits for NVML's XID events in a worker thread beside the loop, as the device-plugin agent
+does (:func:`~node_agent.xid.watching`).  Every event is counted
+(``gpuslice_agent_xid_errors_total``, ``metrics``); a critical one is logged at WARNING and
+wakes a round at once, which resolves it (:meth:`~node_agent.dra_prepare.DraPreparer.mark_xids`:
+the placement of the instance it names, else the whole GPU) and withdraws the free devices it
+made unhealthy -- the lost-GPU path, by device instead of by GPU -- until the agent restarts;
+prepare refuses new claims there; nothing is created or destroyed over it; the shaped status
+says ``Degraded``/``GpuXid``.  An ignored one (an application error) is logged at INFO only.
+A GPU unreadable when the watch started is not registered for events until the agent restarts.
+
 Publishing every placement (``spec_source=None``, ``dra_publish=all``) is then the whole story;
 there an unreadable GPU publishes only the devices prepared on it (the preparer's checkpoint:
 this mode lists no claims).  A claim allocated there but not prepared yet is withdrawn with the
@@ -76,8 +93,9 @@ from node_agent.dra_shape import planned_devices, publish_set, shaped_status
 from node_agent.dra_slices import DraGpu
 from node_agent.draplugin import DraKubeletPlugin
 from node_agent.health import AgentHealth
-from node_agent.nvml import NvmlError
+from node_agent.nvml import NvmlError, XidEvent
 from node_agent.tasks import first_of
+from node_agent.xid import XidCounter, XidWatcher, report_events, watching
 
 __all__ = ["DraDriver"]
 
@@ -103,24 +121,39 @@ def _key(
 
 
 def _planned(
-    gpus: Sequence[DraGpu], obj: NodePartitioning | None
+    gpus: Sequence[DraGpu], obj: NodePartitioning | None, waiting: Collection[int] = ()
 ) -> tuple[dict[int, list[str]], list[str], frozenset[str]]:
     """The spec's placements per GPU, the placements skipped (why, one line each) and the
-    names of all planned devices (what unprepare and the clean-up keep)."""
-    planned, skipped = planned_devices(gpus, obj.spec if obj is not None else None)
+    names of all planned devices (what unprepare and the clean-up keep); the ``waiting`` GPUs'
+    placements are neither (:func:`~node_agent.dra_shape.planned_devices`)."""
+    planned, skipped = planned_devices(gpus, obj.spec if obj is not None else None, waiting)
     return planned, skipped, frozenset(n for names in planned.values() for n in names)
 
 
-def _all_but_unreadable(
+def _all_but_unhealthy(
     targets: Mapping[str, DeviceTarget],
     prepared: Collection[str],
     unreadable: Collection[int],
+    xid_hit: Collection[str] = (),
 ) -> set[str] | None:
-    """Mode ``all``: every device, less the free ones of the ``unreadable`` GPUs (those not
-    ``prepared`` on this node); ``None`` (every placement) when every GPU reads."""
-    if not unreadable:
+    """Mode ``all``: every device, less the free ones (those not ``prepared`` on this node) of
+    the ``unreadable`` GPUs and those an XID hit (``xid_hit``); ``None`` (every placement) when
+    every GPU reads and no XID hit any."""
+    if not unreadable and not xid_hit:
         return None
-    return {n for n, t in targets.items() if t.gpu not in unreadable} | set(prepared)
+    hidden = set(xid_hit)
+    return {n for n, t in targets.items() if t.gpu not in unreadable and n not in hidden} | set(
+        prepared
+    )
+
+
+_XID_DOES = (
+    "publishing now; until the agent restarts the free devices it hit (that instance's placement "
+    "and those sharing a memory slot with it, else every device of the GPU) are withdrawn from "
+    "the ResourceSlices and new claims on them are refused: drain the node, reset the GPU or "
+    "reboot, then restart the agent pod"
+)
+"""What the DRA agent does about a critical XID, as its WARNING says."""
 
 
 class AllocatedClaims(Protocol):
@@ -141,12 +174,15 @@ class DraDriver:
         spec_source: SpecSource | None = None,
         claims: AllocatedClaims | None = None,
         spec_poll_s: float = 2.0,
+        xids: XidWatcher | None = None,
+        metrics: XidCounter | None = None,
     ) -> None:
         """``plugin``'s registrations wake the publish loop (its ``on_registered`` is set
         here); its preparer is the one the start-up clean-up runs on.  ``spec_source``
         (``get()``, ``write_status(status)``: :class:`~node_agent.agent.KubeSpecSource`) and
         ``claims`` (``allocated()``: :class:`~node_agent.dra_shape.ShapeApi`) turn on
-        planner-shaped publishing."""
+        planner-shaped publishing.  ``xids`` watches NVML's XID events while :meth:`run` runs
+        (on the preparer's NVML; ``None``: not watched), ``metrics`` counts them."""
         if (spec_source is None) != (claims is None):
             raise ValueError("shaped publishing needs both spec_source and claims")
         self.plugin = plugin
@@ -158,6 +194,10 @@ class DraDriver:
         self.spec_source = spec_source
         self.claims = claims
         self.spec_poll_s = spec_poll_s
+        self.xids = xids
+        self.metrics = metrics
+        self._xid_later: list[XidEvent] = []
+        """XID events of GPUs the preparer does not serve yet, tried again each round."""
         self._wake = asyncio.Event()
         plugin.on_registered = self._wake.set
         if self.shaped:
@@ -186,6 +226,33 @@ class DraDriver:
             raise RuntimeError("planner-shaped publishing is off (no spec_source and claims)")
         return self.spec_source, self.claims
 
+    async def _read_gpus(self) -> dict[int, NvmlError]:
+        """Start of every round: publish the GPUs unreadable since the start that read now
+        (:meth:`~node_agent.dra_prepare.DraPreparer.read_pending`), turn the XID events seen
+        since the last round into marks (:meth:`_take_xids`) and return the GPUs NVML cannot
+        read now (:meth:`_read_unreadable`).  NVML down raises."""
+        added = await asyncio.to_thread(self.preparer.read_pending)
+        if added:
+            self.publisher.gpus = sorted([*self.publisher.gpus, *added], key=lambda g: g.index)
+        unreadable = await self._read_unreadable()
+        await self._take_xids()
+        return unreadable
+
+    async def _take_xids(self) -> None:
+        """Resolve the critical XID events the watcher saw since the last round into the
+        preparer's marks (kept until the agent restarts)."""
+        if self.xids is None:
+            return
+        events = self._xid_later + self.xids.ledger.take()
+        if events:
+            self._xid_later = await asyncio.to_thread(self.preparer.mark_xids, events)
+
+    def _on_xids(self, events: list[XidEvent]) -> None:
+        """Count and log the XID events of one wait; a critical one wakes a round at once.
+        Runs on the event loop."""
+        if self.xids is not None and report_events(events, self.xids, self.metrics, _XID_DOES):
+            self._wake.set()
+
     async def _read_unreadable(self) -> dict[int, NvmlError]:
         """The GPUs NVML cannot read now (logged when the set changes); NVML down raises."""
         unreadable = await asyncio.to_thread(self.preparer.unreadable)
@@ -211,15 +278,15 @@ class DraDriver:
         obj: NodePartitioning | None = await source.get()
         draining = _draining(obj)
         self._seen = _key(obj, draining)
+        unreadable = await self._read_gpus()
         gpus = self.publisher.gpus
-        planned, skipped, planned_names = _planned(gpus, obj)
+        planned, skipped, planned_names = _planned(gpus, obj, self.preparer.pending)
         if skipped != self._skipped:
             for line in skipped:
                 log.warning("NodePartitioning %s: skipped placement %s", self.publisher.node, line)
         self._skipped = skipped
         allocated: set[str] = await claims.allocated()
         allocated |= self._prepared()
-        unreadable = await self._read_unreadable()
         self.preparer.planned = planned_names
         try:
             destroyed = await asyncio.to_thread(
@@ -246,7 +313,9 @@ class DraDriver:
             log.warning("creating the planned MIG instances failed: %s", e)
             created = 0
         self.planned_created += created
-        want = publish_set(planned, allocated, draining | unreadable.keys())
+        want = publish_set(
+            planned, allocated, draining | unreadable.keys(), self.preparer.xid_devices()
+        )
         await self.publisher.publish(want)
         self._narrowed = self.published is not None and bool(self.published - want)
         self.published = want
@@ -261,6 +330,7 @@ class DraDriver:
             skipped,
             now_rfc3339(),
             unreadable,
+            self.preparer.xid_marks,
         )
         ours = set(PARTITIONER_STATUS_FIELDS)
         if obj.status is None or status.model_dump(exclude=ours) != obj.status.model_dump(
@@ -295,7 +365,7 @@ class DraDriver:
                 e,
             )
             return
-        self.preparer.planned = _planned(self.publisher.gpus, obj)[2]
+        self.preparer.planned = _planned(self.publisher.gpus, obj, self.preparer.pending)[2]
 
     async def publish_once(self) -> bool:
         """One publish round; return whether it succeeded (:attr:`rounds` counts finished
@@ -304,9 +374,14 @@ class DraDriver:
             if self.shaped:
                 await self._shaped_round()
             else:
-                unreadable = await self._read_unreadable()
+                unreadable = await self._read_gpus()
                 await self.publisher.publish(
-                    _all_but_unreadable(self.preparer.targets, self._prepared(), unreadable)
+                    _all_but_unhealthy(
+                        self.preparer.targets,
+                        self._prepared(),
+                        unreadable,
+                        self.preparer.xid_devices(),
+                    )
                 )
         except Exception as e:  # PublishError, NVML down, a connection, a timeout: go on
             self.rounds += 1
@@ -328,15 +403,19 @@ class DraDriver:
             log.warning("kept a MIG instance no claim owns, because it is in use: %s", line)
         await self.plugin.start()
         try:
-            while not stop.is_set():
-                self._wake.clear()
-                ok = await self.publish_once()
-                waits: list[Awaitable[object]] = [stop.wait(), self._wake.wait()]
-                timeout = self.resync_s if ok else self.retry_s
-                if self.shaped:
-                    waits.append(self._spec_changed())
-                    if ok and self._narrowed:
-                        timeout = min(timeout, self.spec_poll_s)
-                await first_of(*waits, timeout=timeout)
+            async with watching(self.xids, self._on_xids):
+                await self._loop(stop)
         finally:
             await self.plugin.stop()
+
+    async def _loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            self._wake.clear()  # a registration, a claim or an XID from now on wakes the wait
+            ok = await self.publish_once()
+            waits: list[Awaitable[object]] = [stop.wait(), self._wake.wait()]
+            timeout = self.resync_s if ok else self.retry_s
+            if self.shaped:
+                waits.append(self._spec_changed())
+                if ok and self._narrowed:
+                    timeout = min(timeout, self.spec_poll_s)
+            await first_of(*waits, timeout=timeout)

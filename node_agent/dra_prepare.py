@@ -72,6 +72,33 @@ lists the unreadable GPUs for a publish round.  NVML itself down (the device cou
 or a driver-wide code, :data:`node_agent.reconciler.NVML_DOWN`) is not isolated: the
 :class:`~node_agent.nvml.NvmlError` propagates (a clean-up or publish round fails).
 
+*A GPU unreadable when the agent starts* has no known model, so it is in neither
+:attr:`DraPreparer.models` nor :attr:`DraPreparer.targets`: it is kept in
+:attr:`DraPreparer.pending`, listed by :meth:`DraPreparer.unreadable` like a GPU lost later (so
+the shaped status reports it), and tried again every publish round by
+:meth:`DraPreparer.read_pending`, which adds it to the models and targets once it reads -- the
+driver then publishes it like the others, without a restart.
+
+*An XID* (a critical error NVML reported, :mod:`node_agent.xid`; the driver hands the events
+to :meth:`DraPreparer.mark_xids`) marks, until the agent restarts, the placement of the GPU
+instance it names (its profile and start, read from NVML when the event is resolved, at once),
+else -- not MIG-scoped, no such instance now, the GPU unreadable, or no GPU named (then every
+GPU) -- the whole GPU.  A device is *unhealthy* when it shares a memory slot with a marked
+placement (the whole GPU device shares every slot; a whole-GPU mark makes every device of the
+GPU unhealthy) -- the counters let any such device be allocated once the hit instance's claim
+ends, so all of them, not only the placement hit, are kept from new claims
+(:meth:`DraPreparer.xid_devices`; the driver withdraws the free ones).  Then:
+
+* prepare refuses a claim with an unhealthy device, with an error naming the GPU and the XID
+  (the kubelet retries; the pod waits), except a claim already prepared with those devices and
+  whose instances are all there: it answers them as before, its pod keeps what it has;
+* nothing an XID hit is created or destroyed: an instance whose memory slots overlap a marked
+  placement (every instance of a GPU marked whole) is never destroyed -- unprepare releases the
+  claim (record, CDI spec) but leaves its instance, idle and owned by no claim, and the
+  clean-ups and the retry after ``INSUFFICIENT_RESOURCES`` skip it -- and
+  :meth:`DraPreparer.create_planned` makes no unhealthy placement.  The rest of an instance-
+  marked GPU is served as usual.
+
 Processes: NVML's compute processes on the instance or GPU, less MPS servers (the same rule as
 the reconciler's, :func:`node_agent.reconciler.workload`).
 """
@@ -87,9 +114,18 @@ from node_agent.cdi import cdi_device_id, cdi_spec, remove_spec, write_spec
 from node_agent.dra_checkpoint import Checkpoint, ClaimRecord, PreparedDevice
 from node_agent.dra_claims import AllocatedDevice, ClaimError, ClaimRef, DeviceTarget
 from node_agent.dra_claims import device_targets as _targets
-from node_agent.dra_slices import DRIVER, device_name
-from node_agent.nvml import ComputeMode, GpuInfo, GpuInstanceInfo, Nvml, NvmlError, NvmlErrorCode
+from node_agent.dra_slices import DRIVER, DraGpu, device_name
+from node_agent.nvml import (
+    ComputeMode,
+    GpuInfo,
+    GpuInstanceInfo,
+    Nvml,
+    NvmlError,
+    NvmlErrorCode,
+    XidEvent,
+)
 from node_agent.reconciler import NVML_DOWN, workload
+from node_agent.xid import RECOVERY, XidMark, xid_text
 from planner.catalog import Catalog, GpuModel
 
 __all__ = ["DraPreparer", "GpuUnreadable", "gpu_models"]
@@ -97,22 +133,27 @@ __all__ = ["DraPreparer", "GpuUnreadable", "gpu_models"]
 log = logging.getLogger(__name__)
 
 
-def gpu_models(nvml: Nvml, catalog: Catalog) -> dict[int, GpuModel]:
+def gpu_models(
+    nvml: Nvml, catalog: Catalog, unread: dict[int, NvmlError] | None = None
+) -> dict[int, GpuModel]:
     """The catalog model of every GPU NVML lists (by PCI device id, else by product name);
     GPUs of unknown models are left out (they are not published), and so are GPUs NVML cannot
-    read when the agent starts (``GPU_IS_LOST``: their model is unknown; the other GPUs are
-    served, and a restarted agent reads them again).  NVML itself down raises."""
+    read now (``GPU_IS_LOST``: their model is unknown; the other GPUs are served), each with its
+    error put in ``unread`` when given (:attr:`DraPreparer.pending`: tried again every publish
+    round).  NVML itself down raises."""
     out: dict[int, GpuModel] = {}
     for info in nvml.gpus(isolate=True):
         if info.read_error is not None:
             if info.read_error.code in NVML_DOWN:
                 raise info.read_error
             log.error(
-                "GPU %d cannot be read by NVML (%s); not published until the agent restarts "
-                "and reads it",
+                "GPU %d cannot be read by NVML (%s); not published until it reads (tried again "
+                "every publish round)",
                 info.index,
                 info.read_error,
             )
+            if unread is not None:
+                unread[info.index] = info.read_error
             continue
         model = catalog.model_for_device(info.pci_device_id, info.name)
         if model is None:
@@ -160,8 +201,15 @@ class DraPreparer:
         self.cdi_dir = cdi_dir
         self.driver = driver
         self._lock = threading.Lock()
-        self.models = gpu_models(nvml, catalog)
+        self.pending: dict[int, NvmlError] = {}
+        """GPUs NVML could not read when the agent started (model unknown, so not in
+        :attr:`models`), with the last error; :meth:`read_pending` adds one once it reads."""
+        self.models = gpu_models(nvml, catalog, self.pending)
         self.targets: dict[str, DeviceTarget] = _targets(self.models)
+        self.xid_marks: tuple[XidMark, ...] = ()
+        """The critical XIDs seen so far (:meth:`mark_xids`; module docstring, "An XID"):
+        ``device`` is the placement's device name, ``""`` the whole GPU.  Kept until the agent
+        restarts."""
         self.planned: frozenset[str] | None = None
         """Shaped publishing (:mod:`node_agent.dra_shape`): the device names of the spec's
         placements, whose idle instances unprepare and :meth:`clean_unknown` keep; ``None``
@@ -200,6 +248,7 @@ class DraPreparer:
         error (module docstring); raises :class:`NvmlError` when NVML itself is down."""
         out: dict[int, NvmlError] = {}
         with self._lock:
+            out.update(self.pending)
             for info in self._nvml.gpus(isolate=True):
                 if info.index not in self.models:
                     continue
@@ -210,6 +259,136 @@ class DraPreparer:
                 except GpuUnreadable as e:
                     out[info.index] = e.error
         return out
+
+    def read_pending(self) -> list[DraGpu]:
+        """Try again the GPUs NVML could not read at start (:attr:`pending`): one that reads now
+        (its entry, then its instances or processes) and has a catalog model joins
+        :attr:`models` and :attr:`targets` and is returned, to be published from this round on;
+        one still unreadable keeps its newest error; one of a model the catalog lacks is
+        dropped (not published, as at start).  NVML itself down raises."""
+        if not self.pending:
+            return []
+        added: list[DraGpu] = []
+        with self._lock:
+            for info in self._nvml.gpus(isolate=True):
+                if info.index not in self.pending:
+                    continue
+                try:
+                    if info.read_error is not None:
+                        raise _isolated(info.index, info.read_error)
+                    self._probe(info)
+                except GpuUnreadable as e:
+                    self.pending[info.index] = e.error
+                    continue
+                del self.pending[info.index]
+                model = self._catalog.model_for_device(info.pci_device_id, info.name)
+                if model is None:
+                    log.warning(
+                        "GPU %d (%s) reads now but is not in the catalog; not published",
+                        info.index,
+                        info.name,
+                    )
+                    continue
+                self.models = {**self.models, info.index: model}
+                self.targets = _targets(self.models)
+                added.append(DraGpu(info.index, info.uuid, model))
+                log.info(
+                    "GPU %d (%s), unreadable when the agent started, reads now: published",
+                    info.index,
+                    model.name,
+                )
+        return added
+
+    # -- XID critical errors -------------------------------------------------------------
+
+    def mark_xids(self, events: Sequence[XidEvent]) -> list[XidEvent]:
+        """Resolve critical XID events into :attr:`xid_marks` (module docstring, "An XID");
+        return the events of GPUs not served yet (:attr:`pending`), to be tried again once they
+        read.  Events of a GPU not served at all (a model the catalog lacks) are dropped.
+        Reads NVML: called from a worker thread."""
+        later: list[XidEvent] = []
+        with self._lock:
+            marks = list(self.xid_marks)
+            for e in events:
+                if e.gpu is not None and e.gpu not in self.models:
+                    if e.gpu in self.pending:
+                        later.append(e)
+                    continue
+                for g in [e.gpu] if e.gpu is not None else sorted(self.models):
+                    m = self._mark(g, e)
+                    if m not in marks:
+                        marks.append(m)
+            self.xid_marks = tuple(marks)
+        return later
+
+    def _mark(self, g: int, e: XidEvent) -> XidMark:
+        """The mark of event ``e`` on GPU ``g``: the placement of the GPU instance it names,
+        else (not MIG-scoped, no such instance now, the GPU unreadable) the whole GPU."""
+        uuid = ""
+        try:
+            info = self._info(g)
+            uuid = info.uuid
+            if e.gi_id is not None and info.mig_enabled:
+                for gi, mig_uuid in self._instances(g):
+                    name = _placement(g, self.models[g], gi)
+                    if gi.gi_id == e.gi_id and name is not None and name in self.targets:
+                        t = self.targets[name]
+                        assert t.profile is not None
+                        where = (
+                            f"MIG instance {t.profile.name} at memory slot {gi.start} (GPU "
+                            f"instance {gi.gi_id}, {mig_uuid or 'no compute instance'})"
+                        )
+                        return XidMark(g, e.xid, uuid, name, where)
+        except (ClaimError, NvmlError):
+            pass  # unreadable or gone: the whole GPU
+        return XidMark(g, e.xid, uuid)
+
+    def xid_mark_of(self, name: str) -> XidMark | None:
+        """The XID mark that makes device ``name`` unhealthy: one of its GPU's marks whose
+        placement shares a memory slot with it (a whole-GPU mark, or the whole GPU device,
+        shares every slot); ``None``: none."""
+        t = self.targets.get(name)
+        if t is None:
+            return None
+        for m in self.xid_marks:
+            if m.gpu != t.gpu:
+                continue
+            hit = self.targets.get(m.device) if m.device else None
+            if hit is None or hit.profile is None or t.profile is None:
+                return m
+            if set(t.profile.span(t.start)) & set(hit.profile.span(hit.start)):
+                return m
+        return None
+
+    def xid_devices(self) -> set[str]:
+        """Every device an XID mark makes unhealthy (:meth:`xid_mark_of`)."""
+        if not self.xid_marks:
+            return set()
+        return {n for n in self.targets if self.xid_mark_of(n) is not None}
+
+    def _xid_keeps(self, g: int, gi: GpuInstanceInfo) -> bool:
+        """Is instance ``gi`` of GPU ``g`` one an XID hit (its GPU marked whole, or its memory
+        slots overlapping a marked placement)?  Such an instance is never destroyed."""
+        slots = set(range(gi.start, gi.start + gi.size))
+        for m in self.xid_marks:
+            if m.gpu != g:
+                continue
+            hit = self.targets.get(m.device) if m.device else None
+            if hit is None or hit.profile is None or slots & set(hit.profile.span(hit.start)):
+                return True
+        return False
+
+    def _refuse_xid(self, ref: ClaimRef, devices: Sequence[AllocatedDevice]) -> None:
+        """Raise :class:`ClaimError` naming the GPU and the XID if an XID mark makes one of
+        ``devices`` unhealthy: nothing is made there until the agent restarts."""
+        for a in devices:
+            m = self.xid_mark_of(a.device)
+            if m is not None:
+                raise ClaimError(
+                    f"{ref}: device {a.device} is unhealthy: NVML reported {xid_text(m.xid)} on "
+                    f"GPU {m.gpu} ({m.where or 'the whole GPU'}); nothing there is prepared "
+                    f"{RECOVERY}"
+                )
 
     def _owners(self, gpu: int) -> dict[str, tuple[ClaimRecord, PreparedDevice]]:
         """UUID (MIG device or whole GPU) -> owning claim, for devices on ``gpu``."""
@@ -342,7 +521,7 @@ class DraPreparer:
                 raise
             keep = set(owners) | mine
             for gi, mig_uuid in self._instances(g):
-                if mig_uuid not in keep:
+                if mig_uuid not in keep and not self._xid_keeps(g, gi):
                     self._destroy_unknown(g, gi, mig_uuid)
             gi_id = nv.create_gpu_instance(g, p.profile_id, start, p.memory_slices)
         self._compute_on(g, gi_id)
@@ -431,6 +610,15 @@ class DraPreparer:
             if not check_busy and self._busy(g, gi):
                 log.warning("claim %s: instance on GPU %d runs processes; kept", label, g)
                 continue
+            if self._xid_keeps(g, gi):
+                log.info(
+                    "claim %s: kept its instance on GPU %d at start %d, idle: an XID hit it "
+                    "(nothing an XID hit is destroyed until the agent restarts)",
+                    label,
+                    g,
+                    gi.start,
+                )
+                continue
             if planned:
                 log.info(
                     "claim %s: kept its idle instance on GPU %d at start %d (a planned "
@@ -473,9 +661,10 @@ class DraPreparer:
             have = sorted((d.request, d.device) for d in old.devices)
             if old.state == "completed" and have == wanted:
                 missing = [d for d in old.devices if not self._exists(d)]
-                if not missing:
+                if not missing:  # prepared before any XID: its pod keeps it
                     self._write_cdi(old)
                     return list(old.devices)
+                self._refuse_xid(ref, devices)
                 log.warning(
                     "claim %s: %d prepared device(s) are gone (reboot?); preparing them again",
                     old.label(),
@@ -483,8 +672,11 @@ class DraPreparer:
                 )
                 keep = [d for d in old.devices if d not in missing]
             else:
+                self._refuse_xid(ref, devices)
                 self._release(old, check_busy=old.state == "completed", keep_planned=True)
                 old = None
+        else:
+            self._refuse_xid(ref, devices)
         rec = ClaimRecord(ref.namespace, ref.name, ref.uid, "started", list(keep))
         self.checkpoint.put(rec)
         kept = {d.device for d in keep}
@@ -608,6 +800,7 @@ class DraPreparer:
                 if (t := self.targets.get(name)) is not None
                 and t.profile is not None
                 and t.gpu not in skip
+                and self.xid_mark_of(name) is None  # nothing is made where an XID hit
             )
             for g, _start, name in wanted:
                 t = self.targets[name]
@@ -676,6 +869,8 @@ class DraPreparer:
                 continue
             if keep is not None and _placement(g, model, gi) in keep:
                 continue
+            if self._xid_keeps(g, gi):
+                continue  # an XID hit it: left as it is until the agent restarts
             if self._busy(g, gi):
                 kept.append(
                     f"GPU {g}: instance {mig_uuid or gi.gi_id} at start {gi.start} runs processes"

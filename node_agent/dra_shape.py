@@ -64,9 +64,27 @@ GPU, and the claims' devices come back with no transition when the GPU recovers.
 nothing new: no free device of that GPU is published, so nothing can be allocated beside them.
 (A claim's prepare there fails meanwhile with an error naming the GPU; the kubelet retries.)
 
+A GPU unreadable since the agent started (no model known yet) is reported the same way, as
+the object's status last listed it, else by its index alone, ``unhealthy`` (the partitioner
+locks it); the spec's placements on it are not reported invalid.  Once it reads it joins the
+published GPUs (:meth:`DraPreparer.read_pending
+<node_agent.dra_prepare.DraPreparer.read_pending>`).
+
+**An XID critical error** (:mod:`node_agent.xid`; what it marks:
+:mod:`node_agent.dra_prepare`, "An XID") is handled on the same path: the unhealthy devices
+(those sharing a memory slot with the placement hit, every device of a GPU hit as a whole) are
+left out of the published set unless allocated (:func:`publish_set`'s ``unhealthy``), nothing
+is created or destroyed over them, and the status says ``Degraded`` with reason ``GpuXid``
+naming the GPU, the instance and the XID (added to the message of a ``GpuUnreadable`` block of
+the same GPU), reports the placement hit in the GPU's layout, ``unhealthy`` (kept in the layout
+whether a claim holds it or not: its instance stays), or the GPU ``unhealthy`` as a whole.
+The partitioner then promises none of it and plans no change over it.  An unreadable GPU is
+reported ``unhealthy`` as a whole too.
+
 With ``dra_publish=all`` none of this runs: every placement is published, as before -- except
-that an unreadable GPU's devices are withdrawn but those prepared on this node (the preparer's
-checkpoint: that mode lists no claims), see :class:`~node_agent.dra_driver.DraDriver`.
+that an unreadable GPU's devices, and the unhealthy ones, are withdrawn but those prepared on
+this node (the preparer's checkpoint: that mode lists no claims), see
+:class:`~node_agent.dra_driver.DraDriver`.
 """
 
 from __future__ import annotations
@@ -90,9 +108,11 @@ from node_agent.dra_slices import (
     device_name,
     reported_layout,
 )
+from node_agent.gpu_plan import Block
 from node_agent.nvml import NvmlError
 from node_agent.reconciler import unreadable_block
 from node_agent.status import condition
+from node_agent.xid import XidMark, add_xid_blocks
 from planner.catalog import MigProfile
 
 __all__ = [
@@ -108,6 +128,11 @@ log = logging.getLogger(__name__)
 
 UNREADABLE_DEVICES = "its free devices are withdrawn from the ResourceSlices"
 """What the ``GpuUnreadable`` block says became of an unreadable GPU's devices in DRA mode."""
+XID_DEVICES = (
+    "the free devices sharing a memory slot with what it hit are withdrawn from the "
+    "ResourceSlices and nothing there is created or destroyed"
+)
+"""What the ``GpuXid`` block says became of the devices an XID hit in DRA mode."""
 
 PUBLISH_MODES = ("shaped", "all")
 """``dra_publish``: planner-shaped (this module) or every placement."""
@@ -117,15 +142,19 @@ CLAIM_PAGE = 500
 
 
 def planned_devices(
-    gpus: Sequence[DraGpu], spec: NodePartitioningSpec | None
+    gpus: Sequence[DraGpu], spec: NodePartitioningSpec | None, waiting: Collection[int] = ()
 ) -> tuple[dict[int, list[str]], list[str]]:
     """Per GPU index, the device names of the spec's MIG placements (a GPU the spec does not
-    list: ``[]``); and one line per placement skipped (not a placement of the GPU's model)."""
+    list: ``[]``); and one line per placement skipped (not a placement of the GPU's model).
+    The placements of the ``waiting`` GPUs (unreadable since the agent started, so not in
+    ``gpus`` yet: reported ``GpuUnreadable`` instead) are neither."""
     by_index = {g.index: g for g in gpus}
     out: dict[int, list[str]] = {g.index: [] for g in gpus}
     skipped: list[str] = []
     for d in spec.gpus if spec is not None else ():
         g = by_index.get(d.index)
+        if g is None and d.index in waiting:
+            continue
         for inst in d.mig:
             where = f"GPU {d.index} instance {inst.profile}@{inst.start}"
             if g is None:
@@ -152,15 +181,16 @@ def publish_set(
     planned: Mapping[int, Sequence[str]],
     allocated: Collection[str],
     withheld: Collection[int] = (),
+    unhealthy: Collection[str] = (),
 ) -> set[str]:
     """The devices to publish: per GPU its planned devices, else the whole GPU; nothing free on
-    the ``withheld`` GPUs (the ones the partitioner drains, the unreadable ones); plus every
-    allocated device."""
-    out = set(allocated)
+    the ``withheld`` GPUs (the ones the partitioner drains, the unreadable ones) and no free
+    ``unhealthy`` device (an XID hit it); plus every allocated device."""
+    out: set[str] = set()
     for i, names in planned.items():
         if i not in withheld:
             out.update(names if names else [device_name(i)])
-    return out
+    return (out - set(unhealthy)) | set(allocated)
 
 
 def claim_devices(claims: Iterable[Mapping[str, Any]], pool: str, driver: str = DRIVER) -> set[str]:
@@ -191,31 +221,53 @@ def shaped_status(
     skipped: Sequence[str],
     now: str,
     unreadable: Mapping[int, NvmlError] | None = None,
+    xid_marks: Sequence[XidMark] = (),
 ) -> NodePartitioningStatus:
     """The status after publishing ``planned`` and ``allocated`` for ``obj`` (module
     docstring); ``lastTransitionTime`` is kept from ``obj.status`` while a condition holds.
     ``unreadable``: the GPUs NVML could not read this round, with the error (``Degraded``,
-    ``GpuUnreadable``, before any ``InvalidPlacement``)."""
+    ``GpuUnreadable``, before any ``InvalidPlacement``; the GPU ``unhealthy``; one not in
+    ``gpus`` -- unreadable since the agent started -- is listed as ``obj``'s status last
+    reported it, else bare).  ``xid_marks``: the critical XIDs seen (``Degraded``, ``GpuXid``,
+    added to a ``GpuUnreadable`` block of the same GPU; the GPU, or the placement hit, reported
+    ``unhealthy``, the placement kept in the layout whether a claim holds it or not)."""
     generation = obj.metadata.generation or 0
+    unreadable = unreadable or {}
     held: dict[int, list[tuple[MigProfile | None, int]]] = {}
     for name in sorted(allocated):
         if (t := targets.get(name)) is not None:
             held.setdefault(t.gpu, []).append((t.profile, t.start))
+    hit: dict[int, list[tuple[MigProfile, int]]] = {}
+    for m in xid_marks:
+        t = targets.get(m.device) if m.device else None
+        if t is not None and t.profile is not None:
+            hit.setdefault(t.gpu, []).append((t.profile, t.start))
+    sick = {m.gpu for m in xid_marks if not m.device} | set(unreadable)
     out: list[ActualGpu] = []
     for g in sorted(gpus, key=lambda x: x.index):
         mig: list[ActualMigInstance] = []
         if g.model.mig_capable:
             wanted = [targets[n] for n in planned.get(g.index, ()) if n in targets]
+            used = {(p.name, s) for p, s in held.get(g.index, []) if p is not None}
+            bad = {(p.name, s) for p, s in hit.get(g.index, [])}
             layout = reported_layout(
                 g.model,
-                held.get(g.index, []),
+                [*held.get(g.index, []), *hit.get(g.index, [])],
                 [
                     (t.profile, t.start)
                     for t in wanted
                     if t.gpu == g.index and t.profile is not None
                 ],
             )
-            mig = [ActualMigInstance(profile=p, start=s, used=u) for p, s, u in layout]
+            mig = [
+                ActualMigInstance(
+                    profile=p,
+                    start=s,
+                    used=u and ((p, s) in used or (p, s) not in bad),
+                    unhealthy=(p, s) in bad,
+                )
+                for p, s, u in layout
+            ]
         out.append(
             ActualGpu(
                 index=g.index,
@@ -223,12 +275,25 @@ def shaped_status(
                 model=g.model.name,
                 migEnabled=g.model.mig_capable,
                 mig=mig,
+                unhealthy=g.index in sick,
             )
         )
+    listed = {g.index for g in gpus}
+    before = {g.index: g for g in obj.status.gpus} if obj.status is not None else {}
+    for i in sorted(unreadable.keys() - listed):
+        last = before.get(i)
+        out.append(
+            last.model_copy(update={"unhealthy": True})
+            if last is not None
+            else ActualGpu(index=i, unhealthy=True)
+        )
+    out.sort(key=lambda x: x.index)
     previous = obj.status.conditions if obj.status is not None else []
-    lost = [
-        unreadable_block(i, e, UNREADABLE_DEVICES) for i, e in sorted((unreadable or {}).items())
-    ]
+    blocks: dict[int, Block] = {
+        i: unreadable_block(i, e, UNREADABLE_DEVICES) for i, e in unreadable.items()
+    }
+    add_xid_blocks(blocks, xid_marks, XID_DEVICES)
+    lost = [b for _, b in sorted(blocks.items())]
     if lost or skipped:
         message = "; ".join([b.message for b in lost] + list(skipped))
         reason = lost[0].reason if lost else "InvalidPlacement"

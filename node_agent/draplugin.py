@@ -20,7 +20,9 @@ The kubelet discovers plugins by watching its ``plugins_registry`` directory
   still answered (every claim of the request gets an entry, as the kubelet requires) -- a
   claim on a GPU NVML cannot read (``GPU_IS_LOST``) gets an error naming the GPU and the NVML
   error, and the kubelet retries it
-  (:class:`~node_agent.dra_prepare.GpuUnreadable`).
+  (:class:`~node_agent.dra_prepare.GpuUnreadable`); a new claim on a device an XID made
+  unhealthy gets an error naming the GPU and the XID (:mod:`node_agent.dra_prepare`, "An
+  XID").
   ``NodeUnprepareResources`` likewise, by UID (an unknown claim is success).  After either,
   ``on_claims_changed`` is called (the driver's shaped publishing runs a round).
 * Both sockets are watched (every ``poll_interval_s``): a socket file someone removed (a

@@ -107,7 +107,7 @@ from node_agent.gpu_plan import (
 from node_agent.mps import MpsDaemonSpec, MpsError, ProcessSupervisor
 from node_agent.nvml import ComputeMode, GpuInfo, Nvml, NvmlError, NvmlErrorCode, XidEvent
 from node_agent.status import actual_gpus, build_status, flag_unhealthy
-from node_agent.xid import XidLedger, XidMark, resolve, unhealthy_ids, xid_blocks
+from node_agent.xid import XidLedger, XidMark, add_xid_blocks, device_ids, resolve, unhealthy_ids
 from planner.catalog import Catalog, CatalogError, GpuModel
 
 __all__ = ["NVML_DOWN", "Publish", "ReconcileResult", "Reconciler", "unreadable_block", "workload"]
@@ -771,7 +771,7 @@ class Reconciler:
             await self._stop_daemons(unwanted, observed, errors)
         if draining:
             ops += self._default_compute_mode(observed, errors)
-        _add_xid_blocks(blocks, self._xid_marks)
+        add_xid_blocks(blocks, self._xid_marks)
         whole = {g.index for g in lost} | {m.gpu for m in self._xid_marks if not m.device}
         status = build_status(
             spec=spec,
@@ -890,30 +890,16 @@ def unreadable_block(
     )
 
 
-def _add_xid_blocks(blocks: dict[int, Block], marks: list[XidMark]) -> None:
-    """Give every GPU an XID hit its ``GpuXid`` block; a GPU with another permanent block keeps
-    it, with the XID added to its message (a transient one gives way: Degraded wins)."""
-    for i, xid in xid_blocks(marks).items():
-        had = blocks.get(i)
-        if had is None or had.transient:
-            blocks[i] = xid
-        else:
-            blocks[i] = replace(had, message=f"{had.message}; {xid.message}")
-
-
 def _by_index(gpus: list[ActualGpu]) -> list[ActualGpu]:
     return sorted(gpus, key=lambda g: g.index)
 
 
 def _device_ids(gpus: list[ActualGpu]) -> set[str]:
-    """Every device id of ``gpus``: MIG instances, their hosted slices, MPS slices."""
+    """Every device id of ``gpus``: MIG instances, their hosted slices, MPS slices
+    (:func:`node_agent.xid.device_ids`)."""
     out: set[str] = set()
     for g in gpus:
-        out |= {s.deviceId for s in g.mps}
-        for inst in g.mig:
-            out.add(inst.deviceId)
-            out |= {s.deviceId for s in inst.mps}
-    out.discard("")
+        out |= device_ids(g)
     return out
 
 

@@ -12,6 +12,9 @@ once instead of waiting up to ``resync_seconds`` (:mod:`node_agent.agent`).
 ``xid_ignore`` (``GPUSLICE_XID_IGNORE``, comma-separated XID codes, default none) adds to the
 application errors (13, 31, 43, 45, 68, 109) whose NVML XID events leave the devices Healthy;
 any other XID marks the devices it hit Unhealthy until the agent restarts (:mod:`node_agent.xid`).
+``xid_watch`` (``GPUSLICE_XID_WATCH``, default true) turns the XID watch off in both agent modes
+(no watcher thread, nothing registered with NVML), for a driver whose NVML event sets misbehave,
+as NVIDIA's device plugin offers ``DP_DISABLE_HEALTHCHECKS``.
 ``GPUSLICE_RETRY_SECONDS`` (the partitioner's name too, for its batch retry) is now
 ``GPUSLICE_RECONCILE_RETRY_SECONDS``; the old name is still read for one release, with a
 warning in the log (:mod:`contract.renamed_env`).
@@ -104,6 +107,13 @@ class AgentSettings(CommonSettings):
         "application errors 13, 31, 43, 45, 68 and 109 (comma-separated in the environment); "
         "any other XID critical error marks them Unhealthy until the agent restarts "
         "(node_agent.xid).",
+    )
+    xid_watch: bool = Field(
+        True,
+        description="Watch NVML's XID critical-error events (both agent modes; node_agent.xid). "
+        "false: no watcher thread is started and no GPU is registered for events, so a GPU or "
+        "MIG instance an XID hits stays in service (for a driver whose NVML event sets "
+        "misbehave, as NVIDIA's device plugin offers DP_DISABLE_HEALTHCHECKS).",
     )
     metrics_port: int = Field(
         8082, ge=0, le=65535, description="Port of /metrics and /healthz (0: disabled)."

@@ -29,11 +29,22 @@ XID critical-error events and stops handing the devices they hit to new pods:
   instances, hosted slices, MPS slices, also those created later); an event whose GPU the
   adapter could not tell marks every GPU.  Marks are kept by identity (GPU or MIG device UUID),
   so a MIG device created later on a healthy GPU is not affected.
-* **Health**: every pass advertises the marked devices ``Unhealthy`` (:func:`unhealthy_ids`),
-  and the status is ``Degraded`` with a block ``GpuXid`` per GPU naming the instance and the
-  XID (:func:`xid_blocks`).  Pods that hold a marked device keep it.  **Nothing is created,
-  destroyed or restarted because of an XID** (the agent never touches a slice in use; the MPS
-  daemon of a marked GPU keeps running); the GPU is reconciled to its spec as before.
+* **Health**: every pass advertises the marked devices ``Unhealthy`` (:func:`unhealthy_ids`,
+  over :func:`device_ids`, the one walk of a GPU's device ids, which the reconciler's lost GPUs
+  use too), and the status is ``Degraded`` with a block ``GpuXid`` per GPU naming the instance
+  and the XID (:func:`xid_blocks`, :func:`add_xid_blocks`).  Pods that hold a marked device
+  keep it.  **Nothing is created, destroyed or restarted because of an XID** (the agent never
+  touches a slice in use; the MPS daemon of a marked GPU keeps running); the GPU is reconciled
+  to its spec as before.
+* **Both agents**: :func:`watching` runs the watcher's thread for the device-plugin agent
+  (:class:`~node_agent.agent.Agent`) and the DRA agent (:class:`~node_agent.dra_driver.DraDriver`),
+  and :func:`report_events` counts and logs each wait's events for both.  The DRA agent resolves
+  the events itself, by placement (:meth:`~node_agent.dra_prepare.DraPreparer.mark_xids`): its
+  devices are placements, and it withdraws the free ones an XID hit from its ResourceSlices.
+* **Off switch**: the setting ``xid_watch`` (``GPUSLICE_XID_WATCH``, chart ``agent.xidWatch``,
+  default true) false builds the watcher with ``enabled=False``: :func:`watching` then starts no
+  thread and registers nothing (one INFO line says so), for a driver whose NVML event sets
+  misbehave -- NVIDIA's device plugin offers ``DP_DISABLE_HEALTHCHECKS`` for the same.
 
 **A mark stays until the agent restarts**, as in NVIDIA's plugin: NVML reports no "recovered"
 event, and a device that threw a double-bit ECC error or fell off the bus needs a GPU reset (or
@@ -44,10 +55,13 @@ agent pod (``kubectl -n <ns> delete pod <agent pod>``); the new agent starts wit
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import threading
-from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
 
 from contract.nodepartitioning import ActualGpu
 from node_agent.gpu_plan import Block, ObservedGpu
@@ -58,8 +72,12 @@ __all__ = [
     "XidLedger",
     "XidMark",
     "XidWatcher",
+    "add_xid_blocks",
+    "device_ids",
+    "report_events",
     "resolve",
     "unhealthy_ids",
+    "watching",
     "xid_blocks",
     "xid_text",
 ]
@@ -122,7 +140,9 @@ class XidMark:
     xid: int
     gpu_uuid: str
     device: str = ""
-    """The MIG device UUID of the instance hit; ``""``: the whole GPU."""
+    """The device of the instance hit: its MIG device UUID (the device-plugin agent,
+    :func:`resolve`) or its placement's device name (the DRA agent,
+    :meth:`~node_agent.dra_prepare.DraPreparer.mark_xids`); ``""``: the whole GPU."""
     where: str = ""
     """The instance hit, in words (``""``: the whole GPU)."""
 
@@ -161,6 +181,20 @@ def resolve(
     return marks, later
 
 
+def device_ids(gpu: ActualGpu, instances: Collection[str] | None = None) -> set[str]:
+    """The ids of the devices the device-plugin agent advertises for ``gpu`` (an actual state):
+    its MIG instances, the MPS slices they host (hybrid) and its own MPS slices; with
+    ``instances``, only the MIG instances whose device id is in it and the slices they host.
+    (The one walk of a GPU's device ids: the XID marks and the reconciler's lost GPUs use it.)"""
+    out: set[str] = set() if instances is not None else {s.deviceId for s in gpu.mps}
+    for inst in gpu.mig:
+        if instances is None or inst.deviceId in instances:
+            out.add(inst.deviceId)
+            out |= {s.deviceId for s in inst.mps}
+    out.discard("")
+    return out
+
+
 def unhealthy_ids(marks: Collection[XidMark], actual: Sequence[ActualGpu]) -> set[str]:
     """The ids of the advertised devices ``marks`` hit, in the actual state ``actual``."""
     if not marks:
@@ -169,19 +203,17 @@ def unhealthy_ids(marks: Collection[XidMark], actual: Sequence[ActualGpu]) -> se
     devices = {m.device for m in marks if m.device}
     out: set[str] = set()
     for g in actual:
-        every = (g.uuid or g.index) in whole
-        if every:
-            out |= {s.deviceId for s in g.mps}
-        for inst in g.mig:
-            if every or inst.deviceId in devices:
-                out.add(inst.deviceId)
-                out |= {s.deviceId for s in inst.mps}
-    out.discard("")
+        out |= device_ids(g, None if (g.uuid or g.index) in whole else devices)
     return out
 
 
-def xid_blocks(marks: Sequence[XidMark]) -> dict[int, Block]:
-    """The ``Degraded`` block ``GpuXid`` of every marked GPU, naming each instance and XID."""
+ADVERTISED_UNHEALTHY = "the devices hit are advertised Unhealthy"
+"""What a ``GpuXid`` block says became of the devices hit (the device-plugin agent)."""
+
+
+def xid_blocks(marks: Sequence[XidMark], devices: str = ADVERTISED_UNHEALTHY) -> dict[int, Block]:
+    """The ``Degraded`` block ``GpuXid`` of every marked GPU, naming each instance and XID;
+    ``devices`` says what became of the devices hit (the DRA agent withdraws them)."""
     by_gpu: dict[int, list[str]] = {}
     for m in marks:
         what = f"{xid_text(m.xid)} on " + (m.where or "the whole GPU")
@@ -189,17 +221,27 @@ def xid_blocks(marks: Sequence[XidMark]) -> dict[int, Block]:
         if what not in said:
             said.append(what)
     return {
-        gpu: Block(
-            "GpuXid",
-            f"GPU {gpu}: NVML reported {', '.join(said)}; the devices hit are advertised "
-            f"Unhealthy {RECOVERY}",
-        )
+        gpu: Block("GpuXid", f"GPU {gpu}: NVML reported {', '.join(said)}; {devices} {RECOVERY}")
         for gpu, said in sorted(by_gpu.items())
     }
 
 
+def add_xid_blocks(
+    blocks: dict[int, Block], marks: Sequence[XidMark], devices: str = ADVERTISED_UNHEALTHY
+) -> None:
+    """Give every GPU an XID hit its ``GpuXid`` block (:func:`xid_blocks`); a GPU with another
+    permanent block keeps it, with the XID added to its message (a transient one gives way:
+    Degraded wins)."""
+    for i, xid in xid_blocks(marks, devices).items():
+        had = blocks.get(i)
+        if had is None or had.transient:
+            blocks[i] = xid
+        else:
+            blocks[i] = replace(had, message=f"{had.message}; {xid.message}")
+
+
 Report = Callable[[list[XidEvent]], None]
-"""Receives the events of one wait (critical and ignored), from the watcher's thread."""
+"""Receives the events of one wait (critical and ignored)."""
 
 
 class XidWatcher:
@@ -212,9 +254,12 @@ class XidWatcher:
         *,
         ignore: Collection[int] = (),
         wait_ms: int = 500,
+        enabled: bool = True,
     ) -> None:
         self._nvml = nvml
         self.ledger = ledger
+        self.enabled = enabled
+        """The ``xid_watch`` setting: ``False`` starts no watcher thread (:func:`watching`)."""
         self.ignored = APPLICATION_XIDS | frozenset(ignore)
         """XID codes that change nothing: application errors and the ``xid_ignore`` setting."""
         self.wait_ms = wait_ms
@@ -283,3 +328,77 @@ class XidWatcher:
                 failing = 0
             if events:
                 report(events)
+
+
+class XidCounter(Protocol):
+    """Counts XID events (:class:`~node_agent.metrics.AgentMetrics`)."""
+
+    def observe_xid(self, event: XidEvent) -> None: ...
+
+
+def report_events(
+    events: Sequence[XidEvent],
+    watcher: XidWatcher,
+    metrics: XidCounter | None,
+    consequence: str,
+) -> bool:
+    """Count every event of one wait (``gpuslice_agent_xid_errors_total``), log an ignored one
+    at INFO and a critical one at WARNING with ``consequence`` (what the agent does about it,
+    in words); return whether any was critical (the caller wakes its pass or round)."""
+    critical = False
+    for e in events:
+        if metrics is not None:
+            metrics.observe_xid(e)
+        gpu = "an unknown GPU" if e.gpu is None else f"GPU {e.gpu}"
+        scope = (
+            f", GPU instance {e.gi_id} / compute instance {e.ci_id}" if e.gi_id is not None else ""
+        )
+        if not watcher.critical(e.xid):
+            log.info(
+                "%s on %s%s: ignored (an application error, or in GPUSLICE_XID_IGNORE); "
+                "its devices stay Healthy",
+                xid_text(e.xid),
+                gpu,
+                scope,
+            )
+            continue
+        critical = True
+        log.warning("%s on %s%s: %s", xid_text(e.xid), gpu, scope, consequence)
+    return critical
+
+
+@contextlib.asynccontextmanager
+async def watching(watcher: XidWatcher | None, on_events: Report) -> AsyncIterator[None]:
+    """Run ``watcher`` (:meth:`XidWatcher.run`) in a worker thread while the body runs, handing
+    each wait's events to ``on_events`` on the event loop; on the way out the thread is told to
+    stop and awaited (it ends within ``wait_ms``).  No watcher, or one switched off (setting
+    ``xid_watch``), starts no thread: nothing is registered and no XID is seen.  Both agents
+    (:class:`~node_agent.agent.Agent`, :class:`~node_agent.dra_driver.DraDriver`) use it."""
+    if watcher is None:
+        yield
+        return
+    if not watcher.enabled:
+        log.info(
+            "XID errors are not watched (GPUSLICE_XID_WATCH=false): a GPU or MIG instance an "
+            "XID hits stays in service"
+        )
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    halt = threading.Event()
+
+    def report(events: list[XidEvent]) -> None:  # in the watcher's thread
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to wake
+            loop.call_soon_threadsafe(on_events, events)
+
+    thread = asyncio.ensure_future(asyncio.to_thread(watcher.run, halt, report))
+    try:
+        yield
+    finally:
+        halt.set()  # the thread ends after its current wait (at most wait_ms)
+        try:
+            await asyncio.shield(thread)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("the XID watcher failed")

@@ -325,7 +325,7 @@ async def _run_fake(args: argparse.Namespace, settings: Any, catalog: Any) -> in
         retry_seconds=settings.reconcile_retry_seconds,
         metrics=metrics,
         health=health,
-        xids=XidWatcher(nvml, xid_ledger, ignore=settings.xid_ignore),
+        xids=XidWatcher(nvml, xid_ledger, ignore=settings.xid_ignore, enabled=settings.xid_watch),
     )
     if args.once:
         try:
@@ -436,7 +436,9 @@ async def _run_real(args: argparse.Namespace, settings: Any, catalog: Any) -> in
             metrics=metrics,
             health=health,
             on_draining=plugins.set_avoided,
-            xids=XidWatcher(nvml, xid_ledger, ignore=settings.xid_ignore),
+            xids=XidWatcher(
+                nvml, xid_ledger, ignore=settings.xid_ignore, enabled=settings.xid_watch
+            ),
         )
         if args.once:
             result = await agent.run_once()
@@ -464,6 +466,7 @@ async def _run_dra(settings: Any, catalog: Any, publish: str) -> int:
     from node_agent.gpu_reset import NvidiaSmi
     from node_agent.metrics import MeteredNvml
     from node_agent.nvml_pynvml import PynvmlAdapter
+    from node_agent.xid import XidLedger, XidWatcher
 
     if not settings.node_name:
         raise BadInput("GPUSLICE_NODE_NAME is not set (DaemonSet: downward API spec.nodeName)")
@@ -480,7 +483,8 @@ async def _run_dra(settings: Any, catalog: Any, publish: str) -> int:
             checkpoint=Checkpoint(f"{state}/dra-claims.json" if state else None),
             cdi_dir=settings.cdi_dir,
         )
-        # a GPU NVML cannot read now is left out (gpu_models), as NVML lists it then
+        # a GPU NVML cannot read now is left out (gpu_models): each round tries it again and
+        # the driver publishes it once it reads (DraPreparer.read_pending)
         uuids = {g.index: g.uuid for g in nvml.gpus(isolate=True) if g.read_error is None}
     except NvmlError as e:
         raise BadInput(
@@ -520,6 +524,10 @@ async def _run_dra(settings: Any, catalog: Any, publish: str) -> int:
             spec_source=KubeSpecSource(settings.node_name, custom) if shaped else None,
             claims=ShapeApi(custom, settings.node_name) if shaped else None,
             spec_poll_s=settings.dra_spec_poll_seconds,
+            xids=XidWatcher(
+                nvml, XidLedger(), ignore=settings.xid_ignore, enabled=settings.xid_watch
+            ),
+            metrics=metrics,
         )
         with _serving(settings, metrics, health):
             await driver.run(_stop_on_signals())
