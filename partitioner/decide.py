@@ -32,7 +32,12 @@ step:
    pod gpuslice did not gate) keeps the holds that still fit (released first, then priority,
    then age) and gives the others back at once (:meth:`~partitioner.ledger.NodeLedger.settle`);
    a released pod whose slice was taken is re-planned on its node (its node affinity is pinned
-   there), and one whose node is gone is reported ``Stranded`` with the recovery.
+   there), and one whose node is gone is reported ``Stranded`` with the recovery.  A pod
+   released to a node whose kubelet then refused it at admission (``UnexpectedAdmissionError``:
+   the device plugin is gone or its devices unhealthy; ``OutOf<resource>``) shows the node
+   cannot give what its status promises: the node cools down at once (``AdmissionRejected`` on
+   the failed pod and the node) and its ``planned`` pods are planned elsewhere, instead of more
+   pods being released there to fail in turn (:meth:`_Step.notice_rejections`).
 4. **Release.**  A ``planned`` pod whose slice exists (the node applied) is released once the
    node's ``status.allocatable`` shows room for it beyond the bound and released pods (else
    kube-scheduler would fail it): one patch narrows its node affinity to the node, removes the
@@ -539,6 +544,8 @@ class _Step:
         """Pod -> reason -> last message; copied on the first change (copy on write)."""
         self._reported_own = False
         self.cooldown = {n: t for n, t in state.cooldown.items() if t > now}
+        self.rejecting: dict[str, str] = {}
+        """Nodes whose kubelet refused a pod released there, noticed this step -> why."""
         self.gpu_nodes = index.gpu_nodes()
         self.last_id = max(state.last_plan_id, self._plan_id_floor())
         self.busy: set[str] = set()
@@ -908,9 +915,52 @@ class _Step:
         if r.state is State.PLANNED and ledger.busy and self.now >= r.deadline:
             self._missed(pod, r)
             return
+        if r.state is State.PLANNED and r.node in self.rejecting:
+            self._drop(pod, r, self.rejecting[r.node])
+            return
         ledger.add_hold(Hold(pod, r))
         self.note(pod, r)
         self.counts["released" if r.state is State.RELEASED else "held"] += 1
+
+    def notice_rejections(self) -> None:
+        """A pod released to a node that its kubelet refused at admission cools the node down.
+
+        gpuslice releases a pod only once the node's allocatable shows its slice, so a refusal
+        means the node cannot serve what its status reports: its device plugin stopped (the
+        agent crashed or was evicted: the kubelet keeps the devices allocatable for five
+        minutes, then marks them unhealthy, and fails every Allocate meanwhile) or its devices
+        went bad.  Left alone, the free slices the agent's last status shows keep being
+        promised, released and refused, pod after pod, and pods planned there wait for a spec
+        nobody applies until their deadline.  Once per refused pod (its Event is the record):
+        the node cools down for ``cooldown_s`` (no reservation, release or plan there) and its
+        ``planned`` pods are given back at once (:meth:`_hold`).  The refused pod itself is
+        finished; its controller creates a new one, which is gated and planned as any other.
+        A refusal counts until ``cooldown_s`` past the released pod's bind deadline (it was
+        refused by then): a controller that restarts later ignores it.
+        """
+        for key in sorted(self.index.rejections):
+            pod = self.index.pods[key]
+            r = pod.reservation
+            assert r is not None
+            if self.now > r.deadline + self.config.cooldown_s:
+                # An old refusal (the pod was released by its bind deadline at the latest):
+                # after a restart, failed pods kept for days must not cool their nodes again.
+                continue
+            message = (
+                f"the kubelet of node {r.node} refused the pod released there ({pod.rejected}); "
+                f"no pod is promised a slice there for {self.config.cooldown_s:.0f} s and the "
+                f"pods planned there are planned elsewhere"
+            )
+            if (self.reported.get(key) or {}).get("AdmissionRejected") == message:
+                continue
+            self.once(pod, "AdmissionRejected", message, "Warning")
+            self.counts["admission_rejected"] += 1
+            if r.node not in self.rejecting:
+                self.node_event(r.node, "AdmissionRejected", f"{message} (pod {key})")
+            self.rejecting[r.node] = message
+            self.cooldown[r.node] = max(
+                self.cooldown.get(r.node, 0.0), self.now + self.config.cooldown_s
+            )
 
     def _missed(self, pod: PodInfo, r: Reservation) -> None:
         waited = self.now - r.since
@@ -2024,6 +2074,8 @@ class _Step:
             self.actions.extend(node_lifecycle(self.index))
         self.view = {name: {} for name in self.ledgers}
         self.ungate_strays()
+        if self.config.reservation:
+            self.notice_rejections()
         self.read_pods()
         if self.config.reservation:
             self.settle()
@@ -2051,7 +2103,7 @@ class _Step:
                 self.once(self.index.pods[key], "Unplaceable", f"cannot place: {reason}", "Warning")
         self.write_views()
         self._window_wakeups()
-        gone = self.reported.keys() - self.seen
+        gone = self.reported.keys() - self.seen - self.index.rejections  # (notice_rejections)
         if gone:
             own = self._own_reported()
             for key in gone:

@@ -71,6 +71,7 @@ from partitioner.reservations import (
     RESERVATION_ANNOTATION,
     Reservation,
     ReservationError,
+    State,
     parse_reservation,
 )
 from partitioner.snapshot import GpuNode, NodeProblem, pod_key, read_node
@@ -283,6 +284,10 @@ class PodInfo:
     """Keys (``namespace/name``) of the pod's ResourceClaims."""
     claims_pending: bool = False
     """Some claim of the pod is not known yet (its demand is unknown, not planned yet)."""
+    rejected: str = ""
+    """The kubelet refused to admit the pod (phase ``Failed`` with reason
+    ``UnexpectedAdmissionError``, as when a device plugin's Allocate fails, or ``OutOf<resource>``):
+    ``"<reason>: <message>"``; empty otherwise (:func:`admission_rejection`)."""
     eligible_cache: tuple[int, frozenset[str]] | None = None
     reject_cache: tuple[int, str | None] | None = None
     plan_sig: tuple[object, ...] | None = None
@@ -417,6 +422,9 @@ def _trim_pod(pod: Obj) -> dict[str, Any]:
         if isinstance(c, Mapping) and c.get("type") == "PodScheduled"
     ]
     keep_status: dict[str, Any] = {"phase": status.get("phase", ""), "conditions": scheduled}
+    if admission_rejection(status):
+        keep_status["reason"] = status.get("reason")
+        keep_status["message"] = status.get("message", "")
     if status.get("nominatedNodeName"):
         keep_status["nominatedNodeName"] = status["nominatedNodeName"]
     if status.get("resourceClaimStatuses"):
@@ -562,7 +570,31 @@ def _read_pod(pod: Obj, claims: Mapping[str, ClaimDemand] | None = None) -> PodI
         dra=dra,
         claims=claim_keys,
         claims_pending=pending,
+        rejected=admission_rejection(status),
     )
+
+
+def _released_and_rejected(info: PodInfo) -> bool:
+    r = info.reservation
+    return bool(info.rejected) and r is not None and r.state is State.RELEASED
+
+
+ADMISSION_REASONS = ("UnexpectedAdmissionError",)
+"""Reasons of a pod the kubelet failed at admission for its devices, besides ``OutOf<resource>``
+(too few allocatable units): ``UnexpectedAdmissionError`` is what the device manager's failed
+Allocate call (a device plugin gone, or its devices unhealthy) gives."""
+
+
+def admission_rejection(status: Mapping[str, Any]) -> str:
+    """``"<reason>: <message>"`` when the pod status is the kubelet's admission failure (phase
+    ``Failed``; reason in :data:`ADMISSION_REASONS` or ``OutOf<resource>``), else ``""``."""
+    if status.get("phase") != "Failed":
+        return ""
+    reason = str(status.get("reason") or "")
+    if reason not in ADMISSION_REASONS and not reason.startswith("OutOf"):
+        return ""
+    message = str(status.get("message") or "")[:300]
+    return f"{reason}: {message}" if message else reason
 
 
 # --------------------------------------------------------------------------- partitionings
@@ -690,6 +722,9 @@ class ClusterIndex:
         """Claim key -> keys of the pods naming it (their demand is re-read when it changes)."""
         self.strays: set[str] = set()
         """Keys of :attr:`PodInfo.stray` pods."""
+        self.rejections: set[str] = set()
+        """Keys of pods gpuslice released to a node (a ``released`` reservation) that the
+        node's kubelet refused at admission (:attr:`PodInfo.rejected`)."""
         self._claim_pod_raw: dict[str, Obj] = {}
         """Pods with claims, as received: re-read when one of their claims changes."""
         self.deletions: dict[tuple[str, str], str | None] | None = None
@@ -836,6 +871,8 @@ class ClusterIndex:
             self.node_pods[info.node] = self.node_pods.get(info.node, 0) + 1
         if info.stray:
             self.strays.add(key)
+        if _released_and_rejected(info):
+            self.rejections.add(key)
         if info.waiting and key not in self._waiting:
             self._waiting.add(key)
             bisect.insort(self._aged, _age_key(info))
@@ -891,6 +928,7 @@ class ClusterIndex:
         if old.node:
             self.node_pods[old.node] = self.node_pods.get(old.node, 0) + 1
         self.strays.discard(key)
+        self.rejections.discard(key)
         if key in self._waiting:
             self._waiting.discard(key)
             aged, age = self._aged, _age_key(old)

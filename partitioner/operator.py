@@ -20,7 +20,9 @@ Wiring
   listing succeeds (:func:`~partitioner.kubeapi.retry_with_backoff`).  When kopf lists a kind
   again (its watch lost its place: ``410 Gone``, a dropped connection), objects deleted in that
   gap get no ``DELETED`` event, so the next cycle lists that kind itself first
-  (:meth:`Controller._note_listing`).  Then every ``cycle_seconds``,
+  (:meth:`Controller._note_listing`); NodePartitionings and ResourceClaims, kinds that can run
+  out of objects and then show no gap, are listed again every ``relist_seconds``
+  (:meth:`Controller._note_periodic_listings`).  Then every ``cycle_seconds``,
   and ``react_seconds`` after a watch event that changed the index (:meth:`Controller._pause`),
   calls :func:`partitioner.decide.decide` with the index and the wall clock (reservation
   deadlines are stored on pods in that clock), carries the actions out (:mod:`.writer`), folds
@@ -232,6 +234,8 @@ class Controller:
         self.relist_due: set[str] = set()
         """Kinds kopf listed again after a gap in its watch (:meth:`_note_listing`): the next
         cycle lists them itself, reconciling the index (objects deleted in the gap go)."""
+        self._listed_at: dict[str, float] = {}
+        """kind -> when the controller's own listing of it last began (monotonic)."""
 
     # -- index -----------------------------------------------------------------------------
     def observe(self, kind: str, event: Mapping[str, Any]) -> None:
@@ -311,6 +315,9 @@ class Controller:
             wanted = set(kinds)
             lists = {kind: path for kind, path in lists.items() if kind in wanted}
         self.relist_due -= lists.keys()  # a listing begun now covers every gap noticed so far
+        began = self._monotonic()
+        for kind in lists:
+            self._listed_at[kind] = began
         # kopf's watches deliver events while the pages are read: the listing's snapshot must
         # not undo what they report after it (ClusterIndex.relist)
         self.index.deletions = {}
@@ -420,9 +427,33 @@ class Controller:
         """This replica may plan and write now (always, without leader election)."""
         return self.elector is None or self.elector.is_leader()
 
+    def _note_periodic_listings(self) -> None:
+        """Mark due the kinds that can run out of objects, ``relist_seconds`` after the
+        controller last listed them.
+
+        :meth:`_note_listing` notices kopf's listing after a watch gap by the listed objects it
+        sees; a kind with no object left shows none, so a NodePartitioning (or, in DRA mode, a
+        ResourceClaim) deleted during such a gap would stay in the index until a restart: a
+        ghost claim is demand nobody has, a ghost NodePartitioning a spec nobody reads.  These
+        kinds are few objects (one per GPU node, one per claim), so they are simply listed
+        again on a period; pods and nodes never run out (the partitioner is a pod on a node)
+        and are many, so they are listed only after a gap.
+        """
+        period = self.settings.relist_seconds
+        if period <= 0:
+            return
+        now = self._monotonic()
+        kinds = ["partitionings", "claims"] if self.settings.dra_enabled else ["partitionings"]
+        for kind in kinds:
+            last = self._listed_at.get(kind)
+            if last is not None and now - last >= period:
+                self.relist_due.add(kind)
+
     async def _cycle(self) -> None:
-        """One cycle: the relistings kopf's watch gaps call for (:meth:`_note_listing`), then a
-        decision step when leading (module docstring)."""
+        """One cycle: the relistings kopf's watch gaps call for (:meth:`_note_listing`) and the
+        periodic ones (:meth:`_note_periodic_listings`), then a decision step when leading
+        (module docstring)."""
+        self._note_periodic_listings()
         if self.relist_due:
             due = sorted(self.relist_due)
             self.relist_due.clear()  # a kind noticed again while this listing runs stays due
@@ -432,7 +463,7 @@ class Controller:
                 raise
             except Exception as e:  # the step still runs; the next cycle lists again
                 self.relist_due.update(due)
-                log.warning("listing %s after a watch gap failed: %s", ", ".join(due), e)
+                log.warning("listing %s again failed: %s", ", ".join(due), e)
         leading = self.leading()
         if leading and not self._was_leading and self.elector is not None:
             self.state = ControllerState()  # as after a restart: plans may have moved on

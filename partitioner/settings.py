@@ -119,6 +119,13 @@ class PartitionerSettings(CommonSettings):
         "cycle_seconds (a pod is released as soon as its node reports its slice); also the "
         "least gap between cycles.  Equal to cycle_seconds: poll only.",
     )
+    relist_seconds: float = Field(
+        600.0,
+        ge=0,
+        description="List NodePartitionings (and ResourceClaims in DRA mode) this often, "
+        "dropping those deleted while kopf's watch had a gap: a kind with no object left "
+        "shows no gap to notice.  0: never (a ghost then stays until a restart).",
+    )
     planner_policy: Policy = Field(Policy.CPSAT, description="cpsat or greedy.")
     planner_time_limit_seconds: float = Field(
         1.0, gt=0, description="CP-SAT wall-clock limit per plan."

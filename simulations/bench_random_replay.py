@@ -48,7 +48,7 @@ from simulations.bench_replay import verdict
 from simulations.bench_saturation import parse_seeds
 from simulations.inputs.cluster import Cluster, Node
 from simulations.inputs.workload import PodShape, SyntheticSpec, Workload, synthetic_workload
-from simulations.replay.engine import ReplaySettings, run_time_replay
+from simulations.replay.engine import AgentOutage, ReplayError, ReplaySettings, run_time_replay
 from simulations.replay.metrics import summarize
 from simulations.reports.out_file import out_file_error
 
@@ -122,14 +122,17 @@ def build(spec: CaseSpec) -> tuple[Workload, Cluster]:
     return workload, Cluster(f"random-{spec.case}", nodes)
 
 
-def run_case(job: tuple[int, int]) -> dict[str, Any]:
-    """Both policies on one case (in its own process when ``--jobs`` > 1)."""
-    case, pods = job
+def run_case(job: tuple[int, int] | tuple[int, int, tuple[float, float] | None]) -> dict[str, Any]:
+    """Both policies on one case (in its own process when ``--jobs`` > 1); a third item
+    ``(start, end)`` stops node ``n0``'s agent then (``--agent-outage``)."""
+    case, pods = job[0], job[1]
+    outage = job[2] if len(job) > 2 else None
     spec = random_case(case, pods)
     workload, cluster = build(spec)
     out: dict[str, Any] = {**asdict(spec), "gpus": spec.gpus, "policies": {}}
+    settings = ReplaySettings(outages=(AgentOutage("n0", *outage),) if outage is not None else ())
     for policy in POLICIES:
-        result = run_time_replay(workload, cluster, policy, ReplaySettings())
+        result = run_time_replay(workload, cluster, policy, settings)
         summary = summarize(result).as_dict()
         summary["wall_s"] = round(result.wall_s, 2)
         out["policies"][policy] = summary
@@ -178,13 +181,14 @@ def aggregate(cases: Sequence[dict[str, Any]]) -> dict[str, Any]:
         },
         "totals": {
             p: {
-                k: sum(c["policies"][p][k] for c in cases)
+                k: sum(c["policies"][p].get(k, 0) for c in cases)
                 for k in (
                     "theft",
                     "pods_disrupted",
                     "never_scheduled",
                     "gpus_reconfigured",
                     "overtakes",
+                    "admission_rejections",
                 )
             }
             for p in POLICIES
@@ -227,7 +231,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="processes (default 1)")
     ap.add_argument("-o", "--output", choices=("json", "table"), default="json")
     ap.add_argument("--out", help="also write the JSON document to this file")
+    ap.add_argument(
+        "--agent-outage",
+        metavar="START:END",
+        help="stop node n0's agent from START to END simulated seconds in every case "
+        "(simulations.replay.engine, 'Agent outages'): what an agent crash costs each policy",
+    )
     args = ap.parse_args(argv)
+    outage: tuple[float, float] | None = None
+    if args.agent_outage:
+        try:
+            o = AgentOutage.parse(f"n0:{args.agent_outage}")
+        except ReplayError:
+            print(
+                f"bench_random_replay: --agent-outage {args.agent_outage!r}: expected "
+                "START:END in seconds with 0 <= START < END, e.g. 1000:5000",
+                file=sys.stderr,
+            )
+            return 2
+        outage = (o.start_s, o.end_s)
     try:
         cases = parse_seeds(args.cases, what="cases")
     except ValueError as e:
@@ -240,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bench_random_replay: {problem}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    jobs = [(c, args.pods) for c in cases]
+    jobs = [(c, args.pods, outage) for c in cases]
     if args.jobs > 1:
         import multiprocessing
 
@@ -253,7 +275,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "date": dt.date.today().isoformat(),
         "command": "python -m simulations.bench_random_replay "
         + " ".join(argv if argv is not None else sys.argv[1:]),
-        "settings": {"cases": args.cases, "pods": args.pods, **asdict(ReplaySettings())},
+        "settings": {
+            "cases": args.cases,
+            "pods": args.pods,
+            **asdict(ReplaySettings()),
+            "outages": [["n0", *outage]] if outage is not None else [],
+        },
         "aggregate": aggregate(done),
         "cases": done,
         "wall_s": round(time.perf_counter() - t0, 1),

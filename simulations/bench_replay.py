@@ -95,6 +95,7 @@ from simulations.inputs.timeline import borrow_times, has_times
 from simulations.inputs.workload import Workload
 from simulations.replay.engine import (
     NOS_WINDOW,
+    AgentOutage,
     ReplayError,
     ReplayPod,
     ReplayPolicy,
@@ -260,14 +261,21 @@ def trace_log(result: ReplayResult) -> dict[str, Any]:
     }
 
 
+def _settings(opts: dict[str, Any]) -> ReplaySettings:
+    """The replay settings of a run (``opts["settings"]``: JSON-ready; outages as triples)."""
+    given = dict(opts["settings"])
+    outages = tuple(AgentOutage(n, s, e) for n, s, e in given.pop("outages", ()))
+    return ReplaySettings(
+        **given, outages=outages, planner=PlannerSettings(time_limit_s=opts["limit"])
+    )
+
+
 def _cell(job: tuple[str, int, str, dict[str, Any]]) -> tuple[str, int, str, dict[str, Any]]:
     """One (trace, nodes, policy) replay, in its own process when ``--jobs`` > 1."""
     trace, nodes, name, opts = job
     model = default_catalog().model(MODEL)
     workload, times_from = _load(trace, opts["openb_dir"], opts["times_from"], opts["seed"])
-    settings = ReplaySettings(
-        **opts["settings"], planner=PlannerSettings(time_limit_s=opts["limit"])
-    )
+    settings = _settings(opts)
     cluster = _cluster_of(nodes, opts)
     pods = _pods_for(workload, cluster, settings)
     if opts["limit_pods"]:
@@ -376,6 +384,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="trace lending creation/deletion times to a trace without them (multigpu20)",
     )
     ap.add_argument("--seed", type=int, default=0, help="seeds tie-breaks and borrowed times")
+    ap.add_argument(
+        "--agent-outage",
+        action="append",
+        metavar="NODE:START:END",
+        help="stop that node's agent from START to END simulated seconds (repeatable; node "
+        "names as the cluster has them: dgx-000, dgx-001, ...): what an agent crash costs",
+    )
     ap.add_argument("--jobs", type=int, default=1, help="replays run in parallel processes")
     ap.add_argument("--out")
     ap.add_argument("--report", help="write the Markdown report (one trace and node count only)")
@@ -464,6 +479,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         opts["settings"]["mapping"] = args.mapping  # type: ignore[index]
     if args.trace_log:
         opts["settings"]["record_changes"] = True  # type: ignore[index]
+    if args.agent_outage:
+        try:
+            outages = [AgentOutage.parse(text) for text in args.agent_outage]
+        except ReplayError as e:
+            ap.error(str(e))  # exit status 2
+        opts["settings"]["outages"] = [[o.node, o.start_s, o.end_s] for o in outages]  # type: ignore[index]
     label = cluster_label(opts)
     jobs = [(t, n, p, opts) for t in traces for n in node_counts for p in wanted]
     t0 = time.perf_counter()
@@ -699,9 +720,7 @@ def _write_report(args: argparse.Namespace, trace: str, nodes: int, opts: dict[s
     from simulations.reports.replay_report import write_replay_report
 
     workload, _ = _load(trace, opts["openb_dir"], opts["times_from"], opts["seed"])
-    settings = ReplaySettings(
-        **opts["settings"], planner=PlannerSettings(time_limit_s=opts["limit"])
-    )
+    settings = _settings(opts)
     cluster = _cluster_of(nodes, opts)
     pods = _pods_for(workload, cluster, settings)
     results = []

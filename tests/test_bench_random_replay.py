@@ -106,3 +106,16 @@ def test_the_cli_prints_one_json_document(capsys: pytest.CaptureFixture[str]) ->
     doc = json.loads(capsys.readouterr().out)
     assert doc["aggregate"]["cases"] == 1 and len(doc["cases"]) == 1
     assert doc["cases"][0]["case"] == 1
+
+
+def test_an_agent_outage_applies_to_every_case_and_bad_ones_exit_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = run_case((14, 120, (500.0, 3000.0)))
+    calm = run_case((14, 120))
+    hit, nos = out["policies"]["cpsat"], out["policies"]["greedy"]
+    assert hit["pending_mean_s"] > calm["policies"]["cpsat"]["pending_mean_s"]
+    assert hit["never_scheduled"] == 0 and hit["theft"] == 0
+    assert hit["admission_rejections"] < nos["admission_rejections"]
+    assert main(["--cases", "1", "--agent-outage", "50:10"]) == 2
+    assert "expected START:END" in capsys.readouterr().err

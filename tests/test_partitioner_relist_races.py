@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import kopf
+from test_partitioner_dra import claim, mig_request
 from test_partitioner_promises import MIG, T0, applied_np, status_gpu, with_alloc
 from test_partitioner_snapshot import node
 
@@ -155,14 +156,14 @@ class _Gap:
     """A controller whose API lists ``items`` (a dict kind -> pods, mutable), a fake monotonic
     clock, and a step that only counts (the cycle's relisting is what is tested)."""
 
-    def __init__(self, pods: list[dict[str, Any]]) -> None:
+    def __init__(self, pods: list[dict[str, Any]], **settings: Any) -> None:
         self.now = 0.0
         self.items: dict[str, list[dict[str, Any]]] = {"pods": pods}
         self.listed: list[str] = []
         self.fail = False
         self.steps = 0
         self.controller = Controller(
-            PartitionerSettings(metrics_port=0, health_port=0),
+            PartitionerSettings(metrics_port=0, health_port=0, **settings),
             connection=kopf.ConnectionInfo(server="https://example.invalid"),
             monotonic=lambda: self.now,
         )
@@ -270,3 +271,57 @@ def test_a_failed_relisting_is_tried_again_and_the_step_still_runs() -> None:
     assert c.relist_due == set()
     assert c.index.pods == {}
     assert gap.steps == 2
+
+
+# -- kinds that can run out of objects are listed on a period ------------------------------------
+
+
+def test_a_partitioning_deleted_in_a_watch_gap_goes_at_the_periodic_listing() -> None:
+    """The last NodePartitioning is deleted while kopf's watch had a gap: kopf's next listing
+    of that kind is empty, so nothing shows the gap; the periodic listing drops the ghost."""
+    gap = _Gap([], relist_seconds=600)
+    gap.items["nodepartitionings"] = [applied_np("n1", status_gpu(0))]
+    c = gap.controller
+    asyncio.run(c.sync())
+    assert sorted(c.index.partitionings) == ["n1"]
+    gap.items["nodepartitionings"] = []  # deleted; kopf lists the kind again: no object
+    gap.now += 599
+    listed = len(gap.listed)
+    asyncio.run(c._cycle())
+    assert gap.listed[listed:] == []  # not yet due
+    assert sorted(c.index.partitionings) == ["n1"]
+    gap.now += 1
+    asyncio.run(c._cycle())
+    assert gap.listed[listed:] == ["nodepartitionings"]  # that kind only: pods are not listed
+    assert c.index.partitionings == {}
+    gap.now += 300
+    asyncio.run(c._cycle())
+    assert gap.listed[listed:] == ["nodepartitionings"]  # the period counts from that listing
+    assert gap.steps == 3
+
+
+def test_a_claim_deleted_in_a_watch_gap_stops_being_demand_in_dra_mode() -> None:
+    gap = _Gap([], relist_seconds=600, dra_enabled=True)
+    gap.items["resourceclaims"] = [claim("c1", mig_request())]
+    c = gap.controller
+    asyncio.run(c.sync())
+    assert sorted(c.index.claims) == ["ns/c1"]
+    gap.items["resourceclaims"] = []
+    gap.now += 600
+    listed = len(gap.listed)
+    asyncio.run(c._cycle())
+    assert sorted(gap.listed[listed:]) == ["nodepartitionings", "resourceclaims"]
+    assert c.index.claims == {}
+
+
+def test_periodic_listing_off() -> None:
+    gap = _Gap([], relist_seconds=0)
+    gap.items["nodepartitionings"] = [applied_np("n1", status_gpu(0))]
+    c = gap.controller
+    asyncio.run(c.sync())
+    gap.items["nodepartitionings"] = []
+    gap.now += 100_000
+    listed = len(gap.listed)
+    asyncio.run(c._cycle())
+    assert gap.listed[listed:] == []
+    assert sorted(c.index.partitionings) == ["n1"]

@@ -62,7 +62,10 @@ Recorded: pending time per pod (arrival to first binding, plus waits after a dis
 GPUs reconfigured, disruptions (a spec removing a device a pod holds: must stay 0), *theft*
 (a slice made or reserved for one pod bound by another), kubelet admission rejections (the
 scheduler acted on a stale allocatable; the pod's controller creates it again and its wait goes
-on), scheduling attempts and refused API requests.
+on), scheduling attempts and refused API requests.  A pod the kubelet refuses is bound, then
+``Failed`` with the kubelet's admission reason (``OutOf<resource>``, or
+``UnexpectedAdmissionError`` when the device plugin is gone), and replaced by its controller
+``recreate_delay_s`` later (the failed pod is deleted then, since the replay reuses its name).
 
 DRA mode
 --------
@@ -88,6 +91,22 @@ pod's claim is allocated first-fit among the published placements of its node
 (no wait); one it must create (a device allocated from an older generation) takes
 ``apply_delay_s``.
 
+Agent outages
+-------------
+``settings.outages`` (:class:`AgentOutage`; ``bench_replay --agent-outage NODE:START:END``) stop
+a node's agent for a while, as a crash loop, an eviction or a failed rollout does, to ask what
+an outage costs and to test that every promise still arrives or is re-planned.  While the agent
+is down it applies nothing (a spec written before or during the outage waits; the agent applies
+the spec it finds when it starts, ``apply_delay_s`` later) and reports no status (the partitioner
+keeps reading the last one); its device plugin is gone, so the kubelet's Allocate fails and it
+rejects every slice pod bound there (the pod's controller creates it again, as for a stale
+allocatable), and ``plugin_grace_s`` (300 s, the kubelet's ``endpointStopGracePeriod``) after the
+stop the kubelet marks the plugin's devices unhealthy: allocatable 0 at the node's next status
+sync.  Pods running there keep running and end on time.  When the agent starts it reports at
+once and its plugin registers again (allocatable back at the next status sync).  Nothing tells
+the partitioner the agent is down but what production shows it: a spec that is not applied, a
+slice that never becomes allocatable, a released pod that does not bind.
+
 The replay stops when no arrival, departure, spec application or status sync is left and
 nothing has progressed for longer than any retry, window or deadline could take.  Pods still
 pending then are *never scheduled*; with ``max_pending_s`` a pod gives up after waiting that
@@ -97,6 +116,7 @@ long.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import random
 import time
@@ -251,6 +271,11 @@ class ReplaySettings:
     epoch_s: float = 1_767_225_600.0
     """Wall-clock time of simulated time 0 (2026-01-01 UTC): pod timestamps and the partitioner's
     clock are ``epoch_s + t``."""
+    outages: tuple[AgentOutage, ...] = ()
+    """Node agents that stop and start again (module docstring, "Agent outages")."""
+    plugin_grace_s: float = 300.0
+    """The kubelet keeps a stopped device plugin's devices allocatable this long, then marks
+    them unhealthy (allocatable 0): the kubelet's ``endpointStopGracePeriod``."""
 
     def __post_init__(self) -> None:
         if self.time_compression <= 0 or self.copies < 1 or self.apply_delay_s < 0:
@@ -263,6 +288,49 @@ class ReplaySettings:
             )
         if self.react_s is not None and not 0 <= self.react_s <= self.cycle_s:
             raise ReplayError("replay settings: react_s must be in [0, cycle_s] (or None)")
+        if self.plugin_grace_s < 0:
+            raise ReplayError("replay settings: plugin_grace_s must be >= 0")
+        by_node: dict[str, list[AgentOutage]] = {}
+        for o in self.outages:
+            by_node.setdefault(o.node, []).append(o)
+        for node, spans in by_node.items():
+            spans.sort(key=lambda o: o.start_s)
+            for a, b in itertools.pairwise(spans):
+                if b.start_s < a.end_s:
+                    raise ReplayError(
+                        f"replay settings: agent outages of node {node} overlap "
+                        f"({a.start_s:g}-{a.end_s:g} and {b.start_s:g}-{b.end_s:g})"
+                    )
+
+
+@dataclass(frozen=True, slots=True)
+class AgentOutage:
+    """Node ``node``'s agent is down from ``start_s`` to ``end_s`` (simulated seconds)."""
+
+    node: str
+    start_s: float
+    end_s: float
+
+    def __post_init__(self) -> None:
+        if not self.node or not 0 <= self.start_s < self.end_s:
+            raise ReplayError(
+                f"agent outage {self.node!r} {self.start_s:g}-{self.end_s:g}: give a node "
+                "name and 0 <= start < end"
+            )
+
+    @classmethod
+    def parse(cls, text: str) -> AgentOutage:
+        """``NODE:START:END`` in simulated seconds (``bench_replay --agent-outage``)."""
+        node, sep, rest = text.rpartition(":")
+        node, sep2, start = node.rpartition(":")
+        try:
+            if not (sep and sep2):
+                raise ValueError(text)
+            return cls(node, float(start), float(rest))
+        except ValueError:
+            raise ReplayError(
+                f"agent outage {text!r}: expected NODE:START:END in seconds, e.g. n0:3600:7200"
+            ) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -582,9 +650,23 @@ class _Kind(IntEnum):
     SCHEDULE = 7
     FLUSH = 8
     TICK = 9
+    AGENT_DOWN = 10
+    AGENT_UP = 11
+    PLUGIN_GONE = 12
 
 
-_LIVE = frozenset({_Kind.DEPART, _Kind.APPLY, _Kind.ARRIVE, _Kind.SYNC, _Kind.RECREATE})
+_LIVE = frozenset(
+    {
+        _Kind.DEPART,
+        _Kind.APPLY,
+        _Kind.ARRIVE,
+        _Kind.SYNC,
+        _Kind.RECREATE,
+        _Kind.AGENT_DOWN,
+        _Kind.AGENT_UP,
+        _Kind.PLUGIN_GONE,
+    }
+)
 """Events that change the cluster on their own (the rest only react to it)."""
 
 
@@ -765,6 +847,17 @@ class _Engine:
                 drain_queue_limit=settings.drain_queue_limit,
                 warm_share=settings.warm_share,
             )
+        self.down: set[str] = set()
+        """Nodes whose agent is down (:attr:`ReplaySettings.outages`)."""
+        self.deferred_apply: set[str] = set()
+        """Down nodes with a spec written before or during the outage, applied at restart."""
+        for o in settings.outages:
+            if o.node not in fake.nodes:
+                raise ReplayError(f"agent outage: the cluster has no node {o.node!r}")
+            if self.dra is not None:
+                raise ReplayError("agent outages are modelled for device-plugin nodes only")
+            self._push(o.start_s, _Kind.AGENT_DOWN, o.node)
+            self._push(o.end_s, _Kind.AGENT_UP, o.node)
         for name in fake.nodes:
             self._report(name)
             self.kubelet.sync(name)
@@ -830,7 +923,10 @@ class _Engine:
         self._push(at, _Kind.REPORT, node)
 
     def _report(self, node: str) -> None:
-        """The fake agent writes the NodePartitioning status: observed spec and actual GPUs."""
+        """The fake agent writes the NodePartitioning status: observed spec and actual GPUs
+        (nothing while it is down)."""
+        if node in self.down:
+            return
         n = self.fake.nodes[node]
         np = self.api.partitionings[node]
         generation = int(np["metadata"]["generation"])
@@ -939,10 +1035,11 @@ class _Engine:
         name = key[len(NAMESPACE) + 1 :]
         info = self.index.pods[key]
         picks = self.kubelet.admit(node, info)
-        if picks is None:  # stale allocatable: rejected, its controller creates it again
+        if picks is None:  # stale allocatable, or no device plugin: the kubelet fails it
             self.kubelet.rejected += 1
             self.result.admission_rejections += 1
-            self.api.delete_pod(key)
+            self.api.bind(key, node)
+            self.api.set_pod_status(key, self.kubelet.rejection(node, info))
             self._unexpect(key)
             self._push(t + self.settings.recreate_delay_s, _Kind.RECREATE, name)
             self._dirty(t)
@@ -1145,7 +1242,8 @@ class _Engine:
                 self._push(t + self.settings.max_pending_s, _Kind.ABANDON, payload)
             self._wake("schedule_at", t, _Kind.SCHEDULE)
             self._dirty(t)
-        elif kind is _Kind.RECREATE:
+        elif kind is _Kind.RECREATE:  # the failed pod goes (its name is reused)
+            self.api.delete_pod(self._key(payload))
             self._create(payload, t)
             self._wake("schedule_at", t, _Kind.SCHEDULE)
             self._dirty(t)
@@ -1176,6 +1274,9 @@ class _Engine:
         elif kind is _Kind.APPLY:
             token, node = payload.split(":", 1)
             if self.apply_token.get(node) != int(token):
+                return
+            if node in self.down:  # applied when the agent starts again
+                self.deferred_apply.add(node)
                 return
             if self.dra is not None and self.shaped:
                 destroyed, grown = self.dra.publish(node, self.publishing.pop(node))
@@ -1237,6 +1338,26 @@ class _Engine:
             if self.flush_at is not None and self.flush_at <= t:
                 self.flush_at = None
             self.scheduler.flush(t)
+        elif kind is _Kind.AGENT_DOWN:
+            self.down.add(payload)
+            self.kubelet.down.add(payload)  # Allocate calls fail: pods bound there are rejected
+            self._push(t + self.settings.plugin_grace_s, _Kind.PLUGIN_GONE, payload)
+        elif kind is _Kind.PLUGIN_GONE:
+            if payload in self.down:
+                self.kubelet.unhealthy.add(payload)  # allocatable 0 at its next status sync
+                self._sync_soon(payload, t)
+        elif kind is _Kind.AGENT_UP:
+            self.down.discard(payload)
+            self.kubelet.down.discard(payload)
+            self.kubelet.unhealthy.discard(payload)
+            if payload in self.deferred_apply:  # the agent applies the spec it finds
+                self.deferred_apply.discard(payload)
+                self.seq += 1
+                self.apply_token[payload] = self.seq
+                self._push(t + self.settings.apply_delay_s, _Kind.APPLY, f"{self.seq}:{payload}")
+            self._report(payload)  # its first pass, and the plugin registers again
+            self._sync_soon(payload, t)
+            self._dirty(t)
         elif kind is _Kind.TICK and self.tick_at is not None and self.tick_at <= t:
             self.tick_at = None
             due = self.wake_due is not None and self.wake_due <= t + _EPSILON

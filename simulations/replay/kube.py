@@ -635,6 +635,10 @@ class Kubelet:
     period_s: float = 10.0
     phases: dict[str, float] = field(default_factory=dict)
     rejected: int = 0
+    down: set[str] = field(default_factory=set)
+    """Nodes whose device plugin is gone: every Allocate fails, so admission rejects."""
+    unhealthy: set[str] = field(default_factory=set)
+    """Nodes whose plugin's devices the kubelet marked unhealthy (gone past the grace)."""
 
     @classmethod
     def create(
@@ -651,10 +655,35 @@ class Kubelet:
 
     def sync(self, node: str) -> set[str]:
         """Post the node's allocatable devices; returns the resources that grew."""
+        if node in self.unhealthy:
+            return self.api.set_allocatable(node, {})
         return self.api.set_allocatable(node, self.fake.advertised(node))
 
+    def rejection(self, node: str, pod: PodInfo) -> dict[str, Any]:
+        """The status the kubelet gives a pod :meth:`admit` refused (its admission failure)."""
+        if node in self.down:
+            resource = min(pod.slices)
+            return {
+                "phase": "Failed",
+                "reason": "UnexpectedAdmissionError",
+                "message": f"Allocate failed due to no healthy devices present; cannot "
+                f"allocate unhealthy devices {resource}, which is unexpected",
+            }
+        short = next(
+            (r for r, k in sorted(pod.slices.items()) if len(self.fake.free_devices(node, r)) < k),
+            min(pod.slices),
+        )
+        return {
+            "phase": "Failed",
+            "reason": f"OutOf{short}",
+            "message": f"Node didn't have enough resource: {short}, requested: {pod.slices[short]}",
+        }
+
     def admit(self, node: str, pod: PodInfo) -> list[tuple[int, Device]] | None:
-        """The devices the kubelet allocates to ``pod`` (None: not enough, pod rejected)."""
+        """The devices the kubelet allocates to ``pod`` (None: not enough, or the device
+        plugin is gone: pod rejected)."""
+        if node in self.down and pod.slices:
+            return None
         avoid = self.api.draining_gpus(node)
         picks: list[tuple[int, Device]] = []
         for resource in sorted(pod.slices):

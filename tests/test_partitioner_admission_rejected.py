@@ -1,0 +1,181 @@
+"""A pod released to a node whose kubelet refuses it at admission cools the node down.
+
+When a node agent (the device plugin) stops, the kubelet keeps its devices allocatable for five
+minutes and fails every Allocate meanwhile (``UnexpectedAdmissionError``).  The node's last
+NodePartitioning status still shows free slices, so without this rule gpuslice would promise
+them pod after pod, each released there to fail (a Job fails for good after its backoffLimit of
+such failures), and pods planned there would wait for their apply deadline.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from test_partitioner_promises import (
+    MIG,
+    ONE_G,
+    T0,
+    Cluster,
+    applied_np,
+    events,
+    gated,
+    reservation,
+    status_gpu,
+    with_alloc,
+)
+from test_partitioner_snapshot import node
+
+from partitioner.actions import EmitEvent
+from partitioner.decide import ControllerState
+from partitioner.index import admission_rejection
+from partitioner.reservations import RESERVATION_ANNOTATION, State
+
+PLUGIN_GONE = {
+    "phase": "Failed",
+    "reason": "UnexpectedAdmissionError",
+    "message": "Allocate failed due to no healthy devices present; cannot allocate unhealthy "
+    "devices nvidia.com/mig-1g.10gb, which is unexpected",
+}
+
+
+def _two_nodes() -> Cluster:
+    """n1: two free 1g instances, allocatable; n2: an applied, empty node."""
+    free = status_gpu(0, ("1g.10gb", 0, False), ("1g.10gb", 1, False))
+    return Cluster(
+        with_alloc(node("n1", MIG), **{"1g_10gb": 2}),
+        node("n2", MIG),
+        applied_np("n1", free, status_gpu(1)),
+        applied_np("n2", status_gpu(0), status_gpu(1)),
+        gated("a", ONE_G, created=T0),
+    )
+
+
+def _refuse(c: Cluster, name: str, status: dict[str, Any] = PLUGIN_GONE) -> None:
+    """The kubelet of the pod's node refuses it: bound there, then Failed."""
+    pod = c.pod(name)
+    r = reservation(c, name)
+    pod["spec"]["nodeName"] = r.node
+    pod["status"] = dict(status)
+    pod["metadata"]["resourceVersion"] = str(int(pod["metadata"]["resourceVersion"]) + 1)
+
+
+def _planned_on(c: Cluster, name: str, node_name: str, plan: str = "7") -> None:
+    c.pod(name)["metadata"]["annotations"] = {
+        RESERVATION_ANNOTATION: json.dumps(
+            {
+                "node": node_name,
+                "state": "planned",
+                "gpus": {ONE_G: [1]},
+                "plan": plan,
+                "since": T0,
+                "deadline": T0 + 300,
+            }
+        )
+    }
+
+
+def test_a_refused_release_cools_the_node_and_gives_its_planned_pods_back() -> None:
+    c = _two_nodes()
+    c.step(T0 + 1)
+    assert reservation(c, "a").node == "n1" and reservation(c, "a").state is State.RELEASED
+    _refuse(c, "a")
+    c.put(gated("b", ONE_G, created=T0 + 2))  # would take n1's other free slice
+    c.put(gated("planned", ONE_G, created=T0))
+    _planned_on(c, "planned", "n1")
+    d = c.step(T0 + 3)
+
+    (pod_event,) = events(d, "AdmissionRejected")[:1]
+    assert "kubelet of node n1 refused" in pod_event and "UnexpectedAdmissionError" in pod_event
+    kinds = sorted(
+        a.ref.kind
+        for a in d.actions
+        if isinstance(a, EmitEvent) and a.reason == "AdmissionRejected"
+    )
+    assert kinds == ["Node", "Pod"]
+    assert d.state.cooldown["n1"] == T0 + 3 + 300
+    assert reservation(c, "planned") is None  # given back at once, not at its deadline
+    (dropped,) = events(d, "ReservationDropped")
+    assert "refused the pod released there" in dropped
+    assert reservation(c, "b") is None  # n1's free slice is not promised again
+    assert c.pod("b")["spec"]["schedulingGates"]
+
+    d = c.step(T0 + 4)  # told once
+    assert events(d, "AdmissionRejected") == []
+    assert d.state.cooldown["n1"] == T0 + 3 + 300
+
+
+def test_without_the_rule_the_next_pod_is_released_to_the_same_node() -> None:
+    """The failure the rule prevents, shown on the same cluster: a refusal that is not an
+    admission failure (the pod ran and failed) leaves n1 in use."""
+    c = _two_nodes()
+    c.step(T0 + 1)
+    _refuse(c, "a", {"phase": "Failed", "reason": "Error", "message": "exit code 1"})
+    c.put(gated("b", ONE_G, created=T0 + 2))
+    d = c.step(T0 + 3)
+    assert events(d, "AdmissionRejected") == [] and "n1" not in d.state.cooldown
+    assert reservation(c, "b").node == "n1" and reservation(c, "b").state is State.RELEASED
+
+
+def test_an_ungated_pod_refused_there_cools_nothing() -> None:
+    """Only a promise gpuslice made and the kubelet broke is evidence against the node: a pod
+    kube-scheduler placed alone can be refused for a stale allocatable any day."""
+    c = _two_nodes()
+    stray = gated("stray", ONE_G)
+    del stray["spec"]["schedulingGates"]
+    stray["spec"]["nodeName"] = "n1"
+    stray["status"] = {"phase": "Failed", "reason": f"OutOf{ONE_G}", "message": "no room"}
+    c.put(stray)
+    d = c.step(T0 + 1)
+    assert events(d, "AdmissionRejected") == [] and "n1" not in d.state.cooldown
+    assert reservation(c, "a").node == "n1"
+
+
+def test_after_the_cooldown_the_node_is_used_again() -> None:
+    c = _two_nodes()
+    c.step(T0 + 1)
+    _refuse(c, "a")
+    c.step(T0 + 3)
+    c.put(gated("b", ONE_G, created=T0 + 2))
+    c.step(T0 + 200)
+    assert reservation(c, "b") is None or reservation(c, "b").node != "n1"
+    c.put(gated("c", ONE_G, created=T0 + 400))
+    c.step(T0 + 304)
+    promised = {reservation(c, p).node for p in ("b", "c") if reservation(c, p) is not None}
+    assert "n1" in promised
+
+
+def test_after_a_restart_only_a_recent_refusal_counts() -> None:
+    """Failed pods stay for days (a Job keeps them); a partitioner that restarts (its Events
+    forgotten) must not cool a node for a refusal long past."""
+    c = _two_nodes()
+    c.step(T0 + 1)  # released at T0 + 1: bind deadline T0 + 121
+    _refuse(c, "a")
+    c.state = ControllerState()  # a restart
+    d = c.step(T0 + 121 + 300 + 1)
+    assert events(d, "AdmissionRejected") == [] and "n1" not in d.state.cooldown
+    c.state = ControllerState()
+    d = c.step(T0 + 121 + 300)
+    assert d.state.cooldown["n1"] == T0 + 421 + 300
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        (PLUGIN_GONE, "UnexpectedAdmissionError: Allocate failed"),
+        (
+            {"phase": "Failed", "reason": f"OutOf{ONE_G}", "message": "Node didn't have enough"},
+            f"OutOf{ONE_G}: Node didn't have enough",
+        ),
+        ({"phase": "Failed", "reason": "OutOfcpu"}, "OutOfcpu"),
+        ({"phase": "Failed", "reason": "Evicted", "message": "memory pressure"}, ""),
+        ({"phase": "Running", "reason": "UnexpectedAdmissionError"}, ""),
+        ({"phase": "Failed"}, ""),
+    ],
+)
+def test_admission_rejection_reads_the_kubelets_reasons(
+    status: dict[str, Any], expected: str
+) -> None:
+    assert admission_rejection(status).startswith(expected)
+    assert bool(admission_rejection(status)) == bool(expected)
