@@ -356,3 +356,46 @@ async def test_a_high_priority_pod_only_preemption_can_serve_goes_to_kube_schedu
         assert [m["profile"] for g in np["spec"]["gpus"] for m in g["mig"]] == ["7g.80gb"]
         bound = await bind_like_scheduler(kmock, "default", "urgent", "n1")
         assert bound["spec"]["nodeName"] == "n1"
+
+
+@pytest.mark.looptime
+async def test_a_pod_the_kubelet_refuses_cools_its_node_and_the_next_goes_elsewhere(
+    kmock: ApiServer, tmp_path: Path
+) -> None:
+    """The agent stopped after applying: the node's status still shows the free 7g and the
+    kubelet (within its grace) its device, but fails Allocate.  The refused pod's node is
+    cooled down, so the next pod is not released there to fail in turn."""
+    await setup(kmock, "n1", "n2")
+    async with gating_operator(kmock, tmp_path):
+        await eventually(lambda: stored(kmock, NP_RESOURCE, "n2"), within=10)
+        await kmock.post(PODS, json=pod("p1"))
+        r = await eventually(lambda: reservation(kmock, "p1"), within=40)
+        await agent_applies(kmock, r.node)
+        await kubelet_advertises(kmock, r.node, {SEVEN_G: 1})
+        await eventually(lambda: not get_pod(kmock, "p1")["spec"].get("schedulingGates"), 10)
+        await bind_like_scheduler(kmock, "default", "p1", r.node)
+        refused = {
+            "phase": "Failed",
+            "reason": "UnexpectedAdmissionError",
+            "message": "Allocate failed due to no healthy devices present; cannot allocate "
+            f"unhealthy devices {SEVEN_G}, which is unexpected",
+        }
+        resp = await kmock.patch(f"{PODS}/p1/status", json={"status": refused})
+        assert resp.status == 200, await resp.text()
+        await eventually(
+            lambda: any(reason == "AdmissionRejected" for reason, _ in pod_events(kmock, "p1")),
+            10,
+        )
+        node_events = [
+            obj for (res, _ns, _n), obj in kmock.objects.items()
+            if res == kmock.resource("v1/events") and not obj.deleted
+            and (obj.get("involvedObject") or {}).get("kind") == "Node"
+            and obj.get("reason") == "AdmissionRejected"
+        ]  # fmt: skip
+        assert [e["involvedObject"]["name"] for e in node_events] == [r.node]
+
+        await kmock.post(PODS, json=pod("p2"))  # the free 7g on r.node would fit it
+        second = await eventually(lambda: reservation(kmock, "p2"), within=60)
+        assert second.node != r.node
+        assert second.state is State.PLANNED  # a new slice on the other node
+        assert get_pod(kmock, "p2")["spec"]["schedulingGates"] == [{"name": GATE}]
