@@ -546,6 +546,9 @@ class _Step:
         self.cooldown = {n: t for n, t in state.cooldown.items() if t > now}
         self.rejecting: dict[str, str] = {}
         """Nodes whose kubelet refused a pod released there, noticed this step -> why."""
+        self.rejection_marks: set[str] = set()
+        """``<pod key>#<uid>`` of the refused pods still counted (:meth:`notice_rejections`):
+        their ``reported`` entries are kept while they are."""
         self.gpu_nodes = index.gpu_nodes()
         self.last_id = max(state.last_plan_id, self._plan_id_floor())
         self.busy: set[str] = set()
@@ -951,9 +954,13 @@ class _Step:
                 f"no pod is promised a slice there for {self.config.cooldown_s:.0f} s and the "
                 f"pods planned there are planned elsewhere"
             )
-            if (self.reported.get(key) or {}).get("AdmissionRejected") == message:
+            # recorded by uid: a pod of the same name (a StatefulSet's) refused later is news
+            mark = f"{key}#{pod.uid}"
+            self.rejection_marks.add(mark)
+            if (self.reported.get(mark) or {}).get("AdmissionRejected") == message:
                 continue
-            self.once(pod, "AdmissionRejected", message, "Warning")
+            self._own_reported()[mark] = {"AdmissionRejected": message}
+            self.actions.append(EmitEvent(_pod_ref(pod), "Warning", "AdmissionRejected", message))
             self.counts["admission_rejected"] += 1
             if r.node not in self.rejecting:
                 self.node_event(r.node, "AdmissionRejected", f"{message} (pod {key})")
@@ -2103,7 +2110,7 @@ class _Step:
                 self.once(self.index.pods[key], "Unplaceable", f"cannot place: {reason}", "Warning")
         self.write_views()
         self._window_wakeups()
-        gone = self.reported.keys() - self.seen - self.index.rejections  # (notice_rejections)
+        gone = self.reported.keys() - self.seen - self.rejection_marks
         if gone:
             own = self._own_reported()
             for key in gone:

@@ -146,6 +146,25 @@ def test_after_the_cooldown_the_node_is_used_again() -> None:
     assert "n1" in promised
 
 
+def test_a_pod_of_the_same_name_refused_again_is_noticed_again() -> None:
+    """A StatefulSet recreates a failed pod under the same name: its second refusal, after the
+    cooldown, cools the node again."""
+    c = _two_nodes()
+    c.step(T0 + 1)
+    _refuse(c, "a")
+    d = c.step(T0 + 3)
+    assert len(events(d, "AdmissionRejected")) == 2  # pod and node
+    again = gated("a", ONE_G, created=T0 + 310)
+    again["metadata"]["uid"] = "uid-a-2"
+    c.put(again)
+    c.step(T0 + 311)  # the cooldown is over: n1's free slice is promised again
+    assert reservation(c, "a").node == "n1" and reservation(c, "a").state is State.RELEASED
+    _refuse(c, "a")
+    d = c.step(T0 + 312)
+    assert len(events(d, "AdmissionRejected")) == 2
+    assert d.state.cooldown["n1"] == T0 + 312 + 300
+
+
 def test_after_a_restart_only_a_recent_refusal_counts() -> None:
     """Failed pods stay for days (a Job keeps them); a partitioner that restarts (its Events
     forgotten) must not cool a node for a refusal long past."""
