@@ -250,15 +250,20 @@ class DraPreparer:
         with self._lock:
             out.update(self.pending)
             for info in self._nvml.gpus(isolate=True):
-                if info.index not in self.models:
-                    continue
-                try:
-                    if info.read_error is not None:
-                        raise _isolated(info.index, info.read_error)
-                    self._probe(info)
-                except GpuUnreadable as e:
-                    out[info.index] = e.error
+                if info.index in self.models and (error := self._read_error(info)) is not None:
+                    out[info.index] = error
         return out
+
+    def _read_error(self, info: GpuInfo) -> NvmlError | None:
+        """``None`` when GPU ``info`` reads (its entry, then its instances or processes), else
+        its error (:func:`_isolated` raises for NVML itself down)."""
+        try:
+            if info.read_error is not None:
+                raise _isolated(info.index, info.read_error)
+            self._probe(info)
+        except GpuUnreadable as e:
+            return e.error
+        return None
 
     def read_pending(self) -> list[DraGpu]:
         """Try again the GPUs NVML could not read at start (:attr:`pending`): one that reads now
@@ -273,12 +278,8 @@ class DraPreparer:
             for info in self._nvml.gpus(isolate=True):
                 if info.index not in self.pending:
                     continue
-                try:
-                    if info.read_error is not None:
-                        raise _isolated(info.index, info.read_error)
-                    self._probe(info)
-                except GpuUnreadable as e:
-                    self.pending[info.index] = e.error
+                if (error := self._read_error(info)) is not None:
+                    self.pending[info.index] = error
                     continue
                 del self.pending[info.index]
                 model = self._catalog.model_for_device(info.pci_device_id, info.name)

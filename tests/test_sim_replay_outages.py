@@ -97,3 +97,27 @@ def test_outages_are_checked() -> None:
         run_time_replay(
             workload, cluster, "cpsat", ReplaySettings(outages=(AgentOutage("ghost", 0, 10),))
         )
+
+
+def test_the_kubelets_grace_counts_from_the_latest_stop() -> None:
+    """A crash loop: down at 1000, up at 1100, down again at 1200.  The kubelet's grace for the
+    second stop ends at 1500, not at 1300 (when the first stop's would have)."""
+    workload, cluster = build(random_case(14, 40))
+    zeroed: list[float] = []
+    import simulations.replay.engine as engine
+
+    class Watch(engine._Engine):
+        def _handle(self, t: float, kind: engine._Kind, payload: str) -> None:
+            before = set(self.kubelet.unhealthy)
+            super()._handle(t, kind, payload)
+            if self.kubelet.unhealthy - before:
+                zeroed.append(t)
+
+    outages = (AgentOutage("n0", 1000, 1100), AgentOutage("n0", 1200, 2000))
+    original = engine._Engine
+    engine._Engine = Watch  # type: ignore[misc]
+    try:
+        run_time_replay(workload, cluster, "cpsat", ReplaySettings(outages=outages))
+    finally:
+        engine._Engine = original  # type: ignore[misc]
+    assert zeroed == [1500.0]

@@ -850,6 +850,9 @@ class _Engine:
         self.down: set[str] = set()
         """Nodes whose agent is down (:attr:`ReplaySettings.outages`)."""
         self.deferred_apply: set[str] = set()
+        self.down_token: dict[str, int] = {}
+        """Node -> the event sequence number of its agent's last stop (a crash loop's earlier
+        stop must not end the kubelet's grace for the later one)."""
         """Down nodes with a spec written before or during the outage, applied at restart."""
         for o in settings.outages:
             if o.node not in fake.nodes:
@@ -1341,11 +1344,14 @@ class _Engine:
         elif kind is _Kind.AGENT_DOWN:
             self.down.add(payload)
             self.kubelet.down.add(payload)  # Allocate calls fail: pods bound there are rejected
-            self._push(t + self.settings.plugin_grace_s, _Kind.PLUGIN_GONE, payload)
+            self.seq += 1
+            self.down_token[payload] = self.seq
+            self._push(t + self.settings.plugin_grace_s, _Kind.PLUGIN_GONE, f"{self.seq}:{payload}")
         elif kind is _Kind.PLUGIN_GONE:
-            if payload in self.down:
-                self.kubelet.unhealthy.add(payload)  # allocatable 0 at its next status sync
-                self._sync_soon(payload, t)
+            token, node = payload.split(":", 1)
+            if node in self.down and self.down_token.get(node) == int(token):  # this outage's
+                self.kubelet.unhealthy.add(node)  # allocatable 0 at its next status sync
+                self._sync_soon(node, t)
         elif kind is _Kind.AGENT_UP:
             self.down.discard(payload)
             self.kubelet.down.discard(payload)
