@@ -100,6 +100,16 @@ def test_out_dir_gets_markdown_png_and_json(
             ["--policy", "fgd", "--cpu-scheduler", "least-allocated"],
             "row 'fgd' places every pod itself",
         ),
+        (["--agent-outage", "a100-0:1:2"], "--agent-outage needs the time replay"),
+        (
+            ["--protocol", "time-replay", "--agent-outage", "a100-9:1:2"],
+            "has no node a100-9 (its nodes: a100-0, a100-1)",
+        ),
+        (
+            ["--protocol", "time-replay", "--agent-outage", "a100-0:50:20"],
+            "give a node name and 0 <= start < end",
+        ),
+        (["--protocol", "time-replay", "--agent-outage", "a100-0"], "expected NODE:START:END"),
     ],
 )
 def test_bad_input_exits_2_naming_the_fix(
@@ -121,3 +131,15 @@ def test_bench_seed_parsing_and_bad_arguments(capsys: pytest.CaptureFixture[str]
         parse_seeds("a-b")
     assert bench_main(["--policies", "worstfit"]) == 2
     assert "unknown policies ['worstfit']" in capsys.readouterr().err
+
+
+def test_an_agent_outage_in_the_built_in_time_replay(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["simulate", "--protocol", "time-replay", "--policy", "cpsat,greedy", "--quiet"]
+    assert main([*argv, "-o", "json"]) == 0
+    calm = {s["policy"]: s for s in json.loads(capsys.readouterr().out)["summaries"]}
+    assert main([*argv, "--agent-outage", "a100-0:600:4200", "-o", "json"]) == 0
+    hit = {s["policy"]: s for s in json.loads(capsys.readouterr().out)["summaries"]}
+    for policy in ("cpsat", "greedy"):  # half the cluster's agents stopped for an hour
+        assert hit[policy]["pending_mean_s"] > calm[policy]["pending_mean_s"]
+        assert hit[policy]["never_scheduled"] == 0
+    assert hit["cpsat"]["admission_rejections"] < hit["greedy"]["admission_rejections"]

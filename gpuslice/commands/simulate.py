@@ -129,7 +129,7 @@ def _run_time_replay_protocol(
     args: argparse.Namespace, cluster: Cluster, workload: Workload, bar: Progress
 ) -> Doc:
     """Time replay (simulations.reports.replay_protocol); no --trace/--cluster: its built-in MIG scenario."""
-    from simulations.replay.engine import ReplayError, ReplaySettings
+    from simulations.replay.engine import AgentOutage, ReplayError, ReplaySettings
     from simulations.replay.metrics import summarize
     from simulations.reports.replay_protocol import builtin_scenario, run_replay_protocol
 
@@ -140,7 +140,18 @@ def _run_time_replay_protocol(
     def progress(done: int, total: int, label: str) -> None:
         bar.update(1000 * done // max(1, total), label)
 
-    settings = ReplaySettings(seed=args.seed)
+    try:
+        outages = tuple(AgentOutage.parse(text) for text in args.agent_outage or ())
+        settings = ReplaySettings(seed=args.seed, outages=outages)
+    except ReplayError as e:
+        raise BadInput(f"--agent-outage: {e}") from None
+    names = {n.name for n in cluster.nodes}
+    unknown = sorted({o.node for o in outages} - names)
+    if unknown:
+        raise BadInput(
+            f"--agent-outage: cluster {cluster.name} has no node {', '.join(unknown)} (its "
+            f"nodes: {', '.join(sorted(names)[:5])}{', ...' if len(names) > 5 else ''})"
+        )
     policies = args.policy or replay_default_policies(cluster)
     try:
         _, results = run_replay_protocol(workload, cluster, policies, settings, args.out, progress)
@@ -364,6 +375,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(FGD's, the default), least-allocated (kube-scheduler's default profile) or "
         "most-allocated (its bin-packing profile)",
     )
+    parser.add_argument(
+        "--agent-outage",
+        action="append",
+        metavar="NODE:START:END",
+        help="time replay: stop that node's agent from START to END seconds of simulated time "
+        "(repeatable): it applies nothing, reports nothing, and the kubelet refuses pods there "
+        "(docs/operations.md, 'An agent that stops')",
+    )
     parser.add_argument("--openb-dir", help="folder holding the openb CSVs")
     parser.add_argument("--out", metavar="DIR", help=_writes_help())
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -385,6 +404,11 @@ def run(args: argparse.Namespace) -> int:
         # a workload naming MIG profiles/MPS sizes (gpuslice export) can only be time-replayed
         replay = bool(workload.slice_pods)
         args.protocol = "both" if builtin else "time-replay" if replay else "saturation"
+    if args.agent_outage and args.protocol != "time-replay":
+        raise BadInput(
+            "--agent-outage needs the time replay (--protocol time-replay): the saturation "
+            "protocol has no agents"
+        )
     if args.protocol != "time-replay":
         from simulations.inputs.workload_slices import require_shares
 

@@ -326,11 +326,12 @@ class AgentOutage:
         try:
             if not (sep and sep2):
                 raise ValueError(text)
-            return cls(node, float(start), float(rest))
+            begin, end = float(start), float(rest)
         except ValueError:
             raise ReplayError(
                 f"agent outage {text!r}: expected NODE:START:END in seconds, e.g. n0:3600:7200"
             ) from None
+        return cls(node, begin, end)
 
 
 @dataclass(frozen=True, slots=True)
