@@ -381,7 +381,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NODE:START:END",
         help="time replay: stop that node's agent from START to END seconds of simulated time "
         "(repeatable): it applies nothing, reports nothing, and the kubelet refuses pods there "
-        "(docs/operations.md, 'An agent that stops')",
+        "(the operations guide, 'An agent that stops')",
     )
     parser.add_argument("--openb-dir", help="folder holding the openb CSVs")
     parser.add_argument("--out", metavar="DIR", help=_writes_help())
