@@ -121,3 +121,61 @@ def test_the_kubelets_grace_counts_from_the_latest_stop() -> None:
     finally:
         engine._Engine = original  # type: ignore[misc]
     assert zeroed == [1500.0]
+
+
+# -- the partitioner itself down, or restarting ------------------------------------------------
+
+
+@settings(
+    max_examples=10,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    derandomize=True,
+)
+@given(
+    case=st.integers(0, 199),
+    restarts=st.lists(st.floats(0, 8000), min_size=1, max_size=3, unique=True),
+)
+def test_a_restarted_partitioner_keeps_every_promise(case: int, restarts: list[float]) -> None:
+    """Restarts (down for 10 ms: no pod is created meanwhile, so every pod is gated) lose the
+    batch window, Events and cool-downs, never a reservation: nothing is stolen."""
+    workload, cluster = build(random_case(case, 80))
+    windows = tuple((t, t + 0.01) for t in sorted(restarts))
+    result = run_time_replay(
+        workload, cluster, "cpsat", ReplaySettings(partitioner_outages=windows)
+    )
+    s = summarize(result).as_dict()
+    assert (s["never_scheduled"], s["theft"], s["pods_disrupted"]) == (0, 0, 0)
+    assert not result.planner_errors
+
+
+@settings(
+    max_examples=10,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    derandomize=True,
+)
+@given(
+    case=st.integers(0, 199),
+    start=st.floats(0, 3000),
+    length=st.floats(1, 4000),
+)
+def test_every_pod_runs_after_the_partitioner_was_down(
+    case: int, start: float, length: float
+) -> None:
+    """While the partitioner is down its webhook is too: pods created then are not gated and
+    kube-scheduler may bind them onto slices promised to gated pods (theft, as documented for a
+    webhook outage); still every pod runs and nothing is disrupted."""
+    workload, cluster = build(random_case(case, 80))
+    settings_ = ReplaySettings(partitioner_outages=((start, start + length),))
+    result = run_time_replay(workload, cluster, "cpsat", settings_)
+    s = summarize(result).as_dict()
+    assert s["never_scheduled"] == 0 and s["pods_disrupted"] == 0
+    assert not result.planner_errors
+
+
+def test_partitioner_outages_are_checked() -> None:
+    with pytest.raises(ReplayError, match="partitioner outages"):
+        ReplaySettings(partitioner_outages=((100.0, 50.0),))
+    with pytest.raises(ReplayError, match="not overlapping"):
+        ReplaySettings(partitioner_outages=((0.0, 100.0), (50.0, 150.0)))

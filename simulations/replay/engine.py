@@ -107,6 +107,12 @@ once and its plugin registers again (allocatable back at the next status sync). 
 the partitioner the agent is down but what production shows it: a spec that is not applied, a
 slice that never becomes allocatable, a released pod that does not bind.
 
+``settings.partitioner_outages`` stop the partitioner itself: no decision step runs, and its
+webhook is down with it, so pods created meanwhile are not gated (``failurePolicy: Ignore``):
+kube-scheduler tries them as it does without gpuslice.  At the end of an outage the partitioner
+restarts from the API objects alone (a fresh :class:`~partitioner.decide.ControllerState`:
+batch window, Events, cool-downs forgotten; reservations are on the pods).
+
 The replay stops when no arrival, departure, spec application or status sync is left and
 nothing has progressed for longer than any retry, window or deadline could take.  Pods still
 pending then are *never scheduled*; with ``max_pending_s`` a pod gives up after waiting that
@@ -273,6 +279,9 @@ class ReplaySettings:
     clock are ``epoch_s + t``."""
     outages: tuple[AgentOutage, ...] = ()
     """Node agents that stop and start again (module docstring, "Agent outages")."""
+    partitioner_outages: tuple[tuple[float, float], ...] = ()
+    """``(start, end)``: the partitioner is down, then restarts (module docstring, "Agent
+    outages")."""
     plugin_grace_s: float = 300.0
     """The kubelet keeps a stopped device plugin's devices allocatable this long, then marks
     them unhealthy (allocatable 0): the kubelet's ``endpointStopGracePeriod``."""
@@ -290,6 +299,14 @@ class ReplaySettings:
             raise ReplayError("replay settings: react_s must be in [0, cycle_s] (or None)")
         if self.plugin_grace_s < 0:
             raise ReplayError("replay settings: plugin_grace_s must be >= 0")
+        windows = sorted(self.partitioner_outages)
+        if any(not 0 <= a < b for a, b in windows) or any(
+            b[0] < a[1] for a, b in itertools.pairwise(windows)
+        ):
+            raise ReplayError(
+                "replay settings: partitioner outages must be (start, end) with 0 <= start < "
+                "end, not overlapping"
+            )
         by_node: dict[str, list[AgentOutage]] = {}
         for o in self.outages:
             by_node.setdefault(o.node, []).append(o)
@@ -654,6 +671,8 @@ class _Kind(IntEnum):
     AGENT_DOWN = 10
     AGENT_UP = 11
     PLUGIN_GONE = 12
+    PARTITIONER_DOWN = 13
+    PARTITIONER_UP = 14
 
 
 _LIVE = frozenset(
@@ -666,6 +685,8 @@ _LIVE = frozenset(
         _Kind.AGENT_DOWN,
         _Kind.AGENT_UP,
         _Kind.PLUGIN_GONE,
+        _Kind.PARTITIONER_DOWN,
+        _Kind.PARTITIONER_UP,
     }
 )
 """Events that change the cluster on their own (the rest only react to it)."""
@@ -862,6 +883,14 @@ class _Engine:
                 raise ReplayError("agent outages are modelled for device-plugin nodes only")
             self._push(o.start_s, _Kind.AGENT_DOWN, o.node)
             self._push(o.end_s, _Kind.AGENT_UP, o.node)
+        self.partitioner_down = False
+        """The partitioner is down (:attr:`ReplaySettings.partitioner_outages`)."""
+        self.webhook = self.api.webhook
+        for start, end in settings.partitioner_outages:
+            if self.config is None:
+                raise ReplayError("partitioner outages need a policy with a partitioner")
+            self._push(start, _Kind.PARTITIONER_DOWN, "")
+            self._push(end, _Kind.PARTITIONER_UP, "")
         for name in fake.nodes:
             self._report(name)
             self.kubelet.sync(name)
@@ -899,7 +928,7 @@ class _Engine:
     def _dirty(self, t: float, own: bool = False) -> None:
         """Something the partitioner reads changed: it acts on it ``react_s`` after its last
         step at the earliest (its own writes: at its next regular cycle, ``cycle_s``)."""
-        if self.config is None:
+        if self.config is None or self.partitioner_down:
             return
         cycle, react = self.settings.cycle_s, self.settings.react_s
         if react is None:
@@ -1365,6 +1394,18 @@ class _Engine:
             self._report(payload)  # its first pass, and the plugin registers again
             self._sync_soon(payload, t)
             self._dirty(t)
+        elif kind is _Kind.PARTITIONER_DOWN:  # its webhook too: failurePolicy Ignore
+            self.partitioner_down = True
+            self.api.webhook = False
+        elif kind is _Kind.PARTITIONER_UP:  # a restart: nothing kept but the API objects
+            self.partitioner_down = False
+            self.api.webhook = self.webhook
+            self.state = ControllerState()
+            self.stepped_version = -1
+            self.wake_due = None
+            self._dirty(t)
+        elif kind is _Kind.TICK and self.partitioner_down:
+            self.tick_at = None
         elif kind is _Kind.TICK and self.tick_at is not None and self.tick_at <= t:
             self.tick_at = None
             due = self.wake_due is not None and self.wake_due <= t + _EPSILON
