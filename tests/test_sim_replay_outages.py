@@ -179,3 +179,22 @@ def test_partitioner_outages_are_checked() -> None:
         ReplaySettings(partitioner_outages=((100.0, 50.0),))
     with pytest.raises(ReplayError, match="not overlapping"):
         ReplaySettings(partitioner_outages=((0.0, 100.0), (50.0, 150.0)))
+
+
+@pytest.mark.parametrize(
+    "settings_",
+    [
+        ReplaySettings(partitioner_outages=((1722.0, 3480.0),)),
+        ReplaySettings(outages=(AgentOutage("n0", 100, 9000), AgentOutage("n1", 100, 9000))),
+    ],
+    ids=["partitioner", "every agent"],
+)
+def test_an_outage_longer_than_any_deadline_does_not_end_the_run(
+    settings_: ReplaySettings,
+) -> None:
+    """Nothing moves during a long enough outage (longer than every window, deadline and drain
+    wait together): the replay must still go on when it ends, not count the waiting pods as
+    never scheduled (found by hypothesis: case 82, 16 pods)."""
+    workload, cluster = build(random_case(82, 80))
+    s = summarize(run_time_replay(workload, cluster, "cpsat", settings_)).as_dict()
+    assert s["never_scheduled"] == 0 and s["pods_disrupted"] == 0

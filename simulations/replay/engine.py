@@ -1393,6 +1393,7 @@ class _Engine:
                 self._push(t + self.settings.apply_delay_s, _Kind.APPLY, f"{self.seq}:{payload}")
             self._report(payload)  # its first pass, and the plugin registers again
             self._sync_soon(payload, t)
+            self.last_progress = t  # what waited may move now: the run is not over
             self._dirty(t)
         elif kind is _Kind.PARTITIONER_DOWN:  # its webhook too: failurePolicy Ignore
             self.partitioner_down = True
@@ -1403,6 +1404,7 @@ class _Engine:
             self.state = ControllerState()
             self.stepped_version = -1
             self.wake_due = None
+            self.last_progress = t  # what waited may move now: the run is not over
             self._dirty(t)
         elif kind is _Kind.TICK and self.partitioner_down:
             self.tick_at = None
