@@ -24,6 +24,14 @@ from simulations.replay.engine import (
 )
 from simulations.replay.metrics import summarize
 
+REPLAYS = settings(
+    max_examples=10,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    derandomize=True,
+)
+"""Each example is a whole replay (about a second): few examples, and the same ones every run."""
+
 
 def _replay(
     case: int, pods: int, outages: tuple[AgentOutage, ...], policy: str = "cpsat"
@@ -53,12 +61,7 @@ def test_an_outage_stops_applies_and_status_and_the_kubelet_refuses_pods_there()
     assert nos["never_scheduled"] == 0
 
 
-@settings(
-    max_examples=12,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-    derandomize=True,
-)
+@REPLAYS
 @given(
     case=st.integers(0, 199),
     node=st.integers(0, 3),
@@ -126,12 +129,7 @@ def test_the_kubelets_grace_counts_from_the_latest_stop() -> None:
 # -- the partitioner itself down, or restarting ------------------------------------------------
 
 
-@settings(
-    max_examples=10,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-    derandomize=True,
-)
+@REPLAYS
 @given(
     case=st.integers(0, 199),
     restarts=st.lists(st.floats(0, 8000), min_size=1, max_size=3, unique=True),
@@ -149,12 +147,7 @@ def test_a_restarted_partitioner_keeps_every_promise(case: int, restarts: list[f
     assert not result.planner_errors
 
 
-@settings(
-    max_examples=10,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-    derandomize=True,
-)
+@REPLAYS
 @given(
     case=st.integers(0, 199),
     start=st.floats(0, 3000),
