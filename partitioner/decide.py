@@ -576,6 +576,10 @@ class _Step:
         self.switching: set[str] = set()
         self.ledgers: dict[str, NodeLedger] = {}
         self.unreadable: dict[str, NodeProblem] = {}
+        self.unserved: dict[str, NodeProblem] = {}
+        """Nodes whose kubelet lists none of a slice resource pods bound there hold (their
+        device plugin is gone, or registering again): no new promise there while it lasts
+        (:meth:`notice_unserved`)."""
         """GPU nodes whose GPUs cannot be read yet (:mod:`partitioner.adoption`)."""
         self._problem_nodes: list[dict[str, Any]] | None = None
         """Opted-in nodes whose GPU labels cannot be read (:meth:`_give_back`), once read."""
@@ -721,7 +725,11 @@ class _Step:
             have: Mapping[str, Any] = next(
                 (c for c in conditions if c.get("type") == NODE_CONDITION), {}
             )
-            problem = info.reading if info.gpu is None else self.unreadable.get(name)
+            problem = (
+                info.reading
+                if info.gpu is None
+                else self.unreadable.get(name) or self.unserved.get(name)
+            )
             if problem is None:
                 if have.get("status") == "False":
                     self.actions.append(
@@ -969,6 +977,35 @@ class _Step:
                 self.cooldown.get(r.node, 0.0), self.now + self.config.cooldown_s
             )
 
+    def notice_unserved(self) -> None:
+        """Nodes whose kubelet lists none of a slice resource that pods bound there hold
+        (:meth:`~partitioner.ledger.NodeLedger.plugin_gone`) get no new promise while that
+        lasts: no free slice of theirs is reserved, no plan or drain goes there, and their node
+        condition says why (``DevicePluginGone``).  After the kubelet's five-minute grace an
+        agent that stopped leaves exactly this, while its last status still lists free slices
+        that a promise would wait on until the apply deadline, once per cool-down.  Nothing is
+        given back (a kubelet restart shows the same for the seconds its plugins take to
+        register again, and a promise made before then still arrives); nothing is kept: the
+        next step looks again."""
+        for name, ledger in sorted(self.ledgers.items()):
+            resource = ledger.plugin_gone()
+            if resource:
+                self.unserved[name] = NodeProblem(
+                    name,
+                    "DevicePluginGone",
+                    f"pods bound to node {name} hold {resource} but its kubelet lists none: "
+                    "the gpuslice agent's device plugin is gone, registering again after a "
+                    "kubelet restart, or reports every such device unhealthy; no new slice is "
+                    "promised there until the kubelet lists it again (check the agent pod and "
+                    "the node's GPUs)",
+                )
+        if self.unserved:
+            self.counts["nodes_unserved"] = len(self.unserved)
+
+    def _open(self, node: str) -> bool:
+        """New promises may go to ``node``: it is neither cooling down nor unserved."""
+        return node not in self.cooldown and node not in self.unserved
+
     def _missed(self, pod: PodInfo, r: Reservation) -> None:
         waited = self.now - r.since
         message = (
@@ -1187,7 +1224,7 @@ class _Step:
         usable = [
             ledger
             for ledger in self.ledgers.values()
-            if not ledger.busy and ledger.name not in self.cooldown
+            if not ledger.busy and self._open(ledger.name)
         ]
         free_nodes: dict[str, list[NodeLedger]] = {}
         for ledger in usable:
@@ -1345,7 +1382,7 @@ class _Step:
                 continue
             r = self.drains[key]
             ledger = self.ledgers.get(r.node)
-            if ledger is None or ledger.busy or r.node in self.cooldown:
+            if ledger is None or ledger.busy or not self._open(r.node):
                 continue
             frozen = {i for g in r.gpus.values() for i in g}
             gpus = [g for g in ledger.gpus if g.index in frozen]
@@ -1537,9 +1574,7 @@ class _Step:
                 break
             eligible = self.index.eligible(pod, self.gpu_nodes)
             options = [
-                self.ledgers[n]
-                for n in sorted(eligible)
-                if n in self.ledgers and n not in self.cooldown
+                self.ledgers[n] for n in sorted(eligible) if n in self.ledgers and self._open(n)
             ]
             choice = choose_drain(pod.slices, pod.cpu_milli, pod.memory_mib, options)
             if choice is None:
@@ -1640,7 +1675,7 @@ class _Step:
         plannable = {
             name: ledger
             for name, ledger in self.ledgers.items()
-            if not ledger.busy and name not in self.cooldown
+            if not ledger.busy and self._open(name)
         }
         nodes = tuple(plannable[n].node_state() for n in sorted(plannable))
         bound = self.unit_bound = _UnitBounds(
@@ -1917,7 +1952,7 @@ class _Step:
         usable = [
             led
             for led in self.ledgers.values()
-            if led.name not in self.cooldown and not led.degraded and not led.busy
+            if self._open(led.name) and not led.degraded and not led.busy
         ]
         if not usable:
             return
@@ -2076,6 +2111,8 @@ class _Step:
         self.ledgers, self.unreadable = build_ledgers(
             self.index, self.busy, self.degraded, self.frozen()
         )
+        if self.config.reservation:
+            self.notice_unserved()
         self.conditions()
         if self.config.node_lifecycle:
             self.actions.extend(node_lifecycle(self.index))
@@ -2136,7 +2173,7 @@ class _Step:
             reconfigured,
             error,
             dict(self.counts),
-            {**self._label_problems(), **self.unreadable},
+            {**self._label_problems(), **self.unreadable, **self.unserved},
             self.planned_snapshot,
             self.next_wakeup,
             self.warm_error,

@@ -255,6 +255,25 @@ class NodeLedger:
                 return True
         return False
 
+    def plugin_gone(self) -> str:
+        """A slice resource pods bound here hold that the kubelet lists none of (its
+        allocatable has no such unit), else ``""``.
+
+        A bound pod was admitted with the device, so the kubelet can list none only when the
+        device plugin that serves it is gone (the agent stopped: five minutes after, the
+        kubelet drops the plugin's resources), has not registered again yet (a kubelet restart
+        shows no device until its plugin re-registers, seconds) or reports every such device
+        unhealthy.  Either way the free slices the agent's status lists cannot be allocated
+        now.  Only where the agent has reported the layout (before, the node is adopted from
+        what another plugin served, which may be gone by design); DRA nodes publish devices,
+        not extended resources: never."""
+        if self.gpu.dra or not self.reported:
+            return ""
+        for resource, k in sorted(self.bound.items()):
+            if k > 0 and self.info.allocatable.get(resource, 0) == 0:
+                return resource
+        return ""
+
     def scheduler_room(self, resource: str) -> int:
         """Units of ``resource`` kube-scheduler would still admit beyond bound and released pods.
 

@@ -27,7 +27,7 @@ from test_partitioner_promises import (
 )
 from test_partitioner_snapshot import node
 
-from partitioner.actions import EmitEvent
+from partitioner.actions import EmitEvent, SetNodeCondition
 from partitioner.decide import ControllerState
 from partitioner.index import admission_rejection
 from partitioner.reservations import RESERVATION_ANNOTATION, State
@@ -177,6 +177,52 @@ def test_after_a_restart_only_a_recent_refusal_counts() -> None:
     c.state = ControllerState()
     d = c.step(T0 + 121 + 300)
     assert d.state.cooldown["n1"] == T0 + 421 + 300
+
+
+def _plugin_gone() -> Cluster:
+    """n1's agent reported a used 7g (pod ``a``) and a free one; its kubelet lists no 7g (the
+    device plugin is gone); n2 is empty.  A gated 7g pod ``p`` waits."""
+    seven = "nvidia.com/mig-7g.80gb"
+    used, free = status_gpu(0, ("7g.80gb", 0, True)), status_gpu(1, ("7g.80gb", 0, False))
+    running = gated("a", seven)
+    del running["spec"]["schedulingGates"]
+    running["spec"]["nodeName"] = "n1"
+    running["status"] = {"phase": "Running"}
+    c = Cluster(
+        node("n1", MIG),
+        node("n2", MIG),
+        applied_np("n1", used, free),
+        applied_np("n2", status_gpu(0), status_gpu(1)),
+        running,
+        gated("p", seven, created=T0),
+    )
+    c.kubelet_lists_bound = False
+    return c
+
+
+def test_no_promise_goes_where_the_kubelet_lists_none_of_what_bound_pods_hold() -> None:
+    """After the kubelet's grace an agent that stopped leaves this: its last status shows a
+    free 7g, but the kubelet lists no 7g though pod ``a`` holds one.  The free 7g is not
+    promised (it could never be released), the node says why, and the pod is planned on n2."""
+    c = _plugin_gone()
+    d = c.step(T0 + 1)
+    assert reservation(c, "p") is None  # no fast path onto n1's free 7g
+    (cond,) = [a for a in d.actions if isinstance(a, SetNodeCondition)]
+    assert (cond.node, cond.status, cond.reason) == ("n1", "False", "DevicePluginGone")
+    assert "hold nvidia.com/mig-7g.80gb but its kubelet lists none" in cond.message
+    assert d.counts["nodes_unserved"] == 1
+    d = c.step(T0 + 12)  # the window closes: planned, on n2 only
+    assert d.plan is not None and reservation(c, "p").node == "n2"
+
+
+def test_when_the_kubelet_lists_the_devices_again_the_node_is_served() -> None:
+    c = _plugin_gone()
+    c.step(T0 + 1)
+    n1 = c.objs[("Node", "n1")]
+    n1["status"]["allocatable"]["nvidia.com/mig-7g.80gb"] = "2"  # the plugin registered
+    d = c.step(T0 + 2)
+    assert reservation(c, "p").node == "n1" and reservation(c, "p").state is State.RELEASED
+    assert "nodes_unserved" not in d.counts
 
 
 @pytest.mark.parametrize(

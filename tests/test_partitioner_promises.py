@@ -102,6 +102,7 @@ class Cluster:
         for o in objs:
             self.put(o)
         self.state = ControllerState()
+        self.kubelet_lists_bound = True
 
     def put(self, obj: dict[str, Any]) -> None:
         meta = obj["metadata"]
@@ -115,11 +116,37 @@ class Cluster:
     def index(self) -> ClusterIndex:
         return ClusterIndex.from_objects(
             CAT,
-            [o for (k, _), o in self.objs.items() if k == "Node"],
+            [self._listing(o) for (k, _), o in self.objs.items() if k == "Node"],
             [o for (k, _), o in self.objs.items() if k == "Pod"],
             [o for (k, _), o in self.objs.items() if k == "NodePartitioning"],
             [o for (k, _), o in self.objs.items() if k == "ResourceClaim"],
         )
+
+    def _listing(self, node_obj: dict[str, Any]) -> dict[str, Any]:
+        """The node as its kubelet shows it: allocatable lists at least the slices the pods
+        bound there hold (they were admitted with them), whatever the test wrote."""
+        if not self.kubelet_lists_bound:  # the test plays a kubelet that lost the devices
+            return node_obj
+        name = node_obj["metadata"]["name"]
+        held: dict[str, int] = {}
+        for (kind, _), o in self.objs.items():
+            if kind != "Pod" or o["spec"].get("nodeName") != name:
+                continue
+            if (o.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                continue
+            for c in o["spec"].get("containers", ()):
+                for r, v in ((c.get("resources") or {}).get("limits") or {}).items():
+                    if r.startswith("nvidia.com/mig-") or r.startswith("nvidia.com/gpu-"):
+                        held[r] = held.get(r, 0) + int(v)
+        alloc = (node_obj.get("status") or {}).get("allocatable") or {}
+        short = {r: k for r, k in held.items() if int(alloc.get(r, 0)) < k}
+        if not short:
+            return node_obj
+        out = copy.deepcopy(node_obj)
+        out.setdefault("status", {}).setdefault("allocatable", {}).update(
+            {r: str(k) for r, k in short.items()}
+        )
+        return out
 
     def step(self, now: float, config: DecideConfig = CONFIG) -> Decision:
         d = decide(self.state, self.index(), now, config)
