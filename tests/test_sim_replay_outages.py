@@ -96,7 +96,7 @@ def test_outages_are_checked() -> None:
         AgentOutage.parse("n0:later")
     assert AgentOutage.parse("gpu-node:1:60") == AgentOutage("gpu-node", 1.0, 60.0)
     workload, cluster = build(random_case(3, 20))
-    with pytest.raises(ReplayError, match="no node 'ghost'"):
+    with pytest.raises(ReplayError, match=r"has no node ghost \(its nodes: n0, n1"):
         run_time_replay(
             workload, cluster, "cpsat", ReplaySettings(outages=(AgentOutage("ghost", 0, 10),))
         )

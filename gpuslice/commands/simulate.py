@@ -145,13 +145,6 @@ def _run_time_replay_protocol(
         settings = ReplaySettings(seed=args.seed, outages=outages)
     except ReplayError as e:
         raise BadInput(f"--agent-outage: {e}") from None
-    names = {n.name for n in cluster.nodes}
-    unknown = sorted({o.node for o in outages} - names)
-    if unknown:
-        raise BadInput(
-            f"--agent-outage: cluster {cluster.name} has no node {', '.join(unknown)} (its "
-            f"nodes: {', '.join(sorted(names)[:5])}{', ...' if len(names) > 5 else ''})"
-        )
     policies = args.policy or replay_default_policies(cluster)
     try:
         _, results = run_replay_protocol(workload, cluster, policies, settings, args.out, progress)

@@ -869,16 +869,21 @@ class _Engine:
                 drain_queue_limit=settings.drain_queue_limit,
                 warm_share=settings.warm_share,
             )
-        self.down: set[str] = set()
-        """Nodes whose agent is down (:attr:`ReplaySettings.outages`)."""
+        self.down = self.kubelet.down
+        """Nodes whose agent is down (:attr:`ReplaySettings.outages`): the kubelet's set of
+        nodes without their device plugin, which the agent is."""
         self.deferred_apply: set[str] = set()
+        """Down nodes with a spec written before or during the outage, applied at restart."""
         self.down_token: dict[str, int] = {}
         """Node -> the event sequence number of its agent's last stop (a crash loop's earlier
         stop must not end the kubelet's grace for the later one)."""
-        """Down nodes with a spec written before or during the outage, applied at restart."""
         for o in settings.outages:
             if o.node not in fake.nodes:
-                raise ReplayError(f"agent outage: the cluster has no node {o.node!r}")
+                names = sorted(fake.nodes)
+                raise ReplayError(
+                    f"agent outage: the cluster has no node {o.node} (its nodes: "
+                    f"{', '.join(names[:5])}{', ...' if len(names) > 5 else ''})"
+                )
             if self.dra is not None:
                 raise ReplayError("agent outages are modelled for device-plugin nodes only")
             self._push(o.start_s, _Kind.AGENT_DOWN, o.node)
@@ -1372,8 +1377,7 @@ class _Engine:
                 self.flush_at = None
             self.scheduler.flush(t)
         elif kind is _Kind.AGENT_DOWN:
-            self.down.add(payload)
-            self.kubelet.down.add(payload)  # Allocate calls fail: pods bound there are rejected
+            self.down.add(payload)  # Allocate calls fail: pods bound there are rejected
             self.seq += 1
             self.down_token[payload] = self.seq
             self._push(t + self.settings.plugin_grace_s, _Kind.PLUGIN_GONE, f"{self.seq}:{payload}")
@@ -1384,7 +1388,6 @@ class _Engine:
                 self._sync_soon(node, t)
         elif kind is _Kind.AGENT_UP:
             self.down.discard(payload)
-            self.kubelet.down.discard(payload)
             self.kubelet.unhealthy.discard(payload)
             if payload in self.deferred_apply:  # the agent applies the spec it finds
                 self.deferred_apply.discard(payload)
