@@ -37,7 +37,12 @@ step:
    the device plugin is gone or its devices unhealthy; ``OutOf<resource>``) shows the node
    cannot give what its status promises: the node cools down at once (``AdmissionRejected`` on
    the failed pod and the node) and its ``planned`` pods are planned elsewhere, instead of more
-   pods being released there to fail in turn (:meth:`_Step.notice_rejections`).
+   pods being released there to fail in turn (:meth:`_Step.notice_rejections`).  A node whose
+   kubelet lists none of a slice resource bound pods hold, or for ``plugin_lag_s`` none of the
+   slices its agent reports, has lost its device plugin: no new promise there while it lasts
+   (``DevicePluginGone``), and once it has lasted ``plugin_lag_s`` its ``planned`` pods are
+   planned elsewhere (:meth:`_Step.notice_unserved`).  A pod given back and reserved,
+   released or ungated again in the same step gets one patch (:meth:`_Step._patch`).
 4. **Release.**  A ``planned`` pod whose slice exists (the node applied) is released once the
    node's ``status.allocatable`` shows room for it beyond the bound and released pods (else
    kube-scheduler would fail it): one patch narrows its node affinity to the node, removes the
@@ -215,6 +220,11 @@ class DecideConfig:
     """A released pod should be bound within this long; then gpuslice checks why not."""
     cooldown_s: float = 300.0
     """A node that missed an apply deadline is left out of plans this long."""
+    plugin_lag_s: float = 60.0
+    """A node whose kubelet lists none of the slices its agent reports for this long has lost
+    its device plugin: no promise there, its planned pods go elsewhere (:meth:`_Step.
+    notice_unserved`).  Longer than the kubelet takes to list a new layout (one status sync,
+    10 s by default)."""
     drain_after_s: float = 900.0
     """A gated pod no plan can place gets a drain after waiting this long."""
     drain_fraction: float = 0.1
@@ -296,6 +306,9 @@ class ControllerState:
     replan_at: float = math.inf
     """The earliest time at which time alone can change the last batch's plan or what follows
     it: a waiting-time tier or ``drain_after_s`` crossed by a candidate, a cooldown ending."""
+    unlisted_since: Mapping[str, float] = field(default_factory=dict)
+    """Node -> since when (this controller's clock) its kubelet has listed none of what its
+    agent or its bound pods say it has (:meth:`_Step.notice_unserved`); a restart starts over."""
     quiet: Quiet | None = None
     """Set when the step that returned this state was a fixed point (:class:`Quiet`)."""
 
@@ -413,6 +426,18 @@ def _where(node: str, gpus: Mapping[str, tuple[int, ...]]) -> str:
 
 def _annotation(r: Reservation | None) -> dict[str, str | None]:
     return {RESERVATION_ANNOTATION: r.to_json() if r is not None else None}
+
+
+def _compose(first: Mapping[str, Any], then: Mapping[str, Any]) -> dict[str, Any]:
+    """One JSON merge patch doing ``first`` then ``then`` (objects merge, ``then`` wins)."""
+    out = dict(first)
+    for key, value in then.items():
+        before = out.get(key)
+        if isinstance(before, Mapping) and isinstance(value, Mapping):
+            out[key] = _compose(before, value)
+        else:
+            out[key] = value
+    return out
 
 
 def _rv_patch(pod: PodInfo, annotations: Mapping[str, str | None]) -> dict[str, Any]:
@@ -576,11 +601,16 @@ class _Step:
         self.switching: set[str] = set()
         self.ledgers: dict[str, NodeLedger] = {}
         self.unreadable: dict[str, NodeProblem] = {}
-        self.unserved: dict[str, NodeProblem] = {}
-        """Nodes whose kubelet lists none of a slice resource pods bound there hold (their
-        device plugin is gone, or registering again): no new promise there while it lasts
-        (:meth:`notice_unserved`)."""
         """GPU nodes whose GPUs cannot be read yet (:mod:`partitioner.adoption`)."""
+        self.unserved: dict[str, NodeProblem] = {}
+        """Nodes whose kubelet lists none of a slice resource pods bound there hold, or for
+        ``plugin_lag_s`` none of the slices their agent reports (their device plugin is gone,
+        or registering again): no new promise there while it lasts (:meth:`notice_unserved`)."""
+        self.unlisted_since: dict[str, float] = {}
+        """The next :attr:`ControllerState.unlisted_since`."""
+        self.plugin_lost: dict[str, str] = {}
+        """Unserved nodes for ``plugin_lag_s`` or longer -> why: their ``planned`` pods are
+        given back (:meth:`_hold`)."""
         self._problem_nodes: list[dict[str, Any]] | None = None
         """Opted-in nodes whose GPU labels cannot be read (:meth:`_give_back`), once read."""
         self.handed_over: set[str] = set()
@@ -598,6 +628,10 @@ class _Step:
         """The batch's bound on what the plannable nodes could offer (:meth:`planning_input`)."""
         self.next_wakeup: float | None = None
         self.warm_error = ""
+        self._unreserving: dict[str, int] = {}
+        """Pod -> where in :attr:`actions` this step's ``unreserve`` of it stands."""
+        self._superseded: set[int] = set()
+        """Positions in :attr:`actions` of patches a later one of the same pod took in."""
         self._rejects: dict[tuple[frozenset[str], tuple[tuple[str, int], ...]], str | None] = {}
         """(eligible nodes, slices) -> :func:`_reject_reason` (this step's nodes)."""
 
@@ -635,6 +669,27 @@ class _Step:
             self.reported = dict(self.reported)
             self._reported_own = True
         return self.reported  # type: ignore[return-value]  # the copy made above
+
+    def _patch(self, action: PatchPod) -> None:
+        """Queue a pod patch.  One that follows this step's ``unreserve`` of the same pod (a
+        reservation given back, then the pod reserved, released or ungated again in the same
+        step) takes that patch in: both carry the resourceVersion the step read, so the API
+        server would refuse the second (409) and the pod would wait a cycle for nothing.  The
+        merged patch keeps both Events and stands where the later one would."""
+        if action.purpose == "unreserve":
+            self._unreserving[action.pod] = len(self.actions)
+        else:
+            at = self._unreserving.pop(action.pod, None)
+            if at is not None:
+                first = self.actions[at]
+                assert isinstance(first, PatchPod)
+                self._superseded.add(at)
+                action = replace(
+                    action,
+                    patch=_compose(first.patch, action.patch),
+                    on_success=first.on_success + action.on_success,
+                )
+        self.actions.append(action)
 
     def node_event(self, node: str, reason: str, message: str) -> None:
         info = self.index.nodes.get(node)
@@ -929,6 +984,9 @@ class _Step:
         if r.state is State.PLANNED and r.node in self.rejecting:
             self._drop(pod, r, self.rejecting[r.node])
             return
+        if r.state is State.PLANNED and r.node in self.plugin_lost:
+            self._drop(pod, r, self.plugin_lost[r.node])
+            return
         ledger.add_hold(Hold(pod, r))
         self.note(pod, r)
         self.counts["released" if r.state is State.RELEASED else "held"] += 1
@@ -938,11 +996,11 @@ class _Step:
 
         gpuslice releases a pod only once the node's allocatable shows its slice, so a refusal
         means the node cannot serve what its status reports: its device plugin stopped (the
-        agent crashed or was evicted: the kubelet keeps the devices allocatable for five
-        minutes, then marks them unhealthy, and fails every Allocate meanwhile) or its devices
-        went bad.  Left alone, the free slices the agent's last status shows keep being
-        promised, released and refused, pod after pod, and pods planned there wait for a spec
-        nobody applies until their deadline.  Once per refused pod (its Event is the record):
+        agent crashed or was evicted: the kubelet marks its devices unhealthy and fails every
+        Allocate, but kube-scheduler sees allocatable 0 only after the kubelet's next status
+        sync) or its devices went bad.  Left alone, the free slices the agent's last status
+        shows would be promised again, and pods planned there wait for a spec nobody applies
+        until their deadline.  Once per refused pod (its Event is the record):
         the node cools down for ``cooldown_s`` (no reservation, release or plan there) and its
         ``planned`` pods are given back at once (:meth:`_hold`).  The refused pod itself is
         finished; its controller creates a new one, which is gated and planned as any other.
@@ -978,26 +1036,59 @@ class _Step:
             )
 
     def notice_unserved(self) -> None:
-        """Nodes whose kubelet lists none of a slice resource that pods bound there hold
-        (:meth:`~partitioner.ledger.NodeLedger.plugin_gone`) get no new promise while that
-        lasts: no free slice of theirs is reserved, no plan or drain goes there, and their node
-        condition says why (``DevicePluginGone``).  After the kubelet's five-minute grace an
-        agent that stopped leaves exactly this, while its last status still lists free slices
-        that a promise would wait on until the apply deadline, once per cool-down.  Nothing is
-        given back (a kubelet restart shows the same for the seconds its plugins take to
-        register again, and a promise made before then still arrives); nothing is kept: the
-        next step looks again."""
+        """Nodes whose kubelet lists none of the slices the node should have get no new promise
+        while that lasts: no free slice of theirs is reserved, no plan or drain goes there, and
+        their node condition says why (``DevicePluginGone``).  Two signs, both of a device
+        plugin that is gone (the agent stopped: the kubelet marks its devices unhealthy at
+        once, allocatable 0 from its next status sync) or has not registered again yet:
+
+        * pods bound there hold a slice resource the kubelet lists none of
+          (:meth:`~partitioner.ledger.NodeLedger.plugin_gone`): at once, since a bound pod was
+          admitted with the device;
+        * the agent's applied status shows healthy slices and the kubelet lists none of them
+          (:meth:`~partitioner.ledger.NodeLedger.unlisted`): once that has lasted
+          ``plugin_lag_s``, since a new layout is listed only at the kubelet's next sync.
+          Without it a node with nothing bound had its last status's free slices promised,
+          and the pod waited for the kubelet to list them until its apply deadline, again and
+          again while the agent was down.
+
+        Once either has lasted ``plugin_lag_s`` the node's ``planned`` pods are given back and
+        planned elsewhere (:meth:`_hold`); released ones stay (they are pinned to the node and
+        bind when the plugin is back).  A kubelet restart shows the same for the seconds its
+        plugins take to register again, less than the lag, so nothing is given back then.  The
+        start of each is kept in :attr:`ControllerState.unlisted_since` (this controller's
+        clock, not the agent's); nothing else is remembered."""
+        lag = self.config.plugin_lag_s
         for name, ledger in sorted(self.ledgers.items()):
-            resource = ledger.plugin_gone()
-            if resource:
-                self.unserved[name] = NodeProblem(
-                    name,
-                    "DevicePluginGone",
-                    f"pods bound to node {name} hold {resource} but its kubelet lists none: "
-                    "the gpuslice agent's device plugin is gone, registering again after a "
-                    "kubelet restart, or reports every such device unhealthy; no new slice is "
-                    "promised there until the kubelet lists it again (check the agent pod and "
-                    "the node's GPUs)",
+            held = ledger.plugin_gone()
+            resource = held or ledger.unlisted()
+            if not resource:
+                continue
+            since = self.state.unlisted_since.get(name, self.now)
+            self.unlisted_since[name] = since
+            lasted = self.now - since
+            if lasted < lag:
+                self.wake(since + lag)
+                if not held:
+                    continue
+            if held:
+                message = f"pods bound to node {name} hold {resource} but its kubelet lists none"
+            else:
+                message = (
+                    f"the gpuslice agent of node {name} reports {resource} but its kubelet "
+                    f"has listed none of its slices for over {lag:.0f} s"
+                )
+            message += (
+                ": the agent's device plugin is gone, registering again after a kubelet "
+                "restart, or reports every such device unhealthy; no new slice is promised "
+                "there until the kubelet lists it again (check the agent pod and the node's "
+                "GPUs)"
+            )
+            self.unserved[name] = NodeProblem(name, "DevicePluginGone", message)
+            if lasted >= lag:
+                self.plugin_lost[name] = (
+                    f"node {name}'s kubelet has listed none of its slices for over "
+                    f"{lag:.0f} s (its gpuslice device plugin is gone)"
                 )
         if self.unserved:
             self.counts["nodes_unserved"] = len(self.unserved)
@@ -1030,9 +1121,7 @@ class _Step:
             event = EmitEvent(
                 _pod_ref(pod), "Warning", "ReservationDropped", f"{why}; planning it again"
             )
-            self.actions.append(
-                PatchPod(pod.key, _pod_ref(pod), patch, "unreserve", None, (event,))
-            )
+            self._patch(PatchPod(pod.key, _pod_ref(pod), patch, "unreserve", None, (event,)))
             self.candidate(pod, managed=pod.gated)
         else:
             self._replan_on_node(pod, r, why)
@@ -1095,7 +1184,7 @@ class _Step:
         if patch is None:
             return
         event = EmitEvent(_pod_ref(pod), "Normal", reason, message)
-        self.actions.append(PatchPod(pod.key, _pod_ref(pod), patch, "ungate", None, (event,)))
+        self._patch(PatchPod(pod.key, _pod_ref(pod), patch, "ungate", None, (event,)))
 
     def _give_back(self, pod: PodInfo, reason: str) -> bool:
         """A gated pod gpuslice can never place on its nodes as they are (``reason``: no
@@ -1196,7 +1285,7 @@ class _Step:
             f"released to {_where(ledger.name, r.gpus)}: its slice ({_units(r.units())}) is ready"
         )
         event = EmitEvent(_pod_ref(pod), "Normal", "Released", message)
-        self.actions.append(PatchPod(pod.key, _pod_ref(pod), patch, "release", None, (event,)))
+        self._patch(PatchPod(pod.key, _pod_ref(pod), patch, "release", None, (event,)))
         ledger.released_unbound.update(r.units())
         self.note(pod, released)
         self.counts["releases"] += 1
@@ -1360,7 +1449,7 @@ class _Step:
     def _reserve(self, pod: PodInfo, r: Reservation, after: str | None, how: str) -> None:
         event = self._reserve_event(pod, r, how, emit=False)
         patch = _rv_patch(pod, _annotation(r))
-        self.actions.append(PatchPod(pod.key, _pod_ref(pod), patch, "reserve", after, (event,)))
+        self._patch(PatchPod(pod.key, _pod_ref(pod), patch, "reserve", after, (event,)))
         self.note(pod, r)
 
     def _reserve_event(
@@ -1597,7 +1686,7 @@ class _Step:
             )
             event = EmitEvent(_pod_ref(pod), "Normal", "Draining", message)
             patch = _rv_patch(pod, _annotation(r))
-            self.actions.append(PatchPod(pod.key, _pod_ref(pod), patch, "reserve", None, (event,)))
+            self._patch(PatchPod(pod.key, _pod_ref(pod), patch, "reserve", None, (event,)))
             self.note(pod, r)
             self.counts["drains_started"] += 1
 
@@ -2163,10 +2252,16 @@ class _Step:
             self.last_plan,
             self.plan_version,
             self.replan_at,
+            self.unlisted_since,
+        )
+        actions = (
+            tuple(a for i, a in enumerate(self.actions) if i not in self._superseded)
+            if self._superseded
+            else tuple(self.actions)
         )
         return Decision(
             state,
-            tuple(self.actions),
+            actions,
             plan,
             plan_id,
             batch,

@@ -260,19 +260,39 @@ class NodeLedger:
         allocatable has no such unit), else ``""``.
 
         A bound pod was admitted with the device, so the kubelet can list none only when the
-        device plugin that serves it is gone (the agent stopped: five minutes after, the
-        kubelet drops the plugin's resources), has not registered again yet (a kubelet restart
-        shows no device until its plugin re-registers, seconds) or reports every such device
-        unhealthy.  Either way the free slices the agent's status lists cannot be allocated
-        now.  Only where the agent has reported the layout (before, the node is adopted from
-        what another plugin served, which may be gone by design); DRA nodes publish devices,
-        not extended resources: never."""
+        device plugin that serves it is gone (the agent stopped: the kubelet marks its devices
+        unhealthy at once, allocatable 0 from its next status sync), has not registered again
+        yet (a kubelet restart shows no device until its plugin re-registers, seconds) or
+        reports every such device unhealthy.  Either way the free slices the agent's status
+        lists cannot be allocated now.  Only where the agent has reported the layout (before,
+        the node is adopted from what another plugin served, which may be gone by design); DRA
+        nodes publish devices, not extended resources: never."""
         if self.gpu.dra or not self.reported:
             return ""
         for resource, k in sorted(self.bound.items()):
             if k > 0 and self.info.allocatable.get(resource, 0) == 0:
                 return resource
         return ""
+
+    def unlisted(self) -> str:
+        """A slice resource the agent's applied status shows healthy devices of, when the
+        kubelet lists none of any such resource, else ``""``.
+
+        The agent advertises every healthy device of its status through its device plugin, and
+        the kubelet lists them at its next status sync (seconds); listing none of them at all
+        means the plugin is gone or has not registered yet, as :meth:`plugin_gone` says, on a
+        node where nothing bound shows it.  Only the caller can tell the seconds of a new
+        layout from an agent that stopped (how long this has lasted).  Not while the node
+        applies a spec (its devices change), nor where :meth:`plugin_gone` would not look."""
+        if self.gpu.dra or not self.reported or self.busy:
+            return ""
+        healthy = self.total() - self._unhealthy()
+        if not healthy:
+            return ""
+        allocatable = self.info.allocatable
+        if any(allocatable.get(r, 0) for r in healthy):
+            return ""
+        return min(healthy)
 
     def scheduler_room(self, resource: str) -> int:
         """Units of ``resource`` kube-scheduler would still admit beyond bound and released pods.

@@ -199,6 +199,13 @@ class PartitionerSettings(CommonSettings):
         ge=0,
         description="A node that missed an apply deadline is left out of plans this long.",
     )
+    plugin_lag_seconds: float = Field(
+        60.0,
+        ge=0,
+        description="A node whose kubelet lists none of the slices its agent reports for this "
+        "long has lost its device plugin: nothing is promised there and its planned pods are "
+        "planned elsewhere. Keep it above the kubelet's node status update period (10 s).",
+    )
     drain_after_seconds: float = Field(
         900.0,
         ge=0,
@@ -370,6 +377,7 @@ class PartitionerSettings(CommonSettings):
             apply_deadline_s=self.apply_deadline_seconds,
             bind_deadline_s=self.bind_deadline_seconds,
             cooldown_s=self.cooldown_seconds,
+            plugin_lag_s=self.plugin_lag_seconds,
             drain_after_s=self.drain_after_seconds,
             drain_fraction=self.drain_fraction,
             drain_queue_limit=self.drain_queue_limit,

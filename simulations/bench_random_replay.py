@@ -122,15 +122,27 @@ def build(spec: CaseSpec) -> tuple[Workload, Cluster]:
     return workload, Cluster(f"random-{spec.case}", nodes)
 
 
-def run_case(job: tuple[int, int] | tuple[int, int, tuple[float, float] | None]) -> dict[str, Any]:
+Job = (
+    tuple[int, int]
+    | tuple[int, int, tuple[float, float] | None]
+    | tuple[int, int, tuple[float, float] | None, float]
+)
+"""``(case, pods[, outage[, plugin_lag_s]])``: one case of :func:`run_case`."""
+
+
+def run_case(job: Job) -> dict[str, Any]:
     """Both policies on one case (in its own process when ``--jobs`` > 1); a third item
-    ``(start, end)`` stops node ``n0``'s agent then (``--agent-outage``)."""
+    ``(start, end)`` stops node ``n0``'s agent then (``--agent-outage``), a fourth is the
+    partitioner's ``plugin_lag_s`` (``--plugin-lag``)."""
     case, pods = job[0], job[1]
     outage = job[2] if len(job) > 2 else None
+    lag = job[3] if len(job) > 3 else ReplaySettings().plugin_lag_s
     spec = random_case(case, pods)
     workload, cluster = build(spec)
     out: dict[str, Any] = {**asdict(spec), "gpus": spec.gpus, "policies": {}}
-    settings = ReplaySettings(outages=(AgentOutage("n0", *outage),) if outage is not None else ())
+    settings = ReplaySettings(
+        outages=(AgentOutage("n0", *outage),) if outage is not None else (), plugin_lag_s=lag
+    )
     for policy in POLICIES:
         result = run_time_replay(workload, cluster, policy, settings)
         summary = summarize(result).as_dict()
@@ -237,6 +249,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="stop node n0's agent from START to END simulated seconds in every case "
         "(simulations.replay.engine, 'Agent outages'): what an agent crash costs each policy",
     )
+    ap.add_argument(
+        "--plugin-lag",
+        type=float,
+        default=ReplaySettings().plugin_lag_s,
+        metavar="SECONDS",
+        help="the partitioner's plugin_lag_s (default %(default)g): how long a kubelet may list "
+        "none of the slices an agent reports before the node counts as having lost its device "
+        "plugin; a huge value turns that rule off",
+    )
     args = ap.parse_args(argv)
     outage: tuple[float, float] | None = None
     if args.agent_outage:
@@ -258,11 +279,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.pods < 1 or args.jobs < 1:
         print("bench_random_replay: --pods and --jobs must be >= 1", file=sys.stderr)
         return 2
+    if not args.plugin_lag >= 0:
+        print("bench_random_replay: --plugin-lag must be >= 0 seconds", file=sys.stderr)
+        return 2
     if problem := out_file_error("--out", args.out):
         print(f"bench_random_replay: {problem}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    jobs = [(c, args.pods, outage) for c in cases]
+    jobs: list[Job] = [(c, args.pods, outage, args.plugin_lag) for c in cases]
     if args.jobs > 1:
         import multiprocessing
 
@@ -280,6 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "pods": args.pods,
             **asdict(ReplaySettings()),
             "outages": [["n0", *outage]] if outage is not None else [],
+            "plugin_lag_s": args.plugin_lag,
         },
         "aggregate": aggregate(done),
         "cases": done,

@@ -870,6 +870,7 @@ def test_partitioner_values_reach_its_settings(
                 "applyDeadlineSeconds": 60,
                 "bindDeadlineSeconds": 30,
                 "cooldownSeconds": 0,
+                "pluginLagSeconds": 45,
                 "drainAfterSeconds": 7200,
                 "drainFraction": 0.25,
                 "drainOvertaken": 4,
@@ -901,6 +902,7 @@ def test_partitioner_values_reach_its_settings(
     assert s.drain_overtaken == 4 and s.decide_config(load_catalog()).drain_overtaken == 4
     assert s.decide_config(load_catalog()).drain_queue_limit == 2.5
     assert s.decide_config(load_catalog()).warm_share == 0.05
+    assert s.decide_config(load_catalog()).plugin_lag_s == 45
     assert (s.liveness_stale_seconds, s.liveness_failed_steps) == (300, 0)
 
 

@@ -1,21 +1,28 @@
-"""A pod released to a node whose kubelet refuses it at admission cools the node down.
+"""A node whose device plugin is gone gets no promise, and its planned pods go elsewhere.
 
-When a node agent (the device plugin) stops, the kubelet keeps its devices allocatable for five
-minutes and fails every Allocate meanwhile (``UnexpectedAdmissionError``).  The node's last
-NodePartitioning status still shows free slices, so without this rule gpuslice would promise
-them pod after pod, each released there to fail (a Job fails for good after its backoffLimit of
-such failures), and pods planned there would wait for their apply deadline.
+When a node agent (the device plugin) stops, the kubelet marks its devices unhealthy and fails
+every Allocate (``UnexpectedAdmissionError``); kube-scheduler sees allocatable 0 only after the
+kubelet's next status sync, and a pod bound meanwhile is refused.  The node's last
+NodePartitioning status still shows free slices.  A refusal of a pod gpuslice released cools the
+node down (else the next pods released there could fail too: a Job fails for good after its
+backoffLimit of such failures); a kubelet that lists none of what bound pods hold, or for
+``plugin_lag_s`` none of the slices the agent reports, keeps promises off the node
+(``DevicePluginGone``) and, once that has lasted the lag, gives its planned pods back (else they
+would wait for the kubelet to list the slices until their apply deadline, again and again).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from test_partitioner_promises import (
+    CONFIG,
     MIG,
     ONE_G,
+    SEVEN_G,
     T0,
     Cluster,
     applied_np,
@@ -27,7 +34,7 @@ from test_partitioner_promises import (
 )
 from test_partitioner_snapshot import node
 
-from partitioner.actions import EmitEvent, SetNodeCondition
+from partitioner.actions import EmitEvent, PatchPod, SetNodeCondition
 from partitioner.decide import ControllerState
 from partitioner.index import admission_rejection
 from partitioner.reservations import RESERVATION_ANNOTATION, State
@@ -61,13 +68,15 @@ def _refuse(c: Cluster, name: str, status: dict[str, Any] = PLUGIN_GONE) -> None
     pod["metadata"]["resourceVersion"] = str(int(pod["metadata"]["resourceVersion"]) + 1)
 
 
-def _planned_on(c: Cluster, name: str, node_name: str, plan: str = "7") -> None:
+def _planned_on(
+    c: Cluster, name: str, node_name: str, plan: str = "7", resource: str = ONE_G
+) -> None:
     c.pod(name)["metadata"]["annotations"] = {
         RESERVATION_ANNOTATION: json.dumps(
             {
                 "node": node_name,
                 "state": "planned",
-                "gpus": {ONE_G: [1]},
+                "gpus": {resource: [1]},
                 "plan": plan,
                 "since": T0,
                 "deadline": T0 + 300,
@@ -201,7 +210,7 @@ def _plugin_gone() -> Cluster:
 
 
 def test_no_promise_goes_where_the_kubelet_lists_none_of_what_bound_pods_hold() -> None:
-    """After the kubelet's grace an agent that stopped leaves this: its last status shows a
+    """An agent that stopped leaves this once the kubelet synced: its last status shows a
     free 7g, but the kubelet lists no 7g though pod ``a`` holds one.  The free 7g is not
     promised (it could never be released), the node says why, and the pod is planned on n2."""
     c = _plugin_gone()
@@ -244,3 +253,120 @@ def test_admission_rejection_reads_the_kubelets_reasons(
 ) -> None:
     assert admission_rejection(status).startswith(expected)
     assert bool(admission_rejection(status)) == bool(expected)
+
+
+def _stale_free_slices() -> Cluster:
+    """n1's agent reported two free 1g instances, nothing is bound there, and its kubelet lists
+    none (its device plugin stopped after the status was written); n2 is applied and empty."""
+    free = status_gpu(0, ("1g.10gb", 0, False), ("1g.10gb", 1, False))
+    c = Cluster(
+        node("n1", MIG),
+        node("n2", MIG),
+        applied_np("n1", free, status_gpu(1)),
+        applied_np("n2", status_gpu(0), status_gpu(1)),
+        gated("a", ONE_G, created=T0),
+    )
+    return c
+
+
+def _conditions(d: Any) -> dict[str, SetNodeCondition]:
+    return {a.node: a for a in d.actions if isinstance(a, SetNodeCondition)}
+
+
+def test_free_slices_the_kubelet_never_lists_are_given_up_after_the_lag() -> None:
+    """Nothing bound shows the plugin is gone, so at first the free slice is promised (a new
+    layout is listed only at the kubelet's next sync); once the kubelet has listed none of the
+    agent's slices for ``plugin_lag_s`` the node is unserved and the pod is planned on n2, long
+    before its apply deadline."""
+    c = _stale_free_slices()
+    d = c.step(T0 + 1)
+    r = reservation(c, "a")
+    assert (r.node, r.state) == ("n1", State.PLANNED)  # waiting for the node to advertise it
+    assert d.state.unlisted_since == {"n1": T0 + 1}
+    assert d.next_wakeup is not None and d.next_wakeup <= T0 + 61
+    assert "nodes_unserved" not in d.counts and "n1" not in _conditions(d)
+
+    d = c.step(T0 + 30)  # within the lag: kept, the start remembered
+    assert reservation(c, "a").node == "n1" and d.state.unlisted_since == {"n1": T0 + 1}
+
+    d = c.step(T0 + 61)
+    assert reservation(c, "a") is None
+    (dropped,) = events(d, "ReservationDropped")
+    assert "kubelet has listed none of its slices for over 60 s" in dropped
+    cond = _conditions(d)["n1"]
+    assert (cond.status, cond.reason) == ("False", "DevicePluginGone")
+    assert "reports nvidia.com/mig-1g.10gb but its kubelet has listed none" in cond.message
+    assert d.counts["nodes_unserved"] == 1
+
+    d = c.step(T0 + 62)
+    assert reservation(c, "a") is None  # not promised n1's free slice again
+    d = c.step(T0 + 75)  # the batch window closes: planned on n2
+    assert d.plan is not None and reservation(c, "a").node == "n2"
+
+
+def test_without_the_lag_rule_the_pod_waits_for_its_apply_deadline() -> None:
+    """The failure the rule prevents, on the same cluster: with a lag longer than the apply
+    deadline the pod is still promised n1's slice 200 s on."""
+    c = _stale_free_slices()
+    patient = replace(CONFIG, plugin_lag_s=10_000)
+    c.step(T0 + 1, patient)
+    c.step(T0 + 200, patient)
+    assert reservation(c, "a").node == "n1"
+
+
+def test_a_layout_the_kubelet_lists_within_the_lag_is_served() -> None:
+    """A new layout is listed at the kubelet's next status sync: within the lag nothing is
+    given up, and once listed the node is served and the start forgotten."""
+    c = _stale_free_slices()
+    c.step(T0 + 1)
+    c.objs[("Node", "n1")]["status"]["allocatable"][ONE_G] = "2"  # the kubelet synced
+    d = c.step(T0 + 11)
+    r = reservation(c, "a")
+    assert (r.node, r.state) == ("n1", State.RELEASED)
+    assert d.state.unlisted_since == {} and "nodes_unserved" not in d.counts
+
+
+def test_devices_the_agent_reports_unhealthy_are_not_a_lost_plugin() -> None:
+    """The kubelet lists none of a node's devices when the agent advertises them all
+    Unhealthy (an XID): that is the agent working, not its plugin gone."""
+    sick = status_gpu(0, ("1g.10gb", 0, False), ("1g.10gb", 1, False))
+    for m in sick["mig"]:
+        m["unhealthy"] = True
+    c = Cluster(
+        node("n1", MIG),
+        applied_np("n1", sick),
+        gated("a", ONE_G, created=T0),
+    )
+    d = c.step(T0 + 1)
+    d = c.step(T0 + 100)
+    assert d.state.unlisted_since == {} and "n1" not in _conditions(d)
+
+
+def test_planned_pods_on_a_node_whose_kubelet_lists_none_of_what_is_bound_go_elsewhere() -> None:
+    """The bound-pod sign keeps new promises off at once; a pod planned there before is given
+    back once it has lasted the lag (a kubelet restart's seconds give nothing back)."""
+    c = _plugin_gone()
+    c.put(gated("planned", SEVEN_G, created=T0))
+    _planned_on(c, "planned", "n1", resource=SEVEN_G)  # n1's free 7g
+    d = c.step(T0 + 1)
+    assert reservation(c, "planned").node == "n1"
+    assert _conditions(d)["n1"].reason == "DevicePluginGone"
+    d = c.step(T0 + 61)  # given back and, the window being closed, planned on n2 at once
+    assert reservation(c, "planned").node == "n2"
+    (dropped,) = events(d, "ReservationDropped")
+    assert "listed none of its slices" in dropped
+    # one patch per pod: the drop and the new reservation carry the same resourceVersion
+    patches = [a.pod for a in d.actions if isinstance(a, PatchPod)]
+    assert sorted(patches) == sorted(set(patches))
+
+
+def test_a_restarted_partitioner_starts_the_lag_over() -> None:
+    """The start is this controller's own observation (not the agent's clock): a restart
+    forgets it and waits the lag again before giving anything back."""
+    c = _stale_free_slices()
+    c.step(T0 + 1)
+    c.state = ControllerState()
+    d = c.step(T0 + 61)
+    assert reservation(c, "a").node == "n1" and d.state.unlisted_since == {"n1": T0 + 61}
+    c.step(T0 + 121)
+    assert reservation(c, "a") is None

@@ -98,14 +98,16 @@ a node's agent for a while, as a crash loop, an eviction or a failed rollout doe
 an outage costs and to test that every promise still arrives or is re-planned.  While the agent
 is down it applies nothing (a spec written before or during the outage waits; the agent applies
 the spec it finds when it starts, ``apply_delay_s`` later) and reports no status (the partitioner
-keeps reading the last one); its device plugin is gone, so the kubelet's Allocate fails and it
-rejects every slice pod bound there (the pod's controller creates it again, as for a stale
-allocatable), and ``plugin_grace_s`` (300 s, the kubelet's ``endpointStopGracePeriod``) after the
-stop the kubelet marks the plugin's devices unhealthy: allocatable 0 at the node's next status
-sync.  Pods running there keep running and end on time.  When the agent starts it reports at
-once and its plugin registers again (allocatable back at the next status sync).  Nothing tells
-the partitioner the agent is down but what production shows it: a spec that is not applied, a
-slice that never becomes allocatable, a released pod that does not bind.
+keeps reading the last one); its device plugin is gone, so the kubelet marks the plugin's
+devices unhealthy at once (its ListAndWatch stream ended): allocatable 0 at the node's next
+status sync (the capacity stays for the kubelet's five-minute ``endpointStopGracePeriod``, which
+nothing here reads), and every Allocate fails, so a slice pod bound there before kube-scheduler
+sees the new allocatable is rejected (``UnexpectedAdmissionError``; the pod's controller creates
+it again, as for a stale allocatable).  Pods running there keep running and end on time.  When
+the agent starts it reports at once and its plugin registers again (allocatable back at the
+next status sync).  Nothing tells the partitioner the agent is down but what production shows
+it: allocatable that lists none of the slices the agent's last status shows, a spec that is not
+applied, a released pod that the kubelet refuses or that does not bind.
 
 ``settings.partitioner_outages`` stop the partitioner itself: no decision step runs, and its
 webhook is down with it, so pods created meanwhile are not gated (``failurePolicy: Ignore``):
@@ -279,12 +281,11 @@ class ReplaySettings:
     clock are ``epoch_s + t``."""
     outages: tuple[AgentOutage, ...] = ()
     """Node agents that stop and start again (module docstring, "Agent outages")."""
+    plugin_lag_s: float = 60.0
+    """The partitioner's ``plugin_lag_s`` (:class:`~partitioner.decide.DecideConfig`)."""
     partitioner_outages: tuple[tuple[float, float], ...] = ()
     """``(start, end)``: the partitioner is down, then restarts (module docstring, "Agent
     outages")."""
-    plugin_grace_s: float = 300.0
-    """The kubelet keeps a stopped device plugin's devices allocatable this long, then marks
-    them unhealthy (allocatable 0): the kubelet's ``endpointStopGracePeriod``."""
 
     def __post_init__(self) -> None:
         if self.time_compression <= 0 or self.copies < 1 or self.apply_delay_s < 0:
@@ -297,8 +298,6 @@ class ReplaySettings:
             )
         if self.react_s is not None and not 0 <= self.react_s <= self.cycle_s:
             raise ReplayError("replay settings: react_s must be in [0, cycle_s] (or None)")
-        if self.plugin_grace_s < 0:
-            raise ReplayError("replay settings: plugin_grace_s must be >= 0")
         windows = sorted(self.partitioner_outages)
         if any(not 0 <= a < b for a, b in windows) or any(
             b[0] < a[1] for a, b in itertools.pairwise(windows)
@@ -670,9 +669,8 @@ class _Kind(IntEnum):
     TICK = 9
     AGENT_DOWN = 10
     AGENT_UP = 11
-    PLUGIN_GONE = 12
-    PARTITIONER_DOWN = 13
-    PARTITIONER_UP = 14
+    PARTITIONER_DOWN = 12
+    PARTITIONER_UP = 13
 
 
 _LIVE = frozenset(
@@ -684,7 +682,6 @@ _LIVE = frozenset(
         _Kind.RECREATE,
         _Kind.AGENT_DOWN,
         _Kind.AGENT_UP,
-        _Kind.PLUGIN_GONE,
         _Kind.PARTITIONER_DOWN,
         _Kind.PARTITIONER_UP,
     }
@@ -863,6 +860,7 @@ class _Engine:
                 apply_deadline_s=settings.apply_deadline_s,
                 bind_deadline_s=settings.bind_deadline_s,
                 cooldown_s=settings.cooldown_s,
+                plugin_lag_s=settings.plugin_lag_s,
                 drain_after_s=settings.drain_after_s,
                 drain_fraction=settings.drain_fraction,
                 drain_overtaken=settings.drain_overtaken,
@@ -874,9 +872,6 @@ class _Engine:
         nodes without their device plugin, which the agent is."""
         self.deferred_apply: set[str] = set()
         """Down nodes with a spec written before or during the outage, applied at restart."""
-        self.down_token: dict[str, int] = {}
-        """Node -> the event sequence number of its agent's last stop (a crash loop's earlier
-        stop must not end the kubelet's grace for the later one)."""
         for o in settings.outages:
             if o.node not in fake.nodes:
                 names = sorted(fake.nodes)
@@ -1250,7 +1245,7 @@ class _Engine:
             )
         ):
             self._expect(action.pod, info.reservation.node, info.reservation.units())
-        elif action.purpose == "unreserve":
+        else:  # no promise left (an unreserve, or a patch that took one in), or a drain
             self._unexpect(action.pod)
         if action.purpose in ("release", "ungate"):
             self.scheduler.updated(action.pod, t)
@@ -1377,18 +1372,12 @@ class _Engine:
                 self.flush_at = None
             self.scheduler.flush(t)
         elif kind is _Kind.AGENT_DOWN:
-            self.down.add(payload)  # Allocate calls fail: pods bound there are rejected
-            self.seq += 1
-            self.down_token[payload] = self.seq
-            self._push(t + self.settings.plugin_grace_s, _Kind.PLUGIN_GONE, f"{self.seq}:{payload}")
-        elif kind is _Kind.PLUGIN_GONE:
-            token, node = payload.split(":", 1)
-            if node in self.down and self.down_token.get(node) == int(token):  # this outage's
-                self.kubelet.unhealthy.add(node)  # allocatable 0 at its next status sync
-                self._sync_soon(node, t)
+            # The plugin's stream ends: its devices are unhealthy (allocatable 0 at the next
+            # status sync) and every Allocate fails, so pods bound there meanwhile are rejected.
+            self.down.add(payload)
+            self._sync_soon(payload, t)
         elif kind is _Kind.AGENT_UP:
             self.down.discard(payload)
-            self.kubelet.unhealthy.discard(payload)
             if payload in self.deferred_apply:  # the agent applies the spec it finds
                 self.deferred_apply.discard(payload)
                 self.seq += 1

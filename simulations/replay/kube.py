@@ -636,9 +636,8 @@ class Kubelet:
     phases: dict[str, float] = field(default_factory=dict)
     rejected: int = 0
     down: set[str] = field(default_factory=set)
-    """Nodes whose device plugin is gone: every Allocate fails, so admission rejects."""
-    unhealthy: set[str] = field(default_factory=set)
-    """Nodes whose plugin's devices the kubelet marked unhealthy (gone past the grace)."""
+    """Nodes whose device plugin is gone: the kubelet marked its devices unhealthy (allocatable
+    0 from the next status sync) and every Allocate fails, so admission rejects."""
 
     @classmethod
     def create(
@@ -655,7 +654,7 @@ class Kubelet:
 
     def sync(self, node: str) -> set[str]:
         """Post the node's allocatable devices; returns the resources that grew."""
-        if node in self.unhealthy:
+        if node in self.down:
             return self.api.set_allocatable(node, {})
         return self.api.set_allocatable(node, self.fake.advertised(node))
 
