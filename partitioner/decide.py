@@ -1580,7 +1580,7 @@ class _Step:
             sig = (pod.priority, id(pod.slices), eligible)
             if sig in misses:
                 continue
-            node = room.take(pod, room.order(eligible), self.cooldown)
+            node = room.take(pod, room.order(eligible), self._open)
             if node is None:
                 misses.add(sig)
                 continue
@@ -2302,11 +2302,15 @@ class _PreemptionRoom:
             out = self._orders[eligible] = sorted(n for n in eligible if n in self.bound)
         return out
 
-    def take(self, pod: PodInfo, nodes: Iterable[str], cooldown: Mapping[str, float]) -> str | None:
+    def take(
+        self, pod: PodInfo, nodes: Iterable[str], is_open: Callable[[str], bool]
+    ) -> str | None:
         """The first of ``nodes`` where preemption makes room for ``pod`` (module docstring of
-        :meth:`_Step.preempt`); what it needs there is taken.  ``None``: no such node."""
+        :meth:`_Step.preempt`); what it needs there is taken.  ``None``: no such node.  Nodes
+        not ``is_open`` (cooling down, or whose kubelet lists none of their slices: preemption
+        frees nothing kube-scheduler could bind there) are passed over."""
         for n in nodes:
-            if n in cooldown:
+            if not is_open(n):
                 continue
             ledger = self.ledgers[n]
             free = self._free.get(n)

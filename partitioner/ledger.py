@@ -286,7 +286,8 @@ class NodeLedger:
         applies a spec (its devices change), nor where :meth:`plugin_gone` would not look."""
         if self.gpu.dra or not self.reported or self.busy:
             return ""
-        healthy = self.total() - self._unhealthy()
+        # a hybrid host is no resource of its own (""): its slices are advertised
+        healthy = [r for r, k in (self.total() - self._unhealthy()).items() if r and k > 0]
         if not healthy:
             return ""
         allocatable = self.info.allocatable

@@ -146,3 +146,18 @@ def test_decide_writes_a_hybrid_spec_with_slices_inside_instances() -> None:
         (host,) = hosts
         assert [s.memoryMiB for s in host.mps] == [10240]
         assert any(m.profile == "3g.40gb" and not m.mps for m in gpu.mig)
+
+
+def test_a_hybrid_node_whose_kubelet_lists_none_of_its_slices_is_seen() -> None:
+    """The host instance is no resource of its own: what the kubelet must list are its slices
+    and the whole 4g.  None listed: the device plugin is gone (``unlisted`` names a resource
+    the agent reports, never the host's empty one); one listed: the plugin is there."""
+    index = _index()
+    ledgers, _ = build_ledgers(index, (), (), {})
+    assert ledgers["n1"].unlisted() == "nvidia.com/gpu-10gb"
+    listed = node("n1", HYBRID)
+    listed["status"]["allocatable"]["nvidia.com/mig-4g.40gb"] = "1"
+    listed["metadata"]["resourceVersion"] = "12"
+    index.upsert_node(listed)
+    ledgers, _ = build_ledgers(index, (), (), {})
+    assert ledgers["n1"].unlisted() == ""

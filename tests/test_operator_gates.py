@@ -362,9 +362,10 @@ async def test_a_high_priority_pod_only_preemption_can_serve_goes_to_kube_schedu
 async def test_a_pod_the_kubelet_refuses_cools_its_node_and_the_next_goes_elsewhere(
     kmock: ApiServer, tmp_path: Path
 ) -> None:
-    """The agent stopped after applying: the node's status still shows the free 7g and the
-    kubelet (within its grace) its device, but fails Allocate.  The refused pod's node is
-    cooled down, so the next pod is not released there to fail in turn."""
+    """The agent stopped after applying: the node's status still shows the free 7g and
+    kube-scheduler, before the kubelet's next status sync, its device, but the kubelet fails
+    Allocate.  The refused pod's node is cooled down, so the next pod is not released there to
+    fail in turn."""
     await setup(kmock, "n1", "n2")
     async with gating_operator(kmock, tmp_path):
         await eventually(lambda: stored(kmock, NP_RESOURCE, "n2"), within=10)
@@ -399,3 +400,41 @@ async def test_a_pod_the_kubelet_refuses_cools_its_node_and_the_next_goes_elsewh
         assert second.node != r.node
         assert second.state is State.PLANNED  # a new slice on the other node
         assert get_pod(kmock, "p2")["spec"]["schedulingGates"] == [{"name": GATE}]
+
+
+@pytest.mark.looptime
+async def test_a_node_whose_kubelet_never_lists_its_slices_loses_its_planned_pod(
+    kmock: ApiServer, tmp_path: Path
+) -> None:
+    """The agent applied the spec and stopped before its device plugin advertised the new
+    7g: the kubelet never lists it.  Once that has lasted ``plugin_lag_seconds`` the node is
+    ``DevicePluginGone`` and the pod is planned on the other node, long before the apply
+    deadline (600 s here) would have given it back."""
+    await setup(kmock, "n1", "n2")
+    async with gating_operator(
+        kmock, tmp_path, plugin_lag_seconds=30, apply_deadline_seconds=600, cooldown_seconds=600
+    ):
+        await eventually(lambda: stored(kmock, NP_RESOURCE, "n2"), within=10)
+        await kmock.post(PODS, json=pod("p1"))
+        first = await eventually(lambda: reservation(kmock, "p1"), within=40)
+        loop = asyncio.get_running_loop()
+        await agent_applies(kmock, first.node)
+        applied_at = loop.time()
+        second = await eventually(
+            lambda: (r := reservation(kmock, "p1")) is not None and r.node != first.node and r,
+            within=120,
+        )
+        assert 30 <= loop.time() - applied_at < 60
+        assert second.state is State.PLANNED
+        messages = [m for reason, m in pod_events(kmock, "p1") if reason == "ReservationDropped"]
+        assert messages and f"node {first.node}'s kubelet has listed none of its slices" in (
+            messages[0]
+        )
+        node_events = [
+            obj for (res, _ns, _n), obj in kmock.objects.items()
+            if res == kmock.resource("v1/events") and not obj.deleted
+            and (obj.get("involvedObject") or {}).get("kind") == "Node"
+            and obj.get("reason") == "DevicePluginGone"
+        ]  # fmt: skip
+        assert [e["involvedObject"]["name"] for e in node_events] == [first.node]
+        assert get_pod(kmock, "p1")["spec"]["schedulingGates"] == [{"name": GATE}]

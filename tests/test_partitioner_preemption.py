@@ -78,6 +78,34 @@ def test_a_high_priority_pod_whose_slice_lower_priority_pods_hold_is_handed_to_p
     assert events(d, "Draining") == [] and reservation(c, "urgent") is None
 
 
+def test_no_pod_is_handed_to_preemption_on_a_node_whose_kubelet_lists_none_of_its_slices() -> None:
+    """n1's agent stopped: its kubelet lists no 7g though its low-priority victims hold two.
+    Evicting them frees nothing kube-scheduler could bind there (allocatable 0), so the pod,
+    which the plan could not place on n2 (full of pods it does not outrank), stays gated and
+    gpuslice's to plan, instead of going to kube-scheduler for a preemption that cannot help."""
+    c = full_of_7g(with_priority(gated("urgent", SEVEN_G), HIGH))
+    for obj in (
+        with_alloc(node("n2", MIG), **{"7g_80gb": 2}),
+        applied_np("n2", status_gpu(0, ("7g.80gb", 0, True)), status_gpu(1, ("7g.80gb", 0, True))),
+        with_priority(running("peer0", "n2", SEVEN_G), HIGH),
+        with_priority(running("peer1", "n2", SEVEN_G), HIGH),
+    ):
+        c.put(obj)
+    c.kubelet_lists_bound = False
+    c.objs[("Node", "n1")]["status"]["allocatable"].pop(SEVEN_G)
+    c.step(T0 + 5)  # the batch window opens
+    d = c.step(PLAN_AT)
+    assert d.plan is not None and "ns/urgent" in d.plan.unplaced
+    assert events(d, "Preempting") == [] and "preempting" not in d.counts
+    assert gates(c, "urgent") == [{"name": GATE}]
+    c.objs[("Node", "n1")]["status"]["allocatable"][SEVEN_G] = "2"  # the plugin is back
+    for t in range(int(PLAN_AT) + 1, int(PLAN_AT) + 120, 5):
+        d = c.step(t)
+        if events(d, "Preempting"):
+            break
+    assert "on node n1" in events(d, "Preempting")[0] and gates(c, "urgent") == []
+
+
 def test_a_pod_that_never_preempts_keeps_waiting_gated_and_may_be_drained() -> None:
     c = full_of_7g(with_priority(gated("polite", SEVEN_G, preemptionPolicy="Never"), HIGH))
     drains: list[str] = []
