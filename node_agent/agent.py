@@ -94,6 +94,7 @@ __all__ = [
     "KubeSpecSource",
     "SpecSource",
     "draining_gpus",
+    "kube_api_client",
     "now_rfc3339",
 ]
 
@@ -101,6 +102,12 @@ log = logging.getLogger("gpuslice.agent")
 
 MAX_SPEC_BYTES = 4 * 1024 * 1024
 """A NodePartitioning of a node with a few dozen GPUs is a few KiB."""
+
+
+MERGE_PATCH = "application/merge-patch+json"
+"""The Content-Type of every dict patch the agent sends.  kubernetes_asyncio picks JSON Patch
+(a list of operations) for a dict body sent to a custom object's patch unless told otherwise,
+and the API server refuses that (400: cannot unmarshal object into []jsonPatchOp)."""
 
 
 def now_rfc3339() -> str:
@@ -262,6 +269,30 @@ class _Seen:
     draining: frozenset[int] = frozenset()
 
 
+async def kube_api_client() -> Any:
+    """A new ``kubernetes_asyncio`` ``ApiClient`` (the caller closes it): the in-cluster service
+    account, else the kubeconfig (``$KUBECONFIG``, ``~/.kube/config``); a ``ConfigException``
+    in one line when neither is usable."""
+    from kubernetes_asyncio import client, config
+
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)
+    except config.ConfigException as not_in_pod:
+        kubeconfig = os.environ.get("KUBECONFIG") or None  # read now, not at import
+        try:
+            await config.load_kube_config(
+                config_file=kubeconfig, client_configuration=configuration
+            )
+        except (config.ConfigException, OSError) as e:
+            raise config.ConfigException(
+                f"cannot connect to the Kubernetes API: not in a pod ({not_in_pod}) "
+                f"and kubeconfig {kubeconfig or '~/.kube/config'} unusable ({e}); run "
+                "the agent in its DaemonSet, or set KUBECONFIG"
+            ) from None
+    return client.ApiClient(configuration)
+
+
 class KubeSpecSource:
     """The node's NodePartitioning through the Kubernetes API (kubernetes_asyncio).
 
@@ -326,24 +357,9 @@ class KubeSpecSource:
         """The ``CustomObjectsApi``: the injected one, or one from the in-cluster service
         account, else the kubeconfig (``$KUBECONFIG``, ``~/.kube/config``)."""
         if self._api is None:
-            from kubernetes_asyncio import client, config
+            from kubernetes_asyncio import client
 
-            configuration = client.Configuration()
-            try:
-                config.load_incluster_config(client_configuration=configuration)
-            except config.ConfigException as not_in_pod:
-                kubeconfig = os.environ.get("KUBECONFIG") or None  # read now, not at import
-                try:
-                    await config.load_kube_config(
-                        config_file=kubeconfig, client_configuration=configuration
-                    )
-                except (config.ConfigException, OSError) as e:
-                    raise config.ConfigException(
-                        f"cannot connect to the Kubernetes API: not in a pod ({not_in_pod}) "
-                        f"and kubeconfig {kubeconfig or '~/.kube/config'} unusable ({e}); run "
-                        "the agent in its DaemonSet, or set KUBECONFIG"
-                    ) from None
-            self._owned = client.ApiClient(configuration)
+            self._owned = await kube_api_client()
             self._api = client.CustomObjectsApi(self._owned)
         return self._api
 
@@ -497,7 +513,13 @@ class KubeSpecSource:
         api = await self.connect()
         try:
             await api.patch_cluster_custom_object_status(
-                GROUP, VERSION, PLURAL, self.name, body, _request_timeout=self.request_timeout_s
+                GROUP,
+                VERSION,
+                PLURAL,
+                self.name,
+                body,
+                _content_type=MERGE_PATCH,
+                _request_timeout=self.request_timeout_s,
             )
         except ApiException as e:
             error = _api_error(e, f"writing the status of NodePartitioning {self.name}")

@@ -32,6 +32,7 @@ import logging
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from node_agent.agent import MERGE_PATCH
 from node_agent.dra_slices import DRIVER, DraGpu, resource_slices
 
 __all__ = ["GROUP", "PLURAL", "VERSION", "PublishError", "SlicePublisher"]
@@ -134,6 +135,7 @@ class SlicePublisher:
                 PLURAL,
                 name,
                 {"metadata": meta, "spec": want["spec"]},
+                _content_type=MERGE_PATCH,
                 _request_timeout=self.request_timeout_s,
             )
         except ApiException as e:

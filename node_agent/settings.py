@@ -15,6 +15,11 @@ any other XID marks the devices it hit Unhealthy until the agent restarts (:mod:
 ``xid_watch`` (``GPUSLICE_XID_WATCH``, default true) turns the XID watch off in both agent modes
 (no watcher thread, nothing registered with NVML), for a driver whose NVML event sets misbehave,
 as NVIDIA's device plugin offers ``DP_DISABLE_HEALTHCHECKS``.
+``lease_seconds`` (``GPUSLICE_LEASE_SECONDS``, default 40; 0: none, else at least 10): the
+agent renews the heartbeat Lease ``gpuslice-agent-<node>`` in its own namespace
+(``pod_namespace``, ``GPUSLICE_POD_NAMESPACE``) every quarter of it, in both modes, and the
+partitioner takes a node whose Lease was not renewed for that long as having no agent
+(:mod:`node_agent.lease`).
 ``GPUSLICE_RETRY_SECONDS`` (the partitioner's name too, for its batch retry) is now
 ``GPUSLICE_RECONCILE_RETRY_SECONDS``; the old name is still read for one release, with a
 warning in the log (:mod:`contract.renamed_env`).
@@ -30,7 +35,10 @@ from pydantic_settings import NoDecode
 
 from contract.common_settings import CommonSettings, split_commas
 
-__all__ = ["AgentSettings"]
+__all__ = ["MIN_LEASE_SECONDS", "AgentSettings"]
+
+MIN_LEASE_SECONDS = 10.0
+"""The shortest heartbeat Lease (``lease_seconds``) other than 0 (none)."""
 
 
 class AgentSettings(CommonSettings):
@@ -59,7 +67,8 @@ class AgentSettings(CommonSettings):
     pod_namespace: str = Field(
         "",
         description="This agent's own pod namespace (GPUSLICE_POD_NAMESPACE, from the downward "
-        "API metadata.namespace); see pod_name.",
+        "API metadata.namespace); see pod_name. The heartbeat Lease lives here (lease_seconds); "
+        "empty: no Lease.",
     )
     mps_pipe_root: str = Field(
         "/run/nvidia/mps", description="Parent of the per-GPU MPS pipe directories."
@@ -115,6 +124,14 @@ class AgentSettings(CommonSettings):
         "MIG instance an XID hits stays in service (for a driver whose NVML event sets "
         "misbehave, as NVIDIA's device plugin offers DP_DISABLE_HEALTHCHECKS).",
     )
+    lease_seconds: float = Field(
+        40.0,
+        ge=0,
+        description="Renew the heartbeat Lease gpuslice-agent-<node> in pod_namespace every "
+        "quarter of this (both agent modes; node_agent.lease): the partitioner takes a node "
+        "whose Lease was not renewed for this long (leaseDurationSeconds) as having no agent. "
+        "0: no Lease; else at least 10. Needs pod_namespace (GPUSLICE_POD_NAMESPACE).",
+    )
     metrics_port: int = Field(
         8082, ge=0, le=65535, description="Port of /metrics and /healthz (0: disabled)."
     )
@@ -160,3 +177,13 @@ class AgentSettings(CommonSettings):
     @classmethod
     def _split_xids(cls, value: object) -> object:
         return split_commas(value)
+
+    @field_validator("lease_seconds")
+    @classmethod
+    def _lease_off_or_long_enough(cls, value: float) -> float:
+        if 0 < value < MIN_LEASE_SECONDS:
+            raise ValueError(
+                f"lease_seconds must be 0 (no Lease) or at least {MIN_LEASE_SECONDS:g} "
+                f"(renewed every quarter of it), got {value:g}"
+            )
+        return value

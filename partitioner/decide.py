@@ -327,7 +327,8 @@ class Quiet:
     a function of the index, the state, ``now`` and the configuration; with the first two
     unchanged, ``now`` matters only through the time-based
     decisions that :attr:`Decision.next_wakeup` lists (reservation deadlines, the drain wait,
-    the batch window and its retries, cool-downs ending), and through two that only grow
+    the batch window and its retries, cool-downs ending, a node's ``plugin_lag_s`` running
+    out), and through two that only grow
     stricter with time and so cannot turn "no action" into an action: the fast path's
     protection of free slices for pods past the first waiting tier, and a released pod past
     its bind deadline (its Event names the deadline, not the seconds since).  Without
@@ -361,8 +362,8 @@ class Decision:
     """The planner's input when this step planned a batch."""
     next_wakeup: float | None = None
     """The earliest future time a time-based decision falls due with no other change (a
-    deadline, a drain threshold, the batch window, a retry, a cool-down's end): a caller that
-    steps on changes only (the simulator) steps again then."""
+    deadline, a drain threshold, the batch window, a retry, a cool-down's end, a plugin lag
+    running out): a caller that steps on changes only (the simulator) steps again then."""
     warm_error: str = ""
     """A planner exception while planning a warm slice (step 10), as text.  Unlike ``error`` it
     closes no window and keeps the step quiet: warm slices are tried again once the cluster
@@ -609,8 +610,9 @@ class _Step:
         self.unlisted_since: dict[str, float] = {}
         """The next :attr:`ControllerState.unlisted_since`."""
         self.plugin_lost: dict[str, str] = {}
-        """Unserved nodes for ``plugin_lag_s`` or longer -> why: their ``planned`` pods are
-        given back (:meth:`_hold`)."""
+        """Unserved nodes whose agent is silent, or whose kubelet has listed none of their
+        slices for ``plugin_lag_s`` or longer -> why: their ``planned`` pods are given back
+        (:meth:`_hold`)."""
         self._problem_nodes: list[dict[str, Any]] | None = None
         """Opted-in nodes whose GPU labels cannot be read (:meth:`_give_back`), once read."""
         self.handed_over: set[str] = set()
@@ -961,7 +963,7 @@ class _Step:
         self.drains.clear()
 
     def _read_drain(self, pod: PodInfo, r: Reservation) -> None:
-        if r.node not in self.gpu_nodes or r.node in self.cooldown:
+        if r.node not in self.gpu_nodes or r.node in self.cooldown or r.node in self.plugin_lost:
             self._drop(pod, r, f"node {r.node} can no longer be drained for it")
             return
         self.drains[pod.key] = r
@@ -1057,9 +1059,30 @@ class _Step:
         bind when the plugin is back).  A kubelet restart shows the same for the seconds its
         plugins take to register again, less than the lag, so nothing is given back then.  The
         start of each is kept in :attr:`ControllerState.unlisted_since` (this controller's
-        clock, not the agent's); nothing else is remembered."""
+        clock, not the agent's); nothing else is remembered.
+
+        A node whose agent has stopped renewing its heartbeat Lease
+        (:attr:`~partitioner.index.ClusterIndex.silent_agents`, :mod:`partitioner.agent_leases`:
+        silent for the Lease's whole duration already) is unserved at once (``AgentSilent``)
+        and its planned pods are given back, in both agent modes and whatever its status and
+        allocatable still show: a silent agent applies no spec and reports nothing, so
+        without this its pods waited for the apply deadline."""
         lag = self.config.plugin_lag_s
         for name, ledger in sorted(self.ledgers.items()):
+            if name in self.index.silent_agents:
+                self.unserved[name] = NodeProblem(
+                    name,
+                    "AgentSilent",
+                    f"the gpuslice agent of node {name} has stopped renewing its Lease "
+                    "(gpuslice-agent-<node>): it stopped, hangs, or cannot reach the API "
+                    "server; no slice is promised there and the pods planned there are planned "
+                    "elsewhere until it renews again (check the agent pod on the node and its "
+                    "log)",
+                )
+                self.plugin_lost[name] = (
+                    f"the gpuslice agent of node {name} has stopped renewing its Lease"
+                )
+                continue
             held = ledger.plugin_gone()
             resource = held or ledger.unlisted()
             if not resource:

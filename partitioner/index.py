@@ -717,6 +717,9 @@ class ClusterIndex:
         self._eligible_topology = -1
         self.claims: dict[str, ClaimDemand] = {}
         """ResourceClaim key -> its demand (:mod:`partitioner.claims`)."""
+        self.silent_agents: frozenset[str] = frozenset()
+        """Nodes whose agent has stopped renewing its heartbeat Lease
+        (:mod:`partitioner.agent_leases`; set by the operator, or the replay)."""
         self._claim_rv: dict[str, str | None] = {}
         self._claim_pods: dict[str, set[str]] = {}
         """Claim key -> keys of the pods naming it (their demand is re-read when it changes)."""
@@ -821,6 +824,12 @@ class ClusterIndex:
         if old is None or old.topology_key() != info.topology_key():
             self.topology += 1
         self.version += 1
+
+    def set_silent_agents(self, nodes: frozenset[str]) -> None:
+        """Record the nodes whose agent is silent (a change only when the set changes)."""
+        if nodes != self.silent_agents:
+            self.silent_agents = nodes
+            self.version += 1
 
     def remove_node(self, name: str) -> None:
         if self.nodes.pop(name, None) is not None:

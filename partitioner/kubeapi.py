@@ -207,8 +207,11 @@ class KubeApi:
     async def delete(self, path: str) -> dict[str, Any]:
         return await self.request("DELETE", path)
 
-    async def list_all(self, path: str, page_size: int = 500, restarts: int = 3) -> dict[str, Any]:
-        """Every object of the collection at ``path``, read in pages of ``page_size``.
+    async def list_all(
+        self, path: str, page_size: int = 500, restarts: int = 3, selector: str = ""
+    ) -> dict[str, Any]:
+        """Every object of the collection at ``path`` (``selector``: those its label selector
+        matches), read in pages of ``page_size``.
 
         Returns the list as one document: ``items`` (all pages, in order), and ``metadata`` with
         the ``resourceVersion`` of the snapshot.  A ``410 Expired`` on a continue token restarts
@@ -222,6 +225,8 @@ class KubeApi:
             token = ""
             while True:
                 query = {"limit": str(page_size)}
+                if selector:
+                    query["labelSelector"] = selector
                 if token:
                     query["continue"] = token
                 try:

@@ -8,6 +8,9 @@ Wiring
   thread, events are buffered and folded in right after it, so the step reads a consistent
   index.  The handlers never patch the watched objects, so kopf adds no finalizers or
   annotations to Nodes and Pods.
+* Every ``lease_poll_seconds`` the cycle lists the node agents' heartbeat Leases
+  (:meth:`Controller._poll_leases`, :mod:`.agent_leases`) and tells the index which agents have
+  stopped renewing theirs (a change of that set is a change of the index).
 * ``on.login`` keeps kopf's usual login (service account, then kubeconfig) unless a connection
   was given, and shares it with the partitioner's own writer client (:mod:`.kubeapi`).
 * ``on.startup`` starts :meth:`Controller.run`: it lists the three resources once (so the first
@@ -78,6 +81,7 @@ import kopf
 from contract import logs
 from contract.catalog_files import load_catalog
 from contract.nodepartitioning import GROUP, PLURAL, VERSION
+from partitioner.agent_leases import LEASE_SELECTOR, AgentLeases
 from partitioner.batching import forget
 from partitioner.decide import (
     ControllerState,
@@ -103,6 +107,9 @@ _LISTS = {"nodes": "/api/v1/nodes", "pods": "/api/v1/pods", "partitionings": NP_
 RELIST_QUIET_S = 30.0
 """A listed object this long after the previous one of its kind starts a new kopf listing
 (:meth:`Controller._note_listing`); one listing's objects come seconds apart at most."""
+LEASES_PATH = "/apis/coordination.k8s.io/v1/leases"
+"""Listed every ``lease_poll_seconds`` with :data:`~partitioner.agent_leases.LEASE_SELECTOR`:
+the node agents' heartbeats (in ``agent_lease_namespace`` when set: the release's)."""
 CLAIMS_PATH = "/apis/resource.k8s.io/v1/resourceclaims"
 """Listed and watched with ``dra_enabled`` (DRA nodes' demand, partitioner.claims)."""
 
@@ -236,6 +243,10 @@ class Controller:
         cycle lists them itself, reconciling the index (objects deleted in the gap go)."""
         self._listed_at: dict[str, float] = {}
         """kind -> when the controller's own listing of it last began (monotonic)."""
+        self.agent_leases = AgentLeases()
+        """The agents' heartbeat Leases as last listed (:meth:`_poll_leases`)."""
+        self._leases_polled: float | None = None
+        self._lease_error = ""
 
     # -- index -----------------------------------------------------------------------------
     def observe(self, kind: str, event: Mapping[str, Any]) -> None:
@@ -449,11 +460,52 @@ class Controller:
             if last is not None and now - last >= period:
                 self.relist_due.add(kind)
 
+    async def _poll_leases(self) -> None:
+        """List the agents' heartbeat Leases every ``lease_poll_seconds`` and tell the index
+        which agents are silent (:mod:`partitioner.agent_leases`; this controller's monotonic
+        clock).  A listing that fails (no RBAC for Leases, an API outage) is logged once per
+        distinct error and changes nothing: the last silent set stands until one succeeds."""
+        period = self.settings.lease_poll_seconds
+        if period <= 0:
+            return
+        now = self._monotonic()
+        if self._leases_polled is not None and now - self._leases_polled < period:
+            return
+        self._leases_polled = now
+        namespace = self.settings.agent_lease_namespace
+        path = (
+            f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+            if namespace
+            else LEASES_PATH
+        )
+        try:
+            doc = await self.api.list_all(
+                path, page_size=self.list_page_size, selector=LEASE_SELECTOR
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            error = f"{type(e).__name__}: {e}"
+            if error != self._lease_error:
+                log.warning("listing the node agents' Leases failed: %s", error)
+                self._lease_error = error
+            return
+        if self._lease_error:
+            log.info("listing the node agents' Leases works again")
+            self._lease_error = ""
+        silent = self.agent_leases.observe(doc.get("items") or (), now)
+        if silent != self.index.silent_agents:
+            log.warning(
+                "node agents not renewing their Lease: %s", ", ".join(sorted(silent)) or "none"
+            )
+        self.index.set_silent_agents(silent)
+
     async def _cycle(self) -> None:
         """One cycle: the relistings kopf's watch gaps call for (:meth:`_note_listing`) and the
-        periodic ones (:meth:`_note_periodic_listings`), then a decision step when leading
-        (module docstring)."""
+        periodic ones (:meth:`_note_periodic_listings`), the agents' Leases when due
+        (:meth:`_poll_leases`), then a decision step when leading (module docstring)."""
         self._note_periodic_listings()
+        await self._poll_leases()
         if self.relist_due:
             due = sorted(self.relist_due)
             self.relist_due.clear()  # a kind noticed again while this listing runs stays due

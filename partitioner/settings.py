@@ -126,6 +126,19 @@ class PartitionerSettings(CommonSettings):
         "dropping those deleted while kopf's watch had a gap: a kind with no object left "
         "shows no gap to notice.  0: never (a ghost then stays until a restart).",
     )
+    lease_poll_seconds: float = Field(
+        10.0,
+        ge=0,
+        description="List the node agents' heartbeat Leases this often; a node whose agent has "
+        "not renewed its Lease for the Lease's duration gets no promise and its planned pods "
+        "are planned elsewhere (AgentSilent).  0: never (a stopped agent is then found by the "
+        "apply deadline and the kubelet's listing only).",
+    )
+    agent_lease_namespace: str = Field(
+        "",
+        description="The namespace of the agents' heartbeat Leases (the release namespace); "
+        "empty: list them in every namespace.",
+    )
     planner_policy: Policy = Field(Policy.CPSAT, description="cpsat or greedy.")
     planner_time_limit_seconds: float = Field(
         1.0, gt=0, description="CP-SAT wall-clock limit per plan."

@@ -39,8 +39,8 @@ import random
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from planner.snapshot import Mode
@@ -125,23 +125,27 @@ def build(spec: CaseSpec) -> tuple[Workload, Cluster]:
 Job = (
     tuple[int, int]
     | tuple[int, int, tuple[float, float] | None]
-    | tuple[int, int, tuple[float, float] | None, float]
+    | tuple[int, int, tuple[float, float] | None, Mapping[str, float]]
 )
-"""``(case, pods[, outage[, plugin_lag_s]])``: one case of :func:`run_case`."""
+"""``(case, pods[, outage[, settings]])``: one case of :func:`run_case`."""
 
 
 def run_case(job: Job) -> dict[str, Any]:
     """Both policies on one case (in its own process when ``--jobs`` > 1); a third item
-    ``(start, end)`` stops node ``n0``'s agent then (``--agent-outage``), a fourth is the
-    partitioner's ``plugin_lag_s`` (``--plugin-lag``)."""
+    ``(start, end)`` stops node ``n0``'s agent then (``--agent-outage``), a fourth overrides
+    :class:`ReplaySettings` fields (``--plugin-lag``: ``plugin_lag_s``, ``--agent-lease``:
+    ``agent_lease_s``)."""
     case, pods = job[0], job[1]
     outage = job[2] if len(job) > 2 else None
-    lag = job[3] if len(job) > 3 else ReplaySettings().plugin_lag_s
+    overrides = job[3] if len(job) > 3 else {}
     spec = random_case(case, pods)
     workload, cluster = build(spec)
     out: dict[str, Any] = {**asdict(spec), "gpus": spec.gpus, "policies": {}}
-    settings = ReplaySettings(
-        outages=(AgentOutage("n0", *outage),) if outage is not None else (), plugin_lag_s=lag
+    base = ReplaySettings(outages=(AgentOutage("n0", *outage),) if outage is not None else ())
+    settings = replace(
+        base,
+        plugin_lag_s=overrides.get("plugin_lag_s", base.plugin_lag_s),
+        agent_lease_s=overrides.get("agent_lease_s", base.agent_lease_s),
     )
     for policy in POLICIES:
         result = run_time_replay(workload, cluster, policy, settings)
@@ -258,6 +262,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "none of the slices an agent reports before the node counts as having lost its device "
         "plugin; a huge value turns that rule off",
     )
+    ap.add_argument(
+        "--agent-lease",
+        type=float,
+        default=ReplaySettings().agent_lease_s,
+        metavar="SECONDS",
+        help="the agents' heartbeat Lease duration (default %(default)g; 0: no Lease, a "
+        "stopped agent is then found by the kubelet's listing and the apply deadline only)",
+    )
     args = ap.parse_args(argv)
     outage: tuple[float, float] | None = None
     if args.agent_outage:
@@ -279,14 +291,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.pods < 1 or args.jobs < 1:
         print("bench_random_replay: --pods and --jobs must be >= 1", file=sys.stderr)
         return 2
-    if not args.plugin_lag >= 0:
-        print("bench_random_replay: --plugin-lag must be >= 0 seconds", file=sys.stderr)
+    if not args.plugin_lag >= 0 or not args.agent_lease >= 0:
+        print(
+            "bench_random_replay: --plugin-lag and --agent-lease must be >= 0 seconds",
+            file=sys.stderr,
+        )
         return 2
     if problem := out_file_error("--out", args.out):
         print(f"bench_random_replay: {problem}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    jobs: list[Job] = [(c, args.pods, outage, args.plugin_lag) for c in cases]
+    overrides = {"plugin_lag_s": args.plugin_lag, "agent_lease_s": args.agent_lease}
+    jobs: list[Job] = [(c, args.pods, outage, overrides) for c in cases]
     if args.jobs > 1:
         import multiprocessing
 
@@ -304,7 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "pods": args.pods,
             **asdict(ReplaySettings()),
             "outages": [["n0", *outage]] if outage is not None else [],
-            "plugin_lag_s": args.plugin_lag,
+            **overrides,
         },
         "aggregate": aggregate(done),
         "cases": done,

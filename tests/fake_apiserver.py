@@ -341,6 +341,7 @@ class ApiServer(kmock.KubernetesEmulator):
         name: str,
         data: dict[str, Any] | list[Any],
     ) -> None:
+        _check_patch_type(request, resource, data)
         key = (resource, request.namespace, name)
         if key not in self.objects or self.objects[key].deleted:
             return  # kmock answers 404
@@ -642,6 +643,41 @@ def declare(api: kmock.KubernetesEmulator) -> None:
         "kind": "Namespace",
         "metadata": {"name": "default", "uid": "ns-default", "resourceVersion": "1"},
     }
+
+
+_JSON_PATCH = "application/json-patch+json"
+
+
+def _check_patch_type(
+    request: kmock.Request, resource: kmock.resource, data: dict[str, Any] | list[Any]
+) -> None:
+    """Refuse a PATCH whose body its Content-Type cannot carry, as the API server does: a JSON
+    Patch is a list of operations (kubernetes_asyncio picks that type for a dict body sent to
+    a custom object's patch unless ``_content_type`` says otherwise), and a strategic merge
+    patch exists for built-in kinds only.  Any other type (the tests' own raw requests) is read
+    as a merge patch."""
+    if not str(request.method).upper().endswith("PATCH"):
+        return
+    content_type = str(request.headers.get("Content-Type", "")).split(";")[0].strip().lower()
+    if content_type == _JSON_PATCH and not isinstance(data, list):
+        raise kmock.KubernetesError(
+            status=400,
+            reason="BadRequest",
+            message="json: cannot unmarshal object into Go value of type []handlers.jsonPatchOp",
+        )
+    if content_type != _JSON_PATCH and isinstance(data, list):
+        raise kmock.KubernetesError(
+            status=400,
+            reason="BadRequest",
+            message="json: cannot unmarshal array into Go value of type map[string]interface {}",
+        )
+    if content_type == _SMP and resource.group not in ("", "apps", "batch", "coordination.k8s.io"):
+        raise kmock.KubernetesError(
+            status=415,
+            reason="UnsupportedMediaType",
+            message="strategic merge patch is not supported for custom resources "
+            f"({resource.group}): use application/merge-patch+json",
+        )
 
 
 def declare_leases(api: kmock.KubernetesEmulator) -> None:

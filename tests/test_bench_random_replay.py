@@ -120,6 +120,6 @@ def test_an_agent_outage_applies_to_every_case_and_bad_ones_exit_2(
     assert main(["--cases", "1", "--agent-outage", "50:10"]) == 2
     assert "expected START:END" in capsys.readouterr().err
     assert main(["--cases", "1", "--plugin-lag", "-1"]) == 2
-    assert "--plugin-lag must be >= 0" in capsys.readouterr().err
+    assert "--plugin-lag and --agent-lease must be >= 0" in capsys.readouterr().err
     assert main(["--cases", "1", "--pods", "20", "--plugin-lag", "30"]) == 0
     assert json.loads(capsys.readouterr().out)["settings"]["plugin_lag_s"] == 30

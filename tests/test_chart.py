@@ -125,6 +125,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
         }
     },
     "webhook-disabled": {"webhook": {"enabled": False}},
+    "no-agent-lease": {"agent": {"leaseSeconds": 0}},
 }
 
 
@@ -444,6 +445,9 @@ BAD_VALUES: list[tuple[dict[str, Any], str]] = [
         "/agent/tolerations/0/operator",
     ),
     ({"agent": {"resources": {"limits": {"memory": "lots"}}}}, "/agent/resources/limits/memory"),
+    ({"agent": {"leaseSeconds": 5}}, "/agent/leaseSeconds"),
+    ({"agent": {"leaseSeconds": -1}}, "/agent/leaseSeconds"),
+    ({"agent": {"leaseSeconds": "40s"}}, "/agent/leaseSeconds"),
     ({"catalog": {"files": {"a,b.yaml": "models: []"}}}, "invalid propertyName 'a,b.yaml'"),
     ({"catalog": {"files": {"extra.yaml": {"gpus": []}}}}, "/catalog/files/extra.yaml"),
     (
@@ -506,14 +510,16 @@ ROLES = {
     "partitioner": ("ClusterRole", "-partitioner", "Deployment"),
     "partitioner-namespaced": ("Role", "-partitioner", "Deployment"),
     "agent": ("ClusterRole", "-agent", "DaemonSet"),
+    "agent-namespaced": ("Role", "-agent", "DaemonSet"),
     "ungate": ("ClusterRole", "-ungate", "Job"),
     "ungate-namespaced": ("Role", "-ungate", "Job"),
 }
 # variant -> the `when:` conditions of rbac-usage.yaml that hold in it
 RBAC_VARIANTS = {
-    "defaults": {"webhook", "self-managed-webhook", "leader-election"},
-    "webhook-cert-manager": {"webhook", "leader-election"},
-    "webhook-disabled": {"leader-election"},
+    "defaults": {"webhook", "self-managed-webhook", "leader-election", "agent-lease"},
+    "webhook-cert-manager": {"webhook", "leader-election", "agent-lease"},
+    "webhook-disabled": {"leader-election", "agent-lease"},
+    "no-agent-lease": {"webhook", "self-managed-webhook", "leader-election"},
 }
 
 
@@ -836,6 +842,7 @@ def test_partitioner_settings_accept_the_chart_env(
             "leader_election_namespace": NAMESPACE,
             "leader_election_lease_name": f"{RELEASE}-gpuslice-partitioner",
             "leader_election_identity": "$(POD_NAME)",  # the kubelet expands it
+            "agent_lease_namespace": NAMESPACE,  # where the agents keep their Leases
         }
         assert {k: getattr(from_chart, k) for k in release_specific} == release_specific
         assert from_chart == PartitionerSettings(**release_specific)
@@ -922,6 +929,41 @@ def test_agent_settings_accept_the_chart_env(
     assert from_chart.node_name == "gpu-node-1"
     apply_env(monkeypatch, {"GPUSLICE_NODE_NAME": "gpu-node-1"})
     assert from_chart == settings_cls()  # the chart's defaults are the code's defaults
+
+
+@pytest.mark.parametrize("dra", [False, True], ids=["device-plugin agent", "DRA agent"])
+def test_both_agents_get_the_lease_seconds_and_their_namespace(
+    chart: helm.Chart, monkeypatch: pytest.MonkeyPatch, dra: bool
+) -> None:
+    """agent.leaseSeconds reaches both agents as GPUSLICE_LEASE_SECONDS, and both know their
+    namespace (GPUSLICE_POD_NAMESPACE, where the Lease lives and the agent Role grants it)."""
+    from node_agent.settings import AgentSettings
+
+    def agent_container(values: dict[str, Any]) -> dict[str, Any]:
+        docs = render(chart, {**({"dra": {"enabled": True}} if dra else {}), **values})
+        suffix = "-agent-dra" if dra else "-agent"
+        (ds,) = [
+            d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"].endswith(suffix)
+        ]
+        (c,) = ds["spec"]["template"]["spec"]["containers"]
+        return c
+
+    default = agent_container({})
+    assert env_of(default)["GPUSLICE_LEASE_SECONDS"] == "40"
+    field_refs = {
+        e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+        for e in default["env"]
+        if "valueFrom" in e
+    }
+    assert field_refs["GPUSLICE_POD_NAMESPACE"] == "metadata.namespace"
+    env = gpuslice_env(agent_container({"agent": {"leaseSeconds": 90}}))
+    assert env["GPUSLICE_LEASE_SECONDS"] == "90"
+    apply_env(monkeypatch, {**env, "GPUSLICE_NODE_NAME": "n1", "GPUSLICE_POD_NAMESPACE": NAMESPACE})
+    settings = AgentSettings()  # type: ignore[call-arg]
+    assert (settings.lease_seconds, settings.pod_namespace, settings.dra) == (90, NAMESPACE, dra)
+    off = gpuslice_env(agent_container({"agent": {"leaseSeconds": 0}}))
+    apply_env(monkeypatch, {**off, "GPUSLICE_NODE_NAME": "n1"})
+    assert AgentSettings().lease_seconds == 0  # type: ignore[call-arg]
 
 
 def documented_catalog_example() -> dict[str, Any]:
@@ -1326,3 +1368,19 @@ def test_pre_delete_hook_releases_every_gated_pod(chart: helm.Chart, variant: st
         for d in render(chart, {"webhook": {"ungateOnUninstall": False}})
         if d["metadata"]["name"].endswith("-ungate")
     ]
+
+
+def test_the_partitioner_lists_agent_leases_only_where_agents_keep_them(
+    chart: helm.Chart, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With agent.leaseSeconds the partitioner lists the Leases in the release namespace
+    (its Role may list them: rbac-usage); with 0 it lists none (no Role rule to refuse it)."""
+    from partitioner.settings import PartitionerSettings
+
+    env = gpuslice_env(container(render(chart, VARIANTS["defaults"]), "Deployment"))
+    apply_env(monkeypatch, env)
+    s = PartitionerSettings()
+    assert (s.agent_lease_namespace, s.lease_poll_seconds) == (NAMESPACE, 10)
+    env = gpuslice_env(container(render(chart, VARIANTS["no-agent-lease"]), "Deployment"))
+    apply_env(monkeypatch, env)
+    assert PartitionerSettings().lease_poll_seconds == 0

@@ -94,7 +94,8 @@ def test_defaults_run_two_replicas_that_elect_a_leader(chart: helm.Chart) -> Non
 
     rules = lease_rules(docs)
     granted = {(v, n) for r in rules for v in r["verbs"] for n in r.get("resourceNames") or [""]}
-    assert granted == {("get", LEASE_NAME), ("update", LEASE_NAME), ("create", "")}
+    # leader election's own Lease, and the list of the agents' heartbeat Leases
+    assert granted == {("get", LEASE_NAME), ("update", LEASE_NAME), ("create", ""), ("list", "")}
     binding = one(docs, "RoleBinding", "-partitioner")
     assert binding["metadata"]["namespace"] == NAMESPACE
     assert binding["subjects"][0]["name"] == pod["serviceAccountName"]
@@ -146,7 +147,8 @@ def test_without_leader_election_one_replica_is_recreated(
     assert "affinity" not in deploy["spec"]["template"]["spec"]
     env = gpuslice_env(container(docs, "Deployment"))
     assert not [k for k in env if k.startswith("GPUSLICE_LEADER_ELECTION")]
-    assert lease_rules(docs) == []
+    # only the list of the agents' heartbeat Leases (agent.leaseSeconds), nothing to elect with
+    assert [r["verbs"] for r in lease_rules(docs)] == [["list"]]
     apply_env(monkeypatch, env)
     assert not PartitionerSettings().leader_election_enabled
 

@@ -28,6 +28,7 @@ from fake_apiserver import (
     Unschedulable,
     bind_like_scheduler,
     declare,
+    declare_leases,
     stored,
 )
 from test_partitioner_webhook import (
@@ -107,6 +108,18 @@ def pod_events(api: ApiServer, name: str) -> list[tuple[str, str]]:
     return out
 
 
+def nodes_told(api: ApiServer, reason: str) -> list[str]:
+    """The nodes that got an Event with ``reason``, one entry per Event."""
+    return [
+        obj["involvedObject"]["name"]
+        for (res, _ns, _n), obj in api.objects.items()
+        if res == api.resource("v1/events")
+        and not obj.deleted
+        and (obj.get("involvedObject") or {}).get("kind") == "Node"
+        and obj.get("reason") == reason
+    ]
+
+
 async def agent_applies(api: ApiServer, name: str) -> dict[str, Any]:
     """The node agent applied the current spec: all its instances exist, none used yet."""
     np = stored(api, NP_RESOURCE, name)
@@ -142,7 +155,8 @@ async def gating_operator(
     port = free_port()
     config = settings(tmp_path, port, batch_timeout_seconds=20, batch_idle_seconds=5, **overrides)
     info = kopf.ConnectionInfo(server=str(api.url).rstrip("/"))
-    controller = Controller(config, connection=info, clock=asyncio.get_running_loop().time)
+    loop_time = asyncio.get_running_loop().time
+    controller = Controller(config, connection=info, clock=loop_time, monotonic=loop_time)
     stop = asyncio.Event()
     task = asyncio.create_task(run_operator(controller, stop_flag=stop))
     try:
@@ -250,13 +264,7 @@ async def test_a_node_that_never_applies_gives_the_pod_to_another_after_the_dead
         assert second.state is State.PLANNED
         messages = [m for reason, m in pod_events(kmock, "p1") if reason == "ReservationDropped"]
         assert messages and f"node {first.node} did not apply plan {first.plan}" in messages[0]
-        node_events = [
-            obj for (res, _ns, _n), obj in kmock.objects.items()
-            if res == kmock.resource("v1/events") and not obj.deleted
-            and (obj.get("involvedObject") or {}).get("kind") == "Node"
-            and obj.get("reason") == "ApplyDeadlineMissed"
-        ]  # fmt: skip
-        assert [e["involvedObject"]["name"] for e in node_events] == [first.node]
+        assert nodes_told(kmock, "ApplyDeadlineMissed") == [first.node]
         await agent_applies(kmock, second.node)
         await kubelet_advertises(kmock, second.node, {SEVEN_G: 1})
         await eventually(lambda: not get_pod(kmock, "p1")["spec"].get("schedulingGates"), 10)
@@ -387,13 +395,7 @@ async def test_a_pod_the_kubelet_refuses_cools_its_node_and_the_next_goes_elsewh
             lambda: any(reason == "AdmissionRejected" for reason, _ in pod_events(kmock, "p1")),
             10,
         )
-        node_events = [
-            obj for (res, _ns, _n), obj in kmock.objects.items()
-            if res == kmock.resource("v1/events") and not obj.deleted
-            and (obj.get("involvedObject") or {}).get("kind") == "Node"
-            and obj.get("reason") == "AdmissionRejected"
-        ]  # fmt: skip
-        assert [e["involvedObject"]["name"] for e in node_events] == [r.node]
+        assert nodes_told(kmock, "AdmissionRejected") == [r.node]
 
         await kmock.post(PODS, json=pod("p2"))  # the free 7g on r.node would fit it
         second = await eventually(lambda: reservation(kmock, "p2"), within=60)
@@ -430,11 +432,71 @@ async def test_a_node_whose_kubelet_never_lists_its_slices_loses_its_planned_pod
         assert messages and f"node {first.node}'s kubelet has listed none of its slices" in (
             messages[0]
         )
-        node_events = [
-            obj for (res, _ns, _n), obj in kmock.objects.items()
-            if res == kmock.resource("v1/events") and not obj.deleted
-            and (obj.get("involvedObject") or {}).get("kind") == "Node"
-            and obj.get("reason") == "DevicePluginGone"
-        ]  # fmt: skip
-        assert [e["involvedObject"]["name"] for e in node_events] == [first.node]
+        assert nodes_told(kmock, "DevicePluginGone") == [first.node]
         assert get_pod(kmock, "p1")["spec"]["schedulingGates"] == [{"name": GATE}]
+
+
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/gpuslice/leases"
+
+
+async def agent_renews(api: ApiServer, node_name: str, stamp: int) -> None:
+    """The node's agent renews its heartbeat Lease (created on its first renewal)."""
+    renew = f"2026-12-06T00:00:{stamp % 60:02d}.{stamp:06d}Z"
+    name = f"gpuslice-agent-{node_name}"
+    if stored(api, "coordination.k8s.io/v1/leases", name, "gpuslice") is None:
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": name,
+                "namespace": "gpuslice",
+                "labels": {"app.kubernetes.io/component": "agent-lease"},
+            },
+            "spec": {"holderIdentity": node_name, "leaseDurationSeconds": 40, "renewTime": renew},
+        }
+        resp = await api.post(LEASES, json=body)
+    else:
+        resp = await api.patch(f"{LEASES}/{name}", json={"spec": {"renewTime": renew}})
+    assert resp.status in (200, 201), await resp.text()
+
+
+@pytest.mark.looptime
+async def test_a_node_whose_agent_stops_renewing_its_lease_loses_its_planned_pod(
+    kmock: ApiServer, tmp_path: Path
+) -> None:
+    """Both agents renew their Lease until the pod is planned; then the planned node's agent
+    stops (a crash mid-apply: its spec is never applied).  Once its Lease has stood still for
+    its 40 s, the node is ``AgentSilent`` and the pod is planned on the other node, long before
+    the apply deadline (600 s here)."""
+    await setup(kmock, "n1", "n2")
+    declare_leases(kmock)
+    alive = {"n1", "n2"}
+
+    async def agents() -> None:
+        for tick in range(1, 10_000):
+            for n in sorted(alive):
+                await agent_renews(kmock, n, tick)
+            await asyncio.sleep(10)
+
+    renewing = asyncio.create_task(agents())
+    try:
+        async with gating_operator(
+            kmock, tmp_path, lease_poll_seconds=5, apply_deadline_seconds=600, cooldown_seconds=600
+        ):
+            await eventually(lambda: stored(kmock, NP_RESOURCE, "n2"), within=10)
+            await kmock.post(PODS, json=pod("p1"))
+            first = await eventually(lambda: reservation(kmock, "p1"), within=40)
+            alive.discard(first.node)  # its agent stops
+            loop = asyncio.get_running_loop()
+            stopped_at = loop.time()
+            second = await eventually(
+                lambda: (r := reservation(kmock, "p1")) is not None and r.node != first.node and r,
+                within=200,
+            )
+            assert 40 <= loop.time() - stopped_at < 120
+            assert second.state is State.PLANNED
+            messages = [m for reason, m in pod_events(kmock, "p1") if reason == "ReservationDropped"]
+            assert any(f"agent of node {first.node} has stopped renewing its Lease" in m for m in messages)
+            assert nodes_told(kmock, "AgentSilent") == [first.node]
+    finally:
+        renewing.cancel()

@@ -103,6 +103,8 @@ class Cluster:
             self.put(o)
         self.state = ControllerState()
         self.kubelet_lists_bound = True
+        self.silent_agents: frozenset[str] = frozenset()
+        """Nodes whose agent stopped renewing its Lease (what the operator's listing says)."""
 
     def put(self, obj: dict[str, Any]) -> None:
         meta = obj["metadata"]
@@ -114,13 +116,15 @@ class Cluster:
         return self.objs[("Pod", f"ns/{name}")]
 
     def index(self) -> ClusterIndex:
-        return ClusterIndex.from_objects(
+        index = ClusterIndex.from_objects(
             CAT,
             [self._listing(o) for (k, _), o in self.objs.items() if k == "Node"],
             [o for (k, _), o in self.objs.items() if k == "Pod"],
             [o for (k, _), o in self.objs.items() if k == "NodePartitioning"],
             [o for (k, _), o in self.objs.items() if k == "ResourceClaim"],
         )
+        index.set_silent_agents(self.silent_agents)
+        return index
 
     def _listing(self, node_obj: dict[str, Any]) -> dict[str, Any]:
         """The node as its kubelet shows it: allocatable lists at least the slices the pods

@@ -8,7 +8,10 @@ devices and conditions, or the NodePartitioning status document with ``-o json|y
 Without ``--fake`` it uses pynvml, the kubelet's PodResources API and device-plugin sockets, and
 the NodePartitioning named after ``GPUSLICE_NODE_NAME`` in the cluster.  Unless ``--once``, both
 serve ``/healthz`` and ``/metrics`` (``gpuslice_agent_*``, see :mod:`node_agent.metrics`) on
-``GPUSLICE_METRICS_PORT`` (default 8082; 0 disables it).
+``GPUSLICE_METRICS_PORT`` (default 8082; 0 disables it).  The real agent, in both modes and
+unless ``--once``, also renews its heartbeat Lease ``gpuslice-agent-<node>`` in
+``GPUSLICE_POD_NAMESPACE`` every quarter of ``GPUSLICE_LEASE_SECONDS`` (default 40; 0: none),
+as a task on the same event loop (:mod:`node_agent.lease`).
 
 SIGTERM (the kubelet deleting the pod: a rollout, an opt-out, an uninstall) and SIGINT stop the
 loop cleanly: a drain in progress gets its last pass (:meth:`node_agent.agent.Agent.run`), the
@@ -24,7 +27,7 @@ import contextlib
 import logging
 import signal
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
 from gpuslice.cli import BadInput
@@ -381,6 +384,28 @@ def _serving(settings: Any, metrics: Any, health: Any) -> Iterator[None]:
         server.stop()
 
 
+@contextlib.asynccontextmanager
+async def _heartbeat(settings: Any, api: Any) -> AsyncIterator[asyncio.Task[None] | None]:
+    """Renew the agent's heartbeat Lease (:mod:`node_agent.lease`) through ``api`` (a
+    ``CustomObjectsApi``) in a task on this event loop while the body runs, and stop it after;
+    the task, or ``None`` when there is no Lease (``lease_seconds`` 0, no ``pod_namespace``)."""
+    from node_agent.lease import from_settings
+
+    lease = from_settings(settings, api)
+    if lease is None:
+        yield None
+        return
+    stop = asyncio.Event()
+    task = asyncio.create_task(lease.run(stop), name=f"heartbeat Lease {lease.where}")
+    try:
+        yield task
+    finally:
+        stop.set()
+        # a renewal in flight ends within its request timeout; past that it is cancelled
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(task, lease.request_timeout_s + 1)
+
+
 async def _run_real(args: argparse.Namespace, settings: Any, catalog: Any) -> int:
     from node_agent.agent import Agent, KubeSpecSource
     from node_agent.allocations import AllocationLedger, LedgerInUse
@@ -404,7 +429,8 @@ async def _run_real(args: argparse.Namespace, settings: Any, catalog: Any) -> in
     plugins = DevicePluginManager(settings.device_plugin_dir, on_allocate=ledger.record)
     await plugins.start()
     try:
-        await source.connect()  # in-cluster service account, else kubeconfig: fails at start
+        # in-cluster service account, else kubeconfig: fails at start
+        custom = await source.connect()
         nvml = MeteredNvml(PynvmlAdapter(smi=NvidiaSmi(binary=settings.nvidia_smi)), metrics)
         xid_ledger = XidLedger()
         reconciler = Reconciler(
@@ -444,8 +470,9 @@ async def _run_real(args: argparse.Namespace, settings: Any, catalog: Any) -> in
             result = await agent.run_once()
             _print_status(result.status, args.output)
             return 0
-        with _serving(settings, metrics, health):
-            await agent.run(_stop_on_signals())
+        async with _heartbeat(settings, custom):
+            with _serving(settings, metrics, health):
+                await agent.run(_stop_on_signals())
     finally:
         await plugins.stop()
         await source.close()
@@ -529,6 +556,7 @@ async def _run_dra(settings: Any, catalog: Any, publish: str) -> int:
             ),
             metrics=metrics,
         )
-        with _serving(settings, metrics, health):
-            await driver.run(_stop_on_signals())
+        async with _heartbeat(settings, custom):
+            with _serving(settings, metrics, health):
+                await driver.run(_stop_on_signals())
     return 0

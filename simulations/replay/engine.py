@@ -134,7 +134,14 @@ from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from typing import Any
 
-from partitioner.actions import EmitEvent, PatchPod, SetNodeCondition, WriteReservations, WriteSpec
+from partitioner.actions import (
+    NODE_CONDITION,
+    EmitEvent,
+    PatchPod,
+    SetNodeCondition,
+    WriteReservations,
+    WriteSpec,
+)
 from partitioner.batching import BatchPolicy, forget
 from partitioner.claims import DRIVER, MIG_CLASS
 from partitioner.decide import ControllerState, DecideConfig, decide
@@ -283,6 +290,11 @@ class ReplaySettings:
     """Node agents that stop and start again (module docstring, "Agent outages")."""
     plugin_lag_s: float = 60.0
     """The partitioner's ``plugin_lag_s`` (:class:`~partitioner.decide.DecideConfig`)."""
+    agent_lease_s: float = 40.0
+    """The agents' heartbeat Lease duration (``agent.leaseSeconds``; 0: no Lease): a stopped
+    agent is silent to the partitioner this long plus ``lease_poll_s`` after it stopped."""
+    lease_poll_s: float = 10.0
+    """How often the partitioner lists the Leases (``lease_poll_seconds``)."""
     partitioner_outages: tuple[tuple[float, float], ...] = ()
     """``(start, end)``: the partitioner is down, then restarts (module docstring, "Agent
     outages")."""
@@ -292,6 +304,8 @@ class ReplaySettings:
             raise ReplayError(
                 "replay settings: time_compression must be > 0, copies >= 1, apply_delay_s >= 0"
             )
+        if self.agent_lease_s < 0 or self.lease_poll_s <= 0:
+            raise ReplayError("replay settings: agent_lease_s must be >= 0, lease_poll_s > 0")
         if self.cycle_s <= 0 or self.agent_resync_s <= 0 or self.recreate_delay_s <= 0:
             raise ReplayError(
                 "replay settings: cycle_s, agent_resync_s and recreate_delay_s must be > 0"
@@ -671,6 +685,8 @@ class _Kind(IntEnum):
     AGENT_UP = 11
     PARTITIONER_DOWN = 12
     PARTITIONER_UP = 13
+    AGENT_SILENT = 14
+    AGENT_HEARD = 15
 
 
 _LIVE = frozenset(
@@ -684,6 +700,8 @@ _LIVE = frozenset(
         _Kind.AGENT_UP,
         _Kind.PARTITIONER_DOWN,
         _Kind.PARTITIONER_UP,
+        _Kind.AGENT_SILENT,
+        _Kind.AGENT_HEARD,
     }
 )
 """Events that change the cluster on their own (the rest only react to it)."""
@@ -883,6 +901,11 @@ class _Engine:
                 raise ReplayError("agent outages are modelled for device-plugin nodes only")
             self._push(o.start_s, _Kind.AGENT_DOWN, o.node)
             self._push(o.end_s, _Kind.AGENT_UP, o.node)
+        self.silent: set[str] = set()
+        """Down nodes the partitioner has found silent (their Lease not renewed)."""
+        self.lease_token: dict[str, int] = {}
+        """Node -> the event sequence number of its agent's last stop or start (a start cancels
+        the silence a stop scheduled)."""
         self.partitioner_down = False
         """The partitioner is down (:attr:`ReplaySettings.partitioner_outages`)."""
         self.webhook = self.api.webhook
@@ -937,6 +960,18 @@ class _Engine:
             self._wake("tick_at", t + cycle, _Kind.TICK)
         else:
             self._wake("tick_at", max(t, self.stepped_at + react), _Kind.TICK)
+
+    def _silence_later(self, node: str, t: float) -> None:
+        """The partitioner finds the stopped agent of ``node`` silent at its first Lease listing
+        after the Lease's duration has passed since it last saw it renewed: ``agent_lease_s``
+        plus ``lease_poll_s`` after ``t`` at the latest, taken as the time (nothing found
+        sooner than production would)."""
+        if self.settings.agent_lease_s <= 0 or self.config is None or not self.config.reservation:
+            return  # no Lease, or nos's behaviour: nothing reads it
+        self.seq += 1
+        self.lease_token[node] = self.seq
+        at = t + self.settings.agent_lease_s + self.settings.lease_poll_s
+        self._push(at, _Kind.AGENT_SILENT, f"{self.seq}:{node}")
 
     def _sync_soon(self, node: str, t: float) -> None:
         at = self.kubelet.next_sync(node, t + 1e-9)
@@ -1149,9 +1184,18 @@ class _Engine:
                     self.dra.pools[action.node].fits.clear()
             elif isinstance(action, EmitEvent):
                 self.result.events[action.reason] = self.result.events.get(action.reason, 0) + 1
-            elif isinstance(action, SetNodeCondition):
+            elif isinstance(action, SetNodeCondition):  # written, so asked for once per change
                 key = f"NodeCondition/{action.reason}"
                 self.result.events[key] = self.result.events.get(key, 0) + 1
+                self.api.set_node_condition(
+                    action.node,
+                    {
+                        "type": NODE_CONDITION,
+                        "status": action.status,
+                        "reason": action.reason,
+                        "message": action.message,
+                    },
+                )
         if decision.error:
             self.result.planner_errors.append(f"t={t:.1f}: {decision.error}")
             self.error_streak += 1
@@ -1376,8 +1420,27 @@ class _Engine:
             # status sync) and every Allocate fails, so pods bound there meanwhile are rejected.
             self.down.add(payload)
             self._sync_soon(payload, t)
+            self._silence_later(payload, t)
+        elif kind is _Kind.AGENT_SILENT:
+            token, node = payload.split(":", 1)
+            if node in self.down and self.lease_token.get(node) == int(token):
+                self.silent.add(node)
+                self.index.set_silent_agents(frozenset(self.silent))
+                self._dirty(t)
+        elif kind is _Kind.AGENT_HEARD:
+            token, node = payload.split(":", 1)
+            if self.lease_token.get(node) == int(token) and node in self.silent:
+                self.silent.discard(node)
+                self.index.set_silent_agents(frozenset(self.silent))
+                self._dirty(t)
         elif kind is _Kind.AGENT_UP:
             self.down.discard(payload)
+            self.seq += 1
+            self.lease_token[payload] = self.seq  # its first renewal: no silence pending
+            if payload in self.silent:  # seen renewing at the partitioner's next listing
+                self._push(
+                    t + self.settings.lease_poll_s, _Kind.AGENT_HEARD, f"{self.seq}:{payload}"
+                )
             if payload in self.deferred_apply:  # the agent applies the spec it finds
                 self.deferred_apply.discard(payload)
                 self.seq += 1
@@ -1397,6 +1460,12 @@ class _Engine:
             self.stepped_version = -1
             self.wake_due = None
             self.last_progress = t  # what waited may move now: the run is not over
+            # a restarted partitioner has seen no Lease yet: a silent agent is found again a
+            # whole Lease duration after its first listing
+            self.silent.clear()
+            self.index.set_silent_agents(frozenset())
+            for node in sorted(self.down):
+                self._silence_later(node, t)
             self._dirty(t)
         elif kind is _Kind.TICK and self.partitioner_down:
             self.tick_at = None

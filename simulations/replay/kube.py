@@ -256,6 +256,16 @@ class SimApi:
             self.index.upsert_node(node)
         return grew
 
+    def set_node_condition(self, name: str, condition: Mapping[str, str]) -> None:
+        """The partitioner's node condition write (``GpusliceReady``): replaces the condition
+        of that type, as its status patch does."""
+        node = self.nodes[name]
+        status = node.setdefault("status", {})
+        kept = [c for c in status.get("conditions") or () if c.get("type") != condition["type"]]
+        status["conditions"] = [*kept, dict(condition)]
+        self._stamp(node)
+        self.index.upsert_node(node)
+
     # ------------------------------------------------------------------ partitionings
 
     def add_partitioning(self, node: FakeNode) -> None:
