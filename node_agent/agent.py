@@ -293,7 +293,33 @@ async def kube_api_client() -> Any:
     return client.ApiClient(configuration)
 
 
-class KubeSpecSource:
+class CustomApiUser:
+    """Holds a ``CustomObjectsApi``: an injected one (tests; the caller's to close), else one
+    built on first use from the in-cluster service account or the kubeconfig
+    (:func:`kube_api_client`) and closed by :meth:`close`."""
+
+    _api: Any
+    _owned: Any
+
+    async def connect(self) -> Any:
+        """The ``CustomObjectsApi``: the injected one, or one from the in-cluster service
+        account, else the kubeconfig (``$KUBECONFIG``, ``~/.kube/config``)."""
+        if self._api is None:
+            from kubernetes_asyncio import client
+
+            self._owned = await kube_api_client()
+            self._api = client.CustomObjectsApi(self._owned)
+        return self._api
+
+    async def close(self) -> None:
+        """Close the ApiClient :meth:`connect` built (an injected ``api`` is the caller's)."""
+        owned, self._owned = self._owned, None
+        if owned is not None:
+            self._api = None
+            await owned.close()
+
+
+class KubeSpecSource(CustomApiUser):
     """The node's NodePartitioning through the Kubernetes API (kubernetes_asyncio).
 
     * ``get``: GET the cluster-scoped object (``None`` on 404) and remember its uid, generation,
@@ -352,23 +378,6 @@ class KubeSpecSource:
     def resource_version(self) -> str:
         """The resourceVersion the next watch starts from (empty: from now)."""
         return self._resource_version
-
-    async def connect(self) -> Any:
-        """The ``CustomObjectsApi``: the injected one, or one from the in-cluster service
-        account, else the kubeconfig (``$KUBECONFIG``, ``~/.kube/config``)."""
-        if self._api is None:
-            from kubernetes_asyncio import client
-
-            self._owned = await kube_api_client()
-            self._api = client.CustomObjectsApi(self._owned)
-        return self._api
-
-    async def close(self) -> None:
-        """Close the ApiClient :meth:`connect` built (an injected ``api`` is the caller's)."""
-        owned, self._owned = self._owned, None
-        if owned is not None:
-            self._api = None
-            await owned.close()
 
     async def get(self) -> NodePartitioning | None:
         from kubernetes_asyncio.client.exceptions import ApiException

@@ -61,7 +61,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from contract.agent_lease import LEASE_LABELS, LEASE_PREFIX, LEASE_SELECTOR
-from node_agent.agent import MERGE_PATCH, KubeApiError, _api_error, kube_api_client
+from node_agent.agent import MERGE_PATCH, CustomApiUser, KubeApiError, _api_error
 
 __all__ = [
     "LEASE_GROUP",
@@ -112,7 +112,7 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-class AgentLease:
+class AgentLease(CustomApiUser):
     """Keeps the heartbeat Lease of node ``node`` in ``namespace`` renewed (module docstring).
 
     ``api``: a ``kubernetes_asyncio.client.CustomObjectsApi`` (it serves built-in resources too:
@@ -168,22 +168,6 @@ class AgentLease:
     @property
     def where(self) -> str:
         return f"{self.namespace}/{self.name}"
-
-    async def connect(self) -> Any:
-        """The ``CustomObjectsApi``: the injected one, or one of the agent's own kind."""
-        if self._api is None:
-            from kubernetes_asyncio import client
-
-            self._owned = await kube_api_client()
-            self._api = client.CustomObjectsApi(self._owned)
-        return self._api
-
-    async def close(self) -> None:
-        """Close the ApiClient :meth:`connect` built (an injected ``api`` is the caller's)."""
-        owned, self._owned = self._owned, None
-        if owned is not None:
-            self._api = None
-            await owned.close()
 
     def _spec(self, now: str) -> dict[str, Any]:
         return {

@@ -254,12 +254,12 @@ async def test_a_call_that_hangs_is_bounded_and_logged(
 async def test_no_cluster_to_connect_to_is_a_failed_renewal_not_an_exception(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import node_agent.lease as lease_module
+    import node_agent.agent as agent_module
 
     async def unusable() -> Any:
         raise RuntimeError("cannot connect to the Kubernetes API: not in a pod")
 
-    monkeypatch.setattr(lease_module, "kube_api_client", unusable)
+    monkeypatch.setattr(agent_module, "kube_api_client", unusable)
     assert await AgentLease(NODE, NS).renew() is False
     (warning,) = lease_warnings(caplog)
     assert "not in a pod" in warning
