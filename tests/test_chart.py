@@ -354,17 +354,19 @@ def test_admission_policy_targets_the_agent_and_its_node(chart: helm.Chart) -> N
     spec = one(docs, "ValidatingAdmissionPolicy")["spec"]
     agent_sa = one(docs, "ServiceAccount", "-agent")["metadata"]["name"]
     assert spec["failurePolicy"] == "Fail"
-    (rule,) = spec["matchConstraints"]["resourceRules"]
+    rule, leases = spec["matchConstraints"]["resourceRules"]
     assert rule["apiGroups"] == ["gpuslice.io"]
     assert set(rule["resources"]) == {"nodepartitionings", "nodepartitionings/status"}
     assert set(rule["operations"]) == {"CREATE", "UPDATE", "DELETE"}
+    assert (leases["apiGroups"], leases["resources"]) == (["coordination.k8s.io"], ["leases"])
     (cond,) = spec["matchConditions"]
     assert f"'system:serviceaccount:{NAMESPACE}:{agent_sa}'" in cond["expression"]
     (var,) = spec["variables"]
     assert "request.userInfo.extra['authentication.kubernetes.io/node-name']" in var["expression"]
-    exprs = [v["expression"] for v in spec["validations"]]
-    assert "variables.nodeName == '' || request.name == variables.nodeName" in exprs
-    assert "request.subResource == 'status'" in exprs
+    exprs = [" ".join(v["expression"].split()) for v in spec["validations"]]
+    assert any(e.endswith("request.name == variables.nodeName") for e in exprs)
+    assert any(e.endswith("request.subResource == 'status'") for e in exprs)
+    assert any("object.spec.holderIdentity == variables.nodeName" in e for e in exprs)
 
 
 # ------------------------------------------------------------------------------ CRD and lint
@@ -1105,9 +1107,23 @@ def admission_request(
     extra = {NODE_CLAIM: [node]} if node is not None else {}
     return {
         "userInfo": {"username": user, "extra": extra},
+        "resource": {"group": "gpuslice.io", "version": "v1alpha1", "resource": "nodepartitionings"},
         "name": name,
         "subResource": sub,
         "operation": "UPDATE",
+    }
+
+
+def lease_request(
+    name: str = "gpuslice-agent-gpu-1", holder: str | None = "gpu-1", node: str = "gpu-1"
+) -> dict[str, Any]:
+    """The agent's merge PATCH of a Lease, as the API server presents it (``object``: the
+    Lease after the patch)."""
+    spec = {"holderIdentity": holder} if holder is not None else {}
+    return {
+        **admission_request(node=node, name=name, sub=""),
+        "resource": {"group": "coordination.k8s.io", "version": "v1", "resource": "leases"},
+        "object": {"metadata": {"name": name}, "spec": spec},
     }
 
 
@@ -1170,6 +1186,18 @@ def admit(policy: dict[str, Any], request: dict[str, Any]) -> list[str] | None:
             ),
             None,
         ),
+        (lease_request(), []),
+        (
+            lease_request(name="gpuslice-agent-gpu-2", holder="gpu-2"),
+            ["may only write its own heartbeat Lease gpuslice-agent-gpu-1 (holderIdentity gpu-1)"],
+        ),
+        (lease_request(holder="gpu-2"), ["may only write its own heartbeat Lease"]),
+        (lease_request(holder=None), ["may only write its own heartbeat Lease"]),
+        (lease_request(name="gpuslice-partitioner"), ["not gpuslice-partitioner"]),
+        (
+            lease_request(name="gpuslice-agent-n-0123456789", node="n" * 239, holder="n" * 239),
+            [],
+        ),
     ],
     ids=[
         "own-node-status",
@@ -1178,6 +1206,12 @@ def admit(policy: dict[str, Any], request: dict[str, Any]) -> list[str] | None:
         "own-spec",
         "partitioner",
         "other-namespace",
+        "own-lease",
+        "other-nodes-lease",
+        "own-lease-other-holder",
+        "lease-without-holder",
+        "leader-lease",
+        "hashed-lease-name",
     ],
 )
 def test_admission_policy_decisions(
