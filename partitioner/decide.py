@@ -983,11 +983,10 @@ class _Step:
         if r.state is State.PLANNED and ledger.busy and self.now >= r.deadline:
             self._missed(pod, r)
             return
-        if r.state is State.PLANNED and r.node in self.rejecting:
-            self._drop(pod, r, self.rejecting[r.node])
-            return
-        if r.state is State.PLANNED and r.node in self.plugin_lost:
-            self._drop(pod, r, self.plugin_lost[r.node])
+        # a node whose kubelet refused a released pod, or that lost its plugin or agent
+        given_up = self.rejecting.get(r.node) or self.plugin_lost.get(r.node)
+        if r.state is State.PLANNED and given_up:
+            self._drop(pod, r, given_up)
             return
         ledger.add_hold(Hold(pod, r))
         self.note(pod, r)

@@ -382,7 +382,7 @@ def _wants_slices(pod: Obj) -> bool:
     return False
 
 
-def _trim_pod(pod: Obj) -> dict[str, Any]:
+def _trim_pod(pod: Obj, rejected: bool) -> dict[str, Any]:
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
@@ -422,7 +422,7 @@ def _trim_pod(pod: Obj) -> dict[str, Any]:
         if isinstance(c, Mapping) and c.get("type") == "PodScheduled"
     ]
     keep_status: dict[str, Any] = {"phase": status.get("phase", ""), "conditions": scheduled}
-    if admission_rejection(status):
+    if rejected:  # the kubelet's admission failure (admission_rejection): its words stay
         keep_status["reason"] = status.get("reason")
         keep_status["message"] = status.get("message", "")
     if status.get("nominatedNodeName"):
@@ -542,11 +542,12 @@ def _read_pod(pod: Obj, claims: Mapping[str, ClaimDemand] | None = None) -> PodI
             reservation_error = f"annotation {RESERVATION_ANNOTATION} is malformed ({e})"
     priority = spec.get("priority") or 0
     shared, resources = _interned(slices)
+    rejected = admission_rejection(status)
     return PodInfo(
         key=pod_key(pod),
         uid=str(meta.get("uid", "")),
         rv=_rv(pod),
-        obj=_trim_pod(pod),
+        obj=_trim_pod(pod, bool(rejected)),
         phase=str(status.get("phase", "")),
         node=str(spec.get("nodeName") or ""),
         deleting=bool(meta.get("deletionTimestamp")),
@@ -570,7 +571,7 @@ def _read_pod(pod: Obj, claims: Mapping[str, ClaimDemand] | None = None) -> PodI
         dra=dra,
         claims=claim_keys,
         claims_pending=pending,
-        rejected=admission_rejection(status),
+        rejected=rejected,
     )
 
 

@@ -928,6 +928,25 @@ class _Engine:
             self.live += 1
         heapq.heappush(self.heap, (t, int(kind), self.seq, payload))
 
+    def _supersede(self, tokens: dict[str, int], key: str) -> int:
+        """A new token for ``key`` in ``tokens``: events of ``key`` scheduled with an older one
+        are stale (:meth:`_latest` ignores them)."""
+        self.seq += 1
+        tokens[key] = self.seq
+        return self.seq
+
+    def _push_latest(self, tokens: dict[str, int], t: float, kind: _Kind, key: str) -> None:
+        """Schedule ``kind`` for ``key`` at ``t``, superseding every such event scheduled
+        before (a new spec's apply, a pod's departure, an agent's silence or renewal)."""
+        token = self._supersede(tokens, key)
+        self._push(t, kind, f"{token}:{key}")
+
+    @staticmethod
+    def _latest(tokens: Mapping[str, int], payload: str) -> str | None:
+        """The key of an event :meth:`_push_latest` scheduled, or ``None`` if superseded."""
+        token, key = payload.split(":", 1)
+        return key if tokens.get(key) == int(token) else None
+
     def _timed(self, planner: PlanFn) -> PlanFn:
         def run(snapshot: Snapshot, settings: PlannerSettings, catalog: Catalog) -> Plan:
             t0 = time.perf_counter()
@@ -968,10 +987,8 @@ class _Engine:
         sooner than production would)."""
         if self.settings.agent_lease_s <= 0 or self.config is None or not self.config.reservation:
             return  # no Lease, or nos's behaviour: nothing reads it
-        self.seq += 1
-        self.lease_token[node] = self.seq
         at = t + self.settings.agent_lease_s + self.settings.lease_poll_s
-        self._push(at, _Kind.AGENT_SILENT, f"{self.seq}:{node}")
+        self._push_latest(self.lease_token, at, _Kind.AGENT_SILENT, node)
 
     def _sync_soon(self, node: str, t: float) -> None:
         at = self.kubelet.next_sync(node, t + 1e-9)
@@ -1091,9 +1108,7 @@ class _Engine:
             rec.waiting_since = None
             self.waiting -= 1
             self.waiting_one_gpu -= _one_gpu(rec.requests)
-        self.seq += 1
-        self.running[name] = self.seq
-        self._push(started + self.pods[name].duration, _Kind.DEPART, f"{self.seq}:{name}")
+        self._push_latest(self.running, started + self.pods[name].duration, _Kind.DEPART, name)
         self.last_progress = bound
 
     def _bind(self, t: float, key: str, node: str) -> bool:
@@ -1258,15 +1273,12 @@ class _Engine:
             self.publishing[action.node] = {
                 g.index: [(m.profile, m.start) for m in g.mig] for g in action.spec.gpus
             }
-            self.seq += 1
-            self.apply_token[action.node] = self.seq
-            self._push(t + self.settings.apply_delay_s, _Kind.APPLY, f"{self.seq}:{action.node}")
+            at = t + self.settings.apply_delay_s
+            self._push_latest(self.apply_token, at, _Kind.APPLY, action.node)
             return True
         apply_at = t + self.settings.apply_delay_s
         self.fake.write_spec(action.node, _planned(action.node, action.spec, node), apply_at)
-        self.seq += 1
-        self.apply_token[action.node] = self.seq
-        self._push(apply_at, _Kind.APPLY, f"{self.seq}:{action.node}")
+        self._push_latest(self.apply_token, apply_at, _Kind.APPLY, action.node)
         self._report(action.node)  # the agent's first pass: observed, devices withdrawn
         self._sync_soon(action.node, t)
         return True
@@ -1325,8 +1337,8 @@ class _Engine:
             self._wake("schedule_at", t, _Kind.SCHEDULE)
             self._dirty(t)
         elif kind is _Kind.DEPART:
-            token, name = payload.split(":", 1)
-            if self.running.get(name) != int(token):
+            name = self._latest(self.running, payload)
+            if name is None:
                 return
             del self.running[name]
             if self.dra is not None and self.shaped:  # unprepare keeps spec placements
@@ -1349,9 +1361,10 @@ class _Engine:
             self._wake("schedule_at", t, _Kind.SCHEDULE)
             self._dirty(t)
         elif kind is _Kind.APPLY:
-            token, node = payload.split(":", 1)
-            if self.apply_token.get(node) != int(token):
+            latest = self._latest(self.apply_token, payload)
+            if latest is None:
                 return
+            node = latest
             if node in self.down:  # applied when the agent starts again
                 self.deferred_apply.add(node)
                 return
@@ -1421,31 +1434,24 @@ class _Engine:
             self.down.add(payload)
             self._sync_soon(payload, t)
             self._silence_later(payload, t)
-        elif kind is _Kind.AGENT_SILENT:
-            token, node = payload.split(":", 1)
-            if node in self.down and self.lease_token.get(node) == int(token):
-                self.silent.add(node)
-                self.index.set_silent_agents(frozenset(self.silent))
-                self._dirty(t)
-        elif kind is _Kind.AGENT_HEARD:
-            token, node = payload.split(":", 1)
-            if self.lease_token.get(node) == int(token) and node in self.silent:
-                self.silent.discard(node)
+        elif kind in (_Kind.AGENT_SILENT, _Kind.AGENT_HEARD):
+            latest = self._latest(self.lease_token, payload)
+            silent = kind is _Kind.AGENT_SILENT
+            if latest is not None and (latest in self.down if silent else latest in self.silent):
+                (self.silent.add if silent else self.silent.discard)(latest)
                 self.index.set_silent_agents(frozenset(self.silent))
                 self._dirty(t)
         elif kind is _Kind.AGENT_UP:
             self.down.discard(payload)
-            self.seq += 1
-            self.lease_token[payload] = self.seq  # its first renewal: no silence pending
             if payload in self.silent:  # seen renewing at the partitioner's next listing
-                self._push(
-                    t + self.settings.lease_poll_s, _Kind.AGENT_HEARD, f"{self.seq}:{payload}"
-                )
+                at = t + self.settings.lease_poll_s
+                self._push_latest(self.lease_token, at, _Kind.AGENT_HEARD, payload)
+            else:  # its first renewal: no silence pending
+                self._supersede(self.lease_token, payload)
             if payload in self.deferred_apply:  # the agent applies the spec it finds
                 self.deferred_apply.discard(payload)
-                self.seq += 1
-                self.apply_token[payload] = self.seq
-                self._push(t + self.settings.apply_delay_s, _Kind.APPLY, f"{self.seq}:{payload}")
+                at = t + self.settings.apply_delay_s
+                self._push_latest(self.apply_token, at, _Kind.APPLY, payload)
             self._report(payload)  # its first pass, and the plugin registers again
             self._sync_soon(payload, t)
             self.last_progress = t  # what waited may move now: the run is not over
