@@ -20,6 +20,7 @@ __all__ = [
     "CreatePartitioning",
     "DeletePartitioning",
     "EmitEvent",
+    "EvictPod",
     "ObjectRef",
     "PatchPod",
     "SetNodeCondition",
@@ -100,6 +101,24 @@ class PatchPod:
 
 
 @dataclass(frozen=True, slots=True)
+class EvictPod:
+    """Evict a stranded pod (``policy/v1`` Eviction) so that its controller creates it again.
+
+    The eviction carries the preconditions ``uid`` and ``resourceVersion`` the decision was made
+    from: a pod that changed since (bound after all) or a new pod of the same name is refused
+    (409) and kept.  The API server deletes a ``Pending`` pod at once, without consulting its
+    PodDisruptionBudget, after adding the condition ``DisruptionTarget`` (reason
+    ``EvictionByEvictionAPI``), which a Job's ``podFailurePolicy`` can match.
+    """
+
+    pod: str
+    """``namespace/name``."""
+    ref: ObjectRef
+    resource_version: str | None
+    on_success: tuple[EmitEvent, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class WriteReservations:
     """Replace ``status.reservations`` of a NodePartitioning (the partitioner's status field)."""
 
@@ -120,6 +139,7 @@ Action = (
     | DeletePartitioning
     | WriteSpec
     | PatchPod
+    | EvictPod
     | WriteReservations
     | SetNodeCondition
     | SetNodeLabel

@@ -32,7 +32,10 @@ step:
    pod gpuslice did not gate) keeps the holds that still fit (released first, then priority,
    then age) and gives the others back at once (:meth:`~partitioner.ledger.NodeLedger.settle`);
    a released pod whose slice was taken is re-planned on its node (its node affinity is pinned
-   there), and one whose node is gone is reported ``Stranded`` with the recovery.  A pod
+   there).  A released pod that cannot bind where it is pinned (its node is gone or no longer
+   accepts it; or is unserved, below) is ``Stranded``: a pod a controller owns is evicted once
+   that has lasted ``recreate_stranded_s``, so its controller creates it again and the new pod
+   is planned afresh (:meth:`_Step._stranded`); the Event names the controller and when.  A pod
    released to a node whose kubelet then refused it at admission (``UnexpectedAdmissionError``:
    the device plugin is gone or its devices unhealthy; ``OutOf<resource>``) shows the node
    cannot give what its status promises: the node cools down at once (``AdmissionRejected`` on
@@ -41,8 +44,9 @@ step:
    kubelet lists none of a slice resource bound pods hold, or for ``plugin_lag_s`` none of the
    slices its agent reports, has lost its device plugin: no new promise there while it lasts
    (``DevicePluginGone``), and once it has lasted ``plugin_lag_s`` its ``planned`` pods are
-   planned elsewhere (:meth:`_Step.notice_unserved`).  A pod given back and reserved,
-   released or ungated again in the same step gets one patch (:meth:`_Step._patch`).
+   planned elsewhere and its released ones are stranded (:meth:`_Step.notice_unserved`).  A
+   pod given back and reserved, released or ungated again in the same step gets one patch
+   (:meth:`_Step._patch`).
 4. **Release.**  A ``planned`` pod whose slice exists (the node applied) is released once the
    node's ``status.allocatable`` shows room for it beyond the bound and released pods (else
    kube-scheduler would fail it): one patch narrows its node affinity to the node, removes the
@@ -142,6 +146,7 @@ from partitioner.actions import (
     CreatePartitioning,
     DeletePartitioning,
     EmitEvent,
+    EvictPod,
     ObjectRef,
     PatchPod,
     SetNodeCondition,
@@ -225,6 +230,11 @@ class DecideConfig:
     its device plugin: no promise there, its planned pods go elsewhere (:meth:`_Step.
     notice_unserved`).  Longer than the kubelet takes to list a new layout (one status sync,
     10 s by default)."""
+    recreate_stranded_s: float = 600.0
+    """A released pod that has been stranded this long (module docstring, step 3: its node is
+    gone, no longer accepts it, or has been unserved since) is evicted if a controller owns
+    it, so that the controller creates it again, gated and planned afresh.  0: never (the
+    ``Stranded`` Event asks a person to delete it)."""
     drain_after_s: float = 900.0
     """A gated pod no plan can place gets a drain after waiting this long."""
     drain_fraction: float = 0.1
@@ -270,6 +280,7 @@ class DecideConfig:
             "apply_deadline_s",
             "bind_deadline_s",
             "cooldown_s",
+            "recreate_stranded_s",
             "drain_after_s",
             "aged_after_s",
             "scale_up_after_s",
@@ -309,6 +320,10 @@ class ControllerState:
     unlisted_since: Mapping[str, float] = field(default_factory=dict)
     """Node -> since when (this controller's clock) its kubelet has listed none of what its
     agent or its bound pods say it has (:meth:`_Step.notice_unserved`); a restart starts over."""
+    stranded_since: Mapping[str, float] = field(default_factory=dict)
+    """``<pod key>#<uid>`` -> since when (this controller's clock) that released pod has been
+    stranded (:meth:`_Step._stranded`); a pod no longer stranded is forgotten, and a restart
+    starts over."""
     quiet: Quiet | None = None
     """Set when the step that returned this state was a fixed point (:class:`Quiet`)."""
 
@@ -328,7 +343,7 @@ class Quiet:
     unchanged, ``now`` matters only through the time-based
     decisions that :attr:`Decision.next_wakeup` lists (reservation deadlines, the drain wait,
     the batch window and its retries, cool-downs ending, a node's ``plugin_lag_s`` running
-    out), and through two that only grow
+    out, a stranded pod's eviction), and through two that only grow
     stricter with time and so cannot turn "no action" into an action: the fast path's
     protection of free slices for pods past the first waiting tier, and a released pod past
     its bind deadline (its Event names the deadline, not the seconds since).  Without
@@ -363,7 +378,8 @@ class Decision:
     next_wakeup: float | None = None
     """The earliest future time a time-based decision falls due with no other change (a
     deadline, a drain threshold, the batch window, a retry, a cool-down's end, a plugin lag
-    running out): a caller that steps on changes only (the simulator) steps again then."""
+    running out, a stranded pod's eviction): a caller that steps on changes only (the
+    simulator) steps again then."""
     warm_error: str = ""
     """A planner exception while planning a warm slice (step 10), as text.  Unlike ``error`` it
     closes no window and keeps the step quiet: warm slices are tried again once the cluster
@@ -410,6 +426,22 @@ def _planned_at(np: NodePartitioning) -> float | None:
 
 def _pod_ref(pod: PodInfo) -> ObjectRef:
     return ObjectRef("Pod", pod.name, pod.namespace, pod.uid)
+
+
+def _mark(pod: PodInfo) -> str:
+    """``<pod key>#<uid>``: one pod, not a later pod of the same name (a StatefulSet's)."""
+    return f"{pod.key}#{pod.uid}"
+
+
+def _controller_of(pod: Mapping[str, Any]) -> str | None:
+    """``"<kind> <name>"`` of the controller that owns ``pod`` (the ``ownerReference`` with
+    ``controller: true``), which creates it again if it is deleted; None for a pod nothing
+    controls, and for a DaemonSet's (one per node: it cannot be planned elsewhere)."""
+    for o in (pod.get("metadata") or {}).get("ownerReferences") or ():
+        if isinstance(o, Mapping) and o.get("controller") is True:
+            kind = str(o.get("kind") or "")
+            return None if kind == "DaemonSet" else f"{kind} {o.get('name') or ''}".strip()
+    return None
 
 
 def _node_ref(info: NodeInfo) -> ObjectRef:
@@ -609,6 +641,8 @@ class _Step:
         or registering again): no new promise there while it lasts (:meth:`notice_unserved`)."""
         self.unlisted_since: dict[str, float] = {}
         """The next :attr:`ControllerState.unlisted_since`."""
+        self.stranded_since: dict[str, float] = {}
+        """The next :attr:`ControllerState.stranded_since`."""
         self.plugin_lost: dict[str, str] = {}
         """Unserved nodes whose agent is silent, or whose kubelet has listed none of their
         slices for ``plugin_lag_s`` or longer -> why: their ``planned`` pods are given back
@@ -984,10 +1018,13 @@ class _Step:
             self._missed(pod, r)
             return
         # a node whose kubelet refused a released pod, or that lost its plugin or agent
-        given_up = self.rejecting.get(r.node) or self.plugin_lost.get(r.node)
+        lost = self.plugin_lost.get(r.node)
+        given_up = self.rejecting.get(r.node) or lost
         if r.state is State.PLANNED and given_up:
             self._drop(pod, r, given_up)
             return
+        if lost and not pod.gated:  # released, pinned to a node that cannot admit it now
+            self._stranded(pod, r, lost, waits=True)
         ledger.add_hold(Hold(pod, r))
         self.note(pod, r)
         self.counts["released" if r.state is State.RELEASED else "held"] += 1
@@ -1054,9 +1091,10 @@ class _Step:
           again while the agent was down.
 
         Once either has lasted ``plugin_lag_s`` the node's ``planned`` pods are given back and
-        planned elsewhere (:meth:`_hold`); released ones stay (they are pinned to the node and
-        bind when the plugin is back).  A kubelet restart shows the same for the seconds its
-        plugins take to register again, less than the lag, so nothing is given back then.  The
+        planned elsewhere (:meth:`_hold`); released ones are pinned to the node: they bind
+        if the plugin is back in time, else they are evicted as stranded (:meth:`_stranded`).
+        A kubelet restart shows the same for the seconds its plugins take to register again,
+        less than the lag, so nothing is given back then.  The
         start of each is kept in :attr:`ControllerState.unlisted_since` (this controller's
         clock, not the agent's); nothing else is remembered.
 
@@ -1158,16 +1196,60 @@ class _Step:
         self.candidate(pod, managed=False)
         self.restricted[pod.key] = frozenset({r.node})
 
-    def _stranded(self, pod: PodInfo, r: Reservation, why: str) -> None:
+    def _stranded(self, pod: PodInfo, r: Reservation, why: str, waits: bool = False) -> None:
+        """``pod`` was released to ``r.node`` and cannot bind there: the node is gone or no
+        longer accepts it, or (``waits``) it is unserved, so it would bind only once the node
+        serves again.  Its node affinity is pinned to the node and Kubernetes forbids widening
+        it, so only a new pod can be planned elsewhere.  A pod a controller owns (an
+        ``ownerReference`` with ``controller: true``: Job, ReplicaSet, StatefulSet, ...) that
+        has been stranded for ``recreate_stranded_s`` is evicted (:class:`~partitioner.actions.
+        EvictPod`); its controller creates it again and the new pod is gated and planned like
+        any other.  Until then, and for pods nothing owns, the ``Stranded`` Event says what
+        happens next.  Stranded since: :attr:`ControllerState.stranded_since` (this
+        controller's clock: a restart starts the wait over, never shortens it)."""
+        mark = _mark(pod)
+        if mark in self.stranded_since:  # found stranded already this step, for another reason
+            return
         self.counts["stranded"] += 1
-        self.once(
-            pod,
-            "Stranded",
+        since = self.state.stranded_since.get(mark, self.now)
+        self.stranded_since[mark] = since
+        after = self.config.recreate_stranded_s
+        owner = _controller_of(pod.obj) if after > 0 else None
+        head = (
             f"released to node {r.node} but {why}: its node affinity is pinned there and "
-            f"cannot be widened; delete the pod so its controller recreates it (it is gated "
-            f"and planned again)",
-            "Warning",
+            f"cannot be widened"
         )
+        if owner is None:
+            then = "it binds there once the node serves again, or " if waits else ""
+            self.once(
+                pod,
+                "Stranded",
+                f"{head}; {then}delete the pod so its controller recreates it (it is gated "
+                f"and planned again)",
+                "Warning",
+            )
+            return
+        due = since + after
+        if self.now < due:
+            self.wake(due)
+            then = "unless it binds there first (the node serves again), " if waits else ""
+            self.once(
+                pod,
+                "Stranded",
+                f"{head}; {then}it is evicted once it has been stranded for {after:.0f} s, so "
+                f"that its controller ({owner}) creates it again, gated and planned afresh",
+                "Warning",
+            )
+            return
+        self.counts["evicted"] += 1
+        event = EmitEvent(
+            _pod_ref(pod),
+            "Warning",
+            "StrandedEvicted",
+            f"stranded for {after:.0f} s ({head}): evicted so that its controller ({owner}) "
+            f"creates it again, gated and planned afresh",
+        )
+        self.actions.append(EvictPod(pod.key, _pod_ref(pod), pod.rv, (event,)))
 
     def _legacy_in_flight(self) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -1314,7 +1396,7 @@ class _Step:
 
     def _check_bound(self, ledger: NodeLedger, h: Hold) -> None:
         r = h.reservation
-        if self.now < r.deadline:
+        if self.now < r.deadline or _mark(h.pod) in self.stranded_since:
             return
         if not pod_fits_node(h.pod.obj, ledger.info.obj):
             self._stranded(
@@ -2275,6 +2357,7 @@ class _Step:
             self.plan_version,
             self.replan_at,
             self.unlisted_since,
+            self.stranded_since,
         )
         actions = (
             tuple(a for i, a in enumerate(self.actions) if i not in self._superseded)

@@ -16,7 +16,9 @@ Each :class:`Metrics` owns its registry, so several controllers (tests, restarts
   (slice planned or free, pod still gated), ``released`` (ungated, pinned to the node, not
   bound yet), ``draining`` (GPUs being emptied for it).
 * ``gpuslice_pods_stranded`` (gauge): released pods whose node can no longer hold them (their
-  Event says to delete them).
+  Event says when they are evicted, or to delete them).
+* ``gpuslice_pods_evicted_total`` (counter): stranded pods evicted so that their controller
+  creates them again (``recreateStrandedSeconds``).
 * ``gpuslice_nodes_left_out{reason}`` (gauge): opted-in nodes left out of planning, by the reason
   of their ``GpusliceReady=False`` condition.
 * ``gpuslice_planner_errors_total`` (counter): decision steps whose planner failed (the batch is
@@ -87,6 +89,11 @@ class Metrics:
             self.reservations.labels(state).set(0)
         self.pods_stranded = Gauge(
             "gpuslice_pods_stranded", "Released pods their node can no longer hold", registry=r
+        )
+        self.pods_evicted = Counter(
+            "gpuslice_pods_evicted",
+            "Stranded pods evicted so that their controller creates them again",
+            registry=r,
         )
         self.nodes_left_out = Gauge(
             "gpuslice_nodes_left_out",

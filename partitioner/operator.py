@@ -413,6 +413,7 @@ class Controller:
                 d.warm_error or "planner raised while planning a warm slice",
             )
         m.spec_conflicts.inc(len(outcome.conflicts))
+        m.pods_evicted.inc(len(outcome.evicted))
         for node in outcome.written:
             generation = (outcome.objects[node].get("metadata") or {}).get("generation") or 0
             self._awaiting_applied[node] = (int(generation), now)

@@ -207,6 +207,14 @@ class PartitionerSettings(CommonSettings):
         description="A released pod should be bound within this long; then "
         "gpuslice reports why not (slice taken, node gone) and re-plans or reports it stranded.",
     )
+    recreate_stranded_seconds: float = Field(
+        600.0,
+        ge=0,
+        description="A released pod stranded this long (its node is gone, no longer accepts "
+        "it, or has lost its agent or device plugin since) is evicted if a controller owns it, "
+        "so the controller creates it again and the new pod is planned afresh. 0: never (the "
+        "Stranded Event asks a person to delete it).",
+    )
     cooldown_seconds: float = Field(
         300.0,
         ge=0,
@@ -391,6 +399,7 @@ class PartitionerSettings(CommonSettings):
             bind_deadline_s=self.bind_deadline_seconds,
             cooldown_s=self.cooldown_seconds,
             plugin_lag_s=self.plugin_lag_seconds,
+            recreate_stranded_s=self.recreate_stranded_seconds,
             drain_after_s=self.drain_after_seconds,
             drain_fraction=self.drain_fraction,
             drain_queue_limit=self.drain_queue_limit,

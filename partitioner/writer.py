@@ -15,6 +15,11 @@
   is logged; its Events are not emitted; a pod that answered 404 is listed in
   ``Outcome.gone_pods`` (the controller drops it from its index).  ``after_spec`` patches run
   only if that node's spec write in the same batch succeeded.
+* A stranded pod is evicted (``POST pods/<name>/eviction``, ``policy/v1``) with the
+  preconditions ``uid`` and ``resourceVersion`` it was read with: one that changed since (it
+  bound after all) or was replaced by a pod of the same name answers 409 and stays.  An
+  evicted pod is listed in ``Outcome.evicted`` and ``Outcome.gone_pods``; one that is gone
+  already (404) in ``gone_pods`` alone.
 * ``status.reservations`` of a NodePartitioning is a merge patch of the status subresource
   with that field alone, so the node agent's status fields stay.
 * Every action is independent: one failure is logged and the others still run.
@@ -40,6 +45,7 @@ from partitioner.actions import (
     CreatePartitioning,
     DeletePartitioning,
     EmitEvent,
+    EvictPod,
     ObjectRef,
     PatchPod,
     SetNodeCondition,
@@ -77,6 +83,8 @@ class Outcome:
     gone_pods: list[tuple[str, str]] = field(default_factory=list)
     """(key, uid) of the pods whose patch answered 404: no pod of that name exists (the index
     drops them unless it holds another pod of that name by then)."""
+    evicted: list[str] = field(default_factory=list)
+    """Pods evicted (:class:`~partitioner.actions.EvictPod`), by key."""
 
 
 def _np_ref(name: str) -> ObjectRef:
@@ -162,12 +170,40 @@ class _Writer:
         try:
             self.out.pods[a.pod] = await self.api.patch(path, a.patch)
         except ApiError as e:
-            self.out.pod_refusals[a.pod] = f"{e.status} {e.reason}: {e.message}"
-            if isinstance(e, NotFound):
-                self.out.gone_pods.append((a.pod, a.ref.uid))
-            level = logging.INFO if e.status in (404, 409) else logging.WARNING
-            log.log(level, "pod %s: %s patch refused: %s", a.pod, a.purpose, e)
+            self._refused(a.pod, a.ref.uid, f"{a.purpose} patch", e)
             return
+        for ev in a.on_success:
+            await self.event(ev)
+
+    def _refused(self, pod: str, uid: str, what: str, e: ApiError) -> None:
+        """A pod write was refused: recorded, and a pod that is gone (404) listed as gone."""
+        self.out.pod_refusals[pod] = f"{e.status} {e.reason}: {e.message}"
+        if isinstance(e, NotFound):
+            self.out.gone_pods.append((pod, uid))
+        level = logging.INFO if e.status in (404, 409) else logging.WARNING
+        log.log(level, "pod %s: %s refused: %s", pod, what, e)
+
+    async def evict(self, a: EvictPod) -> None:
+        namespace, _, name = a.pod.partition("/")
+        preconditions: dict[str, str] = {}
+        if a.ref.uid:
+            preconditions["uid"] = a.ref.uid
+        if a.resource_version is not None:
+            preconditions["resourceVersion"] = a.resource_version
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+            "deleteOptions": {"preconditions": preconditions},
+        }
+        try:
+            await self.api.create(f"/api/v1/namespaces/{namespace}/pods/{name}/eviction", body)
+        except ApiError as e:
+            self._refused(a.pod, a.ref.uid, "eviction", e)
+            return
+        log.info("evicted stranded pod %s", a.pod)
+        self.out.evicted.append(a.pod)
+        self.out.gone_pods.append((a.pod, a.ref.uid))
         for ev in a.on_success:
             await self.event(ev)
 
@@ -205,6 +241,8 @@ class _Writer:
                 await execute_node_write(self.api, a)
             case PatchPod():
                 await self.patch_pod(a)
+            case EvictPod():
+                await self.evict(a)
             case WriteReservations():
                 await self.reservations(a)
 

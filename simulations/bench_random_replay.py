@@ -134,7 +134,7 @@ def run_case(job: Job) -> dict[str, Any]:
     """Both policies on one case (in its own process when ``--jobs`` > 1); a third item
     ``(start, end)`` stops node ``n0``'s agent then (``--agent-outage``), a fourth overrides
     :class:`ReplaySettings` fields (``--plugin-lag``: ``plugin_lag_s``, ``--agent-lease``:
-    ``agent_lease_s``)."""
+    ``agent_lease_s``, ``--recreate-stranded``: ``recreate_stranded_s``)."""
     case, pods = job[0], job[1]
     outage = job[2] if len(job) > 2 else None
     overrides = job[3] if len(job) > 3 else {}
@@ -146,6 +146,7 @@ def run_case(job: Job) -> dict[str, Any]:
         base,
         plugin_lag_s=overrides.get("plugin_lag_s", base.plugin_lag_s),
         agent_lease_s=overrides.get("agent_lease_s", base.agent_lease_s),
+        recreate_stranded_s=overrides.get("recreate_stranded_s", base.recreate_stranded_s),
     )
     for policy in POLICIES:
         result = run_time_replay(workload, cluster, policy, settings)
@@ -270,6 +271,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the agents' heartbeat Lease duration (default %(default)g; 0: no Lease, a "
         "stopped agent is then found by the kubelet's listing and the apply deadline only)",
     )
+    ap.add_argument(
+        "--recreate-stranded",
+        type=float,
+        default=ReplaySettings().recreate_stranded_s,
+        metavar="SECONDS",
+        help="the partitioner's recreate_stranded_s (default %(default)g): a pod released to a "
+        "node whose agent then stopped is evicted after this long and created again by its Job "
+        "(0: never; it waits for the agent)",
+    )
     args = ap.parse_args(argv)
     outage: tuple[float, float] | None = None
     if args.agent_outage:
@@ -291,9 +301,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.pods < 1 or args.jobs < 1:
         print("bench_random_replay: --pods and --jobs must be >= 1", file=sys.stderr)
         return 2
-    if not args.plugin_lag >= 0 or not args.agent_lease >= 0:
+    if not args.plugin_lag >= 0 or not args.agent_lease >= 0 or not args.recreate_stranded >= 0:
         print(
-            "bench_random_replay: --plugin-lag and --agent-lease must be >= 0 seconds",
+            "bench_random_replay: --plugin-lag, --agent-lease and --recreate-stranded must be "
+            ">= 0 seconds",
             file=sys.stderr,
         )
         return 2
@@ -301,7 +312,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bench_random_replay: {problem}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    overrides = {"plugin_lag_s": args.plugin_lag, "agent_lease_s": args.agent_lease}
+    overrides = {
+        "plugin_lag_s": args.plugin_lag,
+        "agent_lease_s": args.agent_lease,
+        "recreate_stranded_s": args.recreate_stranded,
+    }
     jobs: list[Job] = [(c, args.pods, outage, overrides) for c in cases]
     if args.jobs > 1:
         import multiprocessing

@@ -22,6 +22,12 @@ realistic objects and are refused what a real cluster refuses:
   PodScheduled condition: the fake keeps a client's status, unlike the real server); a
   strategic merge patch of a pod's spec -> ``415`` (not emulated: it merges ``schedulingGates``
   by name, so a client sending one would behave differently in a cluster);
+* ``POST pods/<name>/eviction`` (``policy/v1`` Eviction) deletes the pod like the API server
+  does for one that is not running (no PodDisruptionBudget is consulted: none is emulated):
+  ``404`` if it is gone, ``409`` if ``deleteOptions.preconditions`` name another ``uid`` or
+  ``resourceVersion``; else it gains the condition ``DisruptionTarget`` (reason
+  ``EvictionByEvictionAPI``) and is deleted (marked deleting if it has finalizers); a running
+  pod -> ``429`` (tests evict only pods that have not started);
 * ``POST pods/<name>/binding`` binds like the API server does for kube-scheduler: sets
   ``spec.nodeName`` and ``PodScheduled=True``; ``409`` if the pod is gated, already bound or
   being deleted (:func:`bind_like_scheduler` first checks, like kube-scheduler's filter, that
@@ -61,6 +67,7 @@ import asyncio
 import base64
 import binascii
 import copy
+import datetime
 import itertools
 import json
 import ssl
@@ -232,6 +239,9 @@ class ApiServer(kmock.KubernetesEmulator):
         binding = request.resource == _PODS and request.subresource == "binding"
         if binding and str(request.method).upper().endswith("POST") and request.name is not None:
             return await self._bind(request)
+        eviction = request.resource == _PODS and request.subresource == "eviction"
+        if eviction and str(request.method).upper().endswith("POST") and request.name is not None:
+            return await self._evict(request)
         if request.resource == _SLICES and self.drop_partitionable and isinstance(data, dict):
             spec = data.get("spec") or {}
             spec.pop("sharedCounters", None)
@@ -239,9 +249,9 @@ class ApiServer(kmock.KubernetesEmulator):
                 device.pop("consumesCounters", None)
         if request.resource is not None and isinstance(data, (dict, list)):
             if request.action == kmock.action.CREATE and isinstance(data, dict):
-                meta = data.setdefault("metadata", {})
                 if request.resource == _PODS:
                     await self._admit_pod(request, data)
+                meta = data.setdefault("metadata", {})  # admission may have replaced it
                 meta.setdefault("uid", str(uuid.uuid4()))
                 meta.setdefault("generation", 1)
                 meta["resourceVersion"] = str(next(self._versions))
@@ -456,6 +466,61 @@ class ApiServer(kmock.KubernetesEmulator):
             {"apiVersion": "v1", "kind": "Status", "status": "Success", "code": 201}, status=201
         )
 
+    async def _evict(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        key = (_PODS, request.namespace, str(request.name))
+        body = request.data if isinstance(request.data, dict) else {}
+        wanted = (body.get("deleteOptions") or {}).get("preconditions") or {}
+        async with self._lock:
+            if key not in self.objects or self.objects[key].deleted:
+                raise kmock.KubernetesObjectNotFoundError()
+            pod = self.objects[key].raw
+            meta = pod.get("metadata") or {}
+            for field in ("uid", "resourceVersion"):
+                if wanted.get(field) and wanted[field] != meta.get(field):
+                    raise kmock.KubernetesError(
+                        status=409,
+                        reason="Conflict",
+                        message=f"Operation cannot be fulfilled on Pod {request.name!r}: the "
+                        f"{field} in the precondition ({wanted[field]}) does not match the "
+                        f"{field} in record ({meta.get(field)})",
+                    )
+            if (pod.get("status") or {}).get("phase") not in ("Pending", None):
+                raise kmock.KubernetesError(
+                    status=429,
+                    reason="TooManyRequests",
+                    message="the fake API server evicts only pods that have not started",
+                )
+            conditions = [
+                c
+                for c in (pod.get("status") or {}).get("conditions") or ()
+                if c.get("type") != "DisruptionTarget"
+            ]
+            conditions.append(
+                {
+                    "type": "DisruptionTarget",
+                    "status": "True",
+                    "reason": "EvictionByEvictionAPI",
+                    "message": "Eviction API: evicting",
+                }
+            )
+            patch: dict[str, Any] = {
+                "metadata": {"resourceVersion": str(next(self._versions))},
+                "status": {"conditions": conditions},
+            }
+            if meta.get("finalizers"):
+                stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+                patch["metadata"]["deletionTimestamp"] = stamp
+                self.objects[key].patch(patch)
+                event = {"type": "MODIFIED", "object": self.objects[key].raw}
+            else:
+                self.objects[key].patch(patch)
+                raw = self.objects[key].raw
+                self.objects[key].delete()
+                event = {"type": "DELETED", "object": raw}
+            await self._buses[_PODS].put(event)
+        return aiohttp.web.json_response(
+            {"apiVersion": "v1", "kind": "Status", "status": "Success", "code": 201}, status=201
+        )
 
     # -- lists -------------------------------------------------------------------------------
     async def _serve_list(self, request: kmock.Request) -> Any:
@@ -617,7 +682,7 @@ def declare(api: kmock.KubernetesEmulator) -> None:
         singular="pod",
         namespaced=True,
         verbs=_VERBS,
-        subresources={"status", "binding"},
+        subresources={"status", "binding", "eviction"},
     )
     api.resources["v1/events"] = kmock.ResourceInfo(
         kind="Event", singular="event", namespaced=True, verbs=_VERBS

@@ -120,6 +120,12 @@ def test_an_agent_outage_applies_to_every_case_and_bad_ones_exit_2(
     assert main(["--cases", "1", "--agent-outage", "50:10"]) == 2
     assert "expected START:END" in capsys.readouterr().err
     assert main(["--cases", "1", "--plugin-lag", "-1"]) == 2
-    assert "--plugin-lag and --agent-lease must be >= 0" in capsys.readouterr().err
-    assert main(["--cases", "1", "--pods", "20", "--plugin-lag", "30"]) == 0
-    assert json.loads(capsys.readouterr().out)["settings"]["plugin_lag_s"] == 30
+    assert "--plugin-lag, --agent-lease and --recreate-stranded must be >= 0" in (
+        capsys.readouterr().err
+    )
+    assert main(["--cases", "1", "--recreate-stranded", "-5"]) == 2
+    capsys.readouterr()
+    argv = ["--cases", "1", "--pods", "20", "--plugin-lag", "30", "--recreate-stranded", "0"]
+    assert main(argv) == 0
+    settings = json.loads(capsys.readouterr().out)["settings"]
+    assert (settings["plugin_lag_s"], settings["recreate_stranded_s"]) == (30, 0)

@@ -126,6 +126,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     },
     "webhook-disabled": {"webhook": {"enabled": False}},
     "no-agent-lease": {"agent": {"leaseSeconds": 0}},
+    "no-stranded-eviction": {"partitioner": {"reservations": {"recreateStrandedSeconds": 0}}},
 }
 
 
@@ -518,10 +519,17 @@ ROLES = {
 }
 # variant -> the `when:` conditions of rbac-usage.yaml that hold in it
 RBAC_VARIANTS = {
-    "defaults": {"webhook", "self-managed-webhook", "leader-election", "agent-lease"},
-    "webhook-cert-manager": {"webhook", "leader-election", "agent-lease"},
-    "webhook-disabled": {"leader-election", "agent-lease"},
-    "no-agent-lease": {"webhook", "self-managed-webhook", "leader-election"},
+    "defaults": {
+        "webhook",
+        "self-managed-webhook",
+        "leader-election",
+        "agent-lease",
+        "stranded-eviction",
+    },
+    "webhook-cert-manager": {"webhook", "leader-election", "agent-lease", "stranded-eviction"},
+    "webhook-disabled": {"leader-election", "agent-lease", "stranded-eviction"},
+    "no-agent-lease": {"webhook", "self-managed-webhook", "leader-election", "stranded-eviction"},
+    "no-stranded-eviction": {"webhook", "self-managed-webhook", "leader-election", "agent-lease"},
 }
 
 
@@ -880,6 +888,7 @@ def test_partitioner_values_reach_its_settings(
                 "bindDeadlineSeconds": 30,
                 "cooldownSeconds": 0,
                 "pluginLagSeconds": 45,
+                "recreateStrandedSeconds": 1800,
                 "drainAfterSeconds": 7200,
                 "drainFraction": 0.25,
                 "drainOvertaken": 4,
@@ -912,6 +921,7 @@ def test_partitioner_values_reach_its_settings(
     assert s.decide_config(load_catalog()).drain_queue_limit == 2.5
     assert s.decide_config(load_catalog()).warm_share == 0.05
     assert s.decide_config(load_catalog()).plugin_lag_s == 45
+    assert s.decide_config(load_catalog()).recreate_stranded_s == 1800
     assert (s.liveness_stale_seconds, s.liveness_failed_steps) == (300, 0)
 
 

@@ -199,7 +199,7 @@ def test_with_dra_the_partitioner_watches_claims_and_the_webhook_gates_claim_pod
 
     from partitioner.gating import MATCH_CONDITIONS, MATCH_CONDITIONS_DRA
 
-    conditions = {"webhook", "self-managed-webhook", "leader-election"}
+    conditions = {"webhook", "self-managed-webhook", "leader-election", "stranded-eviction"}
     for values, dra in (({}, False), (DRA, True)):
         docs = render(chart, values)
         (role,) = [

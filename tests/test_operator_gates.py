@@ -500,3 +500,53 @@ async def test_a_node_whose_agent_stops_renewing_its_lease_loses_its_planned_pod
             assert nodes_told(kmock, "AgentSilent") == [first.node]
     finally:
         renewing.cancel()
+
+
+@pytest.mark.looptime
+async def test_a_released_pod_whose_node_is_deleted_is_evicted_if_a_controller_owns_it(
+    kmock: ApiServer, tmp_path: Path
+) -> None:
+    """Two pods are released, one to each node, and both nodes are deleted before either pod
+    binds: their node affinity names a node that no longer exists.  After
+    ``recreate_stranded_seconds`` the pod a Job owns is evicted (its Job would create a new
+    one); the bare pod stays, and its Event says to delete it."""
+    await setup(kmock, "n1", "n2")
+    async with gating_operator(kmock, tmp_path, recreate_stranded_seconds=60):
+        await eventually(lambda: stored(kmock, NP_RESOURCE, "n2"), within=10)
+        owned = pod("p1")
+        owned["metadata"]["ownerReferences"] = [
+            {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": "job-uid",
+             "controller": True}
+        ]  # fmt: skip
+        await kmock.post(PODS, json=owned)
+        await kmock.post(PODS, json=pod("p2"))
+        planned = await eventually(
+            lambda: (a := reservation(kmock, "p1")) and (b := reservation(kmock, "p2")) and (a, b),
+            within=40,
+        )
+        assert {r.node for r in planned} == {"n1", "n2"}
+        for n in ("n1", "n2"):
+            await agent_applies(kmock, n)
+            await kubelet_advertises(kmock, n, {SEVEN_G: 1})
+        await eventually(
+            lambda: all(reservation(kmock, p).state is State.RELEASED for p in ("p1", "p2")), 10
+        )
+        uid = get_pod(kmock, "p1")["metadata"]["uid"]
+        loop = asyncio.get_running_loop()
+        for n in ("n1", "n2"):
+            resp = await kmock.delete(f"/api/v1/nodes/{n}")
+            assert resp.status == 200, await resp.text()
+        gone_at = loop.time()
+        await eventually(lambda: stored(kmock, "v1/pods", "p1", "default") is None, within=120)
+        assert 60 <= loop.time() - gone_at < 70
+        evicted = [m for r, m in pod_events(kmock, "p1") if r == "StrandedEvicted"]
+        assert len(evicted) == 1 and "its controller (Job train)" in evicted[0]
+        (stranded,) = [m for r, m in pod_events(kmock, "p1") if r == "Stranded"]
+        assert "it is evicted once it has been stranded for 60 s" in stranded
+        assert not [w for w in kmock.writes if w.method == "POST" and "eviction" in w.path][1:]
+        await asyncio.sleep(120)
+        bare = get_pod(kmock, "p2")  # nothing owns it: it stays, and the Event says so
+        assert not bare["spec"].get("nodeName")
+        (told,) = [m for r, m in pod_events(kmock, "p2") if r == "Stranded"]
+        assert "delete the pod so its controller recreates it" in told
+        assert uid != bare["metadata"]["uid"]

@@ -221,3 +221,58 @@ def test_an_outage_longer_than_any_deadline_does_not_end_the_run(
     workload, cluster = build(random_case(82, 80))
     s = summarize(run_time_replay(workload, cluster, "cpsat", settings_)).as_dict()
     assert s["never_scheduled"] == 0 and s["pods_disrupted"] == 0
+
+
+# -- a released pod whose node stops accepting it before it binds -------------------------------
+
+
+def _cordon_at_first_release(after: float, settings: ReplaySettings) -> tuple[ReplayResult, str]:
+    """Case 14 (two nodes of 8 GPUs); the first pod released after ``after`` s finds its node
+    cordoned before kube-scheduler tries it (an admin's ``kubectl cordon`` at an unlucky
+    moment), and the node stays cordoned.  Returns the replay and that pod's name."""
+    import simulations.replay.engine as engine
+
+    workload, cluster = build(random_case(14, 120))
+    caught: list[str] = []
+
+    class Cordon(engine._Engine):
+        def _patch_pod(self, t: float, action: engine.PatchPod) -> bool:
+            done = super()._patch_pod(t, action)
+            if done and action.purpose == "release" and t >= after and not caught:
+                node_name = self.index.pods[action.pod].reservation.node  # type: ignore[union-attr]
+                node = self.api.nodes[node_name]
+                node["spec"] = {
+                    "unschedulable": True,
+                    "taints": [{"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}],
+                }
+                self.index.upsert_node(node)
+                caught.append(action.pod.split("/", 1)[1])
+            return done
+
+    original = engine._Engine
+    engine._Engine = Cordon  # type: ignore[misc]
+    try:
+        result = run_time_replay(workload, cluster, "cpsat", settings)
+    finally:
+        engine._Engine = original  # type: ignore[misc]
+    assert len(caught) == 1
+    return result, caught[0]
+
+
+def test_a_pod_stranded_on_a_cordoned_node_is_evicted_and_runs_elsewhere() -> None:
+    result, name = _cordon_at_first_release(500, ReplaySettings())
+    (rec,) = [p for p in result.pods if p.name == name]
+    s = summarize(result).as_dict()
+    assert (s["never_scheduled"], s["theft"], s["pods_disrupted"]) == (0, 0, 0)
+    assert result.events.get("Stranded", 0) >= 1 and result.events["StrandedEvicted"] >= 1
+    assert rec.first_bound is not None
+    # the bind deadline (120 s) shows the cordon, the eviction comes 600 s later, then its Job
+    # creates it again and the new pod waits for its own slice on the other node
+    assert rec.pending_s >= 120 + 600
+
+
+def test_without_the_eviction_the_stranded_pod_never_runs() -> None:
+    result, name = _cordon_at_first_release(500, ReplaySettings(recreate_stranded_s=0))
+    (rec,) = [p for p in result.pods if p.name == name]
+    assert rec.first_bound is None and "StrandedEvicted" not in result.events
+    assert summarize(result).as_dict()["never_scheduled"] >= 1

@@ -107,7 +107,10 @@ it again, as for a stale allocatable).  Pods running there keep running and end 
 the agent starts it reports at once and its plugin registers again (allocatable back at the
 next status sync).  Nothing tells the partitioner the agent is down but what production shows
 it: allocatable that lists none of the slices the agent's last status shows, a spec that is not
-applied, a released pod that the kubelet refuses or that does not bind.
+applied, a released pod that the kubelet refuses or that does not bind, and the agent's
+heartbeat Lease.  A pod released there before the outage is pinned to the node: the partitioner
+evicts it once it has been stranded ``recreate_stranded_s`` (every trace pod has a Job as its
+controller), and the Job creates it again ``recreate_delay_s`` later; its wait goes on.
 
 ``settings.partitioner_outages`` stop the partitioner itself: no decision step runs, and its
 webhook is down with it, so pods created meanwhile are not gated (``failurePolicy: Ignore``):
@@ -137,6 +140,7 @@ from typing import Any
 from partitioner.actions import (
     NODE_CONDITION,
     EmitEvent,
+    EvictPod,
     PatchPod,
     SetNodeCondition,
     WriteReservations,
@@ -290,6 +294,9 @@ class ReplaySettings:
     """Node agents that stop and start again (module docstring, "Agent outages")."""
     plugin_lag_s: float = 60.0
     """The partitioner's ``plugin_lag_s`` (:class:`~partitioner.decide.DecideConfig`)."""
+    recreate_stranded_s: float = 600.0
+    """The partitioner's ``recreate_stranded_s``: a released pod stranded this long (here: its
+    node's agent down) is evicted and created again by its controller (0: never)."""
     agent_lease_s: float = 40.0
     """The agents' heartbeat Lease duration (``agent.leaseSeconds``; 0: no Lease): a stopped
     agent is silent to the partitioner this long plus ``lease_poll_s`` after it stopped."""
@@ -879,6 +886,7 @@ class _Engine:
                 bind_deadline_s=settings.bind_deadline_s,
                 cooldown_s=settings.cooldown_s,
                 plugin_lag_s=settings.plugin_lag_s,
+                recreate_stranded_s=settings.recreate_stranded_s,
                 drain_after_s=settings.drain_after_s,
                 drain_fraction=settings.drain_fraction,
                 drain_overtaken=settings.drain_overtaken,
@@ -1199,6 +1207,8 @@ class _Engine:
                     self.dra.pools[action.node].fits.clear()
             elif isinstance(action, EmitEvent):
                 self.result.events[action.reason] = self.result.events.get(action.reason, 0) + 1
+            elif isinstance(action, EvictPod):
+                self._evict(t, action)
             elif isinstance(action, SetNodeCondition):  # written, so asked for once per change
                 key = f"NodeCondition/{action.reason}"
                 self.result.events[key] = self.result.events.get(key, 0) + 1
@@ -1308,6 +1318,20 @@ class _Engine:
             self._wake("schedule_at", t, _Kind.SCHEDULE)
         return action.purpose in ("release", "reserve")
 
+    def _evict(self, t: float, action: EvictPod) -> None:
+        """The partitioner evicted a stranded pod: it is deleted, and its controller (each
+        trace pod stands for a Job's) creates it again ``recreate_delay_s`` later, gated and
+        planned afresh; its wait goes on."""
+        if not self.api.evict_pod(action.pod, action.ref.uid, action.resource_version):
+            return
+        for ev in action.on_success:
+            self.result.events[ev.reason] = self.result.events.get(ev.reason, 0) + 1
+        self.scheduler.forget(action.pod)
+        self._unexpect(action.pod)
+        name = action.pod[len(NAMESPACE) + 1 :]
+        self._push(t + self.settings.recreate_delay_s, _Kind.RECREATE, name)
+        self._dirty(t)
+
     def _schedule_next(self, t: float, at: float | None) -> None:
         """Wake the partitioner at its next time-based decision (``Decision.next_wakeup``)."""
         if at is None:
@@ -1331,7 +1355,9 @@ class _Engine:
                 self._push(t + self.settings.max_pending_s, _Kind.ABANDON, payload)
             self._wake("schedule_at", t, _Kind.SCHEDULE)
             self._dirty(t)
-        elif kind is _Kind.RECREATE:  # the failed pod goes (its name is reused)
+        elif kind is _Kind.RECREATE:  # the failed (or evicted) pod goes (its name is reused)
+            if self.records[payload].abandoned:
+                return
             self.api.delete_pod(self._key(payload))
             self._create(payload, t)
             self._wake("schedule_at", t, _Kind.SCHEDULE)

@@ -182,6 +182,22 @@ class SimApi:
         self._stamp(pod)
         self.index.upsert_pod(pod)
 
+    def evict_pod(self, key: str, uid: str, resource_version: str | None) -> bool:
+        """``pods/<name>/eviction`` of a pod that has not started: deleted if it is still the
+        pod (``uid``) at the ``resourceVersion`` the request names (else refused: 409)."""
+        pod = self.pods.get(key)
+        if pod is None:
+            self.refused["NotFound"] += 1
+            return False
+        meta = pod["metadata"]
+        if (uid and uid != meta.get("uid")) or (
+            resource_version is not None and resource_version != meta["resourceVersion"]
+        ):
+            self.refused["Conflict"] += 1
+            return False
+        self.delete_pod(key)
+        return True
+
     def delete_pod(self, key: str) -> dict[str, Any] | None:
         pod = self.pods.pop(key, None)
         if pod is not None:

@@ -1,0 +1,223 @@
+"""A released pod that cannot bind where it is pinned is evicted for its controller to recreate.
+
+A released pod's node affinity names one node, and Kubernetes forbids widening it, so when that
+node is gone, stops accepting the pod (cordoned, tainted) or stays unserved (its agent silent,
+its device plugin gone), only a new pod can be planned elsewhere.  The decision step reports it
+``Stranded`` at once and, once that has lasted ``recreate_stranded_s`` by its own clock, evicts
+it if a controller owns it (:class:`~partitioner.actions.EvictPod`, preconditions uid and
+resourceVersion); a bare pod, or any pod with the setting 0, is only reported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from test_partitioner_promises import (
+    CONFIG,
+    MIG,
+    ONE_G,
+    T0,
+    Cluster,
+    applied_np,
+    events,
+    gated,
+    status_gpu,
+    with_alloc,
+)
+from test_partitioner_snapshot import node
+
+from partitioner.actions import EvictPod
+from partitioner.decide import ControllerState, Decision
+from partitioner.reservations import RESERVATION_ANNOTATION
+
+AFTER = CONFIG.recreate_stranded_s
+JOB = [{"apiVersion": "batch/v1", "kind": "Job", "name": "train", "controller": True}]
+
+
+def released(
+    name: str, node_name: str, owners: list[dict[str, Any]] | None = JOB
+) -> dict[str, Any]:
+    """A pod released to ``node_name`` at T0 (gate gone, affinity pinned there, not bound)."""
+    pod = gated(name, ONE_G)
+    pod["spec"].pop("schedulingGates")
+    pod["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchFields": [
+                            {"key": "metadata.name", "operator": "In", "values": [node_name]}
+                        ]
+                    }
+                ]
+            }
+        }
+    }
+    if owners is not None:
+        pod["metadata"]["ownerReferences"] = owners
+    pod["metadata"]["annotations"] = {
+        RESERVATION_ANNOTATION: json.dumps(
+            {
+                "node": node_name,
+                "state": "released",
+                "gpus": {ONE_G: [0]},
+                "since": T0,
+                "deadline": T0 + 120,
+            }
+        )
+    }
+    return pod
+
+
+def evictions(d: Decision) -> list[EvictPod]:
+    return [a for a in d.actions if isinstance(a, EvictPod)]
+
+
+def gone_node_cluster(pod: dict[str, Any]) -> Cluster:
+    """``pod`` was released to n1, which is gone; n2 has room."""
+    return Cluster(node("n2", MIG), applied_np("n2", status_gpu(0), status_gpu(1)), pod)
+
+
+def test_a_stranded_pod_a_controller_owns_is_evicted_once_that_has_lasted_the_setting() -> None:
+    c = gone_node_cluster(released("p", "n1"))
+    d = c.step(T0 + 5)
+    (msg,) = events(d, "Stranded")
+    assert "node n1 is gone" in msg
+    assert (
+        f"evicted once it has been stranded for {AFTER:.0f} s, so that its controller (Job train)"
+        in msg
+    )
+    assert not evictions(d) and d.counts["stranded"] == 1
+    assert d.next_wakeup is not None and d.next_wakeup <= T0 + 5 + AFTER
+    d = c.step(T0 + 5 + AFTER - 1)
+    assert not evictions(d) and not events(d, "Stranded")  # told once
+    d = c.step(T0 + 5 + AFTER)
+    (ev,) = evictions(d)
+    pod = c.pod("p")
+    assert (ev.pod, ev.ref.uid, ev.resource_version) == (
+        "ns/p",
+        pod["metadata"]["uid"],
+        pod["metadata"]["resourceVersion"],
+    )
+    (told,) = ev.on_success
+    assert told.reason == "StrandedEvicted" and "Job train" in told.message
+    assert d.counts["evicted"] == 1
+
+
+def test_the_eviction_is_a_wakeup_so_a_caller_stepping_on_changes_only_gets_there() -> None:
+    """The simulator steps only on changes and at ``next_wakeup``: the eviction must be one."""
+    c = gone_node_cluster(released("p", "n1"))
+    d = c.step(T0 + 5)
+    seen = 0
+    while not evictions(d):
+        assert d.next_wakeup is not None and seen < 20
+        d = c.step(d.next_wakeup)
+        seen += 1
+    assert d.next_wakeup is None or d.next_wakeup > T0 + 5 + AFTER - 1
+    assert c.state.stranded_since  # still recorded until the pod is gone
+
+
+def test_a_bare_pod_is_never_evicted_and_the_event_asks_for_a_delete() -> None:
+    c = gone_node_cluster(released("p", "n1", owners=None))
+    (msg,) = events(c.step(T0 + 5), "Stranded")
+    assert "delete the pod so its controller recreates it" in msg and "evicted" not in msg
+    assert not evictions(c.step(T0 + 5 + 10 * AFTER))
+
+
+def test_daemonset_pods_and_non_controller_owners_are_not_evicted() -> None:
+    for owners in (
+        [{"kind": "DaemonSet", "name": "ds", "controller": True}],
+        [{"kind": "ConfigMap", "name": "cm"}],  # an owner that does not control it
+    ):
+        c = gone_node_cluster(released("p", "n1", owners=owners))
+        c.step(T0 + 5)
+        assert not evictions(c.step(T0 + 5 + 2 * AFTER))
+
+
+def test_with_the_setting_zero_nothing_is_evicted() -> None:
+    config = dataclasses.replace(CONFIG, recreate_stranded_s=0)
+    c = gone_node_cluster(released("p", "n1"))
+    (msg,) = events(c.step(T0 + 5, config), "Stranded")
+    assert "delete the pod" in msg
+    assert not evictions(c.step(T0 + 5 + 10 * AFTER, config))
+
+
+def test_a_restart_starts_the_wait_over() -> None:
+    c = gone_node_cluster(released("p", "n1"))
+    c.step(T0 + 5)
+    c.step(T0 + 5 + AFTER - 10)
+    c.state = ControllerState()  # the partitioner restarted: nothing remembered
+    assert not evictions(c.step(T0 + 5 + AFTER))  # its wait starts now
+    assert not evictions(c.step(T0 + 5 + 2 * AFTER - 1))
+    assert evictions(c.step(T0 + 5 + 2 * AFTER))
+
+
+def silent_cluster() -> Cluster:
+    """``p`` was released to n1's free 1g (its kubelet lists it); n2 has room."""
+    free = status_gpu(0, ("1g.10gb", 0, False), ("1g.10gb", 1, False))
+    return Cluster(
+        with_alloc(node("n1", MIG), **{"1g_10gb": 2}),
+        applied_np("n1", free, status_gpu(1)),
+        node("n2", MIG),
+        applied_np("n2", status_gpu(0), status_gpu(1)),
+        released("p", "n1"),
+    )
+
+
+def test_a_pod_released_to_a_node_whose_agent_went_silent_is_evicted_if_it_stays_silent() -> None:
+    c = silent_cluster()
+    d = c.step(T0 + 5)
+    assert not events(d, "Stranded")  # the agent renews: it may still bind
+    c.silent_agents = frozenset({"n1"})
+    d = c.step(T0 + 10)
+    (msg,) = events(d, "Stranded")
+    assert "has stopped renewing its Lease" in msg
+    assert "unless it binds there first (the node serves again)" in msg
+    assert not evictions(d)
+    assert evictions(c.step(T0 + 10 + AFTER))
+
+
+def test_a_pod_whose_node_serves_again_in_time_is_kept_and_its_clock_forgotten() -> None:
+    c = silent_cluster()
+    c.silent_agents = frozenset({"n1"})
+    c.step(T0 + 10)
+    c.silent_agents = frozenset()  # the agent is back before the eviction
+    d = c.step(T0 + 10 + AFTER / 2)
+    assert not evictions(d) and "stranded" not in d.counts
+    assert not c.state.stranded_since
+    c.silent_agents = frozenset({"n1"})  # silent again: a new wait, not the old one's rest
+    c.step(T0 + 20 + AFTER / 2)
+    assert not evictions(c.step(T0 + 10 + AFTER + 5))
+    assert evictions(c.step(T0 + 20 + AFTER / 2 + AFTER))
+
+
+def test_a_pod_released_to_a_node_that_was_cordoned_is_evicted_after_the_setting() -> None:
+    c = silent_cluster()
+    n1 = c.objs[("Node", "n1")]
+    n1["spec"] = {"unschedulable": True}
+    n1["spec"]["taints"] = [{"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}]
+    d = c.step(T0 + 121)  # past the bind deadline: gpuslice checks why it did not bind
+    (msg,) = events(d, "Stranded")
+    assert "no longer accepts it" in msg
+    assert not evictions(d)
+    assert evictions(c.step(T0 + 121 + AFTER))
+
+
+def test_a_pod_stranded_for_two_reasons_is_told_once_and_evicted_once() -> None:
+    """Silent agent and cordoned node, past the bind deadline: one reason is reported (the
+    first found), not one Event per reason per step, and one eviction."""
+    c = silent_cluster()
+    c.silent_agents = frozenset({"n1"})
+    c.objs[("Node", "n1")]["spec"] = {
+        "unschedulable": True,
+        "taints": [{"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}],
+    }
+    d = c.step(T0 + 121)
+    assert len(events(d, "Stranded")) == 1 and not events(d, "NotBound")
+    assert d.counts["stranded"] == 1
+    d = c.step(T0 + 122)
+    assert not events(d, "Stranded") and not events(d, "NotBound")
+    d = c.step(T0 + 121 + AFTER)
+    assert len(evictions(d)) == 1
