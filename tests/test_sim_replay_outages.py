@@ -226,28 +226,52 @@ def test_an_outage_longer_than_any_deadline_does_not_end_the_run(
 # -- a released pod whose node stops accepting it before it binds -------------------------------
 
 
-def _cordon_at_first_release(after: float, settings: ReplaySettings) -> tuple[ReplayResult, str]:
-    """Case 14 (two nodes of 8 GPUs); the first pod released after ``after`` s finds its node
-    cordoned before kube-scheduler tries it (an admin's ``kubectl cordon`` at an unlucky
-    moment), and the node stays cordoned.  Returns the replay and that pod's name."""
+def _cordon_at_first_release(
+    after: float,
+    settings: ReplaySettings,
+    case: int = 14,
+    pods: int = 120,
+    uncordon_after: float | None = None,
+) -> tuple[ReplayResult, str | None]:
+    """Case 14 by default (two nodes of 8 GPUs); the first pod released after ``after`` s
+    finds its node cordoned before kube-scheduler tries it (an admin's ``kubectl cordon`` at an
+    unlucky moment); the node is uncordoned ``uncordon_after`` s later (None: never).  Returns
+    the replay and that pod's name (None if no pod was released after ``after``)."""
     import simulations.replay.engine as engine
 
-    workload, cluster = build(random_case(14, 120))
+    workload, cluster = build(random_case(case, pods))
     caught: list[str] = []
+    cordoned: list[tuple[str, float]] = []
+
+    def cordon(self: engine._Engine, name: str, on: bool) -> None:
+        node = self.api.nodes[name]
+        node["spec"] = (
+            {
+                "unschedulable": True,
+                "taints": [{"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}],
+            }
+            if on
+            else {}
+        )
+        self.api._stamp(node)
+        self.index.upsert_node(node)
 
     class Cordon(engine._Engine):
         def _patch_pod(self, t: float, action: engine.PatchPod) -> bool:
             done = super()._patch_pod(t, action)
             if done and action.purpose == "release" and t >= after and not caught:
                 node_name = self.index.pods[action.pod].reservation.node  # type: ignore[union-attr]
-                node = self.api.nodes[node_name]
-                node["spec"] = {
-                    "unschedulable": True,
-                    "taints": [{"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}],
-                }
-                self.index.upsert_node(node)
+                cordon(self, node_name, True)
                 caught.append(action.pod.split("/", 1)[1])
+                cordoned.append((node_name, t))
             return done
+
+        def _handle(self, t: float, kind: engine._Kind, payload: str) -> None:
+            if cordoned and uncordon_after is not None and t >= cordoned[0][1] + uncordon_after:
+                cordon(self, cordoned.pop()[0], False)
+                self._dirty(t)
+                self._wake("schedule_at", t, engine._Kind.SCHEDULE)
+            super()._handle(t, kind, payload)
 
     original = engine._Engine
     engine._Engine = Cordon  # type: ignore[misc]
@@ -255,12 +279,12 @@ def _cordon_at_first_release(after: float, settings: ReplaySettings) -> tuple[Re
         result = run_time_replay(workload, cluster, "cpsat", settings)
     finally:
         engine._Engine = original  # type: ignore[misc]
-    assert len(caught) == 1
-    return result, caught[0]
+    return result, caught[0] if caught else None
 
 
 def test_a_pod_stranded_on_a_cordoned_node_is_evicted_and_runs_elsewhere() -> None:
     result, name = _cordon_at_first_release(500, ReplaySettings())
+    assert name is not None
     (rec,) = [p for p in result.pods if p.name == name]
     s = summarize(result).as_dict()
     assert (s["never_scheduled"], s["theft"], s["pods_disrupted"]) == (0, 0, 0)
@@ -273,6 +297,29 @@ def test_a_pod_stranded_on_a_cordoned_node_is_evicted_and_runs_elsewhere() -> No
 
 def test_without_the_eviction_the_stranded_pod_never_runs() -> None:
     result, name = _cordon_at_first_release(500, ReplaySettings(recreate_stranded_s=0))
+    assert name is not None
     (rec,) = [p for p in result.pods if p.name == name]
     assert rec.first_bound is None and "StrandedEvicted" not in result.events
     assert summarize(result).as_dict()["never_scheduled"] >= 1
+
+
+@REPLAYS
+@given(
+    case=st.integers(0, 199),
+    after=st.floats(0, 3000),
+    uncordon=st.one_of(st.none(), st.floats(1, 3000)),
+)
+def test_every_pod_runs_whenever_its_node_is_cordoned_after_its_release(
+    case: int, after: float, uncordon: float | None
+) -> None:
+    """A plan is a promise: a pod whose node is cordoned between its release and its binding,
+    for a while or for good, still runs: there once the node is uncordoned in time, else as the
+    new pod its controller creates after the eviction.  Nothing is stolen or disrupted."""
+    result, name = _cordon_at_first_release(
+        after, ReplaySettings(), case=case, pods=80, uncordon_after=uncordon
+    )
+    s = summarize(result).as_dict()
+    assert (s["never_scheduled"], s["theft"], s["pods_disrupted"]) == (0, 0, 0)
+    if name is not None:  # else no pod was released after ``after``: nothing was cordoned
+        (rec,) = [p for p in result.pods if p.name == name]
+        assert rec.first_bound is not None
