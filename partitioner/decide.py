@@ -1010,7 +1010,7 @@ class _Step:
         ledger = self.ledgers.get(r.node)
         if ledger is None:
             if r.state is State.RELEASED and not pod.gated:
-                self._stranded(pod, r, f"node {r.node} is gone or no longer a gpuslice node")
+                self._stranded(pod, r.node, f"node {r.node} is gone or no longer a gpuslice node")
             else:
                 self._drop(pod, r, f"node {r.node} is gone or no longer a gpuslice node")
             return
@@ -1024,7 +1024,7 @@ class _Step:
             self._drop(pod, r, given_up)
             return
         if lost and not pod.gated:  # released, pinned to a node that cannot admit it now
-            self._stranded(pod, r, lost, waits=True)
+            self._stranded(pod, r.node, lost, waits=True)
         ledger.add_hold(Hold(pod, r))
         self.note(pod, r)
         self.counts["released" if r.state is State.RELEASED else "held"] += 1
@@ -1153,6 +1153,26 @@ class _Step:
         if self.unserved:
             self.counts["nodes_unserved"] = len(self.unserved)
 
+    def strand_unprepared(self) -> None:
+        """DRA nodes whose agent is silent: a claim pod bound there that has not started
+        (phase ``Pending``) cannot start, since the kubelet prepares its ResourceClaims through
+        the agent's DRA plugin and retries until it is back (the pod shows
+        ``ContainerCreating``; the kubelet also wipes the agent's ResourceSlices 30 s after its
+        plugin went away, so nothing new is allocated there).  Such a pod is stranded as a
+        released one is (:meth:`_stranded`): evicted once that has lasted
+        ``recreate_stranded_s`` if a controller owns it, so its controller's new pod is planned
+        on a node that serves.  A pod bound in device-plugin mode is not: the kubelet admitted
+        it with its device, so it starts whatever the agent does.  Cost: one pass over the pods
+        per silent DRA node, only while one is silent."""
+        for name, why in sorted(self.plugin_lost.items()):
+            ledger = self.ledgers.get(name)
+            if ledger is None or not ledger.gpu.dra:
+                continue
+            for pod in self.index.bound_pods(name):
+                if pod.dra and pod.phase == "Pending" and not pod.deleting:
+                    self.seen.add(pod.key)  # its Events are kept while it is stranded
+                    self._stranded(pod, name, why, waits=True, bound=True)
+
     def _open(self, node: str) -> bool:
         """New promises may go to ``node``: it is neither cooling down nor unserved."""
         return node not in self.cooldown and node not in self.unserved
@@ -1196,11 +1216,14 @@ class _Step:
         self.candidate(pod, managed=False)
         self.restricted[pod.key] = frozenset({r.node})
 
-    def _stranded(self, pod: PodInfo, r: Reservation, why: str, waits: bool = False) -> None:
-        """``pod`` was released to ``r.node`` and cannot bind there: the node is gone or no
+    def _stranded(
+        self, pod: PodInfo, node: str, why: str, waits: bool = False, bound: bool = False
+    ) -> None:
+        """``pod`` was released to ``node`` and cannot bind there: the node is gone or no
         longer accepts it, or (``waits``) it is unserved, so it would bind only once the node
         serves again.  Its node affinity is pinned to the node and Kubernetes forbids widening
-        it, so only a new pod can be planned elsewhere.  A pod a controller owns (an
+        it, so only a new pod can be planned elsewhere.  With ``bound`` it is bound there and
+        cannot start (:meth:`strand_unprepared`).  A pod a controller owns (an
         ``ownerReference`` with ``controller: true``: Job, ReplicaSet, StatefulSet, ...) that
         has been stranded for ``recreate_stranded_s`` is evicted (:class:`~partitioner.actions.
         EvictPod`); its controller creates it again and the new pod is gated and planned like
@@ -1215,16 +1238,29 @@ class _Step:
         self.stranded_since[mark] = since
         after = self.config.recreate_stranded_s
         owner = _controller_of(pod.obj) if after > 0 else None
-        head = (
-            f"released to node {r.node} but {why}: its node affinity is pinned there and "
-            f"cannot be widened"
-        )
+        if bound:
+            head = (
+                f"bound to node {node} but {why}: the kubelet prepares its ResourceClaims "
+                f"through that agent, so it cannot start"
+            )
+            recovers, unless = (
+                "it starts once the agent is back, or ",
+                "unless the agent is back first, ",
+            )
+        else:
+            head = (
+                f"released to node {node} but {why}: its node affinity is pinned there and "
+                f"cannot be widened"
+            )
+            recovers = "it binds there once the node serves again, or "
+            unless = "unless it binds there first (the node serves again), "
+        if not waits:
+            recovers = unless = ""
         if owner is None:
-            then = "it binds there once the node serves again, or " if waits else ""
             self.once(
                 pod,
                 "Stranded",
-                f"{head}; {then}delete the pod so its controller recreates it (it is gated "
+                f"{head}; {recovers}delete the pod so its controller recreates it (it is gated "
                 f"and planned again)",
                 "Warning",
             )
@@ -1232,11 +1268,10 @@ class _Step:
         due = since + after
         if self.now < due:
             self.wake(due)
-            then = "unless it binds there first (the node serves again), " if waits else ""
             self.once(
                 pod,
                 "Stranded",
-                f"{head}; {then}it is evicted once it has been stranded for {after:.0f} s, so "
+                f"{head}; {unless}it is evicted once it has been stranded for {after:.0f} s, so "
                 f"that its controller ({owner}) creates it again, gated and planned afresh",
                 "Warning",
             )
@@ -1400,7 +1435,7 @@ class _Step:
             return
         if not pod_fits_node(h.pod.obj, ledger.info.obj):
             self._stranded(
-                h.pod, r, "the node no longer accepts it (cordoned, tainted or relabelled)"
+                h.pod, r.node, "the node no longer accepts it (cordoned, tainted or relabelled)"
             )
             return
         self.once(  # no elapsed time in the text: one Event, not one per step
@@ -2315,6 +2350,7 @@ class _Step:
             self.notice_rejections()
         self.read_pods()
         if self.config.reservation:
+            self.strand_unprepared()
             self.settle()
             self.release()
             self.fast_path()

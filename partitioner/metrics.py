@@ -15,8 +15,9 @@ Each :class:`Metrics` owns its registry, so several controllers (tests, restarts
 * ``gpuslice_reservations{state}`` (gauge): pods holding a reservation, by state: ``planned``
   (slice planned or free, pod still gated), ``released`` (ungated, pinned to the node, not
   bound yet), ``draining`` (GPUs being emptied for it).
-* ``gpuslice_pods_stranded`` (gauge): released pods whose node can no longer hold them (their
-  Event says when they are evicted, or to delete them).
+* ``gpuslice_pods_stranded`` (gauge): pods pinned to a node that cannot serve them: released
+  ones, and DRA pods bound to a silent agent's node before they started (their Event says when
+  they are evicted, or to delete them).
 * ``gpuslice_pods_evicted_total`` (counter): stranded pods evicted so that their controller
   creates them again (``recreateStrandedSeconds``).
 * ``gpuslice_nodes_left_out{reason}`` (gauge): opted-in nodes left out of planning, by the reason
@@ -88,7 +89,7 @@ class Metrics:
         for state in RESERVATION_STATES:
             self.reservations.labels(state).set(0)
         self.pods_stranded = Gauge(
-            "gpuslice_pods_stranded", "Released pods their node can no longer hold", registry=r
+            "gpuslice_pods_stranded", "Pods pinned to a node that cannot serve them", registry=r
         )
         self.pods_evicted = Counter(
             "gpuslice_pods_evicted",

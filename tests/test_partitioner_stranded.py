@@ -221,3 +221,42 @@ def test_a_pod_stranded_for_two_reasons_is_told_once_and_evicted_once() -> None:
     assert not events(d, "Stranded") and not events(d, "NotBound")
     d = c.step(T0 + 121 + AFTER)
     assert len(evictions(d)) == 1
+
+
+def test_a_claim_pod_bound_to_a_dra_node_whose_agent_went_silent_is_evicted_unless_started() -> (
+    None
+):
+    """DRA mode: the kubelet prepares a bound pod's ResourceClaims through the agent, so a pod
+    bound to a node whose agent went silent cannot start.  One that had started runs on; in
+    device-plugin mode a bound pod was admitted with its device and is left alone too."""
+    from test_partitioner_dra import DRA, claim, claim_pod, mig_request
+
+    def bound(name: str, node_name: str, phase: str, claims: bool = True) -> dict[str, Any]:
+        pod = claim_pod(name, f"cl-{name}", gate=False) if claims else gated(name, ONE_G)
+        pod["spec"].pop("schedulingGates", None)
+        pod["spec"]["nodeName"] = node_name
+        pod["metadata"]["ownerReferences"] = JOB
+        pod["status"] = {"phase": phase}
+        return pod
+
+    c = Cluster(
+        node("d1", DRA),
+        applied_np("d1", status_gpu(0, ("3g.40gb", 0, True), ("3g.40gb", 4, True))),
+        bound("waiting", "d1", "Pending"),
+        claim("cl-waiting", mig_request(), allocated=True),
+        bound("running", "d1", "Running"),
+        claim("cl-running", mig_request(), allocated=True),
+        with_alloc(node("n1", MIG), **{"1g_10gb": 1}),
+        applied_np("n1", status_gpu(0, ("1g.10gb", 0, True)), status_gpu(1)),
+        bound("plugin-pod", "n1", "Pending", claims=False),
+    )
+    assert not events(c.step(T0), "Stranded")  # the agents renew
+    c.silent_agents = frozenset({"d1", "n1"})
+    d = c.step(T0 + 10)
+    (msg,) = events(d, "Stranded")
+    assert msg.startswith("bound to node d1 but the gpuslice agent of node d1 has stopped")
+    assert "unless the agent is back first, it is evicted" in msg
+    assert d.counts["stranded"] == 1
+    assert not events(c.step(T0 + 11), "Stranded")  # told once, though it is bound
+    (ev,) = evictions(c.step(T0 + 10 + AFTER))
+    assert ev.pod == "ns/waiting"
