@@ -28,6 +28,7 @@ from fake_apiserver import (
     Unschedulable,
     bind_like_scheduler,
     declare,
+    declare_dra,
     declare_leases,
     stored,
 )
@@ -550,3 +551,99 @@ async def test_a_released_pod_whose_node_is_deleted_is_evicted_if_a_controller_o
         (told,) = [m for r, m in pod_events(kmock, "p2") if r == "Stranded"]
         assert "delete the pod so its controller recreates it" in told
         assert uid != bare["metadata"]["uid"]
+
+
+@pytest.mark.looptime
+async def test_a_claim_pod_bound_to_a_dra_node_whose_agent_stops_is_evicted_before_it_starts(
+    kmock: ApiServer, tmp_path: Path
+) -> None:
+    """DRA mode: a claim pod is bound to d1 (its claim allocated there) and has not started when
+    d1's agent stops renewing its Lease: the kubelet cannot prepare its claim, so it could not
+    start until the agent is back.  Once the agent is silent (40 s) and that has lasted
+    ``recreate_stranded_seconds`` (60), the pod its Job owns is evicted; a started one stays."""
+    await setup(kmock, "d1")
+    declare_leases(kmock)
+    declare_dra(kmock)
+    node_obj = node("d1")
+    node_obj["metadata"]["labels"]["gpuslice.io/partitioning"] = "dra"
+    resp = await kmock.patch("/api/v1/nodes/d1", json={"metadata": node_obj["metadata"]})
+    assert resp.status == 200, await resp.text()
+    claims = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
+    for name, phase in (("waiting", "Pending"), ("running", "Running")):
+        claim = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": f"c-{name}", "namespace": "default"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "mig.gpuslice.io",
+                "selectors": [{"cel": {"expression":
+                    'device.attributes["gpu.gpuslice.io"].profile == "3g.40gb"'}}],
+            }}]}},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "gpu", "driver": "gpu.gpuslice.io", "pool": "d1", "device": name}
+            ]}}},
+        }  # fmt: skip
+        resp = await kmock.post(claims, json=claim)
+        assert resp.status in (200, 201), await resp.text()
+        bound = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": "default",
+                "ownerReferences": [
+                    {"apiVersion": "batch/v1", "kind": "Job", "name": f"job-{name}",
+                     "uid": f"job-{name}", "controller": True}
+                ],
+            },
+            "spec": {
+                "nodeName": "d1",
+                "containers": [{"name": "main", "resources": {"requests": {"cpu": "1"}}}],
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": f"c-{name}"}],
+            },
+            "status": {"phase": phase},
+        }  # fmt: skip
+        resp = await kmock.post(PODS, json=bound)  # before the webhook is wired: no gate
+        assert resp.status in (200, 201), await resp.text()
+    alive = {"d1"}
+
+    async def agent() -> None:
+        for tick in range(1, 10_000):
+            if "d1" in alive:
+                await agent_renews(kmock, "d1", tick)
+            await asyncio.sleep(10)
+
+    renewing = asyncio.create_task(agent())
+    try:
+        async with gating_operator(
+            kmock, tmp_path, dra_enabled=True, lease_poll_seconds=5, recreate_stranded_seconds=60
+        ):
+            np = await eventually(lambda: stored(kmock, NP_RESOURCE, "d1"), within=10)
+            gen = np["metadata"]["generation"]
+            status = {
+                "observedGeneration": gen,
+                "planId": "",
+                "gpus": [{"index": 0, "migEnabled": True, "mig": [
+                    {"profile": "3g.40gb", "start": 0, "used": True},
+                    {"profile": "3g.40gb", "start": 4, "used": True},
+                ]}],
+                "conditions": [{"type": "Applied", "status": "True", "observedGeneration": gen}],
+            }  # fmt: skip
+            resp = await kmock.patch(f"{NP_PATH}/d1/status", json={"status": status})
+            assert resp.status == 200, await resp.text()
+            await asyncio.sleep(30)
+            assert stored(kmock, "v1/pods", "waiting", "default") is not None  # agent renews
+            alive.discard("d1")
+            loop = asyncio.get_running_loop()
+            stopped_at = loop.time()
+            await eventually(
+                lambda: stored(kmock, "v1/pods", "waiting", "default") is None, within=300
+            )
+            assert 40 + 60 <= loop.time() - stopped_at < 40 + 60 + 30
+            (told,) = [m for r, m in pod_events(kmock, "waiting") if r == "StrandedEvicted"]
+            assert "bound to node d1 but the gpuslice agent of node d1 has stopped" in told
+            assert "its controller (Job job-waiting)" in told
+            assert stored(kmock, "v1/pods", "running", "default") is not None
+            assert not [r for r, _ in pod_events(kmock, "running") if r.startswith("Stranded")]
+    finally:
+        renewing.cancel()
