@@ -32,7 +32,8 @@ step:
    pod gpuslice did not gate) keeps the holds that still fit (released first, then priority,
    then age) and gives the others back at once (:meth:`~partitioner.ledger.NodeLedger.settle`);
    a released pod whose slice was taken is re-planned on its node (its node affinity is pinned
-   there).  A released pod that cannot bind where it is pinned (its node is gone or no longer
+   there).  A ``planned`` pod whose node no longer accepts it (cordoned, tainted, relabelled)
+   is given back before it is released there, and planned elsewhere.  A released pod that cannot bind where it is pinned (its node is gone or no longer
    accepts it; or is unserved, below) is ``Stranded``: a pod a controller owns is evicted once
    that has lasted ``recreate_stranded_s``, so its controller creates it again and the new pod
    is planned afresh (:meth:`_Step._stranded`); the Event names the controller and when.  A pod
@@ -426,6 +427,10 @@ def _planned_at(np: NodePartitioning) -> float | None:
 
 def _pod_ref(pod: PodInfo) -> ObjectRef:
     return ObjectRef("Pod", pod.name, pod.namespace, pod.uid)
+
+
+_REFUSES = "cordoned, tainted or relabelled"
+"""Why a node no longer accepts a pod it accepted when the pod was planned there."""
 
 
 def _mark(pod: PodInfo) -> str:
@@ -997,7 +1002,12 @@ class _Step:
         self.drains.clear()
 
     def _read_drain(self, pod: PodInfo, r: Reservation) -> None:
-        if r.node not in self.gpu_nodes or r.node in self.cooldown or r.node in self.plugin_lost:
+        if (
+            r.node not in self.gpu_nodes
+            or r.node in self.cooldown
+            or r.node in self.plugin_lost
+            or r.node not in self.index.eligible(pod, self.gpu_nodes)
+        ):
             self._drop(pod, r, f"node {r.node} can no longer be drained for it")
             return
         self.drains[pod.key] = r
@@ -1013,6 +1023,11 @@ class _Step:
                 self._stranded(pod, r.node, f"node {r.node} is gone or no longer a gpuslice node")
             else:
                 self._drop(pod, r, f"node {r.node} is gone or no longer a gpuslice node")
+            return
+        if pod.gated and r.node not in self.index.eligible(pod, self.gpu_nodes):
+            # cordoned, tainted or relabelled since it was planned: released there, it would be
+            # pinned to a node that refuses it (stranded); still gated, it can go elsewhere
+            self._drop(pod, r, f"node {r.node} no longer accepts it ({_REFUSES})")
             return
         if r.state is State.PLANNED and ledger.busy and self.now >= r.deadline:
             self._missed(pod, r)
@@ -1434,9 +1449,7 @@ class _Step:
         if self.now < r.deadline or _mark(h.pod) in self.stranded_since:
             return
         if not pod_fits_node(h.pod.obj, ledger.info.obj):
-            self._stranded(
-                h.pod, r.node, "the node no longer accepts it (cordoned, tainted or relabelled)"
-            )
+            self._stranded(h.pod, r.node, f"the node no longer accepts it ({_REFUSES})")
             return
         self.once(  # no elapsed time in the text: one Event, not one per step
             h.pod,

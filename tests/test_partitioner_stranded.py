@@ -23,13 +23,15 @@ from test_partitioner_promises import (
     applied_np,
     events,
     gated,
+    reservation,
     status_gpu,
     with_alloc,
 )
 from test_partitioner_snapshot import node
 
-from partitioner.actions import EvictPod
+from partitioner.actions import EvictPod, PatchPod, WriteSpec
 from partitioner.decide import ControllerState, Decision
+from partitioner.gating import GATE
 from partitioner.reservations import RESERVATION_ANNOTATION
 
 AFTER = CONFIG.recreate_stranded_s
@@ -69,6 +71,11 @@ def released(
         )
     }
     return pod
+
+
+def np_n2() -> dict[str, Any]:
+    """n2's NodePartitioning: two empty MIG GPUs, applied."""
+    return applied_np("n2", status_gpu(0), status_gpu(1))
 
 
 def evictions(d: Decision) -> list[EvictPod]:
@@ -260,3 +267,37 @@ def test_a_claim_pod_bound_to_a_dra_node_whose_agent_went_silent_is_evicted_unle
     assert not events(c.step(T0 + 11), "Stranded")  # told once, though it is bound
     (ev,) = evictions(c.step(T0 + 10 + AFTER))
     assert ev.pod == "ns/waiting"
+
+
+def test_a_planned_pod_whose_node_was_cordoned_is_planned_elsewhere_not_released_there() -> None:
+    """Released to a cordoned node, the pod would be stranded there (its affinity pinned);
+    still gated, it is given back and planned on a node that accepts it."""
+    free = status_gpu(0, ("1g.10gb", 0, False))
+    pod = gated("p", ONE_G)
+    pod["metadata"]["annotations"] = {
+        RESERVATION_ANNOTATION: json.dumps(
+            {
+                "node": "n1",
+                "state": "planned",
+                "gpus": {ONE_G: [0]},
+                "plan": "1",
+                "since": T0,
+                "deadline": T0 + 300,
+            }
+        )
+    }
+    n1 = with_alloc(node("n1", MIG), **{"1g_10gb": 1})
+    c = Cluster(n1, applied_np("n1", free, status_gpu(1)), node("n2", MIG), np_n2(), pod)
+    n1["spec"] = {
+        "unschedulable": True,
+        "taints": [{"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}],
+    }
+    d = c.step(T0 + 5)
+    (msg,) = events(d, "ReservationDropped")
+    assert "node n1 no longer accepts it (cordoned, tainted or relabelled)" in msg
+    assert not [a for a in d.actions if isinstance(a, PatchPod) and a.purpose == "release"]
+    c.step(T0 + 6)
+    d = c.step(T0 + 70)  # the batch window closes: planned on n2
+    (spec,) = [a for a in d.actions if isinstance(a, WriteSpec)]
+    assert spec.node == "n2" and reservation(c, "p").node == "n2"
+    assert GATE in json.dumps(c.pod("p")["spec"])  # never released to n1

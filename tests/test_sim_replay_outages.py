@@ -232,11 +232,14 @@ def _cordon_at_first_release(
     case: int = 14,
     pods: int = 120,
     uncordon_after: float | None = None,
+    when: str = "release",
 ) -> tuple[ReplayResult, str | None]:
     """Case 14 by default (two nodes of 8 GPUs); the first pod released after ``after`` s
     finds its node cordoned before kube-scheduler tries it (an admin's ``kubectl cordon`` at an
-    unlucky moment); the node is uncordoned ``uncordon_after`` s later (None: never).  Returns
-    the replay and that pod's name (None if no pod was released after ``after``)."""
+    unlucky moment); the node is uncordoned ``uncordon_after`` s later (None: never).  With
+    ``when="reserve"`` the node is cordoned as soon as a pod is reserved there instead (planned,
+    still gated).  Returns the replay and that pod's name (None if no pod was released, or
+    reserved, after ``after``)."""
     import simulations.replay.engine as engine
 
     workload, cluster = build(random_case(case, pods))
@@ -259,7 +262,7 @@ def _cordon_at_first_release(
     class Cordon(engine._Engine):
         def _patch_pod(self, t: float, action: engine.PatchPod) -> bool:
             done = super()._patch_pod(t, action)
-            if done and action.purpose == "release" and t >= after and not caught:
+            if done and action.purpose == when and t >= after and not caught:
                 node_name = self.index.pods[action.pod].reservation.node  # type: ignore[union-attr]
                 cordon(self, node_name, True)
                 caught.append(action.pod.split("/", 1)[1])
@@ -308,15 +311,18 @@ def test_without_the_eviction_the_stranded_pod_never_runs() -> None:
     case=st.integers(0, 199),
     after=st.floats(0, 3000),
     uncordon=st.one_of(st.none(), st.floats(1, 3000)),
+    when=st.sampled_from(["reserve", "release"]),
 )
-def test_every_pod_runs_whenever_its_node_is_cordoned_after_its_release(
-    case: int, after: float, uncordon: float | None
+def test_every_pod_runs_whenever_its_node_is_cordoned_after_its_plan_or_release(
+    case: int, after: float, uncordon: float | None, when: str
 ) -> None:
-    """A plan is a promise: a pod whose node is cordoned between its release and its binding,
-    for a while or for good, still runs: there once the node is uncordoned in time, else as the
-    new pod its controller creates after the eviction.  Nothing is stolen or disrupted."""
+    """A plan is a promise: a pod whose node is cordoned once it is reserved there (planned on
+    it, still gated) or between its release and its binding, for a while or for good, still
+    runs: planned elsewhere while it is gated; once released, there if the node is uncordoned in
+    time, else as the new pod its controller creates after the eviction.  Nothing is stolen or
+    disrupted."""
     result, name = _cordon_at_first_release(
-        after, ReplaySettings(), case=case, pods=80, uncordon_after=uncordon
+        after, ReplaySettings(), case=case, pods=80, uncordon_after=uncordon, when=when
     )
     s = summarize(result).as_dict()
     assert (s["never_scheduled"], s["theft"], s["pods_disrupted"]) == (0, 0, 0)
