@@ -44,6 +44,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "partitioner": ("gpuslice.commands.partitioner", "run the partitioner controller (kopf)"),
     "agent": ("gpuslice.commands.agent", "run the node agent (use --fake without a GPU)"),
+    "status": (
+        "gpuslice.commands.status",
+        "where every pod waiting for a slice stands, and every gpuslice node (read-only)",
+    ),
     "ungate": (
         "gpuslice.commands.ungate",
         "release pods from gpuslice's scheduling gate (uninstall, partitioner down)",

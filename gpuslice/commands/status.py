@@ -1,0 +1,308 @@
+"""``gpuslice status``: where every pod waiting for a slice stands, and every gpuslice node.
+
+Why: the partitioner tells a pod's story in Events, and the API server drops Events after an
+hour (``--event-ttl``), while a pod can wait longer in a deep queue.  What outlives them is on
+the objects: the pod's scheduling gate and reservation annotation, its NodePartitioning's spec
+generation and the agent's applied status, and the node's ``GpusliceReady`` condition.  This
+command reads those (read-only: nodes, pods, NodePartitionings; with pod names, also their
+Events) and says, per waiting pod, what it waits for:
+
+* ``queued``: gated, no slice reserved yet; ``ahead`` counts the waiting pods asking for the
+  same slices that the partitioner serves before it (priority, then age; among the pods
+  listed: with ``--namespace``, that namespace's);
+* ``planned``: a slice is planned for it on a node, which is applying the plan (or has, and its
+  kubelet does not list the slice yet), with the apply deadline;
+* ``released``: its gate is gone and its affinity names the node that holds its slice; it waits
+  for kube-scheduler (the bind deadline says when gpuslice checks why not);
+* ``draining``: GPUs are being emptied for it;
+* ``ungated``: it asks for a slice but carries no gpuslice gate (created while the webhook was
+  down, or opted out): kube-scheduler places it, or it waits for a plan;
+
+plus the node's problem when its ``GpusliceReady`` condition is False (``AgentSilent``, ...).
+Pods are listed highest priority first, then oldest, as the partitioner serves them.  With pod
+names (``NAME`` in ``--namespace``, or ``NAMESPACE/NAME``) only those are shown, each with the
+Events about it that the API server still holds.
+
+Output: ``-o table`` (default: nodes, then pods), ``wide`` (more columns), ``json``, ``yaml``.
+Exit codes: 0 done, 1 an API call failed (the message names the object), 2 bad input (a pod
+name that is malformed or not found).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from gpuslice.cli import BadInput
+from gpuslice.output import Column, add_output_argument, emit, render_table
+
+HELP = "where every pod waiting for a slice stands, and every gpuslice node (read-only)"
+NODE_CONDITION = "GpusliceReady"
+"""The partitioner's node condition (partitioner.actions.NODE_CONDITION)."""
+
+NODE_COLUMNS = (
+    Column("node", "node"),
+    Column("mode", "mode"),
+    Column("ready", "ready"),
+    Column("reason", "reason"),
+    Column("plan", "plan"),
+    Column("applied", "applied"),
+    Column("planned", "planned", align="right"),
+    Column("released", "released", align="right"),
+    Column("message", "message", wide=True),
+)
+POD_COLUMNS = (
+    Column("pod", "pod"),
+    Column("priority", "priority", wide=True, align="right"),
+    Column("waiting", lambda r: _age(r["waiting_s"]), align="right"),
+    Column("request", "request"),
+    Column("state", "state"),
+    Column("node", "node"),
+    Column("ahead", "ahead", align="right"),
+    Column("detail", "detail"),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "pods", nargs="*", metavar="POD", help="only these pods: NAME (in --namespace) or NS/NAME"
+    )
+    parser.add_argument(
+        "-n", "--namespace", help="only this namespace (default for NAME: 'default')"
+    )
+    add_output_argument(parser, what="the nodes and the waiting pods")
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube)")
+    parser.add_argument("--context", help="kubeconfig context")
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = max(0, int(seconds))
+    if s < 120:
+        return f"{s}s"
+    if s < 7200:
+        return f"{s // 60}m"
+    if s < 172800:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600}h"
+
+
+def _in(seconds: float) -> str:
+    """A deadline relative to now: ``in 2m`` or ``2m ago``."""
+    return f"in {_age(seconds)}" if seconds >= 0 else f"{_age(-seconds)} ago"
+
+
+def _units(slices: Mapping[str, int]) -> str:
+    return ", ".join(
+        f"{r.removeprefix('nvidia.com/')} x{k}" if k != 1 else r.removeprefix("nvidia.com/")
+        for r, k in sorted(slices.items())
+    )
+
+
+def _condition(node: Mapping[str, Any]) -> Mapping[str, Any]:
+    for c in (node.get("status") or {}).get("conditions") or ():
+        if isinstance(c, Mapping) and c.get("type") == NODE_CONDITION:
+            return c
+    return {}
+
+
+def status_document(
+    nodes: Iterable[dict[str, Any]],
+    pods: Iterable[dict[str, Any]],
+    partitionings: Iterable[dict[str, Any]],
+    now: float,
+    only: Sequence[str] = (),
+) -> dict[str, Any]:
+    """The command's document from the API objects (pure: ``now`` is epoch seconds).
+
+    ``only``: pod keys (``namespace/name``) to show; empty: every waiting slice pod."""
+    from partitioner.index import ClusterIndex
+    from partitioner.reservations import State
+    from planner.catalog import default_catalog
+
+    nodes, partitionings = list(nodes), list(partitionings)
+    index = ClusterIndex.from_objects(default_catalog(), nodes, pods, partitionings)
+    raw_nodes = {str((n.get("metadata") or {}).get("name")): n for n in nodes}
+    problems: dict[str, str] = {}
+    node_rows = []
+    holds: dict[str, dict[str, int]] = {}
+    for pod in index.pods.values():
+        r = pod.reservation
+        if r is not None and pod.waiting:
+            count = holds.setdefault(r.node, {"planned": 0, "released": 0})
+            key = "released" if r.state is State.RELEASED else "planned"
+            count[key] += 1
+    for name, info in sorted(index.gpu_nodes().items()):
+        cond = _condition(raw_nodes.get(name) or {})
+        if cond.get("status") == "False":
+            problems[name] = f"{cond.get('reason') or 'NotReady'}: {cond.get('message') or ''}"
+        np_info = index.partitionings.get(name)
+        np = np_info.np if np_info is not None else None
+        generation = np.metadata.generation if np is not None else None
+        observed = np.status.observedGeneration if np is not None and np.status else None
+        gpu = info.gpu
+        node_rows.append(
+            {
+                "node": name,
+                "mode": gpu.mode.value if gpu is not None else "-",
+                "ready": cond.get("status"),
+                "reason": cond.get("reason"),
+                "message": cond.get("message"),
+                "plan": (np.spec.planId or None) if np is not None else None,
+                "generation": generation,
+                "observed_generation": observed,
+                "applied": np.applied if np is not None else False,
+                **holds.get(name, {"planned": 0, "released": 0}),
+            }
+        )
+    waiting = [index.pods[k] for k in index.waiting_by_age()]
+    seen_by_request: dict[tuple[tuple[str, int], ...], int] = {}
+    pod_rows = []
+    for pod in waiting:
+        shape = tuple(sorted(pod.slices.items()))
+        r = pod.reservation
+        ahead = None
+        if r is None and pod.gated:
+            ahead = seen_by_request.get(shape, 0)
+            seen_by_request[shape] = ahead + 1
+        if only and pod.key not in only:
+            continue
+        node, detail = (r.node if r is not None else None), ""
+        if r is None:
+            state = "queued" if pod.gated else "ungated"
+            detail = (
+                "gated; no slice reserved yet: it waits for a plan or for a slice to free"
+                if pod.gated
+                else "no gpuslice gate (created while the webhook was down, or opted out): "
+                "kube-scheduler places it"
+                + (", and has found no node" if pod.unschedulable else "")
+            )
+        elif r.state is State.PLANNED:
+            state = "planned"
+            np = index.partitioning(r.node)
+            applying = np is not None and not np.applied
+            detail = (
+                f"plan {r.plan or '-'}: node {'applying it' if applying else 'applied it; the kubelet must list the slice'}"
+                f" (deadline {_in(r.deadline - now)})"
+            )
+        elif r.state is State.RELEASED:
+            state = "released"
+            detail = f"waiting for kube-scheduler (bind deadline {_in(r.deadline - now)})"
+        else:
+            state = r.state.value
+            detail = "GPUs are being emptied for it"
+        if node is not None and node in problems:
+            detail += f"; node {node} {problems[node]}"
+        pod_rows.append(
+            {
+                "pod": pod.key,
+                "priority": pod.priority,
+                "waiting_s": None if pod.created is None else round(now - pod.created, 1),
+                "request": _units(pod.slices) or pod.request_error or "-",
+                "state": state,
+                "node": node,
+                "ahead": ahead,
+                "detail": detail,
+            }
+        )
+    for key in only:  # named pods that do not wait: say what they are
+        if any(row["pod"] == key for row in pod_rows):
+            continue
+        named = index.pods.get(key)
+        if named is None:
+            continue
+        state, detail = (
+            ("finished", f"phase {named.phase}")
+            if named.finished
+            else ("bound", "running or starting there")
+            if named.node
+            else ("not waiting", "asks for no gpuslice slice")
+            if not named.slices
+            else ("deleting", "being deleted")
+        )
+        pod_rows.append(
+            {
+                "pod": key,
+                "priority": named.priority,
+                "waiting_s": None,
+                "request": _units(named.slices) or "-",
+                "state": state,
+                "node": named.node or None,
+                "ahead": None,
+                "detail": detail,
+            }
+        )
+    return {"nodes": node_rows, "pods": pod_rows}
+
+
+def _text(doc: Mapping[str, Any], wide: bool, width: int | None) -> str:
+    parts = []
+    if not doc.get("only"):
+        parts.append(render_table(NODE_COLUMNS, doc["nodes"], wide=wide, width=width))
+    if doc["pods"]:
+        parts.append(render_table(POD_COLUMNS, doc["pods"], wide=wide, width=width))
+    else:
+        parts.append("no pod waits for a slice")
+    for key, events in (doc.get("events") or {}).items():
+        lines = [f"Events of {key} (the API server keeps them about an hour):"]
+        lines += [
+            f"  {e['time'] or '-'}  {e['type']}  {e['reason']}: {e['message']}" for e in events
+        ] or ["  (none left)"]
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def _wanted(args: argparse.Namespace) -> list[tuple[str, str]]:
+    out = []
+    for ref in args.pods:
+        ns, sep, name = ref.rpartition("/")
+        if (sep and not ns) or not name or "/" in ns:
+            raise BadInput(f"pod {ref!r}: expected NAME or NAMESPACE/NAME")
+        if sep and args.namespace and ns != args.namespace:
+            raise BadInput(f"pod {ref!r} is not in --namespace {args.namespace}")
+        out.append((ns or args.namespace or "default", name))
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpuslice.cluster_client import ApiFailure, Cluster
+
+    wanted = _wanted(args)
+    cluster = Cluster(args.kubeconfig, args.context)
+    try:
+        nodes = cluster.nodes()
+        partitionings = cluster.partitioning_objects()
+        pods = list(cluster.pods(args.namespace))
+        keys = {
+            f"{(p.get('metadata') or {}).get('namespace')}/{p['metadata']['name']}" for p in pods
+        }
+        only = [f"{ns}/{name}" for ns, name in wanted]
+        missing = [k for k in only if k not in keys]
+        if missing:
+            raise BadInput(f"no such pod: {', '.join(missing)} (check the name and --namespace)")
+        doc = status_document(nodes, pods, partitionings, time.time(), only)
+        if only:
+            doc["only"] = only
+            doc["events"] = {
+                key: [
+                    {
+                        "time": e.get("lastTimestamp") or e.get("eventTime"),
+                        "type": e.get("type"),
+                        "reason": e.get("reason"),
+                        "message": e.get("message"),
+                    }
+                    for e in cluster.events(ns, "Pod", name)
+                ]
+                for key, (ns, name) in zip(only, wanted, strict=True)
+            }
+    except ApiFailure as e:
+        print(f"gpuslice status: {e}", file=sys.stderr)
+        return 1
+    finally:
+        cluster.close()
+    emit(doc, args.output, lambda wide, width: _text(doc, wide, width))
+    return 0

@@ -1,0 +1,184 @@
+"""``gpuslice status``: each waiting pod's state, read from the objects alone (no Events needed).
+
+The document is a pure function of the nodes, pods and NodePartitionings
+(:func:`gpuslice.commands.status.status_document`), tested on plain objects; the command
+itself runs against the test API server (kmock), in a worker thread like ``gpuslice ungate``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fake_apiserver import NP_PATH, ApiServer, declare
+from test_partitioner_promises import MIG, ONE_G, SEVEN_G, T0, applied_np, gated, status_gpu
+from test_partitioner_snapshot import node
+
+from gpuslice.cli import EXIT_BAD_INPUT, main
+from gpuslice.commands.status import status_document
+from partitioner.reservations import RESERVATION_ANNOTATION
+
+
+def reserved(pod: dict[str, Any], node_name: str, state: str, deadline: float) -> dict[str, Any]:
+    pod["metadata"]["annotations"] = {
+        RESERVATION_ANNOTATION: json.dumps(
+            {
+                "node": node_name,
+                "state": state,
+                "gpus": {ONE_G: [0]},
+                "plan": "7",
+                "since": T0,
+                "deadline": deadline,
+            }
+        )
+    }
+    if state == "released":
+        pod["spec"].pop("schedulingGates")
+    return pod
+
+
+def silent(node_obj: dict[str, Any]) -> dict[str, Any]:
+    node_obj.setdefault("status", {})["conditions"] = [
+        {"type": "GpusliceReady", "status": "False", "reason": "AgentSilent", "message": "gone"}
+    ]
+    return node_obj
+
+
+def objects() -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    applying = applied_np("n1", status_gpu(0), status_gpu(1))
+    applying["metadata"]["generation"] = 3  # a new spec, not observed yet
+    pods = [
+        gated("old-1g", ONE_G, created=T0 - 600),
+        gated("young-1g", ONE_G, created=T0 - 60),
+        gated("big", SEVEN_G, created=T0 - 30),
+        reserved(gated("planned", ONE_G, created=T0 - 900), "n1", "planned", T0 + 120),
+        reserved(gated("released", ONE_G, created=T0 - 1000), "n2", "released", T0 - 30),
+    ]
+    ungated = gated("no-gate", ONE_G, created=T0 - 10)
+    ungated["spec"].pop("schedulingGates")
+    pods.append(ungated)
+    bound = gated("running", ONE_G, created=T0 - 5000, nodeName="n2")
+    bound["spec"].pop("schedulingGates")
+    bound["status"] = {"phase": "Running"}
+    pods.append(bound)
+    nodes = [node("n1", MIG), silent(node("n2", MIG))]
+    nps = [applying, applied_np("n2", status_gpu(0), status_gpu(1))]
+    return nodes, pods, nps
+
+
+def test_each_waiting_pod_says_what_it_waits_for_in_the_order_it_is_served() -> None:
+    nodes, pods, nps = objects()
+    doc = status_document(nodes, pods, nps, T0)
+    rows = {r["pod"]: r for r in doc["pods"]}
+    assert [r["pod"] for r in doc["pods"]] == [
+        "ns/released",
+        "ns/planned",
+        "ns/old-1g",
+        "ns/young-1g",
+        "ns/big",
+        "ns/no-gate",
+    ]
+    assert (rows["ns/old-1g"]["state"], rows["ns/old-1g"]["ahead"]) == ("queued", 0)
+    assert (rows["ns/young-1g"]["ahead"], rows["ns/big"]["ahead"]) == (1, 0)  # per request
+    assert rows["ns/young-1g"]["waiting_s"] == 60 and rows["ns/big"]["request"] == "mig-7g.80gb"
+    planned = rows["ns/planned"]
+    assert (planned["state"], planned["node"]) == ("planned", "n1")
+    assert "plan 7: node applying it (deadline in 2m)" in planned["detail"]
+    released = rows["ns/released"]
+    assert (released["state"], released["node"]) == ("released", "n2")
+    assert "bind deadline 30s ago" in released["detail"]
+    assert "node n2 AgentSilent: gone" in released["detail"]
+    assert (rows["ns/no-gate"]["state"], rows["ns/no-gate"]["ahead"]) == ("ungated", None)
+    assert "ns/running" not in rows
+    n1, n2 = doc["nodes"]
+    assert (n1["node"], n1["applied"], n1["generation"], n1["planned"]) == ("n1", False, 3, 1)
+    assert (n2["ready"], n2["reason"], n2["released"]) == ("False", "AgentSilent", 1)
+
+
+def test_named_pods_only_and_a_pod_that_does_not_wait_says_what_it_is() -> None:
+    nodes, pods, nps = objects()
+    doc = status_document(nodes, pods, nps, T0, only=["ns/young-1g", "ns/running"])
+    assert [(r["pod"], r["state"], r["ahead"]) for r in doc["pods"]] == [
+        ("ns/young-1g", "queued", 1),  # counted behind old-1g though that one is not shown
+        ("ns/running", "bound", None),
+    ]
+
+
+# ------------------------------------------------------------------ the command, on the wire
+
+
+@pytest.fixture
+def kmock_options() -> dict[str, Any]:
+    return {"cls": ApiServer}
+
+
+@pytest.fixture
+def kubeconfig(kmock: ApiServer, tmp_path: Path) -> Path:
+    declare(kmock)
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "k", "cluster": {"server": str(kmock.url).rstrip("/")}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "k", "context": {"cluster": "k", "user": "u"}}],
+                "current-context": "k",
+            }
+        )
+    )
+    return path
+
+
+async def test_the_command_reads_the_cluster_and_prints_json_tables_and_events(
+    kmock: ApiServer, kubeconfig: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nodes, pods, nps = objects()
+    for n in nodes:
+        assert (await kmock.post("/api/v1/nodes", json=n)).status in (200, 201)
+    for np_obj in nps:
+        assert (await kmock.post(NP_PATH, json=np_obj)).status in (200, 201)
+    await kmock.post("/api/v1/namespaces/ns", json={"metadata": {"name": "ns"}})
+    for p in pods:
+        resp = await kmock.post("/api/v1/namespaces/ns/pods", json=p)
+        assert resp.status in (200, 201), await resp.text()
+    event = {
+        "metadata": {"name": "e1", "namespace": "ns"},
+        "involvedObject": {"kind": "Pod", "name": "planned", "namespace": "ns"},
+        "type": "Normal",
+        "reason": "Reserved",
+        "message": "slice planned on node n1 GPU 0",
+        "lastTimestamp": "2027-01-15T08:00:00Z",
+    }
+    assert (await kmock.post("/api/v1/namespaces/ns/events", json=event)).status in (200, 201)
+    other = {
+        **event,
+        "metadata": {"name": "e2", "namespace": "ns"},
+        "involvedObject": {"kind": "Pod", "name": "big", "namespace": "ns"},
+        "message": "about another pod",
+    }
+    assert (await kmock.post("/api/v1/namespaces/ns/events", json=other)).status in (200, 201)
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        rc = main(["status", "--kubeconfig", str(kubeconfig), *argv])
+        out = capsys.readouterr()
+        return rc, out.out, out.err
+
+    rc, out, _ = await asyncio.to_thread(run, "-o", "json")
+    assert rc == 0
+    doc = json.loads(out)
+    assert [r["state"] for r in doc["pods"]][:2] == ["released", "planned"]
+    rc, out, _ = await asyncio.to_thread(run)
+    assert rc == 0 and "NODE" in out and "AgentSilent" in out and "ns/old-1g" in out
+    rc, out, _ = await asyncio.to_thread(run, "-n", "ns", "planned")
+    assert rc == 0 and "ns/planned" in out and "ns/old-1g" not in out
+    assert "Reserved: slice planned on node n1 GPU 0" in out and "another pod" not in out
+    rc, _, err = await asyncio.to_thread(run, "ns/nope")
+    assert rc == EXIT_BAD_INPUT and "no such pod: ns/nope" in err
+    rc, _, err = await asyncio.to_thread(run, "a/b/c")
+    assert rc == EXIT_BAD_INPUT and "expected NAME or NAMESPACE/NAME" in err
