@@ -113,3 +113,20 @@ def trace_needs_cluster(command: str, trace: str | None, cluster: str | None) ->
             f"{BUILTIN_CLUSTER} to run it on the built-in demo cluster on purpose "
             f"(see gpuslice {command} --help)"
         )
+
+
+def pod_refs(refs: Sequence[str], namespace: str | None) -> list[tuple[str, str]]:
+    """``(namespace, name)`` of each ``NAME`` (in ``namespace``, else ``default``) or
+    ``NAMESPACE/NAME``; :class:`~gpuslice.cli.BadInput` for a malformed one or one outside
+    ``--namespace``."""
+    from gpuslice.cli import BadInput
+
+    out = []
+    for ref in refs:
+        ns, sep, name = ref.rpartition("/")
+        if (sep and not ns) or not name or "/" in ns:
+            raise BadInput(f"pod {ref!r}: expected NAME or NAMESPACE/NAME")
+        if sep and namespace and ns != namespace:
+            raise BadInput(f"pod {ref!r} is not in --namespace {namespace}")
+        out.append((ns or namespace or "default", name))
+    return out

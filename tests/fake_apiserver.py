@@ -793,3 +793,23 @@ def unschedulable_reason(pod: Mapping[str, Any], node: Mapping[str, Any]) -> str
     if not pod_fits_node(pod, node):
         return f"node {name} does not match the pod's nodeSelector, node affinity or taints"
     return ""
+
+
+def write_kubeconfig(api: kmock.KubernetesEmulator, path: Path) -> Path:
+    """A kubeconfig at ``path`` whose current context is ``api`` (token ``t``), for commands
+    that connect the way a user does (``--kubeconfig``)."""
+    import yaml
+
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "k", "cluster": {"server": str(api.url).rstrip("/")}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "k", "context": {"cluster": "k", "user": "u"}}],
+                "current-context": "k",
+            }
+        )
+    )
+    return path

@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from fake_apiserver import NP_PATH, ApiServer, declare
+from fake_apiserver import NP_PATH, ApiServer, declare, write_kubeconfig
 from test_partitioner_promises import MIG, ONE_G, SEVEN_G, T0, applied_np, gated, status_gpu
 from test_partitioner_snapshot import node
 
@@ -119,20 +118,7 @@ def kmock_options() -> dict[str, Any]:
 @pytest.fixture
 def kubeconfig(kmock: ApiServer, tmp_path: Path) -> Path:
     declare(kmock)
-    path = tmp_path / "kubeconfig"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "k", "cluster": {"server": str(kmock.url).rstrip("/")}}],
-                "users": [{"name": "u", "user": {"token": "t"}}],
-                "contexts": [{"name": "k", "context": {"cluster": "k", "user": "u"}}],
-                "current-context": "k",
-            }
-        )
-    )
-    return path
+    return write_kubeconfig(kmock, tmp_path / "kubeconfig")
 
 
 async def test_the_command_reads_the_cluster_and_prints_json_tables_and_events(
@@ -182,3 +168,13 @@ async def test_the_command_reads_the_cluster_and_prints_json_tables_and_events(
     assert rc == EXIT_BAD_INPUT and "no such pod: ns/nope" in err
     rc, _, err = await asyncio.to_thread(run, "a/b/c")
     assert rc == EXIT_BAD_INPUT and "expected NAME or NAMESPACE/NAME" in err
+
+
+def test_a_bad_catalog_or_kubeconfig_is_bad_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["status", "--catalog", str(tmp_path / "missing.yaml")]) == EXIT_BAD_INPUT
+    assert "missing.yaml" in capsys.readouterr().err
+    argv = ["status", "--kubeconfig", str(tmp_path / "nope"), "--context", "x"]
+    assert main(argv) == EXIT_BAD_INPUT
+    assert "cannot connect" in capsys.readouterr().err

@@ -14,7 +14,6 @@ from typing import Any
 
 import kmock
 import pytest
-import yaml
 from fake_apiserver import (
     LEASE_RESOURCE,
     MWC_RESOURCE,
@@ -24,6 +23,7 @@ from fake_apiserver import (
     declare,
     declare_leases,
     stored,
+    write_kubeconfig,
 )
 
 from gpuslice.cli import EXIT_BAD_INPUT, main
@@ -42,20 +42,7 @@ def kmock_options() -> dict[str, Any]:
 @pytest.fixture
 def kubeconfig(kmock: ApiServer, tmp_path: Path) -> Path:
     declare(kmock)
-    path = tmp_path / "kubeconfig"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "k", "cluster": {"server": str(kmock.url).rstrip("/")}}],
-                "users": [{"name": "u", "user": {"token": "t"}}],
-                "contexts": [{"name": "k", "context": {"cluster": "k", "user": "u"}}],
-                "current-context": "k",
-            }
-        )
-    )
-    return path
+    return write_kubeconfig(kmock, tmp_path / "kubeconfig")
 
 
 def pod(name: str, namespace: str = "default", *gates: str, **annotations: str) -> dict[str, Any]:

@@ -34,10 +34,14 @@ import argparse
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuslice.cli import BadInput
+from gpuslice.options import add_catalog_argument
 from gpuslice.output import Column, add_output_argument, emit, render_table
+
+if TYPE_CHECKING:
+    from planner.catalog import Catalog
 
 HELP = "where every pod waiting for a slice stands, and every gpuslice node (read-only)"
 NODE_CONDITION = "GpusliceReady"
@@ -74,6 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "-n", "--namespace", help="only this namespace (default for NAME: 'default')"
     )
     add_output_argument(parser, what="the nodes and the waiting pods")
+    add_catalog_argument(
+        parser, env="the chart's catalog.files, for nodes of models the built-in catalog lacks"
+    )
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube)")
     parser.add_argument("--context", help="kubeconfig context")
 
@@ -116,16 +123,18 @@ def status_document(
     partitionings: Iterable[dict[str, Any]],
     now: float,
     only: Sequence[str] = (),
+    catalog: Catalog | None = None,
 ) -> dict[str, Any]:
     """The command's document from the API objects (pure: ``now`` is epoch seconds).
 
-    ``only``: pod keys (``namespace/name``) to show; empty: every waiting slice pod."""
+    ``only``: pod keys (``namespace/name``) to show; empty: every waiting slice pod.
+    ``catalog``: the GPU models (default: the built-in catalog)."""
     from partitioner.index import ClusterIndex
     from partitioner.reservations import State
     from planner.catalog import default_catalog
 
     nodes, partitionings = list(nodes), list(partitionings)
-    index = ClusterIndex.from_objects(default_catalog(), nodes, pods, partitionings)
+    index = ClusterIndex.from_objects(catalog or default_catalog(), nodes, pods, partitionings)
     raw_nodes = {str((n.get("metadata") or {}).get("name")): n for n in nodes}
     problems: dict[str, str] = {}
     node_rows = []
@@ -256,22 +265,13 @@ def _text(doc: Mapping[str, Any], wide: bool, width: int | None) -> str:
     return "\n\n".join(parts)
 
 
-def _wanted(args: argparse.Namespace) -> list[tuple[str, str]]:
-    out = []
-    for ref in args.pods:
-        ns, sep, name = ref.rpartition("/")
-        if (sep and not ns) or not name or "/" in ns:
-            raise BadInput(f"pod {ref!r}: expected NAME or NAMESPACE/NAME")
-        if sep and args.namespace and ns != args.namespace:
-            raise BadInput(f"pod {ref!r} is not in --namespace {args.namespace}")
-        out.append((ns or args.namespace or "default", name))
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
     from gpuslice.cluster_client import ApiFailure, Cluster
+    from gpuslice.commands.plan import _load_catalog
+    from gpuslice.options import pod_refs
 
-    wanted = _wanted(args)
+    wanted = pod_refs(args.pods, args.namespace)
+    catalog = _load_catalog(args.catalog)
     cluster = Cluster(args.kubeconfig, args.context)
     try:
         nodes = cluster.nodes()
@@ -284,7 +284,7 @@ def run(args: argparse.Namespace) -> int:
         missing = [k for k in only if k not in keys]
         if missing:
             raise BadInput(f"no such pod: {', '.join(missing)} (check the name and --namespace)")
-        doc = status_document(nodes, pods, partitionings, time.time(), only)
+        doc = status_document(nodes, pods, partitionings, time.time(), only, catalog)
         if only:
             doc["only"] = only
             doc["events"] = {

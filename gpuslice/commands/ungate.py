@@ -44,6 +44,7 @@ from typing import Any
 
 from gpuslice.cli import BadInput
 from gpuslice.cluster_client import ApiFailure, Cluster
+from gpuslice.options import pod_refs
 
 HELP = "release pods from gpuslice's scheduling gate (uninstall, partitioner down for good)"
 _ATTEMPTS = 5
@@ -123,15 +124,7 @@ def _targets(args: argparse.Namespace) -> list[tuple[str, str]]:
         raise BadInput("give either --all or pod names, not both")
     if not args.all and not args.pods:
         raise BadInput("name the pods to release, or give --all (every gated pod)")
-    out = []
-    for ref in args.pods:
-        ns, sep, name = ref.rpartition("/")
-        if (sep and not ns) or not name or "/" in ns:
-            raise BadInput(f"pod {ref!r}: expected NAME or NAMESPACE/NAME")
-        if sep and args.namespace and ns != args.namespace:
-            raise BadInput(f"pod {ref!r} is not in --namespace {args.namespace}")
-        out.append((ns or args.namespace or "default", name))
-    return out
+    return pod_refs(args.pods, args.namespace)
 
 
 def release_body(pod: dict[str, Any]) -> dict[str, Any] | None:
