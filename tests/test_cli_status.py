@@ -64,7 +64,11 @@ def objects() -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str
     bound["spec"].pop("schedulingGates")
     bound["status"] = {"phase": "Running"}
     pods.append(bound)
-    nodes = [node("n1", MIG), silent(node("n2", MIG))]
+    odd = node("n3", {**MIG, "nvidia.com/gpu.product": "Mystery-GPU"})  # a model not known
+    odd["status"]["conditions"] = [
+        {"type": "GpusliceReady", "status": "False", "reason": "UnknownModel", "message": "?"}
+    ]
+    nodes = [node("n1", MIG), silent(node("n2", MIG)), odd, node("cpu-only", {})]
     nps = [applying, applied_np("n2", status_gpu(0), status_gpu(1))]
     return nodes, pods, nps
 
@@ -93,7 +97,8 @@ def test_each_waiting_pod_says_what_it_waits_for_in_the_order_it_is_served() -> 
     assert "node n2 AgentSilent: gone" in released["detail"]
     assert (rows["ns/no-gate"]["state"], rows["ns/no-gate"]["ahead"]) == ("ungated", None)
     assert "ns/running" not in rows
-    n1, n2 = doc["nodes"]
+    n1, n2, n3 = doc["nodes"]  # opted-in nodes only, the unreadable one too
+    assert (n3["node"], n3["mode"], n3["reason"]) == ("n3", "-", "UnknownModel")
     assert (n1["node"], n1["applied"], n1["generation"], n1["planned"]) == ("n1", False, 3, 1)
     assert (n2["ready"], n2["reason"], n2["released"]) == ("False", "AgentSilent", 1)
 

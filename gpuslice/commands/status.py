@@ -145,7 +145,9 @@ def status_document(
             count = holds.setdefault(r.node, {"planned": 0, "released": 0})
             key = "released" if r.state is State.RELEASED else "planned"
             count[key] += 1
-    for name, info in sorted(index.gpu_nodes().items()):
+    for name, info in sorted(index.nodes.items()):
+        if info.reading is None:  # not opted in
+            continue
         cond = _condition(raw_nodes.get(name) or {})
         if cond.get("status") == "False":
             problems[name] = f"{cond.get('reason') or 'NotReady'}: {cond.get('message') or ''}"
@@ -193,11 +195,9 @@ def status_document(
         elif r.state is State.PLANNED:
             state = "planned"
             np = index.partitioning(r.node)
-            applying = np is not None and not np.applied
-            detail = (
-                f"plan {r.plan or '-'}: node {'applying it' if applying else 'applied it; the kubelet must list the slice'}"
-                f" (deadline {_in(r.deadline - now)})"
-            )
+            applied = np is not None and np.applied
+            where = "applied it; the kubelet must list the slice" if applied else "applying it"
+            detail = f"plan {r.plan or '-'}: node {where} (deadline {_in(r.deadline - now)})"
         elif r.state is State.RELEASED:
             state = "released"
             detail = f"waiting for kube-scheduler (bind deadline {_in(r.deadline - now)})"
