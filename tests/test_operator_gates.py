@@ -647,3 +647,36 @@ async def test_a_claim_pod_bound_to_a_dra_node_whose_agent_stops_is_evicted_befo
             assert not [r for r, _ in pod_events(kmock, "running") if r.startswith("Stranded")]
     finally:
         renewing.cancel()
+
+
+@pytest.mark.looptime
+async def test_a_pod_planned_on_a_node_cordoned_before_it_applies_is_planned_elsewhere(
+    kmock: ApiServer, tmp_path: Path
+) -> None:
+    """The pod is planned on one node, which is cordoned (``kubectl cordon``: unschedulable
+    and its taint) before it applies: the pod, still gated, gets a plan on the other node and
+    is never released to the cordoned one."""
+    await setup(kmock, "n1", "n2")
+    async with gating_operator(kmock, tmp_path):
+        await eventually(lambda: stored(kmock, NP_RESOURCE, "n2"), within=10)
+        await kmock.post(PODS, json=pod("p1"))
+        first = await eventually(lambda: reservation(kmock, "p1"), within=40)
+        cordon = {
+            "spec": {
+                "unschedulable": True,
+                "taints": [{"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}],
+            }
+        }
+        resp = await kmock.patch(f"/api/v1/nodes/{first.node}", json=cordon)
+        assert resp.status == 200, await resp.text()
+        await agent_applies(kmock, first.node)  # its slice exists now, on a node that refuses
+        await kubelet_advertises(kmock, first.node, {SEVEN_G: 1})
+        second = await eventually(
+            lambda: (r := reservation(kmock, "p1")) is not None and r.node != first.node and r,
+            within=120,
+        )
+        assert second.state is State.PLANNED
+        assert get_pod(kmock, "p1")["spec"]["schedulingGates"] == [{"name": GATE}]
+        dropped = [m for r, m in pod_events(kmock, "p1") if r == "ReservationDropped"]
+        assert any(f"node {first.node} no longer accepts it (cordoned" in m for m in dropped)
+        assert not [r for r, _ in pod_events(kmock, "p1") if r == "Released"]
