@@ -1446,10 +1446,12 @@ class _Step:
 
     def _check_bound(self, ledger: NodeLedger, h: Hold) -> None:
         r = h.reservation
-        if self.now < r.deadline or _mark(h.pod) in self.stranded_since:
+        if _mark(h.pod) in self.stranded_since:
             return
-        if not pod_fits_node(h.pod.obj, ledger.info.obj):
+        if not pod_fits_node(h.pod.obj, ledger.info.obj):  # it cannot bind: no need to wait
             self._stranded(h.pod, r.node, f"the node no longer accepts it ({_REFUSES})")
+            return
+        if self.now < r.deadline:
             return
         self.once(  # no elapsed time in the text: one Event, not one per step
             h.pod,
