@@ -1024,7 +1024,8 @@ class _Step:
             else:
                 self._drop(pod, r, f"node {r.node} is gone or no longer a gpuslice node")
             return
-        if pod.gated and r.node not in self.index.eligible(pod, self.gpu_nodes):
+        accepts = r.node in self.index.eligible(pod, self.gpu_nodes)
+        if pod.gated and not accepts:
             # cordoned, tainted or relabelled since it was planned: released there, it would be
             # pinned to a node that refuses it (stranded); still gated, it can go elsewhere
             self._drop(pod, r, f"node {r.node} no longer accepts it ({_REFUSES})")
@@ -1038,8 +1039,11 @@ class _Step:
         if r.state is State.PLANNED and given_up:
             self._drop(pod, r, given_up)
             return
-        if lost and not pod.gated:  # released, pinned to a node that cannot admit it now
-            self._stranded(pod, r.node, lost, waits=True)
+        if r.state is State.RELEASED and not pod.gated:  # pinned there: can it still bind?
+            if lost:  # it could once the node serves again
+                self._stranded(pod, r.node, lost, waits=True)
+            elif not accepts:  # busy or not, waiting for its bind deadline would change nothing
+                self._stranded(pod, r.node, f"the node no longer accepts it ({_REFUSES})")
         ledger.add_hold(Hold(pod, r))
         self.note(pod, r)
         self.counts["released" if r.state is State.RELEASED else "held"] += 1
@@ -1409,7 +1413,7 @@ class _Step:
             for h in sorted(ledger.holds, key=Hold.order):
                 r = h.reservation
                 if h.released:
-                    self._check_bound(ledger, h)
+                    self._check_bound(h)
                     continue
                 if not h.pod.gated:  # ungated and planned: kube-scheduler binds it on its own
                     if self.now >= r.deadline:
@@ -1444,15 +1448,10 @@ class _Step:
         self.note(pod, released)
         self.counts["releases"] += 1
 
-    def _check_bound(self, ledger: NodeLedger, h: Hold) -> None:
+    def _check_bound(self, h: Hold) -> None:
         r = h.reservation
-        if _mark(h.pod) in self.stranded_since:
-            return
-        if not pod_fits_node(h.pod.obj, ledger.info.obj):  # it cannot bind: no need to wait
-            self._stranded(h.pod, r.node, f"the node no longer accepts it ({_REFUSES})")
-            return
-        if self.now < r.deadline:
-            return
+        if self.now < r.deadline or _mark(h.pod) in self.stranded_since:
+            return  # a pod that cannot bind there is stranded already (:meth:`_hold`)
         self.once(  # no elapsed time in the text: one Event, not one per step
             h.pod,
             "NotBound",

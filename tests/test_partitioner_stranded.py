@@ -302,3 +302,16 @@ def test_a_planned_pod_whose_node_was_cordoned_is_planned_elsewhere_not_released
     (spec,) = [a for a in d.actions if isinstance(a, WriteSpec)]
     assert spec.node == "n2" and reservation(c, "p").node == "n2"
     assert GATE in json.dumps(c.pod("p")["spec"])  # never released to n1
+
+
+def test_a_pod_released_to_a_node_cordoned_while_it_applies_a_spec_is_stranded_too() -> None:
+    """The node is busy (a new spec, not applied yet) when it is cordoned: the released pod's
+    check does not wait for the node to finish applying."""
+    c = silent_cluster()
+    c.objs[("NodePartitioning", "n1")]["metadata"]["generation"] = 3  # applying a new spec
+    c.objs[("Node", "n1")]["spec"] = {
+        "unschedulable": True,
+        "taints": [{"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}],
+    }
+    (msg,) = events(c.step(T0 + 5), "Stranded")
+    assert "no longer accepts it" in msg
