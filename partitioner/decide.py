@@ -33,10 +33,13 @@ step:
    then age) and gives the others back at once (:meth:`~partitioner.ledger.NodeLedger.settle`);
    a released pod whose slice was taken is re-planned on its node (its node affinity is pinned
    there).  A ``planned`` pod whose node no longer accepts it (cordoned, tainted, relabelled)
-   is given back before it is released there, and planned elsewhere.  A released pod that cannot bind where it is pinned (its node is gone or no longer
-   accepts it; or is unserved, below) is ``Stranded``: a pod a controller owns is evicted once
-   that has lasted ``recreate_stranded_s``, so its controller creates it again and the new pod
-   is planned afresh (:meth:`_Step._stranded`); the Event names the controller and when.  A pod
+   is given back before it is released there, and planned elsewhere.  A released pod that
+   cannot bind where it is pinned (its node is gone or no longer accepts it; or is unserved,
+   below) is ``Stranded``: a pod a controller owns is evicted once that has lasted
+   ``recreate_stranded_s``, so its controller creates it again and the new pod is planned
+   afresh (:meth:`_Step._stranded`); the Event names the controller and when.  In DRA mode so
+   is a claim pod bound to a silent agent's node before it started
+   (:meth:`_Step.strand_unprepared`).  A pod
    released to a node whose kubelet then refused it at admission (``UnexpectedAdmissionError``:
    the device plugin is gone or its devices unhealthy; ``OutOf<resource>``) shows the node
    cannot give what its status promises: the node cools down at once (``AdmissionRejected`` on
