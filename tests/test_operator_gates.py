@@ -99,6 +99,13 @@ def reservation(api: ApiServer, name: str) -> Any:
     return parse_reservation(raw) if raw else None
 
 
+async def replanned_elsewhere(api: ApiServer, name: str, node_name: str, within: float) -> Any:
+    """The pod's reservation, once it names a node other than ``node_name``."""
+    return await eventually(
+        lambda: (r := reservation(api, name)) is not None and r.node != node_name and r, within
+    )
+
+
 def pod_events(api: ApiServer, name: str) -> list[tuple[str, str]]:
     out = []
     for (res, _ns, _n), obj in api.objects.items():
@@ -258,10 +265,7 @@ async def test_a_node_that_never_applies_gives_the_pod_to_another_after_the_dead
         await kmock.post(PODS, json=pod("p1"))
         first = await eventually(lambda: reservation(kmock, "p1"), within=40)
         # its agent is down: the spec is never applied
-        second = await eventually(
-            lambda: (r := reservation(kmock, "p1")) is not None and r.node != first.node and r,
-            within=120,
-        )
+        second = await replanned_elsewhere(kmock, "p1", first.node, within=120)
         assert second.state is State.PLANNED
         messages = [m for reason, m in pod_events(kmock, "p1") if reason == "ReservationDropped"]
         assert messages and f"node {first.node} did not apply plan {first.plan}" in messages[0]
@@ -423,15 +427,13 @@ async def test_a_node_whose_kubelet_never_lists_its_slices_loses_its_planned_pod
         loop = asyncio.get_running_loop()
         await agent_applies(kmock, first.node)
         applied_at = loop.time()
-        second = await eventually(
-            lambda: (r := reservation(kmock, "p1")) is not None and r.node != first.node and r,
-            within=120,
-        )
+        second = await replanned_elsewhere(kmock, "p1", first.node, within=120)
         assert 30 <= loop.time() - applied_at < 60
         assert second.state is State.PLANNED
         messages = [m for reason, m in pod_events(kmock, "p1") if reason == "ReservationDropped"]
-        assert messages and f"node {first.node}'s kubelet has listed none of its slices" in (
-            messages[0]
+        assert (
+            messages
+            and f"node {first.node}'s kubelet has listed none of its slices" in (messages[0])
         )
         assert nodes_told(kmock, "DevicePluginGone") == [first.node]
         assert get_pod(kmock, "p1")["spec"]["schedulingGates"] == [{"name": GATE}]
@@ -461,6 +463,24 @@ async def agent_renews(api: ApiServer, node_name: str, stamp: int) -> None:
     assert resp.status in (200, 201), await resp.text()
 
 
+@contextlib.asynccontextmanager
+async def agents_renewing(api: ApiServer, alive: set[str]) -> AsyncIterator[None]:
+    """The agents of the nodes in ``alive`` renew their Lease every 10 s while the block runs;
+    a node taken out of the set stops renewing (its agent stopped)."""
+
+    async def renew() -> None:
+        for tick in range(1, 10_000):
+            for n in sorted(alive):
+                await agent_renews(api, n, tick)
+            await asyncio.sleep(10)
+
+    task = asyncio.create_task(renew())
+    try:
+        yield
+    finally:
+        task.cancel()
+
+
 @pytest.mark.looptime
 async def test_a_node_whose_agent_stops_renewing_its_lease_loses_its_planned_pod(
     kmock: ApiServer, tmp_path: Path
@@ -472,35 +492,26 @@ async def test_a_node_whose_agent_stops_renewing_its_lease_loses_its_planned_pod
     await setup(kmock, "n1", "n2")
     declare_leases(kmock)
     alive = {"n1", "n2"}
-
-    async def agents() -> None:
-        for tick in range(1, 10_000):
-            for n in sorted(alive):
-                await agent_renews(kmock, n, tick)
-            await asyncio.sleep(10)
-
-    renewing = asyncio.create_task(agents())
-    try:
-        async with gating_operator(
+    async with (
+        agents_renewing(kmock, alive),
+        gating_operator(
             kmock, tmp_path, lease_poll_seconds=5, apply_deadline_seconds=600, cooldown_seconds=600
-        ):
-            await eventually(lambda: stored(kmock, NP_RESOURCE, "n2"), within=10)
-            await kmock.post(PODS, json=pod("p1"))
-            first = await eventually(lambda: reservation(kmock, "p1"), within=40)
-            alive.discard(first.node)  # its agent stops
-            loop = asyncio.get_running_loop()
-            stopped_at = loop.time()
-            second = await eventually(
-                lambda: (r := reservation(kmock, "p1")) is not None and r.node != first.node and r,
-                within=200,
-            )
-            assert 40 <= loop.time() - stopped_at < 120
-            assert second.state is State.PLANNED
-            messages = [m for reason, m in pod_events(kmock, "p1") if reason == "ReservationDropped"]
-            assert any(f"agent of node {first.node} has stopped renewing its Lease" in m for m in messages)
-            assert nodes_told(kmock, "AgentSilent") == [first.node]
-    finally:
-        renewing.cancel()
+        ),
+    ):
+        await eventually(lambda: stored(kmock, NP_RESOURCE, "n2"), within=10)
+        await kmock.post(PODS, json=pod("p1"))
+        first = await eventually(lambda: reservation(kmock, "p1"), within=40)
+        alive.discard(first.node)  # its agent stops
+        loop = asyncio.get_running_loop()
+        stopped_at = loop.time()
+        second = await replanned_elsewhere(kmock, "p1", first.node, within=200)
+        assert 40 <= loop.time() - stopped_at < 120
+        assert second.state is State.PLANNED
+        messages = [m for reason, m in pod_events(kmock, "p1") if reason == "ReservationDropped"]
+        assert any(
+            f"agent of node {first.node} has stopped renewing its Lease" in m for m in messages
+        )
+        assert nodes_told(kmock, "AgentSilent") == [first.node]
 
 
 @pytest.mark.looptime
@@ -606,47 +617,37 @@ async def test_a_claim_pod_bound_to_a_dra_node_whose_agent_stops_is_evicted_befo
         resp = await kmock.post(PODS, json=bound)  # before the webhook is wired: no gate
         assert resp.status in (200, 201), await resp.text()
     alive = {"d1"}
-
-    async def agent() -> None:
-        for tick in range(1, 10_000):
-            if "d1" in alive:
-                await agent_renews(kmock, "d1", tick)
-            await asyncio.sleep(10)
-
-    renewing = asyncio.create_task(agent())
-    try:
-        async with gating_operator(
+    async with (
+        agents_renewing(kmock, alive),
+        gating_operator(
             kmock, tmp_path, dra_enabled=True, lease_poll_seconds=5, recreate_stranded_seconds=60
-        ):
-            np = await eventually(lambda: stored(kmock, NP_RESOURCE, "d1"), within=10)
-            gen = np["metadata"]["generation"]
-            status = {
-                "observedGeneration": gen,
-                "planId": "",
-                "gpus": [{"index": 0, "migEnabled": True, "mig": [
-                    {"profile": "3g.40gb", "start": 0, "used": True},
-                    {"profile": "3g.40gb", "start": 4, "used": True},
-                ]}],
-                "conditions": [{"type": "Applied", "status": "True", "observedGeneration": gen}],
-            }  # fmt: skip
-            resp = await kmock.patch(f"{NP_PATH}/d1/status", json={"status": status})
-            assert resp.status == 200, await resp.text()
-            await asyncio.sleep(30)
-            assert stored(kmock, "v1/pods", "waiting", "default") is not None  # agent renews
-            alive.discard("d1")
-            loop = asyncio.get_running_loop()
-            stopped_at = loop.time()
-            await eventually(
-                lambda: stored(kmock, "v1/pods", "waiting", "default") is None, within=300
-            )
-            assert 40 + 60 <= loop.time() - stopped_at < 40 + 60 + 30
-            (told,) = [m for r, m in pod_events(kmock, "waiting") if r == "StrandedEvicted"]
-            assert "bound to node d1 but the gpuslice agent of node d1 has stopped" in told
-            assert "its controller (Job job-waiting)" in told
-            assert stored(kmock, "v1/pods", "running", "default") is not None
-            assert not [r for r, _ in pod_events(kmock, "running") if r.startswith("Stranded")]
-    finally:
-        renewing.cancel()
+        ),
+    ):
+        np = await eventually(lambda: stored(kmock, NP_RESOURCE, "d1"), within=10)
+        gen = np["metadata"]["generation"]
+        status = {
+            "observedGeneration": gen,
+            "planId": "",
+            "gpus": [{"index": 0, "migEnabled": True, "mig": [
+                {"profile": "3g.40gb", "start": 0, "used": True},
+                {"profile": "3g.40gb", "start": 4, "used": True},
+            ]}],
+            "conditions": [{"type": "Applied", "status": "True", "observedGeneration": gen}],
+        }  # fmt: skip
+        resp = await kmock.patch(f"{NP_PATH}/d1/status", json={"status": status})
+        assert resp.status == 200, await resp.text()
+        await asyncio.sleep(30)
+        assert stored(kmock, "v1/pods", "waiting", "default") is not None  # agent renews
+        alive.discard("d1")
+        loop = asyncio.get_running_loop()
+        stopped_at = loop.time()
+        await eventually(lambda: stored(kmock, "v1/pods", "waiting", "default") is None, within=300)
+        assert 40 + 60 <= loop.time() - stopped_at < 40 + 60 + 30
+        (told,) = [m for r, m in pod_events(kmock, "waiting") if r == "StrandedEvicted"]
+        assert "bound to node d1 but the gpuslice agent of node d1 has stopped" in told
+        assert "its controller (Job job-waiting)" in told
+        assert stored(kmock, "v1/pods", "running", "default") is not None
+        assert not [r for r, _ in pod_events(kmock, "running") if r.startswith("Stranded")]
 
 
 @pytest.mark.looptime
@@ -671,10 +672,7 @@ async def test_a_pod_planned_on_a_node_cordoned_before_it_applies_is_planned_els
         assert resp.status == 200, await resp.text()
         await agent_applies(kmock, first.node)  # its slice exists now, on a node that refuses
         await kubelet_advertises(kmock, first.node, {SEVEN_G: 1})
-        second = await eventually(
-            lambda: (r := reservation(kmock, "p1")) is not None and r.node != first.node and r,
-            within=120,
-        )
+        second = await replanned_elsewhere(kmock, "p1", first.node, within=120)
         assert second.state is State.PLANNED
         assert get_pod(kmock, "p1")["spec"]["schedulingGates"] == [{"name": GATE}]
         dropped = [m for r, m in pod_events(kmock, "p1") if r == "ReservationDropped"]
