@@ -441,14 +441,16 @@ def _mark(pod: PodInfo) -> str:
     return f"{pod.key}#{pod.uid}"
 
 
-def _controller_of(pod: Mapping[str, Any]) -> str | None:
+def _controller_of(pod: PodInfo) -> str | None:
     """``"<kind> <name>"`` of the controller that owns ``pod`` (the ``ownerReference`` with
     ``controller: true``), which creates it again if it is deleted; None for a pod nothing
-    controls, and for a DaemonSet's (one per node: it cannot be planned elsewhere)."""
-    for o in (pod.get("metadata") or {}).get("ownerReferences") or ():
+    controls, and for a DaemonSet's (:attr:`PodInfo.daemonset`; one per node: it cannot be
+    planned elsewhere)."""
+    if pod.daemonset:
+        return None
+    for o in (pod.obj.get("metadata") or {}).get("ownerReferences") or ():
         if isinstance(o, Mapping) and o.get("controller") is True:
-            kind = str(o.get("kind") or "")
-            return None if kind == "DaemonSet" else f"{kind} {o.get('name') or ''}".strip()
+            return f"{o.get('kind') or ''} {o.get('name') or ''}".strip()
     return None
 
 
@@ -1259,7 +1261,7 @@ class _Step:
         since = self.state.stranded_since.get(mark, self.now)
         self.stranded_since[mark] = since
         after = self.config.recreate_stranded_s
-        owner = _controller_of(pod.obj) if after > 0 else None
+        owner = _controller_of(pod) if after > 0 else None
         if bound:
             head = (
                 f"bound to node {node} but {why}: the kubelet prepares its ResourceClaims "
