@@ -43,8 +43,11 @@ from planner.settings import PlannerSettings
 
 __all__ = [
     "API_VERSION",
+    "CLEARED_WHEN_EMPTY",
     "GROUP",
     "KIND",
+    "MAX_FAILURE_MESSAGE",
+    "MAX_PREPARE_FAILURES",
     "MPS_SERVER_RESERVE_MIB",
     "PARTITIONER_STATUS_FIELDS",
     "PLURAL",
@@ -61,6 +64,7 @@ __all__ = [
     "NodePartitioningSpec",
     "NodePartitioningStatus",
     "ObjectMeta",
+    "PrepareFailure",
     "ReservationEntry",
     "crd_manifest",
 ]
@@ -228,6 +232,25 @@ class ReservationEntry(_Model):
     plan: str = Field(default="", description="Plan id (empty: the slice already existed)")
 
 
+MAX_PREPARE_FAILURES = 256
+"""Most claims ``status.prepareFailures`` lists (the agent reports the oldest)."""
+MAX_FAILURE_MESSAGE = 1024
+"""Longest ``message`` of a prepare failure (the agent cuts longer ones)."""
+
+
+class PrepareFailure(_Model):
+    """A ResourceClaim allocated on this node whose last prepare failed (DRA mode)."""
+
+    claim: str = Field(max_length=512, description="namespace/name of the ResourceClaim")
+    uid: str = Field(default="", max_length=128, description="the claim's uid")
+    message: str = Field(
+        default="",
+        max_length=MAX_FAILURE_MESSAGE,
+        description="the agent's error, as the kubelet got it",
+    )
+    since: str = Field(default="", description="RFC 3339: the first failure of this claim")
+
+
 class NodePartitioningStatus(_Model):
     """Actual state, written by the node agent (``reservations``: by the partitioner)."""
 
@@ -236,10 +259,33 @@ class NodePartitioningStatus(_Model):
     gpus: list[ActualGpu] = Field(default_factory=list)
     conditions: list[Condition] = Field(default_factory=list)
     lastError: str = ""
+    prepareFailures: list[PrepareFailure] = Field(
+        default_factory=list,
+        max_length=MAX_PREPARE_FAILURES,
+        description="DRA mode: claims allocated here whose last prepare failed (the kubelet "
+        "retries), until one succeeds, the claim is unprepared or no longer allocated here, or "
+        "no prepare of it came for five minutes; their pods cannot start meanwhile (the "
+        "partitioner strands them and evicts those a controller owns)",
+    )
     reservations: list[ReservationEntry] = Field(
         default_factory=list,
         description="Written by the partitioner: promises to pods not bound yet, and drains",
     )
+
+    @model_serializer(mode="wrap")
+    def _no_failures_is_implicit(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """``prepareFailures`` is written only when there are some, so a status without reads
+        the same to a partitioner that predates the field (a merge patch then sends ``null``
+        to remove an earlier list: :data:`CLEARED_WHEN_EMPTY`)."""
+        data = handler(self)
+        if isinstance(data, dict) and not data.get("prepareFailures"):
+            data.pop("prepareFailures", None)
+        return data
+
+
+CLEARED_WHEN_EMPTY = ("prepareFailures",)
+"""Agent ``status`` fields left out of a dump when empty: a merge patch must send them as
+``null`` then, or the stored list would stay."""
 
 
 PARTITIONER_STATUS_FIELDS = frozenset({"reservations"})

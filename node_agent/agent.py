@@ -70,6 +70,7 @@ from pydantic import ValidationError
 from contract.input_files import InputError, parse_json, parse_yaml, read_text
 from contract.kube_retry import Backoff, OutageLog
 from contract.nodepartitioning import (
+    CLEARED_WHEN_EMPTY,
     GROUP,
     PARTITIONER_STATUS_FIELDS,
     PLURAL,
@@ -517,6 +518,8 @@ class KubeSpecSource(CustomApiUser):
     async def write_status(self, status: NodePartitioningStatus) -> None:
         # a merge patch of the agent's own fields: the partitioner's (reservations) stay
         body = {"status": status.model_dump(mode="json", exclude=set(PARTITIONER_STATUS_FIELDS))}
+        for name in CLEARED_WHEN_EMPTY:  # left out when empty: a merge patch must remove it
+            body["status"].setdefault(name, None)
         from kubernetes_asyncio.client.exceptions import ApiException
 
         api = await self.connect()

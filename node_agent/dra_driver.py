@@ -82,6 +82,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Collection, Mapping, Sequence
 from typing import Protocol
 
@@ -287,6 +288,7 @@ class DraDriver:
         self._skipped = skipped
         allocated: set[str] = await claims.allocated()
         allocated |= self._prepared()
+        failed = self.plugin.failures.report(allocated, now=time.monotonic())
         self.preparer.planned = planned_names
         try:
             destroyed = await asyncio.to_thread(
@@ -331,6 +333,7 @@ class DraDriver:
             now_rfc3339(),
             unreadable,
             self.preparer.xid_marks,
+            failed,
         )
         ours = set(PARTITIONER_STATUS_FIELDS)
         if obj.status is None or status.model_dump(exclude=ours) != obj.status.model_dump(

@@ -100,6 +100,7 @@ from contract.nodepartitioning import (
     NodePartitioning,
     NodePartitioningSpec,
     NodePartitioningStatus,
+    PrepareFailure,
 )
 from node_agent.dra_claims import DeviceTarget
 from node_agent.dra_slices import (
@@ -222,6 +223,7 @@ def shaped_status(
     now: str,
     unreadable: Mapping[int, NvmlError] | None = None,
     xid_marks: Sequence[XidMark] = (),
+    prepare_failures: Sequence[PrepareFailure] = (),
 ) -> NodePartitioningStatus:
     """The status after publishing ``planned`` and ``allocated`` for ``obj`` (module
     docstring); ``lastTransitionTime`` is kept from ``obj.status`` while a condition holds.
@@ -230,7 +232,10 @@ def shaped_status(
     ``gpus`` -- unreadable since the agent started -- is listed as ``obj``'s status last
     reported it, else bare).  ``xid_marks``: the critical XIDs seen (``Degraded``, ``GpuXid``,
     added to a ``GpuUnreadable`` block of the same GPU; the GPU, or the placement hit, reported
-    ``unhealthy``, the placement kept in the layout whether a claim holds it or not)."""
+    ``unhealthy``, the placement kept in the layout whether a claim holds it or not).
+    ``prepare_failures``: the claims whose last prepare failed
+    (:meth:`node_agent.dra_failures.PrepareFailures.report`), listed as they are; they change
+    no condition (the GPUs' own problems do)."""
     generation = obj.metadata.generation or 0
     unreadable = unreadable or {}
     held: dict[int, list[tuple[MigProfile | None, int]]] = {}
@@ -316,6 +321,7 @@ def shaped_status(
         gpus=out,
         conditions=[applied, degraded],
         lastError="",
+        prepareFailures=list(prepare_failures),
     )
 
 

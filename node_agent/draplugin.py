@@ -40,14 +40,17 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import grpc
 import grpc.aio
 
+from node_agent.agent import now_rfc3339
 from node_agent.deviceplugin import socket_identity
-from node_agent.dra_claims import ClaimError, ClaimRef, allocated_devices
+from node_agent.dra_claims import AllocatedDevice, ClaimError, ClaimRef, allocated_devices
+from node_agent.dra_failures import PrepareFailures
 from node_agent.dra_prepare import DraPreparer
 from node_agent.dra_slices import DRIVER
 from node_agent.proto import dra_v1_pb2 as dra
@@ -138,6 +141,9 @@ class DraKubeletPlugin:
         """The kubelet's last registration error (empty: none)."""
         self.prepare_calls = 0
         self.unprepare_calls = 0
+        self.failures = PrepareFailures()
+        """The claims whose last prepare failed (:mod:`node_agent.dra_failures`): shaped
+        publishing reports them in the node's status."""
         self._servers: dict[str, grpc.aio.Server] = {}
         self._served: dict[str, tuple[int, int, int] | None] = {}
         self._task: asyncio.Task[None] | None = None
@@ -226,6 +232,7 @@ class DraKubeletPlugin:
         for c in request.claims:
             ref = ClaimRef(c.namespace, c.name, c.uid)
             entry = out.claims[c.uid]
+            devices: list[AllocatedDevice] = []
             try:
                 try:
                     obj = await self.claims.read(c.namespace, c.name)
@@ -236,7 +243,15 @@ class DraKubeletPlugin:
             except ClaimError as e:
                 entry.error = str(e)
                 log.warning("prepare failed: %s", e)
+                self.failures.failed(
+                    ref,
+                    (d.device for d in devices),
+                    str(e),
+                    now=time.monotonic(),
+                    wall=now_rfc3339(),
+                )
                 continue
+            self.failures.succeeded(c.uid)
             for d in prepared:
                 dev = entry.devices.add(
                     request_names=[d.request],
@@ -258,6 +273,7 @@ class DraKubeletPlugin:
         out = dra.NodeUnprepareResourcesResponse()
         for c in request.claims:
             entry = out.claims[c.uid]
+            self.failures.forget(c.uid)
             try:
                 await asyncio.to_thread(self.preparer.unprepare, c.uid)
             except ClaimError as e:

@@ -38,8 +38,8 @@ step:
    below) is ``Stranded``: a pod a controller owns is evicted once that has lasted
    ``recreate_stranded_s``, so its controller creates it again and the new pod is planned
    afresh (:meth:`_Step._stranded`); the Event names the controller and when.  In DRA mode so
-   is a claim pod bound to a silent agent's node before it started
-   (:meth:`_Step.strand_unprepared`).  A pod
+   is a claim pod bound to a silent agent's node before it started, or bound where the agent
+   reports that its claim's prepare fails (:meth:`_Step.strand_unprepared`).  A pod
    released to a node whose kubelet then refused it at admission (``UnexpectedAdmissionError``:
    the device plugin is gone or its devices unhealthy; ``OutOf<resource>``) shows the node
    cannot give what its status promises: the node cools down at once (``AdmissionRejected`` on
@@ -434,6 +434,27 @@ def _pod_ref(pod: PodInfo) -> ObjectRef:
 
 _REFUSES = "cordoned, tainted or relabelled"
 """Why a node no longer accepts a pod it accepted when the pod was planned there."""
+
+
+@dataclass(frozen=True, slots=True)
+class _CannotStart:
+    """Why a pod bound to a DRA node cannot start, and what would let it (Event phrases)."""
+
+    how: str
+    recovers: str
+    unless: str
+
+
+_AGENT_GONE = _CannotStart(
+    "the kubelet prepares its ResourceClaims through that agent",
+    "it starts once the agent is back, or ",
+    "unless the agent is back first, ",
+)
+_PREPARE_FAILS = _CannotStart(
+    "the kubelet retries the prepare",
+    "it starts once a retry succeeds, or ",
+    "unless a retry succeeds first, ",
+)
 
 
 def _mark(pod: PodInfo) -> str:
@@ -1186,8 +1207,13 @@ class _Step:
         released one is (:meth:`_stranded`): evicted once that has lasted
         ``recreate_stranded_s`` if a controller owns it, so its controller's new pod is planned
         on a node that serves.  A pod bound in device-plugin mode is not: the kubelet admitted
-        it with its device, so it starts whatever the agent does.  Cost: one pass over the pods
-        per silent DRA node, only while one is silent."""
+        it with its device, so it starts whatever the agent does.  Likewise a claim pod bound to
+        a DRA node whose agent reports that the last prepare of one of its claims failed
+        (``status.prepareFailures``: an XID hit the device after allocation, a process outside
+        any claim holds the placement, MIG mode cannot be switched, the GPU is unreadable): the
+        kubelet retries, and it starts if a retry succeeds before the eviction.  Cost: one pass
+        over the pods per silent DRA node and per DRA node reporting failures, only while one
+        does."""
         for name, why in sorted(self.plugin_lost.items()):
             ledger = self.ledgers.get(name)
             if ledger is None or not ledger.gpu.dra:
@@ -1195,7 +1221,25 @@ class _Step:
             for pod in self.index.bound_pods(name):
                 if pod.dra and pod.phase == "Pending" and not pod.deleting:
                     self.seen.add(pod.key)  # its Events are kept while it is stranded
-                    self._stranded(pod, name, why, waits=True, bound=True)
+                    self._stranded(pod, name, why, waits=True, bound=_AGENT_GONE)
+        for name, ledger in sorted(self.ledgers.items()):
+            np = self.index.partitioning(name) if ledger.gpu.dra else None
+            failures = np.status.prepareFailures if np is not None and np.status else ()
+            if not failures or name in self.plugin_lost:
+                continue
+            failed = {f.claim: f for f in failures}
+            for pod in self.index.bound_pods(name):
+                if not (pod.dra and pod.phase == "Pending" and not pod.deleting):
+                    continue
+                hit = [failed[c] for c in pod.claims if c in failed]
+                if hit:
+                    f = hit[0]
+                    self.seen.add(pod.key)
+                    why = (
+                        f"its agent has failed to prepare ResourceClaim {f.claim} since "
+                        f"{f.since or 'its last report'} ({f.message or 'no message'})"
+                    )
+                    self._stranded(pod, name, why, waits=True, bound=_PREPARE_FAILS)
 
     def _open(self, node: str) -> bool:
         """New promises may go to ``node``: it is neither cooling down nor unserved."""
@@ -1241,13 +1285,19 @@ class _Step:
         self.restricted[pod.key] = frozenset({r.node})
 
     def _stranded(
-        self, pod: PodInfo, node: str, why: str, waits: bool = False, bound: bool = False
+        self,
+        pod: PodInfo,
+        node: str,
+        why: str,
+        waits: bool = False,
+        bound: _CannotStart | None = None,
     ) -> None:
         """``pod`` was released to ``node`` and cannot bind there: the node is gone or no
         longer accepts it, or (``waits``) it is unserved, so it would bind only once the node
         serves again.  Its node affinity is pinned to the node and Kubernetes forbids widening
         it, so only a new pod can be planned elsewhere.  With ``bound`` it is bound there and
-        cannot start (:meth:`strand_unprepared`).  A pod a controller owns (an
+        cannot start, for the reason and with the way out that ``bound`` names
+        (:meth:`strand_unprepared`).  A pod a controller owns (an
         ``ownerReference`` with ``controller: true``: Job, ReplicaSet, StatefulSet, ...) that
         has been stranded for ``recreate_stranded_s`` is evicted (:class:`~partitioner.actions.
         EvictPod`); its controller creates it again and the new pod is gated and planned like
@@ -1262,15 +1312,9 @@ class _Step:
         self.stranded_since[mark] = since
         after = self.config.recreate_stranded_s
         owner = _controller_of(pod) if after > 0 else None
-        if bound:
-            head = (
-                f"bound to node {node} but {why}: the kubelet prepares its ResourceClaims "
-                f"through that agent, so it cannot start"
-            )
-            recovers, unless = (
-                "it starts once the agent is back, or ",
-                "unless the agent is back first, ",
-            )
+        if bound is not None:
+            head = f"bound to node {node} but {why}: {bound.how}, so it cannot start"
+            recovers, unless = bound.recovers, bound.unless
         else:
             head = (
                 f"released to node {node} but {why}: its node affinity is pinned there and "

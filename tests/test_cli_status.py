@@ -112,6 +112,38 @@ def test_named_pods_only_and_a_pod_that_does_not_wait_says_what_it_is() -> None:
     ]
 
 
+def test_a_bound_dra_pod_whose_claim_cannot_be_prepared_is_listed_with_the_agents_error() -> None:
+    """DRA mode: the agent reports the claims whose prepare fails (``prepareFailures``); a pod
+    bound there that has not started and names one is listed ``unprepared`` with the error,
+    a started pod naming one is not, and the node counts them."""
+    from test_partitioner_dra import DRA, claim_pod
+
+    def bound(name: str, phase: str) -> dict[str, Any]:
+        pod = claim_pod(name, f"cl-{name}", gate=False)
+        pod["spec"].pop("schedulingGates", None)
+        pod["spec"]["nodeName"] = "d1"
+        pod["status"] = {"phase": phase}
+        return pod
+
+    np_obj = applied_np("d1", status_gpu(0, ("3g.40gb", 0, True), ("3g.40gb", 4, True)))
+    np_obj["status"]["prepareFailures"] = [
+        {"claim": f"ns/cl-{n}", "uid": n, "message": "XID 79 on GPU 0", "since": "T"}
+        for n in ("stuck", "started")
+    ]
+    pods = [bound("stuck", "Pending"), bound("started", "Running")]
+    doc = status_document([node("d1", DRA)], pods, [np_obj], T0)
+    (row,) = doc["pods"]
+    assert (row["pod"], row["state"], row["node"]) == ("ns/stuck", "unprepared", "d1")
+    assert "failed to prepare ResourceClaim ns/cl-stuck since T: XID 79 on GPU 0" in row["detail"]
+    assert doc["nodes"][0]["unprepared"] == 2
+    assert (
+        status_document([node("d1", DRA)], pods, [np_obj], T0, only=["ns/started"])["pods"][0][
+            "state"
+        ]
+        == "bound"
+    )
+
+
 # ------------------------------------------------------------------ the command, on the wire
 
 

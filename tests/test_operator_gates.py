@@ -565,13 +565,17 @@ async def test_a_released_pod_whose_node_is_deleted_is_evicted_if_a_controller_o
 
 
 @pytest.mark.looptime
+@pytest.mark.parametrize("cause", ["agent-stops", "prepare-fails"])
 async def test_a_claim_pod_bound_to_a_dra_node_whose_agent_stops_is_evicted_before_it_starts(
-    kmock: ApiServer, tmp_path: Path
+    kmock: ApiServer, tmp_path: Path, cause: str
 ) -> None:
     """DRA mode: a claim pod is bound to d1 (its claim allocated there) and has not started when
     d1's agent stops renewing its Lease: the kubelet cannot prepare its claim, so it could not
     start until the agent is back.  Once the agent is silent (40 s) and that has lasted
-    ``recreate_stranded_seconds`` (60), the pod its Job owns is evicted; a started one stays."""
+    ``recreate_stranded_seconds`` (60), the pod its Job owns is evicted; a started one stays.
+    ``prepare-fails``: the agent keeps renewing but reports that the prepare of the pods'
+    claims fails (``status.prepareFailures``); the pod that has not started is evicted 60 s
+    after the report, the started one stays."""
     await setup(kmock, "d1")
     declare_leases(kmock)
     declare_dra(kmock)
@@ -638,13 +642,27 @@ async def test_a_claim_pod_bound_to_a_dra_node_whose_agent_stops_is_evicted_befo
         assert resp.status == 200, await resp.text()
         await asyncio.sleep(30)
         assert stored(kmock, "v1/pods", "waiting", "default") is not None  # agent renews
-        alive.discard("d1")
         loop = asyncio.get_running_loop()
         stopped_at = loop.time()
+        if cause == "agent-stops":
+            alive.discard("d1")
+            silent_after, why = 40, "the gpuslice agent of node d1 has stopped"
+        else:
+            failures = [
+                {"claim": f"default/c-{n}", "uid": "u", "message": "XID 79 on GPU 0",
+                 "since": "2026-12-06T18:00:00Z"}
+                for n in ("waiting", "running")
+            ]  # fmt: skip
+            resp = await kmock.patch(
+                f"{NP_PATH}/d1/status", json={"status": {"prepareFailures": failures}}
+            )
+            assert resp.status == 200, await resp.text()
+            silent_after = 0
+            why = "its agent has failed to prepare ResourceClaim default/c-waiting since"
         await eventually(lambda: stored(kmock, "v1/pods", "waiting", "default") is None, within=300)
-        assert 40 + 60 <= loop.time() - stopped_at < 40 + 60 + 30
+        assert silent_after + 60 <= loop.time() - stopped_at < silent_after + 60 + 30
         (told,) = [m for r, m in pod_events(kmock, "waiting") if r == "StrandedEvicted"]
-        assert "bound to node d1 but the gpuslice agent of node d1 has stopped" in told
+        assert f"bound to node d1 but {why}" in told
         assert "its controller (Job job-waiting)" in told
         assert stored(kmock, "v1/pods", "running", "default") is not None
         assert not [r for r, _ in pod_events(kmock, "running") if r.startswith("Stranded")]

@@ -270,6 +270,76 @@ def test_a_claim_pod_bound_to_a_dra_node_whose_agent_went_silent_is_evicted_unle
     assert ev.pod == "ns/waiting"
 
 
+def test_a_claim_pod_whose_claim_the_agent_fails_to_prepare_is_evicted_unless_a_retry_succeeds() -> (
+    None
+):
+    """DRA mode: the agent reports the claims whose last prepare failed
+    (``status.prepareFailures``); a pod bound there that has not started and names such a claim
+    cannot start until a retry succeeds.  It is stranded at once and evicted after the setting;
+    a pod whose claim succeeds meanwhile is kept and its clock forgotten, and a started pod or
+    another node's pod naming a claim of the same name is left alone."""
+    from test_partitioner_dra import DRA, claim, claim_pod, mig_request
+
+    def bound(name: str, node_name: str, phase: str) -> dict[str, Any]:
+        pod = claim_pod(name, f"cl-{name}", gate=False)
+        pod["spec"].pop("schedulingGates", None)
+        pod["spec"]["nodeName"] = node_name
+        pod["metadata"]["ownerReferences"] = JOB
+        pod["status"] = {"phase": phase}
+        return pod
+
+    def d1(*failed: str) -> dict[str, Any]:
+        obj = applied_np("d1", status_gpu(0, ("3g.40gb", 0, True), ("3g.40gb", 4, True)))
+        obj["status"]["prepareFailures"] = [
+            {
+                "claim": f"ns/cl-{n}",
+                "uid": f"uid-{n}",
+                "message": f"device gpu0-3g.40gb-{n} is unhealthy: XID 79",
+                "since": "2026-12-06T18:00:00Z",
+            }
+            for n in failed
+        ]
+        return obj
+
+    c = Cluster(
+        node("d1", DRA),
+        d1(),
+        bound("waiting", "d1", "Pending"),
+        claim("cl-waiting", mig_request(), allocated=True),
+        bound("running", "d1", "Running"),
+        claim("cl-running", mig_request(), allocated=True),
+        node("d2", DRA),
+        applied_np("d2", status_gpu(0, ("3g.40gb", 0, True))),
+        bound("elsewhere", "d2", "Pending"),
+        claim("cl-elsewhere", mig_request(), allocated=True),
+    )
+    assert not events(c.step(T0), "Stranded")
+    c.put(d1("waiting", "running"))
+    d = c.step(T0 + 10)
+    (msg,) = events(d, "Stranded")
+    assert msg.startswith(
+        "bound to node d1 but its agent has failed to prepare ResourceClaim ns/cl-waiting since "
+        "2026-12-06T18:00:00Z (device gpu0-3g.40gb-waiting is unhealthy: XID 79): the kubelet "
+        "retries the prepare, so it cannot start"
+    ), msg
+    assert "unless a retry succeeds first, it is evicted" in msg
+    assert d.counts["stranded"] == 1
+    assert not evictions(c.step(T0 + 9 + AFTER))
+    (ev,) = evictions(c.step(T0 + 10 + AFTER))
+    assert ev.pod == "ns/waiting"
+
+    # A retry succeeds before the eviction: kept, and a later failure starts a new wait.
+    c2 = Cluster(*[o for (k, _), o in c.objs.items() if k != "NodePartitioning"], d1("waiting"))
+    c2.put(applied_np("d2", status_gpu(0, ("3g.40gb", 0, True))))
+    assert events(c2.step(T0), "Stranded")
+    c2.put(d1())
+    assert not evictions(c2.step(T0 + AFTER))
+    assert not c2.state.stranded_since
+    c2.put(d1("waiting"))
+    assert not evictions(c2.step(T0 + AFTER + 1))
+    assert evictions(c2.step(T0 + 2 * AFTER + 1))
+
+
 def test_a_planned_pod_whose_node_was_cordoned_is_planned_elsewhere_not_released_there() -> None:
     """Released to a cordoned node, the pod would be stranded there (its affinity pinned);
     still gated, it is given back and planned on a node that accepts it."""

@@ -17,6 +17,9 @@ Events) and says, per waiting pod, what it waits for:
 * ``draining``: GPUs are being emptied for it;
 * ``ungated``: it asks for a slice but carries no gpuslice gate (created while the webhook was
   down, or opted out): kube-scheduler places it, or it waits for a plan;
+* ``unprepared`` (DRA mode): bound, but its node's agent reports that the prepare of one of its
+  ResourceClaims fails (``status.prepareFailures``; the node's ``unprepared`` column counts
+  them), so it cannot start until a retry succeeds;
 
 plus the node's problem when its ``GpusliceReady`` condition is False (``AgentSilent``, ...).
 Pods are listed highest priority first, then oldest, as the partitioner serves them.  With pod
@@ -56,6 +59,7 @@ NODE_COLUMNS = (
     Column("applied", "applied"),
     Column("planned", "planned", align="right"),
     Column("released", "released", align="right"),
+    Column("unprepared", "unprepared", wide=True, align="right"),
     Column("message", "message", wide=True),
 )
 POD_COLUMNS = (
@@ -168,6 +172,7 @@ def status_document(
                 "observed_generation": observed,
                 "applied": np.applied if np is not None else False,
                 **holds.get(name, {"planned": 0, "released": 0}),
+                "unprepared": len(np.status.prepareFailures) if np and np.status else 0,
             }
         )
     waiting = [index.pods[k] for k in index.waiting_by_age()]
@@ -218,6 +223,30 @@ def status_document(
                 "detail": detail,
             }
         )
+    for name, np_info in sorted(index.partitionings.items()):  # bound, cannot start
+        failed = {
+            f.claim: f
+            for f in (np_info.np.status.prepareFailures if np_info.np and np_info.np.status else ())
+        }
+        for pod in index.bound_pods(name) if failed else ():
+            hit = [failed[c] for c in pod.claims if c in failed]
+            if not hit or pod.phase != "Pending" or (only and pod.key not in only):
+                continue
+            pod_rows.append(
+                {
+                    "pod": pod.key,
+                    "priority": pod.priority,
+                    "waiting_s": None if pod.created is None else round(now - pod.created, 1),
+                    "request": _units(pod.slices) or "-",
+                    "state": "unprepared",
+                    "node": name,
+                    "ahead": None,
+                    "detail": f"bound; its agent has failed to prepare ResourceClaim "
+                    f"{hit[0].claim} since {hit[0].since or '-'}: {hit[0].message} (the kubelet "
+                    "retries; gpuslice evicts it after recreateStrandedSeconds if a controller "
+                    "owns it)",
+                }
+            )
     for key in only:  # named pods that do not wait: say what they are
         if any(row["pod"] == key for row in pod_rows):
             continue
