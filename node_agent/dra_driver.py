@@ -288,7 +288,7 @@ class DraDriver:
         self._skipped = skipped
         allocated: set[str] = await claims.allocated()
         allocated |= self._prepared()
-        failed = self.plugin.failures.report(allocated, now=time.monotonic())
+        failed = self.plugin.prepare_failures(allocated, time.monotonic())
         self.preparer.planned = planned_names
         try:
             destroyed = await asyncio.to_thread(
@@ -377,6 +377,7 @@ class DraDriver:
             if self.shaped:
                 await self._shaped_round()
             else:
+                self.plugin.prepare_failures(None, time.monotonic())  # stale ones go: the gauge
                 unreadable = await self._read_gpus()
                 await self.publisher.publish(
                     _all_but_unhealthy(

@@ -86,12 +86,14 @@ class PrepareFailures:
         """Claim ``uid`` was unprepared."""
         self._by_uid.pop(uid, None)
 
-    def report(self, allocated: Collection[str], *, now: float) -> list[PrepareFailure]:
+    def report(self, allocated: Collection[str] | None, *, now: float) -> list[PrepareFailure]:
         """Drop the records whose claim is no longer allocated here (``allocated``: this pool's
-        allocated devices) or that no prepare repeated for :data:`STALE_AFTER_S`; the rest,
-        oldest first (then by claim), as the status lists them."""
+        allocated devices; ``None``: not known, publishing every placement lists no claims) or
+        that no prepare repeated for :data:`STALE_AFTER_S`; the rest, oldest first (then by
+        claim), as the status lists them."""
+        held = None if allocated is None else set(allocated)
         for uid, f in list(self._by_uid.items()):
-            if now - f.last > STALE_AFTER_S or not f.devices <= set(allocated):
+            if now - f.last > STALE_AFTER_S or (held is not None and not f.devices <= held):
                 del self._by_uid[uid]
         kept = sorted(self._by_uid.values(), key=lambda f: (f.since, f.ref.namespace, f.ref.name))
         return [

@@ -41,8 +41,8 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from collections.abc import Callable, Collection, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 import grpc.aio
@@ -58,6 +58,10 @@ from node_agent.proto import dra_v1_pb2_grpc as dra_grpc
 from node_agent.proto import pluginregistration_v1_pb2 as reg
 from node_agent.proto import pluginregistration_v1_pb2_grpc as reg_grpc
 from node_agent.tasks import cancel
+
+if TYPE_CHECKING:
+    from contract.nodepartitioning import PrepareFailure
+    from node_agent.metrics import AgentMetrics
 
 __all__ = [
     "DRA_PLUGIN_DIR",
@@ -124,8 +128,12 @@ class DraKubeletPlugin:
         driver: str = DRIVER,
         on_registered: Callable[[], None] | None = None,
         poll_interval_s: float = 1.0,
+        metrics: AgentMetrics | None = None,
     ) -> None:
+        """``metrics``: counts prepares and unprepares by result and the claims failing now
+        (``gpuslice_agent_dra_*``)."""
         self.preparer = preparer
+        self.metrics = metrics
         self.claims = claims
         self.driver = driver
         self.pool = preparer.node
@@ -250,8 +258,10 @@ class DraKubeletPlugin:
                     now=time.monotonic(),
                     wall=now_rfc3339(),
                 )
+                self._count("prepares", "failed")
                 continue
             self.failures.succeeded(c.uid)
+            self._count("prepares", "prepared")
             for d in prepared:
                 dev = entry.devices.add(
                     request_names=[d.request],
@@ -279,8 +289,29 @@ class DraKubeletPlugin:
             except ClaimError as e:
                 entry.error = str(e)
                 log.warning("unprepare failed: %s", e)
+                self._count("unprepares", "failed")
+            else:
+                self._count("unprepares", "released")
         if self.on_claims_changed is not None:
             self.on_claims_changed()
+        return out
+
+    def _count(self, what: str, result: str) -> None:
+        if self.metrics is not None:
+            counter = (
+                self.metrics.dra_prepares if what == "prepares" else self.metrics.dra_unprepares
+            )
+            counter.labels(result=result).inc()
+            self.metrics.dra_prepare_failures.set(len(self.failures))
+
+    def prepare_failures(
+        self, allocated: Collection[str] | None, now: float
+    ) -> list[PrepareFailure]:
+        """The claims whose last prepare failed (:meth:`PrepareFailures.report
+        <node_agent.dra_failures.PrepareFailures.report>`), the gauge set to their count."""
+        out = self.failures.report(allocated, now=now)
+        if self.metrics is not None:
+            self.metrics.dra_prepare_failures.set(len(out))
         return out
 
 

@@ -130,6 +130,23 @@ class AgentMetrics:
             ["gpu", "xid"],
             registry=r,
         )
+        self.dra_prepares = Counter(
+            "gpuslice_agent_dra_prepares",
+            "DRA mode: claims the kubelet asked to prepare, by result (prepared, failed)",
+            ["result"],
+            registry=r,
+        )
+        self.dra_unprepares = Counter(
+            "gpuslice_agent_dra_unprepares",
+            "DRA mode: claims the kubelet asked to unprepare, by result (released, failed)",
+            ["result"],
+            registry=r,
+        )
+        self.dra_prepare_failures = Gauge(
+            "gpuslice_agent_dra_prepare_failures",
+            "DRA mode: claims whose last prepare failed (status.prepareFailures)",
+            registry=r,
+        )
         self._device_labels: set[tuple[str, str]] = set()
         self._generation: int | None = None
         self._generation_seen_at = 0.0

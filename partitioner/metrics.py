@@ -16,8 +16,8 @@ Each :class:`Metrics` owns its registry, so several controllers (tests, restarts
   (slice planned or free, pod still gated), ``released`` (ungated, pinned to the node, not
   bound yet), ``draining`` (GPUs being emptied for it).
 * ``gpuslice_pods_stranded`` (gauge): pods pinned to a node that cannot serve them: released
-  ones, and DRA pods bound to a silent agent's node before they started (their Event says when
-  they are evicted, or to delete them).
+  ones, and DRA pods bound to a silent agent's node before they started or whose claim the
+  agent fails to prepare (their Event says when they are evicted, or to delete them).
 * ``gpuslice_pods_evicted_total`` (counter): stranded pods evicted so that their controller
   creates them again (``recreateStrandedSeconds``).
 * ``gpuslice_nodes_left_out{reason}`` (gauge): opted-in nodes left out of planning, by the reason

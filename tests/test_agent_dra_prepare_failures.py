@@ -32,6 +32,7 @@ from contract.nodepartitioning import (
 from node_agent.dra_claims import ClaimRef
 from node_agent.dra_failures import STALE_AFTER_S, PrepareFailures
 from node_agent.dra_slices import DRIVER
+from node_agent.metrics import AgentMetrics
 from node_agent.nvml import XidEvent
 from node_agent.nvml_fake import FakeNvml
 from node_agent.proto import dra_v1_pb2 as dra
@@ -88,6 +89,10 @@ def test_a_claim_no_longer_allocated_here_or_not_asked_for_lately_is_dropped() -
     f.failed(ref("kept"), ["gpu1"], "k", now=STALE_AFTER_S, wall="t2")
     assert [x.claim for x in f.report({"gpu1"}, now=STALE_AFTER_S + 1)] == ["team/kept"]
     assert f.report({"gpu1"}, now=2 * STALE_AFTER_S + 1) == []
+    # publishing every placement lists no claims: allocation unknown, only staleness drops
+    f.failed(ref("any"), ["gpu0"], "a", now=0.0, wall="t0")
+    assert [x.claim for x in f.report(None, now=1.0)] == ["team/any"]
+    assert f.report(None, now=STALE_AFTER_S + 1) == []
 
 
 def test_the_report_is_oldest_first_capped_and_cut_to_what_the_contract_allows() -> None:
@@ -122,6 +127,11 @@ async def test_the_plugin_records_each_failure_and_forgets_it_once_a_retry_succe
     node: Node,
 ) -> None:
     prep, failures = node.plugin.preparer, node.plugin.failures
+    metrics = node.plugin.metrics = AgentMetrics()
+
+    def sample(name: str, **labels: str) -> float:
+        return metrics.registry.get_sample_value(f"gpuslice_agent_dra_{name}", labels) or 0.0
+
     held = node.claims.put("held", "uid-h", ("gpu", placement(0, "3g.40gb", 0)))
     assert (await node.kubelet.prepare(DRIVER, held))["uid-h"].error == ""
     prep.mark_xids([XidEvent(0, 48)])  # not scoped to an instance: the whole GPU
@@ -132,6 +142,9 @@ async def test_the_plugin_records_each_failure_and_forgets_it_once_a_retry_succe
     (f,) = failures.report({placement(0, "1g.10gb", 4)}, now=float("-inf"))
     assert f.uid == "uid-o" and f.claim.endswith("/over") and f.message == reply["uid-o"].error
     assert "XID 48" in f.message and f.since
+    assert sample("prepares_total", result="prepared") == 2
+    assert sample("prepares_total", result="failed") == 1
+    assert sample("prepare_failures") == 1
     # the prepared one stays prepared and is not reported
     assert (await node.kubelet.prepare(DRIVER, held))["uid-h"].error == ""
     assert [x.uid for x in failures.report({placement(0, "1g.10gb", 4)}, now=float("-inf"))] == [
@@ -140,8 +153,9 @@ async def test_the_plugin_records_each_failure_and_forgets_it_once_a_retry_succe
     # the XID is gone (an agent restart): the retry succeeds and the record with it
     prep.xid_marks = ()
     assert (await node.kubelet.prepare(DRIVER, over))["uid-o"].error == ""
-    assert len(failures) == 0
+    assert len(failures) == 0 and sample("prepare_failures") == 0
     assert (await node.kubelet.unprepare(DRIVER, over))["uid-o"].error == ""
+    assert sample("unprepares_total", result="released") == 1
 
 
 # -- the status, on the wire ----------------------------------------------------------------------

@@ -540,6 +540,7 @@ async def _run_dra(settings: Any, catalog: Any, publish: str) -> int:
             KubeClaimReader(custom),
             registry_dir=settings.dra_registry_dir,
             plugin_dir=settings.dra_plugin_dir,
+            metrics=metrics,
         )
         shaped = publish == "shaped"
         driver = DraDriver(
