@@ -1206,8 +1206,11 @@ class _Step:
         plugin went away, so nothing new is allocated there).  Such a pod is stranded as a
         released one is (:meth:`_stranded`): evicted once that has lasted
         ``recreate_stranded_s`` if a controller owns it, so its controller's new pod is planned
-        on a node that serves.  A pod bound in device-plugin mode is not: the kubelet admitted
-        it with its device, so it starts whatever the agent does.  Likewise a claim pod bound to
+        on a node that serves.  Not a pod whose condition ``PodReadyToStartContainers`` is
+        ``True``: the kubelet makes the sandbox only after it prepared the claims, so such a pod
+        (pulling its images, say) starts without the agent.  A pod bound in device-plugin mode
+        is not either: the kubelet admitted it with its device, so it starts whatever the agent
+        does.  Likewise a claim pod bound to
         a DRA node whose agent reports that the last prepare of one of its claims failed
         (``status.prepareFailures``: an XID hit the device after allocation, a process outside
         any claim holds the placement, MIG mode cannot be switched, the GPU is unreadable): the
@@ -1219,7 +1222,12 @@ class _Step:
             if ledger is None or not ledger.gpu.dra:
                 continue
             for pod in self.index.bound_pods(name):
-                if pod.dra and pod.phase == "Pending" and not pod.deleting:
+                if (
+                    pod.dra
+                    and pod.phase == "Pending"
+                    and not pod.deleting
+                    and not pod.sandbox_ready  # its claims are prepared: it starts
+                ):
                     self.seen.add(pod.key)  # its Events are kept while it is stranded
                     self._stranded(pod, name, why, waits=True, bound=_AGENT_GONE)
         for name, ledger in sorted(self.ledgers.items()):

@@ -284,6 +284,10 @@ class PodInfo:
     """Keys (``namespace/name``) of the pod's ResourceClaims."""
     claims_pending: bool = False
     """Some claim of the pod is not known yet (its demand is unknown, not planned yet)."""
+    sandbox_ready: bool = False
+    """Condition ``PodReadyToStartContainers`` is ``True``: the kubelet made the pod's sandbox,
+    which it does only after it prepared the pod's ResourceClaims, so the pod starts without
+    the DRA agent (it may still be pulling its images)."""
     rejected: str = ""
     """The kubelet refused to admit the pod (phase ``Failed`` with reason
     ``UnexpectedAdmissionError``, as when a device plugin's Allocate fails, or ``OutOf<resource>``):
@@ -525,9 +529,8 @@ def _read_pod(pod: Obj, claims: Mapping[str, ClaimDemand] | None = None) -> PodI
             f"slices or for whole GPUs, not both"
         )
         slices = {}
-    scheduled = next(
-        (c for c in status.get("conditions") or () if c.get("type") == "PodScheduled"), None
-    )
+    conditions = [c for c in status.get("conditions") or () if isinstance(c, Mapping)]
+    scheduled = next((c for c in conditions if c.get("type") == "PodScheduled"), None)
     gate_names = [
         str(g.get("name", "")) for g in spec.get("schedulingGates") or () if isinstance(g, Mapping)
     ]
@@ -571,6 +574,12 @@ def _read_pod(pod: Obj, claims: Mapping[str, ClaimDemand] | None = None) -> PodI
         dra=dra,
         claims=claim_keys,
         claims_pending=pending,
+        sandbox_ready=any(
+            c.get("type") == "PodReadyToStartContainers" and c.get("status") == "True"
+            for c in conditions
+        )
+        if claim_keys
+        else False,
         rejected=rejected,
     )
 

@@ -235,8 +235,10 @@ def test_a_claim_pod_bound_to_a_dra_node_whose_agent_went_silent_is_evicted_unle
     None
 ):
     """DRA mode: the kubelet prepares a bound pod's ResourceClaims through the agent, so a pod
-    bound to a node whose agent went silent cannot start.  One that had started runs on; in
-    device-plugin mode a bound pod was admitted with its device and is left alone too."""
+    bound to a node whose agent went silent cannot start.  One that had started runs on, and so
+    does one whose sandbox is made (``PodReadyToStartContainers``: its claims were prepared,
+    it is pulling its images); in device-plugin mode a bound pod was admitted with its device
+    and is left alone too."""
     from test_partitioner_dra import DRA, claim, claim_pod, mig_request
 
     def bound(name: str, node_name: str, phase: str, claims: bool = True) -> dict[str, Any]:
@@ -247,6 +249,8 @@ def test_a_claim_pod_bound_to_a_dra_node_whose_agent_went_silent_is_evicted_unle
         pod["status"] = {"phase": phase}
         return pod
 
+    pulling = bound("pulling", "d1", "Pending")  # its claims prepared: it starts without
+    pulling["status"]["conditions"] = [{"type": "PodReadyToStartContainers", "status": "True"}]
     c = Cluster(
         node("d1", DRA),
         applied_np("d1", status_gpu(0, ("3g.40gb", 0, True), ("3g.40gb", 4, True))),
@@ -254,6 +258,8 @@ def test_a_claim_pod_bound_to_a_dra_node_whose_agent_went_silent_is_evicted_unle
         claim("cl-waiting", mig_request(), allocated=True),
         bound("running", "d1", "Running"),
         claim("cl-running", mig_request(), allocated=True),
+        pulling,
+        claim("cl-pulling", mig_request(), allocated=True),
         with_alloc(node("n1", MIG), **{"1g_10gb": 1}),
         applied_np("n1", status_gpu(0, ("1g.10gb", 0, True)), status_gpu(1)),
         bound("plugin-pod", "n1", "Pending", claims=False),
