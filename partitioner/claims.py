@@ -76,6 +76,9 @@ class ClaimDemand:
     error: str = ""
     """Why a ``mig.gpuslice.io`` request cannot be planned (names the claim and the fix)."""
     allocated: bool = False
+    uid: str = ""
+    """The claim's ``metadata.uid``: a claim deleted and created again under its name is
+    another claim (the DRA agent's prepare failures name the uid)."""
 
 
 def claim_key(namespace: str, name: str) -> str:
@@ -106,6 +109,7 @@ def read_claim(claim: Obj) -> ClaimDemand:
     """The demand of one ResourceClaim (module docstring)."""
     name = claim_key_of(claim)
     allocated = bool((claim.get("status") or {}).get("allocation"))
+    uid = str((claim.get("metadata") or {}).get("uid") or "")
     units: dict[str, int] = {}
     requests = ((claim.get("spec") or {}).get("devices") or {}).get("requests") or ()
     for req in requests if isinstance(requests, list) else ():
@@ -117,7 +121,7 @@ def read_claim(claim: Obj) -> ClaimDemand:
             isinstance(a, Mapping) and a.get("deviceClassName") == MIG_CLASS for a in alternatives
         ):
             return ClaimDemand(
-                {}, f"{label}: firstAvailable alternatives are not planned; {_FIX}", allocated
+                {}, f"{label}: firstAvailable alternatives are not planned; {_FIX}", allocated, uid
             )
         exact = req.get("exactly") or {}
         if not isinstance(exact, Mapping) or exact.get("deviceClassName") != MIG_CLASS:
@@ -125,21 +129,21 @@ def read_claim(claim: Obj) -> ClaimDemand:
         mode = exact.get("allocationMode") or "ExactCount"
         if mode != "ExactCount":
             return ClaimDemand(
-                {}, f"{label}: allocationMode {mode} is not planned; {_FIX}", allocated
+                {}, f"{label}: allocationMode {mode} is not planned; {_FIX}", allocated, uid
             )
         count = exact.get("count", 1)
         if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= _MAX_COUNT:
             return ClaimDemand(
-                {}, f"{label}: count {count!r} is not 1..{_MAX_COUNT}; {_FIX}", allocated
+                {}, f"{label}: count {count!r} is not 1..{_MAX_COUNT}; {_FIX}", allocated, uid
             )
         profile = _profile(exact.get("selectors"))
         if profile is None:
             return ClaimDemand(
-                {}, f"{label}: its selectors name no single MIG profile; {_FIX}", allocated
+                {}, f"{label}: its selectors name no single MIG profile; {_FIX}", allocated, uid
             )
         resource = mig_resource(profile)
         units[resource] = units.get(resource, 0) + count
-    return ClaimDemand(units, allocated=allocated)
+    return ClaimDemand(units, allocated=allocated, uid=uid)
 
 
 def pod_claim_keys(pod: Obj) -> tuple[tuple[str, ...], bool]:

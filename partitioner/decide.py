@@ -142,6 +142,7 @@ from contract.nodepartitioning import (
     DesiredMpsSlice,
     NodePartitioning,
     NodePartitioningSpec,
+    PrepareFailure,
     ReservationEntry,
 )
 from partitioner.actions import (
@@ -1210,35 +1211,26 @@ class _Step:
         ``True``: the kubelet makes the sandbox only after it prepared the claims, so such a pod
         (pulling its images, say) starts without the agent.  A pod bound in device-plugin mode
         is not either: the kubelet admitted it with its device, so it starts whatever the agent
-        does.  Likewise a claim pod bound to
-        a DRA node whose agent reports that the last prepare of one of its claims failed
-        (``status.prepareFailures``: an XID hit the device after allocation, a process outside
-        any claim holds the placement, MIG mode cannot be switched, the GPU is unreadable): the
-        kubelet retries, and it starts if a retry succeeds before the eviction.  Cost: one pass
-        over the pods per silent DRA node and per DRA node reporting failures, only while one
-        does."""
+        does.  Likewise a claim pod bound to a DRA node whose agent reports that the last
+        prepare of one of its claims failed (``status.prepareFailures``: an XID hit the device
+        after allocation, a process outside any claim holds the placement, MIG mode cannot be
+        switched, the GPU is unreadable): the kubelet retries, and it starts if a retry
+        succeeds before the eviction.  Cost: one pass over the pods per silent DRA node and per
+        DRA node reporting failures, only while one does."""
         for name, why in sorted(self.plugin_lost.items()):
             ledger = self.ledgers.get(name)
             if ledger is None or not ledger.gpu.dra:
                 continue
-            for pod in self.index.bound_pods(name):
-                if (
-                    pod.dra
-                    and pod.phase == "Pending"
-                    and not pod.deleting
-                    and not pod.sandbox_ready  # its claims are prepared: it starts
-                ):
-                    self.seen.add(pod.key)  # its Events are kept while it is stranded
-                    self._stranded(pod, name, why, waits=True, bound=_AGENT_GONE)
+            for pod in self._unstarted(name):
+                self.seen.add(pod.key)  # its Events are kept while it is stranded
+                self._stranded(pod, name, why, waits=True, bound=_AGENT_GONE)
         for name, ledger in sorted(self.ledgers.items()):
             np = self.index.partitioning(name) if ledger.gpu.dra else None
             failures = np.status.prepareFailures if np is not None and np.status else ()
             if not failures or name in self.plugin_lost:
                 continue
-            failed = {f.claim: f for f in failures}
-            for pod in self.index.bound_pods(name):
-                if not (pod.dra and pod.phase == "Pending" and not pod.deleting):
-                    continue
+            failed = {f.claim: f for f in failures if self._same_claim(f)}
+            for pod in self._unstarted(name):
                 hit = [failed[c] for c in pod.claims if c in failed]
                 if hit:
                     f = hit[0]
@@ -1248,6 +1240,21 @@ class _Step:
                         f"{f.since or 'its last report'} ({f.message or 'no message'})"
                     )
                     self._stranded(pod, name, why, waits=True, bound=_PREPARE_FAILS)
+
+    def _unstarted(self, node: str) -> list[PodInfo]:
+        """Claim pods bound to ``node`` that have not started and whose claims the kubelet has
+        not prepared (no sandbox yet: ``PodReadyToStartContainers`` is not ``True``)."""
+        return [
+            p
+            for p in self.index.bound_pods(node)
+            if p.dra and p.phase == "Pending" and not p.deleting and not p.sandbox_ready
+        ]
+
+    def _same_claim(self, failure: PrepareFailure) -> bool:
+        """The reported failure is of the claim now under its name (not of one deleted before
+        a claim of the same name was created; either uid unknown: assumed the same)."""
+        demand = self.index.claims.get(failure.claim)
+        return not (failure.uid and demand is not None and demand.uid and demand.uid != failure.uid)
 
     def _open(self, node: str) -> bool:
         """New promises may go to ``node``: it is neither cooling down nor unserved."""

@@ -648,8 +648,14 @@ async def test_a_claim_pod_bound_to_a_dra_node_whose_agent_stops_is_evicted_befo
             alive.discard("d1")
             silent_after, why = 40, "the gpuslice agent of node d1 has stopped"
         else:
+            uids = {
+                n: stored(kmock, "resource.k8s.io/v1/resourceclaims", f"c-{n}", "default")[
+                    "metadata"
+                ]["uid"]
+                for n in ("waiting", "running")
+            }
             failures = [
-                {"claim": f"default/c-{n}", "uid": "u", "message": "XID 79 on GPU 0",
+                {"claim": f"default/c-{n}", "uid": uids[n], "message": "XID 79 on GPU 0",
                  "since": "2026-12-06T18:00:00Z"}
                 for n in ("waiting", "running")
             ]  # fmt: skip

@@ -345,6 +345,17 @@ def test_a_claim_pod_whose_claim_the_agent_fails_to_prepare_is_evicted_unless_a_
     assert not evictions(c2.step(T0 + AFTER + 1))
     assert evictions(c2.step(T0 + 2 * AFTER + 1))
 
+    # A failure reported for an earlier claim of that name (another uid) is not this claim's.
+    c3 = Cluster(*[o for (k, _), o in c.objs.items() if k != "NodePartitioning"], d1("waiting"))
+    c3.put(applied_np("d2", status_gpu(0, ("3g.40gb", 0, True))))
+    recreated = claim("cl-waiting", mig_request(), allocated=True)
+    recreated["metadata"]["uid"] = "uid-of-the-new-claim"
+    c3.put(recreated)
+    assert not events(c3.step(T0), "Stranded")
+    recreated["metadata"]["uid"] = "uid-waiting"  # the claim the agent reported
+    c3.put(recreated)
+    assert events(c3.step(T0 + 1), "Stranded")
+
 
 def test_a_planned_pod_whose_node_was_cordoned_is_planned_elsewhere_not_released_there() -> None:
     """Released to a cordoned node, the pod would be stranded there (its affinity pinned);
