@@ -329,3 +329,12 @@ def test_every_pod_runs_whenever_its_node_is_cordoned_after_its_plan_or_release(
     if name is not None:  # else no pod was released after ``after``: nothing was cordoned
         (rec,) = [p for p in result.pods if p.name == name]
         assert rec.first_bound is not None
+
+
+@pytest.mark.parametrize("end", ["inf", "nan", "1e400", "1e9"])
+def test_an_outage_that_would_never_end_is_refused(end: str) -> None:
+    """An endless (or NaN) outage would keep the replay's periodic events going for ever."""
+    with pytest.raises(ReplayError, match=r"end <= 1e\+08"):
+        AgentOutage.parse(f"n0:0:{end}")
+    with pytest.raises(ReplayError, match=r"end <= 1e\+08"):
+        ReplaySettings(partitioner_outages=((0.0, float(end)),))

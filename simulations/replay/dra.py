@@ -50,7 +50,11 @@ from planner.catalog import GpuModel, MigProfile
 from planner.snapshot import mig_resource
 from simulations.replay.fake_cluster import FakeCluster
 
-__all__ = ["DraPools", "PublishedDevice"]
+__all__ = ["DRA_SLICE_WIPE_S", "DraPools", "PublishedDevice"]
+
+DRA_SLICE_WIPE_S = 30.0
+"""The kubelet deletes the ResourceSlices of a DRA driver that has had no connected endpoint
+for this long (shared/facts/dra.md, section 3)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +82,10 @@ class _Pool:
     held: dict[str, str] = field(default_factory=dict)
     """Device name -> the pod whose claim holds it."""
     published: set[str] | None = None
+    wiped: set[str] | None = None
+    """While the kubelet has deleted the pool's slices (the agent's plugin gone for
+    :data:`DRA_SLICE_WIPE_S`): what the agent published before, published again when it is
+    back (:meth:`DraPools.restore`); ``None``: not wiped."""
     """Planner-shaped publishing: the device names the agent publishes (``None``: every one)."""
     spec: set[str] = field(default_factory=set)
     """Planner-shaped: the placements of the node's spec, as device names."""
@@ -222,6 +230,28 @@ class DraPools:
             del pool.held[d.name]
             _consume(pool.used, d, -1)
         return node, devices
+
+    def wipe(self, node: str) -> None:
+        """The kubelet deleted ``node``'s ResourceSlices (its DRA plugin has been gone for
+        :data:`DRA_SLICE_WIPE_S`): nothing more is allocated there until the agent publishes
+        again (:meth:`restore`); the devices bound claims hold stay theirs."""
+        pool = self.pools[node]
+        if pool.wiped is None:
+            everything = {d.name for d in pool.devices}
+            pool.wiped = everything if pool.published is None else pool.published
+            pool.published = set()
+            pool.fits.clear()
+
+    def restore(self, node: str) -> set[str]:
+        """The agent is back and publishes its pool again: what it published before the wipe,
+        and every allocated device (a spec written meanwhile is published by the agent's round
+        that applies it).  Returns the resources published again."""
+        pool = self.pools[node]
+        if pool.wiped is None:
+            return set()
+        pool.published, pool.wiped = pool.wiped | set(pool.held), None
+        pool.fits.clear()
+        return {d.resource for d in pool.devices if d.name in pool.published}
 
     # ------------------------------------------------------------------ planner-shaped agent
 

@@ -112,6 +112,19 @@ heartbeat Lease.  A pod released there before the outage is pinned to the node: 
 evicts it once it has been stranded ``recreate_stranded_s`` (every trace pod has a Job as its
 controller), and the Job creates it again ``recreate_delay_s`` later; its wait goes on.
 
+A DRA node's agent (policy ``dra-shaped``; ``dra``, publishing everything, has no partitioner
+and refuses outages) is the node's DRA kubelet plugin, so while it is down the kubelet, as its
+source does (shared/facts/dra.md; kuberuntime_manager ``SyncPod`` prepares a pod's claims
+before it makes the sandbox, ``SyncTerminatingPod`` unprepares them before the pod may end):
+deletes the node's ResourceSlices :data:`~simulations.replay.dra.DRA_SLICE_WIPE_S` after the
+stop (nothing more is allocated there; allocated claims keep their devices); cannot prepare
+the claim of a pod bound there meanwhile (bound in those 30 s, before the slices went): the
+pod stays ``Pending`` with no sandbox, and the partitioner strands it once it finds the agent
+silent and evicts it after ``recreate_stranded_s``; and cannot unprepare the claim of a pod
+whose containers ended: the pod stays bound and holds its devices.  When the agent is back it
+publishes what it published before (a spec written meanwhile is published by its own round),
+the ended pods end and the bound ones are prepared and start.
+
 ``settings.partitioner_outages`` stop the partitioner itself: no decision step runs, and its
 webhook is down with it, so pods created meanwhile are not gated (``failurePolicy: Ignore``):
 kube-scheduler tries them as it does without gpuslice.  At the end of an outage the partitioner
@@ -167,7 +180,7 @@ from simulations.inputs.cluster import Cluster
 from simulations.inputs.mapping import MappingError, make_mapping
 from simulations.inputs.workload import Pod, Workload
 from simulations.inputs.workload_slices import SliceRequestError, direct_requests
-from simulations.replay.dra import DraPools
+from simulations.replay.dra import DRA_SLICE_WIPE_S, DraPools, PublishedDevice
 from simulations.replay.fake_cluster import (
     ApplyResult,
     Device,
@@ -320,12 +333,12 @@ class ReplaySettings:
         if self.react_s is not None and not 0 <= self.react_s <= self.cycle_s:
             raise ReplayError("replay settings: react_s must be in [0, cycle_s] (or None)")
         windows = sorted(self.partitioner_outages)
-        if any(not 0 <= a < b for a, b in windows) or any(
+        if any(not 0 <= a < b <= MAX_OUTAGE_S for a, b in windows) or any(
             b[0] < a[1] for a, b in itertools.pairwise(windows)
         ):
             raise ReplayError(
                 "replay settings: partitioner outages must be (start, end) with 0 <= start < "
-                "end, not overlapping"
+                f"end <= {MAX_OUTAGE_S:g}, not overlapping"
             )
         by_node: dict[str, list[AgentOutage]] = {}
         for o in self.outages:
@@ -340,6 +353,11 @@ class ReplaySettings:
                     )
 
 
+MAX_OUTAGE_S = 1e8
+"""The latest an outage may end (about three years of simulated time): a replay runs its
+periodic events through an outage, so an endless one would never finish."""
+
+
 @dataclass(frozen=True, slots=True)
 class AgentOutage:
     """Node ``node``'s agent is down from ``start_s`` to ``end_s`` (simulated seconds)."""
@@ -349,10 +367,10 @@ class AgentOutage:
     end_s: float
 
     def __post_init__(self) -> None:
-        if not self.node or not 0 <= self.start_s < self.end_s:
+        if not self.node or not 0 <= self.start_s < self.end_s <= MAX_OUTAGE_S:
             raise ReplayError(
                 f"agent outage {self.node!r} {self.start_s:g}-{self.end_s:g}: give a node "
-                "name and 0 <= start < end"
+                f"name and 0 <= start < end <= {MAX_OUTAGE_S:g} (seconds)"
             )
 
     @classmethod
@@ -694,6 +712,7 @@ class _Kind(IntEnum):
     PARTITIONER_UP = 13
     AGENT_SILENT = 14
     AGENT_HEARD = 15
+    SLICES_WIPED = 16
 
 
 _LIVE = frozenset(
@@ -709,9 +728,25 @@ _LIVE = frozenset(
         _Kind.PARTITIONER_UP,
         _Kind.AGENT_SILENT,
         _Kind.AGENT_HEARD,
+        _Kind.SLICES_WIPED,
     }
 )
 """Events that change the cluster on their own (the rest only react to it)."""
+
+
+_UNPREPARED: Mapping[str, Any] = {
+    "phase": "Pending",
+    "conditions": [{"type": "PodScheduled", "status": "True"}],
+}
+"""A DRA pod bound where the kubelet cannot prepare its claim yet (no sandbox)."""
+_PREPARED: Mapping[str, Any] = {
+    "phase": "Running",
+    "conditions": [
+        {"type": "PodScheduled", "status": "True"},
+        {"type": "PodReadyToStartContainers", "status": "True"},
+    ],
+}
+"""Its claim prepared: the sandbox is made and the containers start."""
 
 
 def _claim_name(pod: str) -> str:
@@ -905,12 +940,23 @@ class _Engine:
                     f"agent outage: the cluster has no node {o.node} (its nodes: "
                     f"{', '.join(names[:5])}{', ...' if len(names) > 5 else ''})"
                 )
-            if self.dra is not None:
-                raise ReplayError("agent outages are modelled for device-plugin nodes only")
+            if self.dra is not None and not self.shaped:
+                raise ReplayError(
+                    "agent outages are modelled for device-plugin nodes and planner-shaped DRA "
+                    "(dra-shaped); publishing everything (dra) has no partitioner to act on one"
+                )
             self._push(o.start_s, _Kind.AGENT_DOWN, o.node)
             self._push(o.end_s, _Kind.AGENT_UP, o.node)
         self.silent: set[str] = set()
         """Down nodes the partitioner has found silent (their Lease not renewed)."""
+        self.wipe_token: dict[str, int] = {}
+        """DRA: node -> the token of the kubelet's pending deletion of its slices."""
+        self.unprepared: dict[str, dict[str, tuple[list[PublishedDevice], float]]] = {}
+        """DRA: down node -> pods bound there whose claims wait for the agent to prepare them
+        (their devices, when they were bound)."""
+        self.deferred_departs: dict[str, list[str]] = {}
+        """DRA: down node -> pods whose containers ended there; the kubelet unprepares their
+        claims before they may end, so they hold their devices until the agent is back."""
         self.lease_token: dict[str, int] = {}
         """Node -> the event sequence number of its agent's last stop or start (a start cancels
         the silence a stop scheduled)."""
@@ -1096,14 +1142,67 @@ class _Engine:
             f"{NAMESPACE}/{_claim_name(name)}", node, [d.name for d in devices], DRIVER
         )
         self.api.bind(key, node)
-        created = self.dra.prepare(node, devices)
-        if created:
-            self.result.reconfigurations.append((t, created))
-        self._started(name, t, t + (self.settings.apply_delay_s if created else 0.0))
+        if node in self.down:  # the kubelet prepares the claim once the agent is back
+            self.api.set_pod_status(key, _UNPREPARED)
+            self.unprepared.setdefault(node, {})[name] = (devices, t)
+        else:
+            self._prepare(t, name, node, devices, t)
         self._account_theft(key, node)
         self._report_soon(node, t)
         self._dirty(t)
         return True
+
+    def _prepare(
+        self, t: float, name: str, node: str, devices: list[PublishedDevice], bound: float
+    ) -> None:
+        """DRA, planner-shaped: the kubelet prepares the claim of ``name`` (bound at ``bound``)
+        at ``t``; the agent adopts the planned instances or creates them
+        (``apply_delay_s``), then the pod runs."""
+        assert self.dra is not None
+        created = self.dra.prepare(node, devices)
+        if created:
+            self.result.reconfigurations.append((t, created))
+        self._started(name, bound, t + (self.settings.apply_delay_s if created else 0.0))
+
+    def _dra_agent_back(self, t: float, node: str) -> None:
+        """DRA: the agent of ``node`` is back: its plugin registers, it publishes its pool again
+        (:meth:`~simulations.replay.dra.DraPools.restore`), the kubelet unprepares the claims of
+        the pods whose containers ended meanwhile (they end now) and prepares those of the pods
+        bound meanwhile and not evicted (they start now)."""
+        assert self.dra is not None
+        self._supersede(self.wipe_token, node)
+        grown = self.dra.restore(node)
+        for name in self.deferred_departs.pop(node, []):
+            self._depart(t, name)
+        for name, (devices, bound) in sorted(self.unprepared.pop(node, {}).items()):
+            self.api.set_pod_status(self._key(name), _PREPARED)
+            self._prepare(t, name, node, devices, bound)
+        if grown:
+            self.scheduler.devices_published(grown, t)
+
+    def _depart(self, t: float, name: str) -> None:
+        """Pod ``name`` ends: its devices are freed (DRA: its claim unprepared, which keeps the
+        spec's instances under planner-shaped publishing and destroys the others) and the pod
+        goes."""
+        if self.dra is not None and self.shaped:  # unprepare keeps spec placements
+            node, devices = self.dra.release(name)
+            destroyed = self.dra.unprepare(node, devices)
+            if destroyed:
+                self.result.reconfigurations.append((t, destroyed))
+            self.api.delete_claim(f"{NAMESPACE}/{_claim_name(name)}")
+            self._report_soon(node, t)
+        elif self.dra is not None:  # unprepare destroys the claim's instances
+            _, devices = self.dra.release(name)
+            if devices:
+                self.result.reconfigurations.append((t, len({d.gpu for d in devices})))
+        else:
+            node = self.fake.bindings[name].node
+            self.fake.release(name)
+            self._report_soon(node, t)
+        self.api.delete_pod(self._key(name))
+        self.scheduler.bound_pod_deleted(t)
+        self._wake("schedule_at", t, _Kind.SCHEDULE)
+        self._dirty(t)
 
     def _started(self, name: str, bound: float, started: float) -> None:
         """Pod ``name`` was bound at ``bound`` and runs from ``started``: its wait ends then,
@@ -1329,6 +1428,11 @@ class _Engine:
         self.scheduler.forget(action.pod)
         self._unexpect(action.pod)
         name = action.pod[len(NAMESPACE) + 1 :]
+        for pending in self.unprepared.values():  # bound, never prepared: its claim goes too
+            if pending.pop(name, None) is not None and self.dra is not None:
+                self.dra.release(name)
+                self.api.delete_claim(f"{NAMESPACE}/{_claim_name(name)}")
+                self.scheduler.bound_pod_deleted(t)
         self._push(t + self.settings.recreate_delay_s, _Kind.RECREATE, name)
         self._dirty(t)
 
@@ -1367,25 +1471,12 @@ class _Engine:
             if name is None:
                 return
             del self.running[name]
-            if self.dra is not None and self.shaped:  # unprepare keeps spec placements
-                node, devices = self.dra.release(name)
-                destroyed = self.dra.unprepare(node, devices)
-                if destroyed:
-                    self.result.reconfigurations.append((t, destroyed))
-                self.api.delete_claim(f"{NAMESPACE}/{_claim_name(name)}")
-                self._report_soon(node, t)
-            elif self.dra is not None:  # unprepare destroys the claim's instances
-                _, devices = self.dra.release(name)
-                if devices:
-                    self.result.reconfigurations.append((t, len({d.gpu for d in devices})))
-            else:
-                node = self.fake.bindings[name].node
-                self.fake.release(name)
-                self._report_soon(node, t)
-            self.api.delete_pod(self._key(name))
-            self.scheduler.bound_pod_deleted(t)
-            self._wake("schedule_at", t, _Kind.SCHEDULE)
-            self._dirty(t)
+            if self.dra is not None and self.shaped:
+                node = self.dra.claims[name][0]
+                if node in self.down:  # the kubelet unprepares before the pod may end
+                    self.deferred_departs.setdefault(node, []).append(name)
+                    return
+            self._depart(t, name)
         elif kind is _Kind.APPLY:
             latest = self._latest(self.apply_token, payload)
             if latest is None:
@@ -1460,6 +1551,13 @@ class _Engine:
             self.down.add(payload)
             self._sync_soon(payload, t)
             self._silence_later(payload, t)
+            if self.dra is not None:  # the kubelet deletes the slices of a plugin gone 30 s
+                at = t + DRA_SLICE_WIPE_S
+                self._push_latest(self.wipe_token, at, _Kind.SLICES_WIPED, payload)
+        elif kind is _Kind.SLICES_WIPED:
+            wiped = self._latest(self.wipe_token, payload)
+            if wiped is not None and wiped in self.down and self.dra is not None:
+                self.dra.wipe(wiped)
         elif kind in (_Kind.AGENT_SILENT, _Kind.AGENT_HEARD):
             latest = self._latest(self.lease_token, payload)
             silent = kind is _Kind.AGENT_SILENT
@@ -1478,6 +1576,8 @@ class _Engine:
                 self.deferred_apply.discard(payload)
                 at = t + self.settings.apply_delay_s
                 self._push_latest(self.apply_token, at, _Kind.APPLY, payload)
+            if self.dra is not None:
+                self._dra_agent_back(t, payload)
             self._report(payload)  # its first pass, and the plugin registers again
             self._sync_soon(payload, t)
             self.last_progress = t  # what waited may move now: the run is not over
