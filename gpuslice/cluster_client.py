@@ -74,6 +74,7 @@ class Cluster:
         """An ApiClient: the in-cluster service account when no kubeconfig or context is
         given and the process runs in a pod, else the kubeconfig (``$KUBECONFIG``,
         ``~/.kube/config``)."""
+        import yaml
         from kubernetes_asyncio import client, config
 
         try:
@@ -82,9 +83,22 @@ class Cluster:
                 config.load_incluster_config(client_configuration=configuration)
                 return client.ApiClient(configuration)
             return await config.new_client_from_config(config_file=kubeconfig, context=context)
-        except (config.ConfigException, OSError, ValueError, TypeError) as e:
+        except (
+            config.ConfigException,
+            OSError,
+            ValueError,
+            TypeError,
+            KeyError,
+            AttributeError,
+            AssertionError,  # the client library asserts the shape of some entries
+            yaml.YAMLError,
+        ) as e:
             where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
-            raise BadInput(f"cannot connect: kubeconfig {where}: {e}") from None
+            why = " ".join((f"{type(e).__name__}: {e}" if str(e) else type(e).__name__).split())
+            raise BadInput(
+                f"cannot connect: kubeconfig {where} is not usable ({why}); check it with "
+                "`kubectl config view`"
+            ) from None
 
     def close(self) -> None:
         try:
@@ -106,6 +120,11 @@ class Cluster:
 
         try:
             status, reason, data = self._runner.run(call())
+        except aiohttp.InvalidURL as e:  # the kubeconfig's server or proxy URL
+            raise BadInput(
+                f"{what}: the kubeconfig's API server or proxy URL is not a URL ({e}); check it "
+                "with `kubectl config view`"
+            ) from None
         except (aiohttp.ClientError, OSError, TimeoutError) as e:
             why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             raise ApiFailure(what, 0, f"cannot reach the API server: {why}") from None

@@ -13,26 +13,50 @@
   replayed on; without ``--cluster`` the command refuses (exit 2) rather than silently using
   its built-in demo cluster, which ``--cluster builtin`` selects on purpose
   (:func:`trace_needs_cluster`).
+* Numbers: every numeric option is finite and in a range its help states, checked before any
+  work (:func:`number`, :func:`integer`, :func:`numbers` as argparse types; :func:`check_number`
+  where a command checks in ``run``).  A huge value that would only make the command run for
+  ever has an upper bound too.
+* ``--out DIR`` is made (or refused, exit 2) before the work starts, so that a typo does not
+  lose a long run's results at the end (:func:`out_folder`).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
+
+from planner.settings import MAX_SEED, MAX_TIME_LIMIT_S
 
 __all__ = [
     "BUILTIN_CLUSTER",
+    "DAY_S",
+    "MAX_SEED",
+    "MAX_TIME_LIMIT_S",
     "DeprecatedAlias",
     "add_catalog_argument",
     "catalog_files",
+    "check_number",
     "deprecated_alias",
+    "integer",
+    "number",
+    "numbers",
+    "out_folder",
+    "range_text",
     "trace_needs_cluster",
 ]
 
 BUILTIN_CLUSTER = "builtin"
 """``--cluster builtin``: the command's built-in cluster, chosen on purpose."""
+
+DAY_S = 86400.0
+"""The upper bound of the simulated-time options in seconds (batch window, retry, apply
+delay): a day, far beyond any setting worth trying."""
 
 
 class DeprecatedAlias(argparse.Action):
@@ -130,3 +154,135 @@ def pod_refs(refs: Sequence[str], namespace: str | None) -> list[tuple[str, str]
             raise BadInput(f"pod {ref!r} is not in --namespace {namespace}")
         out.append((ns or namespace or "default", name))
     return out
+
+
+def _text(x: float) -> str:
+    """``86400``, ``1000000``, ``0.001``, ``inf``: no exponent for a whole number."""
+    if isinstance(x, float) and x.is_integer() and abs(x) < 1e16:
+        return str(int(x))
+    return str(x) if isinstance(x, int) else f"{x:g}"
+
+
+def range_text(low: float, high: float, *, above: bool = False, unit: str = "") -> str:
+    """``from 0 to 86400 s``, ``positive and at most 3600 s``, ``above 0.5 and at most 2``."""
+    if above:
+        start = "positive" if low == 0 else f"above {_text(low)}"
+        return f"{start} and at most {_text(high)}{unit}"
+    return f"from {_text(low)} to {_text(high)}{unit}"
+
+
+def _in_range(value: float, low: float, high: float, above: bool) -> bool:
+    if isinstance(value, float) and not math.isfinite(value):
+        return False  # nan compares False with everything: refuse it by name
+    return (value > low if above else value >= low) and value <= high
+
+
+def check_number(
+    option: str, value: float, low: float, high: float, *, above: bool = False, unit: str = ""
+) -> None:
+    """:class:`~gpuslice.cli.BadInput` naming ``option`` unless ``value`` is finite and from
+    ``low`` (excluded when ``above``) to ``high``."""
+    from gpuslice.cli import BadInput
+
+    if not _in_range(value, low, high, above):
+        raise BadInput(
+            f"{option} must be {range_text(low, high, above=above, unit=unit)}, got {_text(value)}"
+        )
+
+
+def number(
+    low: float, high: float, *, above: bool = False, unit: str = ""
+) -> Callable[[str], float]:
+    """An argparse ``type``: a finite number from ``low`` (excluded when ``above``) to
+    ``high``; anything else (``nan``, ``inf``, out of range) is a usage error naming the
+    option and the range (exit 2)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not _in_range(value, low, high, above):
+            raise argparse.ArgumentTypeError(
+                f"must be a number {range_text(low, high, above=above, unit=unit)}, got {text!r}"
+            )
+        return value
+
+    return parse
+
+
+def numbers(
+    low: float, high: float, *, above: bool = False, unit: str = ""
+) -> Callable[[str], list[float]]:
+    """An argparse ``type``: comma-separated numbers, each as :func:`number` takes it."""
+    one = number(low, high, above=above, unit=unit)
+
+    def parse(text: str) -> list[float]:
+        values = [x.strip() for x in text.split(",") if x.strip()]
+        if not values:
+            raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
+        try:
+            return [one(x) for x in values]
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(
+                f"must be comma-separated numbers, each "
+                f"{range_text(low, high, above=above, unit=unit)}, got {text!r}"
+            ) from None
+
+    return parse
+
+
+def integer(low: int, high: int) -> Callable[[str], int]:
+    """An argparse ``type``: a whole number from ``low`` to ``high`` (else a usage error naming
+    the option and the range, exit 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be from {low} to {high}, got {text!r}")
+        return value
+
+    return parse
+
+
+def out_folder(
+    value: str | None, writes: Sequence[str] = (), *, given: str | None = None
+) -> Path | None:
+    """The folder ``--out DIR`` names, made now -- before the work, so that a typo cannot lose
+    a long run's results when it ends -- or :class:`~gpuslice.cli.BadInput` naming ``--out``
+    and the fix (exit 2).  ``writes``: what the command will write there, relative to ``DIR``
+    (a name ending in ``/`` is a sub-folder, made too); each file must not be a folder, nor an
+    unwritable file.  ``given``: the ``--out`` value to name, where ``value`` was derived from
+    it (the folder of a deprecated ``--out FILE``).  ``None`` without ``--out``."""
+    from gpuslice.cli import BadInput
+
+    if not value:
+        return None
+    root = Path(value)
+    tops = dict.fromkeys(w.split("/", 1)[0] + ("/" if "/" in w else "") for w in writes)
+    gets = f" (it gets {', '.join(tops)})" if tops else ""
+
+    def refuse(problem: str) -> BadInput:
+        return BadInput(f"--out {given or value}: {problem}; give a folder you can write{gets}")
+
+    files = [root / w for w in writes if not w.endswith("/")]
+    folders = [root, *(root / w for w in writes if w.endswith("/")), *(f.parent for f in files)]
+    for folder in dict.fromkeys(folders):
+        nearest = next((p for p in (folder, *folder.parents) if p.exists()), None)
+        if nearest is not None and not nearest.is_dir():
+            raise refuse(f"{nearest} is a file, not a folder")
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise refuse(f"cannot create the folder {folder} ({e.strerror or e})") from None
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise refuse(f"the folder {folder} is not writable")
+    for file in files:
+        if file.is_dir():
+            raise refuse(f"{file} is a folder, where a file is to be written")
+        if file.exists() and not os.access(file, os.W_OK):
+            raise refuse(f"{file} is not writable")
+    return root

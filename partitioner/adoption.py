@@ -198,8 +198,10 @@ def _use(pods: Sequence[Obj], model: GpuModel, labels: GpuLabels) -> _Use | Labe
         name = _pod_name(pod)
         try:
             requests = pod_requests(pod)
-        except QuantityError:
-            continue  # the API server admitted it; count nothing rather than guess
+        except QuantityError as e:  # what it holds cannot be known: leave the node as it is
+            return LabelProblem(
+                "UnreadableGpuUse", f"running pod {name}: {e}; what it holds cannot be read"
+            )
         held = False
         for resource, value in sorted(requests.items()):
             if resource != _WHOLE_GPU and not is_partitionable_resource(resource):

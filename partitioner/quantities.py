@@ -6,13 +6,17 @@ pod's effective request of one resource is ``max(sum over containers, max over i
 containers)``, where sidecars (init containers with ``restartPolicy: Always``) count with the
 containers and with every init container after them; extended resources (``nvidia.com/...``)
 may be given as limits only, in which case the limit is the request.
+
+The API server stores no quantity above ``2^63 - 1`` in magnitude; a larger one (``1e999999``),
+or a value that is neither a string nor a number (``true``, a list), is a :class:`QuantityError`,
+never a :mod:`decimal` exception.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal, DecimalException
 from typing import Any
 
 __all__ = ["QuantityError", "cpu_milli", "memory_mib", "parse_quantity", "pod_requests"]
@@ -35,26 +39,60 @@ _SUFFIX = {
     "P": Decimal("1e15"),
     "E": Decimal("1e18"),
 }
+MAX_QUANTITY = Decimal(2**63 - 1)
+"""The largest magnitude the API server stores (``int64``)."""
 _QUANTITY = re.compile(
     r"^(?P<num>[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?)(?P<suffix>[KMGTPE]i|[numkMGTPE])?$"
 )
 
 
 class QuantityError(ValueError):
-    """A resource quantity string is malformed."""
+    """A resource quantity is malformed, not a string or number, or beyond ``2^63 - 1``."""
+
+
+def _shown(value: object) -> str:
+    """``value`` for a message, at most 40 characters (a huge integer by its size)."""
+    if isinstance(value, int) and value.bit_length() > 128:
+        return f"(a {value.bit_length():,}-bit integer)"
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:40]}..."
 
 
 def parse_quantity(value: object) -> Decimal:
     """``"100m"`` -> 0.1, ``"1Gi"`` -> 1073741824, ``2`` -> 2."""
-    if isinstance(value, int | float):
-        return Decimal(str(value))
-    m = _QUANTITY.match(str(value).strip())
-    if m is None:
-        raise QuantityError(f"malformed resource quantity {value!r} (e.g. '500m', '2', '1Gi')")
+    if isinstance(value, bool) or not isinstance(value, str | int | float | Decimal):
+        raise QuantityError(
+            f"resource quantity {_shown(value)} is not a string or a number (e.g. '500m', '2', "
+            "'1Gi')"
+        )
+    if isinstance(value, Decimal):  # parsed already (a sum of :func:`pod_requests`)
+        if not value.is_finite():
+            raise QuantityError(f"resource quantity {value} is not a number")
+        return value
     try:
-        return Decimal(m.group("num")) * _SUFFIX[m.group("suffix") or ""]
-    except InvalidOperation as e:  # pragma: no cover - the regex admits only valid decimals
-        raise QuantityError(f"malformed resource quantity {value!r}") from e
+        if isinstance(value, int):
+            number = Decimal(value)
+        elif isinstance(value, float):
+            number = Decimal(str(value))
+        else:
+            m = _QUANTITY.match(value.strip())
+            if m is None:
+                raise QuantityError(
+                    f"malformed resource quantity {_shown(value)} (e.g. '500m', '2', '1Gi')"
+                )
+            number = Decimal(m.group("num")) * _SUFFIX[m.group("suffix") or ""]
+        if not number.is_finite():
+            raise QuantityError(f"resource quantity {_shown(value)} is not a number")
+        if abs(number) > MAX_QUANTITY:
+            raise QuantityError(
+                f"resource quantity {_shown(value)} is beyond 2^63-1, the largest the API "
+                "server stores"
+            )
+    except DecimalException:  # an exponent past Decimal's range (1e999999Ei)
+        raise QuantityError(
+            f"resource quantity {_shown(value)} is beyond 2^63-1, the largest the API server stores"
+        ) from None
+    return number
 
 
 def cpu_milli(value: object) -> int:

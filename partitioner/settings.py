@@ -18,7 +18,13 @@ from pydantic import Field, model_validator
 
 from contract.common_settings import CommonSettings
 from partitioner.batching import BatchPolicy
-from planner.settings import PlacementWeight, PlannerSettings, Policy
+from planner.settings import (
+    MAX_SEED,
+    MAX_TIME_LIMIT_S,
+    PlacementWeight,
+    PlannerSettings,
+    Policy,
+)
 from planner.snapshot import MIG_RESOURCE_PREFIX, mig_resource
 
 if TYPE_CHECKING:
@@ -141,9 +147,15 @@ class PartitionerSettings(CommonSettings):
     )
     planner_policy: Policy = Field(Policy.CPSAT, description="cpsat or greedy.")
     planner_time_limit_seconds: float = Field(
-        1.0, gt=0, description="CP-SAT wall-clock limit per plan."
+        1.0,
+        gt=0,
+        le=MAX_TIME_LIMIT_S,
+        allow_inf_nan=False,
+        description="CP-SAT wall-clock limit per plan.",
     )
-    planner_seed: int = Field(0, description="CP-SAT random seed.")
+    planner_seed: int = Field(
+        0, ge=0, le=MAX_SEED, description="CP-SAT random seed (a 32-bit integer)."
+    )
     weight_destroy: int = Field(4, ge=0, description="Churn cost per free instance destroyed.")
     weight_create: int = Field(2, ge=0, description="Churn cost per instance created.")
     weight_gpu_touched: int = Field(8, ge=0, description="Churn cost per GPU reconfigured.")

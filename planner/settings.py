@@ -5,7 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-__all__ = ["PlacementWeight", "PlannerSettings", "Policy", "ThreadPolicy"]
+__all__ = [
+    "MAX_SEED",
+    "MAX_TIME_LIMIT_S",
+    "PlacementWeight",
+    "PlannerSettings",
+    "Policy",
+    "ThreadPolicy",
+]
+
+MAX_SEED = 2**31 - 1
+"""The largest CP-SAT random seed (a signed 32-bit integer)."""
+MAX_TIME_LIMIT_S = 3600.0
+"""The longest planner time limit accepted: a plan that may take longer than an hour would
+hold every waiting pod that long (the partitioner plans batches every few seconds)."""
 
 
 class Policy(StrEnum):
@@ -38,9 +51,11 @@ class PlannerSettings:
     policy: Policy = Policy.CPSAT
     """Which planner decides."""
     time_limit_s: float = 1.0
-    """CP-SAT wall-clock limit per plan; the best solution found by then is used."""
+    """CP-SAT wall-clock limit per plan; the best solution found by then is used.  Finite and
+    above 0 (:data:`MAX_TIME_LIMIT_S` at most)."""
     seed: int = 0
-    """CP-SAT random seed; with ``num_workers=1`` the plan is deterministic for a given input."""
+    """CP-SAT random seed; with ``num_workers=1`` the plan is deterministic for a given input.
+    0 to :data:`MAX_SEED` (CP-SAT's seed is a 32-bit integer)."""
     num_workers: int = 1
     """CP-SAT search workers. 1 keeps plans deterministic; more can be faster on big clusters."""
     weight_destroy: int = 4
@@ -115,3 +130,16 @@ class PlannerSettings:
     """At most this many GPUs enter one CP-SAT model.  A larger snapshot is planned in rounds,
     each re-planning a neighbourhood of at most this many GPUs (fewer when the time budget is
     short) around the greedy plan, the rest keeping its decisions (:mod:`planner.neighbourhood`)."""
+
+    def __post_init__(self) -> None:
+        """Refuse settings no plan can run with (each message names the field and its range)."""
+        limit = self.time_limit_s
+        if not (isinstance(limit, int | float) and 0 < limit <= MAX_TIME_LIMIT_S):
+            raise ValueError(
+                f"planner time limit {limit!r} s: give a number above 0 and at most "
+                f"{MAX_TIME_LIMIT_S:g} s"
+            )
+        if not (isinstance(self.seed, int) and 0 <= self.seed <= MAX_SEED):
+            raise ValueError(f"planner seed {self.seed!r}: give an integer from 0 to {MAX_SEED}")
+        if not (isinstance(self.num_workers, int) and self.num_workers >= 1):
+            raise ValueError(f"planner num_workers {self.num_workers!r}: give an integer >= 1")

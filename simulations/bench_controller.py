@@ -112,6 +112,13 @@ DEFAULT_PODS = 50_000
 DEFAULT_PENDING = 10_000
 DEFAULT_CYCLES = 50
 DEFAULT_SNAPSHOT_REPEATS = 5
+MAX_NODES = 10_000
+MAX_PODS = 500_000
+MAX_CYCLES = 10_000
+MAX_SNAPSHOT_REPEATS = 1_000
+"""Upper bounds of ``--nodes``, ``--pods``, ``--cycles`` and ``--snapshot-repeats`` (in their
+help): ten times the defaults or more; a larger value would only run for hours or exhaust
+memory (each pod is about 7 KB of JSON)."""
 GPU_MODEL = "A100-SXM4-80GB"
 GPUS_PER_NODE = 8
 DAEMONSETS_PER_NODE = 8
@@ -902,25 +909,32 @@ def check_sizes(nodes: int, pods: int, pending: int, cycles: int, repeats: int) 
     """``ValueError`` naming the option and the fix when the sizes cannot make a cluster."""
     if nodes < 1:
         raise ValueError(f"--nodes must be at least 1, got {nodes}")
+    if nodes > MAX_NODES:
+        raise ValueError(f"--nodes must be at most {MAX_NODES}, got {nodes}")
     if pending < 1:
         raise ValueError(f"--pending must be at least 1 (a batch to plan), got {pending}")
     if pods < pending:
         raise ValueError(f"--pods ({pods}) counts the pending pods too: give at least "
                          f"--pending ({pending})")  # fmt: skip
+    if pods > MAX_PODS:
+        raise ValueError(f"--pods must be at most {MAX_PODS}, got {pods}")
     if cycles < 1 or repeats < 1:
         raise ValueError(f"--cycles ({cycles}) and --snapshot-repeats ({repeats}) must be >= 1")
+    if cycles > MAX_CYCLES or repeats > MAX_SNAPSHOT_REPEATS:
+        raise ValueError(f"--cycles ({cycles}) must be at most {MAX_CYCLES} and "
+                         f"--snapshot-repeats ({repeats}) at most {MAX_SNAPSHOT_REPEATS}")  # fmt: skip
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, seed: bool = True) -> None:
     """The benchmark's options (``seed=False`` where the caller already has ``--seed``)."""
     parser.add_argument("--nodes", type=int, default=DEFAULT_NODES,
-                        help=f"opted-in nodes, {GPUS_PER_NODE} x {GPU_MODEL} each "
-                        f"(default {DEFAULT_NODES})")  # fmt: skip
+                        help=f"opted-in nodes, {GPUS_PER_NODE} x {GPU_MODEL} each, at most "
+                        f"{MAX_NODES} (default {DEFAULT_NODES})")  # fmt: skip
     parser.add_argument(
         "--pods",
         type=int,
         default=DEFAULT_PODS,
-        help=f"all pods, pending ones included (default {DEFAULT_PODS})",
+        help=f"all pods, pending ones included, at most {MAX_PODS} (default {DEFAULT_PODS})",
     )
     parser.add_argument(
         "--pending",
@@ -932,11 +946,11 @@ def add_arguments(parser: argparse.ArgumentParser, *, seed: bool = True) -> None
         "--cycles",
         type=int,
         default=DEFAULT_CYCLES,
-        help=f"idle cycles timed, of each kind (default {DEFAULT_CYCLES})",
+        help=f"idle cycles timed, of each kind, 1 to {MAX_CYCLES} (default {DEFAULT_CYCLES})",
     )
     parser.add_argument("--snapshot-repeats", type=int, default=DEFAULT_SNAPSHOT_REPEATS,
-                        help="cycles with a batch due, timed (default "
-                        f"{DEFAULT_SNAPSHOT_REPEATS})")  # fmt: skip
+                        help=f"cycles with a batch due, timed, 1 to {MAX_SNAPSHOT_REPEATS} "
+                        f"(default {DEFAULT_SNAPSHOT_REPEATS})")  # fmt: skip
     if seed:
         parser.add_argument("--seed", type=int, default=0, help="cluster generator seed")
 

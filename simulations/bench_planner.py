@@ -56,7 +56,7 @@ from typing import Any
 from planner.api import plan
 from planner.catalog import Catalog, default_catalog
 from planner.demand import pod_weights
-from planner.settings import PlannerSettings, Policy
+from planner.settings import MAX_SEED, MAX_TIME_LIMIT_S, PlannerSettings, Policy
 from planner.snapshot import Mode, Plan, Snapshot, Unplaced
 from simulations.inputs.instances import mig_benchmark_snapshot
 from simulations.reports.out_file import out_file_error
@@ -74,6 +74,19 @@ __all__ = [
 
 DEFAULT_SIZES = (10, 100, 1000)
 DEFAULT_INSTANCES = {10: 5, 100: 5, 1000: 3}
+
+# Upper bounds of the options (in their help): a larger value would only run for hours or
+# exhaust memory; planner limits as in planner.settings.
+MAX_NODES = 10_000
+"""Most nodes of one ``--sizes`` entry."""
+MAX_INSTANCES = 100
+"""Most seeded instances per size (``--instances``)."""
+MAX_WORKERS = 256
+"""Most CP-SAT search workers (``--workers``)."""
+MAX_GPUS_PER_NODE = 16
+"""Most GPUs per node (``--gpus-per-node``)."""
+MAX_PENDING_FRACTION = 10.0
+"""Largest pending batch, in pods per GPU (``--pending-fraction``)."""
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -320,23 +333,48 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--sizes",
         type=_int_list,
         default=list(DEFAULT_SIZES),
-        help="comma-separated node counts (default: 10,100,1000)",
+        help=f"comma-separated node counts, each 1 to {MAX_NODES} (default: 10,100,1000)",
     )
     parser.add_argument(
         "--instances",
         type=_int_list,
         default=None,
-        help="seeded instances per size: one number for all sizes, or one per size "
-        "(default: 5 at 10 and 100 nodes, 3 at 1000)",
+        help="seeded instances per size: one number for all sizes, or one per size, each 1 to "
+        f"{MAX_INSTANCES} (default: 5 at 10 and 100 nodes, 3 at 1000)",
     )
     parser.add_argument(
-        "--time-limit", type=float, default=1.0, help="CP-SAT time limit per plan, seconds"
+        "--time-limit",
+        type=float,
+        default=1.0,
+        help=f"CP-SAT time limit per plan, seconds (above 0, at most {MAX_TIME_LIMIT_S:g}; "
+        "default 1)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="instance and solver seed")
-    parser.add_argument("--workers", type=int, default=1, help="CP-SAT search workers")
-    parser.add_argument("--gpus-per-node", type=int, default=8)
-    parser.add_argument("--occupancy", type=float, default=0.85)
-    parser.add_argument("--pending-fraction", type=float, default=0.30)
+    parser.add_argument(
+        "--seed", type=int, default=0, help=f"instance and solver seed (0 to {MAX_SEED})"
+    )
+    parser.add_argument(
+        "--workers", type=int, default=1, help=f"CP-SAT search workers (1 to {MAX_WORKERS})"
+    )
+    parser.add_argument(
+        "--gpus-per-node", type=int, default=8, help=f"1 to {MAX_GPUS_PER_NODE} (default 8)"
+    )
+    parser.add_argument(
+        "--occupancy",
+        type=float,
+        default=0.85,
+        help="share of the compute slices held by used instances, 0 to 1 (default 0.85)",
+    )
+    parser.add_argument(
+        "--pending-fraction",
+        type=float,
+        default=0.30,
+        help=f"pending pods per GPU, 0 to {MAX_PENDING_FRACTION:g} (default 0.3)",
+    )
+
+
+def _finite_in(value: float, low: float, high: float, *, above: bool = False) -> bool:
+    """``value`` is a finite number from ``low`` (excluded when ``above``) to ``high``."""
+    return math.isfinite(value) and (value > low if above else value >= low) and value <= high
 
 
 def check_args(args: argparse.Namespace) -> list[int] | None:
@@ -350,14 +388,32 @@ def check_args(args: argparse.Namespace) -> list[int] | None:
             f"--instances has {len(instances)} values for {len(sizes)} sizes; "
             "give one number, or one per size"
         )
-    if args.time_limit <= 0:
-        raise ValueError(f"--time-limit must be positive, got {args.time_limit}")
-    if args.workers < 1 or args.gpus_per_node < 1:
-        raise ValueError("--workers and --gpus-per-node must be at least 1")
-    if not 0.0 <= args.occupancy <= 1.0:
-        raise ValueError(f"--occupancy must be between 0 and 1, got {args.occupancy}")
-    if args.pending_fraction < 0:
-        raise ValueError(f"--pending-fraction must be >= 0, got {args.pending_fraction}")
+    if max(sizes) > MAX_NODES:
+        raise ValueError(f"--sizes must be at most {MAX_NODES} nodes each, got {max(sizes)}")
+    if instances is not None and max(instances) > MAX_INSTANCES:
+        raise ValueError(
+            f"--instances must be at most {MAX_INSTANCES} per size, got {max(instances)}"
+        )
+    if not _finite_in(args.time_limit, 0, MAX_TIME_LIMIT_S, above=True):
+        raise ValueError(
+            f"--time-limit must be positive and at most {MAX_TIME_LIMIT_S:g} s, "
+            f"got {args.time_limit:g}"
+        )
+    if not 0 <= args.seed <= MAX_SEED:
+        raise ValueError(f"--seed must be from 0 to {MAX_SEED}, got {args.seed}")
+    if not 1 <= args.workers <= MAX_WORKERS:
+        raise ValueError(f"--workers must be from 1 to {MAX_WORKERS}, got {args.workers}")
+    if not 1 <= args.gpus_per_node <= MAX_GPUS_PER_NODE:
+        raise ValueError(
+            f"--gpus-per-node must be from 1 to {MAX_GPUS_PER_NODE}, got {args.gpus_per_node}"
+        )
+    if not _finite_in(args.occupancy, 0.0, 1.0):
+        raise ValueError(f"--occupancy must be between 0 and 1, got {args.occupancy:g}")
+    if not _finite_in(args.pending_fraction, 0.0, MAX_PENDING_FRACTION):
+        raise ValueError(
+            f"--pending-fraction must be from 0 to {MAX_PENDING_FRACTION:g} (pending pods per "
+            f"GPU), got {args.pending_fraction:g}"
+        )
     return instances
 
 

@@ -46,6 +46,7 @@ from typing import Any
 from simulations.inputs.cluster import load_cluster
 from simulations.inputs.openb import OPENB_TRACES, load_openb_pods, openb_dir, resolve_trace
 from simulations.reports.out_file import out_file_error
+from simulations.reports.replay_report import report_folder
 from simulations.saturation.partitioned import CpuScheduler
 from simulations.saturation.protocol import SaturationResult
 from simulations.saturation.runner import ROWS, cpu_scheduler_of, protocol_of, run_policy
@@ -213,8 +214,16 @@ def write_plot(results: Sequence[SaturationResult], path: Path, title: str) -> N
 def write_report(
     out_dir: Path, results: Sequence[SaturationResult], setup: Mapping[str, Any]
 ) -> list[Path]:
-    """Write ``report.md``, ``allocation.png`` and ``results.json`` into ``out_dir``."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """Write ``report.md``, ``allocation.png`` and ``results.json`` into ``out_dir`` (made with
+    its parents); :class:`~simulations.reports.replay_report.ReportWriteError` naming it when
+    it cannot be made or written."""
+    with report_folder(out_dir) as out:
+        return _write_report(out, results, setup)
+
+
+def _write_report(
+    out_dir: Path, results: Sequence[SaturationResult], setup: Mapping[str, Any]
+) -> list[Path]:
     summary = aggregate(results)
     png = out_dir / "allocation.png"
     write_plot(results, png, str(setup.get("title", "Saturation protocol")))

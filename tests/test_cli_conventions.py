@@ -105,6 +105,15 @@ def test_version_prints_the_package_version_and_exits_0() -> None:
         [sys.executable, "-c", GPUSLICE], capture_output=True, text=True, check=False
     )
     assert no_command.returncode == 2 and "COMMAND" in no_command.stdout
+    as_module = subprocess.run(  # python -m gpuslice: where the console script is not on PATH
+        [sys.executable, "-m", "gpuslice", "--version"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT.parent,
+    )
+    assert as_module.returncode == 0, as_module.stderr
+    assert as_module.stdout == done.stdout
 
 
 # -- -o on every command that reports ----------------------------------------------------------

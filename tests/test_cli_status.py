@@ -215,3 +215,38 @@ def test_a_bad_catalog_or_kubeconfig_is_bad_input(
     argv = ["status", "--kubeconfig", str(tmp_path / "nope"), "--context", "x"]
     assert main(argv) == EXIT_BAD_INPUT
     assert "cannot connect" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("a: [\n", "ParserError"),  # not YAML
+        (  # a context that is a string, not a mapping
+            "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
+            'contexts: [{name: x, context: "str"}]\nclusters: []\nusers: []\n',
+            "AttributeError",
+        ),
+        (  # numbers where the client library asserts strings
+            "apiVersion: v1\nkind: Config\ncurrent-context: 5\n"
+            "contexts: [{name: 5, context: {cluster: 5, user: 5}}]\n"
+            "clusters: [{name: 5, cluster: {server: 5}}]\nusers: [{name: 5, user: {}}]\n",
+            "AssertionError",
+        ),
+        (  # a server that is not a URL: found at the first call, still bad input
+            "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
+            "contexts: [{name: x, context: {cluster: c, user: u}}]\n"
+            'clusters: [{name: c, cluster: {server: "not a url"}}]\nusers: [{name: u, user: {}}]\n',
+            "is not a URL",
+        ),
+    ],
+)
+def test_a_malformed_kubeconfig_is_bad_input_with_one_line_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, why: str
+) -> None:
+    path = tmp_path / "kubeconfig"
+    path.write_text(text)
+    assert main(["status", "--kubeconfig", str(path)]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err.strip()
+    assert why in err and "kubectl config view" in err and "\n" not in err
+    if why != "is not a URL":
+        assert str(path) in err

@@ -19,7 +19,10 @@ kinds of idle cycle, snapshot build) with its target and pass/fail where issue 1
 ``-o json`` / ``-o yaml`` print the whole document; ``--out DIR`` writes
 ``DIR/controller.json``.  The planner's options (``--sizes`` ...) and the controller's
 (``--nodes``, ``--pods``, ``--pending``, ``--cycles``, ``--snapshot-repeats``) are each read by
-their own target only; ``--seed`` is shared.
+their own target only; ``--seed`` is shared.  Every option is checked before either target
+runs, whichever target it is for (a bad ``--time-limit`` is refused by ``bench controller``
+too), and ``--out`` is made before the benchmark starts (exit 2 when it cannot be): a typo
+there must not lose the run at its end.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuslice.cli import BadInput
+from gpuslice.options import out_folder
 from gpuslice.output import Column, add_output_argument, emit, render_table
 
 HELP = (
@@ -76,18 +80,22 @@ COLUMNS = (
     Column("greedy cpu p50 / p99 s", lambda r: _times(r["greedy"]["cpu_s"]), wide=True),
     Column(
         "placed, CP-SAT vs greedy",
-        lambda r: f"{', '.join(map(str, r['cpsat']['placed']))} vs "
-        f"{', '.join(map(str, r['greedy']['placed']))}",
+        lambda r: (
+            f"{', '.join(map(str, r['cpsat']['placed']))} vs "
+            f"{', '.join(map(str, r['greedy']['placed']))}"
+        ),
     ),
     Column(
         "eligible unplaced, CP-SAT vs greedy",
-        lambda r: f"{sum(r['cpsat']['unplaced_eligible'])} vs "
-        f"{sum(r['greedy']['unplaced_eligible'])}",
+        lambda r: (
+            f"{sum(r['cpsat']['unplaced_eligible'])} vs {sum(r['greedy']['unplaced_eligible'])}"
+        ),
     ),
     Column(
         "weighted churn, CP-SAT vs greedy",
-        lambda r: f"{sum(r['cpsat']['churn_weighted']):,} vs "
-        f"{sum(r['greedy']['churn_weighted']):,}",
+        lambda r: (
+            f"{sum(r['cpsat']['churn_weighted']):,} vs {sum(r['greedy']['churn_weighted']):,}"
+        ),
     ),
     Column("CP-SAT status", lambda r: _statuses(r["cpsat"]["status"])),
     Column(
@@ -113,17 +121,21 @@ def render_text(doc: dict[str, Any], wide: bool = False, width: int | None = Non
 
 def _target(out: str | None, name: str = REPORT_FILE) -> Path | None:
     """The file ``--out`` means: ``DIR/<name>``; a value ending in ``.json`` that is not
-    a folder is the first releases' ``--out FILE``, kept with a note."""
+    a folder is the first releases' ``--out FILE``, kept with a note.  Its folder is made now,
+    before the benchmark runs (:func:`gpuslice.options.out_folder`); :class:`BadInput` when it
+    cannot be, or the file could not be written."""
     if not out:
         return None
     path = Path(out)
     if path.suffix == ".json" and not path.is_dir():
         print(f"gpuslice bench: note: --out FILE is deprecated; give a folder, which gets "
               f"{name}", file=sys.stderr)  # fmt: skip
-        return path
-    if path.exists() and not path.is_dir():
-        raise BadInput(f"--out {out}: not a folder; give a folder (it gets {name})")
-    return path / name
+        folder = out_folder(str(path.parent), [path.name], given=out)
+        assert folder is not None
+        return folder / path.name
+    folder = out_folder(out, [name])
+    assert folder is not None
+    return folder / name
 
 
 def _ms(seconds: float) -> str:
@@ -198,16 +210,24 @@ def _progress(args: argparse.Namespace) -> Callable[[str], None]:
 
 
 def _write(doc: dict[str, Any], target: Path | None) -> None:
+    """Write the document to ``target`` (after it was printed: a failure loses nothing)."""
     if target is not None:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(json.dumps(doc, indent=2) + "\n")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(json.dumps(doc, indent=2) + "\n")
+        except OSError as e:
+            raise BadInput(
+                f"--out: could not write {target} ({e.strerror or e}); the results are "
+                "printed above"
+            ) from None
         print(f"wrote {target}", file=sys.stderr)
 
 
 def run_controller(args: argparse.Namespace) -> int:
-    from simulations import bench_controller
+    from simulations import bench_controller, bench_planner
 
     try:
+        bench_planner.check_args(args)  # the options every target accepts, checked alike
         bench_controller.check_args(args)
     except ValueError as e:
         raise BadInput(str(e)) from e

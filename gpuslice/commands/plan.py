@@ -28,7 +28,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpuslice.cli import BadInput
-from gpuslice.options import add_catalog_argument, catalog_files
+from gpuslice.options import (
+    MAX_SEED,
+    MAX_TIME_LIMIT_S,
+    add_catalog_argument,
+    catalog_files,
+    check_number,
+)
 from gpuslice.output import Column, add_output_argument, emit, render_table
 from planner.api import plan
 from planner.catalog import Catalog, CatalogError
@@ -56,9 +62,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="planner: cpsat (default) or the nos-like greedy baseline",
     )
     parser.add_argument(
-        "--time-limit", type=float, default=1.0, help="CP-SAT time limit, seconds (default 1)"
+        "--time-limit",
+        type=float,
+        default=1.0,
+        help=f"CP-SAT time limit, seconds (above 0, at most {MAX_TIME_LIMIT_S:g}; default 1)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (default 0)")
+    parser.add_argument(
+        "--seed", type=int, default=0, help=f"CP-SAT random seed (0 to {MAX_SEED}; default 0)"
+    )
     add_catalog_argument(parser)
     add_output_argument(parser, json_alias=True, what="the plan")
 
@@ -280,8 +291,8 @@ def render_text(doc: dict[str, Any], wide: bool = False, width: int | None = Non
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.time_limit <= 0:
-        raise BadInput(f"--time-limit must be positive, got {args.time_limit}")
+    check_number("--time-limit", args.time_limit, 0, MAX_TIME_LIMIT_S, above=True, unit=" s")
+    check_number("--seed", args.seed, 0, MAX_SEED)
     catalog = _load_catalog(args.catalog)
     warnings: list[str] = []
     read: dict[str, dict[str, Any]] = {}

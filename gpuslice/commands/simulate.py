@@ -17,7 +17,11 @@ synthetic workload on that cluster (the first line of the output names both).
 Output (``-o``, :mod:`gpuslice.output`): the comparison tables, or one document with ``-o
 json|yaml``.  Progress goes to stderr (:mod:`gpuslice.progress`: a bar on a terminal, else an
 occasional plain line; none with ``--quiet``).  Files are written only under ``--out DIR``:
-:data:`WRITES` lists them per protocol, and ``--help`` prints that list.
+:data:`WRITES` lists them per protocol, and ``--help`` prints that list.  The folder (and the
+protocols' sub-folders) is made before the first run, or refused with exit 2
+(:func:`gpuslice.options.out_folder`): a typo in ``--out`` must not lose the results at the end.
+Should a report still fail to be written, the saturation results are printed all the same,
+then the error (exit 2).
 
 Protocols are looked up in :data:`PROTOCOLS` (name -> runner); another protocol plugs in by
 adding an entry whose runner takes ``(args, cluster, workload, progress)`` and returns its
@@ -36,7 +40,7 @@ from typing import Any
 
 import simulations
 from gpuslice.cli import BadInput
-from gpuslice.options import BUILTIN_CLUSTER, trace_needs_cluster
+from gpuslice.options import BUILTIN_CLUSTER, out_folder, trace_needs_cluster
 from gpuslice.output import Column, add_output_argument, emit, render_table
 from gpuslice.progress import Progress
 from simulations.bench_saturation import aggregate, write_report
@@ -44,7 +48,7 @@ from simulations.inputs.cluster import Cluster, ClusterError, load_cluster
 from simulations.inputs.openb import load_openb_pods, resolve_trace
 from simulations.inputs.workload import Workload, WorkloadError, load_workload
 from simulations.reports.replay_report import COLUMNS as REPLAY_COLUMNS
-from simulations.reports.replay_report import REPLAY_FILES
+from simulations.reports.replay_report import REPLAY_FILES, ReportWriteError
 from simulations.saturation.protocol import SaturationResult
 from simulations.saturation.runner import ROWS, run_policy
 
@@ -121,7 +125,10 @@ def _run_saturation_protocol(
             "policies": ", ".join(policies),
             "date": time.strftime("%Y-%m-%d"),
         }
-        doc["files"] = [str(p) for p in write_report(Path(args.out), results, setup)]
+        try:
+            doc["files"] = [str(p) for p in write_report(Path(args.out), results, setup)]
+        except ReportWriteError as e:  # the results are printed all the same, then the error
+            doc["write_error"] = f"--out {args.out}: {e}"
     return doc
 
 
@@ -316,7 +323,9 @@ def _load_cluster(spec: str | None, openb_directory: str | None) -> Cluster:
 
 def _writes_help() -> str:
     per = "; ".join(
-        f"{protocol}: {', '.join(names)}" for protocol, names in WRITES.items() if protocol != "both"
+        f"{protocol}: {', '.join(names)}"
+        for protocol, names in WRITES.items()
+        if protocol != "both"
     )
     return (
         f"write the reports into this folder (created if missing) -- {per}; both: one "
@@ -409,6 +418,7 @@ def run(args: argparse.Namespace) -> int:
             require_shares(workload, args.protocol)
         except WorkloadError as e:
             raise BadInput(str(e)) from None
+    out_folder(args.out, out_files(args.protocol))  # before the runs: results must not be lost
     label = "simulate: " + ("saturation" if args.protocol == "both" else args.protocol)
     with Progress(label, enabled=not args.quiet) as bar:
         doc = PROTOCOLS[args.protocol](args, cluster, workload, bar)
@@ -417,4 +427,15 @@ def run(args: argparse.Namespace) -> int:
     for part in parts:
         for path in part["files"]:
             _note(f"wrote {path}")
+    errors = [part["write_error"] for part in parts if part.get("write_error")]
+    if errors:
+        raise BadInput(f"{'; '.join(errors)} (the results are printed above)")
     return 0
+
+
+def out_files(protocol: str) -> list[str]:
+    """What ``--out DIR`` gets for ``protocol``, relative to ``DIR`` (:data:`WRITES`, with the
+    sub-folders' files)."""
+    if protocol != "both":
+        return list(WRITES[protocol])
+    return [f"{sub}{name}" for sub in WRITES["both"] for name in WRITES[sub.rstrip("/")]]

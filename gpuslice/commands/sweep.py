@@ -12,7 +12,13 @@ Without ``--trace``/``--cluster`` it uses the small built-in scenario
 (:func:`simulations.replay.sweep.default_scenario`).  ``--trace`` needs ``--cluster`` (a workload
 means nothing on a cluster it was not written for; ``--cluster builtin`` runs it on the
 built-in one on purpose).  Nothing is written unless ``--out DIR`` is given: then ``sweep.json``
-(the ``-o json`` document) and ``sweep.png`` (p95 per setting) go there.
+(the ``-o json`` document) and ``sweep.png`` (p95 per setting) go there; the folder is made
+before the first run (exit 2 when it cannot be), and should writing still fail at the end, the
+table has been printed already.
+
+Every numeric option is finite and in the range its help states (:mod:`gpuslice.options`); the
+upper bounds (a day of simulated seconds, :data:`MAX_COPIES` copies, ...) only keep a typo
+from running for ever.
 """
 
 from __future__ import annotations
@@ -24,24 +30,29 @@ from pathlib import Path
 from typing import Any
 
 from gpuslice.cli import BadInput
-from gpuslice.options import BUILTIN_CLUSTER, deprecated_alias, trace_needs_cluster
+from gpuslice.options import (
+    BUILTIN_CLUSTER,
+    DAY_S,
+    deprecated_alias,
+    integer,
+    number,
+    numbers,
+    out_folder,
+    range_text,
+    trace_needs_cluster,
+)
 from gpuslice.output import Column, add_output_argument, emit, render_table
 
 HELP = "tune batch timeout/idle and planner weights with the time replay; recommends a setting"
 WRITES = ("sweep.json", "sweep.png")
 """What ``--out DIR`` gets."""
+MAX_COPIES = 100
+"""Most overlaid copies of the trace (``--copies``): each copy is the whole trace again."""
+MIN_COMPRESSION, MAX_COMPRESSION = 1e-3, 1e6
+"""``--compression`` range: a thousand times slower to a million times faster than the trace."""
 
-
-def _floats(text: str) -> list[float]:
-    try:
-        values = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated seconds, got {text!r}"
-        ) from None
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive seconds, got {text!r}")
-    return values
+_seconds = number(0, DAY_S, unit=" s")
+_window = numbers(0, DAY_S, above=True, unit=" s")
 
 
 def _percent(text: str) -> float:
@@ -49,7 +60,7 @@ def _percent(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a percentage, got {text!r}") from None
-    if not 0 <= value < 100:
+    if not 0 <= value < 100:  # False for nan, as for inf
         raise argparse.ArgumentTypeError(f"expected 0 <= percent < 100, got {text!r}")
     return value
 
@@ -59,12 +70,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument(
         "--timeouts",
-        type=_floats,
+        type=_window,
         default=[10.0, 30.0, 60.0],
-        help="batch timeouts, s (comma-separated; default 10,30,60)",
+        help=f"batch timeouts, s (comma-separated, each {range_text(0, DAY_S, above=True)}; "
+        "default 10,30,60)",
     )
     parser.add_argument(
-        "--idles", type=_floats, default=[2.0, 10.0], help="batch idle times, s (default 2,10)"
+        "--idles",
+        type=_window,
+        default=[2.0, 10.0],
+        help=f"batch idle times, s (each {range_text(0, DAY_S, above=True)}; default 2,10)",
     )
     parser.add_argument(
         "--weights",
@@ -90,24 +105,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="directory of the openb CSVs (else $GPUSLICE_OPENB_DIR or ../shared/traces/openb)",
     )
     parser.add_argument(
-        "--compression", type=float, default=1.0, help="divide trace times by this (default 1)"
+        "--compression",
+        type=number(MIN_COMPRESSION, MAX_COMPRESSION),
+        default=1.0,
+        help=f"divide trace times by this ({range_text(MIN_COMPRESSION, MAX_COMPRESSION)}; "
+        "default 1)",
     )
     parser.add_argument(
-        "--copies", type=int, default=1, help="overlaid copies of the trace (default 1)"
+        "--copies",
+        type=integer(1, MAX_COPIES),
+        default=1,
+        help=f"overlaid copies of the trace ({range_text(1, MAX_COPIES)}; default 1)",
     )
     parser.add_argument(
-        "--apply-delay", type=float, default=5.0, help="node agent apply delay, s (default 5)"
+        "--apply-delay",
+        type=_seconds,
+        default=5.0,
+        help=f"node agent apply delay, s ({range_text(0, DAY_S)}; default 5)",
     )
     parser.add_argument(
         "--batch-retry-seconds",
         dest="retry",
-        type=float,
+        type=_seconds,
         default=60.0,
         metavar="SECONDS",
         help="the partitioner's batch retry for planned pods still pending, as its "
-        "--batch-retry-seconds (default 60)",
+        f"--batch-retry-seconds ({range_text(0, DAY_S)}; default 60)",
     )
-    deprecated_alias(parser, "--retry", "--batch-retry-seconds", "retry", type=float)
+    deprecated_alias(parser, "--retry", "--batch-retry-seconds", "retry", type=_seconds)
     parser.add_argument(
         "--mapping",
         default=None,
@@ -236,8 +261,7 @@ def run(args: argparse.Namespace) -> int:
     )
 
     trace_needs_cluster("sweep", args.trace, args.cluster)
-    out = Path(args.out) if args.out else None
-    if out is not None and out.exists() and not out.is_dir():
+    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
         raise BadInput(f"--out {args.out}: not a folder; give a folder for {', '.join(WRITES)}")
     band, gain = args.max_extra_churn / 100, args.min_p95_gain / 100
     try:
@@ -261,6 +285,7 @@ def run(args: argparse.Namespace) -> int:
         )
     except (WorkloadError, ClusterError, SweepError, ReplayError, StaticLayoutError) as e:
         raise BadInput(str(e)) from e
+    out = out_folder(args.out, WRITES)  # made now: a bad --out must not lose the runs' results
 
     if not args.quiet:
         print(
@@ -284,8 +309,14 @@ def run(args: argparse.Namespace) -> int:
     doc = sweep_document(args, workload, cluster, rows, best, churn_note(rows, best, band, gain))
     emit(doc, args.output, lambda wide, width: render_text(doc, wide, width))
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "sweep.json").write_text(json.dumps(doc, indent=2) + "\n")
-        plot = plot_sweep(rows, best, out / "sweep.png")
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "sweep.json").write_text(json.dumps(doc, indent=2) + "\n")
+            plot = plot_sweep(rows, best, out / "sweep.png")
+        except OSError as e:  # the table is printed above: say what was not written
+            raise BadInput(
+                f"--out {args.out}: could not write {', '.join(WRITES)} "
+                f"({e.strerror or e}); the results are printed above"
+            ) from None
         print(f"wrote {out / 'sweep.json'} and {plot}", file=sys.stderr)
     return 0 if best is not None else 1

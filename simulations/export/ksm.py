@@ -60,9 +60,16 @@ from pathlib import Path
 from typing import Any
 
 from contract.input_files import MAX_SNAPSHOT_BYTES, InputError, parse_json, read_text
-from simulations.export.pods import ExportError, ExportReport, ObservedPod, build_workload, split_at
+from simulations.export.pods import (
+    ExportError,
+    ExportReport,
+    ObservedPod,
+    build_workload,
+    split_at,
+    time_error,
+)
 from simulations.inputs.gpu_resources import from_ksm_label, is_gpu_resource
-from simulations.inputs.workload import Workload
+from simulations.inputs.workload import Workload, clip
 
 __all__ = ["Sample", "export_ksm", "observe_samples", "parse_priority_classes", "read_samples"]
 
@@ -198,8 +205,8 @@ def _text_samples(text: str, where: str, at: float | None) -> list[Sample]:
         else:
             timed.append(Sample(m.group("name"), labels, t, value))
     if untimed and at is None:
-        stamps = [v for name, _, v in untimed if name in _TIME_METRICS and math.isfinite(v)]
-        stamps += [s.time for s in timed]
+        stamps = [v for name, _, v in untimed if name in _TIME_METRICS and not time_error(v, "")]
+        stamps += [s.time for s in timed if not time_error(s.time, "")]
         if not stamps:
             raise ExportError(
                 f"{where}: its samples carry no time and it holds no kube_pod_created value, so "
@@ -270,6 +277,10 @@ def observe_samples(
     end = -math.inf
     for path, samples in files:
         for s in samples:
+            problem = time_error(s.time, f"the sample time of {s.name[:60]}")
+            if problem:
+                labels = ", ".join(f"{k}={v[:60]!r}" for k, v in list(s.labels.items())[:4])
+                raise ExportError(f"{path}: {problem} ({labels})")
             end = max(end, s.time)
             ns, name = s.labels.get("namespace"), s.labels.get("pod")
             if not s.name.startswith("kube_pod_") or not ns or not name:
@@ -277,13 +288,16 @@ def observe_samples(
             key = (ns, name, s.labels.get("uid", ""))
             acc = accs.get(key)
             if acc is None:
-                where = f"{path} ({ns}/{name})"
+                where = f"{path} ({clip(f'{ns}/{name}')})"
                 acc = _Acc(ObservedPod(ns, name, key[2], where, s.time, s.time), {}, {})
                 accs[key] = acc
             p = acc.pod
             p.first_seen, p.last_seen = min(p.first_seen, s.time), max(p.last_seen, s.time)
             if not math.isfinite(s.value):
                 continue
+            problem = time_error(s.value, s.name) if s.name in _TIME_METRICS else ""
+            if problem:
+                raise ExportError(f"{acc.pod.where}: {problem}")
             if s.name in (REQUESTS, INIT_REQUESTS):
                 resource = s.labels.get("resource", "")
                 store = acc.containers if s.name == REQUESTS else acc.init

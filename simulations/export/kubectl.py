@@ -54,7 +54,7 @@ from simulations.export.pods import (
     split_at,
 )
 from simulations.inputs.gpu_resources import WHOLE_GPU
-from simulations.inputs.workload import Workload
+from simulations.inputs.workload import Workload, clip
 
 __all__ = ["Dump", "export_kubectl", "observe_dumps", "read_dump"]
 
@@ -149,8 +149,18 @@ def _objects(doc: Any, where: str) -> Iterator[tuple[Obj, str]]:
     )
 
 
+def _mapping(value: Any) -> Obj:
+    """``value`` if it is an object, else an empty one (a malformed field reads as absent)."""
+    return value if isinstance(value, dict) else {}
+
+
+def _object_list(value: Any) -> list[Obj]:
+    """The objects of a list field; anything else reads as absent."""
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
 def _single_profile(node: Obj) -> tuple[str, str] | None:
-    meta = node.get("metadata") or {}
+    meta = _mapping(node.get("metadata"))
     labels = meta.get("labels") or {}
     if not isinstance(labels, dict) or labels.get(STRATEGY_LABEL) != "single":
         return None
@@ -175,7 +185,7 @@ def read_dump(spec: str) -> Dump:
         for obj, event in _objects(doc, path):
             kind = obj.get("kind")
             if kind == "Pod" or (
-                kind is None and isinstance((obj.get("spec") or {}).get("containers"), list)
+                kind is None and isinstance(_mapping(obj.get("spec")).get("containers"), list)
             ):
                 dump.pods.append((obj, event, position))
             elif kind == "Node":
@@ -193,21 +203,19 @@ def read_dump(spec: str) -> Dump:
 
 
 def _where(dump: Dump, position: int, meta: Obj) -> str:
-    return (
-        f"{dump.path}: object {position + 1} ({meta.get('namespace', '?')}/{meta.get('name', '?')})"
-    )
+    pod = f"{meta.get('namespace', '?')}/{meta.get('name', '?')}"
+    return f"{dump.path}: object {position + 1} ({clip(pod)})"
 
 
 def _latest_stamp(pod: Obj) -> float | None:
-    """The latest time written in a pod (creation, start, transitions, container states)."""
-    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    """The latest time written in a pod (creation, start, transitions, container states);
+    fields of the wrong shape are left out (:func:`_check_status` refuses them)."""
+    meta, status = _mapping(pod.get("metadata")), _mapping(pod.get("status"))
     stamps = [meta.get("creationTimestamp"), status.get("startTime")]
-    stamps += [
-        c.get("lastTransitionTime") for c in status.get("conditions") or () if isinstance(c, dict)
-    ]
+    stamps += [c.get("lastTransitionTime") for c in _object_list(status.get("conditions"))]
     for key in ("containerStatuses", "initContainerStatuses"):
-        for cs in status.get(key) or ():
-            for state in ((cs or {}).get("state") or {}).values():
+        for cs in _object_list(status.get(key)):
+            for state in _mapping(cs.get("state")).values():
                 if isinstance(state, dict):
                     stamps += [state.get("startedAt"), state.get("finishedAt")]
     times = [t for t in map(parse_time, stamps) if t is not None]
@@ -215,8 +223,8 @@ def _latest_stamp(pod: Obj) -> float | None:
 
 
 def _scheduled(status: Obj) -> float | None:
-    for c in status.get("conditions") or ():
-        if isinstance(c, dict) and c.get("type") == "PodScheduled" and c.get("status") == "True":
+    for c in _object_list(status.get("conditions")):
+        if c.get("type") == "PodScheduled" and c.get("status") == "True":
             t = parse_time(c.get("lastTransitionTime"))
             if t is not None:
                 return t
@@ -225,12 +233,30 @@ def _scheduled(status: Obj) -> float | None:
 
 def _finished_at(status: Obj) -> float | None:
     times = [
-        parse_time(((cs or {}).get("state") or {}).get("terminated", {}).get("finishedAt"))
-        for cs in status.get("containerStatuses") or ()
-        if isinstance(cs, dict) and isinstance((cs.get("state") or {}).get("terminated"), dict)
+        parse_time(_mapping(_mapping(cs.get("state")).get("terminated")).get("finishedAt"))
+        for cs in _object_list(status.get("containerStatuses"))
     ]
     known = [t for t in times if t is not None]
     return max(known) if known else None
+
+
+def _check_status(status: Obj, where: str) -> None:
+    """Refuse the status fields export reads when their shape is not kubectl's: a list that
+    is not a list, a container status or state that is not an object."""
+    for key in ("conditions", "containerStatuses", "initContainerStatuses"):
+        value = status.get(key)
+        if value is not None and not isinstance(value, list):
+            raise ExportError(
+                f"{where}: status.{key} must be a list, got {type(value).__name__}; {_FIX}"
+            )
+    for key in ("containerStatuses", "initContainerStatuses"):
+        for i, cs in enumerate(status.get(key) or ()):
+            state = cs.get("state") if isinstance(cs, dict) else None
+            if not isinstance(cs, dict) or not isinstance(state or {}, dict):
+                raise ExportError(
+                    f"{where}: status.{key}[{i}] must be an object whose 'state' is an object; "
+                    f"{_FIX}"
+                )
 
 
 def _read_pod(pod: Obj, dump: Dump, position: int, seen_at: float) -> ObservedPod:
@@ -250,6 +276,7 @@ def _read_pod(pod: Obj, dump: Dump, position: int, seen_at: float) -> ObservedPo
     spec, status = pod.get("spec") or {}, pod.get("status") or {}
     if not isinstance(spec, dict) or not isinstance(status, dict):
         raise ExportError(f"{where}: spec and status must be objects; {_FIX}")
+    _check_status(status, where)
     try:
         requests = pod_requests(pod)
         cpu = cpu_milli(requests.get("cpu", 0))

@@ -58,8 +58,15 @@ from simulations.inputs.gpu_resources import (
     classify,
     is_gpu_resource,
 )
-from simulations.inputs.limits import MAX_PODS
-from simulations.inputs.workload import GPU_MILLI, MAX_SLICES_PER_POD, Pod, Workload, pod_entry
+from simulations.inputs.limits import MAX_PODS, MAX_TIME_S
+from simulations.inputs.workload import (
+    GPU_MILLI,
+    MAX_SLICES_PER_POD,
+    Pod,
+    Workload,
+    clip,
+    pod_entry,
+)
 
 __all__ = [
     "END_DELETED",
@@ -75,6 +82,7 @@ __all__ = [
     "parse_time",
     "render",
     "split_at",
+    "time_error",
     "time_from_name",
     "workload_document",
 ]
@@ -85,6 +93,10 @@ END_VANISHED = "vanished"
 END_RUNNING = "running"
 MAX_LISTED = 10
 """Problems named in one :class:`ExportError`; the rest are counted."""
+FIRST_TIME_S = datetime.datetime.min.replace(tzinfo=datetime.UTC).timestamp()
+"""0001-01-01T00:00:00Z in epoch seconds: the earliest time a timestamp can name."""
+LAST_TIME_S = datetime.datetime.max.replace(tzinfo=datetime.UTC).timestamp() - 1.0
+"""9999-12-31T23:59:59Z in epoch seconds (about 2.5e11): the latest."""
 
 
 class ExportError(ValueError):
@@ -107,8 +119,19 @@ def parse_time(text: object) -> float | None:
     return stamp.timestamp()
 
 
+def time_error(value: float, what: str) -> str:
+    """A problem with epoch seconds ``value`` (``what`` names it), or ``""`` for a time
+    :func:`format_time` can write (years 1 to 9999)."""
+    if math.isfinite(value) and FIRST_TIME_S <= value <= LAST_TIME_S:
+        return ""
+    return (
+        f"{what} is {value:g}, not a time in epoch seconds between years 1 and 9999 "
+        f"({FIRST_TIME_S:.0f} .. {LAST_TIME_S:.0f})"
+    )
+
+
 def format_time(epoch: float) -> str:
-    """Epoch seconds -> ``2026-11-23T10:00:00Z``."""
+    """Epoch seconds (within :func:`time_error`'s range) -> ``2026-11-23T10:00:00Z``."""
     stamp = datetime.datetime.fromtimestamp(epoch, datetime.UTC).replace(microsecond=0)
     return stamp.isoformat().replace("+00:00", "Z")
 
@@ -144,6 +167,9 @@ def split_at(spec: str) -> tuple[str, float | None]:
             return spec, time_from_name(spec)
         if not math.isfinite(t) or t < 0:
             return spec, time_from_name(spec)
+        problem = time_error(t, f"the time of {path}@{when}")
+        if problem:
+            raise ExportError(f"{problem}; name it as {path}@2026-11-23T10:00:00Z")
     return path, t
 
 
@@ -258,8 +284,8 @@ def _count(resource: str, amount: Decimal, pod: ObservedPod) -> tuple[int, str]:
     """``amount`` as a device count, or a problem."""
     if amount != amount.to_integral_value() or not 0 <= amount <= MAX_SLICES_PER_POD:
         return 0, (
-            f"pod {pod.key} ({pod.where}) requests {amount} of {resource}; a device count is a "
-            f"whole number 0..{MAX_SLICES_PER_POD}"
+            f"pod {clip(pod.key)} ({pod.where}) requests {amount} of {resource}; a device count "
+            f"is a whole number 0..{MAX_SLICES_PER_POD}"
         )
     return int(amount), ""
 
@@ -286,7 +312,7 @@ def _gpu_requests(
         kind = classify(mapped)
         if kind is None:
             problems.append(
-                f"pod {pod.key} ({pod.where}) requests {raw or resource}, a GPU resource the "
+                f"pod {clip(pod.key)} ({pod.where}) requests {raw or resource}, a GPU resource the "
                 f"simulator cannot replay: rename it with --map-resource {raw or resource}=TO "
                 "(TO: nvidia.com/mig-<profile>, nvidia.com/gpu-<N>gb or nvidia.com/gpu) or drop "
                 f"it with --map-resource {raw or resource}="
@@ -303,9 +329,9 @@ def _gpu_requests(
             slices[mapped] = slices.get(mapped, 0) + count
     if whole and slices:
         problems.append(
-            f"pod {pod.key} ({pod.where}) requests whole GPUs ({WHOLE_GPU}: {whole}) and slices "
-            f"({', '.join(sorted(slices))}) at once; the simulator replays one or the other: "
-            f"drop one with --map-resource {WHOLE_GPU}="
+            f"pod {clip(pod.key)} ({pod.where}) requests whole GPUs ({WHOLE_GPU}: {whole}) and "
+            f"slices ({', '.join(sorted(slices))}) at once; the simulator replays one or the "
+            f"other: drop one with --map-resource {WHOLE_GPU}="
         )
     return whole, slices, problems
 
@@ -318,6 +344,27 @@ def _end(pod: ObservedPod, observation_end: float) -> tuple[float, str]:
     if pod.last_seen < observation_end:
         return pod.last_seen, END_VANISHED
     return observation_end, END_RUNNING
+
+
+_TIMES = (
+    ("created", "creation time"),
+    ("scheduled", "scheduled time"),
+    ("finished", "finish time"),
+    ("deleted", "deletion time"),
+    ("first_seen", "first sample time"),
+    ("last_seen", "last sample time"),
+)
+
+
+def _time_problems(pod: ObservedPod) -> list[str]:
+    """Problems with the times a source gave ``pod`` (each within :func:`time_error`'s range)."""
+    problems = []
+    for attr, what in _TIMES:
+        value = getattr(pod, attr)
+        problem = "" if value is None else time_error(value, f"its {what}")
+        if problem:
+            problems.append(f"pod {clip(pod.key)} ({pod.where}): {problem}")
+    return problems
 
 
 def _raise(problems: Sequence[str]) -> None:
@@ -343,6 +390,7 @@ def build_workload(
     problems: list[str] = []
     for pod in observed:
         whole, slices, pod_problems = _gpu_requests(pod, rmap, report)
+        pod_problems += _time_problems(pod)
         problems += pod_problems
         if pod_problems:
             continue
@@ -363,6 +411,9 @@ def build_workload(
         )
     if len(rows) > MAX_PODS:
         raise ExportError(f"{len(rows):,} GPU pods; a workload holds at most {MAX_PODS:,}")
+    problem = time_error(observation_end, "the end of the observation (the last sample)")
+    if problem:
+        raise ExportError(f"{', '.join(report.files)}: {problem}")
     rows.sort(key=lambda r: (r[0], r[1].key, r[1].uid))
     t0 = math.floor(min(r[0] for r in rows))
     report.time_zero = float(t0)
@@ -373,6 +424,14 @@ def build_workload(
         uses[pod.key] += 1
         pod_name = pod.key if uses[pod.key] == 1 else f"{pod.key}#{uses[pod.key]}"
         end, reason = _end(pod, report.observation_end)
+        latest = max(end, arrival, arrival if pod.scheduled is None else pod.scheduled) - t0
+        if latest > MAX_TIME_S:  # the workload file would not load
+            problems.append(
+                f"pod {clip(pod.key)} ({pod.where}) has a time {latest:,.0f} s after time_zero "
+                f"({format_time(t0)}), past the simulator's limit of {MAX_TIME_S:,} s; export "
+                "a shorter window"
+            )
+            continue
         report.ends[reason] += 1
         creation = round(arrival - t0)
         scheduled = None
@@ -395,6 +454,7 @@ def build_workload(
                 running=reason == END_RUNNING,
             )
         )
+    _raise(problems)
     report.exported = len(pods)
     if report.whole_gpu_pods:
         report.notes.append(

@@ -29,8 +29,11 @@ MAX_CPU_MILLI = 10**9
 """CPU of one node or pod, milli-cores (a million cores)."""
 MAX_MEMORY_MIB = 2**40
 """Memory of one node or pod, MiB (an exbibyte)."""
-MAX_TIME_S = 10**12
-"""Trace times, seconds (over 30,000 years)."""
+MAX_TIME_S = 10**10
+"""Trace times, seconds, in magnitude (over 300 years).  The time replay stamps its pods at
+its epoch (2026, :attr:`simulations.replay.engine.ReplaySettings.epoch_s`) plus a simulated
+time below ``4 * MAX_TIME_S`` (an arrival within the span of creation times, plus a lifetime),
+which stays before the year 9999, the last a timestamp can name."""
 MAX_TABLE_ROWS = 2_000_000
 """Data rows of one CSV file."""
 MAX_VALUE = 10**12

@@ -49,6 +49,7 @@ from simulations.inputs.workload import (
     Pod,
     Workload,
     WorkloadError,
+    clip,
     normalise_gpu_milli,
     parse_gpu_spec,
 )
@@ -189,7 +190,8 @@ def load_openb_pods(path: str | Path, name: str | None = None) -> Workload:
             errors.append(f"{where}:{row.line}: column 'name' is empty")
         elif pod_name in seen:
             errors.append(
-                f"{where}:{row.line}: duplicate pod name {pod_name!r} (first on line {seen[pod_name]})"
+                f"{where}:{row.line}: duplicate pod name {clip(pod_name)!r} (first on line "
+                f"{seen[pod_name]})"
             )
         cpu = row.integer("cpu_milli", errors, where, MAX_CPU_MILLI)
         mem = row.integer("memory_mib", errors, where, MAX_MEMORY_MIB)
@@ -239,6 +241,11 @@ def openb_dir(explicit: str | Path | None = None) -> Path:
                 "no openb trace directory: pass --openb-dir DIR or set "
                 f"{OPENB_DIR_ENV} to the folder holding openb_pod_list_*.csv"
             )
+    if d.exists() and not d.is_dir():
+        raise TraceError(
+            f"openb trace directory {d} is not a folder; pass --openb-dir DIR, the folder "
+            "holding openb_pod_list_*.csv"
+        )
     if not d.is_dir():
         raise TraceError(f"openb trace directory {d} does not exist; pass --openb-dir DIR")
     return d
@@ -258,5 +265,12 @@ def resolve_trace(trace: str, directory: str | Path | None = None) -> Path:
         known = sorted(
             x.stem.removeprefix("openb_pod_list_") for x in f.parent.glob("openb_pod_list_*.csv")
         )
-        raise TraceError(f"no openb trace named {trace!r} in {f.parent}; known: {', '.join(known)}")
+        if not known:
+            raise TraceError(
+                f"no openb trace named {clip(trace)!r} in {f.parent}: it holds no "
+                "openb_pod_list_*.csv file; pass --openb-dir DIR, the folder holding them"
+            )
+        raise TraceError(
+            f"no openb trace named {clip(trace)!r} in {f.parent}; known: {', '.join(known)}"
+        )
     return f

@@ -76,7 +76,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +118,15 @@ class WorkloadError(ValueError):
     """A workload file or trace is invalid; the message names the file, line or entry."""
 
 
+MAX_NAME_SHOWN = 60
+"""Characters of a name a message shows (a longer one is cut, with ``...``)."""
+
+
+def clip(name: str) -> str:
+    """``name`` for a message: cut to :data:`MAX_NAME_SHOWN` characters, then ``...``."""
+    return name if len(name) <= MAX_NAME_SHOWN else f"{name[:MAX_NAME_SHOWN]}..."
+
+
 @dataclass(frozen=True, slots=True)
 class Pod:
     """One pod request (see the module docstring for the invariants)."""
@@ -145,14 +154,16 @@ class Pod:
     def __post_init__(self) -> None:
         if self.cpu_milli < 0 or self.memory_mib < 0 or self.num_gpu < 0:
             raise WorkloadError(
-                f"pod {self.name!r}: cpu_milli, memory_mib and num_gpu must be >= 0 "
+                f"pod {clip(self.name)!r}: cpu_milli, memory_mib and num_gpu must be >= 0 "
                 f"(got {self.cpu_milli}, {self.memory_mib}, {self.num_gpu})"
             )
         if self.num_gpu == 0 and self.gpu_milli != 0:
-            raise WorkloadError(f"pod {self.name!r}: a CPU-only pod (num_gpu 0) has gpu_milli 0")
+            raise WorkloadError(
+                f"pod {clip(self.name)!r}: a CPU-only pod (num_gpu 0) has gpu_milli 0"
+            )
         if self.num_gpu > 0 and not 1 <= self.gpu_milli <= GPU_MILLI:
             raise WorkloadError(
-                f"pod {self.name!r}: gpu_milli must be 1..1000 per GPU, got {self.gpu_milli}"
+                f"pod {clip(self.name)!r}: gpu_milli must be 1..1000 per GPU, got {self.gpu_milli}"
             )
         if (
             self.creation_time is not None
@@ -160,7 +171,7 @@ class Pod:
             and self.deletion_time < self.creation_time
         ):
             raise WorkloadError(
-                f"pod {self.name!r}: deletion_time {self.deletion_time} is before "
+                f"pod {clip(self.name)!r}: deletion_time {self.deletion_time} is before "
                 f"creation_time {self.creation_time}"
             )
         if self.slices:
@@ -169,21 +180,23 @@ class Pod:
     def _check_slices(self) -> None:
         if self.num_gpu:
             raise WorkloadError(
-                f"pod {self.name!r}: requests both whole GPUs (num_gpu {self.num_gpu}) and "
+                f"pod {clip(self.name)!r}: requests both whole GPUs (num_gpu {self.num_gpu}) and "
                 f"slices ({', '.join(r for r, _ in self.slices)}); the simulator replays a pod "
                 "with one or the other: split it or drop one"
             )
         names = [r for r, _ in self.slices]
         if names != sorted(set(names)):
-            raise WorkloadError(f"pod {self.name!r}: slices must name each resource once, sorted")
+            raise WorkloadError(
+                f"pod {clip(self.name)!r}: slices must name each resource once, sorted"
+            )
         for resource, count in self.slices:
             if classify(resource) not in ("mig", "mps"):
                 raise WorkloadError(
-                    f"pod {self.name!r}: {resource!r} is not a MIG or MPS resource name"
+                    f"pod {clip(self.name)!r}: {resource!r} is not a MIG or MPS resource name"
                 )
             if not 1 <= count <= MAX_SLICES_PER_POD:
                 raise WorkloadError(
-                    f"pod {self.name!r}: {resource} count must be 1..{MAX_SLICES_PER_POD}, "
+                    f"pod {clip(self.name)!r}: {resource} count must be 1..{MAX_SLICES_PER_POD}, "
                     f"got {count}"
                 )
 
@@ -250,13 +263,15 @@ class Workload:
     name: str
     pods: tuple[Pod, ...]
     source: str = ""
-    """Where it came from (file path or ``synthetic(seed=...)``)."""
+    """Where it came from (file path, ``synthetic(seed=...)``, or both)."""
 
     def __post_init__(self) -> None:
         seen: set[str] = set()
         for p in self.pods:
             if p.name in seen:
-                raise WorkloadError(f"workload {self.name!r}: duplicate pod name {p.name!r}")
+                raise WorkloadError(
+                    f"workload {clip(self.name)!r}: duplicate pod name {clip(p.name)!r}"
+                )
             seen.add(p.name)
 
     @property
@@ -384,9 +399,10 @@ def parse_gpu_requests(value: object, where: str) -> tuple[int, tuple[tuple[str,
 
 def _parse_pod_entry(entry: object, where: str, room: int) -> list[Pod]:
     """The pods of one entry (``replicas`` expanded); ``room``: pods the workload may still add."""
-    d, name, where = named_entry(
+    d, name, _ = named_entry(
         entry, _POD_FIELDS, where, WorkloadError, "with at least 'name' and 'cpu_milli'"
     )
+    where = f"{where} ({clip(name)})"
     if "cpu_milli" not in d:
         raise WorkloadError(f"{where}: missing required field 'cpu_milli'")
     cpu = _int_field(d, "cpu_milli", where, 0)
@@ -423,7 +439,10 @@ def _parse_pod_entry(entry: object, where: str, room: int) -> list[Pod]:
         raise WorkloadError(
             f"{where}: replicas {replicas:,} would take the workload past {MAX_PODS:,} pods"
         )
-    try:
+    qos = _str_field(d, "qos", where)
+    deletion = _int_field(d, "deletion_time", where, None)
+    priority = _int_field(d, "priority", where, 0)
+    try:  # these errors do not name ``where`` yet
         spec = parse_gpu_spec(d.get("gpu_spec"))
         base = dict(
             cpu_milli=cpu,
@@ -431,12 +450,12 @@ def _parse_pod_entry(entry: object, where: str, room: int) -> list[Pod]:
             num_gpu=num_gpu,
             gpu_milli=gpu_milli if num_gpu > 0 else 0,
             gpu_spec=spec,
-            qos=_str_field(d, "qos", where),
+            qos=qos,
             creation_time=creation,
-            deletion_time=_int_field(d, "deletion_time", where, None),
+            deletion_time=deletion,
             scheduled_time=scheduled,
             slices=slices,
-            priority=_int_field(d, "priority", where, 0),
+            priority=priority,
             running=running,
         )
         if replicas == 1:
@@ -517,7 +536,11 @@ def load_workload(path: str | Path) -> Workload:
                 f"{p}: a synthetic workload has only 'name' (a string) and 'synthetic'"
             )
         spec = synthetic_spec_from_doc(doc["synthetic"], f"{p}: synthetic")
-        return synthetic_workload(spec, name=name)
+        try:
+            workload = synthetic_workload(spec, name=name)
+        except WorkloadError as e:
+            raise WorkloadError(f"{p}: {e}") from None
+        return replace(workload, source=f"{p}, {workload.source}")
     return parse_workload(doc, str(p), default_name=p.stem)
 
 
@@ -583,6 +606,12 @@ def synthetic_workload(spec: SyntheticSpec, name: str = "synthetic") -> Workload
             cpu = max(0, round(cpu * (1 + rng.uniform(-spec.jitter_cpu, spec.jitter_cpu))))
         num_gpu, gm = normalise_gpu_milli(shape.num_gpu, shape.gpu_milli)
         start = round(t)
+        if start + duration > MAX_TIME_S:
+            raise WorkloadError(
+                f"synthetic spec: pod {i} would end at {start + duration:,} s, past the time "
+                f"limit {MAX_TIME_S:,} s; raise arrival_rate_per_s or lower count or "
+                "mean_duration_s"
+            )
         pods.append(
             Pod(
                 name=f"{spec.name_prefix}-{i:05d}",
@@ -668,12 +697,12 @@ def synthetic_spec_from_doc(doc: object, where: str) -> SyntheticSpec:
     prefix = doc.get("name_prefix", "syn")
     if not isinstance(prefix, str) or not prefix or len(prefix) > 63:
         raise WorkloadError(f"{where}: 'name_prefix' must be a string of 1 to 63 characters")
-    return SyntheticSpec(
-        count=_integer(doc, "count", where, 1000, 1, MAX_PODS),
-        mix=tuple(mix),
-        arrival_rate_per_s=_number(doc, "arrival_rate_per_s", where, 1.0, 1e-9, 1e6),
-        mean_duration_s=_number(doc, "mean_duration_s", where, 3600.0, 1.0, MAX_TIME_S),
-        seed=_integer(doc, "seed", where, 0, -(2**63), 2**63 - 1),
-        name_prefix=prefix,
-        jitter_cpu=_number(doc, "jitter_cpu", where, 0.0, 0.0, 1.0),
-    )
+    count = _integer(doc, "count", where, 1000, 1, MAX_PODS)
+    rate = _number(doc, "arrival_rate_per_s", where, 1.0, 1e-9, 1e6)
+    mean = _number(doc, "mean_duration_s", where, 3600.0, 1.0, MAX_TIME_S)
+    seed = _integer(doc, "seed", where, 0, -(2**63), 2**63 - 1)
+    jitter = _number(doc, "jitter_cpu", where, 0.0, 0.0, 1.0)
+    try:
+        return SyntheticSpec(count, tuple(mix), rate, mean, seed, prefix, jitter)
+    except WorkloadError as e:  # SyntheticSpec's own checks name no file
+        raise WorkloadError(f"{where}: {str(e).removeprefix('synthetic spec: ')}") from None

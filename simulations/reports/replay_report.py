@@ -13,6 +13,10 @@ Output of :func:`write_replay_report` in a directory:
   before and after, the pods waiting then per request) and the changes counted by transition;
   the report tables the most frequent ("What the reconfigurations were").
 
+The folder is made with its parents; a folder or file that cannot be written raises
+:class:`ReportWriteError` (a ``ValueError`` naming the folder and the fix), never a bare
+``OSError`` (:func:`report_folder`, which the saturation report uses too).
+
 Plots use matplotlib's Agg backend (no display needed).  The saturation protocol's report
 (allocation against arrived demand) is :func:`simulations.bench_saturation.write_report`.
 """
@@ -21,7 +25,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +35,13 @@ from simulations.replay.metrics import ReplayResult, ReplaySummary, change_log, 
 __all__ = [
     "COLUMNS",
     "REPLAY_FILES",
+    "ReportWriteError",
     "format_table",
     "markdown_table",
     "plot_allocation",
     "plot_pending_cdf",
     "plot_reconfigurations",
+    "report_folder",
     "write_replay_report",
 ]
 
@@ -64,6 +71,27 @@ REPLAY_FILES: tuple[str, ...] = (
     "layout_changes.json",
 )
 """Every file :func:`write_replay_report` writes, report first."""
+
+
+class ReportWriteError(ValueError):
+    """A report could not be written into its folder (the message names it and the fix)."""
+
+
+@contextmanager
+def report_folder(out_dir: str | Path) -> Iterator[Path]:
+    """``out_dir`` as a :class:`~pathlib.Path`, made with its parents; an ``OSError`` making it
+    or writing in the ``with`` block becomes a :class:`ReportWriteError` naming the folder
+    (e.g. a path under a regular file, or a folder that cannot be created)."""
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        yield out
+    except OSError as e:
+        what = f" ({e.filename})" if e.filename and str(e.filename) != str(out) else ""
+        raise ReportWriteError(
+            f"cannot write the report into {out}{what}: {e.strerror or e}; give a folder "
+            "that can be created and written"
+        ) from None
 
 
 def _cell(value: Any, fmt: str) -> str:
@@ -182,9 +210,19 @@ def write_replay_report(
     the waiting queue then and the changes counted by transition; the report tables the most
     frequent transitions.  Both are empty for results replayed without
     ``ReplaySettings.record_changes`` (:func:`simulations.reports.replay_protocol.run_replay_protocol`
-    turns it on when it writes a report)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    turns it on when it writes a report).  :class:`ReportWriteError` when ``out_dir`` cannot be
+    made or written."""
+    with report_folder(out_dir) as out:
+        return _write_replay_report(results, out, title, dict(context or {}), notes)
+
+
+def _write_replay_report(
+    results: Sequence[ReplayResult],
+    out: Path,
+    title: str,
+    ctx: dict[str, Any],
+    notes: Sequence[str],
+) -> Path:
     summaries = [summarize(r) for r in results]
     md_name, json_name, cdf_name, reconf_name, alloc_name, changes_name = REPLAY_FILES
     plots = {
@@ -192,7 +230,6 @@ def write_replay_report(
         reconf_name: plot_reconfigurations(results, out / reconf_name),
         alloc_name: plot_allocation(results, out / alloc_name),
     }
-    ctx = dict(context or {})
     doc = {"context": ctx, "summaries": [s.as_dict() for s in summaries]}
     (out / json_name).write_text(json.dumps(doc, indent=2, default=str) + "\n")
     lines = [f"# {title}", ""]

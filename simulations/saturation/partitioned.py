@@ -167,6 +167,7 @@ from simulations.saturation.protocol import (
     Progress,
     SaturationResult,
     build_arrivals,
+    describe,
     discrete_curve,
     node_ranks,
 )
@@ -852,7 +853,9 @@ def _seeded(
     drawn = (
         list(arrivals)
         if arrivals is not None
-        else build_arrivals(workload.pods, part.total_gpus * GPU_MILLI, rng, target)
+        else build_arrivals(
+            workload.pods, part.total_gpus * GPU_MILLI, rng, target, workload=describe(workload)
+        )
     )
     return part, PartitionedState(part, node_ranks(part, rng), settings, cpu_scheduler), drawn
 
@@ -1125,7 +1128,9 @@ def best_static_run(
     """The best (highest alloc@130) candidate static policy for this seed (module docstring)."""
     model = default_catalog().model(GPU_MODEL)
     rng = random.Random(seed)
-    arrivals = build_arrivals(workload.pods, cluster.total_gpus * GPU_MILLI, rng, target)
+    arrivals = build_arrivals(
+        workload.pods, cluster.total_gpus * GPU_MILLI, rng, target, workload=describe(workload)
+    )
     candidates = static_candidates(
         model,
         cluster.total_gpus,
@@ -1242,7 +1247,9 @@ def upper_bound_run(
 ) -> dict[str, Any]:
     """``UB`` for one seed's arrivals (the same draws as every row)."""
     rng = random.Random(seed)
-    arrivals = build_arrivals(workload.pods, cluster.total_gpus * GPU_MILLI, rng, target)
+    arrivals = build_arrivals(
+        workload.pods, cluster.total_gpus * GPU_MILLI, rng, target, workload=describe(workload)
+    )
     ub = mig_upper_bound(cluster, arrivals, mapping=mapping)
     return {
         "seed": seed,

@@ -38,6 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from simulations.inputs.cluster import Cluster
+from simulations.inputs.limits import MAX_PODS
 from simulations.inputs.workload import GPU_MILLI, Pod, Workload
 from simulations.saturation.fragmentation import FragModel, TargetWorkload
 from simulations.saturation.policies import make_policy
@@ -47,6 +48,7 @@ from simulations.saturation.policies.state import ShareState
 __all__ = [
     "SaturationResult",
     "build_arrivals",
+    "describe",
     "discrete_curve",
     "node_ranks",
     "run_saturation",
@@ -60,14 +62,31 @@ Progress = Callable[[int, int], None]
 
 
 def build_arrivals(
-    originals: Sequence[Pod], capacity_milli: int, rng: random.Random, target: float = TARGET_RATIO
+    originals: Sequence[Pod],
+    capacity_milli: int,
+    rng: random.Random,
+    target: float = TARGET_RATIO,
+    *,
+    workload: str = "the workload",
 ) -> list[Pod]:
-    """Steps 1-2: shuffled originals, then clones drawn with replacement up to ``target``."""
+    """Steps 1-2: shuffled originals, then clones drawn with replacement up to ``target``.
+
+    The check against the target uses a draw's per-GPU share and the sum adds its total request,
+    as fgd.md §2 prescribes: both are 0 for a CPU-only pod and both positive for a GPU pod.
+    ``ValueError`` (naming ``workload``) when no pod asks for GPU capacity (tuning would draw
+    forever), when it would take more than :data:`MAX_PODS` copies, or when trimming to the
+    target leaves no pod (the last one removed asks for more than the target on its own)."""
     by_name = sorted(originals, key=lambda p: p.name)
     arrivals = list(by_name)
     rng.shuffle(arrivals)
     limit = target * capacity_milli
     requested = sum(p.total_gpu_milli for p in by_name)
+    if requested == 0:
+        raise ValueError(
+            f"{workload}: none of its {len(by_name):,} pod(s) asks for a GPU share, so the "
+            f"saturation protocol cannot fill the cluster's GPUs to {target:.0%}; give some "
+            "pods num_gpu and gpu_milli"
+        )
     if requested < limit:
         while True:
             pod = by_name[rng.randrange(len(by_name))]
@@ -75,11 +94,35 @@ def build_arrivals(
                 break
             arrivals.append(pod)
             requested += pod.total_gpu_milli
+            if len(arrivals) - len(by_name) > MAX_PODS:
+                raise ValueError(
+                    f"{workload}: filling the cluster's {capacity_milli // GPU_MILLI:,} GPUs "
+                    f"to {target:.0%} takes more than {MAX_PODS:,} copies of its pods (they "
+                    "ask for little GPU capacity); use a smaller cluster or more GPU pods"
+                )
     else:
         while requested > limit:
             pod = arrivals.pop(rng.randrange(len(arrivals)))
             requested -= pod.total_gpu_milli
+        if not arrivals:  # the last pod removed asks for more than the target on its own
+            raise ValueError(
+                f"{workload}: pod {_short(pod.name)} asks for "
+                f"{pod.total_gpu_milli / GPU_MILLI:g} GPUs, more than {target:.0%} of the "
+                f"cluster's {capacity_milli // GPU_MILLI:,}, and trimming the pods to that "
+                "target left none; use a larger cluster or smaller pods"
+            )
     return arrivals
+
+
+def describe(workload: Workload) -> str:
+    """``workload 'name' (source)`` for messages."""
+    source = workload.source if len(workload.source) <= 200 else f"{workload.source[:200]}..."
+    return f"workload {_short(workload.name)}" + (f" ({source})" if source else "")
+
+
+def _short(name: str, limit: int = 60) -> str:
+    """``name`` quoted, cut to ``limit`` characters for a message."""
+    return repr(name) if len(name) <= limit else f"{name[:limit]!r}..."
 
 
 def node_ranks(cluster: Cluster, rng: random.Random) -> list[int]:
@@ -218,7 +261,7 @@ def run_saturation(
     pol = make_policy(policy) if isinstance(policy, str) else policy
     rng = random.Random(seed)
     capacity = cluster.total_gpus * GPU_MILLI
-    arrivals = build_arrivals(workload.pods, capacity, rng, target)
+    arrivals = build_arrivals(workload.pods, capacity, rng, target, workload=describe(workload))
     rank = node_ranks(cluster, rng)
     target_wl = TargetWorkload.from_pods(workload.pods)
     state = ShareState(cluster, rank, FragModel(target_wl))
