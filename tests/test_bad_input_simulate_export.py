@@ -33,20 +33,7 @@ from simulations.inputs.limits import MAX_PODS, MAX_TIME_S
 from simulations.inputs.workload import Pod, WorkloadError, load_workload
 from simulations.replay.engine import ReplaySettings
 from simulations.saturation.protocol import build_arrivals
-
-CLUSTER = {
-    "pools": [
-        {
-            "name": "a",
-            "count": 2,
-            "gpus_per_node": 1,
-            "cpu_milli": 1,
-            "memory_mib": 1,
-            "gpu_model": "A100-SXM4-80GB",
-            "mode": "mig",
-        }
-    ]
-}
+from tests.test_bad_input_cli_options import CLUSTER  # two one-GPU MIG nodes of the probe
 
 
 @contextmanager

@@ -39,7 +39,7 @@ import numpy.typing as npt
 
 from simulations.inputs.cluster import Cluster
 from simulations.inputs.limits import MAX_PODS
-from simulations.inputs.workload import GPU_MILLI, Pod, Workload
+from simulations.inputs.workload import GPU_MILLI, Pod, Workload, clip
 from simulations.saturation.fragmentation import FragModel, TargetWorkload
 from simulations.saturation.policies import make_policy
 from simulations.saturation.policies.baselines import Policy
@@ -106,7 +106,7 @@ def build_arrivals(
             requested -= pod.total_gpu_milli
         if not arrivals:  # the last pod removed asks for more than the target on its own
             raise ValueError(
-                f"{workload}: pod {_short(pod.name)} asks for "
+                f"{workload}: pod {clip(pod.name)!r} asks for "
                 f"{pod.total_gpu_milli / GPU_MILLI:g} GPUs, more than {target:.0%} of the "
                 f"cluster's {capacity_milli // GPU_MILLI:,}, and trimming the pods to that "
                 "target left none; use a larger cluster or smaller pods"
@@ -117,12 +117,7 @@ def build_arrivals(
 def describe(workload: Workload) -> str:
     """``workload 'name' (source)`` for messages."""
     source = workload.source if len(workload.source) <= 200 else f"{workload.source[:200]}..."
-    return f"workload {_short(workload.name)}" + (f" ({source})" if source else "")
-
-
-def _short(name: str, limit: int = 60) -> str:
-    """``name`` quoted, cut to ``limit`` characters for a message."""
-    return repr(name) if len(name) <= limit else f"{name[:limit]!r}..."
+    return f"workload {clip(workload.name)!r}" + (f" ({source})" if source else "")
 
 
 def node_ranks(cluster: Cluster, rng: random.Random) -> list[int]:
