@@ -734,19 +734,14 @@ _LIVE = frozenset(
 """Events that change the cluster on their own (the rest only react to it)."""
 
 
-_UNPREPARED: Mapping[str, Any] = {
-    "phase": "Pending",
-    "conditions": [{"type": "PodScheduled", "status": "True"}],
-}
-"""A DRA pod bound where the kubelet cannot prepare its claim yet (no sandbox)."""
-_PREPARED: Mapping[str, Any] = {
-    "phase": "Running",
-    "conditions": [
-        {"type": "PodScheduled", "status": "True"},
-        {"type": "PodReadyToStartContainers", "status": "True"},
-    ],
-}
-"""Its claim prepared: the sandbox is made and the containers start."""
+def _kubelet_status(prepared: bool) -> dict[str, Any]:
+    """A bound DRA pod's status as its kubelet writes it: ``Pending`` without a sandbox while
+    its claim cannot be prepared, ``Running`` with ``PodReadyToStartContainers`` once it was
+    (a fresh object per pod: the API objects are mutable)."""
+    conditions = [{"type": "PodScheduled", "status": "True"}]
+    if prepared:
+        conditions.append({"type": "PodReadyToStartContainers", "status": "True"})
+    return {"phase": "Running" if prepared else "Pending", "conditions": conditions}
 
 
 def _claim_name(pod: str) -> str:
@@ -1143,7 +1138,7 @@ class _Engine:
         )
         self.api.bind(key, node)
         if node in self.down:  # the kubelet prepares the claim once the agent is back
-            self.api.set_pod_status(key, _UNPREPARED)
+            self.api.set_pod_status(key, _kubelet_status(prepared=False))
             self.unprepared.setdefault(node, {})[name] = (devices, t)
         else:
             self._prepare(t, name, node, devices, t)
@@ -1175,7 +1170,7 @@ class _Engine:
         for name in self.deferred_departs.pop(node, []):
             self._depart(t, name)
         for name, (devices, bound) in sorted(self.unprepared.pop(node, {}).items()):
-            self.api.set_pod_status(self._key(name), _PREPARED)
+            self.api.set_pod_status(self._key(name), _kubelet_status(prepared=True))
             self._prepare(t, name, node, devices, bound)
         if grown:
             self.scheduler.devices_published(grown, t)
