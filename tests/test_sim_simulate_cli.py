@@ -92,9 +92,15 @@ def test_out_dir_gets_markdown_png_and_json(
         (["--policy", "worstfit"], "--policy 'worstfit': unknown ['worstfit']"),
         (["--cluster", "/nope.yaml"], "cluster '/nope.yaml': not 'openb' and no such file"),
         (["--trace", "/nope.yaml", "--cluster", "builtin"], "cannot read workload file /nope.yaml"),
-        (["--trace", "no-such-trace", "--cluster", "builtin"], "no openb trace named 'no-such-trace'"),
+        (
+            ["--trace", "no-such-trace", "--cluster", "builtin"],
+            "no openb trace named 'no-such-trace'",
+        ),
         (["--trace", "default"], "--trace default needs --cluster: give the cluster"),
-        (["--repeats", "0"], "--repeats must be >= 1"),
+        (["--repeats", "0"], "--repeats must be from 1 to 1000, got 0"),
+        (["--repeats", "1000000"], "--repeats must be from 1 to 1000, got 1000000"),
+        (["--batch", "0"], "--batch must be from 1 to 10000, got 0"),
+        (["--batch", "99999999"], "--batch must be from 1 to 10000, got 99999999"),
         (["--cpu-scheduler", "spread"], "unknown CPU scheduler 'spread'; choose one of"),
         (
             ["--policy", "fgd", "--cpu-scheduler", "least-allocated"],

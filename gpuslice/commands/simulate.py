@@ -40,7 +40,7 @@ from typing import Any
 
 import simulations
 from gpuslice.cli import BadInput
-from gpuslice.options import BUILTIN_CLUSTER, out_folder, trace_needs_cluster
+from gpuslice.options import BUILTIN_CLUSTER, check_number, out_folder, trace_needs_cluster
 from gpuslice.output import Column, add_output_argument, emit, render_table
 from gpuslice.progress import Progress
 from simulations.bench_saturation import aggregate, write_report
@@ -56,6 +56,10 @@ HELP = "what-if simulator (default: built-in synthetic workload on a built-in cl
 
 DEFAULT_SEED = 42
 DEFAULT_REPEATS = 10
+MAX_REPEATS = 1000
+"""Most seeds one run replays (``--repeats``): more would only run for days."""
+MAX_BATCH = 10_000
+"""Largest saturation batch (``--batch``): one plan per this many arrivals."""
 
 WRITES: dict[str, tuple[str, ...]] = {
     "saturation": ("report.md", "results.json", "allocation.png"),
@@ -365,10 +369,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--repeats",
         type=int,
         default=DEFAULT_REPEATS,
-        help=f"number of seeds from --seed on (default: {DEFAULT_REPEATS})",
+        help=f"number of seeds from --seed on (1 to {MAX_REPEATS}, default: {DEFAULT_REPEATS})",
     )
     parser.add_argument(
-        "--batch", type=int, default=1, help="saturation: arrivals per batch k (default: 1)"
+        "--batch",
+        type=int,
+        default=1,
+        help=f"saturation: arrivals per batch k (1 to {MAX_BATCH}, default: 1)",
     )
     parser.add_argument(
         "--cpu-scheduler",
@@ -392,10 +399,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.repeats < 1:
-        raise BadInput(f"--repeats must be >= 1, got {args.repeats}")
-    if args.batch < 1:
-        raise BadInput(f"--batch must be >= 1, got {args.batch}")
+    check_number("--repeats", args.repeats, 1, MAX_REPEATS)
+    check_number("--batch", args.batch, 1, MAX_BATCH)
     trace_needs_cluster("simulate", args.trace, args.cluster)
     if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
         raise BadInput(f"--out {args.out}: not a folder; give a folder for the reports")
