@@ -179,20 +179,21 @@ class Cluster:
             _content_type=MERGE_PATCH,
         )
 
-    def delete_lease(self, namespace: str, name: str) -> bool:
-        """``False`` if it was already gone."""
+    def _delete(self, what: str, fn: Any, *args: Any) -> bool:
+        """Delete ``what``; ``False`` if it was already gone (404)."""
         try:
-            self._call(
-                f"Lease {namespace}/{name}",
-                self.coordination.delete_namespaced_lease,
-                name,
-                namespace,
-            )
+            self._call(what, fn, *args)
         except ApiFailure as e:
             if e.status == 404:
                 return False
             raise
         return True
+
+    def delete_lease(self, namespace: str, name: str) -> bool:
+        """``False`` if it was already gone."""
+        return self._delete(
+            f"Lease {namespace}/{name}", self.coordination.delete_namespaced_lease, name, namespace
+        )
 
     def partitioning_objects(self) -> list[dict[str, Any]]:
         return list(self._pages("NodePartitionings", self.custom.list_cluster_custom_object, *NP))
@@ -219,15 +220,9 @@ class Cluster:
 
     def delete_partitioning(self, name: str) -> bool:
         """``False`` if it was already gone."""
-        try:
-            self._call(
-                f"NodePartitioning {name}", self.custom.delete_cluster_custom_object, *NP, name
-            )
-        except ApiFailure as e:
-            if e.status == 404:
-                return False
-            raise
-        return True
+        return self._delete(
+            f"NodePartitioning {name}", self.custom.delete_cluster_custom_object, *NP, name
+        )
 
     def nodes(self) -> list[dict[str, Any]]:
         return list(self._pages("nodes", self.core.list_node))

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.settings import MAX_SEED, MAX_TIME_LIMIT_S
+from simulations.inputs.limits import in_range
 
 __all__ = [
     "BUILTIN_CLUSTER",
@@ -171,12 +172,6 @@ def range_text(low: float, high: float, *, above: bool = False, unit: str = "") 
     return f"from {_text(low)} to {_text(high)}{unit}"
 
 
-def _in_range(value: float, low: float, high: float, above: bool) -> bool:
-    if isinstance(value, float) and not math.isfinite(value):
-        return False  # nan compares False with everything: refuse it by name
-    return (value > low if above else value >= low) and value <= high
-
-
 def check_number(
     option: str, value: float, low: float, high: float, *, above: bool = False, unit: str = ""
 ) -> None:
@@ -184,7 +179,7 @@ def check_number(
     ``low`` (excluded when ``above``) to ``high``."""
     from gpuslice.cli import BadInput
 
-    if not _in_range(value, low, high, above):
+    if not in_range(value, low, high, above=above):
         raise BadInput(
             f"{option} must be {range_text(low, high, above=above, unit=unit)}, got {_text(value)}"
         )
@@ -202,7 +197,7 @@ def number(
             value = float(text)
         except ValueError:
             value = math.nan
-        if not _in_range(value, low, high, above):
+        if not in_range(value, low, high, above=above):
             raise argparse.ArgumentTypeError(
                 f"must be a number {range_text(low, high, above=above, unit=unit)}, got {text!r}"
             )

@@ -59,6 +59,7 @@ from planner.demand import pod_weights
 from planner.settings import MAX_SEED, MAX_TIME_LIMIT_S, PlannerSettings, Policy
 from planner.snapshot import Mode, Plan, Snapshot, Unplaced
 from simulations.inputs.instances import mig_benchmark_snapshot
+from simulations.inputs.limits import in_range
 from simulations.reports.out_file import out_file_error
 
 __all__ = [
@@ -372,11 +373,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _finite_in(value: float, low: float, high: float, *, above: bool = False) -> bool:
-    """``value`` is a finite number from ``low`` (excluded when ``above``) to ``high``."""
-    return math.isfinite(value) and (value > low if above else value >= low) and value <= high
-
-
 def check_args(args: argparse.Namespace) -> list[int] | None:
     """Validate parsed options; return the per-size instance counts. ``ValueError`` if bad."""
     sizes: list[int] = args.sizes
@@ -394,7 +390,7 @@ def check_args(args: argparse.Namespace) -> list[int] | None:
         raise ValueError(
             f"--instances must be at most {MAX_INSTANCES} per size, got {max(instances)}"
         )
-    if not _finite_in(args.time_limit, 0, MAX_TIME_LIMIT_S, above=True):
+    if not in_range(args.time_limit, 0, MAX_TIME_LIMIT_S, above=True):
         raise ValueError(
             f"--time-limit must be positive and at most {MAX_TIME_LIMIT_S:g} s, "
             f"got {args.time_limit:g}"
@@ -407,9 +403,9 @@ def check_args(args: argparse.Namespace) -> list[int] | None:
         raise ValueError(
             f"--gpus-per-node must be from 1 to {MAX_GPUS_PER_NODE}, got {args.gpus_per_node}"
         )
-    if not _finite_in(args.occupancy, 0.0, 1.0):
+    if not in_range(args.occupancy, 0.0, 1.0):
         raise ValueError(f"--occupancy must be between 0 and 1, got {args.occupancy:g}")
-    if not _finite_in(args.pending_fraction, 0.0, MAX_PENDING_FRACTION):
+    if not in_range(args.pending_fraction, 0.0, MAX_PENDING_FRACTION):
         raise ValueError(
             f"--pending-fraction must be from 0 to {MAX_PENDING_FRACTION:g} (pending pods per "
             f"GPU), got {args.pending_fraction:g}"

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_apiserver import NP_PATH, ApiServer, declare, write_kubeconfig
+import test_cli_ungate
+from fake_apiserver import NP_PATH, ApiServer
 from test_partitioner_promises import MIG, ONE_G, SEVEN_G, T0, applied_np, gated, status_gpu
 from test_partitioner_snapshot import node
 
@@ -146,16 +147,10 @@ def test_a_bound_dra_pod_whose_claim_cannot_be_prepared_is_listed_with_the_agent
 
 # ------------------------------------------------------------------ the command, on the wire
 
-
-@pytest.fixture
-def kmock_options() -> dict[str, Any]:
-    return {"cls": ApiServer}
-
-
-@pytest.fixture
-def kubeconfig(kmock: ApiServer, tmp_path: Path) -> Path:
-    declare(kmock)
-    return write_kubeconfig(kmock, tmp_path / "kubeconfig")
+kmock_options = test_cli_ungate.kmock_options
+kubeconfig = test_cli_ungate.kubeconfig
+"""The fixtures of ``gpuslice ungate``'s tests: kmock serves the fake API server, and a
+kubeconfig points at it."""
 
 
 async def test_the_command_reads_the_cluster_and_prints_json_tables_and_events(

@@ -44,6 +44,7 @@ from gpuslice.options import add_catalog_argument
 from gpuslice.output import Column, add_output_argument, emit, render_table
 
 if TYPE_CHECKING:
+    from partitioner.index import PodInfo
     from planner.catalog import Catalog
 
 HELP = "where every pod waiting for a slice stands, and every gpuslice node (read-only)"
@@ -211,18 +212,8 @@ def status_document(
             detail = "GPUs are being emptied for it"
         if node is not None and node in problems:
             detail += f"; node {node} {problems[node]}"
-        pod_rows.append(
-            {
-                "pod": pod.key,
-                "priority": pod.priority,
-                "waiting_s": None if pod.created is None else round(now - pod.created, 1),
-                "request": _units(pod.slices) or pod.request_error or "-",
-                "state": state,
-                "node": node,
-                "ahead": ahead,
-                "detail": detail,
-            }
-        )
+        request = _units(pod.slices) or pod.request_error or "-"
+        pod_rows.append(_pod_row(pod, state, node, detail, now, ahead=ahead, request=request))
     for name, np_info in sorted(index.partitionings.items()):  # bound, cannot start
         failed = {
             f.claim: f
@@ -232,21 +223,12 @@ def status_document(
             hit = [failed[c] for c in pod.claims if c in failed]
             if not hit or pod.phase != "Pending" or (only and pod.key not in only):
                 continue
-            pod_rows.append(
-                {
-                    "pod": pod.key,
-                    "priority": pod.priority,
-                    "waiting_s": None if pod.created is None else round(now - pod.created, 1),
-                    "request": _units(pod.slices) or "-",
-                    "state": "unprepared",
-                    "node": name,
-                    "ahead": None,
-                    "detail": f"bound; its agent has failed to prepare ResourceClaim "
-                    f"{hit[0].claim} since {hit[0].since or '-'}: {hit[0].message} (the kubelet "
-                    "retries; gpuslice evicts it after recreateStrandedSeconds if a controller "
-                    "owns it)",
-                }
+            detail = (
+                f"bound; its agent has failed to prepare ResourceClaim {hit[0].claim} since "
+                f"{hit[0].since or '-'}: {hit[0].message} (the kubelet retries; gpuslice evicts "
+                "it after recreateStrandedSeconds if a controller owns it)"
             )
+            pod_rows.append(_pod_row(pod, "unprepared", name, detail, now))
     for key in only:  # named pods that do not wait: say what they are
         if any(row["pod"] == key for row in pod_rows):
             continue
@@ -262,19 +244,33 @@ def status_document(
             if not named.slices
             else ("deleting", "being deleted")
         )
-        pod_rows.append(
-            {
-                "pod": key,
-                "priority": named.priority,
-                "waiting_s": None,
-                "request": _units(named.slices) or "-",
-                "state": state,
-                "node": named.node or None,
-                "ahead": None,
-                "detail": detail,
-            }
-        )
+        pod_rows.append(_pod_row(named, state, named.node or None, detail, None))
     return {"nodes": node_rows, "pods": pod_rows}
+
+
+def _pod_row(
+    pod: PodInfo,
+    state: str,
+    node: str | None,
+    detail: str,
+    now: float | None,
+    *,
+    ahead: int | None = None,
+    request: str | None = None,
+) -> dict[str, Any]:
+    """One row of the pod table; ``now`` ``None``: its wait is not told (a pod that does not
+    wait); ``request``: default its slices (``-`` for none)."""
+    waited = None if now is None or pod.created is None else round(now - pod.created, 1)
+    return {
+        "pod": pod.key,
+        "priority": pod.priority,
+        "waiting_s": waited,
+        "request": request or _units(pod.slices) or "-",
+        "state": state,
+        "node": node,
+        "ahead": ahead,
+        "detail": detail,
+    }
 
 
 def _text(doc: Mapping[str, Any], wide: bool, width: int | None) -> str:

@@ -277,9 +277,9 @@ def observe_samples(
     end = -math.inf
     for path, samples in files:
         for s in samples:
-            problem = time_error(s.time, f"the sample time of {s.name[:60]}")
+            problem = time_error(s.time, f"the sample time of {clip(s.name)}")
             if problem:
-                labels = ", ".join(f"{k}={v[:60]!r}" for k, v in list(s.labels.items())[:4])
+                labels = ", ".join(f"{k}={clip(v)!r}" for k, v in list(s.labels.items())[:4])
                 raise ExportError(f"{path}: {problem} ({labels})")
             end = max(end, s.time)
             ns, name = s.labels.get("namespace"), s.labels.get("pod")

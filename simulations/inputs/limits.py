@@ -8,6 +8,8 @@ instead of making the simulator build (or loop over) a billion objects.
 
 from __future__ import annotations
 
+import math
+
 from contract.input_files import MAX_GPUS_PER_NODE
 
 __all__ = [
@@ -19,6 +21,7 @@ __all__ = [
     "MAX_TABLE_ROWS",
     "MAX_TIME_S",
     "MAX_VALUE",
+    "in_range",
 ]
 
 MAX_PODS = 1_000_000
@@ -38,3 +41,12 @@ MAX_TABLE_ROWS = 2_000_000
 """Data rows of one CSV file."""
 MAX_VALUE = 10**12
 """Any other integer of a trace row (e.g. ``gpu_milli`` before it is clipped to 0..1000)."""
+
+
+def in_range(value: float, low: float, high: float, *, above: bool = False) -> bool:
+    """``value`` is a finite number from ``low`` (excluded when ``above``) to ``high`` (NaN
+    and the infinities are not: option checks refuse them by name; an int is compared exactly,
+    however large)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return False  # nan compares False with everything, inf may be within an open range
+    return (value > low if above else value >= low) and value <= high
