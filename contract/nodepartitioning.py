@@ -160,6 +160,11 @@ class NodePartitioningSpec(_Model):
         return self
 
 
+_IMPLICIT_WHEN_FALSE = ("unhealthy", "foreign")
+"""Status flags written only when true, so a status without them reads the same to a
+partitioner that predates them."""
+
+
 class _Health(_Model):
     """A status entry the agent may report ``unhealthy``: advertised Unhealthy to the kubelet
     (an XID critical error, a GPU NVML cannot read), so it takes no new pod and the
@@ -175,8 +180,10 @@ class _Health(_Model):
     @model_serializer(mode="wrap")
     def _healthy_is_implicit(self, handler: SerializerFunctionWrapHandler) -> Any:
         data = handler(self)
-        if isinstance(data, dict) and not data.get("unhealthy"):
-            data.pop("unhealthy", None)
+        if isinstance(data, dict):
+            for flag in _IMPLICIT_WHEN_FALSE:
+                if flag in data and not data[flag]:
+                    del data[flag]
         return data
 
 
@@ -192,6 +199,11 @@ class ActualMigInstance(_Health):
     start: int = Field(ge=0)
     deviceId: str = Field(default="", description="MIG device UUID advertised to the kubelet")
     used: bool = Field(default=False, description="Allocated to a pod or running processes")
+    foreign: bool = Field(
+        default=False,
+        description="Used by processes that no pod or claim holds it for (a job started "
+        "outside Kubernetes): offered to no pod until they end; written only when true",
+    )
     mps: list[ActualMpsSlice] = Field(
         default_factory=list,
         description="hybrid mode: the MPS slices this instance hosts (the instance itself is "

@@ -89,6 +89,7 @@ from typing import Protocol
 from contract.nodepartitioning import PARTITIONER_STATUS_FIELDS, NodePartitioning
 from node_agent.agent import SpecSource, draining_gpus, now_rfc3339
 from node_agent.dra_claims import DeviceTarget
+from node_agent.dra_foreign import ForeignUse, foreign_devices, whole_gpus
 from node_agent.dra_publish import SlicePublisher
 from node_agent.dra_shape import planned_devices, publish_set, shaped_status
 from node_agent.dra_slices import DraGpu
@@ -135,14 +136,13 @@ def _all_but_unhealthy(
     targets: Mapping[str, DeviceTarget],
     prepared: Collection[str],
     unreadable: Collection[int],
-    xid_hit: Collection[str] = (),
+    hidden: Collection[str] = (),
 ) -> set[str] | None:
     """Mode ``all``: every device, less the free ones (those not ``prepared`` on this node) of
-    the ``unreadable`` GPUs and those an XID hit (``xid_hit``); ``None`` (every placement) when
-    every GPU reads and no XID hit any."""
-    if not unreadable and not xid_hit:
+    the ``unreadable`` GPUs and the ``hidden`` ones (an XID hit them, processes outside any
+    claim use them); ``None`` (every placement) when every GPU reads and none is hidden."""
+    if not unreadable and not hidden:
         return None
-    hidden = set(xid_hit)
     return {n for n, t in targets.items() if t.gpu not in unreadable and n not in hidden} | set(
         prepared
     )
@@ -214,6 +214,8 @@ class DraDriver:
         """The devices the last successful shaped round published."""
         self.unreadable: dict[int, NvmlError] = {}
         """The GPUs the last round found NVML cannot read, with the error (isolated)."""
+        self.foreign: list[ForeignUse] = []
+        """The placements the last round found running processes outside any claim."""
         self._seen: tuple[str, int, tuple[int, ...]] | None = None
         self._skipped: list[str] = []
         self._narrowed = False
@@ -270,6 +272,23 @@ class DraDriver:
         self.unreadable = unreadable
         return unreadable
 
+    async def _read_foreign(self, unreadable: Collection[int]) -> list[ForeignUse]:
+        """The foreign uses now (:mod:`node_agent.dra_foreign`), kept in :attr:`foreign`;
+        a WARNING when they changed."""
+        foreign = await asyncio.to_thread(self.preparer.foreign_use, frozenset(unreadable))
+        if foreign != self.foreign:
+            if foreign:
+                log.warning(
+                    "processes outside any claim run on %s: those placements (and every device "
+                    "sharing a memory slot with them) are withdrawn from the ResourceSlices and "
+                    "reported used until the processes end",
+                    "; ".join(map(str, foreign)),
+                )
+            else:
+                log.info("no process outside a claim runs on this node's GPUs any more")
+        self.foreign = foreign
+        return foreign
+
     def _prepared(self) -> set[str]:
         """The devices of the claims the preparer prepared (its checkpoint)."""
         return {d.device for rec in self.preparer.checkpoint for d in rec.devices}
@@ -304,19 +323,23 @@ class DraDriver:
                 destroyed,
                 self.idle_destroyed,
             )
+        foreign = await self._read_foreign(unreadable)
         try:
             created = await asyncio.to_thread(
                 self.preparer.create_planned,
                 planned_names,
                 frozenset(allocated),
-                frozenset(unreadable),
+                frozenset(unreadable) | whole_gpus(self.preparer.targets, foreign),
             )
         except Exception as e:  # NVML: prepare creates what is missing
             log.warning("creating the planned MIG instances failed: %s", e)
             created = 0
         self.planned_created += created
         want = publish_set(
-            planned, allocated, draining | unreadable.keys(), self.preparer.xid_devices()
+            planned,
+            allocated,
+            draining | unreadable.keys(),
+            self.preparer.xid_devices() | foreign_devices(self.preparer.targets, foreign),
         )
         await self.publisher.publish(want)
         self._narrowed = self.published is not None and bool(self.published - want)
@@ -334,6 +357,7 @@ class DraDriver:
             unreadable,
             self.preparer.xid_marks,
             failed,
+            foreign,
         )
         ours = set(PARTITIONER_STATUS_FIELDS)
         if obj.status is None or status.model_dump(exclude=ours) != obj.status.model_dump(
@@ -379,12 +403,14 @@ class DraDriver:
             else:
                 self.plugin.prepare_failures(None, time.monotonic())  # stale ones go: the gauge
                 unreadable = await self._read_gpus()
+                foreign = await self._read_foreign(unreadable)
                 await self.publisher.publish(
                     _all_but_unhealthy(
                         self.preparer.targets,
                         self._prepared(),
                         unreadable,
-                        self.preparer.xid_devices(),
+                        self.preparer.xid_devices()
+                        | foreign_devices(self.preparer.targets, foreign),
                     )
                 )
         except Exception as e:  # PublishError, NVML down, a connection, a timeout: go on

@@ -114,6 +114,7 @@ from node_agent.cdi import cdi_device_id, cdi_spec, remove_spec, write_spec
 from node_agent.dra_checkpoint import Checkpoint, ClaimRecord, PreparedDevice
 from node_agent.dra_claims import AllocatedDevice, ClaimError, ClaimRef, DeviceTarget
 from node_agent.dra_claims import device_targets as _targets
+from node_agent.dra_foreign import ForeignUse
 from node_agent.dra_slices import DRIVER, DraGpu, device_name
 from node_agent.nvml import (
     ComputeMode,
@@ -881,6 +882,43 @@ class DraPreparer:
             self._destroy(g, gi)
             destroyed += 1
         return destroyed
+
+    def foreign_use(self, skip: Collection[int] = ()) -> list[ForeignUse]:
+        """The placements (or whole GPUs) that run processes outside any claim now
+        (:mod:`node_agent.dra_foreign`), GPU by GPU; the GPUs in ``skip`` (unreadable this
+        round) and those whose reads fail are left out, NVML itself down raises.  Reads NVML:
+        called from a worker thread."""
+        out: list[ForeignUse] = []
+        with self._lock:
+            for g, model in sorted(self.models.items()):
+                if g in skip:
+                    continue
+                try:
+                    out.extend(self._foreign_on(g, model))
+                except (GpuUnreadable, ClaimError):
+                    continue  # unreadable or gone: the round reports it as such
+                except NvmlError as e:
+                    if e.code in NVML_DOWN:
+                        raise
+                    continue
+        return out
+
+    def _foreign_on(self, g: int, model: GpuModel) -> list[ForeignUse]:
+        info = self._info(g)
+        owners = self._owners(g)
+        if info.uuid in owners:
+            return []  # prepared whole for a claim: its processes are the claim's
+        if not info.mig_enabled:
+            busy = self._busy(g)
+            return [ForeignUse(g, "", tuple(busy))] if busy else []
+        out: list[ForeignUse] = []
+        for gi, mig_uuid in self._instances(g):
+            if mig_uuid and mig_uuid in owners:
+                continue
+            busy = self._busy(g, gi)
+            if busy:
+                out.append(ForeignUse(g, _placement(g, model, gi) or "", tuple(busy)))
+        return out
 
     def prepared(self) -> Mapping[str, ClaimRecord]:
         return {r.uid: r for r in self.checkpoint}

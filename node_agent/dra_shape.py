@@ -18,7 +18,8 @@ of the DRA agent (:class:`~node_agent.dra_driver.DraDriver`) reads that object a
 * the *published* devices (:func:`publish_set`): per GPU its planned devices, or the whole GPU
   ``gpu<i>`` when the spec lists no MIG instance for it (or there is no NodePartitioning, or no
   spec): the most useful free capacity, and a MIG claim that finds no published placement makes
-  the partitioner plan a layout for it; always united with the allocated devices.  An
+  the partitioner plan a layout for it; less the free devices an XID hit or processes outside
+  any claim use (:mod:`node_agent.dra_foreign`); always united with the allocated devices.  An
   allocated device never leaves the slices, even when the new spec overlaps it: the scheduler
   counts counters only for published devices, and the counters keep the overlapping planned
   device from being allocated beside it;
@@ -26,8 +27,8 @@ of the DRA agent (:class:`~node_agent.dra_driver.DraDriver`) reads that object a
   the status subresource: ``observedGeneration`` (the generation read), ``planId``, condition
   ``Applied`` ``True`` (``False``/``Degraded`` with ``Degraded`` ``True``, reason
   ``InvalidPlacement``, when some placement was skipped) and per MIG-capable GPU ``{index, uuid,
-  model, migEnabled: true, mig: [{profile, start, used}]}``: the allocated placements (``used``)
-  and then the planned placements the GPU's counters allow beside them (free), so the report is
+  model, migEnabled: true, mig: [{profile, start, used}]}``: the allocated placements (``used``;
+  so are those that run processes outside any claim, :mod:`node_agent.dra_foreign`) and then the planned placements the GPU's counters allow beside them (free), so the report is
   always a valid layout (a spec planned before an allocation was seen may overlap it; that
   placement is not free until the claim goes).  A GPU a claim holds whole (device
   ``gpu<i>`` allocated) is reported as one instance of the model's profile covering every
@@ -103,18 +104,20 @@ from contract.nodepartitioning import (
     PrepareFailure,
 )
 from node_agent.dra_claims import DeviceTarget
+from node_agent.dra_foreign import ForeignUse
 from node_agent.dra_slices import (
     DRIVER,
     DraGpu,
     device_name,
     reported_layout,
+    whole_gpu_profile,
 )
 from node_agent.gpu_plan import Block
 from node_agent.nvml import NvmlError
 from node_agent.reconciler import unreadable_block
 from node_agent.status import condition
 from node_agent.xid import XidMark, add_xid_blocks
-from planner.catalog import MigProfile
+from planner.catalog import GpuModel, MigProfile
 
 __all__ = [
     "PUBLISH_MODES",
@@ -213,6 +216,19 @@ def claim_devices(claims: Iterable[Mapping[str, Any]], pool: str, driver: str = 
     return out
 
 
+def _keys(model: GpuModel, rows: Iterable[tuple[MigProfile | None, int]]) -> set[tuple[str, int]]:
+    """``(profile, start)`` of placements as :func:`reported_layout` reports them (the whole GPU,
+    ``None``, as the model's whole-GPU profile at 0)."""
+    whole = whole_gpu_profile(model)
+    out: set[tuple[str, int]] = set()
+    for p, s in rows:
+        if p is not None:
+            out.add((p.name, s))
+        elif whole is not None:
+            out.add((whole.name, 0))
+    return out
+
+
 def shaped_status(
     gpus: Sequence[DraGpu],
     targets: Mapping[str, DeviceTarget],
@@ -224,6 +240,7 @@ def shaped_status(
     unreadable: Mapping[int, NvmlError] | None = None,
     xid_marks: Sequence[XidMark] = (),
     prepare_failures: Sequence[PrepareFailure] = (),
+    foreign: Sequence[ForeignUse] = (),
 ) -> NodePartitioningStatus:
     """The status after publishing ``planned`` and ``allocated`` for ``obj`` (module
     docstring); ``lastTransitionTime`` is kept from ``obj.status`` while a condition holds.
@@ -235,13 +252,21 @@ def shaped_status(
     ``unhealthy``, the placement kept in the layout whether a claim holds it or not).
     ``prepare_failures``: the claims whose last prepare failed
     (:meth:`node_agent.dra_failures.PrepareFailures.report`), listed as they are; they change
-    no condition (the GPUs' own problems do)."""
+    no condition (the GPUs' own problems do).  ``foreign``: the placements (or whole GPUs)
+    running processes outside any claim (:mod:`node_agent.dra_foreign`), reported ``used``
+    like an allocated one."""
     generation = obj.metadata.generation or 0
     unreadable = unreadable or {}
     held: dict[int, list[tuple[MigProfile | None, int]]] = {}
     for name in sorted(allocated):
         if (t := targets.get(name)) is not None:
             held.setdefault(t.gpu, []).append((t.profile, t.start))
+    claimed = {g: list(rows) for g, rows in held.items()}
+    theirs: dict[int, list[tuple[MigProfile | None, int]]] = {}
+    for f in foreign:
+        t = targets.get(f.device) if f.device else None
+        theirs.setdefault(f.gpu, []).append((t.profile, t.start) if t is not None else (None, 0))
+        held.setdefault(f.gpu, []).append(theirs[f.gpu][-1])
     hit: dict[int, list[tuple[MigProfile, int]]] = {}
     for m in xid_marks:
         t = targets.get(m.device) if m.device else None
@@ -254,6 +279,9 @@ def shaped_status(
         if g.model.mig_capable:
             wanted = [targets[n] for n in planned.get(g.index, ()) if n in targets]
             used = {(p.name, s) for p, s in held.get(g.index, []) if p is not None}
+            only_theirs = _keys(g.model, theirs.get(g.index, ())) - _keys(
+                g.model, claimed.get(g.index, ())
+            )
             bad = {(p.name, s) for p, s in hit.get(g.index, [])}
             layout = reported_layout(
                 g.model,
@@ -270,6 +298,7 @@ def shaped_status(
                     start=s,
                     used=u and ((p, s) in used or (p, s) not in bad),
                     unhealthy=(p, s) in bad,
+                    foreign=u and (p, s) in only_theirs,
                 )
                 for p, s, u in layout
             ]

@@ -54,6 +54,7 @@ def actual_gpus(observed: Sequence[ObservedGpu]) -> list[ActualGpu]:
                 start=i.start,
                 deviceId=i.uuid,
                 used=i.used,
+                foreign=i.busy and not i.in_use and not i.used_slices,
                 mps=_actual_slices(i.slices, i.used_slices),
             )
             for i in sorted(g.instances, key=lambda x: x.start)

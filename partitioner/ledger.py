@@ -299,9 +299,10 @@ class NodeLedger:
         """Units of ``resource`` kube-scheduler would still admit beyond bound and released pods.
 
         On a DRA node the devices are what its agent publishes, which its status lists (the
-        spec's placements and the allocated ones), not extended resources."""
+        spec's placements and the allocated ones), not extended resources, less the free ones
+        it withdraws (unhealthy, or used by processes outside any claim)."""
         if self.gpu.dra:
-            allocatable = self.total()[resource]
+            allocatable = self.total()[resource] - self._unhealthy()[resource]
         else:
             allocatable = self.info.allocatable.get(resource, 0)
         return (
@@ -506,15 +507,17 @@ def _rows(model: GpuModel, gpus: Sequence[GpuState]) -> tuple[tuple[_Row, ...], 
 
 
 def unhealthy_free(np: NodePartitioning | None, model: GpuModel) -> dict[int, Counter[str]]:
-    """Per GPU index, the devices per resource the agent reports ``unhealthy`` (the GPU as a
-    whole, or the instance or slice) and not used: the kubelet advertises them Unhealthy, so
-    a pod promised one would never bind."""
+    """Per GPU index, the devices per resource no pod may be promised though no pod holds
+    them: those the agent reports ``unhealthy`` (the GPU as a whole, or the instance or
+    slice) and not used -- the kubelet advertises them Unhealthy, so a pod promised one would
+    never bind -- and the MIG instances it reports ``foreign`` (used by processes no pod or
+    claim holds them for: a pod given one would share it, or in DRA mode fail its prepare)."""
     out: dict[int, Counter[str]] = {}
     for g in np.status.gpus if np is not None and np.status is not None else ():
         bad: Counter[str] = Counter()
         for m in g.mig:
             sick = g.unhealthy or m.unhealthy
-            if not m.mps and sick and not m.used:
+            if not m.mps and ((sick and not m.used) or m.foreign):
                 bad[instance_resource(model, m.profile)] += 1
             for sl in m.mps:
                 if (sick or sl.unhealthy) and not sl.used:

@@ -376,9 +376,11 @@ async def test_idle_instances_the_spec_drops_are_destroyed_used_and_claimed_ones
     await round_ok(driver)
     assert layout(nv, 0) == {("3g.40gb", 0)} and driver.idle_destroyed == 1
     assert layout(nv, 1) == {("4g.40gb", 0), ("1g.10gb", 6)}  # claimed, used: never
-    # the prepared claim is published (from the checkpoint) though the API lists no claim
-    assert published(kmock) == {keep, "gpu1", claimed}
-    assert mig_status(kmock)[1] == [("4g.40gb", 0, True)]
+    # the prepared claim is published (from the checkpoint) though the API lists no claim;
+    # the whole GPU 1 is not: it shares a memory slot with the busy 1g@6, reported used
+    # (tests/test_agent_dra_foreign.py)
+    assert published(kmock) == {keep, claimed}
+    assert mig_status(kmock)[1] == [("4g.40gb", 0, True), ("1g.10gb", 6, True)]
     before = nv.creates
     prep.prepare(ref(8), alloc(keep))
     assert nv.creates == before  # the kept instance is adopted

@@ -269,3 +269,31 @@ def test_with_dra_served_pods_naming_claims_are_gated_and_the_cel_agrees() -> No
     assert asks.startswith(
         "(has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0)"
     )
+
+
+def test_a_placement_reported_used_without_a_claim_is_neither_promised_nor_planned_over() -> None:
+    # The DRA agent reports 3g@0 of GPU 0 used by processes outside any claim (``foreign``,
+    # node_agent.dra_foreign): it withdrew it, and a prepare there would fail.
+    gpu0 = status_gpu(0, ("3g.40gb", 0, True), ("3g.40gb", 4, False))
+    gpu0["mig"][0]["foreign"] = True
+    c = Cluster(
+        node("d1", DRA),
+        applied_np("d1", gpu0),
+        claim_pod("p", "cl"),
+        claim("cl", mig_request()),
+        claim_pod("q", "cq"),
+        claim("cq", mig_request()),
+    )
+    d = c.step(T0)
+    # the free 3g@4 is promised to one pod at once; the busy 3g@0 to nobody
+    (fast,) = [a for a in d.actions if isinstance(a, PatchPod) and a.purpose == "release"]
+    waiting = "q" if fast.pod == "ns/p" else "p"
+    assert reservation(c, waiting) is None  # it waits for the batch
+    d = c.step(T0 + 61)
+    (spec,) = [a for a in d.actions if isinstance(a, WriteSpec)]
+    placed = {(g.index, m.profile, m.start) for g in spec.spec.gpus for m in g.mig}
+    assert (0, "3g.40gb", 0) in placed  # kept as it is
+    assert not [s for g, p, s in placed if g == 0 and p != "3g.40gb" and s < 4]
+    new = placed - {(0, "3g.40gb", 0), (0, "3g.40gb", 4)}
+    assert new and all(g != 0 for g, _, _ in new), placed  # the other pod: another GPU
+    assert reservation(c, waiting).state is State.PLANNED
