@@ -245,3 +245,28 @@ def test_a_malformed_kubeconfig_is_bad_input_with_one_line_naming_it(
     assert why in err and "kubectl config view" in err and "\n" not in err
     if why != "is not a URL":
         assert str(path) in err
+
+
+def test_each_node_shows_its_free_slices_and_those_withheld_from_every_pod() -> None:
+    """``free``: instances neither used nor unhealthy; ``withheld`` (wide): unused but kept from
+    every pod, because unhealthy (the instance or its whole GPU) or ``foreign`` (processes no
+    pod holds it for); used instances are in neither."""
+    gpu0 = status_gpu(0, ("1g.10gb", 0, False), ("1g.10gb", 1, False), ("3g.40gb", 4, True))
+    gpu0["mig"][1]["unhealthy"] = True
+    gpu1 = status_gpu(1, ("3g.40gb", 0, True), ("3g.40gb", 4, False))
+    gpu1["mig"][0]["foreign"] = True
+    gpu2 = status_gpu(2, ("7g.80gb", 0, False))
+    gpu2["unhealthy"] = True  # lost: its free instance is withheld too
+    gpu3 = {"index": 3, "mig": [], "mps": [{"memoryMiB": 10240, "activeThreadPercentage": 50}]}
+    empty = applied_np("n2")
+    doc = status_document(
+        [node("n1", MIG), node("n2", MIG), node("n3", MIG)],
+        [],
+        [applied_np("n1", gpu0, gpu1, gpu2, gpu3), empty],
+        T0,
+    )
+    n1, n2, n3 = doc["nodes"]
+    assert n1["free"] == "1g.10gb, 3g.40gb, mps 10gb"
+    assert n1["withheld"] == "1g.10gb (unhealthy), 3g.40gb (foreign), 7g.80gb (unhealthy)"
+    assert (n2["free"], n2["withheld"]) == ("-", "-")  # reported, nothing on it
+    assert (n3["free"], n3["withheld"]) == ("-", "-")  # no NodePartitioning yet

@@ -22,6 +22,9 @@ Events) and says, per waiting pod, what it waits for:
   them), so it cannot start until a retry succeeds;
 
 plus the node's problem when its ``GpusliceReady`` condition is False (``AgentSilent``, ...).
+Per node it also shows the slices its agent reports ``free`` (neither used nor unhealthy) and,
+with ``-o wide``, those ``withheld`` from every pod though no pod uses them (``unhealthy``, or
+``foreign``: used by processes no pod holds them for).
 Pods are listed highest priority first, then oldest, as the partitioner serves them.  With pod
 names (``NAME`` in ``--namespace``, or ``NAMESPACE/NAME``) only those are shown, each with the
 Events about it that the API server still holds.
@@ -36,6 +39,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +48,7 @@ from gpuslice.options import add_catalog_argument
 from gpuslice.output import Column, add_output_argument, emit, render_table
 
 if TYPE_CHECKING:
+    from contract.nodepartitioning import NodePartitioningStatus
     from partitioner.index import PodInfo
     from planner.catalog import Catalog
 
@@ -60,6 +65,8 @@ NODE_COLUMNS = (
     Column("applied", "applied"),
     Column("planned", "planned", align="right"),
     Column("released", "released", align="right"),
+    Column("free", "free"),
+    Column("withheld", "withheld", wide=True),
     Column("unprepared", "unprepared", wide=True, align="right"),
     Column("message", "message", wide=True),
 )
@@ -113,6 +120,40 @@ def _units(slices: Mapping[str, int]) -> str:
         f"{r.removeprefix('nvidia.com/')} x{k}" if k != 1 else r.removeprefix("nvidia.com/")
         for r, k in sorted(slices.items())
     )
+
+
+def _slices(status: NodePartitioningStatus | None) -> dict[str, str]:
+    """What the agent reports of a node's slices: ``free`` (neither used nor unhealthy: what a
+    pod can be promised, planned or not), ``withheld`` (not used by a pod yet kept from every
+    pod: ``unhealthy`` -- an XID, a GPU NVML cannot read -- or ``foreign``, used by processes
+    no pod holds it for), each as ``profile xN``; ``-`` for none."""
+    free: Counter[str] = Counter()
+    withheld: Counter[str] = Counter()
+    for g in status.gpus if status is not None else ():
+        for m in g.mig:
+            if m.mps:  # a hybrid host: its slices are the devices
+                rows = [(f"mps {s.memoryMiB // 1024}gb", s.used, s.unhealthy) for s in m.mps]
+                sick = g.unhealthy or m.unhealthy
+                for name, used, bad in rows:
+                    if not used:
+                        (withheld if sick or bad else free)[name] += 1
+                continue
+            if m.foreign:
+                withheld[f"{m.profile} (foreign)"] += 1
+            elif not m.used:
+                if g.unhealthy or m.unhealthy:
+                    withheld[f"{m.profile} (unhealthy)"] += 1
+                else:
+                    free[m.profile] += 1
+        for sl in g.mps:
+            if not sl.used:
+                name = f"mps {sl.memoryMiB // 1024}gb"
+                (withheld if g.unhealthy or sl.unhealthy else free)[name] += 1
+    return {"free": _counts(free), "withheld": _counts(withheld)}
+
+
+def _counts(counts: Counter[str]) -> str:
+    return ", ".join(f"{k} x{n}" if n != 1 else k for k, n in sorted(counts.items())) or "-"
 
 
 def _condition(node: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -174,6 +215,7 @@ def status_document(
                 "applied": np.applied if np is not None else False,
                 **holds.get(name, {"planned": 0, "released": 0}),
                 "unprepared": len(np.status.prepareFailures) if np and np.status else 0,
+                **_slices(np.status if np is not None else None),
             }
         )
     waiting = [index.pods[k] for k in index.waiting_by_age()]
