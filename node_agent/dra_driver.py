@@ -84,7 +84,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Collection, Mapping, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from contract.nodepartitioning import PARTITIONER_STATUS_FIELDS, NodePartitioning
 from node_agent.agent import SpecSource, draining_gpus, now_rfc3339
@@ -155,6 +155,13 @@ _XID_DOES = (
     "reboot, then restart the agent pod"
 )
 """What the DRA agent does about a critical XID, as its WARNING says."""
+
+
+@runtime_checkable
+class ForeignCounter(Protocol):
+    """Records how many foreign uses a round found (:class:`~node_agent.metrics.AgentMetrics`)."""
+
+    def observe_foreign(self, count: int) -> None: ...
 
 
 class AllocatedClaims(Protocol):
@@ -287,6 +294,8 @@ class DraDriver:
             else:
                 log.info("no process outside a claim runs on this node's GPUs any more")
         self.foreign = foreign
+        if isinstance(self.metrics, ForeignCounter):
+            self.metrics.observe_foreign(len(foreign))
         return foreign
 
     def _prepared(self) -> set[str]:

@@ -147,6 +147,12 @@ class AgentMetrics:
             "DRA mode: claims whose last prepare failed (status.prepareFailures)",
             registry=r,
         )
+        self.foreign_slices = Gauge(
+            "gpuslice_agent_foreign_slices",
+            "MIG instances (in DRA mode also GPUs with MIG off) running processes that no pod or "
+            "claim holds them for; withheld from every pod until those end",
+            registry=r,
+        )
         self._device_labels: set[tuple[str, str]] = set()
         self._generation: int | None = None
         self._generation_seen_at = 0.0
@@ -173,6 +179,12 @@ class AgentMetrics:
             self.apply_latency.observe(max(0.0, now - self._generation_seen_at))
         if result.fresh:
             self._set_devices(result)
+            self.foreign_slices.set(sum(m.foreign for g in result.status.gpus for m in g.mig))
+
+    def observe_foreign(self, count: int) -> None:
+        """DRA mode: the placements (or whole GPUs) a round found running processes outside
+        any claim (:mod:`node_agent.dra_foreign`)."""
+        self.foreign_slices.set(count)
 
     def observe_daemon_deaths(self, keys: list[str]) -> None:
         """Record MPS daemons found dead (one count per key listed)."""

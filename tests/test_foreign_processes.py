@@ -35,6 +35,7 @@ from typing import Any
 
 import pytest
 from fake_apiserver import ApiServer
+from prometheus_client import CollectorRegistry
 from test_partitioner_promises import (
     MIG,
     ONE_G,
@@ -51,6 +52,7 @@ from test_partitioner_snapshot import node
 
 from node_agent.dra_claims import device_targets
 from node_agent.dra_foreign import ForeignUse, foreign_devices, whole_gpus
+from node_agent.metrics import AgentMetrics
 from node_agent.nvml_fake import FakeNvml
 from partitioner.actions import WriteSpec
 from tests.test_agent_dra_prepare import preparer
@@ -78,6 +80,10 @@ from tests.test_agent_lost_gpu import spec as node_spec
 
 FOUR = {p(g, "3g.40gb", s) for g in (0, 1) for s in (0, 4)}
 """What PLAN publishes: two 3g.40gb placements on each of the two H100s."""
+
+
+def foreign_gauge(metrics: AgentMetrics) -> float | None:
+    return metrics.registry.get_sample_value("gpuslice_agent_foreign_slices")
 
 
 def foreign_flags(api: ApiServer, gpu: int) -> list[bool]:
@@ -114,11 +120,13 @@ async def test_a_planned_instance_running_a_foreign_process_is_withdrawn_and_rep
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     nv = CountingNvml([H100, H100])
-    driver = setup(kmock, connect, nv, str(tmp_path))
+    metrics = AgentMetrics(CollectorRegistry())
+    driver = setup(kmock, connect, nv, str(tmp_path), metrics=metrics)
     await put_np(kmock, spec("p1", PLAN))
     await round_ok(driver)
     assert published(kmock) == FOUR
     assert mig_status(kmock)[0] == [("3g.40gb", 0, False), ("3g.40gb", 4, False)]
+    assert foreign_gauge(metrics) == 0
 
     caplog.set_level(logging.INFO, logger="node_agent")
     pid = nv.start_process(0, gi_at(nv, 0, 0), 0)  # a CUDA job started by hand on 3g@0
@@ -129,6 +137,7 @@ async def test_a_planned_instance_running_a_foreign_process_is_withdrawn_and_rep
     assert mig_status(kmock)[1] == [("3g.40gb", 0, False), ("3g.40gb", 4, False)]
     assert driver.foreign == [ForeignUse(0, p(0, "3g.40gb", 0), (pid,))]
     assert foreign_flags(kmock, 0) == [True, False]
+    assert foreign_gauge(metrics) == 1
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 1, warned
     assert p(0, "3g.40gb", 0) in warned[0] and f"pids {pid}" in warned[0]
@@ -144,7 +153,7 @@ async def test_a_planned_instance_running_a_foreign_process_is_withdrawn_and_rep
 
     nv.stop_process(pid)
     await round_ok(driver)  # the idle unplanned 3g@0 goes, the planned 1g instances come
-    assert driver.foreign == []
+    assert driver.foreign == [] and foreign_gauge(metrics) == 0
     assert layout(nv, 0) == {("1g.10gb", 0), ("1g.10gb", 1), ("3g.40gb", 4)}
     assert published(kmock) == {
         p(0, "1g.10gb", 0),
@@ -238,6 +247,9 @@ def test_the_device_plugin_agent_reports_an_instance_running_processes_of_no_pod
     node.nv.start_process(0, gi4, 0)
     stray = node.nv.start_process(0, gi0, 0)  # nothing holds 3g@0: a job started by hand
     res = node.run(node_spec("mig", {0: OLD, 1: OLD}), gen=2)
+    metrics = AgentMetrics(CollectorRegistry())
+    metrics.observe_pass(2, res, 0.1, 1.0)
+    assert foreign_gauge(metrics) == 1
     flags = {(m.profile, m.start): (m.used, m.foreign) for m in res.status.gpus[0].mig}
     assert flags == {("3g.40gb", 0): (True, True), ("3g.40gb", 4): (True, False)}
     dumped = res.status.model_dump(mode="json")
