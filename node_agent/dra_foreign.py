@@ -26,7 +26,10 @@ So every round of the DRA agent reads the foreign uses (:meth:`DraPreparer.forei
   instance a claim holds;
 * creates nothing planned on a GPU used whole (switching MIG mode needs the GPU idle).
 
-Once the processes end the next round publishes and reports the placement as before.  Nothing
+A GPU whose processes cannot be read in the round (an error since the round found it
+readable, or a transient one) counts as used whole for that round, with no pid: unknown is
+not free.  Once the processes end the next round publishes and reports the placement as
+before.  Nothing
 else changes: no condition (the GPU is healthy, merely in use), a WARNING when the set of
 foreign uses changes, naming the placements and pids.
 """
@@ -50,9 +53,13 @@ class ForeignUse:
     """The placement's device name; ``""``: the whole GPU (MIG mode off, or an instance of a
     profile the catalog lacks, which cannot be told apart from the rest)."""
     pids: tuple[int, ...]
+    """Empty: the GPU's processes could not be read this round, so it is taken as used whole
+    (its free devices withdrawn, nothing planned made on it) until a round reads it."""
 
     def __str__(self) -> str:
         where = self.device or f"GPU {self.gpu} (whole)"
+        if not self.pids:
+            return f"{where}: processes unknown (NVML could not read them this round)"
         shown = ", ".join(map(str, self.pids[:8]))
         more = f" and {len(self.pids) - 8} more" if len(self.pids) > 8 else ""
         return f"{where}: pids {shown}{more}"

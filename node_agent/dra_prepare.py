@@ -24,7 +24,9 @@ other instance is *unknown*.
 2. The record is written ``started`` before the first NVML mutation and after each instance.
 3. Whole GPU: refused if another claim holds an instance or the GPU; unknown instances are
    destroyed if idle (refused if they run processes); MIG mode is disabled.
-4. Placement: refused if another claim holds the whole GPU or an overlapping instance, or an
+4. Placement: refused if another claim holds the whole GPU or an overlapping instance, or
+   its record holds a device the ResourceSlice counters refuse beside the placement (its
+   instance may be gone since a reboot, until the kubelet prepares it again), or an
    unknown overlapping instance runs processes; idle unknown overlapping instances are
    destroyed; MIG mode is enabled if off (GPU idle, compute mode DEFAULT; on Ampere the change
    waits for a GPU reset, which the driver runs on the idle GPU); an instance of exactly that
@@ -115,7 +117,13 @@ from node_agent.dra_checkpoint import Checkpoint, ClaimRecord, PreparedDevice
 from node_agent.dra_claims import AllocatedDevice, ClaimError, ClaimRef, DeviceTarget
 from node_agent.dra_claims import device_targets as _targets
 from node_agent.dra_foreign import ForeignUse
-from node_agent.dra_slices import DRIVER, DraGpu, device_name
+from node_agent.dra_slices import (
+    DRIVER,
+    DraGpu,
+    device_name,
+    gpu_counters,
+    placement_counters,
+)
 from node_agent.nvml import (
     ComputeMode,
     GpuInfo,
@@ -481,6 +489,12 @@ class DraPreparer:
         whole = everyone.get(info.uuid)  # this claim's own devices too
         if whole is not None:
             raise ClaimError(f"GPU {g} is prepared whole for claim {whole[0].label()}")
+        if (rec := self._recorded_conflict(uid, t)) is not None:
+            raise ClaimError(
+                f"placement {p.name} at {start} on GPU {g} conflicts with the devices recorded "
+                f"for claim {rec.label()} (the counters refuse both; its instances may be gone "
+                "since a reboot, until it is prepared again or unprepared)"
+            )
         if not info.mig_enabled:
             self._set_mig(info, True)
         span = set(p.span(start))
@@ -528,6 +542,30 @@ class DraPreparer:
             gi_id = nv.create_gpu_instance(g, p.profile_id, start, p.memory_slices)
         self._compute_on(g, gi_id)
         return self._uuid_of(g, gi_id), info.uuid
+
+    def _recorded_conflict(self, uid: str, t: DeviceTarget) -> ClaimRecord | None:
+        """Another claim's record whose devices on ``t``'s GPU the ResourceSlice counters
+        (:func:`~node_agent.dra_slices.placement_counters`) refuse beside ``t``, else ``None``.
+        The hardware checks of :meth:`_placement` see only the instances that exist: after a
+        reboot a prepared claim's instances are gone until the kubelet prepares it again, and
+        an allocation overlapping its placement (or taking the GPU's one ``+me``) would be
+        made there and keep the claim from ever being prepared again
+        (tests/test_agent_dra_faults.py); the checkpoint still says the placement is taken."""
+        model = self.models[t.gpu]
+        capacity = gpu_counters(model)
+        used = dict(placement_counters(model, t.profile, t.start))
+        for rec in self.checkpoint:
+            if rec.uid == uid:
+                continue
+            for d in rec.devices:
+                o = self.targets.get(d.device)
+                if d.gpu != t.gpu or o is None:
+                    continue
+                for k, v in placement_counters(model, o.profile, o.start).items():
+                    used[k] = used.get(k, 0) + v
+                if any(v > capacity.get(k, 0) for k, v in used.items()):
+                    return rec
+        return None
 
     def _compute_on(self, g: int, gi_id: int) -> None:
         """Create the compute instance of a new GPU instance; on failure destroy the GPU
@@ -751,13 +789,25 @@ class DraPreparer:
         """At start: roll back ``started`` records, destroy idle unknown instances (with
         :attr:`planned` set, those at planned placements stay); return what was kept (used
         unknown instances), one line each.  An unreadable GPU is skipped, its ``started``
-        records kept (the claim's next prepare, or the next start, rolls them back)."""
+        records kept (the claim's next prepare, or the next start, rolls them back); so is a
+        record whose roll-back NVML refuses (a destroy failing: raising would fail every start
+        of the agent, a crash loop), logged.  NVML itself down raises."""
         kept: list[str] = []
         with self._lock:
             for rec in self.checkpoint:
                 if rec.state == "started":
                     try:
                         self._release(rec, check_busy=False)
+                    except NvmlError as e:
+                        if e.code in NVML_DOWN:
+                            raise
+                        log.warning(
+                            "claim %s was being prepared when the agent stopped; rolling it "
+                            "back failed (tried again at its next prepare or the next start): %s",
+                            rec.label(),
+                            e,
+                        )
+                        continue
                     except GpuUnreadable as e:
                         log.warning(
                             "claim %s was being prepared when the agent stopped; not rolled "
@@ -818,12 +868,27 @@ class DraPreparer:
                     if not info.mig_enabled:
                         self._set_mig(info, True)
                     instances = self._instances(g)
-                    if any(span & set(range(gi.start, gi.start + gi.size)) for gi, _ in instances):
+                    half = [
+                        gi
+                        for gi, _ in instances
+                        if (gi.start, gi.profile_id) == (t.start, p.profile_id)
+                        and not gi.compute_instances
+                    ]
+                    if half:
+                        # a GPU instance without its compute instance (a creation that failed
+                        # half-way, and whose rollback failed too) is completed, else it stays
+                        # half-made for ever: "there already" below, kept as planned by the
+                        # clean-ups (tests/test_agent_dra_faults.py)
+                        self._nvml.create_compute_instance(g, half[0].gi_id)
+                    elif any(
+                        span & set(range(gi.start, gi.start + gi.size)) for gi, _ in instances
+                    ):
                         continue  # there already, or something in the way
-                    gi_id = self._nvml.create_gpu_instance(
-                        g, p.profile_id, t.start, p.memory_slices
-                    )
-                    self._compute_on(g, gi_id)
+                    else:
+                        gi_id = self._nvml.create_gpu_instance(
+                            g, p.profile_id, t.start, p.memory_slices
+                        )
+                        self._compute_on(g, gi_id)
                 except (ClaimError, NvmlError) as e:
                     log.warning("planned placement %s not created now (prepare will): %s", name, e)
                     continue
@@ -886,8 +951,12 @@ class DraPreparer:
     def foreign_use(self, skip: Collection[int] = ()) -> list[ForeignUse]:
         """The placements (or whole GPUs) that run processes outside any claim now
         (:mod:`node_agent.dra_foreign`), GPU by GPU; the GPUs in ``skip`` (unreadable this
-        round) and those whose reads fail are left out, NVML itself down raises.  Reads NVML:
-        called from a worker thread."""
+        round) and those gone from the node are left out, NVML itself down raises.  A GPU not
+        in ``skip`` whose reads fail now (an error since the round's :meth:`unreadable`, or a
+        transient one) is returned as used whole, with no pid: its processes are unknown, so
+        none of its free devices may be published and nothing planned is made on it this
+        round.  (Leaving it out published the free devices around a process outside any
+        claim: tests/test_agent_dra_faults.py.)  Reads NVML: called from a worker thread."""
         out: list[ForeignUse] = []
         with self._lock:
             for g, model in sorted(self.models.items()):
@@ -895,12 +964,16 @@ class DraPreparer:
                     continue
                 try:
                     out.extend(self._foreign_on(g, model))
-                except (GpuUnreadable, ClaimError):
-                    continue  # unreadable or gone: the round reports it as such
+                except GpuUnreadable as e:
+                    log.warning("GPU %d: processes unknown (%s); taken as used whole", g, e)
+                    out.append(ForeignUse(g, "", ()))
+                except ClaimError:
+                    continue  # gone from the node
                 except NvmlError as e:
                     if e.code in NVML_DOWN:
                         raise
-                    continue
+                    log.warning("GPU %d: processes unknown (%s); taken as used whole", g, e)
+                    out.append(ForeignUse(g, "", ()))
         return out
 
     def _foreign_on(self, g: int, model: GpuModel) -> list[ForeignUse]:

@@ -175,6 +175,26 @@ def test_a_crash_mid_prepare_is_rolled_back_at_start(tmp_path: Path) -> None:
     assert prep.checkpoint.get("uid-0001") is None and nv.mig_uuids() == {}
 
 
+def test_a_roll_back_nvml_refuses_at_start_is_logged_and_left_not_a_crash_loop(
+    tmp_path: Path,
+) -> None:
+    nv = FakeNvml([H100], mig_enabled=True)
+    prep = preparer(nv, tmp_path)
+    (made,) = prep.prepare(ref(1), [dev(placement(0, "3g.40gb", 0))])
+    rec = prep.checkpoint.get("uid-0001")
+    assert rec is not None
+    prep.checkpoint.put(ClaimRecord(rec.namespace, rec.name, rec.uid, "started", rec.devices))
+    nv.inject("destroy_gpu_instance", times=None)  # every destroy refused
+    again = preparer(nv, tmp_path)  # the agent starts again
+    assert again.clean_unknown() == []  # before: the NvmlError failed the start, every time
+    kept = again.checkpoint.get("uid-0001")
+    assert kept is not None and kept.state == "started"
+    nv.clear_faults()
+    preparer(nv, tmp_path).clean_unknown()  # the next start rolls it back
+    assert preparer(nv, tmp_path).checkpoint.get("uid-0001") is None
+    assert made.uuid not in nv.mig_uuids()
+
+
 def test_lost_instances_are_prepared_again_after_a_reboot(tmp_path: Path) -> None:
     nv = FakeNvml([H100])
     prep = preparer(nv, tmp_path)
