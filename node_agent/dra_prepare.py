@@ -572,8 +572,16 @@ class DraPreparer:
         instance, so no half-made instance is left behind."""
         try:
             self._nvml.create_compute_instance(g, gi_id)
-        except NvmlError:
-            self._nvml.destroy_gpu_instance(g, gi_id)
+        except NvmlError as e:
+            try:
+                self._nvml.destroy_gpu_instance(g, gi_id)
+            except NvmlError as undo:  # the cause stays the error; the leftover is named
+                raise NvmlError(
+                    e.code,
+                    e.op,
+                    f"{e.detail}; destroying the half-made GPU instance {gi_id} failed too "
+                    f"({undo}): the next round or prepare completes or removes it",
+                ) from None
             raise
 
     def _destroy_unknown(self, g: int, gi: GpuInstanceInfo, mig_uuid: str) -> None:
@@ -754,7 +762,15 @@ class DraPreparer:
                 self.checkpoint.put(rec)
             self._write_cdi(rec)
         except (ClaimError, NvmlError) as e:
-            self._destroy_devices(rec.label(), created, check_busy=False)
+            try:
+                self._destroy_devices(rec.label(), created, check_busy=False)
+            except (ClaimError, NvmlError) as undo:  # the kubelet is told the cause, not this
+                cause = str(e) if str(ref) in str(e) else f"{ref}: {e}"
+                raise ClaimError(
+                    f"{cause}; rolling back what this prepare made failed too ({undo}): "
+                    "the claim's record stays 'started' and is rolled back at its next "
+                    "prepare or the agent's next start"
+                ) from None
             if old is not None:
                 self.checkpoint.put(old)  # the devices still there stay this claim's
             else:

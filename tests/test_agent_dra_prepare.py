@@ -26,6 +26,7 @@ from node_agent.dra_checkpoint import Checkpoint, ClaimRecord
 from node_agent.dra_claims import AllocatedDevice, ClaimError, ClaimRef
 from node_agent.dra_prepare import DraPreparer
 from node_agent.dra_slices import device_name, gpu_counters, placement_counters
+from node_agent.nvml import NvmlErrorCode
 from node_agent.nvml_fake import FakeNvml
 from planner.catalog import default_catalog
 
@@ -193,6 +194,28 @@ def test_a_roll_back_nvml_refuses_at_start_is_logged_and_left_not_a_crash_loop(
     preparer(nv, tmp_path).clean_unknown()  # the next start rolls it back
     assert preparer(nv, tmp_path).checkpoint.get("uid-0001") is None
     assert made.uuid not in nv.mig_uuids()
+
+
+def test_a_failed_prepare_whose_roll_back_fails_too_still_names_the_cause(
+    tmp_path: Path,
+) -> None:
+    nv = FakeNvml([H100, H100], mig_enabled=True)
+    prep = preparer(nv, tmp_path)
+    big, small = placement(0, "4g.40gb", 0), placement(1, "1g.10gb", 4)
+    # GPU 0's device is made; GPU 1's compute instance fails, and so does every destroy
+    nv.inject("create_compute_instance", NvmlErrorCode.TIMEOUT, gpu=1, times=None)
+    nv.inject("destroy_gpu_instance", NvmlErrorCode.IN_USE, times=None)
+    with pytest.raises(ClaimError) as err:
+        prep.prepare(ref(1), [dev(big, "a"), dev(small, "b")])
+    message = str(err.value)
+    assert "create_compute_instance: NVML_ERROR_TIMEOUT" in message  # the cause, not only
+    assert "destroy_gpu_instance: NVML_ERROR_IN_USE" in message  # what the roll-back met
+    assert "team/claim-1" in message and message.count("team/claim-1") == 1
+    kept = prep.checkpoint.get("uid-0001")
+    assert kept is not None and kept.state == "started"  # rolled back later
+    nv.clear_faults()
+    assert prep.prepare(ref(1), [dev(big, "a"), dev(small, "b")])  # the kubelet's retry
+    assert (layout(nv, 0), layout(nv, 1)) == ({("4g.40gb", 0)}, {("1g.10gb", 4)})
 
 
 def test_lost_instances_are_prepared_again_after_a_reboot(tmp_path: Path) -> None:
