@@ -26,6 +26,7 @@ _PAGE = 500
 REQUEST_TIMEOUT_S = 30.0
 """Longest wait for one API request."""
 NP = ("gpuslice.io", "v1alpha1", "nodepartitionings")
+CLAIMS = ("resource.k8s.io", "v1", "resourceclaims")
 
 
 @dataclass(frozen=True)
@@ -194,6 +195,28 @@ class Cluster:
         return self._delete(
             f"Lease {namespace}/{name}", self.coordination.delete_namespaced_lease, name, namespace
         )
+
+    def claims(self, namespace: str | None) -> list[dict[str, Any]]:
+        """The ResourceClaims (``resource.k8s.io/v1``), of one namespace or all; none where the
+        API server serves no such kind (404: no DRA)."""
+        try:
+            if namespace:
+                return list(
+                    self._pages(
+                        f"ResourceClaims in {namespace}",
+                        self.custom.list_namespaced_custom_object,
+                        *CLAIMS[:2],
+                        namespace,
+                        CLAIMS[2],
+                    )
+                )
+            return list(
+                self._pages("ResourceClaims", self.custom.list_cluster_custom_object, *CLAIMS)
+            )
+        except ApiFailure as e:
+            if e.status == 404:
+                return []
+            raise
 
     def partitioning_objects(self) -> list[dict[str, Any]]:
         return list(self._pages("NodePartitionings", self.custom.list_cluster_custom_object, *NP))

@@ -34,10 +34,11 @@ planned; the claim's creation re-reads the pod).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from contract.nodepartitioning import PrepareFailure
 from planner.snapshot import mig_resource
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "ClaimDemand",
     "claim_key",
     "claim_key_of",
+    "failed_claims",
     "pod_claim_keys",
     "read_claim",
 ]
@@ -168,3 +170,18 @@ def pod_claim_keys(pod: Obj) -> tuple[tuple[str, ...], bool]:
         elif e.get("resourceClaimTemplateName"):
             complete = False
     return tuple(keys), complete
+
+
+def failed_claims(
+    failures: Iterable[PrepareFailure], claims: Mapping[str, ClaimDemand]
+) -> dict[str, PrepareFailure]:
+    """A node agent's prepare failures (``status.prepareFailures``) by claim key, each only if
+    it is of the claim now under that name: a failure reported for a claim deleted before one
+    of the same name was created (another uid) is left out; a uid unknown on either side (no
+    claim read, an agent that sent none) is assumed the same."""
+    out: dict[str, PrepareFailure] = {}
+    for f in failures:
+        demand = claims.get(f.claim)
+        if not (f.uid and demand is not None and demand.uid and demand.uid != f.uid):
+            out[f.claim] = f
+    return out

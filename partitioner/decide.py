@@ -142,7 +142,6 @@ from contract.nodepartitioning import (
     DesiredMpsSlice,
     NodePartitioning,
     NodePartitioningSpec,
-    PrepareFailure,
     ReservationEntry,
 )
 from partitioner.actions import (
@@ -159,6 +158,7 @@ from partitioner.actions import (
     WriteSpec,
 )
 from partitioner.batching import BatchPolicy, BatchWindow, due, next_deadline, observe, planned
+from partitioner.claims import failed_claims
 from partitioner.drain import choose_drain, drain_budget
 from partitioner.eligibility import pod_fits_node
 from partitioner.gating import release_patch, ungate_patch
@@ -1229,7 +1229,7 @@ class _Step:
             failures = np.status.prepareFailures if np is not None and np.status else ()
             if not failures or name in self.plugin_lost:
                 continue
-            failed = {f.claim: f for f in failures if self._same_claim(f)}
+            failed = failed_claims(failures, self.index.claims)
             for pod in self._unstarted(name):
                 hit = [failed[c] for c in pod.claims if c in failed]
                 if hit:
@@ -1249,12 +1249,6 @@ class _Step:
             for p in self.index.bound_pods(node)
             if p.dra and p.phase == "Pending" and not p.deleting and not p.sandbox_ready
         ]
-
-    def _same_claim(self, failure: PrepareFailure) -> bool:
-        """The reported failure is of the claim now under its name (not of one deleted before
-        a claim of the same name was created; either uid unknown: assumed the same)."""
-        demand = self.index.claims.get(failure.claim)
-        return not (failure.uid and demand is not None and demand.uid and demand.uid != failure.uid)
 
     def _open(self, node: str) -> bool:
         """New promises may go to ``node``: it is neither cooling down nor unserved."""

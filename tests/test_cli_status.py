@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import test_cli_ungate
-from fake_apiserver import NP_PATH, ApiServer
+from fake_apiserver import CLAIM_RESOURCE, NP_PATH, ApiServer, declare_dra
 from test_partitioner_promises import MIG, ONE_G, SEVEN_G, T0, applied_np, gated, status_gpu
 from test_partitioner_snapshot import node
 
@@ -202,6 +202,37 @@ async def test_the_command_reads_the_cluster_and_prints_json_tables_and_events(
     assert rc == EXIT_BAD_INPUT and "expected NAME or NAMESPACE/NAME" in err
 
 
+@pytest.mark.parametrize("served", [True, False], ids=["claims-served", "no-dra-api"])
+async def test_on_a_dra_cluster_the_command_reads_the_claims(
+    kmock: ApiServer, kubeconfig: Path, capsys: pytest.CaptureFixture[str], served: bool
+) -> None:
+    """A DRA node makes the command list ResourceClaims: a waiting claim pod shows what it
+    asks for.  An API server that serves no ResourceClaim kind (404) is no error."""
+    from test_partitioner_dra import DRA, claim, claim_pod, mig_request
+
+    if served:
+        declare_dra(kmock)
+    assert (await kmock.post("/api/v1/nodes", json=node("d1", DRA))).status in (200, 201)
+    await kmock.post("/api/v1/namespaces/ns", json={"metadata": {"name": "ns"}})
+    resp = await kmock.post("/api/v1/namespaces/ns/pods", json=claim_pod("train", "cl"))
+    assert resp.status in (200, 201), await resp.text()
+    if served:
+        body = claim("cl", mig_request())
+        resp = await kmock.post(f"/apis/{CLAIM_RESOURCE.rsplit('/', 1)[0]}/namespaces/ns/"
+                                "resourceclaims", json=body)  # fmt: skip
+        assert resp.status in (200, 201), await resp.text()
+
+    def run() -> tuple[int, str]:
+        rc = main(["status", "--kubeconfig", str(kubeconfig), "-o", "json"])
+        return rc, capsys.readouterr().out
+
+    rc, out = await asyncio.to_thread(run)
+    assert rc == 0  # a 404 for the claims is no failure
+    rows = [(r["pod"], r["state"], r["request"]) for r in json.loads(out)["pods"]]
+    # without its claim the pod's demand is unknown, so it is not listed as waiting
+    assert rows == ([("ns/train", "queued", "mig-3g.40gb")] if served else [])
+
+
 def test_a_bad_catalog_or_kubeconfig_is_bad_input(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -245,6 +276,36 @@ def test_a_malformed_kubeconfig_is_bad_input_with_one_line_naming_it(
     assert why in err and "kubectl config view" in err and "\n" not in err
     if why != "is not a URL":
         assert str(path) in err
+
+
+def test_with_the_claims_read_a_failure_of_a_claim_since_deleted_strands_nobody() -> None:
+    """The agent reports a prepare failure by claim name and uid; a claim of that name created
+    again (another uid) is not the one that failed.  With the claims read (DRA clusters), only
+    the failure of the claim now under the name lists its pod ``unprepared``; without them the
+    name decides (as before).  The claims also give a waiting claim pod its request."""
+    from test_partitioner_dra import DRA, claim, claim_pod, mig_request
+
+    pod = claim_pod("stuck", "cl", gate=False)
+    pod["spec"].pop("schedulingGates", None)
+    pod["spec"]["nodeName"] = "d1"
+    pod["status"] = {"phase": "Pending"}
+    now_claim = claim("cl", mig_request(), allocated=True)
+    now_claim["metadata"]["uid"] = "uid-new"
+    waiting = claim_pod("queued", "cq")
+    np_obj = applied_np("d1", status_gpu(0, ("3g.40gb", 0, True)))
+    np_obj["status"]["prepareFailures"] = [
+        {"claim": "ns/cl", "uid": "uid-old", "message": "XID 79", "since": "T"}
+    ]
+    objs = ([node("d1", DRA)], [pod, waiting], [np_obj])
+    rows = {r["pod"]: r for r in status_document(*objs, T0)["pods"]}
+    assert rows["ns/stuck"]["state"] == "unprepared"  # no claims read: the name decides
+    with_claims = status_document(*objs, T0, claims=[now_claim, claim("cq", mig_request())])
+    rows = {r["pod"]: r for r in with_claims["pods"]}
+    assert "ns/stuck" not in rows  # that failure was of the claim deleted before
+    assert (rows["ns/queued"]["state"], rows["ns/queued"]["request"]) == ("queued", "mig-3g.40gb")
+    np_obj["status"]["prepareFailures"][0]["uid"] = "uid-new"
+    again = status_document(*objs, T0, claims=[now_claim])
+    assert [r["state"] for r in again["pods"] if r["pod"] == "ns/stuck"] == ["unprepared"]
 
 
 def test_each_node_shows_its_free_slices_and_those_withheld_from_every_pod() -> None:

@@ -4,8 +4,8 @@ Why: the partitioner tells a pod's story in Events, and the API server drops Eve
 hour (``--event-ttl``), while a pod can wait longer in a deep queue.  What outlives them is on
 the objects: the pod's scheduling gate and reservation annotation, its NodePartitioning's spec
 generation and the agent's applied status, and the node's ``GpusliceReady`` condition.  This
-command reads those (read-only: nodes, pods, NodePartitionings; with pod names, also their
-Events) and says, per waiting pod, what it waits for:
+command reads those (read-only: nodes, pods, NodePartitionings; with a DRA node, also
+ResourceClaims; with pod names, also their Events) and says, per waiting pod, what it waits for:
 
 * ``queued``: gated, no slice reserved yet; ``ahead`` counts the waiting pods asking for the
   same slices that the partitioner serves before it (priority, then age; among the pods
@@ -156,6 +156,16 @@ def _counts(counts: Counter[str]) -> str:
     return ", ".join(f"{k} x{n}" if n != 1 else k for k, n in sorted(counts.items())) or "-"
 
 
+def _dra(nodes: Iterable[Mapping[str, Any]]) -> bool:
+    """Some node runs the DRA agent (``gpuslice.io/partitioning=dra``): claims are read."""
+    from partitioner.snapshot import DRA_VALUE, GPUSLICE_LABEL
+
+    return any(
+        ((n.get("metadata") or {}).get("labels") or {}).get(GPUSLICE_LABEL) == DRA_VALUE
+        for n in nodes
+    )
+
+
 def _condition(node: Mapping[str, Any]) -> Mapping[str, Any]:
     for c in (node.get("status") or {}).get("conditions") or ():
         if isinstance(c, Mapping) and c.get("type") == NODE_CONDITION:
@@ -170,17 +180,23 @@ def status_document(
     now: float,
     only: Sequence[str] = (),
     catalog: Catalog | None = None,
+    claims: Iterable[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     """The command's document from the API objects (pure: ``now`` is epoch seconds).
 
     ``only``: pod keys (``namespace/name``) to show; empty: every waiting slice pod.
-    ``catalog``: the GPU models (default: the built-in catalog)."""
+    ``catalog``: the GPU models (default: the built-in catalog).  ``claims``: the
+    ResourceClaims (DRA mode: what a claim pod asks for, and which claim a prepare failure
+    is of)."""
+    from partitioner.claims import failed_claims
     from partitioner.index import ClusterIndex
     from partitioner.reservations import State
     from planner.catalog import default_catalog
 
     nodes, partitionings = list(nodes), list(partitionings)
-    index = ClusterIndex.from_objects(catalog or default_catalog(), nodes, pods, partitionings)
+    index = ClusterIndex.from_objects(
+        catalog or default_catalog(), nodes, pods, partitionings, claims
+    )
     raw_nodes = {str((n.get("metadata") or {}).get("name")): n for n in nodes}
     problems: dict[str, str] = {}
     node_rows = []
@@ -257,10 +273,10 @@ def status_document(
         request = _units(pod.slices) or pod.request_error or "-"
         pod_rows.append(_pod_row(pod, state, node, detail, now, ahead=ahead, request=request))
     for name, np_info in sorted(index.partitionings.items()):  # bound, cannot start
-        failed = {
-            f.claim: f
-            for f in (np_info.np.status.prepareFailures if np_info.np and np_info.np.status else ())
-        }
+        failed = failed_claims(
+            np_info.np.status.prepareFailures if np_info.np and np_info.np.status else (),
+            index.claims,
+        )
         for pod in index.bound_pods(name) if failed else ():
             hit = [failed[c] for c in pod.claims if c in failed]
             if not hit or pod.phase != "Pending" or (only and pod.key not in only):
@@ -344,6 +360,7 @@ def run(args: argparse.Namespace) -> int:
         nodes = cluster.nodes()
         partitionings = cluster.partitioning_objects()
         pods = list(cluster.pods(args.namespace))
+        claims = cluster.claims(args.namespace) if _dra(nodes) else []
         keys = {
             f"{(p.get('metadata') or {}).get('namespace')}/{p['metadata']['name']}" for p in pods
         }
@@ -351,7 +368,7 @@ def run(args: argparse.Namespace) -> int:
         missing = [k for k in only if k not in keys]
         if missing:
             raise BadInput(f"no such pod: {', '.join(missing)} (check the name and --namespace)")
-        doc = status_document(nodes, pods, partitionings, time.time(), only, catalog)
+        doc = status_document(nodes, pods, partitionings, time.time(), only, catalog, claims)
         if only:
             doc["only"] = only
             doc["events"] = {
