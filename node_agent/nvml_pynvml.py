@@ -28,7 +28,8 @@ A thin translation of :class:`node_agent.nvml.Nvml` into driver calls; no policy
   count and the SHARED engine profile, ``nvmlGpuInstanceCreateComputeInstance``.
 * Destroy: ``nvmlComputeInstanceDestroy`` for each CI, then ``nvmlGpuInstanceDestroy``.
 * MIG devices: ``nvmlDeviceGetMaxMigDeviceCount`` / ``GetMigDeviceHandleByIndex`` (``NOT_FOUND``
-  for empty indices) / ``GetGpuInstanceId`` / ``GetComputeInstanceId`` / ``GetUUID``.
+  or ``INVALID_ARGUMENT`` for empty indices) / ``GetGpuInstanceId`` / ``GetComputeInstanceId`` /
+  ``GetUUID``.
 * Processes: ``nvmlDeviceGetComputeRunningProcesses`` on the MIG device handles of the GI (or on
   the GPU handle).
 * XID events: :meth:`PynvmlAdapter.watch_xids` creates an event set (``nvmlEventSetCreate``,
@@ -42,7 +43,8 @@ A thin translation of :class:`node_agent.nvml.Nvml` into driver calls; no policy
   shuts NVML down, first frees the event set (a lock keeps it from doing so under a wait) and
   registers the same way again at the next wait.
 
-Every ``pynvml.NVMLError`` becomes :class:`node_agent.nvml.NvmlError` with the same code.
+Every ``pynvml.NVMLError`` becomes :class:`node_agent.nvml.NvmlError` with the same code (and
+``pynvml.NVMLLibraryMismatchError``, which is no ``NVMLError``, one with ``FUNCTION_NOT_FOUND``).
 The module is imported only without ``--fake``; tests drive it with a fake ``pynvml`` module.
 """
 
@@ -136,6 +138,11 @@ class PynvmlAdapter:
             return fn(*args)
         except self._m.NVMLError as e:
             raise NvmlError(NvmlErrorCode.of(int(e.value)), op, str(e)) from e
+        except getattr(self._m, "NVMLLibraryMismatchError", ()) as e:
+            # pynvml's @throwOnVersionMismatch (nvmlDeviceGetComputeRunningProcesses: the _v3 C
+            # symbol, which older drivers lack) turns FUNCTION_NOT_FOUND into
+            # NVMLLibraryMismatchError, a plain Exception, not an NVMLError subclass.
+            raise NvmlError(NvmlErrorCode.FUNCTION_NOT_FOUND, op, str(e)) from e
 
     def _handle(self, gpu: int) -> Any:
         return self._call("get handle", self._m.nvmlDeviceGetHandleByIndex, gpu)
@@ -430,7 +437,9 @@ class PynvmlAdapter:
             try:
                 mh = m.nvmlDeviceGetMigDeviceHandleByIndex(h, k)
             except m.NVMLError as e:
-                if int(e.value) == NvmlErrorCode.NOT_FOUND:
+                # an empty index: NOT_FOUND, or INVALID_ARGUMENT on some drivers (NVIDIA's
+                # go-nvlib VisitMigDevices skips both; pynvml raises the C return as it is)
+                if int(e.value) in (NvmlErrorCode.NOT_FOUND, NvmlErrorCode.INVALID_ARGUMENT):
                     continue
                 raise NvmlError(NvmlErrorCode.of(int(e.value)), "mig_devices", str(e)) from e
             gi = self._call("mig_devices", m.nvmlDeviceGetGpuInstanceId, mh)

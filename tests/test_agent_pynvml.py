@@ -1,16 +1,18 @@
 """The pynvml adapter, driven through a fake ``pynvml`` module backed by the fake NVML.
 
-The fake module keeps pynvml's real constants, structs and exception classes, takes arrays and
-counts by ``ctypes.byref`` like the C library, and checks the call contract of facts/mig.md:
-GI creation only with an explicit ``c_nvmlGpuInstancePlacement_t`` passed by reference, the
-full-size compute-instance profile with the SHARED engine, CI destroyed before its GI.
+The fake module keeps pynvml's real constants, structs and exception classes, returns what the
+real binding returns (its ctypes structs, ``str`` for text: pynvml's ``convertStrBytes`` and
+``_PrintableStructure`` decode bytes), takes arrays and counts by ``ctypes.byref`` like the C
+library, and checks the call contract of facts/mig.md: GI creation only with an explicit
+``c_nvmlGpuInstancePlacement_t`` passed by reference, the full-size compute-instance profile
+with the SHARED engine, CI destroyed before its GI.  ``tests/test_pynvml_binding.py`` keeps its
+names and signatures in line with the real ``pynvml``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
-from types import SimpleNamespace
 from typing import Any
 
 import pynvml
@@ -36,6 +38,7 @@ class FakePynvml:
     """Just enough of the pynvml module, over a FakeNvml."""
 
     NVMLError = pynvml.NVMLError
+    NVMLLibraryMismatchError = pynvml.NVMLLibraryMismatchError
     c_nvmlGpuInstance_t = ctypes.py_object
     c_nvmlComputeInstance_t = ctypes.py_object
     c_nvmlGpuInstancePlacement_t = pynvml.c_nvmlGpuInstancePlacement_t
@@ -73,28 +76,31 @@ class FakePynvml:
     def nvmlDeviceGetHandleByIndex(self, i: int) -> Any:
         return ("gpu", i)
 
+    def nvmlDeviceGetIndex(self, h: Any) -> int:
+        return int(h[1])
+
     def _info(self, h: Any) -> Any:
         return self.nv.gpus()[h[1]]
 
     def nvmlDeviceGetPciInfo(self, h: Any) -> Any:
         info = self._info(h)
-        return SimpleNamespace(
-            pciDeviceId=(int(info.pci_device_id, 16) << 16) | 0x10DE,
-            busId=info.pci_bus_id.encode(),  # a char array: bytes, as ctypes returns it
-        )
+        pci = pynvml.nvmlPciInfo_t()  # what nvmlDeviceGetPciInfo_v3 returns
+        pci.pciDeviceId = (int(info.pci_device_id, 16) << 16) | 0x10DE
+        pci.busId = info.pci_bus_id  # a char array, read back as str (_PrintableStructure)
+        return pci
 
     def nvmlDeviceGetPersistenceMode(self, h: Any) -> int:
         on = self.nv.persistence_mode(h[1])
         return int(pynvml.NVML_FEATURE_ENABLED if on else pynvml.NVML_FEATURE_DISABLED)
 
-    def nvmlSystemGetProcessName(self, pid: int) -> bytes:
+    def nvmlSystemGetProcessName(self, pid: int) -> str:
         name = self.nv.process_name(pid)
         if not name:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
-        return name.encode()
+        return name  # str: the binding's convertStrBytes decodes the C string
 
-    def nvmlDeviceGetMemoryInfo(self, h: Any) -> Any:
-        return SimpleNamespace(total=self._info(h).memory_mib * 1024 * 1024)
+    def nvmlDeviceGetMemoryInfo(self, h: Any, version: Any = None) -> Any:
+        return pynvml.c_nvmlMemory_t(total=self._info(h).memory_mib * 1024 * 1024)
 
     def nvmlDeviceGetMigMode(self, h: Any) -> list[int]:
         info = self._info(h)
@@ -115,8 +121,8 @@ class FakePynvml:
         self.log.append(f"compute mode {mode}")
         self._do(self.nv.set_compute_mode, h[1], ComputeMode(mode))
 
-    def nvmlDeviceGetName(self, h: Any) -> bytes:
-        return str(self._info(h).name).encode()
+    def nvmlDeviceGetName(self, h: Any) -> str:
+        return str(self._info(h).name)  # str: convertStrBytes
 
     def nvmlDeviceGetUUID(self, h: Any) -> str:
         if h[0] == "gpu":
@@ -125,11 +131,12 @@ class FakePynvml:
 
     def nvmlDeviceGetGpuInstanceProfileInfo(self, h: Any, idx: int, version: int = 2) -> Any:
         model = self.nv.model_of(h[1])
+        assert version == 2, "the adapter reads the v2 struct"
         for p in model.profiles:
             if p.nvml_index == idx:
-                return SimpleNamespace(
-                    id=p.profile_id, instanceCount=p.max_count, sliceCount=p.compute
-                )
+                info = pynvml.c_nvmlGpuInstanceProfileInfo_v2_t()
+                info.id, info.instanceCount, info.sliceCount = p.profile_id, p.max_count, p.compute
+                return info
         raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
 
     def nvmlDeviceGetGpuInstances(self, h: Any, profile_id: int, arr: Any, count_ref: Any) -> int:
@@ -142,10 +149,10 @@ class FakePynvml:
 
     def nvmlGpuInstanceGetInfo(self, gi: Any) -> Any:
         g = next(x for x in self.nv.gpu_instances(gi[1]) if x.gi_id == gi[2])
-        return SimpleNamespace(
+        return pynvml.c_nvmlGpuInstanceInfo_t(
             id=g.gi_id,
             profileId=g.profile_id,
-            placement=SimpleNamespace(start=g.start, size=g.size),
+            placement=pynvml.c_nvmlGpuInstancePlacement_t(g.start, g.size),
         )
 
     def nvmlDeviceCreateGpuInstanceWithPlacement(self, h: Any, profile_id: int, ref: Any) -> Any:
@@ -169,7 +176,9 @@ class FakePynvml:
                   if k.startswith("NVML_COMPUTE_INSTANCE_PROFILE_") and k.endswith("_SLICE")}  # fmt: skip
         if idx not in slices or slices[idx] > self._gi_compute(gi):
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return SimpleNamespace(id=100 + idx, sliceCount=slices[idx], instanceCount=1)
+        info = pynvml.c_nvmlComputeInstanceProfileInfo_v2_t()
+        info.id, info.sliceCount, info.instanceCount = 100 + idx, slices[idx], 1
+        return info
 
     def nvmlGpuInstanceCreateComputeInstance(self, gi: Any, ci_profile_id: int) -> Any:
         full = {
@@ -195,7 +204,7 @@ class FakePynvml:
         return 0
 
     def nvmlComputeInstanceGetInfo(self, ci: Any) -> Any:
-        return SimpleNamespace(id=ci[3])
+        return pynvml.c_nvmlComputeInstanceInfo_t(id=ci[3])
 
     def nvmlComputeInstanceDestroy(self, ci: Any) -> int:
         self.log.append(f"destroy CI on GI {ci[2]}")
@@ -225,7 +234,8 @@ class FakePynvml:
 
     def nvmlDeviceGetComputeRunningProcesses(self, h: Any) -> list[Any]:
         pids = self.nv.running_processes(h[1], h[2] if h[0] == "mig" else None)
-        return [SimpleNamespace(pid=p, usedGpuMemory=0) for p in pids]
+        # as nvmlDeviceGetComputeRunningProcesses_v3: friendly objects of c_nvmlProcessInfo_t
+        return [pynvml.nvmlStructToFriendlyObject(pynvml.c_nvmlProcessInfo_t(pid=p)) for p in pids]
 
 
 class NoPods:
@@ -410,3 +420,43 @@ def test_mps_over_the_adapter_sets_exclusive_process_before_the_daemon() -> None
     assert asyncio.run(rec.reconcile(spec, 1)).applied
     assert f"compute mode {pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS}" in mod.log
     assert sup.running() == {"gpu0"}
+
+
+def test_running_processes_on_a_driver_without_the_v3_symbol_is_an_nvml_error() -> None:
+    """pynvml's ``@throwOnVersionMismatch`` raises ``NVMLLibraryMismatchError`` (no NVMLError)."""
+
+    class OldDriver(FakePynvml):
+        @pynvml.throwOnVersionMismatch
+        def nvmlDeviceGetComputeRunningProcesses(self, h: Any) -> list[Any]:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)  # no _v3 in the lib
+
+    nv = FakeNvml([CAT.model("V100-32GB")])
+    ad = PynvmlAdapter(OldDriver(nv))  # type: ignore[arg-type]
+    with pytest.raises(NvmlError) as e:
+        ad.running_processes(0)
+    assert e.value.code == NvmlErrorCode.FUNCTION_NOT_FOUND and e.value.op == "running_processes"
+
+
+def test_mig_device_indices_answering_invalid_argument_are_empty() -> None:
+    """NVIDIA's go-nvlib skips both NOT_FOUND and INVALID_ARGUMENT from
+    ``nvmlDeviceGetMigDeviceHandleByIndex``; so does the adapter (any other error raises)."""
+    codes = {0: pynvml.NVML_ERROR_INVALID_ARGUMENT}
+
+    class Sparse(FakePynvml):
+        def nvmlDeviceGetMaxMigDeviceCount(self, h: Any) -> int:
+            return 1 + super().nvmlDeviceGetMaxMigDeviceCount(h)
+
+        def nvmlDeviceGetMigDeviceHandleByIndex(self, h: Any, k: int) -> Any:
+            if k in codes:
+                raise pynvml.NVMLError(codes[k])
+            return super().nvmlDeviceGetMigDeviceHandleByIndex(h, k - 1)
+
+    nv = FakeNvml([CAT.model("A100-SXM4-80GB")], mig_enabled=True)
+    ad = PynvmlAdapter(Sparse(nv), NvidiaSmi(nv.nvidia_smi))  # type: ignore[arg-type]
+    gi = ad.create_gpu_instance(0, CAT.model("A100-SXM4-80GB").profile("7g.80gb").profile_id, 0, 8)
+    ci = ad.create_compute_instance(0, gi)
+    assert [(d.gi_id, d.ci_id) for d in ad.mig_devices(0)] == [(gi, ci)]
+    codes[0] = pynvml.NVML_ERROR_NO_PERMISSION
+    with pytest.raises(NvmlError) as e:
+        ad.mig_devices(0)
+    assert e.value.code == NvmlErrorCode.NO_PERMISSION
