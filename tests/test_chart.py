@@ -1054,6 +1054,8 @@ DASHBOARD_METRICS = {
     "gpuslice_agent_apply_latency_seconds",
     "gpuslice_agent_spec_applied",
     "gpuslice_agent_spec_degraded",
+    "gpuslice_agent_foreign_slices",
+    "gpuslice_agent_dra_prepare_failures",
 }
 
 
