@@ -91,9 +91,11 @@ step:
    cluster autoscaler can add a node for it (:meth:`_Step.scale_up`).
 8. **Drain.**  A gated pod the plan could not place for lack of capacity that has waited
    ``drain_after_s`` gets a drain (:mod:`partitioner.drain`) while the cluster's drain budget
-   (``drain_fraction`` of the GPUs) has room; with ``drain_overtaken`` = K > 0 only once K
-   younger slice pods are bound (it is being overtaken, not merely waiting in a queue that
-   everyone waits in: in deep overload drains were most of the reconfigurations).  No drain
+   (``drain_fraction`` of the GPUs) has room, unless freezing its GPUs would take devices
+   that holds on the node count on (it waits until they are bound or given back); with
+   ``drain_overtaken`` = K > 0 only once K younger slice pods are bound (it is being
+   overtaken, not merely waiting in a queue that everyone waits in: in deep overload drains
+   were most of the reconfigurations).  No drain
    starts while more slice units wait than ``drain_queue_limit`` per GPU of the cluster (and
    more than one): that queue is overload, where pods are served smallest-first as capacity
    frees, those past ``aged_after_s`` (8 h) first (step 5), and a frozen GPU's free slices
@@ -1879,6 +1881,12 @@ class _Step:
             choice = choose_drain(pod.slices, pod.cpu_milli, pod.memory_mib, options)
             if choice is None:
                 continue
+            if self.ledgers[choice.node].breaks_holds(choice.gpus):
+                # A frozen GPU's devices leave the ledger: the next step would break the holds
+                # that counted on them (a released pod's slice "taken", then planned over by
+                # the drain).  Not now: held slices are bound or given back within a deadline.
+                self.counts["drains_deferred_for_holds"] += 1
+                continue
             gpus: dict[str, tuple[int, ...]] = {}
             left = list(choice.gpus)
             for resource in sorted(pod.slices):
@@ -2121,6 +2129,13 @@ class _Step:
             ]
             old = _layout_key(np.spec.gpus if np is not None else ())
             new = _layout_key(gpus)
+            if old == new and ledger.reported and np is not None:
+                # The spec asks for this layout already, but only the status says what exists:
+                # a Degraded agent refused (part of) that spec, and a plan that asks for it
+                # again would otherwise promise its pods slices that are not there ("slice
+                # free on the node"), dropped at the next step, again every batch.  Write it
+                # again (a new plan id: the agent retries, the pods wait for it as planned).
+                old = _layout_key(_desired_now(np, i) for i in range(ledger.gpu.gpu_count))
             if old == new:
                 continue
             reconfigured += sum(1 for i in set(old) | set(new) if old.get(i) != new.get(i))

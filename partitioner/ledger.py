@@ -16,6 +16,8 @@ For one GPU node (a :class:`NodeLedger`), per partitionable resource ``R``:
   kube-scheduler keeps them from lower-priority pods;
 * ``unhealthy[R]`` — devices of ``R`` the agent reports ``unhealthy`` (advertised Unhealthy:
   an XID error, a GPU NVML cannot read) that no pod uses: the kubelet gives them to no pod;
+  and those it reports used that no bound pod can be holding (its pod left, the flag lags:
+  :meth:`NodeLedger._sick_unheld`);
 * ``free[R] = total[R] - bound[R] - held[R] - nominated[R] - unhealthy[R]`` (never below 0):
   what a new reservation may take.
 
@@ -172,15 +174,47 @@ class NodeLedger:
 
     def free(self) -> Counter[str]:
         """Units of each resource a new reservation may take now (module docstring)."""
+        return Counter({r: k for r, k in self._left().items() if k > 0})
+
+    def _left(self) -> dict[str, int]:
+        """:meth:`free` per resource of the devices, below 0 where the holds do not fit."""
         total, frozen_used = self.total(), self.frozen_used()
         sick = self._unhealthy()
-        out: Counter[str] = Counter()
+        check_sick_used = self.reading is not None and bool(self.reading.sick_used)
+        out: dict[str, int] = {}
         for r in total:
             bound = max(0, self.bound[r] - frozen_used[r])
             left = total[r] - bound - self.held[r] - self.nominated[r] - sick[r]
-            if left > 0:
-                out[r] = left
+            if check_sick_used:
+                left -= self._sick_unheld(r, bound)
+            out[r] = left
         return out
+
+    def _sick_unheld(self, resource: str, bound: int) -> int:
+        """Unhealthy devices of ``resource`` the status shows used that no bound pod may hold.
+
+        :func:`unhealthy_free` leaves a used unhealthy device out, as a bound pod holds it
+        (counted in ``bound``).  While the agent's ``used`` flags lag a departed pod, no pod
+        does: counted as neither bound nor unhealthy, such a device was offered as free, and
+        promised (a pod that can never bind, or the slice of the healthy device a bound pod
+        holds).  Bound pods fill the healthy used devices first (a new pod never gets an
+        unhealthy one), so at least ``bound - healthy used`` of them sit on unhealthy ones;
+        the rest of those are kept from reservations.  Exact while the flags are current; while
+        they are stale (:attr:`stale_used`: a pod may have left and another come, the new one
+        on a healthy device) every such device is kept."""
+        assert self.reading is not None
+        frozen = {g.index for g in self.gpus if g.frozen}
+        sick_used = used = 0
+        for i, counts in self.reading.sick_used.items():
+            if i not in frozen:
+                sick_used += counts[resource]
+        if not sick_used or resource in self.stale_used:
+            return sick_used
+        for i, counts in self.reading.status_used.items():
+            if i not in frozen:
+                used += counts[resource]
+        on_sick = max(0, min(sick_used, bound - (used - sick_used)))
+        return sick_used - on_sick
 
     def _unhealthy(self) -> Counter[str]:
         """Unused devices the agent reports unhealthy, on GPUs that are not frozen."""
@@ -191,6 +225,23 @@ class NodeLedger:
                 if i not in frozen:
                     out.update(bad)
         return out
+
+    def breaks_holds(self, gpus: Iterable[int]) -> bool:
+        """Whether freezing ``gpus`` too (a drain) would leave some hold without its devices."""
+        chosen = set(gpus)
+        before = self._left()
+        was = [(g, g.frozen) for g in self.gpus if g.index in chosen]
+        for g, _ in was:
+            g.frozen = True
+        try:
+            after = self._left()
+            return any(
+                k > 0 and before.get(r, -1) >= 0 and after.get(r, -1) < 0
+                for r, k in self.held.items()
+            )
+        finally:
+            for g, frozen in was:
+                g.frozen = frozen
 
     def fits(self, units: Mapping[str, int], cpu: int, memory: int) -> bool:
         free = self.free()
@@ -366,10 +417,25 @@ class NodeLedger:
                 fallback = [
                     g for g in self.gpus if not g.frozen and any(d.resource == r for d in g.devices)
                 ]
-                fallback.sort(key=lambda g: (-g.used_compute, g.index))
+                # one with a device of ``r`` that may serve (a used one whose pod left) and is
+                # not named yet: not a GPU whose devices of ``r`` are all unhealthy or foreign
+                # (the busiest, as those count as used), which the kubelet never gives
+                fallback.sort(
+                    key=lambda g: (
+                        self._usable(g, r) <= picked.count(g.index),
+                        -g.used_compute,
+                        g.index,
+                    )
+                )
                 picked.append(fallback[0].index if fallback else 0)
             out[r] = tuple(picked)
         return out
+
+    def _usable(self, g: GpuSlots, resource: str) -> int:
+        """``g``'s devices of ``resource`` that are neither unhealthy nor foreign."""
+        have = sum(1 for d in g.devices if d.resource == resource)
+        bad = self.reading.unusable.get(g.index) if self.reading is not None else None
+        return have - (bad[resource] if bad is not None else 0)
 
     def gpu_states(self) -> tuple[GpuState, ...]:
         """The planner's view of the node's GPUs: pinned devices as used, frozen GPUs left out."""
@@ -456,6 +522,13 @@ class _Reading:
     unhealthy: dict[int, Counter[str]] = field(default_factory=dict, compare=False, hash=False)
     """GPU index -> devices per resource the agent reports unhealthy and no pod uses
     (:func:`unhealthy_free`): kept from every reservation."""
+    sick_used: dict[int, Counter[str]] = field(default_factory=dict, compare=False, hash=False)
+    """GPU index -> devices per resource reported unhealthy and used (not foreign): a bound
+    pod's, unless it left since (:meth:`NodeLedger._sick_unheld`)."""
+    status_used: dict[int, Counter[str]] = field(default_factory=dict, compare=False, hash=False)
+    """GPU index -> devices per resource the agent reports used (not foreign)."""
+    unusable: dict[int, Counter[str]] = field(default_factory=dict, compare=False, hash=False)
+    """GPU index -> devices per resource reported unhealthy or foreign, used or not."""
     totals: Counter[str] = field(default_factory=Counter, compare=False, hash=False)
     """Devices per resource over all GPUs (read-only)."""
     used: Counter[str] = field(default_factory=Counter, compare=False, hash=False)
@@ -530,6 +603,36 @@ def unhealthy_free(np: NodePartitioning | None, model: GpuModel) -> dict[int, Co
     return out
 
 
+def _used_health(
+    np: NodePartitioning | None, model: GpuModel
+) -> tuple[dict[int, Counter[str]], dict[int, Counter[str]], dict[int, Counter[str]]]:
+    """Per GPU index and resource: the devices reported unhealthy and used (not foreign), those
+    reported used (not foreign), and those reported unhealthy or foreign (:class:`_Reading`)."""
+    sick_used: dict[int, Counter[str]] = {}
+    used: dict[int, Counter[str]] = {}
+    unusable: dict[int, Counter[str]] = {}
+    for g in np.status.gpus if np is not None and np.status is not None else ():
+        devices: list[tuple[str, bool, bool, bool]] = []  # resource, used, unhealthy, foreign
+        for m in g.mig:
+            if not m.mps:
+                r = instance_resource(model, m.profile)
+                devices.append((r, m.used, g.unhealthy or m.unhealthy, m.foreign))
+            for sl in m.mps:
+                r = mps_resource(sl.memoryMiB // MIB_PER_GIB)
+                devices.append((r, sl.used, g.unhealthy or m.unhealthy or sl.unhealthy, False))
+        for sl in g.mps:
+            r = mps_resource(sl.memoryMiB // MIB_PER_GIB)
+            devices.append((r, sl.used, g.unhealthy or sl.unhealthy, False))
+        for r, u, sick, foreign in devices:
+            if sick or foreign:
+                unusable.setdefault(g.index, Counter())[r] += 1
+            if u and not foreign:
+                used.setdefault(g.index, Counter())[r] += 1
+                if sick:
+                    sick_used.setdefault(g.index, Counter())[r] += 1
+    return sick_used, used, unusable
+
+
 def _pseudo_pod(pod: PodInfo) -> dict[str, object]:
     """What :func:`partitioner.adoption.adopt` reads of a bound pod: its name and GPU requests."""
     limits = {r: str(k) for r, k in pod.slices.items()}
@@ -567,11 +670,16 @@ def read_gpus(index: ClusterIndex, info: NodeInfo) -> _Reading | NodeProblem:
     if isinstance(adopted, LabelProblem):
         result = NodeProblem(info.name, adopted.reason, adopted.message)
     else:
+        agent = adopted.source == "agent"
+        sick_used, status_used, unusable = _used_health(np if agent else None, gpu.model)
         result = _Reading(
             adopted,
             _rows(gpu.model, adopted.gpus),
             frozenset(g.index for g in adopted.gpus if g.locked),
-            unhealthy=unhealthy_free(np, gpu.model) if adopted.source == "agent" else {},
+            unhealthy=unhealthy_free(np, gpu.model) if agent else {},
+            sick_used=sick_used,
+            status_used=status_used,
+            unusable=unusable,
         )
     info.derived = (key, result)
     return result
@@ -637,7 +745,19 @@ def build_ledgers(
             reported=reading.adopted.source == "agent",
             reading=reading,
         )
-        status_used = _status_used(gpus) if name in frozen else reading.used
+        status_used: Counter[str]
+        if ledger.reported:
+            # Devices the agent reports used that a pod may hold: not a foreign one (used by
+            # processes of no pod), nor an unhealthy one it reports free (counted used for the
+            # planner, :func:`gpus_from_status`).  Counting those hid a bound pod the agent
+            # has not reported yet, whose device then showed free to the planner: a plan gave
+            # it to another pod ("slice free on the node") or replaced it.
+            status_used = Counter()
+            for i, used in reading.status_used.items():
+                if i not in frozen.get(name, ()):
+                    status_used.update(used)
+        else:
+            status_used = _status_used(gpus) if name in frozen else reading.used
         frozen_used = ledger.frozen_used()
         if np_info is not None and np_info.pods_seen != index.node_pods.get(name, 0):
             # Pods bound to the node changed since the agent's last report: its used flags
