@@ -41,7 +41,7 @@ per nominated unit (lowest GPU first), so the slice a preemption frees stays for
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from contract.nodepartitioning import NodePartitioning
@@ -579,6 +579,25 @@ def _rows(model: GpuModel, gpus: Sequence[GpuState]) -> tuple[tuple[_Row, ...], 
     return tuple(out)
 
 
+def _status_devices(
+    np: NodePartitioning | None, model: GpuModel
+) -> Iterator[tuple[int, str, bool, bool, bool]]:
+    """Every device the agent's status lists, as ``(GPU index, resource, used, unhealthy,
+    foreign)``: each MIG instance that hosts no MPS slices, each slice a hybrid instance hosts,
+    each MPS slice of a GPU; unhealthy when it, its instance or its GPU is reported so."""
+    for g in np.status.gpus if np is not None and np.status is not None else ():
+        for m in g.mig:
+            sick = g.unhealthy or m.unhealthy
+            if not m.mps:
+                yield g.index, instance_resource(model, m.profile), m.used, sick, m.foreign
+            for sl in m.mps:
+                r = mps_resource(sl.memoryMiB // MIB_PER_GIB)
+                yield g.index, r, sl.used, sick or sl.unhealthy, False
+        for sl in g.mps:
+            r = mps_resource(sl.memoryMiB // MIB_PER_GIB)
+            yield g.index, r, sl.used, g.unhealthy or sl.unhealthy, False
+
+
 def unhealthy_free(np: NodePartitioning | None, model: GpuModel) -> dict[int, Counter[str]]:
     """Per GPU index, the devices per resource no pod may be promised though no pod holds
     them: those the agent reports ``unhealthy`` (the GPU as a whole, or the instance or
@@ -586,20 +605,9 @@ def unhealthy_free(np: NodePartitioning | None, model: GpuModel) -> dict[int, Co
     never bind -- and the MIG instances it reports ``foreign`` (used by processes no pod or
     claim holds them for: a pod given one would share it, or in DRA mode fail its prepare)."""
     out: dict[int, Counter[str]] = {}
-    for g in np.status.gpus if np is not None and np.status is not None else ():
-        bad: Counter[str] = Counter()
-        for m in g.mig:
-            sick = g.unhealthy or m.unhealthy
-            if not m.mps and ((sick and not m.used) or m.foreign):
-                bad[instance_resource(model, m.profile)] += 1
-            for sl in m.mps:
-                if (sick or sl.unhealthy) and not sl.used:
-                    bad[mps_resource(sl.memoryMiB // MIB_PER_GIB)] += 1
-        for sl in g.mps:
-            if (g.unhealthy or sl.unhealthy) and not sl.used:
-                bad[mps_resource(sl.memoryMiB // MIB_PER_GIB)] += 1
-        if bad:
-            out[g.index] = bad
+    for i, r, used, sick, foreign in _status_devices(np, model):
+        if (sick and not used) or foreign:
+            out.setdefault(i, Counter())[r] += 1
     return out
 
 
@@ -611,25 +619,13 @@ def _used_health(
     sick_used: dict[int, Counter[str]] = {}
     used: dict[int, Counter[str]] = {}
     unusable: dict[int, Counter[str]] = {}
-    for g in np.status.gpus if np is not None and np.status is not None else ():
-        devices: list[tuple[str, bool, bool, bool]] = []  # resource, used, unhealthy, foreign
-        for m in g.mig:
-            if not m.mps:
-                r = instance_resource(model, m.profile)
-                devices.append((r, m.used, g.unhealthy or m.unhealthy, m.foreign))
-            for sl in m.mps:
-                r = mps_resource(sl.memoryMiB // MIB_PER_GIB)
-                devices.append((r, sl.used, g.unhealthy or m.unhealthy or sl.unhealthy, False))
-        for sl in g.mps:
-            r = mps_resource(sl.memoryMiB // MIB_PER_GIB)
-            devices.append((r, sl.used, g.unhealthy or sl.unhealthy, False))
-        for r, u, sick, foreign in devices:
-            if sick or foreign:
-                unusable.setdefault(g.index, Counter())[r] += 1
-            if u and not foreign:
-                used.setdefault(g.index, Counter())[r] += 1
-                if sick:
-                    sick_used.setdefault(g.index, Counter())[r] += 1
+    for i, r, u, sick, foreign in _status_devices(np, model):
+        if sick or foreign:
+            unusable.setdefault(i, Counter())[r] += 1
+        if u and not foreign:
+            used.setdefault(i, Counter())[r] += 1
+            if sick:
+                sick_used.setdefault(i, Counter())[r] += 1
     return sick_used, used, unusable
 
 
