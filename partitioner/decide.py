@@ -1455,9 +1455,8 @@ class _Step:
                 r = h.reservation
                 if h.released and not h.pod.gated:
                     self.note(h.pod, None)
-                    self._replan_on_node(
-                        h.pod, r, f"its slice on node {r.node} was taken by another pod"
-                    )
+                    why = ledger.shortfall(r.units())
+                    self._replan_on_node(h.pod, r, f"its slice on node {r.node} is gone: {why}")
                 else:
                     why = f"node {r.node} has no {_units(r.units())} free for it" + (
                         " (it reports Degraded)" if ledger.degraded else ""

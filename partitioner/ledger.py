@@ -19,7 +19,11 @@ For one GPU node (a :class:`NodeLedger`), per partitionable resource ``R``:
   and those it reports used that no bound pod can be holding (its pod left, the flag lags:
   :meth:`NodeLedger._sick_unheld`);
 * ``free[R] = total[R] - bound[R] - held[R] - nominated[R] - unhealthy[R]`` (never below 0):
-  what a new reservation may take.
+  what a new reservation may take; on a device-plugin node where pods sit on unhealthy
+  devices, at most what kube-scheduler admits, ``total[R] - sick[R] - bound[R] - held[R] -
+  nominated[R]`` with ``sick`` every device reported unhealthy (allocatable lists only healthy
+  ones, and those pods' requests count against it: :meth:`NodeLedger._admits_less`); the free
+  devices beyond that are pinned for the planner.
 
 A *frozen* GPU is being drained for a waiting pod: its free instances are neither counted nor
 offered, and the planner does not see the GPU at all.
@@ -187,8 +191,35 @@ class NodeLedger:
             left = total[r] - bound - self.held[r] - self.nominated[r] - sick[r]
             if check_sick_used:
                 left -= self._sick_unheld(r, bound)
+                if self._admits_less():
+                    left = min(left, self._scheduler_left(r, total, bound))
             out[r] = left
         return out
+
+    def _admits_less(self) -> bool:
+        """Whether kube-scheduler may admit fewer pods than there are free devices: pods sit
+        on devices the agent reports unhealthy, on a node served by its device plugin.
+
+        The kubelet's allocatable lists the healthy devices of a resource, and kube-scheduler
+        subtracts every bound pod's request from it, also a pod's whose device turned
+        unhealthy under it: each such pod takes a healthy device's place in the count.  A free
+        healthy device there is no slice any pod can be released to (it would wait out its
+        bind deadline, then be promised the same device again); :meth:`_scheduler_left` is
+        what can.  DRA nodes allocate devices, not counts: never."""
+        reading = self.reading
+        return (
+            reading is not None and bool(reading.sick_used) and self.reported and not self.gpu.dra
+        )
+
+    def _scheduler_left(self, resource: str, total: Counter[str], bound: int) -> int:
+        """Units of ``resource`` kube-scheduler admits beyond the bound pods and every hold:
+        the healthy devices (what allocatable lists once the kubelet has synced) less bound,
+        held and nominated units.  Read from the agent's status rather than the node's
+        allocatable, which lags a new layout by a kubelet sync: the two agree once it has."""
+        assert self.reading is not None
+        frozen = {g.index for g in self.gpus if g.frozen}
+        sick = sum(c[resource] for i, c in self.reading.sick.items() if i not in frozen)
+        return total[resource] - sick - bound - self.held[resource] - self.nominated[resource]
 
     def _sick_unheld(self, resource: str, bound: int) -> int:
         """Unhealthy devices of ``resource`` the status shows used that no bound pod may hold.
@@ -225,6 +256,31 @@ class NodeLedger:
                 if i not in frozen:
                     out.update(bad)
         return out
+
+    def shortfall(self, units: Mapping[str, int]) -> str:
+        """Why ``units`` no longer fit here beside the other holds, in words for an Event: the
+        devices of their resources the agent reports unhealthy or used by processes outside
+        any pod, the pods kube-scheduler counts on unhealthy ones, GPUs being drained; else
+        another pod took the slice (one gpuslice did not gate: it gives gated pods none)."""
+        causes: list[str] = []
+        frozen = {g.index for g in self.gpus if g.frozen}
+        reading = self.reading
+        if reading is not None:
+
+            def on(per_gpu: Mapping[int, Counter[str]]) -> int:
+                return sum(c[r] for i, c in per_gpu.items() if i not in frozen for r in units)
+
+            sick = on(reading.sick)
+            if sick:
+                causes.append(f"{sick} of its devices there turned unhealthy")
+            foreign = on(reading.unusable) - sick
+            if foreign > 0:
+                causes.append(f"processes outside any pod use {foreign} of them")
+            if self._admits_less() and on(reading.sick_used):
+                causes.append("kube-scheduler counts the pods on unhealthy ones against it")
+        if any(d.resource in units for g in self.gpus if g.frozen for d in g.devices):
+            causes.append("a GPU with such slices is being drained")
+        return "; ".join(causes) if causes else "another pod took it"
 
     def breaks_holds(self, gpus: Iterable[int]) -> bool:
         """Whether freezing ``gpus`` too (a drain) would leave some hold without its devices."""
@@ -378,7 +434,30 @@ class NodeLedger:
         for r, k in sorted(self.nominated.items()):  # no GPU expected: the kubelet picks
             for _ in range(k):  # frozen GPUs too: a drain must not plan over the freed slice
                 self._pin_one(r, -1, frozen_too=True)
-        self.base_pins = not self.holds and not self.nominated
+        unadmitted = self._pin_unadmitted() if self._admits_less() else False
+        self.base_pins = not self.holds and not self.nominated and not unadmitted
+
+    def _pin_unadmitted(self) -> bool:
+        """Pin the free devices kube-scheduler admits no pod to (:meth:`_admits_less`), the
+        highest GPUs' first, so no plan counts on them; whether any was.  Kept, not replaced:
+        each serves again once the pod on the unhealthy device leaves."""
+        total, frozen_used = self.total(), self.frozen_used()
+        pinned = False
+        for r in sorted(total):
+            if not r:  # a hybrid host: its slices are the resources
+                continue
+            bound = max(0, self.bound[r] - frozen_used[r])
+            room = max(0, self._scheduler_left(r, total, bound))
+            free = [
+                d
+                for g in sorted(self.gpus, key=lambda g: g.index)
+                if not g.frozen
+                for d in g.devices
+                if d.resource == r and not d.pinned
+            ]
+            for d in free[room:]:
+                d.pinned = pinned = True
+        return pinned
 
     def _pin_one(self, resource: str, expected: int, frozen_too: bool = False) -> None:
         order = sorted(self.gpus, key=lambda g: (g.frozen, g.index != expected, g.index))
@@ -529,6 +608,9 @@ class _Reading:
     """GPU index -> devices per resource the agent reports used (not foreign)."""
     unusable: dict[int, Counter[str]] = field(default_factory=dict, compare=False, hash=False)
     """GPU index -> devices per resource reported unhealthy or foreign, used or not."""
+    sick: dict[int, Counter[str]] = field(default_factory=dict, compare=False, hash=False)
+    """GPU index -> devices per resource reported unhealthy, used or not: the devices the
+    kubelet leaves out of allocatable (:meth:`NodeLedger._scheduler_left`)."""
     totals: Counter[str] = field(default_factory=Counter, compare=False, hash=False)
     """Devices per resource over all GPUs (read-only)."""
     used: Counter[str] = field(default_factory=Counter, compare=False, hash=False)
@@ -611,22 +693,29 @@ def unhealthy_free(np: NodePartitioning | None, model: GpuModel) -> dict[int, Co
     return out
 
 
+_PerGpu = dict[int, Counter[str]]
+
+
 def _used_health(
     np: NodePartitioning | None, model: GpuModel
-) -> tuple[dict[int, Counter[str]], dict[int, Counter[str]], dict[int, Counter[str]]]:
+) -> tuple[_PerGpu, _PerGpu, _PerGpu, _PerGpu]:
     """Per GPU index and resource: the devices reported unhealthy and used (not foreign), those
-    reported used (not foreign), and those reported unhealthy or foreign (:class:`_Reading`)."""
-    sick_used: dict[int, Counter[str]] = {}
-    used: dict[int, Counter[str]] = {}
-    unusable: dict[int, Counter[str]] = {}
+    reported used (not foreign), those reported unhealthy or foreign, and those reported
+    unhealthy (:class:`_Reading`)."""
+    sick_used: _PerGpu = {}
+    used: _PerGpu = {}
+    unusable: _PerGpu = {}
+    sick_all: _PerGpu = {}
     for i, r, u, sick, foreign in _status_devices(np, model):
         if sick or foreign:
             unusable.setdefault(i, Counter())[r] += 1
+        if sick:
+            sick_all.setdefault(i, Counter())[r] += 1
         if u and not foreign:
             used.setdefault(i, Counter())[r] += 1
             if sick:
                 sick_used.setdefault(i, Counter())[r] += 1
-    return sick_used, used, unusable
+    return sick_used, used, unusable, sick_all
 
 
 def _pseudo_pod(pod: PodInfo) -> dict[str, object]:
@@ -667,7 +756,7 @@ def read_gpus(index: ClusterIndex, info: NodeInfo) -> _Reading | NodeProblem:
         result = NodeProblem(info.name, adopted.reason, adopted.message)
     else:
         agent = adopted.source == "agent"
-        sick_used, status_used, unusable = _used_health(np if agent else None, gpu.model)
+        sick_used, status_used, unusable, sick = _used_health(np if agent else None, gpu.model)
         result = _Reading(
             adopted,
             _rows(gpu.model, adopted.gpus),
@@ -676,6 +765,7 @@ def read_gpus(index: ClusterIndex, info: NodeInfo) -> _Reading | NodeProblem:
             sick_used=sick_used,
             status_used=status_used,
             unusable=unusable,
+            sick=sick,
         )
     info.derived = (key, result)
     return result

@@ -1007,7 +1007,10 @@ def test_a_plan_asking_again_for_a_refused_spec_writes_it_and_promises_no_missin
 def test_an_unhealthy_instance_shown_used_after_its_pod_left_is_not_offered() -> None:
     """Seed 20261212.  The agent still reports GPU 0's unhealthy 1g used, though its pod has
     gone: counted as neither bound nor unhealthy it was free, and promised (a pod that could
-    never bind).  While a pod does run on it, the healthy free 1g beside it is still offered."""
+    never bind).  While a pod does run on it, the healthy free 1g beside it is not offered
+    either: the kubelet's allocatable lists that one alone, and kube-scheduler counts the pod
+    on the unhealthy one against it (``NodeLedger._admits_less``); once that pod has gone it
+    is."""
     sick_used = status_gpu(0, ("1g.10gb", 0, True), ("1g.10gb", 1, False))
     sick_used["mig"][0]["unhealthy"] = True
     sick_used["mig"].pop()  # first alone: one unhealthy instance, its pod gone
@@ -1022,7 +1025,10 @@ def test_an_unhealthy_instance_shown_used_after_its_pod_left_is_not_offered() ->
         running("xid", "n1", ONE_G),
         gated("p", ONE_G),
     )
-    c.step(T0 + 2)
+    d = c.step(T0 + 2)
+    assert reservation(c, "p") is None and not events(d, "Reserved")
+    del c.objs[("Pod", "ns/xid")]  # its pod ended (the used flag lags: still shown used)
+    c.step(T0 + 4)
     r = reservation(c, "p")
     assert r is not None and dict(r.gpus) == {ONE_G: (0,)}
 

@@ -368,8 +368,8 @@ def test_a_released_pod_whose_slice_was_taken_is_replanned_on_its_node() -> None
     c.put(thief)  # a pod created while the webhook was down took the slice first
     d = c.step(T0 + 2)
     assert events(d, "SliceTaken") == [
-        "its slice on node n1 was taken by another pod; the pod is pinned to node n1, so a new "
-        "slice is planned there"
+        "its slice on node n1 is gone: another pod took it; the pod is pinned to node n1, so a "
+        "new slice is planned there"
     ]
     c.step(T0 + 3)
     d = c.step(T0 + 14)

@@ -133,3 +133,76 @@ def test_a_gpu_unhealthy_as_a_whole_is_neither_offered_nor_repartitioned() -> No
     assert by_index[1] == [("7g.80gb", 0)]  # the healthy empty GPU serves the pod
     r = reservation(c, "big")
     assert r is not None and dict(r.gpus) == {"nvidia.com/mig-7g.80gb": (1,)}
+
+
+def test_a_healthy_free_instance_beside_a_pod_on_an_unhealthy_one_is_promised_to_nobody() -> None:
+    """GPU 0: two 1g instances, the pod ``busy`` running on the one at slot 0 when an XID hit
+    it; the one at slot 1 is healthy and free.  The kubelet's allocatable lists the healthy 1g
+    only (1), and kube-scheduler counts ``busy``'s request against it: it admits no other 1g
+    pod.  A gated 1g pod is therefore not promised that slice (it would wait out its apply
+    deadline unreleased, be given the same slice again, and so on): a plan makes it a new
+    one, and keeps the unadmitted instance as it is."""
+    np = applied_np(
+        "n1",
+        sick_instance(status_gpu(0, ("1g.10gb", 0, True), ("1g.10gb", 1, False)), 0),
+        status_gpu(1, ("7g.80gb", 0, True)),
+        status_gpu(2),
+    )
+    c = Cluster(
+        with_alloc(node("n1", MIG), **{"1g_10gb": 1, "7g_80gb": 1}),
+        np,
+        running("busy", "n1", ONE_G),
+        running("big", "n1", "nvidia.com/mig-7g.80gb"),
+        gated("a", ONE_G, created=T0),
+    )
+    d = c.step(T0 + 2)
+    assert reservation(c, "a") is None and events(d, "Reserved") == []
+    d = c.step(T0 + 70)
+    (w,) = [a for a in d.actions if isinstance(a, WriteSpec)]
+    by_index = {g.index: [(m.profile, m.start) for m in g.mig] for g in w.spec.gpus}
+    assert {("1g.10gb", 0), ("1g.10gb", 1)} <= set(by_index[0])
+    made = sum(p == "1g.10gb" for mig in by_index.values() for p, _ in mig)
+    assert made == 3  # one new 1g: allocatable 2 with ``busy`` counted, room for one pod
+    r = reservation(c, "a")
+    assert r is not None and r.plan and r.units() == {ONE_G: 1}
+
+
+def test_once_the_pod_on_the_unhealthy_instance_leaves_its_healthy_neighbour_serves() -> None:
+    """The same node after ``busy`` ended: kube-scheduler admits a 1g pod again (allocatable 1,
+    nothing requested), so the healthy free instance is promised and released at once."""
+    np = applied_np(
+        "n1",
+        sick_instance(status_gpu(0, ("1g.10gb", 0, True), ("1g.10gb", 1, False)), 0),
+        status_gpu(1, ("7g.80gb", 0, True)),
+    )
+    c = Cluster(
+        with_alloc(node("n1", MIG), **{"1g_10gb": 1, "7g_80gb": 1}),
+        np,
+        running("big", "n1", "nvidia.com/mig-7g.80gb"),
+        gated("a", ONE_G, created=T0),
+    )
+    d = c.step(T0 + 2)
+    r = reservation(c, "a")
+    assert r is not None and dict(r.gpus) == {ONE_G: (0,)}
+    assert len(events(d, "Released")) == 1
+
+
+def test_a_released_pod_whose_slice_turned_unhealthy_is_told_so_and_replanned() -> None:
+    """A pod released to GPU 0's free 1g, which an XID hits before it binds: the ``SliceTaken``
+    Event names the unhealthy device, not a pod that took it, and a new slice is planned on
+    the pod's node."""
+    c = Cluster(
+        with_alloc(node("n1", MIG), **{"1g_10gb": 1}),
+        applied_np("n1", status_gpu(0, ("1g.10gb", 0, False)), status_gpu(1)),
+        gated("p", ONE_G),
+    )
+    c.step(T0)
+    r = reservation(c, "p")
+    assert r is not None and r.state.value == "released"
+    np = c.objs[("NodePartitioning", "n1")]
+    sick_instance(np["status"]["gpus"][0], 0)
+    d = c.step(T0 + 2)
+    assert events(d, "SliceTaken") == [
+        "its slice on node n1 is gone: 1 of its devices there turned unhealthy; the pod is "
+        "pinned to node n1, so a new slice is planned there"
+    ]
