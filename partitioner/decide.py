@@ -1522,6 +1522,7 @@ class _Step:
     # ------------------------------------------------------------------ free slices
 
     def fast_path(self) -> None:
+        kept = self._keep_for_pinned()
         usable = [
             ledger
             for ledger in self.ledgers.values()
@@ -1529,8 +1530,9 @@ class _Step:
         ]
         free_nodes: dict[str, list[NodeLedger]] = {}
         for ledger in usable:
+            keep = kept.get(ledger.name)
             for resource, k in ledger.free().items():
-                if k > 0:
+                if k > 0 and (keep is None or k > keep[resource]):
                     free_nodes.setdefault(resource, []).append(ledger)
         if not free_nodes:
             return
@@ -1599,7 +1601,9 @@ class _Step:
                     for ledger in free_nodes[first]
                     if ledger.name in eligible
                     and ledger.name not in protected
-                    and ledger.fits(pod.slices, pod.cpu_milli, pod.memory_mib)
+                    and ledger.fits(
+                        pod.slices, pod.cpu_milli, pod.memory_mib, kept.get(ledger.name)
+                    )
                 ]
             if not options:
                 unserved.add(ask)
@@ -1628,14 +1632,39 @@ class _Step:
                 continue
             ledger = max(options, key=lambda led: (_packing(led, pod.slices), led.name))
             self._reserve_free(ledger, pod)
+            keep = kept.get(ledger.name)
             for resource in pod.slices:
-                if ledger.free()[resource] <= 0 and ledger in free_nodes.get(resource, ()):
+                left = ledger.free()[resource] - (keep[resource] if keep is not None else 0)
+                if left <= 0 and ledger in free_nodes.get(resource, ()):
                     free_nodes[resource].remove(ledger)
                     if not free_nodes[resource]:
                         del free_nodes[resource]
             if not free_nodes:
                 return
             offered = frozenset(free_nodes)
+
+    def _keep_for_pinned(self) -> dict[str, Counter[str]]:
+        """Per node, the free units kept from the fast path for released pods whose promise
+        broke (:meth:`settle`: a pod gpuslice did not gate took one unit of two, a device
+        turned unhealthy).  Such a pod stays pinned to its node (its affinity was narrowed
+        there and cannot be widened) and is re-planned there by the next batch; the free units
+        of its request there (highest priority, then oldest first) wait for that plan, which
+        adds what it misses to them.  Before, the fast path gave them to newer pods, and the
+        plan had to make the pinned pod's whole request anew."""
+        kept: dict[str, Counter[str]] = {}
+        if not self.restricted:
+            return kept
+        for key in [k for k in self.candidates if k in self.restricted]:  # priority, age
+            pod = self.candidates[key]
+            (node,) = self.restricted[key]
+            ledger = self.ledgers.get(node)
+            if ledger is None or ledger.busy or not self._open(node):
+                continue
+            keep = kept.setdefault(node, Counter())
+            free = ledger.free()
+            for r, k in pod.slices.items():
+                keep[r] += max(0, min(k, free[r] - keep[r]))
+        return kept
 
     def _reserve_free(self, ledger: NodeLedger, pod: PodInfo) -> None:
         gpus = ledger.choose_gpus(pod.slices)

@@ -299,8 +299,17 @@ class NodeLedger:
             for g, frozen in was:
                 g.frozen = frozen
 
-    def fits(self, units: Mapping[str, int], cpu: int, memory: int) -> bool:
+    def fits(
+        self, units: Mapping[str, int], cpu: int, memory: int, kept: Mapping[str, int] | None = None
+    ) -> bool:
+        """Whether ``units`` (and ``cpu``, ``memory``) fit beside the holds, less ``kept``."""
         free = self.free()
+        if kept:
+            return (
+                all(free[r] - kept.get(r, 0) >= k for r, k in units.items())
+                and cpu <= self.cpu_free
+                and memory <= self.memory_free
+            )
         return (
             all(free[r] >= k for r, k in units.items())
             and cpu <= self.cpu_free

@@ -842,3 +842,28 @@ def test_in_a_deep_queue_aged_after_decides_who_goes_first(
 def test_a_negative_aged_after_is_refused() -> None:
     with pytest.raises(ValueError, match="aged_after_s"):
         DecideConfig(catalog=CONFIG.catalog, aged_after_s=-1.0)
+
+
+def test_a_pinned_pod_keeps_what_is_left_of_its_slices_from_newer_pods() -> None:
+    """``p`` (two 1g) was released to n1's two free 1g and an ungated pod took one: its promise
+    broke, and it stays pinned to n1.  The 1g left is kept for it, not given to ``q``, a gated
+    1g pod that arrived meanwhile (before: ``q`` got it by the fast path, and ``p`` needed two
+    new slices); once the thief's slice frees too, ``p``'s promise holds again."""
+    n1 = with_alloc(node("n1", MIG), **{"1g_10gb": 2})
+    p = gated("p", ONE_G)
+    p["spec"]["containers"][0]["resources"]["limits"][ONE_G] = "2"
+    c = Cluster(
+        n1, applied_np("n1", status_gpu(0, ("1g.10gb", 0, False), ("1g.10gb", 1, False))), p
+    )
+    c.step(T0)
+    assert reservation(c, "p").state is State.RELEASED
+    c.put(running("thief", "n1", ONE_G))  # created while the webhook was down
+    c.put(gated("q", ONE_G, created=T0 + 1))
+    d = c.step(T0 + 2)
+    assert len(events(d, "SliceTaken")) == 1
+    assert reservation(c, "q") is None and events(d, "Reserved") == []
+    del c.objs[("Pod", "ns/thief")]  # the thief ended
+    c.step(T0 + 4)
+    r = reservation(c, "p")
+    assert r is not None and (r.node, r.state) == ("n1", State.RELEASED)
+    assert dict(r.gpus) == {ONE_G: (0, 0)} and reservation(c, "q") is None
