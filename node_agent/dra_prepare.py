@@ -226,10 +226,12 @@ class DraPreparer:
 
     # -- queries -----------------------------------------------------------------------
 
-    def _info(self, gpu: int) -> GpuInfo:
-        """GPU ``gpu`` as NVML lists it; raises :class:`GpuUnreadable` if its entry cannot be
-        read (another GPU's read error does not matter), :class:`ClaimError` if it is gone."""
-        for info in self._nvml.gpus(isolate=True):
+    def _info(self, gpu: int, listed: Sequence[GpuInfo] | None = None) -> GpuInfo:
+        """GPU ``gpu`` as NVML lists it (or as ``listed``, one listing a loop over the GPUs
+        reads once: NVML reads every GPU's entry per listing); raises :class:`GpuUnreadable`
+        if its entry cannot be read (another GPU's read error does not matter),
+        :class:`ClaimError` if it is gone."""
+        for info in self._nvml.gpus(isolate=True) if listed is None else listed:
             if info.index == gpu:
                 if info.read_error is not None:
                     raise _isolated(gpu, info.read_error)
@@ -925,11 +927,18 @@ class DraPreparer:
         or one whose reads fail (:class:`GpuUnreadable`), is left as it is and the others go
         on.  NVML down raises."""
         destroyed = 0
+        try:
+            listed = self._nvml.gpus(isolate=True)
+        except NvmlError as e:
+            if e.code in NVML_DOWN:
+                raise
+            log.warning("listing the GPUs failed: %s; idle MIG instances are left for now", e)
+            return 0
         for g, model in self.models.items():
             if g in skip or not model.mig_capable:
                 continue
             try:
-                info = self._info(g)
+                info = self._info(g, listed)
                 if not info.mig_enabled:
                     continue
                 self._probe(info)
@@ -975,11 +984,19 @@ class DraPreparer:
         claim: tests/test_agent_dra_faults.py.)  Reads NVML: called from a worker thread."""
         out: list[ForeignUse] = []
         with self._lock:
+            try:
+                listed: Sequence[GpuInfo] | NvmlError = self._nvml.gpus(isolate=True)
+            except NvmlError as e:
+                if e.code in NVML_DOWN:
+                    raise
+                listed = e
             for g, model in sorted(self.models.items()):
                 if g in skip:
                     continue
                 try:
-                    out.extend(self._foreign_on(g, model))
+                    if isinstance(listed, NvmlError):
+                        raise listed
+                    out.extend(self._foreign_on(g, model, listed))
                 except GpuUnreadable as e:
                     log.warning("GPU %d: processes unknown (%s); taken as used whole", g, e)
                     out.append(ForeignUse(g, "", ()))
@@ -992,8 +1009,8 @@ class DraPreparer:
                     out.append(ForeignUse(g, "", ()))
         return out
 
-    def _foreign_on(self, g: int, model: GpuModel) -> list[ForeignUse]:
-        info = self._info(g)
+    def _foreign_on(self, g: int, model: GpuModel, listed: Sequence[GpuInfo]) -> list[ForeignUse]:
+        info = self._info(g, listed)
         owners = self._owners(g)
         if info.uuid in owners:
             return []  # prepared whole for a claim: its processes are the claim's

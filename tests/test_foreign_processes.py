@@ -218,6 +218,20 @@ def test_a_claim_holding_a_gpu_whole_owns_the_processes_on_it() -> None:
     assert prep.foreign_use(skip={1}) == []
 
 
+def test_a_round_lists_the_gpus_once_however_many_there_are() -> None:
+    """``foreign_use`` and the sweep of shaped publishing run every round: one NVML listing
+    each (a listing reads every GPU's entry), not one per GPU (8 GPUs: 64 entries a round)."""
+    nv = FakeNvml([H100] * 8)
+    prep = preparer(nv)
+    listings: list[str] = []
+    nv.hooks.append(lambda op, _args: listings.append(op) if op == "gpus" else None)
+    assert prep.foreign_use() == []
+    assert listings == ["gpus"]
+    listings.clear()
+    prep.destroy_idle(keep=())
+    assert listings == ["gpus"]
+
+
 async def test_mode_all_withdraws_what_a_foreign_process_blocks_but_the_prepared_devices(
     kmock: ApiServer, connect: Callable[[str], Any], tmp_path: Path
 ) -> None:
