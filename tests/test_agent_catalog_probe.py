@@ -74,8 +74,8 @@ class FakeDriver:
     def nvmlDeviceGetHandleByIndex(self, i: int) -> Gpu:
         return self.gpus[i]
 
-    def nvmlDeviceGetName(self, g: Gpu) -> bytes:
-        return f"NVIDIA {g.model.name}".encode()
+    def nvmlDeviceGetName(self, g: Gpu) -> str:  # str, as nvidia-ml-py's convertStrBytes
+        return f"NVIDIA {g.model.name}"
 
     def nvmlDeviceGetPciInfo(self, g: Gpu) -> Any:
         pci = g.pci or g.model.pci_device_ids[0]
