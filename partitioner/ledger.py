@@ -32,7 +32,8 @@ Holds that no longer fit (the node applied less than planned, is ``Degraded``, o
 did not gate took a slice) are *broken*: :meth:`NodeLedger.settle` keeps holds in order
 (released first, then priority, then age) while they fit and returns the rest.
 
-For the planner (:meth:`NodeLedger.gpu_states`) every instance a hold or a bound pod may be
+For the planner (:meth:`NodeLedger.gpu_states`) an MPS GPU that is locked (unhealthy as a
+whole) is left out as a frozen one is, and every instance a hold or a bound pod may be
 using is pinned (``used``): one free instance of ``R`` per hold on the GPU the reservation
 expects (else the lowest GPU with one), and, while pods bound to the node hold more units of
 ``R`` than the status shows used (the agent has not reported them yet), or while the pods
@@ -538,6 +539,13 @@ class NodeLedger:
             if g.frozen:
                 continue
             if self.gpu.mode is Mode.MPS:
+                if g.locked:
+                    # Unhealthy as a whole (:func:`gpus_from_status`: an MPS GPU is locked for
+                    # nothing else).  The planners keep only a MIG GPU's layout when locked
+                    # (``GpuState.locked``) and would add slices to its free memory, which the
+                    # agent advertises Unhealthy: a promise no pod can bind to.  Left out as
+                    # a frozen GPU is, its spec entry stays what the agent reports.
+                    continue
                 out.append(
                     GpuState(
                         g.index,
