@@ -111,7 +111,9 @@ def gpus_from_status(np: NodePartitioning | None, count: int) -> tuple[GpuState,
     What the agent reports ``unhealthy`` (advertised Unhealthy: an XID error, a GPU NVML cannot
     read) counts as used, so no plan destroys or moves it, and a GPU unhealthy as a whole is
     locked (no plan changes its layout); the ledger keeps such devices from every reservation
-    (:func:`partitioner.ledger.unhealthy_free`)."""
+    (:func:`partitioner.ledger.unhealthy_free`).  So do the slices of a hybrid host the agent
+    reports ``foreign`` (a host is used through its slices only: unpinned, a plan destroyed it
+    under the processes, and the agent refused the spec)."""
     actual = {g.index: g for g in (np.status.gpus if np and np.status else ())}
     gpus = []
     for i in range(count):
@@ -132,7 +134,9 @@ def gpus_from_status(np: NodePartitioning | None, count: int) -> tuple[GpuState,
                         tuple(
                             MpsSlice(
                                 s.memoryMiB,
-                                s.used or sick or m.unhealthy or s.unhealthy,
+                                # a foreign host (processes of no pod on it): its slices are
+                                # kept as used, so the host stays and none is offered
+                                s.used or sick or m.unhealthy or s.unhealthy or m.foreign,
                                 s.activeThreadPercentage,
                             )
                             for s in m.mps

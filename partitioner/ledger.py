@@ -683,7 +683,9 @@ def _status_devices(
 ) -> Iterator[tuple[int, str, bool, bool, bool]]:
     """Every device the agent's status lists, as ``(GPU index, resource, used, unhealthy,
     foreign)``: each MIG instance that hosts no MPS slices, each slice a hybrid instance hosts,
-    each MPS slice of a GPU; unhealthy when it, its instance or its GPU is reported so."""
+    each MPS slice of a GPU; unhealthy when it, its instance or its GPU is reported so; foreign
+    when it or its host instance is (a pod given a slice of a foreign host would share the
+    instance with processes of no pod, as one given a foreign instance would)."""
     for g in np.status.gpus if np is not None and np.status is not None else ():
         for m in g.mig:
             sick = g.unhealthy or m.unhealthy
@@ -691,7 +693,7 @@ def _status_devices(
                 yield g.index, instance_resource(model, m.profile), m.used, sick, m.foreign
             for sl in m.mps:
                 r = mps_resource(sl.memoryMiB // MIB_PER_GIB)
-                yield g.index, r, sl.used, sick or sl.unhealthy, False
+                yield g.index, r, sl.used, sick or sl.unhealthy, m.foreign
         for sl in g.mps:
             r = mps_resource(sl.memoryMiB // MIB_PER_GIB)
             yield g.index, r, sl.used, g.unhealthy or sl.unhealthy, False

@@ -81,7 +81,7 @@ from test_partitioner_promise_soundness import (
     usable_free,
     waiting,
 )
-from test_partitioner_promises import Cluster, gated, reservation, running
+from test_partitioner_promises import SEVEN_G, Cluster, gated, reservation, running
 from test_partitioner_snapshot import A100, node
 from test_partitioner_snapshot import np as np_obj
 
@@ -300,9 +300,7 @@ def spec_gpus(n: SNode) -> list[dict[str, Any]]:
     for g in n.gpus:
         entry: dict[str, Any] = {"index": g.index}
         if n.kind == "mps":
-            entry["mps"] = [
-                {"memoryMiB": s.memory, "activeThreadPercentage": s.pct} for s in g.mps
-            ]
+            entry["mps"] = [{"memoryMiB": s.memory, "activeThreadPercentage": s.pct} for s in g.mps]
         else:
             entry["mig"] = [
                 {
@@ -385,11 +383,10 @@ def generate(rng: random.Random, counts: Counts, now: float) -> World:
                 if m.slices:
                     host_roll = rng.random()
                     m.unhealthy = host_roll < 0.06  # an XID on the host: its slices too
+                    m.foreign = host_roll > 0.92  # processes outside any pod on the host
                     for s in m.slices:
                         s.unhealthy = m.unhealthy
                         populate(w, n, g, s, now, busy)
-                    if host_roll > 0.92 and not any(s.pod for s in m.slices):
-                        m.foreign = True  # processes outside any pod on the host
                 else:
                     populate(w, n, g, m, now, busy)
             for s in g.mps:
@@ -410,7 +407,9 @@ def populate(w: World, n: SNode, g: SGpu, d: Inst, now: float, busy: bool) -> No
     rng = w.rng
     roll = rng.random()
     if roll < 0.3 or (g.unhealthy and roll < 0.5):
-        pod = w.new_pod(w.name("r"), {d.resource: 1}, now - 3000, rng.choice((0, 0, 50)), node=n.name)
+        pod = w.new_pod(
+            w.name("r"), {d.resource: 1}, now - 3000, rng.choice((0, 0, 50)), node=n.name
+        )
         d.pod = f"ns/{pod['metadata']['name']}"
         d.shown_used = rng.random() > 0.1  # just bound: not reported yet
         if not isinstance(d, Slice) or d.host is None:
@@ -434,8 +433,13 @@ def in_use(d: Inst) -> bool:
 
 
 def rebuild(
-    w: World, n: SNode, g: SGpu, current: list[Slice], want: list[tuple[int, int]],
-    host: MInst | None, owner: str,
+    w: World,
+    n: SNode,
+    g: SGpu,
+    current: list[Slice],
+    want: list[tuple[int, int]],
+    host: MInst | None,
+    owner: str,
 ) -> list[Slice] | None:
     """The agent's new slice table (:func:`diff_slices`), or ``None`` if a used slice is lost."""
     ids = {w.slice_id(n, g, s): s for s in current}
@@ -598,9 +602,7 @@ def scheduler_binds(w: World, broken: set[tuple[str, str]], where: str) -> None:
                 w.counts.add("scheduler_broken", not good)
             if len(listed) < k:
                 break  # the kubelet has too few: kube-scheduler's count was off; it waits
-            ids = preferred_allocation(
-                sorted(listed), [], k, lambda i: i.split("/", 1)[0]
-            )
+            ids = preferred_allocation(sorted(listed), [], k, lambda i: i.split("/", 1)[0])
             chosen = [listed[i] for i in ids]
             if len({daemon(g, d) for g, d in chosen}) > 1:
                 refused = f"MPS slices of different daemons for {res}"
@@ -679,6 +681,29 @@ def outside_events(w: World, now: float, broken: set[tuple[str, str]]) -> None:
 # --------------------------------------------------------------------------- properties
 
 
+def hidden_foreign(n: SNode, res: str) -> bool:
+    """The status hides that a free device of ``res`` is foreign: the kubelet gave it to a pod
+    beside processes of no pod (the agent advertises foreign devices and its preferred
+    allocation does not avoid them), the pod left, and the agent's last report, made while
+    the pod held it, shows it used and not foreign.  Every controller then reads a departed
+    pod's device, free; the agent's next report shows it foreign.  Treated as :func:`blind`
+    is for a fresh controller: as broken from outside.  Likewise a hybrid host with such
+    processes whose slices' pods all left while the last report shows one of them used."""
+    for g in n.gpus:
+        for d in g.insts:
+            if d.resource == res and d.foreign and d.pod is None and d.shown_used:
+                return True
+        for m in g.mig:
+            if (
+                m.foreign
+                and any(s.resource == res for s in m.slices)
+                and not any(s.pod for s in m.slices)
+                and any(s.shown_used for s in m.slices)
+            ):
+                return True
+    return False
+
+
 def status_devices(gpu: dict[str, Any]) -> list[tuple[str, bool, tuple[Any, ...]]]:
     """(resource, usable, identity) of each device a status GPU entry lists."""
     out = []
@@ -688,7 +713,13 @@ def status_devices(gpu: dict[str, Any]) -> list[tuple[str, bool, tuple[Any, ...]
             host_bad = sick or m.get("unhealthy") or m.get("foreign")
             for s in m["mps"]:
                 bad = host_bad or s.get("unhealthy")
-                key = ("host", m["profile"], m["start"], s["memoryMiB"], s["activeThreadPercentage"])
+                key = (
+                    "host",
+                    m["profile"],
+                    m["start"],
+                    s["memoryMiB"],
+                    s["activeThreadPercentage"],
+                )
                 out.append((mps_resource(s["memoryMiB"] // GIB), not bad, key))
         else:
             bad = sick or m.get("unhealthy") or m.get("foreign")
@@ -832,7 +863,7 @@ def run_cluster(seed: int, counts: Counts) -> None:
                 counts.add("unhealthy_devices", d.unhealthy)
                 counts.add("lagging_used_flags", d.shown_used != (d.pod is not None))
     broken: set[tuple[str, str]] = set()
-    check_no_overpromise(w, holders(w.pods), broken, f"seed {seed} initial")  # type: ignore[arg-type]
+    check_no_overpromise(w, holders(w.pods), broken, f"seed {seed} initial", hidden=hidden_foreign)  # type: ignore[arg-type]
     state = ControllerState()
     index = ClusterIndex(CAT)
     for step in range(rng.randint(*STEPS)):
@@ -871,7 +902,7 @@ def run_cluster(seed: int, counts: Counts) -> None:
             sum(1 for a in d.actions if isinstance(a, PatchPod) and a.purpose == "unreserve"),
         )
 
-        check_no_overpromise(w, before, broken, where, fresh=step == 0)  # type: ignore[arg-type]
+        check_no_overpromise(w, before, broken, where, fresh=step == 0, hidden=hidden_foreign)  # type: ignore[arg-type]
         counts.add(
             "reservations_made", check_new_reservations(w, before, status_before, applied, where)
         )
@@ -899,6 +930,7 @@ def run_cluster(seed: int, counts: Counts) -> None:
             f"{where} (restarted)",
             restarted.pods,
             fresh=True,
+            hidden=hidden_foreign,
         )
         for name, res in list(broken):
             if held_units(w, name)[res] <= usable_free(w.nodes[name])[res]:  # type: ignore[arg-type]
@@ -956,7 +988,9 @@ def test_promises_stay_sound_on_random_mps_and_hybrid_clusters() -> None:
 
 def mps_np(name: str, *gpus: dict[str, Any]) -> dict[str, Any]:
     """An MPS node's NodePartitioning whose agent applied plan 1 and reports ``gpus``."""
-    obj = np_obj(name, plan="1", generation=2, observed=2, applied=True, gpus=list(gpus), mode="mps")
+    obj = np_obj(
+        name, plan="1", generation=2, observed=2, applied=True, gpus=list(gpus), mode="mps"
+    )
     obj["spec"]["gpus"] = [
         {
             "index": g["index"],
@@ -979,7 +1013,9 @@ def mps_gpu(index: int, *slices: tuple[int, bool], unhealthy: bool = False) -> d
         "mps": [
             {
                 "memoryMiB": gb * GIB,
-                "activeThreadPercentage": thread_percentage(gb * GIB, usable, SETTINGS.mps_thread_policy),
+                "activeThreadPercentage": thread_percentage(
+                    gb * GIB, usable, SETTINGS.mps_thread_policy
+                ),
                 "deviceId": f"GPU-{index}-mps{k}-{gb * GIB}m",
                 "used": used,
             }
@@ -1027,3 +1063,82 @@ def with_alloc_mps(obj: dict[str, Any], units: dict[str, int]) -> dict[str, Any]
     obj["status"]["allocatable"].update({r: str(k) for r, k in units.items()})
     return obj
 
+
+HYBRID_ONE = {"gpuslice.io/partitioning": "hybrid", **A100, "nvidia.com/gpu.count": "1"}
+
+
+def hybrid_np(name: str, *gpus: dict[str, Any]) -> dict[str, Any]:
+    """A hybrid node's NodePartitioning whose agent applied plan 1 and reports ``gpus``."""
+    obj = np_obj(
+        name, plan="1", generation=2, observed=2, applied=True, gpus=list(gpus), mode="hybrid"
+    )
+    obj["spec"]["gpus"] = [
+        {
+            "index": g["index"],
+            "mig": [
+                {
+                    "profile": m["profile"],
+                    "start": m["start"],
+                    "mps": [
+                        {k: s[k] for k in ("memoryMiB", "activeThreadPercentage")}
+                        for s in m.get("mps", ())
+                    ],
+                }
+                for m in g["mig"]
+            ],
+        }
+        for g in gpus
+    ]
+    return obj
+
+
+def foreign_host_gpu() -> dict[str, Any]:
+    """GPU 0: a free 4g.40gb at 0 and a 3g.40gb at 4 hosting a free 10 GiB slice, on which
+    processes of no pod run (the agent reports the host used and foreign)."""
+    return {
+        "index": 0,
+        "migEnabled": True,
+        "mig": [
+            {"profile": "4g.40gb", "start": 0, "deviceId": "MIG-a", "used": False},
+            {
+                "profile": "3g.40gb",
+                "start": 4,
+                "deviceId": "MIG-b",
+                "used": True,
+                "foreign": True,
+                "mps": [
+                    {"memoryMiB": 10240, "activeThreadPercentage": 26,
+                     "deviceId": "MIG-b-mps0-10240m-26p", "used": False},
+                ],
+            },
+        ],
+    }  # fmt: skip
+
+
+def test_a_hybrid_host_the_agent_reports_foreign_is_kept_and_its_slices_not_offered() -> None:
+    """Seed 20271237.  A hybrid host instance runs processes of no pod (``foreign``), its one
+    slice free.  A host is pinned only through its slices, so the plan for a 7g pod replaced
+    the host (the agent refuses: the instance is in use; Degraded), and the free slice was
+    offered to a 10 GiB pod, which would share the instance with those processes."""
+    alloc = {"nvidia.com/gpu-10gb": 1, "nvidia.com/mig-4g.40gb": 1}
+    c = Cluster(
+        with_alloc_mps(node("n1", HYBRID_ONE), alloc),
+        hybrid_np("n1", foreign_host_gpu()),
+        gated("big", SEVEN_G),
+    )
+    c.step(T0)  # opens the window
+    d = c.step(T0 + 11)
+    assert not [a for a in d.actions if isinstance(a, WriteSpec)]
+    assert reservation(c, "big") is None
+    c = Cluster(
+        with_alloc_mps(node("n1", HYBRID_ONE), alloc),
+        hybrid_np("n1", foreign_host_gpu()),
+        gated("p", "nvidia.com/gpu-10gb"),
+    )
+    c.step(T0)
+    d = c.step(T0 + 11)
+    r = reservation(c, "p")
+    assert r is None or r.plan, r  # never the foreign host's free slice
+    for w in [a for a in d.actions if isinstance(a, WriteSpec)]:
+        (host,) = [m for m in w.spec.gpus[0].mig if m.start == 4]
+        assert host.profile == "3g.40gb" and len(host.mps) >= 1
