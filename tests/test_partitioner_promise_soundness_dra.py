@@ -51,7 +51,7 @@ After every step:
 
 The status lags as the agent's does: a claim allocated since the last round shows free, the
 device of a claim deallocated since still shows used.  The planner is the greedy one.
-Default 180 clusters, about 30 s on 2 cores; ``GPUSLICE_PROMISE_DRA_CLUSTERS``,
+Default 150 clusters, about 30 s on 2 cores; ``GPUSLICE_PROMISE_DRA_CLUSTERS``,
 ``GPUSLICE_PROMISE_DRA_BASE`` (the first seed) and ``GPUSLICE_PROMISE_DRA_SEED`` (one cluster,
 ``-s`` prints the counts) as in the device-plugin test.
 """
@@ -116,7 +116,7 @@ from partitioner.reservations import RESERVATION_ANNOTATION, Reservation, State
 from planner.catalog import GpuModel
 from simulations.replay.kube_rules import merge_patch
 
-CLUSTERS = int(os.environ.get("GPUSLICE_PROMISE_DRA_CLUSTERS", "180"))
+CLUSTERS = int(os.environ.get("GPUSLICE_PROMISE_DRA_CLUSTERS", "150"))
 ONLY_SEED = os.environ.get("GPUSLICE_PROMISE_DRA_SEED")
 BASE_SEED = int(os.environ.get("GPUSLICE_PROMISE_DRA_BASE", "20270101"))
 XID_DBE, XID_LOST = 48, 79
