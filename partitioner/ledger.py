@@ -35,12 +35,22 @@ did not gate took a slice) are *broken*: :meth:`NodeLedger.settle` keeps holds i
 For the planner (:meth:`NodeLedger.gpu_states`) an MPS GPU that is locked (unhealthy as a
 whole) is left out as a frozen one is, and every instance a hold or a bound pod may be
 using is pinned (``used``): one free instance of ``R`` per hold on the GPU the reservation
-expects (else the lowest GPU with one), and, while pods bound to the node hold more units of
+expects (else the lowest GPU with one; on a DRA node the first free ones in kube-scheduler's
+allocation order, :func:`_allocation_order`, below), and, while pods bound to the node hold more units of
 ``R`` than the status shows used (the agent has not reported them yet), or while the pods
 bound to the node changed after the agent's last report (a departed pod's device may still show
 used and a new pod's not, with equal counts), every free instance of ``R`` that bound pods hold
 — so no plan ever destroys a device that might be allocated — and one free instance of ``R``
 per nominated unit (lowest GPU first), so the slice a preemption frees stays for its pod.
+
+On a DRA node the reservation's GPU is not what the pod gets: kube-scheduler allocates a
+claim the first published device of its profile whose counters fit, in its own order (no
+device plugin's preferred allocation, no knowledge of the reservation).  So there a hold pins,
+and a new reservation expects (:meth:`NodeLedger.choose_gpus`), the first free devices in that
+order: a plan written while a released pod is not bound yet keeps the device it will be given.
+(Pinned on the GPU the reservation expected, the first free one elsewhere stayed unpinned; a
+plan repartitioned it, kube-scheduler gave it to the released pod from the slices the agent had
+not narrowed yet, and the placement planned over it for another pod could not be made.)
 """
 
 from __future__ import annotations
@@ -470,11 +480,15 @@ class NodeLedger:
         return pinned
 
     def _pin_one(self, resource: str, expected: int, frozen_too: bool = False) -> None:
-        order = sorted(self.gpus, key=lambda g: (g.frozen, g.index != expected, g.index))
+        if self.gpu.dra:  # kube-scheduler's order, whatever GPU the reservation expects
+            order = sorted(self.gpus, key=lambda g: (g.frozen, _allocation_order(g)))
+        else:
+            order = sorted(self.gpus, key=lambda g: (g.frozen, g.index != expected, g.index))
         for g in order:
             if g.frozen and not frozen_too:
                 continue
-            for d in g.devices:
+            devices = sorted(g.devices, key=lambda d: d.key) if self.gpu.dra else g.devices
+            for d in devices:
                 if d.resource == resource and not d.pinned:
                     d.pinned = True
                     return
@@ -483,7 +497,9 @@ class NodeLedger:
         """Expected GPUs for a new reservation of ``units``: free instances on the busiest GPUs.
 
         Packing rule (the same one the node agent's preferred allocation follows): the GPU with
-        the most compute in use first, so lightly used GPUs stay empty for whole-GPU pods.
+        the most compute in use first, so lightly used GPUs stay empty for whole-GPU pods.  On
+        a DRA node the first free instances in kube-scheduler's allocation order instead
+        (module docstring): those it will allocate.
         """
         out: dict[str, tuple[int, ...]] = {}
         self.base_pins = False
@@ -495,7 +511,10 @@ class NodeLedger:
                 for d in g.devices
                 if d.resource == r and not d.pinned
             ]
-            options.sort(key=lambda gd: (-gd[0].used_compute, gd[0].index, gd[1].key))
+            if self.gpu.dra:  # the device kube-scheduler allocates first
+                options.sort(key=lambda gd: (_allocation_order(gd[0]), gd[1].key))
+            else:
+                options.sort(key=lambda gd: (-gd[0].used_compute, gd[0].index, gd[1].key))
             picked: list[int] = []
             for g, d in options:
                 if len(picked) == units[r]:
@@ -643,6 +662,14 @@ class _Reading:
     """:meth:`NodeLedger.gpu_states` of a ledger read from this reading whose only pins are
     the base ones (status-used devices, and every device of a resource in ``stale_used``, the
     key) and that has no frozen GPU: the same every cycle until the reading changes."""
+
+
+def _allocation_order(g: GpuSlots) -> str:
+    """Where kube-scheduler's DRA allocator looks at ``g``'s devices: it walks the node's
+    ResourceSlices by name, one per GPU (``...-devices-gpu<index>``, so by the index *as text*:
+    ``gpu10`` before ``gpu2``), and a slice's devices in order (of one profile: by start), taking
+    the first free device whose counters fit (shared/facts/dra.md, section 2)."""
+    return str(g.index)
 
 
 def _rows(model: GpuModel, gpus: Sequence[GpuState]) -> tuple[tuple[_Row, ...], ...]:
