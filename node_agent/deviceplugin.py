@@ -20,7 +20,9 @@ with the kubelet through ``v1beta1.Registration/Register`` on ``<plugin_dir>/kub
   advertise fails with ``NOT_FOUND`` naming it, an unhealthy one with ``FAILED_PRECONDITION``,
   MPS slices of different GPUs in one container with ``INVALID_ARGUMENT``.
 * ``GetPreferredAllocation`` (advertised in the options) answers with
-  :func:`preferred_allocation`, grouping devices by their parent GPU
+  :func:`preferred_allocation` over the devices no foreign process uses (those only when
+  nothing else is free: :attr:`~node_agent.devices.AdvertisedDevice.foreign`), grouping
+  devices by their parent GPU
   (:attr:`~node_agent.devices.AdvertisedDevice.gpu`: the physical GPU of a MIG instance or an MPS
   slice): all ``must_include`` ids, then devices of the GPUs already chosen, then whole GPUs that
   fit the rest (smallest first), else largest GPUs first; so a container's devices span as few
@@ -318,13 +320,17 @@ class _ResourcePlugin:
             return dev.gpu if dev is not None else dev_id
 
         avoided = self.avoided
-        return preferred_allocation(
-            list(req.available_deviceIDs),
-            list(req.must_include_deviceIDs),
-            req.allocation_size,
-            gpu_of,
-            (lambda gpu: gpu in avoided) if avoided else None,
+        avoid = (lambda gpu: gpu in avoided) if avoided else None
+        available = list(req.available_deviceIDs)
+        clean = [d for d in available if not ((dev := self.devices.get(d)) and dev.foreign)]
+        chosen = preferred_allocation(
+            clean, list(req.must_include_deviceIDs), req.allocation_size, gpu_of, avoid
         )
+        if len(chosen) < req.allocation_size and len(clean) < len(available):
+            # devices processes of no pod use only when nothing else is free (and the
+            # partitioner promises none of them: its pods never need these)
+            chosen = preferred_allocation(available, chosen, req.allocation_size, gpu_of, avoid)
+        return chosen
 
 
 class _RpcFailure(Exception):

@@ -102,6 +102,10 @@ class AdvertisedDevice:
     """Environment variables ``Allocate`` returns for this device alone."""
     mounts: tuple[HostMount, ...] = ()
     """Host directories ``Allocate`` mounts for this device (MPS: pipe and shm)."""
+    foreign: bool = False
+    """Processes of no pod run on it (its MIG instance, or the hybrid instance hosting the
+    slice: the status's ``foreign``).  Still advertised Healthy, as NVIDIA's plugin does, but
+    the preferred allocation gives it only when nothing else is free."""
 
 
 class InUseSource(Protocol):
@@ -191,7 +195,9 @@ def advertised_devices(
                 continue
             if inst.mps:  # a host: its slices are the devices
                 hpipe = mps_pipe_directory(mps_pipe_root, gpu.index, inst.start)
-                _add_slices(out, inst.mps, inst.deviceId, parent, hpipe, mps_pipe_root, bad)
+                _add_slices(
+                    out, inst.mps, inst.deviceId, parent, hpipe, mps_pipe_root, bad, inst.foreign
+                )
                 continue
             res = mig_resource(inst.profile)
             mig_env = {ENV_VISIBLE: inst.deviceId}
@@ -201,8 +207,9 @@ def advertised_devices(
                 mig_env[ENV_MPS_PIPE] = hpipe
                 mounts = mps_mounts(mps_pipe_root, hpipe)
             env = MappingProxyType(mig_env)
+            healthy = inst.deviceId not in bad
             out.setdefault(res, []).append(
-                AdvertisedDevice(inst.deviceId, res, parent, inst.deviceId not in bad, env, mounts)
+                AdvertisedDevice(inst.deviceId, res, parent, healthy, env, mounts, inst.foreign)
             )
         pipe = mps_pipe_directory(mps_pipe_root, gpu.index)
         _add_slices(out, gpu.mps, gpu.uuid, parent, pipe, mps_pipe_root, bad)
@@ -217,9 +224,11 @@ def _add_slices(
     pipe: str,
     root: str,
     bad: set[str],
+    foreign: bool = False,
 ) -> None:
     """The MPS slices served by the daemon at ``pipe`` on the device ``visible`` (a GPU, or a
-    hybrid MIG instance), each its own device of ``nvidia.com/gpu-<N>gb``."""
+    hybrid MIG instance, ``foreign`` when processes of no pod run there), each its own device
+    of ``nvidia.com/gpu-<N>gb``."""
     slice_mounts = mps_mounts(root, pipe)
     for sl in slices:
         if not sl.deviceId:
@@ -233,8 +242,9 @@ def _add_slices(
                 ENV_MPS_THREADS: str(sl.activeThreadPercentage),
             }
         )
+        healthy = sl.deviceId not in bad
         out.setdefault(res, []).append(
-            AdvertisedDevice(sl.deviceId, res, parent, sl.deviceId not in bad, env, slice_mounts)
+            AdvertisedDevice(sl.deviceId, res, parent, healthy, env, slice_mounts, foreign)
         )
 
 

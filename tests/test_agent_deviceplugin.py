@@ -309,6 +309,29 @@ async def test_preferred_allocation_puts_the_gpus_the_partitioner_drains_last(
     assert await conn.preferred(everything, [], 1) == [mig_uuid(1)]
 
 
+async def test_preferred_allocation_gives_an_instance_foreign_processes_use_only_when_needed(
+    kubelet: FakeKubelet, manager: DevicePluginManager
+) -> None:
+    """GPU 0's lone 1g (the smallest group, preferred before) runs processes of no pod: the
+    agent still advertises it Healthy, as NVIDIA's plugin does, so a pod gpuslice did not gate
+    may be allocated a 1g while the partitioner promises it to nobody; the preferred
+    allocation gives it only once nothing else is free."""
+    plain = mig_gpu(("1g.10gb", 0, 1))
+    foreign = plain.model_copy(update={"mig": [plain.mig[0].model_copy(update={"foreign": True})]})
+    gpus = [foreign, mig_gpu(("1g.10gb", 0, 2), ("1g.10gb", 1, 4), index=1, uuid=GPU1)]
+    devices = advertised_devices(gpus, mps_pipe_root=PIPE_ROOT)
+    assert [d.foreign for d in devices[MIG_1G]] == [True, False, False]
+    manager.set_devices(devices)
+    everything = sorted([mig_uuid(1), mig_uuid(2), mig_uuid(4)])
+    await registered(kubelet, MIG_1G, dict.fromkeys(everything, "Healthy"))
+    conn = kubelet.registered(MIG_1G)
+    assert conn is not None
+    assert (await conn.preferred(everything, [], 1))[0] in (mig_uuid(2), mig_uuid(4))
+    assert sorted(await conn.preferred(everything, [], 2)) == [mig_uuid(2), mig_uuid(4)]
+    assert (await conn.preferred(everything, [], 3))[-1] == mig_uuid(1)
+    assert await conn.preferred([mig_uuid(1)], [], 1) == [mig_uuid(1)]
+
+
 async def test_get_preferred_allocation_groups_mig_devices_by_parent_gpu(
     kubelet: FakeKubelet, manager: DevicePluginManager
 ) -> None:
