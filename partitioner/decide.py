@@ -231,7 +231,8 @@ class DecideConfig:
     bind_deadline_s: float = 120.0
     """A released pod should be bound within this long; then gpuslice checks why not."""
     cooldown_s: float = 300.0
-    """A node that missed an apply deadline is left out of plans this long."""
+    """A node that missed an apply deadline is left out of plans this long; one whose kubelet
+    refused a pod released there, this long from that pod's release."""
     plugin_lag_s: float = 60.0
     """A node whose kubelet lists none of the slices its agent reports for this long has lost
     its device plugin: no promise there, its planned pods go elsewhere (:meth:`_Step.
@@ -312,7 +313,9 @@ class ControllerState:
     pods no longer waiting are forgotten."""
     last_plan_id: int = 0
     cooldown: Mapping[str, float] = field(default_factory=dict)
-    """Node -> until when it is left out of plans (it missed an apply deadline)."""
+    """Node -> until when it is left out of plans (it missed an apply deadline, or its kubelet
+    refused a pod released there: that end is read again from the pod on every step,
+    :meth:`_Step.notice_rejections`)."""
     last_plan: tuple[object, Plan] | None = None
     """The last planner input (as :attr:`_Step.plan_key`) and its plan: an identical input (nothing
     changed since, e.g. a retry of pods no GPU can hold) reuses the plan instead of solving
@@ -1086,25 +1089,33 @@ class _Step:
         Allocate, but kube-scheduler sees allocatable 0 only after the kubelet's next status
         sync) or its devices went bad.  Left alone, the free slices the agent's last status
         shows would be promised again, and pods planned there wait for a spec nobody applies
-        until their deadline.  Once per refused pod (its Event is the record):
-        the node cools down for ``cooldown_s`` (no reservation, release or plan there) and its
-        ``planned`` pods are given back at once (:meth:`_hold`).  The refused pod itself is
-        finished; its controller creates a new one, which is gated and planned as any other.
-        A refusal counts until ``cooldown_s`` past the released pod's bind deadline (it was
-        refused by then): a controller that restarts later ignores it.
+        until their deadline.  The node cools down (no reservation, release or plan there)
+        until ``cooldown_s`` past the refused pod's release (its reservation's ``since``: the
+        kubelet refuses a pod when it is bound, right after its release), and once per refused
+        pod (its Event is the record) its ``planned`` pods are given back at once
+        (:meth:`_hold`).  The refused pod itself is finished; its controller creates a new one,
+        which is gated and planned as any other.
+
+        The cooldown's end is read from the pod, not counted from the step that noticed the
+        refusal: a controller that restarts (its :class:`ControllerState` and Events forgotten)
+        reads the refusal again and cools the node until the same time the running controller
+        does, and once that has passed ignores it (failed pods stay for days).  Counted from
+        its own now, it would cool the node again after the running controller's cooldown had
+        ended and give back the pods planned there since.
         """
         for key in sorted(self.index.rejections):
             pod = self.index.pods[key]
             r = pod.reservation
             assert r is not None
-            if self.now > r.deadline + self.config.cooldown_s:
-                # An old refusal (the pod was released by its bind deadline at the latest):
-                # after a restart, failed pods kept for days must not cool their nodes again.
+            until = r.since + self.config.cooldown_s
+            if self.now >= until:
+                # An old refusal: its cooldown is over (the running controller's too).
                 continue
+            self.cooldown[r.node] = max(self.cooldown.get(r.node, 0.0), until)
             message = (
                 f"the kubelet of node {r.node} refused the pod released there ({pod.rejected}); "
-                f"no pod is promised a slice there for {self.config.cooldown_s:.0f} s and the "
-                f"pods planned there are planned elsewhere"
+                f"no pod is promised a slice there for {self.config.cooldown_s:.0f} s from its "
+                f"release and the pods planned there are planned elsewhere"
             )
             # recorded by uid: a pod of the same name (a StatefulSet's) refused later is news
             mark = f"{key}#{pod.uid}"
@@ -1117,9 +1128,6 @@ class _Step:
             if r.node not in self.rejecting:
                 self.node_event(r.node, "AdmissionRejected", f"{message} (pod {key})")
             self.rejecting[r.node] = message
-            self.cooldown[r.node] = max(
-                self.cooldown.get(r.node, 0.0), self.now + self.config.cooldown_s
-            )
 
     def notice_unserved(self) -> None:
         """Nodes whose kubelet lists none of the slices the node should have get no new promise

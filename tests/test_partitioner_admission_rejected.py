@@ -103,7 +103,7 @@ def test_a_refused_release_cools_the_node_and_gives_its_planned_pods_back() -> N
         if isinstance(a, EmitEvent) and a.reason == "AdmissionRejected"
     )
     assert kinds == ["Node", "Pod"]
-    assert d.state.cooldown["n1"] == T0 + 3 + 300
+    assert d.state.cooldown["n1"] == T0 + 1 + 300  # from its release
     assert reservation(c, "planned") is None  # given back at once, not at its deadline
     (dropped,) = events(d, "ReservationDropped")
     assert "refused the pod released there" in dropped
@@ -112,7 +112,7 @@ def test_a_refused_release_cools_the_node_and_gives_its_planned_pods_back() -> N
 
     d = c.step(T0 + 4)  # told once
     assert events(d, "AdmissionRejected") == []
-    assert d.state.cooldown["n1"] == T0 + 3 + 300
+    assert d.state.cooldown["n1"] == T0 + 1 + 300  # from its release
 
 
 def test_without_the_rule_the_next_pod_is_released_to_the_same_node() -> None:
@@ -171,7 +171,7 @@ def test_a_pod_of_the_same_name_refused_again_is_noticed_again() -> None:
     _refuse(c, "a")
     d = c.step(T0 + 312)
     assert len(events(d, "AdmissionRejected")) == 2
-    assert d.state.cooldown["n1"] == T0 + 312 + 300
+    assert d.state.cooldown["n1"] == T0 + 311 + 300  # from its release at T0 + 311
 
 
 def test_after_a_restart_only_a_recent_refusal_counts() -> None:
@@ -183,9 +183,14 @@ def test_after_a_restart_only_a_recent_refusal_counts() -> None:
     c.state = ControllerState()  # a restart
     d = c.step(T0 + 121 + 300 + 1)
     assert events(d, "AdmissionRejected") == [] and "n1" not in d.state.cooldown
+    # a restart within the cooldown cools the node until the running controller would (the
+    # refused pod's release + cooldownSeconds), not from its own clock
     c.state = ControllerState()
-    d = c.step(T0 + 121 + 300)
-    assert d.state.cooldown["n1"] == T0 + 421 + 300
+    d = c.step(T0 + 300)
+    assert d.state.cooldown["n1"] == T0 + 301
+    c.state = ControllerState()
+    d = c.step(T0 + 301)
+    assert events(d, "AdmissionRejected") == [] and "n1" not in d.state.cooldown
 
 
 def _plugin_gone() -> Cluster:
