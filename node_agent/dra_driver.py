@@ -69,9 +69,50 @@ skips a GPU NVML cannot read.  Rounds also run
   ``draining``, whose free devices are not published) other than the last round's wakes the
   loop (the agent's own status writes change none of them);
 * after every prepare and unprepare of the kubelet plugin (a new allocation, a freed instance:
-  the status's ``used`` flags and the idle clean-up follow at once);
+  the status's ``used`` flags and the idle clean-up follow at once; in mode ``all`` too);
 * ``spec_poll_s`` after a round that stopped publishing some device, so that an allocation that
-  raced with the narrowing (made against the older slices) is published again quickly.
+  raced with the narrowing (made against the older slices) is published again quickly;
+* ``spec_poll_s`` after a round that publishes a *lingering* device (:attr:`DraDriver.lingering`):
+  one published only because a claim has it allocated (the round would not publish it free: an
+  XID hit it, processes outside any claim use it, its GPU is drained or unreadable, the spec
+  no longer plans it) while no claim is prepared on it on this node.  Below.
+
+Lingering devices.  An allocated device stays published whatever it is
+(:mod:`node_agent.dra_shape`, "Why allocated devices stay published"), and a round learns that
+its claim was deallocated only by listing the claims.  The plugin is not told of
+deallocations: the kubelet unprepares a claim after the pod's containers stopped and *before*
+it reports the pod's terminal status, so that the resourceclaim controller, which deallocates
+once no pod in ``reservedFor`` can run any more, deallocates after it (kubelet
+``SyncTerminatingPod``: "to avoid race conditions with the resource deallocation code";
+shared/facts/dra.md section 3).  The round that unprepare wakes therefore still sees the claim
+allocated, and the deallocation follows with no call to the plugin -- as does that of a claim
+never prepared here (its pod deleted while its prepare kept failing, on just such a device; an
+allocation kube-scheduler took back after a failed binding).  Until the next round the device
+stayed published and, after the deallocation, free: kube-scheduler could allocate a device an
+XID hit or a foreign process uses, its prepare then failed and the pod was stranded -- for up
+to ``resync_s``.  So while some published device lingers the loop runs again after
+``spec_poll_s``, and the first round after the deallocation withdraws the device.  The wait
+doubles, up to ``resync_s``, with every round that finds the same lingering devices and no
+prepare or unprepare in between (:meth:`DraDriver._on_claims_changed`); a new lingering device,
+or any prepare or unprepare, starts it at ``spec_poll_s`` again.  On the ordinary path (the
+claim deallocated within a moment of its unprepare) the device leaves the slices within
+``spec_poll_s`` of the deallocation; a claim allocated on such a device whose pod waits for
+hours costs a round per ``resync_s``, not one per ``spec_poll_s``.
+
+A poll, not a watch of ResourceClaims: every round lists the claims already (all namespaces,
+:class:`~node_agent.dra_shape.ShapeApi`); a watch would be a second stream of every claim in
+the cluster on every node, held open for the rare moments a device lingers, while the poll
+costs rounds only while one does.  What neither closes: kube-scheduler sees the deallocation at
+once, the agent at its next round, so for up to ``spec_poll_s`` after it (on the ordinary path)
+the freed device is allocatable; only a ``NoSchedule`` device taint on it while it is allocated
+(DRADeviceTaints, beta from Kubernetes 1.36) would close that.  Nor a claim deallocated
+*before* its unprepare (a force-deleted pod, a kubelet that is down): the device is then
+prepared here and stays published until the kubelet unprepares it (its reconcile loop, every
+60 s), whose round withdraws it.
+
+Mode ``all`` lists no claims: a device there is published beside the free ones because it is
+prepared (the checkpoint), so the round every prepare and unprepare wakes (in both modes)
+withdraws a hidden device at its unprepare, before the deallocation; nothing lingers.
 
 :meth:`DraDriver.run` returns when ``stop`` is set; the plugin's sockets are removed on the
 way out (the kubelet then deregisters the driver) and nothing on the GPUs is touched: prepared
@@ -185,12 +226,13 @@ class DraDriver:
         xids: XidWatcher | None = None,
         metrics: XidCounter | None = None,
     ) -> None:
-        """``plugin``'s registrations wake the publish loop (its ``on_registered`` is set
-        here); its preparer is the one the start-up clean-up runs on.  ``spec_source``
-        (``get()``, ``write_status(status)``: :class:`~node_agent.agent.KubeSpecSource`) and
-        ``claims`` (``allocated()``: :class:`~node_agent.dra_shape.ShapeApi`) turn on
-        planner-shaped publishing.  ``xids`` watches NVML's XID events while :meth:`run` runs
-        (on the preparer's NVML; ``None``: not watched), ``metrics`` counts them."""
+        """``plugin``'s registrations, prepares and unprepares wake the publish loop (its
+        ``on_registered`` and ``on_claims_changed`` are set here); its preparer is the one the
+        start-up clean-up runs on.  ``spec_source`` (``get()``, ``write_status(status)``:
+        :class:`~node_agent.agent.KubeSpecSource`) and ``claims`` (``allocated()``:
+        :class:`~node_agent.dra_shape.ShapeApi`) turn on planner-shaped publishing.  ``xids``
+        watches NVML's XID events while :meth:`run` runs (on the preparer's NVML; ``None``: not
+        watched), ``metrics`` counts them."""
         if (spec_source is None) != (claims is None):
             raise ValueError("shaped publishing needs both spec_source and claims")
         self.plugin = plugin
@@ -208,8 +250,7 @@ class DraDriver:
         """XID events of GPUs the preparer does not serve yet, tried again each round."""
         self._wake = asyncio.Event()
         plugin.on_registered = self._wake.set
-        if self.shaped:
-            plugin.on_claims_changed = self._wake.set
+        plugin.on_claims_changed = self._on_claims_changed
         self.rounds = 0
         self.failures = 0
         self.idle_destroyed = 0
@@ -223,9 +264,16 @@ class DraDriver:
         """The GPUs the last round found NVML cannot read, with the error (isolated)."""
         self.foreign: list[ForeignUse] = []
         """The placements the last round found running processes outside any claim."""
+        self.lingering: frozenset[str] = frozenset()
+        """The devices the last successful shaped round published only because a claim has
+        them allocated, none prepared here (module docstring, "Lingering devices")."""
         self._seen: tuple[str, int, tuple[int, ...]] | None = None
         self._skipped: list[str] = []
         self._narrowed = False
+        self._linger_s: float | None = None
+        """The wait before the next round while some device lingers (``None``: none does)."""
+        self._claims_moved = False
+        """A prepare or unprepare came since the last round started."""
 
     @property
     def shaped(self) -> bool:
@@ -256,6 +304,31 @@ class DraDriver:
         events = self._xid_later + self.xids.ledger.take()
         if events:
             self._xid_later = await asyncio.to_thread(self.preparer.mark_xids, events)
+
+    def _on_claims_changed(self) -> None:
+        """After every prepare and unprepare of the plugin: a round now (the used flags, the
+        idle clean-up, a device to withdraw; mode ``all``: a prepared device released), and
+        the lingering devices' poll starts again at ``spec_poll_s``."""
+        self._claims_moved = True
+        self._wake.set()
+
+    def _note_lingering(self, lingering: frozenset[str], moved: bool) -> None:
+        """Keep this round's lingering devices and set the wait before the next round: none,
+        ``spec_poll_s`` for a new set (or after a prepare or unprepare), else twice the last
+        wait, at most ``resync_s``."""
+        if not lingering:
+            self._linger_s = None
+        elif moved or lingering != self.lingering or self._linger_s is None:
+            self._linger_s = self.spec_poll_s
+        else:
+            self._linger_s = min(self._linger_s * 2, self.resync_s)
+        if lingering != self.lingering:
+            log.debug(
+                "published only for claims not prepared here (re-read in %s s): %s",
+                self._linger_s,
+                ", ".join(sorted(lingering)) or "none",
+            )
+        self.lingering = lingering
 
     def _on_xids(self, events: list[XidEvent]) -> None:
         """Count and log the XID events of one wait; a critical one wakes a round at once.
@@ -304,6 +377,7 @@ class DraDriver:
 
     async def _shaped_round(self) -> None:
         source, claims = self._sources()
+        moved, self._claims_moved = self._claims_moved, False
         obj: NodePartitioning | None = await source.get()
         draining = _draining(obj)
         self._seen = _key(obj, draining)
@@ -315,7 +389,8 @@ class DraDriver:
                 log.warning("NodePartitioning %s: skipped placement %s", self.publisher.node, line)
         self._skipped = skipped
         allocated: set[str] = await claims.allocated()
-        allocated |= self._prepared()
+        prepared = self._prepared()
+        allocated |= prepared
         failed = self.plugin.prepare_failures(allocated, time.monotonic())
         self.preparer.planned = planned_names
         try:
@@ -344,15 +419,14 @@ class DraDriver:
             log.warning("creating the planned MIG instances failed: %s", e)
             created = 0
         self.planned_created += created
-        want = publish_set(
-            planned,
-            allocated,
-            draining | unreadable.keys(),
-            self.preparer.xid_devices() | foreign_devices(self.preparer.targets, foreign),
-        )
+        withheld = draining | unreadable.keys()
+        hidden = self.preparer.xid_devices() | foreign_devices(self.preparer.targets, foreign)
+        want = publish_set(planned, allocated, withheld, hidden)
         await self.publisher.publish(want)
         self._narrowed = self.published is not None and bool(self.published - want)
         self.published = want
+        free = publish_set(planned, (), withheld, hidden)  # what it would publish unallocated
+        self._note_lingering(frozenset(want - free - prepared), moved)
         if obj is None:
             return
         status = shaped_status(
@@ -457,4 +531,6 @@ class DraDriver:
                 waits.append(self._spec_changed())
                 if ok and self._narrowed:
                     timeout = min(timeout, self.spec_poll_s)
+                if ok and self._linger_s is not None:
+                    timeout = min(timeout, self._linger_s)
             await first_of(*waits, timeout=timeout)

@@ -24,7 +24,7 @@ The kubelet discovers plugins by watching its ``plugins_registry`` directory
   unhealthy gets an error naming the GPU and the XID (:mod:`node_agent.dra_prepare`, "An
   XID").
   ``NodeUnprepareResources`` likewise, by UID (an unknown claim is success).  After either,
-  ``on_claims_changed`` is called (the driver's shaped publishing runs a round).
+  ``on_claims_changed`` is called (the driver runs a publishing round, in either mode).
 * Both sockets are watched (every ``poll_interval_s``): a socket file someone removed (a
   kubelet that cleans its directories, an operator) is served again on a fresh file, so the
   kubelet's directory watch registers the plugin again.  A kubelet restart needs nothing: the

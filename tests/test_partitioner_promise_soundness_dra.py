@@ -658,10 +658,16 @@ def scheduler_binds(w: DraWorld, broken: set[tuple[str, str]], where: str) -> No
             picked = first_fit(n, used, taken, profiles)
             bad = [d.name for d in picked or () if d.name in n.unusable()]
             if sound and bad and set(bad) <= n.lingering(w.allocated(name)):
-                # KNOWN (reported, not fixed): the agent keeps publishing an allocated device
-                # until a round sees its claim deallocated (rounds wake at unprepare, which the
-                # kubelet may run before the claim is deallocated, and at resyncs); one an XID
-                # hit or a foreign process uses is free and published meanwhile.
+                # KNOWN (narrowed, not closed): the agent keeps publishing an allocated device
+                # until a round sees its claim deallocated, and nothing tells it of the
+                # deallocation (the kubelet unprepares before it).  While such a device is
+                # published for a claim not prepared on the node, the agent now runs a round
+                # every spec_poll_s (node_agent.dra_driver, "Lingering devices";
+                # tests/test_agent_dra_lingering.py), so one an XID hit or a foreign process
+                # uses is free and published for up to that poll after the deallocation, not a
+                # resync, and kube-scheduler can still take it in that window.  The agents here
+                # run rounds at spec reads, health events and resyncs only, and a step (GAPS)
+                # can be shorter than the poll, so the case is counted, not assumed away.
                 w.counts.add("lingering_unusable")
                 sound = False
             if sound:
