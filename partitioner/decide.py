@@ -1423,8 +1423,16 @@ class _Step:
         cluster autoscaler can act on it (a gated pod is never tried, so never unschedulable).
         A gate removed cannot come back, so a pod is given back only once it has existed for
         a batch window (``policy.timeout``): a node the partitioner has not read yet, or one
-        being opted in, has that long to appear.  Returns whether the gate is being removed."""
+        being opted in, has that long to appear.  Returns whether the gate is being removed.
+
+        A pod asking for more than one MPS slice keeps its gate (its ``Unplaceable`` Event
+        names what to ask for instead; ``gpuslice ungate`` releases it by hand): gpuslice nodes
+        advertise what it asks for, so kube-scheduler would bind it there, beside promises it
+        knows nothing of, and its container would be refused slices of two MPS daemons
+        (:func:`planner.demand.one_mps_slice`)."""
         if not (self.config.reservation and pod.gated):
+            return False
+        if reason.startswith(Unplaced.MPS_SLICES.value):
             return False
         due = (pod.created if pod.created is not None else self.now) + self.config.policy.timeout
         if self.now < due:

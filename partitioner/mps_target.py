@@ -5,8 +5,9 @@ The planner polishes its MPS placements with a node-level packing measure
 each a CPU request, an MPS slice size and a slice count.  The planner alone sees only the
 pending pods and the slices in use, not the CPU of the pods holding those slices, so the
 partitioner hands it the shapes of the pods it knows: every pod bound to an MPS node and
-asking for one MPS slice size (``nvidia.com/gpu-<N>gb``), not finished, plus the pods
-waiting for one -- the pods running and waiting now stand for the next ones.  A target given
+asking for one MPS slice (``nvidia.com/gpu-<N>gb: 1``), not finished, plus the pods waiting
+for one -- the pods running and waiting now stand for the next ones.  A pod asking for more is
+never placed (:func:`planner.demand.one_mps_slice`) and stands for nothing.  A target given
 in the settings (``freeCapacity.mpsSizes``) is left alone, and with no such pod the planner
 learns from its snapshot.
 """
@@ -49,6 +50,6 @@ def _shape(pod: PodInfo) -> tuple[int, int, int] | None:
     if len(sizes) != 1:
         return None
     gb, n = sizes[0]
-    if gb is None:
+    if gb is None or n != 1:  # several slices: never placed (planner.demand.one_mps_slice)
         return None
     return (pod.cpu_milli, gb * _GIB, n)

@@ -4,7 +4,9 @@ A pod is rejected (reported ``cannot place: <reason>``, never batched) when, for
 asks for, none of its eligible GPU nodes is of the right kind (MIG or hybrid for
 ``nvidia.com/mig-<profile>``, MPS or hybrid for ``nvidia.com/gpu-<N>gb``), the MPS size is not positive,
 or no eligible node's GPU model has the MIG profile under exactly that name
-(:meth:`planner.catalog.GpuModel.profile`).  Anything else (capacity) is the planner's to judge.
+(:meth:`planner.catalog.GpuModel.profile`), or it asks for more than one MPS slice
+(:func:`planner.demand.one_mps_slice`: a container reaches one MPS daemon).  Anything else
+(capacity) is the planner's to judge.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from planner.catalog import CatalogError, GpuModel
-from planner.snapshot import Mode, mig_profile_of, mps_gb_of
+from planner.demand import one_mps_slice
+from planner.snapshot import Mode, Unplaced, mig_profile_of, mps_gb_of
 
 __all__ = ["MIG_MODES", "has_profile", "reject_reason"]
 
@@ -32,6 +35,8 @@ def reject_reason(
 ) -> str | None:
     """Why a pod asking for ``slices`` can never be placed on its eligible GPU nodes
     (``(mode, model)`` each, in node-name order), or ``None``."""
+    if (why := one_mps_slice(slices)) is not None:
+        return f"{Unplaced.MPS_SLICES.value}: {why}"
     for resource in sorted(slices):
         profile, gb = mig_profile_of(resource), mps_gb_of(resource)
         modes = MIG_MODES if profile is not None else (Mode.MPS, Mode.HYBRID)

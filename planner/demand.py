@@ -24,6 +24,8 @@ Unplaced reasons (texts start with an :class:`~planner.snapshot.Unplaced` code):
 
 * ``unknown resource: ...`` — a request that is neither a MIG nor an MPS resource, a
   non-positive count, a pod mixing MIG and MPS, or a pod without any partitionable request;
+* ``more than one MPS slice: ...`` — an MPS pod asking for two slices or more
+  (:func:`one_mps_slice`: a container reaches one MPS daemon, so production could not start it);
 * ``exceeds any GPU of model X: ...`` — every node of the right mode rejects the pod only
   because a unit is larger than its whole GPU;
 * ``no eligible node: ...`` — no node passes the eligibility test (the text lists why, per node);
@@ -176,6 +178,35 @@ def mps_usable_mib(node: NodeState, model: GpuModel, settings: PlannerSettings) 
     return max(0, total - settings.mps_reserve_mib)
 
 
+def one_mps_slice(requests: Mapping[str, int]) -> str | None:
+    """Why a pod asking for ``requests`` cannot be served MPS slices, or ``None``: it asks for
+    more than one.
+
+    The node agent runs one MPS control daemon per GPU (per MIG instance on a hybrid node), a
+    CUDA process reaches the daemon its ``CUDA_MPS_PIPE_DIRECTORY`` names, and ``Allocate``
+    refuses a container slices of two daemons (:func:`node_agent.devices.container_env`).  A
+    plan cannot tell which container a unit is for, and the kubelet picks each container's
+    devices itself, so gpuslice serves an MPS pod one slice, as NVIDIA's device plugin serves
+    MPS replicas one per request (``failRequestsGreaterThanOne``).  Before this rule the
+    planners put the units of a multi-unit pod on several GPUs and the pod failed at
+    admission."""
+    units: list[tuple[int, int]] = []
+    for resource, k in requests.items():
+        gb = mps_gb_of(resource)
+        if k > 0 and gb is not None and gb > 0:
+            units.append((gb, k))
+    n = sum(k for _, k in units)
+    if n <= 1:
+        return None
+    total = sum(gb * k for gb, k in units)
+    return (
+        f"the pod asks for {n} MPS slices; a container reaches one MPS daemon (one GPU, or one "
+        f"MIG instance on a hybrid node), so gpuslice gives an MPS pod one slice: ask for one "
+        f"slice of the memory it needs (nvidia.com/gpu-{total}gb, if one GPU holds it), or for "
+        f"MIG instances (nvidia.com/mig-<profile>) to use several GPUs"
+    )
+
+
 def pod_kind(pod: PendingPod) -> RequestKind | Rejection:
     """Whether ``pod`` asks for MIG or MPS slices, or why its requests are unusable."""
     kinds: set[RequestKind] = set()
@@ -204,7 +235,10 @@ def pod_kind(pod: PendingPod) -> RequestKind | Rejection:
             Unplaced.UNKNOWN_RESOURCE,
             "the pod requests both MIG and MPS resources; one pod must use one kind",
         )
-    return kinds.pop()
+    kind = kinds.pop()
+    if kind is RequestKind.MPS and (why := one_mps_slice(pod.requests)) is not None:
+        return Rejection(Unplaced.MPS_SLICES, why)
+    return kind
 
 
 def _resolve_requests(

@@ -205,6 +205,7 @@ class Unplaced(StrEnum):
     UNKNOWN_RESOURCE = "unknown resource"
     CAPACITY = "capacity"
     NODE_RESOURCES = "node cpu/memory"
+    MPS_SLICES = "more than one MPS slice"
 
 
 @dataclass(frozen=True, slots=True)

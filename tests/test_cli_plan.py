@@ -33,8 +33,9 @@ def test_demo_text_shows_layouts_assignments_and_reasons(
         "AFTER": "3g.40gb@0 (used), 2g.20gb@4, 1g.10gb@6",
     }
     assert (layouts["node-d", "1"]["MODE"], layouts["node-d", "1"]["BEFORE"]) == ("mps", "-")
-    assert layouts["node-d", "1"]["AFTER"] == "8gb/25%, 8gb/25%"
-    assignments = {r["POD"]: r for r in table(out.split("Assignments (9):")[1], "POD")}
+    assert layouts["node-d", "1"]["AFTER"] == "16gb/51%"
+    assert layouts["node-d", "0"]["AFTER"] == "8gb/25% (used), 8gb/25%, 8gb/25%"
+    assignments = {r["POD"]: r for r in table(out.split("Assignments (10):")[1], "POD")}
     assert assignments["ml/h100-only"] == {
         "POD": "ml/h100-only",
         "NODE": "node-c",
@@ -52,7 +53,7 @@ def test_demo_json_keeps_used_instances(capsys: pytest.CaptureFixture[str], poli
     doc = json.loads(out)
     assert doc["policy"] == policy
     assert set(doc["unplaced"]) == {"infer/too-big"}
-    assert len(doc["assignments"]) == 9
+    assert len(doc["assignments"]) == 10
     assert doc["layouts"], "the demo batch needs repartitioning"
     for gpu in doc["layouts"]:
         used = [s for s in gpu["before"] if s.endswith("(used)")]

@@ -7,16 +7,19 @@ whole, or one hosting a used MPS slice.  A pod asking for ``nvidia.com/mig-<P>``
 free instance of ``P``; a pod asking for ``nvidia.com/gpu-<N>gb`` takes an MPS slice of
 ``N`` GiB inside an instance that no MIG pod takes and no pod uses whole.  An instance of
 profile ``P`` holds slices of at most ``memory(P) - mps_reserve_mib`` MiB in all; in a host
-with used slices those stay, the free ones may go.  All of a pod's units go to one node.
+with used slices those stay, the free ones may go.  All of a pod's units go to one node.  A pod
+asking for more than one MPS slice in all is never placed: the node agent runs one MPS daemon
+per MIG instance and a container reaches one daemon (reason code ``more than one MPS slice``).
 
 The oracle enumerates every layout of each GPU (a recursive walk over all placements of the
-model's profiles, each leaf checked with ``layout_errors``), and, for every subset of pods
-(largest priority weight first), every way to spread their units over the GPUs; a GPU holds a
-set of units if some layout has enough free instances of each MIG profile and the slices
-bin-pack into its other free instances and the pinned hosts' room.  Its optimum is the largest
-placed weight (tests/objective_weights.py: priorities, then pods placed).
+model's profiles, each leaf checked with ``layout_errors``), and, for every subset of the pods
+it may place (largest priority weight first), every way to spread their units over the GPUs; a
+GPU holds a set of units if some layout has enough free instances of each MIG profile and the
+slices bin-pack into its other free instances and the pinned hosts' room.  Its optimum is the
+largest placed weight (tests/objective_weights.py: priorities, then pods placed).
 
-The plan checks, independent of the oracle: every planned layout is valid, pinned instances and
+The plan checks, independent of the oracle: no pod asking for several MPS slices is placed
+(each is unplaced with that reason code), every planned layout is valid, pinned instances and
 used slices stay, hosts are instances of the layout that no pod uses whole, their slices fit,
 thread percentages are 1..100, and every assigned unit has its own free instance or its own
 free slice of its size in the named host.
@@ -44,6 +47,7 @@ from planner import (
     PlannerSettings,
     Snapshot,
     ThreadPolicy,
+    Unplaced,
     default_catalog,
     plan,
 )
@@ -153,6 +157,11 @@ def _units(pod: PendingPod) -> tuple[list[str], list[int]]:
     return mig, mps
 
 
+def _mps_slices(pod: PendingPod) -> int:
+    """How many MPS slices the pod asks for in all (more than one: never placed)."""
+    return len(_units(pod)[1])
+
+
 def oracle(snap: Snapshot, s: PlannerSettings) -> int:
     (node,) = snap.nodes
     model = CATALOG.model(node.model)
@@ -167,8 +176,9 @@ def oracle(snap: Snapshot, s: PlannerSettings) -> int:
 
     best = 0
     n = len(node.gpus)
-    for r in range(len(snap.pods), 0, -1):
-        for subset in itertools.combinations(snap.pods, r):
+    placeable = [p for p in snap.pods if _mps_slices(p) <= 1]
+    for r in range(len(placeable), 0, -1):
+        for subset in itertools.combinations(placeable, r):
             weight = sum(w[p.name] for p in subset)
             if weight <= best:
                 continue
@@ -240,6 +250,9 @@ def check_plan(snap: Snapshot, result: Plan, s: PlannerSettings) -> int:
     weight = 0
     for pod in snap.pods:
         a = result.assignments.get(pod.name)
+        if _mps_slices(pod) > 1:
+            assert a is None, f"{pod.name} placed with {pod.requests}: one MPS slice per pod"
+            assert result.unplaced[pod.name].startswith(Unplaced.MPS_SLICES.value)
         if a is None:
             assert pod.name in result.unplaced
             continue
@@ -301,11 +314,13 @@ def instances(draw: st.DrawFn) -> tuple[Snapshot, PlannerSettings]:
     gpus = tuple(draw(gpu_state(k, s)) for k in range(n_gpus))
     node = NodeState("n1", Mode.HYBRID, MODEL, gpus)
     pods: list[PendingPod] = []
-    for j in range(draw(st.integers(1, 4))):
+    for j in range(draw(st.integers(1, 6))):
         if draw(st.booleans()):
             requests = {f"nvidia.com/mig-{draw(st.sampled_from(MIG_PODS))}": 1}
         else:
-            sizes = [draw(st.sampled_from(MPS_GB)) for _ in range(draw(st.integers(1, 2)))]
+            # mostly one slice; now and then two (one size or two), which must stay unplaced
+            slices = 2 if draw(st.integers(0, 4)) == 0 else 1
+            sizes = [draw(st.sampled_from(MPS_GB)) for _ in range(slices)]
             requests = {f"nvidia.com/gpu-{gb}gb": n for gb, n in Counter(sizes).items()}
         pods.append(PendingPod(f"p{j}", requests, priority=draw(st.integers(0, 1))))
     return Snapshot((node,), tuple(pods)), s
@@ -407,15 +422,29 @@ def test_a_new_slice_joins_a_host_with_room_before_a_free_instance_becomes_a_hos
 
 
 def test_oracle_refuses_what_does_not_fit() -> None:
-    """Two 40 GiB slices exceed any instance's usable memory on an A100-80GB split 3g+4g."""
+    """Two 38 GiB slices exceed any instance's usable memory on an A100-80GB split 3g+4g (the
+    4g in use): one of two one-slice pods fits, the other does not; and a pod asking for both
+    slices is refused however much room there is (one MPS slice per pod)."""
     s = PlannerSettings(time_limit_s=10.0)
     gpu = GpuState(0, mig=(MigInstance("4g.40gb", 0, used=True), MigInstance("3g.40gb", 4)))
     node = NodeState("n1", Mode.HYBRID, MODEL, (gpu,))
-    pods = (PendingPod("a", {"nvidia.com/gpu-38gb": 2}),)
+    pods = (
+        PendingPod("a", {"nvidia.com/gpu-38gb": 1}),
+        PendingPod("b", {"nvidia.com/gpu-38gb": 1}),
+    )
     snap = Snapshot((node,), pods)
-    assert oracle(snap, s) == 0
+    assert oracle(snap, s) == 1
     result = plan(snap, s)
-    assert check_plan(snap, result, s) == 0 and "a" in result.unplaced
+    assert check_plan(snap, result, s) == 1 and len(result.unplaced) == 1
+    (reason,) = result.unplaced.values()
+    assert reason.startswith(Unplaced.CAPACITY.value), reason
+    empty = Snapshot((NodeState("n1", Mode.HYBRID, MODEL, (GpuState(0),)),), pods)
+    assert oracle(empty, s) == 2  # a 7g.80gb, or two 3g.40gb, holds both
+    both = Snapshot(empty.nodes, (PendingPod("a", {"nvidia.com/gpu-38gb": 2}),))
+    assert oracle(both, s) == 0
+    for result in (plan(both, s), plan_greedy(both, s)):
+        assert check_plan(both, result, s) == 0 and not result.layouts
+        assert result.unplaced["a"].startswith(Unplaced.MPS_SLICES.value)
 
 
 def test_a_locked_gpu_hosts_nothing_new() -> None:

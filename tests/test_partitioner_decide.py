@@ -205,7 +205,8 @@ def test_committed_crd_matches_the_contract() -> None:
 
 def test_the_batch_plan_gets_the_mps_packing_target_of_the_clusters_pods() -> None:
     """The planner's MPS polish measures against the pods bound to MPS nodes and the waiting
-    ones (partitioner/mps_target.py): their CPU, slice size and count, one count per pod."""
+    ones (partitioner/mps_target.py): their CPU, slice size and count, one count per pod; a
+    pod asking for two MPS slices, which is never placed, stands for nothing."""
     seen: list[Any] = []
 
     def spy(snapshot: Any, settings: Any, catalog: Any) -> Plan:
@@ -230,6 +231,7 @@ def test_the_batch_plan_gets_the_mps_packing_target_of_the_clusters_pods() -> No
         pod("done", {"nvidia.com/gpu-10gb": "1", "cpu": "3"}, node_name="m", phase="Succeeded"),
         pod("on-mig", {"nvidia.com/mig-1g.10gb": "1", "cpu": "2"}, node_name="g", phase="Running"),
         pod("wait", {"nvidia.com/gpu-20gb": "1", "cpu": "500m"}),
+        pod("wait-pair", {"nvidia.com/gpu-8gb": "2", "cpu": "1"}),  # never placed: no shape
     ]
     config = replace(CONFIG, planner=spy)
     d = run(ControllerState(), objs, 100, config)
@@ -248,3 +250,40 @@ def test_the_batch_plan_gets_the_mps_packing_target_of_the_clusters_pods() -> No
         d = run(ControllerState(), objs, 100, given)
         run(d.state, objs, 110, given)
         assert seen[-1].free_capacity_mps_shapes is None
+
+
+def test_a_pod_asking_for_two_mps_slices_is_rejected_with_the_fix_and_never_planned() -> None:
+    """The agent's ``Allocate`` refuses a container MPS slices of two daemons (one per GPU), and
+    the kubelet picks each container's devices itself: a pod asking for two MPS slices is told
+    why and what to ask for instead, once, and no plan places it; a one-slice pod beside it is
+    planned as before."""
+    seen: list[Any] = []
+
+    def spy(snapshot: Any, settings: Any, catalog: Any) -> Plan:
+        seen.append({p.name for p in snapshot.pods})
+        return plan_greedy(snapshot, settings, catalog)
+
+    mps = {"gpuslice.io/partitioning": "mps", **A100}
+    objs = [
+        node("m", mps),
+        np("m", observed=1, applied=True, mode="mps", gpus=[{"index": 0, "mps": []}]),
+        pod("pair", {"nvidia.com/gpu-8gb": "2"}),
+        pod("two-sizes", {"nvidia.com/gpu-8gb": "1", "nvidia.com/gpu-16gb": "1"}),
+        pod("one", {"nvidia.com/gpu-16gb": "1"}),
+    ]
+    config = replace(CONFIG, planner=spy)
+    told: dict[str, str] = {}
+    d = run(ControllerState(), objs, 100, config)
+    told.update({a.ref.name: a.message for a in d.actions if isinstance(a, EmitEvent)})
+    d = run(d.state, objs, 170, config)
+    assert not [a for a in d.actions if isinstance(a, EmitEvent) and a.ref.name != "one"]
+    assert seen and all(names == {"ns/one"} for names in seen)
+    assert told["pair"] == (
+        "cannot place: more than one MPS slice: the pod asks for 2 MPS slices; a container "
+        "reaches one MPS daemon (one "
+        "GPU, or one MIG instance on a hybrid node), so gpuslice gives an MPS pod one slice: "
+        "ask for one slice of the memory it needs (nvidia.com/gpu-16gb, if one GPU holds it), "
+        "or for MIG instances (nvidia.com/mig-<profile>) to use several GPUs"
+    )
+    assert "nvidia.com/gpu-24gb" in told["two-sizes"]
+    assert "one" not in told or not told["one"].startswith("cannot place")

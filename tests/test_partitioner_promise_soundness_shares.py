@@ -35,24 +35,30 @@ shares the instance with processes gpuslice knows nothing of.  Once a pod holds 
 slices the agent cannot tell the processes apart (:func:`node_agent.status.actual_gpus`), so
 the ground truth here calls its slices usable again.
 
-Property 2 adds, for MPS resources, that a promise names **one GPU** per resource (a container
-takes its MPS slices from one daemon, :func:`node_agent.devices.container_env`), and that a
-released pod whose promise holds finds a daemon with enough healthy free slices of its size.
+Property 2 adds, for MPS resources, that a promise names **one slice** (a container takes
+its MPS slices from one daemon, :func:`node_agent.devices.container_env`, so gpuslice serves
+an MPS pod one slice, :func:`planner.demand.one_mps_slice`), and that a released pod whose
+promise holds finds a healthy free slice of its size.  Property 5: a pod asking for more than
+one MPS slice (two of one size, or one each of two sizes) never carries a reservation, by the
+running controller or a restarted one, and the partitioner rejects it the first step it reads
+it (``cannot place`` with the rule's text, :func:`~planner.demand.one_mps_slice`, in an
+``Unplaceable`` event or in the message of the gate it gives back).
 
-Known, reported and not fixed (each counted, the rest of the properties still checked):
-``known_mps_split`` -- the planners place one pod's MPS units on several GPUs (a "multi-GPU"
-MPS pod, :mod:`planner.api`) or in several hybrid hosts, which ``Allocate`` refuses (one
-daemon per container), so the pod fails at admission; ``known_restart_recool`` -- such a
-refusal makes a restarted controller cool the node down again and give back pods the running
-controller planned there after its own cooldown ended.  Also found, not exempted (a seed
-outside the default range fails on it): a plan adds a new slice to a hybrid host the agent
-reports ``foreign`` (seed 30002093; the planners' hybrid hosts ignore the host's own flags).
+Found before and no longer exempted: multi-slice MPS pods split over several daemons, which
+``Allocate`` refused (now never reserved, property 5; no refusal happens, asserted in
+:func:`scheduler_binds`), and such a refusal making a restarted controller cool the node
+down again (fixed: the cooldown is read from the refused pod,
+tests/test_partitioner_rejection_restart.py).
+Also found, not exempted (a seed outside the default range fails on it): a plan adds a new
+slice to a hybrid host the agent reports ``foreign`` (seed 30002093; the planners' hybrid hosts
+ignore the host's own flags).
 
 Generator: as in the MIG test, plus per node a kind (MIG 40 %, MPS 30 %, hybrid 30 %).  MPS
 GPUs get random slices of 5, 10, 20 or 40 GiB (thread % as the planner sets them) within the
 GPU's memory less the MPS server reserve; hybrid GPUs a valid MIG layout whose instances host
-such slices with a probability of one half.  Pods ask for a MIG profile or an MPS size, 1-2
-units.  ``GPUSLICE_SHARES_CLUSTERS`` (default 150), ``GPUSLICE_SHARES_BASE`` and
+such slices with a probability of one half.  Pods ask for a MIG profile (1-2 units) or an MPS
+size (one slice; one in five asks for two slices, of one size or of two, and must be
+rejected).  ``GPUSLICE_SHARES_CLUSTERS`` (default 150), ``GPUSLICE_SHARES_BASE`` and
 ``GPUSLICE_SHARES_SEED`` (one cluster, ``-s`` prints the counts) as in the MIG test.
 """
 
@@ -99,10 +105,11 @@ from node_agent.deviceplugin import preferred_allocation
 from node_agent.devices import mps_slice_id
 from node_agent.gpu_plan import MpsSlot, diff_slices
 from partitioner.actions import EmitEvent, PatchPod, WriteSpec
-from partitioner.decide import ControllerState, decide, is_busy
+from partitioner.decide import ControllerState, Decision, decide, is_busy
 from partitioner.index import ClusterIndex
 from partitioner.reservations import State
 from planner.catalog import GpuModel
+from planner.demand import one_mps_slice
 from planner.hybrid import instance_usable_mib
 from planner.mps import thread_percentage
 from planner.settings import PlannerSettings
@@ -118,6 +125,8 @@ SIZES = (5, 10, 10, 20, 40)
 """Slice sizes (GiB) of generated layouts (10 GiB twice as likely)."""
 MPS_A100 = {"gpuslice.io/partitioning": "mps", **A100}
 MPS_RESOURCES = tuple(mps_resource(gb) for gb in sorted(set(SIZES)))
+MULTI_SLICE = 0.2
+"""Share of generated MPS pods asking for two slices (the rest ask for one)."""
 
 
 # --------------------------------------------------------------------------- the world
@@ -207,6 +216,29 @@ class World(base.World):
     """The MIG test's world with MPS and hybrid nodes (their status, allocatable, conditions)."""
 
     nodes: dict[str, SNode]  # type: ignore[assignment]
+    multi_slice: set[str]
+    """Keys of the pods asking for more than one MPS slice (never to be reserved)."""
+
+    def gated_pod(self, now: float) -> None:
+        """As the MIG test's, but an MPS pod asks for one slice, or (:data:`MULTI_SLICE`)
+        for two: two of its size, or one of its size and one of another."""
+        rng = self.rng
+        res = rng.choice(self.resources())
+        roll = rng.random()
+        if mps_gb_of(res) is None:
+            units = {res: 2 if roll < 0.2 else 1}
+        elif roll < MULTI_SLICE / 2:
+            units = {res: 2}
+        elif roll < MULTI_SLICE:
+            units = {res: 1, rng.choice([r for r in MPS_RESOURCES if r != res]): 1}
+        else:
+            units = {res: 1}
+        created = now - rng.choice((0, 0, 5, 100, 700, 2000))
+        priority = rng.choice((0, 0, 0, 0, 100, 1000))
+        pod = self.new_pod(self.name("g"), units, created, priority)
+        if sum(k for r, k in units.items() if mps_gb_of(r) is not None) > 1:
+            self.multi_slice.add(f"ns/{pod['metadata']['name']}")
+            self.counts.add("mps_multi_slice_pods")
 
     def slice_id(self, n: SNode, g: SGpu, s: Slice) -> str:
         owner = self.inst_id(n, g, s.host) if s.host is not None else f"GPU-{n.name}-{g.index}"
@@ -334,6 +366,7 @@ def spec_gpus(n: SNode) -> list[dict[str, Any]]:
 
 def generate(rng: random.Random, counts: Counts, now: float) -> World:
     w = World(rng, counts)
+    w.multi_slice = set()
     for k in range(rng.randint(1, 4)):
         model_name = rng.choice(sorted(PRODUCTS))
         model = CAT.model(model_name)
@@ -570,8 +603,9 @@ def daemon(g: SGpu, d: Inst) -> tuple[int, int] | None:
 def scheduler_binds(w: World, broken: set[tuple[str, str]], where: str) -> None:
     """kube-scheduler binds released pods where allocatable has room; the kubelet allocates
     through the agent's preferred allocation, and the agent's Allocate refuses MPS slices of two
-    daemons in one container (the pod fails: ``UnexpectedAdmissionError``).  A released pod
-    whose promise holds must find healthy free devices that one allocation can give it."""
+    daemons in one container (the pod fails: ``UnexpectedAdmissionError``), which a promise of
+    one MPS slice (asserted) never meets.  A released pod whose promise holds must find healthy
+    free devices that one allocation can give it."""
     rng = w.rng
     for key, pod in sorted(w.pods.items()):
         r = reservation_of(pod)
@@ -586,6 +620,8 @@ def scheduler_binds(w: World, broken: set[tuple[str, str]], where: str) -> None:
             w.counts.add("scheduler_no_room")
             continue
         holds = key in counted(w, r.node, w.pods)
+        mps_units = sum(len(ix) for res, ix in r.gpus.items() if mps_gb_of(res) is not None)
+        assert mps_units <= 1, f"{where}: {key} released to {r.node} for {dict(r.gpus)}"
         picked: list[tuple[SGpu, Inst]] = []
         refused = ""
         for res, expected in r.gpus.items():
@@ -598,10 +634,6 @@ def scheduler_binds(w: World, broken: set[tuple[str, str]], where: str) -> None:
             }
             usable = [(g, d) for g, d in listed.values() if d.usable(g.unhealthy)]
             good = len(usable) >= k
-            if mps_gb_of(res) is not None and k > 1 and good:
-                per_daemon = Counter(daemon(g, d) for g, d in usable)
-                if max(per_daemon.values()) < k:
-                    w.counts.add("known_mps_split_bind")  # KNOWN: see check_new_reservations
             if holds and (r.node, res) not in broken:
                 assert good, (
                     f"{where}: {key} released to {r.node} for {dict(r.gpus)}: no allocation "
@@ -617,14 +649,8 @@ def scheduler_binds(w: World, broken: set[tuple[str, str]], where: str) -> None:
                 refused = f"MPS slices of different daemons for {res}"
             w.counts.add("kubelet_unusable_pick", any(not d.usable(g.unhealthy) for g, d in chosen))
             picked += chosen
-        if refused:
-            pod["spec"]["nodeName"] = r.node
-            pod["status"].update(
-                {"phase": "Failed", "reason": "UnexpectedAdmissionError", "message": refused}
-            )
-            pod["metadata"]["resourceVersion"] = w.next_rv()
-            w.counts.add("admission_refused")
-            continue
+        # one MPS slice per promise (asserted above): one daemon, so Allocate never refuses
+        assert not refused, f"{where}: {key} released to {r.node}: Allocate refuses {refused}"
         if sum(len(g) for g in r.gpus.values()) != len(picked):
             continue
         for _, d in picked:
@@ -762,8 +788,8 @@ def check_new_reservations(
     applied: base.Applied,
     where: str,
 ) -> int:
-    """Property 2 on the promises made this step (see the MIG test), plus one GPU per MPS
-    resource."""
+    """Property 2 on the promises made this step (see the MIG test), plus one MPS slice per
+    promise (:func:`check_one_mps_slice` checks every promise held)."""
     made = 0
     for key, r in holders(w.pods).items():
         old = before.get(key)
@@ -778,14 +804,13 @@ def check_new_reservations(
         w.counts.add(f"reserved_{w.nodes[r.node].kind}")
         status = {g["index"]: g for g in status_before[r.node]}
         spec = applied.written.get(r.node)
+        mps_units = sum(len(ix) for res, ix in r.gpus.items() if mps_gb_of(res) is not None)
+        assert mps_units <= 1, (
+            f"{where}: {key} reserved {mps_units} MPS slices on node {r.node} "
+            f"({dict(r.gpus)}): a container reaches one MPS daemon, so one slice per pod"
+        )
+        w.counts.add("mps_reservations", mps_units)
         for res, indices in r.gpus.items():
-            if mps_gb_of(res) is not None:
-                w.counts.add("mps_reservations")
-                w.counts.add("mps_multi_unit", len(indices) > 1)
-                if len(set(indices)) > 1:
-                    # KNOWN (reported, not fixed): the planners place a pod's MPS units on
-                    # several GPUs ("multi-GPU pods", planner/api.py), which Allocate refuses.
-                    w.counts.add("known_mps_split")
             for gpu, k in Counter(indices).items():
                 sg = status.get(gpu, {})
                 sick = bool(sg.get("unhealthy"))
@@ -802,6 +827,37 @@ def check_new_reservations(
                     f"non-foreign such device(s) (GPU unhealthy: {sick}; status {devices})"
                 )
     return made
+
+
+def check_one_mps_slice(w: World, d: Decision | None, where: str, rejected: set[str]) -> None:
+    """Property 5: no pod carries a reservation of more than one MPS slice (whatever its
+    state), so a pod asking for more is never reserved; the pods ``d`` rejects for asking
+    more (an ``Unplaceable`` event, or the gate given back) join ``rejected``."""
+    for key, pod in w.pods.items():
+        r = reservation_of(pod)
+        if key in w.multi_slice:
+            assert r is None, (
+                f"{where}: {key} asks for more than one MPS slice "
+                f"({pod['spec']['containers'][0]['resources']['limits']}) and is reserved {r}"
+            )
+            w.counts.add("mps_multi_slice_unreserved")
+        elif r is not None:
+            units = sum(len(ix) for res, ix in r.gpus.items() if mps_gb_of(res) is not None)
+            assert units <= 1, f"{where}: {key} holds {units} MPS slices: {r}"
+    for a in d.actions if d is not None else ():
+        for e in a.on_success if isinstance(a, PatchPod) else (a,):
+            if not isinstance(e, EmitEvent) or e.ref.kind != "Pod":
+                continue
+            key = f"{e.ref.namespace}/{e.ref.name}"
+            if key not in w.multi_slice or key not in w.pods:
+                assert "a container reaches one MPS daemon" not in e.message, (where, e)
+                continue
+            limits = w.pods[key]["spec"]["containers"][0]["resources"]["limits"]
+            why = one_mps_slice({r: int(k) for r, k in limits.items()})
+            # "cannot place: <why>" (Unplaceable) or "gpuslice cannot place it (<why>): ..."
+            # (the gate given back)
+            if why is not None and "cannot place" in e.message and why in e.message:
+                rejected.add(key)
 
 
 def check_specs_keep(
@@ -875,9 +931,11 @@ def run_cluster(seed: int, counts: Counts) -> None:
     check_no_overpromise(w, holders(w.pods), broken, f"seed {seed} initial", hidden=hidden_foreign)  # type: ignore[arg-type]
     state = ControllerState()
     index = ClusterIndex(CAT)
+    rejected: set[str] = set()  # multi-slice MPS pods the running controller rejected
     for step in range(rng.randint(*STEPS)):
         now += rng.choice(GAPS)
         where = f"seed {seed} step {step} (t=T0+{now - T0:.0f})"
+        seen_multi = w.multi_slice & w.pods.keys()  # the pods this step's decide reads
         nodes, pods, nps = copy.deepcopy(w.objects())
         index.relist("nodes", nodes)
         index.relist("pods", pods)
@@ -916,28 +974,15 @@ def run_cluster(seed: int, counts: Counts) -> None:
             "reservations_made", check_new_reservations(w, before, status_before, applied, where)
         )
         check_specs_keep(w, status_before, applied, where)
+        check_one_mps_slice(w, d, where, rejected)
+        check_one_mps_slice(restarted, None, f"{where} (restarted)", set())
+        missed = seen_multi - rejected
+        assert not missed, f"{where}: multi-slice MPS pods {sorted(missed)} not rejected"
 
         after_old, after_new = holders(w.pods), holders(restarted.pods)
-        # KNOWN (reported, not fixed): a refused pod (here only from the MPS split above)
-        # cools its node down again after a restart while its bind deadline + cooldown_s
-        # lasts, though the running controller's cooldown ended: the restarted controller
-        # gives back the pods planned there since (notice_rejections cannot tell when the
-        # kubelet refused it).
-        recooled = {
-            a.ref.name
-            for a in d_new.actions
-            if isinstance(a, EmitEvent) and a.reason == "AdmissionRejected" and a.ref.kind == "Node"
-        } - {
-            a.ref.name
-            for a in d.actions
-            if isinstance(a, EmitEvent) and a.reason == "AdmissionRejected" and a.ref.kind == "Node"
-        }
         for key, r0 in before.items():
             kept = after_old.get(key)
             if kept is None or kept.node != r0.node or key in applied.reserve_patches:
-                continue
-            if r0.node in recooled and key not in after_new:
-                counts.add("known_restart_recool")
                 continue
             again = after_new.get(key)
             assert again is not None and again.node == r0.node, (
@@ -965,6 +1010,7 @@ def run_cluster(seed: int, counts: Counts) -> None:
         agent_applies(w, broken)
         scheduler_binds(w, broken, where)
         outside_events(w, now, broken)
+    counts.add("mps_multi_slice_rejected", len(rejected))
 
 
 def test_promises_stay_sound_on_random_mps_and_hybrid_clusters() -> None:
@@ -987,7 +1033,9 @@ def test_promises_stay_sound_on_random_mps_and_hybrid_clusters() -> None:
         "reserved_hybrid": CLUSTERS // 4,
         "reserved_mig": CLUSTERS // 4,
         "mps_reservations": CLUSTERS // 2,
-        "mps_multi_unit": CLUSTERS // 20,
+        "mps_multi_slice_pods": CLUSTERS // 4,
+        "mps_multi_slice_rejected": CLUSTERS // 4,
+        "mps_multi_slice_unreserved": CLUSTERS,
         "specs_mps": CLUSTERS // 10,
         "specs_hybrid": CLUSTERS // 10,
         "mps_gpus_changed": CLUSTERS // 20,

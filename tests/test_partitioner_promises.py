@@ -867,3 +867,36 @@ def test_a_pinned_pod_keeps_what_is_left_of_its_slices_from_newer_pods() -> None
     r = reservation(c, "p")
     assert r is not None and (r.node, r.state) == ("n1", State.RELEASED)
     assert dict(r.gpus) == {ONE_G: (0, 0)} and reservation(c, "q") is None
+
+
+def test_a_pod_asking_for_two_mps_slices_stays_gated_and_is_told_why() -> None:
+    """Pods gpuslice can never place lose their gate after a batch window, so kube-scheduler
+    places them elsewhere; not a pod asking for two MPS slices: gpuslice's own MPS nodes
+    advertise them, kube-scheduler would bind it there beside promises it does not know, and
+    its container would be refused slices of two MPS daemons.  It keeps the gate, with one
+    ``Unplaceable`` Event naming what to ask for, and the one-slice pod beside it is served."""
+    mps = {"gpuslice.io/partitioning": "mps", **A100}
+    free = {"memoryMiB": 8192, "activeThreadPercentage": 10}
+    pair = gated("pair", "nvidia.com/gpu-8gb")
+    pair["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu-8gb"] = "2"
+    c = Cluster(
+        with_alloc(node("m", mps)),
+        np("m", observed=1, applied=True, mode="mps", gpus=[{"index": 0, "mps": [free, free]}]),
+        pair,
+        gated("one", "nvidia.com/gpu-8gb", created=T0 + 1),
+    )
+    c.objs[("Node", "m")]["status"]["allocatable"]["nvidia.com/gpu-8gb"] = "2"
+    told: list[str] = []
+    for t in (T0 + 2, T0 + 70, T0 + 200, T0 + 400):
+        told += events(c.step(t), "Unplaceable")
+    assert told == [
+        "cannot place: more than one MPS slice: the pod asks for 2 MPS slices; a container "
+        "reaches one MPS daemon (one GPU, or one MIG instance on a hybrid node), so gpuslice "
+        "gives an MPS pod one slice: ask for one slice of the memory it needs "
+        "(nvidia.com/gpu-16gb, if one GPU holds it), or for MIG instances "
+        "(nvidia.com/mig-<profile>) to use several GPUs"
+    ]
+    assert c.pod("pair")["spec"]["schedulingGates"] == [{"name": GATE}]
+    assert reservation(c, "pair") is None
+    r = reservation(c, "one")
+    assert r is not None and r.state is State.RELEASED

@@ -91,6 +91,8 @@ def check_plan(snapshot: Snapshot, plan: Plan) -> None:
         assert {r: len(ix) for r, ix in a.gpus.items()} == {
             r: c for r, c in p.requests.items() if c
         }
+        if nodes[a.node].mode is Mode.MPS:  # a container reaches one MPS daemon
+            assert sum(len(ix) for ix in a.gpus.values()) == 1, (name, a)
         for resource, gpus in a.gpus.items():
             for g in gpus:
                 demand[(a.node, g, resource)] += 1
@@ -223,13 +225,25 @@ def mps_node(*gpus: tuple[MpsSlice, ...]) -> NodeState:
 
 
 def test_mps_reserve_splits_units_across_gpus_with_proportional_threads() -> None:
-    # 2 x 16 GiB = 32768 MiB > 32768 - 512: one slice per GPU (nos issue #39).
-    snap = Snapshot(nodes=(mps_node((), ()),), pods=(pod("p", "nvidia.com/gpu-16gb", count=2),))
+    # 2 x 16 GiB = 32768 MiB > 32768 - 512: one slice per GPU (nos issue #39), so two
+    # one-slice pods land on two GPUs.
+    snap = Snapshot(
+        nodes=(mps_node((), ()),),
+        pods=(pod("p", "nvidia.com/gpu-16gb"), pod("q", "nvidia.com/gpu-16gb")),
+    )
     plan = plan_greedy(snap)
-    assert plan.assignments["p"].gpus == {"nvidia.com/gpu-16gb": (0, 1)}
+    check_plan(snap, plan)
+    assert sorted(plan.assignments[n].gpus["nvidia.com/gpu-16gb"] for n in "pq") == [(0,), (1,)]
     for g in (0, 1):
         (s,) = plan.layouts[("m", g)].mps
         assert (s.memory_mib, s.thread_percentage) == (16384, round(100 * 16384 / 32256))
+    # One pod asking for both slices is never split over two GPUs' MPS daemons: a container
+    # reaches one daemon (planner.demand.one_mps_slice), so it stays unplaced and nothing changes.
+    two = Snapshot(nodes=snap.nodes, pods=(pod("p", "nvidia.com/gpu-16gb", count=2),))
+    plan = plan_greedy(two)
+    check_plan(two, plan)
+    assert not plan.assignments and not plan.layouts
+    assert plan.unplaced["p"].startswith(Unplaced.MPS_SLICES.value), plan.unplaced["p"]
 
 
 def test_mps_full_thread_policy_and_free_slice_removed_only_when_needed() -> None:
@@ -257,6 +271,18 @@ def test_demo_plan() -> None:
     assert plan.unplaced.keys() == {"infer/too-big"}
     assert plan.unplaced["infer/too-big"].startswith(Unplaced.EXCEEDS_GPU.value)
     assert plan.assignments["ml/h100-only"].node == "node-c"
+    # the two one-slice inference pods (once one pod asking for two 8 GiB slices) both run on
+    # the MPS node, each on one GPU's daemon
+    for name in ("infer/small-1", "infer/small-2"):
+        a = plan.assignments[name]
+        assert a.node == "node-d" and a.gpus.keys() == {"nvidia.com/gpu-8gb"}
+        assert len(a.gpus["nvidia.com/gpu-8gb"]) == 1
+    # the old shape, one pod asking for both slices, is refused with its own reason
+    pair = PendingPod("infer/small", {"nvidia.com/gpu-8gb": 2}, cpu_milli=1000)
+    snap = Snapshot(snap.nodes, (*snap.pods, pair))
+    plan = plan_greedy(snap)
+    check_plan(snap, plan)
+    assert plan.unplaced["infer/small"].startswith(Unplaced.MPS_SLICES.value)
 
 
 def test_deterministic_and_independent_of_input_order() -> None:

@@ -13,6 +13,7 @@ from planner import (
     PlannerSettings,
     Snapshot,
     ThreadPolicy,
+    Unplaced,
     plan,
 )
 from planner.mps import thread_percentage
@@ -35,10 +36,16 @@ def mps_pod(name: str, gb: int, count: int = 1, **kw: int) -> PendingPod:
 
 
 def test_empty_gpu_is_split_into_requested_slices_with_proportional_threads() -> None:
-    result = plan(Snapshot((mps_node("n", mps_gpu(0)),), (mps_pod("p", 10, 3),)))
+    pods = tuple(mps_pod(f"p{k}", 10) for k in range(3))
+    result = plan(Snapshot((mps_node("n", mps_gpu(0)),), pods))
     pct = round(100 * 10 * GIB / USABLE)
     assert result.layouts["n", 0].mps == (PlannedSlice(10 * GIB, pct),) * 3
-    assert result.assignments["p"].gpus == {"nvidia.com/gpu-10gb": (0, 0, 0)}
+    for p in pods:
+        assert result.assignments[p.name].gpus == {"nvidia.com/gpu-10gb": (0,)}
+    # one pod asking for the three slices is refused: a container reaches one MPS daemon
+    result = plan(Snapshot((mps_node("n", mps_gpu(0)),), (mps_pod("p", 10, 3),)))
+    assert not result.assignments and not result.layouts
+    assert result.unplaced["p"].startswith(Unplaced.MPS_SLICES.value), result.unplaced["p"]
 
 
 def test_full_thread_policy_gives_every_slice_100_percent() -> None:

@@ -9,16 +9,22 @@ the used slices, must fit ``usable``.  Churn of a GPU = ``weight_destroy`` per r
 ``weight_create`` per created slice + ``weight_gpu_touched`` if anything changed; a GPU that
 ends with no slice at all counts as one empty GPU.
 
+A pod asking for more than one slice in all (two units of one size, or one unit each of two
+sizes) is never placed: the node agent runs one MPS daemon per GPU and a container reaches one
+daemon, so gpuslice serves an MPS pod one slice (reason code ``more than one MPS slice``).
+
 The oracle shares no code with the planner; its weights are tests/objective_weights.py
-(so that "placed weight" means the same number).  It tries every assignment of each pod to an
-allowed node or to nobody; on a node it tries every way to spread the node's units over its
-GPUs (units of equal size are interchangeable, so it enumerates, per size, every split of
-the unit count over the GPUs), and on a GPU every count of kept free slices per size, creating
+(so that "placed weight" means the same number).  It tries every assignment of each
+one-slice pod to an allowed node or to nobody (a pod asking for more slices: nobody); on a
+node it tries every way to spread the node's units (one per pod there) over its GPUs (units of
+equal size are interchangeable, so it enumerates, per size, every split of the unit count
+over the GPUs), and on a GPU every count of kept free slices per size, creating
 whatever units the kept ones do not cover.  Node CPU/memory must hold the node's pods.  Its
 optimum is the largest priority-weighted placement, then the least churn, then the most empty
 GPUs: the planner's lexicographic objective.
 
-The plan checks assert, independently of the oracle, that every planned GPU fits its usable
+The plan checks assert, independently of the oracle, that only one-slice pods are placed (the
+others unplaced with that reason code), that every planned GPU fits its usable
 memory, used slices survive exactly (size, used flag, a given thread percentage), every
 assigned unit has its own free slice of its size on the named GPU, thread percentages follow
 the policy, and node CPU/memory hold the assigned pods.
@@ -47,6 +53,7 @@ from planner import (
     PlannerSettings,
     Snapshot,
     ThreadPolicy,
+    Unplaced,
     default_catalog,
     plan,
 )
@@ -72,6 +79,11 @@ def _requested(pod: PendingPod) -> Counter[int]:
         gb = int(res.removeprefix("nvidia.com/gpu-").removesuffix("gb"))
         out[gb * GIB] += count
     return out
+
+
+def _one_slice(pod: PendingPod) -> bool:
+    """Whether the pod asks for exactly one MPS slice (the only pods that may be placed)."""
+    return _requested(pod).total() == 1
 
 
 def _touch_cost(destroyed: int, created: int, s: PlannerSettings) -> int:
@@ -149,7 +161,7 @@ def oracle(snap: Snapshot, s: PlannerSettings) -> Score:
         allowed = [
             k
             for k, n in enumerate(nodes)
-            if pod.eligible_nodes is None or n.name in pod.eligible_nodes
+            if _one_slice(pod) and (pod.eligible_nodes is None or n.name in pod.eligible_nodes)
         ]
         choices.append([None, *allowed])
     best: tuple[int, int, int] | None = None  # (weight, -churn, empties): larger is better
@@ -246,8 +258,13 @@ def check_plan(snap: Snapshot, result: Plan, s: PlannerSettings) -> Score:
     cpu: Counter[str] = Counter()
     mem: Counter[str] = Counter()
     pods = {p.name: p for p in snap.pods}
+    for pod in snap.pods:
+        if not _one_slice(pod):
+            reason = result.unplaced.get(pod.name, "")
+            assert reason.startswith(Unplaced.MPS_SLICES.value), (pod.name, reason)
     for name, a in result.assignments.items():
         pod = pods[name]
+        assert _one_slice(pod), f"{name} placed with {pod.requests}: one MPS slice per pod"
         assert a.node in nodes
         assert pod.eligible_nodes is None or a.node in pod.eligible_nodes
         assert set(a.gpus) == {r for r, c in pod.requests.items() if c}
@@ -343,9 +360,10 @@ def instances(draw: st.DrawFn) -> tuple[Snapshot, PlannerSettings]:
         )
     top_gb = max(_usable(n, s) for n in nodes) // GIB
     pods: list[PendingPod] = []
-    for j in range(draw(st.integers(0, 6))):
-        # one unit, or two units of one size, or one unit each of two sizes
-        sizes = [_size_gb(draw, top_gb) for _ in range(draw(st.integers(1, 2)))]
+    for j in range(draw(st.integers(0, 7))):
+        # mostly one unit; now and then two units of one size, or one unit each of two sizes,
+        # which must stay unplaced (more than one MPS slice)
+        sizes = [_size_gb(draw, top_gb) for _ in range(2 if draw(st.integers(0, 4)) == 0 else 1)]
         requests = {f"nvidia.com/gpu-{gb}gb": n for gb, n in Counter(sizes).items()}
         eligible = draw(
             st.one_of(st.none(), st.sets(st.sampled_from([n.name for n in nodes]), max_size=2))

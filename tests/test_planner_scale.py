@@ -27,6 +27,7 @@ from planner import (
     Plan,
     PlannerSettings,
     Snapshot,
+    Unplaced,
     default_catalog,
     plan,
 )
@@ -419,6 +420,9 @@ def test_small_snapshots_get_one_exact_model() -> None:
 
 
 def test_mps_nodes_take_part_in_rounds() -> None:
+    # three one-slice MPS pods: a 60 GiB one needs an empty GPU (GPU 0 of each MPS node has
+    # 39.5 GiB left beside its used slice), the two 20 GiB ones fit anywhere; a pod asking
+    # for two 20 GiB slices (two GPUs' daemons) is refused whatever the rounds do
     gib = 1024
     mps = tuple(
         NodeState(
@@ -430,11 +434,23 @@ def test_mps_nodes_take_part_in_rounds() -> None:
         for k in range(3)
     )
     snap = busy_cluster(9, 4, 12)
-    pods = (*snap.pods, PendingPod("mps-pod", {"nvidia.com/gpu-20gb": 2}))
+    mine = {"mps-60": 60, "mps-20a": 20, "mps-20b": 20}
+    pods = (
+        *snap.pods,
+        *(PendingPod(name, {f"nvidia.com/gpu-{gb}gb": 1}) for name, gb in mine.items()),
+        PendingPod("mps-pair", {"nvidia.com/gpu-20gb": 2}),
+    )
     snap = Snapshot((*snap.nodes, *mps), pods)
     result = plan(snap, PlannerSettings(time_limit_s=1.5, max_model_gpus=8))
-    assert isinstance(result.assignments.get("mps-pod"), Assignment)
-    assert result.assignments["mps-pod"].node.startswith("mps-")
+    assert result.stats["neighbourhoods"] >= 2 and result.stats["rounds"] >= 1
+    for name, gb in mine.items():
+        a = result.assignments.get(name)
+        assert isinstance(a, Assignment), result.unplaced.get(name)
+        assert a.node.startswith("mps-")
+        ((resource, gpus),) = a.gpus.items()
+        assert resource == f"nvidia.com/gpu-{gb}gb" and len(gpus) == 1
+    assert result.assignments["mps-60"].gpus == {"nvidia.com/gpu-60gb": (1,)}
+    assert result.unplaced["mps-pair"].startswith(Unplaced.MPS_SLICES.value)
 
 
 def test_time_budget_stays_within_the_time_limit() -> None:

@@ -208,3 +208,21 @@ def test_bench_saturation_refuses_bad_jobs_and_policies(capsys: pytest.CaptureFi
     assert "--jobs must be >= 1" in capsys.readouterr().err
     assert bench_main(["--policies", "gpuslice,worstfit", "--cluster", "x.yaml"]) == 2
     assert "unknown policies ['worstfit']" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("policy", [*sorted(f"mps:{r}" for r in RULES), GPUSLICE])
+def test_no_row_places_a_multi_gpu_pod_on_mps_slices(policy: str) -> None:
+    """A pod of ``num_gpu`` > 1 asks for that many MPS slices, one per GPU; the agent's
+    ``Allocate`` refuses a container slices of two MPS daemons, so production never starts it
+    (planner.demand.one_mps_slice) and no row of the protocol may place it; the one-GPU pods
+    of the same run are placed."""
+    c = cluster(2, 4)
+    arrivals = [Pod("pair", 8000, 0, 2, 1000), Pod("one", 8000, 0, 1, 1000)]
+    arrivals += [Pod(f"s{i}", 2000, 0, 1, 320) for i in range(3)] + [Pod("four", 8000, 0, 4, 500)]
+    wl = Workload("multi", tuple(arrivals))
+    if policy == GPUSLICE:
+        r = run_planned(c, wl, Mode.MPS, "mps-memory", 1, arrivals=arrivals)
+    else:
+        r = run_rule(c, wl, policy.split(":", 1)[1], 1, arrivals=arrivals)
+    assert (r.placed, r.failed) == (4, 2)
+    assert r.used[-1] == 1000 + 3 * 320

@@ -234,10 +234,10 @@ def demo_snapshot() -> Snapshot:
             priority=priority,
         )
 
-    def mps(name: str, gb: int, count: int = 1) -> PendingPod:
+    def mps(name: str, gb: int) -> PendingPod:  # one slice: a container reaches one daemon
         return PendingPod(
             name=name,
-            requests={mps_resource(gb): count},
+            requests={mps_resource(gb): 1},
             cpu_milli=1000,
             memory_mib=4 * gib,
         )
@@ -256,7 +256,8 @@ def demo_snapshot() -> Snapshot:
             memory_mib=16 * gib,
             eligible_nodes=frozenset({"node-c"}),
         ),
-        mps("infer/small", 8, count=2),
+        mps("infer/small-1", 8),
+        mps("infer/small-2", 8),
         mps("infer/medium", 16),
         mps("infer/too-big", 40),
     )

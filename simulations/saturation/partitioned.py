@@ -391,7 +391,8 @@ class PartitionedState:
                 return False
             return node.addable.get(req.profile or "", 0) >= req.count
         need = (req.memory_gb or 0) * _MIB_PER_GIB
-        if node.mode is Mode.MIG:
+        if node.mode is Mode.MIG or req.count > 1:
+            # one MPS slice per pod, as production serves them (planner.demand.one_mps_slice)
             return False
         if node.mode is Mode.HYBRID:
             # exact for one slice; for several, optimistic (the planner decides)
