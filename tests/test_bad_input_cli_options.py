@@ -393,4 +393,4 @@ def test_plan_accepts_the_bounds_themselves(capsys: pytest.CaptureFixture[str]) 
     rc, stdout, err = run(capsys, "plan", "--demo", "--policy", "greedy", "--seed", "2147483647",
                           "--time-limit", "3600")  # fmt: skip
     assert rc == 0, err
-    assert "Planned 10 pending pod(s)" in stdout
+    assert "Planned 11 pending pod(s)" in stdout
