@@ -59,7 +59,11 @@ is the greedy one (the reservation logic is the same for any planner; CP-SAT wou
 seconds a batch).
 
 Every step runs the decision four times (the running controller, twice more for determinism,
-once restarted).  Counts of what was exercised are asserted to be non-trivial.  Default 250
+once restarted: :func:`decide_step`).  Counts of what was exercised are asserted to be
+non-trivial.  The MPS/hybrid and DRA harnesses (``test_partitioner_promise_soundness_shares``,
+``test_partitioner_promise_soundness_dra``) run their worlds through the same step core
+(:func:`step_times`, :func:`decide_step`, :func:`check_restart_keeps`, :func:`heal`,
+:func:`run_seeds`), adding their own checks.  Default 250
 clusters, about 30 s on 2 cores; ``GPUSLICE_PROMISE_CLUSTERS`` and ``GPUSLICE_PROMISE_BASE``
 (the first seed) run others.
 """
@@ -72,7 +76,7 @@ import os
 import random
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -833,13 +837,157 @@ def describe(w: World, node: str, pods: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+# --------------------------------------------------------------------------- one step
+# Shared with the MPS/hybrid and DRA harnesses (test_partitioner_promise_soundness_shares.py,
+# test_partitioner_promise_soundness_dra.py): each runs its own world through these.
+
+
+def step_times(rng: random.Random, seed: int, now: float) -> Iterator[tuple[int, float, str]]:
+    """A cluster's steps: their number, time and the name a failure gives them."""
+    for step in range(rng.randint(*STEPS)):
+        now += rng.choice(GAPS)
+        yield step, now, f"seed {seed} step {step} (t=T0+{now - T0:.0f})"
+
+
+@dataclass
+class Running:
+    """The running controller: its state, carried from step to step, and its index, relisted
+    every step as the operator's watches keep it up to date."""
+
+    state: ControllerState = field(default_factory=ControllerState)
+    index: ClusterIndex = field(default_factory=lambda: ClusterIndex(CAT))
+
+
+@dataclass
+class Step[W: World]:
+    """What :func:`decide_step` did: the reservations and the agents' status before it, the
+    running controller's decision and what it changed in the world, and the restarted
+    controller's world after its own decision."""
+
+    before: dict[str, Reservation]
+    status_before: dict[str, list[dict[str, Any]]]
+    d: Decision
+    applied: Applied
+    restarted: W
+    applied_new: Applied
+
+
+def decide_step[W: World](
+    w: W,
+    ctl: Running,
+    now: float,
+    where: str,
+    counts: Counts,
+    clone: Callable[[Any], Any] = copy.deepcopy,
+    claims: list[dict[str, Any]] | None = None,
+) -> Step[W]:
+    """One step of the running controller ``ctl`` on ``w``, and of the same objects decided
+    again.
+
+    Its index is relisted from ``clone`` copies of the objects (``claims`` too, where given);
+    4: two decisions on fresh indexes with its state give the same actions; 3: a restarted
+    controller (``ControllerState()``, a fresh index) decides on a deep copy of ``w``, its
+    actions applied there; then ``ctl`` decides, its actions applied to ``w``, reporting no
+    error, and keeps the new state.  Counts what every harness counts of a step; the caller
+    makes the checks (1-2, :func:`check_restart_keeps`)."""
+    state, index = ctl.state, ctl.index
+    nodes, pods, nps = clone(w.objects())
+    index.relist("nodes", nodes)
+    if claims is not None:
+        index.relist("claims", clone(claims))
+    index.relist("pods", pods)
+    index.relist("partitionings", nps)
+    before = holders(w.pods)
+    status_before = {name: clone(np["status"]["gpus"]) for name, np in w.nps.items()}
+
+    # 4. determinism: the same objects, state and time
+    d1 = decide(state, w.fresh_index(), now, CONFIG)
+    d2 = decide(state, w.fresh_index(), now, CONFIG)
+    assert d1.actions == d2.actions, f"{where}: two identical steps differ"
+
+    # 3. restart: a fresh controller on the same objects
+    restarted = copy.deepcopy(w)
+    restarted.rng, restarted.counts = random.Random(0), counts
+    d_new = decide(ControllerState(), restarted.fresh_index(), now, CONFIG)
+    applied_new = apply_decision(restarted, d_new)
+    counts.add("restarts")
+
+    d = decide(state, index, now, CONFIG)
+    ctl.state = d.state
+    applied = apply_decision(w, d)
+    assert not d.error, f"{where}: {d.error}"
+    counts.add("steps")
+    counts.add("plans", d.plan is not None and bool(d.plan.assignments))
+    counts.add("specs_written", len(applied.written))
+    counts.add("releases", d.counts.get("releases", 0))
+    counts.add("fast_reservations", d.counts.get("fast", 0))
+    counts.add(
+        "dropped",
+        sum(1 for a in d.actions if isinstance(a, PatchPod) and a.purpose == "unreserve"),
+    )
+    return Step(before, status_before, d, applied, restarted, applied_new)
+
+
+def check_restart_keeps(w: World, s: Step[Any], where: str, counts: Counts) -> None:
+    """3: the restarted controller keeps every reservation the running one keeps, on the same
+    node, and makes no second reservation for a pod that holds one."""
+    after_old, after_new = holders(w.pods), holders(s.restarted.pods)
+    for key, r0 in s.before.items():
+        kept = after_old.get(key)
+        if kept is None or kept.node != r0.node or key in s.applied.reserve_patches:
+            continue  # the running controller dropped it (and maybe reserved it again)
+        again = after_new.get(key)
+        assert again is not None and again.node == r0.node, (
+            f"{where}: after a restart {key}'s reservation on {r0.node} ({r0.state.value}) "
+            f"is {again}, the running controller keeps it ({kept.state.value})"
+        )
+        assert key not in s.applied_new.reserve_patches, (
+            f"{where}: after a restart {key}, which holds {dict(r0.gpus)} on {r0.node}, "
+            f"is reserved again: {again}"
+        )
+        counts.add("restart_kept")
+
+
+def heal(w: World, broken: set[tuple[str, str]], free: Callable[[str], Counter[str]]) -> None:
+    """A broken (node, resource) heals once its promises fit again (``free``: a node's usable
+    free units per resource)."""
+    for name, res in list(broken):
+        if held_units(w, name)[res] <= free(name)[res]:
+            broken.discard((name, res))
+
+
+def run_seeds(
+    label: str,
+    run: Callable[[int, Counts], None],
+    only_seed: str | None,
+    base_seed: int,
+    clusters: int,
+) -> Counts:
+    """Run ``clusters`` clusters from ``base_seed`` on (``only_seed`` alone where set) and print
+    the counts."""
+    counts = Counts()
+    seeds = [int(only_seed)] if only_seed else [base_seed + k for k in range(clusters)]
+    started = time.monotonic()
+    for seed in seeds:
+        run(seed, counts)
+    elapsed = time.monotonic() - started
+    print(f"\n{label}: {len(seeds)} clusters in {elapsed:.1f} s: {dict(sorted(counts.c.items()))}")
+    return counts
+
+
+def assert_exercised(counts: Counts, least: dict[str, int]) -> None:
+    c = counts.c
+    for key, n in least.items():
+        assert c[key] >= n, f"the generator exercised {key} only {c[key]} times (< {n})"
+
+
 # --------------------------------------------------------------------------- one run
 
 
 def run_cluster(seed: int, counts: Counts) -> None:
     rng = random.Random(seed)
-    now = T0 + rng.randint(0, 1000)
-    w = generate(rng, counts, now)
+    start = T0 + rng.randint(0, 1000)
+    w = generate(rng, counts, start)
     counts.add("states")
     for n in w.nodes.values():
         for g in n.gpus:
@@ -851,80 +999,29 @@ def run_cluster(seed: int, counts: Counts) -> None:
                 counts.add("lagging_used_flags", i.shown_used != (i.pod is not None))
     broken: set[tuple[str, str]] = set()
     check_no_overpromise(w, holders(w.pods), broken, f"seed {seed} initial")
-    state = ControllerState()
-    index = ClusterIndex(CAT)
-    for step in range(rng.randint(*STEPS)):
-        now += rng.choice(GAPS)
-        where = f"seed {seed} step {step} (t=T0+{now - T0:.0f})"
-        nodes, pods, nps = copy.deepcopy(w.objects())
-        # the running controller: an index kept up to date from watch events, as the operator's
-        index.relist("nodes", nodes)
-        index.relist("pods", pods)
-        index.relist("partitionings", nps)
-        before = holders(w.pods)
-        status_before = {name: copy.deepcopy(np["status"]["gpus"]) for name, np in w.nps.items()}
-
-        # 4. determinism: the same objects, state and time
-        d1 = decide(state, w.fresh_index(), now, CONFIG)
-        d2 = decide(state, w.fresh_index(), now, CONFIG)
-        assert d1.actions == d2.actions, f"{where}: two identical steps differ"
-
-        # 3. restart: a fresh controller on the same objects
-        restarted = copy.deepcopy(w)
-        restarted.rng, restarted.counts = random.Random(0), counts
-        d_new = decide(ControllerState(), restarted.fresh_index(), now, CONFIG)
-        applied_new = apply_decision(restarted, d_new)
-        counts.add("restarts")
-
-        d = decide(state, index, now, CONFIG)
-        state = d.state
-        applied = apply_decision(w, d)
-        assert not d.error, f"{where}: {d.error}"
-        counts.add("steps")
-        counts.add("plans", d.plan is not None and bool(d.plan.assignments))
-        counts.add("specs_written", len(applied.written))
-        counts.add("releases", d.counts.get("releases", 0))
-        counts.add("fast_reservations", d.counts.get("fast", 0))
-        counts.add("drains", d.counts.get("draining", 0))
-        counts.add(
-            "dropped",
-            sum(1 for a in d.actions if isinstance(a, PatchPod) and a.purpose == "unreserve"),
-        )
+    ctl = Running()
+    for step, now, where in step_times(rng, seed, start):
+        s = decide_step(w, ctl, now, where, counts)
+        counts.add("drains", s.d.counts.get("draining", 0))
 
         # 1-2
-        check_no_overpromise(w, before, broken, where, fresh=step == 0)
+        check_no_overpromise(w, s.before, broken, where, fresh=step == 0)
         counts.add(
-            "reservations_made", check_new_reservations(w, before, status_before, applied, where)
+            "reservations_made",
+            check_new_reservations(w, s.before, s.status_before, s.applied, where),
         )
-        check_specs_keep(w, status_before, applied, where)
+        check_specs_keep(w, s.status_before, s.applied, where)
 
-        after_old, after_new = holders(w.pods), holders(restarted.pods)
-        for key, r0 in before.items():
-            kept = after_old.get(key)
-            if kept is None or kept.node != r0.node or key in applied.reserve_patches:
-                continue  # the running controller dropped it (and maybe reserved it again)
-            again = after_new.get(key)
-            assert again is not None and again.node == r0.node, (
-                f"{where}: after a restart {key}'s reservation on {r0.node} ({r0.state.value}) "
-                f"is {again}, the running controller keeps it ({kept.state.value})"
-            )
-            assert key not in applied_new.reserve_patches, (
-                f"{where}: after a restart {key}, which holds {dict(r0.gpus)} on {r0.node}, "
-                f"is reserved again: {again}"
-            )
-            counts.add("restart_kept")
+        check_restart_keeps(w, s, where, counts)
         check_no_overpromise(
-            restarted,
-            before,
+            s.restarted,
+            s.before,
             set(broken),
             f"{where} (restarted)",
-            restarted.pods,
+            s.restarted.pods,
             fresh=True,
         )
-        # a broken (node, resource) heals once its promises fit again
-        for name, res in list(broken):
-            if held_units(w, name)[res] <= usable_free(w.nodes[name])[res]:
-                broken.discard((name, res))
+        heal(w, broken, lambda name: usable_free(w.nodes[name]))
 
         agent_applies(w, broken)
         scheduler_binds(w, broken, where)
@@ -932,41 +1029,34 @@ def run_cluster(seed: int, counts: Counts) -> None:
 
 
 def test_promises_stay_sound_on_random_clusters() -> None:
-    counts = Counts()
-    seeds = [int(ONLY_SEED)] if ONLY_SEED else [BASE_SEED + k for k in range(CLUSTERS)]
-    started = time.monotonic()
-    for seed in seeds:
-        run_cluster(seed, counts)
-    elapsed = time.monotonic() - started
-    print(
-        f"\npromise soundness: {len(seeds)} clusters in {elapsed:.1f} s: {dict(sorted(counts.c.items()))}"
-    )
+    counts = run_seeds("promise soundness", run_cluster, ONLY_SEED, BASE_SEED, CLUSTERS)
     if ONLY_SEED:
         return
-    c = counts.c
-    for key, least in {
-        "states": CLUSTERS,
-        "steps": 5 * CLUSTERS,
-        "restarts": 5 * CLUSTERS,
-        "restart_kept": CLUSTERS,
-        "reservations_made": CLUSTERS,
-        "fast_reservations": CLUSTERS // 2,
-        "plans": CLUSTERS // 4,
-        "specs_written": CLUSTERS // 4,
-        "releases": CLUSTERS // 2,
-        "binds": CLUSTERS // 4,
-        "initial_reservations": CLUSTERS // 2,
-        "unhealthy_instances": CLUSTERS // 4,
-        "unhealthy_gpus": CLUSTERS // 10,
-        "foreign_instances": CLUSTERS // 4,
-        "lagging_used_flags": CLUSTERS // 4,
-        "health_events": CLUSTERS // 2,
-        "dropped": CLUSTERS // 10,
-        "agent_applied": CLUSTERS // 10,
-        "agent_degraded": CLUSTERS // 25,
-        "drains": max(1, CLUSTERS // 100),
-    }.items():
-        assert c[key] >= least, f"the generator exercised {key} only {c[key]} times (< {least})"
+    assert_exercised(
+        counts,
+        {
+            "states": CLUSTERS,
+            "steps": 5 * CLUSTERS,
+            "restarts": 5 * CLUSTERS,
+            "restart_kept": CLUSTERS,
+            "reservations_made": CLUSTERS,
+            "fast_reservations": CLUSTERS // 2,
+            "plans": CLUSTERS // 4,
+            "specs_written": CLUSTERS // 4,
+            "releases": CLUSTERS // 2,
+            "binds": CLUSTERS // 4,
+            "initial_reservations": CLUSTERS // 2,
+            "unhealthy_instances": CLUSTERS // 4,
+            "unhealthy_gpus": CLUSTERS // 10,
+            "foreign_instances": CLUSTERS // 4,
+            "lagging_used_flags": CLUSTERS // 4,
+            "health_events": CLUSTERS // 2,
+            "dropped": CLUSTERS // 10,
+            "agent_applied": CLUSTERS // 10,
+            "agent_degraded": CLUSTERS // 25,
+            "drains": max(1, CLUSTERS // 100),
+        },
+    )
 
 
 # --------------------------------------------------------------------------- regressions

@@ -2,8 +2,9 @@
 
 The DRA counterpart of :mod:`test_partitioner_promise_soundness` (read it first: the world,
 the steps, the restart and determinism checks and the "broken from outside" bookkeeping are
-the same).  On many random small clusters of ``gpuslice.io/partitioning=dra`` nodes, pods ask
-through ResourceClaims (``mig.gpuslice.io``, a CEL selector on the profile,
+the same, run by its step core: :func:`~test_partitioner_promise_soundness.decide_step` and
+the helpers beside it).  On many random small clusters of ``gpuslice.io/partitioning=dra``
+nodes, pods ask through ResourceClaims (``mig.gpuslice.io``, a CEL selector on the profile,
 :mod:`partitioner.claims`) and are driven through the real decision step
 (:func:`partitioner.decide.decide`), while
 
@@ -62,7 +63,6 @@ import copy
 import json
 import os
 import random
-import time
 from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -71,25 +71,28 @@ from typing import Any
 from test_partitioner_dra import claim, claim_pod, mig_request
 from test_partitioner_promise_soundness import (
     CAT,
-    GAPS,
     LAYOUTS,
     PRODUCTS,
-    STEPS,
     Counts,
+    Running,
     World,
     _stamp,
-    apply_decision,
+    assert_exercised,
     check_new_reservations,
+    check_restart_keeps,
     check_specs_keep,
     counted,
+    decide_step,
     gated_now,
+    heal,
     held_units,
     holders,
     reservation_of,
+    run_seeds,
+    step_times,
     waiting,
 )
 from test_partitioner_promises import (
-    CONFIG,
     ONE_G,
     T0,
     Cluster,
@@ -107,9 +110,9 @@ from node_agent.dra_foreign import ForeignUse, foreign_devices
 from node_agent.dra_shape import claim_devices, planned_devices, publish_set, shaped_status
 from node_agent.dra_slices import DRIVER, DraGpu, device_name, resource_slices
 from node_agent.xid import XidMark
-from partitioner.actions import PatchPod, WriteSpec
+from partitioner.actions import WriteSpec
 from partitioner.claims import MIG_CLASS
-from partitioner.decide import ControllerState, decide, is_busy
+from partitioner.decide import is_busy
 from partitioner.gating import GATE, release_patch
 from partitioner.index import ClusterIndex
 from partitioner.reservations import RESERVATION_ANNOTATION, Reservation, State
@@ -886,8 +889,8 @@ def describe(w: DraWorld, node: str, pods: dict[str, dict[str, Any]] | None = No
 
 def run_cluster(seed: int, counts: Counts) -> None:
     rng = random.Random(seed)
-    now = T0 + rng.randint(0, 1000)
-    w = generate(rng, counts, now)
+    start = T0 + rng.randint(0, 1000)
+    w = generate(rng, counts, start)
     counts.add("states")
     for n in w.nodes.values():
         st = {
@@ -906,70 +909,22 @@ def run_cluster(seed: int, counts: Counts) -> None:
                 counts.add("lagging_used_flags", bool(m.get("used")) != (d.name in allocated))
     broken: set[tuple[str, str]] = set()
     check_no_overpromise(w, holders(w.pods), broken, f"seed {seed} initial", fresh=True)
-    state = ControllerState()
-    index = ClusterIndex(CAT)
-    for step in range(rng.randint(*STEPS)):
-        now += rng.choice(GAPS)
-        where = f"seed {seed} step {step} (t=T0+{now - T0:.0f})"
-        nodes, pods, nps = clone(w.objects())
-        index.relist("nodes", nodes)
-        index.relist("claims", clone(list(w.claims.values())))
-        index.relist("pods", pods)
-        index.relist("partitionings", nps)
-        before = holders(w.pods)
-        status_before = {name: clone(np["status"]["gpus"]) for name, np in w.nps.items()}
+    ctl = Running()
+    for step, now, where in step_times(rng, seed, start):
+        s = decide_step(w, ctl, now, where, counts, clone=clone, claims=list(w.claims.values()))
 
-        d1 = decide(state, w.fresh_index(), now, CONFIG)
-        d2 = decide(state, w.fresh_index(), now, CONFIG)
-        assert d1.actions == d2.actions, f"{where}: two identical steps differ"
-
-        restarted = copy.deepcopy(w)
-        restarted.rng, restarted.counts = random.Random(0), counts
-        d_new = decide(ControllerState(), restarted.fresh_index(), now, CONFIG)
-        applied_new = apply_decision(restarted, d_new)
-        counts.add("restarts")
-
-        d = decide(state, index, now, CONFIG)
-        state = d.state
-        applied = apply_decision(w, d)
-        assert not d.error, f"{where}: {d.error}"
-        counts.add("steps")
-        counts.add("plans", d.plan is not None and bool(d.plan.assignments))
-        counts.add("specs_written", len(applied.written))
-        counts.add("releases", d.counts.get("releases", 0))
-        counts.add("fast_reservations", d.counts.get("fast", 0))
+        check_no_overpromise(w, s.before, broken, where, fresh=step == 0)
         counts.add(
-            "dropped",
-            sum(1 for a in d.actions if isinstance(a, PatchPod) and a.purpose == "unreserve"),
+            "reservations_made",
+            check_new_reservations(w, s.before, s.status_before, s.applied, where),
         )
+        check_specs_keep(w, s.status_before, s.applied, where)
 
-        check_no_overpromise(w, before, broken, where, fresh=step == 0)
-        counts.add(
-            "reservations_made", check_new_reservations(w, before, status_before, applied, where)
-        )
-        check_specs_keep(w, status_before, applied, where)
-
-        after_old, after_new = holders(w.pods), holders(restarted.pods)
-        for key, r0 in before.items():
-            kept = after_old.get(key)
-            if kept is None or kept.node != r0.node or key in applied.reserve_patches:
-                continue
-            again = after_new.get(key)
-            assert again is not None and again.node == r0.node, (
-                f"{where}: after a restart {key}'s reservation on {r0.node} ({r0.state.value}) "
-                f"is {again}, the running controller keeps it ({kept.state.value})"
-            )
-            assert key not in applied_new.reserve_patches, (
-                f"{where}: after a restart {key}, which holds {dict(r0.gpus)} on {r0.node}, "
-                f"is reserved again: {again}"
-            )
-            counts.add("restart_kept")
+        check_restart_keeps(w, s, where, counts)
         check_no_overpromise(
-            restarted, before, set(broken), f"{where} (restarted)", restarted.pods, fresh=True
+            s.restarted, s.before, set(broken), f"{where} (restarted)", s.restarted.pods, fresh=True
         )
-        for name, res in list(broken):
-            if held_units(w, name)[res] <= usable_free(w, w.nodes[name])[res]:
-                broken.discard((name, res))
+        heal(w, broken, lambda name: usable_free(w, w.nodes[name]))
 
         agents_read_specs(w)
         scheduler_binds(w, broken, where)
@@ -980,43 +935,35 @@ def run_cluster(seed: int, counts: Counts) -> None:
 
 
 def test_promises_stay_sound_on_random_dra_clusters() -> None:
-    counts = Counts()
-    seeds = [int(ONLY_SEED)] if ONLY_SEED else [BASE_SEED + k for k in range(CLUSTERS)]
-    started = time.monotonic()
-    for seed in seeds:
-        run_cluster(seed, counts)
-    elapsed = time.monotonic() - started
-    print(
-        f"\nDRA promise soundness: {len(seeds)} clusters in {elapsed:.1f} s: "
-        f"{dict(sorted(counts.c.items()))}"
-    )
+    counts = run_seeds("DRA promise soundness", run_cluster, ONLY_SEED, BASE_SEED, CLUSTERS)
     if ONLY_SEED:
         return
-    c = counts.c
-    for key, least in {
-        "states": CLUSTERS,
-        "steps": 5 * CLUSTERS,
-        "restarts": 5 * CLUSTERS,
-        "restart_kept": CLUSTERS,
-        "reservations_made": CLUSTERS,
-        "fast_reservations": CLUSTERS // 2,
-        "plans": CLUSTERS // 4,
-        "specs_written": CLUSTERS // 4,
-        "releases": CLUSTERS // 2,
-        "binds": CLUSTERS // 4,
-        "bound_off_expected_gpu": CLUSTERS // 20,
-        "initial_reservations": CLUSTERS // 2,
-        "xid_placements": CLUSTERS // 4,
-        "sick_gpus": CLUSTERS // 10,
-        "foreign_placements": CLUSTERS // 4,
-        "lagging_used_flags": CLUSTERS // 4,
-        "health_events": CLUSTERS // 2,
-        "agent_rounds": 5 * CLUSTERS,
-        "agent_published_spec": CLUSTERS // 10,
-        "joint_checks": CLUSTERS,
-        "dropped": CLUSTERS // 20,
-    }.items():
-        assert c[key] >= least, f"the generator exercised {key} only {c[key]} times (< {least})"
+    assert_exercised(
+        counts,
+        {
+            "states": CLUSTERS,
+            "steps": 5 * CLUSTERS,
+            "restarts": 5 * CLUSTERS,
+            "restart_kept": CLUSTERS,
+            "reservations_made": CLUSTERS,
+            "fast_reservations": CLUSTERS // 2,
+            "plans": CLUSTERS // 4,
+            "specs_written": CLUSTERS // 4,
+            "releases": CLUSTERS // 2,
+            "binds": CLUSTERS // 4,
+            "bound_off_expected_gpu": CLUSTERS // 20,
+            "initial_reservations": CLUSTERS // 2,
+            "xid_placements": CLUSTERS // 4,
+            "sick_gpus": CLUSTERS // 10,
+            "foreign_placements": CLUSTERS // 4,
+            "lagging_used_flags": CLUSTERS // 4,
+            "health_events": CLUSTERS // 2,
+            "agent_rounds": 5 * CLUSTERS,
+            "agent_published_spec": CLUSTERS // 10,
+            "joint_checks": CLUSTERS,
+            "dropped": CLUSTERS // 20,
+        },
+    )
 
 
 # --------------------------------------------------------------------------- regressions

@@ -2,10 +2,11 @@
 
 The same properties as :mod:`test_partitioner_promise_soundness` (read its docstring: 1 no
 over-promise, 2 no promise of an unusable device, 3 restart, 4 determinism), checked the same
-way, after every step, on random small clusters whose nodes are MIG, **MPS** (per-GPU MPS
-slices advertised as ``nvidia.com/gpu-<N>gb``) or **hybrid** (MPS slices inside MIG
-instances, the instance then advertised only through its slices), mixed.  What is modelled
-as production does it:
+way (its step core: :func:`~test_partitioner_promise_soundness.decide_step` and the helpers
+beside it), after every step, on random small clusters whose nodes are MIG, **MPS**
+(per-GPU MPS slices advertised as ``nvidia.com/gpu-<N>gb``) or **hybrid** (MPS slices
+inside MIG instances, the instance then advertised only through its slices), mixed.  What
+is modelled as production does it:
 
 * **The agent's status** (:mod:`node_agent.status`): an MPS GPU lists ``mps`` slices
   (memory, thread %, the slice id :func:`node_agent.devices.mps_slice_id`, ``used``); a
@@ -68,7 +69,6 @@ import copy
 import itertools
 import os
 import random
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,23 +76,26 @@ from typing import Any
 import test_partitioner_promise_soundness as base
 from test_partitioner_promise_soundness import (
     CAT,
-    CONFIG,
-    GAPS,
     LAYOUTS,
     PRODUCTS,
-    STEPS,
     T0,
     Counts,
     Inst,
-    apply_decision,
+    Running,
+    assert_exercised,
     check_no_overpromise,
+    check_restart_keeps,
     counted,
+    decide_step,
     describe,
     gated_now,
+    heal,
     held_units,
     holders,
     promise,
     reservation_of,
+    run_seeds,
+    step_times,
     usable_free,
     waiting,
 )
@@ -105,8 +108,7 @@ from node_agent.deviceplugin import preferred_allocation
 from node_agent.devices import mps_slice_id
 from node_agent.gpu_plan import MpsSlot, diff_slices
 from partitioner.actions import EmitEvent, PatchPod, WriteSpec
-from partitioner.decide import ControllerState, Decision, decide, is_busy
-from partitioner.index import ClusterIndex
+from partitioner.decide import Decision, is_busy
 from partitioner.reservations import State
 from planner.catalog import GpuModel
 from planner.demand import one_mps_slice
@@ -914,8 +916,8 @@ def check_specs_keep(
 
 def run_cluster(seed: int, counts: Counts) -> None:
     rng = random.Random(seed)
-    now = T0 + rng.randint(0, 1000)
-    w = generate(rng, counts, now)
+    start = T0 + rng.randint(0, 1000)
+    w = generate(rng, counts, start)
     counts.add("states")
     for n in w.nodes.values():
         for g in n.gpus:
@@ -929,83 +931,36 @@ def run_cluster(seed: int, counts: Counts) -> None:
                 counts.add("lagging_used_flags", d.shown_used != (d.pod is not None))
     broken: set[tuple[str, str]] = set()
     check_no_overpromise(w, holders(w.pods), broken, f"seed {seed} initial", hidden=hidden_foreign)  # type: ignore[arg-type]
-    state = ControllerState()
-    index = ClusterIndex(CAT)
+    ctl = Running()
     rejected: set[str] = set()  # multi-slice MPS pods the running controller rejected
-    for step in range(rng.randint(*STEPS)):
-        now += rng.choice(GAPS)
-        where = f"seed {seed} step {step} (t=T0+{now - T0:.0f})"
+    for step, now, where in step_times(rng, seed, start):
         seen_multi = w.multi_slice & w.pods.keys()  # the pods this step's decide reads
-        nodes, pods, nps = copy.deepcopy(w.objects())
-        index.relist("nodes", nodes)
-        index.relist("pods", pods)
-        index.relist("partitionings", nps)
-        before = holders(w.pods)
-        status_before = {name: copy.deepcopy(np["status"]["gpus"]) for name, np in w.nps.items()}
-
-        d1 = decide(state, w.fresh_index(), now, CONFIG)
-        d2 = decide(state, w.fresh_index(), now, CONFIG)
-        assert d1.actions == d2.actions, f"{where}: two identical steps differ"
-
-        restarted = copy.deepcopy(w)
-        restarted.rng, restarted.counts = random.Random(0), counts
-        d_new = decide(ControllerState(), restarted.fresh_index(), now, CONFIG)
-        applied_new = apply_decision(restarted, d_new)
-        counts.add("restarts")
-
-        d = decide(state, index, now, CONFIG)
-        state = d.state
-        applied = apply_decision(w, d)
-        assert not d.error, f"{where}: {d.error}"
-        counts.add("steps")
-        counts.add("plans", d.plan is not None and bool(d.plan.assignments))
-        counts.add("specs_written", len(applied.written))
-        for name in applied.written:
+        s = decide_step(w, ctl, now, where, counts)
+        for name in s.applied.written:
             counts.add(f"specs_{w.nodes[name].kind}")
-        counts.add("releases", d.counts.get("releases", 0))
-        counts.add("fast_reservations", d.counts.get("fast", 0))
-        counts.add(
-            "dropped",
-            sum(1 for a in d.actions if isinstance(a, PatchPod) and a.purpose == "unreserve"),
-        )
 
-        check_no_overpromise(w, before, broken, where, fresh=step == 0, hidden=hidden_foreign)  # type: ignore[arg-type]
+        check_no_overpromise(w, s.before, broken, where, fresh=step == 0, hidden=hidden_foreign)  # type: ignore[arg-type]
         counts.add(
-            "reservations_made", check_new_reservations(w, before, status_before, applied, where)
+            "reservations_made",
+            check_new_reservations(w, s.before, s.status_before, s.applied, where),
         )
-        check_specs_keep(w, status_before, applied, where)
-        check_one_mps_slice(w, d, where, rejected)
-        check_one_mps_slice(restarted, None, f"{where} (restarted)", set())
+        check_specs_keep(w, s.status_before, s.applied, where)
+        check_one_mps_slice(w, s.d, where, rejected)
+        check_one_mps_slice(s.restarted, None, f"{where} (restarted)", set())
         missed = seen_multi - rejected
         assert not missed, f"{where}: multi-slice MPS pods {sorted(missed)} not rejected"
 
-        after_old, after_new = holders(w.pods), holders(restarted.pods)
-        for key, r0 in before.items():
-            kept = after_old.get(key)
-            if kept is None or kept.node != r0.node or key in applied.reserve_patches:
-                continue
-            again = after_new.get(key)
-            assert again is not None and again.node == r0.node, (
-                f"{where}: after a restart {key}'s reservation on {r0.node} ({r0.state.value}) "
-                f"is {again}, the running controller keeps it ({kept.state.value})"
-            )
-            assert key not in applied_new.reserve_patches, (
-                f"{where}: after a restart {key}, which holds {dict(r0.gpus)} on {r0.node}, "
-                f"is reserved again: {again}"
-            )
-            counts.add("restart_kept")
+        check_restart_keeps(w, s, where, counts)
         check_no_overpromise(
-            restarted,  # type: ignore[arg-type]
-            before,
+            s.restarted,
+            s.before,
             set(broken),
             f"{where} (restarted)",
-            restarted.pods,
+            s.restarted.pods,
             fresh=True,
             hidden=hidden_foreign,
         )
-        for name, res in list(broken):
-            if held_units(w, name)[res] <= usable_free(w.nodes[name])[res]:  # type: ignore[arg-type]
-                broken.discard((name, res))
+        heal(w, broken, lambda name: usable_free(w.nodes[name]))  # type: ignore[arg-type]
 
         agent_applies(w, broken)
         scheduler_binds(w, broken, where)
@@ -1014,46 +969,41 @@ def run_cluster(seed: int, counts: Counts) -> None:
 
 
 def test_promises_stay_sound_on_random_mps_and_hybrid_clusters() -> None:
-    counts = Counts()
-    seeds = [int(ONLY_SEED)] if ONLY_SEED else [BASE_SEED + k for k in range(CLUSTERS)]
-    started = time.monotonic()
-    for seed in seeds:
-        run_cluster(seed, counts)
-    elapsed = time.monotonic() - started
-    print(f"\nshares: {len(seeds)} clusters in {elapsed:.1f} s: {dict(sorted(counts.c.items()))}")
+    counts = run_seeds("shares", run_cluster, ONLY_SEED, BASE_SEED, CLUSTERS)
     if ONLY_SEED:
         return
-    c = counts.c
-    for key, least in {
-        "states": CLUSTERS,
-        "steps": 5 * CLUSTERS,
-        "restart_kept": CLUSTERS,
-        "reservations_made": CLUSTERS,
-        "reserved_mps": CLUSTERS // 4,
-        "reserved_hybrid": CLUSTERS // 4,
-        "reserved_mig": CLUSTERS // 4,
-        "mps_reservations": CLUSTERS // 2,
-        "mps_multi_slice_pods": CLUSTERS // 4,
-        "mps_multi_slice_rejected": CLUSTERS // 4,
-        "mps_multi_slice_unreserved": CLUSTERS,
-        "specs_mps": CLUSTERS // 10,
-        "specs_hybrid": CLUSTERS // 10,
-        "mps_gpus_changed": CLUSTERS // 20,
-        "hybrid_gpus_changed": CLUSTERS // 20,
-        "binds_mps": CLUSTERS // 10,
-        "binds_hybrid": CLUSTERS // 10,
-        "releases": CLUSTERS // 2,
-        "fast_reservations": CLUSTERS // 2,
-        "hosts": CLUSTERS // 2,
-        "foreign_hosts": CLUSTERS // 20,
-        "host_xid": CLUSTERS // 20,
-        "gpu_xid": CLUSTERS // 10,
-        "host_foreign": CLUSTERS // 20,
-        "lagging_used_flags": CLUSTERS // 4,
-        "agent_degraded": CLUSTERS // 25,
-        "dropped": CLUSTERS // 10,
-    }.items():
-        assert c[key] >= least, f"the generator exercised {key} only {c[key]} times (< {least})"
+    assert_exercised(
+        counts,
+        {
+            "states": CLUSTERS,
+            "steps": 5 * CLUSTERS,
+            "restart_kept": CLUSTERS,
+            "reservations_made": CLUSTERS,
+            "reserved_mps": CLUSTERS // 4,
+            "reserved_hybrid": CLUSTERS // 4,
+            "reserved_mig": CLUSTERS // 4,
+            "mps_reservations": CLUSTERS // 2,
+            "mps_multi_slice_pods": CLUSTERS // 4,
+            "mps_multi_slice_rejected": CLUSTERS // 4,
+            "mps_multi_slice_unreserved": CLUSTERS,
+            "specs_mps": CLUSTERS // 10,
+            "specs_hybrid": CLUSTERS // 10,
+            "mps_gpus_changed": CLUSTERS // 20,
+            "hybrid_gpus_changed": CLUSTERS // 20,
+            "binds_mps": CLUSTERS // 10,
+            "binds_hybrid": CLUSTERS // 10,
+            "releases": CLUSTERS // 2,
+            "fast_reservations": CLUSTERS // 2,
+            "hosts": CLUSTERS // 2,
+            "foreign_hosts": CLUSTERS // 20,
+            "host_xid": CLUSTERS // 20,
+            "gpu_xid": CLUSTERS // 10,
+            "host_foreign": CLUSTERS // 20,
+            "lagging_used_flags": CLUSTERS // 4,
+            "agent_degraded": CLUSTERS // 25,
+            "dropped": CLUSTERS // 10,
+        },
+    )
 
 
 # --------------------------------------------------------------------------- regressions
