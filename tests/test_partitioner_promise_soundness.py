@@ -253,6 +253,13 @@ class World:
                 {"name": "c", "resources": {"limits": {r: str(k) for r, k in units.items()}}}
             ]
         }
+        return self.put_pod(name, spec, created, priority, node)
+
+    def put_pod(
+        self, name: str, spec: dict[str, Any], created: float, priority: int, node: str
+    ) -> dict[str, Any]:
+        """Add pod ``name`` with ``spec`` (its containers): bound to ``node`` and running, or
+        gated and pending (also the DRA harness's claim pods)."""
         if priority:
             spec["priority"] = priority
         if node:

@@ -113,7 +113,7 @@ from node_agent.xid import XidMark
 from partitioner.actions import WriteSpec
 from partitioner.claims import MIG_CLASS
 from partitioner.decide import is_busy
-from partitioner.gating import GATE, release_patch
+from partitioner.gating import release_patch
 from partitioner.index import ClusterIndex
 from partitioner.reservations import RESERVATION_ANNOTATION, Reservation, State
 from planner.catalog import GpuModel
@@ -314,26 +314,7 @@ class DraWorld(World):
             "containers": [{"name": "c", "resources": {"claims": [{"name": "gpu"}]}}],
             "resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}],
         }
-        if priority:
-            spec["priority"] = priority
-        if node:
-            spec["nodeName"] = node
-        else:
-            spec["schedulingGates"] = [{"name": GATE}]
-        pod = {
-            "kind": "Pod",
-            "metadata": {
-                "name": name,
-                "namespace": "ns",
-                "uid": f"uid-{name}",
-                "resourceVersion": self.next_rv(),
-                "creationTimestamp": _stamp(created),
-            },
-            "spec": spec,
-            "status": {"phase": "Running" if node else "Pending"},
-        }
-        self.pods[f"ns/{name}"] = pod
-        return pod
+        return self.put_pod(name, spec, created, priority, node)
 
     def gated_pod(self, now: float) -> None:
         rng = self.rng
