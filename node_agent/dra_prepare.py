@@ -985,17 +985,16 @@ class DraPreparer:
         out: list[ForeignUse] = []
         with self._lock:
             try:
-                listed: Sequence[GpuInfo] | NvmlError = self._nvml.gpus(isolate=True)
+                listed = self._nvml.gpus(isolate=True)
             except NvmlError as e:
                 if e.code in NVML_DOWN:
                     raise
-                listed = e
+                log.warning("listing the GPUs failed (%s); every GPU taken as used whole", e)
+                return [ForeignUse(g, "", ()) for g in sorted(self.models) if g not in skip]
             for g, model in sorted(self.models.items()):
                 if g in skip:
                     continue
                 try:
-                    if isinstance(listed, NvmlError):
-                        raise listed
                     out.extend(self._foreign_on(g, model, listed))
                 except GpuUnreadable as e:
                     log.warning("GPU %d: processes unknown (%s); taken as used whole", g, e)

@@ -315,14 +315,9 @@ class NodeLedger:
     ) -> bool:
         """Whether ``units`` (and ``cpu``, ``memory``) fit beside the holds, less ``kept``."""
         free = self.free()
-        if kept:
-            return (
-                all(free[r] - kept.get(r, 0) >= k for r, k in units.items())
-                and cpu <= self.cpu_free
-                and memory <= self.memory_free
-            )
+        kept = kept or {}
         return (
-            all(free[r] >= k for r, k in units.items())
+            all(free[r] - kept.get(r, 0) >= k for r, k in units.items())
             and cpu <= self.cpu_free
             and memory <= self.memory_free
         )
