@@ -593,6 +593,21 @@ def scheduler_binds(w: World, broken: set[tuple[str, str]], where: str) -> None:
         w.render(r.node)
 
 
+def mark_broken(
+    w: World,
+    node: str,
+    before: Counter[str],
+    after: Counter[str],
+    broken: set[tuple[str, str]],
+) -> None:
+    """Record the (node, resource) pairs whose promises an outside event broke: the usable
+    free devices (``before`` and ``after`` it) no longer cover the units held there, and the
+    event took some of them."""
+    for res, k in held_units(w, node).items():
+        if after[res] < k <= before[res] or (after[res] < k and after[res] < before[res]):
+            broken.add((node, res))
+
+
 def outside_events(w: World, now: float, broken: set[tuple[str, str]]) -> None:
     rng = w.rng
     # agents resync their used flags
@@ -625,11 +640,7 @@ def outside_events(w: World, now: float, broken: set[tuple[str, str]]) -> None:
             i.foreign = not i.foreign
         elif roll < 0.85:
             g.unhealthy = not g.unhealthy
-        after = usable_free(n)
-        held = held_units(w, name)
-        for res, k in held.items():
-            if after[res] < k <= before[res] or (after[res] < k and after[res] < before[res]):
-                broken.add((name, res))  # a promise broken from outside
+        mark_broken(w, name, before, usable_free(n), broken)
         w.counts.add("health_events")
         w.render(name, report=True)
     if rng.random() < 0.3:

@@ -87,6 +87,7 @@ from test_partitioner_promise_soundness import (
     heal,
     held_units,
     holders,
+    mark_broken,
     reservation_of,
     run_seeds,
     step_times,
@@ -720,10 +721,7 @@ def outside_events(w: DraWorld, now: float, broken: set[tuple[str, str]]) -> Non
             g.sick = not g.sick
             w.counts.add("gpu_health_events")
         w.agent_round(name)
-        after = usable_free(w, n)
-        for res, k in held_units(w, name).items():
-            if after[res] < k <= before[res] or (after[res] < k and after[res] < before[res]):
-                broken.add((name, res))  # a promise broken from outside
+        mark_broken(w, name, before, usable_free(w, n), broken)
         w.counts.add("health_events")
     if rng.random() < 0.3:
         w.gated_pod(now)

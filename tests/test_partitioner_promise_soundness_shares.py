@@ -92,6 +92,7 @@ from test_partitioner_promise_soundness import (
     heal,
     held_units,
     holders,
+    mark_broken,
     promise,
     reservation_of,
     run_seeds,
@@ -704,10 +705,7 @@ def outside_events(w: World, now: float, broken: set[tuple[str, str]]) -> None:
             if m.pod is None and not any(s.pod for s in m.slices):
                 m.foreign = not m.foreign
                 w.counts.add("host_foreign" if m.slices else "instance_foreign")
-        after = usable_free(n)  # type: ignore[arg-type]
-        for res, k in held_units(w, name).items():
-            if after[res] < k <= before[res] or (after[res] < k and after[res] < before[res]):
-                broken.add((name, res))
+        mark_broken(w, name, before, usable_free(n), broken)  # type: ignore[arg-type]
         w.counts.add("health_events")
         w.render(name, report=True)
     if rng.random() < 0.3:
