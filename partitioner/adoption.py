@@ -111,9 +111,12 @@ def gpus_from_status(np: NodePartitioning | None, count: int) -> tuple[GpuState,
     What the agent reports ``unhealthy`` (advertised Unhealthy: an XID error, a GPU NVML cannot
     read) counts as used, so no plan destroys or moves it, and a GPU unhealthy as a whole is
     locked (no plan changes its layout); the ledger keeps such devices from every reservation
-    (:func:`partitioner.ledger.unhealthy_free`).  So do the slices of a hybrid host the agent
-    reports ``foreign`` (a host is used through its slices only: unpinned, a plan destroyed it
-    under the processes, and the agent refused the spec)."""
+    (:func:`partitioner.ledger.unhealthy_free`).  A hybrid host the agent reports ``foreign``
+    or unhealthy (or on a GPU unhealthy as a whole) is *sealed*: used itself, its slices used,
+    so the plan keeps it exactly and neither adds a slice to it nor offers one of it (before,
+    a host was used through its slices only: unpinned, a plan destroyed a foreign host under
+    its processes, and the agent refused the spec; pinned by its slices, a plan added new
+    slices beside those processes)."""
     actual = {g.index: g for g in (np.status.gpus if np and np.status else ())}
     gpus = []
     for i in range(count):
@@ -129,13 +132,15 @@ def gpus_from_status(np: NodePartitioning | None, count: int) -> tuple[GpuState,
                     MigInstance(
                         m.profile,
                         m.start,
-                        # a host is used through its slices; an unhealthy instance is kept
-                        (m.used or sick or m.unhealthy) and not m.mps,
+                        # A host is used through its slices, unless it is sealed: processes
+                        # of no pod run on it, or it (or its GPU) is unhealthy; then the plan
+                        # keeps it exactly and adds no slice (:mod:`planner.hybrid`).  An
+                        # unhealthy instance is kept.
+                        (m.used and not m.mps) or sick or m.unhealthy or bool(m.mps and m.foreign),
                         tuple(
                             MpsSlice(
                                 s.memoryMiB,
-                                # a foreign host (processes of no pod on it): its slices are
-                                # kept as used, so the host stays and none is offered
+                                # a sealed host's slices count as used too, so none is offered
                                 s.used or sick or m.unhealthy or s.unhealthy or m.foreign,
                                 s.activeThreadPercentage,
                             )

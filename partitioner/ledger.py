@@ -583,7 +583,8 @@ class NodeLedger:
                             MigInstance(
                                 d.mig_profile,
                                 d.key,
-                                d.pinned and bool(d.resource),  # a host: used via its slices
+                                # a host is used through its slices, unless sealed (used)
+                                d.pinned if d.resource else d.used,
                                 tuple(hosted.get(d.key, ())),
                             )
                             for d in g.devices

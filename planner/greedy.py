@@ -37,7 +37,7 @@ be compared with what users run today, minus nos's placement bugs:
    (the smallest profile that holds the slice), else a new instance of the smallest profile
    that holds the slice is created beside the pinned ones (the layout covering it, as in 3).
    Every instance that gets a slice of this plan is pinned from then on; a locked GPU only
-   lends the free slices it has.
+   lends the free slices it has, and a sealed host (used itself) lends none.
 6. A pod that fits nowhere is unplaced with :mod:`planner.demand`'s reason: its eligibility
    rejection, ``node cpu/memory`` when GPU room existed on a node whose CPU/memory the
    earlier pods took, else ``capacity``.
@@ -303,25 +303,25 @@ def _mig_gpus(
 
 
 def _host_now(model: GpuModel, inst: MigInstance, settings: PlannerSettings) -> _Host:
+    """A host instance as it is now.  A sealed host (used itself, :mod:`planner.hybrid`) has
+    every slice taken and no room, so no pod gets a slice of it and none is added."""
     prof = model.profile(inst.profile)
     usable = instance_usable_mib(prof, settings)
     policy = settings.mps_thread_policy
-    return _Host(
-        inst.start,
-        prof.name,
-        usable,
-        tuple(
-            _HostSlice(
-                s.memory_mib,
-                s.thread_percentage
-                if s.thread_percentage is not None
-                else thread_percentage(s.memory_mib, usable, policy),
-                s.used,
-                s.used,
-            )
-            for s in inst.mps
-        ),
+    slices = tuple(
+        _HostSlice(
+            s.memory_mib,
+            s.thread_percentage
+            if s.thread_percentage is not None
+            else thread_percentage(s.memory_mib, usable, policy),
+            s.used,
+            s.used or inst.used,
+        )
+        for s in inst.mps
     )
+    if inst.used:
+        usable = sum(s.memory_mib for s in slices)
+    return _Host(inst.start, prof.name, usable, slices)
 
 
 def _mps_gpus(node: NodeState, model: GpuModel, settings: PlannerSettings) -> list[_MpsGpu]:

@@ -13,6 +13,12 @@ Rules (what a plan must obey on a ``hybrid`` node)
   stays in its instance, and an instance holding a used slice is *pinned* (kept like a used
   instance, :attr:`planner.snapshot.MigInstance.pinned`).  In a pinned host the free slices may
   be dropped and new slices added, within ``usable(P)``.
+* A host that is used itself (:attr:`planner.snapshot.MigInstance.used` with slices: processes
+  of no pod run on the instance, or it is unhealthy) is *sealed*: it stays exactly as it is,
+  slices and all, nothing is added to it, and none of its free slices is offered to a pod (a
+  pod given one would share the instance with those processes).  On a *locked* GPU
+  (``GpuState.locked``) a pinned host keeps its slices exactly too (no new slice, none
+  dropped); its free slices may still take pods.
 * Pods asking for ``nvidia.com/mig-<profile>`` take whole free instances; pods asking for
   ``nvidia.com/gpu-<N>gb`` take free slices of exactly ``N`` GiB in hosts of the same node.
 
@@ -88,7 +94,14 @@ from planner.catalog import GpuModel, MigProfile
 from planner.geometry import Layout, Placement, canonical, layout_errors
 from planner.mps import MpsGpuVars, add_mps_gpu, mps_key, thread_percentage, upper_bound
 from planner.settings import PlannerSettings
-from planner.snapshot import GpuState, MigInstance, NodeState, PlannedGpu, PlannedSlice
+from planner.snapshot import (
+    GpuState,
+    MigInstance,
+    MpsSlice,
+    NodeState,
+    PlannedGpu,
+    PlannedSlice,
+)
 
 __all__ = [
     "HybridNodeVars",
@@ -495,11 +508,19 @@ def add_hybrid_node(
     for gpu in sorted(node.gpus, key=lambda g: g.index):
         for inst in gpu.mig:
             if not inst.mps or inst.used or not inst.pinned:
-                continue
+                continue  # a sealed host (used itself) is kept by ``decode`` as it is
             usable = instance_usable_mib(model.profile(inst.profile), settings)
             g = add_mps_gpu(
-                cp, node.name, GpuState(gpu.index, mps=inst.mps), usable, max_new, settings
+                cp,
+                node.name,
+                GpuState(gpu.index, mps=inst.mps),
+                usable,
+                {} if gpu.locked else max_new,
+                settings,
             )
+            if gpu.locked:  # nothing on a locked GPU is created or destroyed
+                for _, keep in g.keep:
+                    cp.add(keep == 1)
             out.pinned.append(_PinnedHost(gpu.index, inst.start, g))
             for s in sizes:
                 supply[sizes_keys[s]].extend(g.free_units(s))
@@ -633,7 +654,7 @@ def hybrid_plan_errors(
             errors.append(f"{where}: slices in no instance (start {start})")
             continue
         was = now.get(start)
-        if was is not None and was.used and model.profile(was.profile) == p.profile:
+        if was is not None and was.used and not was.mps and model.profile(was.profile) == p.profile:
             errors.append(f"{where}: used instance {p} cannot host slices")
         usable = instance_usable_mib(p.profile, settings)
         total = sum(s.memory_mib for s in slices)
@@ -642,6 +663,11 @@ def hybrid_plan_errors(
         if any(not 1 <= s.thread_percentage <= 100 for s in slices):
             errors.append(f"{where}: a slice of {p} has a thread % outside 1..100")
     for inst in now.values():
+        if inst.mps and (inst.used or (gpu is not None and gpu.locked and inst.pinned)):
+            # a sealed host, or a pinned one on a locked GPU: its slices stay exactly
+            if _slice_sizes(hosts.get(inst.start, ())) != _slice_sizes(inst.mps):
+                errors.append(f"{where}: slices of kept host {inst.profile}@{inst.start} changed")
+            continue
         used = Counter(s.memory_mib for s in inst.mps if s.used)
         if not used:
             continue
@@ -649,3 +675,7 @@ def hybrid_plan_errors(
         if used - kept:
             errors.append(f"{where}: used slices of {inst.profile}@{inst.start} dropped")
     return errors
+
+
+def _slice_sizes(slices: Iterable[MpsSlice | PlannedSlice]) -> Counter[int]:
+    return Counter(s.memory_mib for s in slices)

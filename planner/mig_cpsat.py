@@ -453,7 +453,9 @@ def _node_info(
             cur = current_mig(node, gpu, model, cache)
             info.mig[gpu.index] = cur
             free_now.update(p.profile.name for p in cur.layout if p not in cur.used)
-            free_now.update(mps_key(s.memory_mib) for i in gpu.mig for s in i.mps if not s.used)
+            free_now.update(  # a sealed host (used itself) offers none of its slices
+                mps_key(s.memory_mib) for i in gpu.mig if not i.used for s in i.mps if not s.used
+            )
             if cur.locked:  # only its free instances can ever be offered
                 info.potential += sum(
                     p.profile.memory_slices for p in cur.layout if p not in cur.used

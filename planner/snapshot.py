@@ -109,7 +109,10 @@ class MigInstance:
     profile: str
     start: int
     used: bool = False
-    """A pod holds the whole instance (or processes run on it)."""
+    """A pod holds the whole instance (or processes run on it).  On a hybrid host (``mps``
+    not empty) it *seals* the host: processes of no pod run on it, or it is unhealthy; the
+    plan keeps it and its slices exactly and offers none of its free slices
+    (:mod:`planner.hybrid`)."""
     mps: tuple[MpsSlice, ...] = ()
     """Hybrid nodes: the MPS slices this instance hosts (its daemon serves them).  An instance
     holding a used slice is pinned like a used instance (:attr:`pinned`)."""

@@ -127,6 +127,10 @@ def _bins_fit(items: Sequence[int], bins: Sequence[int]) -> bool:
 def _gpu_holds(
     model: GpuModel, gpu: GpuState, mig: Counter[str], mps: tuple[int, ...], s: PlannerSettings
 ) -> bool:
+    if gpu.locked:  # nothing created or destroyed: free instances and free slices as they are
+        free = Counter(i.profile for i in gpu.mig if not _pinned(i) and not i.mps)
+        slices = Counter(x.memory_mib for i in gpu.mig if not i.used for x in i.mps if not x.used)
+        return not (mig - free) and not (Counter(mps) - slices)
     pinned = {(i.profile, i.start) for i in gpu.mig if _pinned(i)}
     host_room = [
         _usable(model, i.profile, s) - sum(x.memory_mib for x in i.mps if x.used)
@@ -222,9 +226,14 @@ def check_plan(snap: Snapshot, result: Plan, s: PlannerSettings) -> int:
             for _, sl in planned.mig_mps:
                 assert all(1 <= x.thread_percentage <= 100 for x in sl)
         by_start = {at: n for n, at in layout}
+        if gpu.locked:
+            assert layout == {(model.profile(i.profile).name, i.start) for i in gpu.mig}
         for i in gpu.mig:
             if _pinned(i):
                 assert by_start.get(i.start) == model.profile(i.profile).name, f"moved {i}"
+            if i.mps and (i.used or gpu.locked):  # sealed, or on a locked GPU: kept exactly
+                got = sorted(m for m, _ in hosts.get(i.start, []))
+                assert got == sorted(x.memory_mib for x in i.mps), f"slices of kept {i} changed"
             used = Counter(x.memory_mib for x in i.mps if x.used)
             kept = Counter(m for m, u in hosts.get(i.start, []) if u)
             assert not used - kept, f"used slices of {i} dropped"
@@ -240,11 +249,12 @@ def check_plan(snap: Snapshot, result: Plan, s: PlannerSettings) -> int:
         for n, at in layout:
             if at not in hosts and (k, at) not in used_whole:
                 free_mig[(k, n)] += 1
+    sealed = {(g.index, i.start) for g in node.gpus for i in g.mig if i.used and i.mps}
     free_mps: Counter[tuple[int, int, int]] = Counter()
     for k, (_, hosts) in final.items():
         for at, sl in hosts.items():
             for m, u in sl:
-                if not u:
+                if not u and (k, at) not in sealed:
                     free_mps[(k, at, m)] += 1
     w = placement_weights(snap.pods)
     weight = 0
@@ -280,17 +290,22 @@ def check_plan(snap: Snapshot, result: Plan, s: PlannerSettings) -> int:
 
 @st.composite
 def gpu_state(draw: st.DrawFn, index: int, s: PlannerSettings) -> GpuState:
+    """A GPU's instances: free, used whole, hosts (slices used or free), now and then a
+    sealed host (used itself: processes of no pod on it), and one GPU in six locked (its
+    hosts then pinned or sealed: the partitioner locks a GPU unhealthy as a whole, whose
+    slices all count as used, or one adopted from labels, which lists no slices)."""
     model = CATALOG.model(MODEL)
     layouts = [lay for lay in _all_layouts(MODEL) if "+" not in str(sorted(lay))]
     layout = sorted(draw(st.sampled_from([frozenset(), *layouts[:: max(1, len(layouts) // 60)]])))
+    locked = draw(st.integers(0, 5)) == 0
     instances: list[MigInstance] = []
     for name, start in sorted(layout, key=lambda c: c[1]):
-        kind = draw(st.sampled_from(["free", "used", "host", "host"]))
+        kind = draw(st.sampled_from(["free", "used", "host", "host", "sealed"]))
         if kind == "used":
             instances.append(MigInstance(name, start, used=True))
             continue
         slices: list[MpsSlice] = []
-        if kind == "host":
+        if kind in ("host", "sealed"):
             left = _usable(model, name, s)
             for _ in range(draw(st.integers(1, 3))):
                 fits = [gb for gb in MPS_GB if gb * GIB <= left]
@@ -299,8 +314,10 @@ def gpu_state(draw: st.DrawFn, index: int, s: PlannerSettings) -> GpuState:
                 gb = draw(st.sampled_from(fits))
                 slices.append(MpsSlice(gb * GIB, used=draw(st.booleans())))
                 left -= gb * GIB
-        instances.append(MigInstance(name, start, mps=tuple(slices)))
-    return GpuState(index, mig=tuple(instances))
+            if locked and kind == "host" and slices and not any(x.used for x in slices):
+                slices[0] = MpsSlice(slices[0].memory_mib, used=True)
+        instances.append(MigInstance(name, start, used=kind == "sealed", mps=tuple(slices)))
+    return GpuState(index, mig=tuple(instances), locked=locked)
 
 
 @st.composite

@@ -584,6 +584,7 @@ def scheduler_binds(w: World, broken: set[tuple[str, str]], where: str) -> None:
             picked += [o[4] for o in options[: len(expected)]]
         if sum(len(g) for g in r.gpus.values()) != len(picked):
             continue
+        free_before = usable_free(n)
         for i in picked:
             i.pod = key
         pod["spec"]["nodeName"] = r.node
@@ -591,6 +592,25 @@ def scheduler_binds(w: World, broken: set[tuple[str, str]], where: str) -> None:
         pod["metadata"]["resourceVersion"] = w.next_rv()
         w.counts.add("binds")
         w.render(r.node)
+        if not holds:
+            took_promised(w, r.node, free_before, usable_free(n), broken)
+
+
+def took_promised(
+    w: World,
+    node: str,
+    before: Counter[str],
+    after: Counter[str],
+    broken: set[tuple[str, str]],
+) -> None:
+    """An uncounted pod bound: a released pod whose promise broke and that waits for the spec
+    its node applies (re-planned there, ungated: kube-scheduler binds it wherever allocatable
+    has room).  It may take a free device another released pod was promised; the promises the
+    controller counts there then wait for that spec's new devices, which no controller can
+    prevent (both pods are ungated), so the pair counts as broken from outside until the
+    promises fit again (:func:`heal`)."""
+    w.counts.add("uncounted_binds")
+    mark_broken(w, node, before, after, broken)
 
 
 def mark_broken(

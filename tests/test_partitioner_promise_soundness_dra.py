@@ -91,6 +91,7 @@ from test_partitioner_promise_soundness import (
     reservation_of,
     run_seeds,
     step_times,
+    took_promised,
     waiting,
 )
 from test_partitioner_promises import (
@@ -670,11 +671,14 @@ def scheduler_binds(w: DraWorld, broken: set[tuple[str, str]], where: str) -> No
             if r is not None and released:
                 expected = set(r.gpus.get(RESOURCE_OF[profiles[0]], ()))
                 w.counts.add("bound_off_expected_gpu", any(d.gpu not in expected for d in picked))
+            before = usable_free(w, n)
             w.allocate(key, name, picked)
             pod["spec"]["nodeName"] = name
             pod["status"]["phase"] = "Running"
             pod["metadata"]["resourceVersion"] = w.next_rv()
             w.counts.add("binds")
+            if released and not holds:
+                took_promised(w, name, before, usable_free(w, n), broken)  # type: ignore[arg-type]
             break
 
 

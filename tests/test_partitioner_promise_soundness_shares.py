@@ -50,9 +50,9 @@ Found before and no longer exempted: multi-slice MPS pods split over several dae
 :func:`scheduler_binds`), and such a refusal making a restarted controller cool the node
 down again (fixed: the cooldown is read from the refused pod,
 tests/test_partitioner_rejection_restart.py).
-Also found, not exempted (a seed outside the default range fails on it): a plan adds a new
-slice to a hybrid host the agent reports ``foreign`` (seed 30002093; the planners' hybrid hosts
-ignore the host's own flags).
+Also found and fixed: a plan added a new slice to a hybrid host the agent reports ``foreign``
+(seed 30002093: the planners' hybrid hosts ignored the host's own flags; such a host is now
+sealed, :mod:`planner.hybrid`; test_no_plan_adds_a_slice_to_a_hybrid_host_the_agent_reports_foreign).
 
 Generator: as in the MIG test, plus per node a kind (MIG 40 %, MPS 30 %, hybrid 30 %).  MPS
 GPUs get random slices of 5, 10, 20 or 40 GiB (thread % as the planner sets them) within the
@@ -97,6 +97,7 @@ from test_partitioner_promise_soundness import (
     reservation_of,
     run_seeds,
     step_times,
+    took_promised,
     usable_free,
     waiting,
 )
@@ -656,6 +657,7 @@ def scheduler_binds(w: World, broken: set[tuple[str, str]], where: str) -> None:
         assert not refused, f"{where}: {key} released to {r.node}: Allocate refuses {refused}"
         if sum(len(g) for g in r.gpus.values()) != len(picked):
             continue
+        free_before = usable_free(n)  # type: ignore[arg-type]
         for _, d in picked:
             d.pod = key
         pod["spec"]["nodeName"] = r.node
@@ -664,6 +666,8 @@ def scheduler_binds(w: World, broken: set[tuple[str, str]], where: str) -> None:
         w.counts.add("binds")
         w.counts.add(f"binds_{n.kind}")
         w.render(r.node)
+        if not holds:
+            took_promised(w, r.node, free_before, usable_free(n), broken)  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------------- outside events
@@ -1114,14 +1118,15 @@ def hybrid_np(name: str, *gpus: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
-def foreign_host_gpu() -> dict[str, Any]:
-    """GPU 0: a free 4g.40gb at 0 and a 3g.40gb at 4 hosting a free 10 GiB slice, on which
-    processes of no pod run (the agent reports the host used and foreign)."""
+def foreign_host_gpu(held_4g: bool = False) -> dict[str, Any]:
+    """GPU 0: a 4g.40gb at 0 (free, or held by a pod) and a 3g.40gb at 4 hosting a free
+    10 GiB slice, on which processes of no pod run (the agent reports the host used and
+    foreign)."""
     return {
         "index": 0,
         "migEnabled": True,
         "mig": [
-            {"profile": "4g.40gb", "start": 0, "deviceId": "MIG-a", "used": False},
+            {"profile": "4g.40gb", "start": 0, "deviceId": "MIG-a", "used": held_4g},
             {
                 "profile": "3g.40gb",
                 "start": 4,
@@ -1164,3 +1169,38 @@ def test_a_hybrid_host_the_agent_reports_foreign_is_kept_and_its_slices_not_offe
     for w in [a for a in d.actions if isinstance(a, WriteSpec)]:
         (host,) = [m for m in w.spec.gpus[0].mig if m.start == 4]
         assert host.profile == "3g.40gb" and len(host.mps) >= 1
+
+
+def test_no_plan_adds_a_slice_to_a_hybrid_host_the_agent_reports_foreign() -> None:
+    """Seed 30002093.  The foreign host (processes of no pod, one free 10 GiB slice) has room
+    for 24 GiB more, and the GPU's 4g.40gb is held by a pod.  Its slices counted as used, so
+    the host was pinned like one a pod uses, and a plan added a 5 GiB slice beside those
+    processes and promised it to a 5 GiB pod.  A foreign host is now sealed: kept exactly,
+    nothing added, nothing offered; the pod waits (unplaced), and no spec is written."""
+    alloc = {"nvidia.com/gpu-10gb": 1, "nvidia.com/mig-4g.40gb": 1}
+    c = Cluster(
+        with_alloc_mps(node("n1", HYBRID_ONE), alloc),
+        hybrid_np("n1", foreign_host_gpu(held_4g=True)),
+        running("r4", "n1", "nvidia.com/mig-4g.40gb"),
+        gated("p", "nvidia.com/gpu-5gb"),
+    )
+    c.step(T0)  # opens the window
+    d = c.step(T0 + 11)
+    assert not [a for a in d.actions if isinstance(a, WriteSpec)], d.actions
+    assert reservation(c, "p") is None, reservation(c, "p")
+    # the same host without the foreign processes takes the slice
+    gpu = foreign_host_gpu(held_4g=True)
+    gpu["mig"][1].update(used=False, foreign=False)
+    c = Cluster(
+        with_alloc_mps(node("n1", HYBRID_ONE), alloc),
+        hybrid_np("n1", gpu),
+        running("r4", "n1", "nvidia.com/mig-4g.40gb"),
+        gated("p", "nvidia.com/gpu-5gb"),
+    )
+    c.step(T0)
+    d = c.step(T0 + 11)
+    (w,) = [a for a in d.actions if isinstance(a, WriteSpec)]
+    (host,) = [m for m in w.spec.gpus[0].mig if m.start == 4]
+    assert sorted(s.memoryMiB for s in host.mps) == [5 * 1024, 10 * 1024]
+    r = reservation(c, "p")
+    assert r is not None and dict(r.gpus) == {"nvidia.com/gpu-5gb": (0,)}, r
