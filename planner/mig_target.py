@@ -10,7 +10,12 @@ request ``r`` (``sum_r t_r = 1``) and ``s_i`` the memory slots of instance ``i``
     ``value(l) = round(USEFUL_RESOLUTION * w_free_block * sum_{i in l, i not used} s_i t_{r(i)})``
 
 per layout ``l`` of a MIG node's GPU: a free ``7g`` is worth eight slots if every next pod
-asks for one, nothing if none does.  Hybrid nodes are left out: a free instance there may
+asks for one, nothing if none does.  "Not used" means not in use *now*: an instance this plan
+creates or fills for a pod counts too, so a layout is valued by its shape (the instances it
+keeps standing for the next pods once these leave), not by what it leaves free after the
+plan.  Measured (2026-12-07, ``simulations/results/variants-2026-12-07/``): subtracting the
+instances the plan fills cost issue 9's grid two cells (default at 4 nodes reconfigured more
+GPUs than greedy; gpushare40 at 5 nodes waited longer).  Hybrid nodes are left out: a free instance there may
 become a host for MPS slices, which :mod:`planner.hybrid` values.  The target is ``settings.free_capacity_mig_profiles`` when given, else learned from
 the snapshot: one count per instance in use on a MIG GPU (a hybrid host holding MPS slices is
 not a request) and per unit of a pending pod's MIG request (the pods running and waiting now

@@ -151,7 +151,10 @@ def test_the_planner_s_placement_scores_best_by_the_definition(
     # left out.  Learned, that target counts the pod's own new instance as a free one (a
     # layout's value sums its instances not in use now), which can tie a worse placement
     # with the best (the @example: the 3g beside a used 1g on n0 scores 2 + 4 * 0.5 slots,
-    # as much as n0 left whole, so the planner may strand n0's 3g room).
+    # as much as n0 left whole, so the planner may strand n0's 3g room).  That count is the
+    # planner's decision (planner/mig_target.py: a layout is valued by its shape); the variant
+    # that subtracts the pod's instance passes here and cost issue 9's grid two cells
+    # (simulations/results/variants-2026-12-07/).
     s = replace(SETTINGS, free_capacity_cpu_milli=target, free_capacity_mig_profiles=())
     result = plan(snap, s)
     prof = MODEL.profile(profile)
