@@ -45,6 +45,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from contract.dra_devices import dns_label, placement_device_name
 from planner.catalog import GpuModel, MigProfile
 
 __all__ = [
@@ -77,13 +78,13 @@ class DraGpu:
     model: GpuModel
 
 
-def _label(text: str) -> str:
-    return text.lower().replace(".", "-").replace("+", "-")
+_label = dns_label
 
 
 def device_name(gpu: int, profile: MigProfile | None = None, start: int = 0) -> str:
-    """``gpu0`` (whole GPU) or ``gpu0-3g-40gb-s4`` (a placement): a DNS label."""
-    return f"gpu{gpu}" if profile is None else f"gpu{gpu}-{_label(profile.name)}-s{start}"
+    """``gpu0`` (whole GPU) or ``gpu0-3g-40gb-s4`` (a placement): a DNS label
+    (:mod:`contract.dra_devices`, which the partitioner reads allocations by)."""
+    return placement_device_name(gpu, None if profile is None else profile.name, start)
 
 
 def _disjoint(profile: MigProfile) -> int:

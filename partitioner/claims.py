@@ -23,7 +23,9 @@ publishing), so it must read a claim as the request it stands for:
   that matches);
 * an *allocated* claim (``status.allocation`` set) keeps its units: its pod, once bound, holds
   them on its node as a device-plugin pod holds its extended resources (the ledger counts them
-  until the agent reports the devices used).
+  until the agent reports the devices used), and the devices its allocation names are pinned
+  on their node whatever the agent's ``used`` flags say (:attr:`ClaimDemand.devices`): a DRA
+  node need not guess from counts which device a bound pod holds.
 
 A pod's claims are ``spec.resourceClaims``: ``resourceClaimName`` names the claim; a
 ``resourceClaimTemplateName`` entry's claim is named in ``status.resourceClaimStatuses`` once
@@ -35,7 +37,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from contract.nodepartitioning import PrepareFailure
@@ -81,6 +83,9 @@ class ClaimDemand:
     uid: str = ""
     """The claim's ``metadata.uid``: a claim deleted and created again under its name is
     another claim (the DRA agent's prepare failures name the uid)."""
+    devices: tuple[tuple[str, str], ...] = ()
+    """(pool, device) of each device kube-scheduler allocated it from gpuslice's driver: the
+    pool is the node (:mod:`contract.dra_devices` names the device)."""
 
 
 def claim_key(namespace: str, name: str) -> str:
@@ -108,7 +113,13 @@ def _profile(selectors: object) -> str | None:
 
 
 def read_claim(claim: Obj) -> ClaimDemand:
-    """The demand of one ResourceClaim (module docstring)."""
+    """The demand of one ResourceClaim (module docstring), with the devices allocated to it."""
+    devices = _allocated_devices(claim)
+    demand = _read_demand(claim)
+    return replace(demand, devices=devices) if devices else demand
+
+
+def _read_demand(claim: Obj) -> ClaimDemand:
     name = claim_key_of(claim)
     allocated = bool((claim.get("status") or {}).get("allocation"))
     uid = str((claim.get("metadata") or {}).get("uid") or "")
@@ -146,6 +157,23 @@ def read_claim(claim: Obj) -> ClaimDemand:
         resource = mig_resource(profile)
         units[resource] = units.get(resource, 0) + count
     return ClaimDemand(units, allocated=allocated, uid=uid)
+
+
+def _allocated_devices(claim: Obj) -> tuple[tuple[str, str], ...]:
+    """(pool, device) of the claim's allocation results from gpuslice's driver (sorted)."""
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    results = (
+        (allocation.get("devices") or {}).get("results")
+        if isinstance(allocation, Mapping)
+        else None
+    )
+    out: set[tuple[str, str]] = set()
+    for r in results if isinstance(results, list) else ():
+        if isinstance(r, Mapping) and r.get("driver") == DRIVER:
+            pool, device = r.get("pool"), r.get("device")
+            if isinstance(pool, str) and isinstance(device, str):
+                out.add((pool, device))
+    return tuple(sorted(out))
 
 
 def pod_claim_keys(pod: Obj) -> tuple[tuple[str, ...], bool]:

@@ -731,6 +731,9 @@ class ClusterIndex:
         """Nodes whose agent has stopped renewing its heartbeat Lease
         (:mod:`partitioner.agent_leases`; set by the operator, or the replay)."""
         self._claim_rv: dict[str, str | None] = {}
+        self._allocated: dict[str, dict[str, tuple[str, ...]]] = {}
+        """Node (pool) -> claim key -> devices of gpuslice's driver allocated to that claim
+        there (:attr:`ClaimDemand.devices`)."""
         self._claim_pods: dict[str, set[str]] = {}
         """Claim key -> keys of the pods naming it (their demand is re-read when it changes)."""
         self.strays: set[str] = set()
@@ -915,13 +918,38 @@ class ClusterIndex:
         demand = read_claim(claim)
         if self.claims.get(key) == demand:
             return
+        self._index_allocation(key, self.claims.get(key), demand)
         self.claims[key] = demand
         self._reread(key)
 
     def remove_claim(self, key: str) -> None:
         self._claim_rv.pop(key, None)
-        if self.claims.pop(key, None) is not None:
+        old = self.claims.pop(key, None)
+        if old is not None:
+            self._index_allocation(key, old, None)
             self._reread(key)
+
+    def _index_allocation(self, key: str, old: ClaimDemand | None, new: ClaimDemand | None) -> None:
+        for pool, _ in old.devices if old is not None else ():
+            entries = self._allocated.get(pool)
+            if entries is not None:
+                entries.pop(key, None)
+                if not entries:
+                    del self._allocated[pool]
+        by_pool: dict[str, list[str]] = {}
+        for pool, device in new.devices if new is not None else ():
+            by_pool.setdefault(pool, []).append(device)
+        for pool, devices in by_pool.items():
+            self._allocated.setdefault(pool, {})[key] = tuple(devices)
+
+    def allocated_devices(self, node: str) -> frozenset[str]:
+        """Devices of gpuslice's DRA driver on ``node`` that some claim is allocated."""
+        entries = self._allocated.get(node)
+        return (
+            frozenset(d for devices in entries.values() for d in devices)
+            if entries
+            else frozenset()
+        )
 
     def _reread(self, claim: str) -> None:
         self.version += 1

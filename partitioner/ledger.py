@@ -59,6 +59,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from contract.dra_devices import placement_device_name
 from contract.nodepartitioning import NodePartitioning
 from partitioner.adoption import Adopted, adopt, agent_reported, gpus_from_status
 from partitioner.index import ClusterIndex, NodeInfo, PodInfo
@@ -160,6 +161,9 @@ class NodeLedger:
     reported: bool = True
     """The GPUs come from the agent's report (else adopted from labels, annotations, pods)."""
     reading: _Reading | None = None
+    allocated: frozenset[str] = frozenset()
+    """DRA nodes: the devices claims are allocated here (:meth:`ClusterIndex.allocated_devices`),
+    pinned by :meth:`pin` whatever the agent's ``used`` flags say."""
     base_pins: bool = False
     """The devices' pins are exactly :meth:`pin`'s without holds (used, or of a stale
     resource): :meth:`gpu_states` may answer from the reading's cache."""
@@ -179,12 +183,22 @@ class NodeLedger:
         return out
 
     def frozen_used(self) -> Counter[str]:
+        """Devices per resource on frozen GPUs that bound pods may hold: subtracted from the
+        bound pods' units, whose devices on frozen GPUs are out of :meth:`total`.  Where the
+        agent reports, the devices its status shows used and not foreign; an unhealthy device
+        it shows free is no pod's, though the planner's view counts it used (seed 40000526 of
+        the DRA promise harness: a frozen GPU's free unhealthy instance, counted as a bound
+        pod's, made a bound pod's devices on another GPU look free, and both were promised)."""
         out: Counter[str] = Counter()
         if not any(g.frozen for g in self.gpus):
             return out
+        reading = self.reading if self.reported else None
         for g in self.gpus:
             if g.frozen:
-                out.update(d.resource for d in g.devices if d.used)
+                if reading is not None:
+                    out.update(reading.status_used.get(g.index, Counter()))
+                else:
+                    out.update(d.resource for d in g.devices if d.used)
         return out
 
     def free(self) -> Counter[str]:
@@ -438,10 +452,20 @@ class NodeLedger:
 
     def pin(self) -> None:
         """Pin the instances holds and unreported bound pods may be using (module docstring)."""
-        stale = self.stale_used
+        stale, allocated = self.stale_used, self.allocated
+        by_claim = False
         for g in self.gpus:
             for d in g.devices:
                 d.pinned = d.used or d.resource in stale
+                if (
+                    allocated
+                    and not d.pinned
+                    and d.mig_profile
+                    and placement_device_name(g.index, d.mig_profile, d.key) in allocated
+                ):
+                    # a claim holds it: on a DRA node the allocation names the device, so no
+                    # plan replaces it while the agent's flags lag (DRA harness seed 40001212)
+                    d.pinned = by_claim = True
         for h in sorted(self.holds, key=Hold.order):
             for r, indices in h.reservation.gpus.items():
                 for i in indices:
@@ -450,7 +474,7 @@ class NodeLedger:
             for _ in range(k):  # frozen GPUs too: a drain must not plan over the freed slice
                 self._pin_one(r, -1, frozen_too=True)
         unadmitted = self._pin_unadmitted() if self._admits_less() else False
-        self.base_pins = not self.holds and not self.nominated and not unadmitted
+        self.base_pins = not self.holds and not self.nominated and not unadmitted and not by_claim
 
     def _pin_unadmitted(self) -> bool:
         """Pin the free devices kube-scheduler admits no pod to (:meth:`_admits_less`), the
@@ -864,6 +888,7 @@ def build_ledgers(
             info=info,
             gpu=gpu,
             np=np,
+            allocated=index.allocated_devices(name) if gpu.dra else frozenset(),
             busy=name in busy_set,
             degraded=name in degraded_set,
             gpus=gpus,

@@ -297,3 +297,73 @@ def test_a_placement_reported_used_without_a_claim_is_neither_promised_nor_plann
     new = placed - {(0, "3g.40gb", 0), (0, "3g.40gb", 4)}
     assert new and all(g != 0 for g, _, _ in new), placed  # the other pod: another GPU
     assert reservation(c, waiting).state is State.PLANNED
+
+
+def test_the_device_a_claim_is_allocated_is_kept_while_the_agents_flags_lag() -> None:
+    """DRA promise harness seed 40001212.  GPU 0 holds 3g@0 and 3g@4; the agent's last report
+    shows 3g@0 used (its pod has left) and 3g@4 free, though bound pod b's claim is allocated
+    gpu0-3g-40gb-s4 now.  The counts agree (one bound, one used), so the ledger pinned 3g@0
+    and a plan replaced 3g@4 under pod b.  The allocation names the device: it stays."""
+    held = claim("held", mig_request())
+    held["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {"request": "gpu", "driver": "gpu.gpuslice.io", "pool": "d1",
+                     "device": "gpu0-3g-40gb-s4"},
+                ]
+            }
+        }
+    }  # fmt: skip
+    bound = claim_pod("b", "held", gate=False)
+    bound["spec"]["nodeName"] = "d1"
+    bound["status"] = {"phase": "Running"}
+    two_g = 'device.attributes["gpu.gpuslice.io"].profile == "2g.20gb"'
+    c = Cluster(
+        node("d1", {**DRA, "nvidia.com/gpu.count": "1"}),
+        applied_np("d1", status_gpu(0, ("3g.40gb", 0, True), ("3g.40gb", 4, False))),
+        bound,
+        held,
+        claim_pod("p", "cl"),
+        claim("cl", mig_request(two_g)),
+    )
+    assert c.index().allocated_devices("d1") == {"gpu0-3g-40gb-s4"}
+    c.step(T0)  # the batch window opens
+    d = c.step(T0 + 61)
+    for spec in [a for a in d.actions if isinstance(a, WriteSpec)]:
+        placed = {(m.profile, m.start) for g in spec.spec.gpus for m in g.mig}
+        assert ("3g.40gb", 4) in placed, placed
+    assert reservation(c, "p") is None
+
+
+def test_the_index_follows_each_claims_allocated_devices_per_node() -> None:
+    """Allocated, moved, deallocated, deleted: the node's allocated devices follow; results of
+    other drivers are not gpuslice's."""
+
+    def allocated(name: str, rv: str, *results: tuple[str, str, str]) -> dict[str, Any]:
+        obj = claim(name, mig_request())
+        obj["metadata"]["resourceVersion"] = rv
+        obj["status"] = {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "gpu", "driver": drv, "pool": pool, "device": dev}
+                        for drv, pool, dev in results
+                    ]
+                }
+            }
+        }
+        return obj
+
+    ours = "gpu.gpuslice.io"
+    idx = ClusterIndex.from_objects(CAT, [node("d1", DRA), node("d2", DRA)])
+    idx.upsert_claim(allocated("a", "1", (ours, "d1", "gpu0-3g-40gb-s0"), ("x.io", "d1", "nic0")))
+    idx.upsert_claim(allocated("b", "1", (ours, "d1", "gpu1-7g-80gb-s0")))
+    assert idx.allocated_devices("d1") == {"gpu0-3g-40gb-s0", "gpu1-7g-80gb-s0"}
+    idx.upsert_claim(allocated("a", "2", (ours, "d2", "gpu0-3g-40gb-s4")))
+    assert idx.allocated_devices("d1") == {"gpu1-7g-80gb-s0"}
+    assert idx.allocated_devices("d2") == {"gpu0-3g-40gb-s4"}
+    idx.upsert_claim(allocated("b", "2"))  # deallocated
+    assert idx.allocated_devices("d1") == frozenset()
+    idx.remove_claim("ns/a")
+    assert idx.allocated_devices("d2") == frozenset()

@@ -78,3 +78,39 @@ def test_the_partitioners_own_status_writes_do_not_count_as_a_report() -> None:
     obj["status"]["reservations"] = []  # only the partitioner's field changed
     index.upsert_partitioning(obj)
     assert _pinned(index) == [True, True]
+
+
+def test_a_frozen_gpus_free_unhealthy_instance_hides_no_bound_pod_elsewhere() -> None:
+    """DRA promise harness seed 40000526, here on a device-plugin node (the ledger is shared).
+    GPU 0 is frozen (drained for a waiting pod) and holds pod a's instance and a free one an
+    XID hit; GPU 1 holds pod b's instance and one free.  The bound pods' units on frozen GPUs
+    leave the count with the frozen GPUs' devices, and the free unhealthy instance (used in the
+    planner's view) was counted as a bound pod's: b's unit looked like a's, and both of GPU 1's
+    instances were free to promise."""
+    two = {**MIG, "nvidia.com/gpu.count": "2"}
+    index = ClusterIndex.from_objects(default_catalog(), [node("n1", two)])
+    index.upsert_pod(pod("a", ONE_G, node_name="n1", phase="Running"))
+    index.upsert_pod(pod("b", ONE_G, node_name="n1", phase="Running"))
+    gpus = [
+        {
+            "index": 0,
+            "migEnabled": True,
+            "mig": [
+                {"profile": "1g.10gb", "start": 0, "used": False, "unhealthy": True},
+                {"profile": "1g.10gb", "start": 1, "used": True},
+            ],
+        },
+        {
+            "index": 1,
+            "migEnabled": True,
+            "mig": [
+                {"profile": "1g.10gb", "start": 0, "used": True},
+                {"profile": "1g.10gb", "start": 1, "used": False},
+            ],
+        },
+    ]
+    index.upsert_partitioning(np("n1", observed=1, applied=True, gpus=gpus))
+    for frozen, free in (({}, 1), ({"n1": frozenset({0})}, 1)):
+        ledgers, problems = build_ledgers(index, (), (), frozen)
+        assert not problems
+        assert ledgers["n1"].free()["nvidia.com/mig-1g.10gb"] == free, frozen
