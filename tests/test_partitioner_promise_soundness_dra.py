@@ -163,6 +163,8 @@ class DNode:
     """Its agent runs no round: its slices and status stay as they were."""
     published: set[str] = field(default_factory=set)
     seen: set[str] = field(default_factory=set)
+    drained: frozenset[int] = frozenset()
+    """The GPUs the agent's last round withheld as drained (``status.reservations``)."""
     """The allocated devices the agent's last round read."""
     order: list[Dev] = field(default_factory=list)
     capacity: dict[tuple[int, str], int] = field(default_factory=dict)
@@ -377,6 +379,7 @@ class DraWorld(World):
         uses = n.foreign_uses()
         n.published = publish_set(planned, allocated, draining, n.unusable())
         n.seen = set(allocated)
+        n.drained = draining
         status = shaped_status(
             gpus,
             n.targets,
@@ -447,16 +450,25 @@ def first_fit(n: DNode, used: Used, taken: set[str], profiles: list[str]) -> lis
     return search(0, [])
 
 
-def free_devices(w: DraWorld, n: DNode) -> tuple[list[Dev], Used, set[str]]:
+def free_devices(
+    w: DraWorld, n: DNode, after_round: bool = False
+) -> tuple[list[Dev], Used, set[str]]:
     """The published devices kube-scheduler could allocate now, one at a time, that a
-    prepare would accept (usable), in slice order."""
+    prepare would accept (usable), in slice order.  ``after_round``: those the agent's next
+    round would publish (the spec and drains as they are now)."""
     used, taken = pool_use(w, n)
     bad = n.unusable()
+    published = n.published
+    if after_round:
+        obj = NodePartitioning.model_validate(w.nps[n.name])
+        planned, _ = planned_devices(n.dra_gpus(), obj.spec)
+        drained = draining_gpus(w.nps[n.name]["status"])
+        published = publish_set(planned, set(w.allocated(n.name)), drained, bad)
     out = [
         d
         for d in n.order
         if d.profile is not None
-        and d.name in n.published
+        and d.name in published
         and d.name not in taken
         and d.name not in bad
         and _fits(n, used, d)
@@ -464,9 +476,9 @@ def free_devices(w: DraWorld, n: DNode) -> tuple[list[Dev], Used, set[str]]:
     return out, used, taken
 
 
-def usable_free(w: DraWorld, n: DNode) -> Counter[str]:
+def usable_free(w: DraWorld, n: DNode, after_round: bool = False) -> Counter[str]:
     out: Counter[str] = Counter()
-    for d in free_devices(w, n)[0]:
+    for d in free_devices(w, n, after_round)[0]:
         out[RESOURCE_OF[d.profile]] += 1
     return out
 
@@ -609,14 +621,27 @@ def promise(w: DraWorld, n: DNode, g: DGpu, resource: str, now: float, busy: boo
 
 
 def agents_read_specs(w: DraWorld) -> None:
-    """Agents that run read a spec they have not published yet (60 %)."""
+    """Agents that run read a spec they have not published yet, or a set of drained GPUs other
+    than their last round's (60 %: the agent's poll, node_agent.dra_driver)."""
     for name, n in w.nodes.items():
         np = w.nps[name]
-        if n.stopped or np["status"].get("observedGeneration") == np["metadata"]["generation"]:
+        if n.stopped:
             continue
-        if w.rng.random() < 0.6:
+        if np["status"].get("observedGeneration") != np["metadata"]["generation"]:
+            if w.rng.random() < 0.6:
+                w.agent_round(name)
+                w.counts.add("agent_published_spec")
+        elif draining_gpus(np["status"]) != n.drained and w.rng.random() < 0.6:
             w.agent_round(name)
-            w.counts.add("agent_published_spec")
+            w.counts.add("agent_saw_drains")
+
+
+def drains_unseen(w: DraWorld, n: DNode) -> bool:
+    """The partitioner ended (or began) a drain the agent has not read yet: until its next
+    round the free devices of a GPU no longer drained stay withheld, so a promise made there
+    (the drained-for pod's, once its GPU is free) waits for that round, as one made for a
+    spec in flight waits for the spec."""
+    return bool(n.drained - draining_gpus(w.nps[n.name]["status"]))
 
 
 def scheduler_binds(w: DraWorld, broken: set[tuple[str, str]], where: str) -> None:
@@ -642,6 +667,9 @@ def scheduler_binds(w: DraWorld, broken: set[tuple[str, str]], where: str) -> No
             sound = holds and r is not None and not any((name, res) in broken for res in r.gpus)
             used, taken = pool_use(w, n)
             picked = first_fit(n, used, taken, profiles)
+            if sound and picked is None and drains_unseen(w, n):
+                w.counts.add("drain_end_bind_waits")  # published at the agent's next round
+                sound = False
             bad = [d.name for d in picked or () if d.name in n.unusable()]
             if sound and bad and set(bad) <= n.lingering(w.allocated(name)):
                 # KNOWN (narrowed, not closed): the agent keeps publishing an allocated device
@@ -791,6 +819,9 @@ def check_no_overpromise(
             if fresh and blind(w, n, res):
                 w.counts.add("blind_exempt")
                 broken.add((name, res))
+                continue
+            if drains_unseen(w, n) and k <= usable_free(w, n, after_round=True)[res]:
+                w.counts.add("drain_end_unpublished")  # the agent's next round publishes them
                 continue
             new = [
                 key
