@@ -78,9 +78,6 @@ class DraGpu:
     model: GpuModel
 
 
-_label = dns_label
-
-
 def device_name(gpu: int, profile: MigProfile | None = None, start: int = 0) -> str:
     """``gpu0`` (whole GPU) or ``gpu0-3g-40gb-s4`` (a placement): a DNS label
     (:mod:`contract.dra_devices`, which the partitioner reads allocations by)."""
@@ -104,7 +101,7 @@ def gpu_counters(model: GpuModel) -> dict[str, int]:
     out["compute"] = model.compute_slices
     for p in model.profiles:
         if p.max_count < _disjoint(p):
-            out[f"max-{_label(p.name)}"] = p.max_count
+            out[f"max-{dns_label(p.name)}"] = p.max_count
     if any(p.has_media_extensions for p in model.profiles):
         out["media"] = 1
     if any(p.variant == "+me.all" for p in model.profiles):
@@ -121,7 +118,7 @@ def placement_counters(
         return {k: v for k, v in have.items() if k.startswith("mem")}
     out = {f"mem{k}": 1 for k in profile.span(start)}
     out["compute"] = profile.compute
-    name = f"max-{_label(profile.name)}"
+    name = f"max-{dns_label(profile.name)}"
     if name in have:
         out[name] = 1
     if profile.has_media_extensions:
