@@ -194,11 +194,23 @@ class NodeLedger:
             return out
         reading = self.reading if self.reported else None
         for g in self.gpus:
-            if g.frozen:
-                if reading is not None:
-                    out.update(reading.status_used.get(g.index, Counter()))
-                else:
-                    out.update(d.resource for d in g.devices if d.used)
+            if not g.frozen:
+                continue
+            if self.gpu.dra and reading is not None:
+                # The claims' allocations name the devices: exact, whatever the flags say (DRA
+                # harness seed 70002048: a departed pod's device still showed used on the GPU a
+                # drain froze, so a bound pod's device elsewhere counted as free and a drain
+                # broke the hold of a pod released there).
+                out.update(
+                    d.resource
+                    for d in g.devices
+                    if d.mig_profile
+                    and placement_device_name(g.index, d.mig_profile, d.key) in self.allocated
+                )
+            elif reading is not None:
+                out.update(reading.status_used.get(g.index, Counter()))
+            else:
+                out.update(d.resource for d in g.devices if d.used)
         return out
 
     def free(self) -> Counter[str]:
@@ -308,8 +320,24 @@ class NodeLedger:
         return "; ".join(causes) if causes else "another pod took it"
 
     def breaks_holds(self, gpus: Iterable[int]) -> bool:
-        """Whether freezing ``gpus`` too (a drain) would leave some hold without its devices."""
+        """Whether freezing ``gpus`` too (a drain) would leave some hold without its devices:
+        the devices left would not cover the holds (or, on a device-plugin node whose used
+        flags are stale, might not), or, on a node applying a spec, a hold made
+        for it expects its new devices on one of ``gpus`` (they are not in the count yet; a
+        frozen GPU's free devices go to no pod, and a DRA agent withholds them: DRA harness
+        seed 70001335, a drain froze the GPU a plan was making a pod's instance on)."""
         chosen = set(gpus)
+        if not self.gpu.dra and any(self.held[r] > 0 for r in self.stale_used):
+            # The used flags predate a pod change: which frozen device a bound pod holds is
+            # not known (on a DRA node the allocations say), so the count after the drain is
+            # not either.  The drain waits for the agent's next report.
+            return True
+        if self.busy and any(
+            h.reservation.plan
+            and not chosen.isdisjoint(i for idx in h.reservation.gpus.values() for i in idx)
+            for h in self.holds
+        ):
+            return True
         before = self._left()
         was = [(g, g.frozen) for g in self.gpus if g.index in chosen]
         for g, _ in was:

@@ -26,6 +26,7 @@ from partitioner.actions import CreatePartitioning, PatchPod, WriteSpec
 from partitioner.claims import MIG_CLASS, pod_claim_keys, read_claim
 from partitioner.gating import GATE, MATCH_CONDITIONS_DRA, admission_patch, wants_gate
 from partitioner.index import ClusterIndex
+from partitioner.ledger import build_ledgers
 from partitioner.reservations import State
 from partitioner.snapshot import GpuNode, NodeProblem, read_node
 from planner.catalog import default_catalog
@@ -367,3 +368,43 @@ def test_the_index_follows_each_claims_allocated_devices_per_node() -> None:
     assert idx.allocated_devices("d1") == frozenset()
     idx.remove_claim("ns/a")
     assert idx.allocated_devices("d2") == frozenset()
+
+
+def test_a_frozen_gpus_stale_used_flag_hides_no_claims_device_elsewhere() -> None:
+    """DRA promise harness seed 70002048.  GPU 0 is frozen for a drain; its 1g@0 still shows
+    used though its pod left, and pod b's claim holds GPU 1's 1g@0, which shows free.  Counted
+    from the flags, the frozen GPU held b's unit, so both of GPU 1's 1g instances looked free
+    (a drain then broke the hold of a pod released there).  The allocations say where b is."""
+    one_g = 'device.attributes["gpu.gpuslice.io"].profile == "1g.10gb"'
+    held = claim("held", mig_request(one_g))
+    held["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {"request": "gpu", "driver": "gpu.gpuslice.io", "pool": "d1",
+                     "device": "gpu1-1g-10gb-s0"},
+                ]
+            }
+        }
+    }  # fmt: skip
+    bound = claim_pod("b", "held", gate=False)
+    bound["spec"]["nodeName"] = "d1"
+    bound["status"] = {"phase": "Running"}
+    index = ClusterIndex.from_objects(CAT, [node("d1", {**DRA, "nvidia.com/gpu.count": "2"})])
+    index.upsert_claim(held)
+    index.upsert_pod(bound)
+    index.upsert_partitioning(
+        np(
+            "d1",
+            observed=1,
+            applied=True,
+            gpus=[
+                status_gpu(0, ("1g.10gb", 0, True), ("1g.10gb", 1, False)),
+                status_gpu(1, ("1g.10gb", 0, False), ("1g.10gb", 1, False)),
+            ],
+        )
+    )
+    ledgers, problems = build_ledgers(index, (), (), {"d1": frozenset({0})})
+    assert not problems
+    assert ledgers["d1"].bound["nvidia.com/mig-1g.10gb"] == 1
+    assert ledgers["d1"].free()["nvidia.com/mig-1g.10gb"] == 1

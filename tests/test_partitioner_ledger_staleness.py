@@ -13,7 +13,8 @@ from typing import Any
 from test_partitioner_snapshot import A100, node, np, pod
 
 from partitioner.index import ClusterIndex
-from partitioner.ledger import build_ledgers
+from partitioner.ledger import Hold, build_ledgers
+from partitioner.reservations import Reservation, State
 from planner.catalog import default_catalog
 
 MIG = {"gpuslice.io/partitioning": "mig", **A100, "nvidia.com/gpu.count": "1"}
@@ -114,3 +115,63 @@ def test_a_frozen_gpus_free_unhealthy_instance_hides_no_bound_pod_elsewhere() ->
         ledgers, problems = build_ledgers(index, (), (), frozen)
         assert not problems
         assert ledgers["n1"].free()["nvidia.com/mig-1g.10gb"] == free, frozen
+
+
+def test_no_drain_freezes_the_gpu_a_spec_in_flight_makes_a_promised_instance_on() -> None:
+    """DRA promise harness seed 70001335.  Plan 2 is being applied: it makes a 4g on GPU 1 for
+    pod g (a hold of that plan), where GPU 1 now holds a free 2g.  A drain for a 2g pod chose
+    GPU 1 (its free 2g fits), and the frozen GPU's free devices, the 4g too once made, went to
+    no pod: the DRA agent withholds them.  The counts could not tell (the 4g is not there yet)."""
+    two = {**MIG, "nvidia.com/gpu.count": "2"}
+    index = ClusterIndex.from_objects(default_catalog(), [node("n1", two)])
+    index.upsert_pod(pod("g", {"nvidia.com/mig-4g.40gb": "1"}))
+    gpus = [
+        {"index": 0, "migEnabled": True, "mig": [{"profile": "7g.80gb", "start": 0, "used": True}]},
+        {"index": 1, "migEnabled": True, "mig": [{"profile": "2g.20gb", "start": 0}]},
+    ]
+    index.upsert_partitioning(np("n1", plan="2", generation=2, observed=1, gpus=gpus))
+    ledgers, problems = build_ledgers(index, ("n1",), (), {})
+    assert not problems
+    ledger = ledgers["n1"]
+    assert ledger.busy
+    r = Reservation("n1", State.PLANNED, {"nvidia.com/mig-4g.40gb": (1,)}, "2", 0.0, 300.0)
+    ledger.add_hold(Hold(index.pods["ns/g"], r))
+    assert ledger.breaks_holds([1])
+    assert not ledger.breaks_holds([0])
+    ledger.busy = False  # applied: the 4g exists, and the counts tell (no free 4g elsewhere)
+    assert not ledger.breaks_holds([0])
+
+
+def test_no_drain_while_the_used_flags_predate_a_pod_change_and_slices_are_held() -> None:
+    """The device-plugin side of DRA harness seed 70002048 (there the allocations say which
+    device a pod holds; here nothing does).  GPU 0 shows its 1g@0 used, but pod a, which held
+    it, has ended and pod b has bound since: b is on GPU 0 or GPU 1, and a drain of GPU 0
+    counted with the stale flags could leave the hold of pod h (one 1g) without a device.  The
+    drain waits for the agent's next report; with fresh flags the count decides."""
+    two = {**MIG, "nvidia.com/gpu.count": "2"}
+    index = ClusterIndex.from_objects(default_catalog(), [node("n1", two)])
+    index.upsert_pod(_bound("a", "10"))
+    gpus = [
+        {"index": i, "migEnabled": True, "mig": [
+            {"profile": "1g.10gb", "start": 0, "used": i == 0},
+            {"profile": "1g.10gb", "start": 1, "used": False},
+        ]}
+        for i in (0, 1)
+    ]  # fmt: skip
+    obj = np("n1", observed=1, applied=True, gpus=gpus)
+    obj["metadata"]["resourceVersion"] = "11"
+    index.upsert_partitioning(obj)
+    index.upsert_pod(pod("h", ONE_G))
+
+    def drain_breaks_hold() -> bool:
+        ledgers, problems = build_ledgers(index, (), (), {})
+        assert not problems
+        ledger = ledgers["n1"]
+        r = Reservation("n1", State.PLANNED, {"nvidia.com/mig-1g.10gb": (1,)}, "", 0.0, 300.0)
+        ledger.add_hold(Hold(index.pods["ns/h"], r))
+        return ledger.breaks_holds([0])
+
+    assert not drain_breaks_hold()  # fresh flags: GPU 1 keeps two free 1g for h
+    index.upsert_pod(_bound("a", "12", finished=True))
+    index.upsert_pod(_bound("b", "13"))
+    assert drain_breaks_hold()  # b may sit on GPU 1: not now
