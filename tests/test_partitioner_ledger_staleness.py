@@ -138,6 +138,14 @@ def test_no_drain_freezes_the_gpu_a_spec_in_flight_makes_a_promised_instance_on(
     ledger.add_hold(Hold(index.pods["ns/g"], r))
     assert ledger.breaks_holds([1])
     assert not ledger.breaks_holds([0])
+    # a hold of two resources on two GPUs: either GPU is one it expects
+    two_res = Reservation(
+        "n1", State.PLANNED, {"nvidia.com/mig-4g.40gb": (1,), "nvidia.com/mig-3g.40gb": (0,)},
+        "2", 0.0, 300.0,
+    )  # fmt: skip
+    ledger.holds[-1] = Hold(index.pods["ns/g"], two_res)
+    assert ledger.breaks_holds([0]) and ledger.breaks_holds([1])
+    ledger.holds[-1] = Hold(index.pods["ns/g"], r)
     ledger.busy = False  # applied: the 4g exists, and the counts tell (no free 4g elsewhere)
     assert not ledger.breaks_holds([0])
 
