@@ -79,6 +79,32 @@ def claim_pod(name: str, *claims: str, gate: bool = True, **spec: Any) -> dict[s
     return obj
 
 
+def allocated(obj: dict[str, Any], *results: tuple[str, str, str]) -> dict[str, Any]:
+    """``obj`` (a claim) with kube-scheduler's allocation: (driver, pool, device) results."""
+    obj["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {"request": "gpu", "driver": drv, "pool": pool, "device": dev}
+                    for drv, pool, dev in results
+                ]
+            }
+        }
+    }
+    return obj
+
+
+def bound_claim_pod(name: str, claim_name: str, node_name: str) -> dict[str, Any]:
+    """A pod that names ``claim_name``, bound to ``node_name`` and running."""
+    obj = claim_pod(name, claim_name, gate=False)
+    obj["spec"]["nodeName"] = node_name
+    obj["status"] = {"phase": "Running"}
+    return obj
+
+
+OURS = "gpu.gpuslice.io"
+
+
 # ----------------------------------------------------------------------------- claims
 
 
@@ -305,20 +331,8 @@ def test_the_device_a_claim_is_allocated_is_kept_while_the_agents_flags_lag() ->
     shows 3g@0 used (its pod has left) and 3g@4 free, though bound pod b's claim is allocated
     gpu0-3g-40gb-s4 now.  The counts agree (one bound, one used), so the ledger pinned 3g@0
     and a plan replaced 3g@4 under pod b.  The allocation names the device: it stays."""
-    held = claim("held", mig_request())
-    held["status"] = {
-        "allocation": {
-            "devices": {
-                "results": [
-                    {"request": "gpu", "driver": "gpu.gpuslice.io", "pool": "d1",
-                     "device": "gpu0-3g-40gb-s4"},
-                ]
-            }
-        }
-    }  # fmt: skip
-    bound = claim_pod("b", "held", gate=False)
-    bound["spec"]["nodeName"] = "d1"
-    bound["status"] = {"phase": "Running"}
+    held = allocated(claim("held", mig_request()), (OURS, "d1", "gpu0-3g-40gb-s4"))
+    bound = bound_claim_pod("b", "held", "d1")
     two_g = 'device.attributes["gpu.gpuslice.io"].profile == "2g.20gb"'
     c = Cluster(
         node("d1", {**DRA, "nvidia.com/gpu.count": "1"}),
@@ -341,30 +355,19 @@ def test_the_index_follows_each_claims_allocated_devices_per_node() -> None:
     """Allocated, moved, deallocated, deleted: the node's allocated devices follow; results of
     other drivers are not gpuslice's."""
 
-    def allocated(name: str, rv: str, *results: tuple[str, str, str]) -> dict[str, Any]:
+    def version(name: str, rv: str, *results: tuple[str, str, str]) -> dict[str, Any]:
         obj = claim(name, mig_request())
         obj["metadata"]["resourceVersion"] = rv
-        obj["status"] = {
-            "allocation": {
-                "devices": {
-                    "results": [
-                        {"request": "gpu", "driver": drv, "pool": pool, "device": dev}
-                        for drv, pool, dev in results
-                    ]
-                }
-            }
-        }
-        return obj
+        return allocated(obj, *results)
 
-    ours = "gpu.gpuslice.io"
     idx = ClusterIndex.from_objects(CAT, [node("d1", DRA), node("d2", DRA)])
-    idx.upsert_claim(allocated("a", "1", (ours, "d1", "gpu0-3g-40gb-s0"), ("x.io", "d1", "nic0")))
-    idx.upsert_claim(allocated("b", "1", (ours, "d1", "gpu1-7g-80gb-s0")))
+    idx.upsert_claim(version("a", "1", (OURS, "d1", "gpu0-3g-40gb-s0"), ("x.io", "d1", "nic0")))
+    idx.upsert_claim(version("b", "1", (OURS, "d1", "gpu1-7g-80gb-s0")))
     assert idx.allocated_devices("d1") == {"gpu0-3g-40gb-s0", "gpu1-7g-80gb-s0"}
-    idx.upsert_claim(allocated("a", "2", (ours, "d2", "gpu0-3g-40gb-s4")))
+    idx.upsert_claim(version("a", "2", (OURS, "d2", "gpu0-3g-40gb-s4")))
     assert idx.allocated_devices("d1") == {"gpu1-7g-80gb-s0"}
     assert idx.allocated_devices("d2") == {"gpu0-3g-40gb-s4"}
-    idx.upsert_claim(allocated("b", "2"))  # deallocated
+    idx.upsert_claim(version("b", "2"))  # deallocated
     assert idx.allocated_devices("d1") == frozenset()
     idx.remove_claim("ns/a")
     assert idx.allocated_devices("d2") == frozenset()
@@ -376,20 +379,8 @@ def test_a_frozen_gpus_stale_used_flag_hides_no_claims_device_elsewhere() -> Non
     from the flags, the frozen GPU held b's unit, so both of GPU 1's 1g instances looked free
     (a drain then broke the hold of a pod released there).  The allocations say where b is."""
     one_g = 'device.attributes["gpu.gpuslice.io"].profile == "1g.10gb"'
-    held = claim("held", mig_request(one_g))
-    held["status"] = {
-        "allocation": {
-            "devices": {
-                "results": [
-                    {"request": "gpu", "driver": "gpu.gpuslice.io", "pool": "d1",
-                     "device": "gpu1-1g-10gb-s0"},
-                ]
-            }
-        }
-    }  # fmt: skip
-    bound = claim_pod("b", "held", gate=False)
-    bound["spec"]["nodeName"] = "d1"
-    bound["status"] = {"phase": "Running"}
+    held = allocated(claim("held", mig_request(one_g)), (OURS, "d1", "gpu1-1g-10gb-s0"))
+    bound = bound_claim_pod("b", "held", "d1")
     index = ClusterIndex.from_objects(CAT, [node("d1", {**DRA, "nvidia.com/gpu.count": "2"})])
     index.upsert_claim(held)
     index.upsert_pod(bound)
