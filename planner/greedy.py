@@ -95,7 +95,7 @@ from planner.geometry import (
 )
 from planner.host_index import HostIndex
 from planner.hybrid import host_profiles, instance_usable_mib
-from planner.mps import thread_percentage
+from planner.mps import current_thread_percentage, thread_percentage
 from planner.settings import PlannerSettings, Policy
 from planner.snapshot import (
     Assignment,
@@ -311,9 +311,7 @@ def _host_now(model: GpuModel, inst: MigInstance, settings: PlannerSettings) -> 
     slices = tuple(
         _HostSlice(
             s.memory_mib,
-            s.thread_percentage
-            if s.thread_percentage is not None
-            else thread_percentage(s.memory_mib, usable, policy),
+            current_thread_percentage(s, usable, policy),
             s.used,
             s.used or inst.used,
         )
@@ -332,9 +330,7 @@ def _mps_gpus(node: NodeState, model: GpuModel, settings: PlannerSettings) -> li
         slices = [
             _Slice(
                 s.memory_mib,
-                s.thread_percentage
-                if s.thread_percentage is not None
-                else thread_percentage(s.memory_mib, usable, policy),
+                current_thread_percentage(s, usable, policy),
                 s.used,
             )
             for s in gpu.mps

@@ -92,7 +92,14 @@ from ortools.sat.python import cp_model
 
 from planner.catalog import GpuModel, MigProfile
 from planner.geometry import Layout, Placement, canonical, layout_errors
-from planner.mps import MpsGpuVars, add_mps_gpu, mps_key, thread_percentage, upper_bound
+from planner.mps import (
+    MpsGpuVars,
+    add_mps_gpu,
+    current_thread_percentage,
+    mps_key,
+    thread_percentage,
+    upper_bound,
+)
 from planner.settings import PlannerSettings
 from planner.snapshot import (
     GpuState,
@@ -415,12 +422,7 @@ class HybridNodeVars:
                 here = now.get((i, p.start))
                 if r <= 1 and here is not None:
                     slices = tuple(
-                        PlannedSlice(
-                            x.memory_mib,
-                            x.thread_percentage
-                            if x.thread_percentage is not None
-                            else thread_percentage(x.memory_mib, usable, policy),
-                        )
+                        PlannedSlice(x.memory_mib, current_thread_percentage(x, usable, policy))
                         for x in here.mps
                     )
                 else:

@@ -62,12 +62,21 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from planner.settings import PlannerSettings, ThreadPolicy
-from planner.snapshot import GpuState, Mode, PlannedGpu, PlannedSlice, Snapshot, mps_gb_of
+from planner.snapshot import (
+    GpuState,
+    Mode,
+    MpsSlice,
+    PlannedGpu,
+    PlannedSlice,
+    Snapshot,
+    mps_gb_of,
+)
 
 __all__ = [
     "USEFUL_RESOLUTION",
     "MpsGpuVars",
     "add_mps_gpu",
+    "current_thread_percentage",
     "mps_key",
     "mps_target",
     "thread_percentage",
@@ -99,6 +108,14 @@ def thread_percentage(memory_mib: int, usable_mib: int, policy: ThreadPolicy) ->
     if policy is ThreadPolicy.FULL or usable_mib <= 0:
         return 100
     return max(1, min(100, round(100 * memory_mib / usable_mib)))
+
+
+def current_thread_percentage(s: MpsSlice, usable_mib: int, policy: ThreadPolicy) -> int:
+    """Active-thread % of a slice that exists: as the snapshot gives it, else as
+    :func:`thread_percentage` would set it."""
+    if s.thread_percentage is not None:
+        return s.thread_percentage
+    return thread_percentage(s.memory_mib, usable_mib, policy)
 
 
 @dataclass(slots=True)
