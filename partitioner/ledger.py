@@ -201,12 +201,7 @@ class NodeLedger:
                 # harness seed 70002048: a departed pod's device still showed used on the GPU a
                 # drain froze, so a bound pod's device elsewhere counted as free and a drain
                 # broke the hold of a pod released there).
-                out.update(
-                    d.resource
-                    for d in g.devices
-                    if d.mig_profile
-                    and placement_device_name(g.index, d.mig_profile, d.key) in self.allocated
-                )
+                out.update(d.resource for d in g.devices if self._claimed(g, d))
             elif reading is not None:
                 out.update(reading.status_used.get(g.index, Counter()))
             else:
@@ -480,17 +475,12 @@ class NodeLedger:
 
     def pin(self) -> None:
         """Pin the instances holds and unreported bound pods may be using (module docstring)."""
-        stale, allocated = self.stale_used, self.allocated
+        stale = self.stale_used
         by_claim = False
         for g in self.gpus:
             for d in g.devices:
                 d.pinned = d.used or d.resource in stale
-                if (
-                    allocated
-                    and not d.pinned
-                    and d.mig_profile
-                    and placement_device_name(g.index, d.mig_profile, d.key) in allocated
-                ):
+                if not d.pinned and self._claimed(g, d):
                     # a claim holds it: on a DRA node the allocation names the device, so no
                     # plan replaces it while the agent's flags lag (DRA harness seed 40001212)
                     d.pinned = by_claim = True
@@ -503,6 +493,14 @@ class NodeLedger:
                 self._pin_one(r, -1, frozen_too=True)
         unadmitted = self._pin_unadmitted() if self._admits_less() else False
         self.base_pins = not self.holds and not self.nominated and not unadmitted and not by_claim
+
+    def _claimed(self, g: GpuSlots, d: Device) -> bool:
+        """Some claim is allocated ``d`` (a DRA node's placement on ``g``)."""
+        return bool(
+            self.allocated
+            and d.mig_profile
+            and placement_device_name(g.index, d.mig_profile, d.key) in self.allocated
+        )
 
     def _pin_unadmitted(self) -> bool:
         """Pin the free devices kube-scheduler admits no pod to (:meth:`_admits_less`), the
