@@ -163,9 +163,9 @@ class DNode:
     """Its agent runs no round: its slices and status stay as they were."""
     published: set[str] = field(default_factory=set)
     seen: set[str] = field(default_factory=set)
+    """The allocated devices the agent's last round read."""
     drained: frozenset[int] = frozenset()
     """The GPUs the agent's last round withheld as drained (``status.reservations``)."""
-    """The allocated devices the agent's last round read."""
     order: list[Dev] = field(default_factory=list)
     capacity: dict[tuple[int, str], int] = field(default_factory=dict)
     targets: dict[str, DeviceTarget] = field(default_factory=dict)
@@ -366,6 +366,18 @@ class DraWorld(World):
 
     # ------------------------------------------------------------------ the agent
 
+    def publishes(
+        self, name: str, allocated: set[str]
+    ) -> tuple[dict[int, list[str]], list[str], frozenset[int], set[str]]:
+        """What a round of the node's agent publishes with ``allocated`` (the agent's real
+        publish-set code, the spec and drained GPUs as they are now): the planned devices,
+        the GPUs it skips, the drained GPUs and the published set."""
+        n = self.nodes[name]
+        np = self.nps[name]
+        planned, skipped = planned_devices(n.dra_gpus(), NodePartitioning.model_validate(np).spec)
+        draining = draining_gpus(np["status"])
+        return planned, skipped, draining, publish_set(planned, allocated, draining, n.unusable())
+
     def agent_round(self, name: str, seen: set[str] | None = None) -> None:
         """One round of the node's DRA agent: publish and write the status (real logic).
         ``seen``: the allocated devices it reads (default: the claims' allocations now)."""
@@ -373,11 +385,9 @@ class DraWorld(World):
         np = self.nps[name]
         obj = NodePartitioning.model_validate(np)
         gpus = n.dra_gpus()
-        planned, skipped = planned_devices(gpus, obj.spec)
         allocated = set(self.allocated(name)) if seen is None else seen
-        draining = draining_gpus(np["status"])
+        planned, skipped, draining, n.published = self.publishes(name, allocated)
         uses = n.foreign_uses()
-        n.published = publish_set(planned, allocated, draining, n.unusable())
         n.seen = set(allocated)
         n.drained = draining
         status = shaped_status(
@@ -460,10 +470,7 @@ def free_devices(
     bad = n.unusable()
     published = n.published
     if after_round:
-        obj = NodePartitioning.model_validate(w.nps[n.name])
-        planned, _ = planned_devices(n.dra_gpus(), obj.spec)
-        drained = draining_gpus(w.nps[n.name]["status"])
-        published = publish_set(planned, set(w.allocated(n.name)), drained, bad)
+        published = w.publishes(n.name, set(w.allocated(n.name)))[3]
     out = [
         d
         for d in n.order
