@@ -17,7 +17,7 @@ For one GPU node (a :class:`NodeLedger`), per partitionable resource ``R``:
 * ``unhealthy[R]`` — devices of ``R`` the agent reports ``unhealthy`` (advertised Unhealthy:
   an XID error, a GPU NVML cannot read) that no pod uses: the kubelet gives them to no pod;
   and those it reports used that no bound pod can be holding (its pod left, the flag lags:
-  :meth:`NodeLedger._sick_unheld`);
+  :meth:`NodeLedger._sick_unheld`; on a DRA node those no claim is allocated);
 * ``free[R] = total[R] - bound[R] - held[R] - nominated[R] - unhealthy[R]`` (never below 0):
   what a new reservation may take; on a device-plugin node where pods sit on unhealthy
   devices, at most what kube-scheduler admits, ``total[R] - sick[R] - bound[R] - held[R] -
@@ -264,14 +264,33 @@ class NodeLedger:
         unhealthy one), so at least ``bound - healthy used`` of them sit on unhealthy ones;
         the rest of those are kept from reservations.  Exact while the flags are current; while
         they are stale (:attr:`stale_used`: a pod may have left and another come, the new one
-        on a healthy device) every such device is kept."""
+        on a healthy device) every such device is kept.  On a DRA node the claims'
+        allocations name the devices pods hold: those no claim is allocated are counted, exact
+        whatever the flags say (:attr:`stale_used` tells only that pods changed after the
+        agent's last status *as the partitioner read it*, and a status written after a bind
+        can still predate the claim's prepare)."""
         assert self.reading is not None
         frozen = {g.index for g in self.gpus if g.frozen}
         sick_used = used = 0
         for i, counts in self.reading.sick_used.items():
             if i not in frozen:
                 sick_used += counts[resource]
-        if not sick_used or resource in self.stale_used:
+        if not sick_used:
+            return 0
+        if self.gpu.dra and self.reported:
+            # The claims' allocations name the devices: exact, whatever the flags say (DRA
+            # harness seed 100001597: a departed pod's unhealthy device still showed used, a
+            # new pod's healthy one not yet, equal counts, and the agent's status changed
+            # after both, so nothing looked stale: the new pod counted as the one on the
+            # unhealthy device, its own device looked free and was promised).
+            return sum(
+                1
+                for i, r, profile, start in self.reading.sick_used_at
+                if r == resource
+                and i not in frozen
+                and placement_device_name(i, profile, start) not in self.allocated
+            )
+        if resource in self.stale_used:
             return sick_used
         for i, counts in self.reading.status_used.items():
             if i not in frozen:
@@ -693,6 +712,12 @@ class _Reading:
     sick: dict[int, Counter[str]] = field(default_factory=dict, compare=False, hash=False)
     """GPU index -> devices per resource reported unhealthy, used or not: the devices the
     kubelet leaves out of allocatable (:meth:`NodeLedger._scheduler_left`)."""
+    sick_used_at: frozenset[tuple[int, str, str, int]] = field(
+        default=frozenset(), compare=False, hash=False
+    )
+    """(GPU index, resource, profile, start) of each MIG instance counted in
+    :attr:`sick_used` (none hosts MPS slices): on a DRA node the claims' allocations tell
+    which of them a pod holds (:meth:`NodeLedger._sick_unheld`)."""
     totals: Counter[str] = field(default_factory=Counter, compare=False, hash=False)
     """Devices per resource over all GPUs (read-only)."""
     used: Counter[str] = field(default_factory=Counter, compare=False, hash=False)
@@ -810,6 +835,19 @@ def _used_health(
     return sick_used, used, unusable, sick_all
 
 
+def _sick_used_instances(
+    np: NodePartitioning | None, model: GpuModel
+) -> frozenset[tuple[int, str, str, int]]:
+    """(GPU index, resource, profile, start) of the MIG instances hosting no MPS slices that
+    the agent reports unhealthy and used, not foreign (:attr:`_Reading.sick_used_at`)."""
+    return frozenset(
+        (g.index, instance_resource(model, m.profile), m.profile, m.start)
+        for g in (np.status.gpus if np is not None and np.status is not None else ())
+        for m in g.mig
+        if not m.mps and (g.unhealthy or m.unhealthy) and m.used and not m.foreign
+    )
+
+
 def _pseudo_pod(pod: PodInfo) -> dict[str, object]:
     """What :func:`partitioner.adoption.adopt` reads of a bound pod: its name and GPU requests."""
     limits = {r: str(k) for r, k in pod.slices.items()}
@@ -858,6 +896,7 @@ def read_gpus(index: ClusterIndex, info: NodeInfo) -> _Reading | NodeProblem:
             status_used=status_used,
             unusable=unusable,
             sick=sick,
+            sick_used_at=_sick_used_instances(np if agent else None, gpu.model),
         )
     info.derived = (key, result)
     return result

@@ -26,7 +26,7 @@ from partitioner.actions import CreatePartitioning, PatchPod, WriteSpec
 from partitioner.claims import MIG_CLASS, pod_claim_keys, read_claim
 from partitioner.gating import GATE, MATCH_CONDITIONS_DRA, admission_patch, wants_gate
 from partitioner.index import ClusterIndex
-from partitioner.ledger import build_ledgers
+from partitioner.ledger import NodeLedger, build_ledgers
 from partitioner.reservations import State
 from partitioner.snapshot import GpuNode, NodeProblem, read_node
 from planner.catalog import default_catalog
@@ -399,3 +399,34 @@ def test_a_frozen_gpus_stale_used_flag_hides_no_claims_device_elsewhere() -> Non
     assert not problems
     assert ledgers["d1"].bound["nvidia.com/mig-1g.10gb"] == 1
     assert ledgers["d1"].free()["nvidia.com/mig-1g.10gb"] == 1
+
+
+def _sick_gpu_ledger(b_holds: str) -> NodeLedger:
+    """GPU 0: 2g@0 used by processes of no claim (``foreign``), 2g@4 free; GPU 1, unhealthy
+    as a whole: 2g@0 shows used.  Bound pod b's claim holds ``b_holds``."""
+    two_g = 'device.attributes["gpu.gpuslice.io"].profile == "2g.20gb"'
+    held = allocated(claim("held", mig_request(two_g)), (OURS, "d1", b_holds))
+    gpu0 = status_gpu(0, ("2g.20gb", 0, True), ("2g.20gb", 4, False))
+    gpu0["mig"][0]["foreign"] = True
+    gpu1 = status_gpu(1, ("2g.20gb", 0, True))
+    gpu1["unhealthy"] = True
+    index = ClusterIndex.from_objects(CAT, [node("d1", {**DRA, "nvidia.com/gpu.count": "2"})])
+    index.upsert_claim(held)
+    index.upsert_pod(bound_claim_pod("b", "held", "d1"))
+    # the agent's status changed after b bound, so its flags look current (equal counts)
+    index.upsert_partitioning(np("d1", observed=1, applied=True, gpus=[gpu0, gpu1]))
+    ledgers, problems = build_ledgers(index, (), (), {})
+    assert not problems and not ledgers["d1"].stale_used
+    return ledgers["d1"]
+
+
+def test_a_claims_healthy_device_is_not_free_while_a_departed_pods_sick_one_shows_used() -> None:
+    """DRA promise harness seed 100001597.  The pod on GPU 1's unhealthy 2g@0 left (its flag
+    still shows used) and pod b's claim was allocated GPU 0's 2g@4 (not shown used yet): one
+    bound pod, one used flag.  Counted from the flags, b sat on the unhealthy device and 2g@4
+    was promised to another pod.  The allocations say where b is: nothing of 2g is free."""
+    ledger = _sick_gpu_ledger("gpu0-2g-20gb-s4")
+    assert ledger.bound["nvidia.com/mig-2g.20gb"] == 1
+    assert ledger.free()["nvidia.com/mig-2g.20gb"] == 0
+    # b on the unhealthy device: GPU 0's 2g@4 is free
+    assert _sick_gpu_ledger("gpu1-2g-20gb-s0").free()["nvidia.com/mig-2g.20gb"] == 1

@@ -678,6 +678,10 @@ def outside_events(w: World, now: float, broken: set[tuple[str, str]]) -> None:
     for name in w.nodes:
         if rng.random() < 0.5:
             w.render(name, report=True)
+    # A pod leaving a hybrid host that runs processes of no pod (which the agent could not
+    # tell apart while the pod held a slice) reveals them: the host's other slices, one a
+    # promise may name, turn unusable.  An outside event like an XID.
+    free_before = {name: usable_free(n) for name, n in w.nodes.items()}  # type: ignore[arg-type]
     running = [k for k, p in sorted(w.pods.items()) if p["spec"].get("nodeName")]
     for key in running:
         if rng.random() < 0.08:
@@ -687,6 +691,10 @@ def outside_events(w: World, now: float, broken: set[tuple[str, str]]) -> None:
                     if d.pod == key:
                         d.pod = None
             w.counts.add("finished")
+    for name, n in w.nodes.items():
+        before = len(broken)
+        mark_broken(w, name, free_before[name], usable_free(n), broken)  # type: ignore[arg-type]
+        w.counts.add("departure_reveals_foreign", len(broken) > before)
     for name, n in w.nodes.items():
         if is_busy(NodePartitioning.model_validate(w.nps[name])) or rng.random() > 0.25:
             continue
