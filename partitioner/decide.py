@@ -1814,7 +1814,9 @@ class _Step:
         pod like one created while the webhook was down: planned, never released, bound when
         its slice exists.
 
-        Cost: one pass over the pods when some candidate may preempt, then per candidate the
+        Cost: the candidates that outrank the lowest-priority slice pod (the index keeps that
+        priority; none where all share one), one pass over the pods when one of them may
+        preempt, then per candidate the
         first node that serves it (nodes in name order, each node's free slices and freed
         units computed once); candidates alike in priority, request and eligible nodes that
         found no node are not searched again (what is handed over only shrinks the room)."""
@@ -1822,7 +1824,12 @@ class _Step:
             return
         room: _PreemptionRoom | None = None
         misses: set[tuple[int, int, frozenset[str]]] = set()
+        lowest = self.index.lowest_slice_priority()  # at most the room's (any node counts)
         for key, pod in self.candidates.items():  # highest priority first
+            if pod.priority <= lowest:
+                # no later candidate outranks a bound slice pod either; without this the loop
+                # read every candidate each step (one priority for all: it stops at the first)
+                break
             if key not in self.managed or pod.reservation is not None or not pod.preempts:
                 continue
             if pod.dra:  # a claim's devices: not modelled here (it waits, or gets a drain)
@@ -2036,7 +2043,8 @@ class _Step:
         taken: dict[str, int] = {}
         pods: list[PendingPod] = []
         rows: list[tuple[str, tuple[object, ...], frozenset[str], int]] = []
-        tiers = self.config.planner_settings.wait_tiers_s
+        # a pod's tier: how many thresholds it has passed (``waited >= t``), in any order
+        tiers = sorted(self.config.planner_settings.wait_tiers_s)
         by_key: dict[str, PodInfo] = {}
         plannable_names = self.plannable = frozenset(plannable)
         limits = {r: bound(r) for r, n in self.candidate_resources.items() if n > 0}
@@ -2136,11 +2144,7 @@ class _Step:
                     pod.memory_mib,
                     pod.priority,
                 )
-            tier = 0
-            for t in tiers:
-                if waited >= t:
-                    tier += 1
-            rows.append((key, sig, usable, tier))
+            rows.append((key, sig, usable, bisect.bisect_right(tiers, waited)))
         pods.sort(key=lambda p: p.name)
         rows.sort(key=lambda row: row[0])  # the pod key: the order of ``pods``
         self.batched = by_key.keys()

@@ -54,6 +54,7 @@ import dataclasses
 import datetime
 import gc
 import itertools
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -711,6 +712,8 @@ class ClusterIndex:
         """Unique per index in this process: ``(identity, version)`` names one cluster state
         (two indexes built from different objects may reach the same ``version``)."""
         self._usage: dict[str, Usage] = {}
+        self._slice_priorities: Counter[int] = Counter()
+        """Priority -> pods holding slices (bound, not finished): :meth:`lowest_slice_priority`."""
         self._waiting: set[str] = set()
         self._waiting_sorted: list[str] | None = None
         self._waiting_aged: list[str] | None = None
@@ -889,6 +892,8 @@ class ClusterIndex:
         self.pods[key] = info
         if _counts(info):
             self._usage.setdefault(info.node, Usage()).add(info, +1)
+            if info.slices:
+                self._slice_priorities[info.priority] += 1
         if info.node:
             self.node_pods[info.node] = self.node_pods.get(info.node, 0) + 1
         if info.stray:
@@ -972,6 +977,12 @@ class ClusterIndex:
             usage = self._usage.get(old.node)
             if usage is not None:
                 usage.add(old, -1)
+            if old.slices:
+                left = self._slice_priorities[old.priority] - 1
+                if left > 0:
+                    self._slice_priorities[old.priority] = left
+                else:
+                    del self._slice_priorities[old.priority]
         if old.node:
             self.node_pods[old.node] = self.node_pods.get(old.node, 0) + 1
         self.strays.discard(key)
@@ -1009,6 +1020,11 @@ class ClusterIndex:
 
     def usage(self, node: str) -> Usage:
         return self._usage.get(node) or Usage()
+
+    def lowest_slice_priority(self) -> int:
+        """The lowest priority of a pod holding slices (bound, not finished; on any node), 0
+        when none does: a pod at or below it can preempt no slice pod anywhere."""
+        return min(self._slice_priorities, default=0)
 
     def bound_pods(self, node: str) -> list[PodInfo]:
         """Pods bound to ``node`` that have not finished (key order; O(all pods))."""

@@ -722,6 +722,8 @@ class _Reading:
     """Devices per resource over all GPUs (read-only)."""
     used: Counter[str] = field(default_factory=Counter, compare=False, hash=False)
     """Status-used devices per resource over all GPUs (read-only)."""
+    status_used_total: Counter[str] = field(default_factory=Counter, compare=False, hash=False)
+    """:attr:`status_used` summed over all GPUs (read-only)."""
 
     def __post_init__(self) -> None:
         for rows in self.rows:
@@ -729,6 +731,8 @@ class _Reading:
                 self.totals[r] += 1
                 if u:
                     self.used[r] += 1
+        for used in self.status_used.values():
+            self.status_used_total.update(used)
 
     """:meth:`NodeLedger.gpu_states` of a ledger read from this reading whose only pins are
     the base ones (status-used devices, and every device of a resource in ``stale_used``, the
@@ -970,10 +974,14 @@ def build_ledgers(
             # planner, :func:`gpus_from_status`).  Counting those hid a bound pod the agent
             # has not reported yet, whose device then showed free to the planner: a plan gave
             # it to another pod ("slice free on the node") or replaced it.
-            status_used = Counter()
-            for i, used in reading.status_used.items():
-                if i not in frozen.get(name, ()):
-                    status_used.update(used)
+            on_frozen = frozen.get(name)
+            if not on_frozen:
+                status_used = reading.status_used_total
+            else:
+                status_used = Counter()
+                for i, used in reading.status_used.items():
+                    if i not in on_frozen:
+                        status_used.update(used)
         else:
             status_used = _status_used(gpus) if name in frozen else reading.used
         frozen_used = ledger.frozen_used()

@@ -227,3 +227,40 @@ def test_no_more_pods_are_handed_over_than_the_victims_can_make_room_for() -> No
     d = c.step(PLAN_AT)
     assert len(events(d, "Preempting")) == 1
     assert [gates(c, f"u{i}") for i in range(3)] == [[], [{"name": GATE}], [{"name": GATE}]]
+
+
+def test_the_index_keeps_the_lowest_priority_of_the_pods_holding_slices() -> None:
+    """What the preemption pass stops at (a candidate at or below it outranks no slice pod):
+    bound, unfinished pods with slices count; it follows binds, finishes, replacements and
+    deletions."""
+    c = full_of_7g(victims_priority=7)
+    index = c.index()
+    assert index.lowest_slice_priority() == 7
+    cpu_only = running("cpu", "n1")
+    index.upsert_pod(with_priority(cpu_only, -50))  # holds no slice: not counted
+    index.upsert_pod(with_priority(gated("waiting", SEVEN_G), -40))  # not bound: not counted
+    assert index.lowest_slice_priority() == 7
+    low = with_priority(running("low2", "n1", SEVEN_G), 3)
+    index.upsert_pod(low)
+    assert index.lowest_slice_priority() == 3
+    done = dict(low, status={"phase": "Succeeded"})
+    done["metadata"] = dict(low["metadata"], resourceVersion="2")
+    index.upsert_pod(done)  # finished: it holds nothing any more
+    assert index.lowest_slice_priority() == 7
+    index.apply("pods", "DELETED", c.pod("low0"))
+    index.apply("pods", "DELETED", c.pod("low1"))
+    assert index.lowest_slice_priority() == 0  # none left
+
+
+def test_the_pass_stops_at_the_first_candidate_outranking_no_slice_pod() -> None:
+    """Candidates of priority 5 and 1 beside victims of priority 3: the higher one is handed
+    to preemption, the lower one stays gated (the pass stops before it)."""
+    c = full_of_7g(
+        with_priority(gated("high", SEVEN_G), 5),
+        with_priority(gated("low", SEVEN_G), 1),
+        victims_priority=3,
+    )
+    c.step(T0 + 5)  # the batch window opens
+    d = c.step(PLAN_AT)
+    assert gates(c, "high") == [] and gates(c, "low") == [{"name": GATE}]
+    assert d.counts["preempting"] == 1

@@ -771,8 +771,15 @@ def check_no_overpromise(
                 len(r.gpus[res]) for key, r in after.items() if res in r.gpus and key in view
             )
             if (name, res) in broken and new and kept <= free[res]:
-                # KNOWN (reported, not fixed): the fast path gives a slice of a node where a
-                # released pod whose slice broke waits (pinned there) to a new pod.
+                # KNOWN, kept as a decision: a released pod whose slice broke stays pinned to
+                # its node and ungated while it is re-planned there; the controller's own
+                # promises (its view) fit beside the new one.  The fast path keeps the free
+                # units of its request for it (``_keep_for_pinned``); a plan may still give a
+                # free unit to a new pod where the pinned pod's whole request cannot be placed
+                # (seed 120000187: it needs two 2g, one turned unhealthy, the plan gave the
+                # other to a one-unit pod).  Kubernetes binds a pod all or nothing, so the pinned
+                # pod takes that unit only if its whole request frees there (the sick one
+                # recovers) before the new pod binds.
                 w.counts.add("new_beside_taken")
                 continue
             assert (name, res) in broken and not new, (
