@@ -652,7 +652,7 @@ def outside_events(w: World, now: float, broken: set[tuple[str, str]]) -> None:
         if not insts:
             continue
         g, i = rng.choice(insts)
-        before = usable_free(n)
+        before = usable_free(n), admitted(w, name)
         roll = rng.random()
         if roll < 0.4:
             i.unhealthy = not i.unhealthy
@@ -660,7 +660,7 @@ def outside_events(w: World, now: float, broken: set[tuple[str, str]]) -> None:
             i.foreign = not i.foreign
         elif roll < 0.85:
             g.unhealthy = not g.unhealthy
-        mark_broken(w, name, before, usable_free(n), broken)
+        mark_health_broken(w, name, before, (usable_free(n), admitted(w, name)), broken)
         w.counts.add("health_events")
         w.render(name, report=True)
     if rng.random() < 0.3:
@@ -669,6 +669,42 @@ def outside_events(w: World, now: float, broken: set[tuple[str, str]]) -> None:
 
 
 # --------------------------------------------------------------------------- properties
+
+
+def admitted(w: World, name: str) -> Counter[str]:
+    """Units of each resource kube-scheduler admits on node ``name`` beside the bound pods:
+    the devices the kubelet lists healthy, less the bound pods' units (a pod on a device that
+    turned unhealthy still counts against allocatable); below 0 where those pods count more."""
+    listed: Counter[str] = Counter()
+    for g in w.nodes[name].gpus:
+        for i in g.insts:
+            if not (g.unhealthy or i.unhealthy):
+                listed[i.resource] += 1
+    bound = w.bound_units(name)
+    return Counter({r: listed[r] - bound[r] for r in set(listed) | set(bound)})
+
+
+def promise_capacity(w: World, name: str, free: Counter[str]) -> Counter[str]:
+    """What promises on node ``name`` can be kept with: per resource the usable ``free``
+    devices, at most what kube-scheduler :func:`admitted`."""
+    room = admitted(w, name)
+    return Counter({r: min(k, room[r]) for r, k in free.items()})
+
+
+def mark_health_broken(
+    w: World,
+    name: str,
+    before: tuple[Counter[str], Counter[str]],
+    after: tuple[Counter[str], Counter[str]],
+    broken: set[tuple[str, str]],
+) -> None:
+    """:func:`mark_broken` for a health event, on each of what keeps promises (``(usable free,
+    admitted)`` before and after it): a device turning unhealthy or foreign takes usable ones,
+    and an XID under running pods can cut what kube-scheduler admits alone (seed 130000248 of
+    the shares harness: GPU 1 turned unhealthy under two 2g pods, so the two free 2g of GPU 0
+    admitted none, and the pod promised both could not bind)."""
+    mark_broken(w, name, before[0], after[0], broken)
+    mark_broken(w, name, before[1], after[1], broken)
 
 
 def usable_free(n: SimNode) -> Counter[str]:
@@ -995,7 +1031,7 @@ def check_restart_keeps(w: World, s: Step[Any], where: str, counts: Counts) -> N
 
 def heal(w: World, broken: set[tuple[str, str]], free: Callable[[str], Counter[str]]) -> None:
     """A broken (node, resource) heals once its promises fit again (``free``: a node's usable
-    free units per resource)."""
+    free units per resource, as :func:`promise_capacity` caps them)."""
     for name, res in list(broken):
         if held_units(w, name)[res] <= free(name)[res]:
             broken.discard((name, res))
@@ -1066,7 +1102,7 @@ def run_cluster(seed: int, counts: Counts) -> None:
             s.restarted.pods,
             fresh=True,
         )
-        heal(w, broken, lambda name: usable_free(w.nodes[name]))
+        heal(w, broken, lambda name: promise_capacity(w, name, usable_free(w.nodes[name])))
 
         agent_applies(w, broken)
         scheduler_binds(w, broken, where)

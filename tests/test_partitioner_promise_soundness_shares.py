@@ -82,6 +82,7 @@ from test_partitioner_promise_soundness import (
     Counts,
     Inst,
     Running,
+    admitted,
     assert_exercised,
     check_no_overpromise,
     check_restart_keeps,
@@ -93,7 +94,9 @@ from test_partitioner_promise_soundness import (
     held_units,
     holders,
     mark_broken,
+    mark_health_broken,
     promise,
+    promise_capacity,
     reservation_of,
     run_seeds,
     step_times,
@@ -699,7 +702,7 @@ def outside_events(w: World, now: float, broken: set[tuple[str, str]]) -> None:
         if is_busy(NodePartitioning.model_validate(w.nps[name])) or rng.random() > 0.25:
             continue
         g = rng.choice(n.gpus)
-        before = usable_free(n)  # type: ignore[arg-type]
+        before = usable_free(n), admitted(w, name)  # type: ignore[arg-type]
         roll = rng.random()
         if roll < 0.15 or (n.kind == "mps" and roll < 0.4):
             g.unhealthy = not g.unhealthy  # not MIG-scoped: every device of the GPU
@@ -717,7 +720,8 @@ def outside_events(w: World, now: float, broken: set[tuple[str, str]]) -> None:
             if m.pod is None and not any(s.pod for s in m.slices):
                 m.foreign = not m.foreign
                 w.counts.add("host_foreign" if m.slices else "instance_foreign")
-        mark_broken(w, name, before, usable_free(n), broken)  # type: ignore[arg-type]
+        after = usable_free(n), admitted(w, name)  # type: ignore[arg-type]
+        mark_health_broken(w, name, before, after, broken)
         w.counts.add("health_events")
         w.render(name, report=True)
     if rng.random() < 0.3:
@@ -970,7 +974,7 @@ def run_cluster(seed: int, counts: Counts) -> None:
             fresh=True,
             hidden=hidden_foreign,
         )
-        heal(w, broken, lambda name: usable_free(w.nodes[name]))  # type: ignore[arg-type]
+        heal(w, broken, lambda name: promise_capacity(w, name, usable_free(w.nodes[name])))  # type: ignore[arg-type]
 
         agent_applies(w, broken)
         scheduler_binds(w, broken, where)
