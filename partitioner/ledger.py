@@ -695,6 +695,9 @@ class _Reading:
     states: dict[frozenset[str], tuple[GpuState, ...]] = field(
         default_factory=dict, compare=False, hash=False
     )
+    """:meth:`NodeLedger.gpu_states` of a ledger read from this reading whose only pins are
+    the base ones (status-used devices, and every device of a resource in ``stale_used``, the
+    key) and that has no frozen GPU: the same every cycle until the reading changes."""
     bounds: dict[object, tuple[Counter[str], Counter[str], tuple[int, ...]]] = field(
         default_factory=dict, compare=False, hash=False
     )
@@ -733,10 +736,6 @@ class _Reading:
                     self.used[r] += 1
         for used in self.status_used.values():
             self.status_used_total.update(used)
-
-    """:meth:`NodeLedger.gpu_states` of a ledger read from this reading whose only pins are
-    the base ones (status-used devices, and every device of a resource in ``stale_used``, the
-    key) and that has no frozen GPU: the same every cycle until the reading changes."""
 
 
 def _allocation_order(g: GpuSlots) -> str:
