@@ -781,23 +781,25 @@ def _rows(model: GpuModel, gpus: Sequence[GpuState]) -> tuple[tuple[_Row, ...], 
 
 def _status_devices(
     np: NodePartitioning | None, model: GpuModel
-) -> Iterator[tuple[int, str, bool, bool, bool]]:
+) -> Iterator[tuple[int, str, bool, bool, bool, tuple[str, int] | None]]:
     """Every device the agent's status lists, as ``(GPU index, resource, used, unhealthy,
-    foreign)``: each MIG instance that hosts no MPS slices, each slice a hybrid instance hosts,
-    each MPS slice of a GPU; unhealthy when it, its instance or its GPU is reported so; foreign
-    when it or its host instance is (a pod given a slice of a foreign host would share the
-    instance with processes of no pod, as one given a foreign instance would)."""
+    foreign, placement)``: each MIG instance that hosts no MPS slices (placement: its profile
+    and start), each slice a hybrid instance hosts, each MPS slice of a GPU (placement
+    ``None``); unhealthy when it, its instance or its GPU is reported so; foreign when it or its
+    host instance is (a pod given a slice of a foreign host would share the instance with
+    processes of no pod, as one given a foreign instance would)."""
     for g in np.status.gpus if np is not None and np.status is not None else ():
         for m in g.mig:
             sick = g.unhealthy or m.unhealthy
             if not m.mps:
-                yield g.index, instance_resource(model, m.profile), m.used, sick, m.foreign
+                r = instance_resource(model, m.profile)
+                yield g.index, r, m.used, sick, m.foreign, (m.profile, m.start)
             for sl in m.mps:
                 r = mps_resource(sl.memoryMiB // MIB_PER_GIB)
-                yield g.index, r, sl.used, sick or sl.unhealthy, m.foreign
+                yield g.index, r, sl.used, sick or sl.unhealthy, m.foreign, None
         for sl in g.mps:
             r = mps_resource(sl.memoryMiB // MIB_PER_GIB)
-            yield g.index, r, sl.used, g.unhealthy or sl.unhealthy, False
+            yield g.index, r, sl.used, g.unhealthy or sl.unhealthy, False, None
 
 
 def unhealthy_free(np: NodePartitioning | None, model: GpuModel) -> dict[int, Counter[str]]:
@@ -807,7 +809,7 @@ def unhealthy_free(np: NodePartitioning | None, model: GpuModel) -> dict[int, Co
     never bind -- and the MIG instances it reports ``foreign`` (used by processes no pod or
     claim holds them for: a pod given one would share it, or in DRA mode fail its prepare)."""
     out: dict[int, Counter[str]] = {}
-    for i, r, used, sick, foreign in _status_devices(np, model):
+    for i, r, used, sick, foreign, _at in _status_devices(np, model):
         if (sick and not used) or foreign:
             out.setdefault(i, Counter())[r] += 1
     return out
@@ -826,7 +828,7 @@ def _used_health(
     used: _PerGpu = {}
     unusable: _PerGpu = {}
     sick_all: _PerGpu = {}
-    for i, r, u, sick, foreign in _status_devices(np, model):
+    for i, r, u, sick, foreign, _at in _status_devices(np, model):
         if sick or foreign:
             unusable.setdefault(i, Counter())[r] += 1
         if sick:
@@ -844,10 +846,9 @@ def _sick_used_instances(
     """(GPU index, resource, profile, start) of the MIG instances hosting no MPS slices that
     the agent reports unhealthy and used, not foreign (:attr:`_Reading.sick_used_at`)."""
     return frozenset(
-        (g.index, instance_resource(model, m.profile), m.profile, m.start)
-        for g in (np.status.gpus if np is not None and np.status is not None else ())
-        for m in g.mig
-        if not m.mps and (g.unhealthy or m.unhealthy) and m.used and not m.foreign
+        (i, r, *at)
+        for i, r, used, sick, foreign, at in _status_devices(np, model)
+        if at is not None and sick and used and not foreign
     )
 
 
