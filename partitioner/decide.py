@@ -1816,10 +1816,10 @@ class _Step:
 
         Cost: the candidates that outrank the lowest-priority slice pod (the index keeps that
         priority; none where all share one), one pass over the pods when one of them may
-        preempt, then per candidate the
-        first node that serves it (nodes in name order, each node's free slices and freed
-        units computed once); candidates alike in priority, request and eligible nodes that
-        found no node are not searched again (what is handed over only shrinks the room)."""
+        preempt, then per candidate the first node that serves it (nodes in name order, each
+        node's free slices and freed units computed once); candidates alike in priority,
+        request and eligible nodes that found no node are not searched again (what is handed
+        over only shrinks the room)."""
         if not (self.config.reservation and self.config.preemption):
             return
         room: _PreemptionRoom | None = None
