@@ -820,15 +820,16 @@ _PerGpu = dict[int, Counter[str]]
 
 def _used_health(
     np: NodePartitioning | None, model: GpuModel
-) -> tuple[_PerGpu, _PerGpu, _PerGpu, _PerGpu]:
+) -> tuple[_PerGpu, _PerGpu, _PerGpu, _PerGpu, frozenset[tuple[int, str, str, int]]]:
     """Per GPU index and resource: the devices reported unhealthy and used (not foreign), those
     reported used (not foreign), those reported unhealthy or foreign, and those reported
-    unhealthy (:class:`_Reading`)."""
+    unhealthy; and where the first are MIG instances, their placements (:class:`_Reading`)."""
     sick_used: _PerGpu = {}
     used: _PerGpu = {}
     unusable: _PerGpu = {}
     sick_all: _PerGpu = {}
-    for i, r, u, sick, foreign, _at in _status_devices(np, model):
+    sick_used_at: set[tuple[int, str, str, int]] = set()
+    for i, r, u, sick, foreign, at in _status_devices(np, model):
         if sick or foreign:
             unusable.setdefault(i, Counter())[r] += 1
         if sick:
@@ -837,19 +838,9 @@ def _used_health(
             used.setdefault(i, Counter())[r] += 1
             if sick:
                 sick_used.setdefault(i, Counter())[r] += 1
-    return sick_used, used, unusable, sick_all
-
-
-def _sick_used_instances(
-    np: NodePartitioning | None, model: GpuModel
-) -> frozenset[tuple[int, str, str, int]]:
-    """(GPU index, resource, profile, start) of the MIG instances hosting no MPS slices that
-    the agent reports unhealthy and used, not foreign (:attr:`_Reading.sick_used_at`)."""
-    return frozenset(
-        (i, r, *at)
-        for i, r, used, sick, foreign, at in _status_devices(np, model)
-        if at is not None and sick and used and not foreign
-    )
+                if at is not None:
+                    sick_used_at.add((i, r, *at))
+    return sick_used, used, unusable, sick_all, frozenset(sick_used_at)
 
 
 def _pseudo_pod(pod: PodInfo) -> dict[str, object]:
@@ -890,7 +881,9 @@ def read_gpus(index: ClusterIndex, info: NodeInfo) -> _Reading | NodeProblem:
         result = NodeProblem(info.name, adopted.reason, adopted.message)
     else:
         agent = adopted.source == "agent"
-        sick_used, status_used, unusable, sick = _used_health(np if agent else None, gpu.model)
+        sick_used, status_used, unusable, sick, sick_used_at = _used_health(
+            np if agent else None, gpu.model
+        )
         result = _Reading(
             adopted,
             _rows(gpu.model, adopted.gpus),
@@ -900,7 +893,7 @@ def read_gpus(index: ClusterIndex, info: NodeInfo) -> _Reading | NodeProblem:
             status_used=status_used,
             unusable=unusable,
             sick=sick,
-            sick_used_at=_sick_used_instances(np if agent else None, gpu.model),
+            sick_used_at=sick_used_at,
         )
     info.derived = (key, result)
     return result
