@@ -246,10 +246,9 @@ def _owned_by_daemonset(pod: Obj) -> bool:
 
 def _partitionable(pod: Obj) -> list[str]:
     names: set[str] = set()
-    for c in [
-        *(pod.get("spec") or {}).get("containers", ()),
-        *(pod.get("spec") or {}).get("initContainers", ()),
-    ]:
+    spec = pod.get("spec") or {}
+    # null reads as absent, as the API server and the snapshot file's check read it
+    for c in [*(spec.get("containers") or ()), *(spec.get("initContainers") or ())]:
         res = c.get("resources") or {}
         names.update(res.get("requests") or {})
         names.update(res.get("limits") or {})
