@@ -102,13 +102,20 @@ hours costs a round per ``resync_s``, not one per ``spec_poll_s``.
 A poll, not a watch of ResourceClaims: every round lists the claims already (all namespaces,
 :class:`~node_agent.dra_shape.ShapeApi`); a watch would be a second stream of every claim in
 the cluster on every node, held open for the rare moments a device lingers, while the poll
-costs rounds only while one does.  What neither closes: kube-scheduler sees the deallocation at
-once, the agent at its next round, so for up to ``spec_poll_s`` after it (on the ordinary path)
-the freed device is allocatable; only a ``NoSchedule`` device taint on it while it is allocated
-(DRADeviceTaints, beta from Kubernetes 1.36) would close that.  Nor a claim deallocated
-*before* its unprepare (a force-deleted pod, a kubelet that is down): the device is then
-prepared here and stays published until the kubelet unprepares it (its reconcile loop, every
-60 s), whose round withdraws it.
+costs rounds only while one does.  The poll alone leaves a window: kube-scheduler sees the
+deallocation at once, the agent at its next round, so for up to ``spec_poll_s`` after it (on
+the ordinary path) the freed device was allocatable; and a claim deallocated *before* its
+unprepare (a force-deleted pod, a kubelet that is down) leaves the device prepared here and
+published until the kubelet unprepares it (its reconcile loop, every 60 s), whose round
+withdraws it.  So every round publishes the devices it keeps only for their allocation while
+no new claim can use them (an XID hit them, processes outside any claim use them, their GPU
+cannot be read: :func:`~node_agent.dra_shape.unusable_taints`) with the ``NoSchedule`` taint
+:data:`~node_agent.dra_slices.UNUSABLE_TAINT_KEY`: kube-scheduler allocates a tainted device to
+no claim (gpuslice's claims carry no toleration for it), and the taint is there from the round
+that found the device unusable, before any deallocation.  What remains is the time from the
+device turning unusable to that round (an XID wakes one at once; a foreign process is found at
+the next round), and clusters whose API server drops device taints (DRADeviceTaints off:
+:mod:`node_agent.dra_publish`), where the poll is all there is.
 
 Mode ``all`` lists no claims: a device there is published beside the free ones because it is
 prepared (the checkpoint), so the round every prepare and unprepare wakes (in both modes)
@@ -132,7 +139,7 @@ from node_agent.agent import SpecSource, draining_gpus, now_rfc3339
 from node_agent.dra_claims import DeviceTarget
 from node_agent.dra_foreign import ForeignUse, foreign_devices, whole_gpus
 from node_agent.dra_publish import SlicePublisher
-from node_agent.dra_shape import planned_devices, publish_set, shaped_status
+from node_agent.dra_shape import planned_devices, publish_set, shaped_status, unusable_taints
 from node_agent.dra_slices import DraGpu
 from node_agent.draplugin import DraKubeletPlugin
 from node_agent.health import AgentHealth
@@ -371,6 +378,18 @@ class DraDriver:
             self.metrics.observe_foreign(len(foreign))
         return foreign
 
+    def _taints(
+        self,
+        published: Collection[str],
+        unreadable: Collection[int],
+        xid: Collection[str],
+        busy: Collection[str],
+    ) -> dict[str, str]:
+        """The published devices no new claim can use, with why (module docstring,
+        "Lingering devices")."""
+        lost = [n for n, t in self.preparer.targets.items() if t.gpu in unreadable]
+        return unusable_taints(published, unreadable=lost, xid=xid, foreign=busy)
+
     def _prepared(self) -> set[str]:
         """The devices of the claims the preparer prepared (its checkpoint)."""
         return {d.device for rec in self.preparer.checkpoint for d in rec.devices}
@@ -420,9 +439,10 @@ class DraDriver:
             created = 0
         self.planned_created += created
         withheld = draining | unreadable.keys()
-        hidden = self.preparer.xid_devices() | foreign_devices(self.preparer.targets, foreign)
+        xid, busy = self.preparer.xid_devices(), foreign_devices(self.preparer.targets, foreign)
+        hidden = xid | busy
         want = publish_set(planned, allocated, withheld, hidden)
-        await self.publisher.publish(want)
+        await self.publisher.publish(want, self._taints(want, unreadable, xid, busy))
         self._narrowed = self.published is not None and bool(self.published - want)
         self.published = want
         free = publish_set(planned, (), withheld, hidden)  # what it would publish unallocated
@@ -487,15 +507,13 @@ class DraDriver:
                 self.plugin.prepare_failures(None, time.monotonic())  # stale ones go: the gauge
                 unreadable = await self._read_gpus()
                 foreign = await self._read_foreign(unreadable)
-                await self.publisher.publish(
-                    _all_but_unhealthy(
-                        self.preparer.targets,
-                        self._prepared(),
-                        unreadable,
-                        self.preparer.xid_devices()
-                        | foreign_devices(self.preparer.targets, foreign),
-                    )
-                )
+                xid = self.preparer.xid_devices()
+                busy = foreign_devices(self.preparer.targets, foreign)
+                prepared = self._prepared()
+                every = _all_but_unhealthy(self.preparer.targets, prepared, unreadable, xid | busy)
+                # ``None``: every placement, none of them unusable
+                taints = self._taints(every, unreadable, xid, busy) if every is not None else None
+                await self.publisher.publish(every, taints)
         except Exception as e:  # PublishError, NVML down, a connection, a timeout: go on
             self.rounds += 1
             self.failures += 1

@@ -22,6 +22,16 @@ the wanted slices:
    :class:`PublishError` says so and names the fix; the slices that lost their counters are
    deleted again, so nothing allocatable without counters is left published.
 
+Device taints (:data:`~node_agent.dra_slices.UNUSABLE_TAINT_KEY`, on devices no new claim can
+use): the API server stamps a taint's ``timeAdded`` when it is not sent, so each wanted taint
+takes the stamp of the same taint (key, value, effect) on the same device as stored, and an
+unchanged round still writes nothing.  An API server whose DRADeviceTaints gate is off (before
+Kubernetes 1.36, or switched off) drops ``taints`` silently: the read-back notices it, logs one
+warning and publishes no taints from then on (comparing slices that carry them with stored ones
+that never will would rewrite the pool every round).  Nothing else changes there: an untainted
+device is what every release before this one published, and the driver's lingering poll still
+withdraws it within ``spec_poll_s`` of its claim's deallocation.
+
 Slices carry an owner reference to the Node when its UID is given, so they are
 garbage-collected with the Node.  Errors are one-line :class:`PublishError` naming the slice.
 """
@@ -62,6 +72,33 @@ def _dropped(sent: Mapping[str, Any], got: Mapping[str, Any]) -> bool:
     return False
 
 
+def _taints_dropped(sent: Mapping[str, Any], got: Mapping[str, Any]) -> bool:
+    """Did the server drop the taints of some device we sent?"""
+    got_devices = {d.get("name"): d for d in (got.get("spec") or {}).get("devices") or ()}
+    return any(
+        d.get("taints") and not (got_devices.get(d["name"]) or {}).get("taints")
+        for d in (sent.get("spec") or {}).get("devices") or ()
+    )
+
+
+def _stamped(wanted: Sequence[dict[str, Any]], stored: Mapping[str, Mapping[str, Any]]) -> None:
+    """Give each wanted taint the ``timeAdded`` of the same taint of the same device as stored
+    (the server stamps one it is not sent: module docstring)."""
+    stamps: dict[tuple[str, str, str, str], str] = {}
+    for s in stored.values():
+        for d in (s.get("spec") or {}).get("devices") or ():
+            for t in d.get("taints") or ():
+                if t.get("timeAdded"):
+                    key = (d.get("name"), t.get("key"), t.get("value", ""), t.get("effect"))
+                    stamps[key] = t["timeAdded"]
+    for s in wanted:
+        for d in s["spec"].get("devices") or ():
+            for t in d.get("taints") or ():
+                stamp = stamps.get((d["name"], t["key"], t.get("value", ""), t["effect"]))
+                if stamp is not None:
+                    t["timeAdded"] = stamp
+
+
 def _at(spec: Mapping[str, Any], generation: int) -> dict[str, Any]:
     """``spec`` with its pool at ``generation``."""
     return {**spec, "pool": {**spec["pool"], "generation": generation}}
@@ -88,6 +125,9 @@ class SlicePublisher:
         self.request_timeout_s = request_timeout_s
         self.writes = 0
         """Slices created, patched or deleted so far (for tests and metrics)."""
+        self.taints = True
+        """Whether devices are published with their taints: ``False`` once the API server
+        dropped them (module docstring)."""
 
     async def stored(self) -> dict[str, dict[str, Any]]:
         """This node's slices of this driver, by name."""
@@ -105,8 +145,15 @@ class SlicePublisher:
                 out[item["metadata"]["name"]] = item
         return out
 
-    def _wanted(self, generation: int, publish: Collection[str] | None) -> list[dict[str, Any]]:
-        out = resource_slices(self.node, self.gpus, generation, publish)
+    def _wanted(
+        self,
+        generation: int,
+        publish: Collection[str] | None,
+        tainted: Mapping[str, str] | None = None,
+    ) -> list[dict[str, Any]]:
+        out = resource_slices(
+            self.node, self.gpus, generation, publish, tainted if self.taints else None
+        )
         if self.node_uid:
             for s in out:
                 s["metadata"]["ownerReferences"] = [
@@ -144,9 +191,12 @@ class SlicePublisher:
             raise
         return True
 
-    async def publish(self, publish: Collection[str] | None = None) -> bool:
+    async def publish(
+        self, publish: Collection[str] | None = None, tainted: Mapping[str, str] | None = None
+    ) -> bool:
         """Converge; return whether anything was written.  ``publish`` narrows the devices
-        (planner-shaped publishing; ``None``: every placement)."""
+        (planner-shaped publishing; ``None``: every placement); ``tainted``: the published
+        devices no new claim can use, with why (:func:`~node_agent.dra_slices.resource_slices`)."""
         from kubernetes_asyncio.client.exceptions import ApiException
 
         try:
@@ -157,7 +207,8 @@ class SlicePublisher:
             (int(((s["spec"].get("pool") or {}).get("generation")) or 0) for s in stored.values()),
             default=0,
         )
-        wanted = self._wanted(generation + 1, publish)
+        wanted = self._wanted(generation + 1, publish, tainted)
+        _stamped(wanted, stored)
         if (
             generation
             and {s["metadata"]["name"] for s in wanted} == set(stored)
@@ -189,6 +240,19 @@ class SlicePublisher:
             for s in wanted
             if s["metadata"]["name"] in now and _dropped(s, now[s["metadata"]["name"]])
         ]
+        if self.taints and any(
+            _taints_dropped(s, now[s["metadata"]["name"]])
+            for s in wanted
+            if s["metadata"]["name"] in now
+        ):
+            self.taints = False
+            log.warning(
+                "the API server dropped the device taints of node %s's ResourceSlices: its "
+                "DRADeviceTaints feature gate is off (beta, on by default from Kubernetes "
+                "1.36). Publishing without them: a freed device an XID hit or a foreign "
+                "process uses can be allocated until the agent's next round withdraws it",
+                self.node,
+            )
         for name in sorted((set(now) - names) | set(dropped)):
             try:
                 await self.api.delete_cluster_custom_object(

@@ -74,7 +74,9 @@ published GPUs (:meth:`DraPreparer.read_pending
 **An XID critical error** (:mod:`node_agent.xid`; what it marks:
 :mod:`node_agent.dra_prepare`, "An XID") is handled on the same path: the unhealthy devices
 (those sharing a memory slot with the placement hit, every device of a GPU hit as a whole) are
-left out of the published set unless allocated (:func:`publish_set`'s ``unhealthy``), nothing
+left out of the published set unless allocated (:func:`publish_set`'s ``unhealthy``; the
+allocated ones are published tainted ``NoSchedule``, :func:`unusable_taints`, as are those
+processes outside any claim use and those of an unreadable GPU), nothing
 is created or destroyed over them, and the status says ``Degraded`` with reason ``GpuXid``
 naming the GPU, the instance and the XID (added to the message of a ``GpuUnreadable`` block of
 the same GPU), reports the placement hit in the GPU's layout, ``unhealthy`` (kept in the layout
@@ -107,6 +109,7 @@ from node_agent.dra_claims import DeviceTarget
 from node_agent.dra_foreign import ForeignUse
 from node_agent.dra_slices import (
     DRIVER,
+    TAINT_REASONS,
     DraGpu,
     device_name,
     reported_layout,
@@ -126,6 +129,7 @@ __all__ = [
     "planned_devices",
     "publish_set",
     "shaped_status",
+    "unusable_taints",
 ]
 
 log = logging.getLogger(__name__)
@@ -195,6 +199,26 @@ def publish_set(
         if i not in withheld:
             out.update(names if names else [device_name(i)])
     return (out - set(unhealthy)) | set(allocated)
+
+
+def unusable_taints(
+    published: Collection[str],
+    *,
+    unreadable: Collection[str] = (),
+    xid: Collection[str] = (),
+    foreign: Collection[str] = (),
+) -> dict[str, str]:
+    """The published devices no new claim can use, each with why (the value of the
+    :data:`~node_agent.dra_slices.UNUSABLE_TAINT_KEY` taint, the most serious reason first):
+    on an ``unreadable`` GPU, hit by an ``xid``, used by ``foreign`` processes.  Only allocated
+    ones are published (:func:`publish_set`); tainted, they stay unallocatable after their
+    claim is deallocated, until the agent's next round withdraws them."""
+    out: dict[str, str] = {}
+    for why, names in zip(TAINT_REASONS, (unreadable, xid, foreign), strict=True):
+        for name in names:
+            if name in published:
+                out.setdefault(name, why)
+    return out
 
 
 def claim_devices(claims: Iterable[Mapping[str, Any]], pool: str, driver: str = DRIVER) -> set[str]:

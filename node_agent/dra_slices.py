@@ -37,11 +37,20 @@ slice of the pool carries the pool's generation and slice count.  Device attribu
 ``type`` (``mig`` or ``gpu``), ``profile``, ``start``, ``index``, ``uuid`` (the parent GPU),
 ``model``; capacity ``memory``.  :func:`device_classes` are the DeviceClasses that select MIG
 placements and whole GPUs of this driver.
+
+A device published though no new claim can use it (allocated, and an XID hit it, processes
+outside any claim use it, or its GPU cannot be read) carries the ``NoSchedule`` device taint
+:data:`UNUSABLE_TAINT_KEY`, its value saying why (:data:`TAINT_REASONS`): kube-scheduler
+allocates it to no claim that does not tolerate the taint, while its counters stay counted for
+the claim that holds it (DRADeviceTaints, beta and on by default from Kubernetes 1.36;
+shared/facts/dra.md section 5; why it matters: :mod:`node_agent.dra_driver`, "Lingering
+devices").  The API server stamps ``timeAdded`` when it is not sent
+(:mod:`node_agent.dra_publish` carries the stored stamp forward).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +60,8 @@ from planner.catalog import GpuModel, MigProfile
 __all__ = [
     "API_VERSION",
     "DRIVER",
+    "TAINT_REASONS",
+    "UNUSABLE_TAINT_KEY",
     "DraGpu",
     "device_classes",
     "device_name",
@@ -66,7 +77,12 @@ DRIVER = "gpu.gpuslice.io"
 API_VERSION = "resource.k8s.io/v1"
 MAX_COUNTER_SETS_PER_SLICE = 8
 MAX_DEVICES_PER_SLICE = 64
-"""The API's limit for slices whose devices consume counters."""
+"""The API's limit for slices whose devices consume counters (or carry taints)."""
+UNUSABLE_TAINT_KEY = "gpu.gpuslice.io/unusable"
+"""The device taint on a published device no new claim can use (module docstring)."""
+TAINT_REASONS = ("unreadable", "xid", "foreign")
+"""The taint's values, most serious first: the GPU cannot be read, an XID hit the device (or
+shares a memory slot with what it hit), processes outside any claim use it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +194,9 @@ def _quantity(value: int) -> dict[str, str]:
     return {"value": str(value)}
 
 
-def _devices(gpu: DraGpu, only: Collection[str] | None) -> list[dict[str, Any]]:
+def _devices(
+    gpu: DraGpu, only: Collection[str] | None, tainted: Mapping[str, str]
+) -> list[dict[str, Any]]:
     model = gpu.model
     attrs = {
         "index": {"int": gpu.index},
@@ -210,6 +228,10 @@ def _devices(gpu: DraGpu, only: Collection[str] | None) -> list[dict[str, Any]]:
             )
     if only is not None:
         out = [d for d in out if d["name"] in only]
+    for d in out:
+        why = tainted.get(d["name"])
+        if why is not None:
+            d["taints"] = [{"key": UNUSABLE_TAINT_KEY, "value": why, "effect": "NoSchedule"}]
     return out
 
 
@@ -226,11 +248,14 @@ def resource_slices(
     gpus: Sequence[DraGpu],
     generation: int = 1,
     publish: Collection[str] | None = None,
+    tainted: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """The node's ResourceSlice manifests (module docstring).
 
     ``publish`` limits the devices to those names (planner-shaped publishing: the placements
     the plan wants used next, plus the allocated ones); ``None`` publishes every placement.
+    ``tainted``: device name -> why no new claim can use it (one of :data:`TAINT_REASONS`),
+    published with the :data:`UNUSABLE_TAINT_KEY` taint.
     GPUs of a model without MIG are published as whole GPUs only."""
     ordered = sorted(gpus, key=lambda g: g.index)
     mig = [g for g in ordered if g.model.mig_capable]
@@ -240,7 +265,7 @@ def resource_slices(
     ]
     device_chunks: list[tuple[str, list[dict[str, Any]]]] = []
     for g in ordered:
-        devices = _devices(g, publish)
+        devices = _devices(g, publish, tainted or {})
         for n, i in enumerate(range(0, len(devices), MAX_DEVICES_PER_SLICE)):
             suffix = f"gpu{g.index}" + (f"-{n}" if n else "")
             device_chunks.append((suffix, devices[i : i + MAX_DEVICES_PER_SLICE]))

@@ -138,6 +138,10 @@ class ListCall:
     """Loop time when it was received."""
 
 
+def _now_rfc3339() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def _author(request: kmock.Request) -> str:
     auth = str(request.headers.get("Authorization", ""))
     return auth.removeprefix("Bearer ").strip()
@@ -208,6 +212,10 @@ class ApiServer(kmock.KubernetesEmulator):
     drop_partitionable: bool = attrs.field(default=False, init=False)
     """Drop ``sharedCounters`` and ``consumesCounters`` from ResourceSlice writes, as an API
     server with the DRAPartitionableDevices gate off does (silently)."""
+    drop_taints: bool = attrs.field(default=False, init=False)
+    """Drop devices' ``taints`` from ResourceSlice writes, as an API server with the
+    DRADeviceTaints gate off does (silently).  Otherwise a taint written without
+    ``timeAdded`` gets the time of the write, as the API server stamps it."""
 
     def configure_admission(self, admission: Admission | None) -> None:
         self.admission = admission
@@ -247,6 +255,12 @@ class ApiServer(kmock.KubernetesEmulator):
             spec.pop("sharedCounters", None)
             for device in spec.get("devices") or ():
                 device.pop("consumesCounters", None)
+        if request.resource == _SLICES and isinstance(data, dict):
+            for device in (data.get("spec") or {}).get("devices") or ():
+                if self.drop_taints:
+                    device.pop("taints", None)
+                for taint in device.get("taints") or ():
+                    taint.setdefault("timeAdded", _now_rfc3339())
         if request.resource is not None and isinstance(data, (dict, list)):
             if request.action == kmock.action.CREATE and isinstance(data, dict):
                 if request.resource == _PODS:

@@ -11,14 +11,17 @@ allocation not prepared on this node, the loop runs again after ``spec_poll_s``
 (node_agent.dra_driver, "Lingering devices").  Checked against kmock and the fake NVML, with the
 kubelet played over gRPC (tests/fake_dra_kubelet.py) and the resync an hour:
 
-* a claim's device hit by an XID under its pod: after unprepare it stays published (the claim is
-  still allocated) and lingers; once the claim is deallocated it leaves the slices within a few
-  polls, and the polling stops;
+* a claim's device hit by an XID under its pod: from the XID's round on it is published with the
+  ``NoSchedule`` unusable taint (kube-scheduler allocates it to no other claim), after unprepare
+  it stays published (the claim is still allocated) and lingers; once the claim is deallocated
+  it leaves the slices within a few polls, and the polling stops;
 * a claim allocated on an instance a process outside any claim uses, never prepared (its prepare
-  refused): once the claim is deallocated the device leaves the slices within a few polls;
+  refused): tainted from the round that found the process; once the claim is deallocated the
+  device leaves the slices within a few polls;
 * a claim allocated on an XID-hit device whose pod never comes: the poll slows down (doubling up
   to the resync), it does not read the API every ``spec_poll_s`` for hours;
-* mode ``all`` (no claims listed): unprepare wakes a round, which withdraws the hit device at once.
+* mode ``all`` (no claims listed): the prepared hit device is published tainted; unprepare wakes
+  a round, which withdraws it at once.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from tests.test_agent_dra_shaped import (
     put_np,
     setup,
     spec,
+    tainted,
 )
 from tests.test_agent_dra_xid import HOUR, gi_at, looping, mig_of, watcher
 
@@ -104,6 +108,7 @@ async def test_a_device_an_xid_hit_leaves_the_slices_within_the_poll_after_its_c
         )
         rounds = await settled(driver)  # the XID's round done, no other in flight
         assert published(kmock) == {BESIDE, HIT}  # allocated: stays
+        assert tainted(kmock) == {HIT: "xid"}  # and no other claim is allocated it
         assert driver.lingering == frozenset()  # prepared here: unprepare will wake a round
 
         assert (await k.unprepare(DRIVER, claim))[uid].error == ""  # the pod is gone
@@ -117,7 +122,7 @@ async def test_a_device_an_xid_hit_leaves_the_slices_within_the_poll_after_its_c
             lambda: HIT not in published(kmock), what="the freed hit device", timeout=SOON
         )
         assert time.monotonic() - t0 < SOON < HOUR  # a poll, not the resync
-        assert published(kmock) == {BESIDE}
+        assert published(kmock) == {BESIDE} and tainted(kmock) == {}
         await eventually(lambda: driver.lingering == frozenset(), what="nothing lingers", timeout=5)
         # nothing lingers: the loop waits for the resync again
         rounds = await settled(driver)
@@ -145,6 +150,7 @@ async def test_a_device_a_foreign_process_uses_leaves_the_slices_within_the_poll
         )
         await asyncio.sleep(POLL)  # the round that found it done
         assert published(kmock) == {BESIDE, HIT}  # allocated: stays
+        assert tainted(kmock) == {HIT: "foreign"}
         assert driver.lingering == {HIT}
 
         t0 = time.monotonic()
@@ -194,6 +200,7 @@ async def test_mode_all_withdraws_a_hit_device_at_its_unprepare(
         await eventually(
             lambda: published(kmock) == (every - shares_4_7) | {HIT}, what="the XID", timeout=5
         )
+        assert tainted(kmock) == {HIT: "xid"}
         t0 = time.monotonic()
         assert (await k.unprepare(DRIVER, claim))[uid].error == ""
         await eventually(lambda: HIT not in published(kmock), what="the released device", timeout=1)

@@ -46,6 +46,7 @@ from tests.test_agent_dra_shaped import (
     round_ok,
     setup,
     spec,
+    tainted,
 )
 from tests.test_agent_draplugin import Node, placement
 from tests.test_agent_lost_gpu import MUTATING, READS
@@ -211,8 +212,9 @@ async def test_a_shaped_round_isolates_the_lost_gpu_and_serves_the_others(
     await round_ok(driver)
     assert layout(nv, 0) == {("7g.80gb", 0)}  # GPU 0 reconciled
     assert not lost.mutations(1)  # nothing created or destroyed on GPU 1
-    # GPU 1: its free placement withdrawn, the allocated one kept
+    # GPU 1: its free placement withdrawn, the allocated one kept, for no other claim
     assert published(kmock) == {p(0, "7g.80gb", 0), p(1, "3g.40gb", 4)}
+    assert tainted(kmock) == {p(1, "3g.40gb", 4): "unreadable"}
     status, reason, message = degraded(kmock)
     assert (status, reason) == ("True", "GpuUnreadable")
     assert names_gpu_1_lost(message) and "GPU 0" not in message, message
@@ -222,6 +224,7 @@ async def test_a_shaped_round_isolates_the_lost_gpu_and_serves_the_others(
     await round_ok(driver)
     assert layout(nv, 1) == {("1g.10gb", 0), ("3g.40gb", 4)}
     assert published(kmock) == {p(0, "7g.80gb", 0), p(1, "1g.10gb", 0), p(1, "3g.40gb", 4)}
+    assert tainted(kmock) == {}
     assert degraded(kmock) == ("False", "AsExpected", "")
     assert conditions(kmock)["Applied"] == ("True", "Applied", 2)
 
@@ -238,10 +241,11 @@ async def test_mode_all_withdraws_the_lost_gpus_devices_but_the_prepared_ones(
     targets = driver.preparer.targets
     gpu0 = {n for n, t in targets.items() if t.gpu == 0}
     assert published(kmock) == gpu0 | {p(1, "3g.40gb", 4)}
+    assert tainted(kmock) == {p(1, "3g.40gb", 4): "unreadable"}
     assert not lost.mutations(1)
     lost.recover()
     await round_ok(driver)
-    assert published(kmock) == set(targets)
+    assert published(kmock) == set(targets) and tainted(kmock) == {}
 
 
 @pytest.mark.parametrize("shaped", [True, False])

@@ -6,7 +6,10 @@ GPU) at generation 1 with the Node as owner; an unchanged node writes nothing; n
 the generation, rewrites only through patches carrying the resourceVersion, and deletes the
 slices of GPUs that publish nothing; another node's slices are never touched; an API server
 that drops the counters (DRAPartitionableDevices off) is reported and nothing stays published;
-the claim reader returns claims and ``None`` for absent ones.
+a device published unusable carries the NoSchedule taint, whose ``timeAdded`` (stamped by the
+server) is kept so an unchanged round writes nothing; an API server that drops taints
+(DRADeviceTaints off) keeps the slices and is written without them from then on; the claim
+reader returns claims and ``None`` for absent ones.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import pytest
 from fake_apiserver import SLICE_RESOURCE, ApiServer, declare_dra
 
 from node_agent.dra_publish import PublishError, SlicePublisher
-from node_agent.dra_slices import DRIVER, DraGpu, device_name
+from node_agent.dra_slices import DRIVER, UNUSABLE_TAINT_KEY, DraGpu, device_name
 from node_agent.draplugin import KubeClaimReader
 from planner.catalog import default_catalog
 
@@ -103,6 +106,60 @@ async def test_a_server_that_drops_counters_is_refused(
     with pytest.raises(PublishError, match="DRAPartitionableDevices"):
         await pub.publish()
     assert slices(kmock) == {}
+
+
+def taints(api: ApiServer) -> dict[str, list[dict[str, Any]]]:
+    return {
+        d["name"]: d["taints"]
+        for s in slices(api, "node-a").values()
+        for d in s["spec"].get("devices") or ()
+        if d.get("taints")
+    }
+
+
+async def test_an_unusable_device_is_tainted_and_its_stamp_kept(
+    kmock: ApiServer, connect: Callable[[str], Any]
+) -> None:
+    declare_dra(kmock)
+    three = H100.profile("3g.40gb")
+    hit, beside = device_name(0, three, 4), device_name(0, three, 0)
+    pub = SlicePublisher(connect(str(kmock.url)), "node-a", GPUS[:1])
+    assert await pub.publish({hit, beside}, {hit: "xid"})
+    (taint,) = taints(kmock)[hit]
+    assert set(taints(kmock)) == {hit}
+    assert taint["key"] == UNUSABLE_TAINT_KEY and taint["value"] == "xid"
+    assert taint["effect"] == "NoSchedule" and taint["timeAdded"]  # stamped by the server
+    for s in slices(kmock, "node-a").values():
+        body = {k: v for k, v in s.items() if k != "metadata"} | {
+            "metadata": {"name": s["metadata"]["name"]}
+        }
+        for version in ("1.34", "1.35", "1.36", "1.37"):
+            kubernetes_validate.validate(body, version, strict=True)
+    n = len(kmock.writes)
+    assert not await pub.publish({hit, beside}, {hit: "xid"})  # the stored stamp carried over
+    assert len(kmock.writes) == n
+    assert await pub.publish({hit, beside}, {hit: "foreign"})  # another reason: a new taint
+    assert taints(kmock)[hit][0]["value"] == "foreign"
+    assert await pub.publish({hit, beside})  # usable again
+    assert taints(kmock) == {} and pub.taints
+
+
+async def test_a_server_that_drops_taints_keeps_the_slices_untainted(
+    kmock: ApiServer, connect: Callable[[str], Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    declare_dra(kmock)
+    kmock.drop_taints = True
+    hit = device_name(0, H100.profile("3g.40gb"), 4)
+    pub = SlicePublisher(connect(str(kmock.url)), "node-a", GPUS[:1])
+    assert await pub.publish({hit}, {hit: "xid"})
+    assert not pub.taints and "DRADeviceTaints" in caplog.text
+    assert taints(kmock) == {}
+    assert {d["name"] for s in slices(kmock).values() for d in s["spec"].get("devices") or ()} == {
+        hit
+    }
+    n = len(kmock.writes)
+    assert not await pub.publish({hit}, {hit: "xid"})  # no rewrite every round
+    assert len(kmock.writes) == n
 
 
 async def test_claim_reader(kmock: ApiServer, connect: Callable[[str], Any]) -> None:

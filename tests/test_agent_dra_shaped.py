@@ -35,7 +35,7 @@ from node_agent.dra_driver import DraDriver
 from node_agent.dra_prepare import DraPreparer
 from node_agent.dra_publish import SlicePublisher
 from node_agent.dra_shape import ShapeApi, planned_devices
-from node_agent.dra_slices import DRIVER, DraGpu, device_name, whole_gpu_profile
+from node_agent.dra_slices import DRIVER, UNUSABLE_TAINT_KEY, DraGpu, device_name, whole_gpu_profile
 from node_agent.draplugin import DraKubeletPlugin, KubeClaimReader
 from node_agent.nvml_fake import FakeNvml
 from planner.catalog import default_catalog
@@ -72,6 +72,20 @@ def published(api: ApiServer, node: str = NODE) -> set[str]:
             spec = dict(obj.raw)["spec"]
             if spec["nodeName"] == node:
                 out |= {d["name"] for d in spec.get("devices") or ()}
+    return out
+
+
+def tainted(api: ApiServer, node: str = NODE) -> dict[str, str]:
+    """Published device -> the value of its ``NoSchedule`` unusable taint."""
+    out: dict[str, str] = {}
+    for (resource, _ns, _name), obj in list(api.objects.items()):
+        if resource == kmock.resource(SLICE_RESOURCE) and not obj.deleted:
+            spec = dict(obj.raw)["spec"]
+            if spec["nodeName"] == node:
+                for d in spec.get("devices") or ():
+                    for t in d.get("taints") or ():
+                        assert t["key"] == UNUSABLE_TAINT_KEY and t["effect"] == "NoSchedule"
+                        out[d["name"]] = t["value"]
     return out
 
 

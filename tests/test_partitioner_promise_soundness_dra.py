@@ -14,7 +14,9 @@ nodes, pods ask through ResourceClaims (``mig.gpuslice.io``, a CEL selector on t
   :func:`~node_agent.dra_shape.shaped_status`) with the withdrawals of
   :mod:`node_agent.dra_foreign` (XID marks withdraw what shares a memory slot with the
   placement hit, as :meth:`DraPreparer.xid_devices
-  <node_agent.dra_prepare.DraPreparer.xid_devices>` does: the same slot rule) -- a round
+  <node_agent.dra_prepare.DraPreparer.xid_devices>` does: the same slot rule), and the
+  published devices no new claim can use tainted ``NoSchedule``
+  (:func:`~node_agent.dra_shape.unusable_taints`) -- a round
   publishes the ResourceSlices and writes the status at once; agents run rounds after a new
   spec (60 %), after a health event, and as resyncs; 20 % of nodes have an agent that stopped
   (its slices and status stay as they were; no health event happens there, as the partitioner
@@ -23,7 +25,8 @@ nodes, pods ask through ResourceClaims (``mig.gpuslice.io``, a CEL selector on t
   does (shared/facts/dra.md section 2): on the node its affinity names (any DRA node for a pod
   without one), over the devices of the node's ResourceSlices as
   :func:`node_agent.dra_slices.resource_slices` builds them from the published set (slices by
-  name, devices in list order), first the devices that are not allocated and whose counters,
+  name, devices in list order), first the devices that are not allocated, carry no taint (no
+  claim here tolerates the agent's) and whose counters,
   added to those of the allocated devices still published and of the devices picked earlier
   for the pod, stay within the GPU's counter set; depth-first with backtracking, so the
   first feasible combination in that order (no scoring, no preference for the GPU a
@@ -109,7 +112,13 @@ from contract.nodepartitioning import NodePartitioning
 from node_agent.agent import draining_gpus
 from node_agent.dra_claims import DeviceTarget, device_targets
 from node_agent.dra_foreign import ForeignUse, foreign_devices
-from node_agent.dra_shape import claim_devices, planned_devices, publish_set, shaped_status
+from node_agent.dra_shape import (
+    claim_devices,
+    planned_devices,
+    publish_set,
+    shaped_status,
+    unusable_taints,
+)
 from node_agent.dra_slices import DRIVER, DraGpu, device_name, resource_slices
 from node_agent.xid import XidMark
 from partitioner.actions import WriteSpec
@@ -162,6 +171,8 @@ class DNode:
     stopped: bool = False
     """Its agent runs no round: its slices and status stay as they were."""
     published: set[str] = field(default_factory=set)
+    tainted: set[str] = field(default_factory=set)
+    """The published devices the agent's last round tainted ``NoSchedule`` (unusable)."""
     seen: set[str] = field(default_factory=set)
     """The allocated devices the agent's last round read."""
     drained: frozenset[int] = frozenset()
@@ -204,6 +215,7 @@ class DNode:
         out = copy.copy(self)
         out.gpus = copy.deepcopy(self.gpus, memo)
         out.published, out.seen = set(self.published), set(self.seen)
+        out.tainted = set(self.tainted)
         return out
 
     def dra_gpus(self) -> list[DraGpu]:
@@ -387,6 +399,7 @@ class DraWorld(World):
         gpus = n.dra_gpus()
         allocated = set(self.allocated(name)) if seen is None else seen
         planned, skipped, draining, n.published = self.publishes(name, allocated)
+        n.tainted = set(unusable_taints(n.published, xid=n.unusable()))
         uses = n.foreign_uses()
         n.seen = set(allocated)
         n.drained = draining
@@ -441,8 +454,12 @@ def pool_use(w: DraWorld, n: DNode) -> tuple[Used, set[str]]:
 
 def first_fit(n: DNode, used: Used, taken: set[str], profiles: list[str]) -> list[Dev] | None:
     """kube-scheduler's allocation of ``profiles`` (one device each) on ``n``: the first
-    feasible combination, devices in slice order, with backtracking."""
-    devices = [d for d in n.order if d.name in n.published and d.name not in taken]
+    feasible combination, devices in slice order, with backtracking; no tainted device."""
+    devices = [
+        d
+        for d in n.order
+        if d.name in n.published and d.name not in taken and d.name not in n.tainted
+    ]
 
     def search(i: int, picked: list[Dev]) -> list[Dev] | None:
         if i == len(profiles):
@@ -679,16 +696,17 @@ def scheduler_binds(w: DraWorld, broken: set[tuple[str, str]], where: str) -> No
                 sound = False
             bad = [d.name for d in picked or () if d.name in n.unusable()]
             if sound and bad and set(bad) <= n.lingering(w.allocated(name)):
-                # KNOWN (narrowed, not closed): the agent keeps publishing an allocated device
-                # until a round sees its claim deallocated, and nothing tells it of the
-                # deallocation (the kubelet unprepares before it).  While such a device is
-                # published for a claim not prepared on the node, the agent now runs a round
-                # every spec_poll_s (node_agent.dra_driver, "Lingering devices";
-                # tests/test_agent_dra_lingering.py), so one an XID hit or a foreign process
-                # uses is free and published for up to that poll after the deallocation, not a
-                # resync, and kube-scheduler can still take it in that window.  The agents here
-                # run rounds at spec reads, health events and resyncs only, and a step (GAPS)
-                # can be shorter than the poll, so the case is counted, not assumed away.
+                # KNOWN (narrowed twice, not closed): the agent keeps publishing an allocated
+                # device until a round sees its claim deallocated, and nothing tells it of the
+                # deallocation (the kubelet unprepares before it).  A round that finds such a
+                # device unusable publishes it tainted NoSchedule, and kube-scheduler
+                # allocates a tainted device to no claim (first_fit above), so this is left
+                # only for a device that turned unusable after the agent's last round (no
+                # round ran since, as on a stopped agent's node).  The agent also runs a round
+                # every spec_poll_s while such a device lingers (node_agent.dra_driver,
+                # "Lingering devices"; tests/test_agent_dra_lingering.py); the agents here run
+                # rounds at spec reads, health events and resyncs only, and a step (GAPS) can
+                # be shorter than the poll, so the case is counted, not assumed away.
                 w.counts.add("lingering_unusable")
                 sound = False
             if sound:
