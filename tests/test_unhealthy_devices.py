@@ -206,3 +206,39 @@ def test_a_released_pod_whose_slice_turned_unhealthy_is_told_so_and_replanned() 
         "its slice on node n1 is gone: 1 of its devices there turned unhealthy; the pod is "
         "pinned to node n1, so a new slice is planned there"
     ]
+
+
+def test_a_new_pods_device_not_shown_used_is_not_free_beside_a_departed_pods_sick_one() -> None:
+    """The device-plugin side of DRA promise harness seed 100001597.  The pod on GPU 0's
+    1g@0 left after an XID hit it (the agent still shows it used), and ``b`` bound since: the
+    kubelet gives it the healthy 1g@1, which the agent's status, written after the bind but
+    before ``Allocate``, shows free.  One bound pod, one used flag, and the status is newer
+    than the bind, so nothing looks stale; the flags would put ``b`` on the unhealthy device.
+    What kube-scheduler admits settles it without the flags: allocatable lists the healthy 1g
+    only, and ``b``'s request counts against it, so no 1g is promised on n1 and plans keep
+    1g@1 (a plan that replaced it would destroy ``b``'s device)."""
+    np = applied_np(
+        "n1",
+        sick_instance(status_gpu(0, ("1g.10gb", 0, True), ("1g.10gb", 1, False)), 0),
+        status_gpu(1, ("7g.80gb", 0, True)),
+        status_gpu(2),
+    )
+    c = Cluster(
+        with_alloc(node("n1", MIG), **{"1g_10gb": 1, "7g_80gb": 1}),
+        running("b", "n1", ONE_G),
+        running("big", "n1", "nvidia.com/mig-7g.80gb"),
+        np,
+        gated("a", ONE_G, created=T0),
+    )
+    index = c.index()
+    assert index.partitionings["n1"].pods_seen == index.node_pods.get("n1", 0)  # not stale
+    d = c.step(T0 + 2)
+    assert reservation(c, "a") is None and events(d, "Reserved") == []
+    d = c.step(T0 + 70)
+    (w,) = [a for a in d.actions if isinstance(a, WriteSpec)]
+    gpu0 = next(g for g in w.spec.gpus if g.index == 0)
+    assert {("1g.10gb", 0), ("1g.10gb", 1)} <= {(m.profile, m.start) for m in gpu0.mig}
+    made = sum(m.profile == "1g.10gb" for g in w.spec.gpus for m in g.mig)
+    assert made == 3  # a new 1g for ``a``: allocatable 2 with ``b`` counted, room for one
+    r = reservation(c, "a")
+    assert r is not None and r.plan and r.units() == {ONE_G: 1}
