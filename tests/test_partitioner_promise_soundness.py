@@ -33,9 +33,9 @@ The running controller reads an index kept up to date the way the operator's is
 (:meth:`ClusterIndex.relist <partitioner.index.ClusterIndex.relist>` every step), so it sees
 that pods changed since the agent's last report; a fresh index cannot.  One state is then
 undecidable from the objects alone (:func:`blind`: a pod left an unhealthy instance the agent
-still reports used while a new pod holds one it reports free, equal counts): 1 is not asserted
-there for a controller without history (the first step, a restart), and the pair counts as
-broken from outside afterwards.
+still reports used while a new pod holds one it reports free, equal counts, and a healthy
+instance of the same resource is foreign): 1 is not asserted there for a controller without
+history (the first step, a restart), and the pair counts as broken from outside afterwards.
 
 Generator: a seeded :class:`random.Random` per cluster, not hypothesis: a case is a simulation
 of many coupled objects over several steps, where shrinking helps little and hypothesis' health
@@ -744,15 +744,21 @@ def held_units(w: World, node: str, pods: dict[str, dict[str, Any]] | None = Non
 
 def blind(n: SimNode, res: str) -> bool:
     """The status hides which devices of ``res`` are free: a pod left an unhealthy device the
-    agent still reports used, and a new pod holds one it reports free.  The counts agree, so
-    only a controller that saw the pods change since the agent's report (its index's
-    ``pods_seen``) knows; one that just started cannot."""
+    agent still reports used, a new pod holds one it reports free, and a healthy device of
+    ``res`` is foreign.  The counts agree, so only a controller that saw the pods change since
+    the agent's report (its index's ``pods_seen``) knows; one that just started cannot.
+    Without a foreign device the state is not blind: kube-scheduler admits no more than the
+    healthy devices less the bound pods' requests, and the ledger caps its count there
+    (``NodeLedger._admits_less``), which is exact whichever device the new pod holds
+    (``tests/test_unhealthy_devices.py``); a foreign device is advertised healthy and cannot
+    serve, so there the count rests on the flags."""
     insts = [(g, i) for g in n.gpus for i in g.insts if i.resource == res]
     left = any(
         i.shown_used and i.pod is None and not i.foreign and not i.usable(g.unhealthy)
         for g, i in insts
     )
-    return left and any(i.pod is not None and not i.shown_used for _, i in insts)
+    came = any(i.pod is not None and not i.shown_used for _, i in insts)
+    return left and came and any(i.foreign and not (g.unhealthy or i.unhealthy) for g, i in insts)
 
 
 def holders(pods: dict[str, dict[str, Any]]) -> dict[str, Reservation]:
