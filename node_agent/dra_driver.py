@@ -111,11 +111,11 @@ withdraws it.  So every round publishes the devices it keeps only for their allo
 no new claim can use them (an XID hit them, processes outside any claim use them, their GPU
 cannot be read: :func:`~node_agent.dra_shape.unusable_taints`) with the ``NoSchedule`` taint
 :data:`~node_agent.dra_slices.UNUSABLE_TAINT_KEY`: kube-scheduler allocates a tainted device to
-no claim (gpuslice's claims carry no toleration for it), and the taint is there from the round
-that found the device unusable, before any deallocation.  What remains is the time from the
-device turning unusable to that round (an XID wakes one at once; a foreign process is found at
-the next round), and clusters whose API server drops device taints (DRADeviceTaints off:
-:mod:`node_agent.dra_publish`), where the poll is all there is.
+no claim that does not tolerate it (a claim's request tolerating every taint would), and the
+taint is there from the round that found the device unusable, before any deallocation.  What
+remains is the time from the device turning unusable to that round (an XID wakes one at once;
+a foreign process is found at the next round), and clusters whose API server drops device
+taints (DRADeviceTaints off: :mod:`node_agent.dra_publish`), where the poll is all there is.
 
 Mode ``all`` lists no claims: a device there is published beside the free ones because it is
 prepared (the checkpoint), so the round every prepare and unprepare wakes (in both modes)
