@@ -986,5 +986,39 @@ def build_ledgers(
             ledger.stale_used = frozenset(
                 r for r, k in usage.slices.items() if k - frozen_used[r] > status_used[r]
             )
+        if ledger.reported and not gpu.dra and reading.sick_used:
+            ledger.stale_used |= _flags_decide(reading, usage.slices, frozen.get(name))
         out[name] = ledger
     return out, problems
+
+
+def _flags_decide(
+    reading: _Reading, bound: Mapping[str, int], frozen: frozenset[int] | None
+) -> frozenset[str]:
+    """Resources whose free count on a device-plugin node would rest on the ``used`` flags
+    alone: bound pods hold some, a device of it is shown unhealthy and used, and another is
+    healthy and ``foreign`` (not frozen, all three).
+
+    While the flags are current, bound pods sit on the healthy used devices first and the
+    unhealthy used ones hold the rest (:meth:`NodeLedger._sick_unheld`).  A status written
+    after a bind and before the kubelet's ``Allocate`` shows the new pod's device free while a
+    departed pod's unhealthy one still shows used: equal counts, pods unchanged since the last
+    report read, so nothing looks stale, and the flags put the new pod on the unhealthy device.
+    What kube-scheduler admits caps the count right whichever it is (allocatable lists the
+    healthy devices, the bound pods' requests count against it: :meth:`NodeLedger.
+    _admits_less`) -- unless a healthy device is foreign: advertised, so admitted, but no pod
+    can use it.  There such a resource is treated as stale: every unhealthy used device kept
+    from reservations, every device pinned.  The cost, while a pod runs on an unhealthy device
+    beside a foreign one: the node's free devices of that resource wait for one of them to
+    end."""
+    skip = frozen or frozenset()
+    sick_used: Counter[str] = Counter()
+    foreign: Counter[str] = Counter()
+    for i, counts in reading.sick_used.items():
+        if i not in skip:
+            sick_used.update(counts)
+    for i, counts in reading.unusable.items():
+        if i not in skip:
+            foreign.update(counts)
+            foreign.subtract(reading.sick.get(i, Counter()))
+    return frozenset(r for r, k in bound.items() if k > 0 and sick_used[r] > 0 and foreign[r] > 0)

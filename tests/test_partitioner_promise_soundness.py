@@ -31,11 +31,11 @@ kube-scheduler around it, after every step:
 
 The running controller reads an index kept up to date the way the operator's is
 (:meth:`ClusterIndex.relist <partitioner.index.ClusterIndex.relist>` every step), so it sees
-that pods changed since the agent's last report; a fresh index cannot.  One state is then
-undecidable from the objects alone (:func:`blind`: a pod left an unhealthy instance the agent
-still reports used while a new pod holds one it reports free, equal counts, and a healthy
-instance of the same resource is foreign): 1 is not asserted there for a controller without
-history (the first step, a restart), and the pair counts as broken from outside afterwards.
+that pods changed since the agent's last report; a fresh index cannot, and is held to the same
+bar: where the flags could mislead it (a pod left an unhealthy instance the agent still reports
+used while a new pod holds one it reports free, equal counts), what kube-scheduler admits caps
+the ledger's count, and beside a foreign instance, which kube-scheduler admits but no pod can
+use, the ledger trusts the flags not at all (``partitioner.ledger._flags_decide``).
 
 Generator: a seeded :class:`random.Random` per cluster, not hypothesis: a case is a simulation
 of many coupled objects over several steps, where shrinking helps little and hypothesis' health
@@ -742,25 +742,6 @@ def held_units(w: World, node: str, pods: dict[str, dict[str, Any]] | None = Non
     return out
 
 
-def blind(n: SimNode, res: str) -> bool:
-    """The status hides which devices of ``res`` are free: a pod left an unhealthy device the
-    agent still reports used, a new pod holds one it reports free, and a healthy device of
-    ``res`` is foreign.  The counts agree, so only a controller that saw the pods change since
-    the agent's report (its index's ``pods_seen``) knows; one that just started cannot.
-    Without a foreign device the state is not blind: kube-scheduler admits no more than the
-    healthy devices less the bound pods' requests, and the ledger caps its count there
-    (``NodeLedger._admits_less``), which is exact whichever device the new pod holds
-    (``tests/test_unhealthy_devices.py``); a foreign device is advertised healthy and cannot
-    serve, so there the count rests on the flags."""
-    insts = [(g, i) for g in n.gpus for i in g.insts if i.resource == res]
-    left = any(
-        i.shown_used and i.pod is None and not i.foreign and not i.usable(g.unhealthy)
-        for g, i in insts
-    )
-    came = any(i.pod is not None and not i.shown_used for _, i in insts)
-    return left and came and any(i.foreign and not (g.unhealthy or i.unhealthy) for g, i in insts)
-
-
 def holders(pods: dict[str, dict[str, Any]]) -> dict[str, Reservation]:
     out = {}
     for key, pod in pods.items():
@@ -776,13 +757,11 @@ def check_no_overpromise(
     broken: set[tuple[str, str]],
     where: str,
     pods: dict[str, dict[str, Any]] | None = None,
-    fresh: bool = False,
     hidden: Callable[[Any, str], bool] | None = None,
 ) -> None:
-    """Property 1.  ``fresh``: the controller's index has no history (the first step, a
-    restart): it cannot tell that the agent's flags predate a pod change (see :func:`blind`).
-    ``hidden(node, resource)``: a state no controller can tell from the objects, treated as
-    :func:`blind` is for a fresh one (the MPS and hybrid test's).
+    """Property 1, for the running controller and a restarted one alike (module docstring).
+    ``hidden(node, resource)``: a state no controller can tell from the objects (the MPS and
+    hybrid test's): the pair counts as broken from outside.
     On a (node, resource) broken from outside, the promises the controller still keeps (its
     view, ``status.reservations``: a released pod whose slice broke is left out while it is
     re-planned on its node) must fit beside any new one."""
@@ -794,10 +773,6 @@ def check_no_overpromise(
         held = held_units(w, name, pods)
         for res, k in sorted(held.items()):
             if k <= free[res]:
-                continue
-            if fresh and blind(n, res):
-                w.counts.add("blind_exempt")
-                broken.add((name, res))  # as if from outside: the controller could not know
                 continue
             if hidden is not None and hidden(n, res):
                 w.counts.add("hidden_exempt")
@@ -1087,12 +1062,12 @@ def run_cluster(seed: int, counts: Counts) -> None:
     broken: set[tuple[str, str]] = set()
     check_no_overpromise(w, holders(w.pods), broken, f"seed {seed} initial")
     ctl = Running()
-    for step, now, where in step_times(rng, seed, start):
+    for _step, now, where in step_times(rng, seed, start):
         s = decide_step(w, ctl, now, where, counts)
         counts.add("drains", s.d.counts.get("draining", 0))
 
         # 1-2
-        check_no_overpromise(w, s.before, broken, where, fresh=step == 0)
+        check_no_overpromise(w, s.before, broken, where)
         counts.add(
             "reservations_made",
             check_new_reservations(w, s.before, s.status_before, s.applied, where),
@@ -1106,7 +1081,6 @@ def run_cluster(seed: int, counts: Counts) -> None:
             set(broken),
             f"{where} (restarted)",
             s.restarted.pods,
-            fresh=True,
         )
         heal(w, broken, lambda name: promise_capacity(w, name, usable_free(w.nodes[name])))
 

@@ -794,12 +794,9 @@ def check_no_overpromise(
     broken: set[tuple[str, str]],
     where: str,
     pods: dict[str, dict[str, Any]] | None = None,
-    fresh: bool = False,
 ) -> None:
-    """Property 1 (module docstring); the exemptions are the device-plugin test's, less its
-    :func:`~test_partitioner_promise_soundness.blind` one: a DRA node's claims say which
-    devices pods hold, and the ledger counts from them (``NodeLedger._sick_unheld``), so a
-    controller without history (``fresh``) is held to the same bar."""
+    """Property 1 (module docstring), for the running controller and a restarted one alike; the
+    exemptions are the device-plugin test's."""
     pods = w.pods if pods is None else pods
     for name, n in w.nodes.items():
         view = {e["pod"] for e in w.nps[name]["status"].get("reservations", ())}
@@ -913,12 +910,12 @@ def run_cluster(seed: int, counts: Counts) -> None:
             if d.profile is not None and (m := st.get((d.gpu, d.profile, d.start))):
                 counts.add("lagging_used_flags", bool(m.get("used")) != (d.name in allocated))
     broken: set[tuple[str, str]] = set()
-    check_no_overpromise(w, holders(w.pods), broken, f"seed {seed} initial", fresh=True)
+    check_no_overpromise(w, holders(w.pods), broken, f"seed {seed} initial")
     ctl = Running()
-    for step, now, where in step_times(rng, seed, start):
+    for _step, now, where in step_times(rng, seed, start):
         s = decide_step(w, ctl, now, where, counts, clone=clone, claims=list(w.claims.values()))
 
-        check_no_overpromise(w, s.before, broken, where, fresh=step == 0)
+        check_no_overpromise(w, s.before, broken, where)
         counts.add(
             "reservations_made",
             check_new_reservations(w, s.before, s.status_before, s.applied, where),
@@ -927,7 +924,7 @@ def run_cluster(seed: int, counts: Counts) -> None:
 
         check_restart_keeps(w, s, where, counts)
         check_no_overpromise(
-            s.restarted, s.before, set(broken), f"{where} (restarted)", s.restarted.pods, fresh=True
+            s.restarted, s.before, set(broken), f"{where} (restarted)", s.restarted.pods
         )
         heal(w, broken, lambda name: usable_free(w, w.nodes[name]))
 

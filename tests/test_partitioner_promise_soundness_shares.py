@@ -737,8 +737,8 @@ def hidden_foreign(n: SNode, res: str) -> bool:
     beside processes of no pod (the agent advertises foreign devices and its preferred
     allocation does not avoid them), the pod left, and the agent's last report, made while
     the pod held it, shows it used and not foreign.  Every controller then reads a departed
-    pod's device, free; the agent's next report shows it foreign.  Treated as :func:`blind`
-    is for a fresh controller: as broken from outside.  Likewise a hybrid host with such
+    pod's device, free; the agent's next report shows it foreign.  Treated as broken from
+    outside.  Likewise a hybrid host with such
     processes whose slices' pods all left while the last report shows one of them used."""
     for g in n.gpus:
         for d in g.insts:
@@ -947,13 +947,13 @@ def run_cluster(seed: int, counts: Counts) -> None:
     check_no_overpromise(w, holders(w.pods), broken, f"seed {seed} initial", hidden=hidden_foreign)  # type: ignore[arg-type]
     ctl = Running()
     rejected: set[str] = set()  # multi-slice MPS pods the running controller rejected
-    for step, now, where in step_times(rng, seed, start):
+    for _step, now, where in step_times(rng, seed, start):
         seen_multi = w.multi_slice & w.pods.keys()  # the pods this step's decide reads
         s = decide_step(w, ctl, now, where, counts)
         for name in s.applied.written:
             counts.add(f"specs_{w.nodes[name].kind}")
 
-        check_no_overpromise(w, s.before, broken, where, fresh=step == 0, hidden=hidden_foreign)  # type: ignore[arg-type]
+        check_no_overpromise(w, s.before, broken, where, hidden=hidden_foreign)  # type: ignore[arg-type]
         counts.add(
             "reservations_made",
             check_new_reservations(w, s.before, s.status_before, s.applied, where),
@@ -971,7 +971,6 @@ def run_cluster(seed: int, counts: Counts) -> None:
             set(broken),
             f"{where} (restarted)",
             s.restarted.pods,
-            fresh=True,
             hidden=hidden_foreign,
         )
         heal(w, broken, lambda name: promise_capacity(w, name, usable_free(w.nodes[name])))  # type: ignore[arg-type]

@@ -242,3 +242,37 @@ def test_a_new_pods_device_not_shown_used_is_not_free_beside_a_departed_pods_sic
     assert made == 3  # a new 1g for ``a``: allocatable 2 with ``b`` counted, room for one
     r = reservation(c, "a")
     assert r is not None and r.plan and r.units() == {ONE_G: 1}
+
+
+def test_beside_a_foreign_device_the_flags_decide_nothing_and_nothing_is_promised() -> None:
+    """The same node with a third 1g, healthy and ``foreign`` (a job started by hand runs on
+    it).  The kubelet advertises it, so kube-scheduler admits one more 1g pod, which would get
+    that instance if ``b`` holds 1g@1; only the flags say whether ``b`` holds 1g@1 or the
+    unhealthy 1g@0, and they may predate ``b``'s ``Allocate``.  The ledger trusts them no
+    longer there: nothing is promised on n1, whichever it is, and plans keep every 1g."""
+    np = applied_np(
+        "n1",
+        sick_instance(
+            status_gpu(0, ("1g.10gb", 0, True), ("1g.10gb", 1, False), ("1g.10gb", 2, True)), 0
+        ),
+        status_gpu(1, ("7g.80gb", 0, True)),
+        status_gpu(2),
+    )
+    np["status"]["gpus"][0]["mig"][2]["foreign"] = True
+    c = Cluster(
+        with_alloc(node("n1", MIG), **{"1g_10gb": 2, "7g_80gb": 1}),
+        running("b", "n1", ONE_G),
+        running("big", "n1", "nvidia.com/mig-7g.80gb"),
+        np,
+        gated("a", ONE_G, created=T0),
+    )
+    d = c.step(T0 + 2)
+    assert reservation(c, "a") is None and events(d, "Reserved") == []
+    d = c.step(T0 + 70)
+    (w,) = [a for a in d.actions if isinstance(a, WriteSpec)]
+    gpu0 = next(g for g in w.spec.gpus if g.index == 0)
+    assert {("1g.10gb", 0), ("1g.10gb", 1), ("1g.10gb", 2)} <= {
+        (m.profile, m.start) for m in gpu0.mig
+    }
+    r = reservation(c, "a")
+    assert r is not None and r.plan and r.units() == {ONE_G: 1}
