@@ -39,7 +39,9 @@ expects (else the lowest GPU with one; on a DRA node the first free ones in kube
 allocation order, :func:`_allocation_order`, below), and, while pods bound to the node hold more units of
 ``R`` than the status shows used (the agent has not reported them yet), or while the pods
 bound to the node changed after the agent's last report (a departed pod's device may still show
-used and a new pod's not, with equal counts), every free instance of ``R`` that bound pods hold
+used and a new pod's not, with equal counts), or while, on a device-plugin node, ``R`` has an
+unhealthy device shown used and a healthy foreign one (where only the flags would say which
+device a new pod holds: :func:`_flags_decide`), every free instance of ``R`` that bound pods hold
 — so no plan ever destroys a device that might be allocated — and one free instance of ``R``
 per nominated unit (lowest GPU first), so the slice a preemption frees stays for its pod.
 
