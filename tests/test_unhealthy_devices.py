@@ -135,36 +135,67 @@ def test_a_gpu_unhealthy_as_a_whole_is_neither_offered_nor_repartitioned() -> No
     assert r is not None and dict(r.gpus) == {"nvidia.com/mig-7g.80gb": (1,)}
 
 
-def test_a_healthy_free_instance_beside_a_pod_on_an_unhealthy_one_is_promised_to_nobody() -> None:
-    """GPU 0: two 1g instances, the pod ``busy`` running on the one at slot 0 when an XID hit
-    it; the one at slot 1 is healthy and free.  The kubelet's allocatable lists the healthy 1g
-    only (1), and kube-scheduler counts ``busy``'s request against it: it admits no other 1g
-    pod.  A gated 1g pod is therefore not promised that slice (it would wait out its apply
-    deadline unreleased, be given the same slice again, and so on): a plan makes it a new
-    one, and keeps the unadmitted instance as it is."""
+def _beside_a_sick_1g(foreign: bool) -> None:
+    """GPU 0: 1g@0 unhealthy and shown used, 1g@1 free (and, with ``foreign``, 1g@2 healthy
+    and used by processes of no pod); GPU 1: a 7g ``big`` uses; GPU 2 empty.  The 1g pod
+    ``busy`` is bound.  A gated 1g pod ``a`` is promised nothing on n1 at once; the plan
+    keeps every 1g instance and makes ``a`` a new one."""
+    one_gs = [("1g.10gb", 0, True), ("1g.10gb", 1, False)]
+    if foreign:
+        one_gs.append(("1g.10gb", 2, True))
     np = applied_np(
         "n1",
-        sick_instance(status_gpu(0, ("1g.10gb", 0, True), ("1g.10gb", 1, False)), 0),
+        sick_instance(status_gpu(0, *one_gs), 0),
         status_gpu(1, ("7g.80gb", 0, True)),
         status_gpu(2),
     )
+    if foreign:
+        np["status"]["gpus"][0]["mig"][2]["foreign"] = True
     c = Cluster(
-        with_alloc(node("n1", MIG), **{"1g_10gb": 1, "7g_80gb": 1}),
-        np,
+        with_alloc(node("n1", MIG), **{"1g_10gb": len(one_gs) - 1, "7g_80gb": 1}),
         running("busy", "n1", ONE_G),
         running("big", "n1", "nvidia.com/mig-7g.80gb"),
+        np,  # written after ``busy`` bound: its flags look current
         gated("a", ONE_G, created=T0),
     )
+    index = c.index()
+    assert index.partitionings["n1"].pods_seen == index.node_pods.get("n1", 0)
     d = c.step(T0 + 2)
     assert reservation(c, "a") is None and events(d, "Reserved") == []
     d = c.step(T0 + 70)
     (w,) = [a for a in d.actions if isinstance(a, WriteSpec)]
     by_index = {g.index: [(m.profile, m.start) for m in g.mig] for g in w.spec.gpus}
-    assert {("1g.10gb", 0), ("1g.10gb", 1)} <= set(by_index[0])
+    assert {(p, s) for p, s, _ in one_gs} <= set(by_index[0])
     made = sum(p == "1g.10gb" for mig in by_index.values() for p, _ in mig)
-    assert made == 3  # one new 1g: allocatable 2 with ``busy`` counted, room for one pod
+    assert made == len(one_gs) + 1  # one new 1g for ``a``
     r = reservation(c, "a")
     assert r is not None and r.plan and r.units() == {ONE_G: 1}
+
+
+def test_a_healthy_free_instance_beside_a_pod_on_an_unhealthy_one_is_promised_to_nobody() -> None:
+    """``busy`` runs on GPU 0's 1g@0, which an XID hit; 1g@1 is healthy and free.  The
+    kubelet's allocatable lists the healthy 1g only (1), and kube-scheduler counts ``busy``'s
+    request against it: it admits no other 1g pod.  A gated 1g pod is therefore not promised
+    that slice (it would wait out its apply deadline unreleased, be given the same slice
+    again, and so on): a plan makes it a new one, and keeps the unadmitted instance as it is.
+
+    The same objects also read as the device-plugin side of DRA promise harness seed
+    100001597: the pod on 1g@0 left (the agent still shows it used) and ``busy`` bound since,
+    the kubelet giving it 1g@1, which the status, written after the bind but before
+    ``Allocate``, shows free.  The flags cannot tell the two apart, and need not: what
+    kube-scheduler admits gives the same answer (1g@1 kept: a plan that replaced it would
+    destroy ``busy``'s device)."""
+    _beside_a_sick_1g(foreign=False)
+
+
+def test_beside_a_foreign_device_the_flags_decide_nothing_and_nothing_is_promised() -> None:
+    """The same node with a third 1g, healthy and ``foreign`` (a job started by hand runs on
+    it).  The kubelet advertises it, so kube-scheduler admits one more 1g pod, which would get
+    that instance if ``busy`` holds 1g@1; only the flags say whether ``busy`` holds 1g@1 or
+    the unhealthy 1g@0, and they may predate its ``Allocate``.  The ledger does not trust them
+    there (``partitioner.ledger._flags_decide``): nothing is promised on n1, whichever it is,
+    and plans keep every 1g."""
+    _beside_a_sick_1g(foreign=True)
 
 
 def test_once_the_pod_on_the_unhealthy_instance_leaves_its_healthy_neighbour_serves() -> None:
@@ -206,73 +237,3 @@ def test_a_released_pod_whose_slice_turned_unhealthy_is_told_so_and_replanned() 
         "its slice on node n1 is gone: 1 of its devices there turned unhealthy; the pod is "
         "pinned to node n1, so a new slice is planned there"
     ]
-
-
-def test_a_new_pods_device_not_shown_used_is_not_free_beside_a_departed_pods_sick_one() -> None:
-    """The device-plugin side of DRA promise harness seed 100001597.  The pod on GPU 0's
-    1g@0 left after an XID hit it (the agent still shows it used), and ``b`` bound since: the
-    kubelet gives it the healthy 1g@1, which the agent's status, written after the bind but
-    before ``Allocate``, shows free.  One bound pod, one used flag, and the status is newer
-    than the bind, so nothing looks stale; the flags would put ``b`` on the unhealthy device.
-    What kube-scheduler admits settles it without the flags: allocatable lists the healthy 1g
-    only, and ``b``'s request counts against it, so no 1g is promised on n1 and plans keep
-    1g@1 (a plan that replaced it would destroy ``b``'s device)."""
-    np = applied_np(
-        "n1",
-        sick_instance(status_gpu(0, ("1g.10gb", 0, True), ("1g.10gb", 1, False)), 0),
-        status_gpu(1, ("7g.80gb", 0, True)),
-        status_gpu(2),
-    )
-    c = Cluster(
-        with_alloc(node("n1", MIG), **{"1g_10gb": 1, "7g_80gb": 1}),
-        running("b", "n1", ONE_G),
-        running("big", "n1", "nvidia.com/mig-7g.80gb"),
-        np,
-        gated("a", ONE_G, created=T0),
-    )
-    index = c.index()
-    assert index.partitionings["n1"].pods_seen == index.node_pods.get("n1", 0)  # not stale
-    d = c.step(T0 + 2)
-    assert reservation(c, "a") is None and events(d, "Reserved") == []
-    d = c.step(T0 + 70)
-    (w,) = [a for a in d.actions if isinstance(a, WriteSpec)]
-    gpu0 = next(g for g in w.spec.gpus if g.index == 0)
-    assert {("1g.10gb", 0), ("1g.10gb", 1)} <= {(m.profile, m.start) for m in gpu0.mig}
-    made = sum(m.profile == "1g.10gb" for g in w.spec.gpus for m in g.mig)
-    assert made == 3  # a new 1g for ``a``: allocatable 2 with ``b`` counted, room for one
-    r = reservation(c, "a")
-    assert r is not None and r.plan and r.units() == {ONE_G: 1}
-
-
-def test_beside_a_foreign_device_the_flags_decide_nothing_and_nothing_is_promised() -> None:
-    """The same node with a third 1g, healthy and ``foreign`` (a job started by hand runs on
-    it).  The kubelet advertises it, so kube-scheduler admits one more 1g pod, which would get
-    that instance if ``b`` holds 1g@1; only the flags say whether ``b`` holds 1g@1 or the
-    unhealthy 1g@0, and they may predate ``b``'s ``Allocate``.  The ledger trusts them no
-    longer there: nothing is promised on n1, whichever it is, and plans keep every 1g."""
-    np = applied_np(
-        "n1",
-        sick_instance(
-            status_gpu(0, ("1g.10gb", 0, True), ("1g.10gb", 1, False), ("1g.10gb", 2, True)), 0
-        ),
-        status_gpu(1, ("7g.80gb", 0, True)),
-        status_gpu(2),
-    )
-    np["status"]["gpus"][0]["mig"][2]["foreign"] = True
-    c = Cluster(
-        with_alloc(node("n1", MIG), **{"1g_10gb": 2, "7g_80gb": 1}),
-        running("b", "n1", ONE_G),
-        running("big", "n1", "nvidia.com/mig-7g.80gb"),
-        np,
-        gated("a", ONE_G, created=T0),
-    )
-    d = c.step(T0 + 2)
-    assert reservation(c, "a") is None and events(d, "Reserved") == []
-    d = c.step(T0 + 70)
-    (w,) = [a for a in d.actions if isinstance(a, WriteSpec)]
-    gpu0 = next(g for g in w.spec.gpus if g.index == 0)
-    assert {("1g.10gb", 0), ("1g.10gb", 1), ("1g.10gb", 2)} <= {
-        (m.profile, m.start) for m in gpu0.mig
-    }
-    r = reservation(c, "a")
-    assert r is not None and r.plan and r.units() == {ONE_G: 1}
