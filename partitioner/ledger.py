@@ -1007,9 +1007,9 @@ def _flags_decide(
     departed pod's unhealthy one still shows used: equal counts, pods unchanged since the last
     report read, so nothing looks stale, and the flags put the new pod on the unhealthy device.
     What kube-scheduler admits caps the count right whichever it is (allocatable lists the
-    healthy devices, the bound pods' requests count against it: :meth:`NodeLedger.
-    _admits_less`) -- unless a healthy device is foreign: advertised, so admitted, but no pod
-    can use it.  There such a resource is treated as stale: every unhealthy used device kept
+    healthy devices, the bound pods' requests count against it:
+    :meth:`NodeLedger._admits_less`) -- unless a healthy device is foreign: advertised, so
+    admitted, but no pod can use it.  There such a resource is treated as stale: every unhealthy used device kept
     from reservations, every device pinned.  The cost, while a pod runs on an unhealthy device
     beside a foreign one: the node's free devices of that resource wait for one of them to
     end."""
