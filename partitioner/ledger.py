@@ -1009,10 +1009,10 @@ def _flags_decide(
     What kube-scheduler admits caps the count right whichever it is (allocatable lists the
     healthy devices, the bound pods' requests count against it:
     :meth:`NodeLedger._admits_less`) -- unless a healthy device is foreign: advertised, so
-    admitted, but no pod can use it.  There such a resource is treated as stale: every unhealthy used device kept
-    from reservations, every device pinned.  The cost, while a pod runs on an unhealthy device
-    beside a foreign one: the node's free devices of that resource wait for one of them to
-    end."""
+    admitted, but no pod can use it.  There such a resource is treated as stale: every
+    unhealthy used device kept from reservations, every device pinned.  The cost, while a pod
+    runs on an unhealthy device beside a foreign one: the node's free devices of that resource
+    wait for one of them to end."""
     skip = frozen or frozenset()
     sick_used: Counter[str] = Counter()
     foreign: Counter[str] = Counter()

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import kmock
@@ -65,27 +65,26 @@ def kmock_options() -> dict[str, Any]:
     return {"cls": ApiServer}
 
 
-def published(api: ApiServer, node: str = NODE) -> set[str]:
-    out: set[str] = set()
+def devices_of(api: ApiServer, node: str = NODE) -> Iterator[dict[str, Any]]:
+    """The devices of ``node``'s ResourceSlices as stored."""
     for (resource, _ns, _name), obj in list(api.objects.items()):
         if resource == kmock.resource(SLICE_RESOURCE) and not obj.deleted:
             spec = dict(obj.raw)["spec"]
             if spec["nodeName"] == node:
-                out |= {d["name"] for d in spec.get("devices") or ()}
-    return out
+                yield from spec.get("devices") or ()
+
+
+def published(api: ApiServer, node: str = NODE) -> set[str]:
+    return {d["name"] for d in devices_of(api, node)}
 
 
 def tainted(api: ApiServer, node: str = NODE) -> dict[str, str]:
     """Published device -> the value of its ``NoSchedule`` unusable taint."""
     out: dict[str, str] = {}
-    for (resource, _ns, _name), obj in list(api.objects.items()):
-        if resource == kmock.resource(SLICE_RESOURCE) and not obj.deleted:
-            spec = dict(obj.raw)["spec"]
-            if spec["nodeName"] == node:
-                for d in spec.get("devices") or ():
-                    for t in d.get("taints") or ():
-                        assert t["key"] == UNUSABLE_TAINT_KEY and t["effect"] == "NoSchedule"
-                        out[d["name"]] = t["value"]
+    for d in devices_of(api, node):
+        for t in d.get("taints") or ():
+            assert t["key"] == UNUSABLE_TAINT_KEY and t["effect"] == "NoSchedule"
+            out[d["name"]] = t["value"]
     return out
 
 
