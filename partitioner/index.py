@@ -52,7 +52,6 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import datetime
-import gc
 import itertools
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -85,7 +84,6 @@ __all__ = [
     "NpInfo",
     "PodInfo",
     "Usage",
-    "freeze_heap",
     "parse_time",
 ]
 
@@ -1123,17 +1121,3 @@ def _key_meta(kind: str, key: str) -> dict[str, str]:
         namespace, _, name = key.partition("/")
         return {"namespace": namespace, "name": name}
     return {"name": key}
-
-
-def freeze_heap() -> None:
-    """Move every object alive now out of the cyclic garbage collector's reach (``gc.freeze``).
-
-    After the initial listing the index holds hundreds of thousands of long-lived objects (about
-    736,000 for 50,000 pods on 1,000 nodes); every full collection walked them all, 0.8 s each
-    every few cycles, which was the controller's p99 cycle time
-    (``gpuslice bench controller``).  Frozen objects are still freed by reference counting
-    when the index drops them (they hold no cycles), so nothing leaks; objects made later are
-    collected as usual.
-    """
-    gc.collect()
-    gc.freeze()

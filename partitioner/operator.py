@@ -90,7 +90,8 @@ from partitioner.decide import (
     decide,
 )
 from partitioner.health import ControllerHealth
-from partitioner.index import ClusterIndex, freeze_heap
+from partitioner.heap import HeapKeeper
+from partitioner.index import ClusterIndex
 from partitioner.kubeapi import Backoff, Endpoint, KubeApi, retry_with_backoff
 from partitioner.leader import ElectionConfig, FencedApi, LeaderElector, Leadership, NotLeader
 from partitioner.metrics import Metrics
@@ -201,6 +202,8 @@ class Controller:
             settings.liveness_stale_seconds, settings.liveness_failed_steps, monotonic
         )
         """Liveness and readiness of :meth:`run` (``monotonic``: its clock, in seconds)."""
+        self.heap = HeapKeeper(settings.heap_reclaim_seconds, monotonic)
+        """Keeps the cache out of the cyclic collector's walks (started after the listing)."""
         self.index = ClusterIndex(cat)
         self._buffered: list[tuple[str, str | None, Mapping[str, Any]]] | None = None
         self.state = ControllerState()
@@ -558,13 +561,14 @@ class Controller:
             logger=log,
         )
         self.health.synced()
-        freeze_heap()
+        self.heap.start()
         if self.elector is not None and self._election is None:
             self._election = asyncio.create_task(
                 self.elector.run(), name="gpuslice-partitioner-election"
             )
         while True:
             await self._cycle()
+            self.heap.settle()
             await self._pause()
 
     async def _pause(self) -> None:

@@ -50,12 +50,24 @@ index from generated API objects and times the calls the controller makes:
   - ``idle_after_plan_s``: ``--cycles`` calls after that plan, nothing changed (the planned
     pods are not retried: their input is unchanged).
 
+  Each call is followed by the controller's heap step (:class:`partitioner.heap.HeapKeeper`,
+  started after the build as the controller starts it after its listing), its time included.
   Times are wall time (``time.perf_counter``) with the CPU time of the same calls; the
   summaries are nearest-rank p50 / p99 (with fewer than 100 calls p99 is the maximum).
+* **Turnover** (``turnover``): a controller that has run for hours holds no object of its
+  initial listing: every pod was updated since.  The event pods go again, every pod is
+  delivered once more as a ``MODIFIED`` event (same content, newer resourceVersion, decoded
+  anew), then ``--cycles`` window-open calls (``first_s`` is the first, a full step) and
+  ``--snapshot-repeats`` calls with the batch due, from the window-open state as before.
+  Before the heap policy, this was where the batch step was slow (every full collection
+  walked the whole cache: ``--freeze-once`` shows it).
+* **Heap** (``heap``): the policy, how often it refroze, the objects frozen at the end, and one
+  reclaim timed (the whole heap collected once, as the controller does every
+  ``heap_reclaim_seconds``), with the unreachable objects it found.
 
 ``targets`` compares the figures with issue 11's targets for this machine: idle cycle p99
-<= 50 ms (both idle kinds), snapshot build <= 300 ms (p99 of the repeats), resident memory
-<= 500 MB, i.e. 476.8 MiB (``steady_mib``).  One JSON document goes to stdout (or ``--out``);
+<= 50 ms (both idle kinds), snapshot build <= 300 ms (p99 of the repeats, the worse of the
+fresh and turned-over caches), resident memory <= 500 MB, i.e. 476.8 MiB (``steady_mib``).  One JSON document goes to stdout (or ``--out``);
 progress goes to stderr.  ``gpuslice bench controller`` runs the same with a table by default.
 """
 
@@ -79,7 +91,8 @@ from contract.nodepartitioning import API_VERSION, KIND
 from partitioner.actions import NODE_CONDITION
 from partitioner.decide import ControllerState, DecideConfig, Decision, decide
 from partitioner.gating import GATE
-from partitioner.index import ClusterIndex, freeze_heap
+from partitioner.heap import HeapKeeper
+from partitioner.index import ClusterIndex
 from partitioner.node_labels import COUNT_LABEL, PRODUCT_LABEL
 from partitioner.optout import MANAGED_LABEL
 from partitioner.settings import PartitionerSettings
@@ -648,10 +661,26 @@ class _Recorder:
         return plan
 
 
+class _Heap:
+    """The controller's heap policy (:class:`partitioner.heap.HeapKeeper`) on the benchmark's
+    simulated clock; ``once``: freeze after the listing only (the policy before 2026-12-07)."""
+
+    def __init__(self, reclaim_s: float, once: bool) -> None:
+        self.now = CLOCK
+        self.once = once
+        self.keeper = HeapKeeper(reclaim_s, lambda: self.now)
+
+    def settle(self) -> None:
+        if not self.once:
+            self.keeper.settle()
+
+
 @dataclass(slots=True)
 class _Times:
-    """Wall and CPU seconds of a series of :func:`decide` calls (decisions are not kept)."""
+    """Wall and CPU seconds of a series of :func:`decide` calls (decisions are not kept), each
+    followed by the heap policy's step, as in the controller's loop (its time included)."""
 
+    heap: _Heap
     wall: list[float] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)
     actions: int = 0
@@ -660,8 +689,10 @@ class _Times:
     def call(
         self, state: ControllerState, index: ClusterIndex, now: float, config: DecideConfig
     ) -> Decision:
+        self.heap.now = now
         wall, cpu = time.perf_counter(), time.process_time()
         decision = decide(state, index, now, config)
+        self.heap.settle()
         self.wall.append(time.perf_counter() - wall)
         self.cpu.append(time.process_time() - cpu)
         self.actions = max(self.actions, len(decision.actions))
@@ -732,8 +763,9 @@ def _idle(
     cycles: int,
     config: DecideConfig,
     what: str,
+    heap: _Heap,
 ) -> tuple[ControllerState, _Times]:
-    times = _Times()
+    times = _Times(heap)
     for i in range(1, cycles + 1):
         decision = times.call(state, index, start + i * step, config)
         if decision.snapshot is not None or decision.plan is not None:
@@ -750,19 +782,83 @@ def _after_events(
     step: float,
     cycles: int,
     config: DecideConfig,
-) -> _Times:
+    heap: _Heap,
+) -> tuple[_Times, list[dict[str, Any]]]:
     """Cycles each preceded by one watch event the controller reads: a new gated pod asking for
     a slice (a copy of a generated pending pod under a new name).  Such a cycle is a full
     decision step (no quiet mark survives a changed index); no target, shown beside the idle
-    figures."""
+    figures.  Also returns the new pods' metadata (to delete them again)."""
     template = next(p for p in reversed(cluster.pods) if p.gated)
-    times = _Times()
+    times = _Times(heap)
+    added: list[dict[str, Any]] = []
     for i in range(1, cycles + 1):
         spec = replace(template, name=f"{template.name}-event-{i}", created=start + i * step)
         obj = json.loads(json.dumps(_pod(spec, f"event-{i:08x}", 9_000_000 + i)))
         index.apply("pods", "ADDED", obj)
+        meta = obj["metadata"]
+        added.append({"namespace": meta["namespace"], "name": meta["name"]})
         state = times.call(state, index, start + i * step, config).state
-    return times
+    return times, added
+
+
+TURNOVER_RV = 10_000_000
+"""Added to every pod's resourceVersion by the turnover (newer than every earlier event)."""
+TURNOVER_SETTLE_EVERY = 500
+"""Pods folded in between two heap-policy steps during the turnover: the controller settles its
+heap after every cycle (at most ``cycle_seconds`` apart), and 50,000 updates come over hours,
+far fewer than this per cycle."""
+
+
+def _turnover(cluster: Cluster, index: ClusterIndex, heap: _Heap) -> float:
+    """Every pod delivered again as a ``MODIFIED`` event: the same pod (uid, content) under a
+    newer resourceVersion, decoded anew, as hours of status updates leave the cache (every
+    cached pod a new object made after the listing).  Returns the seconds of the ``apply``
+    calls; the heap policy steps every :data:`TURNOVER_SETTLE_EVERY` pods, untimed."""
+    applied = 0.0
+    pods = 0
+    for kind, text in _objects(cluster):
+        if kind != "pods":
+            continue
+        obj = json.loads(text)
+        meta = obj["metadata"]
+        meta["resourceVersion"] = str(int(meta["resourceVersion"]) + TURNOVER_RV)
+        started = time.perf_counter()
+        index.apply("pods", "MODIFIED", obj)
+        applied += time.perf_counter() - started
+        del obj, meta
+        pods += 1
+        if pods % TURNOVER_SETTLE_EVERY == 0:
+            heap.settle()
+    heap.settle()
+    return applied
+
+
+def _due(
+    state: ControllerState,
+    index: ClusterIndex,
+    due_at: float,
+    config: DecideConfig,
+    recorder: _Recorder,
+    heap: _Heap,
+    repeats: int,
+) -> tuple[_Times, list[float], Decision]:
+    """``repeats`` calls with a batch due, each from ``state``: their times, their snapshot
+    build times (the call without the planner's), and the last decision."""
+    runs = _Times(heap)
+    build: list[float] = []
+    planned: Decision | None = None
+    for _ in range(repeats):
+        planned = None  # one decision (and its snapshot) alive at a time, as in the controller
+        before = len(recorder.seconds)
+        planned = runs.call(state, index, due_at, config)
+        if planned.snapshot is None or len(recorder.seconds) != before + 1:
+            raise RuntimeError(
+                f"no batch was planned at {due_at - CLOCK:.2f} s after the first cycle: "
+                f"{dict(planned.counts)}"
+            )
+        build.append(runs.wall[-1] - recorder.seconds[-1])
+    assert planned is not None and planned.snapshot is not None
+    return runs, build, planned
 
 
 def _target(value: float | None, limit: float) -> dict[str, Any]:
@@ -778,9 +874,13 @@ def run_benchmark(
     cycles: int = DEFAULT_CYCLES,
     snapshot_repeats: int = DEFAULT_SNAPSHOT_REPEATS,
     seed: int = 0,
+    freeze_once: bool = False,
     progress: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:
-    """Generate, build, cycle, measure (module docstring); returns the result document."""
+    """Generate, build, cycle, measure (module docstring); returns the result document.
+
+    ``freeze_once``: the heap is frozen after the listing only, the policy before 2026-12-07
+    (for comparison; the controller runs :class:`~partitioner.heap.HeapKeeper`)."""
     check_sizes(nodes, pods, pending, cycles, snapshot_repeats)
     load_start = loadavg()
     recorder = _Recorder()
@@ -794,43 +894,62 @@ def run_benchmark(
     # ``cluster`` (the generator's specifications) stays alive until the end: it was counted in
     # ``rss_before``, so freeing it would hide index memory in both differences.
     rss_built = _settled_rss()
-    freeze_heap()  # as the controller does after its initial listing
+    heap = _Heap(settings.heap_reclaim_seconds, freeze_once)
+    heap.keeper.start()  # as the controller does after its initial listing
     progress(f"index built in {built['build_s']:.2f} s; first cycle")
 
-    first_times = _Times()
+    first_times = _Times(heap)
     first = first_times.call(ControllerState(), index, CLOCK, config)
     if first.snapshot is not None:
         raise RuntimeError("the first cycle planned a batch; the window should only open")
     # Idle with the window open: spaced inside the idle time, so the window never falls due.
     step = policy.idle / (cycles + 2)
     progress(f"{cycles} idle cycles (window open)")
-    open_state, open_runs = _idle(first.state, index, CLOCK, step, cycles, config, "window open")
+    open_state, open_runs = _idle(
+        first.state, index, CLOCK, step, cycles, config, "window open", heap
+    )
     due_at = CLOCK + policy.idle + step
     progress(f"{snapshot_repeats} cycles with a batch due")
-    due_runs = _Times()
-    build: list[float] = []
-    planned: Decision | None = None
-    for _ in range(snapshot_repeats):
-        planned = None  # one decision (and its snapshot) alive at a time, as in the controller
-        before = len(recorder.seconds)
-        planned = due_runs.call(open_state, index, due_at, config)
-        if planned.snapshot is None or len(recorder.seconds) != before + 1:
-            raise RuntimeError(
-                f"no batch was planned at {due_at - CLOCK:.2f} s after the first cycle: "
-                f"{dict(planned.counts)}"
-            )
-        build.append(due_runs.wall[-1] - recorder.seconds[-1])
-    assert planned is not None and planned.snapshot is not None
+    due_runs, build, planned = _due(open_state, index, due_at, config, recorder, heap,
+                                    snapshot_repeats)  # fmt: skip
     progress(f"{cycles} idle cycles (after the plan)")
     after_state, after_runs = _idle(
-        planned.state, index, due_at, step, cycles, config, "after plan"
+        planned.state, index, due_at, step, cycles, config, "after plan", heap
     )
     progress(f"{cycles} cycles after one event each (a new pending pod)")
-    event_runs = _after_events(
-        cluster, after_state, index, due_at + cycles * step, step, cycles, config
+    event_runs, added = _after_events(
+        cluster, after_state, index, due_at + cycles * step, step, cycles, config, heap
     )
     rss_cycles = _settled_rss()
     snapshot = planned.snapshot
+    assert snapshot is not None  # :func:`_due` checked it
+    shape = {  # of the first batch; the decision goes before the turnover (one alive at a time)
+        "pods": len(snapshot.pods),
+        "nodes": len(snapshot.nodes),
+        "gpus": sum(len(n.gpus) for n in snapshot.nodes),
+        "batch": len(planned.batch),
+        "counts": dict(sorted(planned.counts.items())),
+    }
+    del planned, snapshot
+    # Turnover: the event pods go (the pending pods are those of the first batch again), then
+    # every pod is updated once; the window-open cycles and the batch are measured again.
+    for meta in added:
+        index.apply("pods", "DELETED", {"metadata": meta})
+    progress(f"turnover: every pod updated once ({len(cluster.pods)} MODIFIED events)")
+    turnover_s = _turnover(cluster, index, heap)
+    rss_turnover = _settled_rss()
+    progress(f"{cycles} idle cycles after the turnover (window open), {snapshot_repeats} cycles "
+             "with a batch due")  # fmt: skip
+    turned_state, turned_runs = _idle(
+        open_state, index, CLOCK, step, cycles, config, "after turnover", heap
+    )
+    turned_due, turned_build, turned = _due(turned_state, index, due_at, config, recorder, heap,
+                                            snapshot_repeats)  # fmt: skip
+    del turned
+    reclaim = None
+    if not freeze_once:
+        progress("heap reclaim (the whole heap collected once)")
+        reclaim = heap.keeper.reclaim()
 
     def mib(value: float | None) -> float | None:
         return None if value is None else round(value, 1)
@@ -866,6 +985,7 @@ def run_benchmark(
             "rss_before_mib": mib(rss_before),
             "rss_after_build_mib": mib(rss_built),
             "rss_after_cycles_mib": mib(rss_cycles),
+            "rss_after_turnover_mib": mib(rss_turnover),
             "index_mib": diff(rss_built, rss_before),
             "steady_mib": steady,
         },
@@ -887,15 +1007,31 @@ def run_benchmark(
             "decide_s": _summary(due_runs.wall),
             "decide_cpu_s": _summary(due_runs.cpu),
             "planner_s": _summary(recorder.seconds),
-            "pods": len(snapshot.pods),
-            "nodes": len(snapshot.nodes),
-            "gpus": sum(len(n.gpus) for n in snapshot.nodes),
-            "batch": len(planned.batch),
-            "counts": dict(sorted(planned.counts.items())),
+            **shape,
+        },
+        "turnover": {
+            "pods": len(cluster.pods),
+            "apply_s": round(turnover_s, 3),
+            "first_s": round(turned_runs.wall[0], 4),
+            "idle_window_open_s": _summary(turned_runs.wall[1:] or turned_runs.wall),
+            "build_s": _summary(turned_build),
+            "decide_s": _summary(turned_due.wall),
+            "decide_cpu_s": _summary(turned_due.cpu),
+        },
+        "heap": {
+            "policy": "freeze once" if freeze_once else "keep frozen",
+            "reclaim_every_s": settings.heap_reclaim_seconds,
+            "refreezes": heap.keeper.freezes,
+            "frozen_objects": gc.get_freeze_count(),
+            "reclaim_s": None if reclaim is None else round(reclaim.seconds, 4),
+            "reclaim_unreachable": None if reclaim is None else reclaim.unreachable,
         },
         "targets": {
             "idle_cycle_p99_s": _target(percentile(idle_all, 99), TARGETS["idle_cycle_p99_s"]),
-            "snapshot_build_s": _target(percentile(build, 99), TARGETS["snapshot_build_s"]),
+            "snapshot_build_s": _target(
+                max(percentile(build, 99), percentile(turned_build, 99)),
+                TARGETS["snapshot_build_s"],
+            ),
             "resident_memory_mib": _target(steady, TARGETS["resident_memory_mib"]),
         },
         "machine": machine_info(load_start),
@@ -951,6 +1087,9 @@ def add_arguments(parser: argparse.ArgumentParser, *, seed: bool = True) -> None
     parser.add_argument("--snapshot-repeats", type=int, default=DEFAULT_SNAPSHOT_REPEATS,
                         help=f"cycles with a batch due, timed, 1 to {MAX_SNAPSHOT_REPEATS} "
                         f"(default {DEFAULT_SNAPSHOT_REPEATS})")  # fmt: skip
+    parser.add_argument("--freeze-once", action="store_true",
+                        help="freeze the heap after the listing only, the controller's policy "
+                        "before 2026-12-07 (for comparison: partitioner/heap.py)")  # fmt: skip
     if seed:
         parser.add_argument("--seed", type=int, default=0, help="cluster generator seed")
 
@@ -968,6 +1107,7 @@ def run_args(args: argparse.Namespace, progress: Callable[[str], None]) -> dict[
         cycles=args.cycles,
         snapshot_repeats=args.snapshot_repeats,
         seed=args.seed,
+        freeze_once=args.freeze_once,
         progress=progress,
     )
 

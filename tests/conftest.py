@@ -32,8 +32,9 @@ def _root_logger_restored() -> Iterator[None]:
 
 @pytest.fixture(autouse=True)
 def _heap_unfrozen() -> Iterator[None]:
-    """The controller freezes the heap after its initial listing (partitioner.index.freeze_heap):
-    in one test process that would keep every later test's garbage cycles alive."""
+    """The controller freezes the heap after its initial listing and after its steps
+    (partitioner.heap.HeapKeeper): in one test process that would keep every later test's
+    garbage cycles alive."""
     yield
     gc.unfreeze()
 

@@ -101,6 +101,16 @@ def test_document_figures_are_consistent(doc: dict[str, Any]) -> None:
         assert t["pass"] is (t["value"] is not None and t["value"] <= t["limit"])
     idle_p99 = doc["targets"]["idle_cycle_p99_s"]["value"]
     assert abs(idle_p99 - cycles["idle_all_s"]["p99"]) <= 1e-4  # the same figure, rounded
+    turnover = doc["turnover"]
+    assert turnover["pods"] == PODS and turnover["apply_s"] > 0
+    assert 0 < turnover["build_s"]["p50"] <= turnover["decide_s"]["p50"]
+    build_p99 = doc["targets"]["snapshot_build_s"]["value"]  # the worse of the two phases
+    assert abs(build_p99 - max(snap["build_s"]["p99"], turnover["build_s"]["p99"])) <= 1e-4
+    heap = doc["heap"]
+    assert heap["policy"] == "keep frozen" and heap["reclaim_every_s"] == 3600
+    assert heap["frozen_objects"] > 0 and heap["reclaim_unreachable"] >= 0
+    assert heap["reclaim_s"] > 0 and heap["refreezes"] >= 1
+    assert mem["rss_after_turnover_mib"] is not None
     assert doc["machine"]["cpus"] >= 1
 
 
@@ -161,5 +171,13 @@ def test_cli_prints_the_document_and_a_table(
     snap = next(line for line in lines if line.startswith("snapshot build (12 pods, 2 nodes)"))
     assert "p99 <= 50.0 ms" in idle and "p99 <= 300.0 ms" in snap
     assert idle.rstrip().endswith(("pass", "FAIL")) and snap.rstrip().endswith(("pass", "FAIL"))
+    turned = next(line for line in lines if line.startswith("snapshot build, every pod updated"))
+    assert "p99 <= 300.0 ms" in turned and turned.rstrip().endswith(("pass", "FAIL"))
+    reclaim = next(line for line in lines if line.startswith("heap reclaim, every 3600 s"))
+    assert "(keep frozen)" in reclaim and "unreachable" in reclaim
+    assert main([*argv, "--freeze-once", "-o", "json"]) == 0
+    once = json.loads(capsys.readouterr().out)["heap"]
+    assert once["policy"] == "freeze once" and once["refreezes"] == 0
+    assert once["reclaim_s"] is None and once["reclaim_unreachable"] is None
     assert main(["bench", "controller", "--pods", "5", "--pending", "6", "--quiet"]) == 2
     assert "--pods (5) counts the pending pods" in capsys.readouterr().err

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import json
 import urllib.error
 import urllib.request
@@ -27,6 +26,7 @@ from test_partitioner_operator import A100, create, eventually, node, settings
 
 from partitioner.decide import Decision
 from partitioner.health import ControllerHealth, HealthServer
+from partitioner.heap import HeapKeeper
 from partitioner.operator import Controller, run_operator
 from partitioner.settings import PartitionerSettings
 
@@ -299,29 +299,27 @@ async def test_not_ready_until_the_initial_listing_completes(kmock: RefusingApiS
 
 
 @pytest.mark.looptime
-async def test_the_heap_is_frozen_once_after_the_initial_listing(
+async def test_the_heap_is_frozen_after_the_initial_listing_and_settled_after_every_cycle(
     kmock: RefusingApiServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """After its initial listing the controller moves its long-lived objects out of the cyclic
-    collector's reach (partitioner.index.freeze_heap), once, not before it has synced."""
+    collector's reach (partitioner.heap.HeapKeeper.start), once, not before it has synced;
+    after every cycle it settles the heap (refreeze, or the periodic reclaim)."""
     declare(kmock)
     await create(kmock, "/api/v1/nodes", node("n1", {"gpuslice.io/partitioning": "mig", **A100}))
-    synced_when_frozen: list[bool] = []
+    calls: list[tuple[str, bool]] = []
     box: dict[str, Controller] = {}
     monkeypatch.setattr(
-        "partitioner.operator.freeze_heap",
-        lambda: synced_when_frozen.append("n1" in box["c"].index.nodes),
+        HeapKeeper, "start", lambda self: calls.append(("start", "n1" in box["c"].index.nodes))
+    )
+    monkeypatch.setattr(
+        HeapKeeper, "settle", lambda self: calls.append(("settle", box["c"].last_cycle is not None))
     )
     async with running(kmock) as (controller, port):
         box["c"] = controller
         await eventually(lambda: ready(port) == 200, within=10, step=0.1)
         await asyncio.sleep(3)  # several cycles
-    assert synced_when_frozen == [True]
-
-
-def test_freezing_moves_the_live_objects_out_of_the_collector() -> None:
-    from partitioner.index import freeze_heap
-
-    kept = [{"pod": i} for i in range(1000)]
-    freeze_heap()
-    assert gc.get_freeze_count() >= len(kept)
+        assert controller.heap.reclaim_s == controller.settings.heap_reclaim_seconds
+    assert calls[0] == ("start", True)
+    settles = calls[1:]
+    assert len(settles) >= 3 and all(c == ("settle", True) for c in settles)
