@@ -293,9 +293,6 @@ class PodInfo:
     ``"<reason>: <message>"``; empty otherwise (:func:`admission_rejection`)."""
     eligible_cache: tuple[int, frozenset[str]] | None = None
     reject_cache: tuple[int, str | None] | None = None
-    plan_sig: tuple[object, ...] | None = None
-    """What a plan reads of the pod besides its eligible nodes and waiting time (set by the
-    decision step on first use: the object is replaced whenever the pod changes)."""
     # Derived flags, computed once in __post_init__ (the decision step and the simulator's
     # scheduler read them for every waiting pod, many times a second): a PodInfo's fields are
     # never reassigned once built but for ``rv``, ``obj`` and the caches above, which these do
@@ -311,6 +308,9 @@ class PodInfo:
     stray: bool = field(init=False)
     """Carries gpuslice's gate but asks gpuslice for nothing (its ResourceClaims, all known,
     are another driver's): the decision step removes the gate."""
+    plan_sig: tuple[object, ...] = field(init=False)
+    """What a plan reads of the pod besides its eligible nodes and waiting time: its sorted
+    requests, CPU, memory and priority (the decision step's plan key)."""
 
     def __post_init__(self) -> None:
         self.plain = not (
@@ -329,6 +329,12 @@ class PodInfo:
             self.gated
             and not (self.waiting or self.node or self.finished or self.deleting)
             and not self.claims_pending
+        )
+        self.plan_sig = (
+            tuple(sorted(self.slices.items())),
+            self.cpu_milli,
+            self.memory_mib,
+            self.priority,
         )
 
     @property

@@ -620,50 +620,18 @@ class NodeLedger:
             if hit is not None:
                 return hit
         out: list[GpuState] = []
+        mps = self.gpu.mode is Mode.MPS
         for g in self.gpus:
             if g.frozen:
                 continue
-            if self.gpu.mode is Mode.MPS:
-                if g.locked:
-                    # Unhealthy as a whole (:func:`gpus_from_status`: an MPS GPU is locked for
-                    # nothing else).  The planners keep only a MIG GPU's layout when locked
-                    # (``GpuState.locked``) and would add slices to its free memory, which the
-                    # agent advertises Unhealthy: a promise no pod can bind to.  Left out as
-                    # a frozen GPU is, its spec entry stays what the agent reports.
-                    continue
-                out.append(
-                    GpuState(
-                        g.index,
-                        mps=tuple(
-                            MpsSlice(d.memory_mib, d.pinned, d.thread_percentage) for d in g.devices
-                        ),
-                        locked=g.locked,
-                    )
-                )
-            else:
-                hosted: dict[int, list[MpsSlice]] = {}  # hybrid: slices by their host's start
-                for d in g.devices:
-                    if not d.mig_profile:
-                        hosted.setdefault(d.key, []).append(
-                            MpsSlice(d.memory_mib, d.pinned, d.thread_percentage)
-                        )
-                out.append(
-                    GpuState(
-                        g.index,
-                        mig=tuple(
-                            MigInstance(
-                                d.mig_profile,
-                                d.key,
-                                # a host is used through its slices, unless sealed (used)
-                                d.pinned if d.resource else d.used,
-                                tuple(hosted.get(d.key, ())),
-                            )
-                            for d in g.devices
-                            if d.mig_profile
-                        ),
-                        locked=g.locked,
-                    )
-                )
+            if mps and g.locked:
+                # Unhealthy as a whole (:func:`gpus_from_status`: an MPS GPU is locked for
+                # nothing else).  The planners keep only a MIG GPU's layout when locked
+                # (``GpuState.locked``) and would add slices to its free memory, which the
+                # agent advertises Unhealthy: a promise no pod can bind to.  Left out as a
+                # frozen GPU is, its spec entry stays what the agent reports.
+                continue
+            out.append(_planner_gpu(g, mps))
         states = tuple(out)
         if cache is not None:
             if len(cache) >= 8:  # stale sets come and go; keep a few
@@ -681,6 +649,61 @@ class NodeLedger:
             memory_mib_free=max(0, self.memory_free),
             gpu_memory_mib=self.gpu.gpu_memory_mib,
         )
+
+
+def _gpu_state(g: GpuSlots, mps: bool) -> GpuState:
+    """The planner's view of one GPU (:meth:`NodeLedger.gpu_states`)."""
+    if mps:
+        slices = tuple(MpsSlice(d.memory_mib, d.pinned, d.thread_percentage) for d in g.devices)
+        return GpuState(g.index, mps=slices, locked=g.locked)
+    hosted: dict[int, list[MpsSlice]] = {}  # hybrid: slices by their host's start
+    for d in g.devices:
+        if not d.mig_profile:
+            hosted.setdefault(d.key, []).append(
+                MpsSlice(d.memory_mib, d.pinned, d.thread_percentage)
+            )
+    return GpuState(
+        g.index,
+        mig=tuple(
+            MigInstance(
+                d.mig_profile,
+                d.key,
+                # a host is used through its slices, unless sealed (used)
+                d.pinned if d.resource else d.used,
+                tuple(hosted.get(d.key, ())),
+            )
+            for d in g.devices
+            if d.mig_profile
+        ),
+        locked=g.locked,
+    )
+
+
+def _planner_gpu(g: GpuSlots, mps: bool) -> GpuState:
+    """:func:`_gpu_state`, memoised on every field it reads (:data:`_GPU_STATES`)."""
+    key = (
+        mps,
+        g.index,
+        g.locked,
+        tuple(
+            (d.mig_profile, d.key, d.resource, d.used, d.pinned, d.memory_mib, d.thread_percentage)
+            for d in g.devices
+        ),
+    )
+    state = _GPU_STATES.get(key)
+    if state is None:
+        if len(_GPU_STATES) >= _GPU_STATES_MAX:
+            _GPU_STATES.clear()
+        state = _GPU_STATES[key] = _gpu_state(g, mps)
+    return state
+
+
+_GPU_STATES: dict[tuple[object, ...], GpuState] = {}
+""":func:`_gpu_state` per (mode is MPS, index, locked, every device's fields it reads): GPUs in
+a cluster take a few hundred distinct states, so building a node's planner view after its
+status changed costs a lookup per GPU instead of a dozen frozen objects.  The states are
+immutable; nodes share them."""
+_GPU_STATES_MAX = 16384
 
 
 _Row = tuple[str, int, int, bool, str, int, int | None]

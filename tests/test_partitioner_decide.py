@@ -287,3 +287,34 @@ def test_a_pod_asking_for_two_mps_slices_is_rejected_with_the_fix_and_never_plan
     )
     assert "nvidia.com/gpu-24gb" in told["two-sizes"]
     assert "one" not in told or not told["one"].startswith("cannot place")
+
+
+def test_the_snapshot_holds_each_pods_own_requests_cpu_memory_priority_and_wait() -> None:
+    """The batch's PendingPods are built positionally for speed (``planning_input``): each
+    field must still carry its own value (distinct values here, so a swapped order fails)."""
+    seen: list[Any] = []
+
+    def capture(snapshot: Any, settings: Any, catalog: Any) -> Plan:
+        seen.append(snapshot)
+        return plan_greedy(snapshot, settings, catalog)
+
+    asked = pod(
+        "p",
+        {"nvidia.com/mig-2g.20gb": "1", "cpu": "1500m", "memory": "3Gi"},
+        priority=7,
+    )
+    asked["metadata"]["creationTimestamp"] = "1970-01-01T00:00:02Z"
+    objs = [node("n1", MIG), np("n1", observed=1, applied=True), asked]
+    config = replace(CONFIG, planner=capture)
+    state = run(ControllerState(), objs, 5, config).state
+    run(state, objs, 16, config)
+    assert len(seen) == 1
+    (p,) = seen[0].pods
+    assert (p.name, dict(p.requests), p.cpu_milli, p.memory_mib, p.priority) == (
+        "ns/p",
+        {"nvidia.com/mig-2g.20gb": 1},
+        1500,
+        3072,
+        7,
+    )
+    assert p.eligible_nodes == frozenset({"n1"}) and p.waited_s == 14.0
