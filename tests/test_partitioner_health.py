@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
@@ -22,7 +23,7 @@ import kopf
 import pytest
 from fake_apiserver import ApiServer, declare
 from manual_clock import ManualClock
-from test_partitioner_operator import A100, create, eventually, node, settings
+from test_partitioner_operator import A100, create, eventually, node, pod, settings
 
 from partitioner.decide import Decision
 from partitioner.health import ControllerHealth, HealthServer
@@ -296,6 +297,34 @@ async def test_not_ready_until_the_initial_listing_completes(kmock: RefusingApiS
         await eventually(lambda: ready(port) == 200, within=31, step=0.1)
         await eventually(lambda: live(port) == 200, within=5, step=0.1)
         assert "n1" in controller.index.nodes
+
+
+@pytest.mark.looptime
+async def test_the_running_operator_reclaims_its_heap_on_time_and_finds_few_frozen_cycles(
+    kmock: RefusingApiServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """kopf, the HTTP client and asyncio do make reference cycles among objects the heap
+    policy froze (partitioner.heap): the reclaim every ``heap_reclaim_seconds`` frees them.
+    With pods coming and going (10 every 15 s) it found 14-42 objects per minute in a
+    five-minute probe; a leak that grew with the pods would show here by thousands."""
+    declare(kmock)
+    await create(kmock, "/api/v1/nodes", node("n1", {"gpuslice.io/partitioning": "mig", **A100}))
+    caplog.set_level(logging.INFO, logger="partitioner.heap")
+    async with running(kmock, heap_reclaim_seconds=30) as (controller, port):
+        await eventually(lambda: ready(port) == 200, within=10, step=0.1)
+        for r in range(8):
+            for i in range(10):
+                body = pod(f"p{r}-{i}", "nvidia.com/mig-1g.10gb")
+                await create(kmock, "/api/v1/namespaces/default/pods", body)
+            await asyncio.sleep(5)
+            for i in range(10):
+                await kmock.delete(f"/api/v1/namespaces/default/pods/p{r}-{i}")
+            await asyncio.sleep(10)
+        last = controller.heap.last_reclaim
+    found = [r.getMessage() for r in caplog.records if r.name == "partitioner.heap"]
+    assert 3 <= len(found) <= 5  # 120 s of loop time, one every 30 s
+    assert all("objects in cycles among frozen objects freed" in m for m in found)
+    assert last is not None and 0 <= last.unreachable < 2000 and last.frozen > 0
 
 
 @pytest.mark.looptime
