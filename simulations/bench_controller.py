@@ -63,12 +63,14 @@ index from generated API objects and times the calls the controller makes:
   walked the whole cache: ``--freeze-once`` shows it).
 * **Heap** (``heap``): the policy, how often it refroze, the objects frozen at the end, and one
   reclaim timed (the whole heap collected once, as the controller does every
-  ``heap_reclaim_seconds``), with the unreachable objects it found.
+  ``heap_reclaim_seconds``), with the objects in reference cycles among frozen objects it
+  freed (``reclaim_unreachable``).
 
 ``targets`` compares the figures with issue 11's targets for this machine: idle cycle p99
 <= 50 ms (both idle kinds), snapshot build <= 300 ms (p99 of the repeats, the worse of the
-fresh and turned-over caches), resident memory <= 500 MB, i.e. 476.8 MiB (``steady_mib``).  One JSON document goes to stdout (or ``--out``);
-progress goes to stderr.  ``gpuslice bench controller`` runs the same with a table by default.
+fresh and turned-over caches), resident memory <= 500 MB, i.e. 476.8 MiB (``steady_mib``).
+One JSON document goes to stdout (or ``--out``); progress goes to stderr.
+``gpuslice bench controller`` runs the same with a table by default.
 """
 
 from __future__ import annotations
