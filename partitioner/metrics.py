@@ -27,6 +27,12 @@ Each :class:`Metrics` owns its registry, so several controllers (tests, restarts
 * ``gpuslice_step_failures_total`` (counter): decision steps that raised (liveness counts them).
 * ``gpuslice_leader`` (gauge): 1 while this replica leads (plans and writes), else 0; always 1
   without leader election.
+* ``gpuslice_heap_frozen_cycles_total`` (counter): objects in reference cycles among frozen
+  objects that the periodic heap reclaim freed (:mod:`partitioner.heap`): what the heap policy
+  kept alive until then.  A rate that grows with time rather than with the cluster's churn is a
+  leak worth reporting.
+* ``gpuslice_heap_reclaim_seconds`` (gauge): how long the last heap reclaim paused the
+  controller (one full collection of the whole heap).
 
 :meth:`Metrics.observe_waiting` sets the waiting gauges from one decision step.
 """
@@ -112,6 +118,16 @@ class Metrics:
         self.leader = Gauge(
             "gpuslice_leader",
             "1 while this replica leads (plans and writes), else 0",
+            registry=r,
+        )
+        self.heap_frozen_cycles = Counter(
+            "gpuslice_heap_frozen_cycles",
+            "Objects in reference cycles among frozen objects freed by the heap reclaim",
+            registry=r,
+        )
+        self.heap_reclaim_seconds = Gauge(
+            "gpuslice_heap_reclaim_seconds",
+            "Duration of the last heap reclaim (a full collection of the whole heap)",
             registry=r,
         )
 

@@ -568,7 +568,10 @@ class Controller:
             )
         while True:
             await self._cycle()
-            self.heap.settle()
+            reclaim = self.heap.settle()
+            if reclaim is not None:
+                self.metrics.heap_frozen_cycles.inc(reclaim.unreachable)
+                self.metrics.heap_reclaim_seconds.set(reclaim.seconds)
             await self._pause()
 
     async def _pause(self) -> None:

@@ -321,10 +321,15 @@ async def test_the_running_operator_reclaims_its_heap_on_time_and_finds_few_froz
                 await kmock.delete(f"/api/v1/namespaces/default/pods/p{r}-{i}")
             await asyncio.sleep(10)
         last = controller.heap.last_reclaim
+        registry = controller.metrics.registry
+        counted = registry.get_sample_value("gpuslice_heap_frozen_cycles_total")
+        paused = registry.get_sample_value("gpuslice_heap_reclaim_seconds")
     found = [r.getMessage() for r in caplog.records if r.name == "partitioner.heap"]
     assert 3 <= len(found) <= 5  # 120 s of loop time, one every 30 s
+    freed = [int(m.split()[2]) for m in found]  # "heap reclaim: N objects in cycles among ..."
     assert all("objects in cycles among frozen objects freed" in m for m in found)
     assert last is not None and 0 <= last.unreachable < 2000 and last.frozen > 0
+    assert counted == sum(freed) and paused == last.seconds > 0
 
 
 @pytest.mark.looptime
