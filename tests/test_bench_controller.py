@@ -174,7 +174,7 @@ def test_cli_prints_the_document_and_a_table(
     turned = next(line for line in lines if line.startswith("snapshot build, every pod updated"))
     assert "p99 <= 300.0 ms" in turned and turned.rstrip().endswith(("pass", "FAIL"))
     reclaim = next(line for line in lines if line.startswith("heap reclaim, every 3600 s"))
-    assert "(keep frozen)" in reclaim and "unreachable" in reclaim
+    assert "(keep frozen)" in reclaim and "objects freed from frozen cycles" in reclaim
     assert main([*argv, "--freeze-once", "-o", "json"]) == 0
     once = json.loads(capsys.readouterr().out)["heap"]
     assert once["policy"] == "freeze once" and once["refreezes"] == 0

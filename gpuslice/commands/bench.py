@@ -186,7 +186,7 @@ def controller_rows(doc: dict[str, Any]) -> list[dict[str, str]]:
          "result": _within(turn["build_s"]["p99"], doc, "snapshot_build_s")},
         {"figure": f"heap reclaim, every {heap['reclaim_every_s']:g} s ({heap['policy']})",
          "value": "n/a" if heap["reclaim_s"] is None
-         else f"{_ms(heap['reclaim_s'])}, {heap['reclaim_unreachable']} unreachable",
+         else f"{_ms(heap['reclaim_s'])}, {heap['reclaim_unreachable']} objects freed from frozen cycles",
          "target": "", "result": ""},
     ]  # fmt: skip
 
