@@ -18,7 +18,10 @@ so it is safe on a GPU that runs work, MIG mode on or off:
   ``nvmlDeviceGetGpuInstanceProfileInfoV`` (v2 struct: ``id``, ``sliceCount``,
   ``instanceCount``, ``memorySizeMB``, ``name`` such as ``MIG 1g.18gb``); ``NOT_SUPPORTED`` or
   ``INVALID_ARGUMENT`` means the GPU lacks that profile, any other error is recorded as the
-  answer for that index (some drivers refuse profile queries while MIG mode is off);
+  answer for that index (some drivers refuse profile queries while MIG mode is off). nvml.h
+  also answers ``NOT_SUPPORTED`` for every profile while MIG mode is off, so a GPU with MIG off
+  whose driver answers no profile query at all is reported unverified (enable MIG mode and run
+  again), not as lacking every catalog profile;
 * per profile the GPU has: ``nvmlDeviceGetGpuInstancePossiblePlacements_v2`` -> the
   ``(start, size)`` pairs a GPU instance of it may take.
 
@@ -190,6 +193,8 @@ def compare(model: GpuModel | None, gpu: ProbedGpu) -> list[str]:
     if not model.mig_capable:
         diffs.append(f"{where}: the driver supports MIG; catalog model {model.name} lists none")
         return diffs
+    if _mig_off_and_silent(gpu):
+        return diffs  # nothing the driver said can be compared: see report()'s "unverified"
     answered = [p for p in gpu.profiles if p.profile_id is not None]
     by_index = {p.nvml_index: p for p in answered}
     for prof in model.profiles:
@@ -233,6 +238,22 @@ def compare(model: GpuModel | None, gpu: ProbedGpu) -> list[str]:
     return diffs
 
 
+def _mig_off_and_silent(gpu: ProbedGpu) -> bool:
+    """MIG mode off and no profile query answered: the driver's "not supported" then means
+    "not while MIG mode is off" (nvml.h), which tells nothing about the GPU's profiles."""
+    return gpu.mig_capable and not gpu.mig_current and not gpu.profiles
+
+
+def _unverified(gpu: ProbedGpu) -> list[str]:
+    if _mig_off_and_silent(gpu):
+        return [
+            "every profile: MIG mode is off and the driver answered no profile query "
+            "(NVML answers NOT_SUPPORTED until MIG mode is enabled); enable MIG mode "
+            "(gpuslice's agent does on an opted-in node) and run the check again"
+        ]
+    return [f"index {p.nvml_index}: {p.error}" for p in gpu.profiles if p.error]
+
+
 def report(catalog: Catalog, gpus: Sequence[ProbedGpu]) -> dict[str, Any]:
     """The JSON document: each GPU, the model matched, its differences and unverified indexes."""
     out: list[dict[str, Any]] = []
@@ -244,7 +265,7 @@ def report(catalog: Catalog, gpus: Sequence[ProbedGpu]) -> dict[str, Any]:
                 "catalogModel": model.name if model else None,
                 "placementsCaptured": model.placements_captured if model else None,
                 "differences": compare(model, gpu),
-                "unverified": [f"index {p.nvml_index}: {p.error}" for p in gpu.profiles if p.error],
+                "unverified": _unverified(gpu),
             }
         )
     return {"gpus": out, "agree": all(not g["differences"] for g in out)}

@@ -194,6 +194,7 @@ class PynvmlAdapter:
     def set_mig_mode(self, gpu: int, enabled: bool) -> NvmlErrorCode | None:
         m = self._m
         mode = m.NVML_DEVICE_MIG_ENABLE if enabled else m.NVML_DEVICE_MIG_DISABLE
+        self._profiles.pop(gpu, None)  # the profiles answered depend on the MIG mode
         status = self._call("set_mig_mode", m.nvmlDeviceSetMigMode, self._handle(gpu), mode)
         code = int(status or _NVML_SUCCESS)
         return None if code == _NVML_SUCCESS else NvmlErrorCode.of(code)
@@ -294,7 +295,11 @@ class PynvmlAdapter:
     # -- GPU instances -------------------------------------------------------------------
 
     def _gi_profiles(self, gpu: int, h: Any) -> list[Any]:
-        """The GI profile infos the GPU supports (cached per GPU)."""
+        """The GI profile infos the GPU supports (cached per GPU while its MIG mode stays).
+
+        With MIG mode off NVML answers ``NOT_SUPPORTED`` for every profile; that empty answer
+        is not kept, so the profiles are read again once MIG mode is on (a pending mode that
+        became current at a reset, or Hopper's immediate switch)."""
         if gpu not in self._profiles:
             m = self._m
             infos = []
@@ -308,6 +313,8 @@ class PynvmlAdapter:
                     ):
                         continue
                     raise NvmlError(NvmlErrorCode.of(int(e.value)), "profiles", str(e)) from e
+            if not infos:
+                return infos
             self._profiles[gpu] = infos
         return self._profiles[gpu]
 

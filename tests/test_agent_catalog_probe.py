@@ -45,6 +45,7 @@ class Gpu:
     """nvml index -> (profile id, name) the driver offers beyond the catalog."""
     refuse_info: int | None = None
     """An NVML error code every profile-info call returns (a driver that wants MIG mode on)."""
+    mig_on: bool = False
 
 
 class FakeDriver:
@@ -87,7 +88,7 @@ class FakeDriver:
     def nvmlDeviceGetMigMode(self, g: Gpu) -> list[int]:
         if not g.mig_capable:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return [0, 0]
+        return [int(g.mig_on), int(g.mig_on)]
 
     def _profile(self, g: Gpu, idx: int) -> tuple[int, str, int, int, int, tuple[int, ...]]:
         if idx in g.extra:
@@ -184,6 +185,25 @@ def test_refused_profile_queries_are_unverified_not_differences() -> None:
     assert doc["agree"] is True and g["differences"] == []
     assert len(g["unverified"]) == pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT
     assert g["catalogModel"] == model.name
+
+
+def test_mig_mode_off_and_no_profile_answered_is_unverified_not_every_profile_missing() -> None:
+    # nvml.h: profile info answers NOT_SUPPORTED "if device doesn't have MIG mode enabled".
+    model = CAT.model("A100-SXM4-40GB")
+    off = Gpu(model, refuse_info=pynvml.NVML_ERROR_NOT_SUPPORTED)
+    doc = report(CAT, probe(FakeDriver(off)))  # type: ignore[arg-type]
+    [g] = doc["gpus"]
+    assert doc["agree"] is True and g["differences"] == []
+    assert len(g["unverified"]) == 1 and "MIG mode is off" in g["unverified"][0]
+    # With MIG mode on the same silence means the driver lacks every profile.
+    on = Gpu(model, refuse_info=pynvml.NVML_ERROR_NOT_SUPPORTED, mig_on=True)
+    doc = report(CAT, probe(FakeDriver(on)))  # type: ignore[arg-type]
+    [g] = doc["gpus"]
+    assert doc["agree"] is False and g["unverified"] == []
+    assert len(g["differences"]) == len(model.profiles)
+    # A driver that answers with MIG off is compared as before.
+    _, diffs = _one(Gpu(model, missing={model.profile_by_shape("2g").nvml_index}))
+    assert len(diffs) == 1 and "2g.10gb" in diffs[0]
 
 
 def test_main_prints_json_and_exits_by_agreement(capsys: pytest.CaptureFixture[str]) -> None:

@@ -132,6 +132,8 @@ class FakePynvml:
     def nvmlDeviceGetGpuInstanceProfileInfo(self, h: Any, idx: int, version: int = 2) -> Any:
         model = self.nv.model_of(h[1])
         assert version == 2, "the adapter reads the v2 struct"
+        if not self.nv.mig_enabled(h[1]):  # nvml.h: NOT_SUPPORTED while MIG mode is off
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         for p in model.profiles:
             if p.nvml_index == idx:
                 info = pynvml.c_nvmlGpuInstanceProfileInfo_v2_t()
@@ -330,6 +332,17 @@ def test_reset_without_nvidia_smi_is_not_supported_and_nvml_is_back() -> None:
     assert e.value.code == NvmlErrorCode.NOT_SUPPORTED and e.value.op == "reset_gpu"
     assert "NVIDIA_DRIVER_CAPABILITIES=utility" in str(e.value)
     assert mod.log[-1] == "init" and ad.gpus()[0].mig_pending
+
+
+def test_profiles_read_with_mig_off_are_read_again_once_mig_mode_is_on() -> None:
+    nv, _, ad = make("H100-80GB")
+    assert ad.gpu_instances(0) == []  # MIG off: no profile answers
+    assert ad.set_mig_mode(0, True) is None and nv.mig_enabled(0)  # Hopper: current at once
+    p3 = CAT.model("H100-80GB").profile("3g.40gb")
+    gi = ad.create_gpu_instance(0, p3.profile_id, 0, p3.memory_slices)
+    assert [g.gi_id for g in ad.gpu_instances(0)] == [gi]
+    ci = ad.create_compute_instance(0, gi)
+    assert [g.compute_instances for g in ad.gpu_instances(0)] == [(ci,)]
 
 
 def test_process_names_come_from_nvml() -> None:

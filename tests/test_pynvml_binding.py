@@ -47,7 +47,7 @@ from node_agent.gpu_reset import NvidiaSmi
 from node_agent.nvml import XID_NOT_MIG_SCOPED, ComputeMode, NvmlErrorCode
 from node_agent.nvml_fake import FakeNvml
 from node_agent.nvml_pynvml import _CI_PROFILE_FOR_SLICES, PynvmlAdapter, _handle_key
-from planner.catalog import default_catalog
+from planner.catalog import MigProfile, default_catalog
 from tests.test_agent_catalog_probe import FakeDriver
 from tests.test_agent_pynvml import FakePynvml
 from tests.test_agent_xid import EventPynvml
@@ -537,8 +537,19 @@ def test_profile_constants_cover_the_binding_and_the_catalog() -> None:
     catalog = default_catalog()
     for model in catalog.models:
         for p in model.profiles:
-            assert p.nvml_index in gi.values(), (model.name, p.name, p.nvml_index)
+            assert gi[_gi_constant_for(p)] == p.nvml_index, (model.name, p.name, p.nvml_index)
             assert p.compute in _CI_PROFILE_FOR_SLICES, (model.name, p.name, p.compute)
+
+
+def _gi_constant_for(p: MigProfile) -> str:
+    """The ``NVML_GPU_INSTANCE_PROFILE_*`` suffix a profile's shape names, from nvml.h's naming:
+    ``<n>_SLICE`` for the plain ``<n>g``, ``_REV1`` for its media-extension variant, ``_REV2``
+    for the 1g with two memory slices (``1g.2m``), ``_GFX`` for the graphics variant,
+    ``_ALL_ME`` / ``_NO_ME`` for ``+me.all`` / ``-me``."""
+    suffix = {"": "", "+me": "_REV1", "+gfx": "_GFX", "+me.all": "_ALL_ME", "-me": "_NO_ME"}
+    if p.shape == "1g.2m":
+        return "1_SLICE_REV2"
+    return f"{p.compute}_SLICE{suffix[p.variant]}"
 
 
 def test_the_unscoped_event_id_fits_the_event_struct() -> None:
