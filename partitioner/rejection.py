@@ -1,12 +1,20 @@
 """Why a pending pod can never be placed on the cluster's GPU nodes as they are. Pure.
 
 A pod is rejected (reported ``cannot place: <reason>``, never batched) when, for some slice it
-asks for, none of its eligible GPU nodes is of the right kind (MIG or hybrid for
-``nvidia.com/mig-<profile>``, MPS or hybrid for ``nvidia.com/gpu-<N>gb``), the MPS size is not positive,
-or no eligible node's GPU model has the MIG profile under exactly that name
-(:meth:`planner.catalog.GpuModel.profile`), or it asks for more than one MPS slice
+asks for, the name is not one any node advertises, none of its eligible GPU nodes is of the
+right kind (MIG or hybrid for ``nvidia.com/mig-<profile>``, MPS or hybrid for
+``nvidia.com/gpu-<N>gb``), the MPS size is not positive, or no eligible node's GPU model has
+the MIG profile under exactly that resource name
+(:meth:`planner.catalog.GpuModel.requested_profile`), or it asks for more than one MPS slice
 (:func:`planner.demand.one_mps_slice`: a container reaches one MPS daemon).  Anything else
 (capacity) is the planner's to judge.
+
+Names are matched exactly, as kube-scheduler and the kubelet match them: the node agent
+advertises canonical names only (:mod:`planner.snapshot`), so a pod asking for
+``nvidia.com/gpu-010gb``, ``nvidia.com/mig-1G.10GB`` or ``nvidia.com/mig-1g.10gb.shared`` could
+never bind to a slice gpuslice made for it.  Such a near miss is rejected naming the canonical
+name (``did you mean nvidia.com/mig-1g.10gb?``); lists of valid names are written as resource
+names (``nvidia.com/mig-1g.5gb.me``, never the NVML spelling ``1g.5gb+me``).
 """
 
 from __future__ import annotations
@@ -15,16 +23,19 @@ from collections.abc import Mapping, Sequence
 
 from planner.catalog import CatalogError, GpuModel
 from planner.demand import one_mps_slice
-from planner.snapshot import Mode, Unplaced, mig_profile_of, mps_gb_of
+from planner.snapshot import Mode, Unplaced, canonical_mps_resource, mig_profile_of, mps_gb_of
 
 __all__ = ["MIG_MODES", "has_profile", "reject_reason"]
 
 MIG_MODES = (Mode.MIG, Mode.HYBRID)
 
+_EXACT = "Kubernetes matches extended resource names exactly, case included"
 
-def has_profile(model: GpuModel, profile: str) -> bool:
+
+def has_profile(model: GpuModel, resource: str) -> bool:
+    """Whether ``model``'s nodes advertise ``resource`` (``nvidia.com/mig-<profile>``) exactly."""
     try:
-        model.profile(profile)
+        model.requested_profile(resource)
     except CatalogError:
         return False
     return True
@@ -39,6 +50,13 @@ def reject_reason(
         return f"{Unplaced.MPS_SLICES.value}: {why}"
     for resource in sorted(slices):
         profile, gb = mig_profile_of(resource), mps_gb_of(resource)
+        canonical = canonical_mps_resource(resource)
+        if canonical is not None and canonical != resource and mps_gb_of(canonical) != 0:
+            return (
+                f"unknown resource {resource}: gpuslice's nodes never advertise it ({_EXACT}, "
+                f"and sizes have no leading zeros); did you mean {canonical}? Ask for {canonical} in the "
+                f"pod's resources"
+            )
         modes = MIG_MODES if profile is not None else (Mode.MPS, Mode.HYBRID)
         kind = "MIG" if profile is not None else "MPS"
         fitting = [model for mode, model in eligible if mode in modes]
@@ -47,11 +65,17 @@ def reject_reason(
                 f"no eligible node: no opted-in {kind} node matches the pod's nodeSelector, "
                 f"affinity and tolerations (for {resource})"
             )
-        if gb is not None and gb <= 0:
+        if canonical is not None and (gb is None or gb <= 0):
             return f"unknown resource {resource}: an MPS slice needs at least 1 GB"
-        if profile is not None and not any(has_profile(m, profile) for m in fitting):
+        if profile is not None and not any(has_profile(m, resource) for m in fitting):
             models = sorted({m.name for m in fitting})
-            valid = ", ".join(p.name for p in fitting[0].profiles)
+            near = next((p for m in fitting if (p := m.near_miss(resource)) is not None), None)
+            if near is not None:
+                return (
+                    f"unknown resource {resource}: gpuslice's nodes never advertise it ({_EXACT}); "
+                    f"did you mean {near.resource}? Ask for {near.resource} in the pod's resources"
+                )
+            valid = ", ".join(p.resource for p in fitting[0].profiles)
             return (
                 f"unknown resource {resource}: no eligible GPU ({', '.join(models)}) has MIG "
                 f"profile {profile}; valid on {fitting[0].name}: {valid}"

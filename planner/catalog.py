@@ -18,15 +18,24 @@ Lookups
   sanitised spellings (``NVIDIA-A100-SXM4-80GB``, ``A100-SXM4-80GB``, ``NVIDIA A100 80GB PCIe``,
   with ``-SHARED`` or a ``-MIG-<profile>`` suffix).
 * :meth:`Catalog.model_for_pci_id` takes ``0x20B210DE``, ``20b2`` or ``10de:20b2``.
-* :meth:`GpuModel.profile` resolves a profile name *exactly*: the model's own profile name
-  (``1g.10gb+me``, as NVML spells it) or its Kubernetes resource spelling (``1g.10gb.me``:
-  resource names cannot hold ``+``, so NVIDIA's device plugin and gpuslice's agent advertise
-  ``nvidia.com/mig-1g.10gb.me``), with or without the ``nvidia.com/mig-`` prefix, in any case.
-  Nothing else: a name of another model (``1g.12gb`` on an A100) or another driver's spelling
-  (``7g.79gb`` where the catalog says ``7g.80gb``) does not resolve, because the agent
-  advertises exactly the catalog's name and a pod asking for another name would never bind.
-  A driver that names a profile differently needs a catalog override naming it that way
-  (then the planner and the agent both use that name).
+* :meth:`GpuModel.profile` resolves a profile name as people and labels write it: the model's
+  own profile name (``1g.10gb+me``, as NVML spells it) or its Kubernetes resource spelling
+  (``1g.10gb.me``: resource names cannot hold ``+``, so NVIDIA's device plugin and gpuslice's
+  agent advertise ``nvidia.com/mig-1g.10gb.me``), with or without the ``nvidia.com/mig-``
+  prefix, in any case (CLI flags, GFD labels, catalog files, NVML's names).  Nothing else: a
+  name of another model (``1g.12gb`` on an A100) or another driver's spelling (``7g.79gb``
+  where the catalog says ``7g.80gb``) does not resolve, because the agent advertises exactly the
+  catalog's name and a pod asking for another name would never bind.  A driver that names a
+  profile differently needs a catalog override naming it that way (then the planner and the
+  agent both use that name).
+* :meth:`GpuModel.requested_profile` resolves a *pod's request*, which must be exactly the
+  resource name the agent advertises (:attr:`MigProfile.resource`, e.g.
+  ``nvidia.com/mig-1g.10gb.me``): kube-scheduler and the kubelet match extended resource names
+  exactly, case included, so ``nvidia.com/mig-1G.10GB``, ``nvidia.com/mig-1g.10gb+me`` or
+  ``nvidia.com/mig-1g.10gb.shared`` never bind to an instance gpuslice creates.  Such a near
+  miss raises :class:`UnknownProfile` naming the name it most likely meant
+  (:meth:`GpuModel.near_miss`: same name up to case, ``+``/``.``, leading zeros and unknown
+  ``.<word>`` suffixes).
 * :attr:`Catalog.max_gpus_per_node` bounds a node's GPU count (the largest server the catalog
   knows of: 16 GPUs, e.g. NVIDIA HGX-2 / DGX-2 with 16 V100s); a count above it is a label
   error, not a node to plan.
@@ -151,11 +160,13 @@ class GpuModel:
         return bool(self.profiles)
 
     def profile(self, name: str) -> MigProfile:
-        """Resolve a profile name exactly: the catalog name or its resource spelling.
+        """Resolve a profile name as people and labels write it: the catalog name or its
+        resource spelling, in any case.
 
-        ``1g.10gb+me``, ``1g.10gb.me`` and ``nvidia.com/mig-1g.10gb.me`` all name the same
-        profile; ``1g.12gb`` on an A100 or ``7g.79gb`` where the catalog says ``7g.80gb`` do
-        not (module docstring).
+        ``1g.10gb+me``, ``1g.10gb.me``, ``1G.10GB+ME`` and ``nvidia.com/mig-1g.10gb.me`` all name
+        the same profile; ``1g.12gb`` on an A100 or ``7g.79gb`` where the catalog says
+        ``7g.80gb`` do not (module docstring).  A pod's request must match exactly:
+        :meth:`requested_profile`.
         """
         key = name.strip().lower()
         if key.startswith("nvidia.com/mig-"):
@@ -179,6 +190,46 @@ class GpuModel:
             f"GPU's driver spells a profile differently, name it so in a catalog override file"
         )
 
+    def requested_profile(self, resource: str) -> MigProfile:
+        """The profile a pod asking for ``resource`` gets: the one whose advertised resource name
+        (:attr:`MigProfile.resource`) is exactly ``resource`` (module docstring).
+
+        Raises :class:`UnknownProfile` otherwise, naming the fix: the canonical name of a near
+        miss (``nvidia.com/mig-1G.10GB`` -> ``nvidia.com/mig-1g.10gb``), else this model's names.
+        """
+        for p in self.profiles:
+            if p.resource == resource:
+                return p
+        if not self.profiles:
+            raise UnknownProfile(f"{resource} does not exist on {self.name}: it is not MIG-capable")
+        near = self.near_miss(resource)
+        if near is not None:
+            raise UnknownProfile(
+                f"{resource} is not a name any {self.name} node advertises: Kubernetes matches "
+                f"extended resource names exactly, case included; did you mean {near.resource}?"
+            )
+        raise UnknownProfile(
+            f"{resource} does not exist on {self.name}; its MIG resources: "
+            f"{', '.join(p.resource for p in self.profiles)}"
+        )
+
+    def near_miss(self, name: str) -> MigProfile | None:
+        """The profile ``name`` most likely means, if it is not its exact resource name: equal
+        up to case, ``+`` for ``.``, leading zeros of numbers, surrounding blanks, the
+        ``nvidia.com/mig-`` prefix, and trailing ``.<word>`` suffixes that are no profile
+        variant (``1g.10gb.shared`` -> ``1g.10gb``; ``1g.24gb.me`` on a model without media
+        extensions is another profile, not a misspelling); ``None`` if nothing is that close."""
+        keys = {_loose(p.resource): p for p in self.profiles}
+        key = _loose(name)
+        while True:
+            found = keys.get(key)
+            if found is not None:
+                return found
+            head, dot, tail = key.rpartition(".")
+            if not dot or not head or not tail.isalpha() or tail in _VARIANT_WORDS:
+                return None
+            key = head
+
     def profile_by_id(self, profile_id: int) -> MigProfile:
         for p in self.profiles:
             if p.profile_id == profile_id:
@@ -190,6 +241,20 @@ class GpuModel:
             if p.shape == shape:
                 return p
         raise UnknownProfile(f"MIG shape {shape!r} does not exist on {self.name}")
+
+
+_LEADING_ZEROS = re.compile(r"(?<![0-9])0+(?=[0-9])")
+_VARIANT_WORDS = frozenset({"me", "all", "gfx"})
+"""The words of NVIDIA's profile variants (``+me``, ``+me.all``, ``+gfx``): a request naming a
+variant a model lacks asks for another profile, so :meth:`GpuModel.near_miss` never drops one."""
+
+
+def _loose(name: str) -> str:
+    """``name`` folded for :meth:`GpuModel.near_miss`: ``NVIDIA.com/MIG-01G.10GB+ME`` ->
+    ``1g.10gb.me``."""
+    key = name.strip().lower().replace("+", ".")
+    key = key.removeprefix("nvidia.com/mig-")
+    return _LEADING_ZEROS.sub("", key)
 
 
 def sanitize_product(label: str) -> str:
@@ -257,6 +322,18 @@ class Catalog:
                 f"(see README, 'GPU catalog')"
             )
         return found
+
+    def near_miss(self, resource: str) -> MigProfile | None:
+        """The canonical profile a MIG request most likely means when no model of the catalog
+        advertises ``resource`` exactly (:meth:`GpuModel.near_miss`, models in catalog order);
+        ``None`` when one does, or when nothing is that close."""
+        if any(p.resource == resource for m in self.models for p in m.profiles):
+            return None
+        for m in self.models:
+            near = m.near_miss(resource)
+            if near is not None:
+                return near
+        return None
 
     def model_for_pci_id(self, pci_id: str) -> GpuModel:
         found = self._by_pci.get(_norm_pci(pci_id))

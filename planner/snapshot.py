@@ -22,7 +22,15 @@ Output (:class:`Plan`)
 * ``unplaced``: a reason for every pending pod the plan cannot place.
 
 Resource names: ``nvidia.com/mig-<profile>`` (MIG), ``nvidia.com/gpu-<N>gb`` (an MPS slice of
-``N`` GiB = ``N * 1024`` MiB of GPU memory).
+``N`` GiB = ``N * 1024`` MiB of GPU memory).  kube-scheduler and the kubelet match extended
+resource names exactly, case included, and the node agent advertises *canonical* names only:
+the catalog's profile name with ``+`` spelled ``.`` (``nvidia.com/mig-1g.10gb.me``), and ``N``
+in decimal without leading zeros (``nvidia.com/gpu-10gb``).  Every name the webhook gates --
+``nvidia.com/mig-`` followed by anything, ``nvidia.com/gpu-<ASCII digits>gb`` -- is a *slice
+name* (:func:`is_partitionable_resource`), so a gated pod is always one the partitioner judges;
+a slice name that is not canonical (``nvidia.com/gpu-010gb``, ``nvidia.com/mig-1G.10GB``) is one
+no node ever advertises, and the partitioner rejects the pod asking for it, naming the canonical
+spelling (:func:`canonical_mps_resource`, :meth:`planner.catalog.GpuModel.requested_profile`).
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ __all__ = [
     "PlannedSlice",
     "Snapshot",
     "Unplaced",
+    "canonical_mps_resource",
     "is_partitionable_resource",
     "mig_profile_of",
     "mig_resource",
@@ -55,7 +64,12 @@ __all__ = [
 ]
 
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
-MPS_RESOURCE = re.compile(r"^nvidia\.com/gpu-(?P<gb>\d+)gb$")
+MPS_RESOURCE = re.compile(r"^nvidia\.com/gpu-(?P<gb>0|[1-9][0-9]*)gb\Z")
+"""A canonical MPS resource name: ``N`` in ASCII decimal without leading zeros (``gpu-0gb``
+parses, to be refused as smaller than 1 GB; ``gpu-010gb`` does not: no node advertises it)."""
+_MPS_NAME = re.compile(r"nvidia\.com/gpu-(?P<gb>[0-9]+)gb")
+"""Any MPS slice name the webhook gates, canonical or not (matched whole, ASCII digits, like
+:data:`partitioner.gating.MATCH_CONDITIONS`)."""
 
 
 def mig_profile_of(resource: str) -> str | None:
@@ -75,9 +89,18 @@ def mig_resource(profile: str) -> str:
 
 
 def mps_gb_of(resource: str) -> int | None:
-    """``nvidia.com/gpu-10gb`` -> ``10``; ``None`` for other resources."""
+    """``nvidia.com/gpu-10gb`` -> ``10``; ``None`` for other resources, and for a
+    non-canonical spelling (``nvidia.com/gpu-010gb``: no node advertises it, see
+    :func:`canonical_mps_resource`)."""
     m = MPS_RESOURCE.match(resource)
     return int(m.group("gb")) if m else None
+
+
+def canonical_mps_resource(resource: str) -> str | None:
+    """The canonical spelling of an MPS slice name: ``nvidia.com/gpu-010gb`` ->
+    ``nvidia.com/gpu-10gb`` (itself when canonical); ``None`` for other resources."""
+    m = _MPS_NAME.fullmatch(resource)
+    return mps_resource(int(m.group("gb"))) if m else None
 
 
 def mps_resource(gb: int) -> str:
@@ -85,7 +108,8 @@ def mps_resource(gb: int) -> str:
 
 
 def is_partitionable_resource(resource: str) -> bool:
-    return mig_profile_of(resource) is not None or mps_gb_of(resource) is not None
+    """A slice name: one the webhook gates (module docstring), canonical or not."""
+    return mig_profile_of(resource) is not None or _MPS_NAME.fullmatch(resource) is not None
 
 
 class Mode(StrEnum):

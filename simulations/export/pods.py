@@ -14,6 +14,14 @@ QoS class, and when the pod was first and last seen.  :func:`build_workload` tur
   becomes ``num_gpu`` whole GPUs.  A ``--map-resource FROM=TO`` entry renames (or, with an
   empty ``TO``, drops) a resource first.  Any other ``nvidia.com/`` name is an error naming the
   pod and the map entry that fixes it.  Resources of other domains are not GPU requests.
+* **Slice names are exact** (kube-scheduler matches them so; gpuslice's agent advertises
+  canonical names only, :mod:`planner.snapshot`): a slice name that is a near miss of a
+  canonical one -- ``nvidia.com/gpu-010gb``, ``nvidia.com/mig-1G.10GB``,
+  ``nvidia.com/mig-1g.10gb.shared`` (NVIDIA's time-slicing rename), kube-state-metrics'
+  ``nvidia_com_gpu_010gb`` -- is an error naming the pod, the canonical name it most likely
+  means (:meth:`planner.catalog.Catalog.near_miss` over the built-in catalog) and the
+  ``--map-resource FROM=TO`` that renames it; so is a ``--map-resource`` ``TO`` that is such a
+  near miss.  The partitioner rejects such pods the same way (:mod:`partitioner.rejection`).
 * **Pods without a GPU request** are skipped and counted (:attr:`ExportReport.skipped_no_gpu`).
 * **Arrival** is the creation time; a pod whose source has none (kube-state-metrics without
   ``kube_pod_created``) arrives when first seen, and is counted.
@@ -51,12 +59,15 @@ from typing import Any
 
 import yaml
 
+from planner.catalog import default_catalog
+from planner.snapshot import MIG_RESOURCE_PREFIX, canonical_mps_resource, mps_gb_of
 from simulations.inputs.gpu_resources import (
     WHOLE,
     WHOLE_GPU,
     apply_resource_map,
     classify,
     is_gpu_resource,
+    ksm_label_of,
 )
 from simulations.inputs.limits import MAX_PODS, MAX_TIME_S
 from simulations.inputs.workload import (
@@ -290,6 +301,45 @@ def _count(resource: str, amount: Decimal, pod: ObservedPod) -> tuple[int, str]:
     return int(amount), ""
 
 
+def canonical_slice_name(resource: str) -> str | None:
+    """The canonical slice name a near miss most likely means (``nvidia.com/gpu-010gb`` ->
+    ``nvidia.com/gpu-10gb``, ``nvidia.com/mig-1G.10GB`` -> ``nvidia.com/mig-1g.10gb``);
+    ``None`` for a canonical name, one that is no slice name, or one nothing is close to."""
+    mps = canonical_mps_resource(resource)
+    if mps is not None:
+        return mps if mps != resource and mps_gb_of(mps) != 0 else None
+    if resource.startswith(MIG_RESOURCE_PREFIX):
+        near = default_catalog().near_miss(resource)
+        return near.resource if near is not None else None
+    return None
+
+
+def _misnamed(pod: ObservedPod, resource: str, raw: str | None, mapped: str, explicit: bool) -> str:
+    """A problem if the slice name the replay would use is not canonical (module docstring),
+    else ``""``.  ``explicit``: ``--map-resource`` named this resource (check its ``TO``)."""
+    asked = raw or resource
+    exact = "Kubernetes matches extended resource names exactly, case included"
+    if explicit:
+        fix = canonical_slice_name(mapped)
+        if fix is None:
+            return ""
+        return (
+            f"pod {clip(pod.key)} ({pod.where}) requests {asked}, which --map-resource renames "
+            f"to {mapped}, a slice name gpuslice's nodes never advertise ({exact}); did you "
+            f"mean {fix}? Use --map-resource {asked}={fix}"
+        )
+    fix = canonical_slice_name(resource)
+    if fix is None and raw is not None and ksm_label_of(resource) != raw:
+        fix = resource  # kube-state-metrics' label spells another name (nvidia_com_gpu_010gb)
+    if fix is None:
+        return ""
+    return (
+        f"pod {clip(pod.key)} ({pod.where}) requests {asked}, a slice name gpuslice's nodes "
+        f"never advertise ({exact}); did you mean {fix}? Rename it with --map-resource "
+        f"{asked}={fix}"
+    )
+
+
 def _gpu_requests(
     pod: ObservedPod, resource_map: Mapping[str, str | None], report: ExportReport
 ) -> tuple[int, dict[str, int], list[str]]:
@@ -308,6 +358,11 @@ def _gpu_requests(
         if mapped != resource:
             report.renamed[f"{raw or resource} -> {mapped}"] += 1
         if not is_gpu_resource(mapped) and not is_gpu_resource(resource):
+            continue
+        explicit = resource in resource_map or (raw is not None and raw in resource_map)
+        misnamed = _misnamed(pod, resource, raw, mapped, explicit)
+        if misnamed:
+            problems.append(misnamed)
             continue
         kind = classify(mapped)
         if kind is None:
