@@ -16,7 +16,9 @@ before they read them:
 * every resource quantity (node ``status.allocatable``, container ``requests``/``limits``, pod
   ``overhead``) is a Kubernetes quantity -- a string or a number, not ``true``, within int64 --
   as the API server itself requires;
-* GPU Feature Discovery's ``nvidia.com/gpu.memory`` is at most 16 TiB.  A huge
+* GPU Feature Discovery's ``nvidia.com/gpu.count`` and ``nvidia.com/gpu.memory`` are ASCII
+  (as every label value the API server accepts; ``²`` is a digit to Python's ``str.isdigit``
+  only) and ``gpu.memory`` is at most 16 TiB.  A huge
   ``nvidia.com/gpu.count`` is *not* refused here: it is what the cluster says, so the plan
   reports that node as a problem (``TooManyGpus``, the node left out) and plans the rest;
 * node selectors, node affinity terms, tolerations, taints, pod conditions, priority and the
@@ -171,15 +173,25 @@ def _metadata(item: Mapping[str, Any], kind: str) -> tuple[str, str, Mapping[str
 
 def _label_int(labels: Mapping[str, str], key: str, limit: int | None) -> int | None:
     """A numeric GFD label's value (``None``: absent, not a number or over 12 digits -- the
-    reader reports those itself); beyond ``limit`` (if any): an error."""
+    reader reports those itself); not ASCII (no Kubernetes label value is: ``²``, other
+    scripts' digits) or beyond ``limit`` (if any): an error."""
     raw = labels.get(key)
-    if raw is None or not raw.strip().isdigit():
+    if raw is None:
         return None
-    if limit is None:
-        return int(raw) if len(raw.strip()) <= 12 else None
-    if len(raw.strip()) > 12 or int(raw) > limit:
-        raise _Bad(f"metadata.labels[{key!r}]", f"{raw[:20]!r} is more than {limit:,}")
-    return int(raw)
+    at = f"metadata.labels[{key!r}]"
+    if not raw.isascii():
+        raise _Bad(at, f"{raw[:20]!r} is not a label value (ASCII only); write the number in 0-9")
+    digits = raw.strip()
+    if not digits.isdigit():
+        return None
+    if len(digits) > 12:
+        if limit is None:
+            return None
+        raise _Bad(at, f"{raw[:20]!r} is more than {limit:,}")
+    value = int(digits)
+    if limit is not None and value > limit:
+        raise _Bad(at, f"{raw[:20]!r} is more than {limit:,}")
+    return value
 
 
 def _counts_gpus(labels: Mapping[str, str]) -> bool:

@@ -76,8 +76,11 @@ __all__ = [
 
 NOS_STATUS_PREFIX = "nos.nebuly.com/status-gpu-"
 _NOS_STATUS = re.compile(
-    r"^nos\.nebuly\.com/status-gpu-(?P<gpu>\d+)-(?P<profile>[^-]+)-(?P<state>free|used)$"
+    r"^nos\.nebuly\.com/status-gpu-(?P<gpu>[0-9]{1,18})-(?P<profile>[^-]+)-(?P<state>free|used)$"
 )
+_NOS_COUNT = re.compile(r"[0-9]{1,18}")
+"""A count in nos's annotations: ASCII digits only (``str.isdigit`` also takes ``²``, which
+``int`` refuses), at most 18 of them."""
 _WHOLE_GPU = "nvidia.com/gpu"
 _SEARCH_STEPS = 20_000
 """Steps of the split search; a node needing more is read as 'split unknown' (locked)."""
@@ -254,11 +257,12 @@ def _nos_status(
             continue
         m = _NOS_STATUS.match(key)
         n = annotations[key]
-        if m is None or not n.isdigit():
+        if m is None or not _NOS_COUNT.fullmatch(n):
             return LabelProblem(
                 "UnreadableNosStatus",
-                f"annotation {key}={n!r} is not nos's 'status-gpu-<index>-<profile>-<free|used>: "
-                f"<count>'; remove the stale nos annotations (docs/operations.md, 'Migrate from nos')",
+                f"annotation {key}={n[:40]!r} is not nos's "
+                f"'status-gpu-<index>-<profile>-<free|used>: <count>'; remove the stale nos "
+                f"annotations (docs/operations.md, 'Migrate from nos')",
             )
         gpu = int(m.group("gpu"))
         if gpu >= count:

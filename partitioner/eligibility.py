@@ -14,11 +14,16 @@ NodeAffinity and TaintToleration filters):
 * every taint with effect ``NoSchedule`` or ``NoExecute`` is tolerated by some toleration
   (``PreferNoSchedule`` is a preference and is ignored).
 
+``Gt``/``Lt`` compare integers as kube-scheduler reads them (``strconv.ParseInt(v, 10, 64)``:
+ASCII digits after an optional sign, no ``_``, within int64; the requirement's value must also
+be a valid label value, so unsigned): a node label that does not parse does not match; a
+requirement value that does not parse fails its term.
 An unknown operator matches nothing (the API server would have rejected it).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -46,11 +51,31 @@ def node_selector_matches(pod_spec: Mapping[str, Any], node: Mapping[str, Any]) 
     return all(labels.get(k) == v for k, v in selector.items())
 
 
-def _as_int(value: str) -> int | None:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
+_INT64 = re.compile(r"[+-]?(?P<digits>[0-9]+)")
+"""What Go's ``strconv.ParseInt(v, 10, 64)`` reads: an optional sign, then ASCII digits, no
+``_`` (its range is checked apart)."""
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+
+
+def _as_int64(value: str) -> int | None:
+    """``value`` as kube-scheduler reads a node label for ``Gt``/``Lt``: ``strconv.ParseInt(
+    value, 10, 64)``, ``None`` where that fails (no ``_``, spaces or other scripts' digits,
+    which Python's ``int`` takes; beyond int64)."""
+    m = _INT64.fullmatch(value)
+    digits = m["digits"].lstrip("0") if m else ""
+    if m is None or len(digits) > 19:  # leading zeros are fine, however many
         return None
+    n = -int(digits or "0") if value.startswith("-") else int(digits or "0")
+    return n if -(2**63) <= n < 2**63 else None
+
+
+def _bound(value: str) -> int | None:
+    """A ``Gt``/``Lt`` requirement's value as kube-scheduler reads it (``labels.NewRequirement``):
+    an int64 that is also a valid label value (63 characters at most, no sign); ``None``: the
+    requirement is invalid and its term matches nothing."""
+    if len(value) > 63 or not _LABEL_VALUE.fullmatch(value):
+        return None
+    return _as_int64(value)
 
 
 def _expression_matches(expr: Mapping[str, Any], values: Mapping[str, str]) -> bool:
@@ -70,7 +95,7 @@ def _expression_matches(expr: Mapping[str, Any], values: Mapping[str, str]) -> b
         case "Gt" | "Lt":
             if not present or len(wanted) != 1:
                 return False
-            have, bound = _as_int(actual or ""), _as_int(wanted[0])
+            have, bound = _as_int64(str(actual)), _bound(str(wanted[0]))
             if have is None or bound is None:
                 return False
             return have > bound if op == "Gt" else have < bound

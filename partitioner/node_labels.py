@@ -30,6 +30,8 @@ So :func:`read_gpu_labels` takes
   (:mod:`partitioner.adoption`);
 * the **full-GPU memory** from ``gpu.memory`` except under ``single`` (one MIG device's memory
   there: the catalog's figure is used);
+* every count (labels and the annotation) as ASCII digits only, at most 18 of them (anything
+  else is no count: ``²`` is a digit to ``str.isdigit`` but not to ``int``);
 * the **MIG devices per profile** the labels show: ``mig-<profile>.count`` under ``mixed``
   (profile names in the resource spelling, ``1g.10gb.me``), ``gpu.count`` devices of the
   product's profile under ``single``, nothing under ``none``.
@@ -44,11 +46,12 @@ operator deploys each where its ``nvidia.com/gpu.deploy.<operand>`` label is any
 Operator) are fine.  :func:`with_operands_off` gives the node as it will look once fixed (the
 pre-install what-if assumes the fix and says so).
 
-``<model>-MIG-INVALID`` (single's preconditions failed: profiles differ, a MIG GPU is empty,
-or MIG is off on some GPU) leaves count and devices unknown.  A count above the catalog's
-``max_gpus_per_node`` (or more MIG devices of a profile than that many GPUs can hold) is a
-:class:`LabelProblem` naming the label: a node's labels never make the controller loop over
-a billion GPUs.
+Under single with sharing the product is ``<model>-MIG-<profile>-SHARED``: the profile is read
+without the ``-SHARED``.  ``<model>-MIG-INVALID`` (single's preconditions failed: profiles
+differ, a MIG GPU is empty, or MIG is off on some GPU) leaves count and devices unknown.  A
+count above the catalog's ``max_gpus_per_node`` (or more MIG devices of a profile than that
+many GPUs can hold) is a :class:`LabelProblem` naming the label: a node's labels never make the
+controller loop over a billion GPUs.
 """
 
 from __future__ import annotations
@@ -101,6 +104,9 @@ COUNT_ANNOTATION = "gpuslice.io/gpu-count"
 
 _MIXED_COUNT = re.compile(r"^nvidia\.com/mig-(?P<name>.+)\.count$")
 _INVALID = "-MIG-INVALID"
+_SHARED = "-SHARED"
+"""GFD's suffix on ``gpu.product`` when the GPUs are shared (time-slicing, MPS) under any
+strategy, after ``-MIG-<profile>`` under single (facts/gpu-operator.md section 1)."""
 
 
 class MigStrategy(StrEnum):
@@ -139,10 +145,15 @@ class GpuLabels:
     """What was assumed, one sentence each (``gpuslice plan --snapshot`` prints them)."""
 
 
+_COUNT = re.compile(r"[0-9]{1,18}")
+"""A count in a label or annotation: ASCII digits only (``str.isdigit`` also takes ``²``, which
+``int`` refuses, and ``int`` takes other scripts' digits), at most 18 of them."""
+
+
 def _int(text: str | None) -> int | None:
-    if text is None or not text.strip().isdigit():
-        return None
-    return int(text)
+    """The count ``text`` holds (surrounding whitespace allowed), or ``None``."""
+    digits = (text or "").strip()
+    return int(digits) if _COUNT.fullmatch(digits) else None
 
 
 def _too_many(what: str, value: int, limit: int) -> LabelProblem:
@@ -358,8 +369,8 @@ def read_gpu_labels(
         return LabelProblem("UnknownGpuModel", str(e))
     limit = catalog.max_gpus_per_node
     _, sep, suffix = product.partition("-MIG-")
-    if sep:  # GFD writes <model>-MIG-<profile> only under single
-        return _single(labels, annotations, model, suffix, limit)
+    if sep:  # GFD writes <model>-MIG-<profile>[-SHARED] only under single
+        return _single(labels, annotations, model, suffix.removesuffix(_SHARED), limit)
     count = _physical_count(labels, limit)
     if isinstance(count, LabelProblem):
         return count

@@ -26,8 +26,12 @@ States, in order (:class:`State`):
     the pod as stranded.
 
 Once the pod is bound the annotation stays as a record; it no longer holds anything.
-Times are seconds since the Unix epoch (the partitioner's clock; the simulator's clock there).
-A malformed annotation is reported and ignored (the pod is treated as unreserved).
+Times are seconds since the Unix epoch (the partitioner's clock; the simulator's clock there):
+finite numbers of magnitude at most :data:`MAX_TIME`.
+A malformed annotation (not JSON, integers past Python's 4300-digit limit, a field of the wrong
+type, a time that is not finite or beyond :data:`MAX_TIME`) is reported and ignored (the pod is
+treated as unreserved): :func:`parse_reservation` raises :class:`ReservationError` for it and
+nothing else.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ __all__ = [
 ]
 
 RESERVATION_ANNOTATION = "gpuslice.io/reservation"
+MAX_TIME = 1e12
+"""The largest time (seconds, either sign) a reservation may hold: some 31,700 years."""
 
 
 class ReservationError(ValueError):
@@ -90,10 +96,24 @@ class Reservation:
         return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
 
+def _clip(value: Any) -> str:
+    """``value`` in a message: its type for containers, else its repr, at most 40 characters."""
+    if isinstance(value, dict | list):
+        return f"a JSON {'object' if isinstance(value, dict) else 'array'}"
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
 def _number(doc: Mapping[str, Any], key: str, default: float) -> float:
-    value = doc.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
-        raise ReservationError(f"{key!r} must be a number, got {value!r}")
+    if key not in doc:
+        return default
+    value = doc[key]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ReservationError(f"{key!r} must be a number, got {_clip(value)}")
+    if not (isinstance(value, int) or math.isfinite(value)) or not -MAX_TIME <= value <= MAX_TIME:
+        raise ReservationError(
+            f"{key!r} must be a finite time of at most {MAX_TIME:.0e} seconds, got {_clip(value)}"
+        )
     return float(value)
 
 
@@ -103,16 +123,19 @@ def parse_reservation(text: str) -> Reservation:
         doc = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as e:
         raise ReservationError(f"not JSON: {e}") from None
+    except ValueError:  # json.loads' int() refuses integers of more than 4300 digits
+        raise ReservationError("holds a number of more than 4300 digits") from None
     if not isinstance(doc, dict):
         raise ReservationError("not a JSON object")
     node = doc.get("node")
     if not isinstance(node, str) or not node:
         raise ReservationError("'node' must be a non-empty string")
+    raw_state = doc.get("state")
     try:
-        state = State(str(doc.get("state")))
+        state = State(raw_state if isinstance(raw_state, str) else "")
     except ValueError:
         raise ReservationError(
-            f"'state' must be one of {', '.join(s.value for s in State)}, got {doc.get('state')!r}"
+            f"'state' must be one of {', '.join(s.value for s in State)}, got {_clip(raw_state)}"
         ) from None
     raw_gpus = doc.get("gpus") or {}
     if not isinstance(raw_gpus, dict):

@@ -346,12 +346,15 @@ def test_watch_streams_and_yaml_documents(tmp_path: Path) -> None:
     assert [p.name for p in wl2.pods] == ["serving/llm-0", "research/sweep"]
 
 
-def test_gfd_single_strategy_nodes_turn_whole_gpus_into_their_mig_profile(tmp_path: Path) -> None:
+@pytest.mark.parametrize("shared", ["", "-SHARED"])  # GFD's suffix for time-sliced devices
+def test_gfd_single_strategy_nodes_turn_whole_gpus_into_their_mig_profile(
+    tmp_path: Path, shared: str
+) -> None:
     single = node(
         "gpu-0",
         {
             "nvidia.com/mig.strategy": "single",
-            "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb",
+            "nvidia.com/gpu.product": f"NVIDIA-A100-SXM4-40GB-MIG-1g.5gb{shared}",
         },
     )
     bound = pod(

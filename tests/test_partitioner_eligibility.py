@@ -65,6 +65,30 @@ def test_required_affinity_operators(term: dict[str, Any], expected: set[str]) -
     assert eligible_nodes(pod(affinity=required(term)), NODES) == expected
 
 
+@pytest.mark.parametrize(
+    ("label", "op", "bound", "matches"),
+    [
+        # kube-scheduler reads both with strconv.ParseInt(v, 10, 64); Python's int() also
+        # takes '_', spaces, '+' on the bound, other scripts' digits and any size
+        ("1_000", "Gt", "500", False),
+        ("\u0663", "Gt", "1", False),  # an Arabic-Indic 3
+        ("99999999999999999999", "Gt", "0", False),  # beyond int64
+        ("100", "Gt", "1_0", False),  # a bound that does not parse fails its term
+        ("100", "Gt", "+5", False),  # not a label value: labels.NewRequirement refuses it
+        ("100", "Lt", " 500", False),
+        ("100", "Lt", "99999999999999999999", False),
+        ("9223372036854775807", "Gt", "9223372036854775806", True),
+        ("0" * 70 + "7", "Gt", "006", True),  # leading zeros: still 7 > 6
+        ("-5", "Lt", "0", True),
+    ],
+)
+def test_gt_and_lt_parse_integers_the_way_kube_scheduler_does(
+    label: str, op: str, bound: str, matches: bool
+) -> None:
+    n = node("n", {"mem": label})
+    assert pod_fits_node(pod(affinity=required(expr("mem", op, bound))), n) is matches
+
+
 def test_affinity_terms_are_ored_and_expressions_anded() -> None:
     both = {
         "matchExpressions": [

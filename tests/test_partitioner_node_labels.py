@@ -110,6 +110,19 @@ def test_single_strategy_physical_count_sources(
     assert got.gpu_count == count and source in got.count_source
 
 
+@pytest.mark.parametrize("profile", ["1g.5gb", "1g.5gb+me"])
+def test_single_strategy_with_shared_gpus_reads_the_profile_without_the_shared_suffix(
+    profile: str,
+) -> None:
+    # GFD appends -SHARED to <model>-MIG-<profile> when the devices are time-sliced or MPS
+    labels = single(14, f"{profile}-SHARED") | {"nvidia.com/gpu.replicas": "4"}
+    got = read(labels, {"gpuslice.io/gpu-count": "2"})
+    assert got.single_profile is not None and got.single_profile.name == profile
+    assert (got.mig_devices, got.gpu_count) == ({profile: 14}, 2)
+    invalid = read(single(0, "INVALID-SHARED"))
+    assert (invalid.gpu_count, invalid.mig_devices) == (None, None)
+
+
 def test_single_strategy_ignores_a_mig_config_still_being_applied_or_another_profile() -> None:
     pending = single(14, config="all-1g.5gb", state="pending")
     assert read(pending).gpu_count is None

@@ -28,7 +28,8 @@ the PodScheduled condition and the containers' ``state.terminated.finishedAt``.
 
 GFD's ``single`` MIG strategy serves MIG devices as ``nvidia.com/gpu``: a pod bound to a Node of
 the dump labelled ``nvidia.com/mig.strategy=single`` with ``nvidia.com/gpu.product=
-<model>-MIG-<profile>`` is read as asking for ``nvidia.com/mig-<profile>`` (reported).
+<model>-MIG-<profile>`` (``-SHARED`` appended when the GPUs are shared) is read as asking for
+``nvidia.com/mig-<profile>`` (reported).
 """
 
 from __future__ import annotations
@@ -166,6 +167,7 @@ def _single_profile(node: Obj) -> tuple[str, str] | None:
         return None
     product = str(labels.get(PRODUCT_LABEL, ""))
     _, sep, profile = product.partition("-MIG-")
+    profile = profile.removesuffix("-SHARED")  # GFD's mark of shared GPUs (time-slicing, MPS)
     if not sep or not profile or profile.upper() == "INVALID":
         return None
     return str(meta.get("name", "")), profile.lower()

@@ -380,7 +380,9 @@ def parse_gpu_requests(value: object, where: str) -> tuple[int, tuple[tuple[str,
                 f"{where}: requests: {resource!r} is not a GPU resource the simulator "
                 f"replays{_request_hint(str(resource))}; use {ACCEPTED}"
             )
-        count = int(raw) if isinstance(raw, str) and raw.isdigit() else raw
+        # ASCII digits only: str.isdigit() also takes '²', which int() refuses
+        digits = isinstance(raw, str) and raw.isascii() and raw.isdigit() and len(raw) <= 18
+        count = int(raw) if digits else raw
         if isinstance(count, bool) or not isinstance(count, int):
             raise WorkloadError(
                 f"{where}: requests: {resource} must be a whole number of devices, got {raw!r:.40}"
