@@ -657,7 +657,17 @@ def build_registry(controller: Controller) -> kopf.OperatorRegistry:
         def _claim(event: Mapping[str, Any], **_: Any) -> None:
             controller.observe("claims", event)
 
-    if controller.settings.webhook_enabled:  # gates pods at admission: partitioner/webhook.py
+    if controller.settings.webhook_enabled and not controller.settings.reservation:
+        # Without reservations nothing releases a gated pod (decide ungates it again): gating
+        # at admission would only cost every slice pod a cycle.  The chart renders no webhook
+        # then; a hand-set GPUSLICE_WEBHOOK_ENABLED is ignored, and a configuration left
+        # pointing here fails open (failurePolicy Ignore).
+        log.warning(
+            "GPUSLICE_WEBHOOK_ENABLED is ignored: reservations are off (GPUSLICE_RESERVATION="
+            "false), so the admission webhook is not served and no pod is gated; turn "
+            "reservations on to gate pods"
+        )
+    elif controller.settings.webhook_enabled:  # gates pods at admission: partitioner/webhook.py
         register_webhook(registry, controller.settings, controller.api)
     return registry
 

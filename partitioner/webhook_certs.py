@@ -13,20 +13,26 @@ Model
    resourceVersion it was read at; a 409 means another replica renewed it: re-read.  So two
    replicas always end up serving the same material.  The Secret is owned by the
    MutatingWebhookConfiguration (an ownerReference, no blockOwnerDeletion), so uninstalling the
-   chart garbage-collects it.
+   chart garbage-collects it.  Every sync checks that: a Secret created while the configuration
+   did not exist yet (the partitioner started first: helm creates the Deployment before it,
+   GitOps waves) or one owned by an earlier configuration of that name (another uid) gets the
+   owner reference as soon as the configuration exists (a merge patch of
+   ``metadata.ownerReferences`` with the resourceVersion read, other owners kept).
 2. **The caBundle** of every webhook in the MutatingWebhookConfiguration
    ``webhook_configuration_name`` is set to the Secret's ``ca.crt`` (a merge patch of the
    ``webhooks`` list as read, with its resourceVersion; a 409 is re-read and retried).  This
    comes before the files: during a CA rollover the bundle already trusts the new CA when the
-   server starts presenting a certificate it signed.  A missing configuration is logged and
-   retried at the next check (pods are not gated meanwhile: failurePolicy Ignore).
+   server starts presenting a certificate it signed.  A missing configuration (pods are not
+   gated meanwhile: failurePolicy Ignore) is logged once and the sync retried soon, with
+   backoff (:data:`MISSING_CONFIGURATION_RETRY`: 1 s doubling up to 30 s), not after a whole
+   check period: its caBundle and the Secret's owner are set within seconds of its creation.
 3. **The files** in ``webhook_cert_dir``: ``tls.pem`` (private key + certificate, one atomic
    write, mode 0600) and ``ca.crt``; kopf's WebhookServer re-reads them every 60 s and restarts
    its listener when they change.
 
 :meth:`CertificateKeeper.run` repeats :meth:`~CertificateKeeper.sync` every
 ``webhook_cert_check_seconds``, and sooner (with backoff and jitter up to that period, one
-WARNING per outage) after a failure.
+WARNING per outage) after a failure or while the configuration is missing.
 Times for renewal come from the wall clock (certificates are about real time, not loop time).
 """
 
@@ -53,7 +59,14 @@ from partitioner.certs import (
 from partitioner.kubeapi import Backoff, Conflict, KubeApi, NotFound, OutageLog
 from partitioner.settings import PartitionerSettings
 
-__all__ = ["CA_FILE", "MWC_PATH", "SERVER_FILE", "CertificateKeeper", "write_atomically"]
+__all__ = [
+    "CA_FILE",
+    "MISSING_CONFIGURATION_RETRY",
+    "MWC_PATH",
+    "SERVER_FILE",
+    "CertificateKeeper",
+    "write_atomically",
+]
 
 log = logging.getLogger("gpuslice.partitioner.webhook")
 
@@ -62,6 +75,10 @@ SERVER_FILE = "tls.pem"
 """Private key and serving certificate, one PEM file (self-managed mode)."""
 CA_FILE = "ca.crt"
 _ATTEMPTS = 4  # reads after a conflict before giving up until the next check
+_MWC_KIND = "MutatingWebhookConfiguration"
+MISSING_CONFIGURATION_RETRY = Backoff(initial_s=1.0, cap_s=30.0)
+"""Waits between syncs while the MutatingWebhookConfiguration is missing (never longer than
+``webhook_cert_check_seconds``): it usually appears moments after the partitioner starts."""
 
 
 def _utcnow() -> datetime.datetime:
@@ -111,6 +128,8 @@ class CertificateKeeper:
         self.material: Material | None = None
         self.ready = asyncio.Event()
         """Set once the files hold usable material."""
+        self.configuration_missing = 0
+        """Syncs in a row that found no MutatingWebhookConfiguration (0: the last one did)."""
 
     @property
     def server_file(self) -> Path:
@@ -136,42 +155,80 @@ class CertificateKeeper:
             log.warning("Secret %s: %s; issuing a new certificate", self.secret_name, e)
             return None
 
-    async def _owner(self) -> list[dict[str, Any]]:
+    async def _owner(self) -> dict[str, Any] | None:
+        """The owner reference to the MutatingWebhookConfiguration; ``None`` while it is
+        missing."""
         try:
             mwc = await self.api.request("GET", self.configuration_path)
         except NotFound:
-            return []
+            return None
         meta = mwc.get("metadata") or {}
-        return [
-            {
-                "apiVersion": "admissionregistration.k8s.io/v1",
-                "kind": "MutatingWebhookConfiguration",
-                "name": meta.get("name", ""),
-                "uid": meta.get("uid", ""),
-            }
+        return {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": _MWC_KIND,
+            "name": meta.get("name", ""),
+            "uid": meta.get("uid", ""),
+        }
+
+    @staticmethod
+    def _owners_to_set(
+        secret: Mapping[str, Any] | None, owner: Mapping[str, Any] | None
+    ) -> list[dict[str, Any]] | None:
+        """The Secret's ``ownerReferences`` with ``owner`` in them, if it lacks it (``None``:
+        nothing to change).  A reference to an earlier configuration of that name (another
+        uid, deleted since) is replaced; other owners are kept."""
+        if secret is None or owner is None:
+            return None
+        refs = [
+            dict(r)
+            for r in (secret.get("metadata") or {}).get("ownerReferences") or ()
+            if isinstance(r, Mapping)
         ]
+        if any(r.get("kind") == _MWC_KIND and r.get("uid") == owner["uid"] for r in refs):
+            return None
+        kept = [
+            r for r in refs if not (r.get("kind") == _MWC_KIND and r.get("name") == owner["name"])
+        ]
+        return [*kept, dict(owner)]
 
     async def _secret_material(self) -> Material:
-        """The Secret's material, created or renewed first when needed."""
+        """The Secret's material, created or renewed first when needed; the Secret gets its
+        owner (the configuration, once it exists) in the same write, or alone."""
+        owner = await self._owner()
         for _ in range(_ATTEMPTS):
             secret = await self._read_secret()
             material = self._material_of(secret)
             reason = renewal_reason(material, self.names, self.clock())
-            if not reason:
+            owners = self._owners_to_set(secret, owner)
+            if not reason and owners is None:
                 assert material is not None
                 return material
-            fresh = renewed(material, self.names, self.clock())
+            fresh = renewed(material, self.names, self.clock()) if reason else material
+            assert fresh is not None
             try:
                 if secret is None:
                     log.info("creating the webhook certificate Secret %s", self.secret_name)
-                    await self.api.create(self.secrets_path, await self._secret_body(fresh))
+                    await self.api.create(self.secrets_path, self._secret_body(fresh, owner))
                 else:
-                    log.info("renewing the webhook certificate in %s: %s", self.secret_name, reason)
-                    rv = (secret.get("metadata") or {}).get("resourceVersion")
-                    await self.api.patch(
-                        f"{self.secrets_path}/{self.secret_name}",
-                        {"metadata": {"resourceVersion": rv}, "data": fresh.secret_data()},
-                    )
+                    meta: dict[str, Any] = {
+                        "resourceVersion": (secret.get("metadata") or {}).get("resourceVersion")
+                    }
+                    body: dict[str, Any] = {"metadata": meta}
+                    if reason:
+                        log.info(
+                            "renewing the webhook certificate in %s: %s", self.secret_name, reason
+                        )
+                        body["data"] = fresh.secret_data()
+                    if owners is not None:
+                        assert owner is not None
+                        log.info(
+                            "Secret %s is now owned by %s %s: it is deleted with it",
+                            self.secret_name,
+                            _MWC_KIND,
+                            owner["name"],
+                        )
+                        meta["ownerReferences"] = owners
+                    await self.api.patch(f"{self.secrets_path}/{self.secret_name}", body)
             except Conflict:
                 log.info("Secret %s was written by another replica; re-reading", self.secret_name)
                 continue
@@ -180,7 +237,7 @@ class CertificateKeeper:
             f"Secret {self.secret_name} kept changing while being written ({_ATTEMPTS} tries)"
         )
 
-    async def _secret_body(self, material: Material) -> dict[str, Any]:
+    def _secret_body(self, material: Material, owner: Mapping[str, Any] | None) -> dict[str, Any]:
         meta: dict[str, Any] = {
             "name": self.secret_name,
             "labels": {
@@ -188,9 +245,8 @@ class CertificateKeeper:
                 "app.kubernetes.io/component": "webhook",
             },
         }
-        owners = await self._owner()
-        if owners:
-            meta["ownerReferences"] = owners
+        if owner is not None:
+            meta["ownerReferences"] = [dict(owner)]
         return {
             "apiVersion": "v1",
             "kind": "Secret",
@@ -200,21 +256,26 @@ class CertificateKeeper:
         }
 
     # -- the caBundle --------------------------------------------------------------------
-    async def _patch_ca_bundle(self, bundle: bytes) -> None:
+    async def _patch_ca_bundle(self, bundle: bytes) -> bool:
+        """Set the caBundle; ``False`` when the configuration does not exist (yet)."""
         encoded = base64.b64encode(bundle).decode("ascii")
         for _ in range(_ATTEMPTS):
             try:
                 mwc = await self.api.request("GET", self.configuration_path)
             except NotFound:
-                log.warning(
+                # WARNING once per absence; the retries soon after (run) at DEBUG.
+                level = logging.WARNING if not self.configuration_missing else logging.DEBUG
+                log.log(
+                    level,
                     "MutatingWebhookConfiguration %s not found: its caBundle is set once it "
-                    "exists (pods are not gated meanwhile)",
+                    "exists (pods are not gated meanwhile); checking again within %.0f s",
                     self.configuration_path.rsplit("/", 1)[-1],
+                    min(MISSING_CONFIGURATION_RETRY.cap_s, self.check_seconds),
                 )
-                return
+                return False
             webhooks = [dict(w) for w in mwc.get("webhooks") or ()]
             if all((w.get("clientConfig") or {}).get("caBundle") == encoded for w in webhooks):
-                return
+                return True
             for w in webhooks:
                 w["clientConfig"] = {**(w.get("clientConfig") or {}), "caBundle": encoded}
             rv = (mwc.get("metadata") or {}).get("resourceVersion")
@@ -226,14 +287,17 @@ class CertificateKeeper:
             except Conflict:
                 continue
             log.info("caBundle of %s set", self.configuration_path.rsplit("/", 1)[-1])
-            return
+            return True
         raise RuntimeError(f"{self.configuration_path} kept changing while its caBundle was set")
 
     # -- the whole step ------------------------------------------------------------------
     async def sync(self) -> Material:
         """Secret, then caBundle, then files (see the module docstring)."""
         material = await self._secret_material()
-        await self._patch_ca_bundle(material.ca_bundle)
+        if await self._patch_ca_bundle(material.ca_bundle):
+            self.configuration_missing = 0
+        else:
+            self.configuration_missing += 1
         write_atomically(self.ca_file, material.ca_bundle)
         if write_atomically(self.server_file, material.server_pem(), mode=0o600):
             log.info(
@@ -246,11 +310,16 @@ class CertificateKeeper:
         return material
 
     async def run(self) -> None:
-        """:meth:`sync` now and every ``check_seconds``; after a failure retry sooner.
+        """:meth:`sync` now and every ``check_seconds``; after a failure, or while the
+        MutatingWebhookConfiguration is missing, sooner.
 
-        Retries back off exponentially with jitter (1 s doubling up to ``check_seconds``); an
-        outage is one WARNING when it starts and one INFO when a sync succeeds again
-        (:class:`~partitioner.kubeapi.OutageLog`), not a line per attempt.
+        Retries after a failure back off exponentially with jitter (1 s doubling up to
+        ``check_seconds``); an outage is one WARNING when it starts and one INFO when a sync
+        succeeds again (:class:`~partitioner.kubeapi.OutageLog`), not a line per attempt.  A
+        sync that found no configuration is repeated after
+        :data:`MISSING_CONFIGURATION_RETRY` (1 s doubling up to 30 s, at most
+        ``check_seconds``), so its caBundle and the Secret's owner follow its creation within
+        seconds instead of a check period (an hour by default) of ungated pods.
         """
         backoff = Backoff(initial_s=min(1.0, self.check_seconds), cap_s=self.check_seconds)
         outage = OutageLog("webhook certificate sync", log)
@@ -265,4 +334,10 @@ class CertificateKeeper:
                 await asyncio.sleep(delay)
                 continue
             outage.succeeded()
-            await asyncio.sleep(self.check_seconds)
+            if self.configuration_missing:
+                retry = MISSING_CONFIGURATION_RETRY.delay(
+                    self.configuration_missing, random.random()
+                )
+                await asyncio.sleep(min(retry, self.check_seconds))
+            else:
+                await asyncio.sleep(self.check_seconds)

@@ -125,6 +125,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
         }
     },
     "webhook-disabled": {"webhook": {"enabled": False}},
+    "reservations-off": {"partitioner": {"reservations": {"enabled": False}}},
     "no-agent-lease": {"agent": {"leaseSeconds": 0}},
     "no-stranded-eviction": {"partitioner": {"reservations": {"recreateStrandedSeconds": 0}}},
 }
@@ -528,6 +529,7 @@ RBAC_VARIANTS = {
     },
     "webhook-cert-manager": {"webhook", "leader-election", "agent-lease", "stranded-eviction"},
     "webhook-disabled": {"leader-election", "agent-lease", "stranded-eviction"},
+    "reservations-off": {"leader-election", "agent-lease", "stranded-eviction"},
     "no-agent-lease": {"webhook", "self-managed-webhook", "leader-election", "stranded-eviction"},
     "no-stranded-eviction": {"webhook", "self-managed-webhook", "leader-election", "agent-lease"},
 }
@@ -1257,6 +1259,43 @@ NAMESPACE_LABELS: list[tuple[dict[str, str], bool]] = [
 ]
 
 
+def test_without_reservations_no_webhook_is_rendered_or_served(
+    chart: helm.Chart, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """partitioner.reservations.enabled=false: nothing would ever release a gated pod (the
+    partitioner only removes the gate again), so the chart renders no webhook and does not turn
+    it on in the partitioner, whatever webhook.enabled says; docs/operations.md says so."""
+    from partitioner.settings import PartitionerSettings
+
+    docs = render(chart, VARIANTS["reservations-off"])
+    webhook_kinds = {"MutatingWebhookConfiguration", "Certificate", "Issuer"}
+    left = [
+        f"{d['kind']}/{d['metadata']['name']}"
+        for d in docs
+        if d["kind"] in webhook_kinds or d["metadata"]["name"].endswith("-webhook")
+    ]
+    assert left == [], f"reservations off, yet the chart renders the webhook's {left}"
+    env = env_of(container(docs, "Deployment"))
+    assert env["GPUSLICE_RESERVATION"] == "false"
+    assert not any(k.startswith("GPUSLICE_WEBHOOK_") for k in env), (
+        "reservations off: the partitioner Deployment must not turn the webhook on"
+    )
+    apply_env(monkeypatch, gpuslice_env(container(docs, "Deployment")))
+    s = PartitionerSettings()
+    assert not s.webhook_enabled and not s.reservation
+    ports = {p["name"] for p in container(docs, "Deployment").get("ports", [])}
+    assert "webhook" not in ports
+    # The same with cert-manager: no Certificate for a webhook nobody serves.
+    cm = {**VARIANTS["reservations-off"], **VARIANTS["webhook-cert-manager"]}
+    assert not [d for d in render(chart, cm) if d["kind"] in webhook_kinds]
+    row = next(
+        line
+        for line in OPERATIONS_DOC.read_text().splitlines()
+        if line.startswith("| `enabled` | `GPUSLICE_RESERVATION`")
+    )
+    assert "installs no admission webhook" in row, "docs/operations.md must say so"
+
+
 def test_webhook_selects_pods_as_gating_does(chart: helm.Chart) -> None:
     from partitioner.gating import MATCH_CONDITIONS, OPT_OUT_LABEL, OPT_OUT_VALUE
 
@@ -1374,7 +1413,7 @@ HOOK_KINDS = [
 ]
 
 
-@pytest.mark.parametrize("variant", ["defaults", "webhook-disabled"])
+@pytest.mark.parametrize("variant", ["defaults", "webhook-disabled", "reservations-off"])
 def test_pre_delete_hook_releases_every_gated_pod(chart: helm.Chart, variant: str) -> None:
     import argparse
 

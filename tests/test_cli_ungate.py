@@ -182,6 +182,51 @@ async def test_a_conflict_is_retried_on_the_re_read_pod(
     assert "schedulingGates" not in spec_of(kmock, "a")["spec"]
 
 
+async def test_a_pod_deleted_before_its_patch_is_done_not_a_failure(
+    kmock: ApiServer,
+    kubeconfig: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pod deleted between the listing and its patch (404), or between a 409 and the re-read,
+    is gone: nothing of it is left gated, so it is reported as such and the command (the
+    uninstall hook) still succeeds.  A named pod that is missing from the start is an error
+    (test above)."""
+    for name in ("a", "b", "c"):
+        await create(kmock, pod(name, "default", GATE))
+    original = ungate.Cluster.patch
+
+    def racing_patch(self: ungate.Cluster, ns: str, name: str, body: dict[str, Any]) -> None:
+        key = (kmock.resource("v1/pods"), ns, name)
+        if name == "a":  # deleted before our patch: 404
+            del kmock.objects[key]
+        elif name == "b" and body["metadata"].get("resourceVersion") != "77b":
+            kmock.objects[key].patch({"metadata": {"resourceVersion": "77b"}})
+            original(self, ns, name, body)  # 409: changed meanwhile...
+        elif name == "b":
+            raise AssertionError("pod b was patched again though it is gone")
+        original(self, ns, name, body)
+
+    original_get = ungate.Cluster.get
+
+    def deleted_before_re_read(self: ungate.Cluster, ns: str, name: str) -> dict[str, Any]:
+        if name == "b":  # ...and deleted before the re-read: 404
+            del kmock.objects[(kmock.resource("v1/pods"), ns, name)]
+        return original_get(self, ns, name)
+
+    monkeypatch.setattr(ungate.Cluster, "patch", racing_patch)
+    monkeypatch.setattr(ungate.Cluster, "get", deleted_before_re_read)
+    rc, out, err = await cli(capsys, kubeconfig, "--all")
+    assert (rc, err) == (0, ""), f"a deleted pod made gpuslice ungate fail: {err}"
+    assert out.splitlines() == [
+        "default/a is gone (deleted meanwhile): nothing to do",
+        "default/b is gone (deleted meanwhile): nothing to do",
+        "released default/c",
+        "1 pod(s) released",
+    ]
+    assert "schedulingGates" not in spec_of(kmock, "c")["spec"]
+
+
 async def test_remove_webhook_then_release(
     kmock: ApiServer, kubeconfig: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -30,7 +30,7 @@ from fake_apiserver import MWC_RESOURCE, Admission, ApiServer, admission_review,
 from partitioner import gating
 from partitioner.certs import Material, issue, renewed, service_dns_names
 from partitioner.kubeapi import Endpoint, KubeApi
-from partitioner.operator import Controller, run_operator
+from partitioner.operator import Controller, build_registry, run_operator
 from partitioner.settings import PartitionerSettings
 from partitioner.webhook import WEBHOOK_PATH
 from partitioner.webhook_certs import CertificateKeeper
@@ -542,6 +542,114 @@ async def test_a_missing_configuration_or_unreadable_secret_is_not_fatal(
     secret = stored(kmock, "v1/secrets", SECRET, NAMESPACE)
     assert secret is not None and secret["data"] == material.secret_data()
     assert k.ready.is_set() and k.ca_file.read_bytes() == material.ca_bundle
+
+
+async def test_without_reservations_no_webhook_is_served(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """reservation=False: nothing would release a gated pod, so a hand-set webhook_enabled is
+    ignored (the chart sets neither then): no gating handler, no admission server, a WARNING
+    that says why; with reservations on the same settings serve it."""
+    served_by = {}
+    for reservation in (True, False):
+        config = settings(tmp_path, 9443, reservation=reservation)
+        controller = Controller(config, connection=kopf.ConnectionInfo(server="http://127.0.0.1:1"))
+        try:
+            with caplog.at_level("WARNING", logger="gpuslice.partitioner"):
+                registry = build_registry(controller)
+        finally:
+            await controller.api.close()
+        served_by[reservation] = (
+            [h.id for h in registry._webhooks.get_all_handlers()],
+            "admission-server" in {h.id for h in registry._activities.get_all_handlers()},
+        )
+    assert served_by == {True: (["slice-gate"], True), False: ([], False)}
+    (warning,) = [r.getMessage() for r in caplog.records if "WEBHOOK_ENABLED" in r.getMessage()]
+    assert "reservations are off" in warning
+
+
+MWC_KIND = "MutatingWebhookConfiguration"
+
+
+def owners(api: ApiServer) -> list[dict[str, Any]]:
+    secret = stored(api, "v1/secrets", SECRET, NAMESPACE)
+    assert secret is not None, f"Secret {SECRET} was not created"
+    refs: list[dict[str, Any]] = secret["metadata"].get("ownerReferences") or []
+    return refs
+
+
+async def test_a_secret_created_before_its_configuration_is_owned_once_it_exists(
+    kmock: ApiServer, tmp_path: Path
+) -> None:
+    """The partitioner may start before the MutatingWebhookConfiguration exists (helm creates
+    the Deployment first; GitOps waves): the Secret, created without an owner, gets the
+    configuration as owner at the next sync, so it is garbage-collected with it; an owner
+    reference to an earlier configuration of that name is replaced, other owners are kept."""
+    declare(kmock)
+    foreign = {"apiVersion": "v1", "kind": "ConfigMap", "name": "keep", "uid": "cm-uid"}
+    k = keeper(kmock, tmp_path, "a")
+    try:
+        material = await k.sync()  # no configuration yet
+        assert owners(kmock) == []
+        await kmock.patch(
+            f"/api/v1/namespaces/{NAMESPACE}/secrets/{SECRET}",
+            json={"metadata": {"ownerReferences": [foreign]}},
+        )
+        mwc = await (await kmock.post(MWC_PATH, json=configuration())).json()
+        assert await k.sync() == material  # the same certificate, now owned
+        want = (MWC_KIND, CONFIGURATION, mwc["metadata"]["uid"])
+        refs = owners(kmock)
+        assert [(r["kind"], r["name"], r["uid"]) for r in refs[1:]] == [want], (
+            f"Secret {SECRET} is not owned by its {MWC_KIND} {CONFIGURATION}: {refs}"
+        )
+        assert refs[0] == foreign
+        version = stored(kmock, "v1/secrets", SECRET, NAMESPACE)["metadata"]["resourceVersion"]
+        await k.sync()  # owned already: nothing written
+        assert stored(kmock, "v1/secrets", SECRET, NAMESPACE)["metadata"]["resourceVersion"] == (
+            version
+        )
+        # The configuration deleted and created again (a new uid): the reference follows it.
+        await kmock.delete(f"{MWC_PATH}/{CONFIGURATION}")
+        again = await (await kmock.post(MWC_PATH, json=configuration())).json()
+        assert again["metadata"]["uid"] != mwc["metadata"]["uid"]
+        await k.sync()
+        assert [(r["kind"], r["uid"]) for r in owners(kmock)] == [
+            ("ConfigMap", "cm-uid"),
+            (MWC_KIND, again["metadata"]["uid"]),
+        ]
+    finally:
+        await k.api.close()
+
+
+@pytest.mark.looptime
+async def test_a_missing_configuration_is_checked_again_within_seconds(
+    kmock: ApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """While the configuration is missing, pods are created ungated (failurePolicy Ignore):
+    the keeper looks again within seconds (backoff up to 30 s), not a check period (an hour)
+    later, and sets the caBundle and the Secret's owner soon after the configuration appears.
+    The absence is one WARNING, not one per retry."""
+    declare(kmock)
+    k = keeper(kmock, tmp_path, "a")
+    assert k.check_seconds == 3600
+    task = asyncio.create_task(k.run())
+    try:
+        with caplog.at_level("DEBUG", logger="gpuslice.partitioner.webhook"):
+            await k.ready.wait()
+            await asyncio.sleep(120)  # two minutes without a configuration
+            mwc = await (await kmock.post(MWC_PATH, json=configuration())).json()
+            started = asyncio.get_running_loop().time()
+            await eventually(lambda: ca_bundle(kmock), within=60)
+            took = asyncio.get_running_loop().time() - started
+        assert took <= 31, f"caBundle of {CONFIGURATION} set {took:.0f}s after it was created"
+        assert [r["uid"] for r in owners(kmock)] == [mwc["metadata"]["uid"]]
+        missing = [r for r in caplog.records if "not found" in r.getMessage()]
+        assert len(missing) > 2  # checked again and again...
+        assert [r.levelname for r in missing].count("WARNING") == 1  # ...warned once
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await k.api.close()
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,9 @@ matching slice).
 
 Each patch carries the resourceVersion the pod was read at; a 409 (the pod changed, e.g. the
 partitioner released it meanwhile) re-reads the pod and tries again while it is still gated.
+A 404 on the patch or the re-read (the pod was deleted since it was listed or read) means
+nothing of it is left gated: it is reported as gone and is no failure (a named pod missing
+from the start is one: the name may be wrong).
 ``--remove-webhook NAME`` first deletes that MutatingWebhookConfiguration, so no pod created
 after the command started is gated (used on uninstall, before the partitioner is gone).
 
@@ -40,7 +43,7 @@ import argparse
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Literal
 
 from gpuslice.cli import BadInput
 from gpuslice.cluster_client import ApiFailure, Cluster
@@ -78,8 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--stop-partitioner",
         metavar="NAMESPACE/DEPLOYMENT",
-        help="first scale the partitioner Deployment to 0 and wait for its pods to end "
-        "(uninstall)",
+        help="first scale the partitioner Deployment to 0 and wait for its pods to end (uninstall)",
     )
     parser.add_argument(
         "--delete-lease",
@@ -140,23 +142,35 @@ def release_body(pod: dict[str, Any]) -> dict[str, Any] | None:
     return body
 
 
-def _release(pods: Cluster, pod: dict[str, Any], dry_run: bool) -> bool:
-    """Release one pod; ``False`` when it turned out not to be gated (any more)."""
+Outcome = Literal["released", "not gated", "gone"]
+
+
+def _release(pods: Cluster, pod: dict[str, Any], dry_run: bool) -> Outcome:
+    """Release one pod: ``released`` (or would be), ``not gated`` when it turned out not to be
+    gated (any more), ``gone`` when it was deleted meanwhile (404 on the patch or on the re-read
+    after a 409: nothing of it is left gated)."""
     meta = pod.get("metadata") or {}
     ns, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
     for _ in range(_ATTEMPTS):
         body = release_body(pod)
         if body is None:
-            return False
+            return "not gated"
         if dry_run:
-            return True
+            return "released"
         try:
             pods.patch(ns, name, body)
-            return True
+            return "released"
         except ApiFailure as e:
+            if e.status == 404:
+                return "gone"
             if e.status != 409:
                 raise
-        pod = pods.get(ns, name)
+        try:
+            pod = pods.get(ns, name)
+        except ApiFailure as e:
+            if e.status == 404:
+                return "gone"
+            raise
     raise ApiFailure(f"pod {ns}/{name}", 409, f"kept changing ({_ATTEMPTS} tries)")
 
 
@@ -257,9 +271,14 @@ def _release_pods(
     released = failed = 0
     for ns, name, pod in candidates:
         try:
-            if _release(cluster, pod if pod is not None else cluster.get(ns, name), args.dry_run):
+            outcome = _release(
+                cluster, pod if pod is not None else cluster.get(ns, name), args.dry_run
+            )
+            if outcome == "released":
                 print(f"{verb} {ns}/{name}")
                 released += 1
+            elif outcome == "gone":
+                print(f"{ns}/{name} is gone (deleted meanwhile): nothing to do")
             else:
                 print(f"{ns}/{name} is not gated by gpuslice: nothing to do")
         except ApiFailure as e:

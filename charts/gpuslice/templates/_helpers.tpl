@@ -137,10 +137,14 @@ checksum/catalog: {{ toJson .Values.catalog.files | sha256sum }}
 {{- end }}
 {{- end }}
 
-{{/* True (non-empty) when the admission webhook is rendered: enabled, and Kubernetes >= 1.30
-(matchConditions and mutable scheduling directives of gated pods are GA there). */}}
+{{/* True (non-empty) when the admission webhook is rendered: enabled, reservations on, and
+Kubernetes >= 1.30 (matchConditions and mutable scheduling directives of gated pods are GA
+there).  With partitioner.reservations.enabled=false nothing ever releases a gated pod (the
+partitioner only removes the gate again), so gating at admission would cost every slice pod a
+cycle for nothing: no MutatingWebhookConfiguration, Service or certificate, and the partitioner
+serves no webhook (GPUSLICE_WEBHOOK_ENABLED unset). */}}
 {{- define "gpuslice.webhookEnabled" -}}
-{{- if and .Values.webhook.enabled (include "gpuslice.admissionPolicySupported" .) }}true{{ end }}
+{{- if and .Values.webhook.enabled .Values.partitioner.reservations.enabled (include "gpuslice.admissionPolicySupported" .) }}true{{ end }}
 {{- end }}
 
 {{/* The webhook's Service and MutatingWebhookConfiguration (one name, two kinds). */}}
