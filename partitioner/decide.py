@@ -116,7 +116,8 @@ step:
     ``simulations/results/warm-2026-11-28/``).
 
 Without reservations (``config.reservation=False``; nos's behaviour, the baseline) pods are
-not gated (a gated pod is ungated at once), the partitioner plans the pods kube-scheduler
+not gated (a gated pod, e.g. one gated while reservations were on, is ungated at once, also
+one gpuslice cannot place: :meth:`_Step._give_back`), the partitioner plans the pods kube-scheduler
 reported ``Unschedulable``, and kube-scheduler binds whichever pending pod it tries first to
 new slices.  A node applying a spec keeps the pods planned for it (annotation
 ``gpuslice.io/planned-pods``) out of new batches until it applies, or until
@@ -309,8 +310,8 @@ class DecideConfig:
 class ControllerState:
     window: BatchWindow = field(default_factory=BatchWindow)
     reported: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
-    """Pod -> Reason -> the last message of that reason emitted for it (emit once per change);
-    pods no longer waiting are forgotten."""
+    """Pod -> Reason -> the last message of that reason emitted for it (emit once per change),
+    with the uid of the pod told under ``#uid``; pods no longer waiting are forgotten."""
     last_plan_id: int = 0
     cooldown: Mapping[str, float] = field(default_factory=dict)
     """Node -> until when it is left out of plans (it missed an apply deadline, or its kubelet
@@ -485,6 +486,11 @@ def _node_ref(info: NodeInfo) -> ObjectRef:
     return ObjectRef("Node", info.name, "", info.uid)
 
 
+_TOLD_UID = "#uid"
+"""The key under which :attr:`ControllerState.reported` keeps the uid of the pod told (no Event
+reason starts with ``#``)."""
+
+
 def _units(units: Mapping[str, int]) -> str:
     return ", ".join(f"{r} x{k}" if k != 1 else r for r, k in sorted(units.items()))
 
@@ -648,7 +654,9 @@ class _Step:
         self.last_id = max(state.last_plan_id, self._plan_id_floor())
         self.busy: set[str] = set()
         self.degraded: set[str] = set()
-        self.invalid: dict[str, str] = {}
+        self.invalid: dict[str, NodeProblem] = {}
+        """Nodes whose NodePartitioning fails validation: left out of plans (busy), told on
+        the node's condition and in an Event (:meth:`conditions`)."""
         self.candidates: dict[str, PodInfo] = {}
         self.candidate_resources: Counter[str] = Counter()
         """Units per resource the candidates ask for (kept with :attr:`candidates`)."""
@@ -711,10 +719,13 @@ class _Step:
     # ------------------------------------------------------------------ small helpers
 
     def _plan_id_floor(self) -> int:
+        """The largest ``spec.planId`` of ASCII digits (0 if none).  Any other id (edited by
+        hand: ``²``, other scripts' digits, more than 18 digits) is left out: the next ids are
+        of another form or far below it."""
         ids = [0]
         for info in self.index.partitionings.values():
             pid = str(((info.raw.get("spec") or {}).get("planId")) or "")
-            if pid.isdigit():
+            if pid.isascii() and pid.isdigit() and len(pid) <= 18:
                 ids.append(int(pid))
         return max(ids)
 
@@ -729,13 +740,19 @@ class _Step:
         message: str,
         type_: Literal["Normal", "Warning"] = "Normal",
     ) -> None:
-        """Emit an Event on the pod unless the same reason and message were emitted last."""
-        have = self.reported.get(pod.key)
-        if have is not None and have.get(reason) == message:
+        """Emit an Event on the pod unless the same reason and message were emitted last (to
+        this pod: one recreated under the same name, another uid, is told anew)."""
+        have = self.told(pod)
+        if have.get(reason) == message:
             return
         reported = self._own_reported()
-        reported[pod.key] = {**(have or {}), reason: message}
+        reported[pod.key] = {**have, reason: message, _TOLD_UID: pod.uid}
         self.actions.append(EmitEvent(_pod_ref(pod), type_, reason, message))
+
+    def told(self, pod: PodInfo) -> Mapping[str, str]:
+        """Reason -> the message last emitted to this pod (by uid; empty if none)."""
+        have = self.reported.get(pod.key)
+        return have if have is not None and have.get(_TOLD_UID) == pod.uid else {}
 
     def _own_reported(self) -> dict[str, Mapping[str, str]]:
         if not self._reported_own:
@@ -856,7 +873,7 @@ class _Step:
             problem = (
                 info.reading
                 if info.gpu is None
-                else self.unreadable.get(name) or self.unserved.get(name)
+                else self.invalid.get(name) or self.unreadable.get(name) or self.unserved.get(name)
             )
             if problem is None:
                 if have.get("status") == "False":
@@ -879,7 +896,15 @@ class _Step:
             if np_info is None:
                 continue
             if np_info.np is None:
-                self.invalid[name] = np_info.error
+                self.invalid[name] = NodeProblem(
+                    name,
+                    "InvalidPartitioning",
+                    f"{np_info.error}; the node is left out of plans and nothing is promised "
+                    f"there until it is valid: undo the hand edit (kubectl edit "
+                    f"nodepartitioning {name}), or run one gpuslice version for the node agent "
+                    f"and the partitioner (an agent newer than the partitioner may report "
+                    f"fields it does not know)",
+                )
                 self.busy.add(name)
                 continue
             np = np_info.np
@@ -948,7 +973,7 @@ class _Step:
                     tally[1][0] += 1
                 if reservation:
                     managed.add(key)
-                    if "Gated" not in self.reported.get(key, ()):
+                    if "Gated" not in self.told(pod):
                         self.once(
                             pod,
                             "Gated",
@@ -966,6 +991,8 @@ class _Step:
             key = pod.key
             self.seen.add(key)
             r = pod.reservation
+            if r is not None and r.state is not State.DRAINING:
+                r = self._bounded(r)
             if r is not None and r.deadline < soonest:
                 soonest = r.deadline
             if pod.request_error:
@@ -993,7 +1020,7 @@ class _Step:
                     self.candidate(pod, managed=True)
                     if r is not None:
                         self._read_drain(pod, r)
-                    elif "Gated" not in self.reported.get(key, ()):
+                    elif "Gated" not in self.told(pod):
                         self.once(
                             pod,
                             "Gated",
@@ -1014,6 +1041,15 @@ class _Step:
             self.wake(soonest)
         if self.drains and self.deep_queue():
             self._end_drains()
+
+    def _bounded(self, r: Reservation) -> Reservation:
+        """Every wait has a deadline: a planned or released reservation is held to at most
+        ``apply_deadline_s + bind_deadline_s`` past the time it entered its state (the latest
+        gpuslice writes, for a released pod planned again).  An annotation without a deadline
+        or with a later one (edited by hand, or written under longer settings), or whose
+        ``since`` lies ahead of this clock, gets that bound, counted from now at the latest."""
+        limit = min(r.since, self.now) + self.config.apply_deadline_s + self.config.bind_deadline_s
+        return r if r.deadline <= limit else replace(r, deadline=limit)
 
     def _end_drains(self) -> None:
         """A deep queue ends every drain (module docstring, step 8): a frozen GPU that has
@@ -1429,9 +1465,22 @@ class _Step:
         names what to ask for instead; ``gpuslice ungate`` releases it by hand): gpuslice nodes
         advertise what it asks for, so kube-scheduler would bind it there, beside promises it
         knows nothing of, and its container would be refused slices of two MPS daemons
-        (:func:`planner.demand.one_mps_slice`)."""
-        if not (self.config.reservation and pod.gated):
+        (:func:`planner.demand.one_mps_slice`).
+
+        Without reservations (``config.reservation=False``) nothing ever releases a gated pod,
+        so every gated pod loses the gate at once, whatever kept it from being planned: one
+        whose requests cannot be read as a slice request (``request_error``, e.g. a slice plus
+        ``nvidia.com/gpu``), one no node can take, one asking for several MPS slices (the other
+        gated pods lose it in :meth:`_read_legacy`)."""
+        if not pod.gated:
             return False
+        if not self.config.reservation:
+            self._ungate(
+                pod,
+                f"reservations are off and gpuslice cannot place it ({reason}): gpuslice removed "
+                f"its scheduling gate, so kube-scheduler places it like any pod",
+            )
+            return True
         if reason.startswith(Unplaced.MPS_SLICES.value):
             return False
         due = (pod.created if pod.created is not None else self.now) + self.config.policy.timeout
@@ -2523,7 +2572,7 @@ class _Step:
             reconfigured,
             error,
             dict(self.counts),
-            {**self._label_problems(), **self.unreadable, **self.unserved},
+            {**self._label_problems(), **self.unserved, **self.unreadable, **self.invalid},
             self.planned_snapshot,
             self.next_wakeup,
             self.warm_error,

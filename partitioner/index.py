@@ -484,6 +484,10 @@ def _claim_units(
     return units, "", complete
 
 
+def _units_text(units: Mapping[str, int]) -> str:
+    return ", ".join(f"{r} x{k}" for r, k in sorted(units.items())) or "nothing"
+
+
 def _read_pod(pod: Obj, claims: Mapping[str, ClaimDemand] | None = None) -> PodInfo:
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
@@ -548,6 +552,14 @@ def _read_pod(pod: Obj, claims: Mapping[str, ClaimDemand] | None = None) -> PodI
             reservation = parse_reservation(str(raw))
         except ReservationError as e:
             reservation_error = f"annotation {RESERVATION_ANNOTATION} is malformed ({e})"
+    if reservation is not None and slices and not error and reservation.units() != slices:
+        # gpuslice writes a reservation for exactly the pod's request; any other one (edited
+        # by hand, or by something else) would hold slices the pod does not use, or too few
+        reservation_error = (
+            f"annotation {RESERVATION_ANNOTATION} holds {_units_text(reservation.units())} "
+            f"but the pod asks for {_units_text(slices)}"
+        )
+        reservation = None
     priority = spec.get("priority") or 0
     shared, resources = _interned(slices)
     rejected = admission_rejection(status)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
@@ -285,12 +286,14 @@ def is_busy(np: NodePartitioning) -> bool:
 
 
 def planned_pods(np: NodePartitioning) -> list[str]:
+    """The pod keys in :data:`PLANNED_PODS_ANNOTATION` (a JSON list of strings); any other
+    value (edited by hand: not JSON, nested too deep, a number of over 4300 digits) is none."""
     raw = np.metadata.annotations.get(PLANNED_PODS_ANNOTATION, "")
     try:
         pods = json.loads(raw) if raw else []
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
         return []
-    return [str(p) for p in pods] if isinstance(pods, list) else []
+    return [p for p in pods if isinstance(p, str)] if isinstance(pods, list) else []
 
 
 def _as_count(value: Decimal, resource: str) -> int:
@@ -345,6 +348,23 @@ def _free_node_resources(
         c, m = free[node]
         free[node] = (c - cpu, m - mem)
     return free
+
+
+def _why_not_plannable(
+    name: str,
+    invalid: Mapping[str, str],
+    problems: Mapping[str, NodeProblem],
+    busy: AbstractSet[str],
+) -> str:
+    """A node a pod may use but no plan may touch now, with the reason: its NodePartitioning
+    fails validation, a node problem (labels, GPUs not reported yet), or a plan in flight."""
+    if name in invalid:
+        return f"{name} (its {NP_KIND} is invalid)"
+    if name in problems:
+        return f"{name} ({problems[name].reason})"
+    if name in busy:
+        return f"{name} (applying a previous plan)"
+    return name
 
 
 def read_cluster(view: ClusterView, catalog: Catalog) -> ClusterReading:
@@ -422,8 +442,8 @@ def read_cluster(view: ClusterView, catalog: Catalog) -> ClusterReading:
         eligible = pending.eligible_nodes or frozenset()
         usable = eligible & plannable
         if not usable:
-            waiting[key] = "all eligible nodes are applying a previous plan: " + ", ".join(
-                sorted(eligible)
+            waiting[key] = "no eligible node can be planned now: " + ", ".join(
+                _why_not_plannable(n, invalid, problems, busy) for n in sorted(eligible)
             )
             continue
         candidates[key] = replace(pending, eligible_nodes=usable)

@@ -18,7 +18,13 @@ from typing import Any
 import pytest
 from test_partitioner_snapshot import A100, node, np
 
-from partitioner.actions import EmitEvent, PatchPod, WriteReservations, WriteSpec
+from partitioner.actions import (
+    EmitEvent,
+    PatchPod,
+    SetNodeCondition,
+    WriteReservations,
+    WriteSpec,
+)
 from partitioner.batching import BatchPolicy
 from partitioner.decide import ControllerState, DecideConfig, Decision, decide
 from partitioner.gating import GATE
@@ -340,6 +346,124 @@ def test_a_node_that_never_applies_gives_its_pods_back_after_the_deadline() -> N
     d = c.step(T0 + 312)  # its new window (opened at 301) is due: planned on n2 only
     (w,) = [a for a in d.actions if isinstance(a, WriteSpec)]
     assert w.node == "n2" and reservation(c, "p").node == "n2"
+
+
+def _annotated(pod: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
+    pod["metadata"]["annotations"] = {RESERVATION_ANNOTATION: json.dumps(doc)}
+    return pod
+
+
+@pytest.mark.parametrize("deadline", [None, 1e11, T0 + 86400])
+def test_a_planned_reservation_without_a_near_deadline_still_has_one(
+    deadline: float | None,
+) -> None:
+    # A hand-edited annotation without a deadline, or with one far off, waited forever on a
+    # node that never applies; it is held to apply + bind deadlines past its ``since``.
+    doc: dict[str, Any] = {
+        "node": "n1", "state": "planned", "gpus": {SEVEN_G: [0]}, "plan": "9", "since": T0,
+    }  # fmt: skip
+    if deadline is not None:
+        doc["deadline"] = deadline
+    c = Cluster(
+        node("n1", MIG),
+        node("n2", MIG),
+        np("n1", plan="9", generation=3, observed=2, applied=True),  # busy: gen 3 not observed
+        applied_np("n2", status_gpu(0), status_gpu(1)),
+        _annotated(gated("p", SEVEN_G), doc),
+    )
+    d = c.step(T0 + 419)
+    assert reservation(c, "p").node == "n1" and not events(d, "ReservationDropped")
+    d = c.step(T0 + 421)
+    assert reservation(c, "p") is None
+    assert events(d, "ReservationDropped") == [
+        "node n1 did not apply plan 9 within 300 s (waited 421 s); planning it again"
+    ]
+    c.step(T0 + 432)
+    assert reservation(c, "p").node == "n2"
+
+
+@pytest.mark.parametrize(
+    ("gpus", "held"),
+    [
+        ({}, "nothing"),
+        ({SEVEN_G: [0]}, "nvidia.com/mig-7g.80gb x1"),
+        ({ONE_G: [0, 0]}, "nvidia.com/mig-1g.10gb x2"),
+    ],
+)
+def test_a_reservation_that_is_not_the_pods_request_is_ignored(
+    gpus: dict[str, list[int]], held: str
+) -> None:
+    # The reservation holds exactly the pod's request (gpuslice writes no other): one that
+    # held nothing let the pod be released for no slice while the free one went to the next;
+    # one that held two units starved an older pod's legitimate hold.
+    one_gpu = {**MIG, "nvidia.com/gpu.count": "1"}
+    c = Cluster(
+        with_alloc(node("n1", one_gpu), **{"1g_10gb": 1}),
+        applied_np("n1", status_gpu(0, ("1g.10gb", 0, False))),
+        _annotated(
+            gated("a", ONE_G, created=T0),
+            {"node": "n1", "state": "planned", "gpus": gpus, "since": T0, "deadline": T0 + 300},
+        ),
+        gated("b", ONE_G, created=T0 + 1),
+    )
+    d = c.step(T0 + 5)
+    assert events(d, "InvalidReservation") == [
+        f"annotation {RESERVATION_ANNOTATION} holds {held} but the pod asks for "
+        f"{ONE_G} x1; ignored, the pod is planned again"
+    ]
+    released = [n for n in ("a", "b") if "schedulingGates" not in c.pod(n)["spec"]]
+    assert released == ["a"]  # the older pod, for the one free slice, and only one pod
+    assert reservation(c, "a").gpus == {ONE_G: (0,)}
+
+
+@pytest.mark.parametrize(
+    ("bend", "where"),
+    [
+        (lambda g: g.__setitem__("temperatureC", 41), "status.gpus.0.temperatureC"),
+        (lambda g: g["mig"][0].__setitem__("start", -1), "status.gpus.0.mig.0.start"),
+    ],
+)
+def test_an_invalid_node_partitioning_is_told_on_the_node_and_its_pods_go_elsewhere(
+    bend: Any, where: str
+) -> None:
+    # Before, such a node was left out of every plan with no condition, Event or problem.
+    bad = applied_np("n1", status_gpu(0, ("7g.80gb", 0, False)), status_gpu(1))
+    bend(bad["status"]["gpus"][0])
+    c = Cluster(
+        with_alloc(node("n1", MIG), **{"7g_80gb": 1}),
+        bad,
+        node("n2", MIG),
+        applied_np("n2", status_gpu(0), status_gpu(1)),
+        gated("p", SEVEN_G),
+    )
+    d = c.step(T0)
+    (cond,) = [a for a in d.actions if isinstance(a, SetNodeCondition)]
+    assert (cond.node, cond.status, cond.reason) == ("n1", "False", "InvalidPartitioning")
+    assert where in cond.message and "kubectl edit nodepartitioning n1" in cond.message
+    (warning,) = [
+        a for a in d.actions if isinstance(a, EmitEvent) and a.reason == "InvalidPartitioning"
+    ]
+    assert warning.ref.kind == "Node" and warning.message == cond.message
+    assert d.problems["n1"].reason == "InvalidPartitioning"
+    c.step(T0 + 11)
+    assert reservation(c, "p").node == "n2"  # n1's free 7g is not promised
+
+
+def test_a_pod_recreated_under_the_same_name_is_told_its_own_story() -> None:
+    # Events were remembered by namespace/name: a pod deleted and recreated between two steps
+    # (a StatefulSet's, or kubectl replace) got none of its own.
+    c = Cluster(node("n1", MIG), applied_np("n1", status_gpu(0), status_gpu(1)))
+    c.put(_annotated(gated("p", SEVEN_G), {"node": "n1"}))  # no state: malformed
+    d = c.step(T0)
+    assert [len(events(d, r)) for r in ("InvalidReservation", "Gated")] == [1, 1]
+    d = c.step(T0 + 1)
+    assert not [a for a in d.actions if isinstance(a, EmitEvent)]  # told once
+    again = _annotated(gated("p", SEVEN_G, created=T0 + 2), {"node": "n1"})
+    again["metadata"]["uid"] = "uid-p-2"
+    c.put(again)
+    d = c.step(T0 + 3)
+    assert [len(events(d, r)) for r in ("InvalidReservation", "Gated")] == [1, 1]
+    assert {a.ref.uid for a in d.actions if isinstance(a, EmitEvent)} == {"uid-p-2"}
 
 
 def test_a_released_pod_whose_slice_was_taken_is_replanned_on_its_node() -> None:
@@ -764,6 +888,39 @@ def test_without_reservations_nothing_is_gated_reserved_or_released() -> None:
     assert "schedulingGates" not in c.pod("p")["spec"]  # a leftover gate is removed
     assert reservation(c, "p") is None and events(d, "Ungated")
     assert not [a for a in d.actions if isinstance(a, WriteReservations)]
+
+
+@pytest.mark.parametrize(
+    ("limits", "why"),
+    [
+        ({ONE_G: "1", "nvidia.com/gpu": "1"}, "asks for whole GPUs (nvidia.com/gpu: 1)"),
+        ({ONE_G: "1.5"}, "invalid resource request"),
+    ],
+)
+def test_without_reservations_a_gated_pod_gpuslice_cannot_read_loses_the_gate(
+    limits: dict[str, str], why: str
+) -> None:
+    """Reservations off: nothing will ever release a gated pod, so one whose request the
+    partitioner cannot read as a slice request (rejected before the legacy path) loses the
+    gate at once too, not after a batch window and never kept forever."""
+    config = DecideConfig(
+        catalog=CAT, policy=BatchPolicy(60, 10, 60), planner=plan_greedy, reservation=False
+    )
+    bad = gated("bad", ONE_G)
+    bad["spec"]["containers"][0]["resources"]["limits"] = limits
+    c = Cluster(
+        with_alloc(node("n1", MIG), **{"1g_10gb": 1}),
+        applied_np("n1", status_gpu(0, ("1g.10gb", 0, False)), status_gpu(1)),
+        bad,
+    )
+    d = c.step(T0, config)
+    assert "schedulingGates" not in c.pod("bad")["spec"], (
+        "pod ns/bad kept gpuslice's gate with reservations off: nothing would ever remove it"
+    )
+    (msg,) = events(d, "Ungated")
+    assert "reservations are off" in msg and why in msg
+    d = c.step(T0 + 5, config)  # ungated now: still reported, never gated again
+    assert events(d, "Ungated") == [] and "schedulingGates" not in c.pod("bad")["spec"]
 
 
 @pytest.mark.parametrize("deadline", [math.inf, T0 + 1])

@@ -294,7 +294,30 @@ def test_pod_whose_eligible_nodes_are_all_busy_waits() -> None:
         ),
         CAT,
     )
-    assert r.waiting["ns/p"].startswith("all eligible nodes are applying")
+    assert r.waiting["ns/p"] == "no eligible node can be planned now: n1 (applying a previous plan)"
+
+
+def test_a_pod_whose_eligible_nodes_cannot_be_planned_is_told_each_nodes_reason() -> None:
+    # Before, every such node was "applying a previous plan", whatever kept it out.
+    mig = {"gpuslice.io/partitioning": "mig", "pool": "a", **A100}
+    bad = np("n2")
+    bad["status"] = {"gpus": [{"index": 0, "mig": [{"profile": "1g.10gb", "start": -1}]}]}
+    r = read_cluster(
+        view(
+            node("n1", mig),
+            np("n1", plan="1", generation=2, observed=1),
+            node("n2", mig),
+            bad,
+            node("n3", {**mig, "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb",
+                        "nvidia.com/mig.strategy": "single"}),
+            pod("p", {"nvidia.com/mig-1g.10gb": "1"}, nodeSelector={"pool": "a"}),
+        ),
+        CAT,
+    )  # fmt: skip
+    assert r.waiting["ns/p"] == (
+        "no eligible node can be planned now: n1 (applying a previous plan), "
+        f"n2 (its NodePartitioning is invalid), n3 ({r.problems['n3'].reason})"
+    )
 
 
 def test_degraded_node_that_gave_up_is_planned_again() -> None:
