@@ -25,8 +25,10 @@ Stages
    Hybrid nodes (MPS slices inside MIG instances) are part of the same model
    (:mod:`planner.hybrid`).
 4. If CP-SAT finds no solution in time (no round kept), or (only possible on a time-out) the
-   plan places less priority-weighted pods than the greedy plan, the greedy plan is returned
-   with status ``GREEDY_FALLBACK``.
+   plan places less priority-weighted pods than the greedy plan, or the plan fails the same
+   validity check as the greedy one (:func:`_consistent`: a safety net; a free MPS host on a
+   locked hybrid GPU is the one case known to reach it), the greedy plan is returned with
+   status ``GREEDY_FALLBACK``.
 5. Otherwise the CP-SAT plan's MPS placements of one slice size (one GPU or several) are
    polished with the node-level packing measure (:mod:`planner.mps_polish`; setting
    ``mps_polish``): the same pods placed, no more churn, each such pod where FGD-style
@@ -271,7 +273,10 @@ def plan(
         result = replace(result, policy=Policy.CPSAT.value, status="FEASIBLE", stats=stats)
     else:
         result = replace(result, stats={**result.stats, "rounds": 1.0, "rounds_skipped": 0.0})
-    if not greedy_ok or _weight(result, snapshot, settings) >= _weight(greedy, snapshot, settings):
+    result_ok = _consistent(result, snapshot, models, parsed, settings)
+    if result_ok and (
+        not greedy_ok or _weight(result, snapshot, settings) >= _weight(greedy, snapshot, settings)
+    ):
         if settings.mps_polish:
             return polish_mps(snapshot, result, models, settings, max_evals=polish_n)
         return result

@@ -633,7 +633,8 @@ def hybrid_plan_errors(
 ) -> list[str]:
     """What is wrong with a planned hybrid GPU: an invalid layout, a host that is not one of
     its instances or a used instance, slices beyond ``usable(P)``, a pinned instance moved, a
-    used slice dropped.  Empty when the plan is valid (module docstring's rules)."""
+    used slice dropped, on a locked GPU a host made or its slices changed.  Empty when the plan
+    is valid (module docstring's rules)."""
     where = f"node {node.name} GPU {planned.index}"
     try:
         layout = canonical(Placement(s, model.profile(n)) for n, s in planned.mig)
@@ -664,9 +665,14 @@ def hybrid_plan_errors(
             errors.append(f"{where}: slices of {p} need {total} MiB > {usable} MiB usable")
         if any(not 1 <= s.thread_percentage <= 100 for s in slices):
             errors.append(f"{where}: a slice of {p} has a thread % outside 1..100")
+    locked = gpu is not None and gpu.locked
+    for start in hosts:
+        was = now.get(start)
+        if locked and (was is None or not was.mps):
+            errors.append(f"{where}: locked GPU: new host at start {start}")
     for inst in now.values():
-        if inst.mps and (inst.used or (gpu is not None and gpu.locked and inst.pinned)):
-            # a sealed host, or a pinned one on a locked GPU: its slices stay exactly
+        if inst.mps and (inst.used or locked):
+            # a sealed host, or any host of a locked GPU: its slices stay exactly
             if _slice_sizes(hosts.get(inst.start, ())) != _slice_sizes(inst.mps):
                 errors.append(f"{where}: slices of kept host {inst.profile}@{inst.start} changed")
             continue

@@ -480,6 +480,24 @@ def test_a_locked_gpu_hosts_nothing_new() -> None:
         assert set(result.layouts) == {("n1", 1)}
 
 
+def test_a_free_host_on_a_locked_gpu_keeps_its_slices_and_serves_from_them() -> None:
+    """A locked GPU's free MPS host (no used slice) keeps its slices exactly and a pod asking
+    for one of their size gets it.  CP-SAT's model counted such hosts among the locked GPU's
+    free instances and so could not keep them: it placed nothing on the GPU alone, and with a
+    free GPU beside it wrote the locked GPU's layout without the host's slices and made the
+    same slices anew on the free GPU."""
+    s = PlannerSettings(time_limit_s=10.0)
+    host = MigInstance("1g.10gb", 0, mps=(MpsSlice(4096), MpsSlice(4096)))
+    locked = GpuState(0, mig=(host, MigInstance("1g.10gb", 1, used=True)), locked=True)
+    pods = (PendingPod("p", {"nvidia.com/gpu-4gb": 1}),)
+    for gpus in ((locked,), (locked, GpuState(1))):
+        snap = Snapshot((NodeState("n", Mode.HYBRID, MODEL, gpus),), pods)
+        for result in (plan(snap, s), plan_greedy(snap, s)):
+            assert result.assignments["p"].gpus == {"nvidia.com/gpu-4gb": (0,)}
+            assert result.assignments["p"].hosts == {"nvidia.com/gpu-4gb": (0,)}
+            assert ("n", 0) not in result.layouts and not result.layouts
+
+
 def test_slice_patterns_are_every_fitting_multiset_or_the_maximal_ones() -> None:
     """planner.hybrid.patterns against a product enumeration: every non-empty multiset within
     the caps and the memory while there are at most 64, else the maximal ones."""
