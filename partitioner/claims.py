@@ -11,9 +11,21 @@ publishing), so it must read a claim as the request it stands for:
 * a claim request ``exactly: {deviceClassName: mig.gpuslice.io, count: N, selectors: [...]}``
   whose CEL selectors include ``device.attributes["gpu.gpuslice.io"].profile == "<P>"`` (the
   form the docs give; ``["profile"]`` and single quotes are read too; the comparison may be one
-  conjunct of an ``&&``) asks for N instances of profile P: the units
-  ``nvidia.com/mig-<P>: N``, the same name the device-plugin mode advertises, so the planner,
-  its catalog and every rule about MIG requests apply unchanged;
+  conjunct of an ``&&``, at any depth of parentheses that only group conjunctions) asks for N
+  instances of profile P: the units ``nvidia.com/mig-<P>: N``, the same name the device-plugin
+  mode advertises, so the planner, its catalog and every rule about MIG requests apply
+  unchanged.  A selector is read only where the reading is exact: one with ``||`` or a
+  conditional (``?:``) anywhere outside a string literal, unbalanced parentheses or an
+  unterminated string is an *error* (below), never read as its first conjunct (CEL binds
+  ``&&`` tighter than ``||``: ``P1 && x || P2`` is ``(P1 && x) || P2``, any device of P2);
+* a request with ``adminAccess: true`` adds nothing: kube-scheduler does not count
+  admin-access results as allocated (such a claim shares a device another claim may hold) and
+  allocates it only existing devices, so there is nothing to plan for it, and its results pin
+  no device (:attr:`ClaimDemand.devices`);
+* a claim needing more than :data:`CLAIM_LIMIT` (32) devices in all (the sum of its
+  ``ExactCount`` requests, any DeviceClass) is an *error*: kube-scheduler's allocator refuses
+  it (``AllocationResultsMaxSize``, "exceeds the claim limit"), so planning for it would only
+  reconfigure GPUs for a pod that can never be scheduled;
 * a request of another DeviceClass (another driver, or ``gpu.gpuslice.io``: a whole GPU, which
   the agent publishes on every GPU the plan leaves without instances) is not the partitioner's
   to plan and adds nothing;
@@ -25,7 +37,9 @@ publishing), so it must read a claim as the request it stands for:
   them on its node as a device-plugin pod holds its extended resources (the ledger counts them
   until the agent reports the devices used), and the devices its allocation names are pinned
   on their node whatever the agent's ``used`` flags say (:attr:`ClaimDemand.devices`): a DRA
-  node need not guess from counts which device a bound pod holds.
+  node need not guess from counts which device a bound pod holds;
+* these are the *claim's* units: a claim several pods name is allocated once, and the index
+  gives its units to one of them (:mod:`partitioner.index`, "carrier"), never to each.
 
 A pod's claims are ``spec.resourceClaims``: ``resourceClaimName`` names the claim; a
 ``resourceClaimTemplateName`` entry's claim is named in ``status.resourceClaimStatuses`` once
@@ -59,7 +73,9 @@ DRIVER = "gpu.gpuslice.io"
 """The DRA driver name (node_agent.dra_slices.DRIVER; the partitioner never imports the agent)."""
 MIG_CLASS = "mig.gpuslice.io"
 """The DeviceClass of MIG placements (node_agent.dra_slices.device_classes)."""
-_MAX_COUNT = 64
+CLAIM_LIMIT = 32
+"""Devices one claim can be allocated at most (kube-scheduler's ``AllocationResultsMaxSize``):
+a claim needing more is refused by the allocator ("exceeds the claim limit")."""
 
 _PROFILE = re.compile(
     r"""device\s*\.\s*attributes\s*\[\s*(["'])gpu\.gpuslice\.io\1\s*\]\s*"""
@@ -98,15 +114,93 @@ def claim_key_of(claim: Obj) -> str:
     return claim_key(str(meta.get("namespace", "")), str(meta.get("name", "")))
 
 
+class _Unreadable(ValueError):
+    """A CEL expression the partitioner cannot read exactly (the message says why)."""
+
+
+def _scan(expr: str) -> list[tuple[int, int]]:
+    """(position, parenthesis depth) of every top-level-of-its-group ``&&`` in ``expr``,
+    outside string literals.  Raises :class:`_Unreadable` for ``||``, ``?:``, unbalanced
+    parentheses or an unterminated string: an expression with those is not a conjunction."""
+    out: list[tuple[int, int]] = []
+    depth, i, n = 0, 0, len(expr)
+    while i < n:
+        ch = expr[i]
+        if ch in "\"'":
+            end = i + 1
+            while end < n and expr[end] != ch:
+                end += 2 if expr[end] == "\\" else 1
+            if end >= n:
+                raise _Unreadable("it has an unterminated string literal")
+            i = end + 1
+            continue
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+            if depth < 0:
+                raise _Unreadable("its parentheses are unbalanced")
+        elif expr.startswith("||", i):
+            raise _Unreadable("it has '||', and CEL binds && tighter than ||")
+        elif ch == "?":
+            raise _Unreadable("it has a conditional '?:'")
+        elif expr.startswith("&&", i):
+            out.append((i, depth))
+            i += 2
+            continue
+        i += 1
+    if depth != 0:
+        raise _Unreadable("its parentheses are unbalanced")
+    return out
+
+
+def _conjuncts(expr: str) -> list[str]:
+    """The conjuncts of ``expr`` read as ``c1 && c2 && ...``, parentheses that enclose a whole
+    conjunction opened (``(a && b) && c`` is three); :class:`_Unreadable` as :func:`_scan`."""
+    text = expr.strip()
+    while text.startswith("(") and text.endswith(")") and _encloses(text):
+        text = text[1:-1].strip()
+    cuts = [at for at, depth in _scan(text) if depth == 0]
+    if not cuts:
+        return [text]
+    parts, start = [], 0
+    for at in cuts:
+        parts.append(text[start:at])
+        start = at + 2
+    parts.append(text[start:])
+    return [c for part in parts for c in _conjuncts(part)]
+
+
+def _encloses(text: str) -> bool:
+    """Whether the ``(`` opening ``text`` is closed by its last character."""
+    depth, at, n = 0, 0, len(text)
+    while at < n:
+        ch = text[at]
+        if ch in "\"'":  # a string literal: skipped whole (terminated: _scan read it)
+            at += 1
+            while at < n and text[at] != ch:
+                at += 2 if text[at] == "\\" else 1
+        elif ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+            if depth == 0:
+                return at == n - 1
+        at += 1
+    return False
+
+
 def _profile(selectors: object) -> str | None:
-    """The profile the selectors pin, if exactly one comparison names one."""
+    """The profile the selectors pin, if exactly one comparison names one (:class:`_Unreadable`
+    for a selector that is not a conjunction the reader can read exactly)."""
     found: set[str] = set()
     for s in selectors if isinstance(selectors, list) else ():
         expr = ((s or {}).get("cel") or {}).get("expression") if isinstance(s, Mapping) else None
         if not isinstance(expr, str):
             continue
-        for conjunct in expr.split("&&"):
-            m = _PROFILE.fullmatch(conjunct.strip().strip("()").strip())
+        _scan(expr)  # anything unreadable anywhere in it, before its parts are read
+        for conjunct in _conjuncts(expr):
+            m = _PROFILE.fullmatch(conjunct)
             if m is not None:
                 found.add(m.group(4))
     return found.pop() if len(found) == 1 else None
@@ -124,11 +218,13 @@ def _read_demand(claim: Obj) -> ClaimDemand:
     allocated = bool((claim.get("status") or {}).get("allocation"))
     uid = str((claim.get("metadata") or {}).get("uid") or "")
     units: dict[str, int] = {}
+    devices = 0  # the claim needs in all, every DeviceClass (the allocator's claim limit)
     requests = ((claim.get("spec") or {}).get("devices") or {}).get("requests") or ()
     for req in requests if isinstance(requests, list) else ():
         if not isinstance(req, Mapping):
             continue
         label = f"ResourceClaim {name} request {req.get('name', '')!r}"
+        devices += _exact_count(req.get("exactly"))
         alternatives = req.get("firstAvailable") or ()
         if any(
             isinstance(a, Mapping) and a.get("deviceClassName") == MIG_CLASS for a in alternatives
@@ -139,24 +235,54 @@ def _read_demand(claim: Obj) -> ClaimDemand:
         exact = req.get("exactly") or {}
         if not isinstance(exact, Mapping) or exact.get("deviceClassName") != MIG_CLASS:
             continue
+        if exact.get("adminAccess") is True:
+            continue  # not an allocation: it shares an existing device, nothing to plan
         mode = exact.get("allocationMode") or "ExactCount"
         if mode != "ExactCount":
             return ClaimDemand(
                 {}, f"{label}: allocationMode {mode} is not planned; {_FIX}", allocated, uid
             )
         count = exact.get("count", 1)
-        if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= _MAX_COUNT:
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
             return ClaimDemand(
-                {}, f"{label}: count {count!r} is not 1..{_MAX_COUNT}; {_FIX}", allocated, uid
+                {}, f"{label}: count {count!r} is not 1..{CLAIM_LIMIT}; {_FIX}", allocated, uid
             )
-        profile = _profile(exact.get("selectors"))
+        try:
+            profile = _profile(exact.get("selectors"))
+        except _Unreadable as e:
+            return ClaimDemand(
+                {},
+                f"{label}: its selectors cannot be read exactly ({e}); only a conjunction "
+                f"(&&) that includes one profile comparison is read; {_FIX}",
+                allocated,
+                uid,
+            )
         if profile is None:
             return ClaimDemand(
                 {}, f"{label}: its selectors name no single MIG profile; {_FIX}", allocated, uid
             )
         resource = mig_resource(profile)
         units[resource] = units.get(resource, 0) + count
+    if units and devices > CLAIM_LIMIT:
+        return ClaimDemand(
+            {},
+            f"ResourceClaim {name} needs {devices} devices in all, more than the {CLAIM_LIMIT} "
+            f"kube-scheduler allocates to one claim (AllocationResultsMaxSize): it can never "
+            f"be allocated; split it into claims of at most {CLAIM_LIMIT} devices each",
+            allocated,
+            uid,
+        )
     return ClaimDemand(units, allocated=allocated, uid=uid)
+
+
+def _exact_count(exact: object) -> int:
+    """Devices an ``exactly`` request needs (``ExactCount``; 0 for anything else)."""
+    if not isinstance(exact, Mapping) or (exact.get("allocationMode") or "ExactCount") != (
+        "ExactCount"
+    ):
+        return 0
+    count = exact.get("count", 1)
+    return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 0
 
 
 def _allocated_devices(claim: Obj) -> tuple[tuple[str, str], ...]:
@@ -169,7 +295,13 @@ def _allocated_devices(claim: Obj) -> tuple[tuple[str, str], ...]:
     )
     out: set[tuple[str, str]] = set()
     for r in results if isinstance(results, list) else ():
-        if isinstance(r, Mapping) and r.get("driver") == DRIVER:
+        # an admin-access result is no allocation (kube-scheduler does not count it): the
+        # device is another claim's, or free, and this claim pins nothing
+        if (
+            isinstance(r, Mapping)
+            and r.get("driver") == DRIVER
+            and r.get("adminAccess") is not True
+        ):
             pool, device = r.get("pool"), r.get("device")
             if isinstance(pool, str) and isinstance(device, str):
                 out.add((pool, device))

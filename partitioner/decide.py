@@ -1433,12 +1433,91 @@ class _Step:
 
     def ungate_strays(self) -> None:
         """Pods gated at admission for naming ResourceClaims whose claims, all known, ask
-        gpuslice for nothing (another driver's devices) lose the gate at once."""
+        gpuslice for nothing new (another driver's devices, or claims allocated already, which
+        it shares with the pods they were allocated for) lose the gate at once: kube-scheduler
+        sends such a pod where its claims are allocated (no affinity to narrow)."""
         for key in sorted(self.index.strays):
-            self._ungate(
-                self.index.pods[key],
-                "its ResourceClaims ask gpuslice for no slice: gpuslice removed its gate",
+            pod = self.index.pods[key]
+            shared = [c for c in pod.claims if (d := self.index.claims.get(c)) and d.units]
+            if shared:
+                where = sorted({pool for c in shared for pool, _ in self.index.claims[c].devices})
+                message = (
+                    f"its ResourceClaims ({', '.join(shared)}) are allocated already"
+                    + (f" on node {', '.join(where)}" if where else "")
+                    + ": it shares them with the pods they were allocated for and needs no new "
+                    "slice; gpuslice removed its gate"
+                )
+            else:
+                message = "its ResourceClaims ask gpuslice for no slice: gpuslice removed its gate"
+            self._ungate(pod, message)
+
+    def release_sharers(self) -> None:
+        """Pods that share an unallocated ResourceClaim with the pod carrying its units
+        (:attr:`~partitioner.index.PodInfo.follower`: the claim's units count once, with its
+        carrier) are released with their carriers: once every carrier is released to one node
+        (this step or before), the pod loses its gate with its node affinity narrowed to that
+        node, as its carrier's (unpinned, kube-scheduler could allocate the claim elsewhere,
+        taking a device promised to another pod), and no reservation of its own: it holds
+        nothing the claim does not.  Until then it waits gated (Normal Event ``Gated`` naming
+        the carriers); a carrier that is never released (ungated, planned elsewhere) lets it go
+        once the claim is allocated (it is a stray then).  Without reservations it is ungated
+        at once, as every gated pod is."""
+        followers = self.index.followers
+        if not followers:
+            return
+        released: dict[str, str] = {}
+        for name, entries in self.view.items():
+            for key, entry in entries.items():
+                if entry.state == State.RELEASED.value:
+                    released[key] = name
+        for key in sorted(followers):
+            pod = self.index.pods[key]
+            if not self.config.reservation:
+                self._ungate(pod, "it shares ResourceClaims with pods gpuslice does not gate")
+                continue
+            self.seen.add(key)  # its Events are kept while it waits (told once)
+            carriers = ", ".join(pod.claim_carriers)
+            nodes = {released.get(c) for c in pod.claim_carriers}
+            node = nodes.pop() if len(nodes) == 1 else None
+            if node is None:
+                self.once(
+                    pod,
+                    "Gated",
+                    f"waiting for pod(s) {carriers}: they carry the ResourceClaims it shares "
+                    f"and it is released with them, to their node",
+                )
+                continue
+            elsewhere = sorted(
+                pool
+                for c in pod.claims
+                if (d := self.index.claims.get(c)) is not None and d.allocated
+                for pool, _ in d.devices
+                if pool != node
             )
+            if elsewhere or node not in self.index.eligible(pod, self.gpu_nodes):
+                self.once(
+                    pod,
+                    "Unplaceable",
+                    f"cannot place: it shares ResourceClaims with pod(s) {carriers}, released to "
+                    f"node {node}, but "
+                    + (
+                        f"its other claims are allocated on node {', '.join(elsewhere)}"
+                        if elsewhere
+                        else "that node does not accept it (nodeSelector, affinity, taints)"
+                    )
+                    + "; it stays gated until its claims are allocated",
+                    "Warning",
+                )
+                continue
+            event = EmitEvent(
+                _pod_ref(pod),
+                "Normal",
+                "Released",
+                f"released to node {node} with pod(s) {carriers}, which carry the "
+                f"ResourceClaims it shares",
+            )
+            patch = release_patch(pod.obj, node)
+            self._patch(PatchPod(pod.key, _pod_ref(pod), patch, "release", None, (event,)))
 
     def _ungate(self, pod: PodInfo, message: str, reason: str = "Ungated") -> None:
         """Remove gpuslice's gate from ``pod`` (if it has it), with a Normal Event ``reason``."""
@@ -2521,6 +2600,7 @@ class _Step:
         else:
             for ledger in self.ledgers.values():
                 ledger.pin()
+        self.release_sharers()
         plan, plan_id, batch, reconfigured, error = self.plan_batch()
         if (
             self.config.reservation

@@ -17,7 +17,16 @@ each parsed once when it changes (not once per cycle):
   into its demand (:func:`partitioner.claims.read_claim`).  A pod that names claims
   (``spec.resourceClaims``) asks for its claims' units (:attr:`PodInfo.dra`; only DRA nodes
   are eligible for it, and only non-DRA pods for other nodes); the pod is kept as received and
-  read again when one of its claims appears, changes or goes.
+  read again when one of its claims appears, changes or goes.  A claim is allocated once,
+  however many pods name it (all of them run where it is allocated), so its units count
+  once: one pod naming it, its *carrier* (:func:`_carry_rank`: a bound pod that has not
+  finished, else the oldest pending one), asks for them and the others for nothing of it.
+  A pending pod that carries none of its claims asks for nothing new: if every such claim is
+  allocated it loses its gate at once (a stray, below: kube-scheduler sends it where the
+  claims are); else it *follows* the carriers of its unallocated claims
+  (:attr:`PodInfo.claim_carriers`) and is released with them, to their node
+  (:meth:`partitioner.decide._Step.release_sharers`).  The sharers of a claim are read again
+  when a pod naming it appears, goes, binds or finishes (the carrier may change).
 
 Derived, updated incrementally:
 
@@ -283,6 +292,9 @@ class PodInfo:
     """Keys (``namespace/name``) of the pod's ResourceClaims."""
     claims_pending: bool = False
     """Some claim of the pod is not known yet (its demand is unknown, not planned yet)."""
+    claim_carriers: tuple[str, ...] = ()
+    """Keys of the other pods that carry the units of this pod's unallocated claims (a claim's
+    units count once, module docstring): this pod is released with them, to their node."""
     sandbox_ready: bool = False
     """Condition ``PodReadyToStartContainers`` is ``True``: the kubelet made the pod's sandbox,
     which it does only after it prepared the pod's ResourceClaims, so the pod starts without
@@ -307,7 +319,10 @@ class PodInfo:
     """Asks for a slice, is not bound, not finished, not being deleted."""
     stray: bool = field(init=False)
     """Carries gpuslice's gate but asks gpuslice for nothing (its ResourceClaims, all known,
-    are another driver's): the decision step removes the gate."""
+    are another driver's, or allocated already): the decision step removes the gate."""
+    follower: bool = field(init=False)
+    """Carries gpuslice's gate, asks for nothing itself and waits for the pods that carry its
+    unallocated claims (:attr:`claim_carriers`): released with them."""
     plan_sig: tuple[object, ...] = field(init=False)
     """What a plan reads of the pod besides its eligible nodes and waiting time: its sorted
     requests, CPU, memory and priority (the decision step's plan key)."""
@@ -325,11 +340,9 @@ class PodInfo:
         self.waiting = bool(self.slices or self.request_error) and not (
             self.node or self.finished or self.deleting
         )
-        self.stray = (
-            self.gated
-            and not (self.waiting or self.node or self.finished or self.deleting)
-            and not self.claims_pending
-        )
+        idle = self.gated and not (self.waiting or self.node or self.finished or self.deleting)
+        self.stray = idle and not self.claims_pending and not self.claim_carriers
+        self.follower = idle and not self.claims_pending and bool(self.claim_carriers)
         self.plan_sig = (
             tuple(sorted(self.slices.items())),
             self.cpu_milli,
@@ -373,6 +386,7 @@ _POD_CONTENT = tuple(
         "finished",
         "waiting",
         "stray",
+        "follower",
     )
 )
 """The parsed fields of a :class:`PodInfo` that describe the pod (``obj`` is compared apart,
@@ -468,27 +482,63 @@ def _interned(slices: dict[str, int]) -> tuple[Mapping[str, int], frozenset[str]
 
 
 def _claim_units(
-    keys: tuple[str, ...], complete: bool, claims: Mapping[str, ClaimDemand]
-) -> tuple[dict[str, int], str, bool]:
-    """The units a pod's claims ask for, the first error, and whether all are known."""
+    keys: tuple[str, ...],
+    complete: bool,
+    claims: Mapping[str, ClaimDemand],
+    me: str = "",
+    carriers: Mapping[str, str] | None = None,
+) -> tuple[dict[str, int], str, bool, bool, tuple[str, ...]]:
+    """The units the pod ``me``'s claims ask of it, the first error, whether all are known,
+    whether some claim asks gpuslice for units (carried by it or not), and the carriers of its
+    unallocated claims with units that it does not carry (``carriers``: claim -> the pod that
+    carries it; a claim not in it is carried by ``me``)."""
     units: dict[str, int] = {}
+    ours = False
+    others: list[str] = []
     for k in keys:
         d = claims.get(k)
         if d is None:
             complete = False
             continue
         if d.error:
-            return {}, d.error, True
+            return {}, d.error, True, True, ()
+        if not d.units:
+            continue
+        ours = True
+        carrier = (carriers or {}).get(k, me)
+        if carrier != me:  # counted once, with its carrier's demand
+            if not d.allocated and carrier not in others:
+                others.append(carrier)
+            continue
         for r, n in d.units.items():
             units[r] = units.get(r, 0) + n
-    return units, "", complete
+    return units, "", complete, ours, tuple(sorted(others))
+
+
+def _carry_rank(pod: Obj) -> tuple[int, float, str]:
+    """Which pod naming a shared claim carries its units (the least rank): a bound pod that
+    has not finished (it holds the claim's devices: the ledger counts them once, with it), else
+    the oldest pending pod not being deleted (it is planned; the others are released with it,
+    or lose their gate once the claim is allocated), else any (by age, then key)."""
+    meta = pod.get("metadata") or {}
+    finished = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+    bound = bool((pod.get("spec") or {}).get("nodeName"))
+    group = 0 if bound and not finished else 2 if finished or meta.get("deletionTimestamp") else 1
+    created = parse_time(meta.get("creationTimestamp"))
+    return group, created if created is not None else float("inf"), pod_key(pod)
 
 
 def _units_text(units: Mapping[str, int]) -> str:
     return ", ".join(f"{r} x{k}" for r, k in sorted(units.items())) or "nothing"
 
 
-def _read_pod(pod: Obj, claims: Mapping[str, ClaimDemand] | None = None) -> PodInfo:
+def _read_pod(
+    pod: Obj,
+    claims: Mapping[str, ClaimDemand] | None = None,
+    carriers: Mapping[str, str] | None = None,
+) -> PodInfo:
+    """The pod as the controller reads it; ``carriers``: claim key -> the pod that carries the
+    claim's units (:func:`_carry_rank`; a claim not in it is carried by this pod)."""
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
@@ -514,10 +564,13 @@ def _read_pod(pod: Obj, claims: Mapping[str, ClaimDemand] | None = None) -> PodI
         error = f"invalid resource request: {e}"
         slices = {}
     dra = pending = False
+    followed: tuple[str, ...] = ()
     if claim_keys or not complete:
-        units, claim_error, known = _claim_units(claim_keys, complete, claims or {})
+        units, claim_error, known, ours, followed = _claim_units(
+            claim_keys, complete, claims or {}, pod_key(pod), carriers
+        )
         pending = not known
-        dra = bool(units or claim_error)
+        dra = bool(units or claim_error or ours)
         if dra and slices:
             error = (
                 "asks for slices both as extended resources and through ResourceClaims of "
@@ -526,7 +579,7 @@ def _read_pod(pod: Obj, claims: Mapping[str, ClaimDemand] | None = None) -> PodI
             slices = {}
         elif claim_error and not error:
             error = claim_error
-        elif units and not known:
+        elif (units or ours) and not known:
             dra = False  # a claim not created yet: its demand is unknown, not planned yet
         elif units:
             slices = units
@@ -591,6 +644,7 @@ def _read_pod(pod: Obj, claims: Mapping[str, ClaimDemand] | None = None) -> PodI
         dra=dra,
         claims=claim_keys,
         claims_pending=pending,
+        claim_carriers=followed if dra and not error else (),
         sandbox_ready=any(
             c.get("type") == "PodReadyToStartContainers" and c.get("status") == "True"
             for c in conditions
@@ -762,6 +816,10 @@ class ClusterIndex:
         node's kubelet refused at admission (:attr:`PodInfo.rejected`)."""
         self._claim_pod_raw: dict[str, Obj] = {}
         """Pods with claims, as received: re-read when one of their claims changes."""
+        self._carry_ranks: dict[str, tuple[int, float, str]] = {}
+        """Pods with claims -> :func:`_carry_rank` (the least among a claim's pods carries it)."""
+        self.followers: set[str] = set()
+        """Keys of :attr:`PodInfo.follower` pods."""
         self.deletions: dict[tuple[str, str], str | None] | None = None
         """While not ``None`` (a listing is being read, :meth:`relist`): ``(kind, key)`` ->
         resourceVersion of every DELETED event folded in meanwhile."""
@@ -875,16 +933,44 @@ class ClusterIndex:
             return
         if old is None and not (pod.get("spec") or {}).get("nodeName") and not _wants_slices(pod):
             return  # not a slice pod and not bound: nothing the controller reads
-        info = _read_pod(pod, self.claims)
-        if old is not None and old.claims != info.claims:
+        keys, _ = pod_claim_keys(pod)
+        old_keys = old.claims if old is not None else ()
+        old_rank = self._carry_ranks.get(key)
+        if old is not None and old.claims != keys:
             self._unlink_claims(key, old.claims)
-        if info.claims:
+        if keys:
             self._claim_pod_raw[key] = pod
-            for c in info.claims:
+            self._carry_ranks[key] = _carry_rank(pod)
+            for c in keys:
                 self._claim_pods.setdefault(c, set()).add(key)
         else:
             self._claim_pod_raw.pop(key, None)
+            self._carry_ranks.pop(key, None)
+        info = _read_pod(pod, self.claims, self._carriers(keys))
         self._store(key, old, info)
+        if keys != old_keys or self._carry_ranks.get(key) != old_rank:
+            self._reread_sharers(key, (*old_keys, *keys))
+
+    def _carriers(self, keys: Iterable[str]) -> dict[str, str]:
+        """Claim -> the pod naming it that carries its units (:func:`_carry_rank`)."""
+        out: dict[str, str] = {}
+        for c in keys:
+            pods = self._claim_pods.get(c)
+            if pods and len(pods) > 1:
+                out[c] = min(pods, key=self._carry_ranks.__getitem__)
+        return out
+
+    def _reread_sharers(self, key: str, claims: Iterable[str]) -> None:
+        """Read again the other pods naming ``claims``: which pod carries a claim follows the
+        pods naming it (appearing, going, binding, finishing)."""
+        sharers = {p for c in claims for p in self._claim_pods.get(c, ())} - {key}
+        for pod in sorted(sharers):
+            raw = self._claim_pod_raw.get(pod)
+            old = self.pods.get(pod)
+            if raw is not None and old is not None:
+                info = _read_pod(raw, self.claims, self._carriers(old.claims))
+                info.rv = old.rv
+                self._store(pod, old, info)
 
     def _store(self, key: str, old: PodInfo | None, info: PodInfo) -> None:
         if old is not None and _same_pod(old, info):
@@ -914,6 +1000,8 @@ class ClusterIndex:
             self.node_pods[info.node] = self.node_pods.get(info.node, 0) + 1
         if info.stray:
             self.strays.add(key)
+        if info.follower:
+            self.followers.add(key)
         if _released_and_rejected(info):
             self.rejections.add(key)
         if info.waiting and key not in self._waiting:
@@ -978,7 +1066,7 @@ class ClusterIndex:
             raw = self._claim_pod_raw.get(pod)
             old = self.pods.get(pod)
             if raw is not None and old is not None:
-                info = _read_pod(raw, self.claims)
+                info = _read_pod(raw, self.claims, self._carriers(old.claims))
                 info.rv = old.rv
                 self._store(pod, old, info)
 
@@ -989,6 +1077,8 @@ class ClusterIndex:
         if bump:  # a removal, not a replacement (upsert_pod relinks the claims it keeps)
             self._unlink_claims(key, old.claims)
             self._claim_pod_raw.pop(key, None)
+            if self._carry_ranks.pop(key, None) is not None:
+                self._reread_sharers(key, old.claims)
         if _counts(old):
             usage = self._usage.get(old.node)
             if usage is not None:
@@ -1002,6 +1092,7 @@ class ClusterIndex:
         if old.node:
             self.node_pods[old.node] = self.node_pods.get(old.node, 0) + 1
         self.strays.discard(key)
+        self.followers.discard(key)
         self.rejections.discard(key)
         if key in self._waiting:
             self._waiting.discard(key)
