@@ -52,6 +52,10 @@ class PreparedDevice:
     """The MIG device UUID (``MIG-...``) or, for a whole GPU, the GPU UUID."""
     cdi_id: str
     share_id: str | None = None
+    admin_access: bool = False
+    """Prepared for an ``adminAccess`` result: the device as it was found, owned by no one
+    (:mod:`node_agent.dra_prepare`, "adminAccess"); written to the file only when true, so a
+    checkpoint without admin devices stays readable by earlier agents."""
 
 
 @dataclass(slots=True)
@@ -123,7 +127,12 @@ class Checkpoint:
     def _save(self) -> None:
         if self.path is None:
             return
-        doc = {"version": VERSION, "claims": [asdict(c) for c in self._claims.values()]}
+        claims = [asdict(c) for c in self._claims.values()]
+        for c in claims:
+            for d in c["devices"]:
+                if not d["admin_access"]:
+                    del d["admin_access"]  # the field earlier agents know nothing of
+        doc = {"version": VERSION, "claims": claims}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.tmp")
         with open(tmp, "w") as f:

@@ -19,7 +19,8 @@ The checks, each a :class:`ClaimError` whose message names the claim and what to
 * a result of this driver is for another pool, or names an unknown device.
 
 A claim whose results are all of other drivers prepares nothing (``[]``): each driver prepares
-its own devices.
+its own devices.  A result's ``adminAccess`` flag is kept (:attr:`AllocatedDevice.admin_access`):
+such a result is no allocation, and the preparer gives it the device as it is.
 """
 
 from __future__ import annotations
@@ -62,9 +63,15 @@ class AllocatedDevice:
     """One allocation result of this driver: the request it serves and the device."""
 
     request: str
+    """The request as the result names it: ``gpu``, or ``gpu/small`` for a ``firstAvailable``
+    subrequest."""
     pool: str
     device: str
     share_id: str | None = None
+    admin_access: bool = False
+    """The result's ``adminAccess``: access to the device as it is, not an allocation
+    (kube-scheduler does not count it as allocated: :mod:`node_agent.dra_prepare`,
+    "adminAccess")."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +159,12 @@ def allocated_devices(
             )
         share = r.get("shareID")
         out.append(
-            AllocatedDevice(request, where, device, share if isinstance(share, str) else None)
+            AllocatedDevice(
+                request,
+                where,
+                device,
+                share if isinstance(share, str) else None,
+                admin_access=r.get("adminAccess") is True,
+            )
         )
     return out

@@ -101,6 +101,20 @@ ends, so all of them, not only the placement hit, are kept from new claims
   :meth:`DraPreparer.create_planned` makes no unhealthy placement.  The rest of an instance-
   marked GPU is served as usual.
 
+*adminAccess.*  A result with ``adminAccess`` (KEP-5018; only in namespaces labelled
+``resource.kubernetes.io/admin-access=true``) is not an allocation: kube-scheduler does not
+count it as allocated (shared/facts/dra.md), so it gives an admin claim a device another claim
+holds, and an ordinary claim a device an admin claim has.  Such a result gets the device *as it
+is*: the whole GPU's UUID whatever its MIG mode, or the MIG device of the instance that exists
+at the placement now (whoever owns it, or no one); its CDI device is written and its record
+kept (:attr:`~node_agent.dra_checkpoint.PreparedDevice.admin_access`), but it owns nothing
+(:meth:`DraPreparer._owners` and the recorded-conflict check skip it), so it never conflicts
+with the device's owner and an ordinary claim prepared after it creates or adopts the instance
+as usual.  Nothing is created, destroyed or switched for it: with no MIG device at the placement
+prepare answers that claim's error (the kubelet retries), and unprepare drops the record and
+the CDI spec only, waiting for no process.  The owner's unprepare may still destroy the
+instance under it.  An XID does not refuse it (nothing is made; diagnosing is its use).
+
 Processes: NVML's compute processes on the instance or GPU, less MPS servers (the same rule as
 the reconciler's, :func:`node_agent.reconciler.workload`).
 """
@@ -392,9 +406,11 @@ class DraPreparer:
 
     def _refuse_xid(self, ref: ClaimRef, devices: Sequence[AllocatedDevice]) -> None:
         """Raise :class:`ClaimError` naming the GPU and the XID if an XID mark makes one of
-        ``devices`` unhealthy: nothing is made there until the agent restarts."""
+        ``devices`` unhealthy: nothing is made there until the agent restarts.  An
+        ``adminAccess`` device is not refused: it makes nothing, and looking at a device an XID
+        hit is what admin access is for."""
         for a in devices:
-            m = self.xid_mark_of(a.device)
+            m = None if a.admin_access else self.xid_mark_of(a.device)
             if m is not None:
                 raise ClaimError(
                     f"{ref}: device {a.device} is unhealthy: NVML reported {xid_text(m.xid)} on "
@@ -403,11 +419,12 @@ class DraPreparer:
                 )
 
     def _owners(self, gpu: int) -> dict[str, tuple[ClaimRecord, PreparedDevice]]:
-        """UUID (MIG device or whole GPU) -> owning claim, for devices on ``gpu``."""
+        """UUID (MIG device or whole GPU) -> owning claim, for devices on ``gpu``.  A device
+        prepared for an ``adminAccess`` result owns nothing (module docstring, "adminAccess")."""
         out: dict[str, tuple[ClaimRecord, PreparedDevice]] = {}
         for rec in self.checkpoint:
             for d in rec.devices:
-                if d.gpu == gpu:
+                if d.gpu == gpu and not d.admin_access:
                     out[d.uuid] = (rec, d)
         return out
 
@@ -545,6 +562,26 @@ class DraPreparer:
         self._compute_on(g, gi_id)
         return self._uuid_of(g, gi_id), info.uuid
 
+    def _as_it_is(self, t: DeviceTarget) -> tuple[str, str]:
+        """The device of an ``adminAccess`` result as it is (module docstring, "adminAccess"):
+        ``(device UUID, GPU UUID)`` of the whole GPU, whatever its mode, or of the MIG device
+        at placement ``t``; nothing is created, destroyed or switched, and whoever holds the
+        device keeps it.  No such MIG device raises :class:`ClaimError`."""
+        g, p = t.gpu, t.profile
+        info = self._info(g)
+        if p is None:
+            return info.uuid, info.uuid
+        if info.mig_enabled:
+            for gi, mig_uuid in self._instances(g):
+                if gi.start == t.start and gi.profile_id == p.profile_id and mig_uuid:
+                    return mig_uuid, info.uuid
+        where = "MIG mode is off" if not info.mig_enabled else "no MIG device is there"
+        raise ClaimError(
+            f"adminAccess to placement {p.name} at {t.start} on GPU {g}: {where}, and admin "
+            "access is given to a device as it is, never creating one; the kubelet retries "
+            "(it succeeds once a claim's instance, or a planned one, is there)"
+        )
+
     def _recorded_conflict(self, uid: str, t: DeviceTarget) -> ClaimRecord | None:
         """Another claim's record whose devices on ``t``'s GPU the ResourceSlice counters
         (:func:`~node_agent.dra_slices.placement_counters`) refuse beside ``t``, else ``None``.
@@ -552,7 +589,8 @@ class DraPreparer:
         reboot a prepared claim's instances are gone until the kubelet prepares it again, and
         an allocation overlapping its placement (or taking the GPU's one ``+me``) would be
         made there and keep the claim from ever being prepared again
-        (tests/test_agent_dra_faults.py); the checkpoint still says the placement is taken."""
+        (tests/test_agent_dra_faults.py); the checkpoint still says the placement is taken.
+        Devices of ``adminAccess`` results are not counted: the scheduler does not either."""
         model = self.models[t.gpu]
         capacity = gpu_counters(model)
         used = dict(placement_counters(model, t.profile, t.start))
@@ -561,8 +599,8 @@ class DraPreparer:
                 continue
             for d in rec.devices:
                 o = self.targets.get(d.device)
-                if d.gpu != t.gpu or o is None:
-                    continue
+                if d.gpu != t.gpu or o is None or d.admin_access:
+                    continue  # (an adminAccess device holds no counters)
                 for k, v in placement_counters(model, o.profile, o.start).items():
                     used[k] = used.get(k, 0) + v
                 if any(v > capacity.get(k, 0) for k, v in used.items()):
@@ -630,7 +668,9 @@ class DraPreparer:
         (raises); without, the idle ones (a used one is kept and logged).  Idle instances of
         devices named in ``keep`` (planned placements) are left in place, owned by no one.  A
         GPU of ``devices`` that NVML cannot read raises :class:`GpuUnreadable` before anything
-        is destroyed."""
+        is destroyed.  Devices of ``adminAccess`` results are left out: never destroyed, never
+        waited for (module docstring, "adminAccess")."""
+        devices = [d for d in devices if not d.admin_access]
         self._check_readable(d.gpu for d in devices)
         found: list[tuple[int, GpuInstanceInfo, bool]] = []  # (GPU, instance, kept if idle)
         for d in devices:
@@ -704,11 +744,11 @@ class DraPreparer:
             if a.device not in self.targets:
                 raise ClaimError(f"{ref}: device {a.device} is not a device of this node")
         self._check_readable(self.targets[a.device].gpu for a in devices)
-        wanted = sorted((d.request, d.device) for d in devices)
+        wanted = sorted((d.request, d.device, d.admin_access) for d in devices)
         old = self.checkpoint.get(ref.uid)
         keep: list[PreparedDevice] = []
         if old is not None:
-            have = sorted((d.request, d.device) for d in old.devices)
+            have = sorted((d.request, d.device, d.admin_access) for d in old.devices)
             if old.state == "completed" and have == wanted:
                 missing = [d for d in old.devices if not self._exists(d)]
                 if not missing:  # prepared before any XID: its pod keeps it
@@ -733,6 +773,7 @@ class DraPreparer:
         todo = sorted(
             (a for a in devices if a.device not in kept),
             key=lambda a: (
+                a.admin_access,  # last: an admin device of the claim's own is there by then
                 self.targets[a.device].gpu,
                 -(p.memory_slices if (p := self.targets[a.device].profile) else 99),
                 a.device,
@@ -743,9 +784,12 @@ class DraPreparer:
             for a in todo:
                 t = self.targets[a.device]
                 try:
-                    uuid, gpu_uuid = (
-                        self._whole(t) if t.profile is None else self._placement(ref.uid, t)
-                    )
+                    if a.admin_access:
+                        uuid, gpu_uuid = self._as_it_is(t)
+                    elif t.profile is None:
+                        uuid, gpu_uuid = self._whole(t)
+                    else:
+                        uuid, gpu_uuid = self._placement(ref.uid, t)
                 except NvmlError as e:
                     raise ClaimError(f"GPU {t.gpu}: {e}") from None
                 made = PreparedDevice(
@@ -758,6 +802,7 @@ class DraPreparer:
                     uuid=uuid,
                     cdi_id=cdi_device_id(ref.uid, a.device, self.driver),
                     share_id=a.share_id,
+                    admin_access=a.admin_access,
                 )
                 created.append(made)
                 rec.devices.append(made)
@@ -789,7 +834,10 @@ class DraPreparer:
     def _write_cdi(self, rec: ClaimRecord) -> None:
         if self.cdi_dir is None:
             return
-        spec = cdi_spec(rec.uid, [(d.request, d.device, d.uuid) for d in rec.devices], self.driver)
+        once: dict[str, tuple[str, str, str]] = {}  # a device two results name: one CDI device
+        for d in rec.devices:
+            once.setdefault(d.device, (d.request, d.device, d.uuid))
+        spec = cdi_spec(rec.uid, list(once.values()), self.driver)
         write_spec(self.cdi_dir, rec.uid, spec, self.driver)
 
     def unprepare(self, uid: str) -> None:

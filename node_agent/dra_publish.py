@@ -8,8 +8,14 @@ the wanted slices:
 
 1. List the driver's slices of this node (field selectors ``spec.nodeName``, ``spec.driver``,
    checked again on the answers).
-2. If the stored slices are exactly the wanted ones at the stored generation, nothing is
-   written (a resync of an unchanged node costs one list).
+2. If the stored slices are the wanted ones at the stored generation, nothing is written (a
+   resync of an unchanged node costs one list).  "The same" is as the API server stores a
+   spec, not string for string: quantities (capacities, counters) are compared by value --
+   the server answers them in canonical form (``40960Mi`` as ``40Gi``,
+   :mod:`node_agent.quantity`; the slices are written in that form too) -- and fields it
+   omits when empty (``null``, ``[]``, ``{}``) count as absent on both sides.  Comparing the
+   strings rewrote every slice at a new generation each round on GPUs whose memory is a whole
+   number of GiB (A100, A30, H200, B200, GB200, GH200), the pool incomplete meanwhile.
 3. Else the pool's generation is bumped (one above the highest stored) and every wanted slice
    is written at it: created, or updated by a JSON merge patch that carries the stored
    ``resourceVersion`` (a concurrent writer gets ``409`` and the next round starts over); then
@@ -44,6 +50,7 @@ from typing import Any
 
 from node_agent.agent import MERGE_PATCH
 from node_agent.dra_slices import DRIVER, DraGpu, resource_slices
+from node_agent.quantity import quantity_value
 
 __all__ = ["GROUP", "PLURAL", "VERSION", "PublishError", "SlicePublisher"]
 
@@ -102,6 +109,37 @@ def _stamped(wanted: Sequence[dict[str, Any]], stored: Mapping[str, Mapping[str,
 def _at(spec: Mapping[str, Any], generation: int) -> dict[str, Any]:
     """``spec`` with its pool at ``generation``."""
     return {**spec, "pool": {**spec["pool"], "generation": generation}}
+
+
+_QUANTITY_MAPS = frozenset({"capacity", "counters"})
+"""The spec keys whose entries hold quantities (``capacity.<name>.value``, its request policy,
+``counters.<name>.value`` of shared and consumed counters)."""
+
+
+def _comparable(obj: Any, quantities: bool = False) -> Any:
+    """``obj`` (part of a slice spec) as compared for "unchanged" (module docstring): a
+    quantity under :data:`_QUANTITY_MAPS` by its value
+    (:func:`~node_agent.quantity.quantity_value`, so ``40Gi`` equals ``40960Mi``), and fields
+    the server omits when empty (``null``, ``[]``, ``{}``: ``omitempty``) left out on both
+    sides."""
+    if isinstance(obj, Mapping):
+        out = {}
+        for k, v in obj.items():
+            c = _comparable(v, quantities or k in _QUANTITY_MAPS)
+            if c is not None and c != [] and c != {}:
+                out[k] = c
+        return out
+    if isinstance(obj, list):
+        return [_comparable(v, quantities) for v in obj]
+    if quantities and isinstance(obj, str):
+        value = quantity_value(obj)
+        return obj if value is None else ("quantity", value)
+    return obj
+
+
+def _same(stored: Mapping[str, Any] | None, wanted: Mapping[str, Any]) -> bool:
+    """Is ``stored`` (a spec as the server answers it) the ``wanted`` spec (:func:`_comparable`)?"""
+    return _comparable(stored or {}) == _comparable(wanted)
 
 
 class SlicePublisher:
@@ -213,7 +251,7 @@ class SlicePublisher:
             generation
             and {s["metadata"]["name"] for s in wanted} == set(stored)
             and all(
-                stored[s["metadata"]["name"]].get("spec") == _at(s["spec"], generation)
+                _same(stored[s["metadata"]["name"]].get("spec"), _at(s["spec"], generation))
                 for s in wanted
             )
         ):

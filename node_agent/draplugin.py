@@ -16,10 +16,14 @@ The kubelet discovers plugins by watching its ``plugins_registry`` directory
   each claim, read the ResourceClaim from the API (:class:`ClaimReader`), take this driver's
   results (:func:`node_agent.dra_claims.allocated_devices`), prepare them
   (:class:`node_agent.dra_prepare.DraPreparer`, in a worker thread: NVML blocks) and answer
-  its devices with their CDI IDs; a claim that fails gets its ``error`` and the others are
-  still answered (every claim of the request gets an entry, as the kubelet requires) -- a
-  claim on a GPU NVML cannot read (``GPU_IS_LOST``) gets an error naming the GPU and the NVML
-  error, and the kubelet retries it
+  its devices with their CDI IDs, each with the requests it serves by their base names (a
+  result of a ``firstAvailable`` subrequest, ``gpu/small``, answers ``gpu``: the kubelet
+  matches a container's ``resources.claims[].request``, which names no subrequest, against
+  them exactly, as the Go helper's ``BaseRequestRef`` strips them; a device serving several
+  requests is answered once, with each name once); a claim that fails gets its ``error`` and
+  the others are still answered (every claim of the request gets an entry, as the kubelet
+  requires) -- a claim on a GPU NVML cannot read (``GPU_IS_LOST``) gets an error naming the
+  GPU and the NVML error, and the kubelet retries it
   (:class:`~node_agent.dra_prepare.GpuUnreadable`); a new claim on a device an XID made
   unhealthy gets an error naming the GPU and the XID (:mod:`node_agent.dra_prepare`, "An
   XID").
@@ -41,7 +45,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
@@ -49,6 +53,7 @@ import grpc.aio
 
 from node_agent.agent import now_rfc3339
 from node_agent.deviceplugin import socket_identity
+from node_agent.dra_checkpoint import PreparedDevice
 from node_agent.dra_claims import AllocatedDevice, ClaimError, ClaimRef, allocated_devices
 from node_agent.dra_failures import PrepareFailures
 from node_agent.dra_prepare import DraPreparer
@@ -262,15 +267,15 @@ class DraKubeletPlugin:
                 continue
             self.failures.succeeded(c.uid)
             self._count("prepares", "prepared")
-            for d in prepared:
+            for (device, cdi_id, share_id), names in _answered(prepared).items():
                 dev = entry.devices.add(
-                    request_names=[d.request],
+                    request_names=names,
                     pool_name=self.pool,
-                    device_name=d.device,
-                    cdi_device_ids=[d.cdi_id],
+                    device_name=device,
+                    cdi_device_ids=[cdi_id],
                 )
-                if d.share_id is not None:
-                    dev.share_id = d.share_id
+                if share_id is not None:
+                    dev.share_id = share_id
             log.info("prepared %s: %s", ref, ", ".join(d.device for d in prepared) or "nothing")
         if self.on_claims_changed is not None:
             self.on_claims_changed()
@@ -313,6 +318,23 @@ class DraKubeletPlugin:
         if self.metrics is not None:
             self.metrics.dra_prepare_failures.set(len(out))
         return out
+
+
+def base_request(name: str) -> str:
+    """The request a result serves as a container names it: ``gpu`` for ``gpu`` and for a
+    ``firstAvailable`` subrequest's ``gpu/small`` (the Go helper's ``BaseRequestRef``)."""
+    return name.split("/", 1)[0]
+
+
+def _answered(prepared: Sequence[PreparedDevice]) -> dict[tuple[str, str, str | None], list[str]]:
+    """The devices to answer, ``(device, CDI id, share id)`` in the order prepared, each with
+    the base names (:func:`base_request`) of the requests it serves, once each."""
+    out: dict[tuple[str, str, str | None], list[str]] = {}
+    for d in prepared:
+        names = out.setdefault((d.device, d.cdi_id, d.share_id), [])
+        if (base := base_request(d.request)) not in names:
+            names.append(base)
+    return out
 
 
 class _RegistrationServicer(reg_grpc.RegistrationServicer):  # type: ignore[misc]

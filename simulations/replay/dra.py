@@ -46,9 +46,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from node_agent.dra_slices import DraGpu, reported_layout, resource_slices
+from node_agent.quantity import quantity_value
 from planner.catalog import GpuModel, MigProfile
 from planner.snapshot import mig_resource
 from simulations.replay.fake_cluster import FakeCluster
+
+
+def _count(value: object) -> int:
+    """A counter's value as the agent writes it (a canonical quantity: ``8``, ``1k``)."""
+    exact = quantity_value(value)
+    if exact is None or exact != exact.to_integral_value():
+        raise ValueError(f"counter value {value!r} is not a whole quantity")
+    return int(exact)
 
 __all__ = ["DRA_SLICE_WIPE_S", "DraPools", "PublishedDevice"]
 
@@ -126,7 +135,7 @@ def _published(node: str, models: Mapping[int, GpuModel]) -> _Pool:
         for cs in spec.get("sharedCounters", ()):
             g = int(cs["name"].removeprefix("gpu"))
             for k, v in cs["counters"].items():
-                capacity[(g, k)] = int(v["value"])
+                capacity[(g, k)] = _count(v["value"])
         for d in spec.get("devices", ()):
             attrs = d["attributes"]
             g = int(attrs["index"]["int"])
@@ -134,7 +143,7 @@ def _published(node: str, models: Mapping[int, GpuModel]) -> _Pool:
             model = models[g]
             compute = model.profile(profile).compute if profile else model.compute_slices
             consumes = tuple(
-                (k, int(v["value"]))
+                (k, _count(v["value"]))
                 for c in d.get("consumesCounters", ())
                 for k, v in sorted(c["counters"].items())
             )
