@@ -143,6 +143,7 @@ def _run_time_replay_protocol(
     from simulations.replay.engine import AgentOutage, ReplayError, ReplaySettings
     from simulations.replay.metrics import summarize
     from simulations.reports.replay_protocol import builtin_scenario, run_replay_protocol
+    from simulations.reports.replay_report import replay_warnings
 
     if args.trace is None and args.cluster is None:
         workload, cluster = builtin_scenario()
@@ -170,6 +171,7 @@ def _run_time_replay_protocol(
         "(greedy: nos's 60 s / 10 s)",
         "apply_delay_s": settings.apply_delay_s,
         "summaries": [summarize(r).as_dict() for r in results],
+        "warnings": replay_warnings(results),
         "files": [str(Path(args.out) / name) for name in REPLAY_FILES] if args.out else [],
     }
 
@@ -272,6 +274,7 @@ def _render_time_replay(doc: Doc, wide: bool, width: int | None) -> list[str]:
         f"time replay: {doc['workload']} on {doc['cluster']}; window {doc['window']}, apply "
         f"delay {doc['apply_delay_s']:g} s",
         render_table(TIME_REPLAY_COLUMNS, doc["summaries"], wide=wide, width=width),
+        *(f"warning: {w}" for w in doc.get("warnings", ())),
     ]
 
 

@@ -60,7 +60,8 @@ the first pod and never plan.
 
 Recorded: pending time per pod (arrival to first binding, plus waits after a disruption),
 GPUs reconfigured, disruptions (a spec removing a device a pod holds: must stay 0), *theft*
-(a slice made or reserved for one pod bound by another), kubelet admission rejections (the
+(a slice made or reserved for one pod bound by another, leaving the node none to give it:
+``_Engine._account_theft``), kubelet admission rejections (the
 scheduler acted on a stale allocatable; the pod's controller creates it again and its wait goes
 on), scheduling attempts and refused API requests.  A pod the kubelet refuses is bound, then
 ``Failed`` with the kubelet's admission reason (``OutOf<resource>``, or
@@ -210,6 +211,7 @@ __all__ = [
     "cluster_kinds",
     "cluster_replay_pods",
     "default_mapping",
+    "no_preemption_warning",
     "parse_policy",
     "reference_model",
     "replay_pods",
@@ -445,6 +447,17 @@ def parse_policy(text: str) -> ReplayPolicy:
 
 
 # --------------------------------------------------------------------------- pods
+
+
+def no_preemption_warning(priorities: Sequence[int]) -> str:
+    """The warning a replay of pods of several ``priorities`` carries
+    (:attr:`ReplayResult.warnings`): its kube-scheduler has no DefaultPreemption."""
+    shown = ", ".join(str(p) for p in sorted(set(priorities)))
+    return (
+        f"pods have different priorities ({shown}): the replay's kube-scheduler does not "
+        "preempt, so a higher-priority pod waits for lower-priority pods to end where "
+        "production kube-scheduler would preempt them; pending times are wrong for every policy"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -828,6 +841,9 @@ class _Engine:
         self.result = ReplayResult(
             policy=policy.name, pods=[], start=min((p.arrival for p in pods), default=0.0)
         )
+        priorities = sorted({p.priority for p in pods})
+        if len(priorities) > 1:
+            self.result.warnings.append(no_preemption_warning(priorities))
         self.records: dict[str, PodRecord] = {}
         self.running: dict[str, int] = {}
         """pod -> token of its departure event."""
@@ -867,6 +883,9 @@ class _Engine:
         self.expected: dict[tuple[str, str], list[str]] = {}
         """(node, resource) -> pods a slice there was made or reserved for (theft accounting)."""
         self.expected_of: dict[str, list[tuple[str, str]]] = {}
+        self.robbed_of: dict[str, list[tuple[str, str]]] = {}
+        """Pod -> the slots (one per unit) whose expectation another pod's bind took from it
+        (:meth:`_account_theft`)."""
         self.theft = 0
         self.by_size: dict[str, str] = {}
         self.uniform = fake.uniform()
@@ -1246,26 +1265,82 @@ class _Engine:
         self.expected_of[key] = slots
 
     def _unexpect(self, key: str) -> None:
+        self.robbed_of.pop(key, None)
         for slot in self.expected_of.pop(key, ()):
             owners = self.expected.get(slot)
             if owners is not None and key in owners:
                 owners.remove(key)
 
     def _account_theft(self, key: str, node: str) -> None:
-        """A slice made or reserved for pod A bound by pod B counts as one theft."""
+        """Count the theft in pod ``key``'s bind on ``node``: *a slice made or reserved for
+        one pod bound by another*, where the other pod is left without one.
+
+        Devices of one resource on one node are interchangeable to the pods asking for it, so
+        theft is counted per (node, resource) *slot*, after the bind: *demand* is the units
+        expected there for the other pods (:meth:`_expect`: what a written spec was made for,
+        or what is reserved), *supply* the devices of the resource there that are still to be
+        had: free and advertised, plus those the node's spec in flight will create
+        (:meth:`_theft_supply`).  The bind takes ``excess`` units beyond what was expected
+        for ``key`` itself there (and beyond what was stolen from ``key`` there before); its
+        theft is how far supply now falls short of demand, at most ``excess``.  A pod binding a
+        pre-existing free device while the new one made for another pod still goes to that pod
+        steals nothing.
+
+        Which of the expecting pods goes without is only known later, so the shortfall's
+        expectations are dropped, oldest first, and those pods marked *robbed* of the slot
+        (:attr:`robbed_of`): a robbed pod binding there after all takes back what was stolen
+        from it (no new theft; the shortfall passes to the next expecting pod), and one that
+        binds elsewhere, is planned again or goes, leaves the theft counted once.  ``key``'s
+        own expectations and marks are dropped."""
         mine = self.expected_of.get(key, [])
+        robbed = self.robbed_of.get(key, [])
         info = self.index.pods[key]
         for resource, k in info.slices.items():
             slot = (node, resource)
-            own = sum(1 for s in mine if s == slot)
-            for _ in range(max(0, k - own)):
-                owners = [o for o in self.expected.get(slot, ()) if o != key]
-                if owners:
-                    self.theft += 1
-                    victim = owners[0]
-                    self.expected[slot].remove(victim)
-                    self.expected_of[victim].remove(slot)
+            own = min(k, mine.count(slot))
+            owed = min(k - own, robbed.count(slot))
+            excess = k - own - owed
+            owners = [o for o in self.expected.get(slot, ()) if o != key]
+            if own == k or not owners:
+                continue
+            short = len(owners) - self._theft_supply(node, resource)
+            if short <= 0:
+                continue
+            self.theft += min(excess, max(0, short - owed))
+            for victim in owners[: min(short, owed + excess)]:
+                self.expected[slot].remove(victim)
+                self.expected_of[victim].remove(slot)
+                self.robbed_of.setdefault(victim, []).append(slot)
         self._unexpect(key)
+
+    def _theft_supply(self, node: str, resource: str) -> int:
+        """Devices of ``resource`` on ``node`` still to be had by pods expecting them
+        (:meth:`_account_theft`): device plugin, the free advertised ones plus those the spec
+        in flight creates; DRA (planner-shaped), the placements of the node's spec (the one
+        its agent publishes next, else the published one) that no claim holds and that fit
+        beside the allocated devices and each other."""
+        if self.dra is None:
+            return self.fake.free_on(node, resource) + self.fake.to_create(node, resource)
+        pool = self.dra.pools[node]
+        pending = self.publishing.get(node)
+        if pending is None:
+            names = pool.spec
+        else:
+            names = {
+                d.name
+                for d in pool.devices
+                if d.profile is not None and (d.profile, d.start) in pending.get(d.gpu, ())
+            }
+        used = dict(pool.used)
+        supply = 0
+        for d in pool.devices:
+            if d.resource != resource or d.name not in names or d.name in pool.held:
+                continue
+            if all(used.get((d.gpu, c), 0) + v <= pool.capacity[(d.gpu, c)] for c, v in d.consumes):
+                for c, v in d.consumes:
+                    used[(d.gpu, c)] = used.get((d.gpu, c), 0) + v
+                supply += 1
+        return supply
 
     # ------------------------------------------------------------------ partitioner
 

@@ -435,6 +435,19 @@ class FakeCluster:
             if d.resource == resource and d.pod is None and not d.withdrawn
         ]
 
+    def to_create(self, node: str, resource: str) -> int:
+        """Devices of ``resource`` the node's spec in flight will create when applied (0 when
+        no spec is in flight); read-only."""
+        n = self._node(node)
+        if n.spec is None:
+            return 0
+        return sum(
+            1
+            for gi, pg in n.spec.layouts.items()
+            for d in self._match(n, n.gpus[gi], pg)[1]
+            if d.resource == resource
+        )
+
     def bind_devices(
         self, pod: str, node: str, picks: Sequence[tuple[int, Device]], cpu: int, memory: int
     ) -> Binding:

@@ -24,7 +24,9 @@ kube-scheduler (:class:`Scheduler`, default profile, facts/k8s-scheduling.md §1
     when a node's allocatable grows in a resource it requests and it fits that node's bare
     allocatable, when a bound pod is deleted, or after 5 minutes (flushed every 30 s); a re-try
     waits out its backoff (1 s doubling to 10 s per failed attempt).  Binding assumes the pod
-    on the node at once.
+    on the node at once.  There is no preemption (DefaultPreemption): a higher-priority pod
+    waits for lower-priority pods to end (a replay of several priorities carries a warning,
+    :func:`simulations.replay.engine.no_preemption_warning`).
 
 DRA mode (``Scheduler.dra``)
     A pod's slice requests stand for a ResourceClaim: the filter asks the DRA allocator

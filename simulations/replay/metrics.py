@@ -144,6 +144,9 @@ class ReplayResult:
     events: dict[str, int] = field(default_factory=dict)
     wall_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    """What makes this replay unlike production for every policy (e.g. pods of several
+    priorities, which the replay's kube-scheduler never preempts); reports print them."""
     theft: int = 0
     """Slices made or reserved for one pod that another pod bound."""
     admission_rejections: int = 0

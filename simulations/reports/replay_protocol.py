@@ -21,7 +21,7 @@ from simulations.inputs.workload import Workload
 from simulations.replay.engine import ReplayError, ReplaySettings, parse_policy, run_time_replay
 from simulations.replay.metrics import ReplayResult, summarize
 from simulations.replay.sweep import default_scenario
-from simulations.reports.replay_report import format_table, write_replay_report
+from simulations.reports.replay_report import format_table, replay_warnings, write_replay_report
 
 __all__ = ["DEFAULT_POLICIES", "builtin_scenario", "run_replay_protocol"]
 
@@ -60,6 +60,7 @@ def run_replay_protocol(
         f"(greedy: nos's 60 s / 10 s), apply delay {settings.apply_delay_s:g} s"
     )
     text = header + "\n" + format_table([summarize(r) for r in results])
+    text += "".join(f"\nwarning: {w}" for w in replay_warnings(results))
     if out is not None:
         md = write_replay_report(
             results,

@@ -41,6 +41,7 @@ __all__ = [
     "plot_allocation",
     "plot_pending_cdf",
     "plot_reconfigurations",
+    "replay_warnings",
     "report_folder",
     "write_replay_report",
 ]
@@ -230,12 +231,17 @@ def _write_replay_report(
         reconf_name: plot_reconfigurations(results, out / reconf_name),
         alloc_name: plot_allocation(results, out / alloc_name),
     }
-    doc = {"context": ctx, "summaries": [s.as_dict() for s in summaries]}
+    doc: dict[str, Any] = {"context": ctx, "summaries": [s.as_dict() for s in summaries]}
+    warnings = replay_warnings(results)
+    if warnings:
+        doc["warnings"] = warnings
     (out / json_name).write_text(json.dumps(doc, indent=2, default=str) + "\n")
     lines = [f"# {title}", ""]
     if ctx:
         lines += [f"- **{k}**: {v}" for k, v in ctx.items()]
         lines.append("")
+    if warnings:
+        lines += ["## Warnings", "", *(f"- **warning**: {w}" for w in warnings), ""]
     lines += [markdown_table(summaries), ""]
     lines += [
         "Pending times are nearest-rank percentiles over all GPU pods; a pod never scheduled "
@@ -257,6 +263,12 @@ def _write_replay_report(
     md = out / md_name
     md.write_text("\n".join(lines))
     return md
+
+
+def replay_warnings(results: Sequence[ReplayResult]) -> list[str]:
+    """The results' :attr:`~simulations.replay.metrics.ReplayResult.warnings`, each once (a
+    warning about the workload is the same for every policy), in order."""
+    return list(dict.fromkeys(w for r in results for w in r.warnings))
 
 
 TOP_TRANSITIONS = 6
