@@ -12,7 +12,7 @@ the wanted slices:
    resync of an unchanged node costs one list).  "The same" is as the API server stores a
    spec, not string for string: quantities (capacities, counters) are compared by value --
    the server answers them in canonical form (``40960Mi`` as ``40Gi``,
-   :mod:`node_agent.quantity`; the slices are written in that form too) -- and fields it
+   :mod:`contract.quantity`; the slices are written in that form too) -- and fields it
    omits when empty (``null``, ``[]``, ``{}``) count as absent on both sides.  Comparing the
    strings rewrote every slice at a new generation each round on GPUs whose memory is a whole
    number of GiB (A100, A30, H200, B200, GB200, GH200), the pool incomplete meanwhile.
@@ -48,9 +48,9 @@ import logging
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from contract.quantity import quantity_value
 from node_agent.agent import MERGE_PATCH
 from node_agent.dra_slices import DRIVER, DraGpu, resource_slices
-from node_agent.quantity import quantity_value
 
 __all__ = ["GROUP", "PLURAL", "VERSION", "PublishError", "SlicePublisher"]
 
@@ -119,7 +119,7 @@ _QUANTITY_MAPS = frozenset({"capacity", "counters"})
 def _comparable(obj: Any, quantities: bool = False) -> Any:
     """``obj`` (part of a slice spec) as compared for "unchanged" (module docstring): a
     quantity under :data:`_QUANTITY_MAPS` by its value
-    (:func:`~node_agent.quantity.quantity_value`, so ``40Gi`` equals ``40960Mi``), and fields
+    (:func:`~contract.quantity.quantity_value`, so ``40Gi`` equals ``40960Mi``), and fields
     the server omits when empty (``null``, ``[]``, ``{}``: ``omitempty``) left out on both
     sides."""
     if isinstance(obj, Mapping):

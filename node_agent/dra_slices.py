@@ -36,7 +36,7 @@ narrowing what one GPU publishes rewrites one slice and leaves the counters alon
 slice of the pool carries the pool's generation and slice count.  Device attributes (qualified by the driver name):
 ``type`` (``mig`` or ``gpu``), ``profile``, ``start``, ``index``, ``uuid`` (the parent GPU),
 ``model``; capacity ``memory``.  Quantities (capacities, counters) are written in the API
-server's canonical form (:mod:`node_agent.quantity`: ``40960Mi`` is ``40Gi``), as it stores
+server's canonical form (:mod:`contract.quantity`: ``40960Mi`` is ``40Gi``), as it stores
 and answers them.  :func:`device_classes` are the DeviceClasses that select MIG
 placements and whole GPUs of this driver.
 
@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from contract.dra_devices import dns_label, placement_device_name
-from node_agent.quantity import canonical_bytes, canonical_count
+from contract.quantity import canonical_bytes, canonical_count
 from planner.catalog import GpuModel, MigProfile
 
 __all__ = [
@@ -195,7 +195,7 @@ def reported_layout(
 
 def _quantity(value: int) -> dict[str, str]:
     """A counter value as the API server stores it
-    (:func:`~node_agent.quantity.canonical_count`: ``1000`` is ``1k``)."""
+    (:func:`~contract.quantity.canonical_count`: ``1000`` is ``1k``)."""
     return {"value": canonical_count(value)}
 
 
@@ -242,7 +242,7 @@ def _devices(
 
 def _quantity_mib(mib: int) -> dict[str, str]:
     """``mib`` MiB as the API server stores it: ``40960`` -> ``40Gi``, ``81559`` -> ``81559Mi``
-    (:func:`~node_agent.quantity.canonical_bytes`), so a slice reads back as it was sent."""
+    (:func:`~contract.quantity.canonical_bytes`), so a slice reads back as it was sent."""
     return {"value": canonical_bytes(mib * 1024 * 1024)}
 
 

@@ -964,7 +964,11 @@ class ClusterIndex:
         """Read again the other pods naming ``claims``: which pod carries a claim follows the
         pods naming it (appearing, going, binding, finishing)."""
         sharers = {p for c in claims for p in self._claim_pods.get(c, ())} - {key}
-        for pod in sorted(sharers):
+        self._reread_pods(sharers)
+
+    def _reread_pods(self, keys: Iterable[str]) -> None:
+        """Read the claim pods ``keys`` again as received (their claims or carriers changed)."""
+        for pod in sorted(keys):
             raw = self._claim_pod_raw.get(pod)
             old = self.pods.get(pod)
             if raw is not None and old is not None:
@@ -1062,13 +1066,7 @@ class ClusterIndex:
 
     def _reread(self, claim: str) -> None:
         self.version += 1
-        for pod in sorted(self._claim_pods.get(claim, ())):
-            raw = self._claim_pod_raw.get(pod)
-            old = self.pods.get(pod)
-            if raw is not None and old is not None:
-                info = _read_pod(raw, self.claims, self._carriers(old.claims))
-                info.rv = old.rv
-                self._store(pod, old, info)
+        self._reread_pods(self._claim_pods.get(claim, ()))
 
     def _drop_pod(self, key: str, bump: bool = True) -> None:
         old = self.pods.pop(key, None)

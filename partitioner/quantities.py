@@ -19,26 +19,11 @@ from collections.abc import Mapping
 from decimal import Decimal, DecimalException
 from typing import Any
 
+from contract.quantity import SUFFIX_FACTORS
+
 __all__ = ["QuantityError", "cpu_milli", "memory_mib", "parse_quantity", "pod_requests"]
 
-_SUFFIX = {
-    "Ki": Decimal(1024),
-    "Mi": Decimal(1024) ** 2,
-    "Gi": Decimal(1024) ** 3,
-    "Ti": Decimal(1024) ** 4,
-    "Pi": Decimal(1024) ** 5,
-    "Ei": Decimal(1024) ** 6,
-    "n": Decimal("1e-9"),
-    "u": Decimal("1e-6"),
-    "m": Decimal("1e-3"),
-    "": Decimal(1),
-    "k": Decimal("1e3"),
-    "M": Decimal("1e6"),
-    "G": Decimal("1e9"),
-    "T": Decimal("1e12"),
-    "P": Decimal("1e15"),
-    "E": Decimal("1e18"),
-}
+_SUFFIX = SUFFIX_FACTORS
 MAX_QUANTITY = Decimal(2**63 - 1)
 """The largest magnitude the API server stores (``int64``)."""
 _QUANTITY = re.compile(

@@ -5,7 +5,7 @@ Model: kube-apiserver parses every ``resource.Quantity`` and answers it canonica
 more takes the largest exact binary suffix (``40960Mi`` -> ``40Gi``), every other value is
 decimal SI with an exponent that is a multiple of 3 (``1000`` -> ``1k``, ``0`` -> ``0``); and it
 omits empty fields.  :class:`CanonicalApi` does that (written here from the Go rules, apart from
-the agent's :mod:`node_agent.quantity`).
+the agent's :mod:`contract.quantity`).
 
 Checked, over every MIG model of the catalog: after the first publication, later rounds of the
 same devices (all of them, or a narrowed and tainted set) write nothing and the pool keeps its

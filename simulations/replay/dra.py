@@ -45,8 +45,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from contract.quantity import quantity_value
 from node_agent.dra_slices import DraGpu, reported_layout, resource_slices
-from node_agent.quantity import quantity_value
 from planner.catalog import GpuModel, MigProfile
 from planner.snapshot import mig_resource
 from simulations.replay.fake_cluster import FakeCluster

@@ -27,11 +27,11 @@ from __future__ import annotations
 import re
 from decimal import Decimal
 
-__all__ = ["canonical_bytes", "canonical_count", "quantity_value"]
+__all__ = ["SUFFIX_FACTORS", "canonical_bytes", "canonical_count", "quantity_value"]
 
 _BINARY = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
 _DECIMAL = {0: "", 3: "k", 6: "M", 9: "G", 12: "T", 15: "P", 18: "E"}
-_FACTOR = {
+SUFFIX_FACTORS = {
     "Ki": Decimal(1024),
     "Mi": Decimal(1024) ** 2,
     "Gi": Decimal(1024) ** 3,
@@ -49,6 +49,7 @@ _FACTOR = {
     "P": Decimal("1e15"),
     "E": Decimal("1e18"),
 }
+"""What each quantity suffix multiplies by (the partitioner's request parser shares it)."""
 _QUANTITY = re.compile(
     r"(?P<num>[+-]?(?:\d+\.?\d*|\.\d+))(?:(?P<exp>[eE][+-]?\d+)|(?P<suffix>[KMGTPE]i|[numkMGTPE]))?"
 )
@@ -99,6 +100,6 @@ def quantity_value(text: object) -> Decimal | None:
         number = Decimal(m.group("num"))
         if m.group("exp"):
             return number.scaleb(int(m.group("exp")[1:]))
-        return number * _FACTOR[m.group("suffix") or ""]
+        return number * SUFFIX_FACTORS[m.group("suffix") or ""]
     except (ArithmeticError, ValueError):  # decimal's InvalidOperation, Overflow
         return None

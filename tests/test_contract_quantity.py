@@ -1,4 +1,4 @@
-"""node_agent.quantity: integers written as kube-apiserver stores them (apimachinery
+"""contract.quantity: integers written as kube-apiserver stores them (apimachinery
 ``Quantity.CanonicalizeBytes``), and quantity strings read to their exact value.
 
 The expected forms are apimachinery's: binary SI of an integer of magnitude 1024 or more takes
@@ -11,7 +11,7 @@ from decimal import Decimal
 
 import pytest
 
-from node_agent.quantity import canonical_bytes, canonical_count, quantity_value
+from contract.quantity import canonical_bytes, canonical_count, quantity_value
 
 MIB = 1024 * 1024
 
