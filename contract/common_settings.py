@@ -7,15 +7,23 @@ both and are parsed in one place; so are renamed variables (``RENAMED_ENV``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from contract.renamed_env import fill_from_renamed, renamed_in_use
 
-__all__ = ["CommonSettings", "split_commas"]
+__all__ = ["MAX_SETTING", "CommonSettings", "split_commas"]
+
+MAX_SETTING = 1e9
+"""The largest magnitude any numeric setting takes (seconds: some 31 years; counts, sizes):
+beyond it a value is a typo, and an infinite or vast one breaks what it feeds (CP-SAT's int64
+objective, the reservation times the partitioner must read back, int32 Lease durations).
+Fields with a tighter bound of their own (ports, the planner's seed and time limit, weights)
+keep it."""
 
 
 def split_commas(value: object) -> object:
@@ -50,6 +58,18 @@ class CommonSettings(BaseSettings):
     def renamed_env_notes(self) -> list[str]:
         """Deprecation sentences for old variable names still set, to log at start."""
         return renamed_in_use(self.RENAMED_ENV)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _bounded_number(cls, value: Any, info: ValidationInfo) -> Any:
+        """Every number is finite and at most :data:`MAX_SETTING` in magnitude."""
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return value
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"must be a finite number (at most {MAX_SETTING:g}), got {value}")
+        if abs(value) > MAX_SETTING:
+            raise ValueError(f"must be at most {MAX_SETTING:g} in magnitude")
+        return value
 
     @field_validator("catalog_files", mode="before")
     @classmethod

@@ -96,6 +96,11 @@ _MIG_PROFILE = re.compile(r"\d+g\.\d+gb([+.][a-z][a-z0-9.]*)?")
 """A MIG profile name as the driver spells it (``1g.10gb``, ``1g.10gb+me``, ``1g.10gb.me``)."""
 
 
+MAX_WEIGHT = 1_000_000
+"""The largest objective weight: the planner's levels multiply weights by counts of GPUs,
+instances and slots, which CP-SAT keeps in int64 (a weight of 2^63 failed every plan)."""
+
+
 class PartitionerSettings(CommonSettings):
     RENAMED_ENV: ClassVar[Mapping[str, str]] = {"GPUSLICE_RETRY_SECONDS": "batch_retry_seconds"}
     """Old environment variable -> the field now read (:mod:`contract.renamed_env`)."""
@@ -156,11 +161,21 @@ class PartitionerSettings(CommonSettings):
     planner_seed: int = Field(
         0, ge=0, le=MAX_SEED, description="CP-SAT random seed (a 32-bit integer)."
     )
-    weight_destroy: int = Field(4, ge=0, description="Churn cost per free instance destroyed.")
-    weight_create: int = Field(2, ge=0, description="Churn cost per instance created.")
-    weight_gpu_touched: int = Field(8, ge=0, description="Churn cost per GPU reconfigured.")
-    weight_free_gpu: int = Field(4, ge=0, description="Value of a GPU left entirely free.")
-    weight_free_block: int = Field(1, ge=0, description="Value per slot of the largest free block.")
+    weight_destroy: int = Field(
+        4, ge=0, le=MAX_WEIGHT, description="Churn cost per free instance destroyed."
+    )
+    weight_create: int = Field(
+        2, ge=0, le=MAX_WEIGHT, description="Churn cost per instance created."
+    )
+    weight_gpu_touched: int = Field(
+        8, ge=0, le=MAX_WEIGHT, description="Churn cost per GPU reconfigured."
+    )
+    weight_free_gpu: int = Field(
+        4, ge=0, le=MAX_WEIGHT, description="Value of a GPU left entirely free."
+    )
+    weight_free_block: int = Field(
+        1, ge=0, le=MAX_WEIGHT, description="Value per slot of the largest free block."
+    )
     free_capacity_cpu_milli: int | None = Field(
         None,
         ge=0,
