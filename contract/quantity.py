@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 from decimal import Decimal
 
-__all__ = ["SUFFIX_FACTORS", "canonical_bytes", "canonical_count", "quantity_value"]
+__all__ = ["SUFFIX_FACTORS", "ascii_count", "canonical_bytes", "canonical_count", "quantity_value"]
 
 _BINARY = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
 _DECIMAL = {0: "", 3: "k", 6: "M", 9: "G", 12: "T", 15: "P", 18: "E"}
@@ -103,3 +103,13 @@ def quantity_value(text: object) -> Decimal | None:
         return number * SUFFIX_FACTORS[m.group("suffix") or ""]
     except (ArithmeticError, ValueError):  # decimal's InvalidOperation, Overflow
         return None
+
+
+_ASCII_COUNT = re.compile(r"[0-9]{1,18}")
+
+
+def ascii_count(text: str) -> int | None:
+    """A count written as text (a label, an annotation, a plan id): ASCII digits only, at most
+    18 of them, else ``None`` (``str.isdigit`` also takes ``²``, which ``int`` refuses, and
+    ``int`` takes other scripts' digits and ``_``)."""
+    return int(text) if _ASCII_COUNT.fullmatch(text) else None

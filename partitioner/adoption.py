@@ -49,6 +49,7 @@ from functools import cache
 from typing import Any, Protocol
 
 from contract.nodepartitioning import DesiredGpu, DesiredMigInstance, NodePartitioning
+from contract.quantity import ascii_count
 from partitioner.node_labels import GpuLabels, LabelProblem
 from partitioner.quantities import QuantityError, parse_quantity, pod_requests
 from planner.catalog import CatalogError, GpuModel, MigProfile
@@ -78,9 +79,6 @@ NOS_STATUS_PREFIX = "nos.nebuly.com/status-gpu-"
 _NOS_STATUS = re.compile(
     r"^nos\.nebuly\.com/status-gpu-(?P<gpu>[0-9]{1,18})-(?P<profile>[^-]+)-(?P<state>free|used)$"
 )
-_NOS_COUNT = re.compile(r"[0-9]{1,18}")
-"""A count in nos's annotations: ASCII digits only (``str.isdigit`` also takes ``²``, which
-``int`` refuses), at most 18 of them."""
 _WHOLE_GPU = "nvidia.com/gpu"
 _SEARCH_STEPS = 20_000
 """Steps of the split search; a node needing more is read as 'split unknown' (locked)."""
@@ -257,7 +255,8 @@ def _nos_status(
             continue
         m = _NOS_STATUS.match(key)
         n = annotations[key]
-        if m is None or not _NOS_COUNT.fullmatch(n):
+        k = ascii_count(n)
+        if m is None or k is None:
             return LabelProblem(
                 "UnreadableNosStatus",
                 f"annotation {key}={n[:40]!r} is not nos's "
@@ -275,7 +274,6 @@ def _nos_status(
             profile = model.profile(m.group("profile"))
         except CatalogError as e:
             return LabelProblem("UnreadableNosStatus", f"annotation {key}: {e}")
-        k = int(n)
         if k > profile.max_count:
             return LabelProblem(
                 "UnreadableNosStatus",

@@ -118,6 +118,15 @@ class _Unreadable(ValueError):
     """A CEL expression the partitioner cannot read exactly (the message says why)."""
 
 
+def _string_end(text: str, at: int) -> int:
+    """Where the string literal opened by the quote at ``at`` closes (the closing quote's
+    index; ``len(text)`` when it never does), escapes skipped."""
+    end, quote = at + 1, text[at]
+    while end < len(text) and text[end] != quote:
+        end += 2 if text[end] == "\\" else 1
+    return min(end, len(text))
+
+
 def _scan(expr: str) -> list[tuple[int, int]]:
     """(position, parenthesis depth) of every top-level-of-its-group ``&&`` in ``expr``,
     outside string literals.  Raises :class:`_Unreadable` for ``||``, ``?:``, unbalanced
@@ -127,9 +136,7 @@ def _scan(expr: str) -> list[tuple[int, int]]:
     while i < n:
         ch = expr[i]
         if ch in "\"'":
-            end = i + 1
-            while end < n and expr[end] != ch:
-                end += 2 if expr[end] == "\\" else 1
+            end = _string_end(expr, i)
             if end >= n:
                 raise _Unreadable("it has an unterminated string literal")
             i = end + 1
@@ -177,9 +184,7 @@ def _encloses(text: str) -> bool:
     while at < n:
         ch = text[at]
         if ch in "\"'":  # a string literal: skipped whole (terminated: _scan read it)
-            at += 1
-            while at < n and text[at] != ch:
-                at += 2 if text[at] == "\\" else 1
+            at = _string_end(text, at)
         elif ch in "([":
             depth += 1
         elif ch in ")]":

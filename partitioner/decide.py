@@ -147,6 +147,7 @@ from contract.nodepartitioning import (
     NodePartitioningSpec,
     ReservationEntry,
 )
+from contract.quantity import ascii_count
 from partitioner.actions import (
     NODE_CONDITION,
     Action,
@@ -724,9 +725,9 @@ class _Step:
         of another form or far below it."""
         ids = [0]
         for info in self.index.partitionings.values():
-            pid = str(((info.raw.get("spec") or {}).get("planId")) or "")
-            if pid.isascii() and pid.isdigit() and len(pid) <= 18:
-                ids.append(int(pid))
+            pid = ascii_count(str(((info.raw.get("spec") or {}).get("planId")) or ""))
+            if pid is not None:
+                ids.append(pid)
         return max(ids)
 
     def next_id(self) -> str:

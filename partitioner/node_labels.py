@@ -62,6 +62,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from contract.quantity import ascii_count
 from planner.catalog import Catalog, CatalogError, GpuModel, MigProfile
 
 __all__ = [
@@ -145,15 +146,10 @@ class GpuLabels:
     """What was assumed, one sentence each (``gpuslice plan --snapshot`` prints them)."""
 
 
-_COUNT = re.compile(r"[0-9]{1,18}")
-"""A count in a label or annotation: ASCII digits only (``str.isdigit`` also takes ``²``, which
-``int`` refuses, and ``int`` takes other scripts' digits), at most 18 of them."""
-
-
 def _int(text: str | None) -> int | None:
-    """The count ``text`` holds (surrounding whitespace allowed), or ``None``."""
-    digits = (text or "").strip()
-    return int(digits) if _COUNT.fullmatch(digits) else None
+    """The count ``text`` holds (surrounding whitespace allowed, :func:`ascii_count`), or
+    ``None``."""
+    return ascii_count((text or "").strip())
 
 
 def _too_many(what: str, value: int, limit: int) -> LabelProblem:

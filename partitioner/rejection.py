@@ -23,7 +23,14 @@ from collections.abc import Mapping, Sequence
 
 from planner.catalog import CatalogError, GpuModel
 from planner.demand import one_mps_slice
-from planner.snapshot import Mode, Unplaced, canonical_mps_resource, mig_profile_of, mps_gb_of
+from planner.snapshot import (
+    Mode,
+    Unplaced,
+    canonical_mps_resource,
+    mig_profile_of,
+    mps_gb_of,
+    mps_near_miss,
+)
 
 __all__ = ["MIG_MODES", "has_profile", "reject_reason"]
 
@@ -51,11 +58,11 @@ def reject_reason(
     for resource in sorted(slices):
         profile, gb = mig_profile_of(resource), mps_gb_of(resource)
         canonical = canonical_mps_resource(resource)
-        if canonical is not None and canonical != resource and mps_gb_of(canonical) != 0:
+        if (near_mps := mps_near_miss(resource)) is not None:
             return (
                 f"unknown resource {resource}: gpuslice's nodes never advertise it ({_EXACT}, "
-                f"and sizes have no leading zeros); did you mean {canonical}? Ask for {canonical} in the "
-                f"pod's resources"
+                f"and sizes have no leading zeros); did you mean {near_mps}? Ask for {near_mps} "
+                f"in the pod's resources"
             )
         modes = MIG_MODES if profile is not None else (Mode.MPS, Mode.HYBRID)
         kind = "MIG" if profile is not None else "MPS"

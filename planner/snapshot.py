@@ -60,6 +60,7 @@ __all__ = [
     "mig_profile_of",
     "mig_resource",
     "mps_gb_of",
+    "mps_near_miss",
     "mps_resource",
 ]
 
@@ -101,6 +102,16 @@ def canonical_mps_resource(resource: str) -> str | None:
     ``nvidia.com/gpu-10gb`` (itself when canonical); ``None`` for other resources."""
     m = _MPS_NAME.fullmatch(resource)
     return mps_resource(int(m.group("gb"))) if m else None
+
+
+def mps_near_miss(resource: str) -> str | None:
+    """The canonical MPS name a non-canonical spelling means (``nvidia.com/gpu-010gb`` ->
+    ``nvidia.com/gpu-10gb``); ``None`` for a canonical name, a name that is no MPS slice name,
+    or a size of zero (``gpu-00gb``: refused as smaller than 1 GB, not as a misspelling)."""
+    canonical = canonical_mps_resource(resource)
+    if canonical is None or canonical == resource or mps_gb_of(canonical) == 0:
+        return None
+    return canonical
 
 
 def mps_resource(gb: int) -> str:

@@ -60,7 +60,7 @@ from typing import Any
 import yaml
 
 from planner.catalog import default_catalog
-from planner.snapshot import MIG_RESOURCE_PREFIX, canonical_mps_resource, mps_gb_of
+from planner.snapshot import MIG_RESOURCE_PREFIX, canonical_mps_resource, mps_near_miss
 from simulations.inputs.gpu_resources import (
     WHOLE,
     WHOLE_GPU,
@@ -305,9 +305,8 @@ def canonical_slice_name(resource: str) -> str | None:
     """The canonical slice name a near miss most likely means (``nvidia.com/gpu-010gb`` ->
     ``nvidia.com/gpu-10gb``, ``nvidia.com/mig-1G.10GB`` -> ``nvidia.com/mig-1g.10gb``);
     ``None`` for a canonical name, one that is no slice name, or one nothing is close to."""
-    mps = canonical_mps_resource(resource)
-    if mps is not None:
-        return mps if mps != resource and mps_gb_of(mps) != 0 else None
+    if canonical_mps_resource(resource) is not None:  # an MPS slice name
+        return mps_near_miss(resource)
     if resource.startswith(MIG_RESOURCE_PREFIX):
         near = default_catalog().near_miss(resource)
         return near.resource if near is not None else None

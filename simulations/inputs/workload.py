@@ -80,6 +80,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from contract.quantity import ascii_count
 from planner.snapshot import MIG_RESOURCE_PREFIX
 from simulations.inputs.documents import named_entry, read_document
 from simulations.inputs.gpu_resources import ACCEPTED, WHOLE, classify, from_ksm_label
@@ -380,9 +381,8 @@ def parse_gpu_requests(value: object, where: str) -> tuple[int, tuple[tuple[str,
                 f"{where}: requests: {resource!r} is not a GPU resource the simulator "
                 f"replays{_request_hint(str(resource))}; use {ACCEPTED}"
             )
-        # ASCII digits only: str.isdigit() also takes '²', which int() refuses
-        digits = isinstance(raw, str) and raw.isascii() and raw.isdigit() and len(raw) <= 18
-        count = int(raw) if digits else raw
+        digits = ascii_count(raw) if isinstance(raw, str) else None
+        count = raw if digits is None else digits
         if isinstance(count, bool) or not isinstance(count, int):
             raise WorkloadError(
                 f"{where}: requests: {resource} must be a whole number of devices, got {raw!r:.40}"
