@@ -39,13 +39,17 @@ device is what every release before this one published, and the driver's lingeri
 withdraws it within ``spec_poll_s`` of its claim's deallocation.
 
 Slices carry an owner reference to the Node when its UID is given, so they are
-garbage-collected with the Node.  Errors are one-line :class:`PublishError` naming the slice.
+garbage-collected with the Node.  With ``node_uid_reader`` the UID is read again before every
+round that writes: a Node deleted and registered again under its name (``kubectl delete node``,
+a replaced VM) has a new UID, and slices owned by the old one are deleted by the garbage
+collector as soon as they are written -- with the UID read once at start the pool was
+published, collected and published again forever.  Errors are one-line :class:`PublishError` naming the slice.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from contract.quantity import quantity_value
@@ -152,6 +156,7 @@ class SlicePublisher:
         gpus: Sequence[DraGpu],
         *,
         node_uid: str | None = None,
+        node_uid_reader: Callable[[], Awaitable[str | None]] | None = None,
         driver: str = DRIVER,
         request_timeout_s: float = 10.0,
     ) -> None:
@@ -159,6 +164,8 @@ class SlicePublisher:
         self.node = node
         self.gpus = list(gpus)
         self.node_uid = node_uid
+        self.node_uid_reader = node_uid_reader
+        """Reads the Node's current UID before a round that writes (module docstring)."""
         self.driver = driver
         self.request_timeout_s = request_timeout_s
         self.writes = 0
@@ -189,11 +196,17 @@ class SlicePublisher:
         publish: Collection[str] | None,
         tainted: Mapping[str, str] | None = None,
     ) -> list[dict[str, Any]]:
-        out = resource_slices(
-            self.node, self.gpus, generation, publish, tainted if self.taints else None
+        return self._owned(
+            resource_slices(
+                self.node, self.gpus, generation, publish, tainted if self.taints else None
+            )
         )
-        if self.node_uid:
-            for s in out:
+
+    def _owned(self, out: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``out`` with the Node as every slice's owner (when its UID is known)."""
+        for s in out:
+            s["metadata"].pop("ownerReferences", None)
+            if self.node_uid:
                 s["metadata"]["ownerReferences"] = [
                     {
                         "apiVersion": "v1",
@@ -256,6 +269,12 @@ class SlicePublisher:
             )
         ):
             return False  # the stored slices are these, at the stored generation
+        if self.node_uid_reader is not None:
+            try:
+                self.node_uid = await self.node_uid_reader()
+            except ApiException as e:
+                raise PublishError(f"reading Node {self.node}: {_why(e)}") from None
+            self._owned(wanted)
         for s in wanted:
             name = s["metadata"]["name"]
             try:

@@ -303,3 +303,39 @@ async def test_a_slice_deleted_during_a_round_is_created_again() -> None:
     names = [s["metadata"]["name"] for s in first]
     assert api.calls == [c for n in names for c in (("patch", n), ("create", n))]
     assert {s["spec"]["pool"]["generation"] for s in api.objects.values()} == {2}
+
+
+async def test_a_node_registered_again_owns_the_slices_written_after(
+    kmock: ApiServer, connect: Callable[[str], Any]
+) -> None:
+    """``kubectl delete node`` and the kubelet registering it again give the Node a new UID:
+    the garbage collector deletes slices owned by the old one, and the pool written again must
+    name the new owner (read before each writing round, never on a round that writes nothing),
+    or it is collected again, round after round."""
+    declare_dra(kmock)
+    uid = ["uid-first"]
+    reads: list[str] = []
+
+    async def reader() -> str | None:
+        reads.append(uid[0])
+        return uid[0]
+
+    pub = SlicePublisher(
+        connect(str(kmock.url)), "node-a", GPUS, node_uid="uid-first", node_uid_reader=reader
+    )
+    assert await pub.publish()
+    assert not await pub.publish()
+    assert reads == ["uid-first"]  # the unchanged round read nothing
+    uid[0] = "uid-second"
+    for name in slices(kmock, "node-a"):  # what the garbage collector does
+        kmock.objects[(kmock.resource(SLICE_RESOURCE), None, name)].delete()
+    assert await pub.publish()
+    owners = {s["metadata"]["ownerReferences"][0]["uid"] for s in slices(kmock, "node-a").values()}
+    assert owners == {"uid-second"}
+    # a GPU narrowed later is patched with the owner of that moment too
+    uid[0] = "uid-third"
+    three = H100.profile("3g.40gb")
+    assert await pub.publish({device_name(1, three, 0)})
+    owners = {s["metadata"]["ownerReferences"][0]["uid"] for s in slices(kmock, "node-a").values()}
+    assert owners == {"uid-third"}
+    assert reads == ["uid-first", "uid-second", "uid-third"]

@@ -531,9 +531,21 @@ async def _run_dra(settings: Any, catalog: Any, publish: str) -> int:
                 f"usable kubeconfig ({e}); run the DRA agent in its DaemonSet, or set KUBECONFIG"
             ) from None
     async with client.ApiClient(configuration) as api_client:
-        node = await client.CoreV1Api(api_client).read_node(settings.node_name)
+        core = client.CoreV1Api(api_client)
+        node = await core.read_node(settings.node_name)
         custom = client.CustomObjectsApi(api_client)
-        publisher = SlicePublisher(custom, settings.node_name, gpus, node_uid=node.metadata.uid)
+
+        async def node_uid() -> str | None:
+            uid: str | None = (await core.read_node(settings.node_name)).metadata.uid
+            return uid
+
+        publisher = SlicePublisher(
+            custom,
+            settings.node_name,
+            gpus,
+            node_uid=node.metadata.uid,
+            node_uid_reader=node_uid,
+        )
 
         plugin = DraKubeletPlugin(
             preparer,
