@@ -12,7 +12,12 @@ to the device plugin) -> write the status if it changed -> wait for a spec chang
 ``retry_seconds`` after a pass that did not settle and ``resync_seconds`` otherwise.  A pass that
 raises is logged and retried; the loop itself never dies of a bad pass.  Every pass, ok or not,
 is reported to the optional :class:`~node_agent.metrics.AgentMetrics` and
-:class:`~node_agent.health.AgentHealth` (a pass *fails* when it raises or reports errors).
+:class:`~node_agent.health.AgentHealth`: for liveness a pass *fails* only when it raises or
+cannot read NVML at all (a restart initialises NVML anew).  Errors a pass reports about one GPU
+or about the kubelet's PodResources go to the status and the metrics, not to liveness: a
+restart fixes neither (a process outside any pod, a kubelet that does not answer) and it ends
+the MPS daemons of every GPU of the node, so one GPU's trouble failing the probe turned into an
+outage of every MPS pod there, again after each restart.
 
 Without a NodePartitioning the reconciler *drains* the node (module
 :mod:`node_agent.reconciler`, "Drain"): the loop logs, at INFO and once per change, which
@@ -627,7 +632,7 @@ class Agent:
         if self.metrics is not None:
             self.metrics.observe_pass(generation, result, t1 - t0, t1)
         if self.health is not None:
-            self.health.record(not result.errors, "; ".join(result.errors))
+            self.health.record(not result.nvml_failed, "; ".join(result.errors))
         return result
 
     async def _pass(self) -> tuple[int, ReconcileResult]:

@@ -3,7 +3,9 @@
 Model
 -----
 :class:`AgentHealth` is told the outcome of every reconcile pass (:meth:`AgentHealth.record`:
-ok, or failed with a reason; a pass *fails* when it raises or reports errors).  With ``R`` =
+ok, or failed with a reason; the device-plugin agent fails a pass when it raises or cannot read
+NVML at all, not for errors about one GPU or PodResources, which a restart does not fix:
+:mod:`node_agent.agent`; the DRA driver when a publish round fails).  With ``R`` =
 ``resync_seconds`` and ``N`` = ``failure_resyncs``, the agent is **unhealthy** when
 
 * passes have been failing without interruption for longer than ``N * R`` seconds (one ok pass

@@ -133,6 +133,9 @@ class ReconcileResult:
     """The pass ran without a spec (no NodePartitioning): see "Drain" in the module docstring."""
     held: tuple[str, ...] = ()
     """While draining: the device ids pods hold, the only ones still advertised (sorted)."""
+    nvml_failed: bool = False
+    """NVML could not be read at all this pass (the only reported error that fails liveness:
+    :mod:`node_agent.agent`)."""
 
     @property
     def degraded(self) -> bool:
@@ -843,7 +846,15 @@ class Reconciler:
         if previous is not None:
             status = status.model_copy(update={"gpus": previous.gpus})
         return ReconcileResult(
-            status, {}, False, {}, errors, ops, fresh=False, draining=spec is None
+            status,
+            {},
+            False,
+            {},
+            errors,
+            ops,
+            fresh=False,
+            draining=spec is None,
+            nvml_failed=True,
         )
 
 

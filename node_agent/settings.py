@@ -4,8 +4,9 @@
 ``spec.nodeName``); the agent watches the NodePartitioning of that name.  Lists
 (``catalog_files``) are comma-separated in the environment.  One port serves ``/metrics`` and
 ``/healthz`` (default 8082, so it does not clash with the partitioner's 8080/8081); ``/healthz``
-turns unhealthy when reconcile passes have failed, or none has finished, for longer than
-``health_failure_resyncs`` x ``resync_seconds`` (:mod:`node_agent.health`).
+turns unhealthy when reconcile passes have failed (raised, or could not read NVML: errors about
+one GPU or PodResources do not count, :mod:`node_agent.agent`), or none has finished, for longer
+than ``health_failure_resyncs`` x ``resync_seconds`` (:mod:`node_agent.health`).
 ``mps_liveness_seconds`` (``GPUSLICE_MPS_LIVENESS_SECONDS``, default 5, 0: off) is how often the
 loop checks, between passes, that the MPS control daemons still run: a dead one wakes a pass at
 once instead of waiting up to ``resync_seconds`` (:mod:`node_agent.agent`).

@@ -17,7 +17,7 @@ from node_agent.agent import Agent, InMemorySpecSource
 from node_agent.health import AgentHealth, MonitoringServer
 from node_agent.metrics import AgentMetrics, MeteredNvml
 from node_agent.mps import FakeSupervisor
-from node_agent.nvml import NvmlError, NvmlErrorCode
+from node_agent.nvml import ComputeMode, NvmlError, NvmlErrorCode
 from node_agent.nvml_fake import FakeNvml
 from node_agent.reconciler import Reconciler
 from planner.catalog import default_catalog
@@ -149,8 +149,7 @@ async def test_agent_passes_feed_metrics_and_health() -> None:
     assert sample(metrics, "gpuslice_agent_reconcile_failures_total") == 1
     assert sample(metrics, "gpuslice_agent_spec_applied") == 0
     assert sample(metrics, "gpuslice_agent_apply_latency_seconds_count") == 0
-    clock.now += 1.5
-    assert not health.check()[0]
+    # (an error about one GPU goes to the status and metrics, not to liveness: next test)
 
     res = await agent.run_once()
     assert res.applied and health.check()[0]
@@ -173,6 +172,54 @@ async def test_agent_passes_feed_metrics_and_health() -> None:
     gone = {"resource": "nvidia.com/mig-1g.10gb", "health": "Healthy"}
     assert metrics.registry.get_sample_value(devices, gone) is None
     assert sample(metrics, devices, resource="nvidia.com/mig-7g.80gb", health="Healthy") == 1
+
+
+class FailingPods:
+    def __init__(self) -> None:
+        self.down = False
+
+    async def in_use_device_ids(self) -> set[str]:
+        if self.down:
+            raise ConnectionError("PodResources List: the kubelet does not answer")
+        return set()
+
+
+async def test_liveness_fails_for_nvml_not_for_one_gpu_or_podresources() -> None:
+    """A restart ends the MPS daemons of every GPU of the node: a pass's errors about one GPU
+    (its MPS daemon cannot start beside a process outside any pod) or about PodResources
+    (the kubelet does not answer) must not fail liveness however long they last -- the
+    restart fixes neither and takes every MPS pod of the node down with it -- while NVML that
+    cannot be read at all does (a restart initialises it anew)."""
+    nv = FakeNvml([CAT.model("A100-SXM4-80GB")] * 2)
+    clock = ManualClock(1000.0)
+    health = AgentHealth(resync_seconds=30, failure_resyncs=3, clock=clock)
+    supervisor = FakeSupervisor(nvml=nv)
+    pods = FailingPods()
+    reconciler = Reconciler(nv, pods, supervisor, CAT)
+    mps = {"memoryMiB": 10240, "activeThreadPercentage": 50}
+    spec = NodePartitioningSpec.model_validate(
+        {"mode": "mps", "gpus": [{"index": 0, "mps": [mps]}, {"index": 1, "mps": [mps]}]}
+    )
+    agent = Agent(reconciler, InMemorySpecSource("n1", spec), health=health)
+    assert (await agent.run_once()).applied
+    supervisor.kill("gpu1")
+    nv.set_compute_mode(1, ComputeMode.DEFAULT)
+    nv.start_process(1, name="host-app")  # outside any pod: GPU 1's daemon cannot start
+    pods.down = True
+    for _ in range(5):
+        clock.now += 30
+        res = await agent.run_once()
+        assert res.errors and not res.nvml_failed
+    assert any("PodResources" in e for e in res.errors)
+    assert health.check() == (True, "ok")
+    assert "gpu0" in supervisor.daemons  # GPU 0's MPS pods keep their server
+    nv.inject("gpus", NvmlErrorCode.UNKNOWN, times=None)
+    for _ in range(5):
+        clock.now += 30
+        res = await agent.run_once()
+        assert res.nvml_failed
+    ok, reason = health.check()
+    assert not ok and "reading GPUs" in reason
 
 
 async def test_a_pass_that_raises_counts_as_a_failure() -> None:
