@@ -43,7 +43,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from functools import cache
 from typing import Any, Protocol
@@ -106,8 +106,18 @@ def agent_reported(np: NodePartitioning | None) -> bool:
     return np is not None and np.status is not None and bool(np.status.gpus)
 
 
-def gpus_from_status(np: NodePartitioning | None, count: int) -> tuple[GpuState, ...]:
+def gpus_from_status(
+    np: NodePartitioning | None, count: int, mode: Mode | None = None
+) -> tuple[GpuState, ...]:
     """GPUs ``0..count-1`` as the agent reported them (a GPU it did not list is empty).
+
+    Devices of the other mode (:func:`foreign_mode`, with the node's ``mode``): MIG instances on
+    an MPS node, whole-GPU MPS slices on a MIG or hybrid node, left from before the node was
+    relabelled.  Free ones are left out (the GPU is planned as empty; a spec entry for it makes
+    the agent remove them); with one in use the GPU is locked and kept out of plans and specs
+    (:meth:`partitioner.ledger.NodeLedger.gpu_states`, ``_desired_now`` in
+    :mod:`partitioner.decide`) until its pod leaves.  Before, an MPS plan took a MIG instance
+    for a 0 MiB slice, and building its spec raised in every decision step of the cluster.
 
     What the agent reports ``unhealthy`` (advertised Unhealthy: an XID error, a GPU NVML cannot
     read) counts as used, so no plan destroys or moves it, and a GPU unhealthy as a whole is
@@ -157,7 +167,25 @@ def gpus_from_status(np: NodePartitioning | None, count: int) -> tuple[GpuState,
                 locked=sick,
             )
         )
+        if mode is not None and foreign_mode(gpus[-1], mode):
+            gpus[-1] = _without_foreign(gpus[-1], mode)
     return tuple(gpus)
+
+
+def foreign_mode(gpu: GpuState, mode: Mode) -> bool:
+    """Does ``gpu`` hold devices of another mode than its node's ``mode`` (MIG instances on an
+    MPS node, whole-GPU MPS slices on a MIG or hybrid node)?"""
+    return bool(gpu.mig) if mode is Mode.MPS else bool(gpu.mps)
+
+
+def _without_foreign(gpu: GpuState, mode: Mode) -> GpuState:
+    """``gpu`` without its free devices of the other mode, or locked as it is with one in use
+    (:func:`gpus_from_status`)."""
+    if mode is Mode.MPS:
+        used = any(m.used or any(s.used for s in m.mps) for m in gpu.mig)
+        return replace(gpu, locked=True) if used else replace(gpu, mig=())
+    used = any(s.used for s in gpu.mps)
+    return replace(gpu, locked=True) if used else replace(gpu, mps=())
 
 
 def desired_without_status(state: NodeState, index: int) -> DesiredGpu | None:
@@ -457,7 +485,7 @@ def adopt_all(
     for name in sorted(gpu_nodes):
         g, np = gpu_nodes[name], partitionings.get(name)
         if g.labels is None:  # built without labels (tests): the report or empty GPUs
-            out[name] = Adopted(g.gpu_count, gpus_from_status(np, g.gpu_count), "agent")
+            out[name] = Adopted(g.gpu_count, gpus_from_status(np, g.gpu_count, g.mode), "agent")
             continue
         out[name] = adopt(nodes[name], g.mode, g.labels, np, bound.get(name, ()), max_gpus)
     return out
@@ -486,7 +514,7 @@ def adopt(
                     f"server holds (max_gpus_per_node {max_gpus})",
                 )
         said = (f"GPU count {count} from {source}", "instances and their use: the agent's report")
-        return Adopted(count, gpus_from_status(np, count), "agent", said)
+        return Adopted(count, gpus_from_status(np, count, mode), "agent", said)
     if labels.gpu_count is None:
         return LabelProblem(
             "GpuCountUnknown",

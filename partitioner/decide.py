@@ -161,6 +161,7 @@ from partitioner.actions import (
     WriteReservations,
     WriteSpec,
 )
+from partitioner.adoption import gpus_from_status
 from partitioner.batching import BatchPolicy, BatchWindow, due, next_deadline, observe, planned
 from partitioner.claims import failed_claims
 from partitioner.drain import choose_drain, drain_budget
@@ -524,11 +525,19 @@ def _rv_patch(pod: PodInfo, annotations: Mapping[str, str | None]) -> dict[str, 
     return {"metadata": meta}
 
 
-def _desired_now(np: NodePartitioning | None, index: int) -> DesiredGpu:
-    """The layout a GPU the plan does not change keeps: what the agent reports, else the spec."""
+def _desired_now(np: NodePartitioning | None, index: int, mode: Mode) -> DesiredGpu | None:
+    """The layout a GPU the plan does not change keeps: what the agent reports, else the spec.
+    Devices of the other mode than the node's (left from before it was relabelled,
+    :func:`~partitioner.adoption.gpus_from_status`) are not asked for: free, they are left out
+    (the agent removes them); with one in use the GPU is left out of the spec (``None``: the
+    agent leaves it be until its pod leaves)."""
     if np is not None and np.status is not None:
         for g in np.status.gpus:
             if g.index == index:
+                if g.mig if mode is Mode.MPS else g.mps:
+                    if gpus_from_status(np, index + 1, mode)[index].locked:
+                        return None
+                    g = g.model_copy(update={"mig": []} if mode is Mode.MPS else {"mps": []})
                 return DesiredGpu(
                     index=index,
                     mig=[
@@ -2277,7 +2286,7 @@ class _Step:
                 if (
                     g := _desired_planned(plan.layouts[(node, i)])
                     if (node, i) in plan.layouts
-                    else _desired_now(np, i)
+                    else _desired_now(np, i, ledger.gpu.mode)
                     if ledger.reported
                     else _desired_adopted(ledger, i)
                 )
@@ -2291,7 +2300,11 @@ class _Step:
                 # again would otherwise promise its pods slices that are not there ("slice
                 # free on the node"), dropped at the next step, again every batch.  Write it
                 # again (a new plan id: the agent retries, the pods wait for it as planned).
-                old = _layout_key(_desired_now(np, i) for i in range(ledger.gpu.gpu_count))
+                old = _layout_key(
+                    d
+                    for i in range(ledger.gpu.gpu_count)
+                    if (d := _desired_now(np, i, ledger.gpu.mode)) is not None
+                )
             if old == new:
                 continue
             reconfigured += sum(1 for i in set(old) | set(new) if old.get(i) != new.get(i))

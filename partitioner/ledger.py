@@ -63,7 +63,7 @@ from dataclasses import dataclass, field, replace
 
 from contract.dra_devices import placement_device_name
 from contract.nodepartitioning import NodePartitioning
-from partitioner.adoption import Adopted, adopt, agent_reported, gpus_from_status
+from partitioner.adoption import Adopted, adopt, agent_reported, foreign_mode, gpus_from_status
 from partitioner.index import ClusterIndex, NodeInfo, PodInfo
 from partitioner.node_labels import LabelProblem
 from partitioner.reservations import Reservation, State
@@ -621,8 +621,20 @@ class NodeLedger:
                 return hit
         out: list[GpuState] = []
         mps = self.gpu.mode is Mode.MPS
+        foreign = (
+            {
+                g.index
+                for g in self.reading.adopted.gpus
+                if g.locked and foreign_mode(g, self.gpu.mode)
+            }
+            if self.reading is not None
+            else set()
+        )
         for g in self.gpus:
-            if g.frozen:
+            if g.frozen or g.index in foreign:
+                # frozen: drained; foreign: a pod holds a device of the other mode there (left
+                # from before the node was relabelled, :func:`gpus_from_status`): no plan
+                # touches the GPU, and its spec entry is left out, so the agent leaves it be
                 continue
             if mps and g.locked:
                 # Unhealthy as a whole (:func:`gpus_from_status`: an MPS GPU is locked for
@@ -897,7 +909,7 @@ def read_gpus(index: ClusterIndex, info: NodeInfo) -> _Reading | NodeProblem:
     labels = gpu.labels
     if labels is None:
         adopted: Adopted | LabelProblem = Adopted(
-            gpu.gpu_count, gpus_from_status(np, gpu.gpu_count), "agent"
+            gpu.gpu_count, gpus_from_status(np, gpu.gpu_count, gpu.mode), "agent"
         )
     else:
         pods = [] if reported else [_pseudo_pod(p) for p in index.bound_pods(info.name)]

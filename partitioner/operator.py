@@ -638,15 +638,15 @@ def build_registry(controller: Controller) -> kopf.OperatorRegistry:
         return info
 
     @kopf.on.event("v1", "nodes", id="watch-nodes", registry=registry)
-    def _node(event: Mapping[str, Any], **_: Any) -> None:
+    async def _node(event: Mapping[str, Any], **_: Any) -> None:
         controller.observe("nodes", event)
 
     @kopf.on.event("v1", "pods", id="watch-pods", registry=registry)
-    def _pod(event: Mapping[str, Any], **_: Any) -> None:
+    async def _pod(event: Mapping[str, Any], **_: Any) -> None:
         controller.observe("pods", event)
 
     @kopf.on.event(GROUP, VERSION, PLURAL, id="watch-partitionings", registry=registry)
-    def _partitioning(event: Mapping[str, Any], **_: Any) -> None:
+    async def _partitioning(event: Mapping[str, Any], **_: Any) -> None:
         controller.observe("partitionings", event)
 
     if controller.settings.dra_enabled:  # DRA nodes' demand: partitioner/claims.py
@@ -654,7 +654,7 @@ def build_registry(controller: Controller) -> kopf.OperatorRegistry:
         @kopf.on.event(
             "resource.k8s.io", "v1", "resourceclaims", id="watch-claims", registry=registry
         )
-        def _claim(event: Mapping[str, Any], **_: Any) -> None:
+        async def _claim(event: Mapping[str, Any], **_: Any) -> None:
             controller.observe("claims", event)
 
     if controller.settings.webhook_enabled and not controller.settings.reservation:

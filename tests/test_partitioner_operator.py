@@ -519,3 +519,34 @@ async def test_a_pod_deleted_while_kopfs_watch_was_gone_is_dropped_at_its_next_l
         await eventually(lambda: controller.index.usage("n1").slices == {one_g: 1}, within=10)
         assert sorted(controller.index.pods) == ["default/stays"]
         assert len([c for c in kmock.lists if c.path == "/api/v1/pods"]) == 4  # kopf's, ours
+
+
+@pytest.mark.looptime
+async def test_watch_events_are_folded_on_the_event_loop_thread(kmock: ApiServer) -> None:
+    """The index has one writer: the event loop (a step reads it in a worker thread and the
+    events meanwhile are buffered, then folded in). kopf runs a plain ``def`` handler in its
+    thread pool, where a check-then-append on the buffer could race the loop's swap of it (an
+    event lost, a gated pod never seen again) and per-node counts drift; the handlers are
+    coroutines, so every event is folded on the loop."""
+    import threading
+
+    declare(kmock)
+    await create(
+        kmock, "/api/v1/nodes", node("n1", {"nos.nebuly.com/gpu-partitioning": "mig", **A100})
+    )
+    threads: set[int] = set()
+    original = Controller.observe
+
+    def observe(self: Controller, kind: str, event: Any) -> None:
+        threads.add(threading.get_ident())
+        original(self, kind, event)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Controller, "observe", observe)
+        async with operator(kmock):
+            await create(
+                kmock, "/api/v1/namespaces/default/pods", pod("p1", "nvidia.com/mig-1g.10gb")
+            )
+            await eventually(lambda: len(threads) > 0, within=5)
+            await asyncio.sleep(2)
+    assert threads == {threading.get_ident()}
