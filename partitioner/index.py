@@ -827,7 +827,16 @@ class ClusterIndex:
     # ------------------------------------------------------------------ events
 
     def apply(self, kind: str, event_type: str | None, obj: Obj) -> None:
-        """Fold one watch event (``kind``: nodes, pods or partitionings) in."""
+        """Fold one watch event (``kind``: nodes, pods or partitionings) in.
+
+        A ``DELETED`` event of an object the index no longer holds under its name -- the name
+        is held by a newer object (another uid: a StatefulSet pod recreated, a node registered
+        again; for a claim, one at a later resourceVersion) -- changes nothing: kopf watches
+        each object on its own, so the old one's deletion can come after its successor's
+        addition, and dropping by name lost a gated pod for good or deleted a live node's
+        NodePartitioning."""
+        if event_type == "DELETED" and self._replaced(kind, obj):
+            return
         if event_type == "DELETED" and self.deletions is not None:
             self.deletions[(kind, _key_of(kind, obj))] = _rv(obj)
         if kind == "pods":
@@ -856,6 +865,24 @@ class ClusterIndex:
                 self.upsert_claim(obj)
         else:
             raise ValueError(f"unknown kind {kind!r}; expected one of {', '.join(KINDS)}")
+
+    def _replaced(self, kind: str, obj: Obj) -> bool:
+        """Is the object of this ``DELETED`` event not the one held under its name (:meth:`apply`)?"""
+        meta = obj.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        held: str = ""
+        if kind == "pods":
+            pod = self.pods.get(pod_key(obj))
+            held = pod.uid if pod is not None else ""
+        elif kind == "nodes":
+            node = self.nodes.get(str(meta.get("name", "")))
+            held = node.uid if node is not None else ""
+        elif kind == "partitionings":
+            np = self.partitionings.get(str(meta.get("name", "")))
+            held = str(((np.raw.get("metadata") or {}).get("uid")) or "") if np is not None else ""
+        elif kind == "claims":
+            return _later(self._claim_rv.get(claim_key_of(obj)), _rv(obj))
+        return bool(uid and held and uid != held)
 
     def relist(self, kind: str, objs: Iterable[Obj], version: str | None = None) -> list[str]:
         """Reconcile ``kind`` with a complete listing; returns the keys removed.

@@ -628,9 +628,7 @@ def test_agent_cannot_write_spec_and_partitioner_writes_status_by_patch_only() -
     usage = declared_usage()
     writes = {"create", "update", "patch", "delete", "deletecollection"}
     assert not {p for p in usage["agent"] if p[1] == "nodepartitionings" and p[2] in writes}
-    assert {p[2] for p in usage["partitioner"] if p[1] == "nodepartitionings/status"} == {
-        "patch"
-    }
+    assert {p[2] for p in usage["partitioner"] if p[1] == "nodepartitionings/status"} == {"patch"}
     assert not {p for p in usage["agent"] if p[1] in {"pods", "secrets", "configmaps"}}
 
 
@@ -1127,7 +1125,11 @@ def admission_request(
     extra = {NODE_CLAIM: [node]} if node is not None else {}
     return {
         "userInfo": {"username": user, "extra": extra},
-        "resource": {"group": "gpuslice.io", "version": "v1alpha1", "resource": "nodepartitionings"},
+        "resource": {
+            "group": "gpuslice.io",
+            "version": "v1alpha1",
+            "resource": "nodepartitionings",
+        },
         "name": name,
         "subResource": sub,
         "operation": "UPDATE",
@@ -1414,9 +1416,7 @@ def test_cert_manager_with_an_existing_issuer(chart: helm.Chart) -> None:
     assert (cert["spec"]["duration"], cert["spec"]["renewBefore"]) == ("2160h", "720h")
 
 
-HOOK_KINDS = [
-    "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Job"
-]
+HOOK_KINDS = ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Job"]
 
 
 @pytest.mark.parametrize("variant", ["defaults", "webhook-disabled", "reservations-off"])

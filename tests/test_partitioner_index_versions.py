@@ -73,3 +73,41 @@ def test_a_pod_status_detail_is_not_a_change_but_the_patch_takes_the_new_version
     bound["spec"]["nodeName"] = "n1"
     index.upsert_pod(bound)
     assert index.version == version + 2 and index.pods["ns/a"].node == "n1"
+
+
+def _with_uid(obj: dict[str, Any], uid: str, rv: str) -> dict[str, Any]:
+    out = _with_rv(obj, rv)
+    out["metadata"]["uid"] = uid
+    return out
+
+
+def test_a_late_deletion_of_a_replaced_object_keeps_its_successor() -> None:
+    """kopf watches each object on its own, so the DELETED event of a pod or node that was
+    replaced under the same name (a StatefulSet pod recreated, a node registered again, a
+    NodePartitioning or claim recreated) can be folded in after its successor's ADDED: the
+    successor stays (it was dropped by name: a gated pod lost for good, a live node's
+    NodePartitioning deleted), and the deletion of the object held still drops it."""
+    index = ClusterIndex(default_catalog())
+    index.apply("nodes", None, _with_uid(node("n1", MIG), "node-old", "10"))
+    index.apply("pods", None, _with_uid(pod("web-0", ONE_G), "pod-old", "20"))
+    np_raw = {
+        "apiVersion": "gpuslice.io/v1alpha1",
+        "kind": "NodePartitioning",
+        "metadata": {"name": "n1", "uid": "np-old", "resourceVersion": "21", "generation": 1},
+        "spec": {"mode": "mig"},
+    }
+    index.apply("partitionings", None, np_raw)
+    index.apply("pods", "ADDED", _with_uid(pod("web-0", ONE_G), "pod-new", "31"))
+    index.apply("nodes", "ADDED", _with_uid(node("n1", MIG), "node-new", "33"))
+    index.apply("partitionings", "ADDED", _with_uid(np_raw, "np-new", "34"))
+    index.apply("pods", "DELETED", _with_uid(pod("web-0", ONE_G), "pod-old", "30"))
+    index.apply("nodes", "DELETED", _with_uid(node("n1", MIG), "node-old", "32"))
+    index.apply("partitionings", "DELETED", _with_uid(np_raw, "np-old", "35"))
+    assert {k: p.uid for k, p in index.pods.items()} == {"ns/web-0": "pod-new"}
+    assert {k: n.uid for k, n in index.nodes.items()} == {"n1": "node-new"}
+    assert set(index.partitionings) == {"n1"}
+    # the held objects' own deletions still drop them
+    index.apply("pods", "DELETED", _with_uid(pod("web-0", ONE_G), "pod-new", "40"))
+    index.apply("nodes", "DELETED", _with_uid(node("n1", MIG), "node-new", "41"))
+    index.apply("partitionings", "DELETED", _with_uid(np_raw, "np-new", "42"))
+    assert index.pods == {} and index.nodes == {} and index.partitionings == {}
