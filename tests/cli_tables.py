@@ -15,7 +15,9 @@ __all__ = ["table"]
 def table(text: str, first_header: str) -> list[dict[str, str]]:
     """The rows of the table in ``text`` whose header line starts with ``first_header``."""
     lines = text.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.startswith(first_header)), None)
+    start = next(
+        (i for i, line in enumerate(lines) if line.startswith(first_header)), None
+    )
     assert start is not None, f"no table headed {first_header!r} in:\n{text}"
     header = re.split(r" {2,}", lines[start].strip())
     rows = []

@@ -611,7 +611,7 @@ class ApiServer(kmock.KubernetesEmulator):
                     status=409,
                     reason="Conflict",
                     message=(
-                        f"Operation cannot be fulfilled on leases.coordination.k8s.io "
+                        f'Operation cannot be fulfilled on leases.coordination.k8s.io '
                         f'"{request.name}": the object has been modified; please apply your '
                         f"changes to the latest version and try again"
                     ),

@@ -840,12 +840,7 @@ def _worker(conn: multiprocessing.connection.Connection, root: str) -> None:
     import importlib
 
     # every command's modules once, before any clock runs: the corpus times input handling
-    for module in (
-        "gpuslice.cli",
-        "planner.api",
-        "partitioner.snapshot",
-        "simulations.replay.engine",
-    ):
+    for module in ("gpuslice.cli", "planner.api", "partitioner.snapshot", "simulations.replay.engine"):
         importlib.import_module(module)
     for command in ("plan", "simulate", "sweep", "agent"):
         importlib.import_module(f"gpuslice.commands.{command}")

@@ -428,10 +428,8 @@ async def test_the_loop_keeps_planned_instances_at_start_and_follows_spec_change
             # the status write is the round's last await: the round counts as finished only
             # when publish_once returns, so wait for both rather than read rounds in between
             await eventually(
-                lambda: (
-                    np_of(kmock).get("status", {}).get("observedGeneration") == 2
-                    and driver.rounds > rounds
-                ),
+                lambda: np_of(kmock).get("status", {}).get("observedGeneration") == 2
+                and driver.rounds > rounds,
                 what="the new spec published and its round finished",
                 timeout=20,
             )

@@ -297,4 +297,6 @@ async def test_an_outage_logs_one_traceback_and_one_recovery_line(
     assert [r.levelno for r in failed] == [logging.ERROR] + [logging.DEBUG] * 4
     assert failed[0].exc_info is not None and all(r.exc_info is None for r in failed[1:])
     recovered = [r for r in caplog.records if "succeed again" in r.getMessage()]
-    assert [(r.levelno, "5 failure" in r.getMessage()) for r in recovered] == [(logging.INFO, True)]
+    assert [(r.levelno, "5 failure" in r.getMessage()) for r in recovered] == [
+        (logging.INFO, True)
+    ]

@@ -195,16 +195,9 @@ def test_rollout_leaves_mig_instances_and_their_devices_as_they_are(tmp_path: Pa
         {
             "planId": "p1",
             "mode": "mig",
-            "gpus": [
-                {
-                    "index": 0,
-                    "mig": [
-                        {"profile": "3g.40gb", "start": 0},
-                        {"profile": "2g.20gb", "start": 4},
-                        {"profile": "1g.10gb", "start": 6},
-                    ],
-                }
-            ],
+            "gpus": [{"index": 0, "mig": [{"profile": "3g.40gb", "start": 0},
+                                          {"profile": "2g.20gb", "start": 4},
+                                          {"profile": "1g.10gb", "start": 6}]}],
         }
     )
     before = node.run(spec)
@@ -232,12 +225,8 @@ def test_hybrid_rollout_adopts_the_daemon_of_each_mig_instance(tmp_path: Path) -
         {
             "planId": "p1",
             "mode": "hybrid",
-            "gpus": [
-                {
-                    "index": 0,
-                    "mig": [{"profile": "3g.40gb", "start": 0}, {"profile": "3g.40gb", "start": 4}],
-                }
-            ],
+            "gpus": [{"index": 0, "mig": [{"profile": "3g.40gb", "start": 0},
+                                          {"profile": "3g.40gb", "start": 4}]}],
         }
     )
     res = node.run(spec)

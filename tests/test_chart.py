@@ -1125,11 +1125,7 @@ def admission_request(
     extra = {NODE_CLAIM: [node]} if node is not None else {}
     return {
         "userInfo": {"username": user, "extra": extra},
-        "resource": {
-            "group": "gpuslice.io",
-            "version": "v1alpha1",
-            "resource": "nodepartitionings",
-        },
+        "resource": {"group": "gpuslice.io", "version": "v1alpha1", "resource": "nodepartitionings"},
         "name": name,
         "subResource": sub,
         "operation": "UPDATE",
@@ -1416,7 +1412,9 @@ def test_cert_manager_with_an_existing_issuer(chart: helm.Chart) -> None:
     assert (cert["spec"]["duration"], cert["spec"]["renewBefore"]) == ("2160h", "720h")
 
 
-HOOK_KINDS = ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Job"]
+HOOK_KINDS = [
+    "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Job"
+]
 
 
 @pytest.mark.parametrize("variant", ["defaults", "webhook-disabled", "reservations-off"])

@@ -80,9 +80,9 @@ def test_defaults_run_two_replicas_that_elect_a_leader(chart: helm.Chart) -> Non
     assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
     selector = term["podAffinityTerm"]["labelSelector"]["matchLabels"]
     assert selector == deploy["spec"]["selector"]["matchLabels"]  # its own replicas only
-    assert (
-        "requiredDuringSchedulingIgnoredDuringExecution" not in pod["affinity"]["podAntiAffinity"]
-    )  # a one-node cluster still runs both
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in pod["affinity"][
+        "podAntiAffinity"
+    ]  # a one-node cluster still runs both
 
     env = {e["name"]: e for e in container(docs, "Deployment")["env"]}
     assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}

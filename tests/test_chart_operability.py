@@ -307,7 +307,9 @@ def images(docs: list[Manifest]) -> list[str]:
 def test_global_registry_replaces_the_image_registry_everywhere(chart: helm.Chart) -> None:
     found = images(render(chart, VARIANTS["global-registry"]))
     assert len(found) >= 2
-    assert set(found) == {"mirror.example.internal:5000/cache/gpuslice/gpuslice@sha256:" + "b" * 64}
+    assert set(found) == {
+        "mirror.example.internal:5000/cache/gpuslice/gpuslice@sha256:" + "b" * 64
+    }
     default = images(render(chart, {}))
     assert set(default) == {"ghcr.io/gpuslice/gpuslice:0.1.0"}
     empty_global = images(render(chart, {"global": {"imageRegistry": ""}}))
@@ -494,10 +496,9 @@ def jsonpath(obj: Any, path: str) -> Any:
     """The first match of a simple Kubernetes JSONPath (``.a.b``, ``[N]``,
     ``[?(@.k=="v")]``), as the API server prints a column; None when nothing matches."""
     tokens = re.findall(r'\.([\w-]+)|\[(\d+)\]|\[\?\(@\.(\w+)=="([^"]*)"\)\]', path)
-    assert (
-        "".join(f".{n}" if n else f"[{i}]" if i else f'[?(@.{k}=="{v}")]' for n, i, k, v in tokens)
-        == path
-    ), f"unsupported JSONPath {path}"
+    assert "".join(
+        f".{n}" if n else f"[{i}]" if i else f'[?(@.{k}=="{v}")]' for n, i, k, v in tokens
+    ) == path, f"unsupported JSONPath {path}"
     for name, index, key, want in tokens:
         if name:
             obj = obj.get(name) if isinstance(obj, dict) else None

@@ -70,10 +70,7 @@ def files(tmp_path: Path) -> dict[str, str]:
     (tmp_path / "wl.yaml").write_text(WORKLOAD)
     (tmp_path / "mig.yaml").write_text(MIG_CLUSTER)
     (tmp_path / "spec.yaml").write_text(SPEC)
-    return {
-        k: str(tmp_path / f)
-        for k, f in [("wl", "wl.yaml"), ("cl", "mig.yaml"), ("spec", "spec.yaml")]
-    }
+    return {k: str(tmp_path / f) for k, f in [("wl", "wl.yaml"), ("cl", "mig.yaml"), ("spec", "spec.yaml")]}
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -177,7 +174,6 @@ def test_output_formats_print_one_document_or_a_table(
     for text in (plain, wide):
         with pytest.raises(json.JSONDecodeError):
             json.loads(text)
-
     def headers(text: str) -> list[set[str]]:
         return [set(re.split(r" {2,}", line)) for line in text.splitlines() if line.isupper()]
 
@@ -240,17 +236,7 @@ def test_the_catalog_check_prints_every_format_and_exits_by_agreement(
 def test_bench_planner_table_matches_its_document(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    argv = [
-        "bench",
-        "planner",
-        "--sizes",
-        "2",
-        "--instances",
-        "2",
-        "--time-limit",
-        "0.2",
-        "--quiet",
-    ]
+    argv = ["bench", "planner", "--sizes", "2", "--instances", "2", "--time-limit", "0.2", "--quiet"]
     rc, out, _ = run(capsys, *argv, "-o", "yaml")
     assert rc == 0
     (size,) = yaml.safe_load(out)["sizes"]
@@ -292,10 +278,7 @@ def test_a_bad_output_format_exits_2(capsys: pytest.CaptureFixture[str]) -> None
 
 def test_tables_are_plain_uncut_and_wide_adds_columns() -> None:
     cols = (Column("name", "n"), Column("size", "s", align="right"), Column("note", "x", wide=True))
-    rows = [
-        {"n": "[bold]a[/bold] :smile:", "s": 10, "x": "y" * 300},
-        {"n": "b", "s": None, "x": [1, 2]},
-    ]
+    rows = [{"n": "[bold]a[/bold] :smile:", "s": 10, "x": "y" * 300}, {"n": "b", "s": None, "x": [1, 2]}]
     text = render_table(cols, rows)
     name = "[bold]a[/bold] :smile:"  # markup and emoji codes stay literal; None is "-"
     w = len(name)
@@ -423,9 +406,7 @@ def test_simulate_writes_what_its_help_says(
         assert rc == 0
         written = {p.name for p in out.iterdir()}
         assert written == listed_after(text, protocol), protocol
-        wrote = {
-            Path(x.removeprefix("wrote ")).name for x in err.splitlines() if x.startswith("wrote ")
-        }
+        wrote = {Path(x.removeprefix("wrote ")).name for x in err.splitlines() if x.startswith("wrote ")}
         assert wrote == written and "Traceback" not in err
 
 
@@ -478,9 +459,7 @@ def test_simulate_on_an_mps_cluster_compares_what_applies_to_it(
     assert [r["policy"] for r in json.loads(out)["summaries"]] == ["cpsat", "greedy"]
     assert "has MPS nodes: comparing cpsat, greedy (static layouts are MIG layouts)" in err
     rc, out, err = run(capsys, *argv, "--policy", "static:balanced")
-    assert (
-        rc == 2 and "sets MIG layouts (whole instances); the cluster has mps or hybrid nodes" in err
-    )
+    assert rc == 2 and "sets MIG layouts (whole instances); the cluster has mps or hybrid nodes" in err
     assert "static:balanced" in help_of("simulate")  # the help names the replay's default
 
 

@@ -95,7 +95,10 @@ def spec(mode: str, gpus: list[dict[str, Any]]) -> NodePartitioningSpec:
 
 MPS = spec(
     "mps",
-    [{"index": i, "mps": [{"memoryMiB": 20480, "activeThreadPercentage": 25}] * 3} for i in (0, 1)],
+    [
+        {"index": i, "mps": [{"memoryMiB": 20480, "activeThreadPercentage": 25}] * 3}
+        for i in (0, 1)
+    ],
 )
 
 
@@ -340,24 +343,14 @@ def test_an_opted_out_node_drains_while_pods_use_slices_then_is_let_go() -> None
     assert node_lifecycle(index) == []
 
     # one pod ends: the message follows, no second Event
-    index.upsert_pod(
-        {
-            **pods[1],
-            "metadata": {**pods[1]["metadata"], "resourceVersion": "2"},
-            "status": {"phase": "Succeeded"},
-        }
-    )
+    index.upsert_pod({**pods[1], "metadata": {**pods[1]["metadata"], "resourceVersion": "2"},
+                      "status": {"phase": "Succeeded"}})
     (update,) = node_lifecycle(index)
     assert isinstance(update, SetNodeCondition) and "1 pod(s) still do: ml/infer." in update.message
 
     # the last one ends: condition and label go, with a Drained Event
-    index.upsert_pod(
-        {
-            **pods[0],
-            "metadata": {**pods[0]["metadata"], "resourceVersion": "2"},
-            "status": {"phase": "Failed"},
-        }
-    )
+    index.upsert_pod({**pods[0], "metadata": {**pods[0]["metadata"], "resourceVersion": "2"},
+                      "status": {"phase": "Failed"}})
     remove, unlabel, done = node_lifecycle(index)
     assert remove == RemoveNodeCondition("n1", "GpusliceReady")
     assert unlabel == SetNodeLabel("n1", MANAGED_LABEL, None)

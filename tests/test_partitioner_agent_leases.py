@@ -31,7 +31,9 @@ from partitioner.agent_leases import LEASE_SELECTOR, AgentLeases
 from partitioner.reservations import RESERVATION_ANNOTATION, State
 
 
-def lease(node_name: str, renew: str, duration: Any = 40, labelled: bool = True) -> dict[str, Any]:
+def lease(
+    node_name: str, renew: str, duration: Any = 40, labelled: bool = True
+) -> dict[str, Any]:
     labels = {"app.kubernetes.io/component": "agent-lease"} if labelled else {}
     return {
         "metadata": {"name": f"gpuslice-agent-{node_name}", "labels": labels},
