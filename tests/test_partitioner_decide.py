@@ -318,3 +318,73 @@ def test_the_snapshot_holds_each_pods_own_requests_cpu_memory_priority_and_wait(
         7,
     )
     assert p.eligible_nodes == frozenset({"n1"}) and p.waited_s == 14.0
+
+
+# -- devices of the other mode, left from before a node was relabelled -------------------------
+
+
+def _mode_change_step(mode: str, gpus: list[dict[str, Any]], *objs: dict[str, Any]) -> list[Any]:
+    """Two steps (a batch window) on node m (A100-80GB x 2, ``mode``) whose agent reports
+    ``gpus``: the specs written."""
+    cfg = DecideConfig(catalog=default_catalog(), policy=BatchPolicy(timeout=60, idle=10, retry=60))
+    n = node("m", {"gpuslice.io/partitioning": mode, **A100})
+    for g in gpus:  # the kubelet advertises what the agent reports
+        for d in [*g.get("mig", ()), *g.get("mps", ())]:
+            r = (
+                f"nvidia.com/mig-{d['profile']}"
+                if "profile" in d
+                else f"nvidia.com/gpu-{d['memoryMiB'] // 1024}gb"
+            )
+            n["status"]["allocatable"][r] = str(int(n["status"]["allocatable"].get(r, "0")) + 1)
+    n["status"]["capacity"] = dict(n["status"]["allocatable"])
+    view_objs = [n, np("m", mode=mode, plan="3", observed=1, applied=True, gpus=gpus), *objs]
+    state, specs = ControllerState(), []
+    for t in (100, 111):
+        d = decide(state, view(*view_objs), t, cfg)
+        state = d.state
+        specs += [a.spec for a in d.actions if isinstance(a, WriteSpec)]
+    return specs
+
+
+def test_mig_instances_on_an_mps_node_are_planned_around_or_removed() -> None:
+    """A node relabelled mig -> mps whose agent still reports a MIG instance: the step used to
+    take the instance for a 0 MiB MPS slice and raise building the spec (every step of the
+    cluster failed until liveness restarted the partitioner, which then failed the same way).
+    In use, the GPU is left out of the plan and of the spec (the agent leaves it be); free,
+    it is planned as an empty GPU and its spec entry asks for MPS slices only."""
+    inst = {"profile": "1g.10gb", "start": 0, "deviceId": "MIG-aaaa"}
+    want = pod("p", {"nvidia.com/gpu-10gb": "1"})
+    for used in (True, False):
+        gpus = [
+            {"index": 0, "uuid": "GPU-0", "migEnabled": True, "mig": [inst | {"used": used}]},
+            {"index": 1, "uuid": "GPU-1"},
+        ]
+        (spec,) = _mode_change_step("mps", gpus, want)
+        assert spec.mode == "mps"
+        assert all(not g.mig for g in spec.gpus)
+        with_slices = [g.index for g in spec.gpus if g.mps]
+        assert [s.memoryMiB for g in spec.gpus for s in g.mps] == [10240]
+        if used:
+            assert [g.index for g in spec.gpus] == [1] and with_slices == [1]
+        else:
+            assert 0 in [g.index for g in spec.gpus]
+
+
+def test_mps_slices_on_a_mig_node_are_planned_around() -> None:
+    """A node relabelled mps -> mig (or hybrid) while an MPS pod holds a whole-GPU slice:
+    the spec listed that slice in a MIG spec, which the agent refuses as a whole (InvalidSpec);
+    now the GPU is left out of plan and spec until its pod leaves, and a free slice is not
+    asked for again."""
+    running = pod("r", {"nvidia.com/gpu-10gb": "1"}, node_name="m", phase="Running")
+    wants = [pod("p", {"nvidia.com/mig-3g.40gb": "1"}), pod("q", {"nvidia.com/mig-3g.40gb": "1"})]
+    for mode in ("mig", "hybrid"):
+        for used in (True, False):
+            slice_ = {"memoryMiB": 10240, "activeThreadPercentage": 13, "used": used}
+            gpus = [
+                {"index": 0, "uuid": "GPU-0", "mps": [slice_ | {"deviceId": "GPU-0-mps0"}]},
+                {"index": 1, "uuid": "GPU-1"},
+            ]
+            (spec,) = _mode_change_step(mode, gpus, *([running] if used else []), *wants)
+            assert all(not g.mps for g in spec.gpus), (mode, used)
+            if used:
+                assert [g.index for g in spec.gpus] == [1]
