@@ -235,6 +235,8 @@ class Controller:
         self.last_cycle: float | None = None
         self._logged_in = asyncio.Event()
         self._awaiting_applied: dict[str, tuple[int, float]] = {}
+        self._refusals_told: dict[str, str] = {}
+        """Pod uid -> the refused patch last told in an Event (:func:`partitioner.writer.execute`)."""
         self._task: asyncio.Task[None] | None = None
         self.changed = asyncio.Event()
         """Set when a watch event changed the index since the last step began reading it."""
@@ -361,7 +363,9 @@ class Controller:
             decision = decide(state, self.index, now, self.config)
         elapsed = time.perf_counter() - started
         self.state = decision.state
-        outcome = await execute(self.writer_api, decision.actions, instance=self.instance)
+        outcome = await execute(
+            self.writer_api, decision.actions, instance=self.instance, told=self._refusals_told
+        )
         if outcome.conflicts:  # not written: plan those pods again in the next window
             retry = [p for pods in outcome.conflicts.values() for p in pods]
             self.state = replace(self.state, window=forget(self.state.window, retry))

@@ -13,7 +13,10 @@
   depend on what was read carry the pod's resourceVersion, so a pod changed meanwhile answers
   409 and the next cycle decides again.  A refused patch (409 conflict, 422 invalid, 404 gone)
   is logged; its Events are not emitted; a pod that answered 404 is listed in
-  ``Outcome.gone_pods`` (the controller drops it from its index).  ``after_spec`` patches run
+  ``Outcome.gone_pods`` (the controller drops it from its index).  A refusal that a retry gets
+  again (400, 403, 422: a validating webhook or policy that forbids changing a gated pod) is
+  also told in a Warning Event ``PatchRefused`` on the pod, once per pod and answer, naming
+  the answer and the fix: the pod is never left gated with a log line only.  ``after_spec`` patches run
   only if that node's spec write in the same batch succeeded.
 * A stranded pod is evicted (``POST pods/<name>/eviction``, ``policy/v1``) with the
   preconditions ``uid`` and ``resourceVersion`` it was read with: one that changed since (it
@@ -91,10 +94,26 @@ def _np_ref(name: str) -> ObjectRef:
     return ObjectRef(KIND, name, api_version=API_VERSION)
 
 
+REFUSALS = frozenset({400, 403, 422})
+"""Answers to a pod patch that its retry would get again (a 404 is a gone pod, a 409 a newer
+pod the next cycle reads, a 429 or 5xx passes)."""
+
+MAX_TOLD = 10_000
+"""Pods whose refused patch was told at most (:meth:`_Writer._tell_refusal`; then forgotten)."""
+
+
 class _Writer:
-    def __init__(self, api: KubeApi, instance: str, wall: Callable[[], datetime.datetime]) -> None:
+    def __init__(
+        self,
+        api: KubeApi,
+        instance: str,
+        wall: Callable[[], datetime.datetime],
+        told: dict[str, str] | None = None,
+    ) -> None:
         self.api, self.instance, self.wall = api, instance, wall
         self.out = Outcome()
+        self.told: dict[str, str] = told if told is not None else {}
+        """Pod uid -> the refusal last told in an Event (kept by the caller across cycles)."""
 
     async def event(self, ev: EmitEvent) -> None:
         path = f"/api/v1/namespaces/{event_namespace(ev)}/events"
@@ -171,9 +190,40 @@ class _Writer:
             self.out.pods[a.pod] = await self.api.patch(path, a.patch)
         except ApiError as e:
             self._refused(a.pod, a.ref.uid, f"{a.purpose} patch", e)
+            if e.status in REFUSALS:
+                await self._tell_refusal(a, e)
             return
         for ev in a.on_success:
             await self.event(ev)
+
+    async def _tell_refusal(self, a: PatchPod, e: ApiError) -> None:
+        """A pod patch refused in a way a retry does not fix (:data:`REFUSALS`: a validating
+        webhook or policy, a rule of the API server): a Warning Event on the pod, once per pod
+        uid and answer (:attr:`told`), so the pod is not left gated with a log line only."""
+        told = f"{a.purpose}: {e.status} {e.reason}: {e.message}"
+        key = a.ref.uid or a.pod
+        if self.told.get(key) == told:
+            return
+        if len(self.told) >= MAX_TOLD:
+            self.told.clear()
+        self.told[key] = told
+        stays = (
+            "stays gated, its slice kept for it"
+            if a.purpose in ("release", "ungate")
+            else "keeps what it has"
+        )
+        await self.event(
+            EmitEvent(
+                a.ref,
+                "Warning",
+                "PatchRefused",
+                f"gpuslice's {a.purpose} patch of this pod was refused ({e.status} {e.reason}: "
+                f"{e.message}); the pod {stays} and the patch is retried every cycle: allow "
+                "gpuslice's ServiceAccount to change scheduling gates, node affinity and "
+                "gpuslice.io annotations of gated pods (validating webhooks, admission "
+                "policies), or delete the pod (its controller recreates it)",
+            )
+        )
 
     def _refused(self, pod: str, uid: str, what: str, e: ApiError) -> None:
         """A pod write was refused: recorded, and a pod that is gone (404) listed as gone."""
@@ -253,9 +303,11 @@ async def execute(
     *,
     instance: str = "",
     wall: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC),
+    told: dict[str, str] | None = None,
 ) -> Outcome:
-    """Run every action in order; failures are logged and collected, never raised."""
-    writer = _Writer(api, instance, wall)
+    """Run every action in order; failures are logged and collected, never raised.  ``told``:
+    the pod patch refusals already told in Events (kept across cycles by the caller)."""
+    writer = _Writer(api, instance, wall, told)
     for action in actions:
         try:
             await writer.run(action)
