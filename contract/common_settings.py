@@ -59,6 +59,30 @@ class CommonSettings(BaseSettings):
         """Deprecation sentences for old variable names still set, to log at start."""
         return renamed_in_use(self.RENAMED_ENV)
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _whole_float_text(cls, value: Any, info: ValidationInfo) -> Any:
+        """An integer setting given as a whole number in float notation (``1.23456789e+08``,
+        ``100.0``) is that integer: Helm reads every number of a values file as a float and
+        ``quote`` prints one of a million or more that way, so a chart value such as
+        ``planner.seed: 123456789`` otherwise stopped the partitioner at every start.  A
+        fraction (``1.5``) is still refused."""
+        if not isinstance(value, str) or info.field_name is None:
+            return value
+        field = cls.model_fields.get(info.field_name)
+        if field is None or field.annotation not in (int, int | None):
+            return value
+        text = value.strip()
+        if not text or text.lstrip("+-").isdigit():
+            return value
+        try:
+            number = float(text)
+        except ValueError:
+            return value
+        if math.isfinite(number) and number == int(number) and abs(number) <= MAX_SETTING:
+            return int(number)
+        return value
+
     @field_validator("*", mode="after")
     @classmethod
     def _bounded_number(cls, value: Any, info: ValidationInfo) -> Any:

@@ -496,6 +496,11 @@ def test_schema_rejects_bad_values(chart: helm.Chart, values: dict[str, Any], me
             "webhook.port (8081) must differ from partitioner.metricsPort and "
             "partitioner.healthPort",
         ),
+        (
+            {"partitioner": {"planner": {"timeLimitSeconds": 300}}},
+            "partitioner.liveness.staleSeconds (120) must exceed "
+            "partitioner.planner.timeLimitSeconds (300)",
+        ),
     ],
 )
 def test_templates_reject_inconsistent_values(
@@ -929,6 +934,38 @@ def test_partitioner_values_reach_its_settings(
     assert s.decide_config(load_catalog()).plugin_lag_s == 45
     assert s.decide_config(load_catalog()).recreate_stranded_s == 1800
     assert (s.liveness_stale_seconds, s.liveness_failed_steps) == (300, 0)
+
+
+def test_large_integer_values_reach_the_settings(
+    chart: helm.Chart, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Helm reads a values file's numbers as floats, and ``quote`` prints one of a million or
+    more in float notation (``1.23456789e+08``): integer settings read such a whole number as
+    the integer (a seed of 123456789 stopped the partitioner at every start)."""
+    from partitioner.settings import PartitionerSettings
+
+    values = {
+        "partitioner": {
+            "planner": {
+                "seed": 123456789,
+                "weights": {"destroy": 1000000},
+                "mpsReserveMiB": 2000000,
+                "freeCapacity": {"cpuMilli": 64000000, "memoryMiB": 1048576},
+            },
+            "liveness": {"failedSteps": 1000000},
+        }
+    }
+    env = gpuslice_env(container(render(chart, values), "Deployment"))
+    assert "e+" in env["GPUSLICE_PLANNER_SEED"]  # as Helm renders it
+    apply_env(monkeypatch, env)
+    s = PartitionerSettings()
+    p = s.planner_settings()
+    assert (p.seed, p.weight_destroy, p.mps_reserve_mib) == (123456789, 1000000, 2000000)
+    assert (p.free_capacity_cpu_milli, p.free_capacity_memory_mib) == (64000000, 1048576)
+    assert s.liveness_failed_steps == 1000000
+    monkeypatch.setenv("GPUSLICE_LIVENESS_FAILED_STEPS", "1.5e+00")  # a fraction: refused
+    with pytest.raises(ValueError, match="liveness_failed_steps"):
+        PartitionerSettings()
 
 
 def test_agent_settings_accept_the_chart_env(

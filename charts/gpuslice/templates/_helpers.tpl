@@ -128,6 +128,11 @@ checksum/catalog: {{ toJson .Values.catalog.files | sha256sum }}
 {{- if gt (float64 $b.idleSeconds) (float64 $b.timeoutSeconds) }}
 {{- fail (printf "partitioner.batch.idleSeconds (%v) must not exceed partitioner.batch.timeoutSeconds (%v): the idle window closes a batch early, the timeout bounds it" $b.idleSeconds $b.timeoutSeconds) }}
 {{- end }}
+{{- $stale := float64 .Values.partitioner.liveness.staleSeconds }}
+{{- $least := addf 1 (float64 .Values.partitioner.planner.timeLimitSeconds) }}
+{{- if and (gt $stale 0.0) (le $stale $least) }}
+{{- fail (printf "partitioner.liveness.staleSeconds (%v) must exceed partitioner.planner.timeLimitSeconds (%v) plus the 1 s cycle, the least time between two decision steps (or be 0: never stale); the partitioner refuses it at start" .Values.partitioner.liveness.staleSeconds .Values.partitioner.planner.timeLimitSeconds) }}
+{{- end }}
 {{- if eq (int .Values.partitioner.metricsPort) (int .Values.partitioner.healthPort) }}
 {{- fail (printf "partitioner.metricsPort and partitioner.healthPort are both %v: give them different ports" .Values.partitioner.metricsPort) }}
 {{- end }}
