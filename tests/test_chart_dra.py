@@ -215,3 +215,51 @@ def test_with_dra_the_partitioner_watches_claims_and_the_webhook_gates_claim_pod
         hook = webhook_of(docs)
         expected = MATCH_CONDITIONS_DRA if dra else MATCH_CONDITIONS
         assert [(c["name"], c["expression"]) for c in hook["matchConditions"]] == list(expected)
+
+
+def test_dra_agents_are_scraped_fenced_and_follow_rbac_create(chart: helm.Chart) -> None:
+    """The DRA agents (component ``agent-dra``) get what the device-plugin agents get: a
+    headless metrics Service (so the ServiceMonitor scrapes them, and the dashboard's DRA
+    panels and the alerts see DRA nodes) and a NetworkPolicy admitting only
+    ``networkPolicy.metricsFrom`` to their metrics port; with ``rbac.create=false`` no
+    ClusterRole or binding of theirs is rendered either."""
+    docs = render(chart, DRA | {"metrics": {"serviceMonitor": {"enabled": True}}})
+    pod_labels = dra_agent(docs)["spec"]["template"]["metadata"]["labels"]
+    services = [
+        d
+        for d in docs
+        if d["kind"] == "Service"
+        and d["metadata"]["labels"].get("gpuslice.io/metrics") == "true"
+        and d["spec"]["selector"].items() <= pod_labels.items()
+    ]
+    (service,) = services
+    assert service["spec"]["clusterIP"] == "None"
+    (monitor,) = [d for d in docs if d["kind"] == "ServiceMonitor"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"][
+        "labels"
+    ].items() | {("app.kubernetes.io/instance", RELEASE)}
+    port = next(
+        p["containerPort"]
+        for c in dra_agent(docs)["spec"]["template"]["spec"]["containers"]
+        for p in c.get("ports") or ()
+        if p["name"] == "metrics"
+    )
+    assert service["spec"]["ports"][0]["port"] == port
+    policies = [
+        d
+        for d in docs
+        if d["kind"] == "NetworkPolicy"
+        and d["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    ]
+    (policy,) = policies
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"port": port, "protocol": "TCP"}] and rule["from"]
+
+    off = render(chart, DRA | {"rbac": {"create": False}})
+    rbac = {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+    assert not [
+        d
+        for d in off
+        if d["kind"] in rbac and not (d["metadata"].get("annotations") or {}).get("helm.sh/hook")
+    ]
+    assert dra_agent(off)  # the agent itself stays
