@@ -66,7 +66,9 @@ scheduler acted on a stale allocatable; the pod's controller creates it again an
 on), scheduling attempts and refused API requests.  A pod the kubelet refuses is bound, then
 ``Failed`` with the kubelet's admission reason (``OutOf<resource>``, or
 ``UnexpectedAdmissionError`` when the device plugin is gone), and replaced by its controller
-``recreate_delay_s`` later (the failed pod is deleted then, since the replay reuses its name).
+``recreate_delay_s`` plus the Job controller's backoff later (10 s doubling per failed pod of
+the Job, at most 6 min: ``ReplaySettings.job_backoff_s``; the failed pod is deleted then, since
+the replay reuses its name).
 
 DRA mode
 --------
@@ -111,7 +113,8 @@ it: allocatable that lists none of the slices the agent's last status shows, a s
 applied, a released pod that the kubelet refuses or that does not bind, and the agent's
 heartbeat Lease.  A pod released there before the outage is pinned to the node: the partitioner
 evicts it once it has been stranded ``recreate_stranded_s`` (every trace pod has a Job as its
-controller), and the Job creates it again ``recreate_delay_s`` later; its wait goes on.
+controller), and the Job creates it again after ``recreate_delay_s`` and its backoff; its wait
+goes on.
 
 A DRA node's agent (policy ``dra-shaped``; ``dra``, publishing everything, has no partitioner
 and refuses outages) is the node's DRA kubelet plugin, so while it is down the kubelet, as its
@@ -297,7 +300,18 @@ class ReplaySettings:
     one-slice pods (0: off; :attr:`partitioner.decide.DecideConfig.warm_share`)."""
     recreate_delay_s: float = 1.0
     """A pod the kubelet rejected (stale allocatable) is created again by its controller this
-    long after (the controller's reaction, scheduling and admission round trip)."""
+    long after (the controller's reaction, scheduling and admission round trip), plus the Job
+    controller's backoff (:attr:`job_backoff_s`)."""
+    job_backoff_s: float = 10.0
+    """The Job controller's pod failure backoff: the k-th failed (rejected or evicted) pod of
+    a Job is replaced ``job_backoff_s * 2**(k-1)`` later, at most :attr:`job_backoff_max_s`
+    (Kubernetes' defaults, 10 s and 6 min; 0: none).  The replay runs every Job to the end
+    (as if its backoffLimit were high enough): a trace pod ran, so it is not dropped."""
+    job_backoff_max_s: float = 360.0
+    pop_from_backoff: bool = True
+    """kube-scheduler pops its backoff queue when the active queue is empty
+    (SchedulerPopFromBackoffQ, on by default from Kubernetes 1.33); ``False``: the older queue,
+    where a requeued pod waits out its backoff (:mod:`simulations.replay.kube`)."""
     record_changes: bool = False
     """Record every GPU layout an applied spec changed, with the waiting queue at that moment
     (:attr:`ReplayResult.layout_changes`; ``bench_replay --trace-log``).  Off by default: a
@@ -328,6 +342,8 @@ class ReplaySettings:
             )
         if self.agent_lease_s < 0 or self.lease_poll_s <= 0:
             raise ReplayError("replay settings: agent_lease_s must be >= 0, lease_poll_s > 0")
+        if self.job_backoff_s < 0 or self.job_backoff_max_s < 0:
+            raise ReplayError("replay settings: job_backoff_s and job_backoff_max_s must be >= 0")
         if self.cycle_s <= 0 or self.agent_resync_s <= 0 or self.recreate_delay_s <= 0:
             raise ReplayError(
                 "replay settings: cycle_s, agent_resync_s and recreate_delay_s must be > 0"
@@ -708,6 +724,14 @@ def build_fake_cluster(
 # --------------------------------------------------------------------------- engine
 
 
+def replacement_delay(settings: ReplaySettings, failures: int) -> float:
+    """How long after its ``failures``-th failed pod a Job's replacement exists: the
+    controller's round trip (:attr:`ReplaySettings.recreate_delay_s`) plus the Job controller's
+    backoff, ``job_backoff_s`` doubling per failure up to ``job_backoff_max_s``."""
+    backoff = settings.job_backoff_s * 2 ** min(max(failures, 1) - 1, 30)
+    return settings.recreate_delay_s + min(settings.job_backoff_max_s, backoff)
+
+
 class _Kind(IntEnum):
     DEPART = 0
     APPLY = 1
@@ -860,7 +884,9 @@ class _Engine:
         self.index = ClusterIndex(catalog)
         reserve = policy.static is None and policy.reservation
         self.api = SimApi(self.index, webhook=reserve, gate_claims=policy.dra and policy.shaped)
-        self.scheduler = Scheduler(self.api, random.Random(rng.random()))
+        self.scheduler = Scheduler(
+            self.api, random.Random(rng.random()), pop_from_backoff=settings.pop_from_backoff
+        )
         self.kubelet = Kubelet.create(fake, self.api, random.Random(rng.random()))
         self.result.status_sync = dict(self.kubelet.phases)
         self.state = ControllerState()
@@ -887,6 +913,8 @@ class _Engine:
         """Pod -> the slots (one per unit) whose expectation another pod's bind took from it
         (:meth:`_account_theft`)."""
         self.theft = 0
+        self.job_failures: dict[str, int] = {}
+        """Trace pod -> its pods that failed so far (rejected at admission, evicted)."""
         self.by_size: dict[str, str] = {}
         self.uniform = fake.uniform()
         self.shaped = policy.dra and policy.shaped
@@ -1245,7 +1273,7 @@ class _Engine:
             self.api.bind(key, node)
             self.api.set_pod_status(key, self.kubelet.rejection(node, info))
             self._unexpect(key)
-            self._push(t + self.settings.recreate_delay_s, _Kind.RECREATE, name)
+            self._push(t + self._replaced_after(name), _Kind.RECREATE, name)
             self._dirty(t)
             return True
         pod = self.pods[name]
@@ -1489,7 +1517,8 @@ class _Engine:
 
     def _evict(self, t: float, action: EvictPod) -> None:
         """The partitioner evicted a stranded pod: it is deleted, and its controller (each
-        trace pod stands for a Job's) creates it again ``recreate_delay_s`` later, gated and
+        trace pod stands for a Job's) creates it again after ``recreate_delay_s`` and its
+        backoff (:meth:`_replaced_after`), gated and
         planned afresh; its wait goes on."""
         if not self.api.evict_pod(action.pod, action.ref.uid, action.resource_version):
             return
@@ -1503,8 +1532,14 @@ class _Engine:
                 self.dra.release(name)
                 self.api.delete_claim(f"{NAMESPACE}/{_claim_name(name)}")
                 self.scheduler.bound_pod_deleted(t)
-        self._push(t + self.settings.recreate_delay_s, _Kind.RECREATE, name)
+        self._push(t + self._replaced_after(name), _Kind.RECREATE, name)
         self._dirty(t)
+
+    def _replaced_after(self, name: str) -> float:
+        """One more pod of trace pod ``name``'s Job failed: how long until the Job controller's
+        replacement exists (:attr:`ReplaySettings.job_backoff_s`)."""
+        k = self.job_failures[name] = self.job_failures.get(name, 0) + 1
+        return replacement_delay(self.settings, k)
 
     def _schedule_next(self, t: float, at: float | None) -> None:
         """Wake the partitioner at its next time-based decision (``Decision.next_wakeup``)."""

@@ -23,7 +23,11 @@ kube-scheduler (:class:`Scheduler`, default profile, facts/k8s-scheduling.md §1
     does not fit is marked ``PodScheduled=False/Unschedulable`` and parked; it is tried again
     when a node's allocatable grows in a resource it requests and it fits that node's bare
     allocatable, when a bound pod is deleted, or after 5 minutes (flushed every 30 s); a re-try
-    waits out its backoff (1 s doubling to 10 s per failed attempt).  Binding assumes the pod
+    waits out its backoff (1 s doubling to 10 s per failed attempt) while other pods are queued:
+    with the active queue empty the scheduler pops the backoff queue at once, in the order of
+    the backoff expiries (aligned to 1 s windows), then priority and queue timestamp
+    (SchedulerPopFromBackoffQ, beta and on by default from Kubernetes 1.33;
+    ``Scheduler.pop_from_backoff=False`` is the older queue).  Binding assumes the pod
     on the node at once.  There is no preemption (DefaultPreemption): a higher-priority pod
     waits for lower-priority pods to end (a replay of several priorities carries a warning,
     :func:`simulations.replay.engine.no_preemption_warning`).
@@ -404,6 +408,9 @@ class Scheduler:
     """DRA mode: pods' slice requests are ResourceClaims, filtered by the DRA allocator on
     each node's published devices (:class:`simulations.replay.dra.DraPools`) instead of the
     node's allocatable extended resources."""
+    pop_from_backoff: bool = True
+    """SchedulerPopFromBackoffQ (on from Kubernetes 1.33): with the active queue empty, pods
+    still backing off are tried at once (module docstring)."""
     attempts: int = 0
     _seq: itertools.count[int] = field(default_factory=itertools.count)
     _backoffs: tuple[float, ...] = ()
@@ -524,6 +531,19 @@ class Scheduler:
             if e is not None and key not in self.gated:
                 self._push_active(e)
 
+    def _pop_backoff(self) -> list[tuple[int, float, int, str]]:
+        """Every pod still backing off, in the order kube-scheduler pops its backoff queue
+        once the active queue is empty (expiry aligned to 1 s windows, then priority, queue
+        timestamp); the queue is left empty."""
+        out: list[tuple[float, int, float, int, str]] = []
+        for until, seq, key in self.backoff:
+            e = self.entries.get(key)
+            if e is not None and key not in self.gated:
+                out.append((math.ceil(until), -e.priority, e.timestamp, seq, key))
+        self.backoff.clear()
+        out.sort()
+        return [(p, ts, seq, key) for _, p, ts, seq, key in out]
+
     def _room(self) -> dict[str, int]:
         """Per extended resource, the most any node could still admit (a quick-reject bound)."""
         room: dict[str, int] = {}
@@ -553,9 +573,11 @@ class Scheduler:
         """
         self._ready(now)
         queue = self.active
-        if not queue:
+        if not queue and not (self.pop_from_backoff and self.backoff):
             return
         queue.sort()  # the order heap pops would give
+        if self.pop_from_backoff and self.backoff:  # popped once the active queue is empty
+            queue.extend(self._pop_backoff())
         self.active = []
         seen: set[str] = set()
         room: dict[str, int] | None = None
