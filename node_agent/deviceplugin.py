@@ -287,6 +287,13 @@ class _ResourcePlugin:
 
     def allocate(self, ids: Sequence[str]) -> pb.ContainerAllocateResponse:
         devices: list[AdvertisedDevice] = []
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        if twice:  # the kubelet never asks so; the limits would add up to more than advertised
+            raise _RpcFailure(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"device(s) {', '.join(repr(i) for i in twice)} of {self.resource} asked for "
+                "more than once in one container; each device can be allocated once",
+            )
         for dev_id in ids:
             dev = self.devices.get(dev_id)
             if dev is None:
@@ -516,25 +523,43 @@ class DevicePluginManager:
             await self._plugins.pop(resource).close()
         kubelet = socket_identity(self.kubelet_socket)
         for resource in list(self._desired):
-            # re-read after every await: set_devices may have changed or removed it meanwhile
-            devices = self._desired.get(resource)
-            if devices is None:
-                continue
-            plugin = self._plugins.get(resource)
-            if plugin is None:
-                plugin = _ResourcePlugin(resource, self._socket_path(resource), self.on_allocate)
-                plugin.avoided = self._avoided
-                plugin.update(devices)
-                self._plugins[resource] = plugin  # before serving: set_devices updates it
-                await plugin.serve()
-                log.info("serving device plugin for %s on %s", resource, plugin.socket_path)
-            elif not plugin.socket_intact() or (
-                plugin.registered_with is not None and plugin.registered_with != kubelet
-            ):
-                log.info("kubelet restarted: serving %s on a fresh socket", resource)
-                await plugin.serve()
-            if kubelet is not None and plugin.registered_with != kubelet:
-                await self._register(plugin, kubelet)
+            try:
+                await self._sync_one(resource, kubelet)
+            except Exception as e:  # one resource's socket must not keep the others unserved
+                message = f"{type(e).__name__}: {e}"
+                level = (
+                    logging.DEBUG if self._last_error.get(resource) == message else logging.ERROR
+                )
+                log.log(
+                    level,
+                    "device plugin for %s cannot be served (the other resources are; will "
+                    "retry): %s",
+                    resource,
+                    message,
+                )
+                self._last_error[resource] = message
+
+    async def _sync_one(self, resource: str, kubelet: SocketIdentity | None) -> None:
+        """Serve (and register) ``resource``'s plugin as :meth:`_sync` wants it."""
+        # re-read after every await: set_devices may have changed or removed it meanwhile
+        devices = self._desired.get(resource)
+        if devices is None:
+            return
+        plugin = self._plugins.get(resource)
+        if plugin is None:
+            plugin = _ResourcePlugin(resource, self._socket_path(resource), self.on_allocate)
+            plugin.avoided = self._avoided
+            plugin.update(devices)
+            self._plugins[resource] = plugin  # before serving: set_devices updates it
+            await plugin.serve()
+            log.info("serving device plugin for %s on %s", resource, plugin.socket_path)
+        elif not plugin.socket_intact() or (
+            plugin.registered_with is not None and plugin.registered_with != kubelet
+        ):
+            log.info("kubelet restarted: serving %s on a fresh socket", resource)
+            await plugin.serve()
+        if kubelet is not None and plugin.registered_with != kubelet:
+            await self._register(plugin, kubelet)
 
     def _socket_path(self, resource: str) -> str:
         path = os.path.join(self.plugin_dir, plugin_socket_name(resource, self.socket_prefix))

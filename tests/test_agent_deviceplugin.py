@@ -258,6 +258,28 @@ async def test_allocate_errors_name_the_device(
     assert split.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "different GPUs" in str(split.value.details())
 
+    # one slice twice: its limits would add up to twice what it advertises
+    with pytest.raises(grpc.aio.AioRpcError) as twice:
+        await conn.allocate([ids[1], ids[1]])
+    assert twice.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert ids[1] in str(twice.value.details()) and "more than once" in str(twice.value.details())
+
+
+async def test_a_resource_whose_socket_cannot_be_served_leaves_the_others_served(
+    kubelet: FakeKubelet, manager: DevicePluginManager, plugin_dir: str
+) -> None:
+    """A leftover directory where one resource's socket goes (a mistaken hostPath) fails
+    that resource's serving every round; the other resources are served and registered (it
+    failed the whole round before, so none was)."""
+    os.mkdir(os.path.join(plugin_dir, plugin_socket_name(MIG_1G)))
+    devices = advertised_devices(
+        [mig_gpu(("1g.10gb", 0, 1), ("3g.40gb", 4, 3))], mps_pipe_root=PIPE_ROOT
+    )
+    manager.set_devices(devices)
+    await registered(kubelet, MIG_3G, {mig_uuid(3): "Healthy"})
+    await asyncio.sleep(0.3)  # a few more rounds
+    assert kubelet.registered(MIG_1G) is None
+
 
 async def test_get_preferred_allocation_same_gpu_and_must_include(
     kubelet: FakeKubelet, manager: DevicePluginManager
