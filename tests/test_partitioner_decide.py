@@ -388,3 +388,37 @@ def test_mps_slices_on_a_mig_node_are_planned_around() -> None:
             assert all(not g.mps for g in spec.gpus), (mode, used)
             if used:
                 assert [g.index for g in spec.gpus] == [1]
+
+
+def test_a_node_whose_agent_reports_another_gpu_model_is_a_node_problem() -> None:
+    """GPU Feature Discovery labels one model per node: a node with an A100-80GB and an
+    A100-40GB was planned as two 80 GB GPUs (a 60 GiB MPS slice on the 40 GB one, refused by
+    the agent after every plan, the pod never told).  The agent's report names each GPU's
+    model: such a node is a node problem naming both models, and gets no spec."""
+    cfg = DecideConfig(catalog=default_catalog(), policy=BatchPolicy(timeout=60, idle=10, retry=60))
+    gpus = [
+        {"index": 0, "uuid": "GPU-0", "model": "A100-SXM4-80GB"},
+        {"index": 1, "uuid": "GPU-1", "model": "A100-SXM4-40GB"},
+    ]
+    objs = [
+        node("m", {"gpuslice.io/partitioning": "mps", **A100}),
+        np("m", mode="mps", plan="3", observed=1, applied=True, gpus=gpus),
+        pod("p", {"nvidia.com/gpu-60gb": "1"}),
+    ]
+    state = ControllerState()
+    for t in (100, 111):
+        d = decide(state, view(*objs), t, cfg)
+        state = d.state
+        assert not [a for a in d.actions if isinstance(a, WriteSpec)]
+    problem = d.problems["m"]
+    assert problem.reason == "MixedGpuModels"
+    assert "A100-SXM4-40GB" in problem.message and "A100-SXM4-80GB" in problem.message
+    gpus[1]["model"] = "A100-SXM4-80GB"  # one model: planned
+    objs[1] = np("m", mode="mps", plan="3", observed=1, applied=True, gpus=gpus)
+    state = ControllerState()
+    specs = []
+    for t in (100, 111):
+        d = decide(state, view(*objs), t, cfg)
+        state = d.state
+        specs += [a for a in d.actions if isinstance(a, WriteSpec)]
+    assert specs and "m" not in d.problems
