@@ -223,7 +223,8 @@ def test_cluster_yaml(tmp_path: Path) -> None:
     [
         (
             "{name: a, count: 1, gpu_model: Z9000, gpus_per_node: 1, cpu_milli: 1, memory_mib: 1}",
-            r"pools\[0\] \(a\): unknown GPU model 'Z9000'",
+            r"pools\[0\] \(a\): unknown GPU model 'Z9000'; the simulator knows the built-in "
+            r"catalog's models \(.*A100-SXM4-80GB.*\): use one of them",
         ),
         (
             "{name: a, count: 1, gpu_model: T4, gpus_per_node: 1, cpu_milli: 1, memory_mib: 1, mode: mig}",

@@ -187,8 +187,14 @@ def _parse_pool(entry: object, where: str) -> list[Node]:
             raise ClusterError(f"{where}: gpus_per_node is {gpus}, so 'gpu_model' is required")
         try:
             model = default_catalog().model(raw)
-        except CatalogError as e:
-            raise ClusterError(f"{where}: {e}") from None
+        except CatalogError:
+            known = ", ".join(m.name for m in default_catalog().models)
+            raise ClusterError(
+                f"{where}: unknown GPU model {raw!r}; the simulator knows the built-in "
+                f"catalog's models ({known}): use one of them (catalog override files apply "
+                "to the partitioner, the agent, plan, status and nos-check, not to the "
+                "what-if commands)"
+            ) from None
         if mode in (Mode.MIG, Mode.HYBRID) and not model.mig_capable:
             raise ClusterError(
                 f"{where}: mode {mode.value} needs a MIG-capable GPU; {model.name} is not "
