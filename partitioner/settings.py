@@ -24,6 +24,7 @@ from planner.settings import (
     PlacementWeight,
     PlannerSettings,
     Policy,
+    ThreadPolicy,
 )
 from planner.snapshot import MIG_RESOURCE_PREFIX, mig_resource
 
@@ -212,6 +213,11 @@ class PartitionerSettings(CommonSettings):
         "placements as they are.",
     )
     mps_reserve_mib: int = Field(512, ge=0, description="GPU memory kept for the MPS server.")
+    mps_thread_policy: ThreadPolicy = Field(
+        ThreadPolicy.PROPORTIONAL,
+        description="Each MPS slice's active-thread percentage: proportional to its share of "
+        "the GPU's usable memory (default), or full (100: no compute limit).",
+    )
     placement_weight: PlacementWeight = Field(
         PlacementWeight.PODS,
         description="What the objective's placement level counts: pods (default) or compute "
@@ -466,6 +472,7 @@ class PartitionerSettings(CommonSettings):
             free_capacity_mps_sizes=parse_mps_sizes(self.free_capacity_mps_sizes),
             free_capacity_mig_profiles=parse_mig_profiles(self.free_capacity_mig_profiles),
             mps_reserve_mib=self.mps_reserve_mib,
+            mps_thread_policy=self.mps_thread_policy,
             mps_polish=self.mps_polish,
             placement_weight=self.placement_weight,
         )

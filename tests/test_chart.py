@@ -884,6 +884,7 @@ def test_partitioner_values_reach_its_settings(
                 "timeLimitSeconds": 0.25,
                 "weights": {"destroy": 7, "gpuTouched": 0},
                 "mpsReserveMiB": 1024,
+                "mpsThreadPolicy": "full",
                 "mpsPolish": False,
                 "placementWeight": "pods",
                 "freeCapacity": {
@@ -920,6 +921,7 @@ def test_partitioner_values_reach_its_settings(
         0,
     )
     assert p.mps_reserve_mib == 1024 and p.placement_weight == "pods" and p.mps_polish is False
+    assert p.mps_thread_policy == "full"
     assert (p.free_capacity_cpu_milli, p.free_capacity_memory_mib) == (4000, 0)
     assert p.free_capacity_mps_sizes == ((10240, 3.0), (20480, 1.0))
     assert p.free_capacity_mig_profiles == (

@@ -98,7 +98,8 @@ def test_a_mps_pod_may_go_to_a_hybrid_node() -> None:
 def test_specs_keep_and_carry_slices_inside_instances() -> None:
     obj = np("n1", observed=1, applied=True, gpus=_status(), mode="hybrid")
     current = NodePartitioning.model_validate(obj)
-    kept = _desired_now(current, 0)
+    kept = _desired_now(current, 0, Mode.HYBRID)
+    assert kept is not None
     host = next(m for m in kept.mig if m.start == 4)
     assert [(s.memoryMiB, s.activeThreadPercentage) for s in host.mps] == [(10240, 26)] * 2
     assert next(m for m in kept.mig if m.start == 0).mps == []
