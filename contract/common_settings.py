@@ -7,7 +7,9 @@ both and are parsed in one place; so are renamed variables (``RENAMED_ENV``).
 
 from __future__ import annotations
 
+import difflib
 import math
+import os
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -58,6 +60,24 @@ class CommonSettings(BaseSettings):
     def renamed_env_notes(self) -> list[str]:
         """Deprecation sentences for old variable names still set, to log at start."""
         return renamed_in_use(self.RENAMED_ENV)
+
+    def unknown_env_notes(self, environ: Mapping[str, str] | None = None) -> list[str]:
+        """One sentence per ``GPUSLICE_*`` environment variable that names no setting of this
+        component (a typo, or another component's setting), to log at start: such a variable
+        is ignored, and an operator who set ``GPUSLICE_BATCH_TIMEOUT`` meaning
+        ``GPUSLICE_BATCH_TIMEOUT_SECONDS`` would otherwise never learn why nothing changed."""
+        env = os.environ if environ is None else environ
+        known = {f"GPUSLICE_{name.upper()}" for name in type(self).model_fields}
+        notes = []
+        for key in sorted(env):
+            if not key.startswith("GPUSLICE_") or key in known or key in self.RENAMED_ENV:
+                continue
+            close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.8)
+            notes.append(
+                f"environment variable {key} is not a setting of this component and is "
+                "ignored" + (f"; did you mean {close[0]}?" if close else "")
+            )
+        return notes
 
     @field_validator("*", mode="before")
     @classmethod

@@ -385,6 +385,31 @@ def test_the_agent_logs_the_deprecated_variable(tmp_path: Path) -> None:
     assert json.loads(done.stdout)["conditions"][0]["status"] == "True"
 
 
+def test_a_variable_that_names_no_setting_is_told_with_the_closest_name() -> None:
+    """A ``GPUSLICE_*`` variable that names no setting of the component (a typo, another
+    component's setting) is ignored, and was ignored silently: now a warning at start names it
+    and the closest setting; renamed variables and real settings are not told."""
+    from node_agent.settings import AgentSettings
+    from partitioner.settings import PartitionerSettings
+
+    env = {
+        "GPUSLICE_BATCH_TIMEOUT": "5",
+        "GPUSLICE_BATCH_IDLE_SECONDS": "2",
+        "GPUSLICE_RETRY_SECONDS": "3",  # renamed: told by renamed_env_notes
+        "GPUSLICE_TOTALLY_UNKNOWN": "1",
+        "HOME": "/root",
+    }
+    notes = PartitionerSettings.model_construct().unknown_env_notes(env)
+    assert notes == [
+        "environment variable GPUSLICE_BATCH_TIMEOUT is not a setting of this component and is "
+        "ignored; did you mean GPUSLICE_BATCH_TIMEOUT_SECONDS?",
+        "environment variable GPUSLICE_TOTALLY_UNKNOWN is not a setting of this component and "
+        "is ignored",
+    ]
+    agent = AgentSettings.model_construct().unknown_env_notes(env)
+    assert any("GPUSLICE_BATCH_IDLE_SECONDS" in n for n in agent)  # the partitioner's, not its
+
+
 # -- help text against what is written ----------------------------------------------------------
 
 

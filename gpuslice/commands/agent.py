@@ -259,7 +259,7 @@ def run(args: argparse.Namespace) -> int:
         settings.log_level,
         constant={"node": settings.node_name} if settings.node_name else None,
     )
-    for note in settings.renamed_env_notes():
+    for note in [*settings.renamed_env_notes(), *settings.unknown_env_notes()]:
         logging.getLogger("gpuslice.agent").warning(note)
     try:
         catalog = load_catalog([*settings.catalog_files, *catalog_files(args.catalog)])

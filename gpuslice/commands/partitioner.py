@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     configure_logging(settings)  # kopf's records too: GPUSLICE_LOG_FORMAT, GPUSLICE_LOG_LEVEL
-    for note in settings.renamed_env_notes():
+    for note in [*settings.renamed_env_notes(), *settings.unknown_env_notes()]:
         logging.getLogger("gpuslice.partitioner").warning(note)
     try:
         controller = Controller(settings)
