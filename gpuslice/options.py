@@ -27,7 +27,7 @@ import argparse
 import math
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ __all__ = [
     "numbers",
     "out_folder",
     "range_text",
+    "settings_problems",
     "trace_needs_cluster",
 ]
 
@@ -281,3 +282,27 @@ def out_folder(
         if file.exists() and not os.access(file, os.W_OK):
             raise refuse(f"{file} is not writable")
     return root
+
+
+def settings_problems(
+    errors: Sequence[Any],
+    renamed: Mapping[str, str],
+    flags: Callable[[str], str | None] = lambda name: None,
+) -> str:
+    """A settings class's validation errors (pydantic's ``ValidationError.errors()``) as one
+    line, each naming the setting, its flag (``flags``: the field's flag, or ``None``) and its
+    environment variable (with a deprecated name still set, ``renamed``: old -> field)."""
+    out = []
+    for err in errors:
+        loc, msg = tuple(err["loc"]), str(err["msg"])
+        if not loc:
+            out.append(msg)
+            continue
+        name = str(loc[0])
+        old = [o for o, f in renamed.items() if f == name and o in os.environ]
+        env = " or ".join([f"GPUSLICE_{name.upper()}", *(f"{o} (deprecated)" for o in old)])
+        flag = flags(name)
+        where = f"{flag} or {env}" if flag else env
+        item = "".join(f"[{part}]" for part in loc[1:])
+        out.append(f"{name}{item} ({where}): {msg}")
+    return "; ".join(out)

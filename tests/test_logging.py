@@ -325,5 +325,12 @@ def test_agent_log_level_drops_lower_records(tmp_path: Path) -> None:
     assert quiet.stderr == ""
     bad = run_agent(tmp_path, GPUSLICE_LOG_FORMAT="xml")
     assert bad.returncode == 2
-    assert bad.stderr.startswith("gpuslice agent: error: invalid GPUSLICE_* agent settings")
-    assert "log_format" in bad.stderr and "'xml'" in bad.stderr
+    # one line naming the setting and its variable (not pydantic's multi-line dump)
+    assert bad.stderr.startswith(
+        "gpuslice agent: error: invalid agent settings: log_format (GPUSLICE_LOG_FORMAT): "
+    )
+    assert "'text'" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    assert "errors.pydantic.dev" not in bad.stderr
+    bad = run_agent(tmp_path, GPUSLICE_XID_IGNORE="48,abc")
+    assert bad.returncode == 2
+    assert "xid_ignore[1] (GPUSLICE_XID_IGNORE): " in bad.stderr

@@ -31,7 +31,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
 from gpuslice.cli import BadInput
-from gpuslice.options import add_catalog_argument, catalog_files
+from gpuslice.options import add_catalog_argument, catalog_files, settings_problems
 from gpuslice.output import Column, add_output_argument, emit, render_table
 
 HELP = "run the node agent (use --fake without a GPU)"
@@ -243,14 +243,17 @@ def _print_devices(devices: Mapping[str, Sequence[Any]]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
     from contract.catalog_files import load_catalog
     from node_agent.settings import AgentSettings
     from planner.catalog import CatalogError
 
     try:
         settings = AgentSettings()  # type: ignore[call-arg]  # fields come from GPUSLICE_* env
-    except ValueError as e:
-        raise BadInput(f"invalid GPUSLICE_* agent settings: {e}") from e
+    except ValidationError as e:
+        problems = settings_problems(e.errors(), AgentSettings.RENAMED_ENV)
+        raise BadInput(f"invalid agent settings: {problems}") from None
     from contract.logs import configure as configure_logging
 
     # GPUSLICE_LOG_FORMAT (text or json) and GPUSLICE_LOG_LEVEL; every record names the node.

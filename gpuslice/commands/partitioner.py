@@ -17,14 +17,18 @@ import argparse
 import asyncio
 import enum
 import logging
-import os
 import typing
 from typing import Any
 
 from pydantic import ValidationError
 
 from gpuslice.cli import BadInput
-from gpuslice.options import add_catalog_argument, catalog_files, deprecated_alias
+from gpuslice.options import (
+    add_catalog_argument,
+    catalog_files,
+    deprecated_alias,
+    settings_problems,
+)
 from partitioner.settings import PartitionerSettings
 
 HELP = "run the partitioner controller (kopf; leader election over a Lease when enabled)"
@@ -89,16 +93,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             deprecated_alias(parser, OLD_FLAGS[name], flag, name)
 
 
-def _describe(loc: tuple[int | str, ...], msg: str) -> str:
-    if not loc:
-        return msg
-    name = str(loc[0])
-    flag = FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
-    old = [o for o, f in PartitionerSettings.RENAMED_ENV.items() if f == name and o in os.environ]
-    env = " or ".join([f"GPUSLICE_{name.upper()}", *(f"{o} (deprecated)" for o in old)])
-    return f"{name} ({flag} or {env}): {msg}"
-
-
 def _settings(args: argparse.Namespace) -> PartitionerSettings:
     given: dict[str, Any] = {
         k: getattr(args, k)
@@ -110,7 +104,11 @@ def _settings(args: argparse.Namespace) -> PartitionerSettings:
     try:
         return PartitionerSettings(**given)
     except ValidationError as e:
-        problems = "; ".join(_describe(err["loc"], err["msg"]) for err in e.errors())
+        problems = settings_problems(
+            e.errors(),
+            PartitionerSettings.RENAMED_ENV,
+            lambda name: FLAG_NAMES.get(name, "--" + name.replace("_", "-")),
+        )
         raise BadInput(f"invalid partitioner settings: {problems}") from None
 
 
