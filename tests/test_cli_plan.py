@@ -112,6 +112,29 @@ def test_snapshot_file_is_planned(capsys: pytest.CaptureFixture[str], tmp_path: 
     ]
 
 
+def test_pods_refused_before_planning_are_unplaced_pods_with_their_reason(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A pending pod refused before the planner sees it (a name no GPU advertises) is a pod of
+    the batch the plan cannot place: counted pending, listed Unplaced with why (it was a note
+    on stderr only, and the table said "Unplaced (0)")."""
+    doc = kubectl_doc()
+    misspelt = json.loads(json.dumps(doc["items"][1]))
+    misspelt["metadata"] |= {"name": "typo", "uid": "p2"}
+    misspelt["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/mig-3G.40GB": "1"}
+    doc["items"].append(misspelt)
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps(doc))
+    rc, out, _ = run_cli(capsys, "plan", "--snapshot", str(path), "--json")
+    assert rc == 0
+    plan = json.loads(out)
+    assert plan["pending_pods"] == 2 and list(plan["assignments"]) == ["ml/job"]
+    assert list(plan["unplaced"]) == ["ml/typo"]
+    assert "did you mean nvidia.com/mig-3g.40gb" in plan["unplaced"]["ml/typo"]
+    rc, out, _ = run_cli(capsys, "plan", "--snapshot", str(path))
+    assert rc == 0 and "Unplaced (1):" in out and "ml/typo" in out
+
+
 @pytest.mark.parametrize(
     ("content", "expected"),
     [

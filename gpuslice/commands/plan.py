@@ -124,11 +124,15 @@ def read_reading(path: str, catalog: Catalog) -> tuple[Any, Any, dict[str, list[
 
 def _read_snapshot(
     path: str, catalog: Catalog
-) -> tuple[Snapshot, list[str], dict[str, dict[str, Any]]]:
+) -> tuple[Snapshot, list[str], dict[str, dict[str, Any]], dict[str, str]]:
+    """The planner input, the notes on what was left out, the nodes read, and the pending pods
+    refused before planning (a name no GPU advertises, two MPS slices, no eligible node), with
+    why: they are unplaced pods of the batch as much as those the planner could not place."""
     from partitioner.snapshot import reading_notes
 
     _, reading, assumed = read_reading(path, catalog)
-    return reading.snapshot(), reading_notes(reading), nodes_read(reading, assumed)
+    refused = {p: f"cannot place: {r}" for p, r in reading.rejected.items()}
+    return reading.snapshot(), reading_notes(reading), nodes_read(reading, assumed), refused
 
 
 def nodes_read(
@@ -296,12 +300,13 @@ def run(args: argparse.Namespace) -> int:
     catalog = _load_catalog(args.catalog)
     warnings: list[str] = []
     read: dict[str, dict[str, Any]] = {}
+    refused: dict[str, str] = {}
     if args.demo:
         from simulations.inputs.instances import demo_snapshot
 
         snapshot = demo_snapshot()
     else:
-        snapshot, warnings, read = _read_snapshot(args.snapshot, catalog)
+        snapshot, warnings, read, refused = _read_snapshot(args.snapshot, catalog)
     for w in warnings:
         print(f"gpuslice plan: note: {w}", file=sys.stderr)
     settings = PlannerSettings(
@@ -314,6 +319,8 @@ def run(args: argparse.Namespace) -> int:
         source = "the demo snapshot" if args.demo else f"snapshot file {args.snapshot}"
         raise BadInput(f"{source}: {e}") from e
     doc = plan_document(snapshot, result, time.perf_counter() - start)
+    doc["pending_pods"] += len(refused)
+    doc["unplaced"] = dict(sorted({**doc["unplaced"], **refused}.items()))
     doc["nodes_read"] = read
     doc["warnings"] = warnings
     emit(doc, args.output, lambda wide, width: render_text(doc, wide, width))
