@@ -49,6 +49,32 @@ def test_every_node_problem_reason_is_documented() -> None:
     assert not missing, f"docs/operations.md does not name {missing}"
 
 
+def agent_block_reasons() -> set[str]:
+    """Every reason a node agent gives for a GPU it does not change (``Block``, ``_blocked``)."""
+    found: set[str] = set()
+    for path in (ROOT / "node_agent").glob("*.py"):
+        text = path.read_text()
+        found |= set(re.findall(r'Block\(\s*"([A-Z][A-Za-z]+)"', text))
+        found |= set(re.findall(r'_blocked\(\s*\w+,\s*"([A-Z][A-Za-z]+)"', text))
+        found |= set(re.findall(r'^\s*"([A-Z][A-Za-z]+InUse)",\s*$', text, re.MULTILINE))
+    return found
+
+
+def test_every_agent_reason_and_partitioner_event_is_documented() -> None:
+    """What an operator reads in ``kubectl describe np`` or ``kubectl get events`` is in
+    docs/operations.md: every agent block reason, every Event reason the partitioner posts."""
+    reasons = agent_block_reasons()
+    assert {"InstanceInUse", "InUseUnknown", "InvalidSpec", "MIGModePending"} <= reasons
+    events: set[str] = set()
+    for path in (ROOT / "partitioner").glob("*.py"):
+        events |= set(
+            re.findall(r'EmitEvent\(\s*[^,]+,\s*"(?:Normal|Warning)",\s*"([A-Za-z]+)"', path.read_text())
+        )
+    assert {"SpecConflict", "PatchRefused"} <= events
+    missing = sorted(r for r in reasons | events if f"`{r}`" not in OPERATIONS)
+    assert not missing, f"docs/operations.md does not name {missing}"
+
+
 def test_gpu_operator_labels_are_the_ones_the_code_checks(notes: str) -> None:
     for label, (reason, _) in OPERANDS_OFF.items():
         for name, text in [
