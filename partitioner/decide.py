@@ -682,6 +682,8 @@ class _Step:
         """Candidates that are gated (gpuslice releases them)."""
         self.drains: dict[str, Reservation] = {}
         self.rejected: dict[str, str] = {}
+        self.write_error = ""
+        """Why a node's part of this step's plan was not written (:meth:`_write_plan`)."""
         self.waiting: dict[str, str] = {}
         self.seen: set[str] = set()
         self.counts: Counter[str] = Counter()
@@ -2275,23 +2277,48 @@ class _Step:
         for key, a in sorted(plan.assignments.items()):
             by_node.setdefault(a.node, []).append(key)
         written: set[str] = set()
+        failed: set[str] = set()
         for node in sorted({n for n, _ in plan.layouts}):
             ledger = self.ledgers.get(node)
             if ledger is None:
                 continue
             np = ledger.np
-            gpus = [
-                g
-                for i in range(ledger.gpu.gpu_count)
-                if (
-                    g := _desired_planned(plan.layouts[(node, i)])
-                    if (node, i) in plan.layouts
-                    else _desired_now(np, i, ledger.gpu.mode)
-                    if ledger.reported
-                    else _desired_adopted(ledger, i)
+            try:
+                gpus = [
+                    g
+                    for i in range(ledger.gpu.gpu_count)
+                    if (
+                        g := _desired_planned(plan.layouts[(node, i)])
+                        if (node, i) in plan.layouts
+                        else _desired_now(np, i, ledger.gpu.mode)
+                        if ledger.reported
+                        else _desired_adopted(ledger, i)
+                    )
+                    is not None
+                ]
+                spec = NodePartitioningSpec(planId=plan_id, mode=ledger.gpu.mode.value, gpus=gpus)
+            except ValueError as e:
+                # A layout no spec can hold (a bug between the planner and the spec's
+                # rules): this node's part of the plan is dropped, its pods wait for the
+                # next batch, and every other node's spec is still written -- one bad node
+                # raised out of the whole step before, every step, for the whole cluster.
+                failed.add(node)
+                why = " ".join(str(e).split())[:400]
+                self.write_error = self.write_error or (
+                    f"plan {plan_id} for node {node} not written: {why}"
                 )
-                is not None
-            ]
+                info = self.index.nodes.get(node)
+                self.actions.append(
+                    EmitEvent(
+                        _node_ref(info) if info is not None else ObjectRef("Node", node),
+                        "Warning",
+                        "PlanNotWritten",
+                        f"plan {plan_id} not written: its layout for this node is not a valid "
+                        f"spec ({why}); the node's pods are planned again next batch. Please "
+                        "report this with the NodePartitioning's status",
+                    )
+                )
+                continue
             old = _layout_key(np.spec.gpus if np is not None else ())
             new = _layout_key(gpus)
             if old == new and ledger.reported and np is not None:
@@ -2316,14 +2343,13 @@ class _Step:
                     for k in keys
                     if k in pods
                 )
-            spec = NodePartitioningSpec(planId=plan_id, mode=ledger.gpu.mode.value, gpus=gpus)
             rv = np.metadata.resourceVersion if np is not None else None
             self.actions.append(WriteSpec(node, spec, rv, keys, events, planned_at=self.now))
             ledger.busy = True
             written.add(node)
         for key, a in sorted(plan.assignments.items()):
             pod = pods.get(key)
-            if pod is None:
+            if pod is None or a.node in failed:
                 continue
             if not self.config.reservation:
                 if a.node not in written:
@@ -2417,7 +2443,7 @@ class _Step:
         self.preempt(plan)
         self.scale_up(plan)
         self.start_drains(plan)
-        return plan, plan_id, batch, reconfigured, ""
+        return plan, plan_id, batch, reconfigured, self.write_error
 
     def warm_slices(self) -> None:
         """Step 10: make one warm slice if a common one-slice request has no free slice left.

@@ -422,3 +422,41 @@ def test_a_node_whose_agent_reports_another_gpu_model_is_a_node_problem() -> Non
         state = d.state
         specs += [a for a in d.actions if isinstance(a, WriteSpec)]
     assert specs and "m" not in d.problems
+
+
+def test_a_layout_no_spec_can_hold_drops_that_node_only() -> None:
+    """A plan whose layout for one node is no valid spec (a bug between the planner and the
+    spec's rules: here a 0 MiB MPS slice) loses that node's part only: the other node's spec
+    and reservation are written, the bad node gets a Warning Event, the step reports the
+    error, and the pod planned there is not promised anything.  It raised out of the whole
+    step before, every step, for every node of the cluster."""
+    from planner.snapshot import Assignment, PlannedGpu, PlannedSlice
+
+    def bad_for_m2(snapshot: Any, settings: Any, catalog: Any) -> Plan:
+        layouts = {
+            ("m1", 0): PlannedGpu("m1", 0, mps=(PlannedSlice(10240, 13),)),
+            ("m2", 0): PlannedGpu("m2", 0, mps=(PlannedSlice(0, 13),)),
+        }
+        assignments = {
+            "ns/a": Assignment("m1", {"nvidia.com/gpu-10gb": (0,)}),
+            "ns/b": Assignment("m2", {"nvidia.com/gpu-10gb": (0,)}),
+        }
+        return Plan(layouts, assignments, {})
+
+    config = replace(CONFIG, planner=bad_for_m2, reservation=True)
+    mps = {"gpuslice.io/partitioning": "mps", **A100, "nvidia.com/gpu.count": "1"}
+    objs = [
+        node("m1", mps),
+        node("m2", mps),
+        np("m1", mode="mps", observed=1, applied=True),
+        np("m2", mode="mps", observed=1, applied=True),
+        pod("a", {"nvidia.com/gpu-10gb": "1"}),
+        pod("b", {"nvidia.com/gpu-10gb": "1"}),
+    ]
+    d = run(run(ControllerState(), objs, 0, config).state, objs, 11, config)
+    assert [a.node for a in d.actions if isinstance(a, WriteSpec)] == ["m1"]
+    (told,) = [a for a in d.actions if isinstance(a, EmitEvent) and a.reason == "PlanNotWritten"]
+    assert told.ref.name == "m2" and told.type == "Warning" and "memoryMiB" in told.message
+    assert "node m2 not written" in d.error
+    patched = {a.pod for a in d.actions if type(a).__name__ == "PatchPod"}
+    assert "ns/a" in patched and "ns/b" not in patched
