@@ -523,18 +523,29 @@ class Reconciler:
                     continue  # draining: only the daemons pods still use
                 wanted[mps_key(i)] = self._daemon(mps_key(i), g.info.uuid, i, None, g.slices)
                 whole_gpu[mps_key(i)] = g
-            if i in hybrid:
-                for inst in g.instances:
-                    if inst.uuid:
-                        k = mps_key(i, inst.start)
-                        wanted[k] = self._daemon(k, inst.uuid, i, inst.start, inst.slices or ())
+            for inst in g.instances:
+                if not inst.uuid:
+                    continue
+                k = mps_key(i, inst.start)
+                # a host the spec does not make hybrid (the node was relabelled, or the GPU is
+                # left out of the spec) keeps its daemon only while its pods use it
+                if i in hybrid or (inst.slices and _daemon_in_use(k, observed, set())):
+                    wanted[k] = self._daemon(k, inst.uuid, i, inst.start, inst.slices or ())
         running = self._supervisor.running()
         unwanted = {
             k
             for k in running - set(wanted)
             if not _daemon_in_use(k, observed, set()) and _key_gpu(k) not in unreadable
         }  # an unreadable GPU's daemons are left alone: their clients are not known
-        unhealthy: set[str] = set()
+        # the slices of a host whose daemon is not wanted (a host left out of a hybrid spec
+        # keeps its slice table) are advertised Unhealthy, from the publish before it stops
+        unhealthy: set[str] = {
+            s.device_id
+            for g in observed
+            for inst in g.instances
+            if inst.uuid and inst.slices and mps_key(g.info.index, inst.start) not in wanted
+            for s in inst.slices
+        }
         ops = 0
         for key, d in sorted(wanted.items()):
             gpu = whole_gpu.get(key)
@@ -564,11 +575,14 @@ class Reconciler:
             i = g.info.index
             if not g.info.mig_enabled and g.slices and mps_key(i) not in running:
                 out |= {s.device_id for s in g.slices}
-            if i in hybrid:
-                for inst in g.instances:
-                    if inst.uuid and mps_key(i, inst.start) not in running:
-                        out.add(inst.uuid)
-                        out |= {s.device_id for s in inst.slices or ()}
+            for inst in g.instances:
+                if not inst.uuid or mps_key(i, inst.start) in running:
+                    continue
+                if i in hybrid:
+                    out.add(inst.uuid)
+                    out |= {s.device_id for s in inst.slices or ()}
+                elif inst.slices:  # a host outside a hybrid spec, its daemon stopped
+                    out |= {s.device_id for s in inst.slices}
         return out
 
     async def _stop_daemons(

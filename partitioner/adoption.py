@@ -174,17 +174,28 @@ def gpus_from_status(
 
 def foreign_mode(gpu: GpuState, mode: Mode) -> bool:
     """Does ``gpu`` hold devices of another mode than its node's ``mode`` (MIG instances on an
-    MPS node, whole-GPU MPS slices on a MIG or hybrid node)?"""
-    return bool(gpu.mig) if mode is Mode.MPS else bool(gpu.mps)
+    MPS node; whole-GPU MPS slices on a MIG or hybrid node; MIG instances hosting MPS slices
+    on a MIG node)?"""
+    if mode is Mode.MPS:
+        return bool(gpu.mig)
+    if mode is Mode.MIG:
+        return bool(gpu.mps) or any(m.mps for m in gpu.mig)
+    return bool(gpu.mps)
 
 
 def _without_foreign(gpu: GpuState, mode: Mode) -> GpuState:
     """``gpu`` without its free devices of the other mode, or locked as it is with one in use
-    (:func:`gpus_from_status`)."""
+    (:func:`gpus_from_status`).  A free host on a MIG node is left out whole: planned as free
+    space (a spec that keeps it there lists it as a plain instance, and the agent clears its
+    slice table), never offered as an instance of its profile while it still hosts slices."""
     if mode is Mode.MPS:
         used = any(m.used or any(s.used for s in m.mps) for m in gpu.mig)
         return replace(gpu, locked=True) if used else replace(gpu, mig=())
     used = any(s.used for s in gpu.mps)
+    if mode is Mode.MIG:
+        used = used or any(m.mps and (m.used or any(s.used for s in m.mps)) for m in gpu.mig)
+        if not used:
+            return replace(gpu, mps=(), mig=tuple(m for m in gpu.mig if not m.mps))
     return replace(gpu, locked=True) if used else replace(gpu, mps=())
 
 

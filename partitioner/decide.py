@@ -534,10 +534,15 @@ def _desired_now(np: NodePartitioning | None, index: int, mode: Mode) -> Desired
     if np is not None and np.status is not None:
         for g in np.status.gpus:
             if g.index == index:
-                if g.mig if mode is Mode.MPS else g.mps:
+                hosts = mode is Mode.MIG and any(m.mps for m in g.mig)
+                if (g.mig if mode is Mode.MPS else g.mps) or hosts:
                     if gpus_from_status(np, index + 1, mode)[index].locked:
                         return None
-                    g = g.model_copy(update={"mig": []} if mode is Mode.MPS else {"mps": []})
+                    if mode is Mode.MPS:
+                        g = g.model_copy(update={"mig": []})
+                    else:  # a free host stays, as a plain instance
+                        plain = [m.model_copy(update={"mps": []}) for m in g.mig]
+                        g = g.model_copy(update={"mps": [], "mig": plain if hosts else g.mig})
                 return DesiredGpu(
                     index=index,
                     mig=[

@@ -212,3 +212,30 @@ def test_the_numbers_docs_hybrid_md_states() -> None:
     text = (Path(__file__).resolve().parent.parent / "docs" / "hybrid.md").read_text()
     for claim in ("26 %", "three 12 GiB slices", "40448 MiB", "`InstanceInUse`", "`SliceInUse`"):
         assert claim in text
+
+
+def test_a_host_left_out_of_a_hybrid_spec_keeps_its_daemon_only_while_used() -> None:
+    """A hybrid node relabelled to mig gets a spec listing no GPU (or a hybrid spec leaves a
+    GPU out): the hosts stay as they are.  A host whose slices no pod uses loses its daemon,
+    and its slices are advertised Unhealthy in the same pass, before the daemon stops (they
+    were advertised Healthy naming a pipe no daemon served: a pod given one ran outside MPS,
+    with no memory or thread limit); a host a pod uses keeps its daemon and its slices."""
+    node = Node()
+    res = node.run(hybrid_spec(("3g.40gb", 4, [(10240, 26), (10240, 26)]), ("4g.40gb", 0, [])))
+    assert res.applied and sorted(node.sup.daemons) == ["gpu0-mig0", "gpu0-mig4"]
+    slices = sorted(d.id for d in res.devices["nvidia.com/gpu-10gb"])
+    relabelled = {"planId": "2", "mode": "mig", "gpus": []}
+
+    node.pods.ids = {slices[0]}  # a pod holds one slice: its host's daemon stays
+    res = node.run(relabelled, 2)
+    assert "gpu0-mig4" in node.sup.daemons
+    assert all(d.healthy for d in res.devices["nvidia.com/gpu-10gb"])
+
+    node.pods.ids = set()  # it left: the daemon goes, its slices are Unhealthy at once
+    res = node.run(relabelled, 2)
+    assert "gpu0-mig4" not in node.sup.daemons
+    assert node.published[-1]["nvidia.com/gpu-10gb"]
+    assert not any(d.healthy for d in node.published[-1]["nvidia.com/gpu-10gb"])
+    assert all(d.healthy for d in res.devices["nvidia.com/mig-4g.40gb"])  # a plain instance
+    res = node.run(relabelled, 2)
+    assert not any(d.healthy for d in res.devices["nvidia.com/gpu-10gb"])

@@ -6,6 +6,7 @@ which is also the path ungated pods take; the reservation flow is in
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Any
 
@@ -328,8 +329,10 @@ def _mode_change_step(mode: str, gpus: list[dict[str, Any]], *objs: dict[str, An
     ``gpus``: the specs written."""
     cfg = DecideConfig(catalog=default_catalog(), policy=BatchPolicy(timeout=60, idle=10, retry=60))
     n = node("m", {"gpuslice.io/partitioning": mode, **A100})
-    for g in gpus:  # the kubelet advertises what the agent reports
-        for d in [*g.get("mig", ()), *g.get("mps", ())]:
+    for g in gpus:  # the kubelet advertises what the agent reports (a host: its slices)
+        hosted = [s for m in g.get("mig", ()) for s in m.get("mps", ())]
+        plain = [m for m in g.get("mig", ()) if not m.get("mps")]
+        for d in [*plain, *g.get("mps", ()), *hosted]:
             r = (
                 f"nvidia.com/mig-{d['profile']}"
                 if "profile" in d
@@ -460,3 +463,33 @@ def test_a_layout_no_spec_can_hold_drops_that_node_only() -> None:
     assert "node m2 not written" in d.error
     patched = {a.pod for a in d.actions if type(a).__name__ == "PatchPod"}
     assert "ns/a" in patched and "ns/b" not in patched
+
+
+def test_hosts_on_a_mig_node_are_planned_around_or_made_plain_instances() -> None:
+    """A hybrid node relabelled to mig whose agent still reports a host (a MIG instance with
+    MPS slices inside): the specs copied the host's slices into a MIG spec, which the contract
+    refuses, so every plan for the node failed.  A host with a used slice locks its GPU (left
+    out of plan and spec); a free one is planned as free space and, kept, asked for as a plain
+    instance (the agent then clears its slice table)."""
+    host = {
+        "profile": "3g.40gb",
+        "start": 4,
+        "deviceId": "MIG-77a3",
+        "mps": [{"memoryMiB": 10240, "activeThreadPercentage": 26, "deviceId": "MIG-77a3-mps0"}],
+    }
+    running = pod("r", {"nvidia.com/gpu-10gb": "1"}, node_name="m", phase="Running")
+    want = pod("p", {"nvidia.com/mig-7g.80gb": "1"})
+    for used in (True, False):
+        h = json.loads(json.dumps(host))
+        h["used"] = used
+        h["mps"][0]["used"] = used
+        gpus = [
+            {"index": 0, "uuid": "GPU-0", "migEnabled": True, "mig": [h]},
+            {"index": 1, "uuid": "GPU-1", "migEnabled": True},
+        ]
+        specs = _mode_change_step("mig", gpus, *([running] if used else []), want)
+        assert specs, used
+        for spec in specs:
+            assert all(not m.mps for g in spec.gpus for m in g.mig)
+            if used:
+                assert 0 not in [g.index for g in spec.gpus]
