@@ -165,7 +165,16 @@ _IMPLICIT_WHEN_FALSE = ("unhealthy", "foreign")
 partitioner that predates them."""
 
 
-class _Health(_Model):
+class _StatusModel(_Model):
+    """Status parts: read with unknown fields ignored, so a component of the previous release
+    reads what a newer one writes during an upgrade (the agent rolls after the partitioner; a
+    new field of ``status.reservations`` or of a GPU's report must not fail its every pass).
+    Specs stay strict: a misspelt field there is an error to report."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
+
+
+class _Health(_StatusModel):
     """A status entry the agent may report ``unhealthy``: advertised Unhealthy to the kubelet
     (an XID critical error, a GPU NVML cannot read), so it takes no new pod and the
     partitioner neither offers nor repartitions it.  ``unhealthy`` is written only when true, so
@@ -220,7 +229,7 @@ class ActualGpu(_Health):
     mps: list[ActualMpsSlice] = Field(default_factory=list)
 
 
-class Condition(_Model):
+class Condition(_StatusModel):
     type: Literal["Applied", "Degraded", "Ready"]
     status: Literal["True", "False", "Unknown"]
     reason: str = ""
@@ -229,7 +238,7 @@ class Condition(_Model):
     observedGeneration: int = 0
 
 
-class ReservationEntry(_Model):
+class ReservationEntry(_StatusModel):
     """A promise the partitioner made on this node (written by the partitioner)."""
 
     pod: str = Field(description="namespace/name of the pod")
@@ -250,7 +259,7 @@ MAX_FAILURE_MESSAGE = 1024
 """Longest ``message`` of a prepare failure (the agent cuts longer ones)."""
 
 
-class PrepareFailure(_Model):
+class PrepareFailure(_StatusModel):
     """A ResourceClaim allocated on this node whose last prepare failed (DRA mode)."""
 
     claim: str = Field(max_length=512, description="namespace/name of the ResourceClaim")
@@ -263,7 +272,7 @@ class PrepareFailure(_Model):
     since: str = Field(default="", description="RFC 3339: the first failure of this claim")
 
 
-class NodePartitioningStatus(_Model):
+class NodePartitioningStatus(_StatusModel):
     """Actual state, written by the node agent (``reservations``: by the partitioner)."""
 
     observedGeneration: int = 0
@@ -355,10 +364,19 @@ def _openapi(model: type[BaseModel]) -> dict[str, Any]:
                 return walk(defs[node["$ref"].split("/")[-1]])
             out: dict[str, Any] = {}
             for k, v in node.items():
-                if k in ("title", "additionalProperties"):
+                if k in ("title", "additionalProperties", "default"):
+                    # no defaults: the API server fills them in on every write and read, so a
+                    # flag the agent writes only when true would reach older readers, which
+                    # do not know it, on every object after a CRD upgrade
                     continue
                 if k == "const":
                     out["enum"] = [v]
+                    continue
+                if k in ("exclusiveMaximum", "exclusiveMinimum") and not isinstance(v, bool):
+                    # JSON Schema's number form; a CRD's JSONSchemaProps takes the OpenAPI
+                    # v3.0 form (a bound plus a boolean), and the API server refuses the other
+                    out["maximum" if k == "exclusiveMaximum" else "minimum"] = v
+                    out[k] = True
                     continue
                 out[k] = walk(v)
             if "anyOf" in out:  # Optional[X]: pydantic emits anyOf [X, null]

@@ -419,7 +419,8 @@ def test_a_reservation_that_is_not_the_pods_request_is_ignored(
 @pytest.mark.parametrize(
     ("bend", "where"),
     [
-        (lambda g: g.__setitem__("temperatureC", 41), "status.gpus.0.temperatureC"),
+        # (an unknown status field is a newer release's and is read past: test_contract_crd)
+        (lambda g: g["mig"][0].__setitem__("used", "maybe"), "status.gpus.0.mig.0.used"),
         (lambda g: g["mig"][0].__setitem__("start", -1), "status.gpus.0.mig.0.start"),
     ],
 )
