@@ -606,14 +606,17 @@ def _adopt_mig(
     if per_gpu is not None:
         gpus_used = {i: c for i, c in nos_used.items()}
         nos_sum: Counter[str] = sum(nos_used.values(), Counter())
+        # nos's per-GPU "used" annotations are as old as nos's last report: once nos is gone a
+        # pod may end on one GPU and another start on a second, the totals unchanged, so which
+        # GPU holds what is never taken from them -- while pods use MIG instances every GPU
+        # with instances is locked, as from GPU Feature Discovery's labels (trusting matching
+        # totals, a plan reshaped a GPU under a running pod)
+        gpus_used_known = False
         if +nos_sum != +use.mig:
             notes.append(
                 f"nos says {_describe(nos_sum)} in use, the pods hold {_describe(use.mig)}: which "
                 f"GPU holds them is unknown"
             )
-            gpus_used_known = False
-        else:
-            gpus_used_known = True
         contents = {i: tuple(sorted((+per_gpu.get(i, Counter())).items())) for i in range(count)}
         index_known = True
     else:

@@ -147,7 +147,9 @@ def test_nos_annotations_give_instances_per_gpu() -> None:
     running = [pod(f"r{i}", "nvidia.com/mig-1g.10gb", on="n") for i in range(7)]
     v = view(n, *running, pod("t", "nvidia.com/mig-3g.40gb", on="n"))
     g0, g1, g2 = gpus_of(v, "n")
-    assert not g0.locked and all(i.used for i in g0.mig) and len(g0.mig) == 7
+    # nos's per-GPU "used" is as old as nos's last report: which GPU holds the pods is not
+    # taken from it, so every GPU with instances is locked while pods use them
+    assert g0.locked and all(i.used for i in g0.mig) and len(g0.mig) == 7
     assert g1.locked and [i.profile for i in g1.mig] == ["3g.40gb", "3g.40gb"]  # which 3g?
     assert not g2.locked and not g2.mig
 
@@ -312,3 +314,18 @@ def test_an_uneven_split_is_a_guess_and_locked_when_something_is_in_use() -> Non
     assert gpus == gpus_of(v, "n")  # the same guess every time
     assert sum(len(g.mig) for g in gpus) == 9 and all(g.locked for g in gpus)
     assert "several ways" in " ".join(read_cluster(v, CAT).adopted["n"].notes)
+
+
+def test_stale_nos_use_annotations_never_unlock_a_gpu_a_pod_may_use() -> None:
+    """nos is gone (step 1 of the migration); a pod ended on GPU 0 and another started on
+    GPU 2 meanwhile, the totals unchanged: nos's annotations still say GPU 0.  Trusting them
+    left GPU 2 unlocked and read as free, and a plan reshaped it under the running pod."""
+    ann = {
+        "nos.nebuly.com/status-gpu-0-1g.10gb-used": "1",
+        "nos.nebuly.com/status-gpu-2-1g.10gb-free": "1",
+    }
+    n = node("n", 3, {"1g.10gb": 2}, annotations=ann)
+    v = view(n, pod("r", "nvidia.com/mig-1g.10gb", on="n"))
+    g0, g1, g2 = gpus_of(v, "n")
+    assert g0.locked and g2.locked  # either may hold the running pod's instance
+    assert not g1.locked and not g1.mig
