@@ -405,6 +405,12 @@ def _wants_slices(pod: Obj) -> bool:
     return False
 
 
+def _of_nos(pod: Obj) -> bool:
+    """A pod of nos (its chart's label): an agent of nos still runs where it is bound."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return isinstance(labels, Mapping) and labels.get("app.kubernetes.io/part-of") == "nos"
+
+
 def _trim_pod(pod: Obj, rejected: bool) -> dict[str, Any]:
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
@@ -793,6 +799,9 @@ class ClusterIndex:
         read from its :class:`PodInfo` (never changed once built), and the entry is removed
         with the same key when that PodInfo leaves the waiting set."""
         self.node_pods: dict[str, int] = {}
+        self.nos_agents: dict[str, set[str]] = {}
+        """Node -> the pods of nos (its agents: label app.kubernetes.io/part-of=nos) bound
+        there and not finished: such a node is not planned (``NosActive``)."""
         """Node -> a counter bumped whenever a pod bound to it appears, changes or goes."""
         self._eligible_shared: dict[str, frozenset[str]] = {}
         """Node constraints (:func:`_constraints_key`) -> eligible nodes at topology
@@ -1029,6 +1038,8 @@ class ClusterIndex:
                 self._slice_priorities[info.priority] += 1
         if info.node:
             self.node_pods[info.node] = self.node_pods.get(info.node, 0) + 1
+            if not info.finished and _of_nos(info.obj):
+                self.nos_agents.setdefault(info.node, set()).add(key)
         if info.stray:
             self.strays.add(key)
         if info.follower:
@@ -1116,6 +1127,11 @@ class ClusterIndex:
                     del self._slice_priorities[old.priority]
         if old.node:
             self.node_pods[old.node] = self.node_pods.get(old.node, 0) + 1
+            nos = self.nos_agents.get(old.node)
+            if nos is not None:
+                nos.discard(key)
+                if not nos:
+                    del self.nos_agents[old.node]
         self.strays.discard(key)
         self.followers.discard(key)
         self.rejections.discard(key)

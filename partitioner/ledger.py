@@ -998,6 +998,16 @@ def build_ledgers(
     for name, info in index.gpu_nodes().items():
         gpu = info.gpu
         assert gpu is not None
+        nos = index.nos_agents.get(name)
+        if nos:
+            problems[name] = NodeProblem(
+                name,
+                "NosActive",
+                f"nos still runs on this node (pod {min(nos)}, label "
+                "app.kubernetes.io/part-of=nos): its agent and gpuslice's would both change the "
+                "GPUs; uninstall nos first (docs/operations.md, 'Migrate from nos')",
+            )
+            continue
         reading = read_gpus(index, info)
         if isinstance(reading, NodeProblem):
             problems[name] = reading

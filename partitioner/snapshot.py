@@ -186,6 +186,29 @@ def opted_in(node: Obj) -> bool:
     return labels.get(GPUSLICE_LABEL) is not None or labels.get(NOS_LABEL) is not None
 
 
+NOS_SPEC_PLAN = "nos.nebuly.com/spec-partitioning-plan"
+NOS_STATUS_PLAN = "nos.nebuly.com/status-partitioning-plan"
+NOS_AGENT_LABEL = ("app.kubernetes.io/part-of", "nos")
+"""The label nos's chart puts on its pods (its MIG and GPU agents among them)."""
+
+
+def nos_partitioning(name: str, annotations: Mapping[str, str]) -> NodeProblem | None:
+    """``NosActive`` when nos's last plan for the node is not applied (its spec and status plan
+    annotations differ): nos is still partitioning the node, or was uninstalled in the middle
+    of it; both agents would create and destroy MIG instances on the same GPUs."""
+    spec, status = annotations.get(NOS_SPEC_PLAN), annotations.get(NOS_STATUS_PLAN)
+    if spec is None or spec == status:
+        return None
+    return NodeProblem(
+        name,
+        "NosActive",
+        f"nos's plan {spec} is not applied on this node ({NOS_STATUS_PLAN} is "
+        f"{status if status is not None else 'absent'}): nos is still partitioning it, or was "
+        "uninstalled in the middle; uninstall nos first, then remove its annotations from the "
+        "node (docs/operations.md, 'Migrate from nos')",
+    )
+
+
 def read_node(node: Obj, catalog: Catalog) -> GpuNode | NodeProblem | None:
     """A node's GPU facts, the problem that keeps it out of planning, or ``None`` (not opted in)."""
     name = _name(node)
@@ -211,6 +234,18 @@ def read_node(node: Obj, catalog: Catalog) -> GpuNode | NodeProblem | None:
             "InvalidPartitioningLabel",
             f"label {key}={value!r} is not one of {', '.join(allowed)}; fix or remove the label",
         )
+    nos_value = labels.get(NOS_LABEL)
+    if key == GPUSLICE_LABEL and nos_value is not None and str(nos_value) != value:
+        return NodeProblem(
+            name,
+            "ConflictingPartitioningLabels",
+            f"labels {GPUSLICE_LABEL}={value} and {NOS_LABEL}={nos_value} disagree (removing "
+            f"gpuslice's label alone would leave the node opted in as {nos_value}); remove "
+            f"nos's: kubectl label node {name} {NOS_LABEL}-",
+        )
+    nos_problem = nos_partitioning(name, (node.get("metadata") or {}).get("annotations") or {})
+    if nos_problem is not None:
+        return nos_problem
     mode = Mode.MIG if dra else Mode(value)
     product = labels.get(PRODUCT_LABEL)
     if not product:

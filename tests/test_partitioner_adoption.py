@@ -329,3 +329,39 @@ def test_stale_nos_use_annotations_never_unlock_a_gpu_a_pod_may_use() -> None:
     g0, g1, g2 = gpus_of(v, "n")
     assert g0.locked and g2.locked  # either may hold the running pod's instance
     assert not g1.locked and not g1.mig
+
+
+def test_a_node_nos_still_partitions_or_labels_that_disagree_are_left_out() -> None:
+    """nos is still at work on a node -- a pod of nos runs there, or nos's last plan is not
+    applied (its spec and status plan annotations differ) -- or gpuslice's and nos's opt-in
+    labels name different modes: such a node is a node problem naming the cause and the fix
+    (it was read as plannable: both agents would change the same GPUs, and removing
+    gpuslice's label alone left the node opted in as the other mode through nos's)."""
+    from partitioner.decide import ControllerState, DecideConfig, decide
+    from planner.catalog import default_catalog
+
+    def problems(*objs: dict[str, Any]) -> dict[str, Any]:
+        config = DecideConfig(catalog=default_catalog())
+        return decide(ControllerState(), view(*objs), 0, config).problems
+
+    assert problems(node("n", 1, {}, annotations={})) == {}
+    pending = {
+        "nos.nebuly.com/spec-partitioning-plan": "1763899999",
+        "nos.nebuly.com/status-partitioning-plan": "1763890211",
+    }
+    (p,) = problems(node("n", 1, {}, annotations=pending)).values()
+    assert p.reason == "NosActive" and "1763899999" in p.message
+    done = {**pending, "nos.nebuly.com/status-partitioning-plan": "1763899999"}
+    assert problems(node("n", 1, {}, annotations=done)) == {}
+
+    agent = pod("nos-mig-agent-8xk2p", "cpu", on="n")
+    agent["metadata"]["labels"] = {"app.kubernetes.io/part-of": "nos"}
+    (p,) = problems(node("n", 1, {}, annotations={}), agent).values()
+    assert p.reason == "NosActive" and "nos-mig-agent-8xk2p" in p.message
+
+    both = node("n", 1, {}, annotations={})
+    both["metadata"]["labels"]["gpuslice.io/partitioning"] = "mps"
+    both["metadata"]["labels"]["nos.nebuly.com/gpu-partitioning"] = "mig"
+    (p,) = problems(both).values()
+    assert p.reason == "ConflictingPartitioningLabels"
+    assert "nos.nebuly.com/gpu-partitioning-" in p.message
