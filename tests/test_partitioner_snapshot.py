@@ -108,7 +108,13 @@ class TestReadNode:
             "gpuslice.io/partitioning": "hybrid",
             **A100,
         }
-        assert read_node(node("n", both), CAT).mode is Mode.HYBRID  # type: ignore[union-attr]
+        # labels that disagree: a node problem naming the fix (removing gpuslice's label
+        # alone would leave the node opted in as mps through nos's)
+        conflict = read_node(node("n", both), CAT)
+        assert isinstance(conflict, NodeProblem)
+        assert conflict.reason == "ConflictingPartitioningLabels"
+        same = {**both, "gpuslice.io/partitioning": "mps"}
+        assert read_node(node("n", same), CAT).mode is Mode.MPS  # type: ignore[union-attr]
 
     @pytest.mark.parametrize(
         ("labels", "reason", "fragment"),
