@@ -855,8 +855,28 @@ class _Step:
             reason = self._rejects[key]
         else:
             reason = self._rejects[key] = _reject_reason(pod, eligible, self.gpu_nodes)
+        if reason is not None and reason.startswith("no eligible node"):
+            reason += self._left_out(pod)
         pod.reject_cache = (self.index.topology, reason)
         return reason
+
+    def _left_out(self, pod: PodInfo) -> str:
+        """The opted-in nodes the pod would fit but gpuslice leaves out for a problem with
+        their labels, as a sentence to add to a "no eligible node" reason (it blamed the pod's
+        selectors, affinity and tolerations while the cause was on the node)."""
+        fits = [
+            (name, problem)
+            for name, problem in sorted(self._label_problems().items())
+            if pod_fits_node(pod.obj, self.index.nodes[name].obj)
+        ]
+        if not fits:
+            return ""
+        name, problem = fits[0]
+        more = f" and {len(fits) - 1} more" if len(fits) > 1 else ""
+        return (
+            f"; node {name}{more}, which the pod would fit, is left out: {problem.reason}: "
+            f"{problem.message}"
+        )
 
     # ------------------------------------------------------------------ 1. housekeeping
 

@@ -493,3 +493,20 @@ def test_hosts_on_a_mig_node_are_planned_around_or_made_plain_instances() -> Non
             assert all(not m.mps for g in spec.gpus for m in g.mig)
             if used:
                 assert 0 not in [g.index for g in spec.gpus]
+
+
+def test_a_pod_whose_only_node_is_left_out_is_told_the_nodes_reason() -> None:
+    """The only opted-in node has a label problem (a GPU model the catalog lacks): the pod was
+    told no node "matches the pod's nodeSelector, affinity and tolerations" -- it has none;
+    now the reason names the node left out and why."""
+    a800 = {"gpuslice.io/partitioning": "mig", **A100}
+    a800["nvidia.com/gpu.product"] = "NVIDIA-A800-SXM4-80GB"
+    objs = [node("n1", a800), pod("p", {"nvidia.com/mig-3g.40gb": "1"})]
+    d = run(ControllerState(), objs, 0)
+    (told,) = [a for a in d.actions if isinstance(a, EmitEvent) and a.ref.kind == "Pod"]
+    assert "node n1, which the pod would fit, is left out: UnknownGpuModel" in told.message
+    other = {**a800, "team": "b"}
+    fenced = pod("q", {"nvidia.com/mig-3g.40gb": "1"}, nodeSelector={"team": "a"})
+    d = run(ControllerState(), [node("n1", other), fenced], 0)
+    (told,) = [a for a in d.actions if isinstance(a, EmitEvent) and a.ref.kind == "Pod"]
+    assert "left out" not in told.message  # its selector rules n1 out anyway
