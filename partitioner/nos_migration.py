@@ -40,6 +40,8 @@ __all__ = ["NOS_DEVICE_PLUGIN_LABEL", "MpsFit", "NodeNote", "PodChange", "check"
 
 NOS_DEVICE_PLUGIN_LABEL = "nvidia.com/device-plugin.config"
 NOS_MIB_PER_GB = 1000
+NOS_SCHEDULER = "nos-scheduler"
+"""The scheduler nos's chart installs (its elastic quotas need pods to name it)."""
 
 Obj = Mapping[str, Any]
 
@@ -66,6 +68,9 @@ class PodChange:
     nos_mib: int
     gpuslice_mib: int
     fits: tuple[MpsFit, ...]
+    refused: str = ""
+    """Why gpuslice can never place the pod as it asks (``nvidia.com/gpu-10gb: 2``: two MPS
+    slices, which nos summed into one), or ``""``: then no size fix applies."""
 
     @property
     def fewer_fit(self) -> bool:
@@ -77,6 +82,9 @@ class PodChange:
             f"{self.pod} ({where}): {self.resource} means {self.nos_mib} MiB under nos, "
             f"{self.gpuslice_mib} MiB under gpuslice"
         ]
+        if self.refused:
+            lines.append(f"  gpuslice refuses the pod as it asks: {self.refused}")
+            return "\n".join(lines)
         for f in self.fits:
             per = f"per {f.model} GPU ({f.gpu_memory_mib} MiB): {f.nos} fit under nos, {f.gpuslice} under gpuslice"
             if f.gpuslice >= f.nos:
@@ -139,6 +147,7 @@ def check(
             continue
         node = str((pod.get("spec") or {}).get("nodeName") or "")
         targets = [memory[node]] if node in memory else ([] if node else mps_models)
+        refused = reading.rejected.get(pod_key(pod), "")
         for resource in _mps_resources(pod):
             gb = mps_gb_of(resource) or 0
             changes.append(
@@ -149,9 +158,30 @@ def check(
                     gb * NOS_MIB_PER_GB,
                     gb * MIB_PER_GIB,
                     tuple(fits(gb, mib, reserve_mib, model) for model, mib in targets),
+                    refused,
                 )
             )
-    notes: list[NodeNote] = []
+    notes: list[NodeNote] = [
+        NodeNote(name, f"left out of plans: {problem.reason}: {problem.message}")
+        for name, problem in sorted(reading.problems.items())
+    ]
+    scheduler = sorted(
+        pod_key(pod)
+        for pod in pods
+        if (pod.get("spec") or {}).get("schedulerName") == NOS_SCHEDULER
+        and not (pod.get("spec") or {}).get("nodeName")
+        and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+    )
+    if scheduler:
+        notes.append(
+            NodeNote(
+                "(pods)",
+                f"{len(scheduler)} pending pod(s) name schedulerName {NOS_SCHEDULER} "
+                f"({', '.join(scheduler[:5])}{', ...' if len(scheduler) > 5 else ''}), which "
+                "leaves with nos: nothing would bind them; recreate them without schedulerName "
+                "(kube-scheduler binds what gpuslice plans)",
+            )
+        )
     for obj in sorted(nodes, key=lambda n: str((n.get("metadata") or {}).get("name", ""))):
         meta = obj.get("metadata") or {}
         name = str(meta.get("name", ""))

@@ -91,3 +91,44 @@ def test_the_mps_node_with_nos_pods_running_is_left_out_of_plans(
     assert main(["plan", "--snapshot", str(FIXTURES / "nos-mps.json"), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["nodes_read"]["gpu-mps-0"]["problem"].startswith("GpuInUseBeforeAgent")
+
+
+def test_check_tells_refused_pods_left_out_nodes_and_nos_scheduler_pods(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A pod gpuslice refuses as it asks (nos summed ``gpu-10gb: 2`` into one slice) gets the
+    reason, not a size fix; a request that fits no GPU under either says so; every node left
+    out of plans is listed with its reason; pending pods naming nos's scheduler, which leaves
+    with nos, are named (nothing would bind them)."""
+    dump = json.loads((FIXTURES / "nos-mps.json").read_text())
+    template = next(
+        i for i in dump["items"] if i["kind"] == "Pod" and not i["spec"].get("nodeName")
+    )
+
+    def pending(name: str, limits: dict[str, str], **spec: str) -> dict[str, object]:
+        p = json.loads(json.dumps(template))
+        p["metadata"] |= {"name": name, "namespace": "research", "uid": f"uid-{name}"}
+        for c in p["spec"]["containers"]:
+            c["resources"] = {"limits": limits, "requests": limits}
+        p["spec"] |= spec
+        return p
+
+    dump["items"] += [
+        pending("two", {"nvidia.com/gpu-10gb": "2"}),
+        pending("huge", {"nvidia.com/gpu-50gb": "1"}),
+        pending("quota", {"nvidia.com/gpu-5gb": "1"}, schedulerName="nos-scheduler"),
+    ]
+    path = tmp_path / "dump.json"
+    path.write_text(json.dumps(dump))
+    assert main(["nos-check", "--snapshot", str(path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    pods = {p["pod"]: p for p in doc["pods"]}
+    assert "more than one MPS slice" in pods["research/two"]["refused"]
+    assert pods["research/huge"]["fits"][0]["nos"] == 0
+    notes = [n["message"] for n in doc["nodes"]]
+    assert any(m.startswith("left out of plans: GpuInUseBeforeAgent") for m in notes)
+    assert any("nos-scheduler (research/quota)" in m for m in notes)
+    assert main(["nos-check", "--snapshot", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "gpuslice refuses the pod as it asks" in out
+    assert "fits no GPU of this model under either" in out

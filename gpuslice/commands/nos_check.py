@@ -46,6 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _fix(nos_mib: int, fit: dict[str, Any]) -> str:
     """What to do about one pod's request on one GPU model."""
+    if fit["nos"] == 0 and fit["gpuslice"] == 0:
+        return "fits no GPU of this model under either: ask for less memory"
     if fit["gpuslice"] >= fit["nos"]:
         return "nothing to do"
     if fit["keep_with"] is not None:
@@ -75,6 +77,9 @@ def _pod_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for p in doc["pods"]:
         base = {k: p[k] for k in ("pod", "node", "resource", "nos_mib", "gpuslice_mib")}
+        if p.get("refused"):
+            rows.append(base | {"fix": f"gpuslice refuses the pod as it asks: {p['refused']}"})
+            continue
         for f in p["fits"]:
             rows.append(
                 base
@@ -135,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
                 "nos_mib": c.nos_mib,
                 "gpuslice_mib": c.gpuslice_mib,
                 "fewer_fit": c.fewer_fit,
+                "refused": c.refused,
                 "fits": [
                     {
                         "model": f.model,
