@@ -506,8 +506,11 @@ class NodeLedger:
                     # plan replaces it while the agent's flags lag (DRA harness seed 40001212)
                     d.pinned = by_claim = True
         for h in sorted(self.holds, key=Hold.order):
+            released = h.reservation.state is State.RELEASED
             for r, indices in h.reservation.gpus.items():
                 for i in indices:
+                    if released and self.gpu.mode is Mode.HYBRID and not self.gpu.dra:
+                        self._pin_hosted(r, i)
                     self._pin_one(r, i)
         for r, k in sorted(self.nominated.items()):  # no GPU expected: the kubelet picks
             for _ in range(k):  # frozen GPUs too: a drain must not plan over the freed slice
@@ -544,6 +547,19 @@ class NodeLedger:
             for d in free[room:]:
                 d.pinned = pinned = True
         return pinned
+
+    def _pin_hosted(self, resource: str, expected: int) -> None:
+        """A released pod's MPS slice on a hybrid GPU: every free slice of ``resource`` on the
+        expected GPU is pinned, since any of them may be the one the device plugin gives it
+        (its preferred allocation orders by device id, not by the host the partitioner would
+        pin): pinning one let a plan destroy the other host under the pod the kubelet was
+        about to admit there, and the agent refused the spec (``SliceInUse``).  Only until
+        the pod binds; then its slice is used and the rest free again."""
+        for g in self.gpus:
+            if g.index == expected and not g.frozen:
+                for d in g.devices:
+                    if d.resource == resource and not d.mig_profile:
+                        d.pinned = True
 
     def _pin_one(self, resource: str, expected: int, frozen_too: bool = False) -> None:
         if self.gpu.dra:  # kube-scheduler's order, whatever GPU the reservation expects

@@ -162,3 +162,48 @@ def test_a_hybrid_node_whose_kubelet_lists_none_of_its_slices_is_seen() -> None:
     index.upsert_node(listed)
     ledgers, _ = build_ledgers(index, (), (), {})
     assert ledgers["n1"].unlisted() == ""
+
+
+def test_a_released_hosted_slice_pins_every_free_slice_of_its_size_on_its_gpu() -> None:
+    """A released pod's 10 GiB slice on a hybrid GPU with two hosts, each with one free 10 GiB
+    slice: the device plugin gives it the lowest device id (here in the 3g host), while the
+    ledger pinned the first host's.  A plan then made the 3g host a whole instance for another
+    pod, and the kubelet admitting the released pod there made the agent refuse the spec.
+    Every free slice of that size on the expected GPU is pinned while the pod is unbound."""
+    from partitioner.ledger import Hold
+    from partitioner.reservations import RESERVATION_ANNOTATION, Reservation, State
+
+
+    a, b = "MIG-zzzz0000-0000-0000-0000-000000000000", "MIG-aaaa0000-0000-0000-0000-000000000000"
+
+    def free_slice(uuid: str) -> dict[str, Any]:
+        return {"memoryMiB": 10240, "activeThreadPercentage": 26,
+                "deviceId": f"{uuid}-mps0-10240m-26p", "used": False}  # fmt: skip
+
+    status = [{"index": 0, "uuid": "GPU-0", "migEnabled": True, "mig": [
+        {"profile": "4g.40gb", "start": 0, "deviceId": a, "used": False, "mps": [free_slice(a)]},
+        {"profile": "3g.40gb", "start": 4, "deviceId": b, "used": False, "mps": [free_slice(b)]},
+    ]}]  # fmt: skip
+    hybrid = {**HYBRID, "nvidia.com/gpu.count": "1"}
+    for state, pinned in ((State.RELEASED, [True, True]), (State.PLANNED, [True, False])):
+        index = ClusterIndex.from_objects(CAT, [node("n1", hybrid)])
+        p = pod("p", {"nvidia.com/gpu-10gb": "1"})
+        r = Reservation("n1", state, {"nvidia.com/gpu-10gb": (0,)}, "1", 0, 1e9)
+        p["metadata"]["annotations"] = {RESERVATION_ANNOTATION: r.to_json()}
+        index.upsert_pod(p)
+        obj = np("n1", observed=1, applied=True, gpus=status, mode="hybrid")
+        obj["metadata"]["resourceVersion"] = "11"
+        index.upsert_partitioning(obj)
+        ledger = build_ledgers(index, (), (), {})[0]["n1"]
+        held = index.pods["ns/p"]
+        assert held.reservation is not None
+        ledger.add_hold(Hold(held, held.reservation))
+        ledger.pin()
+        gpu = ledger.node_state().gpus[0]
+        assert [s.used for m in gpu.mig for s in m.mps] == pinned, state
+        if state is State.RELEASED:  # neither host may be destroyed under the pod
+            result = plan(
+                Snapshot((ledger.node_state(),), (PendingPod("ns/q", {"nvidia.com/mig-3g.40gb": 1}),)),
+                PlannerSettings(time_limit_s=5),
+            )
+            assert "ns/q" in result.unplaced
