@@ -379,6 +379,8 @@ class KubeSpecSource(CustomApiUser):
         self.outage = OutageLog(f"Kubernetes API for NodePartitioning {name}", log)
         self.watch_events = 0
         """Watch events received, bookmarks included (for tests and debugging)."""
+        self.crd_stale = False
+        """The API server dropped a status field this agent wrote (told once in a warning)."""
 
     @property
     def resource_version(self) -> str:
@@ -529,7 +531,7 @@ class KubeSpecSource(CustomApiUser):
 
         api = await self.connect()
         try:
-            await api.patch_cluster_custom_object_status(
+            answer = await api.patch_cluster_custom_object_status(
                 GROUP,
                 VERSION,
                 PLURAL,
@@ -546,6 +548,39 @@ class KubeSpecSource(CustomApiUser):
             self.outage.failed(e)
             raise
         self.outage.succeeded()
+        stored = answer.get("status") if isinstance(answer, dict) else None
+        dropped = _dropped_field(body["status"], stored) if isinstance(stored, dict) else None
+        if dropped is not None and not self.crd_stale:
+            self.crd_stale = True
+            log.warning(
+                "the API server dropped status.%s of NodePartitioning %s: the cluster's "
+                "NodePartitioning CRD is older than this agent (Helm does not upgrade CRDs), so "
+                "the partitioner never reads it; apply the release's CRD: kubectl apply -f "
+                "charts/gpuslice/crds/nodepartitioning.yaml (docs/operations.md, 'Install')",
+                dropped,
+                self.name,
+            )
+
+
+def _dropped_field(sent: Any, stored: Any, path: str = "") -> str | None:
+    """The first field of ``sent`` (a status as written) that ``stored`` (as the API server
+    answered it) lacks: pruned by a CRD schema that does not know it, or ``None``."""
+    if isinstance(sent, dict) and isinstance(stored, dict):
+        for key, value in sent.items():
+            if value is None:  # a removal
+                continue
+            where = f"{path}.{key}" if path else key
+            if key not in stored:
+                return where
+            found = _dropped_field(value, stored[key], where)
+            if found is not None:
+                return found
+    elif isinstance(sent, list) and isinstance(stored, list):
+        for i, (a, b) in enumerate(zip(sent, stored, strict=False)):
+            found = _dropped_field(a, b, f"{path}[{i}]")
+            if found is not None:
+                return found
+    return None
 
 
 class KubeApiError(Exception):

@@ -487,3 +487,47 @@ async def test_an_outage_logs_one_warning_and_one_recovery_line(
     ]
     assert len([lvl for lvl, _ in lines if lvl == logging.DEBUG]) >= failures - 1
     assert not any(r.exc_info for r in caplog.records if r.name == "gpuslice.agent")
+
+
+async def test_a_status_field_the_api_server_drops_is_told_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A CRD older than the agent (Helm never upgrades CRDs) makes the API server prune the
+    status fields it does not know, silently: the partitioner never reads them (an XID-hit
+    instance it keeps promising).  The answer to the status patch is the object as stored:
+    a field sent and missing there is told in one warning naming it and the fix."""
+
+    class Pruning:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        async def patch_cluster_custom_object_status(
+            self, group: str, version: str, plural: str, name: str, body: Any, **_: Any
+        ) -> dict[str, Any]:
+            self.calls += 1
+            stored = json.loads(json.dumps(body))
+            for gpu in stored["status"].get("gpus") or ():
+                for m in gpu.get("mig") or ():
+                    m.pop("unhealthy", None)  # what a CRD without the field does
+            return stored
+
+    status = NodePartitioningStatus.model_validate(
+        {
+            "observedGeneration": 1,
+            "gpus": [{"index": 0, "mig": [{"profile": "1g.10gb", "start": 0, "unhealthy": True}]}],
+        }
+    )
+    src = KubeSpecSource("n1", Pruning())
+    with caplog.at_level(logging.WARNING, logger="node_agent.agent"):
+        await src.write_status(status)
+        await src.write_status(status)
+    told = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+    assert len(told) == 1 and src.crd_stale
+    assert "status.gpus[0].mig[0].unhealthy" in told[0] and "kubectl apply -f" in told[0]
+    fresh = KubeSpecSource("n1", type("Keeping", (), {
+        "patch_cluster_custom_object_status": staticmethod(
+            lambda *a, **k: asyncio.sleep(0, result=a[4])
+        )
+    })())  # fmt: skip
+    await fresh.write_status(status)
+    assert not fresh.crd_stale
