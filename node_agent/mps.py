@@ -20,7 +20,8 @@ lowered below the daemon's (facts/gpu-operator.md section 4), so the reconciler 
 whole-GPU daemon the *largest* slice of its GPU as defaults: no client of that GPU can take more
 threads or pinned memory than the largest slice, whatever it sets.  (With unequal slices on one
 GPU the smaller slices' limits are the clients' own env; equal slices are enforced exactly.)
-Hybrid daemons (one per MIG instance) need no limits: the instance is the bound.
+Hybrid daemons (one per MIG instance) get the same defaults from their instance's largest
+slice (docs/hybrid.md, "Inside an instance: MPS limits"); the instance bounds them all.
 
 A :class:`ProcessSupervisor` starts, checks and stops daemons; the reconciler only says which
 keys should run (:meth:`ProcessSupervisor.ensure`) and which may stop.  It never stops a daemon
