@@ -26,6 +26,7 @@ would mean two sizes in one cluster.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -131,6 +132,43 @@ def _mps_resources(pod: Obj) -> list[str]:
     return sorted(r for r, v in requests.items() if (mps_gb_of(r) or 0) > 0 and v > 0)
 
 
+_NOS_MPS_STATUS = re.compile(r"^nos\.nebuly\.com/status-gpu-(\d+)-(\d+)gb-(used|free)$")
+
+
+def _packings(nodes: Sequence[Obj], reading: ClusterReading, reserve_mib: int) -> list[NodeNote]:
+    """MPS GPUs whose slices under nos (its status annotations, per GPU) add up to more than
+    gpuslice gives one GPU: each size alone may fit both ways, a mix of sizes not (5 x
+    ``gpu-7gb`` + 1 x ``gpu-6gb`` is 41 "GB" under nos, 41 GiB against 39.5 under gpuslice)."""
+    out: list[NodeNote] = []
+    for obj in sorted(nodes, key=lambda n: str((n.get("metadata") or {}).get("name", ""))):
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        g = reading.gpu_nodes.get(name)
+        if g is None or g.mode is not Mode.MPS:
+            continue
+        usable = max(0, (g.gpu_memory_mib or g.model.memory_mib) - reserve_mib)
+        per_gpu: dict[int, int] = {}
+        for key, value in (meta.get("annotations") or {}).items():
+            m = _NOS_MPS_STATUS.match(str(key))
+            if m is None or not str(value).isascii() or not str(value).isdigit():
+                continue
+            gpu, gb = int(m.group(1)), int(m.group(2))
+            per_gpu[gpu] = per_gpu.get(gpu, 0) + gb * MIB_PER_GIB * min(int(value), 1024)
+        for gpu, mib in sorted(per_gpu.items()):
+            if mib > usable:
+                out.append(
+                    NodeNote(
+                        name,
+                        f"GPU {gpu}: nos's slices there add up to {mib} MiB under gpuslice's "
+                        f"sizes, more than the {usable} MiB it gives a GPU beside the MPS server: "
+                        f"they will not all fit together again; ask "
+                        f"{math.ceil((mib - usable) / MIB_PER_GIB)} GiB less in all there (one "
+                        "pod a size smaller each GiB), or plan for fewer per GPU",
+                    )
+                )
+    return out
+
+
 def check(
     pods: Sequence[Obj], nodes: Sequence[Obj], reading: ClusterReading, reserve_mib: int
 ) -> tuple[list[PodChange], list[NodeNote]]:
@@ -165,6 +203,7 @@ def check(
         NodeNote(name, f"left out of plans: {problem.reason}: {problem.message}")
         for name, problem in sorted(reading.problems.items())
     ]
+    notes += _packings(nodes, reading, reserve_mib)
     scheduler = sorted(
         pod_key(pod)
         for pod in pods

@@ -132,3 +132,28 @@ def test_check_tells_refused_pods_left_out_nodes_and_nos_scheduler_pods(
     out = capsys.readouterr().out
     assert "gpuslice refuses the pod as it asks" in out
     assert "fits no GPU of this model under either" in out
+
+
+def test_check_finds_a_packing_of_mixed_sizes_that_no_longer_fits(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """nos packed 5 x gpu-7gb + 1 x gpu-6gb on each A100-40GB (41 "GB" <= ceil(40960 / 1000)):
+    each size alone fits both ways, so every pod read "nothing to do", but together they are
+    41 GiB against the 39.5 GiB gpuslice gives a GPU beside the MPS server (2 GiB over)."""
+    dump = json.loads((FIXTURES / "nos-mps.json").read_text())
+    node = next(i for i in dump["items"] if i["metadata"]["name"] == "gpu-mps-0")
+    ann = node["metadata"]["annotations"]
+    for k in [k for k in ann if k.startswith("nos.nebuly.com/status-gpu-")]:
+        del ann[k]
+    ann |= {
+        "nos.nebuly.com/status-gpu-0-7gb-used": "5",
+        "nos.nebuly.com/status-gpu-0-6gb-used": "1",
+        "nos.nebuly.com/status-gpu-1-10gb-used": "3",
+    }
+    path = tmp_path / "dump.json"
+    path.write_text(json.dumps(dump))
+    assert main(["nos-check", "--snapshot", str(path), "--json"]) == 0
+    notes = [n["message"] for n in json.loads(capsys.readouterr().out)["nodes"]]
+    (over,) = [m for m in notes if "add up to" in m]
+    assert over.startswith("GPU 0: nos's slices there add up to 41984 MiB")
+    assert "more than the 40448 MiB" in over and "ask 2 GiB less" in over
