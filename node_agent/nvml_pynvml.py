@@ -347,8 +347,13 @@ class PynvmlAdapter:
                 info = m.nvmlGpuInstanceGetComputeInstanceProfileInfo(
                     gi, idx, m.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
                 )
-            except m.NVMLError:
-                continue  # profile not valid for this GI size
+            except m.NVMLError as e:
+                if int(e.value) in (NvmlErrorCode.NOT_SUPPORTED, NvmlErrorCode.INVALID_ARGUMENT):
+                    continue  # profile not valid for this GI size
+                # anything else (GPU lost, no permission) must not read as "no compute
+                # instance": the GI would look idle and a pass would try to destroy it under
+                # its processes
+                raise NvmlError(NvmlErrorCode.of(int(e.value)), "compute_instances", str(e)) from e
             n = max(int(info.instanceCount), 1)
             arr = (m.c_nvmlComputeInstance_t * n)()
             count = ctypes.c_uint(0)

@@ -307,6 +307,27 @@ def test_driver_errors_map_to_the_same_codes() -> None:
     assert NvmlErrorCode.of(12345) == NvmlErrorCode.UNKNOWN
 
 
+def test_a_failed_compute_instance_query_is_an_error_not_an_idle_instance() -> None:
+    """nvmlGpuInstanceGetComputeInstanceProfileInfo answers NOT_SUPPORTED / INVALID_ARGUMENT
+    for a profile the GI cannot hold (skipped); any other error (GPU lost, no permission) was
+    swallowed too, the GI listed with no compute instance -- idle to the reconciler, which then
+    tried to destroy it under its processes.  It is an error of the GPU now."""
+    _, mod, ad = make("A100-SXM4-80GB", mig=True)
+    p3 = CAT.model("A100-SXM4-80GB").profile("3g.40gb")
+    gi = ad.create_gpu_instance(0, p3.profile_id, 0, 4)
+    ci = ad.create_compute_instance(0, gi)
+    assert [g.compute_instances for g in ad.gpu_instances(0)] == [(ci,)]
+    for code in (pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_NO_PERMISSION):
+
+        def broken(*_: Any, c: int = code) -> Any:
+            raise pynvml.NVMLError(c)
+
+        mod.nvmlGpuInstanceGetComputeInstanceProfileInfo = broken
+        with pytest.raises(NvmlError) as e:
+            ad.gpu_instances(0)
+        assert e.value.code == NvmlErrorCode.of(code)
+
+
 def test_mig_mode_reads_current_and_pending_and_maps_the_activation_status() -> None:
     _, mod, ad = make("A100-SXM4-80GB", "H100-80GB")
     assert [(g.mig_enabled, g.pending_mig_enabled) for g in ad.gpus()] == [(False, False)] * 2
