@@ -53,6 +53,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -90,6 +91,8 @@ _CI_PROFILE_FOR_SLICES = {
     8: "NVML_COMPUTE_INSTANCE_PROFILE_8_SLICE",
 }
 
+log = logging.getLogger(__name__)
+
 
 def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
@@ -116,6 +119,8 @@ class PynvmlAdapter:
     def __init__(self, nvml: ModuleType | None = None, smi: NvidiaSmi | None = None) -> None:
         self._m: Any = nvml if nvml is not None else importlib.import_module("pynvml")
         self._smi = smi if smi is not None else NvidiaSmi()
+        self._uninitialised = False
+        """NVML shut down for a GPU reset did not initialise again (:meth:`_init_after_reset`)."""
         self._call("init", self._m.nvmlInit)
         self._profiles: dict[int, list[Any]] = {}
         self._events: Any = None
@@ -134,6 +139,11 @@ class PynvmlAdapter:
         self._call("shutdown", self._m.nvmlShutdown)
 
     def _call(self, op: str, fn: Callable[..., T], *args: Any) -> T:
+        if self._uninitialised and op != "init":
+            # NVML did not come back after a GPU reset: try again before anything else
+            # (it answered UNINITIALIZED to every call until a restart)
+            self._call("init", self._m.nvmlInit)
+            self._uninitialised = False
         try:
             return fn(*args)
         except self._m.NVMLError as e:
@@ -212,13 +222,27 @@ class PynvmlAdapter:
             with self._events_lock:  # no wait on the event set while NVML is shut down
                 self._free_events()
                 self._call("reset_gpu", m.nvmlShutdown)
+                self._uninitialised = True
                 try:
                     reset_gpu(self._smi, bus, persistence)
                 finally:
                     self._profiles.clear()
-                    self._call("init", m.nvmlInit)
+                    self._init_after_reset()
         finally:
             self._resetting.clear()
+
+    def _init_after_reset(self) -> None:
+        """``nvmlInit`` after a reset.  A failure is logged, not raised: the reset's own error
+        (raised through the ``finally`` this runs in) is the one the caller must see, and the
+        next call tries the init again (:meth:`_call`)."""
+        try:
+            self._call("init", self._m.nvmlInit)
+            self._uninitialised = False
+        except NvmlError as e:
+            log.warning(
+                "NVML did not initialise again after a GPU reset (%s); the next call tries again",
+                e,
+            )
 
     # -- XID events ----------------------------------------------------------------------
 

@@ -355,6 +355,32 @@ def test_reset_without_nvidia_smi_is_not_supported_and_nvml_is_back() -> None:
     assert mod.log[-1] == "init" and ad.gpus()[0].mig_pending
 
 
+def test_nvml_that_does_not_come_back_after_a_reset_keeps_the_reset_error_and_retries() -> None:
+    """nvmlInit failing after the reset replaced the reset's error (NOT_SUPPORTED, whose remedy
+    names nvidia-smi, became DRIVER_NOT_LOADED) and NVML stayed down: every later call answered
+    UNINITIALIZED until the agent restarted.  The reset's error is raised, and the next call
+    initialises NVML again."""
+    nv, mod, ad = make("A100-SXM4-80GB")
+    ad.set_mig_mode(0, True)
+    nv.tool_present = False
+    fails = [True]
+    init = mod.nvmlInit
+
+    def flaky_init() -> None:
+        if fails[0]:
+            fails[0] = False
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+        init()
+
+    mod.nvmlInit = flaky_init
+    with pytest.raises(NvmlError) as e:
+        ad.reset_gpu(0)
+    assert e.value.code == NvmlErrorCode.NOT_SUPPORTED and "nvidia-smi" in str(e.value)
+    assert mod.log[-1] == "shutdown"  # NVML is down now
+    assert ad.gpus()[0].mig_pending  # the next call brought it back
+    assert mod.log[-1] == "init"
+
+
 def test_profiles_read_with_mig_off_are_read_again_once_mig_mode_is_on() -> None:
     nv, _, ad = make("H100-80GB")
     assert ad.gpu_instances(0) == []  # MIG off: no profile answers
