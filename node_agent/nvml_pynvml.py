@@ -255,13 +255,29 @@ class PynvmlAdapter:
                 self._m.nvmlEventSetFree(events)
 
     def _register_xids(self) -> XidRegistration:
+        """Register every GPU's XID events in a new event set.  nvml.h: after
+        ``nvmlDeviceRegisterEvents`` answers ``UNKNOWN`` "event set is in undefined state and
+        should be freed" -- so the set is made again without that GPU (listed failed), at most
+        once per GPU, instead of waiting on it for the agent's whole life."""
+        broken: dict[int, NvmlError] = {}
+        while True:
+            result = self._register_once(broken)
+            if isinstance(result, XidRegistration):
+                return result
+            broken[result[0]] = result[1]
+
+    def _register_once(
+        self, broken: dict[int, NvmlError]
+    ) -> XidRegistration | tuple[int, NvmlError]:
         m = self._m
         self._free_events()
         self._events = self._call("watch_xids", m.nvmlEventSetCreate)
         registered: list[int] = []
         unsupported: list[int] = []
-        failed: list[tuple[int, NvmlError]] = []
+        failed: list[tuple[int, NvmlError]] = sorted(broken.items())
         for i in range(self._call("watch_xids", m.nvmlDeviceGetCount)):
+            if i in broken:
+                continue
             try:
                 h = self._handle(i)
                 self._call(
@@ -274,12 +290,14 @@ class PynvmlAdapter:
             except NvmlError as e:
                 if e.code == NvmlErrorCode.NOT_SUPPORTED:
                     unsupported.append(i)
+                elif e.code == NvmlErrorCode.UNKNOWN:
+                    return i, e  # the set is undefined now: start over without this GPU
                 else:
                     failed.append((i, e))
                 continue
             self._event_gpus[_handle_key(h)] = i
             registered.append(i)
-        return XidRegistration(tuple(registered), tuple(unsupported), tuple(failed))
+        return XidRegistration(tuple(registered), tuple(unsupported), tuple(sorted(failed)))
 
     def watch_xids(self) -> XidRegistration:
         with self._events_lock:

@@ -375,6 +375,26 @@ def event_adapter(*models: str) -> tuple[EventPynvml, Any]:
 NOT_SCOPED = 0xFFFFFFFF
 
 
+def test_an_event_set_nvml_declares_undefined_is_made_again_without_that_gpu() -> None:
+    """nvml.h, nvmlDeviceRegisterEvents: after UNKNOWN the "event set is in undefined state and
+    should be freed".  The adapter listed the GPU failed and waited on that set for good; it
+    frees it and registers the other GPUs in a new one (the GPU listed failed)."""
+    mod, ad = event_adapter("A100-SXM4-80GB", "A100-SXM4-80GB", "A100-SXM4-80GB")
+    register = mod.nvmlDeviceRegisterEvents
+
+    def unknown_on_gpu1(h: Any, types: int, event_set: str) -> None:
+        if h[1] == 1:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+        register(h, types, event_set)
+
+    mod.nvmlDeviceRegisterEvents = unknown_on_gpu1  # type: ignore[method-assign]
+    reg = ad.watch_xids()
+    assert reg.registered == (0, 2) and [g for g, _ in reg.failed] == [1]
+    assert mod.sets == ["set0", "set1"] and "free set0" in mod.log
+    assert {g: s for g, (_, s) in mod.registered.items()} == {0: "set1", 2: "set1"}
+    assert ad.xid_events(10) == []  # waits on the new set (the stub refuses a freed one)
+
+
 def test_the_pynvml_adapter_registers_xid_critical_errors_and_skips_unsupported_gpus() -> None:
     mod, ad = event_adapter("A100-SXM4-80GB", "A100-SXM4-80GB", "V100-32GB")
     mod.unsupported.add(2)
