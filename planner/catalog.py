@@ -260,14 +260,16 @@ def _loose(name: str) -> str:
 def sanitize_product(label: str) -> str:
     """Normalise an ``nvidia.com/gpu.product`` value for matching.
 
-    Upper-case, spaces and underscores to ``-``, the ``NVIDIA-``/``TESLA-`` vendor prefix kept
-    only as part of the alias list, GFD's ``-SHARED`` and ``-MIG-<profile>`` suffixes removed.
+    Upper-case, spaces and underscores to ``-``, the ``NVIDIA-`` and ``TESLA-`` vendor
+    prefixes removed (GFD reports ``Tesla-V100S-PCIE-32GB``; aliases are normalised the same
+    way), GFD's ``-SHARED`` and ``-MIG-<profile>`` suffixes removed.
     """
     s = re.sub(r"[\s_]+", "-", label.strip()).upper()
     s = re.sub(r"-MIG-.*$", "", s)
     s = re.sub(r"-SHARED$", "", s)
-    if s.startswith("NVIDIA-"):
-        s = s[len("NVIDIA-") :]
+    for vendor in ("NVIDIA-", "TESLA-"):
+        if s.startswith(vendor):
+            s = s[len(vendor) :]
     return s
 
 
@@ -355,12 +357,28 @@ class Catalog:
                 return None
 
     def merged(self, other: Sequence[GpuModel]) -> Catalog:
-        """This catalog with ``other``'s models added; same-named models are replaced."""
+        """This catalog with ``other``'s models added; same-named models are replaced.  A
+        product label or PCI id of a kept model may not be claimed by another model: the
+        partitioner (by label) and the agent (by PCI id) would then name one GPU two ways."""
         names = {m.name.upper() for m in other}
-        return Catalog.of(
-            [*(m for m in self.models if m.name.upper() not in names), *other],
-            self.max_gpus_per_node,
-        )
+        kept = [m for m in self.models if m.name.upper() not in names]
+        for m in other:
+            for old in kept:
+                aliases = {sanitize_product(a) for a in (old.name, *old.product_aliases)}
+                taken = sorted(
+                    a for a in m.product_aliases if sanitize_product(a) in aliases
+                ) + sorted(
+                    p
+                    for p in m.pci_device_ids
+                    if _norm_pci(p) in {_norm_pci(q) for q in old.pci_device_ids}
+                )
+                if taken:
+                    raise CatalogError(
+                        f"model {m.name}: {', '.join(taken)} already name(s) the built-in or "
+                        f"earlier model {old.name}; to change that model, give the override "
+                        f"its name ({old.name}), else drop the label or PCI id"
+                    )
+        return Catalog.of([*kept, *other], self.max_gpus_per_node)
 
 
 def _req(d: Mapping[str, Any], key: str, where: str) -> Any:
@@ -380,6 +398,12 @@ def _parse_models(
         geo_name = md.get("geometry")
         profiles: list[MigProfile] = []
         slots = compute = 0
+        if geo_name is None and md.get("profiles"):
+            raise CatalogError(
+                f"{mwhere}: lists MIG profiles but no 'geometry': name the geometry its "
+                f"placements follow (one of {sorted(geometries)}), or remove 'profiles' for a "
+                "GPU without MIG"
+            )
         if geo_name is not None:
             if geo_name not in geometries:
                 raise CatalogError(
@@ -415,6 +439,15 @@ def _parse_models(
                         variant=variant,
                     )
                 )
+            spellings: dict[str, str] = {}
+            for p in profiles:
+                for key in {p.name, mig_resource(p.name).removeprefix("nvidia.com/mig-")}:
+                    if key in spellings and spellings[key] != p.shape:
+                        raise CatalogError(
+                            f"{mwhere}: shapes {spellings[key]} and {p.shape} are both named "
+                            f"{key!r}; a pod's request would mean either: give each its own name"
+                        )
+                    spellings[key] = p.shape
             unknown = set(names) - {str(p["shape"]) for p in geo["profiles"]}
             if unknown:
                 raise CatalogError(
