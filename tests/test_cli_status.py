@@ -331,3 +331,35 @@ def test_each_node_shows_its_free_slices_and_those_withheld_from_every_pod() -> 
     assert n1["withheld"] == "1g.10gb (unhealthy), 3g.40gb (foreign), 7g.80gb (unhealthy)"
     assert (n2["free"], n2["withheld"]) == ("-", "-")  # reported, nothing on it
     assert (n3["free"], n3["withheld"]) == ("-", "-")  # no NodePartitioning yet
+
+
+def test_a_pod_other_gates_hold_is_held_and_a_kept_slice_is_not_free() -> None:
+    """A pod gated by Kueue too was shown ``queued`` ("waits for a plan") and counted ahead of
+    the pods behind it, though gpuslice plans it only once its own gate is left; a node's only
+    slice, kept for a released pod, was listed FREE while another pod asking for it queued."""
+    both = gated("kueue-held", ONE_G, created=T0 - 600)
+    both["spec"]["schedulingGates"].insert(0, {"name": "kueue.x-k8s.io/admission"})
+    plain = gated("plain", ONE_G, created=T0 - 60)
+    doc = status_document(
+        [node("n1", MIG)], [both, plain], [applied_np("n1", status_gpu(0))], T0
+    )
+    rows = {r["pod"]: r for r in doc["pods"]}
+    assert rows["ns/kueue-held"]["state"] == "held"
+    assert "kueue.x-k8s.io/admission" in rows["ns/kueue-held"]["detail"]
+    assert rows["ns/kueue-held"]["ahead"] is None and rows["ns/plain"]["ahead"] == 0
+
+    released = gated("released", ONE_G, created=T0 - 100)
+    released["spec"].pop("schedulingGates")
+    released["metadata"]["annotations"] = {
+        RESERVATION_ANNOTATION: json.dumps(
+            {"node": "n1", "state": "released", "gpus": {ONE_G: [0]}, "plan": "7",
+             "since": T0, "deadline": T0 + 60}
+        )  # fmt: skip
+    }
+    np = applied_np("n1", status_gpu(0, ("1g.10gb", 0, False)))
+    doc = status_document([node("n1", MIG)], [released, gated("q", ONE_G)], [np], T0)
+    (n1,) = doc["nodes"]
+    assert (n1["released"], n1["free"]) == (1, "-")
+    np = applied_np("n1", status_gpu(0, ("1g.10gb", 0, False), ("1g.10gb", 1, False)))
+    (n1,) = status_document([node("n1", MIG)], [released], [np], T0)["nodes"]
+    assert n1["free"] == "1g.10gb"  # the other one

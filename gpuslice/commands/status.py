@@ -14,6 +14,8 @@ ResourceClaims; with pod names, also their Events) and says, per waiting pod, wh
   kubelet does not list the slice yet), with the apply deadline;
 * ``released``: its gate is gone and its affinity names the node that holds its slice; it waits
   for kube-scheduler (the bind deadline says when gpuslice checks why not);
+* ``held``: gated by other controllers too (e.g. Kueue's admission gate): gpuslice plans it
+  once only its own gate is left, and it counts in no ``ahead``;
 * ``draining``: GPUs are being emptied for it;
 * ``ungated``: it asks for a slice but carries no gpuslice gate (created while the webhook was
   down, or opted out): kube-scheduler places it, or it waits for a plan;
@@ -22,7 +24,8 @@ ResourceClaims; with pod names, also their Events) and says, per waiting pod, wh
   them), so it cannot start until a retry succeeds;
 
 plus the node's problem when its ``GpusliceReady`` condition is False (``AgentSilent``, ...).
-Per node it also shows the slices its agent reports ``free`` (neither used nor unhealthy) and,
+Per node it also shows the slices its agent reports ``free`` (neither used nor unhealthy, less
+those kept for released pods or promised as they exist) and,
 with ``-o wide``, those ``withheld`` from every pod though no pod uses them (``unhealthy``, or
 ``foreign``: used by processes no pod holds them for).
 Pods are listed highest priority first, then oldest, as the partitioner serves them.  With pod
@@ -122,11 +125,24 @@ def _units(slices: Mapping[str, int]) -> str:
     )
 
 
-def _slices(status: NodePartitioningStatus | None) -> dict[str, str]:
-    """What the agent reports of a node's slices: ``free`` (neither used nor unhealthy: what a
-    pod can be promised, planned or not), ``withheld`` (not used by a pod yet kept from every
-    pod: ``unhealthy`` -- an XID, a GPU NVML cannot read -- or ``foreign``, used by processes
-    no pod holds it for), each as ``profile xN``; ``-`` for none."""
+def _slice_name(resource: str) -> str:
+    """The name :func:`_slices` counts a device of ``resource`` under."""
+    from planner.snapshot import mps_gb_of
+
+    gb = mps_gb_of(resource)
+    if gb is not None:
+        return f"mps {gb}gb"
+    return resource.removeprefix("nvidia.com/mig-")
+
+
+def _slices(
+    status: NodePartitioningStatus | None, reserved: Counter[str] | None = None
+) -> dict[str, str]:
+    """What the agent reports of a node's slices: ``free`` (neither used nor unhealthy, less
+    those ``reserved`` for pods -- released, or promised a slice that exists: what a new pod
+    can be promised now), ``withheld`` (not used by a pod yet kept from every pod:
+    ``unhealthy`` -- an XID, a GPU NVML cannot read -- or ``foreign``, used by processes no pod
+    holds it for), each as ``profile xN``; ``-`` for none."""
     free: Counter[str] = Counter()
     withheld: Counter[str] = Counter()
     for g in status.gpus if status is not None else ():
@@ -149,7 +165,8 @@ def _slices(status: NodePartitioningStatus | None) -> dict[str, str]:
             if not sl.used:
                 name = f"mps {sl.memoryMiB // 1024}gb"
                 (withheld if g.unhealthy or sl.unhealthy else free)[name] += 1
-    return {"free": _counts(free), "withheld": _counts(withheld)}
+    free.subtract(reserved or Counter())
+    return {"free": _counts(+free), "withheld": _counts(withheld)}
 
 
 def _counts(counts: Counter[str]) -> str:
@@ -201,12 +218,17 @@ def status_document(
     problems: dict[str, str] = {}
     node_rows = []
     holds: dict[str, dict[str, int]] = {}
+    reserved: dict[str, Counter[str]] = {}
     for pod in index.pods.values():
         r = pod.reservation
         if r is not None and pod.waiting:
             count = holds.setdefault(r.node, {"planned": 0, "released": 0})
             key = "released" if r.state is State.RELEASED else "planned"
             count[key] += 1
+            if r.state is State.RELEASED or (r.state is State.PLANNED and not r.plan):
+                # its slice exists and is kept for it: no other pod can be promised it
+                for resource, k in r.units().items():
+                    reserved.setdefault(r.node, Counter())[_slice_name(resource)] += k
     for name, info in sorted(index.nodes.items()):
         if info.reading is None:  # not opted in
             continue
@@ -231,7 +253,7 @@ def status_document(
                 "applied": np.applied if np is not None else False,
                 **holds.get(name, {"planned": 0, "released": 0}),
                 "unprepared": len(np.status.prepareFailures) if np and np.status else 0,
-                **_slices(np.status if np is not None else None),
+                **_slices(np.status if np is not None else None, reserved.get(name)),
             }
         )
     waiting = [index.pods[k] for k in index.waiting_by_age()]
@@ -241,13 +263,21 @@ def status_document(
         shape = tuple(sorted(pod.slices.items()))
         r = pod.reservation
         ahead = None
-        if r is None and pod.gated:
+        held = r is None and pod.gated and bool(pod.other_gates)
+        if r is None and pod.gated and not held:
             ahead = seen_by_request.get(shape, 0)
             seen_by_request[shape] = ahead + 1
         if only and pod.key not in only:
             continue
         node, detail = (r.node if r is not None else None), ""
-        if r is None:
+        if held:
+            state = "held"
+            detail = (
+                "waiting for other scheduling gates to be removed ("
+                + ", ".join(sorted(pod.other_gates))
+                + "): gpuslice plans it once only its own gate is left"
+            )
+        elif r is None:
             state = "queued" if pod.gated else "ungated"
             detail = (
                 "gated; no slice reserved yet: it waits for a plan or for a slice to free"
