@@ -140,14 +140,31 @@ class Cluster:
     def _pages(
         self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any
     ) -> Iterator[dict[str, Any]]:
-        """Every item of a paged list call."""
+        """Every item of a paged list call, each once.  A continue token the API server no
+        longer keeps (410 Expired, after an etcd compaction: routine on big clusters) starts
+        the list over once, as kubectl's pager does, skipping the items already yielded (by
+        uid); the uninstall hook stopped on it with every gated pod left gated."""
         token: str | None = None
+        seen: set[str] = set()
+        restarted = False
         while True:
             page: dict[str, Any] = {"limit": _PAGE, **kwargs}
             if token:
                 page["_continue"] = token
-            doc = self._call(what, fn, *args, **page)
-            yield from doc.get("items") or ()
+            try:
+                doc = self._call(what, fn, *args, **page)
+            except ApiFailure as e:
+                if e.status != 410 or not token or restarted:
+                    raise
+                restarted, token = True, None
+                continue
+            for item in doc.get("items") or ():
+                uid = str((item.get("metadata") or {}).get("uid") or "")
+                if uid and uid in seen:
+                    continue
+                if uid:
+                    seen.add(uid)
+                yield item
             token = (doc.get("metadata") or {}).get("continue")
             if not token:
                 return

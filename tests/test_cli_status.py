@@ -350,12 +350,9 @@ def test_a_pod_other_gates_hold_is_held_and_a_kept_slice_is_not_free() -> None:
 
     released = gated("released", ONE_G, created=T0 - 100)
     released["spec"].pop("schedulingGates")
-    released["metadata"]["annotations"] = {
-        RESERVATION_ANNOTATION: json.dumps(
-            {"node": "n1", "state": "released", "gpus": {ONE_G: [0]}, "plan": "7",
-             "since": T0, "deadline": T0 + 60}
-        )  # fmt: skip
-    }
+    kept = {"node": "n1", "state": "released", "gpus": {ONE_G: [0]}, "plan": "7"}
+    kept |= {"since": T0, "deadline": T0 + 60}
+    released["metadata"]["annotations"] = {RESERVATION_ANNOTATION: json.dumps(kept)}
     np = applied_np("n1", status_gpu(0, ("1g.10gb", 0, False)))
     doc = status_document([node("n1", MIG)], [released, gated("q", ONE_G)], [np], T0)
     (n1,) = doc["nodes"]

@@ -516,3 +516,39 @@ def test_uninstall_flags_bad_input_exits_2(
 ) -> None:
     assert main(["ungate", "--kubeconfig", str(tmp_path / "none"), *argv]) == EXIT_BAD_INPUT
     assert message in capsys.readouterr().err
+
+
+async def test_an_expired_continue_token_starts_the_list_over(
+    kmock: ApiServer, kubeconfig: Path, capsys: pytest.CaptureFixture[str], monkeypatch: Any
+) -> None:
+    """The pod list spans pages and the API server no longer keeps the continue token (410
+    Expired, after an etcd compaction): the uninstall hook released no pod and exited 1,
+    leaving every gated pod gated with nothing left to release it.  The list starts over once,
+    as kubectl's pager does, and every pod is released once."""
+    from gpuslice import cluster_client
+
+    monkeypatch.setattr(cluster_client, "_PAGE", 2)  # stands for 500 on a big cluster
+    for i in range(5):
+        await create(kmock, pod(f"p{i}", "default", GATE))
+    kmock.expire_continues = 1
+    rc, _, err = await cli(capsys, kubeconfig, "--all")
+    assert rc == 0, err
+    assert not [i for i in range(5) if spec_of(kmock, f"p{i}")["spec"].get("schedulingGates")]
+    kmock.expire_continues = 2  # twice in one listing: told, not looped
+    for i in range(5, 10):
+        await create(kmock, pod(f"p{i}", "default", GATE))
+    rc, _, err = await cli(capsys, kubeconfig, "--all")
+    assert rc != 0 and "410" in err
+
+
+def test_mps_clients_include_sidecars() -> None:
+    from gpuslice.commands.ungate import mps_clients
+
+    base = {"metadata": {"namespace": "ns", "name": "p"}, "status": {"phase": "Running"}}
+    sidecar = {"name": "s", "restartPolicy": "Always",
+               "resources": {"limits": {"nvidia.com/gpu-10gb": "1"}}}  # fmt: skip
+    plain_init = {**sidecar, "restartPolicy": None}
+    pod_with = base | {"spec": {"nodeName": "n", "containers": [], "initContainers": [sidecar]}}
+    pod_init = base | {"spec": {"nodeName": "n", "containers": [], "initContainers": [plain_init]}}
+    assert mps_clients(iter([pod_with])) == ["ns/p"]
+    assert mps_clients(iter([pod_init])) == []  # done before the app starts

@@ -288,16 +288,21 @@ def _release_pods(
 
 
 def mps_clients(pods: Iterator[dict[str, Any]]) -> list[str]:
-    """``namespace/name`` of the running pods that hold an MPS slice (``nvidia.com/gpu-<N>gb``)."""
+    """``namespace/name`` of the running pods that hold an MPS slice (``nvidia.com/gpu-<N>gb``),
+    in an app container or a sidecar (an init container with ``restartPolicy: Always``)."""
     from planner.snapshot import mps_gb_of
 
     out = []
     for pod in pods:
-        if not (pod.get("spec") or {}).get("nodeName"):
+        spec = pod.get("spec") or {}
+        if not spec.get("nodeName"):
             continue
         if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             continue
-        for c in (pod.get("spec") or {}).get("containers") or ():
+        sidecars = [
+            c for c in spec.get("initContainers") or () if c.get("restartPolicy") == "Always"
+        ]
+        for c in [*(spec.get("containers") or ()), *sidecars]:
             res = c.get("resources") or {}
             names = {*(res.get("limits") or {}), *(res.get("requests") or {})}
             if any(mps_gb_of(str(r)) is not None for r in names):
