@@ -850,3 +850,33 @@ def test_unreadable_and_untimed_files_exit_2(
     empty = write(tmp_path / "empty.json", kube_list())
     assert main(["export", empty]) == 2
     assert "holds no pod with a timestamp" in capsys.readouterr().err
+
+
+def test_a_terminating_pod_ends_when_it_is_gone_not_at_its_future_deletion_time(
+    tmp_path: Path,
+) -> None:
+    """The API server sets deletionTimestamp to the delete request plus the grace period, in
+    the future: a pod terminating in the 10:00 dump with an hour's grace, gone by 10:05, ended
+    at 11:00, past the observation (the replay held its slice up to 55 minutes too long)."""
+
+    def gpu_pod(name: str, created: str, **meta: str) -> dict[str, Any]:
+        return {
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": "ns", "uid": f"u-{name}",
+                         "creationTimestamp": created, **meta},
+            "spec": {"priority": 0, "nodeName": "n1", "containers": [
+                {"name": "c", "resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}}]},
+            "status": {"phase": "Running", "startTime": created},
+        }  # fmt: skip
+
+    leaving = gpu_pod("leaving", "2026-11-23T09:00:00Z", deletionTimestamp="2026-11-23T11:00:00Z")
+    stays = gpu_pod("stays", "2026-11-23T09:30:00Z")
+    first = tmp_path / "pods-20261123T100000Z.json"
+    first.write_text(json.dumps({"kind": "List", "items": [leaving, stays]}))
+    second = tmp_path / "pods-20261123T100500Z.json"
+    second.write_text(json.dumps({"kind": "List", "items": [stays]}))
+    workload, _ = export_kubectl([str(first), str(second)])
+    ends = {p.name: p.deletion_time for p in workload.pods}
+    assert ends["ns/leaving"] == 3900  # gone by the 10:05 dump (09:00 is time zero)
+    workload, _ = export_kubectl([str(first)])
+    assert {p.name: p.deletion_time for p in workload.pods}["ns/leaving"] == 3600  # the end

@@ -34,6 +34,7 @@ the dump labelled ``nvidia.com/mig.strategy=single`` with ``nvidia.com/gpu.produ
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -372,9 +373,17 @@ def observe_dumps(dumps: Sequence[Dump], report: ExportReport) -> tuple[list[Obs
             pods[key] = _merge(pods[key], seen) if key in pods else seen
     until = ordered[-1].time
     assert until is not None
+    times = sorted(d.time for d in ordered if d.time is not None)
     for p in pods.values():  # times past the last observation (a FILE@TIME named too early)
         if p.finished is not None and p.finished > until:
             p.finished = until
+        if p.deleted is not None:
+            # deletionTimestamp is the delete request's time plus the grace period, often in
+            # the future: the pod is gone by the first dump that no longer shows it, and no
+            # end lies past the observation
+            after = bisect.bisect_right(times, p.last_seen)
+            gone_by = times[after] if after < len(times) else until
+            p.deleted = min(p.deleted, gone_by, until)
     return list(pods.values()), until
 
 
