@@ -131,6 +131,13 @@ class NotLeader(Exception):
     """A write was refused or cancelled because this replica does not lead (any more)."""
 
 
+_ELECTION = frozenset(
+    {"holderIdentity", "leaseDurationSeconds", "acquireTime", "renewTime", "leaseTransitions"}
+)
+"""The Lease spec fields the election writes; the others are kept as read (:meth:`_lease`)."""
+_KEPT_METADATA = ("labels", "annotations", "ownerReferences", "finalizers")
+
+
 class LeaderElector:
     """Acquires, renews and releases the Lease; :meth:`remaining` is the fence (module docstring).
 
@@ -253,10 +260,17 @@ class LeaderElector:
 
     def _lease(self, spec: dict[str, Any], read: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The Lease object to write with ``spec``; an update carries the resourceVersion of
-        the Lease ``read`` (optimistic concurrency: 409 if it changed since)."""
+        the Lease ``read`` (optimistic concurrency: 409 if it changed since) and keeps what
+        else it holds -- labels, annotations, owner references, spec fields other than the
+        election's (``strategy``, ``preferredHolder``) -- as client-go's LeaseLock does: an
+        update replaces the whole object, and a body built from scratch wiped them."""
         meta: dict[str, Any] = {"name": self.config.name, "namespace": self.config.namespace}
         if read is not None:
-            meta["resourceVersion"] = (read.get("metadata") or {}).get("resourceVersion")
+            old = read.get("metadata") or {}
+            meta |= {k: old[k] for k in _KEPT_METADATA if k in old}
+            meta["resourceVersion"] = old.get("resourceVersion")
+            others = {k: v for k, v in (read.get("spec") or {}).items() if k not in _ELECTION}
+            spec = others | spec
         return {"apiVersion": LEASE_API_VERSION, "kind": "Lease", "metadata": meta, "spec": spec}
 
     def _lead_from(self, started: float) -> bool:

@@ -414,3 +414,43 @@ async def test_a_lease_outage_logs_one_warning_and_one_recovery_line(
     back = [m for lvl, m in lines if lvl == logging.INFO and "reachable again" in m]
     assert len(failed) == 1, lines
     assert back == [f"Lease {NAMESPACE}/{LEASE} reachable again"]
+
+
+@pytest.mark.looptime
+async def test_renewals_and_the_release_keep_the_leases_labels_annotations_and_other_fields(
+    kmock: ApiServer,
+) -> None:
+    """A Lease update replaces the whole object: a body built from scratch wiped the labels,
+    annotations and owner references an admin or a GitOps tool put there, and the spec fields
+    the election does not own (strategy, preferredHolder), at every renewal.  Kept now, as
+    client-go's LeaseLock keeps them, through a renewal and the release."""
+    declare(kmock)
+    declare_leases(kmock)
+    collection = LEASE_PATH.rsplit("/", 1)[0]
+    labels = {"app.kubernetes.io/part-of": "gpuslice", "team": "infra"}
+    annotations = {"argocd.argoproj.io/tracking-id": "x"}
+    await create(kmock, collection, {
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": LEASE, "namespace": NAMESPACE, "labels": labels,
+                     "annotations": annotations},
+        "spec": {"strategy": "OldestEmulationVersion"},
+    })  # fmt: skip
+    a = candidate(kmock, "a")
+    try:
+        assert await a.try_acquire_or_renew()
+        assert await a.try_acquire_or_renew()  # a renewal
+        puts = [r.data for r in list(kmock) if r.method == "PUT" and "/leases/" in str(r.url)]
+        assert len(puts) == 2
+        for body in puts:
+            assert body["metadata"]["labels"] == labels
+            assert body["metadata"]["annotations"] == annotations
+            assert body["spec"]["strategy"] == "OldestEmulationVersion"
+            assert body["spec"]["holderIdentity"] == "a"
+        assert await a.release()
+        (last,) = [r.data for r in list(kmock) if r.method == "PUT" and "/leases/" in str(r.url)][
+            2:
+        ]
+        assert last["metadata"]["labels"] == labels and "holderIdentity" not in last["spec"]
+        assert last["spec"]["strategy"] == "OldestEmulationVersion"
+    finally:
+        await a.api.close()
