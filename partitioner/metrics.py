@@ -160,6 +160,20 @@ class Metrics:
             self.nodes_left_out.labels(reason).set(n)
         self._left_out_reasons = set(reasons)
 
+    def not_leading(self) -> None:
+        """This replica does not decide (a follower, or a leader that lost the Lease): the
+        waiting gauges say nothing from it, so the dashboard's sums and the alerts over both
+        replicas read the leader's figures only (a deposed leader kept exporting its last
+        step's, and alerts kept firing after the problem was gone)."""
+        self.pending_pods.set(0)
+        self.oldest_pending.set(0.0)
+        for state in RESERVATION_STATES:
+            self.reservations.labels(state).set(0)
+        self.pods_stranded.set(0)
+        for gone in self._left_out_reasons:
+            self.nodes_left_out.remove(gone)
+        self._left_out_reasons = set()
+
     def serve(self, port: int) -> None:
         """Start the /metrics HTTP server in a daemon thread."""
         start_http_server(port, registry=self.registry)

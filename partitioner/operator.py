@@ -531,6 +531,7 @@ class Controller:
             log.info("leading: decision steps start from the API state")
         self._was_leading = leading
         if not leading:
+            self.metrics.not_leading()  # the leader's figures are the ones exported
             self.health.step_done()  # a follower's cycle: nothing to decide
             return
         try:

@@ -330,6 +330,11 @@ async def test_only_the_leader_plans_and_a_cut_off_one_is_replaced(kmock: ApiSer
             kmock.lease_outage.discard("a")
             await asyncio.sleep(10)
             assert b.leading() and not a.leading()
+            # the waiting gauges are the leader's: a deposed one exported its last step's
+            # (sums over the replicas doubled, alerts kept firing after the cause was gone)
+            pending = "gpuslice_pending_pods"
+            assert (b.metrics.registry.get_sample_value(pending) or 0) >= 1
+            assert a.metrics.registry.get_sample_value(pending) == 0.0
             assert a.health.liveness().ok and a.health.readiness().ok  # a healthy follower
             assert a.health.readiness().holder == "b"
             # the deposed leader made no write after the new one acquired the Lease
