@@ -168,6 +168,9 @@ class LeaderElector:
         self._reported = Leadership(False, "")
         self._failing = False
         self._released = False
+        self.term = 0
+        """Bumped each time this replica starts leading (not on a renewal): a caller that
+        last saw another term knows it lost the lead in between, however briefly."""
         self.collection = f"/apis/{LEASE_API_VERSION}/namespaces/{config.namespace}/leases"
         self.path = f"{self.collection}/{config.name}"
 
@@ -276,6 +279,8 @@ class LeaderElector:
     def _lead_from(self, started: float) -> bool:
         if self._released:  # released while this attempt was in flight
             return False
+        if not self.is_leader():  # a new term, not a renewal
+            self.term += 1
         self._valid_until = started + self.config.renew_deadline_s
         return True
 

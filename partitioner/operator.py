@@ -230,6 +230,8 @@ class Controller:
             self.writer_api = FencedApi(self._endpoint, self.elector.fence)
         self._leadership(Leadership(self.elector is None, ""))
         self._was_leading = False
+        self._term = 0
+        """The elector's term at the last cycle (:attr:`LeaderElector.term`)."""
         self._election: asyncio.Task[None] | None = None
         self.last_decision: Decision | None = None
         self.last_cycle: float | None = None
@@ -525,11 +527,15 @@ class Controller:
                 self.relist_due.update(due)
                 log.warning("listing %s again failed: %s", ", ".join(due), e)
         leading = self.leading()
-        if leading and not self._was_leading and self.elector is not None:
-            self.state = ControllerState()  # as after a restart: plans may have moved on
+        term = self.elector.term if self.elector is not None else 0
+        if leading and self.elector is not None and (not self._was_leading or term != self._term):
+            # a new term, also one that began and the previous one ended within a cycle that
+            # blocked longer than the Lease (an API outage, a long plan): as after a restart,
+            # plans may have moved on under another leader
+            self.state = ControllerState()
             self._awaiting_applied.clear()
             log.info("leading: decision steps start from the API state")
-        self._was_leading = leading
+        self._was_leading, self._term = leading, term
         if not leading:
             self.metrics.not_leading()  # the leader's figures are the ones exported
             self.health.step_done()  # a follower's cycle: nothing to decide

@@ -459,3 +459,38 @@ async def test_renewals_and_the_release_keep_the_leases_labels_annotations_and_o
         assert last["spec"]["strategy"] == "OldestEmulationVersion"
     finally:
         await a.api.close()
+
+
+async def test_a_lead_lost_and_regained_between_two_cycles_starts_from_a_fresh_state() -> None:
+    """A cycle can block longer than the Lease (an API outage, a long plan); meanwhile another
+    replica may lead, plan and hand the Lease back.  The replica then leads at both of its
+    cycles, but in a new term: its decision state (plans, windows, Events told) is another
+    term's and is dropped, as after a restart.  A renewal within one term keeps it."""
+    from partitioner.decide import ControllerState
+
+    class Elector:
+        def __init__(self) -> None:
+            self.term = 1
+
+        def is_leader(self) -> bool:
+            return True
+
+    c = Controller(settings(), connection=kopf.ConnectionInfo(server="http://127.0.0.1:9"))
+    c.elector = Elector()  # type: ignore[assignment]
+    steps: list[ControllerState] = []
+
+    async def step(now: float | None = None) -> Any:
+        steps.append(c.state)
+
+    async def no_leases() -> None:
+        return None
+
+    c.step = step  # type: ignore[method-assign]
+    c._poll_leases = no_leases  # type: ignore[method-assign]
+    await c._cycle()
+    c.state = first = ControllerState(last_plan_id=7)  # what term 1's steps decided
+    await c._cycle()  # a renewal: same term, the state stays
+    assert steps[-1] is first
+    c.elector.term = 2  # lost and regained while a cycle blocked
+    await c._cycle()
+    assert steps[-1] is not first and steps[-1].last_plan_id == 0
