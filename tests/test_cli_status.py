@@ -360,3 +360,16 @@ def test_a_pod_other_gates_hold_is_held_and_a_kept_slice_is_not_free() -> None:
     np = applied_np("n1", status_gpu(0, ("1g.10gb", 0, False), ("1g.10gb", 1, False)))
     (n1,) = status_document([node("n1", MIG)], [released], [np], T0)["nodes"]
     assert n1["free"] == "1g.10gb"  # the other one
+
+
+def test_a_named_unbound_pod_asking_for_no_slice_is_said_to_be_one() -> None:
+    """``gpuslice status NAME`` of a pending pod that asks for no gpuslice slice printed
+    nothing (the index keeps no such pod): it says what the pod is."""
+    cpu = gated("cpu-only", "cpu")
+    cpu["spec"].pop("schedulingGates", None)
+    doc = status_document([node("n1", MIG)], [cpu], [applied_np("n1", status_gpu(0))], T0,
+                          only=["ns/cpu-only"])  # fmt: skip
+    (row,) = doc["pods"]
+    assert (row["pod"], row["state"], row["detail"]) == (
+        "ns/cpu-only", "not waiting", "asks for no gpuslice slice"
+    )

@@ -208,9 +208,10 @@ def status_document(
     from partitioner.claims import failed_claims
     from partitioner.index import ClusterIndex
     from partitioner.reservations import State
+    from partitioner.snapshot import pod_key
     from planner.catalog import default_catalog
 
-    nodes, partitionings = list(nodes), list(partitionings)
+    nodes, partitionings, pods = list(nodes), list(partitionings), list(pods)
     index = ClusterIndex.from_objects(
         catalog or default_catalog(), nodes, pods, partitionings, claims
     )
@@ -321,7 +322,14 @@ def status_document(
         if any(row["pod"] == key for row in pod_rows):
             continue
         named = index.pods.get(key)
-        if named is None:
+        if named is None:  # unbound and asking for no slice: the index keeps no such pod
+            raw = next((p for p in pods if pod_key(p) == key), None)
+            if raw is not None:
+                pod_rows.append(
+                    {"pod": key, "priority": (raw.get("spec") or {}).get("priority") or 0,
+                     "waiting_s": None, "request": "-", "state": "not waiting", "node": None,
+                     "ahead": None, "detail": "asks for no gpuslice slice"}
+                )  # fmt: skip
             continue
         state, detail = (
             ("finished", f"phase {named.phase}")
