@@ -227,11 +227,13 @@ class Controller:
             self.elector = LeaderElector(
                 self.api, config, monotonic=monotonic, wall=clock, on_change=self._leadership
             )
-            self.writer_api = FencedApi(self._endpoint, self.elector.fence)
+            self.writer_api = FencedApi(self._endpoint, self._fence)
         self._leadership(Leadership(self.elector is None, ""))
         self._was_leading = False
         self._term = 0
         """The elector's term at the last cycle (:attr:`LeaderElector.term`)."""
+        self._step_term = 0
+        """The elector's term when the running step began: its writes are fenced by it."""
         self._election: asyncio.Task[None] | None = None
         self.last_decision: Decision | None = None
         self.last_cycle: float | None = None
@@ -349,8 +351,21 @@ class Controller:
         finally:
             self.index.deletions = None
 
+    def _fence(self) -> float:
+        """Seconds the step may still write: the elector's fence, and none once the term the
+        step began in has ended (a lead lost and regained while it ran: what it decided is
+        another term's, and Events and node conditions carry no resourceVersion to refuse it)."""
+        assert self.elector is not None
+        if self.elector.term != self._step_term:
+            raise NotLeader(
+                f"the lead changed hands since this step began (term {self._step_term})"
+            )
+        return self.elector.fence()
+
     async def step(self, now: float | None = None) -> Decision:
         """One cycle: decide at ``now`` (default: the controller's clock), act, record."""
+        if self.elector is not None:
+            self._step_term = self.elector.term
         now = self.clock() if now is None else now
         state = self.state
         self.changed.clear()  # what happened so far, this step reads

@@ -494,3 +494,23 @@ async def test_a_lead_lost_and_regained_between_two_cycles_starts_from_a_fresh_s
     c.elector.term = 2  # lost and regained while a cycle blocked
     await c._cycle()
     assert steps[-1] is not first and steps[-1].last_plan_id == 0
+
+
+def test_a_steps_writes_are_fenced_by_the_term_it_began_in() -> None:
+    """A step computed in one term must not write in the next (a lead lost and regained while
+    it ran): Events and node conditions carry no resourceVersion for the API server to refuse
+    them with.  The fence allows the elector's time left only within the step's term."""
+
+    class Elector:
+        term = 3
+
+        def fence(self) -> float:
+            return 4.5
+
+    c = Controller(settings(), connection=kopf.ConnectionInfo(server="http://127.0.0.1:9"))
+    c.elector = Elector()  # type: ignore[assignment]
+    c._step_term = 3
+    assert c._fence() == 4.5
+    c.elector.term = 4
+    with pytest.raises(NotLeader, match="term 3"):
+        c._fence()
