@@ -121,6 +121,7 @@ the reconciler's, :func:`node_agent.reconciler.workload`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -808,7 +809,11 @@ class DraPreparer:
                 rec.devices.append(made)
                 self.checkpoint.put(rec)
             self._write_cdi(rec)
-        except (ClaimError, NvmlError) as e:
+        except (ClaimError, NvmlError, OSError) as e:
+            # OSError: the CDI spec or the checkpoint could not be written (a full or
+            # read-only disk): rolled back like any failure, and told as this claim's
+            if isinstance(e, OSError):
+                e = ClaimError(f"{ref}: writing {getattr(e, 'filename', None) or 'a file'}: {e}")
             try:
                 self._destroy_devices(rec.label(), created, check_busy=False)
             except (ClaimError, NvmlError) as undo:  # the kubelet is told the cause, not this
@@ -821,9 +826,10 @@ class DraPreparer:
             if old is not None:
                 self.checkpoint.put(old)  # the devices still there stay this claim's
             else:
-                if self.cdi_dir is not None:
-                    remove_spec(self.cdi_dir, rec.uid, self.driver)
-                self.checkpoint.drop(rec.uid)
+                with contextlib.suppress(OSError):  # the cause is told, not this
+                    if self.cdi_dir is not None:
+                        remove_spec(self.cdi_dir, rec.uid, self.driver)
+                    self.checkpoint.drop(rec.uid)
             if isinstance(e, ClaimError):
                 raise ClaimError(str(e) if str(ref) in str(e) else f"{ref}: {e}") from None
             raise

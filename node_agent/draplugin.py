@@ -252,7 +252,12 @@ class DraKubeletPlugin:
                 except Exception as e:  # the API is down: the kubelet retries
                     raise ClaimError(f"{ref}: cannot read it from the API: {e}") from None
                 devices = allocated_devices(obj, ref, self.pool, self.preparer.targets, self.driver)
-                prepared = await asyncio.to_thread(self.preparer.prepare, ref, devices)
+                try:
+                    prepared = await asyncio.to_thread(self.preparer.prepare, ref, devices)
+                except ClaimError:
+                    raise
+                except Exception as e:  # never the whole call's error (dra.md section 3)
+                    raise ClaimError(f"{ref}: {type(e).__name__}: {e}") from None
             except ClaimError as e:
                 entry.error = str(e)
                 log.warning("prepare failed: %s", e)
@@ -290,7 +295,12 @@ class DraKubeletPlugin:
             entry = out.claims[c.uid]
             self.failures.forget(c.uid)
             try:
-                await asyncio.to_thread(self.preparer.unprepare, c.uid)
+                try:
+                    await asyncio.to_thread(self.preparer.unprepare, c.uid)
+                except ClaimError:
+                    raise
+                except Exception as e:  # this claim's error, not the whole call's
+                    raise ClaimError(f"claim {c.uid}: {type(e).__name__}: {e}") from None
             except ClaimError as e:
                 entry.error = str(e)
                 log.warning("unprepare failed: %s", e)

@@ -281,3 +281,30 @@ def test_dra_mode_without_nvml_says_so(
     monkeypatch.setenv("GPUSLICE_NODE_NAME", "n1")
     assert main(["agent", "--dra"]) == 2
     assert "NVML is not usable" in capsys.readouterr().err
+
+
+async def test_a_file_that_cannot_be_written_fails_that_claim_only(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CDI spec of one claim cannot be written (a full or read-only disk): the whole
+    NodePrepareResources call failed at gRPC level (the other claim voided, no failure
+    recorded, the instance made for the claim left on the GPU).  Now that claim's error says
+    so, what its prepare made is rolled back, and the other claim is prepared."""
+    import errno
+
+    import node_agent.dra_prepare as dp
+
+    real = dp.write_spec
+
+    def full(cdi_dir: Any, uid: str, spec: Any, driver: str = DRIVER) -> Any:
+        if uid == "uid-a":
+            raise OSError(errno.ENOSPC, "No space left on device", str(cdi_dir))
+        return real(cdi_dir, uid, spec, driver)
+
+    monkeypatch.setattr(dp, "write_spec", full)
+    a = node.claims.put("a", "uid-a", ("gpu", placement(0, "3g.40gb", 4)))
+    b = node.claims.put("b", "uid-b", ("gpu", placement(0, "3g.40gb", 0)))
+    reply = await node.kubelet.prepare(DRIVER, a, b)
+    assert "No space left on device" in reply["uid-a"].error and not reply["uid-b"].error
+    assert len(node.plugin.failures) == 1
+    assert [(p.name, s) for p, s, _ in node.nv.layout(0)] == [("3g.40gb", 0)]  # a's rolled back
