@@ -52,6 +52,7 @@ devices").  The API server stamps ``timeAdded`` when it is not sent
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -63,6 +64,7 @@ from planner.catalog import GpuModel, MigProfile
 __all__ = [
     "API_VERSION",
     "DRIVER",
+    "MAX_OBJECT_NAME",
     "TAINT_REASONS",
     "UNUSABLE_TAINT_KEY",
     "DraGpu",
@@ -72,6 +74,7 @@ __all__ = [
     "placement_counters",
     "reported_layout",
     "resource_slices",
+    "slice_name",
     "whole_gpu_profile",
 ]
 
@@ -293,11 +296,28 @@ def resource_slices(
     return out
 
 
+MAX_OBJECT_NAME = 253
+"""An object name is a DNS subdomain of at most 253 characters."""
+
+
+def slice_name(node: str, suffix: str) -> str:
+    """``<node>-<driver>-<suffix>``; a node name too long for that (node names may have 253
+    characters themselves) is cut and given a hash of the whole name, so the name stays unique
+    and valid (slices are found by ``spec.nodeName``, never by name)."""
+    name = f"{node}-{DRIVER}-{suffix}"
+    if len(name) <= MAX_OBJECT_NAME:
+        return name
+    digest = hashlib.sha256(node.encode()).hexdigest()[:10]
+    tail = f"-{digest}-{DRIVER}-{suffix}"
+    head = node[: MAX_OBJECT_NAME - len(tail)].rstrip(".-")
+    return f"{head}{tail}"
+
+
 def _slice(node: str, suffix: str, pool: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": API_VERSION,
         "kind": "ResourceSlice",
-        "metadata": {"name": f"{node}-{DRIVER}-{suffix}"},
+        "metadata": {"name": slice_name(node, suffix)},
         "spec": {"driver": DRIVER, "nodeName": node, "pool": dict(pool), **body},
     }
 

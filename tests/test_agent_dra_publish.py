@@ -339,3 +339,21 @@ async def test_a_node_registered_again_owns_the_slices_written_after(
     owners = {s["metadata"]["ownerReferences"][0]["uid"] for s in slices(kmock, "node-a").values()}
     assert owners == {"uid-third"}
     assert reads == ["uid-first", "uid-second", "uid-third"]
+
+
+def test_slice_names_of_a_long_node_name_stay_valid_and_unique() -> None:
+    """Node names may have 253 characters; ``<node>-gpu.gpuslice.io-devices-gpu<i>`` went over
+    the 253 an object name may have, and the API server refused every slice of the node."""
+    from node_agent.dra_slices import MAX_OBJECT_NAME, resource_slices
+
+    long_a = "n" * 200 + "." + "a" * 41  # 242 characters
+    long_b = "n" * 200 + "." + "b" * 41
+    names = {
+        node: [s["metadata"]["name"] for s in resource_slices(node, GPUS, 1, None)]
+        for node in (long_a, long_b, "node-a")
+    }
+    for node, ns in names.items():
+        assert all(len(n) <= MAX_OBJECT_NAME for n in ns), node
+        assert len(set(ns)) == len(ns)
+    assert not set(names[long_a]) & set(names[long_b])  # the hash tells them apart
+    assert names["node-a"][0] == "node-a-gpu.gpuslice.io-counters-0"  # short names unchanged
