@@ -167,4 +167,33 @@ def allocated_devices(
                 admin_access=r.get("adminAccess") is True,
             )
         )
+    _refuse_config(allocation, ref, driver, {d.request for d in out})
     return out
+
+
+def _refuse_config(
+    allocation: Mapping[str, Any], ref: ClaimRef, driver: str, requests: set[str]
+) -> None:
+    """gpuslice's devices take no parameters: an opaque config addressed to ``driver`` that
+    applies to one of its ``requests`` (none listed: to all; a subrequest ``main/sub`` counts
+    as ``main``) is refused, as drivers refuse a config they cannot decode (dra.md section 1),
+    rather than prepared as if it were not there."""
+    base = {r.split("/", 1)[0] for r in requests} | requests
+    for cfg in _get(allocation, "devices", "config") or ():
+        if not isinstance(cfg, Mapping):
+            continue
+        opaque = cfg.get("opaque")
+        if not isinstance(opaque, Mapping) or opaque.get("driver") != driver:
+            continue
+        named = cfg.get("requests") or []
+        if not isinstance(named, list):
+            named = []
+        if named and not ({str(n) for n in named} & base):
+            continue
+        source = cfg.get("source") or "FromClaim"
+        where = "its DeviceClass" if source == "FromClass" else "the claim"
+        raise ClaimError(
+            f"{ref}: an opaque config for {driver} ({source}) applies to "
+            + (f"request(s) {', '.join(sorted(str(n) for n in named))}" if named else "it")
+            + f"; gpuslice's devices take no parameters: remove the config from {where}"
+        )
