@@ -16,8 +16,10 @@ the wanted slices:
    omits when empty (``null``, ``[]``, ``{}``) count as absent on both sides.  Comparing the
    strings rewrote every slice at a new generation each round on GPUs whose memory is a whole
    number of GiB (A100, A30, H200, B200, GB200, GH200), the pool incomplete meanwhile.
-3. Else the pool's generation is bumped (one above the highest stored) and every wanted slice
-   is written at it: created, or updated by a JSON merge patch that carries the stored
+3. If exactly one slice differs (one GPU narrowed or withdrawn) and every stored slice is at
+   the stored generation, that slice alone is patched at that generation: the pool stays
+   complete for the scheduler (shared/facts/dra.md, consequence 2).  Else the pool's
+   generation is bumped (one above the highest stored) and every wanted slice is written at it: created, or updated by a JSON merge patch that carries the stored
    ``resourceVersion`` (a concurrent writer gets ``409`` and the next round starts over); then
    slices no longer wanted are deleted.  Consumers use only the highest generation and skip a
    pool until all ``resourceSliceCount`` slices of it are there, so the pool is never read
@@ -108,6 +110,11 @@ def _stamped(wanted: Sequence[dict[str, Any]], stored: Mapping[str, Mapping[str,
                 stamp = stamps.get((d["name"], t["key"], t.get("value", ""), t["effect"]))
                 if stamp is not None:
                     t["timeAdded"] = stamp
+
+
+def _generation(obj: Mapping[str, Any]) -> int:
+    """The pool generation of a stored slice (0 when it has none)."""
+    return int(((obj.get("spec") or {}).get("pool") or {}).get("generation") or 0)
 
 
 def _at(spec: Mapping[str, Any], generation: int) -> dict[str, Any]:
@@ -254,28 +261,32 @@ class SlicePublisher:
             stored = await self.stored()
         except ApiException as e:
             raise PublishError(f"listing ResourceSlices of node {self.node}: {_why(e)}") from None
-        generation = max(
-            (int(((s["spec"].get("pool") or {}).get("generation")) or 0) for s in stored.values()),
-            default=0,
-        )
+        generation = max((_generation(s) for s in stored.values()), default=0)
         wanted = self._wanted(generation + 1, publish, tainted)
         _stamped(wanted, stored)
-        if (
-            generation
-            and {s["metadata"]["name"] for s in wanted} == set(stored)
-            and all(
-                _same(stored[s["metadata"]["name"]].get("spec"), _at(s["spec"], generation))
+        writes = wanted
+        if generation and {s["metadata"]["name"] for s in wanted} == set(stored):
+            differ = [
+                s
                 for s in wanted
-            )
-        ):
-            return False  # the stored slices are these, at the stored generation
+                if not _same(stored[s["metadata"]["name"]].get("spec"), _at(s["spec"], generation))
+            ]
+            if not differ:
+                return False  # the stored slices are these, at the stored generation
+            if len(differ) == 1 and all(_generation(s) == generation for s in stored.values()):
+                # one slice changed (one GPU narrowed or withdrawn): it alone is written, at the
+                # stored generation, so the pool stays complete for the scheduler meanwhile
+                # (shared/facts/dra.md, consequence 2) instead of every slice at a new one
+                for s in wanted:
+                    s["spec"] = _at(s["spec"], generation)
+                writes = differ
         if self.node_uid_reader is not None:
             try:
                 self.node_uid = await self.node_uid_reader()
             except ApiException as e:
                 raise PublishError(f"reading Node {self.node}: {_why(e)}") from None
             self._owned(wanted)
-        for s in wanted:
+        for s in writes:
             name = s["metadata"]["name"]
             try:
                 if name in stored and not await self._patched(name, stored[name], s):

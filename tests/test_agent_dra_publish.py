@@ -23,7 +23,7 @@ import pytest
 from fake_apiserver import SLICE_RESOURCE, ApiServer, declare_dra
 
 from node_agent.dra_publish import PublishError, SlicePublisher
-from node_agent.dra_slices import DRIVER, UNUSABLE_TAINT_KEY, DraGpu, device_name
+from node_agent.dra_slices import DRIVER, UNUSABLE_TAINT_KEY, DraGpu, device_name, resource_slices
 from node_agent.draplugin import KubeClaimReader
 from planner.catalog import default_catalog
 
@@ -299,10 +299,35 @@ async def test_a_slice_deleted_during_a_round_is_created_again() -> None:
 
     api = Api()
     pub = SlicePublisher(api, "node-a", GPUS[:1])
-    assert await pub.publish({device_name(0)})
-    names = [s["metadata"]["name"] for s in first]
-    assert api.calls == [c for n in names for c in (("patch", n), ("create", n))]
-    assert {s["spec"]["pool"]["generation"] for s in api.objects.values()} == {2}
+    assert await pub.publish({device_name(0)})  # one GPU narrowed: its slice alone
+    devices = "node-a-gpu.gpuslice.io-devices-gpu0"
+    assert api.calls == [("patch", devices), ("create", devices)]
+    assert {s["spec"]["pool"]["generation"] for s in api.objects.values()} == {1}
+
+
+async def test_one_gpu_narrowed_rewrites_its_slice_alone_at_the_same_generation(
+    kmock: ApiServer, connect: Callable[[str], Any]
+) -> None:
+    """dra.md, consequence 2: narrowing one GPU rewrites one slice and leaves the counters
+    alone.  Every slice was rewritten at a new generation, one write after another, and the
+    scheduler skipped the node's pool until the last landed (fewer slices than
+    resourceSliceCount at the newest generation).  A change of several slices still moves the
+    whole pool to a new generation."""
+    declare_dra(kmock)
+    four = [DraGpu(i, f"GPU-{i:08d}-0000-0000-0000-000000000000", H100) for i in range(4)]
+    pub = SlicePublisher(connect(str(kmock.url)), "node-a", four)
+    every = {d["name"] for s in resource_slices("node-a", four, 1, None) for d in
+             (s["spec"].get("devices") or ())}  # fmt: skip
+    assert await pub.publish(every)
+    three = H100.profile("3g.40gb")
+    n = len(writes(kmock))
+    assert await pub.publish(every - {device_name(2, three, 4)})
+    assert writes(kmock)[n:] == [("PATCH", "node-a-gpu.gpuslice.io-devices-gpu2")]
+    assert {s["spec"]["pool"]["generation"] for s in slices(kmock, "node-a").values()} == {1}
+    n = len(writes(kmock))
+    assert await pub.publish(every - {device_name(1, three, 4), device_name(3, three, 4)})
+    assert len(writes(kmock)[n:]) == 5  # two GPUs changed: the pool moves to generation 2
+    assert {s["spec"]["pool"]["generation"] for s in slices(kmock, "node-a").values()} == {2}
 
 
 async def test_a_node_registered_again_owns_the_slices_written_after(
