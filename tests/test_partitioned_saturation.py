@@ -98,7 +98,9 @@ def test_mps_one_gpu_by_hand() -> None:
     # mps-memory on an A100-80GB: 79 GiB usable; 500 milli -> 39 GiB, 100 milli -> 7 GiB
     arrivals = [pod("a", 500), pod("b", 500), pod("c", 100)]
     r = run_planned(cluster(1), workload(*arrivals), Mode.MPS, "mps-memory", 1, arrivals=arrivals)
-    assert r.used.tolist() == [500, 1000, 1000]
+    # a pod counts the slice's share of the 81,408 usable MiB, not more than it got: 39 GiB is
+    # 39936 * 1000 // 81408 = 490 milli (500 credited a GPU with more than it holds)
+    assert r.used.tolist() == [490, 980, 980]
     assert r.extra["prefiltered_failures"] == 1  # 78 GiB used: no room for 7 GiB
     assert r.extra["slices_used_pct"] == pytest.approx(
         100 * 78 * 1024 / (80 * 1024 - 512), abs=1e-3
@@ -380,7 +382,29 @@ def test_hybrid_row_places_small_shares_inside_instances() -> None:
         arrivals=arrivals,
         on_batch=record,
     )
-    assert r.used.tolist() == [500, 600, 800, 800]
+    # the 4g instance counts the 500 asked; the 7 and 15 GiB slices 88 and 188 milli of the
+    # GPU's 81,408 usable MiB (7168 * 1000 // 81408, 15360 * 1000 // 81408), under the 100
+    # and 200 asked
+    assert r.used.tolist() == [500, 588, 776, 776]
     assert history[-1][1].total() == 2 and all(k[2] >= 0 for k in history[-1][1])
     for (mig_a, mps_a), (mig_b, mps_b) in itertools.pairwise(history):
         assert mig_a <= mig_b and not (mps_a - mps_b)
+
+
+def test_no_gpu_counts_more_than_it_holds() -> None:
+    """``mps-memory`` rounds a share down to whole GiB (so shares that fit together still
+    fit): a 550- and a 460-milli pod both fit one GPU, and crediting what they asked made it
+    101 % allocated.  Each counts its slice's share, and a GPU never more than 1000."""
+    from simulations.inputs.cluster import Cluster, Node
+    from simulations.inputs.workload import Pod, Workload
+    from simulations.saturation.mps_rules import run_rule
+
+    one = Cluster("one", (Node("n0", 96000, 400000, 1, model="A100-SXM4-80GB"),))
+    pods = (Pod("a", 1000, 1000, 1, 550), Pod("b", 1000, 1000, 1, 460))
+    wl = Workload("w", pods)
+    results = [run_rule(one, wl, rule, 42, arrivals=list(pods), target=1.3) for rule in ("bestfit", "fgd")]
+    results.append(run_planned(one, wl, Mode.MPS, "mps-memory", 42, arrivals=list(pods)))
+    for r in results:
+        assert r.placed == 2
+        assert r.used[-1] == 44032 * 1000 // 81408 + 36864 * 1000 // 81408  # 43 + 36 GiB
+        assert r.final_alloc_pct <= 100.0

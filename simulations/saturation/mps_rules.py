@@ -197,7 +197,7 @@ def _place(
         node.gpus[i].mps.append(MpsSlice(mib, True, pct))
     node.cpu_free -= pod.cpu_milli
     node.mem_free -= pod.memory_mib
-    state.used_milli += pod.total_gpu_milli
+    state.used_milli += state.credit(pod, [mib] * len(gpus))
     state.refresh(node)
 
 

@@ -502,10 +502,24 @@ class PartitionedState:
                 best, chosen = key, n
         return chosen
 
+    def credit(self, pod: Pod, slices_mib: Sequence[int] = ()) -> int:
+        """The GPU-milli a placed pod counts for in the allocation metric: what it asked
+        (``gpu_milli`` of each GPU), but for an MPS slice never more than the slice's share of
+        the GPU's usable memory.  ``mps-memory`` maps a share to whole GiB rounding down (so
+        shares that fit together still fit), so an 810-milli pod gets 63 GiB, 792 milli of an
+        A100-80GB's usable memory: counting 810 credited a GPU with more than it holds (two
+        pods of 550 and 460 made one GPU 101 % allocated)."""
+        if not slices_mib or not self.usable_mib:
+            return pod.total_gpu_milli
+        per_slice = [min(pod.gpu_milli, mib * GPU_MILLI // self.usable_mib) for mib in slices_mib]
+        return min(pod.total_gpu_milli, sum(per_slice))
+
     def _kube_node(self, pod: Pod, strategy: Strategy) -> SimNode | None:
         """kube-scheduler's cycle (:mod:`simulations.replay.kube_score`): feasible nodes
         collected from where the last cycle stopped until enough are found, scored on CPU and
-        memory, ties to the smallest rank."""
+        memory, ties to the first found (kube-scheduler keeps no fixed node order to break ties
+        by, shared/facts/k8s-scheduling.md section 5: a fixed rank packed better than it
+        does)."""
         total = len(self.nodes)
         found: list[SimNode] = []
         processed = 0
@@ -527,9 +541,8 @@ class PartitionedState:
                 pod.memory_mib,
                 strategy,
             )
-            key = (-score, n.rank)
-            if best is None or key < best:
-                best, chosen = key, n
+            if best is None or -score < best[0]:
+                best, chosen = (-score, 0), n
         return chosen
 
     # ------------------------------------------------------------------ applying a plan
@@ -566,7 +579,15 @@ class PartitionedState:
             node.mem_free -= pod.memory_mib
             if node.cpu_free < 0 or node.mem_free < 0:
                 raise PlanViolation(f"pod {name}: node {node.name} CPU/memory overcommitted")
-            self.used_milli += pod.total_gpu_milli
+            self.used_milli += self.credit(
+                pod,
+                [
+                    gb * 1024
+                    for resource, indices in asg.gpus.items()
+                    if (gb := mps_gb_of(resource))
+                    for _ in indices
+                ],
+            )
             touched.add(node.name)
             placed.append(name)
         for node_name in touched:
