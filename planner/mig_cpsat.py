@@ -173,6 +173,10 @@ __all__ = [
 ]
 
 _EXACT_INT = 1 << 53
+_MAX_COEFFICIENT = 1 << 62
+"""Below CP-SAT's int64 coefficients, with room for the objective's sums."""
+_MAX_UNITS_PER_POD = 64
+"""A bound on one pod's units in a weighted term (GPUs of a node, compute per GPU)."""
 DETERMINISTIC_PER_SECOND = 0.5
 """CP-SAT deterministic-time units allowed per second of the solver's wall-clock limit."""
 
@@ -670,6 +674,12 @@ def solve_batch(
     weights = pod_weights(
         (p for g in groups for p in g.pods), settings.wait_tiers_s, settings.placement_weight
     )
+    if sum(weights.values()) * _MAX_UNITS_PER_POD >= _MAX_COEFFICIENT:
+        # Each priority outweighs every pod below it, so a deep queue over many priorities
+        # (6 PriorityClasses x 1000 pods that waited past the last tier) needs coefficients
+        # beyond CP-SAT's int64: building the objective raised, and the batch failed every
+        # step.  None: the caller keeps the greedy plan, which orders by priority the same.
+        return None
     nodes = {n.name: n for n in snapshot.nodes}
     warm_layouts = dict(warm_start.layouts) if warm_start is not None else {}
     warm_node = {pod: a.node for pod, a in (warm_start.assignments.items() if warm_start else ())}

@@ -1,0 +1,23 @@
+"""A deep queue over many priorities: each priority outweighs every pod below it, so the
+objective's coefficients outgrow CP-SAT's int64 (64 PriorityClasses of one pod each already
+do).  plan() raised building the objective, and the partitioner's batch failed every step with
+no pod planned; it returns the greedy plan now, which orders pods by priority the same."""
+
+from __future__ import annotations
+
+from planner import plan
+from planner.snapshot import GpuState, Mode, NodeState, PendingPod, Snapshot
+
+A100 = "A100-SXM4-80GB"
+
+
+def test_many_priorities_fall_back_to_the_greedy_plan() -> None:
+    node = NodeState("n0", Mode.MPS, A100, tuple(GpuState(i) for i in range(8)))
+    pods = tuple(
+        PendingPod(f"p{q}", {"nvidia.com/gpu-10gb": 1}, priority=q) for q in range(64)
+    )
+    result = plan(Snapshot((node,), pods))
+    assert result.status == "GREEDY_FALLBACK"
+    assert len(result.assignments) == 56  # 7 slices of 10 GiB on each of 8 GPUs
+    placed = {int(name[1:]) for name in result.assignments}
+    assert placed == set(range(8, 64))  # the highest priorities first
