@@ -373,6 +373,15 @@ def read_gpu_labels(
     memory = _memory(labels)
     if isinstance(memory, LabelProblem):
         return memory
+    if memory is not None and memory > 2 * model.memory_mib:
+        # the planner sizes MPS levels per GiB of it: 80 GiB written in bytes planned for
+        # minutes while every other node's pods waited
+        return LabelProblem(
+            "InvalidGpuLabels",
+            f"label {MEMORY_LABEL}={labels[MEMORY_LABEL]} MiB is more than twice the "
+            f"{model.memory_mib} MiB a {model.name} has (written in bytes?); GPU Feature "
+            "Discovery writes MiB: fix the label, or the catalog entry with an override",
+        )
     source = f"label {COUNT_LABEL}"
     notes: list[str] = []
     devices: dict[str, int] | None = None

@@ -287,3 +287,13 @@ def test_with_operands_off_is_what_the_fix_gives() -> None:
     }
     assert node["metadata"]["labels"]["nvidia.com/gpu.deploy.mig-manager"] == "true"  # a copy
     assert len(notes) == 1 and "mig-manager=false (it is 'true')" in notes[0]
+
+
+def test_a_gpu_memory_label_far_above_the_model_is_refused() -> None:
+    """The planner sizes an MPS GPU's levels per GiB of its memory label: 80 GiB written in bytes
+    (85899345920) planned for minutes while every other node's pods waited.  A label above
+    twice the model's memory is a label problem naming it."""
+    labels = {"nvidia.com/gpu.product": A80, "nvidia.com/gpu.count": "8"}
+    got = problem(labels | {"nvidia.com/gpu.memory": "85899345920"})
+    assert got.reason == "InvalidGpuLabels" and "written in bytes" in got.message
+    assert read(labels | {"nvidia.com/gpu.memory": "81920"}).gpu_memory_mib == 81920
