@@ -489,8 +489,12 @@ def _summarise(all_rejections: Sequence[Rejection], exceeded_models: Sequence[st
     if codes == {Unplaced.EXCEEDS_GPU}:
         texts = sorted({r.text for r in rejections})
         return Rejection(Unplaced.EXCEEDS_GPU, "; ".join(texts[:3]), ", ".join(exceeded_models))
-    if codes == {Unplaced.NODE_RESOURCES}:
-        return Rejection(Unplaced.NODE_RESOURCES, _first_texts(rejections))
+    if codes == {Unplaced.NODE_RESOURCES}:  # the code is said once, by the summary
+        shown = "; ".join(r.text for r in rejections[:3])
+        more = len(rejections) - 3
+        return Rejection(
+            Unplaced.NODE_RESOURCES, shown + (f"; and {more} more node(s)" if more > 0 else "")
+        )
     return Rejection(Unplaced.NO_ELIGIBLE_NODE, _first_texts(rejections))
 
 

@@ -21,3 +21,11 @@ def test_many_priorities_fall_back_to_the_greedy_plan() -> None:
     assert len(result.assignments) == 56  # 7 slices of 10 GiB on each of 8 GPUs
     placed = {int(name[1:]) for name in result.assignments}
     assert placed == set(range(8, 64))  # the highest priorities first
+
+
+def test_a_node_cpu_reason_says_its_code_once() -> None:
+    """The reason read 'node cpu/memory: node cpu/memory: node n0 has ...' in the pod's Event."""
+    node = NodeState("n0", Mode.MPS, A100, (GpuState(0),), cpu_milli_free=1000)
+    pod = PendingPod("p", {"nvidia.com/gpu-10gb": 1}, cpu_milli=2000)
+    (reason,) = plan(Snapshot((node,), (pod,))).unplaced.values()
+    assert reason.count("node cpu/memory") == 1 and "node n0 has 1000m CPU" in reason
