@@ -74,12 +74,13 @@ def test_least_allocated_spreads_most_allocated_packs() -> None:
 
 def test_bestfit_sees_the_free_gpus_kube_scheduler_does_not() -> None:
     # two nodes with the same CPU; n000's GPU is taken: FGD's BestFit prefers it (less free
-    # GPU), kube-scheduler's profiles score CPU and memory only and tie (ties: smallest rank)
+    # GPU), kube-scheduler's profiles score CPU and memory only and tie (ties: the first node
+    # found, here n001, where the last cycle stopped; no fixed rank)
     pod = Pod("c", 4000, 1024, 0, 0)
     chosen = {}
     for scheduler in CpuScheduler:
         st = _state([64000, 64000], scheduler)
-        st.nodes[0].rank, st.nodes[1].rank = 1, 0
+        st._next_start = 1
         st.nodes[0].gpus[0].mps.append(MpsSlice(79 * 1024, True, 100))
         st.refresh(st.nodes[0])
         went = st.place_cpu_only(pod)

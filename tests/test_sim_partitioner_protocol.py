@@ -225,4 +225,6 @@ def test_no_row_places_a_multi_gpu_pod_on_mps_slices(policy: str) -> None:
     else:
         r = run_rule(c, wl, policy.split(":", 1)[1], 1, arrivals=arrivals)
     assert (r.placed, r.failed) == (4, 2)
-    assert r.used[-1] == 1000 + 3 * 320
+    # each counts its slice's share of the 81,408 usable MiB: a whole GPU 79 GiB (993 milli),
+    # 320 milli 25 GiB (314 milli)
+    assert r.used[-1] == 79 * 1024 * 1000 // 81408 + 3 * (25 * 1024 * 1000 // 81408)
