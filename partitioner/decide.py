@@ -161,7 +161,6 @@ from partitioner.actions import (
     WriteReservations,
     WriteSpec,
 )
-from partitioner.adoption import gpus_from_status
 from partitioner.batching import BatchPolicy, BatchWindow, due, next_deadline, observe, planned
 from partitioner.claims import failed_claims
 from partitioner.drain import choose_drain, drain_budget
@@ -525,18 +524,24 @@ def _rv_patch(pod: PodInfo, annotations: Mapping[str, str | None]) -> dict[str, 
     return {"metadata": meta}
 
 
-def _desired_now(np: NodePartitioning | None, index: int, mode: Mode) -> DesiredGpu | None:
+def _desired_now(
+    np: NodePartitioning | None,
+    index: int,
+    mode: Mode,
+    held_foreign: AbstractSet[int] = frozenset(),
+) -> DesiredGpu | None:
     """The layout a GPU the plan does not change keeps: what the agent reports, else the spec.
     Devices of the other mode than the node's (left from before it was relabelled,
     :func:`~partitioner.adoption.gpus_from_status`) are not asked for: free, they are left out
-    (the agent removes them); with one in use the GPU is left out of the spec (``None``: the
-    agent leaves it be until its pod leaves)."""
+    (the agent removes them); with one in use (the GPU in ``held_foreign``,
+    :attr:`~partitioner.ledger.NodeLedger.foreign`) the GPU is left out of the spec (``None``:
+    the agent leaves it be until its pod leaves)."""
     if np is not None and np.status is not None:
         for g in np.status.gpus:
             if g.index == index:
                 hosts = mode is Mode.MIG and any(m.mps for m in g.mig)
                 if (g.mig if mode is Mode.MPS else g.mps) or hosts:
-                    if gpus_from_status(np, index + 1, mode)[index].locked:
+                    if index in held_foreign:
                         return None
                     if mode is Mode.MPS:
                         g = g.model_copy(update={"mig": []})
@@ -2315,7 +2320,7 @@ class _Step:
                     if (
                         g := _desired_planned(plan.layouts[(node, i)])
                         if (node, i) in plan.layouts
-                        else _desired_now(np, i, ledger.gpu.mode)
+                        else _desired_now(np, i, ledger.gpu.mode, ledger.foreign)
                         if ledger.reported
                         else _desired_adopted(ledger, i)
                     )
@@ -2355,7 +2360,7 @@ class _Step:
                 old = _layout_key(
                     d
                     for i in range(ledger.gpu.gpu_count)
-                    if (d := _desired_now(np, i, ledger.gpu.mode)) is not None
+                    if (d := _desired_now(np, i, ledger.gpu.mode, ledger.foreign)) is not None
                 )
             if old == new:
                 continue

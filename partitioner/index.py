@@ -83,7 +83,7 @@ from partitioner.reservations import (
     State,
     parse_reservation,
 )
-from partitioner.snapshot import GpuNode, NodeProblem, pod_key, read_node
+from partitioner.snapshot import NOS_AGENT_LABEL, GpuNode, NodeProblem, pod_key, read_node
 from planner.catalog import Catalog
 from planner.snapshot import is_partitionable_resource
 
@@ -408,7 +408,8 @@ def _wants_slices(pod: Obj) -> bool:
 def _of_nos(pod: Obj) -> bool:
     """A pod of nos (its chart's label): an agent of nos still runs where it is bound."""
     labels = (pod.get("metadata") or {}).get("labels") or {}
-    return isinstance(labels, Mapping) and labels.get("app.kubernetes.io/part-of") == "nos"
+    key, value = NOS_AGENT_LABEL
+    return isinstance(labels, Mapping) and labels.get(key) == value
 
 
 def _trim_pod(pod: Obj, rejected: bool) -> dict[str, Any]:
@@ -799,10 +800,10 @@ class ClusterIndex:
         read from its :class:`PodInfo` (never changed once built), and the entry is removed
         with the same key when that PodInfo leaves the waiting set."""
         self.node_pods: dict[str, int] = {}
-        self.nos_agents: dict[str, set[str]] = {}
-        """Node -> the pods of nos (its agents: label app.kubernetes.io/part-of=nos) bound
-        there and not finished: such a node is not planned (``NosActive``)."""
         """Node -> a counter bumped whenever a pod bound to it appears, changes or goes."""
+        self.nos_agents: dict[str, set[str]] = {}
+        """Node -> the pods of nos (its agents: label :data:`NOS_AGENT_LABEL`) bound there and
+        not finished: such a node is not planned (``NosActive``)."""
         self._eligible_shared: dict[str, frozenset[str]] = {}
         """Node constraints (:func:`_constraints_key`) -> eligible nodes at topology
         :attr:`_eligible_topology`."""

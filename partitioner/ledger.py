@@ -67,7 +67,7 @@ from partitioner.adoption import Adopted, adopt, agent_reported, foreign_mode, g
 from partitioner.index import ClusterIndex, NodeInfo, PodInfo
 from partitioner.node_labels import LabelProblem
 from partitioner.reservations import Reservation, State
-from partitioner.snapshot import GpuNode, NodeProblem
+from partitioner.snapshot import NOS_AGENT_LABEL, GpuNode, NodeProblem
 from planner.catalog import Catalog, CatalogError, GpuModel
 from planner.snapshot import (
     GpuState,
@@ -637,15 +637,7 @@ class NodeLedger:
                 return hit
         out: list[GpuState] = []
         mps = self.gpu.mode is Mode.MPS
-        foreign = (
-            {
-                g.index
-                for g in self.reading.adopted.gpus
-                if g.locked and foreign_mode(g, self.gpu.mode)
-            }
-            if self.reading is not None
-            else set()
-        )
+        foreign = self.reading.foreign if self.reading is not None else frozenset()
         for g in self.gpus:
             if g.frozen or g.index in foreign:
                 # frozen: drained; foreign: a pod holds a device of the other mode there (left
@@ -666,6 +658,16 @@ class NodeLedger:
                 cache.clear()
             cache[self.stale_used] = states
         return states
+
+    @property
+    def foreign(self) -> frozenset[int]:
+        """GPUs a pod holds a device of the other mode on (:func:`_held_foreign`): left out of
+        plans, and of the spec (:func:`partitioner.decide._desired_now`)."""
+        if self.reading is not None:
+            return self.reading.foreign
+        return _held_foreign(
+            gpus_from_status(self.np, self.gpu.gpu_count, self.gpu.mode), self.gpu.mode
+        )
 
     def node_state(self) -> NodeState:
         return NodeState(
@@ -745,6 +747,8 @@ class _Reading:
     adopted: Adopted
     rows: tuple[tuple[_Row, ...], ...]
     locked: frozenset[int]
+    foreign: frozenset[int] = frozenset()
+    """GPUs a pod holds a device of the other mode on (:func:`_held_foreign`)."""
     states: dict[frozenset[str], tuple[GpuState, ...]] = field(
         default_factory=dict, compare=False, hash=False
     )
@@ -944,6 +948,7 @@ def read_gpus(index: ClusterIndex, info: NodeInfo) -> _Reading | NodeProblem:
             adopted,
             _rows(gpu.model, adopted.gpus),
             frozenset(g.index for g in adopted.gpus if g.locked),
+            foreign=_held_foreign(adopted.gpus, gpu.mode),
             unhealthy=unhealthy_free(np, gpu.model) if agent else {},
             sick_used=sick_used,
             status_used=status_used,
@@ -953,6 +958,13 @@ def read_gpus(index: ClusterIndex, info: NodeInfo) -> _Reading | NodeProblem:
         )
     info.derived = (key, result)
     return result
+
+
+def _held_foreign(gpus: Sequence[GpuState], mode: Mode) -> frozenset[int]:
+    """GPUs where a pod holds a device of the other mode than the node's ``mode`` (left from
+    before it was relabelled): :func:`~partitioner.adoption.gpus_from_status` locks them and
+    keeps their devices."""
+    return frozenset(g.index for g in gpus if g.locked and foreign_mode(g, mode))
 
 
 def _other_model(np: NodePartitioning | None, model: GpuModel, catalog: Catalog) -> str | None:
@@ -1020,7 +1032,7 @@ def build_ledgers(
                 name,
                 "NosActive",
                 f"nos still runs on this node (pod {min(nos)}, label "
-                "app.kubernetes.io/part-of=nos): its agent and gpuslice's would both change the "
+                f"{'='.join(NOS_AGENT_LABEL)}): its agent and gpuslice's would both change the "
                 "GPUs; uninstall nos first (docs/operations.md, 'Migrate from nos')",
             )
             continue
