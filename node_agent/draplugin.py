@@ -120,6 +120,17 @@ class KubeClaimReader:
         return obj
 
 
+async def _claims_own[T](what: str, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in a worker thread; any error but a :class:`ClaimError` becomes one naming
+    ``what``: a claim's failure, never the whole call's (shared/facts/dra.md section 3)."""
+    try:
+        return await asyncio.to_thread(fn, *args)
+    except ClaimError:
+        raise
+    except Exception as e:
+        raise ClaimError(f"{what}: {type(e).__name__}: {e}") from None
+
+
 class DraKubeletPlugin:
     """The registration and DRA servers of one driver on this node (module docstring)."""
 
@@ -252,12 +263,7 @@ class DraKubeletPlugin:
                 except Exception as e:  # the API is down: the kubelet retries
                     raise ClaimError(f"{ref}: cannot read it from the API: {e}") from None
                 devices = allocated_devices(obj, ref, self.pool, self.preparer.targets, self.driver)
-                try:
-                    prepared = await asyncio.to_thread(self.preparer.prepare, ref, devices)
-                except ClaimError:
-                    raise
-                except Exception as e:  # never the whole call's error (dra.md section 3)
-                    raise ClaimError(f"{ref}: {type(e).__name__}: {e}") from None
+                prepared = await _claims_own(str(ref), self.preparer.prepare, ref, devices)
             except ClaimError as e:
                 entry.error = str(e)
                 log.warning("prepare failed: %s", e)
@@ -295,12 +301,7 @@ class DraKubeletPlugin:
             entry = out.claims[c.uid]
             self.failures.forget(c.uid)
             try:
-                try:
-                    await asyncio.to_thread(self.preparer.unprepare, c.uid)
-                except ClaimError:
-                    raise
-                except Exception as e:  # this claim's error, not the whole call's
-                    raise ClaimError(f"claim {c.uid}: {type(e).__name__}: {e}") from None
+                await _claims_own(f"claim {c.uid}", self.preparer.unprepare, c.uid)
             except ClaimError as e:
                 entry.error = str(e)
                 log.warning("unprepare failed: %s", e)

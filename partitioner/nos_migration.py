@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from contract.quantity import ascii_count
 from partitioner.adoption import NOS_STATUS_PREFIX
 from partitioner.quantities import QuantityError, pod_requests
 from partitioner.snapshot import ClusterReading, pod_key
@@ -132,7 +133,9 @@ def _mps_resources(pod: Obj) -> list[str]:
     return sorted(r for r, v in requests.items() if (mps_gb_of(r) or 0) > 0 and v > 0)
 
 
-_NOS_MPS_STATUS = re.compile(r"^nos\.nebuly\.com/status-gpu-(\d+)-(\d+)gb-(used|free)$")
+_NOS_MPS_STATUS = re.compile(
+    r"^nos\.nebuly\.com/status-gpu-([0-9]{1,18})-([0-9]{1,18})gb-(used|free)$"
+)
 
 
 def _packings(nodes: Sequence[Obj], reading: ClusterReading, reserve_mib: int) -> list[NodeNote]:
@@ -150,10 +153,11 @@ def _packings(nodes: Sequence[Obj], reading: ClusterReading, reserve_mib: int) -
         per_gpu: dict[int, int] = {}
         for key, value in (meta.get("annotations") or {}).items():
             m = _NOS_MPS_STATUS.match(str(key))
-            if m is None or not str(value).isascii() or not str(value).isdigit():
+            count = ascii_count(str(value))
+            if m is None or count is None:
                 continue
             gpu, gb = int(m.group(1)), int(m.group(2))
-            per_gpu[gpu] = per_gpu.get(gpu, 0) + gb * MIB_PER_GIB * min(int(value), 1024)
+            per_gpu[gpu] = per_gpu.get(gpu, 0) + gb * MIB_PER_GIB * min(count, 1024)
         for gpu, mib in sorted(per_gpu.items()):
             if mib > usable:
                 out.append(

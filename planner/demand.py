@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -489,19 +489,19 @@ def _summarise(all_rejections: Sequence[Rejection], exceeded_models: Sequence[st
     if codes == {Unplaced.EXCEEDS_GPU}:
         texts = sorted({r.text for r in rejections})
         return Rejection(Unplaced.EXCEEDS_GPU, "; ".join(texts[:3]), ", ".join(exceeded_models))
-    if codes == {Unplaced.NODE_RESOURCES}:  # the code is said once, by the summary
-        shown = "; ".join(r.text for r in rejections[:3])
-        more = len(rejections) - 3
-        return Rejection(
-            Unplaced.NODE_RESOURCES, shown + (f"; and {more} more node(s)" if more > 0 else "")
-        )
+    if codes == {Unplaced.NODE_RESOURCES}:
+        return Rejection(Unplaced.NODE_RESOURCES, _first_texts(rejections, said=codes))
     return Rejection(Unplaced.NO_ELIGIBLE_NODE, _first_texts(rejections))
 
 
-def _first_texts(rejections: Sequence[Rejection], limit: int = 3) -> str:
-    shown = "; ".join(
-        r.text if r.code is Unplaced.NO_ELIGIBLE_NODE else str(r) for r in rejections[:limit]
-    )
+def _first_texts(
+    rejections: Sequence[Rejection],
+    limit: int = 3,
+    said: Collection[Unplaced] = (Unplaced.NO_ELIGIBLE_NODE,),
+) -> str:
+    """The first ``limit`` rejections, each with its code unless the summary says it already
+    (``said``: a CPU/memory reason read 'node cpu/memory: node cpu/memory: ...')."""
+    shown = "; ".join(r.text if r.code in said else str(r) for r in rejections[:limit])
     more = len(rejections) - limit
     return shown + (f"; and {more} more node(s)" if more > 0 else "")
 
