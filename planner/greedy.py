@@ -359,6 +359,9 @@ class _Greedy:
         self._resolved: dict[tuple[object, ...], _Resolved | None] = {}
         self._tables: dict[tuple[object, ...], _PodTable] = {}
         self._failed: dict[tuple[int, tuple[tuple[str, int], ...]], int] = {}
+        # Why no node accepts a pod, per (requests, CPU, memory, allowed nodes): the reason
+        # depends on nothing else, and the summary visits every node of the snapshot.
+        self._ineligible: dict[tuple[object, ...], str] = {}
         """(node position, requests) -> the node version at which that fit failed."""
         self._initial: dict[str, list[_MigGpu]] = {}
         """Each MIG node's GPUs before planning (``layouts`` skips those still identical)."""
@@ -723,6 +726,18 @@ class _Greedy:
         for s in fit.mps:
             node.mps[next(i for i, x in enumerate(node.mps) if x.index == s.index)] = s
 
+    def ineligible(self, pod: PendingPod, requests: tuple[tuple[str, int], ...]) -> str:
+        """Why no node accepts ``pod`` (:func:`planner.demand.eligibility`'s summary), memoised:
+        it reads only the pod's requests, CPU, memory and allowed nodes, and the snapshot's
+        nodes as they were (not what this plan placed on them)."""
+        key = (requests, pod.cpu_milli, pod.memory_mib, pod.eligible_nodes)
+        found = self._ineligible.get(key)
+        if found is None:
+            el = eligibility(pod, self.snapshot.nodes, self.models, self.settings)
+            found = str(el.reason) if el.reason is not None else capacity_reason(pod, ())
+            self._ineligible[key] = found
+        return found
+
     def place(self, pod: PendingPod) -> Assignment | str:
         """Place one pod on the first candidate node it fits; else the unplaced reason.
 
@@ -768,8 +783,7 @@ class _Greedy:
             if cpu <= order[pos].state.cpu_milli_free and mem <= order[pos].state.memory_mib_free
         ]
         if not eligible:
-            el = eligibility(pod, self.snapshot.nodes, self.models, self.settings)
-            return str(el.reason) if el.reason is not None else capacity_reason(pod, ())
+            return self.ineligible(pod, requests)
         if any(self.fit_once(node, requests, demand) is not None for node, demand in short):
             return (
                 f"{Unplaced.NODE_RESOURCES.value}: GPU room for the pod exists, but the pods "

@@ -215,6 +215,45 @@ def test_unplaced_reasons(
     assert plan.unplaced["p"].startswith(code.value), plan.unplaced["p"]
 
 
+def test_reason_for_a_pod_no_node_accepts_is_summarised_once_per_request_shape(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The no-eligible-node summary visits every node of the snapshot; a queue of many pods of
+    a few shapes (MPS pods on a MIG cluster) made that pass most of plan()'s time.  Each shape
+    (requests, CPU, memory, allowed nodes) is summarised once, and every pod gets the reason
+    :func:`planner.demand.eligibility` gives it."""
+    import planner.demand
+    import planner.greedy
+
+    calls: list[str] = []
+
+    def counting(pod: PendingPod, *args: object) -> object:
+        calls.append(pod.name)
+        return planner.demand.eligibility(pod, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(planner.greedy, "eligibility", counting)
+    nodes = tuple(mig_node(f"n{i}", []) for i in range(5))
+    shapes = [
+        ({"nvidia.com/gpu-10gb": 1}, 1000, None),
+        ({"nvidia.com/gpu-20gb": 1}, 1000, None),
+        ({"nvidia.com/gpu-10gb": 1}, 2000, None),
+        ({mig("1g.10gb"): 1}, 1000, frozenset({"elsewhere"})),
+    ]
+    pods = tuple(
+        PendingPod(f"p{k}", req, cpu_milli=cpu, eligible_nodes=allowed)
+        for k, (req, cpu, allowed) in enumerate(shapes * 6)
+    )
+    snap = Snapshot(nodes=nodes, pods=pods)
+    plan = plan_greedy(snap)
+    assert len(calls) == len(shapes), calls
+    for p in pods:
+        want = planner.demand.eligibility(
+            p, nodes, {n.name: A100 for n in nodes}, PlannerSettings()
+        )
+        assert want.reason is not None
+        assert plan.unplaced[p.name] == str(want.reason)
+
+
 def mps_node(*gpus: tuple[MpsSlice, ...]) -> NodeState:
     return NodeState(
         name="m",
