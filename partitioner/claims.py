@@ -33,6 +33,10 @@ publishing), so it must read a claim as the request it stands for:
   ``allocationMode: All``, ``firstAvailable`` alternatives) is an *error* naming the claim and
   the fix: the pod gets an Event and is not planned (it can still take a published placement
   that matches);
+* an opaque config addressed to gpuslice's driver in the claim's ``spec.devices.config`` that
+  applies to a planned request is an *error*: gpuslice's devices take no parameters and the
+  node agent refuses to prepare such a claim, so planning for it would reconfigure GPUs for a
+  pod that would then be stranded;
 * an *allocated* claim (``status.allocation`` set) keeps its units: its pod, once bound, holds
   them on its node as a device-plugin pod holds its extended resources (the ledger counts them
   until the agent reports the devices used), and the devices its allocation names are pinned
@@ -223,6 +227,7 @@ def _read_demand(claim: Obj) -> ClaimDemand:
     allocated = bool((claim.get("status") or {}).get("allocation"))
     uid = str((claim.get("metadata") or {}).get("uid") or "")
     units: dict[str, int] = {}
+    planned: set[str] = set()  # names of the requests that ask for MIG placements
     devices = 0  # the claim needs in all, every DeviceClass (the allocator's claim limit)
     requests = ((claim.get("spec") or {}).get("devices") or {}).get("requests") or ()
     for req in requests if isinstance(requests, list) else ():
@@ -268,6 +273,7 @@ def _read_demand(claim: Obj) -> ClaimDemand:
             )
         resource = mig_resource(profile)
         units[resource] = units.get(resource, 0) + count
+        planned.add(str(req.get("name", "")))
     if units and devices > CLAIM_LIMIT:
         return ClaimDemand(
             {},
@@ -277,7 +283,42 @@ def _read_demand(claim: Obj) -> ClaimDemand:
             allocated,
             uid,
         )
+    configured = _configured(claim, planned) if units else None
+    if configured is not None:
+        return ClaimDemand(
+            {},
+            f"ResourceClaim {name}: an opaque config for {DRIVER} applies to {configured}; "
+            f"gpuslice's devices take no parameters (the node agent refuses to prepare such a "
+            f"claim): remove the config from the claim's spec.devices.config",
+            allocated,
+            uid,
+        )
     return ClaimDemand(units, allocated=allocated, uid=uid)
+
+
+def _configured(claim: Obj, planned: set[str]) -> str | None:
+    """Which of the ``planned`` requests an opaque config addressed to gpuslice's driver in the
+    claim's ``spec.devices.config`` applies to ("request(s) a, b", or "every request" for a
+    config that names none), or ``None``.  The node agent refuses to prepare such a claim
+    (``node_agent.dra_claims``), as a DRA driver refuses a config it cannot decode (dra.md
+    section 1): read here, the pod is told before a slice is planned for it.  A config of the
+    claim's DeviceClass (``FromClass``) is not in the claim's spec; the agent still refuses it.
+    A subrequest ``main/sub`` counts as ``main``."""
+    configs = ((claim.get("spec") or {}).get("devices") or {}).get("config") or ()
+    for cfg in configs if isinstance(configs, list) else ():
+        if not isinstance(cfg, Mapping):
+            continue
+        opaque = cfg.get("opaque")
+        if not isinstance(opaque, Mapping) or opaque.get("driver") != DRIVER:
+            continue
+        named = cfg.get("requests") or []
+        names = {str(n) for n in named} if isinstance(named, list) else set()
+        hit = sorted(n for n in names if n in planned or n.split("/", 1)[0] in planned)
+        if not names:
+            return "every request"
+        if hit:
+            return f"request(s) {', '.join(hit)}"
+    return None
 
 
 def _exact_count(exact: object) -> int:

@@ -151,6 +151,42 @@ def test_a_mig_request_that_cannot_be_planned_is_an_error_naming_the_claim_and_t
     assert why in d.error and "ResourceClaim ns/c" in d.error and "profile ==" in d.error
 
 
+@pytest.mark.parametrize(
+    ("names", "told"),
+    [(None, "every request"), (["gpu"], "request(s) gpu"), (["gpu/small", "nic"], "gpu/small")],
+)
+def test_an_opaque_config_for_gpuslice_on_a_planned_request_is_refused_before_planning(
+    names: list[str] | None, told: str
+) -> None:
+    """The agent refuses to prepare a claim with an opaque config for its driver
+    (node_agent.dra_claims): the partitioner tells the pod before planning for it."""
+    obj = claim("c", mig_request(), {"name": "nic", "exactly": {"deviceClassName": "nic.x"}})
+    cfg: dict[str, Any] = {"opaque": {"driver": OURS, "parameters": {"a": 1}}}
+    if names is not None:
+        cfg["requests"] = names
+    obj["spec"]["devices"]["config"] = [cfg]
+    d = read_claim(obj)
+    assert dict(d.units) == {}
+    assert "ResourceClaim ns/c" in d.error and told in d.error
+    assert "remove the config" in d.error
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {"opaque": {"driver": "nic.example.com", "parameters": {}}},  # another driver's
+        {"opaque": {"driver": OURS, "parameters": {}}, "requests": ["nic"]},  # another request
+    ],
+)
+def test_an_opaque_config_that_is_not_for_a_planned_request_is_no_error(
+    cfg: dict[str, Any],
+) -> None:
+    obj = claim("c", mig_request(), {"name": "nic", "exactly": {"deviceClassName": "nic.x"}})
+    obj["spec"]["devices"]["config"] = [cfg]
+    d = read_claim(obj)
+    assert (dict(d.units), d.error) == ({THREE_G: 1}, "")
+
+
 def test_a_template_claim_is_known_once_the_pod_status_names_it() -> None:
     pod = claim_pod("p")
     pod["spec"]["resourceClaims"] = [
