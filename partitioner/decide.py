@@ -164,7 +164,7 @@ from partitioner.actions import (
 from partitioner.batching import BatchPolicy, BatchWindow, due, next_deadline, observe, planned
 from partitioner.claims import failed_claims
 from partitioner.drain import choose_drain, drain_budget
-from partitioner.eligibility import pod_fits_node
+from partitioner.eligibility import paused_why, pod_fits_node, pod_fits_when_back
 from partitioner.gating import release_patch, ungate_patch
 from partitioner.index import ClusterIndex, NodeInfo, PodInfo
 from partitioner.ledger import GpuSlots, Hold, NodeLedger, build_ledgers
@@ -715,6 +715,9 @@ class _Step:
         slices for ``plugin_lag_s`` or longer -> why: their ``planned`` pods are given back
         (:meth:`_hold`)."""
         self._problem_nodes: list[dict[str, Any]] | None = None
+        self._paused_nodes: dict[str, str] | None = None
+        """GPU nodes cordoned or under a lifecycle taint -> why (:meth:`_paused_fit`), once
+        read."""
         """Opted-in nodes whose GPU labels cannot be read (:meth:`_give_back`), once read."""
         self.handed_over: set[str] = set()
         """Candidates whose gate this step removed for kube-scheduler: its preemption
@@ -862,8 +865,37 @@ class _Step:
             reason = self._rejects[key] = _reject_reason(pod, eligible, self.gpu_nodes)
         if reason is not None and reason.startswith("no eligible node"):
             reason += self._left_out(pod)
+            paused = self._paused_fit(pod)
+            if paused is not None:
+                reason += (
+                    f"; node {paused[0]}, which the pod would fit, is {paused[1]}: the pod keeps "
+                    f"its gate and waits for the node to be back"
+                )
         pod.reject_cache = (self.index.topology, reason)
         return reason
+
+    def _paused_fit(self, pod: PodInfo) -> tuple[str, str] | None:
+        """(name, why) of the first GPU node the pod is kept from only by a cordon or a
+        ``node.kubernetes.io/*`` taint (:func:`partitioner.eligibility.paused_why`) and whose
+        GPUs could serve it, or ``None``.  Such a node is back after a reboot or a driver
+        upgrade: a pod it would fit is not given back for it (:meth:`_give_back`)."""
+        if self._paused_nodes is None:  # once per step
+            self._paused_nodes = {
+                name: why
+                for name, info in sorted(self.gpu_nodes.items())
+                if (why := paused_why(info.obj)) is not None
+            }
+        for name, why in self._paused_nodes.items():
+            info = self.gpu_nodes[name]
+            gpu = info.gpu
+            if (
+                gpu is not None
+                and gpu.dra == pod.dra
+                and reject_reason(pod.slices, [(gpu.mode, gpu.model)]) is None
+                and pod_fits_when_back(pod.obj, info.obj)
+            ):
+                return name, why
+        return None
 
     def _left_out(self, pod: PodInfo) -> str:
         """The opted-in nodes the pod would fit but gpuslice leaves out for a problem with
@@ -1574,7 +1606,9 @@ class _Step:
         opted-in node of the right kind matches its nodeSelector, affinity and tolerations, no
         such node's GPU has its profile, or it asks for something gpuslice nodes never offer)
         loses the gate, unless an opted-in node whose GPU labels cannot be read yet matches it
-        (that node may still serve it).  Kept gated, it would wait forever; ungated,
+        (that node may still serve it), or a GPU node that could serve it is only cordoned or
+        under a ``node.kubernetes.io/*`` taint (:meth:`_paused_fit`: a reboot or a driver
+        upgrade ends).  Kept gated, it would wait forever; ungated,
         kube-scheduler places it like any pod, e.g. on a node that is not opted in, whose own
         device plugin advertises the slice (clusters adopt gpuslice node by node), and the
         cluster autoscaler can act on it (a gated pod is never tried, so never unschedulable).
@@ -1611,6 +1645,8 @@ class _Step:
         if self._problem_nodes is None:  # once per step: this runs for every rejected pod
             self._problem_nodes = [self.index.nodes[n].obj for n in self._label_problems()]
         if any(pod_fits_node(pod.obj, node) for node in self._problem_nodes):
+            return False
+        if self._paused_fit(pod) is not None:
             return False
         self._ungate(
             pod,

@@ -19,6 +19,13 @@ ASCII digits after an optional sign, no ``_``, within int64; the requirement's v
 be a valid label value, so unsigned): a node label that does not parse does not match; a
 requirement value that does not parse fails its term.
 An unknown operator matches nothing (the API server would have rejected it).
+
+A node that is cordoned or carries one of Kubernetes' own lifecycle taints
+(``node.kubernetes.io/*``: not-ready, unreachable, the pressure taints, unschedulable,
+out-of-service) is *paused*, not gone: the kubelet and the node lifecycle controller take those
+off again when the node is back (a reboot, a driver upgrade behind ``kubectl drain``).
+:func:`paused_why` says why a node is paused, and :func:`pod_fits_when_back` whether the pod
+would fit it once it is back (every other filter as it is now).
 """
 
 from __future__ import annotations
@@ -31,13 +38,17 @@ __all__ = [
     "affinity_matches",
     "eligible_nodes",
     "node_selector_matches",
+    "paused_why",
     "pod_fits_node",
+    "pod_fits_when_back",
     "taints_tolerated",
     "tolerates",
 ]
 
 _HARD_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 _CORDON_TAINT = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
+_LIFECYCLE = "node.kubernetes.io/"
+"""Prefix of the taints Kubernetes itself puts on a node while it is not ready for pods."""
 
 
 def _labels(node: Mapping[str, Any]) -> Mapping[str, str]:
@@ -152,6 +163,41 @@ def taints_tolerated(pod_spec: Mapping[str, Any], node: Mapping[str, Any]) -> bo
         taints.append(_CORDON_TAINT)
     tolerations = pod_spec.get("tolerations") or ()
     return all(any(tolerates(tol, taint) for tol in tolerations) for taint in taints)
+
+
+def paused_why(node: Mapping[str, Any]) -> str | None:
+    """Why ``node`` takes no new pods for now (cordoned, or a ``node.kubernetes.io/*`` taint
+    with a hard effect), or ``None``."""
+    spec = node.get("spec") or {}
+    why = ["cordoned (spec.unschedulable)"] if spec.get("unschedulable") else []
+    why += [
+        f"tainted {t.get('key')}:{t.get('effect')}"
+        for t in spec.get("taints") or ()
+        if isinstance(t, Mapping)
+        and t.get("effect") in _HARD_EFFECTS
+        and str(t.get("key") or "").startswith(_LIFECYCLE)
+        and not (why and t.get("key") == _CORDON_TAINT["key"])  # the cordon, said already
+    ]
+    return ", ".join(why) or None
+
+
+def pod_fits_when_back(pod: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
+    """:func:`pod_fits_node` with the node's cordon and lifecycle taints gone (module
+    docstring)."""
+    spec = node.get("spec") or {}
+    back = {
+        **node,
+        "spec": {
+            **spec,
+            "unschedulable": False,
+            "taints": [
+                t
+                for t in spec.get("taints") or ()
+                if not (isinstance(t, Mapping) and str(t.get("key") or "").startswith(_LIFECYCLE))
+            ],
+        },
+    }
+    return pod_fits_node(pod, back)
 
 
 def pod_fits_node(pod: Mapping[str, Any], node: Mapping[str, Any]) -> bool:

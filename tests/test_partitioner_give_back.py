@@ -9,8 +9,10 @@ stay gated for good, and neither kube-scheduler nor the cluster autoscaler would
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
+import pytest
 from test_partitioner_promises import (
     MIG,
     ONE_G,
@@ -103,3 +105,52 @@ def test_a_pod_an_opted_in_node_can_serve_keeps_the_gate_and_gets_its_slice() ->
     assert events(d, "Ungated") == []
     r = reservation(c, "p")
     assert r is not None and r.node == "n1"
+
+
+@pytest.mark.parametrize(
+    ("pause", "told"),
+    [
+        ({"unschedulable": True}, "cordoned (spec.unschedulable)"),
+        (
+            {"taints": [{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]},
+            "tainted node.kubernetes.io/not-ready:NoSchedule",
+        ),
+        (
+            {"taints": [{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}]},
+            "tainted node.kubernetes.io/unreachable:NoExecute",
+        ),
+    ],
+)
+def test_a_pod_kept_from_its_node_by_a_cordon_or_a_lifecycle_taint_keeps_the_gate(
+    pause: dict[str, Any], told: str
+) -> None:
+    """A cordon (a driver upgrade behind ``kubectl drain``) or the node lifecycle controller's
+    taints (a reboot) end: the pod is told, keeps its gate, and gets its slice once the node is
+    back.  Given back, a gate never returns."""
+    c = cluster(gated("p", ONE_G, nodeSelector={"gpuslice.io/partitioning": "mig"}))
+    n1 = copy.deepcopy(c.objs[("Node", "n1")])
+    paused = copy.deepcopy(n1)
+    paused["spec"].update(pause)
+    c.put(paused)
+    d = c.step(T0 + 5)
+    (why,) = events(d, "Unplaceable")
+    assert f"node n1, which the pod would fit, is {told}" in why
+    d = c.step(T0 + 10 * GRACE)
+    assert gates(c, "p") == [{"name": GATE}]
+    assert events(d, "Ungated") == []
+    c.put(n1)  # back
+    c.step(T0 + 11 * GRACE)
+    r = reservation(c, "p")
+    assert r is not None and r.node == "n1"
+
+
+def test_a_cordoned_node_that_could_never_serve_the_pod_does_not_keep_it() -> None:
+    # 1g.5gb is an A100-40GB profile: the cordoned 80 GB node is no reason to wait.
+    c = cluster(gated("p", "nvidia.com/mig-1g.5gb"))
+    paused = copy.deepcopy(c.objs[("Node", "n1")])
+    paused["spec"]["unschedulable"] = True
+    c.put(paused)
+    d = c.step(T0 + GRACE)
+    assert gates(c, "p") == []
+    (message,) = events(d, "Ungated")
+    assert "cordoned" not in message
