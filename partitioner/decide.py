@@ -442,6 +442,13 @@ def _pod_ref(pod: PodInfo) -> ObjectRef:
 
 _REFUSES = "cordoned, tainted or relabelled"
 """Why a node no longer accepts a pod it accepted when the pod was planned there."""
+_UNSCHEDULABLE = (
+    "kube-scheduler found it unschedulable there past its bind deadline (a filter gpuslice "
+    "does not model: required pod anti-affinity or affinity, topology spread, host ports, a "
+    "volume's node affinity, or CPU/memory taken since its release)"
+)
+"""Why a released pod kube-scheduler could not bind to its one node is stranded (:meth:`_Step._hold`)."""
+_ROOM = "kube-scheduler finds room for it there"
 
 
 @dataclass(frozen=True, slots=True)
@@ -1186,6 +1193,10 @@ class _Step:
                 self._stranded(pod, r.node, lost, waits=True)
             elif not accepts:  # busy or not, waiting for its bind deadline would change nothing
                 self._stranded(pod, r.node, f"the node no longer accepts it ({_REFUSES})")
+            elif pod.unschedulable and self.now >= r.deadline:
+                # kube-scheduler tried it since its release (the gate kept it from trying
+                # before) and a filter gpuslice does not model refused the one node it may use
+                self._stranded(pod, r.node, _UNSCHEDULABLE, waits=True, waits_for=_ROOM)
         ledger.add_hold(Hold(pod, r))
         self.note(pod, r)
         self.counts["released" if r.state is State.RELEASED else "held"] += 1
@@ -1420,10 +1431,12 @@ class _Step:
         why: str,
         waits: bool = False,
         bound: _CannotStart | None = None,
+        waits_for: str = "the node serves again",
     ) -> None:
         """``pod`` was released to ``node`` and cannot bind there: the node is gone or no
         longer accepts it, or (``waits``) it is unserved, so it would bind only once the node
-        serves again.  Its node affinity is pinned to the node and Kubernetes forbids widening
+        serves again (``waits_for`` says what it waits for).  Its node affinity is pinned to the
+        node and Kubernetes forbids widening
         it, so only a new pod can be planned elsewhere.  With ``bound`` it is bound there and
         cannot start, for the reason and with the way out that ``bound`` names
         (:meth:`strand_unprepared`).  A pod a controller owns (an
@@ -1449,8 +1462,8 @@ class _Step:
                 f"released to node {node} but {why}: its node affinity is pinned there and "
                 f"cannot be widened"
             )
-            recovers = "it binds there once the node serves again, or "
-            unless = "unless it binds there first (the node serves again), "
+            recovers = f"it binds there once {waits_for}, or "
+            unless = f"unless it binds there first ({waits_for}), "
         if not waits:
             recovers = unless = ""
         if owner is None:

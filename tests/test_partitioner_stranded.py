@@ -402,3 +402,46 @@ def test_a_pod_released_to_a_node_cordoned_while_it_applies_a_spec_is_stranded_t
     }
     (msg,) = events(c.step(T0 + 5), "Stranded")
     assert "no longer accepts it" in msg
+
+
+def unschedulable(pod: dict[str, Any]) -> None:
+    """kube-scheduler tried ``pod`` and a filter refused its one node (e.g. pod anti-affinity)."""
+    pod["status"] = {
+        "phase": "Pending",
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/2 nodes are available: 1 node(s) didn't match pod anti-affinity "
+                "rules, 1 node(s) didn't match Pod's node affinity/selector.",
+            }
+        ],
+    }
+
+
+def test_a_released_pod_kube_scheduler_cannot_bind_there_is_stranded_after_its_bind_deadline() -> (
+    None
+):
+    """A filter gpuslice does not model (required pod anti-affinity, topology spread, host
+    ports, a volume's node affinity) refuses the one node the pod is pinned to: past its bind
+    deadline it is stranded and, owned by a controller, evicted to be planned afresh."""
+    c = silent_cluster()
+    unschedulable(c.pod("p"))
+    d = c.step(T0 + 60)  # within the bind deadline (T0 + 120): kube-scheduler may still bind it
+    assert not events(d, "Stranded")
+    d = c.step(T0 + 125)
+    (msg,) = events(d, "Stranded")
+    assert "kube-scheduler found it unschedulable there past its bind deadline" in msg
+    assert "pod anti-affinity" in msg and "Job train" in msg
+    assert not events(d, "NotBound")  # the Stranded Event says it
+    assert not evictions(c.step(T0 + 125 + AFTER - 1))
+    (ev,) = evictions(c.step(T0 + 125 + AFTER))
+    assert ev.pod == "ns/p"
+
+
+def test_a_released_pod_not_yet_tried_by_kube_scheduler_is_only_told_not_bound() -> None:
+    c = silent_cluster()
+    d = c.step(T0 + 125)
+    assert events(d, "NotBound") and not events(d, "Stranded")
+    assert not evictions(c.step(T0 + 125 + 2 * AFTER))
