@@ -747,6 +747,10 @@ class Usage:
                 _bump(self.single, r, sign)
 
 
+_NO_USAGE = Usage()
+"""What a node holds with no pod bound (compared with, never changed)."""
+
+
 def _bump(counts: dict[str, int], key: str, delta: int) -> None:
     """Add ``delta`` to ``counts[key]``, dropping the key when it reaches 0."""
     left = counts.get(key, 0) + delta
@@ -800,7 +804,14 @@ class ClusterIndex:
         read from its :class:`PodInfo` (never changed once built), and the entry is removed
         with the same key when that PodInfo leaves the waiting set."""
         self.node_pods: dict[str, int] = {}
-        """Node -> a counter bumped whenever a pod bound to it appears, changes or goes."""
+        """Node -> a stamp that changes whenever a pod bound to it appears, changes or goes
+        (from one counter for all nodes, so a node's entry can go with its last pod: absent
+        reads 0, which no stamp is)."""
+        self._stamp = 0
+        self._on_node: dict[str, set[str]] = {}
+        """Node -> keys of the pods bound to it (any phase): :meth:`bound_pods` without a scan
+        of every pod.  A node's entries here, in :attr:`node_pods` and in the usage go with its
+        last pod: nodes of an autoscaled pool come and go under new names."""
         self.nos_agents: dict[str, set[str]] = {}
         """Node -> the pods of nos (its agents: label :data:`NOS_AGENT_LABEL`) bound there and
         not finished: such a node is not planned (``NosActive``)."""
@@ -833,6 +844,9 @@ class ClusterIndex:
         self.deletions: dict[tuple[str, str], str | None] | None = None
         """While not ``None`` (a listing is being read, :meth:`relist`): ``(kind, key)`` ->
         resourceVersion of every DELETED event folded in meanwhile."""
+        self.write_deletions: dict[tuple[str, str], str | None] | None = None
+        """The same while a step's writes are in flight (:meth:`stale_response`): a write's
+        answer must not bring back an object deleted while it was in flight."""
 
     # ------------------------------------------------------------------ events
 
@@ -849,6 +863,8 @@ class ClusterIndex:
             return
         if event_type == "DELETED" and self.deletions is not None:
             self.deletions[(kind, _key_of(kind, obj))] = _rv(obj)
+        if event_type == "DELETED" and self.write_deletions is not None:
+            self.write_deletions[(kind, _key_of(kind, obj))] = _rv(obj)
         if kind == "pods":
             key = pod_key(obj)
             if event_type == "DELETED":
@@ -893,6 +909,18 @@ class ClusterIndex:
         elif kind == "claims":
             return _later(self._claim_rv.get(claim_key_of(obj)), _rv(obj))
         return bool(uid and held and uid != held)
+
+    @staticmethod
+    def stale_response(
+        kind: str, obj: Obj, deletions: Mapping[tuple[str, str], str | None]
+    ) -> bool:
+        """``obj``, the API server's answer to a write of a step, is older than a DELETED event
+        of its object folded in while the writes were in flight (``deletions``, as recorded in
+        :attr:`write_deletions`): folding it in would bring back a deleted object, which no
+        later event would remove (a ghost pod holding its slice for good).  A deletion whose
+        version cannot be compared with the answer's wins."""
+        key = (kind, _key_of(kind, obj))
+        return key in deletions and not _later(_rv(obj), deletions[key])
 
     def relist(self, kind: str, objs: Iterable[Obj], version: str | None = None) -> list[str]:
         """Reconcile ``kind`` with a complete listing; returns the keys removed.
@@ -1038,7 +1066,9 @@ class ClusterIndex:
             if info.slices:
                 self._slice_priorities[info.priority] += 1
         if info.node:
-            self.node_pods[info.node] = self.node_pods.get(info.node, 0) + 1
+            self._stamp += 1
+            self.node_pods[info.node] = self._stamp
+            self._on_node.setdefault(info.node, set()).add(key)
             if not info.finished and _of_nos(info.obj):
                 self.nos_agents.setdefault(info.node, set()).add(key)
         if info.stray:
@@ -1120,6 +1150,8 @@ class ClusterIndex:
             usage = self._usage.get(old.node)
             if usage is not None:
                 usage.add(old, -1)
+                if usage == _NO_USAGE:
+                    del self._usage[old.node]
             if old.slices:
                 left = self._slice_priorities[old.priority] - 1
                 if left > 0:
@@ -1127,7 +1159,15 @@ class ClusterIndex:
                 else:
                     del self._slice_priorities[old.priority]
         if old.node:
-            self.node_pods[old.node] = self.node_pods.get(old.node, 0) + 1
+            on_node = self._on_node.get(old.node)
+            if on_node is not None:
+                on_node.discard(key)
+            if on_node:
+                self._stamp += 1
+                self.node_pods[old.node] = self._stamp
+            else:  # its last pod: the entries go (a stored stamp now differs from absent's 0)
+                self._on_node.pop(old.node, None)
+                self.node_pods.pop(old.node, None)
             nos = self.nos_agents.get(old.node)
             if nos is not None:
                 nos.discard(key)
@@ -1176,8 +1216,9 @@ class ClusterIndex:
         return min(self._slice_priorities, default=0)
 
     def bound_pods(self, node: str) -> list[PodInfo]:
-        """Pods bound to ``node`` that have not finished (key order; O(all pods))."""
-        return [p for k, p in sorted(self.pods.items()) if p.node == node and not p.finished]
+        """Pods bound to ``node`` that have not finished (key order)."""
+        pods = self.pods
+        return [p for k in sorted(self._on_node.get(node, ())) if not (p := pods[k]).finished]
 
     def waiting(self) -> list[PodInfo]:
         """Slice pods not bound, not finished, not being deleted (key order)."""

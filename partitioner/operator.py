@@ -380,18 +380,28 @@ class Controller:
             decision = decide(state, self.index, now, self.config)
         elapsed = time.perf_counter() - started
         self.state = decision.state
-        outcome = await execute(
-            self.writer_api, decision.actions, instance=self.instance, told=self._refusals_told
-        )
+        # kopf's handlers fold watch events in while the writes are in flight: a DELETED event
+        # then comes before the write's answer, which must not bring the object back
+        self.index.write_deletions = {}
+        try:
+            outcome = await execute(
+                self.writer_api, decision.actions, instance=self.instance, told=self._refusals_told
+            )
+        finally:
+            written_deletions = self.index.write_deletions
+            self.index.write_deletions = None
         if outcome.conflicts:  # not written: plan those pods again in the next window
             retry = [p for pods in outcome.conflicts.values() for p in pods]
             self.state = replace(self.state, window=forget(self.state.window, retry))
+        stale = self.index.stale_response
         for obj in outcome.objects.values():
-            self.index.upsert_partitioning(obj)
+            if not stale("partitionings", obj, written_deletions):
+                self.index.upsert_partitioning(obj)
         for name in outcome.deleted:
             self.index.remove_partitioning(name)
         for obj in outcome.pods.values():
-            self.index.upsert_pod(obj)
+            if not stale("pods", obj, written_deletions):
+                self.index.upsert_pod(obj)
         for key, uid in outcome.gone_pods:  # its DELETED event may never come (index.relist)
             held = self.index.pods.get(key)
             if held is not None and held.uid == uid:  # not a pod of that name created since

@@ -342,6 +342,13 @@ def _assert_same_reading(inc: ClusterIndex, fresh: ClusterIndex) -> None:
     assert inc.claims == fresh.claims
     for name in NODES:
         assert inc.usage(name) == fresh.usage(name), name
+        scan = [p for k, p in sorted(inc.pods.items()) if p.node == name and not p.finished]
+        assert inc.bound_pods(name) == scan, name
+        assert [p.key for p in fresh.bound_pods(name)] == [p.key for p in scan], name
+    # per-node entries exist only while a pod is bound there (nodes come and go by name)
+    bound_to = {p.node for p in inc.pods.values() if p.node}
+    assert set(inc.node_pods) == bound_to
+    assert set(inc._usage) <= {p.node for p in inc.pods.values() if p.node and not p.finished}
     inc_nodes, fresh_nodes = inc.gpu_nodes(), fresh.gpu_nodes()
     assert {n: i.reading for n, i in inc_nodes.items()} == {
         n: i.reading for n, i in fresh_nodes.items()

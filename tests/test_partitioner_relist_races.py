@@ -21,6 +21,7 @@ from test_partitioner_promises import MIG, T0, applied_np, status_gpu, with_allo
 from test_partitioner_snapshot import node
 
 from partitioner.gating import GATE
+from partitioner.index import ClusterIndex
 from partitioner.kubeapi import NotFound
 from partitioner.operator import Controller
 from partitioner.settings import PartitionerSettings
@@ -147,6 +148,82 @@ def test_a_pod_the_api_server_no_longer_has_leaves_the_index_on_its_404() -> Non
     asyncio.run(controller.step(T0))
     assert "/api/v1/namespaces/ns/pods/ghost" in patched
     assert "ns/ghost" not in controller.index.pods
+
+
+def _merge(target: Any, patch: Any) -> Any:
+    """A JSON merge patch (RFC 7386) applied to ``target``."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = _merge(out.get(k), v)
+    return out
+
+
+def _release_then_delete(deleted_rv: str | None) -> Controller:
+    """A step releases pod p (its PATCH answers at resourceVersion 101); while the step still
+    writes its Events, kopf's watch delivers p's DELETED (at ``deleted_rv``)."""
+    pod = _pod("p", "90")
+    pod["metadata"]["creationTimestamp"] = "2020-01-01T00:00:00Z"
+    listings = {
+        "nodes": ("100", [with_alloc(node("n1", MIG), **{"1g_10gb": 1})]),
+        "nodepartitionings": ("100", [applied_np("n1", status_gpu(0, ("1g.10gb", 0, False)))]),
+        "pods": ("100", [pod]),
+    }
+    controller = _controller(listings, lambda c: None)
+    controller.offload = False
+    server: dict[str, Any] = {"p": pod}
+
+    class Api:
+        async def patch(self, path: str, body: Any, content_type: str = "") -> dict[str, Any]:
+            if not path.endswith("/pods/p"):
+                return {}  # the node's condition
+            new = _merge(server["p"], body)
+            new["metadata"]["resourceVersion"] = "101"
+            server["p"] = new
+            return dict(new)
+
+        async def create(self, path: str, body: Any) -> dict[str, Any]:
+            if "p" in server and server["p"]["metadata"]["resourceVersion"] == "101":
+                gone = dict(server.pop("p"))
+                gone["metadata"] = {**gone["metadata"], "resourceVersion": deleted_rv}
+                controller.observe("pods", {"type": "DELETED", "object": gone})
+            return {}
+
+        async def request(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+            return {}
+
+    controller.writer_api = Api()  # type: ignore[assignment]
+    asyncio.run(controller.sync())
+    asyncio.run(controller.step(T0))
+    assert "p" not in server  # the pod was released, then deleted during the step's writes
+    return controller
+
+
+def test_a_pod_deleted_while_the_step_writes_does_not_come_back_with_the_patchs_answer() -> None:
+    """The step folds its writes' answers in after they are all done; kopf's handlers fold the
+    watch's events in as they come.  A DELETED that came in between is newer than the patch's
+    answer: folded in, the answer made a ghost pod that held its released slice for good (no
+    DELETED comes again, and no patch is sent it to get a 404)."""
+    controller = _release_then_delete("102")
+    assert "ns/p" not in controller.index.pods
+    assert controller.index.write_deletions is None  # recorded only while writes are in flight
+
+
+def test_a_deletion_without_a_comparable_version_wins_over_the_answer() -> None:
+    controller = _release_then_delete(None)
+    assert "ns/p" not in controller.index.pods
+
+
+def test_an_answer_newer_than_a_deletion_is_folded_in() -> None:
+    """The object was deleted and created again under its name before the answer: kept."""
+    answer = _pod("p", "120")
+    assert not ClusterIndex.stale_response("pods", answer, {("pods", "ns/p"): "110"})
+    assert ClusterIndex.stale_response("pods", answer, {("pods", "ns/p"): "120"})
+    assert not ClusterIndex.stale_response("pods", answer, {("pods", "ns/q"): "130"})
 
 
 # -- kopf lists again after a gap in its watch ---------------------------------------------------
