@@ -1910,6 +1910,7 @@ class _Step:
             "",
             self.now,
             self.now + self.config.apply_deadline_s,
+            pod.uid,
         )
         ledger.add_hold(Hold(pod, r))
         self._drop_candidate(pod)
@@ -2162,7 +2163,7 @@ class _Step:
             for resource in sorted(pod.slices):
                 k = pod.slices[resource]
                 gpus[resource], left = tuple(left[:k]), left[k:]
-            r = Reservation(choice.node, State.DRAINING, gpus, "", self.now)
+            r = Reservation(choice.node, State.DRAINING, gpus, "", self.now, pod=pod.uid)
             for g in self.ledgers[choice.node].gpus:
                 if g.index in choice.gpus:
                     g.frozen = True
@@ -2448,7 +2449,7 @@ class _Step:
         if released:  # a released pod re-planned on its node: already ungated
             deadline += self.config.bind_deadline_s
         state = State.RELEASED if released else State.PLANNED
-        r = Reservation(a.node, state, dict(a.gpus), plan_id, self.now, deadline)
+        r = Reservation(a.node, state, dict(a.gpus), plan_id, self.now, deadline, pod.uid)
         how = "node applying its new layout" if written else "slice free on the node"
         self._reserve(pod, r, a.node if written else None, how)
         ledger = self.ledgers.get(a.node)

@@ -612,6 +612,16 @@ def _read_pod(
             reservation = parse_reservation(str(raw))
         except ReservationError as e:
             reservation_error = f"annotation {RESERVATION_ANNOTATION} is malformed ({e})"
+    uid = str(meta.get("uid", ""))
+    if reservation is not None and reservation.pod and uid and reservation.pod != uid:
+        # a copy of another pod's annotation (kubectl debug --copy-to, a re-applied manifest):
+        # the promise is that pod's, and trusted here it took that pod's slice
+        reservation_error = (
+            f"annotation {RESERVATION_ANNOTATION} was written for another pod (uid "
+            f"{reservation.pod}), not this one: copied from it, it holds nothing; remove it "
+            f"from the manifest the pod was made from"
+        )
+        reservation = None
     if reservation is not None and slices and not error and reservation.units() != slices:
         # gpuslice writes a reservation for exactly the pod's request; any other one (edited
         # by hand, or by something else) would hold slices the pod does not use, or too few

@@ -26,6 +26,10 @@ States, in order (:class:`State`):
     the pod as stranded.
 
 Once the pod is bound the annotation stays as a record; it no longer holds anything.
+The annotation names the pod it was written for (``pod``: its uid); on a pod of another uid
+(a copy: ``kubectl debug --copy-to``, a manifest saved and applied again) it holds nothing and
+is reported like a malformed one.  An annotation without the field (written before it) is
+read as before.
 Times are seconds since the Unix epoch (the partitioner's clock; the simulator's clock there):
 finite numbers of magnitude at most :data:`MAX_TIME`.
 A malformed annotation (not JSON, integers past Python's 4300-digit limit, a field of the wrong
@@ -77,6 +81,10 @@ class Reservation:
     """When the reservation entered its state."""
     deadline: float = math.inf
     """When the state must have moved on (``inf``: no deadline)."""
+    pod: str = ""
+    """The uid of the pod it was written for ("": an annotation written before the field).
+    A pod created with a copy of another pod's annotation (``kubectl debug --copy-to``, a
+    manifest saved with ``kubectl get -o yaml`` and applied again) holds nothing."""
 
     def units(self) -> dict[str, int]:
         """Resource -> units held."""
@@ -91,6 +99,8 @@ class Reservation:
         }
         if self.plan:
             doc["plan"] = self.plan
+        if self.pod:
+            doc["pod"] = self.pod
         if math.isfinite(self.deadline):
             doc["deadline"] = round(self.deadline, 3)
         return json.dumps(doc, sort_keys=True, separators=(",", ":"))
@@ -150,6 +160,9 @@ def parse_reservation(text: str) -> Reservation:
     plan = doc.get("plan", "")
     if not isinstance(plan, str):
         raise ReservationError("'plan' must be a string")
+    pod = doc.get("pod", "")
+    if not isinstance(pod, str):
+        raise ReservationError("'pod' must be a string (the pod's uid)")
     return Reservation(
         node=node,
         state=state,
@@ -157,4 +170,5 @@ def parse_reservation(text: str) -> Reservation:
         plan=plan,
         since=_number(doc, "since", 0.0),
         deadline=_number(doc, "deadline", math.inf),
+        pod=pod,
     )
