@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from contract.renamed_env import fill_from_renamed, renamed_in_use
@@ -21,11 +22,24 @@ from contract.renamed_env import fill_from_renamed, renamed_in_use
 __all__ = ["MAX_SETTING", "CommonSettings", "split_commas"]
 
 MAX_SETTING = 1e9
-"""The largest magnitude any numeric setting takes (seconds: some 31 years; counts, sizes):
-beyond it a value is a typo, and an infinite or vast one breaks what it feeds (CP-SAT's int64
-objective, the reservation times the partitioner must read back, int32 Lease durations).
-Fields with a tighter bound of their own (ports, the planner's seed and time limit, weights)
-keep it."""
+"""The largest magnitude a numeric setting without an upper bound of its own takes (seconds:
+some 31 years; counts, sizes): beyond it a value is a typo, and an infinite or vast one breaks
+what it feeds (CP-SAT's int64 objective, the reservation times the partitioner must read back,
+int32 Lease durations).  A field with its own upper bound (``le``/``lt``: ports, the planner's
+seed and time limit, weights) is held to that bound instead, tighter or wider: the seed is a
+32-bit integer, up to 2147483647."""
+
+
+def _own_bounds(field: FieldInfo) -> tuple[bool, bool]:
+    """Whether the field has a lower bound (``ge``/``gt``) and an upper bound (``le``/``lt``)
+    of its own."""
+    names = {
+        name
+        for item in field.metadata
+        for name in ("ge", "gt", "le", "lt")
+        if getattr(item, name, None) is not None
+    }
+    return bool(names & {"ge", "gt"}), bool(names & {"le", "lt"})
 
 
 def split_commas(value: object) -> object:
@@ -85,7 +99,9 @@ class CommonSettings(BaseSettings):
         """An integer setting given as a whole number in float notation (``1.23456789e+08``,
         ``100.0``) is that integer: Helm reads every number of a values file as a float and
         ``quote`` prints one of a million or more that way, so a chart value such as
-        ``planner.seed: 123456789`` otherwise stopped the partitioner at every start.  A
+        ``planner.seed: 123456789`` otherwise stopped the partitioner at every start.  Any
+        finite whole number converts, so the field's bound then decides and its message names
+        the bound (``1.5e+09`` is a valid seed; ``2e+06`` is a weight over 1000000).  A
         fraction (``1.5``) is still refused."""
         if not isinstance(value, str) or info.field_name is None:
             return value
@@ -99,19 +115,23 @@ class CommonSettings(BaseSettings):
             number = float(text)
         except ValueError:
             return value
-        if math.isfinite(number) and number == int(number) and abs(number) <= MAX_SETTING:
+        if math.isfinite(number) and number == int(number):
             return int(number)
         return value
 
     @field_validator("*", mode="after")
     @classmethod
     def _bounded_number(cls, value: Any, info: ValidationInfo) -> Any:
-        """Every number is finite and at most :data:`MAX_SETTING` in magnitude."""
+        """Every number is finite and at most :data:`MAX_SETTING` in magnitude, except on a side
+        where the field has a bound of its own (pydantic has checked that one, and it decides:
+        the seed goes up to 2147483647)."""
         if isinstance(value, bool) or not isinstance(value, int | float):
             return value
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"must be a finite number (at most {MAX_SETTING:g}), got {value}")
-        if abs(value) > MAX_SETTING:
+        field = cls.model_fields.get(info.field_name) if info.field_name else None
+        own_lower, own_upper = _own_bounds(field) if field is not None else (False, False)
+        if (value > MAX_SETTING and not own_upper) or (value < -MAX_SETTING and not own_lower):
             raise ValueError(f"must be at most {MAX_SETTING:g} in magnitude")
         return value
 

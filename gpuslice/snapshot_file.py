@@ -23,9 +23,10 @@ before they read them:
   reports that node as a problem (``TooManyGpus``, the node left out) and plans the rest;
 * node selectors, node affinity terms, tolerations, taints, pod conditions, priority and the
   scalar fields next to them have the API's types;
-* a NodePartitioning's ``spec.gpus``/``status.gpus`` name each GPU index once and only indices
-  its node has (``nvidia.com/gpu.count``, where it counts GPUs: not under GFD's MIG strategy
-  ``single``), so no status is silently ignored.
+* a NodePartitioning's ``spec.gpus``/``status.gpus`` name only indices its node has
+  (``nvidia.com/gpu.count``, where it counts GPUs: not under GFD's MIG strategy ``single``),
+  and ``status.gpus`` each once, so no status is silently ignored (a spec naming a GPU twice,
+  a hand edit the API server admits, is read: the plan leaves that node out with a note).
 
 Fields gpuslice does not read (``managedFields``, container images, ...) are not checked.  The
 first problem found ends the check with a :class:`SnapshotFileError` naming the file, the item
@@ -272,8 +273,9 @@ def _check_pod(item: Mapping[str, Any]) -> None:
             _string(cond.get(f), f"status.conditions[{k}].{f}")
 
 
-def _gpu_indices(v: Any, at: str) -> list[tuple[int, str]]:
-    """``(index, where)`` of each entry of a NodePartitioning gpus list, each index once."""
+def _gpu_indices(v: Any, at: str, once: bool = True) -> list[tuple[int, str]]:
+    """``(index, where)`` of each entry of a NodePartitioning gpus list, each index once
+    (``once``; else an index may repeat)."""
     out: list[tuple[int, str]] = []
     seen: set[int] = set()
     for k, g in enumerate(_list(v, at)):
@@ -281,7 +283,7 @@ def _gpu_indices(v: Any, at: str) -> list[tuple[int, str]]:
         index = g.get("index")
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index <= _INT32:
             raise _Bad(f"{at}[{k}].index", f"expected a GPU index (0, 1, ...), got {_kind(index)}")
-        if index in seen:
+        if once and index in seen:
             raise _Bad(f"{at}[{k}].index", f"GPU {index} is listed twice; list each GPU once")
         seen.add(index)
         out.append((index, f"{at}[{k}].index"))
@@ -289,7 +291,9 @@ def _gpu_indices(v: Any, at: str) -> list[tuple[int, str]]:
 
 
 def _check_partitioning(item: Mapping[str, Any]) -> list[tuple[int, str]]:
-    indices = _gpu_indices(_mapping(item.get("spec"), "spec").get("gpus"), "spec.gpus")
+    # A spec listing a GPU twice (a hand edit the API server admits) is read: the plan notes
+    # the node as InvalidPartitioning and leaves it out, as the controller does.
+    indices = _gpu_indices(_mapping(item.get("spec"), "spec").get("gpus"), "spec.gpus", once=False)
     return indices + _gpu_indices(_mapping(item.get("status"), "status").get("gpus"), "status.gpus")
 
 

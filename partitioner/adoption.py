@@ -4,9 +4,11 @@ Model
 -----
 Once gpuslice's node agent has reported (``NodePartitioning.status.gpus``, read through NVML
 and the kubelet), that report *is* the node: every instance with its start and whether a pod
-holds it (:func:`gpus_from_status`).  Before that -- gpuslice just installed, the what-if run
-on a dump of a cluster without it, a node migrating from nos, mig-parted or the GPU
-Operator's MIG manager -- :func:`adopt` derives the GPUs from what the API shows:
+holds it (:func:`gpus_from_status`); its GPU count wins over a count from labels under GFD's
+``single`` strategy, where the labels' count is a guess (:func:`adopt`).  Before that --
+gpuslice just installed, the what-if run on a dump of a cluster without it, a node migrating
+from nos, mig-parted or the GPU Operator's MIG manager -- :func:`adopt` derives the GPUs from
+what the API shows:
 
 * **instances per profile** (``T``): nos's status annotations
   ``nos.nebuly.com/status-gpu-<i>-<profile>-<free|used>`` (per GPU), else GPU Feature
@@ -34,8 +36,13 @@ an instance a pod holds, which it refuses (``Degraded``).  A GPU that holds noth
 never locked -- reshaping it is safe whatever its exact layout.  A node the readings cannot
 describe at all (pods holding more than the node shows, more instances than its GPUs can
 hold, nos's annotations disagreeing with GFD, MPS slices in use) is a :class:`LabelProblem`:
-left out of plans with the reason until its agent reports.  Every assumption is a sentence in
-:attr:`Adopted.notes`.
+left out of plans with the reason until its agent reports.  So is a node whose GPUs NVIDIA's
+device plugin shares (time-slicing; GFD's ``nvidia.com/gpu.replicas`` or a
+``mig-<profile>.replicas`` above 1, or a pod holding a ``renameByDefault`` name
+``nvidia.com/gpu.shared`` / ``nvidia.com/mig-<profile>.shared``) while pods hold NVIDIA's
+devices there (``TimeSlicedBeforeAgent``): each pod holds a replica, not a device, so neither
+devices nor GPUs can be counted from the pods, and which one each shares is unknown.  Every
+assumption is a sentence in :attr:`Adopted.notes`.
 """
 
 from __future__ import annotations
@@ -50,7 +57,14 @@ from typing import Any, Protocol
 
 from contract.nodepartitioning import DesiredGpu, DesiredMigInstance, NodePartitioning
 from contract.quantity import ascii_count
-from partitioner.node_labels import GpuLabels, LabelProblem
+from partitioner.node_labels import (
+    COUNT_ANNOTATION,
+    MIG_CONFIG_LABEL,
+    MIG_CONFIG_STATE_LABEL,
+    GpuLabels,
+    LabelProblem,
+    MigStrategy,
+)
 from partitioner.quantities import QuantityError, parse_quantity, pod_requests
 from planner.catalog import CatalogError, GpuModel, MigProfile
 from planner.geometry import Layout, enumerate_layouts
@@ -80,6 +94,10 @@ _NOS_STATUS = re.compile(
     r"^nos\.nebuly\.com/status-gpu-(?P<gpu>[0-9]{1,18})-(?P<profile>[^-]+)-(?P<state>free|used)$"
 )
 _WHOLE_GPU = "nvidia.com/gpu"
+_SHARED_SUFFIX = ".shared"
+_REPLICAS_LABEL = "nvidia.com/gpu.replicas"
+_SHARING_LABEL = "nvidia.com/gpu.sharing-strategy"
+_MIG_REPLICAS = re.compile(r"^nvidia\.com/mig-.+\.replicas$")
 _SEARCH_STEPS = 20_000
 """Steps of the split search; a node needing more is read as 'split unknown' (locked)."""
 _MAX_UNITS = 1 << 20
@@ -237,12 +255,15 @@ class _Use:
     """Whole GPUs held (``nvidia.com/gpu`` outside the single strategy)."""
     mps: int = 0
     """MPS slices (``nvidia.com/gpu-<N>gb``) held."""
+    shared: tuple[str, ...] = ()
+    """``.shared`` resource names (NVIDIA's time-slicing with ``renameByDefault``) held."""
     holders: tuple[str, ...] = ()
 
 
 def _use(pods: Sequence[Obj], model: GpuModel, labels: GpuLabels) -> _Use | LabelProblem:
     use = _Use(Counter())
     holders: list[str] = []
+    shared: set[str] = set()
     for pod in pods:
         name = _pod_name(pod)
         try:
@@ -253,7 +274,8 @@ def _use(pods: Sequence[Obj], model: GpuModel, labels: GpuLabels) -> _Use | Labe
             )
         held = False
         for resource, value in sorted(requests.items()):
-            if resource != _WHOLE_GPU and not is_partitionable_resource(resource):
+            is_shared = _is_shared(resource)
+            if resource != _WHOLE_GPU and not is_shared and not is_partitionable_resource(resource):
                 continue
             n = _units(value, resource, name)
             if isinstance(n, LabelProblem):
@@ -261,6 +283,9 @@ def _use(pods: Sequence[Obj], model: GpuModel, labels: GpuLabels) -> _Use | Labe
             if n == 0:
                 continue
             held = True
+            if is_shared:  # a replica of a time-sliced device: which one is unknown
+                shared.add(resource)
+                continue
             profile = mig_profile_of(resource)
             if resource == _WHOLE_GPU and labels.single_profile is not None:
                 use.mig[labels.single_profile.name] += n
@@ -280,7 +305,31 @@ def _use(pods: Sequence[Obj], model: GpuModel, labels: GpuLabels) -> _Use | Labe
         if held:
             holders.append(name)
     use.holders = tuple(holders)
+    use.shared = tuple(sorted(shared))
     return use
+
+
+def _is_shared(resource: str) -> bool:
+    """A name NVIDIA's plugin gives time-sliced devices with ``renameByDefault``
+    (``nvidia.com/gpu.shared``, ``nvidia.com/mig-<profile>.shared``)."""
+    return resource.endswith(_SHARED_SUFFIX) and (
+        resource == _WHOLE_GPU + _SHARED_SUFFIX or mig_profile_of(resource) is not None
+    )
+
+
+def _time_sliced(node: Obj, use: _Use) -> str | None:
+    """What shows NVIDIA's plugin time-slices the node's GPUs, or ``None``."""
+    labels: Mapping[str, str] = (node.get("metadata") or {}).get("labels") or {}
+    strategy = labels.get(_SHARING_LABEL, "")
+    how = f", {_SHARING_LABEL}={strategy}" if strategy and strategy != "none" else ""
+    for key in sorted(labels):
+        if key == _REPLICAS_LABEL or _MIG_REPLICAS.match(key):
+            n = ascii_count(str(labels[key]).strip())
+            if n is not None and n > 1:
+                return f"label {key}={n}{how}"
+    if use.shared:
+        return f"pods hold {', '.join(use.shared)}"
+    return None
 
 
 def _nos_status(
@@ -513,19 +562,7 @@ def adopt(
     """The node's GPUs now (module docstring); ``pods`` are those bound to it, not finished."""
     if agent_reported(np):
         assert np is not None and np.status is not None
-        count = labels.gpu_count
-        source = labels.count_source
-        if count is None:
-            count = max(g.index for g in np.status.gpus) + 1
-            source = "the agent's NodePartitioning status (NVML)"
-            if count > max_gpus:
-                return LabelProblem(
-                    "TooManyGpus",
-                    f"the NodePartitioning status lists GPU index {count - 1}: more than any "
-                    f"server holds (max_gpus_per_node {max_gpus})",
-                )
-        said = (f"GPU count {count} from {source}", "instances and their use: the agent's report")
-        return Adopted(count, gpus_from_status(np, count, mode), "agent", said)
+        return _reported(node, mode, labels, np, max_gpus)
     if labels.gpu_count is None:
         return LabelProblem(
             "GpuCountUnknown",
@@ -539,6 +576,16 @@ def adopt(
     use = _use(pods, model, labels)
     if isinstance(use, LabelProblem):
         return use
+    nvidia_held = bool(use.whole or use.mig or use.shared)  # names NVIDIA's plugin serves
+    if nvidia_held and (sliced := _time_sliced(node, use)) is not None:
+        return LabelProblem(
+            "TimeSlicedBeforeAgent",
+            f"NVIDIA's device plugin shares this node's GPUs ({sliced}): running pods "
+            f"{_some(use.holders)} hold replicas, not devices, and which device or GPU each "
+            f"shares is unknown until the gpuslice agent reports (it reads them through NVML "
+            f"and the kubelet); wait for its report, or drain them. gpuslice serves whole "
+            f"devices: drop the time-slicing config of NVIDIA's plugin on gpuslice nodes",
+        )
     if mode is Mode.MPS:
         if use.mps or use.whole or use.mig:
             return LabelProblem(
@@ -550,6 +597,61 @@ def adopt(
         notes.append("MPS node, no pod holds a GPU: every GPU taken as free")
         return Adopted(count, tuple(GpuState(i) for i in range(count)), "adopted", tuple(notes))
     return _adopt_mig(node, labels, count, use, notes)
+
+
+def _reported(
+    node: Obj, mode: Mode, labels: GpuLabels, np: NodePartitioning, max_gpus: int
+) -> Adopted | LabelProblem:
+    """The agent's report as the node's GPUs.  Its GPU count (highest index + 1: it lists
+    every GPU NVML shows) wins under ``mig.strategy=single``, where a count from labels is a
+    guess for the time before the report (an admin's annotation, the MIG manager's stale
+    ``all-<profile>`` config); one that disagrees is named in a note with its fix, never
+    obeyed (it dropped reported GPUs from every plan, or planned GPUs that do not exist).
+    Under ``none`` and ``mixed`` GFD's ``gpu.count`` (read through NVML too) is kept."""
+    assert np.status is not None
+    reported = max(g.index for g in np.status.gpus) + 1
+    agent_source = "the agent's NodePartitioning status (NVML)"
+    notes: list[str] = []
+    if labels.gpu_count is None or labels.strategy is MigStrategy.SINGLE:
+        if reported > max_gpus:
+            return LabelProblem(
+                "TooManyGpus",
+                f"the NodePartitioning status lists GPU index {reported - 1}: more than any "
+                f"server holds (max_gpus_per_node {max_gpus})",
+            )
+        count, source = reported, agent_source
+        if labels.gpu_count is not None and labels.gpu_count != reported:
+            notes.append(_count_mismatch(node, labels, reported))
+    else:
+        count, source = labels.gpu_count, labels.count_source
+    said = (
+        f"GPU count {count} from {source}",
+        "instances and their use: the agent's report",
+        *notes,
+    )
+    return Adopted(count, gpus_from_status(np, count, mode), "agent", said)
+
+
+def _count_mismatch(node: Obj, labels: GpuLabels, reported: int) -> str:
+    """The note naming a label count that disagrees with the agent's, and what fixes it."""
+    name = (node.get("metadata") or {}).get("name") or "<node>"
+    source = labels.count_source
+    if source.startswith(f"annotation {COUNT_ANNOTATION}"):
+        fix = (
+            f"remove the annotation, the agent counts GPUs now: kubectl annotate node {name} "
+            f"{COUNT_ANNOTATION}-"
+        )
+    elif source.startswith(MIG_CONFIG_LABEL):
+        fix = (
+            f"{MIG_CONFIG_LABEL} is stale (the MIG manager is off on gpuslice nodes): remove "
+            f"it, kubectl label node {name} {MIG_CONFIG_LABEL}- {MIG_CONFIG_STATE_LABEL}-"
+        )
+    else:
+        fix = "GPU Feature Discovery relabels the node on its next pass"
+    return (
+        f"the labels give {labels.gpu_count} GPU(s) ({source}) but the agent reports "
+        f"{reported} through NVML: the agent's count is used; {fix}"
+    )
 
 
 def _adopt_mig(

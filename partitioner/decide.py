@@ -176,6 +176,8 @@ from partitioner.snapshot import (
     PLANNED_AT_ANNOTATION,
     ClusterView,
     NodeProblem,
+    invalid_partitioning_message,
+    left_out_sentence,
     opted_in,
     planned_pods,
 )
@@ -908,18 +910,9 @@ class _Step:
         """The opted-in nodes the pod would fit but gpuslice leaves out for a problem with
         their labels, as a sentence to add to a "no eligible node" reason (it blamed the pod's
         selectors, affinity and tolerations while the cause was on the node)."""
-        fits = [
-            (name, problem)
-            for name, problem in sorted(self._label_problems().items())
-            if pod_fits_node(pod.obj, self.index.nodes[name].obj)
-        ]
-        if not fits:
-            return ""
-        name, problem = fits[0]
-        more = f" and {len(fits) - 1} more" if len(fits) > 1 else ""
-        return (
-            f"; node {name}{more}, which the pod would fit, is left out: {problem.reason}: "
-            f"{problem.message}"
+        problems = self._label_problems()
+        return left_out_sentence(
+            pod.obj, ((self.index.nodes[n].obj, problems[n]) for n in sorted(problems))
         )
 
     # ------------------------------------------------------------------ 1. housekeeping
@@ -978,13 +971,7 @@ class _Step:
                 continue
             if np_info.np is None:
                 self.invalid[name] = NodeProblem(
-                    name,
-                    "InvalidPartitioning",
-                    f"{np_info.error}; the node is left out of plans and nothing is promised "
-                    f"there until it is valid: undo the hand edit (kubectl edit "
-                    f"nodepartitioning {name}), or run one gpuslice version for the node agent "
-                    f"and the partitioner (an agent newer than the partitioner may report "
-                    f"fields it does not know)",
+                    name, "InvalidPartitioning", invalid_partitioning_message(name, np_info.error)
                 )
                 self.busy.add(name)
                 continue

@@ -21,13 +21,15 @@ So :func:`read_gpu_labels` takes
 * the **model** from ``gpu.product`` with any ``-SHARED``/``-MIG-...`` suffix stripped;
 * the **physical GPU count** from a source that means GPUs: ``gpu.count`` under ``none`` and
   ``mixed``, and under ``single`` (where no label holds it) in this order: the annotation
-  ``gpuslice.io/gpu-count`` (set by an admin, e.g. before installing gpuslice), the GPU
-  Operator's MIG manager config ``nvidia.com/mig.config=all-<profile>`` with
-  ``nvidia.com/mig.config.state=success`` (NVIDIA's default configs put the profile's maximum
-  count on every GPU: MIG devices / that maximum), or a profile of which one GPU holds at most
-  one (7g, 4g: count = MIG devices).  Otherwise the count is left unknown here and the node
-  agent's NodePartitioning status (it counts GPUs through NVML) must give it
-  (:mod:`partitioner.adoption`);
+  ``gpuslice.io/gpu-count`` (set by an admin, e.g. before installing gpuslice; read under
+  ``-MIG-INVALID`` too), the GPU Operator's MIG manager config
+  ``nvidia.com/mig.config=all-<profile>`` with ``nvidia.com/mig.config.state=success``
+  (NVIDIA's default configs put the profile's maximum count on every GPU: MIG devices / that
+  maximum), or a profile of which one GPU holds at most one (7g, 4g: count = MIG devices).
+  Otherwise the count is left unknown here.  Under ``single`` every one of these is a guess
+  for the time before the node agent reports: once its NodePartitioning status (it counts GPUs
+  through NVML) is there, its count wins and a label or annotation that disagrees is named in
+  a note (:mod:`partitioner.adoption`);
 * the **full-GPU memory** from ``gpu.memory`` except under ``single`` (one MIG device's memory
   there: the catalog's figure is used);
 * every count (labels and the annotation) as ASCII digits only, at most 18 of them (anything
@@ -43,12 +45,19 @@ device plugin (it would advertise the GPUs gpuslice's agent serves a second time
 operator deploys each where its ``nvidia.com/gpu.deploy.<operand>`` label is anything but
 ``false`` and never overwrites a ``false``; a node with such a label not ``false`` is a
 :class:`LabelProblem` naming the ``kubectl label`` that fixes it.  Absent labels (no GPU
-Operator) are fine.  :func:`with_operands_off` gives the node as it will look once fixed (the
+Operator) are fine -- unless other ``nvidia.com/gpu.deploy.*`` labels show the operator manages
+the node: it then writes a missing one back as ``true`` (the MIG manager's only where the node
+is MIG-capable: ``nvidia.com/mig.capable=true``, or without that label a product naming
+A100/H100/A30; none of them after ``nvidia.com/gpu.deploy.operands=false``), so a deleted label
+is read as on and the problem says to write ``false``.  :func:`with_operands_off` gives the node as it will look once fixed (the
 pre-install what-if assumes the fix and says so).
 
 Under single with sharing the product is ``<model>-MIG-<profile>-SHARED``: the profile is read
 without the ``-SHARED``.  ``<model>-MIG-INVALID`` (single's preconditions failed: profiles
-differ, a MIG GPU is empty, or MIG is off on some GPU) leaves count and devices unknown.  A
+differ, a MIG GPU is empty, or MIG is off on some GPU) leaves the devices unknown, and the
+count unknown unless the annotation gives it.  Every single-strategy node gets a note that GFD
+rewrites ``gpu.product``, ``gpu.count`` and ``gpu.memory`` as gpuslice repartitions (a pod
+selecting on the product stops matching: use ``mixed``).  A
 count above the catalog's ``max_gpus_per_node`` (or more MIG devices of a profile than that
 many GPUs can hold) is a :class:`LabelProblem` naming the label: a node's labels never make the
 controller loop over a billion GPUs.
@@ -73,6 +82,7 @@ __all__ = [
     "MIG_CONFIG_STATE_LABEL",
     "OPERANDS_OFF",
     "PRODUCT_LABEL",
+    "SINGLE_RELABELS",
     "STRATEGY_LABEL",
     "GpuLabels",
     "LabelProblem",
@@ -202,6 +212,31 @@ def _profile(model: GpuModel, name: str, where: str) -> MigProfile | LabelProble
         )
 
 
+SINGLE_RELABELS = (
+    f"mig.strategy=single: GPU Feature Discovery rewrites {PRODUCT_LABEL}, {COUNT_LABEL} and "
+    f"{MEMORY_LABEL} whenever gpuslice repartitions the GPUs (<model>-MIG-<profile>, or "
+    f"<model>{_INVALID} while profiles differ), so a pod selecting on {PRODUCT_LABEL} stops "
+    f"matching this node; set the GPU Operator's ClusterPolicy mig.strategy=mixed"
+)
+"""The note every single-strategy node gets (facts/gpu-operator.md section 1)."""
+
+
+def _annotated_count(annotations: Mapping[str, str], limit: int) -> int | LabelProblem | None:
+    """The :data:`COUNT_ANNOTATION`'s count, ``None`` without it."""
+    annotated = annotations.get(COUNT_ANNOTATION)
+    if annotated is None:
+        return None
+    value = _int(annotated)
+    if not value:
+        return LabelProblem(
+            "InvalidGpuLabels",
+            f"annotation {COUNT_ANNOTATION}={annotated!r} is not a positive integer",
+        )
+    if value > limit:
+        return _too_many(f"annotation {COUNT_ANNOTATION}", value, limit)
+    return value
+
+
 def _single(
     labels: Mapping[str, str],
     annotations: Mapping[str, str],
@@ -211,12 +246,17 @@ def _single(
 ) -> GpuLabels | LabelProblem:
     """Strategy single with every GPU in MIG mode: count and memory are per MIG device."""
     config = _applied_config(labels)
+    annotated = _annotated_count(annotations, limit)
+    if isinstance(annotated, LabelProblem):
+        return annotated
     if suffix == "INVALID":
         return GpuLabels(
             MigStrategy.SINGLE,
             model,
-            None,
-            "unknown: GFD reports the single strategy invalid (-MIG-INVALID)",
+            annotated,
+            "unknown: GFD reports the single strategy invalid (-MIG-INVALID)"
+            if annotated is None
+            else f"annotation {COUNT_ANNOTATION}",
             None,
             None,
             mig_config=config,
@@ -224,6 +264,7 @@ def _single(
                 f"{PRODUCT_LABEL} ends in {_INVALID}: the GPUs mix MIG profiles, hold an empty "
                 f"MIG GPU or mix MIG on and off, so the labels tell neither GPU count nor "
                 f"instances (set the GPU Operator's mig.strategy=mixed)",
+                SINGLE_RELABELS,
             ),
         )
     profile = _profile(model, suffix, f"label {PRODUCT_LABEL}")
@@ -240,21 +281,13 @@ def _single(
         return _too_many(f"label {COUNT_LABEL} (MIG devices of {profile.name})", devices, limit)
     notes = [
         f"mig.strategy=single: {COUNT_LABEL}={devices} counts {profile.name} MIG devices, not "
-        f"GPUs, and {MEMORY_LABEL} is one device's memory (the catalog's GPU memory is used)"
+        f"GPUs, and {MEMORY_LABEL} is one device's memory (the catalog's GPU memory is used)",
+        SINGLE_RELABELS,
     ]
     count: int | None = None
     source = "unknown: no label holds it under mig.strategy=single"
-    annotated = annotations.get(COUNT_ANNOTATION)
     if annotated is not None:
-        value = _int(annotated)
-        if not value:
-            return LabelProblem(
-                "InvalidGpuLabels",
-                f"annotation {COUNT_ANNOTATION}={annotated!r} is not a positive integer",
-            )
-        if value > limit:
-            return _too_many(f"annotation {COUNT_ANNOTATION}", value, limit)
-        count, source = value, f"annotation {COUNT_ANNOTATION}"
+        count, source = annotated, f"annotation {COUNT_ANNOTATION}"
     elif config and config.startswith("all-"):
         try:
             same = model.profile(config.removeprefix("all-")) == profile
@@ -308,9 +341,49 @@ def _mixed_devices(
     return devices
 
 
+_DEPLOY_PREFIX = "nvidia.com/gpu.deploy."
+_OPERANDS_ALL = "nvidia.com/gpu.deploy.operands"
+_MIG_MANAGER = "nvidia.com/gpu.deploy.mig-manager"
+_MIG_CAPABLE = "nvidia.com/mig.capable"
+_MIG_PRODUCTS = ("a100", "h100", "a30")
+"""Products the GPU Operator takes as MIG-capable without ``mig.capable`` (hasMIGCapableGPU)."""
+
+
+def _operator_restores(labels: Mapping[str, str], key: str) -> bool:
+    """Would the GPU Operator write the missing deploy label ``key`` back as ``true``?  Only on
+    a node it manages (another ``nvidia.com/gpu.deploy.*`` label present, operands not all
+    off); the MIG manager's only on a MIG-capable node (facts/gpu-operator.md section 3)."""
+    if labels.get(_OPERANDS_ALL) == "false":
+        return False
+    if not any(k.startswith(_DEPLOY_PREFIX) and k not in OPERANDS_OFF for k in labels):
+        return False
+    if key != _MIG_MANAGER:
+        return True
+    capable = labels.get(_MIG_CAPABLE)
+    if capable is not None:
+        return capable == "true"
+    product = labels.get(PRODUCT_LABEL, "").lower()
+    return any(p in product for p in _MIG_PRODUCTS)
+
+
 def operands_on(labels: Mapping[str, str]) -> list[str]:
-    """The :data:`OPERANDS_OFF` labels the node carries with a value other than ``false``."""
-    return [k for k in OPERANDS_OFF if k in labels and labels[k] != "false"]
+    """The :data:`OPERANDS_OFF` labels the node carries with a value other than ``false``, and
+    those missing where the GPU Operator would put them back as ``true``."""
+    return [
+        k
+        for k in OPERANDS_OFF
+        if (labels[k] != "false" if k in labels else _operator_restores(labels, k))
+    ]
+
+
+def _shown(labels: Mapping[str, str], key: str) -> str:
+    """``key=<value>``, or what its absence means on a GPU Operator node."""
+    if key in labels:
+        return f"{key}={labels[key]!r}"
+    return (
+        f"{key} is missing (deleted?) while other {_DEPLOY_PREFIX}* labels show the GPU "
+        f"Operator manages the node: the operator puts it back as true"
+    )
 
 
 def with_operands_off(node: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -320,8 +393,14 @@ def with_operands_off(node: Mapping[str, Any]) -> tuple[dict[str, Any], list[str
     labels = dict(meta.get("labels") or {})
     changed = operands_on(labels)
     notes = [
-        f"assumed {k}=false (it is {labels[k]!r}): set it before installing gpuslice, or the "
-        f"partitioner leaves the node out ({OPERANDS_OFF[k][1]})"
+        f"assumed {k}=false ("
+        + (
+            f"it is {labels[k]!r}"
+            if k in labels
+            else "it is missing; the GPU Operator would add it as true"
+        )
+        + f"): set it before installing gpuslice, or the partitioner leaves the node out "
+        f"({OPERANDS_OFF[k][1]})"
         for k in changed
     ]
     labels.update({k: "false" for k in changed})
@@ -344,7 +423,7 @@ def read_gpu_labels(
         fixes = " ".join(f"{k}=false" for k in on)
         return LabelProblem(
             OPERANDS_OFF[on[0]][0],
-            "; ".join(f"{k}={labels[k]!r}: {OPERANDS_OFF[k][1]}" for k in on)
+            "; ".join(f"{_shown(labels, k)}: {OPERANDS_OFF[k][1]}" for k in on)
             + f". Run: kubectl label node {node} {fixes} --overwrite (write false, do not "
             f"delete the label: the GPU Operator puts a missing one back as true; harmless where "
             f"the operand is disabled cluster-wide)",
@@ -394,6 +473,7 @@ def read_gpu_labels(
     elif strategy is MigStrategy.SINGLE:
         source += " (mig.strategy=single with no GPU in MIG mode: physical GPUs)"
         devices = {}
+        notes.append(SINGLE_RELABELS)
     else:
         notes.append("no nvidia.com/mig.strategy label (none): the labels show no MIG devices")
     return GpuLabels(

@@ -15,12 +15,23 @@ advertises canonical names only (:mod:`planner.snapshot`), so a pod asking for
 never bind to a slice gpuslice made for it.  Such a near miss is rejected naming the canonical
 name (``did you mean nvidia.com/mig-1g.10gb?``); lists of valid names are written as resource
 names (``nvidia.com/mig-1g.5gb.me``, never the NVML spelling ``1g.5gb+me``).
+
+A "no eligible node" reason blames the pod's nodeSelector, affinity and tolerations.  Under GPU
+Feature Discovery's ``mig.strategy=single`` that is often gpuslice's own doing: GFD relabels
+``nvidia.com/gpu.product`` as ``<model>-MIG-<profile>`` or ``<model>-MIG-INVALID`` once the
+agent has reshaped the GPUs, so a pod selecting on the plain model stops matching the node it
+was planned on.  :func:`product_selector_hint` finds that case (a single-strategy node of the
+model the pod selects, which the pod would fit with the product it asks for) and says so,
+with the fix: ClusterPolicy ``mig.strategy=mixed``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
+from partitioner.eligibility import pod_fits_node
+from partitioner.node_labels import PRODUCT_LABEL, STRATEGY_LABEL, MigStrategy
 from planner.catalog import CatalogError, GpuModel
 from planner.demand import one_mps_slice
 from planner.snapshot import (
@@ -32,7 +43,7 @@ from planner.snapshot import (
     mps_near_miss,
 )
 
-__all__ = ["MIG_MODES", "has_profile", "reject_reason"]
+__all__ = ["MIG_MODES", "has_profile", "product_selector_hint", "reject_reason"]
 
 MIG_MODES = (Mode.MIG, Mode.HYBRID)
 
@@ -88,3 +99,55 @@ def reject_reason(
                 f"profile {profile}; valid on {fitting[0].name}: {valid}"
             )
     return None
+
+
+def _base_product(product: str) -> str:
+    """The model part of a GFD product string (no ``-SHARED``, no ``-MIG-<profile>``)."""
+    return product.removesuffix("-SHARED").partition("-MIG-")[0]
+
+
+def _selected_products(pod: Mapping[str, Any]) -> list[str]:
+    """The ``nvidia.com/gpu.product`` values the pod's nodeSelector or required node affinity
+    (``In``) asks for."""
+    spec = pod.get("spec") or {}
+    wanted: list[str] = []
+    selector = spec.get("nodeSelector") or {}
+    if PRODUCT_LABEL in selector:
+        wanted.append(str(selector[PRODUCT_LABEL]))
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    for term in required.get("nodeSelectorTerms") or ():
+        for expr in (term or {}).get("matchExpressions") or ():
+            if (expr or {}).get("key") == PRODUCT_LABEL and expr.get("operator") == "In":
+                wanted += [str(v) for v in expr.get("values") or ()]
+    return sorted(set(wanted))
+
+
+def product_selector_hint(pod: Mapping[str, Any], opted_in: Iterable[Mapping[str, Any]]) -> str:
+    """A sentence to add to a "no eligible node" reason when the pod selects on
+    ``nvidia.com/gpu.product`` and an opted-in node (API object) under GFD's
+    ``mig.strategy=single`` is of that model, labelled with another product, and would take
+    the pod if it still carried the product asked for (module docstring); ``""`` otherwise."""
+    wanted = _selected_products(pod)
+    if not wanted:
+        return ""
+    for node in sorted(opted_in, key=lambda n: str((n.get("metadata") or {}).get("name", ""))):
+        meta = node.get("metadata") or {}
+        labels: Mapping[str, str] = meta.get("labels") or {}
+        product = labels.get(PRODUCT_LABEL)
+        if labels.get(STRATEGY_LABEL) != MigStrategy.SINGLE.value or product is None:
+            continue
+        for value in wanted:
+            if value == product or _base_product(value) != _base_product(product):
+                continue
+            relabelled = {**meta, "labels": {**labels, PRODUCT_LABEL: value}}
+            if pod_fits_node(pod, {**node, "metadata": relabelled}):
+                return (
+                    f"; the pod selects {PRODUCT_LABEL}={value}, but node {meta.get('name')} "
+                    f"is now labelled {product}: under the GPU Operator's mig.strategy=single "
+                    f"GPU Feature Discovery relabels the product whenever gpuslice repartitions "
+                    f"the GPUs; set ClusterPolicy mig.strategy=mixed (the product then stays "
+                    f"the model), or select on a label of your own"
+                )
+    return ""

@@ -23,12 +23,15 @@ it into a :class:`ClusterReading`:
 * **Free CPU and memory.** Node ``status.allocatable`` minus the requests of the pods bound to
   it that have not finished.
 * **Candidates.** A pod is batchable when it requests a partitionable resource
-  (``nvidia.com/mig-<profile>``, ``nvidia.com/gpu-<N>gb``), is ``Pending`` with no
+  (``nvidia.com/mig-<profile>``, ``nvidia.com/gpu-<N>gb``; not every one of them as zero: such
+  a pod is not gpuslice's, kube-scheduler places it like any pod), is ``Pending`` with no
   ``nodeName``, its ``PodScheduled`` condition is ``False``/``Unschedulable``, it is not
   nominated, not being deleted and not owned by a DaemonSet.  Its eligible nodes are the GPU
   nodes passing nodeSelector, required node affinity and taints (:mod:`.eligibility`).  A
   batchable pod is then either *rejected* with a reason (no eligible node of the right mode, a
-  MIG profile no eligible GPU has, a malformed quantity), *waiting* (in flight, or all its
+  MIG profile no eligible GPU has, a malformed quantity; a "no eligible node" reason names an
+  opted-in node the pod would fit that is left out for its labels, as the controller's
+  ``Unplaceable`` Event does), *waiting* (in flight, or all its
   eligible nodes busy), or a *candidate* (:class:`~planner.snapshot.PendingPod`, eligible nodes
   restricted to the nodes in the snapshot).
 """
@@ -47,7 +50,7 @@ from pydantic import ValidationError
 from contract.nodepartitioning import KIND as NP_KIND
 from contract.nodepartitioning import NodePartitioning
 from partitioner.adoption import Adopted, adopt_all
-from partitioner.eligibility import eligible_nodes
+from partitioner.eligibility import eligible_nodes, pod_fits_node
 from partitioner.node_labels import (
     PRODUCT_LABEL,
     GpuLabels,
@@ -76,7 +79,9 @@ __all__ = [
     "ClusterView",
     "GpuNode",
     "NodeProblem",
+    "invalid_partitioning_message",
     "is_batchable",
+    "left_out_sentence",
     "opted_in",
     "pod_key",
     "read_cluster",
@@ -150,7 +155,8 @@ class ClusterReading:
     partitionings: Mapping[str, NodePartitioning]
     """Valid NodePartitioning objects by name."""
     invalid_partitionings: Mapping[str, str]
-    """NodePartitioning name -> validation error."""
+    """NodePartitioning name -> validation error (a spec listing a GPU twice included: the
+    API server admits it, the node agent refuses it); the node is left out (``busy``)."""
     busy: frozenset[str]
     """GPU nodes whose last spec is not applied yet."""
     nodes: tuple[NodeState, ...]
@@ -163,6 +169,10 @@ class ClusterReading:
     batchable: frozenset[str]
     adopted: Mapping[str, Adopted] = field(default_factory=dict)
     """GPU node -> its GPUs now and what was assumed reading them (:mod:`partitioner.adoption`)."""
+    left_out: Mapping[str, str] = field(default_factory=dict)
+    """Candidate -> the eligible nodes no plan may touch now, each with why (an invalid
+    NodePartitioning, a node problem, a plan in flight): its planner reason speaks of the
+    other nodes only, so an unplaced pod's reason adds these."""
 
     def snapshot(self, pods: Iterable[str] | None = None) -> Snapshot:
         """The planner input for ``pods`` (default: all candidates)."""
@@ -291,8 +301,20 @@ def _partitionable(pod: Obj) -> list[str]:
     return sorted(n for n in names if is_partitionable_resource(n))
 
 
+def _asks_for_nothing(pod: Obj) -> bool:
+    """Every slice the pod names is requested as zero (summed as kube-scheduler sums them):
+    it is not gpuslice's; the webhook leaves it ungated and kube-scheduler places it like any
+    pod.  A request that cannot be read is not "nothing": it is rejected naming the error."""
+    try:
+        requests = pod_requests(pod)
+    except QuantityError:
+        return False
+    return not any(requests.get(r, 0) > 0 for r in _partitionable(pod))
+
+
 def is_batchable(pod: Obj) -> bool:
-    """Pending, unschedulable, unbound, not nominated, not a DaemonSet's, wants a slice."""
+    """Pending, unschedulable, unbound, not nominated, not a DaemonSet's, wants a slice (names
+    a slice resource, not every one of them as zero)."""
     meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
     if meta.get("deletionTimestamp") or spec.get("nodeName") or status.get("nominatedNodeName"):
         return False
@@ -305,7 +327,7 @@ def is_batchable(pod: Obj) -> bool:
         return False
     if scheduled.get("reason") != "Unschedulable":
         return False
-    return bool(_partitionable(pod))
+    return bool(_partitionable(pod)) and not _asks_for_nothing(pod)
 
 
 def is_busy(np: NodePartitioning) -> bool:
@@ -337,10 +359,34 @@ def _as_count(value: Decimal, resource: str) -> int:
     return int(value)
 
 
+def left_out_sentence(pod: Obj, problems: Iterable[tuple[Obj, NodeProblem]]) -> str:
+    """The opted-in nodes (object, label problem) the pod would fit (:func:`~partitioner.
+    eligibility.pod_fits_node`) but gpuslice leaves out for a problem with their labels, as a
+    sentence to add to a "no eligible node" reason, which otherwise blames the pod's
+    selectors, affinity and tolerations while the cause is on the node; ``""`` for none.  The
+    controller's ``Unplaceable`` Event says the same (``decide._Step._left_out``)."""
+    fits = sorted(
+        (problem for node, problem in problems if pod_fits_node(pod, node)), key=lambda p: p.name
+    )
+    if not fits:
+        return ""
+    name, problem = fits[0].name, fits[0]
+    more = f" and {len(fits) - 1} more" if len(fits) > 1 else ""
+    return (
+        f"; node {name}{more}, which the pod would fit, is left out: {problem.reason}: "
+        f"{problem.message}"
+    )
+
+
 def _classify_pod(
-    pod: Obj, gpu_nodes: Mapping[str, GpuNode], view: ClusterView
+    pod: Obj,
+    gpu_nodes: Mapping[str, GpuNode],
+    view: ClusterView,
+    problems: Mapping[str, NodeProblem] | None = None,
 ) -> PendingPod | str:
-    """The pod as a planner input, or the reason it can never be placed now."""
+    """The pod as a planner input, or the reason it can never be placed now.  ``problems``:
+    the opted-in nodes left out for their labels (not in ``gpu_nodes``), named in a "no
+    eligible node" reason when the pod would fit them (:func:`left_out_sentence`)."""
     try:
         requests = pod_requests(pod)
         slices = {r: _as_count(v, r) for r, v in requests.items() if is_partitionable_resource(r)}
@@ -354,6 +400,11 @@ def _classify_pod(
         slices, [(gpu_nodes[n].mode, gpu_nodes[n].model) for n in sorted(eligible)]
     )
     if reason is not None:
+        if reason.startswith("no eligible node") and problems:
+            reason += left_out_sentence(
+                pod,
+                [(view.nodes[n], p) for n, p in sorted(problems.items()) if n in view.nodes],
+            )
         return reason
     priority = (pod.get("spec") or {}).get("priority") or 0
     return PendingPod(
@@ -411,16 +462,27 @@ def read_cluster(view: ClusterView, catalog: Catalog) -> ClusterReading:
             gpu_nodes[name] = got
         elif isinstance(got, NodeProblem):
             problems[name] = got
+    label_problems = dict(problems)
 
     partitionings: dict[str, NodePartitioning] = {}
     invalid: dict[str, str] = {}
     for name, raw in view.partitionings.items():
         try:
-            partitionings[name] = NodePartitioning.model_validate(dict(raw))
+            parsed = NodePartitioning.model_validate(dict(raw))
         except ValidationError as e:
             invalid[name] = (
                 f"{NP_KIND} {name} is invalid: {e.error_count()} error(s): {e.errors()[0]['msg']} at {'.'.join(str(p) for p in e.errors()[0]['loc'])}"
             )
+            continue
+        indices = [g.index for g in parsed.spec.gpus]
+        twice = next((i for i in indices if indices.count(i) > 1), None)
+        if twice is not None:  # the API server admits it; the node agent refuses the spec
+            invalid[name] = (
+                f"{NP_KIND} {name} is invalid: GPU {twice}: listed twice in spec.gpus; list it "
+                f"once (the node agent refuses the spec: InvalidSpec)"
+            )
+            continue
+        partitionings[name] = parsed
 
     current: dict[str, Adopted] = {}
     for n, now in adopt_all(
@@ -461,6 +523,7 @@ def read_cluster(view: ClusterView, catalog: Catalog) -> ClusterReading:
     candidates: dict[str, PendingPod] = {}
     rejected: dict[str, str] = {}
     waiting: dict[str, str] = {}
+    left_out: dict[str, str] = {}
     batchable = set()
     for key in sorted(view.pods):
         pod = view.pods[key]
@@ -470,7 +533,7 @@ def read_cluster(view: ClusterView, catalog: Catalog) -> ClusterReading:
         if key in in_flight:
             waiting[key] = in_flight[key]
             continue
-        pending = _classify_pod(pod, gpu_nodes, view)
+        pending = _classify_pod(pod, gpu_nodes, view, label_problems)
         if isinstance(pending, str):
             rejected[key] = pending
             continue
@@ -482,6 +545,10 @@ def read_cluster(view: ClusterView, catalog: Catalog) -> ClusterReading:
             )
             continue
         candidates[key] = replace(pending, eligible_nodes=usable)
+        if eligible - plannable:
+            left_out[key] = ", ".join(
+                _why_not_plannable(n, invalid, problems, busy) for n in sorted(eligible - plannable)
+            )
     return ClusterReading(
         gpu_nodes=gpu_nodes,
         problems=problems,
@@ -494,6 +561,7 @@ def read_cluster(view: ClusterView, catalog: Catalog) -> ClusterReading:
         waiting=waiting,
         batchable=frozenset(batchable),
         adopted=current,
+        left_out=left_out,
     )
 
 
@@ -525,11 +593,28 @@ def read_kubectl_list(doc: Mapping[str, Any], catalog: Catalog) -> ClusterReadin
     return read_cluster(view_from_items(doc["items"]), catalog)
 
 
+def invalid_partitioning_message(name: str, error: str) -> str:
+    """The controller's ``InvalidPartitioning`` message (node condition and Event) for node
+    ``name`` whose NodePartitioning fails validation with ``error``: what happens and the fix."""
+    return (
+        f"{error}; the node is left out of plans and nothing is promised there until it is "
+        f"valid: undo the hand edit (kubectl edit nodepartitioning {name}), or run one gpuslice "
+        f"version for the node agent and the partitioner (an agent newer than the partitioner "
+        f"may report fields it does not know)"
+    )
+
+
 def reading_notes(reading: ClusterReading) -> list[str]:
     """What a reading left out and why, one line each."""
     notes = [f"node {p.name}: {p.reason}: {p.message}" for p in reading.problems.values()]
-    notes += [f"{NP_KIND} {n}: {msg}" for n, msg in sorted(reading.invalid_partitionings.items())]
-    notes += [f"node {n}: skipped, its last spec is not applied yet" for n in sorted(reading.busy)]
+    notes += [
+        f"node {n}: InvalidPartitioning: {invalid_partitioning_message(n, msg)}"
+        for n, msg in sorted(reading.invalid_partitionings.items())
+    ]
+    notes += [
+        f"node {n}: skipped, its last spec is not applied yet"
+        for n in sorted(reading.busy - reading.invalid_partitionings.keys())
+    ]
     notes += [f"pod {p}: cannot place: {r}" for p, r in sorted(reading.rejected.items())]
     notes += [f"pod {p}: {r}" for p, r in sorted(reading.waiting.items())]
     if not reading.gpu_nodes and not reading.problems:

@@ -452,6 +452,33 @@ BAD_VALUES: list[tuple[dict[str, Any], str]] = [
     ({"agent": {"leaseSeconds": 5}}, "/agent/leaseSeconds"),
     ({"agent": {"leaseSeconds": -1}}, "/agent/leaseSeconds"),
     ({"agent": {"leaseSeconds": "40s"}}, "/agent/leaseSeconds"),
+    # The settings' own bounds, refused by the schema first (before, helm install succeeded and
+    # the partitioner or agent exited 2 at every start).
+    (
+        {"partitioner": {"planner": {"weights": {"freeBlock": 1000001}}}},
+        "/partitioner/planner/weights/freeBlock",
+    ),
+    (
+        {"partitioner": {"planner": {"freeCapacity": {"cpuMilli": 2000000000}}}},
+        "/partitioner/planner/freeCapacity/cpuMilli",
+    ),
+    (
+        {"partitioner": {"reservations": {"drainQueueLimit": 1e10}}},
+        "/partitioner/reservations/drainQueueLimit",
+    ),
+    ({"agent": {"leaseSeconds": 1e10}}, "/agent/leaseSeconds"),
+    (
+        {"partitioner": {"planner": {"freeCapacity": {"mpsSizes": "10:0"}}}},
+        "/partitioner/planner/freeCapacity/mpsSizes",
+    ),
+    (
+        {"partitioner": {"planner": {"freeCapacity": {"mpsSizes": "0:1"}}}},
+        "/partitioner/planner/freeCapacity/mpsSizes",
+    ),
+    (
+        {"partitioner": {"planner": {"freeCapacity": {"migProfiles": "1g.10gb:0.0"}}}},
+        "/partitioner/planner/freeCapacity/migProfiles",
+    ),
     ({"catalog": {"files": {"a,b.yaml": "models: []"}}}, "invalid propertyName 'a,b.yaml'"),
     ({"catalog": {"files": {"extra.yaml": {"gpus": []}}}}, "/catalog/files/extra.yaml"),
     (
@@ -970,6 +997,85 @@ def test_large_integer_values_reach_the_settings(
         PartitionerSettings()
 
 
+def numeric_schema_leaves(
+    node: dict[str, Any], path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], dict[str, Any]]]:
+    """(values path, schema) of every number or integer the schema's objects declare."""
+    for key, sub in node.get("properties", {}).items():
+        types = sub.get("type")
+        types = set(types) if isinstance(types, list) else {types}
+        if "properties" in sub:
+            yield from numeric_schema_leaves(sub, (*path, key))
+        elif types & {"number", "integer"}:
+            yield (*path, key), sub
+
+
+def nested(path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {path[-1]: value}
+    for key in reversed(path[:-1]):
+        out = {key: out}
+    return out
+
+
+def test_every_number_the_schema_admits_starts_the_components(
+    chart: helm.Chart, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each number of ``partitioner.*`` and ``agent.*`` at the schema's ``maximum`` (or, where
+    the schema has none, a vast 10^12) renders, and the settings of every component whose env it
+    changes accept that env (as Helm renders it: ``2.147483647e+09``).  So whatever the schema
+    admits starts; whatever a setting's bound refuses, the schema refuses first.  Before, a seed
+    over 10^9, weights over 10^6 and sizes, drain queue limits and Lease lengths over 10^9
+    passed ``helm install`` and then stopped the component at every start."""
+    from node_agent.settings import AgentSettings
+    from partitioner.settings import PartitionerSettings
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    base = render(chart, {})
+    base_env = {kind: gpuslice_env(container(base, kind)) for kind in ("Deployment", "DaemonSet")}
+    started: set[str] = set()
+    for path, leaf in numeric_schema_leaves(schema):
+        if path[0] not in ("partitioner", "agent"):
+            continue
+        value = leaf.get("maximum", 10**12)
+        key = ".".join(path)
+        try:
+            docs = render(chart, nested(path, value))
+        except helm.HelmValuesError:  # the schema refused it: nothing starts with it
+            assert "maximum" not in leaf, f"{key}={value}: the schema's own maximum is refused"
+            continue
+        except helm.HelmRenderError:  # a guard refused it with the other values' defaults
+            continue
+        for kind, settings_cls in (
+            ("Deployment", PartitionerSettings),
+            ("DaemonSet", AgentSettings),
+        ):
+            env = gpuslice_env(container(docs, kind))
+            if env == base_env[kind]:
+                continue
+            apply_env(
+                monkeypatch, env | ({"GPUSLICE_NODE_NAME": "n1"} if kind == "DaemonSet" else {})
+            )
+            try:
+                if settings_cls is PartitionerSettings:
+                    settings = PartitionerSettings()
+                    settings.planner_settings()
+                    settings.decide_config(load_catalog())
+                else:
+                    AgentSettings()  # type: ignore[call-arg]
+            except ValueError as err:
+                pytest.fail(f"{key}={value} passes the schema but stops the {kind}: {err}")
+            started.add(key)
+    assert {
+        "partitioner.planner.seed",
+        "partitioner.planner.weights.freeBlock",
+        "partitioner.planner.mpsReserveMiB",
+        "partitioner.planner.freeCapacity.cpuMilli",
+        "partitioner.planner.freeCapacity.memoryMiB",
+        "partitioner.reservations.drainQueueLimit",
+        "agent.leaseSeconds",
+    } <= started
+
+
 def test_agent_settings_accept_the_chart_env(
     chart: helm.Chart, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1164,7 +1270,11 @@ def admission_request(
     extra = {NODE_CLAIM: [node]} if node is not None else {}
     return {
         "userInfo": {"username": user, "extra": extra},
-        "resource": {"group": "gpuslice.io", "version": "v1alpha1", "resource": "nodepartitionings"},
+        "resource": {
+            "group": "gpuslice.io",
+            "version": "v1alpha1",
+            "resource": "nodepartitionings",
+        },
         "name": name,
         "subResource": sub,
         "operation": "UPDATE",
@@ -1451,9 +1561,7 @@ def test_cert_manager_with_an_existing_issuer(chart: helm.Chart) -> None:
     assert (cert["spec"]["duration"], cert["spec"]["renewBefore"]) == ("2160h", "720h")
 
 
-HOOK_KINDS = [
-    "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Job"
-]
+HOOK_KINDS = ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Job"]
 
 
 @pytest.mark.parametrize("variant", ["defaults", "webhook-disabled", "reservations-off"])

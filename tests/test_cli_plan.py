@@ -212,3 +212,118 @@ def test_bench_planner_prints_the_table_and_keeps_the_json_under_out(
     assert rc == 0 and "--out FILE is deprecated" in err
     assert json.loads(out)["sizes"][0]["nodes"] == 2
     assert json.loads((tmp_path / "bench.json").read_text())["sizes"][1]["nodes"] == 3
+
+
+def test_a_node_left_out_for_its_labels_is_named_as_the_controller_names_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The only MPS node has a label problem: the pod's reason blamed its own nodeSelector,
+    affinity and tolerations (it has none); now it names the node it would fit and the
+    problem, in the words of the controller's ``Unplaceable`` Event."""
+    from test_partitioner_promises import Cluster
+
+    from partitioner.actions import EmitEvent
+
+    doc = kubectl_doc()
+    broken = json.loads(json.dumps(doc["items"][0]))
+    broken["metadata"] |= {"name": "gpu-2", "uid": "n2"}
+    broken["metadata"]["labels"] = {
+        "gpuslice.io/partitioning": "mps",
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+        "nvidia.com/gpu.count": "two",
+    }
+    mps = json.loads(json.dumps(doc["items"][1]))
+    mps["metadata"] |= {"name": "mps", "uid": "p2", "creationTimestamp": "2027-01-15T08:00:00Z"}
+    mps["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu-10gb": "1"}
+    mps["spec"]["schedulingGates"] = [{"name": "gpuslice.io/partitioner"}]
+    doc["items"] += [broken, mps]
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps(doc))
+    rc, out, _ = run_cli(capsys, "plan", "--snapshot", str(path), "--json")
+    assert rc == 0
+    reason = json.loads(out)["unplaced"]["ml/mps"]
+    assert reason.startswith("cannot place: no eligible node: no opted-in MPS node matches")
+    assert "; node gpu-2, which the pod would fit, is left out: " in reason
+    d = Cluster(*doc["items"]).step(1_800_000_000.0 + 10)  # the pod exists for 10 s
+    (told,) = [
+        a.message
+        for a in d.actions
+        if isinstance(a, EmitEvent) and a.reason == "Unplaceable" and a.ref.name == "mps"
+    ]
+    assert reason == told
+
+
+def test_a_pod_asking_for_zero_slices_is_not_gpuslices(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A pod whose every slice amount is zero (kube-scheduler places it like any pod; the
+    webhook leaves it ungated) was listed Unplaced, "unknown resource: the pod requests no MIG
+    or MPS resource"; it is not in the batch at all."""
+    doc = kubectl_doc()
+    zero = json.loads(json.dumps(doc["items"][1]))
+    zero["metadata"] |= {"name": "zero", "uid": "p2"}
+    zero["spec"]["containers"][0]["resources"]["limits"] = {
+        "nvidia.com/mig-1g.10gb": "0",
+        "nvidia.com/gpu-10gb": "0",
+    }
+    doc["items"].append(zero)
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps(doc))
+    rc, out, err = run_cli(capsys, "plan", "--snapshot", str(path), "--json")
+    assert rc == 0
+    plan = json.loads(out)
+    assert (plan["pending_pods"], plan["unplaced"], list(plan["assignments"])) == (
+        1,
+        {},
+        ["ml/job"],
+    )
+    assert "ml/zero" not in err
+
+
+@pytest.mark.parametrize(
+    ("spec", "error"),
+    [
+        ({"mode": "MIG", "gpus": []}, "at spec.mode"),
+        (None, "at spec"),
+        (
+            {"mode": "mig", "gpus": [{"index": 0, "mig": []}, {"index": 0, "mig": []}]},
+            "GPU 0: listed twice in spec.gpus; list it once",
+        ),
+    ],
+    ids=["mode wrong", "spec null", "spec lists GPU 0 twice"],
+)
+def test_a_hand_edited_invalid_partitioning_leaves_its_node_out_with_the_controllers_words(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, spec: Any, error: str
+) -> None:
+    """A NodePartitioning a hand edit made invalid was noted as "skipped, its last spec is not
+    applied yet" (a wrong cause), and a spec listing a GPU twice -- which the API server and
+    the controller admit -- refused the whole dump (exit 2).  Now the note is the
+    controller's ``InvalidPartitioning`` text with the fix, the node is left out, and the
+    reason of a pod that could have used it names it."""
+    doc = kubectl_doc()
+    mps = json.loads(json.dumps(doc["items"][0]))
+    mps["metadata"] |= {"name": "gpu-2", "uid": "n2"}
+    mps["metadata"]["labels"]["nos.nebuly.com/gpu-partitioning"] = "mps"
+    doc["items"].append(mps)  # the pod may use it, but it serves no MIG profile
+    doc["items"].append(
+        {
+            "apiVersion": "gpuslice.io/v1alpha1",
+            "kind": "NodePartitioning",
+            "metadata": {"name": "gpu-1", "generation": 1},
+            "spec": spec,
+        }
+    )
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps(doc))
+    rc, out, err = run_cli(capsys, "plan", "--snapshot", str(path), "--json")
+    assert rc == 0
+    plan = json.loads(out)
+    assert plan["assignments"] == {} and plan["layouts"] == []
+    assert plan["unplaced"]["ml/job"].endswith(
+        "left out of this plan, though the pod may use them: gpu-1 (its NodePartitioning is "
+        "invalid)"
+    )
+    (note,) = [n for n in plan["warnings"] if "gpu-1" in n]
+    assert note.startswith("node gpu-1: InvalidPartitioning: NodePartitioning gpu-1 is invalid: ")
+    assert error in note and "undo the hand edit (kubectl edit nodepartitioning gpu-1)" in note
+    assert "not applied yet" not in err

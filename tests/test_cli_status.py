@@ -340,9 +340,7 @@ def test_a_pod_other_gates_hold_is_held_and_a_kept_slice_is_not_free() -> None:
     both = gated("kueue-held", ONE_G, created=T0 - 600)
     both["spec"]["schedulingGates"].insert(0, {"name": "kueue.x-k8s.io/admission"})
     plain = gated("plain", ONE_G, created=T0 - 60)
-    doc = status_document(
-        [node("n1", MIG)], [both, plain], [applied_np("n1", status_gpu(0))], T0
-    )
+    doc = status_document([node("n1", MIG)], [both, plain], [applied_np("n1", status_gpu(0))], T0)
     rows = {r["pod"]: r for r in doc["pods"]}
     assert rows["ns/kueue-held"]["state"] == "held"
     assert "kueue.x-k8s.io/admission" in rows["ns/kueue-held"]["detail"]
@@ -371,5 +369,72 @@ def test_a_named_unbound_pod_asking_for_no_slice_is_said_to_be_one() -> None:
                           only=["ns/cpu-only"])  # fmt: skip
     (row,) = doc["pods"]
     assert (row["pod"], row["state"], row["detail"]) == (
-        "ns/cpu-only", "not waiting", "asks for no gpuslice slice"
+        "ns/cpu-only",
+        "not waiting",
+        "asks for no gpuslice slice",
     )
+
+
+def rejected_objects() -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """Gated pods the partitioner never plans, beside two it does; the only MPS node is left
+    out for its labels (a GPU count that is not a number)."""
+
+    def with_limits(pod: dict[str, Any], **limits: str) -> dict[str, Any]:
+        pod["spec"]["containers"][0]["resources"]["limits"].update(limits)
+        return pod
+
+    pods = [
+        gated("good", ONE_G, created=T0 - 50),
+        gated("wrong-model", "nvidia.com/mig-1g.12gb", created=T0 - 45),  # an H100 profile
+        gated("near-miss", "nvidia.com/mig-1G.10GB", created=T0 - 40),
+        with_limits(
+            gated("two-mps", "nvidia.com/gpu-10gb", created=T0 - 35), **{"nvidia.com/gpu-10gb": "2"}
+        ),
+        with_limits(gated("half", ONE_G, created=T0 - 30), **{ONE_G: "500m"}),
+        with_limits(gated("slice-and-gpu", ONE_G, created=T0 - 25), **{"nvidia.com/gpu": "1"}),
+        gated("mps", "nvidia.com/gpu-20gb", created=T0 - 20),
+        gated("after", ONE_G, created=T0 - 10),
+    ]
+    broken = node("mps1", {"gpuslice.io/partitioning": "mps", **MIG, "nvidia.com/gpu.count": "x"})
+    nodes = [node("n1", MIG), broken]
+    return nodes, pods, [applied_np("n1", status_gpu(0), status_gpu(1))]
+
+
+def test_a_pod_the_partitioner_rejects_is_shown_rejected_with_its_unplaceable_event() -> None:
+    """Before, a gated pod the partitioner never plans (a profile its node's model lacks, a
+    near-miss name, two MPS slices, an unreadable request, a slice plus nvidia.com/gpu, no
+    usable node of its mode) was shown ``queued``: "it waits for a plan or for a slice to
+    free", and counted ahead of the pods asking for the same.  Now it is ``rejected`` with the
+    text of the partitioner's ``Unplaceable`` Event (the same objects through decide), and
+    the pods behind it count only those that wait."""
+    from test_partitioner_promises import Cluster, events
+
+    from partitioner.actions import EmitEvent
+
+    nodes, pods, nps = rejected_objects()
+    rows = {r["pod"]: r for r in status_document(nodes, pods, nps, T0)["pods"]}
+    d = Cluster(*nodes, *pods, *nps).step(T0)
+    told = {
+        f"{a.ref.namespace}/{a.ref.name}": a.message
+        for a in d.actions
+        if isinstance(a, EmitEvent) and a.reason == "Unplaceable"
+    }
+    rejected = {k for k, r in rows.items() if r["state"] == "rejected"}
+    assert rejected == {
+        "ns/wrong-model",
+        "ns/near-miss",
+        "ns/two-mps",
+        "ns/half",
+        "ns/slice-and-gpu",
+        "ns/mps",
+    }
+    assert set(told) == rejected and events(d, "Unplaceable")
+    for key in rejected:
+        assert rows[key]["detail"] == told[key], key
+        assert (rows[key]["ahead"], rows[key]["node"]) == (None, None)
+    assert "did you mean nvidia.com/mig-1g.10gb?" in rows["ns/near-miss"]["detail"]
+    assert "node mps1, which the pod would fit, is left out: " in rows["ns/mps"]["detail"]
+    assert [(rows[k]["state"], rows[k]["ahead"]) for k in ("ns/good", "ns/after")] == [
+        ("queued", 0),
+        ("queued", 1),
+    ]

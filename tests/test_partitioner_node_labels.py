@@ -236,6 +236,9 @@ def test_bad_labels_are_problems_naming_the_label(
     assert got.reason == reason and fragment in got.message, got
 
 
+OFF = {"nvidia.com/gpu.deploy.mig-manager": "false", "nvidia.com/gpu.deploy.device-plugin": "false"}
+
+
 @pytest.mark.parametrize(
     ("deploy", "reason"),
     [
@@ -250,8 +253,8 @@ def test_bad_labels_are_problems_naming_the_label(
             "NvidiaDevicePluginEnabled",
         ),
         ({"nvidia.com/gpu.deploy.mig-manager": "false"}, None),
-        ({"nvidia.com/gpu.deploy.gpu-feature-discovery": "true"}, None),  # GFD stays
-        ({"nvidia.com/gpu.deploy.dcgm-exporter": "true"}, None),  # so does dcgm-exporter
+        ({"nvidia.com/gpu.deploy.gpu-feature-discovery": "true", **OFF}, None),  # GFD stays
+        ({"nvidia.com/gpu.deploy.dcgm-exporter": "true", **OFF}, None),  # so does dcgm-exporter
     ],
 )
 def test_gpu_operator_operands_that_must_be_off(deploy: dict[str, str], reason: str | None) -> None:

@@ -10,6 +10,8 @@ field.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from pydantic import ValidationError
 
@@ -56,3 +58,37 @@ def test_the_defaults_and_the_bounds_themselves_are_valid() -> None:
     assert edge.apply_deadline_seconds == MAX_SETTING and edge.weight_destroy == MAX_WEIGHT
     with pytest.raises(ValidationError, match="weight_destroy"):
         PartitionerSettings(weight_destroy=MAX_WEIGHT + 1)
+
+
+@pytest.mark.parametrize("text", ["2147483647", "2.147483647e+09", "1.5e+09"])
+def test_the_seed_takes_its_own_32_bit_range_over_the_generic_cap(
+    text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A field's own upper bound decides, wider than :data:`MAX_SETTING` too: the seed is a
+    32-bit integer (as ``plan --seed`` and the chart's schema say), also in the float notation
+    Helm's ``quote`` prints (before: "must be at most 1e+09" or "unable to parse string as an
+    integer", and the partitioner exited 2 at every start)."""
+    monkeypatch.setenv("GPUSLICE_PLANNER_SEED", text)
+    assert PartitionerSettings().planner_settings().seed == int(float(text))
+    monkeypatch.setenv("GPUSLICE_PLANNER_SEED", "2.147483648e+09")
+    with pytest.raises(ValidationError, match="less than or equal to 2147483647"):
+        PartitionerSettings()
+
+
+@pytest.mark.parametrize(
+    ("env", "text", "message"),
+    [
+        ("GPUSLICE_WEIGHT_FREE_BLOCK", "2e+06", "less than or equal to 1000000"),
+        ("GPUSLICE_MPS_RESERVE_MIB", "2e+09", "must be at most 1e+09"),
+        ("GPUSLICE_FREE_CAPACITY_CPU_MILLI", "1e+12", "must be at most 1e+09"),
+    ],
+)
+def test_a_whole_float_over_the_bound_is_refused_naming_the_bound(
+    env: str, text: str, message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A whole number in float notation past the field's bound is read as the number, so the
+    refusal names the bound, not "unable to parse string as an integer"."""
+    monkeypatch.setenv(env, text)
+    with pytest.raises(ValidationError, match=re.escape(message)) as err:
+        PartitionerSettings()
+    assert "unable to parse" not in str(err.value)

@@ -124,15 +124,23 @@ def read_reading(path: str, catalog: Catalog) -> tuple[Any, Any, dict[str, list[
 
 def _read_snapshot(
     path: str, catalog: Catalog
-) -> tuple[Snapshot, list[str], dict[str, dict[str, Any]], dict[str, str]]:
-    """The planner input, the notes on what was left out, the nodes read, and the pending pods
+) -> tuple[Snapshot, list[str], dict[str, dict[str, Any]], dict[str, str], dict[str, str]]:
+    """The planner input, the notes on what was left out, the nodes read, the pending pods
     refused before planning (a name no GPU advertises, two MPS slices, no eligible node), with
-    why: they are unplaced pods of the batch as much as those the planner could not place."""
+    why: they are unplaced pods of the batch as much as those the planner could not place; and
+    per candidate the nodes it may use that no plan may touch now, with why (an unplaced pod's
+    reason names them: the planner's reason speaks of the other nodes only)."""
     from partitioner.snapshot import reading_notes
 
     _, reading, assumed = read_reading(path, catalog)
     refused = {p: f"cannot place: {r}" for p, r in reading.rejected.items()}
-    return reading.snapshot(), reading_notes(reading), nodes_read(reading, assumed), refused
+    return (
+        reading.snapshot(),
+        reading_notes(reading),
+        nodes_read(reading, assumed),
+        refused,
+        dict(reading.left_out),
+    )
 
 
 def nodes_read(
@@ -301,12 +309,13 @@ def run(args: argparse.Namespace) -> int:
     warnings: list[str] = []
     read: dict[str, dict[str, Any]] = {}
     refused: dict[str, str] = {}
+    left_out: dict[str, str] = {}
     if args.demo:
         from simulations.inputs.instances import demo_snapshot
 
         snapshot = demo_snapshot()
     else:
-        snapshot, warnings, read, refused = _read_snapshot(args.snapshot, catalog)
+        snapshot, warnings, read, refused, left_out = _read_snapshot(args.snapshot, catalog)
     for w in warnings:
         print(f"gpuslice plan: note: {w}", file=sys.stderr)
     settings = PlannerSettings(
@@ -319,6 +328,9 @@ def run(args: argparse.Namespace) -> int:
         source = "the demo snapshot" if args.demo else f"snapshot file {args.snapshot}"
         raise BadInput(f"{source}: {e}") from e
     doc = plan_document(snapshot, result, time.perf_counter() - start)
+    for key, nodes in left_out.items():
+        if key in doc["unplaced"]:
+            doc["unplaced"][key] += f"; left out of this plan, though the pod may use them: {nodes}"
     doc["pending_pods"] += len(refused)
     doc["unplaced"] = dict(sorted({**doc["unplaced"], **refused}.items()))
     doc["nodes_read"] = read

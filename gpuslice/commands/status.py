@@ -9,7 +9,14 @@ ResourceClaims; with pod names, also their Events) and says, per waiting pod, wh
 
 * ``queued``: gated, no slice reserved yet; ``ahead`` counts the waiting pods asking for the
   same slices that the partitioner serves before it (priority, then age; among the pods
-  listed: with ``--namespace``, that namespace's);
+  listed: with ``--namespace``, that namespace's; rejected pods not counted);
+* ``rejected``: the partitioner never plans it and tells why in its ``Unplaceable`` Event: its
+  request cannot be read as a slice request (``PodInfo.request_error``: not a whole count, a
+  slice plus ``nvidia.com/gpu``, ...), or no eligible GPU node could ever take what it asks
+  for (:func:`partitioner.rejection.reject_reason` on its eligible nodes, as the controller
+  calls it: a name no node advertises, a profile its nodes' model lacks, no node of the right
+  mode -- naming an opted-in node it would fit that is left out for its labels --, several MPS
+  slices).  The detail is the Event's text, ``cannot place: <reason>`` with the fix;
 * ``planned``: a slice is planned for it on a node, which is applying the plan (or has, and its
   kubelet does not list the slice yet), with the apply deadline;
 * ``released``: its gate is gone and its affinity names the node that holds its slice; it waits
@@ -52,7 +59,7 @@ from gpuslice.output import Column, add_output_argument, emit, render_table
 
 if TYPE_CHECKING:
     from contract.nodepartitioning import NodePartitioningStatus
-    from partitioner.index import PodInfo
+    from partitioner.index import ClusterIndex, PodInfo
     from planner.catalog import Catalog
 
 HELP = "where every pod waiting for a slice stands, and every gpuslice node (read-only)"
@@ -258,20 +265,25 @@ def status_document(
             }
         )
     waiting = [index.pods[k] for k in index.waiting_by_age()]
+    rejection = _Rejection(index)
     seen_by_request: dict[tuple[tuple[str, int], ...], int] = {}
     pod_rows = []
     for pod in waiting:
         shape = tuple(sorted(pod.slices.items()))
         r = pod.reservation
         ahead = None
-        held = r is None and pod.gated and bool(pod.other_gates)
-        if r is None and pod.gated and not held:
+        rejected = rejection.reason(pod)
+        held = rejected is None and r is None and pod.gated and bool(pod.other_gates)
+        if rejected is None and r is None and pod.gated and not held:
             ahead = seen_by_request.get(shape, 0)
             seen_by_request[shape] = ahead + 1
         if only and pod.key not in only:
             continue
         node, detail = (r.node if r is not None else None), ""
-        if held:
+        if rejected is not None:
+            state, node = "rejected", None
+            detail = f"cannot place: {rejected}"
+        elif held:
             state = "held"
             detail = (
                 "waiting for other scheduling gates to be removed ("
@@ -342,6 +354,56 @@ def status_document(
         )
         pod_rows.append(_pod_row(named, state, named.node or None, detail, None))
     return {"nodes": node_rows, "pods": pod_rows}
+
+
+class _Rejection:
+    """Why the partitioner never plans a waiting pod, as its ``Unplaceable`` Event says, or
+    ``None`` (the module docstring's ``rejected``).  The controller rejects a pod whose
+    request cannot be read whatever else holds it (a DaemonSet's and a nominated pod aside:
+    kube-scheduler places those), and judges the others it would plan (gated
+    by gpuslice alone, with no reservation or a drain's; or ungated and unschedulable, with no
+    reservation) with :func:`partitioner.rejection.reject_reason` on their eligible nodes."""
+
+    def __init__(self, index: ClusterIndex) -> None:
+        from partitioner.snapshot import NodeProblem
+
+        self.index = index
+        self.gpu_nodes = index.gpu_nodes()
+        self.problems = [
+            (info.obj, info.reading)
+            for _, info in sorted(index.nodes.items())
+            if isinstance(info.reading, NodeProblem)
+        ]
+        self._memo: dict[tuple[frozenset[str], tuple[tuple[str, int], ...]], str | None] = {}
+
+    def reason(self, pod: PodInfo) -> str | None:
+        from partitioner.rejection import reject_reason
+        from partitioner.reservations import State
+        from partitioner.snapshot import left_out_sentence
+
+        if pod.daemonset or pod.nominated:  # the controller leaves these to kube-scheduler
+            return None
+        if pod.request_error:
+            return pod.request_error
+        r = pod.reservation
+        planned_by_gpuslice = (
+            pod.gated and not pod.other_gates and (r is None or r.state is State.DRAINING)
+        ) or (not pod.gated and r is None and pod.unschedulable)
+        if not planned_by_gpuslice or not pod.slices:
+            return None
+        eligible = self.index.eligible(pod, self.gpu_nodes)
+        key = (eligible, tuple(sorted(pod.slices.items())))
+        if key not in self._memo:
+            gpus = [
+                (g.mode, g.model)
+                for n in sorted(eligible)
+                if (g := self.gpu_nodes[n].gpu) is not None
+            ]
+            self._memo[key] = reject_reason(pod.slices, gpus)
+        reason = self._memo[key]
+        if reason is not None and reason.startswith("no eligible node"):
+            reason += left_out_sentence(pod.obj, self.problems)
+        return reason
 
 
 def _pod_row(
