@@ -170,7 +170,7 @@ from partitioner.index import ClusterIndex, NodeInfo, PodInfo
 from partitioner.ledger import GpuSlots, Hold, NodeLedger, build_ledgers
 from partitioner.mps_target import learned_mps_shapes
 from partitioner.optout import node_lifecycle
-from partitioner.rejection import reject_reason
+from partitioner.rejection import product_selector_hint, reject_reason
 from partitioner.reservations import RESERVATION_ANNOTATION, Reservation, State
 from partitioner.snapshot import (
     PLANNED_AT_ANNOTATION,
@@ -874,6 +874,9 @@ class _Step:
             reason = self._rejects[key] = _reject_reason(pod, eligible, self.gpu_nodes)
         if reason is not None and reason.startswith("no eligible node"):
             reason += self._left_out(pod)
+            reason += product_selector_hint(
+                pod.obj, (i.obj for _, i in sorted(self.index.nodes.items()) if i.reading)
+            )
             paused = self._paused_fit(pod)
             if paused is not None:
                 reason += (

@@ -58,7 +58,7 @@ from partitioner.node_labels import (
     read_gpu_labels,
 )
 from partitioner.quantities import QuantityError, cpu_milli, memory_mib, pod_requests
-from partitioner.rejection import MIG_MODES, reject_reason
+from partitioner.rejection import MIG_MODES, product_selector_hint, reject_reason
 from planner.catalog import Catalog, GpuModel
 from planner.snapshot import (
     Mode,
@@ -405,6 +405,9 @@ def _classify_pod(
                 pod,
                 [(view.nodes[n], p) for n, p in sorted(problems.items()) if n in view.nodes],
             )
+        if reason.startswith("no eligible node"):
+            opted = sorted({*gpu_nodes, *(problems or {})} & view.nodes.keys())
+            reason += product_selector_hint(pod, (view.nodes[n] for n in opted))
         return reason
     priority = (pod.get("spec") or {}).get("priority") or 0
     return PendingPod(

@@ -17,7 +17,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from test_partitioner_promises import CONFIG
+
+from partitioner.actions import EmitEvent
 from partitioner.adoption import adopt
+from partitioner.decide import ControllerState, decide
+from partitioner.index import ClusterIndex
 from partitioner.node_labels import (
     SINGLE_RELABELS,
     GpuLabels,
@@ -359,6 +364,11 @@ def test_a_pod_selecting_the_product_single_relabelled_is_told_why() -> None:
     reading = read(node, p)
     assert reading.rejected["default/p"].startswith("no eligible node")
     hint = product_selector_hint(p, [node])
+    assert reading.rejected["default/p"].endswith(hint)  # plan --snapshot says it
+    index = ClusterIndex.from_objects(CAT, [node], [p], [])
+    d = decide(ControllerState(), index, 1e9, CONFIG)
+    told = [e.message for e in d.actions if isinstance(e, EmitEvent) and e.reason == "Unplaceable"]
+    assert told and told[0].endswith(hint)  # and so does the controller's Event
     assert f"selects nvidia.com/gpu.product={H100}" in hint
     assert f"node h100-0 is now labelled {H100}-MIG-INVALID" in hint
     assert "mig.strategy=mixed" in hint

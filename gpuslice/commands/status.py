@@ -377,7 +377,7 @@ class _Rejection:
         self._memo: dict[tuple[frozenset[str], tuple[tuple[str, int], ...]], str | None] = {}
 
     def reason(self, pod: PodInfo) -> str | None:
-        from partitioner.rejection import reject_reason
+        from partitioner.rejection import product_selector_hint, reject_reason
         from partitioner.reservations import State
         from partitioner.snapshot import left_out_sentence
 
@@ -403,6 +403,9 @@ class _Rejection:
         reason = self._memo[key]
         if reason is not None and reason.startswith("no eligible node"):
             reason += left_out_sentence(pod.obj, self.problems)
+            reason += product_selector_hint(
+                pod.obj, (i.obj for _, i in sorted(self.index.nodes.items()) if i.reading)
+            )
         return reason
 
 
