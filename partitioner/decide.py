@@ -1405,6 +1405,12 @@ class _Step:
             self._replan_on_node(pod, r, why)
 
     def _replan_on_node(self, pod: PodInfo, r: Reservation, why: str) -> None:
+        """A released pod's slice is gone (taken by a pod gpuslice did not gate, or the node
+        lost it): the pod is pinned to the node, so a new slice is planned there.  A node with
+        no room for one may keep it waiting for as long as its pods run: once its bind
+        deadline has passed it is stranded too (and, owned by a controller, evicted after
+        ``recreate_stranded_s`` to be planned afresh), unless a slice is made for it first
+        (that plan gives it a new deadline)."""
         self.once(
             pod,
             "SliceTaken",
@@ -1413,6 +1419,14 @@ class _Step:
         )
         self.candidate(pod, managed=False)
         self.restricted[pod.key] = frozenset({r.node})
+        if self.now >= r.deadline:
+            self._stranded(
+                pod,
+                r.node,
+                f"{why}, and no new slice was made for it there by its bind deadline",
+                waits=True,
+                waits_for="a slice is made for it there",
+            )
 
     def _stranded(
         self,

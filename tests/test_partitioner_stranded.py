@@ -24,6 +24,7 @@ from test_partitioner_promises import (
     events,
     gated,
     reservation,
+    running,
     status_gpu,
     with_alloc,
 )
@@ -445,3 +446,32 @@ def test_a_released_pod_not_yet_tried_by_kube_scheduler_is_only_told_not_bound()
     d = c.step(T0 + 125)
     assert events(d, "NotBound") and not events(d, "Stranded")
     assert not evictions(c.step(T0 + 125 + 2 * AFTER))
+
+
+def test_a_released_pod_whose_slice_was_taken_on_a_full_node_is_stranded_after_its_deadline() -> (
+    None
+):
+    """An ungated pod took the slice released to ``p`` on n1, which has no room for another:
+    re-planned on n1 alone, it would wait there for as long as n1's pods run, while n2 is
+    free.  Past its bind deadline it is stranded, and evicted for its Job to recreate."""
+    one_gpu = {**MIG, "nvidia.com/gpu.count": "1"}
+    full = status_gpu(0, *(("1g.10gb", s, s != 0) for s in range(7)))  # slot 0 free: p's
+    free = status_gpu(0, *(("1g.10gb", s, False) for s in range(7)))
+    c = Cluster(
+        with_alloc(node("n1", one_gpu), **{"1g_10gb": 7}),
+        applied_np("n1", full),
+        with_alloc(node("n2", one_gpu), **{"1g_10gb": 7}),
+        applied_np("n2", free),
+        released("p", "n1"),
+        *(running(f"run{i}", "n1", ONE_G) for i in range(1, 7)),
+    )
+    c.put(running("thief", "n1", ONE_G))  # not gated: kube-scheduler gave it p's slice
+    d = c.step(T0 + 5)
+    (taken,) = events(d, "SliceTaken")
+    assert "pinned to node n1" in taken and not events(d, "Stranded")
+    d = c.step(T0 + 125)  # past the bind deadline (T0 + 120), no slice made on the full n1
+    (msg,) = events(d, "Stranded")
+    assert "no new slice was made for it there by its bind deadline" in msg and "Job train" in msg
+    assert not evictions(c.step(T0 + 125 + AFTER - 1))
+    (ev,) = evictions(c.step(T0 + 125 + AFTER))
+    assert ev.pod == "ns/p"
