@@ -25,6 +25,11 @@ order, so a spec that cannot be applied touches nothing:
 When the kubelet's in-use ids could not be read, every device counts as used; a plan that would
 then be blocked is reported as ``waiting`` (transient, retried) instead of Degraded.
 
+A GPU instance with several compute instances (*split*: made by an admin or another tool;
+gpuslice makes one CI per GI) is used when a pod holds any of its CIs' MIG devices; it matches
+no spec entry, so it is destroyed once free (and re-created whole if the spec wants its
+placement) and, while used, blocks the GPU (``InstanceInUse``, naming it).
+
 **Hybrid** (``mode: hybrid``): an instance may host MPS slices (``spec.gpus[].mig[].mps``).
 Each instance has its own slice table (:attr:`ObservedInstance.slices`, slice ids built on the
 MIG device's UUID, so they name the instance).  An instance holding a used slice is used
@@ -71,13 +76,22 @@ class ObservedInstance:
     uuid: str
     """MIG device UUID of its (first) compute instance; ``""`` if it has no CI."""
     in_use: bool
-    """A pod holds the MIG device (PodResources), or in-use ids are unknown."""
+    """A pod holds the MIG device -- any of its compute instances' (PodResources) --, or in-use
+    ids are unknown."""
     busy: bool
     """Processes run on it."""
     slices: tuple[MpsSlot, ...] | None = ()
     """Hybrid: the MPS slices it hosts (``None``: the table is unknown after a restart)."""
     used_slices: frozenset[str] = frozenset()
     """Ids of its slices that pods hold."""
+    other_uuids: tuple[str, ...] = ()
+    """MIG device UUIDs of its further compute instances (:attr:`split`)."""
+
+    @property
+    def split(self) -> bool:
+        """It has several compute instances (another tool made them; gpuslice makes one per
+        instance): it matches no spec entry, is not advertised, and is destroyed once free."""
+        return len(self.ci_ids) > 1
 
     @property
     def used(self) -> bool:
@@ -89,7 +103,8 @@ class ObservedInstance:
         return self.profile.name if self.profile else f"profile-id-{self.profile_id}"
 
     def __str__(self) -> str:
-        return f"{self.name}@{self.start}" + (f" ({self.uuid})" if self.uuid else "")
+        uuids = ", ".join(u for u in (self.uuid, *self.other_uuids) if u)
+        return f"{self.name}@{self.start}" + (f" ({uuids})" if uuids else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +238,7 @@ def plan_gpu(obs: ObservedGpu, desired: DesiredGpu, mode: str) -> GpuPlan:
     hosted: list[tuple[str, tuple[MpsSlot, ...]]] = []
     for inst in obs.instances:
         key = (inst.profile_id, inst.start)
-        if key in wanted and key not in keep:
+        if key in wanted and key not in keep and not inst.split:
             keep.add(key)
             if not inst.ci_ids:
                 create_ci.append(inst)
@@ -253,6 +268,15 @@ def plan_gpu(obs: ObservedGpu, desired: DesiredGpu, mode: str) -> GpuPlan:
             conflicts.append(str(inst))
         else:
             destroy.append(inst)
+    split = [str(x) for x in obs.instances if x.split and x.used]
+    if split:
+        return _blocked(
+            obs,
+            "InstanceInUse",
+            f"in-use instance(s) {', '.join(split)} have several compute instances (made "
+            "outside gpuslice, which uses one per instance); they are kept, not advertised, "
+            "and the spec is not applied",
+        )
     if conflicts:
         return _blocked(
             obs,

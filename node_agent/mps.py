@@ -21,7 +21,10 @@ whole-GPU daemon the *largest* slice of its GPU as defaults: no client of that G
 threads or pinned memory than the largest slice, whatever it sets.  (With unequal slices on one
 GPU the smaller slices' limits are the clients' own env; equal slices are enforced exactly.)
 Hybrid daemons (one per MIG instance) get the same defaults from their instance's largest
-slice (docs/hybrid.md, "Inside an instance: MPS limits"); the instance bounds them all.
+slice (docs/hybrid.md, "Inside an instance: MPS limits"); the instance bounds them all.  The
+daemon of an instance without slices (advertised whole) gets 100 % and the instance's memory:
+a limit is only ever replaced by another one (``None`` sends nothing), so a daemon whose
+instance hosted slices before would otherwise keep capping the pod at the old slice's memory.
 
 A :class:`ProcessSupervisor` starts, checks and stops daemons; the reconciler only says which
 keys should run (:meth:`ProcessSupervisor.ensure`) and which may stop.  It never stops a daemon
@@ -97,7 +100,8 @@ class MpsDaemonSpec:
     default_thread_percentage: int = 100
     """Daemon-side cap of every client's active-thread percentage."""
     default_pinned_mem_limit_mib: int | None = None
-    """Daemon-side cap of every client's pinned device memory, MiB (``None``: no cap)."""
+    """Daemon-side cap of every client's pinned device memory, MiB (``None``: none sent, so a
+    running daemon keeps the limit it was given before; give the device's memory to lift it)."""
 
     def limit_commands(self) -> list[str]:
         """The control commands that set this daemon's default limits."""

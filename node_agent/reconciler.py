@@ -28,7 +28,9 @@ A pass (:meth:`Reconciler.reconcile`) is a pure function of what it reads, not o
    A wanted daemon that died is started again like any missing one, in use or not (its clients
    died with it); its devices are Unhealthy while it cannot be started (node_agent.mps).
    A hybrid instance that hosts MPS slices (``spec.gpus[].mig[].mps``) is advertised as its
-   slices, not as a MIG device; its daemon gets its largest slice as limits.  The slice table
+   slices, not as a MIG device; its daemon gets its largest slice as limits, and the daemon of
+   an instance without slices 100 % and the instance's memory (a host made a whole instance
+   keeps its daemon, whose old pinned limit would otherwise cap the pod).  The slice table
    of an instance created in this pass is filled as soon as its UUID is read (same pass).
    A GPU's daemon gets its largest slice's memory and thread % as daemon-side limits, which no
    client can raise; a hybrid daemon whose slot now holds another instance is restarted for it.
@@ -36,7 +38,10 @@ A pass (:meth:`Reconciler.reconcile`) is a pure function of what it reads, not o
    while no process runs on it; otherwise the daemon waits (error, slices Unhealthy).  A GPU
    that goes back to MIG gets compute mode ``DEFAULT`` again, just before MIG mode is enabled.
 6. **re-read** the hardware, build the status (:func:`node_agent.status.build_status`) and the
-   advertised devices (:func:`node_agent.devices.advertised_devices`) and publish them.
+   advertised devices (:func:`node_agent.devices.advertised_devices`) and publish them.  A
+   GPU instance with several compute instances (made outside gpuslice: *split*,
+   :mod:`node_agent.gpu_plan`) is not advertised; a pod holding any of its MIG devices makes
+   it used.
 
 **An unreadable GPU** (an NVML error reading one GPU: its handle, MIG mode, instances, MIG
 devices or processes -- ``GPU_IS_LOST`` typically) is isolated for the pass: it is not planned,
@@ -68,13 +73,20 @@ and a whole GPU whose daemon is gone and that runs no process is put back in com
 they are.  :attr:`ReconcileResult.held` lists what pods still hold; the drain is complete when
 it is empty.
 
-Crash safety: the only state kept between passes is the MPS slice table (and, for an
-unreadable GPU, the last state read of each GPU), and an agent that
+Crash safety: the only state kept between passes is the MPS slice table (with the lost hosts
+below, and, for an unreadable GPU, the last state read of each GPU), and an agent that
 restarts rebuilds the in-use part of it from the kubelet's ids (MPS slice ids are
-self-describing); free slices are simply re-created.  MPS daemons still running from before
-the restart are found on the first pass (:meth:`~node_agent.mps.ProcessSupervisor.discover`
-probes each GPU's and each MIG instance's pipe directory), taken over as they are and given
-their limits again -- never restarted -- so their clients keep their MPS server.  Every NVML
+self-describing); free slices are simply re-created.  A hybrid host none of whose slices a pod
+holds is rebuilt with an empty table, which would make it look like a whole MIG device: an
+instance rebuilt empty that the spec lists with slices -- or, not in the spec, that the
+previous status reports with slices or (not in it either) whose MPS daemon runs -- is a *lost
+host* and is not advertised at all (its status lists no slice) until the plan has filled its
+table (withdrawal first, as for any host made) or destroyed it; only a spec listing it
+without slices, or a pod holding it as a whole device, makes it one.  MPS daemons still
+running from before the restart are found on the first pass
+(:meth:`~node_agent.mps.ProcessSupervisor.discover` probes each GPU's and each MIG instance's
+pipe directory), taken over as they are and given their limits again -- never restarted -- so
+their clients keep their MPS server.  Every NVML
 step leaves a state the next pass understands: a GI without CI is completed or destroyed, a
 half-destroyed instance is destroyed, MIG mode already switched is seen as such.  Nothing in
 use is ever destroyed because destroys are limited to free unwanted instances, re-checked
@@ -127,8 +139,9 @@ class ReconcileResult:
     operations: int = 0
     """Mutating NVML calls made this pass."""
     fresh: bool = True
-    """``devices`` lists every device of the node, read this pass (else nothing was published:
-    NVML unreadable, or an MPS slice table unknown after a restart)."""
+    """``devices`` lists every device of the node (but lost hosts: module docstring), read
+    this pass (else nothing was published: NVML unreadable, or an MPS slice table unknown
+    after a restart)."""
     draining: bool = False
     """The pass ran without a spec (no NodePartitioning): see "Drain" in the module docstring."""
     held: tuple[str, ...] = ()
@@ -176,6 +189,12 @@ class Reconciler:
         self._slices: dict[str, tuple[MpsSlot, ...]] = {}
         """GPU UUID -> MPS slice table (rebuilt from in-use ids after a restart); also MIG
         device UUID -> the table of the slices a hybrid instance hosts."""
+        self._rebuilt: set[str] = set()
+        """MIG UUIDs whose table the first read of this pass rebuilt empty (not yet sorted out
+        by :meth:`_sort_rebuilt`)."""
+        self._lost_hosts: set[str] = set()
+        """MIG UUIDs of probable hosts whose free slices a restart lost (their table rebuilt
+        empty): never advertised as whole MIG devices (module docstring, "Crash safety")."""
         self._models: dict[str, GpuModel | None] = {}
         self._known: dict[int, ActualGpu] = {}
         """GPU index -> its state when last read (advertised Unhealthy while unreadable)."""
@@ -237,9 +256,9 @@ class Reconciler:
         instances: list[ObservedInstance] = []
         gpu_procs = 0
         if info.mig_enabled:
-            uuids: dict[int, str] = {}
+            uuids: dict[int, list[str]] = {}
             for d in nv.mig_devices(i):
-                uuids.setdefault(d.gi_id, d.uuid)
+                uuids.setdefault(d.gi_id, []).append(d.uuid)
             for gi in nv.gpu_instances(i):
                 profile = None
                 if model is not None:
@@ -247,9 +266,12 @@ class Reconciler:
                         profile = model.profile_by_id(gi.profile_id)
                     except CatalogError:
                         profile = None
-                uuid = uuids.get(gi.gi_id, "")
+                uuid, *others = uuids.get(gi.gi_id) or [""]
                 busy = bool(gi.compute_instances) and bool(workload(nv, i, gi.gi_id))
+                known = uuid in self._slices
                 hosted = self._table(uuid, in_use) if uuid else ()
+                if uuid and not known and hosted == ():
+                    self._rebuilt.add(uuid)
                 instances.append(
                     ObservedInstance(
                         gi_id=gi.gi_id,
@@ -259,10 +281,11 @@ class Reconciler:
                         size=gi.size,
                         ci_ids=gi.compute_instances,
                         uuid=uuid,
-                        in_use=in_use is None or (bool(uuid) and uuid in in_use),
+                        in_use=in_use is None or any(u in in_use for u in (uuid, *others) if u),
                         busy=busy,
                         slices=hosted,
                         used_slices=_used(hosted, in_use),
+                        other_uuids=tuple(others),
                     )
                 )
             slices: tuple[MpsSlot, ...] | None = ()
@@ -340,9 +363,74 @@ class Reconciler:
                 table, _ = diff_slices((), frozenset(), want, inst.uuid)
                 if table is not None:
                     self._slices[inst.uuid] = table
+                    self._lost_hosts.discard(inst.uuid)
                     instances[k] = replace(inst, slices=table)
             out.append(replace(g, instances=tuple(instances)))
         return out
+
+    def _sort_rebuilt(
+        self,
+        spec: NodePartitioningSpec | None,
+        observed: list[ObservedGpu],
+        in_use: set[str] | None,
+        previous: NodePartitioningStatus | None,
+    ) -> None:
+        """Tell the hosts among the instances whose slice table was rebuilt empty (no pod holds
+        one of their slices) from the whole MIG devices; keep :attr:`_lost_hosts` up to date
+        (module docstring, "Crash safety").
+
+        An instance a pod holds as a whole MIG device is one; so is an instance the spec lists
+        without slices.  One the spec lists with slices is a lost host.  Otherwise a rebuilt
+        one is a lost host if the ``previous`` status reports it with slices, or -- not in the
+        previous status -- if its MPS daemon runs (found by discovery).  A lost host stays one
+        until the agent sets its table (:meth:`_execute`, after the withdrawal) or destroys it,
+        the spec lists it without slices, or a pod holds it."""
+        candidates = self._rebuilt | self._lost_hosts
+        self._rebuilt.clear()
+        if not candidates:
+            return
+        desired = {d.index: d for d in spec.gpus} if spec is not None else {}
+        before = {
+            m.deviceId: bool(m.mps)
+            for g in (previous.gpus if previous is not None else ())
+            for m in g.mig
+            if m.deviceId
+        }
+        running: set[str] | None = None
+        for g in observed:
+            i = g.info.index
+            d = desired.get(i)
+            for inst in g.instances:
+                uuid = inst.uuid
+                if uuid not in candidates:
+                    continue
+                if inst.slices or (in_use is not None and uuid in in_use):
+                    self._lost_hosts.discard(uuid)  # a host with held slices; a held device
+                    continue
+                listed = next(
+                    (
+                        bool(m.mps)
+                        for m in (d.mig if d is not None else ())
+                        if m.start == inst.start
+                        and g.model is not None
+                        and _same_profile(g.model, m.profile, inst.profile_id)
+                    ),
+                    None,
+                )
+                if listed is not None:
+                    host = listed
+                elif uuid in self._lost_hosts:
+                    host = True
+                elif uuid in before:
+                    host = before[uuid]
+                else:
+                    if running is None:
+                        running = self._supervisor.running()
+                    host = mps_key(i, inst.start) in running
+                if host:
+                    self._lost_hosts.add(uuid)
+                else:
+                    self._lost_hosts.discard(uuid)
 
     # -- planning ----------------------------------------------------------------------
 
@@ -386,7 +474,7 @@ class Reconciler:
 
     @staticmethod
     def _doomed(obs: ObservedGpu, plan: GpuPlan) -> set[str]:
-        ids = {i.uuid for i in plan.destroy if i.uuid}
+        ids = {u for i in plan.destroy for u in (i.uuid, *i.other_uuids) if u}
         ids |= {s.device_id for i in plan.destroy for s in i.slices or ()}
         if plan.slices is not None and obs.slices:
             keep = {s.device_id for s in plan.slices}
@@ -463,6 +551,7 @@ class Reconciler:
                 ops += 1
                 if inst.uuid:
                     self._slices.pop(inst.uuid, None)
+                    self._lost_hosts.discard(inst.uuid)
             if plan.mig_mode is not None:
                 if plan.mig_mode:
                     self._supervisor.stop(mps_key(g))
@@ -497,6 +586,7 @@ class Reconciler:
                 self._slices[obs.info.uuid] = plan.slices
             for uuid, table in plan.hosted:
                 self._slices[uuid] = table
+                self._lost_hosts.discard(uuid)
         except NvmlError as e:
             errors.append(f"GPU {g}: {e}")
         return ops
@@ -530,7 +620,10 @@ class Reconciler:
                 # a host the spec does not make hybrid (the node was relabelled, or the GPU is
                 # left out of the spec) keeps its daemon only while its pods use it
                 if i in hybrid or (inst.slices and _daemon_in_use(k, observed, set())):
-                    wanted[k] = self._daemon(k, inst.uuid, i, inst.start, inst.slices or ())
+                    whole = inst.profile.memory_mib if inst.profile else g.info.memory_mib
+                    wanted[k] = self._daemon(
+                        k, inst.uuid, i, inst.start, inst.slices or (), whole_mib=whole
+                    )
         running = self._supervisor.running()
         unwanted = {
             k
@@ -664,27 +757,48 @@ class Reconciler:
         gpu: int,
         mig_start: int | None,
         slices: tuple[MpsSlot, ...] = (),
+        *,
+        whole_mib: int | None = None,
     ) -> MpsDaemonSpec:
         """The daemon of a GPU (or hybrid instance); a GPU's daemon-side limits are those of its
-        largest slice, so no client can exceed it whatever its env says (node_agent.mps)."""
+        largest slice, so no client can exceed it whatever its env says (node_agent.mps).
+
+        Without slices (a hybrid instance advertised whole) the limits are 100 % and
+        ``whole_mib``, the instance's memory: a pinned limit a running daemon got for the
+        slices it hosted before is raised to the whole instance, never left capping its pod
+        (sending no limit would keep the old one)."""
         return MpsDaemonSpec(
             key=key,
             device_uuid=uuid,
             pipe_dir=mps_pipe_directory(self._pipe_root, gpu, mig_start),
             log_dir=f"{self._log_root}/{key}",
             default_thread_percentage=max((s.thread_percentage for s in slices), default=100),
-            default_pinned_mem_limit_mib=max((s.memory_mib for s in slices), default=None),
+            default_pinned_mem_limit_mib=max((s.memory_mib for s in slices), default=whole_mib),
         )
 
     def _devices(
-        self, spec: NodePartitioningSpec | None, actual: list[ActualGpu], unhealthy: set[str]
+        self,
+        spec: NodePartitioningSpec | None,
+        actual: list[ActualGpu],
+        unhealthy: set[str],
+        observed: list[ObservedGpu],
     ) -> dict[str, list[AdvertisedDevice]]:
-        return advertised_devices(
+        """The devices to advertise; neither a lost host (:meth:`_sort_rebuilt`) nor a split
+        instance (:attr:`~node_agent.gpu_plan.ObservedInstance.split`) is one."""
+        devices = advertised_devices(
             actual,
             mps_pipe_root=self._pipe_root,
             unhealthy=unhealthy,
             hybrid_gpus=_hybrid_gpus(spec),
         )
+        hidden = self._lost_hosts | {
+            inst.uuid for g in observed for inst in g.instances if inst.split
+        }
+        if not hidden:
+            return devices
+        return {
+            r: kept for r, ds in devices.items() if (kept := [d for d in ds if d.id not in hidden])
+        }
 
     # -- the pass ----------------------------------------------------------------------
 
@@ -705,6 +819,7 @@ class Reconciler:
             errors.append(f"reading GPUs: {e}")
             return self._failed_read(spec, generation, previous, now, errors)
         self._discover(observed, complete=not unreadable)
+        self._sort_rebuilt(spec, observed, in_use, previous)
         lost = self._last_known(unreadable, previous)
         self._take_xids(observed, lost)
         plans, blocks = self._plan(spec, observed, unreadable)
@@ -721,6 +836,7 @@ class Reconciler:
                     self._daemonless(spec, observed)
                     | _device_ids(lost)
                     | unhealthy_ids(self._xid_marks, now_actual),
+                    observed,
                 )
                 self._publish(
                     {r: [d for d in ds if d.id not in all_doomed] for r, ds in current.items()}
@@ -757,13 +873,14 @@ class Reconciler:
                 lost = self._last_known(unreadable, previous)
             observed = [g for g in observed if g.info.index not in unreadable]
             observed = self._fill_new_hosts(spec, observed, before, blocks)
+            self._rebuilt.clear()  # instances this pass made: the agent's own, not lost
         unhealthy, mode_ops, unwanted = self._sync_daemons(spec, observed, errors, unreadable)
         ops += mode_ops
         read = actual_gpus(observed)
         self._known.update((a.index, a) for a in read)
         actual = _by_index(read + lost)
         xid_bad = unhealthy_ids(self._xid_marks, actual)
-        devices = self._devices(spec, actual, unhealthy | _device_ids(lost) | xid_bad)
+        devices = self._devices(spec, actual, unhealthy | _device_ids(lost) | xid_bad, observed)
         # a GPU whose MPS slice table is unknown (restart + PodResources down) would be
         # advertised without its slices: publish nothing until the table is rebuilt
         complete = all(

@@ -122,7 +122,8 @@ def _actual_slices(
 
 
 def gpu_matches(obs: ObservedGpu, desired: DesiredGpu, mode: str) -> bool:
-    """True iff GPU ``obs`` is exactly in the desired state (mode, instances with CIs, slices).
+    """True iff GPU ``obs`` is exactly in the desired state (mode, instances with one CI each,
+    slices).
 
     A MIG-mode change still pending (Ampere, until a GPU reset) is never a match."""
     if obs.info.mig_pending:
@@ -134,7 +135,7 @@ def gpu_matches(obs: ObservedGpu, desired: DesiredGpu, mode: str) -> bool:
         return have == Counter((s.memoryMiB, s.activeThreadPercentage) for s in desired.mps)
     if not obs.info.mig_enabled or obs.model is None:
         return False
-    if any(not i.uuid or i.profile is None for i in obs.instances):
+    if any(not i.uuid or i.profile is None or i.split for i in obs.instances):
         return False
     if any(i.slices is None for i in obs.instances):
         return False
