@@ -61,14 +61,15 @@ the first pod and never plan.
 Recorded: pending time per pod (arrival to first binding, plus waits after a disruption),
 GPUs reconfigured, disruptions (a spec removing a device a pod holds: must stay 0), *theft*
 (a slice made or reserved for one pod bound by another, leaving the node none to give it:
-``_Engine._account_theft``), kubelet admission rejections (the
-scheduler acted on a stale allocatable; the pod's controller creates it again and its wait goes
-on), scheduling attempts and refused API requests.  A pod the kubelet refuses is bound, then
-``Failed`` with the kubelet's admission reason (``OutOf<resource>``, or
-``UnexpectedAdmissionError`` when the device plugin is gone), and replaced by its controller
-``recreate_delay_s`` plus the Job controller's backoff later (10 s doubling per failed pod of
-the Job, at most 6 min: ``ReplaySettings.job_backoff_s``; the failed pod is deleted then, since
-the replay reuses its name).
+``_Engine._account_theft``), kubelet admission rejections (the scheduler acted on a stale
+allocatable, or the device plugin's ``Allocate`` refused MPS slices of two daemons,
+:class:`~simulations.replay.kube.Kubelet`; the pod's controller creates it again and its wait
+goes on), scheduling attempts and refused API requests.  A pod the kubelet refuses is bound,
+then ``Failed`` with the kubelet's admission reason (``OutOf<resource>``, or
+``UnexpectedAdmissionError`` when the device plugin is gone or refuses), and replaced by its
+controller ``recreate_delay_s`` plus the Job controller's backoff later (10 s doubling per
+failed pod of the Job, at most 6 min: ``ReplaySettings.job_backoff_s``; the failed pod is
+deleted then, since the replay reuses its name).
 
 DRA mode
 --------
@@ -136,9 +137,10 @@ restarts from the API objects alone (a fresh :class:`~partitioner.decide.Control
 batch window, Events, cool-downs forgotten; reservations are on the pods).
 
 The replay stops when no arrival, departure, spec application or status sync is left and
-nothing has progressed for longer than any retry, window or deadline could take.  Pods still
-pending then are *never scheduled*; with ``max_pending_s`` a pod gives up after waiting that
-long.
+nothing has progressed for longer than any retry, window or deadline could take (progress: a
+bind, a partitioner write, an arrival, a departure, an applied spec, an agent or partitioner
+restart: ``_Engine._quiet``).  Pods still pending then are *never scheduled*; with
+``max_pending_s`` a pod gives up after waiting that long.
 """
 
 from __future__ import annotations
@@ -750,6 +752,10 @@ class _Kind(IntEnum):
     AGENT_SILENT = 14
     AGENT_HEARD = 15
     SLICES_WIPED = 16
+    RECREATE_REFUSED = 17
+    """A :attr:`RECREATE` after the device plugin's ``Allocate`` refused the pod's devices
+    (:meth:`simulations.replay.kube.Kubelet.refusal`): not live, since the new pod is refused
+    again unless something else changes the node's free devices first."""
 
 
 _LIVE = frozenset(
@@ -905,6 +911,7 @@ class _Engine:
         self.report_at: dict[str, float] = {}
         self.apply_token: dict[str, int] = {}
         self.last_progress = self.result.start
+        """When something last happened that a waiting pod may bind after (:meth:`_quiet`)."""
         self.error_streak = 0
         self.expected: dict[tuple[str, str], list[str]] = {}
         """(node, resource) -> pods a slice there was made or reserved for (theft accounting)."""
@@ -1225,7 +1232,8 @@ class _Engine:
     def _depart(self, t: float, name: str) -> None:
         """Pod ``name`` ends: its devices are freed (DRA: its claim unprepared, which keeps the
         spec's instances under planner-shaped publishing and destroys the others) and the pod
-        goes."""
+        goes.  Progress (:meth:`_quiet`): the waiting pods may fit now."""
+        self.last_progress = t
         if self.dra is not None and self.shaped:  # unprepare keeps spec placements
             node, devices = self.dra.release(name)
             destroyed = self.dra.unprepare(node, devices)
@@ -1267,13 +1275,15 @@ class _Engine:
         name = key[len(NAMESPACE) + 1 :]
         info = self.index.pods[key]
         picks = self.kubelet.admit(node, info)
-        if picks is None:  # stale allocatable, or no device plugin: the kubelet fails it
+        if picks is None:  # stale allocatable, no device plugin, or Allocate refused: it fails
             self.kubelet.rejected += 1
             self.result.admission_rejections += 1
+            refused = self.kubelet.refusal(node, info) is not None
             self.api.bind(key, node)
             self.api.set_pod_status(key, self.kubelet.rejection(node, info))
             self._unexpect(key)
-            self._push(t + self._replaced_after(name), _Kind.RECREATE, name)
+            again = _Kind.RECREATE_REFUSED if refused else _Kind.RECREATE
+            self._push(t + self._replaced_after(name), again, name)
             self._dirty(t)
             return True
         pod = self.pods[name]
@@ -1560,15 +1570,19 @@ class _Engine:
             self.waiting += 1
             self.waiting_one_gpu += _one_gpu(pod.requests)
             self._create(payload, t)
+            self.last_progress = t  # a new pod: it may fit
             if self.settings.max_pending_s is not None:
                 self._push(t + self.settings.max_pending_s, _Kind.ABANDON, payload)
             self._wake("schedule_at", t, _Kind.SCHEDULE)
             self._dirty(t)
-        elif kind is _Kind.RECREATE:  # the failed (or evicted) pod goes (its name is reused)
+        elif kind in (_Kind.RECREATE, _Kind.RECREATE_REFUSED):
+            # the failed (or evicted) pod goes (its name is reused)
             if self.records[payload].abandoned:
                 return
             self.api.delete_pod(self._key(payload))
             self._create(payload, t)
+            if kind is _Kind.RECREATE:  # a new pod: it may fit (a refused one is refused again)
+                self.last_progress = t
             self._wake("schedule_at", t, _Kind.SCHEDULE)
             self._dirty(t)
         elif kind is _Kind.DEPART:
@@ -1590,6 +1604,7 @@ class _Engine:
             if node in self.down:  # applied when the agent starts again
                 self.deferred_apply.add(node)
                 return
+            self.last_progress = t  # new devices: the waiting pods may fit
             if self.dra is not None and self.shaped:
                 destroyed, grown = self.dra.publish(node, self.publishing.pop(node))
                 if destroyed:
@@ -1728,7 +1743,14 @@ class _Engine:
 
     def _quiet(self, t: float) -> bool:
         """Nothing can change any more: no live event, and no pod waiting or no progress for a
-        long while."""
+        long while (longer than any retry, window or deadline of the partitioner could take).
+
+        Progress (:attr:`last_progress`) is a bind, a spec written or a pod patched by the
+        partitioner, and every event that may let a waiting pod in: an arrival or a
+        re-created pod (not one the device plugin refused: it is refused again), a departure,
+        an applied spec, an agent or the partitioner starting again.  What follows them (the
+        agent's status report, the kubelet's sync, the partitioner's steps and the
+        scheduler's retries) then has that long to bind a pod."""
         if self.live > 0:
             return False
         if self.waiting == 0 or self.config is None:

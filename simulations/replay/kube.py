@@ -46,8 +46,19 @@ kubelet (:class:`Kubelet`)
     (:func:`node_agent.deviceplugin.preferred_allocation`, with the GPUs the partitioner drains
     avoided, as the agent reads them from its NodePartitioning) among the free advertised
     devices (an MPS slice inside a hybrid MIG instance is a device of its GPU like any other;
-    a host instance is not advertised); if there are not enough (the status the scheduler saw is stale) the pod is
-    rejected (``UnexpectedAdmissionError``, phase Failed) and its controller creates it again.
+    a host instance is not advertised); if there are not enough (the status the scheduler saw
+    is stale) the pod is rejected (``OutOf<resource>``, phase Failed) and its controller
+    creates it again.  The kubelet then asks the agent's ``Allocate`` for each resource's
+    picked devices (one request per resource, as the kubelet's device manager does), and the
+    answer is the production rule itself: :func:`node_agent.devices.container_env` and
+    :func:`node_agent.devices.container_mounts` of the devices as
+    :func:`node_agent.devices.advertised_devices` builds them.  It refuses MPS slices of two
+    MPS daemons (two GPUs of an MPS node, two host instances of a hybrid node: a container can
+    use one daemon only), which the preferred allocation picks when no one GPU holds enough
+    free slices, or (hybrid) when one GPU's do not sit in one instance; the plugin answers
+    ``INVALID_ARGUMENT`` and the kubelet fails the pod (``UnexpectedAdmissionError``, phase
+    Failed, :meth:`Kubelet.refusal`).  Its controller creates it again, and it is refused
+    again as long as the node's free devices stay as they are.
 """
 
 from __future__ import annotations
@@ -64,13 +75,26 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from contract.nodepartitioning import API_VERSION, KIND
+from contract.nodepartitioning import (
+    API_VERSION,
+    KIND,
+    ActualGpu,
+    ActualMigInstance,
+    ActualMpsSlice,
+)
 from node_agent.deviceplugin import preferred_allocation
+from node_agent.devices import (
+    advertised_devices,
+    container_env,
+    container_mounts,
+    mps_slice_id,
+)
 from partitioner.eligibility import pod_fits_node
 from partitioner.gating import admission_patch
 from partitioner.index import ClusterIndex, PodInfo
 from partitioner.node_labels import COUNT_LABEL, PRODUCT_LABEL
 from partitioner.snapshot import GPUSLICE_LABEL, PLANNED_AT_ANNOTATION, PLANNED_PODS_ANNOTATION
+from planner.snapshot import Mode
 from simulations.replay.fake_cluster import Device, FakeCluster, FakeNode
 from simulations.replay.kube_rules import (
     Invalid,
@@ -88,6 +112,10 @@ __all__ = [
     "SimApi",
     "rfc3339",
 ]
+
+MPS_PIPE_ROOT = "/run/nvidia/mps"
+"""The agent's ``mps_pipe_root`` (its default): the parent of the MPS daemons' pipe
+directories.  Any one root gives the same ``Allocate`` answers: every device of a node shares it."""
 
 
 class DraFit(Protocol):
@@ -718,6 +746,14 @@ class Kubelet:
                 "message": f"Allocate failed due to no healthy devices present; cannot "
                 f"allocate unhealthy devices {resource}, which is unexpected",
             }
+        refused = self.refusal(node, pod)
+        if refused is not None:
+            return {
+                "phase": "Failed",
+                "reason": "UnexpectedAdmissionError",
+                "message": f"Allocate failed due to rpc error: code = InvalidArgument desc = "
+                f"{refused}, which is unexpected",
+            }
         short = next(
             (r for r, k in sorted(pod.slices.items()) if len(self.fake.free_devices(node, r)) < k),
             min(pod.slices),
@@ -729,12 +765,30 @@ class Kubelet:
         }
 
     def admit(self, node: str, pod: PodInfo) -> list[tuple[int, Device]] | None:
-        """The devices the kubelet allocates to ``pod`` (None: not enough, or the device
-        plugin is gone: pod rejected)."""
+        """The devices the kubelet allocates to ``pod`` (None: not enough, the device plugin
+        is gone, or its ``Allocate`` refuses the devices picked: pod rejected)."""
         if node in self.down and pod.slices:
             return None
+        picks = self._pick(node, pod)
+        if picks is None or _allocate_error(self.fake.nodes[node], picks) is not None:
+            return None
+        return [p for _, p in picks]
+
+    def refusal(self, node: str, pod: PodInfo) -> str | None:
+        """The error the node agent's ``Allocate`` answers for the devices the kubelet picks
+        for ``pod`` on ``node`` (module docstring); ``None`` when it serves them, or when
+        there are not enough free devices or the plugin is gone (no ``Allocate`` is made).
+        Only a change of the node's free devices (or of the GPUs it drains) lifts a refusal."""
+        if node in self.down:
+            return None
+        picks = self._pick(node, pod)
+        return None if picks is None else _allocate_error(self.fake.nodes[node], picks)
+
+    def _pick(self, node: str, pod: PodInfo) -> list[tuple[str, tuple[int, Device]]] | None:
+        """(resource, (GPU index, device)) per unit, each resource's devices as the agent's
+        preferred allocation picks them among the free ones; None if some are short."""
         avoid = self.api.draining_gpus(node)
-        picks: list[tuple[int, Device]] = []
+        picks: list[tuple[str, tuple[int, Device]]] = []
         for resource in sorted(pod.slices):
             free = self.fake.free_devices(node, resource)
             ids = {f"{gi}:{d.device_id}": (gi, d) for gi, d in free}
@@ -747,5 +801,77 @@ class Kubelet:
             )
             if len(chosen) < pod.slices[resource]:
                 return None
-            picks.extend(ids[c] for c in chosen)
+            picks.extend((resource, ids[c]) for c in chosen)
         return picks
+
+
+def _allocate_error(node: FakeNode, picks: Sequence[tuple[str, tuple[int, Device]]]) -> str | None:
+    """What the node agent's ``Allocate`` answers for ``picks``, one request per resource (its
+    resource plugin in :mod:`node_agent.deviceplugin` answers with
+    :func:`~node_agent.devices.container_env` and :func:`~node_agent.devices.container_mounts`
+    of the advertised devices, ``INVALID_ARGUMENT`` when they raise): the first refusal's
+    message, or ``None`` when every request is served.
+
+    The devices are built by the agent's own :func:`~node_agent.devices.advertised_devices`
+    from an actual state listing the picked devices alone (a device's ``Allocate`` env and
+    mounts depend on itself only: its GPU or host instance, its daemon's pipe, its memory
+    and thread %), with stand-in UUIDs unique on the node; every GPU of a hybrid node runs a
+    daemon per MIG instance (the agent's hybrid GPUs)."""
+    mig: dict[int, dict[int, ActualMigInstance]] = {}
+    mps: dict[int, list[ActualMpsSlice]] = {}
+    wanted: dict[str, list[str]] = {}
+    gpus = {g.index: g for g in node.gpus}
+    for resource, (gi, d) in picks:
+        if d.host >= 0:  # a slice inside a hybrid host instance
+            host_uuid = f"MIG-{gi}-{d.host}"
+            host = mig.setdefault(gi, {}).get(d.host)
+            if host is None:
+                profile = next(
+                    x.profile for x in gpus[gi].devices if x.host < 0 and x.slot == d.host
+                )
+                host = ActualMigInstance(profile=profile, start=d.host, deviceId=host_uuid)
+                mig[gi][d.host] = host
+            dev_id = mps_slice_id(host_uuid, d.slot, d.memory_mib, d.thread_percentage)
+            host.mps.append(
+                ActualMpsSlice(
+                    memoryMiB=d.memory_mib,
+                    activeThreadPercentage=d.thread_percentage,
+                    deviceId=dev_id,
+                )
+            )
+        elif d.profile:  # a MIG instance
+            dev_id = f"MIG-{gi}-{d.slot}"
+            mig.setdefault(gi, {})[d.slot] = ActualMigInstance(
+                profile=d.profile, start=d.slot, deviceId=dev_id
+            )
+        else:  # an MPS slice of a whole GPU
+            dev_id = mps_slice_id(f"GPU-{gi}", d.slot, d.memory_mib, d.thread_percentage)
+            mps.setdefault(gi, []).append(
+                ActualMpsSlice(
+                    memoryMiB=d.memory_mib,
+                    activeThreadPercentage=d.thread_percentage,
+                    deviceId=dev_id,
+                )
+            )
+        wanted.setdefault(resource, []).append(dev_id)
+    actual = [
+        ActualGpu(
+            index=gi,
+            uuid=f"GPU-{gi}",
+            migEnabled=node.mode is not Mode.MPS,
+            mig=sorted(mig.get(gi, {}).values(), key=lambda m: m.start),
+            mps=mps.get(gi, []),
+        )
+        for gi in sorted(set(mig) | set(mps))
+    ]
+    hybrid = set(gpus) if node.mode is Mode.HYBRID else set()
+    advertised = advertised_devices(actual, mps_pipe_root=MPS_PIPE_ROOT, hybrid_gpus=hybrid)
+    for resource, dev_ids in sorted(wanted.items()):
+        by_id = {d.id: d for d in advertised.get(resource, ())}
+        devices = [by_id[i] for i in dev_ids]
+        try:
+            container_env(devices)
+            container_mounts(devices)
+        except ValueError as err:
+            return str(err)
+    return None

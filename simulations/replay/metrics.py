@@ -150,7 +150,9 @@ class ReplayResult:
     theft: int = 0
     """Slices made or reserved for one pod that another pod bound."""
     admission_rejections: int = 0
-    """Pods the kubelet rejected (allocatable seen by the scheduler was stale)."""
+    """Pods the kubelet rejected: the allocatable the scheduler saw was stale, the device
+    plugin was gone, or its ``Allocate`` refused the devices picked (MPS slices of two
+    daemons; such a pod is refused again at each re-creation while the free devices stay)."""
     scheduling_attempts: int = 0
     partitioner_steps: int = 0
     api_refusals: dict[str, int] = field(default_factory=dict)
