@@ -1523,14 +1523,28 @@ class _Step:
         return out
 
     def ungate_strays(self) -> None:
-        """Pods gated at admission for naming ResourceClaims whose claims, all known, ask
-        gpuslice for nothing new (another driver's devices, or claims allocated already, which
-        it shares with the pods they were allocated for) lose the gate at once: kube-scheduler
-        sends such a pod where its claims are allocated (no affinity to narrow)."""
+        """Pods that carry gpuslice's gate and ask it for nothing lose the gate at once: pods
+        gated at admission for naming ResourceClaims whose claims, all known, ask gpuslice for
+        nothing new (another driver's devices, or claims allocated already, which it shares
+        with the pods they were allocated for: kube-scheduler sends such a pod where its claims
+        are allocated, no affinity to narrow), and pods created with the gate that ask for no
+        slice at all or belong to a DaemonSet (a manifest copied from a gated pod: the webhook
+        gates neither, and only gpuslice removes its gate)."""
         for key in sorted(self.index.strays):
             pod = self.index.pods[key]
             shared = [c for c in pod.claims if (d := self.index.claims.get(c)) and d.units]
-            if shared:
+            if pod.daemonset:
+                message = (
+                    "a DaemonSet's pod is placed by its controller and never gated by gpuslice "
+                    "(was the gate copied from another pod's manifest?): gpuslice removed its gate"
+                )
+            elif not pod.claims:
+                message = (
+                    "it asks gpuslice for no slice (no nvidia.com/mig-<profile> or "
+                    "nvidia.com/gpu-<N>gb amount above 0, no ResourceClaim; was the gate copied "
+                    "from another pod's manifest?): gpuslice removed its gate"
+                )
+            elif shared:
                 where = sorted({pool for c in shared for pool, _ in self.index.claims[c].devices})
                 message = (
                     f"its ResourceClaims ({', '.join(shared)}) are allocated already"

@@ -318,8 +318,10 @@ class PodInfo:
     waiting: bool = field(init=False)
     """Asks for a slice, is not bound, not finished, not being deleted."""
     stray: bool = field(init=False)
-    """Carries gpuslice's gate but asks gpuslice for nothing (its ResourceClaims, all known,
-    are another driver's, or allocated already): the decision step removes the gate."""
+    """Carries gpuslice's gate but asks gpuslice for nothing (no slice request; or its
+    ResourceClaims, all known, are another driver's, or allocated already), or is a
+    DaemonSet's pod (its controller places it, gpuslice never gates it): the decision step
+    removes the gate."""
     follower: bool = field(init=False)
     """Carries gpuslice's gate, asks for nothing itself and waits for the pods that carry its
     unallocated claims (:attr:`claim_carriers`): released with them."""
@@ -341,7 +343,9 @@ class PodInfo:
             self.node or self.finished or self.deleting
         )
         idle = self.gated and not (self.waiting or self.node or self.finished or self.deleting)
-        self.stray = idle and not self.claims_pending and not self.claim_carriers
+        self.stray = (idle and not self.claims_pending and not self.claim_carriers) or (
+            self.gated and self.daemonset and not (self.node or self.finished or self.deleting)
+        )
         self.follower = idle and not self.claims_pending and bool(self.claim_carriers)
         self.plan_sig = (
             tuple(sorted(self.slices.items())),
@@ -403,6 +407,13 @@ def _wants_slices(pod: Obj) -> bool:
                 if any(is_partitionable_resource(str(r)) for r in res.get(part) or {}):
                     return True
     return False
+
+
+def _carries_gate(pod: Obj) -> bool:
+    """The pod carries gpuslice's scheduling gate (whatever it asks for: a manifest copied
+    from a gated pod carries it too, and only gpuslice removes it)."""
+    gates = (pod.get("spec") or {}).get("schedulingGates") or ()
+    return any(isinstance(g, Mapping) and g.get("name") == GATE for g in gates)
 
 
 def _of_nos(pod: Obj) -> bool:
@@ -1006,8 +1017,13 @@ class ClusterIndex:
         old = self.pods.get(key)
         if old is not None and not _newer(_rv(pod), old.rv):
             return
-        if old is None and not (pod.get("spec") or {}).get("nodeName") and not _wants_slices(pod):
-            return  # not a slice pod and not bound: nothing the controller reads
+        if (
+            old is None
+            and not (pod.get("spec") or {}).get("nodeName")
+            and not _wants_slices(pod)
+            and not _carries_gate(pod)
+        ):
+            return  # not a slice pod, not bound, not gated by gpuslice: nothing to read
         keys, _ = pod_claim_keys(pod)
         old_keys = old.claims if old is not None else ()
         old_rank = self._carry_ranks.get(key)

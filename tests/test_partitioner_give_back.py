@@ -154,3 +154,30 @@ def test_a_cordoned_node_that_could_never_serve_the_pod_does_not_keep_it() -> No
     assert gates(c, "p") == []
     (message,) = events(d, "Ungated")
     assert "cordoned" not in message
+
+
+@pytest.mark.parametrize(
+    ("resource", "amount", "daemonset", "told"),
+    [
+        ("cpu", "1", False, "asks gpuslice for no slice"),
+        ("nvidia.com/gpu", "1", False, "asks gpuslice for no slice"),
+        ("nvidia.com/mig-1g.10gb", "0", False, "asks gpuslice for no slice"),
+        ("nvidia.com/mig-1g.10gb", "1", True, "a DaemonSet's pod"),
+    ],
+)
+def test_a_pod_created_with_the_gate_that_gpuslice_would_never_gate_loses_it_at_once(
+    resource: str, amount: str, daemonset: bool, told: str
+) -> None:
+    """The webhook gates neither a pod asking for no slice nor a DaemonSet's pod, but a
+    manifest copied from a gated pod carries the gate, and only gpuslice removes it."""
+    p = gated("p", resource)
+    p["spec"]["containers"][0]["resources"]["limits"] = {resource: amount}
+    if daemonset:
+        p["metadata"]["ownerReferences"] = [
+            {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "d", "uid": "x"}
+        ]
+    c = cluster(p)
+    d = c.step(T0 + 1)
+    assert gates(c, "p") == []
+    (message,) = events(d, "Ungated")
+    assert told in message and "ResourceClaims" not in message
