@@ -33,6 +33,11 @@ publishing), so it must read a claim as the request it stands for:
   ``allocationMode: All``, ``firstAvailable`` alternatives) is an *error* naming the claim and
   the fix: the pod gets an Event and is not planned (it can still take a published placement
   that matches);
+* a selector that also constrains an attribute the plan decides (``start``, ``index``,
+  ``uuid``, ``model``), and a ``spec.devices.constraints`` entry (``matchAttribute``,
+  ``distinctAttribute``) that covers a planned request, are *errors*: the planner places each
+  request by profile alone, so kube-scheduler could not allocate the devices planned for the
+  claim and the pod, released, would wait for them for good;
 * an opaque config addressed to gpuslice's driver in the claim's ``spec.devices.config`` that
   applies to a planned request is an *error*: gpuslice's devices take no parameters and the
   node agent refuses to prepare such a claim, so planning for it would reconfigure GPUs for a
@@ -85,6 +90,12 @@ _PROFILE = re.compile(
     r"""device\s*\.\s*attributes\s*\[\s*(["'])gpu\.gpuslice\.io\1\s*\]\s*"""
     r"""(?:\.\s*profile|\[\s*(["'])profile\2\s*\])\s*==\s*(["'])([^"']+)\3"""
 )
+_PLACED = re.compile(
+    r"""device\s*\.\s*attributes\s*\[\s*(["'])gpu\.gpuslice\.io\1\s*\]\s*"""
+    r"""(?:\.\s*(start|index|uuid|model)\b|\[\s*(["'])(start|index|uuid|model)\3\s*\])"""
+)
+"""A reference to an attribute of gpuslice's devices that the plan decides (which GPU, which
+placement, which model): a selector condition on it is not planned."""
 _FIX = (
     f"select one profile: deviceClassName {MIG_CLASS} with the CEL selector "
     f'device.attributes["{DRIVER}"].profile == "<profile>" and allocationMode ExactCount'
@@ -201,7 +212,8 @@ def _encloses(text: str) -> bool:
 
 def _profile(selectors: object) -> str | None:
     """The profile the selectors pin, if exactly one comparison names one (:class:`_Unreadable`
-    for a selector that is not a conjunction the reader can read exactly)."""
+    for a selector that is not a conjunction the reader can read exactly, or one that also
+    constrains an attribute the plan decides: ``start``, ``index``, ``uuid``, ``model``)."""
     found: set[str] = set()
     for s in selectors if isinstance(selectors, list) else ():
         expr = ((s or {}).get("cel") or {}).get("expression") if isinstance(s, Mapping) else None
@@ -212,6 +224,15 @@ def _profile(selectors: object) -> str | None:
             m = _PROFILE.fullmatch(conjunct)
             if m is not None:
                 found.add(m.group(4))
+                continue
+            placed = _PLACED.search(conjunct)
+            if placed is not None:
+                raise _Unreadable(
+                    f"it also constrains the device's {placed.group(2) or placed.group(4)}, "
+                    f"which the plan decides (the partitioner plans by profile alone, and "
+                    f"kube-scheduler could not allocate the device planned for it); drop that "
+                    f"condition"
+                )
     return found.pop() if len(found) == 1 else None
 
 
@@ -283,6 +304,17 @@ def _read_demand(claim: Obj) -> ClaimDemand:
             allocated,
             uid,
         )
+    constrained = _constrained(claim, planned) if units else None
+    if constrained is not None:
+        return ClaimDemand(
+            {},
+            f"ResourceClaim {name}: spec.devices.constraints ({constrained}) are not planned: "
+            f"the partitioner plans each request by profile alone and kube-scheduler could not "
+            f"allocate the devices planned for it together; drop the constraint, or ask for "
+            f"one larger profile",
+            allocated,
+            uid,
+        )
     configured = _configured(claim, planned) if units else None
     if configured is not None:
         return ClaimDemand(
@@ -294,6 +326,24 @@ def _read_demand(claim: Obj) -> ClaimDemand:
             uid,
         )
     return ClaimDemand(units, allocated=allocated, uid=uid)
+
+
+def _constrained(claim: Obj, planned: set[str]) -> str | None:
+    """The first entry of the claim's ``spec.devices.constraints`` (``matchAttribute``,
+    ``distinctAttribute``: all of its requests' devices share, or all differ in, an attribute)
+    that covers a planned request (one it names, or every request when it names none), as
+    text, or ``None``."""
+    constraints = ((claim.get("spec") or {}).get("devices") or {}).get("constraints") or ()
+    for c in constraints if isinstance(constraints, list) else ():
+        if not isinstance(c, Mapping):
+            continue
+        named = c.get("requests") or []
+        names = {str(n) for n in named} if isinstance(named, list) else set()
+        if names and not any(n in planned or n.split("/", 1)[0] in planned for n in names):
+            continue
+        what = ", ".join(f"{k} {c[k]}" for k in ("matchAttribute", "distinctAttribute") if c.get(k))
+        return what or "a constraint"
+    return None
 
 
 def _configured(claim: Obj, planned: set[str]) -> str | None:

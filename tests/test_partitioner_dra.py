@@ -114,7 +114,7 @@ OURS = "gpu.gpuslice.io"
         PROFILE,
         "device.attributes['gpu.gpuslice.io'].profile == '3g.40gb'",
         'device.attributes["gpu.gpuslice.io"]["profile"] == "3g.40gb"',
-        'device.attributes["gpu.gpuslice.io"].start >= 4 && ' + PROFILE,
+        'device.attributes["gpu.gpuslice.io"].memory > 10 && ' + PROFILE,
         "(" + PROFILE + ")",
     ],
 )

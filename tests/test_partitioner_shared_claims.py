@@ -124,18 +124,61 @@ def test_a_selector_that_is_no_plain_conjunction_is_an_error_never_a_misread(exp
 
 
 def test_a_comparison_of_a_conjunction_is_not_read_as_its_conjuncts() -> None:
-    """Parentheses are read as CEL groups them: ``(1g && start >= 4) == false`` is any device
-    that is not a 1g at start >= 4, not a 1g; conjunctions nested in conjunctions are read."""
-    d = read_claim(claim("c", mig_request(f"({ONE_G} && {A}.start >= 4) == false")))
+    """Parentheses are read as CEL groups them: ``(1g && memory >= 4) == false`` is any device
+    that is not a 1g of 4+ GB, not a 1g; conjunctions nested in conjunctions are read."""
+    d = read_claim(claim("c", mig_request(f"({ONE_G} && {A}.memory >= 4) == false")))
     assert dict(d.units) == {} and "no single MIG profile" in d.error
     for expr in (
-        f"({ONE_G} && {A}.start >= 4) && {A}.memory > 1",
+        f"({ONE_G} && {A}.type == 'mig') && {A}.memory > 1",
         f"(({ONE_G}))",
-        f'{A}.uuid == "a||b" && {ONE_G}',  # || inside a string literal
-        f"!({A}.start >= 4) && {ONE_G}",
+        f'{A}.type != "a||b" && {ONE_G}',  # || inside a string literal
+        f"!({A}.memory >= 40) && {ONE_G}",
     ):
         d = read_claim(claim("c", mig_request(expr)))
         assert (dict(d.units), d.error) == ({"nvidia.com/mig-1g.10gb": 1}, ""), expr
+
+
+@pytest.mark.parametrize(
+    ("expr", "attribute"),
+    [
+        (f"({ONE_G} && {A}.start >= 4) && {A}.memory > 1", "start"),
+        (f'{A}.uuid == "GPU-1" && {ONE_G}', "uuid"),
+        (f"!({A}.start >= 4) && {ONE_G}", "start"),
+        (f'{ONE_G} && {A}["index"] == 1', "index"),
+        (f'{ONE_G} && {A}.model == "H100-80GB"', "model"),
+    ],
+)
+def test_a_condition_on_what_the_plan_decides_is_an_error_not_ignored(
+    expr: str, attribute: str
+) -> None:
+    """The planner places a request by profile alone: a condition on the start, the GPU or
+    the model would make kube-scheduler refuse the device planned for it, and the pod, released,
+    would wait for it for good."""
+    d = read_claim(claim("c", mig_request(expr)))
+    assert dict(d.units) == {}
+    assert f"constrains the device's {attribute}" in d.error and "ResourceClaim ns/c" in d.error
+
+
+@pytest.mark.parametrize(
+    ("constraint", "error"),
+    [
+        ({"matchAttribute": "gpu.gpuslice.io/uuid"}, True),
+        ({"requests": ["gpu"], "distinctAttribute": "gpu.gpuslice.io/index"}, True),
+        ({"requests": ["gpu/small"], "matchAttribute": "gpu.gpuslice.io/uuid"}, True),
+        ({"requests": ["nic"], "matchAttribute": "example.com/numa"}, False),
+    ],
+)
+def test_a_constraint_over_a_planned_request_is_an_error(
+    constraint: dict[str, Any], error: bool
+) -> None:
+    obj = claim("c", mig_request(count=2), {"name": "nic", "exactly": {"deviceClassName": "n"}})
+    obj["spec"]["devices"]["constraints"] = [constraint]
+    d = read_claim(obj)
+    if error:
+        assert dict(d.units) == {} and "spec.devices.constraints" in d.error
+        assert "ResourceClaim ns/c" in d.error and "drop the constraint" in d.error
+    else:
+        assert (dict(d.units), d.error) == ({"nvidia.com/mig-3g.40gb": 2}, "")
 
 
 # ----------------------------------------------------------------------------- shared claims
