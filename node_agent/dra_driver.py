@@ -391,8 +391,12 @@ class DraDriver:
         return unusable_taints(published, unreadable=lost, xid=xid, foreign=busy)
 
     def _prepared(self) -> set[str]:
-        """The devices of the claims the preparer prepared (its checkpoint)."""
-        return {d.device for rec in self.preparer.checkpoint for d in rec.devices}
+        """The devices of the claims the preparer prepared (its checkpoint), those prepared
+        for an ``adminAccess`` result aside: they own nothing (:func:`node_agent.dra_shape.
+        claim_devices`)."""
+        return {
+            d.device for rec in self.preparer.checkpoint for d in rec.devices if not d.admin_access
+        }
 
     async def _shaped_round(self) -> None:
         source, claims = self._sources()

@@ -222,7 +222,10 @@ def unusable_taints(
 
 
 def claim_devices(claims: Iterable[Mapping[str, Any]], pool: str, driver: str = DRIVER) -> set[str]:
-    """The devices of ``driver`` in ``pool`` the claims' ``status.allocation`` names."""
+    """The devices of ``driver`` in ``pool`` the claims' ``status.allocation`` names.  A result
+    with ``adminAccess`` is not an allocation (kube-scheduler does not count it as one:
+    :mod:`node_agent.dra_prepare`, "adminAccess") and holds nothing here: counted, it kept a
+    placement the plan dropped published and its device reported used."""
     out: set[str] = set()
     for c in claims:
         allocation = (c.get("status") or {}).get("allocation") if isinstance(c, Mapping) else None
@@ -235,6 +238,7 @@ def claim_devices(claims: Iterable[Mapping[str, Any]], pool: str, driver: str = 
                 and r.get("driver") == driver
                 and r.get("pool") == pool
                 and isinstance(r.get("device"), str)
+                and r.get("adminAccess") is not True
             ):
                 out.add(r["device"])
     return out
