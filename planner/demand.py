@@ -37,8 +37,9 @@ interchangeable for the planner, which decides how many of each group go to each
 (:func:`group_pods`).  Priorities and waiting times become objective weights with
 :func:`pod_weights`: one pod of a higher priority outweighs all pods of lower priorities
 together; within a priority one more pod placed (or one more unit of GPU compute, with the
-``compute`` placement weight) outweighs any difference in waiting, and among plans placing as
-much the one placing longer-waiting pods wins (the waiting-time level).
+``compute`` placement weight) outweighs any difference in waiting, at any priority; among plans
+placing as much of every priority the one placing longer-waiting pods wins (the waiting-time
+level).
 
 Everything here is a pure function of its arguments.
 """
@@ -611,15 +612,22 @@ def pod_weights(
     tiers: Sequence[float] = (),
     weight: PlacementWeight = PlacementWeight.PODS,
 ) -> dict[str, int]:
-    """Objective weight per pod: priorities lexicographic, then size placed, then waiting tier.
+    """Objective weight per pod: per priority, highest first, the size placed; then the waiting
+    tiers of every placed pod together.
 
-    A pod's size ``s_p`` is :func:`pod_size` (``weight`` = ``compute``) or 1 (``pods``).  With
-    priorities ascending ``q_1 < q_2 < ...``, ``below`` the total weight of all pods of lower
-    priorities and ``T_q`` the sum of the waiting tiers of priority ``q``'s pods, every pod of
-    priority ``q`` weighs ``s_p * B_q + tier`` with ``B_q = below + T_q + 1``.  So one pod of a
-    higher priority outweighs every lower-priority pod together; within a priority, placing one
-    compute unit (or pod) more outweighs any difference in tiers (and every lower-priority pod);
-    among plans that place as much of each priority, the sum of the placed pods' tiers decides.
+    A pod's size ``s_p`` is :func:`pod_size` (``weight`` = ``compute``) or 1 (``pods``), its
+    tier ``t_p`` (:func:`wait_tier`).  With priorities ascending ``q_1 < q_2 < ...``, ``S_q`` the
+    sum of the sizes of priority ``q``'s pods and ``T`` the sum of every pod's tier, every pod
+    of priority ``q`` weighs ``s_p * C_q + t_p`` with ``C_{q_1} = T + 1`` and
+    ``C_{q_{k+1}} = C_{q_k} * (S_{q_k} + 1)``.  By induction ``C_{q_{k+1}}`` exceeds everything
+    the pods of priorities up to ``q_k`` can weigh together (sizes and every tier), so the
+    objective is lexicographic: the size placed of the highest priority first, then of the
+    next, ..., and only among plans that place as much of every priority, the sum of the placed
+    pods' tiers.  (Until 2026-12-07 a priority's tiers sat above the sizes of the priorities
+    below it: an old whole-GPU pod of priority 1 beat a new small pod of priority 1 with four
+    priority-0 pods beside it, and plan() placed 1 pod where greedy placed 5.)  The order does
+    not depend on which pods the weights were computed over, as long as they include every pod
+    a plan places: the planners and :func:`planner.api.plan`'s comparison of plans agree.
 
     Either way one pod shape can lose every contest: with ``pods`` seven newer ``1g`` pods beat
     a waiting ``7g`` pod for a freed GPU, with ``compute`` a ``7g`` pod beats an older ``4g``
@@ -627,16 +635,16 @@ def pod_weights(
     ``4g`` pods (their median wait 1,247,379 s against 7,851 s), at 5 nodes it lost too.
     """
     by_priority: dict[int, list[PendingPod]] = defaultdict(list)
+    tier: dict[str, int] = {}
     for p in pods:
         by_priority[p.priority].append(p)
+        tier[p.name] = wait_tier(p, tiers)
     out: dict[str, int] = {}
-    below = 0
+    scale = sum(tier.values()) + 1
     for prio in sorted(by_priority):
         members = by_priority[prio]
-        t = {p.name: wait_tier(p, tiers) for p in members}
-        base = below + sum(t.values()) + 1
+        sizes = {p.name: pod_size(p) if weight is PlacementWeight.COMPUTE else 1 for p in members}
         for p in members:
-            size = pod_size(p) if weight is PlacementWeight.COMPUTE else 1
-            out[p.name] = size * base + t[p.name]
-        below += sum(out[p.name] for p in members)
+            out[p.name] = sizes[p.name] * scale + tier[p.name]
+        scale *= sum(sizes.values()) + 1
     return out
