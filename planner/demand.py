@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from planner.catalog import Catalog, CatalogError, GpuModel, MigProfile, UnknownGpuModel
+from planner.geometry import enumerate_layouts
 from planner.settings import PlacementWeight, PlannerSettings
 from planner.snapshot import Mode, NodeState, PendingPod, Unplaced, mig_profile_of, mps_gb_of
 
@@ -68,6 +69,7 @@ __all__ = [
     "SnapshotError",
     "capacity_reason",
     "eligibility",
+    "fits_empty_gpus",
     "group_pods",
     "mps_slice_mib",
     "mps_usable_mib",
@@ -347,6 +349,14 @@ def resolve_on_node(
                 f"slices, its {n_gpus} GPU(s) have {model.compute_slices * n_gpus} / "
                 f"{model.memory_slots * n_gpus}",
             )
+        if not fits_empty_gpus(model, n_gpus, per_profile):
+            return Rejection(
+                Unplaced.NO_ELIGIBLE_NODE,
+                f"node {node.name}: no layout of its {n_gpus} empty GPU(s) holds "
+                f"{', '.join(f'{c} x {p.name}' for p, c in sorted(per_profile.items(), key=lambda x: x[0].name))} "
+                f"together (placement rules: at most one +me instance per GPU, instances at "
+                f"fixed starts); ask for fewer or other profiles",
+            )
     if pod.cpu_milli > node.cpu_milli_free or pod.memory_mib > node.memory_mib_free:
         return Rejection(
             Unplaced.NODE_RESOURCES,
@@ -354,6 +364,58 @@ def resolve_on_node(
             f"free, the pod needs {pod.cpu_milli}m / {pod.memory_mib} MiB",
         )
     return NodeDemand(node.name, kind, requests)
+
+
+_FIT_MEMO_MAX = 4096
+_fit_memo: dict[tuple[int, int, tuple[tuple[str, int], ...]], tuple[GpuModel, bool]] = {}
+
+
+def fits_empty_gpus(model: GpuModel, n_gpus: int, per_profile: Mapping[MigProfile, int]) -> bool:
+    """Whether ``n_gpus`` empty GPUs of ``model`` can hold ``per_profile`` together: some valid
+    layout per GPU (:func:`planner.geometry.enumerate_layouts`, every placement rule of
+    mig.md) whose instances, summed over the GPUs, cover the request.  Counts of compute and
+    memory slices are necessary, not sufficient: two ``+me`` instances never share a GPU, and
+    fixed starts leave holes (A30: ``1g.6gb+me`` and ``2g.12gb+me`` never fit together).
+
+    Exact: a search over the GPUs, each taking the count vector of one layout (restricted to
+    the requested profiles; a layout holding more than is left stands for the sub-layout that
+    holds what is left, valid as removing instances keeps a layout valid), memoised per
+    (model, GPU count, request)."""
+    profiles = sorted(per_profile, key=lambda p: p.name)
+    want = tuple(per_profile[p] for p in profiles)
+    key = (id(model), n_gpus, tuple((p.name, c) for p, c in zip(profiles, want, strict=True)))
+    hit = _fit_memo.get(key)
+    if hit is not None and hit[0] is model:
+        return hit[1]
+    vectors: set[tuple[int, ...]] = set()
+    for layout in enumerate_layouts(model, profiles=profiles):
+        counts = Counter(pl.profile.name for pl in layout)
+        vectors.add(tuple(counts.get(p.name, 0) for p in profiles))
+    # only the vectors no other one dominates are worth trying
+    best = [
+        v
+        for v in vectors
+        if not any(w != v and all(a >= b for a, b in zip(w, v, strict=True)) for w in vectors)
+    ]
+    seen: set[tuple[tuple[int, ...], int]] = set()
+
+    def can(left: tuple[int, ...], gpus: int) -> bool:
+        if not any(left):
+            return True
+        if gpus == 0 or (left, gpus) in seen:
+            return False
+        seen.add((left, gpus))
+        for v in best:
+            nxt = tuple(max(0, a - b) for a, b in zip(left, v, strict=True))
+            if nxt != left and can(nxt, gpus - 1):
+                return True
+        return False
+
+    found = can(want, n_gpus)
+    if len(_fit_memo) >= _FIT_MEMO_MAX:
+        _fit_memo.clear()
+    _fit_memo[key] = (model, found)
+    return found
 
 
 def eligibility(
