@@ -328,18 +328,30 @@ def _read_demand(claim: Obj) -> ClaimDemand:
     return ClaimDemand(units, allocated=allocated, uid=uid)
 
 
+def _covered(entry: Mapping[str, Any], planned: set[str]) -> list[str] | None:
+    """The planned requests a ``spec.devices`` config or constraint entry names (its
+    ``requests``; a subrequest ``main/sub`` counts as ``main``), ``[]`` when it names none (it
+    applies to every request), ``None`` when it names only other requests."""
+    named = entry.get("requests") or []
+    names = {str(n) for n in named} if isinstance(named, list) else set()
+    if not names:
+        return []
+    hit = sorted(n for n in names if n in planned or n.split("/", 1)[0] in planned)
+    return hit or None
+
+
+def _entries(claim: Obj, field_name: str) -> list[Mapping[str, Any]]:
+    """The mappings of the claim's ``spec.devices.<field_name>`` list."""
+    items = ((claim.get("spec") or {}).get("devices") or {}).get(field_name) or ()
+    return [e for e in items if isinstance(e, Mapping)] if isinstance(items, list) else []
+
+
 def _constrained(claim: Obj, planned: set[str]) -> str | None:
     """The first entry of the claim's ``spec.devices.constraints`` (``matchAttribute``,
     ``distinctAttribute``: all of its requests' devices share, or all differ in, an attribute)
-    that covers a planned request (one it names, or every request when it names none), as
-    text, or ``None``."""
-    constraints = ((claim.get("spec") or {}).get("devices") or {}).get("constraints") or ()
-    for c in constraints if isinstance(constraints, list) else ():
-        if not isinstance(c, Mapping):
-            continue
-        named = c.get("requests") or []
-        names = {str(n) for n in named} if isinstance(named, list) else set()
-        if names and not any(n in planned or n.split("/", 1)[0] in planned for n in names):
+    that covers a planned request (:func:`_covered`), as text, or ``None``."""
+    for c in _entries(claim, "constraints"):
+        if _covered(c, planned) is None:
             continue
         what = ", ".join(f"{k} {c[k]}" for k in ("matchAttribute", "distinctAttribute") if c.get(k))
         return what or "a constraint"
@@ -349,25 +361,18 @@ def _constrained(claim: Obj, planned: set[str]) -> str | None:
 def _configured(claim: Obj, planned: set[str]) -> str | None:
     """Which of the ``planned`` requests an opaque config addressed to gpuslice's driver in the
     claim's ``spec.devices.config`` applies to ("request(s) a, b", or "every request" for a
-    config that names none), or ``None``.  The node agent refuses to prepare such a claim
-    (``node_agent.dra_claims``), as a DRA driver refuses a config it cannot decode (dra.md
-    section 1): read here, the pod is told before a slice is planned for it.  A config of the
-    claim's DeviceClass (``FromClass``) is not in the claim's spec; the agent still refuses it.
-    A subrequest ``main/sub`` counts as ``main``."""
-    configs = ((claim.get("spec") or {}).get("devices") or {}).get("config") or ()
-    for cfg in configs if isinstance(configs, list) else ():
-        if not isinstance(cfg, Mapping):
-            continue
+    config that names none: :func:`_covered`), or ``None``.  The node agent refuses to prepare
+    such a claim (``node_agent.dra_claims``), as a DRA driver refuses a config it cannot
+    decode (dra.md section 1): read here, the pod is told before a slice is planned for it.  A
+    config of the claim's DeviceClass (``FromClass``) is not in the claim's spec; the agent
+    still refuses it."""
+    for cfg in _entries(claim, "config"):
         opaque = cfg.get("opaque")
         if not isinstance(opaque, Mapping) or opaque.get("driver") != DRIVER:
             continue
-        named = cfg.get("requests") or []
-        names = {str(n) for n in named} if isinstance(named, list) else set()
-        hit = sorted(n for n in names if n in planned or n.split("/", 1)[0] in planned)
-        if not names:
-            return "every request"
-        if hit:
-            return f"request(s) {', '.join(hit)}"
+        hit = _covered(cfg, planned)
+        if hit is not None:
+            return f"request(s) {', '.join(hit)}" if hit else "every request"
     return None
 
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import kopf
+from fake_apiserver import _merge_patch
 from test_partitioner_dra import claim, mig_request
 from test_partitioner_promises import MIG, T0, applied_np, status_gpu, with_alloc
 from test_partitioner_snapshot import node
@@ -150,19 +151,6 @@ def test_a_pod_the_api_server_no_longer_has_leaves_the_index_on_its_404() -> Non
     assert "ns/ghost" not in controller.index.pods
 
 
-def _merge(target: Any, patch: Any) -> Any:
-    """A JSON merge patch (RFC 7386) applied to ``target``."""
-    if not isinstance(patch, dict):
-        return patch
-    out = dict(target) if isinstance(target, dict) else {}
-    for k, v in patch.items():
-        if v is None:
-            out.pop(k, None)
-        else:
-            out[k] = _merge(out.get(k), v)
-    return out
-
-
 def _release_then_delete(deleted_rv: str | None) -> Controller:
     """A step releases pod p (its PATCH answers at resourceVersion 101); while the step still
     writes its Events, kopf's watch delivers p's DELETED (at ``deleted_rv``)."""
@@ -181,7 +169,7 @@ def _release_then_delete(deleted_rv: str | None) -> Controller:
         async def patch(self, path: str, body: Any, content_type: str = "") -> dict[str, Any]:
             if not path.endswith("/pods/p"):
                 return {}  # the node's condition
-            new = _merge(server["p"], body)
+            new = _merge_patch(server["p"], body)
             new["metadata"]["resourceVersion"] = "101"
             server["p"] = new
             return dict(new)
