@@ -30,6 +30,11 @@ Renewal (:func:`renewal_reason`, checked at start-up and periodically):
   expires) and a new serving certificate;
 * the serving certificate does not name every DNS name, or less than a third of its lifetime is
   left (about four months before it ends) -> a new serving certificate from the current CA.
+
+Whoever issues a new CA while other certificates may still be served (a replica that lost the
+Secret, see :mod:`partitioner.webhook_certs`) adds the CAs those are signed by to the new bundle
+(:func:`with_cas`); :func:`trusts` says whether a bundle lets the API server verify a given
+serving certificate.
 """
 
 from __future__ import annotations
@@ -55,6 +60,8 @@ __all__ = [
     "renewal_reason",
     "renewed",
     "service_dns_names",
+    "trusts",
+    "with_cas",
 ]
 
 CA_DAYS = 3650
@@ -301,3 +308,49 @@ def renewed(
             fresh = issue(dns_names, now)
             return Material(fresh.ca_bundle + kept, fresh.ca_key, fresh.cert, fresh.key)
     return issue(dns_names, now)
+
+
+def _certificates(pem: bytes) -> list[x509.Certificate]:
+    """The certificates in ``pem``; none when it is not a readable PEM bundle."""
+    try:
+        return _load_bundle(pem) if pem else []
+    except CertificateError:
+        return []
+
+
+def _is_ca(cert: x509.Certificate) -> bool:
+    try:
+        return bool(cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca)
+    except x509.ExtensionNotFound:
+        return False
+
+
+def trusts(bundle: bytes, cert: bytes) -> bool:
+    """Whether a client trusting only ``bundle`` (PEM CAs: a caBundle) accepts the serving
+    certificate ``cert`` as issued by one of them (its names and dates aside)."""
+    try:
+        served = _load_cert(cert, "tls.crt")
+    except CertificateError:
+        return False
+    for ca in _certificates(bundle):
+        try:
+            served.verify_directly_issued_by(ca)
+        except (ValueError, TypeError, InvalidSignature):
+            continue
+        return True
+    return False
+
+
+def with_cas(material: Material, extra: bytes, now: datetime.datetime) -> Material:
+    """``material`` with the CA certificates of ``extra`` (PEM; unreadable parts ignored) that
+    are still valid at ``now`` and not in its bundle yet appended to its bundle (after its own
+    CAs: the first stays the current one)."""
+    have = _certificates(material.ca_bundle)
+    added: list[x509.Certificate] = []
+    for c in _still_valid(_certificates(extra), now):
+        if _is_ca(c) and c not in have and c not in added:
+            added.append(c)
+    if not added:
+        return material
+    bundle = material.ca_bundle + b"".join(_pem_cert(c) for c in added)
+    return Material(bundle, material.ca_key, material.cert, material.key)

@@ -21,11 +21,16 @@ follower's cycle (it checks leadership, keeps its cache, decides nothing) counts
 step, so a healthy follower stays live however long it follows.
 
 It is **ready** once the initial listing has completed (the index holds every object that
-existed then; before that a decision would plan pods without their nodes), *whether or not it
-leads*: every replica serves the admission webhook, whose Service sends requests only to ready
-pods, and a synced follower is exactly what a failover needs.  Leadership is reported, not
-required: :meth:`~ControllerHealth.leadership` records it (``leader`` true without election) and
-both answers carry it.
+existed then; before that a decision would plan pods without their nodes) *and*, where it serves
+the admission webhook (:meth:`~ControllerHealth.webhook`, from
+:func:`partitioner.webhook.register_webhook`), once that webhook is served: the webhook's Service
+sends admission calls only to ready pods, and a call to a replica that does not listen fails, so
+``failurePolicy: Ignore`` would admit that slice pod ungated.  The reason then names why it is
+not served (no certificate yet and the certificate sync's last error, or the listener's).  This
+holds *whether or not it leads*: every replica serves the webhook, and a synced follower is
+exactly what a failover needs.  Leadership is reported, not required:
+:meth:`~ControllerHealth.leadership` records it (``leader`` true without election) and both
+answers carry it.
 
 The clock is injectable (monotonic seconds; tests pass the event loop's fake clock) and the state
 is guarded by a lock: the HTTP thread reads what the event loop writes.
@@ -106,6 +111,7 @@ class ControllerHealth:
         self._synced = False
         self._leader = True
         self._holder = ""
+        self._webhook: Callable[[], str] | None = None
 
     def started(self) -> None:
         """The control loop starts now: staleness counts from here until its first step."""
@@ -121,6 +127,12 @@ class ControllerHealth:
         """This replica leads (or not) and the Lease's holder is ``holder``."""
         with self._lock:
             self._leader, self._holder = leader, holder
+
+    def webhook(self, problem: Callable[[], str]) -> None:
+        """This replica serves the admission webhook: ready only while ``problem()`` (called from
+        the HTTP thread: it must only read) answers ``""``; otherwise it says why not."""
+        with self._lock:
+            self._webhook = problem
 
     def step_done(self, error: str | None = None) -> None:
         """A decision step ended: completed (``error`` None) or raised ``error``."""
@@ -151,13 +163,21 @@ class ControllerHealth:
             return self._report(reason == "ok", reason, now)
 
     def readiness(self) -> HealthReport:
-        """Ready once the initial listing has completed, leader or not (module docstring)."""
+        """Ready once the initial listing has completed and the webhook, if this replica serves
+        one, is served; leader or not (module docstring)."""
         now = self._clock()
         with self._lock:
-            if self._synced:
-                return self._report(True, "ok", now)
-            reason = "the initial listing of nodes, pods and NodePartitionings has not completed"
-            return self._report(False, reason, now)
+            synced, webhook = self._synced, self._webhook
+        problem = webhook() if synced and webhook is not None else ""
+        with self._lock:
+            if not synced:
+                reason = (
+                    "the initial listing of nodes, pods and NodePartitionings has not completed"
+                )
+                return self._report(False, reason, now)
+            if problem:
+                return self._report(False, problem, now)
+            return self._report(True, "ok", now)
 
     def _report(self, ok: bool, reason: str, now: float) -> HealthReport:
         age = None if self._last_step is None else max(0.0, now - self._last_step)

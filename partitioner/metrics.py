@@ -33,6 +33,10 @@ Each :class:`Metrics` owns its registry, so several controllers (tests, restarts
   leak worth reporting.
 * ``gpuslice_heap_reclaim_seconds`` (gauge): how long the last heap reclaim paused the
   controller (one full collection of the whole heap).
+* ``gpuslice_webhook_ca_bundle_restored_total`` (counter): times this replica found the
+  MutatingWebhookConfiguration's caBundle missing or not trusting its certificate (replaced or
+  re-created without it) and restored it (:mod:`partitioner.webhook_certs`); until then admission
+  calls failed and slice pods were admitted ungated.
 
 :meth:`Metrics.observe_waiting` sets the waiting gauges from one decision step.
 """
@@ -128,6 +132,11 @@ class Metrics:
         self.heap_reclaim_seconds = Gauge(
             "gpuslice_heap_reclaim_seconds",
             "Duration of the last heap reclaim (a full collection of the whole heap)",
+            registry=r,
+        )
+        self.webhook_ca_bundle_restored = Counter(
+            "gpuslice_webhook_ca_bundle_restored",
+            "Times the webhook configuration's caBundle was found wrong and restored",
             registry=r,
         )
 

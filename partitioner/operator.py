@@ -704,7 +704,9 @@ def build_registry(controller: Controller) -> kopf.OperatorRegistry:
             "reservations on to gate pods"
         )
     elif controller.settings.webhook_enabled:  # gates pods at admission: partitioner/webhook.py
-        register_webhook(registry, controller.settings, controller.api)
+        register_webhook(
+            registry, controller.settings, controller.api, controller.health, controller.metrics
+        )
     return registry
 
 

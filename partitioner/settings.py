@@ -525,6 +525,15 @@ class PartitionerSettings(CommonSettings):
     webhook_cert_check_seconds: float = Field(
         3600.0, gt=0, description="How often the self-managed certificate is checked for renewal."
     )
+    webhook_ca_bundle_check_seconds: float = Field(
+        20.0,
+        gt=0,
+        description=(
+            "How often (at most webhook_cert_check_seconds) the self-managed mode reads the "
+            "MutatingWebhookConfiguration to check that its caBundle still trusts this replica's "
+            "certificate; one replaced or re-created without it is restored at once."
+        ),
+    )
 
     @model_validator(mode="after")
     def _webhook_settings(self) -> PartitionerSettings:

@@ -25,11 +25,18 @@ Serving (:class:`GateServer`, a kopf admission server):
   changed certificate files by itself.  Whatever fails while serving (no certificate yet, port
   taken, a half-renewed pair of files) is logged and retried: the webhook never stops the
   partitioner, and while it is not served pods are simply not gated.
+* readiness: :meth:`GateServer.problem` says why the webhook is not served ("" while it is);
+  :func:`register_webhook` hands it to :meth:`partitioner.health.ControllerHealth.webhook`, so
+  the Service sends admission calls only to replicas that listen (leader or not).
+* shutdown: kopf closes the listener as soon as it gets SIGTERM, while the endpoints may still
+  route calls here for a few seconds; the chart's ``preStop`` sleep (``partitioner.
+  shutdownDelaySeconds``) delays the SIGTERM until they have dropped the terminating pod.
 * kopf's *managed* webhook configuration stays off: it cannot express the namespace selector or
   the match conditions, so the chart renders the configuration.
 
 Wiring: :func:`register_webhook` (from ``operator.build_registry``) adds the handler and a
-startup step that calls :func:`configure_admission` with the server.
+startup step that calls :func:`configure_admission` with the server; given the controller's
+health and metrics, readiness follows the webhook and restored caBundles are counted.
 """
 
 from __future__ import annotations
@@ -45,7 +52,9 @@ import kopf
 
 from partitioner import gating
 from partitioner.certs import service_dns_names
+from partitioner.health import ControllerHealth
 from partitioner.kubeapi import KubeApi
+from partitioner.metrics import Metrics
 from partitioner.quantities import QuantityError, pod_requests
 from partitioner.settings import PartitionerSettings
 from partitioner.webhook_certs import CertificateKeeper
@@ -112,6 +121,7 @@ class GateServer:
     """A kopf admission server: certificates first, then kopf's WebhookServer (module docstring).
 
     ``url`` is set (and ``serving`` set) once the listener runs; tests read them.
+    ``last_error`` is why the listener last failed ("" before any failure).
     """
 
     def __init__(
@@ -126,6 +136,19 @@ class GateServer:
         self.retry_seconds = retry_seconds
         self.url: str | None = None
         self.serving = asyncio.Event()
+        self.last_error = ""
+
+    def problem(self) -> str:
+        """Why the webhook is not served now, ``""`` while it is (readiness; read from the
+        health thread, so it only reads)."""
+        if self.serving.is_set():
+            return ""
+        keeper = self.keeper
+        if keeper is not None and not keeper.ready.is_set():
+            why = keeper.last_error or "its first certificate sync has not completed"
+            return f"the admission webhook is not served: no certificate yet ({why})"
+        why = self.last_error or "its listener is starting"
+        return f"the admission webhook is not served: {why}"
 
     def _server(self) -> kopf.WebhookServer:
         s = self.settings
@@ -159,6 +182,7 @@ class GateServer:
                             log.info("admission webhook listening (%s)", self.url)
                             yield config
                 except (OSError, ssl.SSLError, ValueError) as e:
+                    self.last_error = f"{type(e).__name__}: {e}"
                     log.error("admission webhook not served: %s (retrying)", e)
                 self.serving.clear()
                 await asyncio.sleep(self.retry_seconds)
@@ -175,13 +199,23 @@ def configure_admission(kopf_settings: kopf.OperatorSettings, server: GateServer
 
 
 def register_webhook(
-    registry: kopf.OperatorRegistry, settings: PartitionerSettings, api: KubeApi
+    registry: kopf.OperatorRegistry,
+    settings: PartitionerSettings,
+    api: KubeApi,
+    health: ControllerHealth | None = None,
+    metrics: Metrics | None = None,
 ) -> GateServer:
-    """Add the gating handler and the admission server's configuration to ``registry``."""
-    keeper = (
-        CertificateKeeper(api, settings) if settings.webhook_cert_mode == "self-managed" else None
-    )
+    """Add the gating handler and the admission server's configuration to ``registry``;
+    ``health`` is then ready only while the webhook is served, ``metrics`` counts caBundles
+    restored."""
+    keeper = None
+    if settings.webhook_cert_mode == "self-managed":
+        keeper = CertificateKeeper(api, settings)
+        if metrics is not None:
+            keeper.restored = metrics.webhook_ca_bundle_restored.inc
     server = GateServer(settings, keeper)
+    if health is not None:
+        health.webhook(server.problem)
 
     @kopf.on.mutate(
         "v1",

@@ -8,7 +8,14 @@ Model
 1. **The Secret** ``webhook_secret_name`` (type ``kubernetes.io/tls``; keys ``ca.crt``,
    ``ca.key``, ``tls.crt``, ``tls.key``) in the partitioner's namespace is the one source.
    Absent -> created with fresh material (:func:`partitioner.certs.issue`); a 409 means another
-   replica created it first, so it is re-read and used.  Due for renewal
+   replica created it first, so it is re-read and used.  Lost (deleted by hand, or
+   garbage-collected with a configuration deleted and created again) or unreadable while this
+   replica holds sound material (:attr:`CertificateKeeper.material`) -> written back from that
+   material, with a WARNING: every replica serves a certificate of that CA, and a new CA in the
+   caBundle alone would leave the others untrusted until their next sync.  Whenever a new CA
+   *is* issued (nothing sound anywhere, or a rollover), the CAs of this replica's material and of
+   the configuration's current caBundle that are still valid stay in the new bundle
+   (:func:`partitioner.certs.with_cas`).  Due for renewal
    (:func:`partitioner.certs.renewal_reason`) -> replaced by a merge patch carrying the
    resourceVersion it was read at; a 409 means another replica renewed it: re-read.  So two
    replicas always end up serving the same material.  The Secret is owned by the
@@ -32,7 +39,16 @@ Model
 
 :meth:`CertificateKeeper.run` repeats :meth:`~CertificateKeeper.sync` every
 ``webhook_cert_check_seconds``, and sooner (with backoff and jitter up to that period, one
-WARNING per outage) after a failure or while the configuration is missing.
+WARNING per outage) after a failure or while the configuration is missing.  Between syncs, every
+``webhook_ca_bundle_check_seconds`` (20 s), it GETs the configuration alone
+(:meth:`~CertificateKeeper.check_configuration`): a configuration replaced or re-created without
+the caBundle (``helm upgrade --force``, ``kubectl replace``, a GitOps re-create), or with one
+that does not trust this replica's certificate, would make every admission call fail TLS, and
+``failurePolicy: Ignore`` would then admit every slice pod ungated, silently.  Such a
+configuration gets a sync at once (caBundle, and the Secret's owner for a new uid), a WARNING
+that says so, and a count (the ``restored`` callback: ``gpuslice_webhook_ca_bundle_restored_total``).
+:attr:`~CertificateKeeper.last_error` holds the error of the last failed attempt (readiness names
+it while no certificate was ever written).
 Times for renewal come from the wall clock (certificates are about real time, not loop time).
 """
 
@@ -55,6 +71,8 @@ from partitioner.certs import (
     renewal_reason,
     renewed,
     service_dns_names,
+    trusts,
+    with_cas,
 )
 from partitioner.kubeapi import Backoff, Conflict, KubeApi, NotFound, OutageLog
 from partitioner.settings import PartitionerSettings
@@ -115,6 +133,7 @@ class CertificateKeeper:
         settings: PartitionerSettings,
         *,
         clock: Callable[[], datetime.datetime] = _utcnow,
+        restored: Callable[[], None] = lambda: None,
     ) -> None:
         ns = settings.webhook_namespace
         self.api = api
@@ -124,12 +143,21 @@ class CertificateKeeper:
         self.configuration_path = f"{MWC_PATH}/{settings.webhook_configuration_name}"
         self.directory = Path(settings.webhook_cert_dir)
         self.check_seconds = settings.webhook_cert_check_seconds
+        self.bundle_check_seconds = min(
+            settings.webhook_ca_bundle_check_seconds, self.check_seconds
+        )
         self.clock = clock
+        self.restored = restored
+        """Called each time :meth:`check_configuration` found the caBundle wrong and restored it."""
         self.material: Material | None = None
         self.ready = asyncio.Event()
         """Set once the files hold usable material."""
         self.configuration_missing = 0
         """Syncs in a row that found no MutatingWebhookConfiguration (0: the last one did)."""
+        self.configuration_uid = ""
+        """The configuration's uid at the last sync ("" while it was missing)."""
+        self.last_error = ""
+        """The last failed attempt's error ("" once one succeeded since)."""
 
     @property
     def server_file(self) -> Path:
@@ -152,15 +180,32 @@ class CertificateKeeper:
         try:
             return Material.from_secret_data(secret.get("data") or {})
         except CertificateError as e:
-            log.warning("Secret %s: %s; issuing a new certificate", self.secret_name, e)
+            log.warning("Secret %s: %s; writing it again", self.secret_name, e)
             return None
 
-    async def _owner(self) -> dict[str, Any] | None:
-        """The owner reference to the MutatingWebhookConfiguration; ``None`` while it is
-        missing."""
+    async def _configuration(self) -> dict[str, Any] | None:
+        """The MutatingWebhookConfiguration; ``None`` while it is missing."""
         try:
-            mwc = await self.api.request("GET", self.configuration_path)
+            return await self.api.request("GET", self.configuration_path)
         except NotFound:
+            return None
+
+    @staticmethod
+    def _bundles_of(mwc: Mapping[str, Any] | None) -> list[bytes | None]:
+        """Each webhook's caBundle, decoded (``None``: it has none, or not base64)."""
+        out: list[bytes | None] = []
+        for w in (mwc or {}).get("webhooks") or ():
+            encoded = ((w or {}).get("clientConfig") or {}).get("caBundle")
+            try:
+                out.append(base64.b64decode(encoded, validate=True) if encoded else None)
+            except (ValueError, TypeError):
+                out.append(None)
+        return out
+
+    @staticmethod
+    def _owner_of(mwc: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        """The owner reference to the configuration ``mwc`` (``None`` while it is missing)."""
+        if mwc is None:
             return None
         meta = mwc.get("metadata") or {}
         return {
@@ -191,19 +236,48 @@ class CertificateKeeper:
         ]
         return [*kept, dict(owner)]
 
+    def _replacement(
+        self, material: Material | None, exists: bool, trusted: bytes, now: datetime.datetime
+    ) -> Material:
+        """What to write instead of the Secret's ``material`` (due for renewal; ``exists``: the
+        Secret is there at all): this replica's own material when the Secret lost it and it is
+        sound, else renewed material, a new CA keeping the CAs still served (module docstring).
+        """
+        held = self.material
+        if material is None and held is not None and not renewal_reason(held, self.names, now):
+            log.warning(
+                "Secret %s is %s: writing back the certificate this replica serves (still "
+                "valid), not a new CA, which the other replicas' certificates are not signed by",
+                self.secret_name,
+                "unreadable" if exists else "missing",
+            )
+            return held
+        fresh = renewed(material, self.names, now)
+        if material is None or fresh.ca_key != material.ca_key:  # a new CA
+            fresh = with_cas(fresh, (held.ca_bundle if held else b"") + trusted, now)
+        return fresh
+
     async def _secret_material(self) -> Material:
-        """The Secret's material, created or renewed first when needed; the Secret gets its
-        owner (the configuration, once it exists) in the same write, or alone."""
-        owner = await self._owner()
+        """The Secret's material, created, restored or renewed first when needed; the Secret
+        gets its owner (the configuration, once it exists) in the same write, or alone."""
+        mwc = await self._configuration()
+        owner = self._owner_of(mwc)
+        trusted = b"".join(b for b in self._bundles_of(mwc) if b)
         for _ in range(_ATTEMPTS):
             secret = await self._read_secret()
             material = self._material_of(secret)
-            reason = renewal_reason(material, self.names, self.clock())
+            now = self.clock()
+            reason = renewal_reason(material, self.names, now)
             owners = self._owners_to_set(secret, owner)
             if not reason and owners is None:
                 assert material is not None
+                self.configuration_uid = owner["uid"] if owner else ""
                 return material
-            fresh = renewed(material, self.names, self.clock()) if reason else material
+            fresh = (
+                self._replacement(material, secret is not None, trusted, now)
+                if reason
+                else material
+            )
             assert fresh is not None
             try:
                 if secret is None:
@@ -232,6 +306,7 @@ class CertificateKeeper:
             except Conflict:
                 log.info("Secret %s was written by another replica; re-reading", self.secret_name)
                 continue
+            self.configuration_uid = owner["uid"] if owner else ""
             return fresh
         raise RuntimeError(
             f"Secret {self.secret_name} kept changing while being written ({_ATTEMPTS} tries)"
@@ -309,9 +384,44 @@ class CertificateKeeper:
         self.ready.set()
         return material
 
+    def _ca_bundle_problem(self, mwc: Mapping[str, Any]) -> str:
+        """What is wrong with the configuration's caBundle for this replica ("" when nothing
+        is, or nothing is known yet)."""
+        if self.material is None:
+            return ""
+        bundles = self._bundles_of(mwc)
+        if any(b is None for b in bundles):
+            return "has no caBundle"
+        if not all(b is not None and trusts(b, self.material.cert) for b in bundles):
+            return "has a caBundle that does not trust this replica's certificate"
+        return ""
+
+    async def check_configuration(self) -> None:
+        """Between syncs: GET the configuration alone; :meth:`sync` at once when it is gone, a
+        new object (another uid), or its caBundle does not trust this replica's certificate
+        (then also a WARNING and :attr:`restored`)."""
+        mwc = await self._configuration()
+        problem = "" if mwc is None else self._ca_bundle_problem(mwc)
+        uid = "" if mwc is None else str((mwc.get("metadata") or {}).get("uid") or "")
+        if not problem and uid == self.configuration_uid:
+            return
+        await self.sync()
+        if problem and not self.configuration_missing:
+            log.warning(
+                "MutatingWebhookConfiguration %s %s (replaced or re-created without it?): "
+                "restored.  Meanwhile the API server could not verify the webhook, and "
+                "failurePolicy Ignore admitted slice pods ungated (without a reservation).  "
+                "Tools that replace the object (helm --force, kubectl replace, GitOps "
+                "Replace=true) should ignore its caBundle",
+                self.configuration_path.rsplit("/", 1)[-1],
+                problem,
+            )
+            self.restored()
+
     async def run(self) -> None:
-        """:meth:`sync` now and every ``check_seconds``; after a failure, or while the
-        MutatingWebhookConfiguration is missing, sooner.
+        """:meth:`sync` now and every ``check_seconds``, :meth:`check_configuration` every
+        ``bundle_check_seconds`` in between; after a failure, or while the
+        MutatingWebhookConfiguration is missing, a whole sync sooner.
 
         Retries after a failure back off exponentially with jitter (1 s doubling up to
         ``check_seconds``); an outage is one WARNING when it starts and one INFO when a sync
@@ -321,23 +431,34 @@ class CertificateKeeper:
         ``check_seconds``), so its caBundle and the Secret's owner follow its creation within
         seconds instead of a check period (an hour by default) of ungated pods.
         """
+        loop = asyncio.get_running_loop()
         backoff = Backoff(initial_s=min(1.0, self.check_seconds), cap_s=self.check_seconds)
         outage = OutageLog("webhook certificate sync", log)
+        next_sync = loop.time()
         while True:
             try:
-                await self.sync()
+                if loop.time() >= next_sync:
+                    await self.sync()
+                    next_sync = loop.time() + self.check_seconds
+                else:
+                    await self.check_configuration()
             except asyncio.CancelledError:
                 raise
             except Exception as e:
+                self.last_error = f"{type(e).__name__}: {e}"
                 delay = backoff.delay(outage.failures + 1, random.random())
                 outage.failed(e, delay)
+                next_sync = loop.time()  # the retry is a whole sync
                 await asyncio.sleep(delay)
                 continue
+            self.last_error = ""
             outage.succeeded()
             if self.configuration_missing:
                 retry = MISSING_CONFIGURATION_RETRY.delay(
                     self.configuration_missing, random.random()
                 )
+                next_sync = loop.time()  # the retry is a whole sync
                 await asyncio.sleep(min(retry, self.check_seconds))
             else:
-                await asyncio.sleep(self.check_seconds)
+                wait = min(self.bundle_check_seconds, next_sync - loop.time())
+                await asyncio.sleep(max(0.0, wait))

@@ -24,6 +24,8 @@ from partitioner.certs import (
     renewal_reason,
     renewed,
     service_dns_names,
+    trusts,
+    with_cas,
 )
 
 NAMES = service_dns_names("gs-gpuslice-webhook", "gpu-system")
@@ -166,3 +168,32 @@ def test_unsound_material_is_renewed(broken: str, reason: str) -> None:
 def test_secret_data_errors_name_the_key(data: dict[str, str], message: str) -> None:
     with pytest.raises(CertificateError, match=message):
         Material.from_secret_data(data)
+
+
+# -- bundles that keep serving certificates trusted (a lost Secret, partitioner/webhook_certs.py)
+def test_trusts_accepts_exactly_certificates_signed_by_a_ca_of_the_bundle() -> None:
+    a, b = issue(NAMES, T0), issue(NAMES, T0)
+    assert trusts(a.ca_bundle, a.cert) and trusts(b.ca_bundle, b.cert)
+    assert not trusts(a.ca_bundle, b.cert) and not trusts(b.ca_bundle, a.cert)
+    assert trusts(b.ca_bundle + a.ca_bundle, a.cert)  # any CA of the bundle, not only the first
+    assert not trusts(b"", a.cert)
+    assert not trusts(b"not a bundle", a.cert)
+    assert not trusts(a.ca_bundle, b"not a certificate")
+    # a serving certificate is no CA: one that names itself is still not trusted by another
+    assert not trusts(a.cert, b.cert)
+
+
+def test_with_cas_appends_the_valid_cas_once_and_keeps_the_current_ca_first() -> None:
+    new, old = issue(NAMES, T0 + 10 * DAY), issue(NAMES, T0)
+    ended = issue(NAMES, T0 - (CA_DAYS + 1) * DAY)  # its CA ended a day before T0
+    now = T0 + 10 * DAY
+    kept = with_cas(new, old.ca_bundle + ended.ca_bundle + old.cert + b"junk", now)
+    bundle = x509.load_pem_x509_certificates(kept.ca_bundle)
+    first = x509.load_pem_x509_certificates(new.ca_bundle)[0]
+    assert bundle == [first, x509.load_pem_x509_certificates(old.ca_bundle)[0]]
+    assert (kept.ca_key, kept.cert, kept.key) == (new.ca_key, new.cert, new.key)
+    assert renewal_reason(kept, NAMES, now) == ""
+    assert trusts(kept.ca_bundle, old.cert) and trusts(kept.ca_bundle, new.cert)
+    assert not trusts(kept.ca_bundle, ended.cert)
+    assert with_cas(kept, old.ca_bundle + new.ca_bundle, now) == kept  # nothing new: unchanged
+    assert with_cas(new, b"", now) == new

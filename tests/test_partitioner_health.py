@@ -82,6 +82,27 @@ def test_zero_turns_both_rules_off_and_readiness_follows_the_listing() -> None:
         ControllerHealth(stale_seconds=-1, failed_steps=1)
 
 
+def test_a_replica_serving_the_webhook_is_ready_only_while_it_is_served() -> None:
+    """The webhook's Service routes admission calls to ready pods: a replica whose webhook is
+    not served must not be ready (the reason says why), leader or follower alike."""
+    clock = ManualClock(1000.0)
+    health = ControllerHealth(stale_seconds=60, failed_steps=3, clock=clock)
+    problem = ["the admission webhook is not served: no certificate yet (ApiError: 403)"]
+    health.webhook(lambda: problem[0])
+    report = health.readiness()
+    assert not report.ok  # the listing first: its reason wins
+    assert report.reason.startswith("the initial listing of nodes")
+    health.synced()
+    health.leadership(False, "other-replica")
+    report = health.readiness()
+    assert (report.ok, report.reason, report.synced) == (False, problem[0], True)
+    assert (report.leader, report.holder) == (False, "other-replica")
+    assert health.liveness().ok  # a restart would not serve it either
+    problem[0] = ""
+    report = health.readiness()
+    assert (report.ok, report.reason, report.leader) == (True, "ok", False)  # a ready follower
+
+
 def test_stale_limit_must_exceed_a_cycle_plus_planning() -> None:
     with pytest.raises(ValueError, match=r"must exceed cycle_seconds \+ planner_time_limit"):
         PartitionerSettings(
