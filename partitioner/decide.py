@@ -340,6 +340,9 @@ class ControllerState:
     starts over."""
     quiet: Quiet | None = None
     """Set when the step that returned this state was a fixed point (:class:`Quiet`)."""
+    deep_since: float | None = None
+    """Since when (this controller's clock) the queue has been deep while drains were under
+    way (:meth:`_Step._end_drains` waits a batch window of it); ``None``: it is not."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -728,6 +731,8 @@ class _Step:
         """GPU nodes cordoned or under a lifecycle taint -> why (:meth:`_paused_fit`), once
         read."""
         """Opted-in nodes whose GPU labels cannot be read (:meth:`_give_back`), once read."""
+        self.deep_since: float | None = None
+        """The next :attr:`ControllerState.deep_since`."""
         self.handed_over: set[str] = set()
         """Candidates whose gate this step removed for kube-scheduler: its preemption
         (:meth:`preempt`) or the cluster autoscaler (:meth:`scale_up`)."""
@@ -1110,8 +1115,18 @@ class _Step:
         self.counts["waiting"] = len(self.seen)
         if math.isfinite(soonest):
             self.wake(soonest)
-        if self.drains and self.deep_queue():
-            self._end_drains()
+        if self.drains:
+            self._yield_drains()
+        if self.drains and self.deep_queue() and self._deep_beyond_free():
+            # a burst the next plan serves is no overload: a drain ends once the queue has
+            # stayed deep for a batch window (it started over from nothing each time before)
+            since = self.state.deep_since if self.state.deep_since is not None else self.now
+            self.deep_since = since
+            due = since + self.config.policy.timeout
+            if self.now >= due:
+                self._end_drains()
+            else:
+                self.wake(due)
 
     def _bounded(self, r: Reservation) -> Reservation:
         """Every wait has a deadline: a planned or released reservation is held to at most
@@ -1122,8 +1137,53 @@ class _Step:
         limit = min(r.since, self.now) + self.config.apply_deadline_s + self.config.bind_deadline_s
         return r if r.deadline <= limit else replace(r, deadline=limit)
 
+    def _deep_beyond_free(self) -> bool:
+        """The queue stays deep once the free slices of the open nodes serve what they can:
+        the slice units asked for beyond the free units of their resource exceed the deep-queue
+        limit.  Pods that arrive to free slices are served by the fast path in this very step;
+        counted, a pair of them in a short queue ended a drain that had nearly emptied its GPU,
+        again and again (the drain started over from nothing each time), and the pod it was
+        for was never served."""
+        free: Counter[str] = Counter()
+        for ledger in self.ledgers.values():
+            if not ledger.busy and self._open(ledger.name):
+                free.update(ledger.free())
+        beyond = sum(max(0, k - free[r]) for r, k in self.candidate_resources.items())
+        return beyond > max(1.0, self.config.drain_queue_limit * self.cluster_gpus())
+
+    def _yield_drains(self) -> None:
+        """A drain yields to a waiting pod of higher priority that may use the drained node:
+        frozen GPUs take no pod, so a lower-priority pod's drain kept the free slices there
+        from it (kube-scheduler would have bound it at once), and the emptied GPUs went to the
+        lower-priority pod.  The candidates are in priority order, highest first."""
+        ranked = list(self.candidates.values())
+        for key, r in sorted(self.drains.items()):
+            mine = self.index.pods[key].priority
+            first: PodInfo | None = None
+            for p in ranked:
+                if p.priority <= mine:
+                    break
+                if (
+                    p.key in self.managed
+                    and p.key not in self.drains
+                    and r.node in self.index.eligible(p, self.gpu_nodes)
+                ):
+                    first = p
+                    break
+            if first is None:
+                continue
+            del self.drains[key]
+            self.counts["drains_yielded"] += 1
+            self._drop(
+                self.index.pods[key],
+                r,
+                f"drain of node {r.node} ended: pod {first.key} of higher priority "
+                f"({first.priority} > {mine}) waits and may use that node",
+            )
+
     def _end_drains(self) -> None:
-        """A deep queue ends every drain (module docstring, step 8): a frozen GPU that has
+        """A deep queue that lasts a batch window ends every drain (module docstring, step 8;
+        counted beyond what the free slices serve: :meth:`_deep_beyond_free`): a frozen GPU that has
         emptied idles until the rest of its set does, while the queue's pods could run on it.
         The GPUs stay frozen for this step only (the ledgers are built); the pods are
         candidates as before and may be drained again once the queue is short."""
@@ -1970,6 +2030,16 @@ class _Step:
                 continue
             frozen = {i for g in r.gpus.values() for i in g}
             gpus = [g for g in ledger.gpus if g.index in frozen]
+            if len(gpus) < len(frozen):  # the node no longer has them all: it never empties
+                del self.drains[key]
+                self._drop(
+                    self.index.pods[key],
+                    r,
+                    f"node {r.node} no longer has GPU(s) "
+                    f"{', '.join(str(i) for i in sorted(frozen - {g.index for g in gpus}))} "
+                    f"drained for it",
+                )
+                continue
             if any(d.used or d.pinned for g in gpus for d in g.devices):
                 continue
             self._plan_drained(ledger, self.candidates[key], frozen, r)
@@ -2012,7 +2082,10 @@ class _Step:
         except Exception:  # planning errors are reported by the batch plan
             return
         assignment = plan.assignments.get(pod.key)
-        if assignment is None:
+        if assignment is None:  # emptied, yet it cannot go there (CPU/memory taken since)
+            self.drains.pop(pod.key, None)
+            why = plan.unplaced.get(pod.key, "the node cannot take it now")
+            self._drop(pod, r, f"the GPUs drained for it on node {r.node} are empty but {why}")
             return
         self._write_plan(plan, plan_id, {pod.key: pod})
         self.counts["drained"] += 1
@@ -2137,6 +2210,7 @@ class _Step:
             return
         if self.deep_queue():
             self.counts["drains_deep_queue"] += 1
+            self._tell_too_big_to_drain()
             return  # overload: no new drain (the ones started stay until they complete)
         frozen_now = sum(1 for ledger in self.ledgers.values() for g in ledger.gpus if g.frozen)
         full = drain_budget(self.ledgers.values(), self.config.drain_fraction)
@@ -2197,6 +2271,34 @@ class _Step:
             self._patch(PatchPod(pod.key, _pod_ref(pod), patch, "reserve", None, (event,)))
             self.note(pod, r)
             self.counts["drains_started"] += 1
+
+    def _tell_too_big_to_drain(self) -> None:
+        """A starving pod that alone makes the queue deep (its own units exceed
+        ``drain_queue_limit`` per GPU, with what else waits within it) is never drained: told
+        once (``NotDrained``) which setting decides, as a pod larger than the drain budget is.
+        Otherwise it waited without a word, and the budget the docs name changed nothing."""
+        limit = max(1.0, self.config.drain_queue_limit * self.cluster_gpus())
+        total = self.candidate_resources.total()
+        for pod in self.candidates.values():
+            need = sum(pod.slices.values())
+            if (
+                need <= limit
+                or total - need > limit
+                or pod.key not in self.managed
+                or self.now - (pod.created if pod.created is not None else self.now)
+                < self.config.drain_after_s
+            ):
+                continue
+            self.once(
+                pod,
+                "NotDrained",
+                f"waits for {need} GPU(s) on one node, more slice units than the drain queue "
+                f"limit lets wait while GPUs are drained ({limit:g}: drainQueueLimit "
+                f"{self.config.drain_queue_limit:g} per GPU of the cluster's "
+                f"{self.cluster_gpus()}): no GPU is emptied for it, it starts when a node frees "
+                f"enough by itself; raise partitioner.reservations.drainQueueLimit, or give "
+                f"such jobs a node pool of their own (docs/operations.md, 'Whole-node jobs')",
+            )
 
     def _starving(self, plan: Plan) -> Iterable[PodInfo]:
         """Gated candidates that waited ``drain_after_s`` and that no plan could place for lack
@@ -2775,6 +2877,7 @@ class _Step:
             self.replan_at,
             self.unlisted_since,
             self.stranded_since,
+            deep_since=self.deep_since,
         )
         actions = (
             tuple(a for i, a in enumerate(self.actions) if i not in self._superseded)
