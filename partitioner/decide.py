@@ -1817,6 +1817,8 @@ class _Step:
         event = EmitEvent(_pod_ref(pod), "Normal", "Released", message)
         self._patch(PatchPod(pod.key, _pod_ref(pod), patch, "release", None, (event,)))
         ledger.released_unbound.update(r.units())
+        for resource in r.units():  # the kubelet may give it any free slice of that size
+            ledger.pin_slices(resource)
         self.note(pod, released)
         self.counts["releases"] += 1
 

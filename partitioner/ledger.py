@@ -83,6 +83,10 @@ __all__ = ["Device", "GpuSlots", "Hold", "NodeLedger", "build_ledgers", "instanc
 MIB_PER_GIB = 1024
 
 
+_SLICED = (Mode.MPS, Mode.HYBRID)
+"""Modes whose nodes serve MPS slices (:meth:`NodeLedger.pin_slices`)."""
+
+
 def instance_resource(model: GpuModel, profile: str) -> str:
     """The extended resource a MIG instance of ``profile`` is advertised as."""
     try:
@@ -509,8 +513,8 @@ class NodeLedger:
             released = h.reservation.state is State.RELEASED
             for r, indices in h.reservation.gpus.items():
                 for i in indices:
-                    if released and self.gpu.mode is Mode.HYBRID and not self.gpu.dra:
-                        self._pin_hosted(r, i)
+                    if released:
+                        self.pin_slices(r)
                     self._pin_one(r, i)
         for r, k in sorted(self.nominated.items()):  # no GPU expected: the kubelet picks
             for _ in range(k):  # frozen GPUs too: a drain must not plan over the freed slice
@@ -548,15 +552,20 @@ class NodeLedger:
                 d.pinned = pinned = True
         return pinned
 
-    def _pin_hosted(self, resource: str, expected: int) -> None:
-        """A released pod's MPS slice on a hybrid GPU: every free slice of ``resource`` on the
-        expected GPU is pinned, since any of them may be the one the device plugin gives it
-        (its preferred allocation orders by device id, not by the host the partitioner would
-        pin): pinning one let a plan destroy the other host under the pod the kubelet was
-        about to admit there, and the agent refused the spec (``SliceInUse``).  Only until
-        the pod binds; then its slice is used and the rest free again."""
+    def pin_slices(self, resource: str) -> None:
+        """A released pod's MPS slice (an MPS node, or a hybrid node's host): every free slice
+        of ``resource`` on every GPU is pinned, since any of them may be the one the kubelet
+        gives it (the agent's preferred allocation packs onto the GPU with the fewest free
+        slices of that size, not the GPU the reservation expects, and MPS slices count no
+        compute for :meth:`choose_gpus` to follow): pinning the expected GPU's alone let a plan
+        destroy or resize the other one under the pod the kubelet was about to admit there,
+        and the agent refused the spec (``SliceInUse``).  Only until the pod binds; then its
+        slice is used and the rest free again.  No-op on MIG and DRA nodes, where the
+        reservation names what the kubelet or kube-scheduler gives."""
+        if self.gpu.mode not in _SLICED or self.gpu.dra:
+            return
         for g in self.gpus:
-            if g.index == expected and not g.frozen:
+            if not g.frozen:
                 for d in g.devices:
                     if d.resource == resource and not d.mig_profile:
                         d.pinned = True

@@ -606,8 +606,8 @@ def test_no_drain_starts_while_the_queue_is_deeper_than_the_limit(limit: float) 
 
 
 def test_a_deep_queue_ends_a_drain_and_a_short_one_starts_it_again() -> None:
-    """A drain started in a short queue ends when the queue turns deep (a frozen GPU that has
-    emptied would idle while the queue's pods could use it): the pod is a plain candidate
+    """A drain started in a short queue ends when the queue has been deep for a batch window (a
+    frozen GPU that has emptied would idle while the queue's pods could use it): the pod is a plain candidate
     again, with an Event; no drain starts while the queue stays deep, and once it is short
     the pod is drained again."""
     c = no_gpu_can_host_big()
@@ -616,14 +616,17 @@ def test_a_deep_queue_ends_a_drain_and_a_short_one_starts_it_again() -> None:
     assert reservation(c, "big").state is State.DRAINING
     c.put(gated("next1", SEVEN_G, created=T0 + 612))
     c.put(gated("next2", SEVEN_G, created=T0 + 613))  # 3 units on 2 GPUs: deep
-    d = c.step(T0 + 620)
+    d = c.step(T0 + 620)  # deep for less than a batch window: a burst, not yet overload
+    assert "drains_ended_deep_queue" not in d.counts and not events(d, "ReservationDropped")
+    assert d.next_wakeup is not None and d.next_wakeup <= T0 + 620 + CONFIG.policy.timeout
+    d = c.step(T0 + 620 + CONFIG.policy.timeout)
     assert d.counts["drains_ended_deep_queue"] == 1
     (msg,) = events(d, "ReservationDropped")
     assert msg.startswith("drain of node n1 ended: 3 slice unit(s) wait for 2 GPU(s)")
     assert reservation(c, "big") is None and GATE in str(c.pod("big")["spec"])
     (view,) = [a for a in d.actions if isinstance(a, WriteReservations)]
     assert view.reservations == ()
-    d = c.step(T0 + 700)
+    d = c.step(T0 + 740)
     assert not events(d, "Draining") and reservation(c, "big") is None
     del c.objs[("Pod", "ns/next1")]
     del c.objs[("Pod", "ns/next2")]
