@@ -9,7 +9,9 @@ device id or a process runs on it.  :func:`plan_gpu` returns a :class:`GpuPlan`,
 order, so a spec that cannot be applied touches nothing:
 
 1. **validate** the whole target against the catalog (known model and profiles, a valid
-   layout per :func:`planner.geometry.layout_errors`, MPS slices that fit the GPU memory);
+   layout per :func:`planner.geometry.layout_errors`, MPS slices that fit the GPU memory,
+   at most :data:`planner.mps.MAX_CLIENTS` (48, an MPS server's client limit) per GPU or
+   instance unless it holds that many already);
    failure -> ``blocked`` (Degraded), no operation.
 2. **protect** every used instance/slice: it must be part of the target exactly (same profile
    at the same start; same memory and thread share), and a MIG mode change needs the GPU idle;
@@ -43,6 +45,7 @@ instances created in this pass are filled by the reconciler once their UUID is k
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from contract.nodepartitioning import DesiredGpu
@@ -50,6 +53,7 @@ from node_agent.devices import mps_slice_id
 from node_agent.nvml import GpuInfo
 from planner.catalog import CatalogError, GpuModel, MigProfile
 from planner.geometry import Placement, layout_errors
+from planner.mps import MAX_CLIENTS
 
 __all__ = [
     "Block",
@@ -213,7 +217,8 @@ def plan_gpu(obs: ObservedGpu, desired: DesiredGpu, mode: str) -> GpuPlan:
     if err:
         reason, _, msg = err.partition(": ")
         return _blocked(obs, reason, msg)
-    hosted_err = _hosted_errors(obs.model, desired, mode)
+    hosting = {(x.profile.name, x.start): len(x.slices or ()) for x in obs.instances if x.profile}
+    hosted_err = _hosted_errors(obs.model, desired, mode, hosting)
     if hosted_err:
         return _blocked(obs, "InvalidSpec", hosted_err)
 
@@ -295,14 +300,33 @@ def plan_gpu(obs: ObservedGpu, desired: DesiredGpu, mode: str) -> GpuPlan:
     )
 
 
-def _hosted_errors(model: GpuModel, desired: DesiredGpu, mode: str) -> str:
-    """Why the MPS slices inside ``desired``'s instances cannot be applied, or ``""``."""
+def _too_many_slices(wanted: int, now: int) -> str:
+    """Why ``wanted`` MPS slices on one GPU (instance) holding ``now`` cannot be applied, or
+    ``""``: more than :data:`planner.mps.MAX_CLIENTS`, unless it has that many already (an older
+    plan made them; refusing would only block the GPU until their pods end)."""
+    if wanted <= MAX_CLIENTS or wanted <= now:
+        return ""
+    return (
+        f"{wanted} MPS slices listed, but an MPS server accepts at most {MAX_CLIENTS} clients "
+        "(a pod's client past that fails CUDA init with cudaErrorMpsMaxClientsReached): at "
+        f"most {MAX_CLIENTS} slices per GPU or instance"
+    )
+
+
+def _hosted_errors(
+    model: GpuModel, desired: DesiredGpu, mode: str, now: Mapping[tuple[str, int], int]
+) -> str:
+    """Why the MPS slices inside ``desired``'s instances cannot be applied, or ``""``; ``now``
+    counts the slices each (profile name, start) hosts now."""
     for d in desired.mig:
         if not d.mps:
             continue
         where = f"instance {d.profile}@{d.start}"
         if mode != "hybrid":
             return f"{where} lists MPS slices but the node's mode is {mode!r}"
+        many = _too_many_slices(len(d.mps), now.get((model.profile(d.profile).name, d.start), 0))
+        if many:
+            return f"{where}: {many}"
         small = [s.memoryMiB for s in d.mps if s.memoryMiB < 1024]
         if small:
             return f"{where}: MPS slices under 1024 MiB ({small}) cannot be named"
@@ -362,6 +386,9 @@ def _plan_mps(obs: ObservedGpu, desired: DesiredGpu) -> GpuPlan:
     assert model is not None
     if desired.mig:
         return _blocked(obs, "InvalidSpec", "MIG instances are listed but the node's mode is 'mps'")
+    many = _too_many_slices(len(desired.mps), len(obs.slices or ()))
+    if many:
+        return _blocked(obs, "InvalidSpec", many)
     total = sum(s.memoryMiB for s in desired.mps)
     if total > obs.info.memory_mib:
         return _blocked(

@@ -26,21 +26,26 @@ be compared with what users run today, minus nos's placement bugs:
    where no layout covers anything is left alone.
 4. An MPS node fits the pod when CPU/memory fit and, after claiming free slices of exactly the
    requested size, the lacking slices can be added GPU by GPU: a new slice fits where the
-   GPU's memory minus ``settings.mps_reserve_mib`` minus every slice kept covers it; if that
-   is not enough, free (unclaimed) slices of that GPU are removed, largest first, but only as
-   many as the new slices need.  New slices get an active-thread percentage per
-   ``settings.mps_thread_policy`` (:func:`planner.mps.thread_percentage`).
+   GPU's memory minus ``settings.mps_reserve_mib`` minus every slice kept covers it, the GPU
+   holds fewer than :data:`planner.mps.MAX_CLIENTS` (48) slices (an MPS server's client
+   limit) and, under the proportional thread policy, the thread % of its slices leaves the
+   new slice's share within 100; if that is not enough, free (unclaimed) slices of that GPU
+   are removed, largest first, but only as many as the new slices need.  New slices get an
+   active-thread percentage per ``settings.mps_thread_policy``
+   (:func:`planner.mps.thread_percentage`).
 5. A hybrid node (:mod:`planner.hybrid`) takes MIG pods as a MIG node does (preferring free
    instances that host no slices) and MPS pods unit by unit: a free slice of exactly the size
    in a host instance (GPU index order, then start), else a new slice in a host with room
-   (``usable(P)`` minus its slices), else a free instance that hosts nothing becomes a host
+   (``usable(P)`` minus its slices, fewer than 48 slices, thread % as in 4), else a free instance that hosts nothing becomes a host
    (the smallest profile that holds the slice), else a new instance of the smallest profile
    that holds the slice is created beside the pinned ones (the layout covering it, as in 3).
    Every instance that gets a slice of this plan is pinned from then on; a locked GPU only
    lends the free slices it has, and a sealed host (used itself) lends none.
 6. A pod that fits nowhere is unplaced with :mod:`planner.demand`'s reason: its eligibility
    rejection, ``node cpu/memory`` when GPU room existed on a node whose CPU/memory the
-   earlier pods took, else ``capacity``.
+   earlier pods took, else ``capacity`` (naming the MPS client limit when the pod would have
+   fitted on some eligible node past that limit or the thread budget,
+   :data:`planner.mps.CLIENT_LIMIT_NOTE`).
 
 Unlike nos, layouts are placement-exact (profile + start), so a plan can always be applied in
 full; the tentative changes for a pod are dropped when the pod does not fit the node.
@@ -95,7 +100,15 @@ from planner.geometry import (
 )
 from planner.host_index import HostIndex
 from planner.hybrid import host_profiles, instance_usable_mib
-from planner.mps import current_thread_percentage, thread_percentage
+from planner.mps import (
+    CLIENT_LIMIT_NOTE,
+    MAX_CLIENTS,
+    client_limited,
+    client_slots,
+    current_thread_percentage,
+    thread_budget,
+    thread_percentage,
+)
 from planner.settings import PlannerSettings, Policy
 from planner.snapshot import (
     Assignment,
@@ -322,6 +335,13 @@ def _host_now(model: GpuModel, inst: MigInstance, settings: PlannerSettings) -> 
     return _Host(inst.start, prof.name, usable, slices)
 
 
+def _fits(room: int, slots: int, threads: int | None, mib: int, pct: int) -> int:
+    """New slices of ``mib`` MiB (``pct`` % threads each) that fit ``room`` MiB, ``slots``
+    clients and ``threads`` % (``None``: no thread budget)."""
+    n = min(room // mib, slots)
+    return n if threads is None else min(n, threads // pct)
+
+
 def _mps_gpus(node: NodeState, model: GpuModel, settings: PlannerSettings) -> list[_MpsGpu]:
     usable = mps_usable_mib(node, model, settings)
     policy = settings.mps_thread_policy
@@ -359,6 +379,11 @@ class _Greedy:
         self._resolved: dict[tuple[object, ...], _Resolved | None] = {}
         self._tables: dict[tuple[object, ...], _PodTable] = {}
         self._failed: dict[tuple[int, tuple[tuple[str, int], ...]], int] = {}
+        self._client_limited: dict[tuple[int, tuple[tuple[str, int], ...]], int] = {}
+        """Like ``_failed``, where the fit would have succeeded past the MPS client limit
+        (:data:`planner.mps.MAX_CLIENTS`) or thread budget."""
+        self._limited = False
+        """Set by an MPS fit when the client limit or thread budget kept a slice off."""
         # Why no node accepts a pod, per (requests, CPU, memory, allowed nodes): the reason
         # depends on nothing else, and the summary visits every node of the snapshot.
         self._ineligible: dict[tuple[object, ...], str] = {}
@@ -505,14 +530,16 @@ class _Greedy:
 
     # ---- hybrid: MPS slices inside MIG instances ----------------------------------------
 
-    def fit_hybrid(self, node: _Node, demand: Sequence[ResolvedRequest]) -> _Fit | None:
+    def fit_hybrid(
+        self, node: _Node, demand: Sequence[ResolvedRequest], capped: bool = True
+    ) -> _Fit | None:
         gpus = list(node.mig)
         changed: set[int] = set()
         units: dict[str, list[int]] = {r.resource: [] for r in demand}
         starts: dict[str, list[int]] = {r.resource: [] for r in demand}
         for r in demand:
             for _ in range(r.count):
-                got = self._host_slice(node, gpus, r.mps_mib)
+                got = self._host_slice(node, gpus, r.mps_mib, capped)
                 if got is None:
                     return None
                 k, start = got
@@ -525,9 +552,12 @@ class _Greedy:
             hosts={res: tuple(st) for res, st in starts.items()},
         )
 
-    def _host_slice(self, node: _Node, gpus: list[_MigGpu], mib: int) -> tuple[int, int] | None:
+    def _host_slice(
+        self, node: _Node, gpus: list[_MigGpu], mib: int, capped: bool = True
+    ) -> tuple[int, int] | None:
         """Claim one slice of ``mib`` MiB on ``gpus`` (module docstring, rule 5): (position in
-        ``gpus``, host start), ``gpus`` updated; ``None`` if there is no room."""
+        ``gpus``, host start), ``gpus`` updated; ``None`` if there is no room.  A host takes a
+        new slice only within the client limit and thread budget (``capped=False``: lifted)."""
         model, settings = node.model, self.settings
         policy = settings.mps_thread_policy
 
@@ -541,8 +571,10 @@ class _Greedy:
             )
             return k, start
 
-        for k, gpu in enumerate(gpus):  # a free slice of this size
+        for k, gpu in enumerate(gpus):  # a free slice of this size (a client within the limit)
             for h in gpu.hosts:
+                if capped and sum(x.taken for x in h.slices) >= MAX_CLIENTS:
+                    continue
                 for j, sl in enumerate(h.slices):
                     if not sl.taken and sl.memory_mib == mib:
                         new = (*h.slices[:j], replace(sl, taken=True), *h.slices[j + 1 :])
@@ -551,6 +583,14 @@ class _Greedy:
             for h in () if gpu.locked else gpu.hosts:
                 if h.room_mib >= mib:
                     pct = thread_percentage(mib, h.usable_mib, policy)
+                    if capped and client_limited(
+                        [x.memory_mib for x in h.slices],
+                        h.usable_mib,
+                        mib,
+                        policy,
+                    ):
+                        self._limited = True
+                        continue
                     new = (*h.slices, _HostSlice(mib, pct, False, True))
                     return put(k, replace(h, slices=new), h.start)
         fitting = sorted(
@@ -596,7 +636,11 @@ class _Greedy:
 
     # ---- MPS -----------------------------------------------------------------------------
 
-    def fit_mps(self, node: _Node, demand: Sequence[ResolvedRequest]) -> _Fit | None:
+    def fit_mps(
+        self, node: _Node, demand: Sequence[ResolvedRequest], capped: bool = True
+    ) -> _Fit | None:
+        """Claim the pod's MPS slices on ``node`` (module docstring, rule 4); ``capped=False``
+        lifts the client limit and thread budget (only to tell why a pod did not fit)."""
         policy = self.settings.mps_thread_policy
         gpus = list(node.mps)
         changed: set[int] = set()
@@ -608,7 +652,11 @@ class _Greedy:
                 free = list(gpu.free)
                 pinned = list(gpu.pinned)
                 for s in gpu.free:
-                    if need > 0 and s.memory_mib == mib:
+                    if (
+                        need > 0
+                        and s.memory_mib == mib
+                        and (len(pinned) < MAX_CLIENTS or not capped)
+                    ):
                         free.remove(s)
                         pinned.append(s)
                         units[r.resource].append(gpu.index)
@@ -616,26 +664,46 @@ class _Greedy:
                 if len(free) != len(gpu.free):
                     gpus[k] = replace(gpu, pinned=tuple(pinned), free=tuple(free))
                     changed.add(k)
-            # 2. Add slices where memory allows, removing free slices (largest first) if needed.
+            # 2. Add slices where memory, client slots and threads allow, removing free slices
+            #    (largest first) if needed.
             for k, gpu in enumerate(gpus):
                 if need == 0:
                     break
+                pct = thread_percentage(mib, gpu.usable_mib, policy)
                 room = gpu.room_mib
+                slots, threads = need, None
+                if capped:
+                    have = (*gpu.pinned, *gpu.free)
+                    slots = client_slots(len(have))
+                    threads = thread_budget(
+                        (thread_percentage(s.memory_mib, gpu.usable_mib, policy) for s in have),
+                        policy,
+                    )
                 drop_order = sorted(gpu.free, key=lambda s: -s.memory_mib)
                 n_drop = 0
-                while room // mib < need and n_drop < len(drop_order):
-                    room += drop_order[n_drop].memory_mib
+                while _fits(room, slots, threads, mib, pct) < need and n_drop < len(drop_order):
+                    d = drop_order[n_drop]
+                    room, slots = room + d.memory_mib, slots + 1
+                    if threads is not None:
+                        threads += thread_percentage(d.memory_mib, gpu.usable_mib, policy)
                     n_drop += 1
-                add = min(need, room // mib)
-                while n_drop > 0 and (room - drop_order[n_drop - 1].memory_mib) // mib >= add:
+                add = min(need, _fits(room, slots, threads, mib, pct))
+                while n_drop > 0:
+                    d = drop_order[n_drop - 1]
+                    t = threads
+                    if t is not None:
+                        t -= thread_percentage(d.memory_mib, gpu.usable_mib, policy)
+                    if _fits(room - d.memory_mib, slots - 1, t, mib, pct) < add:
+                        break
                     n_drop -= 1  # that removal was not needed for ``add`` slices
-                    room -= drop_order[n_drop].memory_mib
+                    room, slots, threads = room - d.memory_mib, slots - 1, t
+                if add < need and min(need, room // mib) > add:
+                    self._limited = True  # the client limit (or thread budget) kept slices off
                 if add == 0:
                     continue
                 kept = list(gpu.free)
                 for dropped in drop_order[:n_drop]:
                     kept.remove(dropped)
-                pct = thread_percentage(mib, gpu.usable_mib, policy)
                 new = tuple(_Slice(mib, pct, used=False) for _ in range(add))
                 gpus[k] = replace(gpu, pinned=(*gpu.pinned, *new), free=tuple(kept))
                 units[r.resource].extend([gpu.index] * add)
@@ -694,12 +762,14 @@ class _Greedy:
             found = self._tables[key] = _PodTable(at, positions, name_sets)
         return found
 
-    def fit(self, node: _Node, demand: Sequence[ResolvedRequest]) -> _Fit | None:
+    def fit(
+        self, node: _Node, demand: Sequence[ResolvedRequest], capped: bool = True
+    ) -> _Fit | None:
         if node.is_mig and demand and demand[0].profile is None:
-            return self.fit_hybrid(node, demand)
+            return self.fit_hybrid(node, demand, capped)
         if node.is_mig:
             return self.fit_mig(node, demand)
-        return self.fit_mps(node, demand)
+        return self.fit_mps(node, demand, capped)
 
     def fit_once(
         self, node: _Node, requests: tuple[tuple[str, int], ...], demand: Sequence[ResolvedRequest]
@@ -708,9 +778,12 @@ class _Greedy:
         key = (node.pos, requests)
         if self._failed.get(key) == node.version:
             return None
+        self._limited = False
         fit = self.fit(node, demand)
         if fit is None:
             self._failed[key] = node.version
+            if self._limited and self.fit(node, demand, capped=False) is not None:
+                self._client_limited[key] = node.version
         return fit
 
     def commit(self, node: _Node, pod: PendingPod, fit: _Fit) -> None:
@@ -790,6 +863,11 @@ class _Greedy:
                 f"placed before it took the CPU/memory it needs ({cpu}m / {mem} MiB) on every "
                 "such node"
             )
+        limited = self._client_limited
+        if limited and any(
+            limited.get((pos, requests), -1) == order[pos].version for pos in table.positions
+        ):
+            return capacity_reason(pod, eligible) + CLIENT_LIMIT_NOTE
         return capacity_reason(pod, eligible)
 
     # ---- output --------------------------------------------------------------------------

@@ -7,8 +7,11 @@ Rules (what a plan must obey on a ``hybrid`` node)
   never both: its MPS daemon serves the slices, and a host is not advertised as a MIG device.
 * A host instance of profile ``P`` offers ``usable(P) = memory(P) - settings.mps_reserve_mib``
   MiB (the same server reserve as a whole MPS GPU, :func:`instance_usable_mib`); its slices
-  together fit that.  A new slice's active-thread % is its share of ``usable(P)``
-  (:func:`planner.mps.thread_percentage`, ``settings.mps_thread_policy``): at most 100.
+  together fit that.  A new slice's active-thread % is its share of ``usable(P)`` rounded
+  down (:func:`planner.mps.thread_percentage`, ``settings.mps_thread_policy``): at most 100.
+* A host holds at most :data:`planner.mps.MAX_CLIENTS` (48) slices, its daemon's client limit,
+  and under the proportional thread policy its slices' thread % add up to at most 100
+  (:mod:`planner.mps`, "Client limit").
 * Used things never move: a used instance stays where it is and hosts nothing new; a used slice
   stays in its instance, and an instance holding a used slice is *pinned* (kept like a used
   instance, :attr:`planner.snapshot.MigInstance.pinned`).  In a pinned host the free slices may
@@ -36,8 +39,11 @@ keeps the model free of that symmetry (on a 2-node, 40-pod benchmark it was the 
 between proving the best placement within 1 s and not):
 
 * *patterns* ``pi`` of class ``M``: multisets of the slice sizes ``S_v`` asked for on ``v``
-  (at most the units asked for per size) that fit ``usable(M)``, plus the slice multisets of
-  ``v``'s current free hosts of the class (so keeping a host as it is is an option).  All
+  (at most the units asked for per size) that fit ``usable(M)``, of at most ``MAX_CLIENTS``
+  slices and (proportional threads) at most 100 thread % (:func:`patterns`), plus the slice
+  multisets of ``v``'s current free hosts of the class within those limits (so keeping a host
+  as it is is an option; one over them is always re-filled or dropped, its slices charged
+  ``w_destroy`` as a constant).  All
   patterns when there are at most ``_PATTERN_LIMIT``, else only the maximal ones (a superset
   of slices never offers less, so the placement level stays exact unless even the maximal ones
   are more than ``_PATTERN_LIMIT``; only churn is then coarser);
@@ -50,7 +56,8 @@ between proving the best placement within 1 s and not):
   ``sum_pi z_{M,pi} = sum_{P in M} h_P``;
 * every pinned host ``j`` (an instance with a used slice) is an MPS GPU of
   :func:`planner.mps.add_mps_gpu` with ``usable(P_j)`` and its current slices: ``keep``/``new``
-  variables, its memory constraint and churn, imported unchanged;
+  variables, its memory constraint, client limit, thread budget and churn, imported unchanged
+  (on a locked GPU, where its slices all stay, without the client limit and thread budget);
 * free slices of size ``s`` offered on ``v``: ``sum_{M,pi} pi_s z_{M,pi} + sum_j free_j(s)``,
   which must cover the MPS units placed on ``v`` (the batch model's per-key constraint).
 
@@ -75,7 +82,8 @@ Decoding (:meth:`HybridNodeVars.decode`): with the GPUs' decoded layouts, ``h_P`
 instances of each ``P`` become hosts -- current hosts whose slices suit a chosen pattern
 first, then the rest in (GPU index, start) order -- and the class's patterns go to them,
 best-suited pairs first: a current host with exactly that pattern, then one whose free slices
-include it (kept as they are: they fit already), then other current hosts (re-filled), then
+include it and stay within the client limit and thread budget (kept as they are: they fit
+already), then other current hosts (re-filled), then
 new hosts.  Current free hosts left over
 become whole MIG devices (their slices are dropped).  A GPU whose layout or hosts change is
 listed in the plan with every instance and every host's slices.
@@ -93,10 +101,13 @@ from ortools.sat.python import cp_model
 from planner.catalog import GpuModel, MigProfile
 from planner.geometry import Layout, Placement, canonical, layout_errors
 from planner.mps import (
+    MAX_CLIENTS,
+    THREAD_BUDGET,
     MpsGpuVars,
     add_mps_gpu,
     current_thread_percentage,
     mps_key,
+    thread_budget,
     thread_percentage,
     upper_bound,
 )
@@ -174,24 +185,47 @@ def needed_host_profiles(
     return names
 
 
-def patterns(usable: int, sizes: Sequence[int], caps: Sequence[int]) -> list[Pattern]:
-    """Non-empty multisets of ``sizes`` (at most ``caps`` each) within ``usable`` MiB.
+def patterns(
+    usable: int,
+    sizes: Sequence[int],
+    caps: Sequence[int],
+    threads: Sequence[int] | None = None,
+    max_slices: int = MAX_CLIENTS,
+) -> list[Pattern]:
+    """Non-empty multisets of ``sizes`` (at most ``caps`` each) within ``usable`` MiB, of at
+    most ``max_slices`` slices (the MPS client limit) and, with ``threads`` (the thread % of a
+    slice of each size), within :data:`planner.mps.THREAD_BUDGET` %.
 
     All of them when there are at most ``_PATTERN_LIMIT``; else the maximal ones (no slice of
     any size can be added), at most ``_PATTERN_LIMIT`` of those, most slices first (out of the
     first ``_MAXIMAL_SCAN`` found, so that many sizes cannot make the enumeration explode)."""
     n = len(sizes)
-    caps = [min(c, usable // s) if s > 0 else 0 for s, c in zip(sizes, caps, strict=True)]
+    caps = [
+        min(c, usable // s, max_slices) if s > 0 else 0 for s, c in zip(sizes, caps, strict=True)
+    ]
+    thr = list(threads) if threads is not None else [0] * n
+    budget = THREAD_BUDGET if threads is not None else 0
 
-    def feasible(k: int, left: int) -> Iterator[tuple[int, ...]]:
+    def most(k: int, left: int, slots: int, pct: int) -> int:
+        """Slices of size ``k`` that fit ``left`` MiB, ``slots`` and ``pct`` thread %."""
+        got = min(caps[k], left // sizes[k], slots)
+        return got if threads is None else min(got, pct // thr[k])
+
+    def feasible(k: int, left: int, slots: int, pct: int) -> Iterator[tuple[int, ...]]:
         if k == n:
             yield ()
             return
-        for count in range(min(caps[k], left // sizes[k]) + 1):
-            for rest in feasible(k + 1, left - count * sizes[k]):
+        for count in range(most(k, left, slots, pct) + 1):
+            for rest in feasible(
+                k + 1, left - count * sizes[k], slots - count, pct - count * thr[k]
+            ):
                 yield (count, *rest)
 
-    every = [p for p in itertools.islice(feasible(0, usable), _PATTERN_LIMIT + 2) if any(p)]
+    every = [
+        p
+        for p in itertools.islice(feasible(0, usable, max_slices, budget), _PATTERN_LIMIT + 2)
+        if any(p)
+    ]
     if len(every) <= _PATTERN_LIMIT:
         return every
     # maximal: choose the counts of every size but the smallest, fill the smallest, and keep
@@ -199,24 +233,29 @@ def patterns(usable: int, sizes: Sequence[int], caps: Sequence[int]) -> list[Pat
     order = sorted(range(n), key=lambda k: sizes[k])
     small, others = order[0], order[1:]
 
-    def maximal(j: int, left: int, chosen: dict[int, int]) -> Iterator[Pattern]:
+    def maximal(
+        j: int, left: int, slots: int, pct: int, chosen: dict[int, int]
+    ) -> Iterator[Pattern]:
         if j == len(others):
-            fill = min(caps[small], left // sizes[small])
+            fill = most(small, left, slots, pct)
             counts = dict(chosen)
             counts[small] = fill
             rest = left - fill * sizes[small]
-            if all(counts[k] >= caps[k] or sizes[k] > rest for k in range(n)) and any(
-                counts.values()
-            ):
+            slots_rest, pct_rest = slots - fill, pct - fill * thr[small]
+            if all(
+                counts[k] >= caps[k] or most(k, rest, slots_rest, pct_rest) == 0 for k in range(n)
+            ) and any(counts.values()):
                 yield tuple(counts[k] for k in range(n))
             return
         k = others[j]
-        for count in range(min(caps[k], left // sizes[k]) + 1):
+        for count in range(most(k, left, slots, pct) + 1):
             chosen[k] = count
-            yield from maximal(j + 1, left - count * sizes[k], chosen)
+            yield from maximal(
+                j + 1, left - count * sizes[k], slots - count, pct - count * thr[k], chosen
+            )
         chosen.pop(k, None)
 
-    found = list(itertools.islice(maximal(0, usable, {}), _MAXIMAL_SCAN))
+    found = list(itertools.islice(maximal(0, usable, max_slices, budget, {}), _MAXIMAL_SCAN))
     found.sort(key=lambda p: (-sum(p), p))
     return found[:_PATTERN_LIMIT]
 
@@ -355,12 +394,13 @@ class HybridNodeVars:
                 return Counter()
             return Counter(s.memory_mib for s in inst.mps)
 
-        def rank(cur: Counter[int], want: Counter[int]) -> int:
-            """How well a current host suits a pattern: 0 the same slices, 1 more, 2 other
-            slices (re-filled), 3 no slices (a new host)."""
+        def rank(cur: Counter[int], want: Counter[int], usable: int) -> int:
+            """How well a current host (of ``usable`` MiB) suits a pattern: 0 the same slices,
+            1 more (within the client limit and thread budget), 2 other slices (re-filled),
+            3 no slices (a new host)."""
             if cur and cur == want:
                 return 0
-            if cur and not want - cur:
+            if cur and not want - cur and _within_limits(cur, usable, settings):
                 return 1
             return 2 if cur else 3
 
@@ -391,7 +431,7 @@ class HybridNodeVars:
                 ]
                 cands.sort(
                     key=lambda ip: (
-                        min((rank(current(*ip), w) for w in wanted), default=3),
+                        min((rank(current(*ip), w, usable_mib) for w in wanted), default=3),
                         ip[0],
                         ip[1].start,
                     )
@@ -406,7 +446,7 @@ class HybridNodeVars:
                         pool.remove(i)
             # patterns to the chosen instances: best-suited pairs first
             pairs = sorted(
-                (rank(current(i, p), w), k, j)
+                (rank(current(i, p), w, usable_mib), k, j)
                 for k, w in enumerate(wanted)
                 for j, (i, p) in enumerate(chosen)
             )
@@ -519,6 +559,7 @@ def add_hybrid_node(
                 usable,
                 {} if gpu.locked else max_new,
                 settings,
+                client_limit=not gpu.locked,
             )
             if gpu.locked:  # nothing on a locked GPU is created or destroyed
                 for _, keep in g.keep:
@@ -570,10 +611,15 @@ def add_hybrid_node(
         all_sizes = sorted(set(sizes) | {m for shape in cur for m, _ in shape})
         options: dict[Pattern, int] = {}
         if sizes:
-            for pat in patterns(usable, sizes, caps):
+            for pat in patterns(usable, sizes, caps, _threads(sizes, usable, settings)):
                 full = tuple(pat[sizes.index(s)] if s in sizes else 0 for s in all_sizes)
                 options[full] = 0
         for shape, n in cur.items():
+            if not _within_limits(Counter(dict(shape)), usable, settings):
+                # over the client limit (an older plan): never kept as it is
+                churn_const += w_d * sum(m for _, m in shape) * n
+                out.churn_max += w_d * sum(m for _, m in shape) * n
+                continue
             d = dict(shape)
             options[tuple(d.get(s, 0) for s in all_sizes)] = n
         if not options or not hs:
@@ -624,6 +670,26 @@ def add_hybrid_node(
     return out
 
 
+def _threads(sizes: Sequence[int], usable: int, settings: PlannerSettings) -> list[int] | None:
+    """Thread % of a new slice of each size in a host of ``usable`` MiB; ``None``: no budget."""
+    policy = settings.mps_thread_policy
+    if thread_budget((), policy) is None:
+        return None
+    return [thread_percentage(m, usable, policy) for m in sizes]
+
+
+def _within_limits(slices: Counter[int], usable: int, settings: PlannerSettings) -> bool:
+    """Slices of these sizes, made anew, keep a host of ``usable`` MiB within the client
+    limit and thread budget (:mod:`planner.mps`)."""
+    if slices.total() > MAX_CLIENTS:
+        return False
+    threads = _threads(sorted(slices), usable, settings)
+    return (
+        threads is None
+        or sum(t * slices[m] for m, t in zip(sorted(slices), threads, strict=True)) <= THREAD_BUDGET
+    )
+
+
 def _free_max(terms: Sequence[tuple[int, cp_model.IntVar]]) -> int:
     return sum(f * upper_bound(v) for f, v in terms if f > 0)
 
@@ -632,7 +698,8 @@ def hybrid_plan_errors(
     node: NodeState, model: GpuModel, planned: PlannedGpu, settings: PlannerSettings
 ) -> list[str]:
     """What is wrong with a planned hybrid GPU: an invalid layout, a host that is not one of
-    its instances or a used instance, slices beyond ``usable(P)``, a pinned instance moved, a
+    its instances or a used instance, slices beyond ``usable(P)``, more slices than
+    :data:`planner.mps.MAX_CLIENTS` in a host (unless it has that many now), a pinned instance moved, a
     used slice dropped, on a locked GPU a host made or its slices changed.  Empty when the plan
     is valid (module docstring's rules)."""
     where = f"node {node.name} GPU {planned.index}"
@@ -665,6 +732,11 @@ def hybrid_plan_errors(
             errors.append(f"{where}: slices of {p} need {total} MiB > {usable} MiB usable")
         if any(not 1 <= s.thread_percentage <= 100 for s in slices):
             errors.append(f"{where}: a slice of {p} has a thread % outside 1..100")
+        if len(slices) > MAX_CLIENTS and len(slices) > len(was.mps if was is not None else ()):
+            errors.append(
+                f"{where}: {len(slices)} slices in {p}: an MPS server takes at most "
+                f"{MAX_CLIENTS} clients"
+            )
     locked = gpu is not None and gpu.locked
     for start in hosts:
         was = now.get(start)

@@ -117,7 +117,7 @@ each group's first pods (longest waiting, then name) go to its nodes in name ord
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
@@ -134,12 +134,19 @@ from planner.demand import (
     pod_weights,
 )
 from planner.geometry import Layout, Placement, canonical, enumerate_layouts, layout_errors
-from planner.hybrid import HybridNodeVars, add_hybrid_node, needed_host_profiles
+from planner.hybrid import (
+    HybridNodeVars,
+    add_hybrid_node,
+    instance_usable_mib,
+    needed_host_profiles,
+)
 from planner.mig_target import free_instance_value, mig_target
 from planner.mps import (
+    CLIENT_LIMIT_NOTE,
     USEFUL_RESOLUTION,
     MpsGpuVars,
     add_mps_gpu,
+    client_limited,
     mps_key,
     mps_target,
     upper_bound,
@@ -155,6 +162,8 @@ from planner.snapshot import (
     Plan,
     PlannedGpu,
     Snapshot,
+    Unplaced,
+    mps_gb_of,
 )
 
 __all__ = [
@@ -645,6 +654,74 @@ def _scaling(placed_max: int, churn_max: int, useful_max: int) -> _Scaling:
     return _Scaling(1, 0, 1)
 
 
+def _note_client_limit(
+    snapshot: Snapshot,
+    models: Mapping[str, GpuModel],
+    layouts: Mapping[tuple[str, int], PlannedGpu],
+    eligibilities: Mapping[str, Eligibility],
+    unplaced: dict[str, str],
+    settings: PlannerSettings,
+) -> None:
+    """Append :data:`planner.mps.CLIENT_LIMIT_NOTE` to the ``capacity`` reason of an unplaced
+    MPS pod when an eligible node ends the plan with memory for one of its slices only on GPUs
+    (hosts) at the client limit or thread budget (:func:`planner.mps.client_limited`)."""
+    todo: list[tuple[PendingPod, set[int]]] = []
+    for pod in snapshot.pods:
+        if unplaced.get(pod.name, "").startswith(Unplaced.CAPACITY.value):
+            sizes = {gb * 1024 for r in pod.requests if (gb := mps_gb_of(r))}
+            if sizes:
+                todo.append((pod, sizes))
+    if not todo:
+        return
+    policy = settings.mps_thread_policy
+    wanted = set().union(*(sizes for _, sizes in todo))
+    limited: dict[int, set[str]] = {mib: set() for mib in wanted}
+    for node in snapshot.nodes:
+        model = models.get(node.name)
+        if model is None or node.mode is Mode.MIG:
+            continue
+        for usable, slices in _slice_sets(node, model, layouts, settings):
+            for mib in wanted:
+                if client_limited(slices, usable, mib, policy):
+                    limited[mib].add(node.name)
+    if not any(limited.values()):
+        return
+    for pod, sizes in todo:
+        eligible = eligibilities[pod.name].demands
+        if any(name in eligible for mib in sizes for name in limited[mib]):
+            unplaced[pod.name] += CLIENT_LIMIT_NOTE
+
+
+def _slice_sets(
+    node: NodeState,
+    model: GpuModel,
+    layouts: Mapping[tuple[str, int], PlannedGpu],
+    settings: PlannerSettings,
+) -> Iterator[tuple[int, list[int]]]:
+    """(usable MiB, [slice MiB]) of every MPS GPU, or every host instance that may take
+    new slices (not sealed, not on a locked GPU), of ``node`` as the plan leaves it."""
+    if node.mode is Mode.MPS:
+        usable = mps_usable_mib(node, model, settings)
+        for gpu in node.gpus:
+            planned = layouts.get((node.name, gpu.index))
+            yield usable, [s.memory_mib for s in (planned.mps if planned else gpu.mps)]
+        return
+    for gpu in node.gpus:
+        if gpu.locked:
+            continue
+        planned = layouts.get((node.name, gpu.index))
+        if planned is not None:
+            names = {start: name for name, start in planned.mig}
+            for start, sl in planned.mig_mps:
+                usable = instance_usable_mib(model.profile(names[start]), settings)
+                yield usable, [s.memory_mib for s in sl]
+            continue
+        for inst in gpu.mig:
+            if inst.mps and not inst.used:
+                usable = instance_usable_mib(model.profile(inst.profile), settings)
+                yield usable, [s.memory_mib for s in inst.mps]
+
+
 def solve_batch(
     snapshot: Snapshot,
     models: Mapping[str, GpuModel],
@@ -816,6 +893,7 @@ def solve_batch(
             continue
         el = eligibilities[pod.name]
         unplaced[pod.name] = capacity_reason(pod, el.demands) if el.demands else str(el.reason)
+    _note_client_limit(snapshot, models, layouts, eligibilities, unplaced, settings)
     obj, bound = solver.objective_value, solver.best_objective_bound
     stats: dict[str, float] = {
         "solve_s": solver.wall_time,

@@ -5,8 +5,9 @@ Model (one MPS GPU ``g``)
 Data: usable memory ``U_g`` = GPU memory - ``settings.mps_reserve_mib``; current slices, each
 used or free, with memory ``m_j`` MiB; ``S_g`` = slice sizes some candidate pod of the node
 asks for (``nvidia.com/gpu-<N>gb`` = ``N * 1024`` MiB), each with an upper bound ``cap_s`` on
-how many new slices of that size could ever be used (pending units on the node, and
-``U_g // s``).
+how many new slices of that size could ever be used (pending units on the node, the room
+left ``// s``, the client slots left and the thread budget left ``// t_s``: "Client limit"
+below).
 
 Variables:
 
@@ -49,14 +50,31 @@ could still use: a 10 GiB pod goes where it leaves no 5 GiB hole nobody asks for
 target (no MPS pod or slice anywhere) only ``empty`` counts.
 
 Thread percentages: a kept slice keeps its own; a new slice gets its share of ``U_g``
-(``round(100 m / U_g)`` clamped to 1..100, :attr:`ThreadPolicy.PROPORTIONAL`) or 100
-(:attr:`ThreadPolicy.FULL`).
+rounded DOWN (``floor(100 m / U_g)`` clamped to 1..100, :attr:`ThreadPolicy.PROPORTIONAL`),
+so the slices of one GPU add up to at most 100 % as NVIDIA's plugin's ``floor(100 /
+replicas)`` do; or 100 (:attr:`ThreadPolicy.FULL`, every client may use the whole GPU).
+
+Client limit.  An MPS server accepts at most :data:`MAX_CLIENTS` (48) client contexts per
+device on Volta and newer; the 49th client's CUDA init fails (``cudaErrorMpsMaxClientsReached``)
+while its pod holds a slice, and NVIDIA's device plugin caps MPS replicas at 48 for that reason
+(shared/facts/gpu-operator.md section 4).  Every slice is one pod's client, so:
+
+* slices: ``sum_{j free} keep_j + sum_s new_s <= max(0, MAX_CLIENTS - #used)`` (added only
+  when the variables' bounds do not imply it);
+* threads (:attr:`ThreadPolicy.PROPORTIONAL` only): with ``t(m) = max(1, floor(100 m /
+  U_g))`` the share of a slice of ``m`` MiB (:func:`thread_percentage`; a current slice counts
+  at the share of its memory, not at a percentage it carries from elsewhere, so a snapshot's
+  own percentages never keep pods off),
+  ``sum_{j free} t(m_j) keep_j + sum_s t(s) new_s <= max(0, 100 - sum_{j used} t(m_j))``.
+  Rounding down makes this follow from the memory constraint unless some slice is under 1 %
+  of ``U_g`` (1 GiB on a GPU of more than 100 GiB, raised to the 1 % floor); it is added only
+  then.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
@@ -73,12 +91,18 @@ from planner.snapshot import (
 )
 
 __all__ = [
+    "CLIENT_LIMIT_NOTE",
+    "MAX_CLIENTS",
+    "THREAD_BUDGET",
     "USEFUL_RESOLUTION",
     "MpsGpuVars",
     "add_mps_gpu",
+    "client_limited",
+    "client_slots",
     "current_thread_percentage",
     "mps_key",
     "mps_target",
+    "thread_budget",
     "thread_percentage",
     "upper_bound",
     "usefulness_table",
@@ -88,6 +112,25 @@ USEFUL_RESOLUTION = 8
 """Units of the objective's usefulness level per unit of ``weight_free_gpu`` and
 ``weight_free_block``: MIG layouts score whole memory slots (:func:`planner.mig_cpsat.layout_option`),
 MPS GPUs eighths of one (module docstring)."""
+
+MAX_CLIENTS = 48
+"""Most MPS slices of one GPU (or of one hybrid host instance).  Each slice is one pod's CUDA
+client of the GPU's MPS server, which accepts at most 48 client contexts per device on Volta
+and newer: past that a client's CUDA init fails with ``cudaErrorMpsMaxClientsReached`` while
+its pod holds the slice.  NVIDIA's device plugin caps MPS replicas at 48 per GPU for the same
+reason (shared/facts/gpu-operator.md section 4, ``mps/device.go``).  (Pre-Volta GPUs take 16;
+the catalog's, P100 and smaller, cannot hold more than 15 slices of 1 GiB anyway.)"""
+
+CLIENT_LIMIT_NOTE = (
+    f"; memory for it is left only on MPS GPUs or hosts at their limit of {MAX_CLIENTS} slices "
+    f"(an MPS server accepts at most {MAX_CLIENTS} clients; past that CUDA init fails with "
+    "cudaErrorMpsMaxClientsReached) or of 100 % active threads"
+)
+"""Appended to a ``capacity`` unplaced reason when the pod fits only past :data:`MAX_CLIENTS`
+slices per GPU (host) or the thread budget."""
+
+THREAD_BUDGET = 100
+"""Active-thread % the slices of one GPU (host) share under :attr:`ThreadPolicy.PROPORTIONAL`."""
 
 _GIB = 1024
 
@@ -104,10 +147,11 @@ def mps_key(memory_mib: int) -> str:
 
 
 def thread_percentage(memory_mib: int, usable_mib: int, policy: ThreadPolicy) -> int:
-    """Active-thread % of a slice: its share of the usable memory (1..100), or 100."""
+    """Active-thread % of a slice: its share of the usable memory rounded down (1..100), or
+    100.  Rounding down keeps the shares of slices that fit ``usable_mib`` within 100 %."""
     if policy is ThreadPolicy.FULL or usable_mib <= 0:
         return 100
-    return max(1, min(100, round(100 * memory_mib / usable_mib)))
+    return max(1, min(100, 100 * memory_mib // usable_mib))
 
 
 def current_thread_percentage(s: MpsSlice, usable_mib: int, policy: ThreadPolicy) -> int:
@@ -116,6 +160,33 @@ def current_thread_percentage(s: MpsSlice, usable_mib: int, policy: ThreadPolicy
     if s.thread_percentage is not None:
         return s.thread_percentage
     return thread_percentage(s.memory_mib, usable_mib, policy)
+
+
+def client_slots(slices: int) -> int:
+    """New slices a GPU (host) holding ``slices`` slices may still get: :data:`MAX_CLIENTS`."""
+    return max(0, MAX_CLIENTS - slices)
+
+
+def thread_budget(percentages: Iterable[int], policy: ThreadPolicy) -> int | None:
+    """Active-thread % left beside slices of thread shares ``percentages`` (clamped at 0);
+    ``None`` when the policy sets no budget (:attr:`ThreadPolicy.FULL`: every slice may use the whole GPU)."""
+    if policy is ThreadPolicy.FULL:
+        return None
+    return max(0, THREAD_BUDGET - sum(percentages))
+
+
+def client_limited(
+    slices: Sequence[int], usable_mib: int, memory_mib: int, policy: ThreadPolicy
+) -> bool:
+    """A new slice of ``memory_mib`` fits the memory of a GPU (host) of ``usable_mib`` holding
+    slices of ``slices`` MiB, but not beside them: the GPU is at :data:`MAX_CLIENTS` slices or
+    its thread budget (module docstring, "Client limit") lacks the slice's share."""
+    if usable_mib - sum(slices) < memory_mib:
+        return False
+    if client_slots(len(slices)) == 0:
+        return True
+    left = thread_budget((thread_percentage(m, usable_mib, policy) for m in slices), policy)
+    return left is not None and left < thread_percentage(memory_mib, usable_mib, policy)
 
 
 @dataclass(slots=True)
@@ -265,6 +336,25 @@ def _allocation_levels(
     return sorted({-(-x // _GIB) for x in sums})
 
 
+def _threads_follow(
+    gpu: GpuState,
+    pct: Mapping[int, int],
+    new_pct: Mapping[int, int],
+    usable_mib: int,
+    keep: Sequence[tuple[int, cp_model.IntVar]],
+    new: Mapping[int, cp_model.IntVar],
+) -> bool:
+    """The thread budget follows from the memory constraint: no slice that is or may be on
+    the GPU has more than its memory's share of the threads (``t U <= 100 m``)."""
+    used = [j for j, s in enumerate(gpu.mps) if s.used]
+    return (
+        THREAD_BUDGET * sum(gpu.mps[j].memory_mib for j in used)
+        >= usable_mib * sum(pct[j] for j in used)
+        and all(pct[j] * usable_mib <= THREAD_BUDGET * gpu.mps[j].memory_mib for j, _ in keep)
+        and all(new_pct[mib] * usable_mib <= THREAD_BUDGET * mib for mib in new)
+    )
+
+
 def add_mps_gpu(
     model: cp_model.CpModel,
     node: str,
@@ -273,23 +363,40 @@ def add_mps_gpu(
     max_new: Mapping[int, int],
     settings: PlannerSettings,
     target: Mapping[int, float] | None = None,
+    client_limit: bool = True,
 ) -> MpsGpuVars:
     """Add one MPS GPU (module docstring) to ``model``.
 
     ``max_new`` maps each slice size (MiB) pending pods of the node ask for to the number of
     units of that size they need in total (an upper bound on useful new slices).  ``target``
     (:func:`mps_target`) values the free memory left; ``None`` or empty: only an empty GPU
-    counts.
+    counts.  ``client_limit=False`` leaves out the client limit and thread budget (for a host
+    whose slices all stay, :mod:`planner.hybrid`'s locked GPUs: nothing new comes, and one
+    kept over the limit by an older plan must not make the model infeasible).
     """
     used_mib = sum(s.memory_mib for s in gpu.mps if s.used)
     room = max(0, usable_mib - used_mib)
+    slots = client_slots(sum(1 for s in gpu.mps if s.used))
+    if not client_limit:
+        slots = len(gpu.mps) + sum(max_new.values())  # never binding
+    policy = settings.mps_thread_policy
+    pct = {  # thread share of every current slice's memory, and of every new size
+        j: thread_percentage(s.memory_mib, usable_mib, policy) for j, s in enumerate(gpu.mps)
+    }
+    threads = thread_budget((pct[j] for j, s in enumerate(gpu.mps) if s.used), policy)
+    if not client_limit:
+        threads = None
     tag = f"{node}/{gpu.index}"
     keep = [
         (j, model.new_bool_var(f"keep[{tag},{j}]")) for j, s in enumerate(gpu.mps) if not s.used
     ]
     new: dict[int, cp_model.IntVar] = {}
+    new_pct: dict[int, int] = {}
     for mib, units in sorted(max_new.items()):
-        cap = min(units, room // mib) if mib > 0 else 0
+        cap = min(units, room // mib, slots) if mib > 0 else 0
+        new_pct[mib] = thread_percentage(mib, usable_mib, policy)
+        if threads is not None:
+            cap = min(cap, threads // new_pct[mib])
         if cap > 0:
             new[mib] = model.new_int_var(0, cap, f"new[{tag},{mib}]")
     touched = model.new_bool_var(f"touched[{tag}]")
@@ -302,6 +409,16 @@ def add_mps_gpu(
     )
     if keep or new:
         model.add(alloc <= room)
+    if len(keep) + sum(upper_bound(v) for v in new.values()) > slots:  # the client limit
+        model.add(sum(v for _, v in keep) + sum(new.values()) <= slots)
+    if threads is not None and not _threads_follow(gpu, pct, new_pct, usable_mib, keep, new):
+        model.add(
+            cp_model.LinearExpr.weighted_sum(
+                [*(v for _, v in keep), *new.values()],
+                [*(pct[j] for j, _ in keep), *(new_pct[mib] for mib in new)],
+            )
+            <= threads
+        )
     for _, v in keep:
         model.add(touched >= 1 - v)
         model.add(v <= 1 - empty)

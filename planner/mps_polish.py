@@ -75,7 +75,7 @@ from functools import lru_cache
 
 from planner.catalog import GpuModel
 from planner.demand import mps_usable_mib
-from planner.mps import thread_percentage
+from planner.mps import client_slots, thread_budget, thread_percentage
 from planner.settings import PlannerSettings, ThreadPolicy
 from planner.snapshot import (
     Assignment,
@@ -258,6 +258,7 @@ def node_score(
     count: int = 1,
     cost: Sequence[int] | None = None,
     budget: int = 0,
+    slots: Sequence[int] | None = None,
 ) -> tuple[int, tuple[int, ...]] | None:
     """The polish's score of a node for a pod of ``pod_cpu`` CPU on ``count`` slices of
     ``mib`` MiB, and the GPUs they would take (module docstring, "Polish"):
@@ -265,8 +266,9 @@ def node_score(
     GPU with the smallest ``G`` after it (the node's CPU already less the pod's; equal values
     to the fullest GPU, then the lowest index) among the GPUs with ``mib`` free whose churn
     ``cost[k]`` (default 0: none) keeps the total of distinct GPUs chosen within ``budget``; a
-    GPU may take several.  ``None`` when fewer than ``count`` slices fit.  The caller checks
-    that the node's CPU and memory admit the pod."""
+    GPU may take several, at most ``slots[k]`` (default: no limit; the MPS client limit and
+    thread budget, :func:`open_slots`).  ``None`` when fewer than ``count`` slices fit.  The
+    caller checks that the node's CPU and memory admit the pod."""
     if count < 1:
         return None
     left = list(frees)
@@ -278,7 +280,7 @@ def node_score(
     for _ in range(count):
         pick: tuple[float, int, int] | None = None
         for k, f in enumerate(left):
-            if f < mib:
+            if f < mib or (slots is not None and chosen.count(k) >= slots[k]):
                 continue
             extra = 0 if cost is None or k in chosen else cost[k]
             if spent + extra > budget:
@@ -442,6 +444,7 @@ def polish_mps(
                 count,
                 [0 if g.touched else w_t for g in mine],
                 budget,
+                [_open_slots(g, mib, policy) for g in mine],
             )
             if scored is None:
                 continue
@@ -521,6 +524,17 @@ def _movable(
             continue  # it may hold a free slice that existed before: moving it adds churn
         out.append((-mib * n, -mib, name))
     return [name for *_, name in sorted(out)]
+
+
+def _open_slots(g: _Gpu, mib: int, policy: ThreadPolicy) -> int:
+    """New slices of ``mib`` MiB the MPS client limit and thread budget still let ``g`` take
+    (:mod:`planner.mps`, "Client limit"); memory is ``node_score``'s to check."""
+    have = (
+        [x.memory_mib for x in g.planned] if g.planned is not None else [m for m, _, _ in g.current]
+    )
+    n = client_slots(len(have))
+    left = thread_budget((thread_percentage(m, g.usable, policy) for m in have), policy)
+    return n if left is None else min(n, left // thread_percentage(mib, g.usable, policy))
 
 
 def _take_off(g: _Gpu, mib: int, policy: ThreadPolicy) -> None:

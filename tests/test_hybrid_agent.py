@@ -196,7 +196,7 @@ def test_a_restarted_agent_rebuilds_the_held_slices_from_the_kubelet() -> None:
 
 
 def test_the_numbers_docs_hybrid_md_states() -> None:
-    """docs/hybrid.md: a 10 GiB slice in an A100-80GB 3g.40gb gets 26 % of its threads; three
+    """docs/hybrid.md: a 10 GiB slice in an A100-80GB 3g.40gb gets 25 % of its threads; three
     12 GiB slices fit that instance, a 40 GiB one does not, and a 1g.10gb holds no 10 GiB one;
     the API server allows 40448 MiB of slices in a 3g.40gb."""
     from planner.hybrid import instance_usable_mib
@@ -205,12 +205,12 @@ def test_the_numbers_docs_hybrid_md_states() -> None:
 
     s = PlannerSettings()
     three_g = instance_usable_mib(A100.profile("3g.40gb"), s)
-    assert thread_percentage(10240, three_g, ThreadPolicy.PROPORTIONAL) == 26
+    assert thread_percentage(10240, three_g, ThreadPolicy.PROPORTIONAL) == 25
     assert 3 * 12 * 1024 <= three_g < 40 * 1024
     assert instance_usable_mib(A100.profile("1g.10gb"), s) < 10 * 1024
     assert 40 * 1024 - MPS_SERVER_RESERVE_MIB == 40448
     text = (Path(__file__).resolve().parent.parent / "docs" / "hybrid.md").read_text()
-    for claim in ("26 %", "three 12 GiB slices", "40448 MiB", "`InstanceInUse`", "`SliceInUse`"):
+    for claim in ("25 %", "three 12 GiB slices", "40448 MiB", "`InstanceInUse`", "`SliceInUse`"):
         assert claim in text
 
 

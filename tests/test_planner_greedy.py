@@ -275,7 +275,7 @@ def test_mps_reserve_splits_units_across_gpus_with_proportional_threads() -> Non
     assert sorted(plan.assignments[n].gpus["nvidia.com/gpu-16gb"] for n in "pq") == [(0,), (1,)]
     for g in (0, 1):
         (s,) = plan.layouts[("m", g)].mps
-        assert (s.memory_mib, s.thread_percentage) == (16384, round(100 * 16384 / 32256))
+        assert (s.memory_mib, s.thread_percentage) == (16384, 100 * 16384 // 32256)
     # One pod asking for both slices is never split over two GPUs' MPS daemons: a container
     # reaches one daemon (planner.demand.one_mps_slice), so it stays unplaced and nothing changes.
     two = Snapshot(nodes=snap.nodes, pods=(pod("p", "nvidia.com/gpu-16gb", count=2),))

@@ -38,7 +38,7 @@ def mps_pod(name: str, gb: int, count: int = 1, **kw: int) -> PendingPod:
 def test_empty_gpu_is_split_into_requested_slices_with_proportional_threads() -> None:
     pods = tuple(mps_pod(f"p{k}", 10) for k in range(3))
     result = plan(Snapshot((mps_node("n", mps_gpu(0)),), pods))
-    pct = round(100 * 10 * GIB / USABLE)
+    pct = 100 * 10 * GIB // USABLE  # the share rounded down
     assert result.layouts["n", 0].mps == (PlannedSlice(10 * GIB, pct),) * 3
     for p in pods:
         assert result.assignments[p.name].gpus == {"nvidia.com/gpu-10gb": (0,)}

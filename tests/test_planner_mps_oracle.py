@@ -57,6 +57,7 @@ from planner import (
     default_catalog,
     plan,
 )
+from planner.mps import MAX_CLIENTS
 
 CATALOG = default_catalog()
 MODELS = ("V100-32GB", "A100-SXM4-40GB", "T4")
@@ -207,11 +208,15 @@ def _check_threads(
         if s.mps_thread_policy is ThreadPolicy.FULL:
             assert pct == 100
         else:
-            share = 100 * mib / usable
-            assert 1 <= pct <= 100
-            assert abs(pct - share) <= 0.5 or (pct == 1 and share < 1), (mib, pct, usable)
+            assert pct == max(1, 100 * mib // usable), (mib, pct, usable)  # rounded down
     pcts = [pct for _, pct in chosen]  # sorted by size
     assert pcts == sorted(pcts), f"{gpu.node}/{gpu.index}: thread % not monotone in size"
+    assert len(gpu.mps) <= MAX_CLIENTS, f"{gpu.node}/{gpu.index}: over the MPS client limit"
+    if s.mps_thread_policy is ThreadPolicy.PROPORTIONAL:
+        # the memory shares of the slices fit 100 % (unless the used ones alone do not)
+        shares = [max(1, 100 * x.memory_mib // usable) for x in gpu.mps]
+        used = sum(t for t, x in zip(shares, gpu.mps, strict=True) if x.used)
+        assert sum(shares) <= max(100, used), f"{gpu.node}/{gpu.index}: shares over 100 %"
 
 
 def check_plan(snap: Snapshot, result: Plan, s: PlannerSettings) -> Score:
@@ -439,7 +444,7 @@ def test_plan_checks_reject_a_broken_plan() -> None:
     assert check_plan(snap, good, s) == oracle(snap, s)
 
     def planned(gb: int, used: bool = False) -> PlannedSlice:
-        return PlannedSlice(gb * GIB, round(100 * gb * GIB / V100_USABLE), used)
+        return PlannedSlice(gb * GIB, 100 * gb * GIB // V100_USABLE, used)
 
     broken = [
         (planned(8),),  # the used 16 GiB slice is gone
