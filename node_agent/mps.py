@@ -26,6 +26,14 @@ daemon of an instance without slices (advertised whole) gets 100 % and the insta
 a limit is only ever replaced by another one (``None`` sends nothing), so a daemon whose
 instance hosted slices before would otherwise keep capping the pod at the old slice's memory.
 
+Limits pending.  A daemon runs from its ``-d`` on, but its limits are in force only once every
+limit command has succeeded.  A daemon for which one failed (at its start, or when its limits
+changed) is *limits-pending* (:meth:`ProcessSupervisor.limits_pending`): the failing
+``ensure`` raises :class:`MpsError`, and every later ``ensure`` sends all of its limits again
+(defaults and running servers), whatever spec it is given, until one succeeds.  Meanwhile the
+reconciler advertises the daemon's devices Unhealthy and reports the pass's error (not
+``Applied``): a client given one would run without (or with stale) limits -- nos #38.
+
 A :class:`ProcessSupervisor` starts, checks and stops daemons; the reconciler only says which
 keys should run (:meth:`ProcessSupervisor.ensure`) and which may stop.  It never stops a daemon
 whose GPU still has a slice in use: that would kill the pod's CUDA context.  A daemon that
@@ -46,7 +54,8 @@ pass at once instead of at the next resync.  ``check`` is called off the event l
 * :class:`MpsControlSupervisor` runs the real ``nvidia-cuda-mps-control -d`` with
   ``CUDA_VISIBLE_DEVICES``, ``CUDA_MPS_PIPE_DIRECTORY`` and ``CUDA_MPS_LOG_DIRECTORY`` set, then
   sends the limits; liveness is ``get_server_list`` answering; stop is ``quit``.  ``ensure``
-  with changed limits re-sends them (defaults and running servers); with another device (a
+  with changed limits re-sends them (defaults and running servers), as it does for a
+  limits-pending daemon whatever the spec; with another device (a
   hybrid instance re-created at the same slot) it restarts the daemon; a daemon found running
   after an agent restart (:meth:`~ProcessSupervisor.discover` probes the candidates' pipe
   directories with ``get_server_list``) is adopted -- counted as running, so it is never
@@ -58,7 +67,8 @@ pass at once instead of at the next resync.  ``check`` is called off the event l
   unless that GPU is in compute mode ``EXCLUSIVE_PROCESS``, the mode MPS is run in
   (facts/mig.md), so tests catch a reconciler that forgets to set it.  Hybrid daemons (one per
   MIG instance, ``device_uuid`` a MIG UUID) are not checked: the compute mode is a whole-GPU
-  setting.  It counts starts, restarts (device changed) and limit updates.  Its daemons stand
+  setting.  It counts starts, restarts (device changed) and limit updates (recorded with the
+  spec: it is never limits-pending).  Its daemons stand
   for processes on the host: a new reconciler given the same supervisor finds them running.
   :meth:`FakeSupervisor.kill` is a daemon's death: reported by the next ``check``.
 """
@@ -133,6 +143,12 @@ class ProcessSupervisor(Protocol):
         """Keys of the daemons that are up now."""
         ...
 
+    def limits_pending(self) -> set[str]:
+        """Keys of daemons started or given new limits of which a limit command failed: their
+        limits are not (all) in force, and the next ``ensure`` sends them all again.  Their
+        devices must not be advertised Healthy meanwhile (module docstring)."""
+        ...
+
     def discover(self, candidates: Iterable[MpsDaemonSpec]) -> None:
         """Adopt the candidates whose daemon already runs (started by an earlier agent)."""
         ...
@@ -157,6 +173,9 @@ class MpsControlSupervisor:
         """Keys whose daemon answered when last probed or started (a later silence: a death)."""
         self._deaths: list[str] = []
         """Deaths seen and not yet returned by :meth:`check`."""
+        self._pending: set[str] = set()
+        """Keys whose daemon was started or given new limits but not every limit command
+        succeeded: the next ``ensure`` sends them all again, whatever its spec."""
 
     @staticmethod
     def _env(spec: MpsDaemonSpec) -> dict[str, str]:
@@ -203,13 +222,17 @@ class MpsControlSupervisor:
         self._specs[spec.key] = spec
         if servers is not None:
             self._up.add(spec.key)
-            if old != spec or spec.key in self._adopted:  # new limits, or adopted
+            # new limits, adopted, or an earlier send that failed: (re)send them all
+            if old != spec or spec.key in self._adopted or spec.key in self._pending:
+                self._pending.add(spec.key)  # until every command below has succeeded
+                self._adopted.discard(spec.key)
                 self._send(spec, spec.limit_commands())
                 for pid in servers:
                     self._send(spec, spec.server_limit_commands(pid))
-            self._adopted.discard(spec.key)
+            self._pending.discard(spec.key)
             return
         self._adopted.discard(spec.key)
+        self._pending.discard(spec.key)  # not running: the start below sends every limit
         os.makedirs(spec.pipe_dir, exist_ok=True)
         os.makedirs(spec.log_dir, exist_ok=True)
         rc, out = self._run([CONTROL, "-d"], self._env(spec), None)
@@ -219,11 +242,14 @@ class MpsControlSupervisor:
                 f"the agent runs privileged with the NVIDIA driver and {spec.pipe_dir} is writable"
             )
         self._up.add(spec.key)  # up from here: silent later is a death
+        self._pending.add(spec.key)  # running, limits not yet in force
         self._send(spec, spec.limit_commands())
+        self._pending.discard(spec.key)
 
     def stop(self, key: str) -> None:
         spec = self._specs.pop(key, None)
         self._adopted.discard(key)
+        self._pending.discard(key)
         self._up.discard(key)
         if spec is not None:
             self._run([CONTROL], self._env(spec), "quit\n")
@@ -236,6 +262,9 @@ class MpsControlSupervisor:
             if alive:
                 out.add(key)
         return out
+
+    def limits_pending(self) -> set[str]:
+        return set(self._pending)
 
     def check(self) -> list[str]:
         self.running()
@@ -302,6 +331,10 @@ class FakeSupervisor:
 
     def running(self) -> set[str]:
         return set(self.daemons)
+
+    def limits_pending(self) -> set[str]:
+        """Never any: a fake daemon's limits are recorded with its spec."""
+        return set()
 
     def discover(self, candidates: Iterable[MpsDaemonSpec]) -> None:
         """Nothing to find: :attr:`daemons` is the host's state itself."""

@@ -31,6 +31,10 @@ invocation                                  effect (exit code, output)
                                             breaks them
 ==========================================  ===============================================
 
+Any command sent on stdin whose first word :attr:`FakeMpsControl.failing` counts above 0 fails
+instead (1, nothing recorded; each failure counts it down): a control pipe that does not
+answer for a moment, while the daemon runs on.
+
 Test controls stand for the rest of the node: :meth:`FakeMpsControl.connect` is a pod's CUDA
 process becoming a client (the daemon starts its MPS server on the first client; client and
 server are both processes on the GPU or MIG device, named ``cuda-app`` and
@@ -88,6 +92,8 @@ class FakeMpsControl:
     """Clients whose daemon died under them."""
     refuse_starts: int = 0
     """The next this many ``-d`` fail (a daemon that cannot come back)."""
+    failing: dict[str, int] = field(default_factory=dict)
+    """Command (first word) -> how many of its next invocations fail (module docstring)."""
     _client_pipe: dict[int, str] = field(default_factory=dict)
 
     def __call__(
@@ -102,6 +108,9 @@ class FakeMpsControl:
         daemon = self.daemons.get(pipe)
         if daemon is None:
             return 1, NOT_RUNNING
+        if words and self.failing.get(words[0], 0) > 0:
+            self.failing[words[0]] -= 1
+            return 1, f"{words[0]}: no answer from the control daemon (injected)"
         if words == ["get_server_list"]:
             return 0, f"{daemon.server}\n" if daemon.server is not None else ""
         if words == ["quit"]:

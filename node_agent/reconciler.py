@@ -26,7 +26,8 @@ A pass (:meth:`Reconciler.reconcile`) is a pure function of what it reads, not o
 5. **MPS daemons**: one per GPU with MPS slices, one per MIG instance on hybrid GPUs; daemons no
    longer wanted are stopped (never one whose slices or instance are in use: those are wanted).
    A wanted daemon that died is started again like any missing one, in use or not (its clients
-   died with it); its devices are Unhealthy while it cannot be started (node_agent.mps).
+   died with it); its devices are Unhealthy while it cannot be started, or while its limits
+   are not all sent (limits-pending, retried every pass: node_agent.mps).
    A hybrid instance that hosts MPS slices (``spec.gpus[].mig[].mps``) is advertised as its
    slices, not as a MIG device; its daemon gets its largest slice as limits, and the daemon of
    an instance without slices 100 % and the instance's memory (a host made a whole instance
@@ -660,8 +661,9 @@ class Reconciler:
         self, spec: NodePartitioningSpec | None, observed: list[ObservedGpu]
     ) -> set[str]:
         """Devices whose MPS daemon does not run now: Unhealthy until a pass starts it (a
-        client given one would run outside MPS, holding the GPU the daemon then waits for)."""
-        running = self._supervisor.running()
+        client given one would run outside MPS, holding the GPU the daemon then waits for);
+        likewise a daemon whose limits are pending (a client would run without them)."""
+        running = self._supervisor.running() - self._supervisor.limits_pending()
         hybrid = _hybrid_gpus(spec)
         out: set[str] = set()
         for g in observed:
