@@ -454,6 +454,8 @@ _UNSCHEDULABLE = (
 )
 """Why a released pod kube-scheduler could not bind to its one node is stranded (:meth:`_Step._hold`)."""
 _ROOM = "kube-scheduler finds room for it there"
+_MAX_UNITS_PER_GPU = 7
+"""The most units one GPU serves one pod: seven MIG instances (an MPS pod asks for one slice)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -2281,6 +2283,9 @@ class _Step:
         Otherwise it waited without a word, and the budget the docs name changed nothing."""
         limit = max(1.0, self.config.drain_queue_limit * self.cluster_gpus())
         total = self.candidate_resources.total()
+        widest = max((len(ledger.gpus) for ledger in self.ledgers.values()), default=0)
+        if total - limit > _MAX_UNITS_PER_GPU * widest:
+            return  # no pod can need that much of one node: the queue is deep without any one
         for pod in self.candidates.values():
             need = sum(pod.slices.values())
             if (
