@@ -33,7 +33,7 @@ def test_demo_text_shows_layouts_assignments_and_reasons(
         "AFTER": "3g.40gb@0 (used), 2g.20gb@4, 1g.10gb@6",
     }
     assert (layouts["node-d", "1"]["MODE"], layouts["node-d", "1"]["BEFORE"]) == ("mps", "-")
-    assert layouts["node-d", "1"]["AFTER"] == "16gb/51%"
+    assert layouts["node-d", "1"]["AFTER"] == "16gb/50%"  # 16384 of 32256 MiB, rounded down
     assert layouts["node-d", "0"]["AFTER"] == "8gb/25% (used), 8gb/25%, 8gb/25%"
     assignments = {r["POD"]: r for r in table(out.split("Assignments (10):")[1], "POD")}
     assert assignments["ml/h100-only"] == {
