@@ -295,37 +295,42 @@ def _read_demand(claim: Obj) -> ClaimDemand:
         resource = mig_resource(profile)
         units[resource] = units.get(resource, 0) + count
         planned.add(str(req.get("name", "")))
-    if units and devices > CLAIM_LIMIT:
-        return ClaimDemand(
-            {},
+    refused = _whole_claim_error(claim, name, units, devices, planned)
+    if refused:
+        return ClaimDemand({}, refused, allocated, uid)
+    return ClaimDemand(units, allocated=allocated, uid=uid)
+
+
+def _whole_claim_error(
+    claim: Obj, name: str, units: Mapping[str, int], devices: int, planned: set[str]
+) -> str:
+    """Why a claim whose requests read as ``units`` cannot be planned as a whole ("" if it can):
+    more devices than one claim is allocated, constraints over its planned requests, or an
+    opaque config for gpuslice's driver (module docstring)."""
+    if not units:
+        return ""
+    if devices > CLAIM_LIMIT:
+        return (
             f"ResourceClaim {name} needs {devices} devices in all, more than the {CLAIM_LIMIT} "
             f"kube-scheduler allocates to one claim (AllocationResultsMaxSize): it can never "
-            f"be allocated; split it into claims of at most {CLAIM_LIMIT} devices each",
-            allocated,
-            uid,
+            f"be allocated; split it into claims of at most {CLAIM_LIMIT} devices each"
         )
-    constrained = _constrained(claim, planned) if units else None
+    constrained = _constrained(claim, planned)
     if constrained is not None:
-        return ClaimDemand(
-            {},
+        return (
             f"ResourceClaim {name}: spec.devices.constraints ({constrained}) are not planned: "
             f"the partitioner plans each request by profile alone and kube-scheduler could not "
             f"allocate the devices planned for it together; drop the constraint, or ask for "
-            f"one larger profile",
-            allocated,
-            uid,
+            f"one larger profile"
         )
-    configured = _configured(claim, planned) if units else None
+    configured = _configured(claim, planned)
     if configured is not None:
-        return ClaimDemand(
-            {},
+        return (
             f"ResourceClaim {name}: an opaque config for {DRIVER} applies to {configured}; "
             f"gpuslice's devices take no parameters (the node agent refuses to prepare such a "
-            f"claim): remove the config from the claim's spec.devices.config",
-            allocated,
-            uid,
+            f"claim): remove the config from the claim's spec.devices.config"
         )
-    return ClaimDemand(units, allocated=allocated, uid=uid)
+    return ""
 
 
 def _covered(entry: Mapping[str, Any], planned: set[str]) -> list[str] | None:
