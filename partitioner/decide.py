@@ -100,11 +100,15 @@ step:
    more than one): that queue is overload, where pods are served smallest-first as capacity
    frees, those past ``aged_after_s`` (8 h) first (step 5), and a frozen GPU's free slices
    would idle while younger pods could use them (openb replays, README design notes, "No
-   drain in a deep queue").  A deep queue also *ends* the drains in progress (the pods stay
-   candidates, each gets a ``ReservationDropped`` Event, and may be drained again once the
-   queue is short): a frozen GPU that has emptied idles until the rest of its set does (in
-   the openb default replay at 5 nodes one 4-GPU pod's drain kept 2-4 emptied GPUs idle for
-   about 50 hours while up to 42 whole-GPU pods waited).
+   drain in a deep queue").  A deep queue that has lasted a batch window, counted beyond what
+   the free slices serve, also *ends* the drains in progress (the pods stay candidates, each
+   gets a ``ReservationDropped`` Event, and may be drained again once the queue is short): a
+   frozen GPU that has emptied idles until the rest of its set does (in the openb default
+   replay at 5 nodes one 4-GPU pod's drain kept 2-4 emptied GPUs idle for about 50 hours
+   while up to 42 whole-GPU pods waited); a burst the next plan serves does not.  A drain
+   yields to a waiting pod of higher priority that may use its node, and one whose GPUs the
+   node no longer has, or whose emptied GPUs its pod cannot use now, is dropped.  A pod that
+   alone makes the queue deep is told ``NotDrained``.
 9. **Status view.**  Each node's ``status.reservations`` is rewritten when the promises on it
    changed.
 10. **Warm slices** (``warm_share`` > 0, off by default).  When no pod is a candidate, no
