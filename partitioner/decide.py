@@ -168,13 +168,19 @@ from partitioner.actions import (
 from partitioner.batching import BatchPolicy, BatchWindow, due, next_deadline, observe, planned
 from partitioner.claims import failed_claims
 from partitioner.drain import choose_drain, drain_budget
-from partitioner.eligibility import paused_why, pod_fits_node, pod_fits_when_back
+from partitioner.eligibility import paused_why, pod_fits_node
 from partitioner.gating import release_patch, ungate_patch
 from partitioner.index import ClusterIndex, NodeInfo, PodInfo
 from partitioner.ledger import GpuSlots, Hold, NodeLedger, build_ledgers
 from partitioner.mps_target import learned_mps_shapes
 from partitioner.optout import node_lifecycle
-from partitioner.rejection import product_selector_hint, reject_reason
+from partitioner.rejection import (
+    PausedNode,
+    paused_fit,
+    paused_sentence,
+    product_selector_hint,
+    reject_reason,
+)
 from partitioner.reservations import RESERVATION_ANNOTATION, Reservation, State
 from partitioner.snapshot import (
     PLANNED_AT_ANNOTATION,
@@ -733,9 +739,8 @@ class _Step:
         slices for ``plugin_lag_s`` or longer -> why: their ``planned`` pods are given back
         (:meth:`_hold`)."""
         self._problem_nodes: list[dict[str, Any]] | None = None
-        self._paused_nodes: dict[str, str] | None = None
-        """GPU nodes cordoned or under a lifecycle taint -> why (:meth:`_paused_fit`), once
-        read."""
+        self._paused_nodes: list[PausedNode] | None = None
+        """GPU nodes cordoned or under a lifecycle taint (:meth:`_paused_fit`), once read."""
         """Opted-in nodes whose GPU labels cannot be read (:meth:`_give_back`), once read."""
         self.deep_since: float | None = None
         """The next :attr:`ControllerState.deep_since`."""
@@ -888,37 +893,23 @@ class _Step:
             reason += product_selector_hint(
                 pod.obj, (i.obj for _, i in sorted(self.index.nodes.items()) if i.reading)
             )
-            paused = self._paused_fit(pod)
-            if paused is not None:
-                reason += (
-                    f"; node {paused[0]}, which the pod would fit, is {paused[1]}: the pod keeps "
-                    f"its gate and waits for the node to be back"
-                )
+            reason += paused_sentence(self._paused_fit(pod))
         pod.reject_cache = (self.index.topology, reason)
         return reason
 
     def _paused_fit(self, pod: PodInfo) -> tuple[str, str] | None:
         """(name, why) of the first GPU node the pod is kept from only by a cordon or a
-        ``node.kubernetes.io/*`` taint (:func:`partitioner.eligibility.paused_why`) and whose
-        GPUs could serve it, or ``None``.  Such a node is back after a reboot or a driver
-        upgrade: a pod it would fit is not given back for it (:meth:`_give_back`)."""
+        ``node.kubernetes.io/*`` taint and whose GPUs could serve it
+        (:func:`partitioner.rejection.paused_fit`), or ``None``.  Such a node is back after a
+        reboot or a driver upgrade: a pod it would fit is not given back for it
+        (:meth:`_give_back`)."""
         if self._paused_nodes is None:  # once per step
-            self._paused_nodes = {
-                name: why
+            self._paused_nodes = [
+                (name, info.obj, info.gpu.mode, info.gpu.model, info.gpu.dra)
                 for name, info in sorted(self.gpu_nodes.items())
-                if (why := paused_why(info.obj)) is not None
-            }
-        for name, why in self._paused_nodes.items():
-            info = self.gpu_nodes[name]
-            gpu = info.gpu
-            if (
-                gpu is not None
-                and gpu.dra == pod.dra
-                and reject_reason(pod.slices, [(gpu.mode, gpu.model)]) is None
-                and pod_fits_when_back(pod.obj, info.obj)
-            ):
-                return name, why
-        return None
+                if info.gpu is not None and paused_why(info.obj) is not None
+            ]
+        return paused_fit(pod.obj, pod.slices, pod.dra, self._paused_nodes)
 
     def _left_out(self, pod: PodInfo) -> str:
         """The opted-in nodes the pod would fit but gpuslice leaves out for a problem with

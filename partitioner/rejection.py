@@ -23,6 +23,12 @@ agent has reshaped the GPUs, so a pod selecting on the plain model stops matchin
 was planned on.  :func:`product_selector_hint` finds that case (a single-strategy node of the
 model the pod selects, which the pod would fit with the product it asks for) and says so,
 with the fix: ClusterPolicy ``mig.strategy=mixed``.
+
+A node that is cordoned or under a ``node.kubernetes.io/*`` taint is *paused*
+(:func:`partitioner.eligibility.paused_why`): a pod it would fit once back, and whose GPUs could
+serve it, is not rejected for it for good.  :func:`paused_fit` finds such a node and
+:func:`paused_sentence` says so; the controller keeps the pod gated, and ``gpuslice status`` and
+``plan --snapshot`` say the same.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from partitioner.eligibility import pod_fits_node
+from partitioner.eligibility import paused_why, pod_fits_node, pod_fits_when_back
 from partitioner.node_labels import PRODUCT_LABEL, STRATEGY_LABEL, MigStrategy
 from planner.catalog import CatalogError, GpuModel
 from planner.demand import one_mps_slice
@@ -43,7 +49,15 @@ from planner.snapshot import (
     mps_near_miss,
 )
 
-__all__ = ["MIG_MODES", "has_profile", "product_selector_hint", "reject_reason"]
+__all__ = [
+    "MIG_MODES",
+    "PausedNode",
+    "has_profile",
+    "paused_fit",
+    "paused_sentence",
+    "product_selector_hint",
+    "reject_reason",
+]
 
 MIG_MODES = (Mode.MIG, Mode.HYBRID)
 
@@ -151,3 +165,40 @@ def product_selector_hint(pod: Mapping[str, Any], opted_in: Iterable[Mapping[str
                     f"the model), or select on a label of your own"
                 )
     return ""
+
+
+PausedNode = tuple[str, Mapping[str, Any], Mode, GpuModel, bool]
+"""(name, Node object, mode, model, served by DRA) of an opted-in GPU node."""
+
+
+def paused_fit(
+    pod: Mapping[str, Any],
+    slices: Mapping[str, int],
+    dra: bool,
+    nodes: Iterable[PausedNode],
+) -> tuple[str, str] | None:
+    """(name, why) of the first of ``nodes`` (in the order given) that is paused, whose GPUs
+    could serve ``slices`` (:func:`reject_reason`) in the pod's way of asking (``dra``), and
+    that the pod would fit once back (:func:`partitioner.eligibility.pod_fits_when_back`), or
+    ``None`` (module docstring)."""
+    for name, obj, mode, model, node_dra in nodes:
+        why = paused_why(obj)
+        if (
+            why is not None
+            and node_dra == dra
+            and reject_reason(slices, [(mode, model)]) is None
+            and pod_fits_when_back(pod, obj)
+        ):
+            return name, why
+    return None
+
+
+def paused_sentence(found: tuple[str, str] | None) -> str:
+    """The sentence a "no eligible node" reason gets for :func:`paused_fit`'s node ("" for
+    none)."""
+    if found is None:
+        return ""
+    return (
+        f"; node {found[0]}, which the pod would fit, is {found[1]}: the pod keeps its gate and "
+        f"waits for the node to be back"
+    )

@@ -58,7 +58,13 @@ from partitioner.node_labels import (
     read_gpu_labels,
 )
 from partitioner.quantities import QuantityError, cpu_milli, memory_mib, pod_requests
-from partitioner.rejection import MIG_MODES, product_selector_hint, reject_reason
+from partitioner.rejection import (
+    MIG_MODES,
+    paused_fit,
+    paused_sentence,
+    product_selector_hint,
+    reject_reason,
+)
 from planner.catalog import Catalog, GpuModel
 from planner.snapshot import (
     Mode,
@@ -408,6 +414,12 @@ def _classify_pod(
         if reason.startswith("no eligible node"):
             opted = sorted({*gpu_nodes, *(problems or {})} & view.nodes.keys())
             reason += product_selector_hint(pod, (view.nodes[n] for n in opted))
+            paused = [
+                (n, view.nodes[n], g.mode, g.model, g.dra)
+                for n, g in sorted(gpu_nodes.items())
+                if n in view.nodes
+            ]
+            reason += paused_sentence(paused_fit(pod, slices, False, paused))
         return reason
     priority = (pod.get("spec") or {}).get("priority") or 0
     return PendingPod(

@@ -438,3 +438,22 @@ def test_a_pod_the_partitioner_rejects_is_shown_rejected_with_its_unplaceable_ev
         ("queued", 0),
         ("queued", 1),
     ]
+
+
+def test_a_pod_kept_only_by_a_cordon_is_told_the_same_by_status_and_the_event() -> None:
+    """The only MIG node is cordoned (a driver upgrade): the controller keeps the pod gated and
+    its Event names the node; ``gpuslice status`` says the same."""
+    from test_partitioner_promises import Cluster
+
+    from partitioner.actions import EmitEvent
+
+    n1 = node("n1", MIG)
+    n1["spec"]["unschedulable"] = True
+    pods, nps = [gated("p", ONE_G, created=T0 - 10)], [applied_np("n1", status_gpu(0))]
+    (row,) = status_document([n1], pods, nps, T0)["pods"]
+    d = Cluster(n1, *pods, *nps).step(T0)
+    (told,) = [
+        a.message for a in d.actions if isinstance(a, EmitEvent) and a.reason == "Unplaceable"
+    ]
+    assert "node n1, which the pod would fit, is cordoned (spec.unschedulable)" in told
+    assert row["detail"] == told

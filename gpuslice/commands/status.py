@@ -377,7 +377,12 @@ class _Rejection:
         self._memo: dict[tuple[frozenset[str], tuple[tuple[str, int], ...]], str | None] = {}
 
     def reason(self, pod: PodInfo) -> str | None:
-        from partitioner.rejection import product_selector_hint, reject_reason
+        from partitioner.rejection import (
+            paused_fit,
+            paused_sentence,
+            product_selector_hint,
+            reject_reason,
+        )
         from partitioner.reservations import State
         from partitioner.snapshot import left_out_sentence
 
@@ -406,6 +411,12 @@ class _Rejection:
             reason += product_selector_hint(
                 pod.obj, (i.obj for _, i in sorted(self.index.nodes.items()) if i.reading)
             )
+            paused = [
+                (n, i.obj, i.gpu.mode, i.gpu.model, i.gpu.dra)
+                for n, i in self.gpu_nodes.items()
+                if i.gpu is not None
+            ]
+            reason += paused_sentence(paused_fit(pod.obj, pod.slices, pod.dra, paused))
         return reason
 
 
