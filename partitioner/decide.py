@@ -174,20 +174,14 @@ from partitioner.index import ClusterIndex, NodeInfo, PodInfo
 from partitioner.ledger import GpuSlots, Hold, NodeLedger, build_ledgers
 from partitioner.mps_target import learned_mps_shapes
 from partitioner.optout import node_lifecycle
-from partitioner.rejection import (
-    PausedNode,
-    paused_fit,
-    paused_sentence,
-    product_selector_hint,
-    reject_reason,
-)
+from partitioner.rejection import PausedNode, paused_fit, reject_reason
 from partitioner.reservations import RESERVATION_ANNOTATION, Reservation, State
 from partitioner.snapshot import (
     PLANNED_AT_ANNOTATION,
     ClusterView,
     NodeProblem,
     invalid_partitioning_message,
-    left_out_sentence,
+    no_eligible_notes,
     opted_in,
     planned_pods,
 )
@@ -739,9 +733,12 @@ class _Step:
         slices for ``plugin_lag_s`` or longer -> why: their ``planned`` pods are given back
         (:meth:`_hold`)."""
         self._problem_nodes: list[dict[str, Any]] | None = None
-        self._paused_nodes: list[PausedNode] | None = None
-        """GPU nodes cordoned or under a lifecycle taint (:meth:`_paused_fit`), once read."""
         """Opted-in nodes whose GPU labels cannot be read (:meth:`_give_back`), once read."""
+        self._paused_nodes: list[PausedNode] | None = None
+        """GPU nodes cordoned or under a lifecycle taint (:meth:`_paused`), once read."""
+        self._opted_in_objs: list[Mapping[str, Any]] | None = None
+        """Node objects of every opted-in node, by name (:meth:`_reject`'s product hint), once
+        read."""
         self.deep_since: float | None = None
         """The next :attr:`ControllerState.deep_since`."""
         self.handed_over: set[str] = set()
@@ -889,36 +886,33 @@ class _Step:
         else:
             reason = self._rejects[key] = _reject_reason(pod, eligible, self.gpu_nodes)
         if reason is not None and reason.startswith("no eligible node"):
-            reason += self._left_out(pod)
-            reason += product_selector_hint(
-                pod.obj, (i.obj for _, i in sorted(self.index.nodes.items()) if i.reading)
+            if self._opted_in_objs is None:  # once per step: this runs for every rejected pod
+                self._opted_in_objs = [
+                    i.obj for _, i in sorted(self.index.nodes.items()) if i.reading
+                ]
+            problems = self._label_problems()
+            reason += no_eligible_notes(
+                pod.obj,
+                pod.slices,
+                pod.dra,
+                ((self.index.nodes[n].obj, problems[n]) for n in sorted(problems)),
+                self._opted_in_objs,
+                self._paused(),
             )
-            reason += paused_sentence(self._paused_fit(pod))
         pod.reject_cache = (self.index.topology, reason)
         return reason
 
-    def _paused_fit(self, pod: PodInfo) -> tuple[str, str] | None:
-        """(name, why) of the first GPU node the pod is kept from only by a cordon or a
-        ``node.kubernetes.io/*`` taint and whose GPUs could serve it
-        (:func:`partitioner.rejection.paused_fit`), or ``None``.  Such a node is back after a
-        reboot or a driver upgrade: a pod it would fit is not given back for it
-        (:meth:`_give_back`)."""
-        if self._paused_nodes is None:  # once per step
+    def _paused(self) -> list[PausedNode]:
+        """GPU nodes cordoned or under a ``node.kubernetes.io/*`` taint, once per step: such a
+        node is back after a reboot or a driver upgrade, so a pod it would fit once back is
+        not given back for it (:meth:`_give_back`, :func:`partitioner.rejection.paused_fit`)."""
+        if self._paused_nodes is None:
             self._paused_nodes = [
                 (name, info.obj, info.gpu.mode, info.gpu.model, info.gpu.dra)
                 for name, info in sorted(self.gpu_nodes.items())
                 if info.gpu is not None and paused_why(info.obj) is not None
             ]
-        return paused_fit(pod.obj, pod.slices, pod.dra, self._paused_nodes)
-
-    def _left_out(self, pod: PodInfo) -> str:
-        """The opted-in nodes the pod would fit but gpuslice leaves out for a problem with
-        their labels, as a sentence to add to a "no eligible node" reason (it blamed the pod's
-        selectors, affinity and tolerations while the cause was on the node)."""
-        problems = self._label_problems()
-        return left_out_sentence(
-            pod.obj, ((self.index.nodes[n].obj, problems[n]) for n in sorted(problems))
-        )
+        return self._paused_nodes
 
     # ------------------------------------------------------------------ 1. housekeeping
 
@@ -1146,7 +1140,7 @@ class _Step:
             if not ledger.busy and self._open(ledger.name):
                 free.update(ledger.free())
         beyond = sum(max(0, k - free[r]) for r, k in self.candidate_resources.items())
-        return beyond > max(1.0, self.config.drain_queue_limit * self.cluster_gpus())
+        return beyond > self.queue_limit()
 
     def _yield_drains(self) -> None:
         """A drain yields to a waiting pod of higher priority that may use the drained node:
@@ -1169,14 +1163,18 @@ class _Step:
                     break
             if first is None:
                 continue
-            del self.drains[key]
             self.counts["drains_yielded"] += 1
-            self._drop(
-                self.index.pods[key],
-                r,
+            self._end_drain(
+                key,
                 f"drain of node {r.node} ended: pod {first.key} of higher priority "
                 f"({first.priority} > {mine}) waits and may use that node",
             )
+
+    def _end_drain(self, key: str, why: str) -> None:
+        """Give the drain of pod ``key`` back (``why``, in its ``ReservationDropped`` Event):
+        its GPUs stay frozen for this step only (the ledgers are built); the pod is a candidate
+        as before."""
+        self._drop(self.index.pods[key], self.drains.pop(key), why)
 
     def _end_drains(self) -> None:
         """A deep queue that lasts a batch window ends every drain (module docstring, step 8;
@@ -1188,14 +1186,12 @@ class _Step:
         queue = self.candidate_resources.total()
         for key, r in sorted(self.drains.items()):
             self.counts["drains_ended_deep_queue"] += 1
-            self._drop(
-                self.index.pods[key],
-                r,
+            self._end_drain(
+                key,
                 f"drain of node {r.node} ended: {queue} slice unit(s) wait for {cluster_gpus} "
                 f"GPU(s), a deep queue, in which frozen GPUs would idle while waiting pods "
                 f"could use them; it may be drained again once the queue is short",
             )
-        self.drains.clear()
 
     def _read_drain(self, pod: PodInfo, r: Reservation) -> None:
         if (
@@ -1695,7 +1691,7 @@ class _Step:
         such node's GPU has its profile, or it asks for something gpuslice nodes never offer)
         loses the gate, unless an opted-in node whose GPU labels cannot be read yet matches it
         (that node may still serve it), or a GPU node that could serve it is only cordoned or
-        under a ``node.kubernetes.io/*`` taint (:meth:`_paused_fit`: a reboot or a driver
+        under a ``node.kubernetes.io/*`` taint (:meth:`_paused`: a reboot or a driver
         upgrade ends).  Kept gated, it would wait forever; ungated,
         kube-scheduler places it like any pod, e.g. on a node that is not opted in, whose own
         device plugin advertises the slice (clusters adopt gpuslice node by node), and the
@@ -1734,7 +1730,7 @@ class _Step:
             self._problem_nodes = [self.index.nodes[n].obj for n in self._label_problems()]
         if any(pod_fits_node(pod.obj, node) for node in self._problem_nodes):
             return False
-        if self._paused_fit(pod) is not None:
+        if paused_fit(pod.obj, pod.slices, pod.dra, self._paused()) is not None:
             return False
         self._ungate(
             pod,
@@ -2030,10 +2026,8 @@ class _Step:
             frozen = {i for g in r.gpus.values() for i in g}
             gpus = [g for g in ledger.gpus if g.index in frozen]
             if len(gpus) < len(frozen):  # the node no longer has them all: it never empties
-                del self.drains[key]
-                self._drop(
-                    self.index.pods[key],
-                    r,
+                self._end_drain(
+                    key,
                     f"node {r.node} no longer has GPU(s) "
                     f"{', '.join(str(i) for i in sorted(frozen - {g.index for g in gpus}))} "
                     f"drained for it",
@@ -2082,9 +2076,10 @@ class _Step:
             return
         assignment = plan.assignments.get(pod.key)
         if assignment is None:  # emptied, yet it cannot go there (CPU/memory taken since)
-            self.drains.pop(pod.key, None)
             why = plan.unplaced.get(pod.key, "the node cannot take it now")
-            self._drop(pod, r, f"the GPUs drained for it on node {r.node} are empty but {why}")
+            self._end_drain(
+                pod.key, f"the GPUs drained for it on node {r.node} are empty but {why}"
+            )
             return
         self._write_plan(plan, plan_id, {pod.key: pod})
         self.counts["drained"] += 1
@@ -2100,8 +2095,12 @@ class _Step:
         """More slice units wait (gated candidates) than ``drain_queue_limit`` per GPU of the
         cluster, and more than one: overload, where no drain starts and the fast path serves
         the smallest pods first, those past ``aged_after_s`` first (module docstring)."""
-        limit = max(1.0, self.config.drain_queue_limit * self.cluster_gpus())
-        return self.candidate_resources.total() > limit
+        return self.candidate_resources.total() > self.queue_limit()
+
+    def queue_limit(self) -> float:
+        """Slice units that may wait before the queue is deep: ``drain_queue_limit`` per GPU of
+        the cluster, at least 1."""
+        return max(1.0, self.config.drain_queue_limit * self.cluster_gpus())
 
     def preempt(self, plan: Plan) -> None:
         """Step 7b: hand kube-scheduler the gated pods only its preemption can serve now.
@@ -2276,7 +2275,7 @@ class _Step:
         ``drain_queue_limit`` per GPU, with what else waits within it) is never drained: told
         once (``NotDrained``) which setting decides, as a pod larger than the drain budget is.
         Otherwise it waited without a word, and the budget the docs name changed nothing."""
-        limit = max(1.0, self.config.drain_queue_limit * self.cluster_gpus())
+        limit = self.queue_limit()
         total = self.candidate_resources.total()
         widest = max((len(ledger.gpus) for ledger in self.ledgers.values()), default=0)
         if total - limit > _MAX_UNITS_PER_GPU * widest:

@@ -74,7 +74,7 @@ from contract.nodepartitioning import KIND as NP_KIND
 from contract.nodepartitioning import NodePartitioning
 from partitioner.claims import ClaimDemand, claim_key_of, pod_claim_keys, read_claim
 from partitioner.eligibility import pod_fits_node
-from partitioner.gating import GATE
+from partitioner.gating import GATE, has_gate
 from partitioner.quantities import QuantityError, cpu_milli, memory_mib, pod_requests
 from partitioner.reservations import (
     RESERVATION_ANNOTATION,
@@ -407,13 +407,6 @@ def _wants_slices(pod: Obj) -> bool:
                 if any(is_partitionable_resource(str(r)) for r in res.get(part) or {}):
                     return True
     return False
-
-
-def _carries_gate(pod: Obj) -> bool:
-    """The pod carries gpuslice's scheduling gate (whatever it asks for: a manifest copied
-    from a gated pod carries it too, and only gpuslice removes it)."""
-    gates = (pod.get("spec") or {}).get("schedulingGates") or ()
-    return any(isinstance(g, Mapping) and g.get("name") == GATE for g in gates)
 
 
 def _of_nos(pod: Obj) -> bool:
@@ -882,10 +875,10 @@ class ClusterIndex:
         NodePartitioning."""
         if event_type == "DELETED" and self._replaced(kind, obj):
             return
-        if event_type == "DELETED" and self.deletions is not None:
-            self.deletions[(kind, _key_of(kind, obj))] = _rv(obj)
-        if event_type == "DELETED" and self.write_deletions is not None:
-            self.write_deletions[(kind, _key_of(kind, obj))] = _rv(obj)
+        if event_type == "DELETED":
+            for recorded in (self.deletions, self.write_deletions):
+                if recorded is not None:
+                    recorded[(kind, _key_of(kind, obj))] = _rv(obj)
         if kind == "pods":
             key = pod_key(obj)
             if event_type == "DELETED":
@@ -1021,7 +1014,7 @@ class ClusterIndex:
             old is None
             and not (pod.get("spec") or {}).get("nodeName")
             and not _wants_slices(pod)
-            and not _carries_gate(pod)
+            and not has_gate(pod)  # a manifest copied from a gated pod carries the gate
         ):
             return  # not a slice pod, not bound, not gated by gpuslice: nothing to read
         keys, _ = pod_claim_keys(pod)

@@ -512,9 +512,9 @@ class NodeLedger:
         for h in sorted(self.holds, key=Hold.order):
             released = h.reservation.state is State.RELEASED
             for r, indices in h.reservation.gpus.items():
+                if released:
+                    self.pin_slices(r)
                 for i in indices:
-                    if released:
-                        self.pin_slices(r)
                     self._pin_one(r, i)
         for r, k in sorted(self.nominated.items()):  # no GPU expected: the kubelet picks
             for _ in range(k):  # frozen GPUs too: a drain must not plan over the freed slice

@@ -60,6 +60,7 @@ from partitioner.node_labels import (
 from partitioner.quantities import QuantityError, cpu_milli, memory_mib, pod_requests
 from partitioner.rejection import (
     MIG_MODES,
+    PausedNode,
     paused_fit,
     paused_sentence,
     product_selector_hint,
@@ -88,6 +89,7 @@ __all__ = [
     "invalid_partitioning_message",
     "is_batchable",
     "left_out_sentence",
+    "no_eligible_notes",
     "opted_in",
     "pod_key",
     "read_cluster",
@@ -384,6 +386,26 @@ def left_out_sentence(pod: Obj, problems: Iterable[tuple[Obj, NodeProblem]]) -> 
     )
 
 
+def no_eligible_notes(
+    pod: Obj,
+    slices: Mapping[str, int],
+    dra: bool,
+    problems: Iterable[tuple[Obj, NodeProblem]],
+    opted_in: Iterable[Obj],
+    paused: Iterable[PausedNode],
+) -> str:
+    """What a "no eligible node" reason adds, worded alike in the controller's ``Unplaceable``
+    Event, ``gpuslice status`` and ``plan --snapshot``: an opted-in node left out for its labels
+    that the pod would fit (:func:`left_out_sentence`), a product label GFD rewrote under the
+    single strategy (:func:`partitioner.rejection.product_selector_hint`), and a cordoned or
+    not-ready node that could serve it once back (:func:`partitioner.rejection.paused_fit`)."""
+    return (
+        left_out_sentence(pod, problems)
+        + product_selector_hint(pod, opted_in)
+        + paused_sentence(paused_fit(pod, slices, dra, paused))
+    )
+
+
 def _classify_pod(
     pod: Obj,
     gpu_nodes: Mapping[str, GpuNode],
@@ -406,20 +428,21 @@ def _classify_pod(
         slices, [(gpu_nodes[n].mode, gpu_nodes[n].model) for n in sorted(eligible)]
     )
     if reason is not None:
-        if reason.startswith("no eligible node") and problems:
-            reason += left_out_sentence(
-                pod,
-                [(view.nodes[n], p) for n, p in sorted(problems.items()) if n in view.nodes],
-            )
         if reason.startswith("no eligible node"):
+            left_out = sorted((problems or {}).items())
             opted = sorted({*gpu_nodes, *(problems or {})} & view.nodes.keys())
-            reason += product_selector_hint(pod, (view.nodes[n] for n in opted))
-            paused = [
-                (n, view.nodes[n], g.mode, g.model, g.dra)
-                for n, g in sorted(gpu_nodes.items())
-                if n in view.nodes
-            ]
-            reason += paused_sentence(paused_fit(pod, slices, False, paused))
+            reason += no_eligible_notes(
+                pod,
+                slices,
+                False,  # a pod read here asks through extended resources
+                [(view.nodes[n], p) for n, p in left_out if n in view.nodes],
+                [view.nodes[n] for n in opted],
+                [
+                    (n, view.nodes[n], g.mode, g.model, g.dra)
+                    for n, g in sorted(gpu_nodes.items())
+                    if n in view.nodes
+                ],
+            )
         return reason
     priority = (pod.get("spec") or {}).get("priority") or 0
     return PendingPod(

@@ -374,17 +374,18 @@ class _Rejection:
             for _, info in sorted(index.nodes.items())
             if isinstance(info.reading, NodeProblem)
         ]
+        self.opted_in = [info.obj for _, info in sorted(index.nodes.items()) if info.reading]
+        self.paused = [
+            (n, i.obj, i.gpu.mode, i.gpu.model, i.gpu.dra)
+            for n, i in self.gpu_nodes.items()
+            if i.gpu is not None
+        ]
         self._memo: dict[tuple[frozenset[str], tuple[tuple[str, int], ...]], str | None] = {}
 
     def reason(self, pod: PodInfo) -> str | None:
-        from partitioner.rejection import (
-            paused_fit,
-            paused_sentence,
-            product_selector_hint,
-            reject_reason,
-        )
+        from partitioner.rejection import reject_reason
         from partitioner.reservations import State
-        from partitioner.snapshot import left_out_sentence
+        from partitioner.snapshot import no_eligible_notes
 
         if pod.daemonset or pod.nominated:  # the controller leaves these to kube-scheduler
             return None
@@ -407,16 +408,9 @@ class _Rejection:
             self._memo[key] = reject_reason(pod.slices, gpus)
         reason = self._memo[key]
         if reason is not None and reason.startswith("no eligible node"):
-            reason += left_out_sentence(pod.obj, self.problems)
-            reason += product_selector_hint(
-                pod.obj, (i.obj for _, i in sorted(self.index.nodes.items()) if i.reading)
+            reason += no_eligible_notes(
+                pod.obj, pod.slices, pod.dra, self.problems, self.opted_in, self.paused
             )
-            paused = [
-                (n, i.obj, i.gpu.mode, i.gpu.model, i.gpu.dra)
-                for n, i in self.gpu_nodes.items()
-                if i.gpu is not None
-            ]
-            reason += paused_sentence(paused_fit(pod.obj, pod.slices, pod.dra, paused))
         return reason
 
 
