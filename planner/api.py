@@ -52,8 +52,11 @@ clock; the one clock it obeys is the solver's.  Two budgets are kept:
   slowdown the solves show, once one ran until its deterministic limit), and the solver's own
   wall time of every solve (``CpSolver.wall_time``: it counts whatever the machine, however
   loaded, took from the solve).  Each round's CP-SAT wall-clock limit is what is left of it; a
-  round with less than ``_MIN_WALL_S`` left is not run, nor any after it
-  (``stats['rounds_skipped']``).
+  round with less than ``MIN_SOLVE_WALL_S`` left is not run, nor any after it
+  (``stats['rounds_skipped']``).  Once a round's model is built, its size is charged too
+  (:data:`planner.mig_cpsat.S_PER_VARIABLE` per variable, beyond the per-GPU estimate): a
+  model larger than estimated (MPS GPUs with many distinct slice sizes) solves for that much
+  less, deterministic limit included, or not at all.
 
 On a machine as fast as the development machine the deterministic limit ends every solve
 first, so the plan is reproducible; on a slower or loaded one the wall-clock limits end the
@@ -91,7 +94,14 @@ from planner.demand import (
 from planner.geometry import Placement, canonical, layout_errors
 from planner.greedy import plan_greedy
 from planner.hybrid import hybrid_plan_errors
-from planner.mig_cpsat import LayoutCache, MigParseCache, WallBudget, current_mig, solve_batch
+from planner.mig_cpsat import (
+    MIN_SOLVE_WALL_S,
+    LayoutCache,
+    MigParseCache,
+    WallBudget,
+    current_mig,
+    solve_batch,
+)
 from planner.mps_polish import polish_budget, polish_mps
 from planner.neighbourhood import (
     merge_plans,
@@ -119,8 +129,6 @@ _PLANNED_FRACTION = 0.85
 """Share of the time limit the estimates may fill (the rest absorbs estimation error)."""
 _MIN_ROUND_S = 0.1
 """Least solver time worth a neighbourhood round."""
-_MIN_WALL_S = 0.02
-"""Least wall time left worth starting a round (below it, the solve would return its hint)."""
 _ROOMS = (Unplaced.CAPACITY.value, Unplaced.NODE_RESOURCES.value)
 # Seconds of work outside the solver (one core of the development machine, fitted on the
 # benchmark at 100-1000 nodes with 30 % and 60 % pending pods, rounded up): per snapshot GPU
@@ -235,8 +243,9 @@ def plan(
         nb = restrict(snapshot, current, names, int(_POD_CAP_PER_GPU * cap))
         if not nb.snapshot.pods and not nb.whole:
             continue
-        wall.charge(_S_PER_MODEL_GPU * chunk_gpus[k])
-        if wall.left() < _MIN_WALL_S:
+        build = _S_PER_MODEL_GPU * chunk_gpus[k]
+        wall.charge(build)
+        if wall.left() < MIN_SOLVE_WALL_S:
             skipped = len(limits) - k
             break
         index = EligibilityIndex(nb.snapshot.nodes, models, settings)
@@ -249,6 +258,7 @@ def plan(
             time_limit_s=wall.left(),
             deterministic_limit_s=round_limit,
             wall=wall,
+            build_charged_s=build,
             parse_cache=parsed,
             layout_cache=layouts,
         )

@@ -167,6 +167,8 @@ from planner.snapshot import (
 )
 
 __all__ = [
+    "MIN_SOLVE_WALL_S",
+    "S_PER_VARIABLE",
     "CurrentMig",
     "LayoutCache",
     "LayoutOption",
@@ -225,6 +227,12 @@ class WallBudget:
             self.slowdown = min(_MAX_SLOWDOWN, max(self.slowdown, rate))
 
 
+S_PER_VARIABLE = 36e-6
+"""Seconds a model's build takes per variable (one core of the development machine: 36 us on
+96 MPS GPUs with 400 distinct pods, 20,256 variables; 50-60 us on MIG and hybrid models, whose
+per-GPU estimate of the caller, :data:`planner.api._S_PER_MODEL_GPU`, covers them)."""
+MIN_SOLVE_WALL_S = 0.02
+"""Least wall time left worth starting a solve (below it, the solve would return its hint)."""
 _LIMIT_REACHED = 0.99
 """A solve whose deterministic time reached this fraction of its limit ran until that limit."""
 _MAX_SLOWDOWN = 8.0
@@ -732,6 +740,7 @@ def solve_batch(
     time_limit_s: float | None = None,
     deterministic_limit_s: float | None = None,
     wall: WallBudget | None = None,
+    build_charged_s: float = 0.0,
     parse_cache: MigParseCache | None = None,
     layout_cache: LayoutCache | None = None,
 ) -> Plan | None:
@@ -742,7 +751,11 @@ def solve_batch(
     ``time_limit_s`` overrides ``settings.time_limit_s`` as the solver's wall-clock limit (the
     caller's share of the budget); the deterministic-time limit is ``DETERMINISTIC_PER_SECOND``
     units per second of ``deterministic_limit_s`` (default: of the wall-clock limit).  ``wall``,
-    if given, is charged the solve (also when it finds no solution): :meth:`WallBudget.charge_solve`.
+    if given, is charged the solve (also when it finds no solution): :meth:`WallBudget.charge_solve`,
+    and, once the model is built, what its size says the build cost beyond ``build_charged_s``
+    (the caller's estimate, already charged): ``S_PER_VARIABLE`` per variable.  That excess
+    comes off both of the solve's limits; with less than ``MIN_SOLVE_WALL_S`` left the model is
+    not solved (``None``).
     ``parse_cache`` and ``layout_cache`` reuse the caller's parsed layouts and candidate layouts
     (one dict each per plan, shared by its neighbourhood rounds).
     """
@@ -870,9 +883,19 @@ def solve_batch(
     m.cp.maximize(objective)
     _hint(m, groups, warm_layouts, warm_node)
 
-    solver = cp_model.CpSolver()
     limit = max(0.01, settings.time_limit_s if time_limit_s is None else time_limit_s)
     work = limit if deterministic_limit_s is None else max(0.01, deterministic_limit_s)
+    if wall is not None:
+        excess = S_PER_VARIABLE * len(m.cp.proto.variables) - max(0.0, build_charged_s)
+        if excess > 0:
+            # a model larger than the caller's estimate (MPS GPUs with a hundred distinct slice
+            # sizes: 211 variables a GPU, 0.7 s to build 96 GPUs against 0.12 s estimated)
+            wall.charge(excess)
+            limit = min(limit, wall.left())
+            work = min(work - excess, limit)
+            if limit < MIN_SOLVE_WALL_S:
+                return None
+    solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = limit
     solver.parameters.max_deterministic_time = work * DETERMINISTIC_PER_SECOND
     solver.parameters.cp_model_probing_level = 0

@@ -17,7 +17,6 @@ from test_planner_scale import assert_valid, weight
 
 from planner import PlannerSettings, Policy, default_catalog, plan
 from planner.api import (
-    _MIN_WALL_S,
     _PLANNED_FRACTION,
     _S_PER_GPU,
     _S_PER_MODEL_GPU,
@@ -25,7 +24,7 @@ from planner.api import (
     validate_snapshot,
 )
 from planner.greedy import plan_greedy
-from planner.mig_cpsat import DETERMINISTIC_PER_SECOND, WallBudget
+from planner.mig_cpsat import DETERMINISTIC_PER_SECOND, MIN_SOLVE_WALL_S, WallBudget
 from planner.neighbourhood import spare_capacity
 from simulations.inputs.instances import mig_benchmark_snapshot
 
@@ -145,4 +144,4 @@ def test_wall_budget_scales_estimates_only_by_solves_that_reached_their_work_lim
     assert wall.left() == pytest.approx(0.85 - 0.2 * 3.0 - 0.7)
     wall.charge_solve(100.0, deterministic=0.05, deterministic_limit=0.05)
     assert wall.slowdown == 8.0  # clamped
-    assert _MIN_WALL_S > 0
+    assert MIN_SOLVE_WALL_S > 0
