@@ -63,10 +63,9 @@ from partitioner.node_labels import (
     MIG_CONFIG_STATE_LABEL,
     GpuLabels,
     LabelProblem,
-    MigStrategy,
 )
 from partitioner.quantities import QuantityError, parse_quantity, pod_requests
-from planner.catalog import CatalogError, GpuModel, MigProfile
+from planner.catalog import Catalog, CatalogError, GpuModel, MigProfile
 from planner.geometry import Layout, enumerate_layouts
 from planner.snapshot import (
     GpuState,
@@ -87,6 +86,7 @@ __all__ = [
     "agent_reported",
     "desired_without_status",
     "gpus_from_status",
+    "other_model",
 ]
 
 NOS_STATUS_PREFIX = "nos.nebuly.com/status-gpu-"
@@ -532,7 +532,7 @@ def adopt_all(
     gpu_nodes: Mapping[str, NodeLike],
     partitionings: Mapping[str, NodePartitioning],
     pods: Iterable[Obj],
-    max_gpus: int,
+    catalog: Catalog,
 ) -> dict[str, Adopted | LabelProblem]:
     """:func:`adopt` for every GPU node, with the pods bound to it that have not finished."""
     bound: dict[str, list[Obj]] = {}
@@ -547,7 +547,7 @@ def adopt_all(
         if g.labels is None:  # built without labels (tests): the report or empty GPUs
             out[name] = Adopted(g.gpu_count, gpus_from_status(np, g.gpu_count, g.mode), "agent")
             continue
-        out[name] = adopt(nodes[name], g.mode, g.labels, np, bound.get(name, ()), max_gpus)
+        out[name] = adopt(nodes[name], g.mode, g.labels, np, bound.get(name, ()), catalog)
     return out
 
 
@@ -557,12 +557,23 @@ def adopt(
     labels: GpuLabels,
     np: NodePartitioning | None,
     pods: Sequence[Obj],
-    max_gpus: int,
+    catalog: Catalog,
 ) -> Adopted | LabelProblem:
     """The node's GPUs now (module docstring); ``pods`` are those bound to it, not finished."""
     if agent_reported(np):
         assert np is not None and np.status is not None
-        return _reported(node, mode, labels, np, max_gpus)
+        return _reported(node, mode, labels, np, catalog)
+    if labels.split_devices:
+        names = ", ".join(labels.split_devices)
+        return LabelProblem(
+            "ComputeInstancesBeforeAgent",
+            f"labels {names} count MIG devices of compute instances smaller than their GPU "
+            f"instance (nvidia-smi mig -cci, or a mig-parted config with such profiles): how "
+            f"many GPU instances hold them, and where, is unknown until the gpuslice agent "
+            f"reports (it reads them through NVML); wait for its report. gpuslice serves whole "
+            f"GPU instances: the agent does not advertise such an instance, and destroys it "
+            f"once no process uses it",
+        )
     if labels.gpu_count is None:
         return LabelProblem(
             "GpuCountUnknown",
@@ -600,36 +611,63 @@ def adopt(
 
 
 def _reported(
-    node: Obj, mode: Mode, labels: GpuLabels, np: NodePartitioning, max_gpus: int
+    node: Obj, mode: Mode, labels: GpuLabels, np: NodePartitioning, catalog: Catalog
 ) -> Adopted | LabelProblem:
-    """The agent's report as the node's GPUs.  Its GPU count (highest index + 1: it lists
-    every GPU NVML shows) wins under ``mig.strategy=single``, where a count from labels is a
-    guess for the time before the report (an admin's annotation, the MIG manager's stale
-    ``all-<profile>`` config); one that disagrees is named in a note with its fix, never
-    obeyed (it dropped reported GPUs from every plan, or planned GPUs that do not exist).
-    Under ``none`` and ``mixed`` GFD's ``gpu.count`` (read through NVML too) is kept."""
+    """The agent's report as the node's GPUs.  It lists every GPU NVML shows, so its GPU
+    count (highest index + 1) wins under every strategy: a count from labels is a guess for
+    the time before the report (an admin's annotation, the MIG manager's stale
+    ``all-<profile>`` config under ``single``) or counts one model only (GFD's ``gpu.count``
+    on a node with a second GPU model); one that disagrees is named in a note with its fix,
+    never obeyed (it dropped reported GPUs from every plan, or planned GPUs that do not
+    exist).  A reported GPU of another model than the labels', or of one the catalog does not
+    know, is a problem (:func:`other_model`): one model per node."""
     assert np.status is not None
+    other = other_model(np, labels.model, catalog)
+    if other is not None:
+        return LabelProblem("MixedGpuModels", other)
     reported = max(g.index for g in np.status.gpus) + 1
-    agent_source = "the agent's NodePartitioning status (NVML)"
+    if reported > catalog.max_gpus_per_node:
+        return LabelProblem(
+            "TooManyGpus",
+            f"the NodePartitioning status lists GPU index {reported - 1}: more than any "
+            f"server holds (max_gpus_per_node {catalog.max_gpus_per_node})",
+        )
     notes: list[str] = []
-    if labels.gpu_count is None or labels.strategy is MigStrategy.SINGLE:
-        if reported > max_gpus:
-            return LabelProblem(
-                "TooManyGpus",
-                f"the NodePartitioning status lists GPU index {reported - 1}: more than any "
-                f"server holds (max_gpus_per_node {max_gpus})",
-            )
-        count, source = reported, agent_source
-        if labels.gpu_count is not None and labels.gpu_count != reported:
-            notes.append(_count_mismatch(node, labels, reported))
-    else:
-        count, source = labels.gpu_count, labels.count_source
+    if labels.gpu_count is not None and labels.gpu_count != reported:
+        notes.append(_count_mismatch(node, labels, reported))
     said = (
-        f"GPU count {count} from {source}",
+        f"GPU count {reported} from the agent's NodePartitioning status (NVML)",
         "instances and their use: the agent's report",
         *notes,
     )
-    return Adopted(count, gpus_from_status(np, count, mode), "agent", said)
+    return Adopted(reported, gpus_from_status(np, reported, mode), "agent", said)
+
+
+def other_model(np: NodePartitioning | None, model: GpuModel, catalog: Catalog) -> str | None:
+    """Why the node cannot be planned when its agent reports a GPU of another catalog model
+    than its labels name, or of a model the catalog does not know (GPU Feature Discovery
+    labels one model per node, whichever it read last, and counts only that one): every GPU
+    would be planned as the labelled model -- MIG profiles or MPS memory the other GPU does
+    not have, refused by the agent again after every plan -- and, with GFD's count, a GPU of
+    the labelled model left out of every plan.  ``None`` if every GPU the agent names is of
+    the labelled model."""
+    for g in np.status.gpus if np is not None and np.status is not None else ():
+        if not g.model:
+            continue
+        try:
+            found = catalog.model(g.model).name
+        except CatalogError:
+            found = ""
+        if found == model.name:
+            continue
+        what = found or f"{g.model!r}, a model the GPU catalog does not know"
+        return (
+            f"the agent reports GPU {g.index} as {what} but the node's labels say "
+            f"{model.name}: gpuslice plans one GPU model per node; keep GPUs of one model "
+            "per node (a display GPU beside data-centre GPUs too), or opt the node out "
+            "(gpuslice.io/partitioning=off)"
+        )
+    return None
 
 
 def _count_mismatch(node: Obj, labels: GpuLabels, reported: int) -> str:

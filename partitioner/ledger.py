@@ -63,12 +63,19 @@ from dataclasses import dataclass, field, replace
 
 from contract.dra_devices import placement_device_name
 from contract.nodepartitioning import NodePartitioning
-from partitioner.adoption import Adopted, adopt, agent_reported, foreign_mode, gpus_from_status
+from partitioner.adoption import (
+    Adopted,
+    adopt,
+    agent_reported,
+    foreign_mode,
+    gpus_from_status,
+    other_model,
+)
 from partitioner.index import ClusterIndex, NodeInfo, PodInfo
 from partitioner.node_labels import LabelProblem
 from partitioner.reservations import Reservation, State
 from partitioner.snapshot import NOS_AGENT_LABEL, GpuNode, NodeProblem
-from planner.catalog import Catalog, CatalogError, GpuModel
+from planner.catalog import CatalogError, GpuModel
 from planner.snapshot import (
     GpuState,
     MigInstance,
@@ -942,8 +949,8 @@ def read_gpus(index: ClusterIndex, info: NodeInfo) -> _Reading | NodeProblem:
         )
     else:
         pods = [] if reported else [_pseudo_pod(p) for p in index.bound_pods(info.name)]
-        adopted = adopt(info.obj, gpu.mode, labels, np, pods, index.catalog.max_gpus_per_node)
-    other = _other_model(np, gpu.model, index.catalog) if reported else None
+        adopted = adopt(info.obj, gpu.mode, labels, np, pods, index.catalog)
+    other = other_model(np, gpu.model, index.catalog) if reported and labels is None else None
     if isinstance(adopted, LabelProblem):
         result = NodeProblem(info.name, adopted.reason, adopted.message)
     elif other is not None:
@@ -974,28 +981,6 @@ def _held_foreign(gpus: Sequence[GpuState], mode: Mode) -> frozenset[int]:
     before it was relabelled): :func:`~partitioner.adoption.gpus_from_status` locks them and
     keeps their devices."""
     return frozenset(g.index for g in gpus if g.locked and foreign_mode(g, mode))
-
-
-def _other_model(np: NodePartitioning | None, model: GpuModel, catalog: Catalog) -> str | None:
-    """Why the node cannot be planned when its agent reports a GPU of another catalog model
-    than its labels name (GPU Feature Discovery labels one model per node, whichever it read
-    last): every GPU would be planned as the labelled model -- MIG profiles or MPS memory the
-    other GPU does not have, refused by the agent again after every plan.  ``None`` if every
-    GPU the agent names is of the labelled model (or of none the catalog knows)."""
-    for g in np.status.gpus if np is not None and np.status is not None else ():
-        if not g.model:
-            continue
-        try:
-            found = catalog.model(g.model)
-        except CatalogError:
-            continue
-        if found.name != model.name:
-            return (
-                f"the agent reports GPU {g.index} as {found.name} but the node's labels say "
-                f"{model.name}: gpuslice plans one GPU model per node; keep GPUs of one model "
-                "per node, or opt the node out (gpuslice.io/partitioning=off)"
-            )
-    return None
 
 
 def _gpus(reading: _Reading, frozen: frozenset[int]) -> list[GpuSlots]:

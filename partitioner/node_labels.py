@@ -114,6 +114,9 @@ COUNT_ANNOTATION = "gpuslice.io/gpu-count"
 """Physical GPUs of a node whose labels cannot say (GFD's ``single`` strategy); set by you."""
 
 _MIXED_COUNT = re.compile(r"^nvidia\.com/mig-(?P<name>.+)\.count$")
+_COMPUTE_SPLIT = re.compile(r"^\d+c\.(?P<gi>\d+g\..+)$")
+"""GFD's name of a MIG device whose compute instance is smaller than its GPU instance
+(``1c.3g.40gb``: one compute slice of a ``3g.40gb`` instance; facts/gpu-operator.md)."""
 _INVALID = "-MIG-INVALID"
 _SHARED = "-SHARED"
 """GFD's suffix on ``gpu.product`` when the GPUs are shared (time-slicing, MPS) under any
@@ -154,6 +157,10 @@ class GpuLabels:
     """``nvidia.com/mig.config`` when the MIG manager applied it (state ``success``), else ``""``."""
     notes: tuple[str, ...] = ()
     """What was assumed, one sentence each (``gpuslice plan --snapshot`` prints them)."""
+    split_devices: tuple[str, ...] = ()
+    """Labels counting MIG devices of compute instances smaller than their GPU instance
+    (``mig-1c.3g.40gb.count``): how many GPU instances hold them is unknown from labels, so
+    only the agent's report can say what the node holds (:func:`partitioner.adoption.adopt`)."""
 
 
 def _int(text: str | None) -> int | None:
@@ -315,8 +322,10 @@ def _single(
 
 
 def _mixed_devices(
-    labels: Mapping[str, str], model: GpuModel, gpus: int
+    labels: Mapping[str, str], model: GpuModel, gpus: int, split: list[str]
 ) -> dict[str, int] | LabelProblem:
+    """MIG devices per profile from GFD's ``mig-<profile>.count`` labels; the keys of those
+    counting compute instances smaller than their GPU instance go to ``split`` instead."""
     devices: dict[str, int] = {}
     for key in sorted(labels):
         m = _MIXED_COUNT.match(key)
@@ -327,6 +336,14 @@ def _mixed_devices(
             return LabelProblem(
                 "InvalidGpuLabels", f"label {key}={labels[key]!r} is not a non-negative integer"
             )
+        part = _COMPUTE_SPLIT.match(m.group("name"))
+        if part is not None:
+            instance = _profile(model, part.group("gi"), f"label {key}")
+            if isinstance(instance, LabelProblem):
+                return instance
+            if n:
+                split.append(key)
+            continue
         profile = _profile(model, m.group("name"), f"label {key}")
         if isinstance(profile, LabelProblem):
             return profile
@@ -464,8 +481,9 @@ def read_gpu_labels(
     source = f"label {COUNT_LABEL}"
     notes: list[str] = []
     devices: dict[str, int] | None = None
+    split: list[str] = []
     if strategy is MigStrategy.MIXED:
-        got = _mixed_devices(labels, model, count)
+        got = _mixed_devices(labels, model, count, split)
         if isinstance(got, LabelProblem):
             return got
         devices = got
@@ -485,4 +503,5 @@ def read_gpu_labels(
         devices,
         mig_config=_applied_config(labels),
         notes=tuple(notes),
+        split_devices=tuple(split),
     )

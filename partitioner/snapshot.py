@@ -284,6 +284,14 @@ def read_node(node: Obj, catalog: Catalog) -> GpuNode | NodeProblem | None:
             "MigNotSupported",
             f"{key}={value} but {model.name} is not MIG-capable; use mode mps",
         )
+    if mode in MIG_MODES and str(labels.get(MIG_CAPABLE_LABEL, "")).strip().lower() == "false":
+        return NodeProblem(
+            name,
+            "MigNotSupported",
+            f"{key}={value} but GPU Feature Discovery labels {MIG_CAPABLE_LABEL}=false: NVML "
+            f"says this node's {model.name} GPUs cannot enable MIG (a VM or platform without "
+            f"MIG); use mode mps, or enable MIG on the platform and let GFD relabel the node",
+        )
     alloc = (node.get("status") or {}).get("allocatable") or {}
     try:
         cpu = cpu_milli(alloc["cpu"]) if "cpu" in alloc else 1 << 40
@@ -291,6 +299,10 @@ def read_node(node: Obj, catalog: Catalog) -> GpuNode | NodeProblem | None:
     except QuantityError as e:
         return NodeProblem(name, "InvalidAllocatable", f"status.allocatable: {e}")
     return GpuNode(name, mode, model, read.gpu_count or 0, read.gpu_memory_mib, cpu, mem, read, dra)
+
+
+MIG_CAPABLE_LABEL = "nvidia.com/mig.capable"
+"""GFD's label: ``true`` iff NVML reports MIG supported on the node's GPUs."""
 
 
 def _owned_by_daemonset(pod: Obj) -> bool:
@@ -524,7 +536,7 @@ def read_cluster(view: ClusterView, catalog: Catalog) -> ClusterReading:
 
     current: dict[str, Adopted] = {}
     for n, now in adopt_all(
-        view.nodes, gpu_nodes, partitionings, view.pods.values(), catalog.max_gpus_per_node
+        view.nodes, gpu_nodes, partitionings, view.pods.values(), catalog
     ).items():
         if isinstance(now, LabelProblem):  # kept in gpu_nodes: its agent must get to report
             problems[n] = NodeProblem(n, now.reason, now.message)

@@ -31,7 +31,7 @@ from partitioner.node_labels import (
     with_operands_off,
 )
 from partitioner.rejection import product_selector_hint
-from partitioner.snapshot import ClusterReading, read_kubectl_list
+from partitioner.snapshot import ClusterReading, NodeProblem, read_kubectl_list, read_node
 from planner.catalog import default_catalog
 from planner.snapshot import Mode
 
@@ -235,19 +235,78 @@ def test_single_an_agreeing_count_adds_no_note() -> None:
     assert not any("the agent reports" in n for n in notes), notes
 
 
-def test_mixed_keeps_gfds_physical_count_beside_the_report() -> None:
-    """Under mixed ``gpu.count`` is GFD's NVML count of physical GPUs; a GPU the agent did not
-    list is planned as empty, as before."""
+def test_mixed_the_agents_count_beats_gfds_and_the_difference_is_named() -> None:
+    """The agent lists every GPU NVML shows (an unreadable one from its last state), so a
+    GFD ``gpu.count`` above it names a GPU that is gone or of a model GFD did not count; the
+    plan put a 7g on such a GPU 1 that did not exist (a review's r2b).  The agent's count is
+    used under ``mixed`` too, and the label's named in a note."""
     node = gfd_node("h100-0", strategy="mixed", count=2)
     labels = read_gpu_labels(node["metadata"]["labels"], {}, CAT, "h100-0")
     assert isinstance(labels, GpuLabels)
     from contract.nodepartitioning import NodePartitioning
 
     np = NodePartitioning.model_validate(partitioning("h100-0", [[(0, False)]]))
-    got = adopt(node, Mode.MIG, labels, np, (), CAT.max_gpus_per_node)
+    got = adopt(node, Mode.MIG, labels, np, (), CAT)
     assert not isinstance(got, LabelProblem)
-    assert got.gpu_count == 2 and got.source == "agent"
-    assert got.notes[0].startswith("GPU count 2 from label nvidia.com/gpu.count")
+    assert got.gpu_count == 1 and [g.index for g in got.gpus] == [0] and got.source == "agent"
+    assert got.notes[0].startswith("GPU count 1 from the agent's NodePartitioning status")
+    assert any("label nvidia.com/gpu.count" in n and "reports 1" in n for n in got.notes)
+
+
+def test_a_reported_gpu_of_a_model_the_catalog_does_not_know_keeps_the_node_out() -> None:
+    """A display GPU at index 0 beside A100s: GFD labels and counts the A100s only; the
+    agent names the other by its NVML name.  Skipped as unknown, it was planned as an A100
+    (a 7g on the display GPU) while a real A100 fell out of every plan (a review's r2)."""
+    node = gfd_node("h100-0", strategy="mixed", count=2)
+    labels = read_gpu_labels(node["metadata"]["labels"], {}, CAT, "h100-0")
+    assert isinstance(labels, GpuLabels)
+    from contract.nodepartitioning import NodePartitioning
+
+    raw = partitioning("h100-0", [[], [(0, False)]])
+    raw["status"]["gpus"][0]["model"] = "NVIDIA T400 4GB"
+    np = NodePartitioning.model_validate(raw)
+    got = adopt(node, Mode.MIG, labels, np, (), CAT)
+    assert isinstance(got, LabelProblem) and got.reason == "MixedGpuModels"
+    assert "GPU 0 as 'NVIDIA T400 4GB', a model the GPU catalog does not know" in got.message
+    assert "gpuslice.io/partitioning=off" in got.message
+
+
+def test_compute_instance_devices_wait_for_the_agent_then_its_report_rules() -> None:
+    """GFD names a device whose compute instance is smaller than its GPU instance
+    ``1c.3g.40gb``.  Read as a profile, it shut the node out for good with advice to add it to
+    the catalog (a review's r3).  Before the agent reports, how many GPU instances hold such
+    devices is unknown: the node waits for the report; after it, the report rules."""
+    node = gfd_node("h100-0", strategy="mixed", count=2)
+    node["metadata"]["labels"]["nvidia.com/mig-1c.3g.40gb.count"] = "3"
+    node["metadata"]["labels"]["nvidia.com/mig-4g.40gb.count"] = "1"
+    labels = read_gpu_labels(node["metadata"]["labels"], {}, CAT, "h100-0")
+    assert isinstance(labels, GpuLabels)
+    assert labels.split_devices == ("nvidia.com/mig-1c.3g.40gb.count",)
+    assert labels.mig_devices == {"4g.40gb": 1}
+    before = adopt(node, Mode.MIG, labels, None, (), CAT)
+    assert isinstance(before, LabelProblem) and before.reason == "ComputeInstancesBeforeAgent"
+    assert "nvidia.com/mig-1c.3g.40gb.count" in before.message and "catalog" not in before.message
+    from contract.nodepartitioning import NodePartitioning
+
+    np = NodePartitioning.model_validate(partitioning("h100-0", [[(0, True)], []]))
+    after = adopt(node, Mode.MIG, labels, np, (), CAT)
+    assert not isinstance(after, LabelProblem) and after.gpu_count == 2
+    # a compute-instance name of a GPU instance the model does not have is still refused
+    node["metadata"]["labels"]["nvidia.com/mig-1c.5g.50gb.count"] = "1"
+    bad = read_gpu_labels(node["metadata"]["labels"], {}, CAT, "h100-0")
+    assert isinstance(bad, LabelProblem) and bad.reason == "UnknownMigProfile"
+
+
+def test_a_node_gfd_labels_mig_incapable_is_not_planned_as_mig() -> None:
+    """``nvidia.com/mig.capable=false`` (NVML: MIG unsupported, e.g. a VM without MIG) was
+    ignored: only the catalog's flag was read, and an H100 there was planned as MIG."""
+    node = gfd_node("h100-vm", strategy="mixed", count=1)
+    node["metadata"]["labels"]["nvidia.com/mig.capable"] = "false"
+    got = read_node(node, CAT)
+    assert isinstance(got, NodeProblem) and got.reason == "MigNotSupported"
+    assert "nvidia.com/mig.capable=false" in got.message and "use mode mps" in got.message
+    node["metadata"]["labels"]["gpuslice.io/partitioning"] = "mps"
+    assert not isinstance(read_node(node, CAT), NodeProblem)
 
 
 # --------------------------------------------------------------------------- 2. -MIG-INVALID
