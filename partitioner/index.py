@@ -75,7 +75,13 @@ from contract.nodepartitioning import NodePartitioning
 from partitioner.claims import ClaimDemand, claim_key_of, pod_claim_keys, read_claim
 from partitioner.eligibility import pod_fits_node
 from partitioner.gating import GATE, has_gate
-from partitioner.quantities import QuantityError, cpu_milli, memory_mib, pod_requests
+from partitioner.quantities import (
+    QuantityError,
+    container_slice_conflicts,
+    cpu_milli,
+    memory_mib,
+    pod_requests,
+)
 from partitioner.reservations import (
     RESERVATION_ANNOTATION,
     Reservation,
@@ -594,6 +600,14 @@ def _read_pod(
             dra = False  # a claim not created yet: its demand is unknown, not planned yet
         elif units:
             slices = units
+    if slices and not error and not dra and (split := container_slice_conflicts(pod)):
+        error = (
+            f"{'; '.join(split)}: the kubelet gives a container the devices of one such "
+            f"resource only (their device plugins' NVIDIA_VISIBLE_DEVICES overwrite each "
+            f"other), so it would see one slice and hold the other idle; ask for one slice "
+            f"resource per container (several units of it are fine), or split the container"
+        )
+        slices = {}
     if whole and slices and not error:
         # gpuslice nodes advertise no nvidia.com/gpu: released there, the pod could never bind
         error = (

@@ -20,8 +20,16 @@ from decimal import Decimal, DecimalException
 from typing import Any
 
 from contract.quantity import SUFFIX_FACTORS
+from planner.snapshot import is_partitionable_resource
 
-__all__ = ["QuantityError", "cpu_milli", "memory_mib", "parse_quantity", "pod_requests"]
+__all__ = [
+    "QuantityError",
+    "container_slice_conflicts",
+    "cpu_milli",
+    "memory_mib",
+    "parse_quantity",
+    "pod_requests",
+]
 
 _SUFFIX = SUFFIX_FACTORS
 MAX_QUANTITY = Decimal(2**63 - 1)
@@ -95,6 +103,30 @@ def _container_requests(container: Mapping[str, Any]) -> dict[str, Decimal]:
     return out
 
 
+_POD_LEVEL = ("cpu", "memory")
+"""Resources a pod may request for itself (``spec.resources``), besides ``hugepages-*``."""
+
+
+def container_slice_conflicts(pod: Mapping[str, Any]) -> list[str]:
+    """Per container that asks for slices of more than one resource name: the kubelet merges
+    the environments its device plugins' ``Allocate`` answers give one container, first one
+    wins (``NVIDIA_VISIBLE_DEVICES`` of only one resource, in Go map order), so such a
+    container would see one of its slices and hold the other idle.  Words naming each."""
+    spec = pod.get("spec") or {}
+    out: list[str] = []
+    for c in [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]:
+        if not isinstance(c, Mapping):
+            continue
+        try:
+            asked = _container_requests(c)
+        except QuantityError:
+            continue  # the pod's requests are refused as malformed elsewhere
+        names = sorted(k for k, v in asked.items() if v > 0 and is_partitionable_resource(k))
+        if len(names) > 1:
+            out.append(f"container {c.get('name', '?')!r} asks for {' and '.join(names)}")
+    return out
+
+
 def pod_requests(pod: Mapping[str, Any]) -> dict[str, Decimal]:
     """The pod's effective request per resource name (the scheduler's rule, overhead added)."""
     spec = pod.get("spec") or {}
@@ -121,6 +153,12 @@ def pod_requests(pod: Mapping[str, Any]) -> dict[str, Decimal]:
             init[k] = max(init.get(k, Decimal(0)), v)
     for k, v in init.items():
         total[k] = max(total.get(k, Decimal(0)), v)
+    # Pod-level resources (KEP-2837, on by default since Kubernetes 1.34): where the pod sets
+    # CPU, memory or hugepages for itself, kube-scheduler counts that instead of its
+    # containers' sum (the API server defaults a pod-level request from its limit).
+    for k, v in _container_requests(spec).items():
+        if k in _POD_LEVEL or k.startswith("hugepages-"):
+            total[k] = v
     for k, v in (spec.get("overhead") or {}).items():
         total[k] = total.get(k, Decimal(0)) + parse_quantity(v)
     return total

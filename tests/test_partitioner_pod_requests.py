@@ -121,3 +121,41 @@ def test_the_index_counts_a_bound_sidecar_pods_slices() -> None:
     p["status"]["phase"] = "Running"
     index = ClusterIndex.from_objects(CAT, [node("n1", MIG)], [p])
     assert index.usage("n1").slices == {ONE_G: 2}
+
+
+def test_pod_level_cpu_and_memory_replace_the_containers_sum() -> None:
+    """Pod-level resources (``spec.resources``, on by default since Kubernetes 1.34):
+    kube-scheduler counts them instead of the containers' sum; read as 0 CPU, a pod asking
+    12 CPUs for itself was released to a node with 4 free (a review's c2)."""
+    p = gated("p", ONE_G)
+    p["spec"]["resources"] = {"requests": {"cpu": "12", "memory": "8Gi"}}
+    p["spec"]["overhead"] = {"cpu": "250m"}
+    got = pod_requests(p)
+    assert got["cpu"] == 12 + 0.25 and got["memory"] == 8 * 2**30 and got[ONE_G] == 1
+    only_limits = gated("q", ONE_G)
+    only_limits["spec"]["resources"] = {"limits": {"cpu": "3"}}
+    assert pod_requests(only_limits)["cpu"] == 3  # the API server defaults requests to limits
+    index = ClusterIndex.from_objects(CAT, [node("n1", MIG)], [p])
+    assert index.pods["ns/p"].cpu_milli == 12_250
+
+
+def test_a_container_asking_for_two_slice_resources_is_refused_with_the_fix() -> None:
+    """The kubelet merges the environments of one container's device plugin answers, first
+    one wins: a container asking for a 1g and a 2g would see one of them and hold the other
+    idle (a review's r1).  Several units of one resource, or one per container, are fine."""
+    two = "nvidia.com/mig-2g.20gb"
+    bad = gated("bad", ONE_G)
+    bad["spec"]["containers"][0]["resources"]["limits"][two] = "1"
+    c = _free_one_g(bad, free=2)
+    d = c.step(T0 + 5)
+    assert events(d, "Released") == [] and reservation(c, "bad") is None
+    (why,) = events(d, "Unplaceable")
+    assert f"asks for {ONE_G} and {two}" in why and "one slice resource per container" in why
+    c.step(T0 + 60)  # given back to kube-scheduler after a batch window, never held
+    assert "schedulingGates" not in c.pod("bad")["spec"] and reservation(c, "bad") is None
+    ok = gated("ok", ONE_G)
+    ok["spec"]["containers"].append({"name": "second", "resources": {"limits": {ONE_G: "1"}}})
+    c = _free_one_g(ok, free=2)
+    c.step(T0 + 5)
+    r = reservation(c, "ok")
+    assert r is not None and r.units() == {ONE_G: 2}
