@@ -693,6 +693,9 @@ class _Step:
         self.busy: set[str] = set()
         self.degraded: set[str] = set()
         self.invalid: dict[str, NodeProblem] = {}
+        self.stuck: dict[str, NodeProblem] = {}
+        """Nodes whose agent has not applied a spec past ``apply_deadline_s`` (``ApplyStuck``):
+        a condition says so even when no pod was planned there (a warm slice, a mode switch)."""
         """Nodes whose NodePartitioning fails validation: left out of plans (busy), told on
         the node's condition and in an Event (:meth:`conditions`)."""
         self.candidates: dict[str, PodInfo] = {}
@@ -946,7 +949,10 @@ class _Step:
             problem = (
                 info.reading
                 if info.gpu is None
-                else self.invalid.get(name) or self.unreadable.get(name) or self.unserved.get(name)
+                else self.invalid.get(name)
+                or self.unreadable.get(name)
+                or self.unserved.get(name)
+                or self.stuck.get(name)
             )
             if problem is None:
                 if have.get("status") == "False":
@@ -977,6 +983,18 @@ class _Step:
             np = np_info.np
             if is_busy(np):
                 self.busy.add(name)
+                at = _planned_at(np)
+                if at is not None and self.now - at > self.config.apply_deadline_s:
+                    applied = np.condition("Applied")
+                    said = f" (Applied: {applied.reason})" if applied and applied.reason else ""
+                    self.stuck[name] = NodeProblem(
+                        name,
+                        "ApplyStuck",
+                        f"the agent has not applied plan {np.spec.planId or '-'} within "
+                        f"{self.config.apply_deadline_s:.0f} s{said}; no plan goes to this node "
+                        f"until it does, and pods that can only use it wait: check the gpuslice "
+                        f"agent on it (kubectl describe nodepartitioning {name}, its logs)",
+                    )
             if is_degraded(np):
                 self.degraded.add(name)
         self.busy |= self.switching
@@ -1424,6 +1442,34 @@ class _Step:
             if p.dra and p.phase == "Pending" and not p.deleting and not p.sandbox_ready
         ]
 
+    def _unplannable(self, eligible: Iterable[str]) -> str:
+        """Why a pod whose eligible nodes are all left out of plans waits, node by node (no
+        times in it: :meth:`once` tells it again only when a reason changes)."""
+        whys = []
+        names = sorted(eligible)
+        for name in names[:5]:
+            problem = (
+                self.invalid.get(name)
+                or self.unreadable.get(name)
+                or self.unserved.get(name)
+                or self.stuck.get(name)
+            )
+            if problem is not None:
+                why = problem.reason
+            elif name in self.cooldown:
+                why = "cooling down after a promise it did not keep"
+            elif name in self.switching:
+                why = "switching its partitioning mode"
+            else:
+                why = "applying a previous plan"
+            whys.append(f"{name} ({why})")
+        more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+        return (
+            f"waiting: every node it may use is left out of plans now: {', '.join(whys)}{more}; "
+            f"it is planned once one of them can be (see the node's {NODE_CONDITION} condition "
+            f"and Events)"
+        )
+
     def _open(self, node: str) -> bool:
         """New promises may go to ``node``: it is neither cooling down nor unserved."""
         return node not in self.cooldown and node not in self.unserved
@@ -1763,13 +1809,44 @@ class _Step:
                     self.note(h.pod, None)
                     why = ledger.shortfall(r.units())
                     self._replan_on_node(h.pod, r, f"its slice on node {r.node} is gone: {why}")
+                elif ledger.fits(r.units(), 0, 0):  # the slices are there: CPU or memory not
+                    self._drop(
+                        h.pod,
+                        r,
+                        f"node {r.node} no longer has the CPU ({h.pod.cpu_milli}m) and memory "
+                        f"({h.pod.memory_mib} MiB) it asks for beside its slice (pods bound there "
+                        f"since the plan took them)",
+                    )
                 else:
                     why = f"node {r.node} has no {_units(r.units())} free for it" + (
                         " (it reports Degraded)" if ledger.degraded else ""
                     )
+                    if ledger.degraded:
+                        self._cool_degraded(ledger.name)
                     self._drop(h.pod, r, why)
         for ledger in self.ledgers.values():
             ledger.pin()
+
+    def _cool_degraded(self, node: str) -> None:
+        """A node whose agent refused (part of) its spec, so that a promise there cannot be
+        kept, cools down like one that missed its apply deadline: its pods are planned
+        elsewhere.  Before, the next plan put the same pod on the same node and wrote the
+        refused layout again, every batch window, while another node stood empty."""
+        if node in self.cooldown:
+            return
+        self.cooldown[node] = self.now + self.config.cooldown_s
+        np = self.index.partitioning(node)
+        cond = np.condition("Degraded") if np is not None else None
+        said = ""
+        if cond is not None:
+            said = f" ({cond.reason}: {' '.join(str(cond.message or '').split())[:300]})"
+        self.node_event(
+            node,
+            "DegradedCooldown",
+            f"the agent reports Degraded{said}: promises here cannot be kept; its pods are "
+            f"planned elsewhere and the node is left out of plans for "
+            f"{self.config.cooldown_s:.0f} s",
+        )
 
     def release(self) -> None:
         for ledger in self.ledgers.values():
@@ -1799,7 +1876,13 @@ class _Step:
                         f"slice (node allocatable) after {self.now - r.since:.0f} s",
                     )
 
-    def _release(self, ledger: NodeLedger, pod: PodInfo, r: Reservation) -> None:
+    def _release(
+        self,
+        ledger: NodeLedger,
+        pod: PodInfo,
+        r: Reservation,
+        before: tuple[EmitEvent, ...] = (),
+    ) -> None:
         released = replace(
             r, state=State.RELEASED, since=self.now, deadline=self.now + self.config.bind_deadline_s
         )
@@ -1808,7 +1891,7 @@ class _Step:
             f"released to {_where(ledger.name, r.gpus)}: its slice ({_units(r.units())}) is ready"
         )
         event = EmitEvent(_pod_ref(pod), "Normal", "Released", message)
-        self._patch(PatchPod(pod.key, _pod_ref(pod), patch, "release", None, (event,)))
+        self._patch(PatchPod(pod.key, _pod_ref(pod), patch, "release", None, (*before, event)))
         ledger.released_unbound.update(r.units())
         for resource in r.units():  # the kubelet may give it any free slice of that size
             ledger.pin_slices(resource)
@@ -1991,8 +2074,9 @@ class _Step:
         self.drains.pop(pod.key, None)
         self.counts["fast"] += 1
         if all(ledger.scheduler_room(res) >= k for res, k in pod.slices.items()):
-            self._reserve_event(pod, r, "a free slice")
-            self._release(ledger, pod, r)
+            # one patch reserves and releases: its Events only once it is written (a 409 or
+            # 404 left a pod showing a reservation it did not have)
+            self._release(ledger, pod, r, (self._reserve_event(pod, r, "a free slice", False),))
             return
         self._reserve(pod, r, None, "a free slice; waiting for the node to advertise it")
 
@@ -2422,6 +2506,8 @@ class _Step:
                     "down after a missed deadline, or left out for a problem: see the node's "
                     f"{NODE_CONDITION} condition): " + ", ".join(sorted(eligible))
                 )
+                if key in self.managed:  # gated: nothing else tells it why it waits
+                    self.once(pod, "Waiting", self._unplannable(eligible))
                 continue
             slices = pod.slices
             big = too_big_of.get(id(slices))  # one answer per request object (shared by pods)
@@ -2894,7 +2980,13 @@ class _Step:
             reconfigured,
             error,
             dict(self.counts),
-            {**self._label_problems(), **self.unserved, **self.unreadable, **self.invalid},
+            {
+                **self.stuck,
+                **self._label_problems(),
+                **self.unserved,
+                **self.unreadable,
+                **self.invalid,
+            },
             self.planned_snapshot,
             self.next_wakeup,
             self.warm_error,
@@ -3068,9 +3160,9 @@ def _node_bounds(
         if g.frozen:
             continue
         if g.locked:
-            locked.update(d.resource for d in g.devices if not d.pinned)
+            locked.update(d.resource for d in g.devices if not d.kept)
         elif mps:
-            mps_mib.append(usable - sum(d.memory_mib for d in g.devices if d.pinned))
+            mps_mib.append(usable - sum(d.memory_mib for d in g.devices if d.kept))
         else:
             bound = _mig_gpu_bounds(model, g)
             share = shares.get(id(bound))
@@ -3079,7 +3171,7 @@ def _node_bounds(
             else:
                 share[1] += 1
             if ledger.gpu.mode is Mode.HYBRID:  # MPS slices inside instances: at most this
-                mps_mib.append(usable - sum(d.memory_mib for d in g.devices if d.pinned))
+                mps_mib.append(usable - sum(d.memory_mib for d in g.devices if d.kept))
     for bound, gpus in shares.values():
         for resource, k in bound:
             mig[resource] += k * gpus
@@ -3089,7 +3181,7 @@ def _node_bounds(
 def _mig_gpu_bounds(model: GpuModel, g: GpuSlots) -> tuple[tuple[str, int], ...]:
     """:func:`_mig_gpu_bound` of a GPU's pinned instances, memoised per (model, pins)."""
     pinned = tuple(
-        sorted((d.mig_profile, d.key, d.compute) for d in g.devices if d.pinned and d.mig_profile)
+        sorted((d.mig_profile, d.key, d.compute) for d in g.devices if d.kept and d.mig_profile)
     )
     key = (id(model), pinned)
     cached = _MIG_GPU_BOUNDS.get(key)
@@ -3179,11 +3271,7 @@ def _idle_compute(ledger: NodeLedger) -> tuple[int, str]:
     """Compute slices of the node's free devices (GPUs not frozen), then its name: the node a
     starving pod's next plan can most likely repartition for it."""
     idle = sum(
-        d.compute
-        for g in ledger.gpus
-        if not g.frozen
-        for d in g.devices
-        if not (d.used or d.pinned)
+        d.compute for g in ledger.gpus if not g.frozen for d in g.devices if not (d.used or d.kept)
     )
     return (idle, ledger.name)
 

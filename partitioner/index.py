@@ -91,7 +91,7 @@ from partitioner.reservations import (
 )
 from partitioner.snapshot import NOS_AGENT_LABEL, GpuNode, NodeProblem, pod_key, read_node
 from planner.catalog import Catalog
-from planner.snapshot import is_partitionable_resource
+from planner.snapshot import is_partitionable_resource, mig_profile_of
 
 __all__ = [
     "ClusterIndex",
@@ -600,7 +600,19 @@ def _read_pod(
             dra = False  # a claim not created yet: its demand is unknown, not planned yet
         elif units:
             slices = units
-    if slices and not error and not dra and (split := container_slice_conflicts(pod)):
+    # Refusals of what a pod asks for, for pods not bound yet only: a bound pod holds its
+    # devices whatever it asked, and they must count as used.
+    unbound = not spec.get("nodeName")
+    if unbound and slices and not error and len({mig_profile_of(r) is None for r in slices}) > 1:
+        # the planner refuses it on every node; judged per resource, a cluster with MIG and
+        # MPS nodes kept it gated and planned it in every batch, for good
+        error = (
+            f"asks for MIG and MPS slices at once ({', '.join(sorted(slices))}); a pod uses "
+            f"one kind: ask for nvidia.com/mig-<profile> or for nvidia.com/gpu-<N>gb, or split "
+            f"the pod"
+        )
+        slices = {}
+    if unbound and slices and not error and not dra and (split := container_slice_conflicts(pod)):
         error = (
             f"{'; '.join(split)}: the kubelet gives a container the devices of one such "
             f"resource only (their device plugins' NVIDIA_VISIBLE_DEVICES overwrite each "

@@ -82,16 +82,13 @@ from planner.snapshot import (
     Mode,
     MpsSlice,
     NodeState,
+    mig_profile_of,
     mps_resource,
 )
 
 __all__ = ["Device", "GpuSlots", "Hold", "NodeLedger", "build_ledgers", "instance_resource"]
 
 MIB_PER_GIB = 1024
-
-
-_SLICED = (Mode.MPS, Mode.HYBRID)
-"""Modes whose nodes serve MPS slices (:meth:`NodeLedger.pin_slices`)."""
 
 
 def instance_resource(model: GpuModel, profile: str) -> str:
@@ -115,6 +112,15 @@ class Device:
     mig_profile: str = ""
     memory_mib: int = 0
     thread_percentage: int | None = None
+    guarded: bool = False
+    """Free, but kept from plans while a released pod of its resource is unbound (the kubelet
+    may give it that one: :meth:`NodeLedger.pin_slices`); unlike ``pinned`` it is still free
+    for the next reservation's expected GPUs."""
+
+    @property
+    def kept(self) -> bool:
+        """No plan may destroy, move or give it: pinned or guarded."""
+        return self.pinned or self.guarded
 
 
 @dataclass(slots=True)
@@ -406,7 +412,12 @@ class NodeLedger:
         self.memory_free -= pod.memory_mib
 
     def settle(self) -> list[Hold]:
-        """Keep holds (released first, priority, age) while they fit; return the broken ones."""
+        """Keep holds (released first, priority, age) while they fit; return the broken ones.
+
+        A released hold needs its slices only (its pod is pinned here; kube-scheduler checks
+        the rest at bind); a gated one its CPU and memory too: a pod that took them since the
+        plan (a CPU-only pod bound here) would leave it pinned where it cannot bind, while
+        still gated it can be planned elsewhere."""
         holds = sorted(self.holds, key=Hold.order)
         for h in holds:
             self.cpu_free += h.pod.cpu_milli
@@ -414,7 +425,9 @@ class NodeLedger:
         self.holds, self.held, self.released_unbound = [], Counter(), Counter()
         broken: list[Hold] = []
         for h in holds:
-            if self.fits(h.reservation.units(), 0, 0):
+            gated = not h.released and h.pod.gated
+            cpu, memory = (h.pod.cpu_milli, h.pod.memory_mib) if gated else (0, 0)
+            if self.fits(h.reservation.units(), cpu, memory):
                 self.add_hold(h)
             else:
                 broken.append(h)
@@ -427,7 +440,7 @@ class NodeLedger:
         for g in self.gpus:
             if g.frozen:
                 continue
-            if any(not d.pinned for d in g.devices):
+            if any(not d.kept for d in g.devices):
                 return True
             if g.locked:
                 continue
@@ -512,6 +525,7 @@ class NodeLedger:
         for g in self.gpus:
             for d in g.devices:
                 d.pinned = d.used or d.resource in stale
+                d.guarded = False
                 if not d.pinned and self._claimed(g, d):
                     # a claim holds it: on a DRA node the allocation names the device, so no
                     # plan replaces it while the agent's flags lag (DRA harness seed 40001212)
@@ -567,15 +581,21 @@ class NodeLedger:
         compute for :meth:`choose_gpus` to follow): pinning the expected GPU's alone let a plan
         destroy or resize the other one under the pod the kubelet was about to admit there,
         and the agent refused the spec (``SliceInUse``).  Only until the pod binds; then its
-        slice is used and the rest free again.  No-op on MIG and DRA nodes, where the
-        reservation names what the kubelet or kube-scheduler gives."""
-        if self.gpu.mode not in _SLICED or self.gpu.dra:
+        slice is used and the rest free again.  The same on MIG nodes (and for a hybrid
+        node's whole instances): the agent's preferred allocation takes the GPU that alone
+        covers the request with the fewest free devices, not the busiest one the reservation
+        expects, and the kubelet may take any free device of the resource; a plan in the same
+        step destroyed the instance the kubelet was about to give (a review's c5).  No-op on
+        DRA nodes, where the reservation names what kube-scheduler allocates."""
+        if self.gpu.dra:
             return
+        whole = mig_profile_of(resource) is not None
         for g in self.gpus:
             if not g.frozen:
                 for d in g.devices:
-                    if d.resource == resource and not d.mig_profile:
-                        d.pinned = True
+                    if d.resource == resource and (whole or not d.mig_profile):
+                        d.guarded = True
+                        self.base_pins = False
 
     def _pin_one(self, resource: str, expected: int, frozen_too: bool = False) -> None:
         if self.gpu.dra:  # kube-scheduler's order, whatever GPU the reservation expects
@@ -700,14 +720,12 @@ class NodeLedger:
 def _gpu_state(g: GpuSlots, mps: bool) -> GpuState:
     """The planner's view of one GPU (:meth:`NodeLedger.gpu_states`)."""
     if mps:
-        slices = tuple(MpsSlice(d.memory_mib, d.pinned, d.thread_percentage) for d in g.devices)
+        slices = tuple(MpsSlice(d.memory_mib, d.kept, d.thread_percentage) for d in g.devices)
         return GpuState(g.index, mps=slices, locked=g.locked)
     hosted: dict[int, list[MpsSlice]] = {}  # hybrid: slices by their host's start
     for d in g.devices:
         if not d.mig_profile:
-            hosted.setdefault(d.key, []).append(
-                MpsSlice(d.memory_mib, d.pinned, d.thread_percentage)
-            )
+            hosted.setdefault(d.key, []).append(MpsSlice(d.memory_mib, d.kept, d.thread_percentage))
     return GpuState(
         g.index,
         mig=tuple(
@@ -715,7 +733,7 @@ def _gpu_state(g: GpuSlots, mps: bool) -> GpuState:
                 d.mig_profile,
                 d.key,
                 # a host is used through its slices, unless sealed (used)
-                d.pinned if d.resource else d.used,
+                d.kept if d.resource else d.used,
                 tuple(hosted.get(d.key, ())),
             )
             for d in g.devices
@@ -732,7 +750,7 @@ def _planner_gpu(g: GpuSlots, mps: bool) -> GpuState:
         g.index,
         g.locked,
         tuple(
-            (d.mig_profile, d.key, d.resource, d.used, d.pinned, d.memory_mib, d.thread_percentage)
+            (d.mig_profile, d.key, d.resource, d.used, d.kept, d.memory_mib, d.thread_percentage)
             for d in g.devices
         ),
     )

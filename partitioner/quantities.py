@@ -20,7 +20,7 @@ from decimal import Decimal, DecimalException
 from typing import Any
 
 from contract.quantity import SUFFIX_FACTORS
-from planner.snapshot import is_partitionable_resource
+from planner.snapshot import mig_profile_of
 
 __all__ = [
     "QuantityError",
@@ -108,7 +108,7 @@ _POD_LEVEL = ("cpu", "memory")
 
 
 def container_slice_conflicts(pod: Mapping[str, Any]) -> list[str]:
-    """Per container that asks for slices of more than one resource name: the kubelet merges
+    """Per container that asks for MIG instances of more than one resource name: the kubelet merges
     the environments its device plugins' ``Allocate`` answers give one container, first one
     wins (``NVIDIA_VISIBLE_DEVICES`` of only one resource, in Go map order), so such a
     container would see one of its slices and hold the other idle.  Words naming each."""
@@ -121,7 +121,9 @@ def container_slice_conflicts(pod: Mapping[str, Any]) -> list[str]:
             asked = _container_requests(c)
         except QuantityError:
             continue  # the pod's requests are refused as malformed elsewhere
-        names = sorted(k for k, v in asked.items() if v > 0 and is_partitionable_resource(k))
+        # MIG instances only: a pod's MPS slices are one per pod (planner.demand.one_mps_slice,
+        # whose message names the one slice to ask for instead)
+        names = sorted(k for k, v in asked.items() if v > 0 and mig_profile_of(k) is not None)
         if len(names) > 1:
             out.append(f"container {c.get('name', '?')!r} asks for {' and '.join(names)}")
     return out

@@ -194,17 +194,6 @@ def test_single_strategy_without_mig_mode_is_labelled_like_none() -> None:
                 "nvidia.com/mig.strategy": "mixed",
                 "nvidia.com/gpu.product": A80,
                 "nvidia.com/gpu.count": "1",
-                "nvidia.com/mig-1c.2g.20gb.count": "1",
-            },
-            {},
-            "UnknownMigProfile",
-            "1c.2g.20gb",
-        ),
-        (
-            {
-                "nvidia.com/mig.strategy": "mixed",
-                "nvidia.com/gpu.product": A80,
-                "nvidia.com/gpu.count": "1",
                 "nvidia.com/mig-2g.20gb.count": "x",
             },
             {},
