@@ -119,12 +119,13 @@ def test_an_idle_scheduler_pops_its_backoff_queue() -> None:
 
 def test_a_jobs_failed_pods_are_replaced_after_its_backoff() -> None:
     """The Job controller replaces the k-th failed pod of a Job 10 s x 2^(k-1) later (at most
-    6 min), plus the controller's round trip; 0 turns the backoff off."""
+    10 min, its MaxJobPodFailureBackOff; 6 min came from older docs), plus the controller's
+    round trip; 0 turns the backoff off."""
     from simulations.replay.engine import ReplayError, replacement_delay
 
     s = ReplaySettings()
     assert [replacement_delay(s, k) for k in (1, 2, 3, 6, 7, 40)] == [
-        11.0, 21.0, 41.0, 321.0, 361.0, 361.0
+        11.0, 21.0, 41.0, 321.0, 601.0, 601.0
     ]  # fmt: skip
     assert replacement_delay(ReplaySettings(job_backoff_s=0), 5) == 1.0
     with pytest.raises(ReplayError, match="job_backoff_s"):

@@ -68,7 +68,7 @@ goes on), scheduling attempts and refused API requests.  A pod the kubelet refus
 then ``Failed`` with the kubelet's admission reason (``OutOf<resource>``, or
 ``UnexpectedAdmissionError`` when the device plugin is gone or refuses), and replaced by its
 controller ``recreate_delay_s`` plus the Job controller's backoff later (10 s doubling per
-failed pod of the Job, at most 6 min: ``ReplaySettings.job_backoff_s``; the failed pod is
+failed pod of the Job, at most 10 min: ``ReplaySettings.job_backoff_s``; the failed pod is
 deleted then, since the replay reuses its name).
 
 DRA mode
@@ -307,9 +307,9 @@ class ReplaySettings:
     job_backoff_s: float = 10.0
     """The Job controller's pod failure backoff: the k-th failed (rejected or evicted) pod of
     a Job is replaced ``job_backoff_s * 2**(k-1)`` later, at most :attr:`job_backoff_max_s`
-    (Kubernetes' defaults, 10 s and 6 min; 0: none).  The replay runs every Job to the end
+    (the Job controller's, 10 s and ``MaxJobPodFailureBackOff`` 10 min; 0: none).  The replay runs every Job to the end
     (as if its backoffLimit were high enough): a trace pod ran, so it is not dropped."""
-    job_backoff_max_s: float = 360.0
+    job_backoff_max_s: float = 600.0
     pop_from_backoff: bool = True
     """kube-scheduler pops its backoff queue when the active queue is empty
     (SchedulerPopFromBackoffQ, on by default from Kubernetes 1.33); ``False``: the older queue,

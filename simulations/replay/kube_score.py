@@ -17,7 +17,10 @@ and gpuslice's profiles do not configure them):
   ``q * 100 / R`` (capped at 100); the node's score is the mean over cpu and memory.
 * **NodeResourcesBalancedAllocation**: ``(1 - std(f_cpu, f_mem)) * 100`` with
   ``f = min(1, (u + request) / R)`` (actual requests, no defaults; a resource with no allocatable is skipped).
-* Score = round(fit) + round(balanced) (both plugins weight 1).
+* Score = fit + balanced (both plugins weight 1), in kube-scheduler's integer arithmetic:
+  each resource's fit score rounded down (memory counted in bytes), their mean rounded down,
+  and the balanced score truncated (``int64``).  Rounding to nearest instead (before the
+  thirty-fifth session) ranked some node pairs the other way round and tied others.
 * **Which nodes are scored**: with ``n >= 100`` nodes the filter stops after
   ``max(100, n * max(5, 50 - n // 125) // 100)`` feasible nodes (percentageOfNodesToScore 0 =
   adaptive), starting where the previous cycle stopped (:func:`nodes_to_score`); below 100
@@ -41,6 +44,7 @@ DEFAULT_CPU_MILLI = 100
 """CPU a pod without a request counts as, for scoring (``pkg/scheduler/util``)."""
 DEFAULT_MEMORY_MIB = 200
 """Memory a pod without a request counts as, for scoring."""
+_MIB = 1 << 20
 
 
 class Strategy(StrEnum):
@@ -50,12 +54,14 @@ class Strategy(StrEnum):
     MOST_ALLOCATED = "MostAllocated"
 
 
-def _fit(alloc: int, requested: int, strategy: Strategy) -> float:
+def _fit(alloc: int, requested: int, strategy: Strategy) -> int:
+    """One resource's score in kube-scheduler's integer arithmetic (``leastRequestedScore``,
+    ``mostRequestedScore``): the quotient rounded down."""
     if alloc <= 0:
-        return 0.0
+        return 0
     if strategy is Strategy.LEAST_ALLOCATED:
-        return max(0.0, (alloc - requested) * 100.0 / alloc)
-    return min(100.0, requested * 100.0 / alloc)
+        return 0 if requested > alloc else (alloc - requested) * 100 // alloc
+    return min(requested, alloc) * 100 // alloc
 
 
 def resource_score(
@@ -68,10 +74,10 @@ def resource_score(
     strategy: Strategy = Strategy.LEAST_ALLOCATED,
 ) -> int:
     """NodeResourcesFit + NodeResourcesBalancedAllocation for one node (module docstring)."""
-    fit = (
+    fit = (  # memory in bytes, as kube-scheduler counts it; the mean rounded down
         _fit(cpu_alloc, cpu_used + (cpu_req or DEFAULT_CPU_MILLI), strategy)
-        + _fit(mem_alloc, mem_used + (mem_req or DEFAULT_MEMORY_MIB), strategy)
-    ) / 2
+        + _fit(mem_alloc * _MIB, (mem_used + (mem_req or DEFAULT_MEMORY_MIB)) * _MIB, strategy)
+    ) // 2
     fractions = [
         min(1.0, (used + req) / alloc)
         for alloc, used, req in ((cpu_alloc, cpu_used, cpu_req), (mem_alloc, mem_used, mem_req))
@@ -79,7 +85,7 @@ def resource_score(
     ]
     mean = sum(fractions) / len(fractions) if fractions else 0.0
     std = math.sqrt(sum((f - mean) ** 2 for f in fractions) / len(fractions)) if fractions else 0.0
-    return round(fit) + round((1 - std) * 100)
+    return fit + int((1 - std) * 100)  # balancedResourceScorer truncates: int64(...)
 
 
 def nodes_to_score(total: int) -> int:
