@@ -159,3 +159,17 @@ def test_a_container_asking_for_two_slice_resources_is_refused_with_the_fix() ->
     c.step(T0 + 5)
     r = reservation(c, "ok")
     assert r is not None and r.units() == {ONE_G: 2}
+
+
+def test_a_bound_pod_is_never_refused_its_devices_count_as_used() -> None:
+    """The refusals of what a pod asks for (two MIG resources in one container, MIG and MPS
+    at once) apply before binding only: a bound pod holds its devices whatever it asked, and
+    a plan that took them for free would destroy them under it."""
+    two = "nvidia.com/mig-2g.20gb"
+    p = gated("p", ONE_G)
+    p["spec"]["containers"][0]["resources"]["limits"][two] = "1"
+    p["spec"].pop("schedulingGates")
+    p["spec"]["nodeName"] = "n1"
+    p["status"]["phase"] = "Running"
+    index = ClusterIndex.from_objects(CAT, [node("n1", MIG)], [p])
+    assert index.usage("n1").slices == {ONE_G: 1, two: 1}
