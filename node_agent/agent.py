@@ -19,6 +19,25 @@ restart fixes neither (a process outside any pod, a kubelet that does not answer
 the MPS daemons of every GPU of the node, so one GPU's trouble failing the probe turned into an
 outage of every MPS pod there, again after each restart.
 
+**Kubernetes API unavailable** (:func:`api_unavailable`: no connection, a timeout, HTTP 5xx or
+429 from reading the NodePartitioning or writing its status).  Once the agent has read its
+NodePartitioning, such a failure does not fail the pass for liveness: an API server outage
+(control-plane upgrade, etcd failover) would otherwise fail the probe on every GPU node at the
+same moment and the restarts would end every MPS daemon of the cluster, while a restart cannot
+bring the API back.  The pass is logged (one WARNING per outage, then DEBUG, one INFO when the
+API answers again), counted (``gpuslice_agent_kube_api_errors_total{call}``, and
+``gpuslice_agent_spec_stale`` is 1 while it lasts) and goes on with the spec *last read*: the
+object as it was, and as ``previous`` status the one this agent built last.  That is safe: it is
+the layout the partitioner last promised this node, which the agent was applying anyway; a pass
+never destroys an instance or slice that is in use, whatever the spec; and the passes keep what
+only they do -- restart a dead MPS daemon, re-create instances a GPU reset removed, keep the
+devices advertised and their health current.  A newer spec written meanwhile (a partition that
+cuts only this node off) is applied once the API answers; the partitioner waits for ``Applied``
+of its generation anyway.  A status write that fails is tried again by the next pass.  Before
+the first successful read there is no spec to go on with and this container has started no MPS
+daemon, so such a pass fails as before (a restart also reloads the API credentials).  Any other
+error of the API (4xx: RBAC, a refused status) still fails the pass.
+
 Without a NodePartitioning the reconciler *drains* the node (module
 :mod:`node_agent.reconciler`, "Drain"): the loop logs, at INFO and once per change, which
 devices pods still hold (only those stay advertised; nothing is destroyed) and when none is
@@ -99,6 +118,7 @@ __all__ = [
     "KubeApiError",
     "KubeSpecSource",
     "SpecSource",
+    "api_unavailable",
     "draining_gpus",
     "kube_api_client",
     "now_rfc3339",
@@ -591,6 +611,22 @@ class KubeApiError(Exception):
         self.status = status
 
 
+def api_unavailable(e: BaseException) -> bool:
+    """Whether an API call failed because the API server is unreachable or overloaded: no
+    connection, a timeout, or HTTP 5xx / 429 (a :class:`KubeApiError` or ``ApiException``
+    status).  A restart of the agent fixes none of these (module docstring)."""
+    status = getattr(e, "status", None)
+    if isinstance(status, int) and (status == 429 or 500 <= status <= 599):
+        return True
+    if isinstance(e, TimeoutError | ConnectionError):
+        return True
+    try:
+        import aiohttp
+    except ImportError:  # pragma: no cover - kubernetes_asyncio depends on it
+        return False
+    return isinstance(e, aiohttp.ClientConnectionError | aiohttp.ClientPayloadError)
+
+
 def _api_error(e: Exception, what: str) -> Exception:
     """A kubernetes_asyncio ``ApiException`` (whose text spans the HTTP headers and body) as a
     one-line :class:`KubeApiError`; any other error as it is."""
@@ -651,6 +687,14 @@ class Agent:
         self.last: ReconcileResult | None = None
         self._drain_logged: tuple[str, ...] | None = None
         """The held devices last logged while draining (``None``: not draining)."""
+        self._read_once = False
+        """The NodePartitioning was read at least once (a stale spec exists to go on with)."""
+        self._spec_obj: NodePartitioning | None = None
+        """The NodePartitioning as last read (``None``: there was none)."""
+        self.api_failures = 0
+        """API calls (read, status write) failed in a row (module docstring)."""
+        self.spec_stale = False
+        """The last pass went on with the spec last read: the API did not answer."""
 
     async def run_once(self) -> ReconcileResult:
         """One pass; its outcome goes to the metrics and health (if any), errors included."""
@@ -670,9 +714,50 @@ class Agent:
             self.health.record(not result.nvml_failed, "; ".join(result.errors))
         return result
 
+    async def _read_spec(self) -> tuple[NodePartitioning | None, bool]:
+        """The NodePartitioning, and whether it is the one last read because the API did not
+        answer (module docstring, "Kubernetes API unavailable")."""
+        try:
+            obj = await self.source.get()
+        except Exception as e:
+            if not (self._read_once and api_unavailable(e)):
+                raise
+            self._api_failed("read", e)
+            return self._spec_obj, True
+        self._read_once = True
+        self._spec_obj = obj
+        return obj, False
+
+    def _api_failed(self, call: str, e: Exception) -> None:
+        """Log and count an API call that failed for lack of an API server."""
+        self.api_failures += 1
+        if self.metrics is not None:
+            self.metrics.observe_api_error(call)
+        obj = self._spec_obj
+        what = f"generation {obj.metadata.generation or 0}" if obj is not None else "none: draining"
+        if self.api_failures == 1:
+            log.warning(
+                "Kubernetes API unavailable (%s: %s: %s); reconciling with the NodePartitioning "
+                "last read (%s) and writing its status again once it answers. Liveness does not "
+                "fail for this: a restart cannot bring the API back and would end the MPS "
+                "daemons (further failures at DEBUG)",
+                call,
+                type(e).__name__,
+                e,
+                what,
+            )
+        else:
+            log.debug("Kubernetes API still unavailable (%s): %s: %s", call, type(e).__name__, e)
+
     async def _pass(self) -> tuple[int, ReconcileResult]:
-        obj = await self.source.get()
-        if self.on_draining is not None and obj is not None and obj.status is not None:
+        failures_before = self.api_failures
+        obj, stale = await self._read_spec()
+        if (
+            not stale
+            and self.on_draining is not None
+            and obj is not None
+            and obj.status is not None
+        ):
             drained = draining_gpus(obj.status.model_dump(mode="json"))
             self.on_draining(
                 frozenset(g.uuid for g in obj.status.gpus if g.index in drained and g.uuid)
@@ -680,15 +765,33 @@ class Agent:
         spec = obj.spec if obj is not None else None
         generation = (obj.metadata.generation or 0) if obj is not None else 0
         previous = obj.status if obj is not None else None
+        if stale and self.last is not None:
+            previous = self.last.status  # newer than the one read, which may not be written
         result = await self.reconciler.reconcile(
             spec, generation, previous=previous, now=self._clock()
         )
         self.passes += 1
         self.last = result
+        self.spec_stale = stale
+        if self.metrics is not None:
+            self.metrics.observe_spec_stale(stale)
         dumped = result.status.model_dump(mode="json")
-        if obj is not None and dumped != self._written:
-            await self.source.write_status(result.status)
-            self._written = dumped
+        if obj is not None and dumped != self._written and not stale:
+            try:
+                await self.source.write_status(result.status)
+            except Exception as e:
+                if not api_unavailable(e):
+                    raise
+                self._api_failed("write_status", e)
+            else:
+                self._written = dumped
+        if self.api_failures and self.api_failures == failures_before:
+            log.info(
+                "Kubernetes API answers again after %d failed call(s); the NodePartitioning "
+                "is read and its status written again",
+                self.api_failures,
+            )
+            self.api_failures = 0
         self._log_drain(result)
         level = logging.INFO if result.operations or result.errors else logging.DEBUG
         log.log(

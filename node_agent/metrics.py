@@ -39,6 +39,15 @@ metric                                                    type       meaning
                                                                      index (``unknown`` if NVML could
                                                                      not tell) and XID code, ignored
                                                                      application errors included
+``gpuslice_agent_kube_api_errors_total{call}``            counter    NodePartitioning reads (``read``)
+                                                                     and status writes
+                                                                     (``write_status``) that failed
+                                                                     for lack of an API server
+                                                                     (connection, timeout, 5xx, 429);
+                                                                     not liveness failures
+``gpuslice_agent_spec_stale``                             gauge      1 if the last pass went on with
+                                                                     the spec last read (the API did
+                                                                     not answer), else 0
 ========================================================  =========  ================================
 
 The agent calls :meth:`AgentMetrics.observe_daemon_deaths` with the deaths its liveness check
@@ -47,6 +56,8 @@ with every XID event its watcher reports (:mod:`node_agent.xid`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -62,7 +73,7 @@ from node_agent.nvml import (
     XidEvent,
     XidRegistration,
 )
-from node_agent.reconciler import ReconcileResult
+from node_agent.reconciler import ReconcileResult, instances_with_ci_slices
 
 __all__ = ["AgentMetrics", "MeteredNvml"]
 
@@ -153,6 +164,17 @@ class AgentMetrics:
             "claim holds them for; withheld from every pod until those end",
             registry=r,
         )
+        self.kube_api_errors = Counter(
+            "gpuslice_agent_kube_api_errors",
+            "NodePartitioning reads and status writes that failed for lack of an API server",
+            ["call"],
+            registry=r,
+        )
+        self.spec_stale = Gauge(
+            "gpuslice_agent_spec_stale",
+            "1 if the last pass went on with the spec last read (the API did not answer)",
+            registry=r,
+        )
         self._device_labels: set[tuple[str, str]] = set()
         self._generation: int | None = None
         self._generation_seen_at = 0.0
@@ -195,6 +217,15 @@ class AgentMetrics:
         """Record one XID event (critical or ignored)."""
         gpu = "unknown" if event.gpu is None else str(event.gpu)
         self.xid_errors.labels(gpu, str(event.xid)).inc()
+
+    def observe_api_error(self, call: str) -> None:
+        """Record a NodePartitioning read (``read``) or status write (``write_status``) that
+        failed for lack of an API server (:func:`node_agent.agent.api_unavailable`)."""
+        self.kube_api_errors.labels(call).inc()
+
+    def observe_spec_stale(self, stale: bool) -> None:
+        """Record whether the last pass went on with the spec last read."""
+        self.spec_stale.set(1 if stale else 0)
 
     def observe_failure(self, duration_s: float) -> None:
         """Record a pass that raised."""
@@ -260,6 +291,17 @@ class MeteredNvml:
     def gpu_instances(self, gpu: int) -> list[GpuInstanceInfo]:
         try:
             return self._inner.gpu_instances(gpu)
+        except NvmlError as e:
+            self._count("gpu_instances", e)
+            raise
+
+    def gpu_instances_with_ci_slices(
+        self, gpu: int
+    ) -> list[tuple[GpuInstanceInfo, Mapping[int, int]]]:
+        """The wrapped adapter's GIs with their CIs' compute slices
+        (:func:`node_agent.reconciler.instances_with_ci_slices`)."""
+        try:
+            return instances_with_ci_slices(self._inner, gpu)
         except NvmlError as e:
             self._count("gpu_instances", e)
             raise

@@ -16,7 +16,11 @@ create GI, unknown profile id, wrong size   ``INVALID_ARGUMENT``
 create GI, start not allowed for profile    ``INVALID_ARGUMENT``
 create GI, slot taken, max count reached,   ``INSUFFICIENT_RESOURCES``
 second ``+me``, compute slices exhausted
-create CI on a GI that already has one      ``INSUFFICIENT_RESOURCES``
+create CI of a size the GI has no profile   ``NOT_SUPPORTED``
+for (larger than the GI, or not 1/2/3/4/6/
+7/8 compute slices)
+create CI beyond the GI's compute slices    ``INSUFFICIENT_RESOURCES``
+(e.g. a full-size CI on a GI with a CI)
 destroy CI with processes on it             ``IN_USE``
 destroy GI that still has CIs               ``IN_USE``
 change MIG mode with GIs or processes       ``IN_USE``
@@ -26,7 +30,14 @@ set compute mode on an unknown GPU          ``INVALID_ARGUMENT``
 unknown GPU index / GI id / CI id           ``INVALID_ARGUMENT`` / ``NOT_FOUND``
 ==========================================  ==========================================
 
-GI ids are the smallest free id (the driver reuses ids too); every CI gets a fresh MIG UUID.
+GI ids are the smallest free id (the driver reuses ids too); every CI gets a fresh MIG UUID
+and the smallest free CI id.  A CI is the GI's full size (the port's
+:meth:`FakeNvml.create_compute_instance`) unless ``slices`` asks for a smaller compute-instance
+profile, as an admin's ``nvidia-smi mig -cci`` or a mig-parted ``1c.3g.40gb`` config makes one
+(NVIDIA's ``<c>c.<g>g.<gb>gb``): the CIs of a GI share its compute slices.
+:meth:`FakeNvml.gpu_instances_with_ci_slices` reports every CI's compute slices as the real
+adapter reads them from the CI profile it is listed under
+(:meth:`node_agent.nvml_pynvml.PynvmlAdapter.gpu_instances_with_ci_slices`).
 The compute mode (``DEFAULT`` at start) can be set at any time: the driver applies it to
 contexts created afterwards.  Whether MPS may start on a GPU in the wrong mode is
 :class:`node_agent.mps.FakeSupervisor`'s to enforce.
@@ -143,6 +154,11 @@ class _Gi:
     start: int
     cis: dict[int, str] = field(default_factory=dict)
     """CI id -> MIG device UUID."""
+    ci_slices: dict[int, int] = field(default_factory=dict)
+    """CI id -> its compute slices; a CI not listed is full-size (the profile's compute)."""
+
+    def slices_of(self, ci_id: int) -> int:
+        return self.ci_slices.get(ci_id, self.profile.compute)
 
 
 @dataclass
@@ -174,6 +190,11 @@ class _Proc:
     gi_id: int | None
     ci_id: int | None
     name: str = "cuda-app"
+
+
+CI_PROFILE_SLICES = (1, 2, 3, 4, 6, 7, 8)
+"""The compute slices of NVML's compute-instance profiles (``NVML_COMPUTE_INSTANCE_PROFILE_<n>_
+SLICE``); a GI offers those no larger than itself."""
 
 
 class FakeNvml:
@@ -377,15 +398,25 @@ class FakeNvml:
         self._leave(op)
 
     def gpu_instances(self, gpu: int) -> list[GpuInstanceInfo]:
+        return [gi for gi, _ in self.gpu_instances_with_ci_slices(gpu)]
+
+    def gpu_instances_with_ci_slices(
+        self, gpu: int
+    ) -> list[tuple[GpuInstanceInfo, dict[int, int]]]:
+        """Every GI, with the compute slices of each of its CIs (CI id -> slices); one
+        ``gpu_instances`` call for hooks and faults."""
         op = "gpu_instances"
         self._enter(op, gpu)
         g = self._gpu(op, gpu)
         if not g.mig_enabled:
             raise NvmlError(NvmlErrorCode.NOT_SUPPORTED, op, f"MIG mode is off on GPU {gpu}")
         out = [
-            GpuInstanceInfo(
-                gpu, gi.gi_id, gi.profile.profile_id, gi.start, gi.profile.memory_slices,
-                tuple(sorted(gi.cis)),
+            (
+                GpuInstanceInfo(
+                    gpu, gi.gi_id, gi.profile.profile_id, gi.start, gi.profile.memory_slices,
+                    tuple(sorted(gi.cis)),
+                ),
+                {ci: gi.slices_of(ci) for ci in sorted(gi.cis)},
             )
             for gi in sorted(g.gis.values(), key=lambda x: x.gi_id)
         ]  # fmt: skip
@@ -434,17 +465,32 @@ class FakeNvml:
         self._leave(op)
         return gi_id
 
-    def create_compute_instance(self, gpu: int, gi_id: int) -> int:
+    def create_compute_instance(self, gpu: int, gi_id: int, *, slices: int | None = None) -> int:
+        """The full-size CI of a GI (the port); ``slices``: a CI of that many compute slices
+        instead (what an admin's ``nvidia-smi mig -cci`` makes; not the port's)."""
         op = "create_compute_instance"
         self._enter(op, gpu, gi_id)
         gi = self._gi(op, self._gpu(op, gpu), gi_id)
-        if gi.cis:
+        size = gi.profile.compute if slices is None else slices
+        if size not in CI_PROFILE_SLICES or size > gi.profile.compute:
             raise NvmlError(
-                NvmlErrorCode.INSUFFICIENT_RESOURCES, op, f"GI {gi_id} already has a full-size CI"
+                NvmlErrorCode.NOT_SUPPORTED,
+                op,
+                f"{gi.profile.name} has no compute-instance profile of {size} slice(s)",
             )
-        gi.cis[0] = self._uuid("MIG")
+        taken = sum(gi.slices_of(ci) for ci in gi.cis)
+        if taken + size > gi.profile.compute:
+            raise NvmlError(
+                NvmlErrorCode.INSUFFICIENT_RESOURCES,
+                op,
+                f"GI {gi_id} has {gi.profile.compute - taken} of its {gi.profile.compute} compute "
+                f"slice(s) free, not {size}",
+            )
+        ci_id = next(i for i in range(len(gi.cis) + 1) if i not in gi.cis)
+        gi.cis[ci_id] = self._uuid("MIG")
+        gi.ci_slices[ci_id] = size
         self._leave(op)
-        return 0
+        return ci_id
 
     def destroy_compute_instance(self, gpu: int, gi_id: int, ci_id: int) -> None:
         op = "destroy_compute_instance"
@@ -455,6 +501,7 @@ class FakeNvml:
         if any((p.gpu, p.gi_id, p.ci_id) == (gpu, gi_id, ci_id) for p in self._procs.values()):
             raise NvmlError(NvmlErrorCode.IN_USE, op, f"processes run on GI {gi_id} CI {ci_id}")
         del gi.cis[ci_id]
+        gi.ci_slices.pop(ci_id, None)
         self._leave(op)
 
     def destroy_gpu_instance(self, gpu: int, gi_id: int) -> None:

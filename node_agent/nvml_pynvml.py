@@ -22,7 +22,13 @@ A thin translation of :class:`node_agent.nvml.Nvml` into driver calls; no policy
 * GPU instances are enumerated per profile: for every profile index ``0 ..
   NVML_GPU_INSTANCE_PROFILE_COUNT`` the profile info (``NOT_SUPPORTED`` skipped) gives the
   profile id and the maximum count, then ``nvmlDeviceGetGpuInstances(h, id, array, byref(n))``
-  and ``nvmlGpuInstanceGetInfo`` give GI id and placement.
+  and ``nvmlGpuInstanceGetInfo`` give GI id and placement.  Its compute instances are listed per
+  compute-instance profile (``nvmlGpuInstanceGetComputeInstanceProfileInfo`` for each
+  ``NVML_COMPUTE_INSTANCE_PROFILE_<n>_SLICE`` the GI offers, then
+  ``nvmlGpuInstanceGetComputeInstances`` / ``nvmlComputeInstanceGetInfo``); the profile's
+  ``sliceCount`` is each CI's size, which :meth:`PynvmlAdapter.gpu_instances_with_ci_slices`
+  reports: a CI smaller than its GI (``1c.3g.40gb``, made by ``nvidia-smi mig -cci`` or a
+  mig-parted config) is no full MIG device of the GI's profile.
 * Create: ``nvmlDeviceCreateGpuInstanceWithPlacement(h, id, byref(c_nvmlGpuInstancePlacement_t
   (start, size)))``, then the full-size CI: the compute-instance profile with the GI's slice
   count and the SHARED engine profile, ``nvmlGpuInstanceCreateComputeInstance``.
@@ -377,11 +383,12 @@ class PynvmlAdapter:
                 out.append((gi, self._call("gpu_instances", m.nvmlGpuInstanceGetInfo, gi)))
         return out
 
-    def _compute_instances(self, gi: Any) -> list[tuple[Any, int]]:
-        """``(CI handle, CI id)`` of every compute instance of a GI."""
+    def _compute_instances(self, gi: Any) -> list[tuple[Any, int, int]]:
+        """``(CI handle, CI id, compute slices)`` of every compute instance of a GI, its size
+        from the compute-instance profile it is listed under."""
         m = self._m
-        out: list[tuple[Any, int]] = []
-        for name in _CI_PROFILE_FOR_SLICES.values():
+        out: list[tuple[Any, int, int]] = []
+        for slices, name in _CI_PROFILE_FOR_SLICES.items():
             idx = getattr(m, name, None)
             if idx is None:
                 continue
@@ -407,27 +414,37 @@ class PynvmlAdapter:
                 arr,
                 ctypes.byref(count),
             )
+            size = int(getattr(info, "sliceCount", slices) or slices)
             for k in range(count.value):
                 ci = arr[k]
                 ci_info = self._call("compute_instances", m.nvmlComputeInstanceGetInfo, ci)
-                out.append((ci, int(ci_info.id)))
+                out.append((ci, int(ci_info.id), size))
         return out
 
     def gpu_instances(self, gpu: int) -> list[GpuInstanceInfo]:
+        return [gi for gi, _ in self.gpu_instances_with_ci_slices(gpu)]
+
+    def gpu_instances_with_ci_slices(
+        self, gpu: int
+    ) -> list[tuple[GpuInstanceInfo, dict[int, int]]]:
+        """Every GI, with the compute slices of each of its CIs (CI id -> slices)."""
         out = []
         for gi, info in self._gi_handles(gpu):
-            cis = tuple(sorted(cid for _, cid in self._compute_instances(gi)))
+            slices = {cid: size for _, cid, size in self._compute_instances(gi)}
             out.append(
-                GpuInstanceInfo(
-                    gpu_index=gpu,
-                    gi_id=int(info.id),
-                    profile_id=int(info.profileId),
-                    start=int(info.placement.start),
-                    size=int(info.placement.size),
-                    compute_instances=cis,
+                (
+                    GpuInstanceInfo(
+                        gpu_index=gpu,
+                        gi_id=int(info.id),
+                        profile_id=int(info.profileId),
+                        start=int(info.placement.start),
+                        size=int(info.placement.size),
+                        compute_instances=tuple(sorted(slices)),
+                    ),
+                    dict(sorted(slices.items())),
                 )
             )
-        return sorted(out, key=lambda x: x.gi_id)
+        return sorted(out, key=lambda x: x[0].gi_id)
 
     def _gi(self, gpu: int, gi_id: int, op: str) -> Any:
         for gi, info in self._gi_handles(gpu):
@@ -471,7 +488,7 @@ class PynvmlAdapter:
 
     def destroy_compute_instance(self, gpu: int, gi_id: int, ci_id: int) -> None:
         gi = self._gi(gpu, gi_id, "destroy_compute_instance")
-        for ci, cid in self._compute_instances(gi):
+        for ci, cid, _ in self._compute_instances(gi):
             if cid == ci_id:
                 self._call("destroy_compute_instance", self._m.nvmlComputeInstanceDestroy, ci)
                 return

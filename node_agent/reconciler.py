@@ -42,7 +42,14 @@ A pass (:meth:`Reconciler.reconcile`) is a pure function of what it reads, not o
    advertised devices (:func:`node_agent.devices.advertised_devices`) and publish them.  A
    GPU instance with several compute instances (made outside gpuslice: *split*,
    :mod:`node_agent.gpu_plan`) is not advertised; a pod holding any of its MIG devices makes
-   it used.
+   it used.  So is a GPU instance whose one compute instance is smaller than it
+   (:class:`PartialInstance`: a ``1c.3g.40gb`` made by ``nvidia-smi mig -cci`` or a mig-parted
+   config; NVIDIA names no resource after it): it is handled exactly as a split one -- never
+   advertised (it is not the ``3g.40gb`` its GI's profile names: a pod would get a third of
+   it), never a match for a spec entry, destroyed once free (and re-created whole if the spec
+   wants its placement), and while used it blocks its GPU (``InstanceInUse``, naming it).  The
+   CIs' sizes come from the NVML adapter's ``gpu_instances_with_ci_slices``
+   (:func:`instances_with_ci_slices`).
 
 **An unreadable GPU** (an NVML error reading one GPU: its handle, MIG mode, instances, MIG
 devices or processes -- ``GPU_IS_LOST`` typically) is isolated for the pass: it is not planned,
@@ -99,6 +106,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from contract.nodepartitioning import ActualGpu, NodePartitioningSpec, NodePartitioningStatus
 from node_agent.devices import (
@@ -118,15 +126,71 @@ from node_agent.gpu_plan import (
     plan_gpu,
 )
 from node_agent.mps import MpsDaemonSpec, MpsError, ProcessSupervisor
-from node_agent.nvml import ComputeMode, GpuInfo, Nvml, NvmlError, NvmlErrorCode, XidEvent
+from node_agent.nvml import (
+    ComputeMode,
+    GpuInfo,
+    GpuInstanceInfo,
+    Nvml,
+    NvmlError,
+    NvmlErrorCode,
+    XidEvent,
+)
 from node_agent.status import actual_gpus, build_status, flag_unhealthy
 from node_agent.xid import XidLedger, XidMark, add_xid_blocks, device_ids, resolve, unhealthy_ids
 from planner.catalog import Catalog, CatalogError, GpuModel
 
-__all__ = ["NVML_DOWN", "Publish", "ReconcileResult", "Reconciler", "unreadable_block", "workload"]
+__all__ = [
+    "NVML_DOWN",
+    "PartialInstance",
+    "Publish",
+    "ReconcileResult",
+    "Reconciler",
+    "instances_with_ci_slices",
+    "unreadable_block",
+    "workload",
+]
 
 Publish = Callable[[Mapping[str, list[AdvertisedDevice]]], None]
 """Receives resource name -> devices (``DevicePluginManager.set_devices``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PartialInstance(ObservedInstance):
+    """A GPU instance whose one compute instance has fewer compute slices than it (module
+    docstring, step 6): handled as :attr:`~node_agent.gpu_plan.ObservedInstance.split`."""
+
+    ci_slices: int = 0
+    """The compute slices of its compute instance (fewer than its profile's)."""
+
+    @property
+    def split(self) -> bool:
+        return True
+
+    def __str__(self) -> str:
+        # NVIDIA's name of such a MIG device: <c>c.<g>g.<gb>gb
+        uuids = ", ".join(u for u in (self.uuid, *self.other_uuids) if u)
+        return f"{self.ci_slices}c.{self.name}@{self.start}" + (f" ({uuids})" if uuids else "")
+
+
+_SPLIT_WORDS = "have several compute instances (made outside gpuslice, which uses one per instance)"
+_PARTIAL_WORDS = (
+    "have several compute instances or one smaller than the instance (made outside gpuslice, "
+    "which uses one full-size compute instance per instance)"
+)
+"""How the ``InstanceInUse`` block of :func:`~node_agent.gpu_plan.plan_gpu` words split
+instances, and how it is worded when a :class:`PartialInstance` is among them."""
+
+
+def instances_with_ci_slices(nv: Nvml, gpu: int) -> list[tuple[GpuInstanceInfo, Mapping[int, int]]]:
+    """Every GPU instance of ``gpu`` with the compute slices of each of its compute instances
+    (CI id -> slices), from the adapter's ``gpu_instances_with_ci_slices`` (both adapters and
+    :class:`~node_agent.metrics.MeteredNvml` have it); an :class:`~node_agent.nvml.Nvml`
+    without it (a test double) gives ``gpu_instances`` with the sizes unknown (``{}``: each CI
+    taken as full-size)."""
+    detailed: Any = getattr(nv, "gpu_instances_with_ci_slices", None)
+    if detailed is not None:
+        return list(detailed(gpu))
+    return [(gi, {}) for gi in nv.gpu_instances(gpu)]
 
 
 @dataclass(frozen=True)
@@ -260,35 +324,42 @@ class Reconciler:
             uuids: dict[int, list[str]] = {}
             for d in nv.mig_devices(i):
                 uuids.setdefault(d.gi_id, []).append(d.uuid)
-            for gi in nv.gpu_instances(i):
+            for gi, ci_slices in instances_with_ci_slices(nv, i):
                 profile = None
                 if model is not None:
                     try:
                         profile = model.profile_by_id(gi.profile_id)
                     except CatalogError:
                         profile = None
+                # one CI smaller than the GI: not the MIG device its profile names
+                partial = 0
+                if profile is not None and len(gi.compute_instances) == 1:
+                    size = ci_slices.get(gi.compute_instances[0])
+                    if size is not None and size < profile.compute:
+                        partial = size
                 uuid, *others = uuids.get(gi.gi_id) or [""]
                 busy = bool(gi.compute_instances) and bool(workload(nv, i, gi.gi_id))
                 known = uuid in self._slices
                 hosted = self._table(uuid, in_use) if uuid else ()
                 if uuid and not known and hosted == ():
                     self._rebuilt.add(uuid)
-                instances.append(
-                    ObservedInstance(
-                        gi_id=gi.gi_id,
-                        profile_id=gi.profile_id,
-                        profile=profile,
-                        start=gi.start,
-                        size=gi.size,
-                        ci_ids=gi.compute_instances,
-                        uuid=uuid,
-                        in_use=in_use is None or any(u in in_use for u in (uuid, *others) if u),
-                        busy=busy,
-                        slices=hosted,
-                        used_slices=_used(hosted, in_use),
-                        other_uuids=tuple(others),
-                    )
+                inst = ObservedInstance(
+                    gi_id=gi.gi_id,
+                    profile_id=gi.profile_id,
+                    profile=profile,
+                    start=gi.start,
+                    size=gi.size,
+                    ci_ids=gi.compute_instances,
+                    uuid=uuid,
+                    in_use=in_use is None or any(u in in_use for u in (uuid, *others) if u),
+                    busy=busy,
+                    slices=hosted,
+                    used_slices=_used(hosted, in_use),
+                    other_uuids=tuple(others),
                 )
+                if partial:
+                    inst = PartialInstance(**_fields(inst), ci_slices=partial)
+                instances.append(inst)
             slices: tuple[MpsSlot, ...] | None = ()
         else:
             gpu_procs = len(workload(nv, i))
@@ -467,8 +538,13 @@ class Reconciler:
                 )
                 continue
             plan = plan_gpu(obs, d, spec.mode)
-            if plan.block is not None:
-                blocks[d.index] = plan.block
+            block = plan.block
+            if block is not None:
+                if any(isinstance(x, PartialInstance) and x.used for x in obs.instances):
+                    block = replace(
+                        block, message=block.message.replace(_SPLIT_WORDS, _PARTIAL_WORDS)
+                    )
+                blocks[d.index] = block
             elif not plan.is_noop():
                 plans[d.index] = plan
         return plans, blocks
@@ -1086,6 +1162,12 @@ def _devices_of_daemon(key: str, observed: list[ObservedGpu]) -> set[str]:
 
 MPS_SERVER = "nvidia-cuda-mps-server"
 """The process an MPS control daemon starts for its clients (its name as NVML reports it)."""
+
+
+def _fields(inst: ObservedInstance) -> dict[str, Any]:
+    """The fields of an :class:`ObservedInstance` (``dataclasses.asdict`` would copy them
+    deeply, turning the profile and the slots into dicts)."""
+    return {name: getattr(inst, name) for name in ObservedInstance.__dataclass_fields__}
 
 
 def workload(nv: Nvml, gpu: int, gi_id: int | None = None) -> list[int]:
