@@ -143,6 +143,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from contract.dra_devices import placement_device_name
 from contract.nodepartitioning import (
     DesiredGpu,
     DesiredMigInstance,
@@ -540,6 +541,17 @@ def _rv_patch(pod: PodInfo, annotations: Mapping[str, str | None]) -> dict[str, 
     if pod.rv is not None:
         meta["resourceVersion"] = pod.rv
     return {"metadata": meta}
+
+
+def _held_whole(ledger: NodeLedger, index: int) -> DesiredGpu | None:
+    """A DRA node's GPU a claim holds whole (device ``gpu<i>`` allocated), which the plan does
+    not change: no instance.  The agent reports it as one used full-size placement so that
+    plans take it as used; copied into the spec, that placement became a real instance once
+    the claim ended (MIG switched on, the GPU no longer published whole), and whole-GPU
+    claims, which no plan serves, lost the GPU.  ``None`` elsewhere."""
+    if ledger.gpu.dra and placement_device_name(index) in ledger.allocated:
+        return DesiredGpu(index=index)
+    return None
 
 
 def _desired_now(
@@ -2577,9 +2589,12 @@ class _Step:
                     if (
                         g := _desired_planned(plan.layouts[(node, i)])
                         if (node, i) in plan.layouts
-                        else _desired_now(np, i, ledger.gpu.mode, ledger.foreign)
-                        if ledger.reported
-                        else _desired_adopted(ledger, i)
+                        else _held_whole(ledger, i)
+                        or (
+                            _desired_now(np, i, ledger.gpu.mode, ledger.foreign)
+                            if ledger.reported
+                            else _desired_adopted(ledger, i)
+                        )
                     )
                     is not None
                 ]
@@ -2617,7 +2632,11 @@ class _Step:
                 old = _layout_key(
                     d
                     for i in range(ledger.gpu.gpu_count)
-                    if (d := _desired_now(np, i, ledger.gpu.mode, ledger.foreign)) is not None
+                    if (
+                        d := _held_whole(ledger, i)
+                        or _desired_now(np, i, ledger.gpu.mode, ledger.foreign)
+                    )
+                    is not None
                 )
             if old == new:
                 continue

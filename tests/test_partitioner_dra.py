@@ -341,7 +341,7 @@ def test_a_placement_reported_used_without_a_claim_is_neither_promised_nor_plann
     gpu0["mig"][0]["foreign"] = True
     c = Cluster(
         node("d1", DRA),
-        applied_np("d1", gpu0),
+        applied_np("d1", gpu0, status_gpu(1)),  # the agent lists every GPU, empty ones too
         claim_pod("p", "cl"),
         claim("cl", mig_request()),
         claim_pod("q", "cq"),
