@@ -1667,6 +1667,58 @@ class _Step:
                 message = "its ResourceClaims ask gpuslice for no slice: gpuslice removed its gate"
             self._ungate(pod, message)
 
+    def give_back_unclaimed(self) -> None:
+        """Gated pods naming a ResourceClaim gpuslice does not know (a typo in
+        ``resourceClaimName``, a template whose claim the ResourceClaim controller never made)
+        asked for nothing readable, so no step ever looked at them again: gated for good, with
+        no Event, and kube-scheduler, which would say the claim is missing, never saw them.
+        Told at once what is missing (``WaitingForClaims``); once that has lasted a batch
+        window (the claim controller makes a template's claim within seconds) the pod loses
+        the gate, so kube-scheduler reports the missing claim on it, and it is planned like an
+        ungated pod once its claims exist."""
+        for key in sorted(self.index.unclaimed):
+            pod = self.index.pods[key]
+            missing = self._missing_claims(pod)
+            self.seen.add(key)  # its Events are kept while it waits (told once)
+            self.once(pod, "WaitingForClaims", f"cannot be planned yet: {missing}")
+            due = (
+                pod.created if pod.created is not None else self.now
+            ) + self.config.policy.timeout
+            if self.now < due:
+                self.wake(due)
+                continue
+            self._ungate(
+                pod,
+                f"{missing} after a batch window ({self.config.policy.timeout:.0f} s): "
+                f"gpuslice cannot read what it asks for, so it removed its scheduling gate; "
+                f"kube-scheduler reports the missing claim on the pod until it exists (check "
+                f"its spec.resourceClaims names)",
+            )
+
+    def _missing_claims(self, pod: PodInfo) -> str:
+        """The pod's ResourceClaims gpuslice does not know, in words."""
+        spec = pod.obj.get("spec") or {}
+        namespace = str((pod.obj.get("metadata") or {}).get("namespace", ""))
+        made = {
+            str(s.get("name"))
+            for s in (pod.obj.get("status") or {}).get("resourceClaimStatuses") or ()
+            if isinstance(s, Mapping) and s.get("resourceClaimName")
+        }
+        words: list[str] = []
+        for e in spec.get("resourceClaims") or ():
+            if not isinstance(e, Mapping):
+                continue
+            name = e.get("resourceClaimName")
+            template = e.get("resourceClaimTemplateName")
+            if name and f"{namespace}/{name}" not in self.index.claims:
+                words.append(f"ResourceClaim {namespace}/{name}, which does not exist")
+            elif template and not name and str(e.get("name")) not in made:
+                words.append(
+                    f"the claim of ResourceClaimTemplate {namespace}/{template} (not created yet: "
+                    f"does the template exist?)"
+                )
+        return "; ".join(words) or "its ResourceClaims"
+
     def release_sharers(self) -> None:
         """Pods that share an unallocated ResourceClaim with the pod carrying its units
         (:attr:`~partitioner.index.PodInfo.follower`: the claim's units count once, with its
@@ -2934,6 +2986,7 @@ class _Step:
             self.actions.extend(node_lifecycle(self.index))
         self.view = {name: {} for name in self.ledgers}
         self.ungate_strays()
+        self.give_back_unclaimed()
         if self.config.reservation:
             self.notice_rejections()
         self.read_pods()

@@ -331,6 +331,10 @@ class PodInfo:
     follower: bool = field(init=False)
     """Carries gpuslice's gate, asks for nothing itself and waits for the pods that carry its
     unallocated claims (:attr:`claim_carriers`): released with them."""
+    unclaimed: bool = field(init=False)
+    """Carries gpuslice's gate and asks for nothing readable yet because some ResourceClaim it
+    names is not known (not created from its template yet, or named wrongly): the decision
+    step tells it, and gives it back to kube-scheduler once that lasts a batch window."""
     plan_sig: tuple[object, ...] = field(init=False)
     """What a plan reads of the pod besides its eligible nodes and waiting time: its sorted
     requests, CPU, memory and priority (the decision step's plan key)."""
@@ -353,6 +357,7 @@ class PodInfo:
             self.gated and self.daemonset and not (self.node or self.finished or self.deleting)
         )
         self.follower = idle and not self.claims_pending and bool(self.claim_carriers)
+        self.unclaimed = idle and self.claims_pending and not self.daemonset
         self.plan_sig = (
             tuple(sorted(self.slices.items())),
             self.cpu_milli,
@@ -871,6 +876,8 @@ class ClusterIndex:
         self._claim_pods: dict[str, set[str]] = {}
         """Claim key -> keys of the pods naming it (their demand is re-read when it changes)."""
         self.strays: set[str] = set()
+        self.unclaimed: set[str] = set()
+        """Keys of the pods whose :attr:`PodInfo.unclaimed` is set."""
         """Keys of :attr:`PodInfo.stray` pods."""
         self.rejections: set[str] = set()
         """Keys of pods gpuslice released to a node (a ``released`` reservation) that the
@@ -1118,6 +1125,8 @@ class ClusterIndex:
                 self.nos_agents.setdefault(info.node, set()).add(key)
         if info.stray:
             self.strays.add(key)
+        if info.unclaimed:
+            self.unclaimed.add(key)
         if info.follower:
             self.followers.add(key)
         if _released_and_rejected(info):
@@ -1219,6 +1228,7 @@ class ClusterIndex:
                 if not nos:
                     del self.nos_agents[old.node]
         self.strays.discard(key)
+        self.unclaimed.discard(key)
         self.followers.discard(key)
         self.rejections.discard(key)
         if key in self._waiting:

@@ -49,3 +49,39 @@ def test_a_gpu_held_whole_is_written_without_instances_and_published_whole_after
     spec = NodePartitioningSpec.model_validate(write.spec.model_dump())
     planned, _ = planned_devices(gpus, spec)
     assert "gpu0" in publish_set(planned, allocated=set())
+
+
+def test_a_gated_pod_naming_a_claim_that_does_not_exist_is_told_and_given_back() -> None:
+    """A typo in ``resourceClaimName`` (or a template whose claim is never made): the pod
+    asked for nothing readable, so no step looked at it again -- gated for good, no Event,
+    and kube-scheduler, which would report the missing claim, never saw it."""
+    from test_partitioner_snapshot import np as np_obj
+
+    from partitioner.actions import EmitEvent, PatchPod
+
+    template = claim_pod("tpl", "x")
+    template["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "mig-3g"}]
+    c = Cluster(
+        node("d1", DRA),
+        np_obj("d1"),
+        claim_pod("typo", "gpu-claim-tpyo"),
+        claim("gpu-claim", mig_request()),
+        template,
+    )
+    told: dict[str, list[str]] = {}
+    ungated: dict[str, str] = {}
+    for t in range(0, 300, 30):
+        d = c.step(T0 + t)
+        for a in d.actions:
+            if isinstance(a, EmitEvent) and a.reason == "WaitingForClaims":
+                told.setdefault(a.ref.name, []).append(a.message)
+            if isinstance(a, PatchPod) and a.purpose == "ungate":
+                ungated[a.pod] = a.on_success[0].message
+    assert told["typo"] == [
+        "cannot be planned yet: ResourceClaim ns/gpu-claim-tpyo, which does not exist"
+    ]
+    assert "ResourceClaimTemplate ns/mig-3g (not created yet" in told["tpl"][0]
+    assert len(told["tpl"]) == 1
+    assert set(ungated) == {"ns/typo", "ns/tpl"}
+    assert "kube-scheduler reports the missing claim" in ungated["ns/typo"]
+    assert "schedulingGates" not in c.pod("typo")["spec"]
