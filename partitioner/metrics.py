@@ -5,11 +5,21 @@ Each :class:`Metrics` owns its registry, so several controllers (tests, restarts
 * ``gpuslice_pending_pods`` (gauge): batchable pods seen in the last cycle.
 * ``gpuslice_batch_size`` (histogram): pods per planned batch.
 * ``gpuslice_plan_duration_seconds`` (histogram): wall time of one planning step.
-* ``gpuslice_pods_planned_total`` / ``gpuslice_pods_unplaceable_total`` (counters).
-* ``gpuslice_gpus_reconfigured_total`` (counter): GPUs whose written layout changed.
+* ``gpuslice_pods_planned_total`` / ``gpuslice_pods_unplaceable_total`` (counters): placed pods
+  count once their node's spec was written (or needed no change); a plan whose spec write
+  failed is counted when it is written.  ``gpuslice_batch_size`` likewise observes a batch once
+  one of its placements took effect.
+* ``gpuslice_gpus_reconfigured_total`` (counter): GPUs whose written layout changed (specs
+  actually written only).
 * ``gpuslice_spec_to_applied_seconds`` (histogram): from a spec write until the node agent
   reports that generation applied.
 * ``gpuslice_spec_conflicts_total`` (counter): spec writes refused with 409 (retried).
+* ``gpuslice_write_failures_total{action,code}`` (counter): every write that failed, by action
+  (``create_partitioning``, ``write_spec``, ``write_reservations``, ``set_node_condition``,
+  ``patch_pod``, ``evict_pod``, ``emit_event`` ...) and answer (the status code, or
+  ``unreachable`` / ``timeout``).  404 and 409 on pods are routine (a pod gone or changed); a
+  steady 400/403/422 is a policy or RBAC refusing gpuslice (a ``WriteRefused`` or
+  ``PatchRefused`` Event says which), 5xx an API server in trouble.
 * ``gpuslice_oldest_pending_pod_seconds`` (gauge): age of the oldest pod waiting for a slice
   (unbound, asking for a slice), from its creation; 0 when none waits.
 * ``gpuslice_reservations{state}`` (gauge): pods holding a reservation, by state: ``planned``
@@ -82,6 +92,12 @@ class Metrics:
         )
         self.spec_conflicts = Counter(
             "gpuslice_spec_conflicts", "Spec writes refused with 409", registry=r
+        )
+        self.write_failures = Counter(
+            "gpuslice_write_failures",
+            "Writes that failed, by action and answer (status code, unreachable, timeout)",
+            ["action", "code"],
+            registry=r,
         )
         self.warm_slices = Counter(
             "gpuslice_warm_slices",

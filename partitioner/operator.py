@@ -12,7 +12,12 @@ Wiring
   (:meth:`Controller._poll_leases`, :mod:`.agent_leases`) and tells the index which agents have
   stopped renewing theirs (a change of that set is a change of the index).
 * ``on.login`` keeps kopf's usual login (service account, then kubeconfig) unless a connection
-  was given, and shares it with the partitioner's own writer client (:mod:`.kubeapi`).
+  was given, and shares it with the partitioner's own writer client (:mod:`.kubeapi`).  Every
+  login reads the credentials afresh (:attr:`Controller.given_connection` aside): after a 401
+  kopf logs in again and refuses the credentials it has just seen rejected, so a rotated
+  service-account token (the kubelet rewrites the file), a revoked one or an exec plugin's
+  short-lived one is picked up, by kopf's watches and by the partitioner's own client, whose
+  next request uses the new login (:meth:`Controller._endpoint`).
 * ``on.startup`` starts :meth:`Controller.run`: it lists the three resources once (so the first
   decision never sees pods without their nodes; a listing reconciles the index: objects it
   lacks are dropped, older versions never overwrite newer ones, and what the watches reported
@@ -68,6 +73,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import random
 import socket
@@ -81,6 +87,7 @@ import kopf
 from contract import logs
 from contract.catalog_files import load_catalog
 from contract.nodepartitioning import GROUP, PLURAL, VERSION
+from partitioner.actions import WriteSpec
 from partitioner.agent_leases import LEASE_SELECTOR, AgentLeases
 from partitioner.batching import forget
 from partitioner.decide import (
@@ -97,7 +104,7 @@ from partitioner.leader import ElectionConfig, FencedApi, LeaderElector, Leaders
 from partitioner.metrics import Metrics
 from partitioner.settings import PartitionerSettings
 from partitioner.webhook import register_webhook
-from partitioner.writer import NP_PATH, Outcome, execute
+from partitioner.writer import NP_PATH, Outcome, WriteBackoff, execute
 from planner.catalog import Catalog
 
 __all__ = ["Controller", "build_registry", "configure_logging", "endpoint_from", "run_operator"]
@@ -108,6 +115,10 @@ _LISTS = {"nodes": "/api/v1/nodes", "pods": "/api/v1/pods", "partitionings": NP_
 RELIST_QUIET_S = 30.0
 """A listed object this long after the previous one of its kind starts a new kopf listing
 (:meth:`Controller._note_listing`); one listing's objects come seconds apart at most."""
+RELIST_CHUNK = 100
+"""Listed objects folded into the index between two yields to the event loop (:meth:`Controller.sync`):
+a relisting of tens of thousands of pods must not hold up the admission webhook (its
+``timeoutSeconds`` is 5, failing open) and the Lease renewals that share the loop."""
 LEASES_PATH = "/apis/coordination.k8s.io/v1/leases"
 """Listed every ``lease_poll_seconds`` with :data:`~partitioner.agent_leases.LEASE_SELECTOR`:
 the node agents' heartbeats (in ``agent_lease_namespace`` when set: the release's)."""
@@ -207,7 +218,12 @@ class Controller:
         self.index = ClusterIndex(cat)
         self._buffered: list[tuple[str, str | None, Mapping[str, Any]]] | None = None
         self.state = ControllerState()
+        self.given_connection = connection
+        """The connection passed in (tests, tools): every kopf login returns it.  Without one,
+        each login (the first, and kopf's re-login after a 401) reads the credentials afresh:
+        the service account's token file (rotated by the kubelet), else the kubeconfig."""
         self.connection = connection
+        """The latest login's connection: the partitioner's own clients use it (:meth:`_endpoint`)."""
         self._login: tuple[kopf.ConnectionInfo, Endpoint] | None = None
         self.instance = socket.gethostname()
         self.api = KubeApi(self._endpoint)
@@ -241,6 +257,11 @@ class Controller:
         self._awaiting_applied: dict[str, tuple[int, float]] = {}
         self._refusals_told: dict[str, str] = {}
         """Pod uid -> the refused patch last told in an Event (:func:`partitioner.writer.execute`)."""
+        self.write_backoff = WriteBackoff(
+            base_s=settings.cycle_seconds, cap_s=60 * settings.cycle_seconds, clock=monotonic
+        )
+        """Refused writes to nodes and NodePartitionings, held back per object: a cycle at
+        first, doubling up to 60 cycles (:class:`~partitioner.writer.WriteBackoff`)."""
         self._task: asyncio.Task[None] | None = None
         self.changed = asyncio.Event()
         """Set when a watch event changed the index since the last step began reading it."""
@@ -327,7 +348,12 @@ class Controller:
     # -- the cycle -------------------------------------------------------------------------
     async def sync(self, kinds: Iterable[str] | None = None) -> None:
         """List the watched resources (``kinds``: those only; paginated), reconciling the index
-        with what exists now."""
+        with what exists now.
+
+        The listed objects are folded in :data:`RELIST_CHUNK` at a time, yielding to the event
+        loop in between (:meth:`ClusterIndex.relisting`); watch events folded in meanwhile are
+        guarded like those that come while the pages are read (:attr:`ClusterIndex.deletions`),
+        and objects held at their listed resourceVersion are not read again."""
         lists = dict(_LISTS)
         if self.settings.dra_enabled:
             lists["claims"] = CLAIMS_PATH
@@ -345,9 +371,13 @@ class Controller:
             for kind, path in lists.items():
                 doc = await self.api.list_all(path, page_size=self.list_page_size)
                 version = (doc.get("metadata") or {}).get("resourceVersion")
-                self.index.relist(
-                    kind, doc.get("items") or (), str(version) if version is not None else None
-                )
+                listing = self.index.relisting(kind, str(version) if version is not None else None)
+                items = doc.get("items") or []
+                for start in range(0, len(items), RELIST_CHUNK):
+                    if start:  # the loop also serves the admission webhook and the Lease
+                        await asyncio.sleep(0)
+                    listing.fold(items[start : start + RELIST_CHUNK])
+                listing.finish()
         finally:
             self.index.deletions = None
 
@@ -383,9 +413,14 @@ class Controller:
         # kopf's handlers fold watch events in while the writes are in flight: a DELETED event
         # then comes before the write's answer, which must not bring the object back
         self.index.write_deletions = {}
+        before = _spec_layouts(self.index, decision.actions)
         try:
             outcome = await execute(
-                self.writer_api, decision.actions, instance=self.instance, told=self._refusals_told
+                self.writer_api,
+                decision.actions,
+                instance=self.instance,
+                told=self._refusals_told,
+                backoff=self.write_backoff,
             )
         finally:
             written_deletions = self.index.write_deletions
@@ -408,11 +443,22 @@ class Controller:
                 namespace, _, name = key.partition("/")
                 meta = {"namespace": namespace, "name": name}
                 self.index.apply("pods", "DELETED", {"metadata": meta})
-        self._record(decision, outcome, elapsed, now)
+        self._record(decision, outcome, elapsed, now, before)
         self.last_decision, self.last_cycle = decision, now
         return decision
 
-    def _record(self, d: Decision, outcome: Outcome, elapsed: float, now: float) -> None:
+    def _record(
+        self,
+        d: Decision,
+        outcome: Outcome,
+        elapsed: float,
+        now: float,
+        before: Mapping[str, Mapping[int, str]] | None = None,
+    ) -> None:
+        """Metrics and the plan's log line of one step.  ``before``: the layout of each node's
+        spec before the step's spec writes (:func:`_spec_layouts`): a plan whose spec writes
+        failed (409, 5xx, refused, held back) counts only the pods and GPUs of the nodes
+        written, so a plan retried after a failed write is not counted twice."""
         m = self.metrics
         m.observe_waiting(
             d.counts,
@@ -424,11 +470,24 @@ class Controller:
             m.planner_errors.inc()
             log.error("%s", d.error, extra={"plan": d.plan_id})
         if d.plan is not None:
-            m.batch_size.observe(len(d.batch))
+            specs = {a.node: a for a in d.actions if isinstance(a, WriteSpec)}
+            unwritten = specs.keys() - set(outcome.written)
+            placed = sum(1 for a in d.plan.assignments.values() if a.node not in unwritten)
+            if not unwritten:
+                reconfigured = d.gpus_reconfigured
+            else:  # the written nodes' part of it
+                old = before or {}
+                changed = sum(
+                    _changed_gpus(old.get(node, {}), _layout(specs[node].spec.gpus))
+                    for node in specs.keys() - unwritten
+                )
+                reconfigured = min(d.gpus_reconfigured, changed)
+            if placed or not d.plan.assignments:  # else every placement is planned again
+                m.batch_size.observe(len(d.batch))
             m.plan_duration.observe(elapsed)
-            m.pods_planned.inc(len(d.plan.assignments))
+            m.pods_planned.inc(placed)
             m.pods_unplaceable.inc(len(d.plan.unplaced))
-            m.gpus_reconfigured.inc(d.gpus_reconfigured)
+            m.gpus_reconfigured.inc(reconfigured)
             log.info(
                 "plan %s: %d pod(s) in batch, %d placed, %d unplaced, %d spec(s) written, %s",
                 d.plan_id,
@@ -447,6 +506,8 @@ class Controller:
                 d.warm_error or "planner raised while planning a warm slice",
             )
         m.spec_conflicts.inc(len(outcome.conflicts))
+        for action, code in outcome.write_failures:
+            m.write_failures.labels(action, code).inc()
         m.pods_evicted.inc(len(outcome.evicted))
         for node in outcome.written:
             generation = (outcome.objects[node].get("metadata") or {}).get("generation") or 0
@@ -650,6 +711,31 @@ class Controller:
         await self.api.close()
 
 
+def _layout(gpus: Iterable[Any]) -> dict[int, str]:
+    """GPU index -> its desired layout (a spec's ``gpus``), comparable across specs."""
+    out: dict[int, str] = {}
+    for g in gpus:
+        mig = sorted(json.dumps(m.model_dump(mode="json"), sort_keys=True) for m in g.mig)
+        mps = sorted(json.dumps(s.model_dump(mode="json"), sort_keys=True) for s in g.mps)
+        if mig or mps:
+            out[g.index] = json.dumps([mig, mps])
+    return out
+
+
+def _changed_gpus(old: Mapping[int, str], new: Mapping[int, str]) -> int:
+    return sum(1 for i in old.keys() | new.keys() if old.get(i) != new.get(i))
+
+
+def _spec_layouts(index: ClusterIndex, actions: Iterable[Any]) -> dict[str, dict[int, str]]:
+    """Node -> the layout of its spec now, for each node a step writes a spec of."""
+    out: dict[str, dict[int, str]] = {}
+    for a in actions:
+        if isinstance(a, WriteSpec):
+            np = index.partitioning(a.node)
+            out[a.node] = _layout(np.spec.gpus) if np is not None else {}
+    return out
+
+
 def build_registry(controller: Controller) -> kopf.OperatorRegistry:
     """A fresh kopf registry whose handlers drive ``controller``."""
     registry = kopf.OperatorRegistry()
@@ -666,7 +752,10 @@ def build_registry(controller: Controller) -> kopf.OperatorRegistry:
 
     @kopf.on.login(id="login", registry=registry)
     def _login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        info = controller.connection
+        # never the previous login's credentials: kopf re-logins after a 401 and refuses the
+        # ones it has just invalidated (a rotated or revoked token: LoginError, the operator
+        # exits); kopf's own login functions read the token file and the kubeconfig anew
+        info = controller.given_connection
         if info is None:
             info = kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
         if info is not None:

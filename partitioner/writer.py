@@ -25,7 +25,17 @@
   already (404) in ``gone_pods`` alone.
 * ``status.reservations`` of a NodePartitioning is a merge patch of the status subresource
   with that field alone, so the node agent's status fields stay.
-* Every action is independent: one failure is logged and the others still run.
+* Every action is independent: one failure is logged and the others still run.  Every failed
+  write is listed in ``Outcome.write_failures`` as (action, answer): the status code, or
+  ``unreachable`` / ``timeout`` when none came (``gpuslice_write_failures_total``).
+* A write to a node or its NodePartitioning (create, delete, spec, ``status.reservations``,
+  node condition or label) refused in a way a retry gets again (:data:`REFUSALS`: an admission
+  policy, RBAC, a rule of the API server) is told once per object and answer: one WARNING and a
+  Warning Event ``WriteRefused`` on the Node (a create) or the NodePartitioning, naming the
+  answer.  Then :class:`WriteBackoff` holds that object's same write back, for ``base_s``
+  doubling up to ``cap_s`` (the decision step decides it again every cycle: a refused create
+  of every opted-in node was re-sent each second, forever); a write that changed (another
+  spec, condition, resourceVersion) goes at once, and a success forgets the refusal.
 
 The objects the API returns are handed back (``Outcome.objects``) so the controller's cache
 sees its own writes before the watch does.
@@ -37,6 +47,8 @@ import contextlib
 import datetime
 import json
 import logging
+import re
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,12 +68,19 @@ from partitioner.actions import (
     WriteSpec,
 )
 from partitioner.events import event_body, event_namespace
-from partitioner.kubeapi import STRATEGIC_MERGE_PATCH, ApiError, Conflict, KubeApi, NotFound
+from partitioner.kubeapi import (
+    STRATEGIC_MERGE_PATCH,
+    ApiError,
+    Conflict,
+    KubeApi,
+    NotFound,
+    Unreachable,
+)
 from partitioner.node_actions import RemoveNodeCondition, SetNodeLabel
 from partitioner.node_writes import execute as execute_node_write
 from partitioner.snapshot import PLANNED_AT_ANNOTATION, PLANNED_PODS_ANNOTATION
 
-__all__ = ["NP_PATH", "Outcome", "execute"]
+__all__ = ["NP_PATH", "Outcome", "WriteBackoff", "execute"]
 
 NP_PATH = f"/apis/{GROUP}/{VERSION}/{PLURAL}"
 log = logging.getLogger("gpuslice.partitioner.writer")
@@ -88,6 +107,11 @@ class Outcome:
     drops them unless it holds another pod of that name by then)."""
     evicted: list[str] = field(default_factory=list)
     """Pods evicted (:class:`~partitioner.actions.EvictPod`), by key."""
+    write_failures: list[tuple[str, str]] = field(default_factory=list)
+    """(action, answer) of every failed write: :func:`action_label`, and the status code or
+    ``unreachable`` / ``timeout`` (:func:`answer_label`)."""
+    held_back: list[str] = field(default_factory=list)
+    """Writes not sent: their object's refusal is backed off (:class:`WriteBackoff`)."""
 
 
 def _np_ref(name: str) -> ObjectRef:
@@ -100,6 +124,126 @@ pod the next cycle reads, a 429 or 5xx passes)."""
 
 MAX_TOLD = 10_000
 """Pods whose refused patch was told at most (:meth:`_Writer._tell_refusal`; then forgotten)."""
+
+BackedOff = (
+    CreatePartitioning
+    | DeletePartitioning
+    | WriteSpec
+    | WriteReservations
+    | SetNodeCondition
+    | SetNodeLabel
+    | RemoveNodeCondition
+)
+_BACKED_OFF = (
+    CreatePartitioning,
+    DeletePartitioning,
+    WriteSpec,
+    WriteReservations,
+    SetNodeCondition,
+    SetNodeLabel,
+    RemoveNodeCondition,
+)
+
+
+def action_label(action: object) -> str:
+    """``action`` label of ``gpuslice_write_failures_total``: the action's type in snake case
+    (``create_partitioning``, ``write_spec``, ``patch_pod`` ...)."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", type(action).__name__).lower()
+
+
+def answer_label(e: BaseException) -> str:
+    """``code`` label of ``gpuslice_write_failures_total``: the API's status code, else
+    ``unreachable`` (no answer: refused, reset, TLS) or ``timeout``."""
+    if isinstance(e, ApiError) and not isinstance(e, Unreachable) and e.status:
+        return str(e.status)
+    return "timeout" if isinstance(e, TimeoutError) else "unreachable"
+
+
+def _written(a: BackedOff) -> object:
+    """What the write would write: a refused write is held back only while this stays the same
+    (a spec's plan id and time aside, which every new plan changes)."""
+    if isinstance(a, WriteSpec):
+        return (a.resource_version, a.spec.mode, a.spec.model_dump(mode="json")["gpus"])
+    return a
+
+
+@dataclass(slots=True)
+class _Refusal:
+    code: int
+    written: object
+    failures: int
+    until: float
+
+
+class WriteBackoff:
+    """Writes to nodes and NodePartitionings refused with :data:`REFUSALS`, per object
+    (kept by the caller across cycles; module docstring).
+
+    ``base_s``: the first wait after a refusal, doubled after each refusal of the same write up
+    to ``cap_s``; ``clock``: monotonic seconds.
+    """
+
+    def __init__(
+        self,
+        base_s: float = 1.0,
+        cap_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.base_s, self.cap_s, self.clock = base_s, cap_s, clock
+        self.refusals: dict[tuple[str, str], _Refusal] = {}
+        """(action, node) -> its last refusal."""
+        self.told: dict[tuple[str, str], set[int]] = {}
+        """(action, node) -> the answers told already (until a write of it succeeds)."""
+
+    @staticmethod
+    def _key(a: BackedOff) -> tuple[str, str]:
+        return (action_label(a), a.node)
+
+    def holds(self, a: BackedOff) -> float:
+        """Seconds ``a`` is still held back (0: send it)."""
+        refusal = self.refusals.get(self._key(a))
+        if refusal is None or refusal.written != _written(a):
+            return 0.0
+        return max(0.0, refusal.until - self.clock())
+
+    def refused(self, a: BackedOff, code: int) -> tuple[bool, float]:
+        """Record a refusal: (whether to tell it, the wait before ``a`` is sent again)."""
+        key, written = self._key(a), _written(a)
+        last = self.refusals.get(key)
+        failures = last.failures + 1 if last is not None and last.written == written else 1
+        wait = min(self.cap_s, self.base_s * 2 ** min(failures - 1, 30))
+        if key not in self.refusals and len(self.refusals) >= MAX_TOLD:
+            self.refusals.clear()
+            self.told.clear()
+        self.refusals[key] = _Refusal(code, written, failures, self.clock() + wait)
+        codes = self.told.setdefault(key, set())
+        first = code not in codes
+        codes.add(code)
+        return first, wait
+
+    def succeeded(self, a: BackedOff) -> None:
+        key = self._key(a)
+        self.refusals.pop(key, None)
+        self.told.pop(key, None)
+
+
+def _refused_ref(a: BackedOff) -> ObjectRef:
+    if isinstance(a, CreatePartitioning):
+        return ObjectRef("Node", a.node, uid=a.node_uid)
+    if isinstance(a, SetNodeCondition | SetNodeLabel | RemoveNodeCondition):
+        return ObjectRef("Node", a.node)
+    return _np_ref(a.node)
+
+
+_REFUSED_WHAT = {
+    "create_partitioning": f"creating {KIND} {{node}}",
+    "delete_partitioning": f"deleting {KIND} {{node}}",
+    "write_spec": f"writing the spec of {KIND} {{node}}",
+    "write_reservations": f"writing status.reservations of {KIND} {{node}}",
+    "set_node_condition": "setting the GpusliceReady condition of node {node}",
+    "set_node_label": "setting a label of node {node}",
+    "remove_node_condition": "removing a condition of node {node}",
+}
 
 
 class _Writer:
@@ -121,6 +265,7 @@ class _Writer:
             await self.api.create(path, event_body(ev, self.wall(), self.instance))
             self.out.events += 1
         except ApiError as e:
+            self.out.write_failures.append((action_label(ev), answer_label(e)))
             log.warning(
                 "could not post event %s on %s %s: %s", ev.reason, ev.ref.kind, ev.ref.name, e
             )
@@ -164,6 +309,7 @@ class _Writer:
         try:
             self.out.objects[a.node] = await self.api.patch(f"{NP_PATH}/{a.node}", patch)
         except Conflict as e:
+            self.out.write_failures.append((action_label(a), answer_label(e)))
             self.out.conflicts[a.node] = a.planned_pods
             with contextlib.suppress(ApiError):  # else the watch brings it
                 self.out.objects[a.node] = await self.api.request("GET", f"{NP_PATH}/{a.node}")
@@ -189,6 +335,7 @@ class _Writer:
         try:
             self.out.pods[a.pod] = await self.api.patch(path, a.patch)
         except ApiError as e:
+            self.out.write_failures.append((action_label(a), answer_label(e)))
             self._refused(a.pod, a.ref.uid, f"{a.purpose} patch", e)
             if e.status in REFUSALS:
                 await self._tell_refusal(a, e)
@@ -249,6 +396,7 @@ class _Writer:
         try:
             await self.api.create(f"/api/v1/namespaces/{namespace}/pods/{name}/eviction", body)
         except ApiError as e:
+            self.out.write_failures.append((action_label(a), answer_label(e)))
             self._refused(a.pod, a.ref.uid, "eviction", e)
             return
         log.info("evicted stranded pod %s", a.pod)
@@ -304,14 +452,56 @@ async def execute(
     instance: str = "",
     wall: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC),
     told: dict[str, str] | None = None,
+    backoff: WriteBackoff | None = None,
 ) -> Outcome:
     """Run every action in order; failures are logged and collected, never raised.  ``told``:
-    the pod patch refusals already told in Events (kept across cycles by the caller)."""
+    the pod patch refusals already told in Events, ``backoff``: the refused writes to nodes and
+    NodePartitionings held back (both kept across cycles by the caller; module docstring)."""
     writer = _Writer(api, instance, wall, told)
+    out = writer.out
     for action in actions:
+        backed = action if isinstance(action, _BACKED_OFF) else None
+        if backed is not None and backoff is not None:
+            wait = backoff.holds(backed)
+            if wait > 0:
+                log.debug("%s on %s held back %.0f s more", action_label(action), backed.node, wait)
+                out.held_back.append(f"{action_label(action)} {backed.node}")
+                continue
         try:
             await writer.run(action)
         except (ApiError, TimeoutError) as e:  # refused, or unreachable (Unreachable)
-            log.warning("%s failed: %s", type(action).__name__, e)
-            writer.out.failures.append(f"{type(action).__name__}: {e}")
-    return writer.out
+            out.write_failures.append((action_label(action), answer_label(e)))
+            out.failures.append(f"{type(action).__name__}: {e}")
+            if (
+                backed is not None
+                and backoff is not None
+                and isinstance(e, ApiError)
+                and e.status in REFUSALS
+            ):
+                await _tell_write_refusal(writer, backoff, backed, e)
+            else:
+                log.warning("%s failed: %s", type(action).__name__, e)
+        else:
+            if backed is not None and backoff is not None:
+                backoff.succeeded(backed)
+    return out
+
+
+async def _tell_write_refusal(
+    writer: _Writer, backoff: WriteBackoff, a: BackedOff, e: ApiError
+) -> None:
+    """A node's or NodePartitioning's write refused with :data:`REFUSALS`: backed off, and
+    told once per object and answer (module docstring)."""
+    first, wait = backoff.refused(a, e.status)
+    what = _REFUSED_WHAT[action_label(a)].format(node=a.node)
+    if not first:
+        log.debug("%s refused again (%s); next try in %.0f s", what, e, wait)
+        return
+    message = (
+        f"{what[0].upper()}{what[1:]} was refused ({e.status} {e.reason}: {e.message}); "
+        f"gpuslice tries it again less and less often (next in {wait:.0f} s, then up to every "
+        f"{backoff.cap_s:.0f} s), and at once when it changes: allow gpuslice's "
+        "ServiceAccount this write (RBAC, validating webhooks, admission policies)"
+    )
+    log.warning("%s", message, extra={"node": a.node})
+    await writer.event(EmitEvent(_refused_ref(a), "Warning", "WriteRefused", message))
