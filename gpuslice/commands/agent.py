@@ -17,6 +17,11 @@ SIGTERM (the kubelet deleting the pod: a rollout, an opt-out, an uninstall) and 
 loop cleanly: a drain in progress gets its last pass (:meth:`node_agent.agent.Agent.run`), the
 device-plugin sockets are removed, and nothing on the GPUs is touched on the way out -- MIG
 instances, compute modes and the MPS daemons' state stay as they are.
+
+One agent per node: the real agent holds an exclusive ``flock`` on ``agent.lock`` in
+``GPUSLICE_STATE_DIR`` (the DRA agent on ``dra-agent.lock``) while it runs; a second one on the
+same node (a surging rollout, a hand-started copy) exits 2 naming the file instead of registering
+the same device plugin and changing the same GPUs (:func:`one_agent_per_node`).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
@@ -409,11 +415,60 @@ async def _heartbeat(settings: Any, api: Any) -> AsyncIterator[asyncio.Task[None
             await asyncio.wait_for(task, lease.request_timeout_s + 1)
 
 
+@contextlib.contextmanager
+def one_agent_per_node(state_dir: str, name: str) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``<state_dir>/<name>`` while the agent runs.
+
+    The state dir is a host directory, so a second agent on the node (another pod of the
+    DaemonSet during a surging rollout, or one started by hand) finds the lock taken and exits
+    2 naming the file, before it registers a device plugin or touches a GPU.  The kernel drops
+    the lock when the process ends, however it ends (the file itself stays).  An empty
+    ``state_dir`` (state in memory only) takes no lock; a state dir where the file cannot be
+    opened or locked (read-only, no flock support) is a warning, and the agent runs without it.
+    """
+    if not state_dir:
+        yield
+        return
+    import fcntl
+
+    log = logging.getLogger("gpuslice.agent")
+    path = os.path.join(state_dir, name)
+    try:
+        os.makedirs(state_dir, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by child processes
+    except OSError as e:
+        log.warning("cannot open %s (%s): running without the one-agent-per-node lock", path, e)
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BadInput(
+                f"another gpuslice agent holds {path}: one agent runs per node (two would both "
+                "register the device plugin and change the same GPUs through NVML); stop the "
+                "other one, or wait until it has exited (a rollout must not surge: maxSurge 0)"
+            ) from None
+        except OSError as e:
+            log.warning("cannot lock %s (%s): running without the one-agent-per-node lock", path, e)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 async def _run_real(args: argparse.Namespace, settings: Any, catalog: Any) -> int:
+    if not settings.node_name:
+        raise BadInput("GPUSLICE_NODE_NAME is not set (DaemonSet: downward API spec.nodeName)")
+    with one_agent_per_node(settings.state_dir, "agent.lock"):
+        return await _run_real_locked(args, settings, catalog)
+
+
+async def _run_real_locked(args: argparse.Namespace, settings: Any, catalog: Any) -> int:
     from node_agent.agent import Agent, KubeSpecSource
     from node_agent.allocations import AllocationLedger, LedgerInUse
     from node_agent.deviceplugin import DevicePluginManager
     from node_agent.gpu_reset import NvidiaSmi
+    from node_agent.kubelet_checkpoint import KubeletCheckpoint
     from node_agent.metrics import MeteredNvml
     from node_agent.mps import MpsControlSupervisor
     from node_agent.nvml_pynvml import PynvmlAdapter
@@ -448,6 +503,8 @@ async def _run_real(args: argparse.Namespace, settings: Any, catalog: Any) -> in
                     ),
                 ),
                 ledger,
+                # ordinary init containers' devices, which PodResources List leaves out
+                KubeletCheckpoint.in_dir(settings.device_plugin_dir),
             ),
             MpsControlSupervisor(),
             catalog,
@@ -483,6 +540,13 @@ async def _run_real(args: argparse.Namespace, settings: Any, catalog: Any) -> in
 
 
 async def _run_dra(settings: Any, catalog: Any, publish: str) -> int:
+    if not settings.node_name:
+        raise BadInput("GPUSLICE_NODE_NAME is not set (DaemonSet: downward API spec.nodeName)")
+    with one_agent_per_node(settings.state_dir, "dra-agent.lock"):
+        return await _run_dra_locked(settings, catalog, publish)
+
+
+async def _run_dra_locked(settings: Any, catalog: Any, publish: str) -> int:
     from kubernetes_asyncio import client, config
 
     from node_agent.agent import KubeSpecSource

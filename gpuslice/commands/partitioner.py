@@ -9,6 +9,10 @@ chart's default with 2 replicas) only the replica holding the Lease plans and wr
 (:mod:`partitioner.leader`); with it off, deploy one replica with the ``Recreate`` strategy.
 Spec writes are resourceVersion-guarded either way.  The NodePartitioning CRD
 must be installed first (the chart's ``crds/``).
+
+Outside a pod (no service-account token) it logs in with the kubeconfig (``$KUBECONFIG``, else
+``~/.kube/config``); that file is checked once before kopf starts (:func:`check_kubeconfig`), so
+an unusable one is exit 2 naming it, as in ``gpuslice status``, not kopf's retried login.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import argparse
 import asyncio
 import enum
 import logging
+import os
 import typing
 from typing import Any
 
@@ -112,6 +117,89 @@ def _settings(args: argparse.Namespace) -> PartitionerSettings:
         raise BadInput(f"invalid partitioner settings: {problems}") from None
 
 
+SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+"""kopf's in-cluster login reads this file; where it exists the kubeconfig is not used."""
+
+
+def _unusable(where: str, why: str) -> BadInput:
+    """The text ``gpuslice status`` gives for the same file (:mod:`gpuslice.cluster_client`)."""
+    why = " ".join(why.split())
+    return BadInput(
+        f"cannot connect: kubeconfig {where} is not usable ({why}); check it with "
+        "`kubectl config view`"
+    )
+
+
+def _not_a_url(url: Any) -> bool:
+    import yarl
+
+    try:
+        parsed = yarl.URL(str(url))
+    except (ValueError, TypeError):
+        return True
+    return parsed.scheme not in ("http", "https") or not parsed.host
+
+
+def check_kubeconfig() -> None:
+    """Refuse (exit 2) the kubeconfig the partitioner would log in with, if it is unusable.
+
+    The partitioner logs in as kopf does (``partitioner.operator``'s ``on.login``): the
+    service account where its token file exists, else the kubeconfig.  In a pod with a
+    service account nothing is checked.  Otherwise the file the user gave (``$KUBECONFIG``,
+    else an existing ``~/.kube/config``) is loaded once, as the other commands load it
+    (:class:`gpuslice.cluster_client.Cluster`) and as kopf's login reads it, and its API server
+    must be an http(s) URL.  Without this a missing file was a login retried every minute
+    forever, and a missing CA file or a server that is not a URL was kopf tracebacks and exit
+    1.  With neither a service account nor a kubeconfig nothing is checked either (kopf
+    reports it has no credentials)."""
+    if os.path.exists(SERVICE_ACCOUNT_TOKEN):
+        return
+    where = os.environ.get("KUBECONFIG") or ""
+    if not where.strip(os.pathsep):
+        where = os.path.expanduser("~/.kube/config")
+        if not os.path.exists(where):
+            return
+    from gpuslice.cluster_client import Cluster
+
+    async def load() -> tuple[Any, Any]:
+        api = await Cluster._connect(where, None)  # BadInput naming the file
+        try:
+            configuration = api.configuration
+            return configuration.host, getattr(configuration, "proxy", None)
+        finally:
+            await api.close()
+
+    host, proxy = asyncio.run(load())
+    if _not_a_url(host):
+        raise _unusable(where, f"its API server {str(host)!r} is not an http or https URL")
+    if proxy and _not_a_url(proxy):
+        raise _unusable(where, f"its proxy-url {str(proxy)!r} is not an http or https URL")
+
+    # kopf reads the file itself, more simply; what it would fail on fails here, once
+    import ssl
+
+    import kopf
+    import yaml
+
+    try:
+        info = kopf.login_with_kubeconfig(settings=kopf.OperatorSettings())
+        if info is not None and str(info.server or "").startswith("https://"):
+            info.as_ssl_context()  # the CA and client certificate files, as the writer loads them
+    except (
+        kopf.LoginError,
+        OSError,
+        ssl.SSLError,
+        ValueError,
+        TypeError,
+        KeyError,
+        AttributeError,
+        yaml.YAMLError,
+    ) as e:
+        raise _unusable(where, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__) from None
+    if info is not None and _not_a_url(info.server):
+        raise _unusable(where, f"its API server {str(info.server)!r} is not an http or https URL")
+
+
 def run(args: argparse.Namespace) -> int:
     from partitioner.health import HealthServer
     from partitioner.operator import Controller, configure_logging, run_operator
@@ -125,6 +213,7 @@ def run(args: argparse.Namespace) -> int:
         controller = Controller(settings)
     except CatalogError as e:
         raise BadInput(str(e)) from None
+    check_kubeconfig()
     if settings.metrics_port:
         controller.metrics.serve(settings.metrics_port)
     health = None

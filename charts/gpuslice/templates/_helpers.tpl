@@ -140,6 +140,11 @@ checksum/catalog: {{ toJson .Values.catalog.files | sha256sum }}
 {{- if or (eq $wp (int .Values.partitioner.metricsPort)) (eq $wp (int .Values.partitioner.healthPort)) }}
 {{- fail (printf "webhook.port (%v) must differ from partitioner.metricsPort and partitioner.healthPort" .Values.webhook.port) }}
 {{- end }}
+{{- /* also where the schema is skipped (helm --skip-schema-validation): one agent per node */}}
+{{- $surge := dig "updateStrategy" "rollingUpdate" "maxSurge" "" .Values.agent }}
+{{- if and (ne (toString $surge) "") (not (regexMatch "^0+%?$" (toString $surge))) }}
+{{- fail (printf "agent.updateStrategy.rollingUpdate.maxSurge (%v) must be 0 or unset: a surge runs a second agent on each GPU node beside the old one during a rollout, both registering the device plugin and changing the same GPUs through NVML; roll the agents with maxUnavailable instead" $surge) }}
+{{- end }}
 {{- end }}
 
 {{/* True (non-empty) when the admission webhook is rendered: enabled, reservations on, and
