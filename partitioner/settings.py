@@ -10,6 +10,7 @@ on a namespace: the partitioner watches Nodes, Pods and NodePartitionings cluste
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar, Literal
@@ -71,6 +72,36 @@ def parse_mps_sizes(text: str | None) -> tuple[tuple[int, float], ...] | None:
             )
         out.append((size * 1024, w))
     return tuple(out)
+
+
+def _mig_resource_name(name: str) -> str:
+    """``name`` (a profile or its resource name) as its resource name."""
+    return name if name.startswith(MIG_RESOURCE_PREFIX) else mig_resource(name)
+
+
+def _check_mig_targets(targets: tuple[tuple[str, float], ...] | None, catalog: Catalog) -> None:
+    """Refuse target profiles (``freeCapacity.migProfiles``) no GPU model of the catalog has:
+    a typo (``9g.99gb``) was accepted without a word and made every free MIG instance worth
+    nothing to the planner.  :class:`~planner.catalog.CatalogError` (the CLI's exit 2) naming
+    the closest known names."""
+    if not targets:
+        return
+    from planner.catalog import CatalogError
+
+    profiles = {mig_resource(p.name): p.name for m in catalog.models for p in m.profiles}
+    unknown = sorted({name for name, _ in targets if _mig_resource_name(name) not in profiles})
+    if not unknown:
+        return
+    hints = []
+    for name in unknown:
+        shown = name.removeprefix(MIG_RESOURCE_PREFIX)
+        close = difflib.get_close_matches(shown, sorted(set(profiles.values())), n=3, cutoff=0.5)
+        hints.append(f"{shown!r} (closest: {', '.join(close)})" if close else repr(shown))
+    raise CatalogError(
+        f"free_capacity_mig_profiles (partitioner.planner.freeCapacity.migProfiles) names "
+        f"{'; '.join(hints)}, which no GPU model of the catalog has: name profiles of your "
+        f"GPUs (gpuslice catalog lists them), or add the model with a catalog override file"
+    )
 
 
 def parse_mig_profiles(text: str | None) -> tuple[tuple[str, float], ...] | None:
@@ -429,6 +460,7 @@ class PartitionerSettings(CommonSettings):
         controller benchmark's); ``planner`` defaults to the production planner."""
         from partitioner.decide import DecideConfig, default_planner
 
+        _check_mig_targets(self.planner_settings().free_capacity_mig_profiles, catalog)
         return DecideConfig(
             catalog=catalog,
             policy=self.batch_policy(),
