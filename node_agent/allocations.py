@@ -18,6 +18,10 @@ PodResources shows.  Per id:
   forgotten;
 * a new ``Allocate`` of an id makes it unconfirmed again, with a new allocation time.
 
+PodResources does not list ordinary init containers at all: their devices are covered by the
+kubelet's own checkpoint instead (:mod:`node_agent.kubelet_checkpoint`, the optional
+``checkpoint`` of :class:`LedgerInUse`), not by the grace period.
+
 ``held`` answers are only as good as the ``List`` they are given: the reconciler asks with every
 answer it reads and asks nothing when PodResources is unreadable (then nothing is destroyed
 anyway).
@@ -41,10 +45,11 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from node_agent.devices import InUseSource
 
-__all__ = ["MAX_ENTRIES", "AllocationLedger", "LedgerInUse"]
+__all__ = ["MAX_ENTRIES", "AllocationLedger", "CheckpointIds", "LedgerInUse"]
 
 log = logging.getLogger(__name__)
 
@@ -167,16 +172,37 @@ def _load(path: Path) -> dict[str, _Entry]:
     return out
 
 
+class CheckpointIds(Protocol):
+    """Device ids the kubelet's device manager holds (:class:`~node_agent.kubelet_checkpoint.
+    KubeletCheckpoint`); never raises."""
+
+    def device_ids(self) -> set[str]: ...
+
+
 class LedgerInUse:
-    """An :class:`~node_agent.devices.InUseSource`: PodResources' ids plus the ledger's held ids.
+    """An :class:`~node_agent.devices.InUseSource`: PodResources' ids plus the ledger's held ids,
+    plus the ids of the kubelet's device-manager checkpoint (``checkpoint``, optional).
 
-    A failure of ``source`` propagates (in use unknown); the ledger is only consulted with a
-    real answer."""
+    PodResources ``List`` leaves out ordinary init containers, whose devices the kubelet keeps
+    allocated to the pod: the checkpoint lists them (:mod:`node_agent.kubelet_checkpoint`).
+    Checkpoint ids do not confirm ledger entries: the ledger follows ``List`` alone.
 
-    def __init__(self, source: InUseSource, ledger: AllocationLedger) -> None:
+    A failure of ``source`` propagates (in use unknown); the ledger and the checkpoint are only
+    consulted with a real answer."""
+
+    def __init__(
+        self,
+        source: InUseSource,
+        ledger: AllocationLedger,
+        checkpoint: CheckpointIds | None = None,
+    ) -> None:
         self.source = source
         self.ledger = ledger
+        self.checkpoint = checkpoint
 
     async def in_use_device_ids(self) -> set[str]:
         visible = set(await self.source.in_use_device_ids())
-        return visible | self.ledger.held(visible)
+        held = visible | self.ledger.held(visible)
+        if self.checkpoint is not None:
+            held |= self.checkpoint.device_ids()
+        return held
