@@ -12,7 +12,7 @@ from planner.catalog import CatalogError, default_catalog
 CAT = default_catalog()
 
 
-@pytest.mark.parametrize("value", ["9g.99gb:1", "7g.80gb:2,1g.12gb:1"])
+@pytest.mark.parametrize("value", ["9g.99gb:1", "7g.80gb:2,1g.11gb:1"])
 def test_an_unknown_target_profile_is_refused_naming_the_closest(value: str) -> None:
     settings = PartitionerSettings(free_capacity_mig_profiles=value)
     with pytest.raises(CatalogError, match="no GPU model of the catalog has") as e:
