@@ -15,7 +15,9 @@ Model
    least every ``resync_s`` (repairing slices someone changed or deleted); a failed round is
    retried after ``retry_s``.  Each round's outcome goes to the health check
    (:class:`~node_agent.health.AgentHealth`), so an API server that keeps refusing the slices
-   (e.g. with DRAPartitionableDevices off) turns ``/healthz`` unhealthy with that reason.
+   (e.g. with DRAPartitionableDevices off) turns ``/healthz`` unhealthy with that reason.  With
+   that gate off no device slice is ever written: the publisher checks the counter slice alone,
+   backing off, and refuses the rounds between without writing (:mod:`node_agent.dra_publish`).
 
 Every round starts by listing the GPUs NVML cannot read
 (:meth:`~node_agent.dra_prepare.DraPreparer.unreadable`: one GPU's reads failing,
@@ -47,7 +49,13 @@ Publishing every placement (``spec_source=None``, ``dra_publish=all``) is then t
 there an unreadable GPU publishes only the devices prepared on it (the preparer's checkpoint:
 this mode lists no claims).  A claim allocated there but not prepared yet is withdrawn with the
 free devices -- harmless: no free device of that GPU is published, so nothing can be allocated
-beside it, and every device of the GPU is published again once it reads.
+beside it, and every device of the GPU is published again once it reads.  Devices an XID hit or
+processes outside any claim use are published with the ``NoSchedule`` taint
+(:data:`~node_agent.dra_slices.UNUSABLE_TAINT_KEY`) where the API server keeps device taints;
+where it drops them, every free device of their GPU is withdrawn, as for an unreadable GPU.
+Withdrawing only those devices dropped one allocated to a claim not prepared yet, whose counters
+then stopped counting: an overlapping placement went to another claim and the first could never
+be prepared (:func:`_all_but_unhealthy`).
 
 Planner-shaped publishing (a ``spec_source``: the node's NodePartitioning, and ``claims``: the
 cluster's ResourceClaims; :mod:`node_agent.dra_shape`) adds, per round and in this order: read
@@ -185,15 +193,20 @@ def _all_but_unhealthy(
     prepared: Collection[str],
     unreadable: Collection[int],
     hidden: Collection[str] = (),
+    tainting: bool = False,
 ) -> set[str] | None:
     """Mode ``all``: every device, less the free ones (those not ``prepared`` on this node) of
-    the ``unreadable`` GPUs and the ``hidden`` ones (an XID hit them, processes outside any
-    claim use them); ``None`` (every placement) when every GPU reads and none is hidden."""
+    the ``unreadable`` GPUs; ``None`` (every placement) when every GPU reads and none is
+    ``hidden`` (an XID hit them, processes outside any claim use them).  A hidden device stays
+    published when ``tainting`` (the API server keeps device taints: it is published with the
+    ``NoSchedule`` taint); else every free device of its GPU is withdrawn with it.  Never the
+    hidden device alone: it may be allocated to a claim not prepared yet (this mode lists no
+    claims), and withdrawn, its counters stopped counting, so kube-scheduler could allocate an
+    overlapping placement of the same GPU to another claim (shared/facts/dra.md, consequence 1)."""
     if not unreadable and not hidden:
         return None
-    return {n for n, t in targets.items() if t.gpu not in unreadable and n not in hidden} | set(
-        prepared
-    )
+    gone = set(unreadable) if tainting else set(unreadable) | {targets[n].gpu for n in hidden}
+    return {n for n, t in targets.items() if t.gpu not in gone} | set(prepared)
 
 
 _XID_DOES = (
@@ -514,10 +527,18 @@ class DraDriver:
                 xid = self.preparer.xid_devices()
                 busy = foreign_devices(self.preparer.targets, foreign)
                 prepared = self._prepared()
-                every = _all_but_unhealthy(self.preparer.targets, prepared, unreadable, xid | busy)
-                # ``None``: every placement, none of them unusable
-                taints = self._taints(every, unreadable, xid, busy) if every is not None else None
-                await self.publisher.publish(every, taints)
+                for _ in range(2):  # again at once if this round learnt taints are dropped
+                    tainting = self.publisher.taints
+                    every = _all_but_unhealthy(
+                        self.preparer.targets, prepared, unreadable, xid | busy, tainting
+                    )
+                    # ``None``: every placement, none of them unusable
+                    taints = (
+                        self._taints(every, unreadable, xid, busy) if every is not None else None
+                    )
+                    await self.publisher.publish(every, taints)
+                    if self.publisher.taints == tainting:
+                        break
         except Exception as e:  # PublishError, NVML down, a connection, a timeout: go on
             self.rounds += 1
             self.failures += 1

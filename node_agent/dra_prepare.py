@@ -36,7 +36,9 @@ other instance is *unknown*.
    maximum count held by unknown idle instances elsewhere on the GPU), those are destroyed and
    the creation is tried once more.
 5. Any failure rolls back what this call created (idle by construction) and fails the claim
-   with a message naming it; the kubelet retries.  Success writes the CDI spec
+   with a message naming it; the kubelet retries.  An instance it adopted (step 4) is left in
+   place, idle and owned by no one, as it was; a ``started`` record rolled back at the
+   agent's start keeps its instances at planned placements (as unprepare does).  Success writes the CDI spec
    (:mod:`node_agent.cdi`) and the ``completed`` record.
 
 *Unprepare* ``(uid)``: an unknown claim is success (idempotent; the claim may be gone).  If any
@@ -496,9 +498,10 @@ class DraPreparer:
             self._set_mig(self._info(g), False)
         return info.uuid, info.uuid
 
-    def _placement(self, uid: str, t: DeviceTarget) -> tuple[str, str]:
+    def _placement(self, uid: str, t: DeviceTarget) -> tuple[str, str, bool]:
         """Create or adopt the instance of placement ``t`` for claim ``uid``; returns
-        ``(MIG device UUID, GPU UUID)``."""
+        ``(MIG device UUID, GPU UUID, adopted)``: ``adopted`` when the instance was there,
+        idle and owned by no one (a failed prepare leaves it so)."""
         nv = self._nvml
         g, p, start = t.gpu, t.profile, t.start
         assert p is not None
@@ -549,7 +552,7 @@ class DraPreparer:
                 )
             if not gi.compute_instances:
                 nv.create_compute_instance(g, gi.gi_id)
-            return self._uuid_of(g, gi.gi_id), info.uuid
+            return self._uuid_of(g, gi.gi_id), info.uuid, True
         try:
             gi_id = nv.create_gpu_instance(g, p.profile_id, start, p.memory_slices)
         except NvmlError as e:
@@ -561,7 +564,7 @@ class DraPreparer:
                     self._destroy_unknown(g, gi, mig_uuid)
             gi_id = nv.create_gpu_instance(g, p.profile_id, start, p.memory_slices)
         self._compute_on(g, gi_id)
-        return self._uuid_of(g, gi_id), info.uuid
+        return self._uuid_of(g, gi_id), info.uuid, False
 
     def _as_it_is(self, t: DeviceTarget) -> tuple[str, str]:
         """The device of an ``adminAccess`` result as it is (module docstring, "adminAccess"):
@@ -781,6 +784,7 @@ class DraPreparer:
             ),
         )
         created: list[PreparedDevice] = []
+        adopted: set[str] = set()  # instances this call found idle and took: left at a rollback
         try:
             for a in todo:
                 t = self.targets[a.device]
@@ -790,7 +794,9 @@ class DraPreparer:
                     elif t.profile is None:
                         uuid, gpu_uuid = self._whole(t)
                     else:
-                        uuid, gpu_uuid = self._placement(ref.uid, t)
+                        uuid, gpu_uuid, took = self._placement(ref.uid, t)
+                        if took:
+                            adopted.add(a.device)
                 except NvmlError as e:
                     raise ClaimError(f"GPU {t.gpu}: {e}") from None
                 made = PreparedDevice(
@@ -815,7 +821,7 @@ class DraPreparer:
             if isinstance(e, OSError):
                 e = ClaimError(f"{ref}: writing {getattr(e, 'filename', None) or 'a file'}: {e}")
             try:
-                self._destroy_devices(rec.label(), created, check_busy=False)
+                self._destroy_devices(rec.label(), created, check_busy=False, keep=adopted)
             except (ClaimError, NvmlError) as undo:  # the kubelet is told the cause, not this
                 cause = str(e) if str(ref) in str(e) else f"{ref}: {e}"
                 raise ClaimError(
@@ -869,7 +875,9 @@ class DraPreparer:
             for rec in self.checkpoint:
                 if rec.state == "started":
                     try:
-                        self._release(rec, check_busy=False)
+                        # planned placements' instances stay, idle (the record does not say
+                        # which it adopted; unprepare keeps them too)
+                        self._release(rec, check_busy=False, keep_planned=True)
                     except NvmlError as e:
                         if e.code in NVML_DOWN:
                             raise

@@ -24,11 +24,16 @@ the wanted slices:
    slices no longer wanted are deleted.  Consumers use only the highest generation and skip a
    pool until all ``resourceSliceCount`` slices of it are there, so the pool is never read
    half-written (shared/facts/dra.md section 2).
-4. The slices are read back and compared with what was sent: an API server whose
-   DRAPartitionableDevices gate is off drops ``sharedCounters`` and ``consumesCounters``
-   silently, which would let the scheduler allocate overlapping placements.  Then
-   :class:`PublishError` says so and names the fix; the slices that lost their counters are
-   deleted again, so nothing allocatable without counters is left published.
+4. Counter slices are written first and read back before any device slice is written: an API
+   server whose DRAPartitionableDevices gate is off drops ``sharedCounters`` and
+   ``consumesCounters`` silently, which would let the scheduler allocate overlapping
+   placements.  If the counters did not survive, no device slice is written at all (writing
+   them first and deleting them after the read-back left every placement allocatable without
+   counters for a moment each round); every slice of the node is deleted and
+   :class:`PublishError` says so and names the fix.  The publisher remembers it: until the
+   next check (after ``gate_probe_s``, doubling up to ``gate_probe_max_s``) a round raises the
+   same error without writing, and the check writes the counter slices alone again.  The
+   device slices are read back too (their ``consumesCounters``), deleted and refused likewise.
 
 Device taints (:data:`~node_agent.dra_slices.UNUSABLE_TAINT_KEY`, on devices no new claim can
 use): the API server stamps a taint's ``timeAdded`` when it is not sent, so each wanted taint
@@ -51,6 +56,7 @@ published, collected and published again forever.  Errors are one-line :class:`P
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any
 
@@ -166,6 +172,9 @@ class SlicePublisher:
         node_uid_reader: Callable[[], Awaitable[str | None]] | None = None,
         driver: str = DRIVER,
         request_timeout_s: float = 10.0,
+        gate_probe_s: float = 30.0,
+        gate_probe_max_s: float = 600.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.api = api
         self.node = node
@@ -180,6 +189,14 @@ class SlicePublisher:
         self.taints = True
         """Whether devices are published with their taints: ``False`` once the API server
         dropped them (module docstring)."""
+        self.gate_probe_s = gate_probe_s
+        self.gate_probe_max_s = gate_probe_max_s
+        self.clock = clock
+        self.gate_off: str | None = None
+        """The refusal while the API server is known to drop counters (module docstring, 4);
+        ``None`` when it kept them at the last check."""
+        self._probe_wait = 0.0
+        self._probe_at = 0.0
 
     async def stored(self) -> dict[str, dict[str, Any]]:
         """This node's slices of this driver, by name."""
@@ -257,6 +274,10 @@ class SlicePublisher:
         devices no new claim can use, with why (:func:`~node_agent.dra_slices.resource_slices`)."""
         from kubernetes_asyncio.client.exceptions import ApiException
 
+        if self.gate_off is not None and self.clock() < self._probe_at:
+            raise PublishError(
+                f"{self.gate_off} (checked again in {self._probe_at - self.clock():.0f} s)"
+            )
         try:
             stored = await self.stored()
         except ApiException as e:
@@ -286,22 +307,29 @@ class SlicePublisher:
             except ApiException as e:
                 raise PublishError(f"reading Node {self.node}: {_why(e)}") from None
             self._owned(wanted)
-        for s in writes:
-            name = s["metadata"]["name"]
-            try:
-                if name in stored and not await self._patched(name, stored[name], s):
-                    stored.pop(name)  # deleted meanwhile (a starting kubelet): create it
-                if name not in stored:
-                    await self.api.create_cluster_custom_object(
-                        GROUP, VERSION, PLURAL, s, _request_timeout=self.request_timeout_s
-                    )
-            except ApiException as e:
-                raise PublishError(f"writing ResourceSlice {name}: {_why(e)}") from None
-            self.writes += 1
-        try:
-            now = await self.stored()  # what the server kept (its answers may be empty)
-        except ApiException as e:
-            raise PublishError(f"listing ResourceSlices of node {self.node}: {_why(e)}") from None
+        counted = [s for s in writes if "sharedCounters" in s["spec"]]
+        await self._write(counted, stored)
+        if counted:
+            # the counters must survive before any device is published (module docstring, 4)
+            now = await self._now()
+            lost = [
+                s["metadata"]["name"]
+                for s in counted
+                if s["metadata"]["name"] in now and _dropped(s, now[s["metadata"]["name"]])
+            ]
+            if lost:
+                await self._delete(sorted(now))
+                self._refuse(lost)
+            if self.gate_off is not None:
+                log.info(
+                    "the API server keeps the counters of node %s's ResourceSlices now: "
+                    "publishing its devices",
+                    self.node,
+                )
+                self.gate_off = None
+                self._probe_wait = 0.0
+        await self._write([s for s in writes if "sharedCounters" not in s["spec"]], stored)
+        now = await self._now()  # what the server kept (its answers may be empty)
         names = {s["metadata"]["name"] for s in wanted}
         dropped = [
             s["metadata"]["name"]
@@ -321,7 +349,48 @@ class SlicePublisher:
                 "process uses can be allocated until the agent's next round withdraws it",
                 self.node,
             )
-        for name in sorted((set(now) - names) | set(dropped)):
+        await self._delete(sorted((set(now) - names) | set(dropped)))
+        if dropped:
+            self._refuse(dropped)
+        log.info(
+            "published %d ResourceSlice(s) of node %s at generation %d",
+            len(wanted),
+            self.node,
+            generation + 1,
+        )
+        return True
+
+    async def _write(self, slices: Sequence[dict[str, Any]], stored: dict[str, Any]) -> None:
+        """Create or patch each of ``slices`` (``stored``: the node's slices as listed)."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        for s in slices:
+            name = s["metadata"]["name"]
+            try:
+                if name in stored and not await self._patched(name, stored[name], s):
+                    stored.pop(name)  # deleted meanwhile (a starting kubelet): create it
+                if name not in stored:
+                    await self.api.create_cluster_custom_object(
+                        GROUP, VERSION, PLURAL, s, _request_timeout=self.request_timeout_s
+                    )
+            except ApiException as e:
+                raise PublishError(f"writing ResourceSlice {name}: {_why(e)}") from None
+            self.writes += 1
+
+    async def _now(self) -> dict[str, dict[str, Any]]:
+        """:meth:`stored`, its failure a :class:`PublishError`."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            return await self.stored()
+        except ApiException as e:
+            raise PublishError(f"listing ResourceSlices of node {self.node}: {_why(e)}") from None
+
+    async def _delete(self, names: Sequence[str]) -> None:
+        """Delete these slices (one already gone is fine)."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        for name in names:
             try:
                 await self.api.delete_cluster_custom_object(
                     GROUP, VERSION, PLURAL, name, _request_timeout=self.request_timeout_s
@@ -330,20 +399,21 @@ class SlicePublisher:
                 if e.status != 404:
                     raise PublishError(f"deleting ResourceSlice {name}: {_why(e)}") from None
             self.writes += 1
-        if dropped:
-            raise PublishError(
-                f"the API server dropped the counters of ResourceSlice {dropped[0]} (and "
-                f"{len(dropped) - 1} more): its DRAPartitionableDevices feature gate is off. "
-                "Enable it on kube-apiserver and kube-scheduler (beta, on by default from "
-                "Kubernetes 1.36), or run gpuslice in device-plugin mode; the slices were removed"
-            )
-        log.info(
-            "published %d ResourceSlice(s) of node %s at generation %d",
-            len(wanted),
-            self.node,
-            generation + 1,
+
+    def _refuse(self, dropped: Sequence[str]) -> None:
+        """The API server dropped the counters of ``dropped``: remember it, schedule the next
+        check (backing off) and raise (module docstring, 4)."""
+        self.gate_off = (
+            f"the API server dropped the counters of ResourceSlice {dropped[0]} (and "
+            f"{len(dropped) - 1} more): its DRAPartitionableDevices feature gate is off. "
+            "Enable it on kube-apiserver and kube-scheduler (beta, on by default from "
+            "Kubernetes 1.36), or run gpuslice in device-plugin mode; the slices were removed"
         )
-        return True
+        self._probe_wait = min(
+            self.gate_probe_max_s, self._probe_wait * 2 if self._probe_wait else self.gate_probe_s
+        )
+        self._probe_at = self.clock() + self._probe_wait
+        raise PublishError(self.gate_off)
 
 
 def _why(e: Any) -> str:

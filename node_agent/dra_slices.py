@@ -32,7 +32,11 @@ Slices: the counter sets go in their own slices (at most 8 sets per slice), the 
 each GPU in a slice of their own, ``devices-gpu<i>`` (a GPU has at most 30 placements; more
 than 64 devices would be split, the API's limit for devices that consume counters), so that
 narrowing what one GPU publishes rewrites one slice and leaves the counters alone
-(shared/facts/dra.md, consequence 2); a GPU that publishes nothing has no device slice.  Every
+(shared/facts/dra.md, consequence 2).  A GPU that publishes nothing (drained, unreadable, an
+XID or a foreign process on it while idle) keeps its device slice, with no devices (the API
+accepts an empty ``devices`` list): dropping the slice changed the pool's slice names and
+count, so every slice of the node was rewritten at a new generation, one request at a time,
+the pool incomplete meanwhile -- and again when the GPU came back.  Every
 slice of the pool carries the pool's generation and slice count.  Device attributes (qualified by the driver name):
 ``type`` (``mig`` or ``gpu``), ``profile``, ``start``, ``index``, ``uuid`` (the parent GPU),
 ``model``; capacity ``memory``.  Quantities (capacities, counters) are written in the API
@@ -276,7 +280,8 @@ def resource_slices(
     device_chunks: list[tuple[str, list[dict[str, Any]]]] = []
     for g in ordered:
         devices = _devices(g, publish, tainted or {})
-        for n, i in enumerate(range(0, len(devices), MAX_DEVICES_PER_SLICE)):
+        # at least one slice per GPU, empty when it publishes nothing (module docstring)
+        for n, i in enumerate(range(0, max(len(devices), 1), MAX_DEVICES_PER_SLICE)):
             suffix = f"gpu{g.index}" + (f"-{n}" if n else "")
             device_chunks.append((suffix, devices[i : i + MAX_DEVICES_PER_SLICE]))
     total = len(counter_chunks) + len(device_chunks)

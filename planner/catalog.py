@@ -387,6 +387,14 @@ def _req(d: Mapping[str, Any], key: str, where: str) -> Any:
     return d[key]
 
 
+def profile_label(name: str) -> str:
+    """A MIG profile name as a DNS label part, as the DRA driver's device names spell it
+    (:mod:`contract.dra_devices`): lower case, ``-`` as ``--`` (first), then ``.`` and ``+``
+    as ``-`` -- ``1g.24gb+me`` is ``1g-24gb-me``, ``1g.24gb-me`` is ``1g-24gb--me``.  The
+    catalog refuses a model two of whose profiles get one label (:func:`_parse_models`)."""
+    return name.lower().replace("-", "--").replace(".", "-").replace("+", "-")
+
+
 def _parse_models(
     doc: Mapping[str, Any], base_geometries: Mapping[str, Any], where: str
 ) -> list[GpuModel]:
@@ -424,7 +432,10 @@ def _parse_models(
                     raise CatalogError(
                         f"{mwhere}: profile {pname} has a start outside the {slots}-slot grid"
                     )
-                variant = shape[shape.index("+") :] if "+" in shape else ""
+                # ``+me``, ``+gfx``...; and ``-me`` (RTX PRO: no media extensions, the only
+                # profiles a ``+me.all`` instance allows beside it, shared/facts/mig.md)
+                cut = min((shape.index(c) for c in "+-" if c in shape), default=len(shape))
+                variant = shape[cut:]
                 profiles.append(
                     MigProfile(
                         name=pname,
@@ -448,6 +459,16 @@ def _parse_models(
                             f"{key!r}; a pod's request would mean either: give each its own name"
                         )
                     spellings[key] = p.shape
+            labels: dict[str, str] = {}
+            for p in profiles:
+                label = profile_label(p.name)
+                if label in labels:
+                    raise CatalogError(
+                        f"{mwhere}: profiles {labels[label]} and {p.name} get the same DRA "
+                        f"device name part {label!r}; device names must be unique in a "
+                        "node's pool: rename one"
+                    )
+                labels[label] = p.name
             unknown = set(names) - {str(p["shape"]) for p in geo["profiles"]}
             if unknown:
                 raise CatalogError(

@@ -20,8 +20,11 @@ kubelet played over gRPC (tests/fake_dra_kubelet.py) and the resync an hour:
   device leaves the slices within a few polls;
 * a claim allocated on an XID-hit device whose pod never comes: the poll slows down (doubling up
   to the resync), it does not read the API every ``spec_poll_s`` for hours;
-* mode ``all`` (no claims listed): the prepared hit device is published tainted; unprepare wakes
-  a round, which withdraws it at once.
+* mode ``all`` (no claims listed) never withdraws a hit device alone (it may be allocated to a
+  claim not prepared yet): where the API server keeps device taints every device stays
+  published, those the XID hit with the ``NoSchedule`` taint, the prepared hit device too, and
+  so after its unprepare; where it drops them GPU 0 publishes only the prepared hit device, and
+  unprepare wakes a round, which withdraws it at once.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fake_apiserver import ApiServer
 from fake_dra_kubelet import FakeDraKubelet
 from fake_kubelet import eventually
@@ -183,26 +187,53 @@ async def test_a_claim_that_lingers_for_long_is_read_ever_less_often(
         assert HIT in published(kmock) and driver.failures == 0
 
 
-async def test_mode_all_withdraws_a_hit_device_at_its_unprepare(
-    kmock: ApiServer, connect: Callable[[str], Any], tmp_path: Path
+@pytest.mark.parametrize("taints_kept", [True, False], ids=["taints-kept", "taints-dropped"])
+async def test_mode_all_keeps_a_hit_device_tainted_or_withdraws_it_at_its_unprepare(
+    kmock: ApiServer, connect: Callable[[str], Any], tmp_path: Path, taints_kept: bool
 ) -> None:
-    nv = FakeNvml([H100])
+    kmock.drop_taints = not taints_kept
+    nv = FakeNvml([H100, H100])
     driver = make_driver(kmock, connect, nv, tmp_path, shaped=False, xids=watcher(nv))
     uid = await put_claim(kmock, "train", [HIT])
     claim = ("team", "train", uid)
     async with looping(driver), kubelet(tmp_path) as k:
-        every = set(driver.preparer.targets)
-        assert published(kmock) == every
+        targets = driver.preparer.targets
+        every = set(targets)
+        gpu0 = {n for n, t in targets.items() if t.gpu == 0}
+        assert published(kmock) == every and tainted(kmock) == {}
         assert (await k.prepare(DRIVER, claim))[uid].error == ""
         assert nv.emit_xid(0, 48, gi=gi_at(nv, 0, 4), ci=0)
-        shares_4_7 = foreign_devices(driver.preparer.targets, [ForeignUse(0, HIT, (1,))])
-        # whether this round began before or after the XID's, it ends with HIT withdrawn
-        await eventually(
-            lambda: published(kmock) == (every - shares_4_7) | {HIT}, what="the XID", timeout=5
-        )
-        assert tainted(kmock) == {HIT: "xid"}
+        shares_4_7 = foreign_devices(targets, [ForeignUse(0, HIT, (1,))])
+        assert {HIT, "gpu0"} <= shares_4_7 and BESIDE not in shares_4_7
+        if taints_kept:
+            # whether this round began before or after the XID's, it ends with every device
+            # published, those the XID hit tainted, the prepared HIT among them
+            await eventually(
+                lambda: tainted(kmock) == dict.fromkeys(shares_4_7, "xid"),
+                what="the XID",
+                timeout=5,
+            )
+            assert published(kmock) == every and driver.publisher.taints
+        else:
+            # the round that learns taints are dropped withdraws GPU 0 but the prepared HIT
+            await eventually(
+                lambda: published(kmock) == (every - gpu0) | {HIT}, what="the XID", timeout=5
+            )
+            assert tainted(kmock) == {} and not driver.publisher.taints
+        rounds = await settled(driver)
         t0 = time.monotonic()
         assert (await k.unprepare(DRIVER, claim))[uid].error == ""
-        await eventually(lambda: HIT not in published(kmock), what="the released device", timeout=1)
-        assert time.monotonic() - t0 < 1.0 < HOUR
-        assert published(kmock) == every - shares_4_7
+        if taints_kept:
+            # its claim may still be allocated (this mode lists none): HIT stays, tainted, so
+            # no other claim is allocated it and nothing overlapping it either
+            await eventually(lambda: driver.rounds > rounds, what="the round unprepare woke")
+            await settled(driver)
+            assert published(kmock) == every
+            assert tainted(kmock) == dict.fromkeys(shares_4_7, "xid")
+        else:
+            await eventually(
+                lambda: HIT not in published(kmock), what="the released device", timeout=1
+            )
+            assert time.monotonic() - t0 < 1.0 < HOUR  # the round unprepare woke
+            assert published(kmock) == every - gpu0 and tainted(kmock) == {}
+        assert driver.failures == 0

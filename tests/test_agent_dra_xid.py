@@ -16,8 +16,10 @@ driver.  Checked, against kmock (tests/fake_apiserver.py) and the fake NVML:
   device with an error naming the GPU and the XID, prepares claims elsewhere, answers a claim
   prepared before the XID with its devices, and unprepare releases that claim but keeps its
   instance;
-* application XIDs change nothing and wake no round; mode ``all`` withdraws the hit devices
-  but the prepared ones;
+* application XIDs change nothing and wake no round; mode ``all`` never withdraws a hit device
+  alone: where the API server keeps device taints every device stays published, the hit ones
+  with the ``NoSchedule`` unusable taint (``xid``); where it drops them every free device of
+  the hit GPU is withdrawn, the prepared ones kept;
 * a GPU unreadable when the agent starts is reported ``Degraded``/``GpuUnreadable`` (and
   listed ``unhealthy``) instead of only logged, the spec's placements on it are not reported
   invalid, and once it reads it is published and reported like the others, without a restart.
@@ -67,6 +69,7 @@ from tests.test_agent_dra_shaped import (
     round_ok,
     setup,
     spec,
+    tainted,
 )
 from tests.test_agent_draplugin import Node, placement
 
@@ -233,20 +236,52 @@ async def test_nothing_is_created_or_destroyed_where_an_xid_hit(
     assert gpu_status(kmock, 1)["unhealthy"] is True
 
 
-async def test_mode_all_withdraws_the_hit_devices_but_the_prepared_ones(
-    kmock: ApiServer, connect: Callable[[str], Any], tmp_path: Path
+@pytest.mark.parametrize("taints_kept", [True, False], ids=["taints-kept", "taints-dropped"])
+async def test_mode_all_taints_the_hit_devices_or_withdraws_their_gpu_but_the_prepared_ones(
+    kmock: ApiServer, connect: Callable[[str], Any], tmp_path: Path, taints_kept: bool
 ) -> None:
-    nv = FakeNvml([H100])
+    """Mode ``all`` never withdraws a hit device alone (it may be allocated to a claim not
+    prepared yet, whose counters would stop counting): where the API server keeps taints every
+    device stays published, those the XID hit tainted; where it drops them the hit GPU's free
+    devices are all withdrawn in the very round that learns it, the prepared one kept."""
+    kmock.drop_taints = not taints_kept
+    nv = FakeNvml([H100, H100])
     driver = setup(kmock, connect, nv, str(tmp_path), shaped=False)
-    driver.preparer.prepare(ref(1), alloc(p(0, "3g.40gb", 0)))
+    held = p(0, "3g.40gb", 0)
+    driver.preparer.prepare(ref(1), alloc(held))
     await round_ok(driver)
-    every = set(driver.preparer.targets)
-    assert published(kmock) == every
+    targets = driver.preparer.targets
+    every = set(targets)
+    assert published(kmock) == every and tainted(kmock) == {}
+    assert driver.publisher.taints  # nothing tainted yet: nothing learnt about the server
     driver.preparer.mark_xids([XidEvent(0, 48, gi_id=gi_at(nv, 0, 0), ci_id=0)])
+    await round_ok(driver)  # one round, also where it learns that taints are dropped
+    shares_0_3 = {
+        n for n, t in targets.items() if t.gpu == 0 and (t.profile is None or t.start < 4)
+    }
+    gpu0 = {n for n, t in targets.items() if t.gpu == 0}
+    assert {held, "gpu0", p(0, "7g.80gb", 0), p(0, "1g.10gb", 3)} <= shares_0_3
+    assert p(0, "3g.40gb", 4) not in shares_0_3
+    assert held in published(kmock)  # prepared: never withdrawn
+    if taints_kept:
+        assert driver.publisher.taints
+        assert published(kmock) == every  # nothing withdrawn: the rest of GPU 0 serves on
+        assert tainted(kmock) == dict.fromkeys(shares_0_3, "xid")  # the prepared one too
+    else:
+        assert not driver.publisher.taints
+        assert tainted(kmock) == {}
+        assert published(kmock) == (every - gpu0) | {held}  # GPU 1 untouched
+    writes = len(kmock.writes)
     await round_ok(driver)
-    shares_0_3 = {n for n, t in driver.preparer.targets.items() if t.profile is None or t.start < 4}
-    assert published(kmock) == (every - shares_0_3) | {p(0, "3g.40gb", 0)}
-    assert p(0, "3g.40gb", 4) in published(kmock) and "gpu0" not in published(kmock)
+    assert len(kmock.writes) == writes  # settled: no rewrite every round
+    # the claim released: the hit stays (an XID lasts until the agent restarts)
+    driver.preparer.unprepare("uid-1")
+    await round_ok(driver)
+    if taints_kept:
+        assert published(kmock) == every
+        assert tainted(kmock) == dict.fromkeys(shares_0_3, "xid")
+    else:
+        assert published(kmock) == every - gpu0 and tainted(kmock) == {}
 
 
 # -- NodePrepareResources ----------------------------------------------------------------------

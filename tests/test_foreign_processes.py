@@ -14,7 +14,10 @@ DRA mode:
 * a GPU with MIG off running a process is reported used whole and publishes nothing free, and
   no MIG mode switch is tried on it;
 * a claim's own processes are not foreign; an allocated device stays published;
-* mode ``all`` withdraws the devices a foreign process blocks too, but the prepared ones.
+* mode ``all`` never withdraws a device a foreign process blocks alone (it may be allocated to
+  a claim not prepared yet): where the API server keeps device taints they stay published with
+  the ``NoSchedule`` unusable taint (``foreign``), where it drops them every free device of
+  their GPU is withdrawn, the prepared ones kept; all is published again once the process ends.
 
 And in both modes: the agent reports such an instance ``used`` and ``foreign`` (written only
 when true), and the partitioner promises it to no pod -- its free count leaves it out, like an
@@ -73,6 +76,7 @@ from tests.test_agent_dra_shaped import (
     round_ok,
     setup,
     spec,
+    tainted,
 )
 from tests.test_agent_dra_xid import PLAN, gi_at
 from tests.test_agent_lost_gpu import OLD, Node
@@ -232,22 +236,49 @@ def test_a_round_lists_the_gpus_once_however_many_there_are() -> None:
     assert listings == ["gpus"]
 
 
-async def test_mode_all_withdraws_what_a_foreign_process_blocks_but_the_prepared_devices(
-    kmock: ApiServer, connect: Callable[[str], Any], tmp_path: Path
+@pytest.mark.parametrize("taints_kept", [True, False], ids=["taints-kept", "taints-dropped"])
+async def test_mode_all_taints_what_a_foreign_process_blocks_or_withdraws_its_gpu_until_it_ends(
+    kmock: ApiServer, connect: Callable[[str], Any], tmp_path: Path, taints_kept: bool
 ) -> None:
-    nv = CountingNvml([H100])
+    """Mode ``all`` never withdraws a blocked device alone (it may be allocated to a claim not
+    prepared yet): tainted ``foreign`` where the API server keeps taints, else every free device
+    of its GPU withdrawn in the round that learns taints are dropped; the prepared device stays
+    published and untainted throughout, and everything is published again once the process
+    ends."""
+    kmock.drop_taints = not taints_kept
+    nv = CountingNvml([H100, H100])
     driver = setup(kmock, connect, nv, str(tmp_path), shaped=False)
-    driver.preparer.prepare(ref(1), alloc(p(0, "3g.40gb", 4)))
+    held = p(0, "3g.40gb", 4)
+    driver.preparer.prepare(ref(1), alloc(held))
     gi = nv.create_gpu_instance(0, H100.profile("3g.40gb").profile_id, 0, 4)
     nv.create_compute_instance(0, gi)
     await round_ok(driver)
-    every = set(driver.preparer.targets)
+    targets = driver.preparer.targets
+    every = set(targets)
     assert published(kmock) == every  # an idle instance no claim owns blocks nothing
-    nv.start_process(0, gi, 0)
+    assert tainted(kmock) == {}
+    pid = nv.start_process(0, gi, 0)
+    await round_ok(driver)  # one round, also where it learns that taints are dropped
+    shares_0_3 = {
+        n for n, t in targets.items() if t.gpu == 0 and (t.profile is None or t.start < 4)
+    }
+    gpu0 = {n for n, t in targets.items() if t.gpu == 0}
+    assert {p(0, "3g.40gb", 0), "gpu0", p(0, "7g.80gb", 0)} <= shares_0_3 and held not in shares_0_3
+    assert held in published(kmock)  # prepared: never withdrawn
+    if taints_kept:
+        assert driver.publisher.taints
+        assert published(kmock) == every  # nothing withdrawn
+        assert tainted(kmock) == dict.fromkeys(shares_0_3, "foreign")  # not the prepared one
+    else:
+        assert not driver.publisher.taints
+        assert tainted(kmock) == {}
+        assert published(kmock) == (every - gpu0) | {held}  # GPU 1 untouched
+    writes = len(kmock.writes)
     await round_ok(driver)
-    shares_0_3 = {n for n, t in driver.preparer.targets.items() if t.profile is None or t.start < 4}
-    assert published(kmock) == (every - shares_0_3) | {p(0, "3g.40gb", 4)}
-    assert "gpu0" not in published(kmock)
+    assert len(kmock.writes) == writes  # settled: no rewrite every round
+    nv.stop_process(pid)
+    await round_ok(driver)
+    assert published(kmock) == every and tainted(kmock) == {}  # all back, as before
 
 
 # -- device-plugin mode ----------------------------------------------------------------------
