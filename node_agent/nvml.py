@@ -15,11 +15,13 @@ The operations and their driver rules (both adapters must behave alike):
   raises; with ``isolate=True`` only a failing device count does (NVML itself down), and a GPU
   whose own reads fail (e.g. ``GPU_IS_LOST`` at its handle or MIG mode) is listed with just its
   index and :attr:`GpuInfo.read_error`, so the reconciler can isolate it.
-* :meth:`Nvml.set_mig_mode` -- a *change* of mode only on an idle GPU (no GI, no process), else
-  ``IN_USE``.  Returns the driver's *activation status*: ``None`` (``NVML_SUCCESS``) when the
-  new mode is current, else the code saying why it is only pending (``RESET_REQUIRED``,
-  ``IN_USE``: Ampere, see :mod:`node_agent.mig_activation`).  Asking for the current mode
-  cancels a pending change.
+* :meth:`Nvml.set_mig_mode` -- a *change* of mode only on a GPU without GIs, else ``IN_USE``.
+  Returns the driver's *activation status* (nvml.h ``nvmlDeviceSetMigMode``): ``None``
+  (``NVML_SUCCESS``) when the new mode is current, else the code saying why it is not:
+  ``RESET_REQUIRED`` (pass-through VM: pending until a reset or reboot), ``IN_USE`` (the GPU
+  was not idle: on Ampere the change is left pending, on Hopper+ nothing changed and the caller
+  asks again once idle; see :mod:`node_agent.mig_activation`) -- read the mode back to tell.
+  Asking for the current mode cancels a pending change.
 * :meth:`Nvml.reset_gpu` -- reset an idle GPU (no process, no GI, else ``IN_USE``), making a
   pending MIG mode current.  NVML has no public reset call: both adapters run the host
   driver's ``nvidia-smi -r -i <bus id>`` as NVIDIA's mig-parted does

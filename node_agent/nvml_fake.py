@@ -23,7 +23,8 @@ create CI beyond the GI's compute slices    ``INSUFFICIENT_RESOURCES``
 (e.g. a full-size CI on a GI with a CI)
 destroy CI with processes on it             ``IN_USE``
 destroy GI that still has CIs               ``IN_USE``
-change MIG mode with GIs or processes       ``IN_USE``
+change MIG mode with GIs                    ``IN_USE``
+set an exclusive compute mode, MIG mode on  ``NOT_SUPPORTED``
 reset GPU with GIs, processes, persistence  ``IN_USE``
 reset GPU without the nvidia-smi tool       ``NOT_SUPPORTED``
 set compute mode on an unknown GPU          ``INVALID_ARGUMENT``
@@ -39,14 +40,25 @@ profile, as an admin's ``nvidia-smi mig -cci`` or a mig-parted ``1c.3g.40gb`` co
 adapter reads them from the CI profile it is listed under
 (:meth:`node_agent.nvml_pynvml.PynvmlAdapter.gpu_instances_with_ci_slices`).
 The compute mode (``DEFAULT`` at start) can be set at any time: the driver applies it to
-contexts created afterwards.  Whether MPS may start on a GPU in the wrong mode is
-:class:`node_agent.mps.FakeSupervisor`'s to enforce.
+contexts created afterwards.  While MIG mode is on (current) an exclusive mode
+(``EXCLUSIVE_PROCESS``, ``EXCLUSIVE_THREAD``) answers ``NOT_SUPPORTED`` and the mode stays as it
+was, as ``nvmlDeviceSetComputeMode`` does on a MIG-enabled GPU.  Whether MPS may start on a GPU
+in the wrong mode is :class:`node_agent.mps.FakeSupervisor`'s to enforce.
 
-MIG mode per family (:func:`node_agent.mig_activation.mig_activation` of the GPU's model):
+MIG mode, as ``nvmlDeviceSetMigMode`` (nvml.h) answers it: a change of mode on a GPU with GPU
+instances fails (``IN_USE``); otherwise the call *succeeds* and returns an *activation status*
+-- ``None`` (``NVML_SUCCESS``: the mode is current now), or the code saying why it is not.  Per
+family (:func:`node_agent.mig_activation.mig_activation` of the GPU's model; facts/mig.md:
+"Ampere: GPU reset, persistent across reboot; Hopper+: no reset"):
 
-* **Ampere** (A100, A30): a change makes the mode *pending* (``gpus()`` shows ``[current,
-  pending]`` apart; ``set_mig_mode`` returns ``RESET_REQUIRED``) until :meth:`FakeNvml.reset_gpu`
-  (idle GPU only) or :meth:`FakeNvml.reboot` applies it; the mode then persists across reboots.
+* **Ampere** (A100, A30): the driver activates a change by resetting the GPU itself.  Idle (no
+  process, persistence mode off): current at once (``None``).  Busy (a process, or persistence
+  mode holding the device): the mode is left *pending* (``gpus()`` shows ``[current,
+  pending]`` apart) with activation ``IN_USE``, until :meth:`FakeNvml.reset_gpu` (idle GPU
+  only) or :meth:`FakeNvml.reboot` applies it.  ``passthrough=True`` is a pass-through VM,
+  where the driver cannot reset the GPU: every change is left pending with
+  ``RESET_REQUIRED`` (nvml.h gives that status only there); :meth:`FakeNvml.reset_gpu` still
+  applies it (a hypervisor that exposes the reset).  The mode persists across reboots.
 
 GPU reset, as production does it: :meth:`FakeNvml.reset_gpu` runs the agent's own
 :func:`node_agent.gpu_reset.reset_gpu` procedure against :meth:`FakeNvml.nvidia_smi`, an
@@ -56,8 +68,10 @@ answers "In use by another client" (exit 255); ``tool_present=False`` is a node 
 not given the tool (it cannot be run: exit 127).  Each GPU has a PCI bus id
 (``00000000:<07 + index>:00.0``) and persistence mode (off unless set with
 :meth:`FakeNvml.set_persistence_mode`).
-* **Hopper and later**: a change is current at once (``set_mig_mode`` returns ``None``) and a
-  reboot brings MIG mode back to disabled.
+* **Hopper and later**: no reset is needed.  Idle: a change is current at once (``None``);
+  with processes on the GPU nothing changes and the activation status is ``IN_USE`` (nvml.h:
+  "the caller is expected to idle the device and retry setting the mode").  A reboot brings
+  MIG mode back to disabled.
 
 Asking for the current mode cancels a pending change.  :meth:`FakeNvml.reboot` (node reboot /
 driver reload) also drops every instance and process (MIG instances never survive a reboot) and
@@ -208,10 +222,13 @@ class FakeNvml:
         seed: int = 0,
         rng: random.Random | None = None,
         tool_present: bool = True,
+        passthrough: bool = False,
     ) -> None:
         self._rng = rng if rng is not None else random.Random(seed)
         self.tool_present = tool_present
         """The agent was given the host driver's nvidia-smi (else a reset cannot run)."""
+        self.passthrough = passthrough
+        """A pass-through VM: an Ampere MIG-mode change answers ``RESET_REQUIRED`` (pending)."""
         self._gpus: list[_Gpu] = []
         for i, m in enumerate(models):
             on = mig_enabled and m.mig_capable
@@ -328,12 +345,6 @@ class FakeNvml:
             pci_bus_id=g.bus_id,
         )
 
-    def _idle(self, op: str, g: _Gpu) -> None:
-        if g.gis or any(p.gpu == g.index for p in self._procs.values()):
-            raise NvmlError(
-                NvmlErrorCode.IN_USE, op, f"GPU {g.index} has GPU instances or processes"
-            )
-
     def set_mig_mode(self, gpu: int, enabled: bool) -> NvmlErrorCode | None:
         op = "set_mig_mode"
         self._enter(op, gpu, int(enabled))
@@ -341,15 +352,24 @@ class FakeNvml:
         if not g.model.mig_capable:
             raise NvmlError(NvmlErrorCode.NOT_SUPPORTED, op, f"{g.model.name} has no MIG")
         status: NvmlErrorCode | None = None
+        busy = any(p.gpu == g.index for p in self._procs.values())
         if g.mig_enabled == enabled:
             g.mig_pending_mode = enabled  # cancels a pending change
-        else:
-            self._idle(op, g)
-            g.mig_pending_mode = enabled
-            if g.activation is MigActivation.IMMEDIATE:
-                g.mig_enabled = enabled
+        elif g.gis:
+            raise NvmlError(NvmlErrorCode.IN_USE, op, f"GPU {g.index} has GPU instances")
+        elif g.activation is MigActivation.IMMEDIATE:
+            if busy:  # nothing changes: idle the GPU and ask again
+                status = NvmlErrorCode.IN_USE
             else:
+                g.mig_enabled = g.mig_pending_mode = enabled
+        else:  # Ampere: the driver resets the GPU to activate the change
+            g.mig_pending_mode = enabled
+            if self.passthrough:
                 status = NvmlErrorCode.RESET_REQUIRED
+            elif busy or g.persistence:
+                status = NvmlErrorCode.IN_USE  # left pending until a reset
+            else:
+                g.mig_enabled = enabled
         self._leave(op)
         return status
 
@@ -394,7 +414,13 @@ class FakeNvml:
     def set_compute_mode(self, gpu: int, mode: ComputeMode) -> None:
         op = "set_compute_mode"
         self._enter(op, gpu, int(mode))
-        self._gpu(op, gpu).compute_mode = ComputeMode(mode)
+        g = self._gpu(op, gpu)
+        exclusive = (ComputeMode.EXCLUSIVE_PROCESS, ComputeMode.EXCLUSIVE_THREAD)
+        if g.mig_enabled and ComputeMode(mode) in exclusive:
+            raise NvmlError(
+                NvmlErrorCode.NOT_SUPPORTED, op, f"GPU {gpu} has MIG mode on: compute mode stays"
+            )
+        g.compute_mode = ComputeMode(mode)
         self._leave(op)
 
     def gpu_instances(self, gpu: int) -> list[GpuInstanceInfo]:

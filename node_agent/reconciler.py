@@ -16,6 +16,11 @@ A pass (:meth:`Reconciler.reconcile`) is a pure function of what it reads, not o
    unwanted instance, switch MIG mode (the GPU is idle by then), create the missing CIs, create
    the wanted GIs at their exact placements (largest first) each followed by its CI, store the
    new MPS slice table.  The first NVML error stops that GPU for this pass; other GPUs go on.
+   ``set_mig_mode`` succeeds with an *activation status* (nvml.h): none, the mode is current;
+   ``RESET_REQUIRED`` (pass-through VM), it is pending; any other (``IN_USE``: the GPU was not
+   idle) is judged by reading the mode back -- pending (Ampere) goes on as below, not recorded
+   (Hopper) is an error and the switch is asked for again next pass
+   (:meth:`Reconciler._mig_activation`).
    A MIG-mode change the driver leaves *pending* (Ampere) is activated right away by resetting
    the GPU through the port (the host driver's ``nvidia-smi -r``, :mod:`node_agent.gpu_reset`)
    if it is still idle.  Processes on the GPU, or a reset that needs the operator (no
@@ -65,11 +70,14 @@ reads again its devices are Healthy and it is reconciled like the others.  NVML 
 **An XID critical error** (:mod:`node_agent.xid`): the events the agent's watcher put in the
 :class:`~node_agent.xid.XidLedger` are resolved at the next pass into marks -- the MIG device
 of the GPU instance an event names, else the whole GPU -- that this reconciler keeps for its
-lifetime.  Every pass (the withdrawal publish included) advertises the marked devices
-Unhealthy, and the status gets a ``Degraded`` block ``GpuXid`` per marked GPU naming the
-instance and the XID (a GPU that also has another permanent block keeps that reason, with the
-XID added to its message).  The marks change nothing else: the GPU is planned and reconciled
-as before, no instance or daemon is created, destroyed or restarted because of them.
+lifetime (an event that came in before a pass had made its changes and names a GPU
+instance id that pass destroyed or created marks the whole GPU: the driver reuses GI ids, so
+the event may be about the old instance or the new one).  Every pass (the withdrawal publish
+included) advertises the marked devices Unhealthy, and the status gets a ``Degraded`` block
+``GpuXid`` per marked GPU naming the instance and the XID (a GPU that also has another
+permanent block keeps that reason, with the XID added to its message).  The marks change
+nothing else: the GPU is planned and reconciled as before, no instance or daemon is created,
+destroyed or restarted because of them.
 
 **Drain** (no NodePartitioning: the node opted out and the partitioner deleted it, gpuslice is
 being uninstalled, or the partitioner has not created it yet).  A pass without a spec changes no
@@ -270,6 +278,13 @@ class Reconciler:
         """Devices XID critical errors hit: Unhealthy for this reconciler's lifetime."""
         self._xid_later: list[XidEvent] = []
         """XID events of a GPU not read yet (resolved at a later pass)."""
+        self._gi_changed: dict[int, set[int]] = {}
+        """GPU index -> GI ids destroyed or created since the XID events were last taken (an
+        event that came in meanwhile naming one may be about the old instance or the new one:
+        the whole GPU is marked)."""
+        self._changed_before = 0
+        """The ledger's count of XID events when the last pass that changed GIs had made its
+        changes: the events numbered below it may predate those changes."""
 
     @property
     def xid_marks(self) -> tuple[XidMark, ...]:
@@ -608,6 +623,36 @@ class Reconciler:
             return False, 0
         return True, 1
 
+    def _mig_activation(
+        self, g: int, enabled: bool, status: NvmlErrorCode | None, errors: list[str]
+    ) -> bool | None:
+        """What ``set_mig_mode`` left, given its activation status ``status``: ``False`` the
+        mode is current, ``True`` it is pending a GPU reset, ``None`` neither (an error is
+        recorded; the next pass asks again).
+
+        ``None`` (``NVML_SUCCESS``) is current; ``RESET_REQUIRED`` (a pass-through VM) is
+        pending.  Any other status (nvml.h: ``IN_USE`` when the driver could not unbind or
+        reset a busy GPU, "idle the device and retry") is judged by reading the mode back: a
+        change the driver left pending (Ampere) is activated by the reset, one it did not
+        record (Hopper) is asked for again next pass -- resetting a GPU whose mode is not
+        pending would only make the creates that follow fail."""
+        if status is None:
+            return False
+        if status == NvmlErrorCode.RESET_REQUIRED:
+            return True
+        info = next((x for x in self._nvml.gpus(isolate=True) if x.index == g), None)
+        if info is not None and info.read_error is None:
+            if info.mig_pending and info.mig_target == enabled:
+                return True
+            if not info.mig_pending and info.mig_enabled == enabled:
+                return False
+        what = "enable" if enabled else "disable"
+        errors.append(
+            f"GPU {g}: MIG mode {what} was not activated (NVML activation status "
+            f"{status.name}: the GPU is not idle); asked again next pass"
+        )
+        return None
+
     def _execute(
         self, obs: ObservedGpu, plan: GpuPlan, blocks: dict[int, Block], errors: list[str]
     ) -> int:
@@ -624,6 +669,7 @@ class Reconciler:
                 for ci in inst.ci_ids:
                     nv.destroy_compute_instance(g, inst.gi_id, ci)
                     ops += 1
+                self._gi_changed.setdefault(g, set()).add(inst.gi_id)  # the id may be reused
                 nv.destroy_gpu_instance(g, inst.gi_id)
                 ops += 1
                 if inst.uuid:
@@ -639,8 +685,12 @@ class Reconciler:
                 if info.mig_pending and info.mig_target == plan.mig_mode:
                     pending = True  # asked for in an earlier pass: only the reset is missing
                 else:
-                    pending = nv.set_mig_mode(g, plan.mig_mode) is not None
+                    status = nv.set_mig_mode(g, plan.mig_mode)
                     ops += 1
+                    activation = self._mig_activation(g, plan.mig_mode, status, errors)
+                    if activation is None:
+                        return ops  # neither current nor pending: asked again next pass
+                    pending = activation
                 if pending:
                     if plan.mig_mode and plan.slices is not None:
                         # committed to MIG: no MPS slices while the enable waits for a reset
@@ -656,6 +706,7 @@ class Reconciler:
                 gi = nv.create_gpu_instance(
                     g, p.profile.profile_id, p.start, p.profile.memory_slices
                 )
+                self._gi_changed.setdefault(g, set()).add(gi)
                 ops += 1
                 nv.create_compute_instance(g, gi)
                 ops += 1
@@ -937,6 +988,7 @@ class Reconciler:
         ops = 0
         for i, plan in sorted(plans.items()):
             ops += self._execute(by_index[i], plan, blocks, errors)
+        self._note_gi_changes()
 
         if ops or plans:
             before = {inst.uuid for g in observed for inst in g.instances if inst.uuid}
@@ -996,6 +1048,7 @@ class Reconciler:
             actual=flag_unhealthy(actual, whole, xid_bad),
         )
         applied = bool(status.conditions) and status.conditions[0].status == "True"
+        self._note_gi_changes()  # an event the watcher got late is covered too
         return ReconcileResult(
             status,
             devices,
@@ -1012,13 +1065,29 @@ class Reconciler:
         """Resolve the XID events the watcher saw since the last pass into marks (kept)."""
         if self._xids is None:
             return
-        events = self._xid_later + self._xids.take()
-        if not events:
+        first, new = self._xids.take_numbered()
+        changed, self._gi_changed = self._gi_changed, {}
+        # events that came in before the last GI changes were made (and those kept from an
+        # earlier pass) may be about an instance whose GI id was reused: see node_agent.xid
+        cut = max(0, min(len(new), self._changed_before - first))
+        early = self._xid_later + new[:cut]
+        if not early and not new:
             return
-        marks, self._xid_later = resolve(events, observed, lost)
+        marks, later = resolve(early, observed, lost, changed)
+        more, later2 = resolve(new[cut:], observed, lost)
+        marks += more
+        self._xid_later = later + later2
+        for g in {e.gpu for e in later}:  # kept for the events tried again
+            if g is not None and g in changed:
+                self._gi_changed.setdefault(g, set()).update(changed[g])
         for m in marks:
             if m not in self._xid_marks:
                 self._xid_marks.append(m)
+
+    def _note_gi_changes(self) -> None:
+        """After this pass's GI changes: the XID events the ledger has now may predate them."""
+        if self._xids is not None and self._gi_changed:
+            self._changed_before = self._xids.added
 
     def _last_known(
         self, unreadable: Mapping[int, NvmlError], previous: NodePartitioningStatus | None

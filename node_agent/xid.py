@@ -29,6 +29,21 @@ XID critical-error events and stops handing the devices they hit to new pods:
   instances, hosted slices, MPS slices, also those created later); an event whose GPU the
   adapter could not tell marks every GPU.  Marks are kept by identity (GPU or MIG device UUID),
   so a MIG device created later on a healthy GPU is not affected.
+* **GPU instance ids the agent reused** (``changed`` of :func:`resolve`): the driver reuses GI
+  ids, and an event names its instance only by GI id.  An event that arrives while a pass
+  destroys a GI and creates another with the same id may be about either.  The reconciler
+  therefore records the GI ids each pass destroys or creates, and the ledger's count of events
+  (:attr:`XidLedger.added`) once the pass has made its changes; an event the ledger got before
+  that point (:meth:`XidLedger.take_numbered`) that names one of those ids marks the **whole
+  GPU** (the block says why), never the new instance by guess.  Created ids count too, not only
+  destroyed ones: the event may be about an instance that existed under that id before.  An
+  event that arrives after the pass is resolved as usual, against the instances read at the
+  next pass.  This is the safe choice: a new, healthy instance is never blamed while the one
+  hit stays in service; the price is that, in this rare race, the GPU's other devices are
+  marked too (until the restart, like any mark).  Resolving the GI id to a MIG UUID in the
+  watcher thread when the event arrives was not chosen: NVML hands the event over after the
+  fact, so the watcher's read could already see the new instance -- the same race, only
+  narrower -- and it would read instances while a pass changes them.
 * **Health**: every pass advertises the marked devices ``Unhealthy`` (:func:`unhealthy_ids`,
   over :func:`device_ids`, the one walk of a GPU's device ids, which the reconciler's lost GPUs
   use too), and the status is ``Degraded`` with a block ``GpuXid`` per GPU naming the instance
@@ -59,7 +74,7 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -120,16 +135,29 @@ class XidLedger:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._new: list[XidEvent] = []
+        self._added = 0
 
     def add(self, event: XidEvent) -> None:
         with self._lock:
             self._new.append(event)
+            self._added += 1
+
+    @property
+    def added(self) -> int:
+        """How many events were ever added: the number the next one gets (from 0)."""
+        with self._lock:
+            return self._added
 
     def take(self) -> list[XidEvent]:
         """The events added since the last call, oldest first."""
+        return self.take_numbered()[1]
+
+    def take_numbered(self) -> tuple[int, list[XidEvent]]:
+        """The events added since the last take, oldest first, and the number of the first
+        (events are numbered from 0 in the order they were added; see :attr:`added`)."""
         with self._lock:
             out, self._new = self._new, []
-        return out
+            return self._added - len(out), out
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,17 +172,24 @@ class XidMark:
     :func:`resolve`) or its placement's device name (the DRA agent,
     :meth:`~node_agent.dra_prepare.DraPreparer.mark_xids`); ``""``: the whole GPU."""
     where: str = ""
-    """The instance hit, in words (``""``: the whole GPU)."""
+    """The instance hit, in words (``""``: the whole GPU; a whole-GPU mark may also say why in
+    words here, with ``device`` empty)."""
 
 
 def resolve(
-    events: Sequence[XidEvent], observed: Sequence[ObservedGpu], known: Sequence[ActualGpu]
+    events: Sequence[XidEvent],
+    observed: Sequence[ObservedGpu],
+    known: Sequence[ActualGpu],
+    changed: Mapping[int, Collection[int]] | None = None,
 ) -> tuple[list[XidMark], list[XidEvent]]:
     """Marks for ``events`` against the GPUs read this pass (``observed``) and the last known
     state of the unreadable ones (``known``: their instances cannot be told apart, so the whole
-    GPU); the events of a GPU in neither are returned to try again next pass."""
+    GPU); the events of a GPU in neither are returned to try again next pass.  ``changed``:
+    GPU index -> the GI ids a pass destroyed or created while these events may have come in:
+    an event naming one marks the whole GPU (module docstring)."""
     by_index = {g.info.index: g for g in observed}
     lost = {g.index: g for g in known}
+    changed = changed or {}
     marks: list[XidMark] = []
     later: list[XidEvent] = []
     for e in events:
@@ -168,6 +203,13 @@ def resolve(
                     later.append(e)
                 continue
             inst = None
+            if e.gi_id is not None and e.gi_id in changed.get(i, ()):
+                where = (
+                    f"the whole GPU (GPU instance {e.gi_id} was destroyed or created while the "
+                    "event came in, so the instance hit cannot be told)"
+                )
+                marks.append(XidMark(i, e.xid, g.info.uuid, "", where))
+                continue
             if e.gi_id is not None and g.info.mig_enabled:
                 inst = next((x for x in g.instances if x.gi_id == e.gi_id and x.uuid), None)
             if inst is None:

@@ -249,7 +249,7 @@ async def test_a_pass_that_raises_counts_as_a_failure() -> None:
 
 
 def test_metered_nvml_passes_the_activation_status_and_counts_reset_errors() -> None:
-    nv = FakeNvml([CAT.model("A100-SXM4-80GB")])
+    nv = FakeNvml([CAT.model("A100-SXM4-80GB")], passthrough=True)  # RESET_REQUIRED: a VM
     metrics = AgentMetrics(CollectorRegistry())
     metered = MeteredNvml(nv, metrics)
     assert metered.set_mig_mode(0, True) == NvmlErrorCode.RESET_REQUIRED

@@ -89,7 +89,9 @@ def test_mig_mode_changes_only_when_idle() -> None:
     p1 = H100.profile("1g.10gb")
     assert code_of(nv.create_gpu_instance, 0, p1.profile_id, 0, 1) == NvmlErrorCode.NOT_SUPPORTED
     pid = nv.start_process(0)
-    assert code_of(nv.set_mig_mode, 0, True) == NvmlErrorCode.IN_USE
+    # nvml.h: SUCCESS with activation status IN_USE; Hopper records nothing (ask again)
+    assert nv.set_mig_mode(0, True) == NvmlErrorCode.IN_USE
+    assert not nv.gpus()[0].mig_enabled and not nv.gpus()[0].mig_pending
     nv.stop_process(pid)
     assert nv.set_mig_mode(0, True) is None  # Hopper: active at once
     create(nv, "1g.10gb", 0)
@@ -99,7 +101,7 @@ def test_mig_mode_changes_only_when_idle() -> None:
 
 @pytest.mark.parametrize("model", ["A100-SXM4-80GB", "A100-SXM4-40GB", "A30"])
 def test_ampere_mig_mode_is_pending_until_an_idle_reset(model: str) -> None:
-    nv = FakeNvml([CAT.model(model)])
+    nv = FakeNvml([CAT.model(model)], passthrough=True)  # RESET_REQUIRED: a pass-through VM
     assert nv.set_mig_mode(0, True) == NvmlErrorCode.RESET_REQUIRED
     [info] = nv.gpus()
     assert (info.mig_enabled, info.pending_mig_enabled, info.mig_pending) == (False, True, True)
@@ -125,7 +127,8 @@ def test_ampere_mig_mode_is_pending_until_an_idle_reset(model: str) -> None:
 
 def test_reboot_applies_and_keeps_ampere_mig_mode_but_loses_hopper_mig_mode() -> None:
     nv = FakeNvml([A100, H100, CAT.model("A30")])
-    assert nv.set_mig_mode(0, True) == NvmlErrorCode.RESET_REQUIRED
+    nv.set_persistence_mode(0, True)  # holds the A100: the driver cannot reset it
+    assert nv.set_mig_mode(0, True) == NvmlErrorCode.IN_USE  # left pending
     assert nv.set_mig_mode(1, True) is None
     create(nv, "1g.10gb", 0, gpu=1)
     nv.reboot()  # the pending mode is applied on A100; H100 comes back with MIG off

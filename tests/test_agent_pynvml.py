@@ -252,9 +252,12 @@ SPEC_7G = NodePartitioningSpec.model_validate(
 )
 
 
-def make(*models: str, mig: bool = False) -> tuple[FakeNvml, FakePynvml, PynvmlAdapter]:
-    """The adapter over the fake pynvml; its nvidia-smi is the fake NVML's emulated tool."""
-    nv = FakeNvml([CAT.model(m) for m in models], mig_enabled=mig)
+def make(
+    *models: str, mig: bool = False, passthrough: bool = False
+) -> tuple[FakeNvml, FakePynvml, PynvmlAdapter]:
+    """The adapter over the fake pynvml; its nvidia-smi is the fake NVML's emulated tool
+    (``passthrough``: a pass-through VM, where an Ampere MIG-mode change is RESET_REQUIRED)."""
+    nv = FakeNvml([CAT.model(m) for m in models], mig_enabled=mig, passthrough=passthrough)
     mod = FakePynvml(nv)
     return nv, mod, PynvmlAdapter(mod, NvidiaSmi(nv.nvidia_smi))  # type: ignore[arg-type]
 
@@ -329,9 +332,9 @@ def test_a_failed_compute_instance_query_is_an_error_not_an_idle_instance() -> N
 
 
 def test_mig_mode_reads_current_and_pending_and_maps_the_activation_status() -> None:
-    _, mod, ad = make("A100-SXM4-80GB", "H100-80GB")
+    _, mod, ad = make("A100-SXM4-80GB", "H100-80GB", passthrough=True)
     assert [(g.mig_enabled, g.pending_mig_enabled) for g in ad.gpus()] == [(False, False)] * 2
-    assert ad.set_mig_mode(0, True) == NvmlErrorCode.RESET_REQUIRED  # Ampere: pending
+    assert ad.set_mig_mode(0, True) == NvmlErrorCode.RESET_REQUIRED  # Ampere in a VM: pending
     assert ad.set_mig_mode(1, True) is None  # Hopper: NVML_SUCCESS, active now
     a100, h100 = ad.gpus()
     assert (a100.mig_enabled, a100.pending_mig_enabled, a100.mig_pending) == (False, True, True)
@@ -345,7 +348,7 @@ def test_mig_mode_reads_current_and_pending_and_maps_the_activation_status() -> 
 
 
 def test_reset_without_nvidia_smi_is_not_supported_and_nvml_is_back() -> None:
-    nv, mod, ad = make("A100-SXM4-80GB")
+    nv, mod, ad = make("A100-SXM4-80GB", passthrough=True)
     ad.set_mig_mode(0, True)
     nv.tool_present = False
     with pytest.raises(NvmlError) as e:
@@ -360,7 +363,7 @@ def test_nvml_that_does_not_come_back_after_a_reset_keeps_the_reset_error_and_re
     names nvidia-smi, became DRIVER_NOT_LOADED) and NVML stayed down: every later call answered
     UNINITIALIZED until the agent restarted.  The reset's error is raised, and the next call
     initialises NVML again."""
-    nv, mod, ad = make("A100-SXM4-80GB")
+    nv, mod, ad = make("A100-SXM4-80GB", passthrough=True)
     ad.set_mig_mode(0, True)
     nv.tool_present = False
     fails = [True]
@@ -412,7 +415,7 @@ def test_reconciler_over_the_adapter_resets_the_ampere_gpu_itself() -> None:
 
 
 def test_reconciler_over_the_adapter_reports_a_pending_mig_mode_until_the_gpu_is_reset() -> None:
-    nv, _, ad = make("A100-SXM4-80GB")
+    nv, _, ad = make("A100-SXM4-80GB", passthrough=True)
     nv.tool_present = False  # no nvidia-smi in the agent's container
 
     rec = Reconciler(ad, NoPods(), FakeSupervisor(), CAT)

@@ -46,8 +46,8 @@ class Pods:
 
 
 class Node:
-    def __init__(self, *models: str, mig: bool = False) -> None:
-        self.nv = FakeNvml([CAT.model(m) for m in models], mig_enabled=mig)
+    def __init__(self, *models: str, mig: bool = False, passthrough: bool = False) -> None:
+        self.nv = FakeNvml([CAT.model(m) for m in models], mig_enabled=mig, passthrough=passthrough)
         self.pods = Pods()
         self.sup = FakeSupervisor(nvml=self.nv)  # MPS starts only in EXCLUSIVE_PROCESS
         self.published: list[dict[str, list[AdvertisedDevice]]] = []
@@ -104,8 +104,8 @@ LAYOUT = (("2g.20gb", 0), ("1g.10gb", 2), ("1g.10gb", 3), ("3g.40gb", 4))
 def test_applies_exact_placements_from_mig_off_then_is_idempotent() -> None:
     node = Node("A100-SXM4-80GB")
     res = node.run(mig_spec(*LAYOUT), gen=3)
-    # Ampere: MIG mode on (pending), GPU reset, then GI + CI per instance
-    assert res.applied and res.operations == 2 + 2 * len(LAYOUT)
+    # Ampere on bare metal: the driver resets the idle GPU itself; then GI + CI per instance
+    assert res.applied and res.operations == 1 + 2 * len(LAYOUT)
     assert node.layout() == sorted(LAYOUT, key=lambda x: x[1])
     assert res.status.observedGeneration == 3 and res.status.planId == "p1"
     assert cond(res, "Applied") == ("True", "Applied") and cond(res, "Degraded")[0] == "False"
@@ -575,7 +575,7 @@ def mutations(node: Node) -> list[str]:
 
 
 def test_ampere_pending_mig_mode_is_activated_by_a_reset_of_the_idle_gpu() -> None:
-    node = Node("A30")
+    node = Node("A30", passthrough=True)  # RESET_REQUIRED: a pass-through VM
     calls = mutations(node)
     res = node.run(mig_spec(("2g.12gb", 0), ("1g.6gb", 2), ("1g.6gb", 3)))
     assert res.applied and calls == ["set_mig_mode 0", "reset_gpu 0"]
@@ -591,7 +591,7 @@ def test_hopper_mig_mode_is_immediate_and_needs_no_reset() -> None:
 
 
 def test_pending_mig_mode_without_nvidia_smi_is_degraded_and_retried_each_pass() -> None:
-    node = Node("A100-SXM4-80GB")
+    node = Node("A100-SXM4-80GB", passthrough=True)
     node.nv.tool_present = False  # the agent was not given the host driver's nvidia-smi
     calls = mutations(node)
     for gen in (1, 2):
@@ -615,7 +615,7 @@ def test_pending_mig_mode_without_nvidia_smi_is_degraded_and_retried_each_pass()
 
 
 def test_pending_mig_mode_names_the_processes_that_block_the_reset() -> None:
-    node = Node("A100-SXM4-80GB")
+    node = Node("A100-SXM4-80GB", passthrough=True)
     calls = mutations(node)
     jobs: list[int] = []
 
@@ -641,7 +641,7 @@ def test_pending_mig_mode_names_the_processes_that_block_the_reset() -> None:
 
 
 def test_pending_mig_mode_is_applied_by_a_reboot_as_well() -> None:
-    node = Node("A100-SXM4-80GB")
+    node = Node("A100-SXM4-80GB", passthrough=True)
     calls = mutations(node)
     node.nv.hooks.append(
         lambda op, args: (
@@ -679,7 +679,7 @@ def test_reset_turns_persistence_mode_off_around_nvidia_smi_r_and_restores_it() 
 
 
 def test_a_reset_refused_by_another_client_is_degraded_with_the_remedy() -> None:
-    node = Node("A100-SXM4-80GB")
+    node = Node("A100-SXM4-80GB", passthrough=True)
     node.nv.inject("reset_gpu", NvmlErrorCode.IN_USE, times=1)  # e.g. dcgm holds the GPU
     res = node.run(mig_spec(("7g.80gb", 0)))
     assert cond(res, "Degraded") == ("True", "MIGModePending")
@@ -711,7 +711,7 @@ def test_reboot_keeps_ampere_mig_mode_and_hopper_loses_it_and_the_plan_is_recrea
 
 
 def test_ampere_back_to_mps_resets_and_a_pending_enable_is_cancelled_by_an_mps_spec() -> None:
-    node = Node("A100-SXM4-80GB", mig=True)
+    node = Node("A100-SXM4-80GB", mig=True, passthrough=True)
     calls = mutations(node)
     res = node.run(mps_spec((20480, 25)))  # MIG off is pending too: reset, then MPS
     assert res.applied and calls == ["set_mig_mode 0", "reset_gpu 0"]

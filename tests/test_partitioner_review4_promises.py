@@ -13,8 +13,8 @@ from test_partitioner_promises import (
     Cluster,
     applied_np,
     gated,
-    running,
     reservation,
+    running,
     status_gpu,
     with_alloc,
 )
