@@ -197,6 +197,7 @@ from planner.snapshot import (
     PlannedGpu,
     Snapshot,
     Unplaced,
+    mig_profile_of,
     mps_gb_of,
 )
 
@@ -673,6 +674,31 @@ def _reject_reason(
     """Why the pod can never be placed on the current nodes, or ``None``."""
     gpus = [(g.mode, g.model) for n in sorted(eligible) if (g := gpu_nodes[n].gpu) is not None]
     return reject_reason(pod.slices, gpus)
+
+
+_COMPUTE_SLICES = 7
+"""Compute slices of a whole GPU of the common MIG models (A100, H100, H200, B200)."""
+_MPS_GPU_GIB = 80
+"""Memory of a whole GPU of the common models, for an MPS slice's share of it."""
+
+
+def _gpu_equivalents(units: Mapping[str, int]) -> float:
+    """About how many whole GPUs ``units`` (resource -> units) fill: a MIG unit its compute
+    slices of seven (``3g.40gb``: 3/7), an MPS unit its memory of 80 GiB, at most a GPU
+    each.  A measure of queue depth, not of any node's room."""
+    total = 0.0
+    for resource, k in units.items():
+        if k <= 0:
+            continue
+        profile = mig_profile_of(resource)
+        if profile is not None:
+            head = profile.split("g.", 1)[0]
+            share = int(head) / _COMPUTE_SLICES if head.isdigit() else 1.0
+        else:
+            gb = mps_gb_of(resource)
+            share = gb / _MPS_GPU_GIB if gb is not None else 1.0
+        total += k * min(1.0, share)
+    return total
 
 
 def _order(pod: PodInfo) -> tuple[object, ...]:
@@ -1169,8 +1195,9 @@ class _Step:
         for ledger in self.ledgers.values():
             if not ledger.busy and self._open(ledger.name):
                 free.update(ledger.free())
-        beyond = sum(max(0, k - free[r]) for r, k in self.candidate_resources.items())
-        return beyond > self.queue_limit()
+        beyond = {r: max(0, k - free[r]) for r, k in self.candidate_resources.items()}
+        limit = self.queue_limit()
+        return sum(beyond.values()) > limit and _gpu_equivalents(beyond) > limit
 
     def _yield_drains(self) -> None:
         """A drain yields to a waiting pod of higher priority that may use the drained node:
@@ -2241,9 +2268,15 @@ class _Step:
 
     def deep_queue(self) -> bool:
         """More slice units wait (gated candidates) than ``drain_queue_limit`` per GPU of the
-        cluster, and more than one: overload, where no drain starts and the fast path serves
-        the smallest pods first, those past ``aged_after_s`` first (module docstring)."""
-        return self.candidate_resources.total() > self.queue_limit()
+        cluster, and more than one, and they would fill more GPUs than that too
+        (:func:`_gpu_equivalents`): overload, where no drain starts and the fast path serves
+        the smallest pods first, those past ``aged_after_s`` first (module docstring).  Counted
+        in units alone, two 1g pods and one 7g pod made a queue deep on 20 GPUs (limit 2),
+        so pairs of small pods arriving every half hour ended the 7g pod's drain each time and
+        it was never served (a review's s5); as GPUs, that queue is 1.3 of them."""
+        limit = self.queue_limit()
+        counts = self.candidate_resources
+        return counts.total() > limit and _gpu_equivalents(counts) > limit
 
     def queue_limit(self) -> float:
         """Slice units that may wait before the queue is deep: ``drain_queue_limit`` per GPU of

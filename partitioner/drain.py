@@ -38,7 +38,8 @@ the next cycle and released once the node has applied (``apply_deadline`` at mos
 wait is at most ``drain_after + window + R + apply_deadline + bind``, and, with ``B`` GPUs of
 budget and ``q`` older drains ahead of it, ``(q // B + 1)`` such rounds.  The bound holds
 while the queue is shallow: no drain starts while more slice units wait than
-``drain_queue_limit`` per GPU of the cluster (overload; :mod:`partitioner.decide`, step 8),
+``drain_queue_limit`` per GPU of the cluster and they would fill more GPUs than that too
+(overload; :meth:`partitioner.decide._Step.deep_queue`, step 8),
 and a queue that turns deep ends the drains in progress (their frozen GPUs would idle while
 the queue's pods could run there); such a pod is drained again, from the start, once the
 queue is short.

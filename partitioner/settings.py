@@ -303,8 +303,9 @@ class PartitionerSettings(CommonSettings):
     drain_queue_limit: float = Field(
         0.1,
         gt=0,
-        description="Drains start only while the slice units waiting are at most this many per "
-        "GPU of the cluster (a deeper queue is overload: a drain would idle GPUs younger pods "
+        description="Drains start only while the slice units waiting, or the GPUs they would "
+        "fill (a MIG unit its compute slices of seven, an MPS unit its memory of 80 GiB), are at "
+        "most this many per GPU of the cluster (a deeper queue is overload: a drain would idle GPUs younger pods "
         "could use, and free slices go to the smallest pods first, those past the last waiting "
         "tier first).",
     )
