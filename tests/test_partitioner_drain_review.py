@@ -163,8 +163,8 @@ def test_a_deep_queue_ends_a_drain_only_once_it_has_lasted_a_batch_window() -> N
     for t in (600, 611, 650):
         c.step(T0 + t, CFG)
     assert (r := reservation(c, "low")) is not None and r.state is State.DRAINING
-    for k in range(3):  # 4 units wait for 20 GPUs: deeper than the limit of 2
-        c.put(gated(f"burst{k}", ONE_G, created=T0 + 700))
+    for k in range(3):  # 4 units, 2.3 GPUs wait for 20 GPUs: deeper than the limit of 2
+        c.put(gated(f"burst{k}", THREE_G, created=T0 + 700))
     window = CFG.policy.timeout
     d = c.step(T0 + 701, CFG)
     assert not events(d, "ReservationDropped")
