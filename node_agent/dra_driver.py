@@ -39,8 +39,11 @@ waits for NVML's XID events in a worker thread beside the loop, as the device-pl
 does (:func:`~node_agent.xid.watching`).  Every event is counted
 (``gpuslice_agent_xid_errors_total``, ``metrics``); a critical one is logged at WARNING and
 wakes a round at once, which resolves it (:meth:`~node_agent.dra_prepare.DraPreparer.mark_xids`:
-the placement of the instance it names, else the whole GPU) and withdraws the free devices it
-made unhealthy -- the lost-GPU path, by device instead of by GPU -- until the agent restarts;
+the placement of the instance it names, else the whole GPU; an event that came in before the GI
+id it names was destroyed or created marks the whole GPU) and keeps the devices it made
+unhealthy from new claims until the agent restarts -- shaped publishing withdraws the free ones
+(the lost-GPU path, by device instead of by GPU), mode ``all`` publishes them tainted or
+withdraws their GPU's free devices (below);
 prepare refuses new claims there; nothing is created or destroyed over it; the shaped status
 says ``Degraded``/``GpuXid``.  An ignored one (an application error) is logged at INFO only.
 A GPU unreadable when the watch started is not registered for events until the agent restarts.
@@ -148,7 +151,7 @@ from node_agent.dra_claims import DeviceTarget
 from node_agent.dra_foreign import ForeignUse, foreign_devices, whole_gpus
 from node_agent.dra_publish import SlicePublisher
 from node_agent.dra_shape import planned_devices, publish_set, shaped_status, unusable_taints
-from node_agent.dra_slices import DraGpu
+from node_agent.dra_slices import UNUSABLE_TAINT_KEY, DraGpu
 from node_agent.draplugin import DraKubeletPlugin
 from node_agent.health import AgentHealth
 from node_agent.nvml import NvmlError, XidEvent
@@ -209,13 +212,34 @@ def _all_but_unhealthy(
     return {n for n, t in targets.items() if t.gpu not in gone} | set(prepared)
 
 
-_XID_DOES = (
-    "publishing now; until the agent restarts the free devices it hit (that instance's placement "
-    "and those sharing a memory slot with it, else every device of the GPU) are withdrawn from "
-    "the ResourceSlices and new claims on them are refused: drain the node, reset the GPU or "
-    "reboot, then restart the agent pod"
-)
-"""What the DRA agent does about a critical XID, as its WARNING says."""
+def _published_as(shaped: bool, tainting: bool, gpus: str) -> str:
+    """What a round does with the devices it keeps from new claims (an XID hit them, processes
+    outside any claim use them), in words: ``shaped`` publishing withdraws the free ones
+    (allocated ones stay published, tainted where the API server keeps device taints); mode
+    ``all`` publishes them with the ``NoSchedule`` taint where the API server keeps taints,
+    else withdraws every free device of ``gpus`` (:func:`_all_but_unhealthy`)."""
+    if shaped:
+        kept = "tainted NoSchedule" if tainting else "untainted: the API server drops device taints"
+        return (
+            "are withdrawn from the ResourceSlices while free (allocated ones stay published, "
+            f"{kept})"
+        )
+    if tainting:
+        return f"stay published with the NoSchedule taint {UNUSABLE_TAINT_KEY}"
+    return (
+        f"are withdrawn from the ResourceSlices with every free device of {gpus} (the API server "
+        "drops device taints; devices prepared here stay published)"
+    )
+
+
+def _xid_does(shaped: bool, tainting: bool) -> str:
+    """What the DRA agent does about a critical XID, as its WARNING says."""
+    return (
+        "publishing now; until the agent restarts the devices it hit (that instance's placement "
+        "and those sharing a memory slot with it, else every device of the GPU) "
+        f"{_published_as(shaped, tainting, 'the GPU')} and new claims on them are refused: drain "
+        "the node, reset the GPU or reboot, then restart the agent pod"
+    )
 
 
 @runtime_checkable
@@ -266,8 +290,12 @@ class DraDriver:
         self.spec_poll_s = spec_poll_s
         self.xids = xids
         self.metrics = metrics
-        self._xid_later: list[XidEvent] = []
-        """XID events of GPUs the preparer does not serve yet, tried again each round."""
+        self._xid_later: list[tuple[int | None, XidEvent]] = []
+        """XID events of GPUs the preparer does not serve yet, with their ledger numbers, tried
+        again each round."""
+        if xids is not None:  # the preparer stamps the GPU instance ids it reuses
+            ledger = xids.ledger
+            self.preparer.xid_clock = lambda: ledger.added
         self._wake = asyncio.Event()
         plugin.on_registered = self._wake.set
         plugin.on_claims_changed = self._on_claims_changed
@@ -321,9 +349,12 @@ class DraDriver:
         preparer's marks (kept until the agent restarts)."""
         if self.xids is None:
             return
-        events = self._xid_later + self.xids.ledger.take()
+        first, new = self.xids.ledger.take_numbered()
+        events = [*self._xid_later, *enumerate(new, first)]
         if events:
-            self._xid_later = await asyncio.to_thread(self.preparer.mark_xids, events)
+            self._xid_later = await asyncio.to_thread(
+                self.preparer.mark_numbered_xids, events, first + len(new)
+            )
 
     def _on_claims_changed(self) -> None:
         """After every prepare and unprepare of the plugin: a round now (the used flags, the
@@ -353,7 +384,8 @@ class DraDriver:
     def _on_xids(self, events: list[XidEvent]) -> None:
         """Count and log the XID events of one wait; a critical one wakes a round at once.
         Runs on the event loop."""
-        if self.xids is not None and report_events(events, self.xids, self.metrics, _XID_DOES):
+        does = _xid_does(self.shaped, self.publisher.taints)
+        if self.xids is not None and report_events(events, self.xids, self.metrics, does):
             self._wake.set()
 
     async def _read_unreadable(self) -> dict[int, NvmlError]:
@@ -380,9 +412,10 @@ class DraDriver:
             if foreign:
                 log.warning(
                     "processes outside any claim run on %s: those placements (and every device "
-                    "sharing a memory slot with them) are withdrawn from the ResourceSlices and "
-                    "reported used until the processes end",
+                    "sharing a memory slot with them) %s%s until the processes end",
                     "; ".join(map(str, foreign)),
+                    _published_as(self.shaped, self.publisher.taints, "their GPU"),
+                    " and are reported used" if self.shaped else "",
                 )
             else:
                 log.info("no process outside a claim runs on this node's GPUs any more")

@@ -28,8 +28,11 @@ other instance is *unknown*.
    its record holds a device the ResourceSlice counters refuse beside the placement (its
    instance may be gone since a reboot, until the kubelet prepares it again), or an
    unknown overlapping instance runs processes; idle unknown overlapping instances are
-   destroyed; MIG mode is enabled if off (GPU idle, compute mode DEFAULT; on Ampere the change
-   waits for a GPU reset, which the driver runs on the idle GPU); an instance of exactly that
+   destroyed; MIG mode is enabled if off (GPU idle, compute mode DEFAULT; a change NVML leaves
+   pending -- Ampere: activation status ``RESET_REQUIRED`` (a pass-through VM), or ``IN_USE``
+   with the mode read back pending -- waits for a GPU reset, which the driver runs on the idle GPU; one NVML did
+   not record -- Hopper busy at the switch -- fails the prepare, no reset:
+   :meth:`DraPreparer._mig_activation`); an instance of exactly that
    profile and placement that nobody owns is adopted (its compute instance created if
    missing); else the GPU instance is created at the placement with its full-size compute
    instance.  If the driver refuses for lack of resources (compute slices or a profile's
@@ -87,11 +90,20 @@ driver then publishes it like the others, without a restart.
 to :meth:`DraPreparer.mark_xids`) marks, until the agent restarts, the placement of the GPU
 instance it names (its profile and start, read from NVML when the event is resolved, at once),
 else -- not MIG-scoped, no such instance now, the GPU unreadable, or no GPU named (then every
-GPU) -- the whole GPU.  A device is *unhealthy* when it shares a memory slot with a marked
-placement (the whole GPU device shares every slot; a whole-GPU mark makes every device of the
-GPU unhealthy) -- the counters let any such device be allocated once the hit instance's claim
-ends, so all of them, not only the placement hit, are kept from new claims
-(:meth:`DraPreparer.xid_devices`; the driver withdraws the free ones).  Then:
+GPU) -- the whole GPU.  The driver reuses GPU instance ids, so an event that came in before a
+prepare, unprepare or round destroyed or created a GPU instance of the id it names may be about
+the old instance or the new one: every such destroy and create is stamped with the XID
+ledger's count of events (:attr:`DraPreparer.xid_clock`, set by the driver), and an event the
+ledger got before the stamp of the id it names marks the whole GPU, never the new instance by
+guess (:meth:`DraPreparer.mark_numbered_xids`; the device-plugin agent's rule,
+:mod:`node_agent.xid`, "GPU instance ids the agent reused").  A device is *unhealthy* when it
+shares a memory slot with a marked placement (the whole GPU device shares every slot; a
+whole-GPU mark makes every device of the GPU unhealthy) -- the counters let any such device be
+allocated once the hit instance's claim ends, so all of them, not only the placement hit, are
+kept from new claims (:meth:`DraPreparer.xid_devices`; the driver withdraws the free ones under
+shaped publishing, and in mode ``all`` publishes them with the ``NoSchedule`` unusable taint
+where the API server keeps device taints, else withdraws their GPU's free devices:
+:mod:`node_agent.dra_driver`).  Then:
 
 * prepare refuses a claim with an unhealthy device, with an error naming the GPU and the XID
   (the kubelet retries; the pod waits), except a claim already prepared with those devices and
@@ -126,7 +138,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from node_agent.cdi import cdi_device_id, cdi_spec, remove_spec, write_spec
@@ -236,6 +248,13 @@ class DraPreparer:
         """The critical XIDs seen so far (:meth:`mark_xids`; module docstring, "An XID"):
         ``device`` is the placement's device name, ``""`` the whole GPU.  Kept until the agent
         restarts."""
+        self.xid_clock: Callable[[], int] | None = None
+        """The XID ledger's count of events (:attr:`node_agent.xid.XidLedger.added`), set by
+        the driver that resolves them: each GPU instance id destroyed or created is stamped
+        with it (module docstring, "An XID"); ``None``: nothing is stamped."""
+        self._gi_changed: dict[int, dict[int, int]] = {}
+        """GPU index -> GPU instance id -> :attr:`xid_clock` just after that id was last
+        destroyed or created: an event numbered below it may be about the old instance."""
         self.planned: frozenset[str] | None = None
         """Shaped publishing (:mod:`node_agent.dra_shape`): the device names of the spec's
         placements, whose idle instances unprepare and :meth:`clean_unknown` keep; ``None``
@@ -334,29 +353,61 @@ class DraPreparer:
         """Resolve critical XID events into :attr:`xid_marks` (module docstring, "An XID");
         return the events of GPUs not served yet (:attr:`pending`), to be tried again once they
         read.  Events of a GPU not served at all (a model the catalog lacks) are dropped.
-        Reads NVML: called from a worker thread."""
-        later: list[XidEvent] = []
+        The events are not numbered: each is resolved against the instances now
+        (:meth:`mark_numbered_xids` tells reused GPU instance ids).  Reads NVML: called from a
+        worker thread."""
+        return [e for _, e in self.mark_numbered_xids([(None, e) for e in events])]
+
+    def mark_numbered_xids(
+        self, events: Sequence[tuple[int | None, XidEvent]], taken: int | None = None
+    ) -> list[tuple[int | None, XidEvent]]:
+        """:meth:`mark_xids` for events with their ledger numbers
+        (:meth:`node_agent.xid.XidLedger.take_numbered`; ``None``: unknown, resolved against
+        the instances now): an event numbered below the :attr:`xid_clock` stamp of the GPU
+        instance id it names -- the id was destroyed or created after the event came in --
+        marks the whole GPU (module docstring, "An XID").  ``taken``: the ledger's count when
+        these events were taken; the stamps no event still to come can be older than are
+        dropped.  Returns the events kept for later, with their numbers."""
+        later: list[tuple[int | None, XidEvent]] = []
         with self._lock:
             marks = list(self.xid_marks)
-            for e in events:
+            for n, e in events:
                 if e.gpu is not None and e.gpu not in self.models:
                     if e.gpu in self.pending:
-                        later.append(e)
+                        later.append((n, e))
                     continue
                 for g in [e.gpu] if e.gpu is not None else sorted(self.models):
-                    m = self._mark(g, e)
+                    m = self._mark(g, e, n)
                     if m not in marks:
                         marks.append(m)
             self.xid_marks = tuple(marks)
+            if taken is not None:
+                oldest = min([taken, *(n for n, _ in later if n is not None)])
+                for g, stamps in list(self._gi_changed.items()):
+                    kept = {i: s for i, s in stamps.items() if s > oldest}
+                    if kept:
+                        self._gi_changed[g] = kept
+                    else:
+                        del self._gi_changed[g]
         return later
 
-    def _mark(self, g: int, e: XidEvent) -> XidMark:
-        """The mark of event ``e`` on GPU ``g``: the placement of the GPU instance it names,
-        else (not MIG-scoped, no such instance now, the GPU unreadable) the whole GPU."""
+    def _mark(self, g: int, e: XidEvent, n: int | None = None) -> XidMark:
+        """The mark of event ``e`` (ledger number ``n``) on GPU ``g``: the placement of the
+        GPU instance it names, else (not MIG-scoped, no such instance now, the GPU
+        unreadable, or that GPU instance id destroyed or created since the event came in) the
+        whole GPU."""
         uuid = ""
         try:
             info = self._info(g)
             uuid = info.uuid
+            if e.gi_id is not None and n is not None:
+                stamp = self._gi_changed.get(g, {}).get(e.gi_id)
+                if stamp is not None and n < stamp:
+                    where = (
+                        f"the whole GPU (GPU instance {e.gi_id} was destroyed or created while "
+                        "the event came in, so the instance hit cannot be told)"
+                    )
+                    return XidMark(g, e.xid, uuid, "", where)
             if e.gi_id is not None and info.mig_enabled:
                 for gi, mig_uuid in self._instances(g):
                     name = _placement(g, self.models[g], gi)
@@ -371,6 +422,12 @@ class DraPreparer:
         except (ClaimError, NvmlError):
             pass  # unreadable or gone: the whole GPU
         return XidMark(g, e.xid, uuid)
+
+    def _gi_changed_now(self, g: int, gi_id: int) -> None:
+        """Stamp GPU instance id ``gi_id`` of GPU ``g``, just destroyed or created, with
+        :attr:`xid_clock` (:meth:`mark_numbered_xids`)."""
+        if self.xid_clock is not None:
+            self._gi_changed.setdefault(g, {})[gi_id] = self.xid_clock()
 
     def xid_mark_of(self, name: str) -> XidMark | None:
         """The XID mark that makes device ``name`` unhealthy: one of its GPU's marks whose
@@ -459,6 +516,8 @@ class DraPreparer:
         except NvmlError as e:
             if e.code != NvmlErrorCode.NOT_FOUND:
                 raise
+        finally:
+            self._gi_changed_now(gpu, gi.gi_id)  # the driver reuses the id
 
     def _set_mig(self, info: GpuInfo, enabled: bool) -> None:
         nv = self._nvml
@@ -473,7 +532,7 @@ class DraPreparer:
             )
         if enabled and info.compute_mode != ComputeMode.DEFAULT:
             nv.set_compute_mode(g, ComputeMode.DEFAULT)
-        pending = nv.set_mig_mode(g, enabled) is not None
+        pending = self._mig_activation(g, enabled, nv.set_mig_mode(g, enabled))
         if pending:
             try:
                 nv.reset_gpu(g)
@@ -485,6 +544,35 @@ class DraPreparer:
                 ) from None
         if self._info(g).mig_enabled != enabled:
             raise ClaimError(f"GPU {g}: MIG mode is still {'off' if enabled else 'on'}")
+
+    def _mig_activation(self, g: int, enabled: bool, status: NvmlErrorCode | None) -> bool:
+        """What ``set_mig_mode`` left, given its activation status ``status`` (the rule of
+        :meth:`node_agent.reconciler.Reconciler._mig_activation`): ``False`` the mode is
+        current, ``True`` it is pending a GPU reset; neither raises :class:`ClaimError` (the
+        kubelet retries the prepare, the next round the planned placement).
+
+        ``None`` (``NVML_SUCCESS``) is current; ``RESET_REQUIRED`` (a pass-through VM) is
+        pending.  Any other status (nvml.h: ``IN_USE`` when the driver could not unbind or reset
+        a busy GPU, "idle the device and retry") is judged by reading the mode back: a change
+        the driver left pending (Ampere) is activated by the reset, one it did not record
+        (Hopper: a process came between the idle check and the switch) is asked for again
+        later -- resetting a GPU whose mode is not pending would only make the creates that
+        follow fail."""
+        if status is None:
+            return False
+        if status == NvmlErrorCode.RESET_REQUIRED:
+            return True
+        info = next((x for x in self._nvml.gpus(isolate=True) if x.index == g), None)
+        if info is not None and info.read_error is None:
+            if info.mig_pending and info.mig_target == enabled:
+                return True
+            if not info.mig_pending and info.mig_enabled == enabled:
+                return False
+        raise ClaimError(
+            f"GPU {g}: MIG mode {'enable' if enabled else 'disable'} was not activated (NVML "
+            f"activation status {status.name}: the GPU is not idle); asked again at the next "
+            "try"
+        )
 
     def _whole(self, t: DeviceTarget) -> tuple[str, str]:
         """Hand out GPU ``t.gpu`` whole; returns ``(device UUID, GPU UUID)`` (the same)."""
@@ -555,6 +643,7 @@ class DraPreparer:
             return self._uuid_of(g, gi.gi_id), info.uuid, True
         try:
             gi_id = nv.create_gpu_instance(g, p.profile_id, start, p.memory_slices)
+            self._gi_changed_now(g, gi_id)
         except NvmlError as e:
             if e.code != NvmlErrorCode.INSUFFICIENT_RESOURCES:
                 raise
@@ -563,6 +652,7 @@ class DraPreparer:
                 if mig_uuid not in keep and not self._xid_keeps(g, gi):
                     self._destroy_unknown(g, gi, mig_uuid)
             gi_id = nv.create_gpu_instance(g, p.profile_id, start, p.memory_slices)
+            self._gi_changed_now(g, gi_id)
         self._compute_on(g, gi_id)
         return self._uuid_of(g, gi_id), info.uuid, False
 
@@ -620,12 +710,14 @@ class DraPreparer:
             try:
                 self._nvml.destroy_gpu_instance(g, gi_id)
             except NvmlError as undo:  # the cause stays the error; the leftover is named
+                self._gi_changed_now(g, gi_id)
                 raise NvmlError(
                     e.code,
                     e.op,
                     f"{e.detail}; destroying the half-made GPU instance {gi_id} failed too "
                     f"({undo}): the next round or prepare completes or removes it",
                 ) from None
+            self._gi_changed_now(g, gi_id)
             raise
 
     def _destroy_unknown(self, g: int, gi: GpuInstanceInfo, mig_uuid: str) -> None:
@@ -968,6 +1060,7 @@ class DraPreparer:
                         gi_id = self._nvml.create_gpu_instance(
                             g, p.profile_id, t.start, p.memory_slices
                         )
+                        self._gi_changed_now(g, gi_id)
                         self._compute_on(g, gi_id)
                 except (ClaimError, NvmlError) as e:
                     log.warning("planned placement %s not created now (prepare will): %s", name, e)

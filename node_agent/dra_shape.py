@@ -138,7 +138,8 @@ UNREADABLE_DEVICES = "its free devices are withdrawn from the ResourceSlices"
 """What the ``GpuUnreadable`` block says became of an unreadable GPU's devices in DRA mode."""
 XID_DEVICES = (
     "the free devices sharing a memory slot with what it hit are withdrawn from the "
-    "ResourceSlices and nothing there is created or destroyed"
+    "ResourceSlices (allocated ones stay published, tainted NoSchedule where the API server "
+    "keeps device taints) and nothing there is created or destroyed"
 )
 """What the ``GpuXid`` block says became of the devices an XID hit in DRA mode."""
 

@@ -55,7 +55,10 @@ XID critical-error events and stops handing the devices they hit to new pods:
   (:class:`~node_agent.agent.Agent`) and the DRA agent (:class:`~node_agent.dra_driver.DraDriver`),
   and :func:`report_events` counts and logs each wait's events for both.  The DRA agent resolves
   the events itself, by placement (:meth:`~node_agent.dra_prepare.DraPreparer.mark_xids`): its
-  devices are placements, and it withdraws the free ones an XID hit from its ResourceSlices.
+  devices are placements, and it keeps those an XID hit from new claims -- shaped publishing
+  withdraws the free ones from its ResourceSlices, mode ``all`` publishes them with the
+  ``NoSchedule`` unusable taint where the API server keeps device taints, else withdraws their
+  GPU's free devices (:mod:`node_agent.dra_driver`).
 * **Off switch**: the setting ``xid_watch`` (``GPUSLICE_XID_WATCH``, chart ``agent.xidWatch``,
   default true) false builds the watcher with ``enabled=False``: :func:`watching` then starts no
   thread and registers nothing (one INFO line says so), for a driver whose NVML event sets
@@ -255,7 +258,8 @@ ADVERTISED_UNHEALTHY = "the devices hit are advertised Unhealthy"
 
 def xid_blocks(marks: Sequence[XidMark], devices: str = ADVERTISED_UNHEALTHY) -> dict[int, Block]:
     """The ``Degraded`` block ``GpuXid`` of every marked GPU, naming each instance and XID;
-    ``devices`` says what became of the devices hit (the DRA agent withdraws them)."""
+    ``devices`` says what became of the devices hit (the DRA agent's shaped publishing
+    withdraws the free ones: :data:`node_agent.dra_shape.XID_DEVICES`)."""
     by_gpu: dict[int, list[str]] = {}
     for m in marks:
         what = f"{xid_text(m.xid)} on " + (m.where or "the whole GPU")
