@@ -32,7 +32,7 @@ other instance is *unknown*.
    pending -- Ampere: activation status ``RESET_REQUIRED`` (a pass-through VM), or ``IN_USE``
    with the mode read back pending -- waits for a GPU reset, which the driver runs on the idle GPU; one NVML did
    not record -- Hopper busy at the switch -- fails the prepare, no reset:
-   :meth:`DraPreparer._mig_activation`); an instance of exactly that
+   :func:`~node_agent.reconciler.mig_activation`); an instance of exactly that
    profile and placement that nobody owns is adopted (its compute instance created if
    missing); else the GPU instance is created at the placement with its full-size compute
    instance.  If the driver refuses for lack of resources (compute slices or a profile's
@@ -162,7 +162,7 @@ from node_agent.nvml import (
     NvmlErrorCode,
     XidEvent,
 )
-from node_agent.reconciler import NVML_DOWN, workload
+from node_agent.reconciler import NVML_DOWN, mig_activation, workload
 from node_agent.xid import RECOVERY, XidMark, xid_text
 from planner.catalog import Catalog, GpuModel
 
@@ -546,33 +546,18 @@ class DraPreparer:
             raise ClaimError(f"GPU {g}: MIG mode is still {'off' if enabled else 'on'}")
 
     def _mig_activation(self, g: int, enabled: bool, status: NvmlErrorCode | None) -> bool:
-        """What ``set_mig_mode`` left, given its activation status ``status`` (the rule of
-        :meth:`node_agent.reconciler.Reconciler._mig_activation`): ``False`` the mode is
-        current, ``True`` it is pending a GPU reset; neither raises :class:`ClaimError` (the
-        kubelet retries the prepare, the next round the planned placement).
-
-        ``None`` (``NVML_SUCCESS``) is current; ``RESET_REQUIRED`` (a pass-through VM) is
-        pending.  Any other status (nvml.h: ``IN_USE`` when the driver could not unbind or reset
-        a busy GPU, "idle the device and retry") is judged by reading the mode back: a change
-        the driver left pending (Ampere) is activated by the reset, one it did not record
-        (Hopper: a process came between the idle check and the switch) is asked for again
-        later -- resetting a GPU whose mode is not pending would only make the creates that
-        follow fail."""
-        if status is None:
-            return False
-        if status == NvmlErrorCode.RESET_REQUIRED:
-            return True
-        info = next((x for x in self._nvml.gpus(isolate=True) if x.index == g), None)
-        if info is not None and info.read_error is None:
-            if info.mig_pending and info.mig_target == enabled:
-                return True
-            if not info.mig_pending and info.mig_enabled == enabled:
-                return False
-        raise ClaimError(
-            f"GPU {g}: MIG mode {'enable' if enabled else 'disable'} was not activated (NVML "
-            f"activation status {status.name}: the GPU is not idle); asked again at the next "
-            "try"
-        )
+        """:func:`node_agent.reconciler.mig_activation`: ``False`` the mode is current,
+        ``True`` it is pending a GPU reset; neither raises :class:`ClaimError` (the kubelet
+        retries the prepare, the next round the planned placement)."""
+        pending = mig_activation(self._nvml, g, enabled, status)
+        if pending is None:
+            assert status is not None
+            raise ClaimError(
+                f"GPU {g}: MIG mode {'enable' if enabled else 'disable'} was not activated (NVML "
+                f"activation status {status.name}: the GPU is not idle); asked again at the "
+                "next try"
+            )
+        return pending
 
     def _whole(self, t: DeviceTarget) -> tuple[str, str]:
         """Hand out GPU ``t.gpu`` whole; returns ``(device UUID, GPU UUID)`` (the same)."""

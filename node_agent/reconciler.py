@@ -20,7 +20,7 @@ A pass (:meth:`Reconciler.reconcile`) is a pure function of what it reads, not o
    ``RESET_REQUIRED`` (pass-through VM), it is pending; any other (``IN_USE``: the GPU was not
    idle) is judged by reading the mode back -- pending (Ampere) goes on as below, not recorded
    (Hopper) is an error and the switch is asked for again next pass
-   (:meth:`Reconciler._mig_activation`).
+   (:func:`mig_activation`).
    A MIG-mode change the driver leaves *pending* (Ampere) is activated right away by resetting
    the GPU through the port (the host driver's ``nvidia-smi -r``, :mod:`node_agent.gpu_reset`)
    if it is still idle.  Processes on the GPU, or a reset that needs the operator (no
@@ -154,6 +154,7 @@ __all__ = [
     "ReconcileResult",
     "Reconciler",
     "instances_with_ci_slices",
+    "mig_activation",
     "unreadable_block",
     "workload",
 ]
@@ -235,6 +236,30 @@ class ReconcileResult:
         return self.applied or (
             bool(self.blocks) and all(not b.transient for b in self.blocks.values())
         )
+
+
+def mig_activation(nvml: Nvml, g: int, enabled: bool, status: NvmlErrorCode | None) -> bool | None:
+    """What ``set_mig_mode`` left on GPU ``g``, given its activation status ``status``:
+    ``False`` the mode is current, ``True`` it is pending a GPU reset, ``None`` neither (the
+    caller asks again later).  Both agents use it.
+
+    ``None`` (``NVML_SUCCESS``) is current; ``RESET_REQUIRED`` (a pass-through VM) is pending.
+    Any other status (nvml.h: ``IN_USE`` when the driver could not unbind or reset a busy GPU,
+    "idle the device and retry") is judged by reading the mode back: a change the driver left
+    pending (Ampere) is activated by the reset, one it did not record (Hopper: a process came
+    between the idle check and the switch) is asked for again later -- resetting a GPU whose
+    mode is not pending would only make the creates that follow fail."""
+    if status is None:
+        return False
+    if status == NvmlErrorCode.RESET_REQUIRED:
+        return True
+    info = next((x for x in nvml.gpus(isolate=True) if x.index == g), None)
+    if info is not None and info.read_error is None:
+        if info.mig_pending and info.mig_target == enabled:
+            return True
+        if not info.mig_pending and info.mig_enabled == enabled:
+            return False
+    return None
 
 
 class Reconciler:
@@ -626,32 +651,16 @@ class Reconciler:
     def _mig_activation(
         self, g: int, enabled: bool, status: NvmlErrorCode | None, errors: list[str]
     ) -> bool | None:
-        """What ``set_mig_mode`` left, given its activation status ``status``: ``False`` the
-        mode is current, ``True`` it is pending a GPU reset, ``None`` neither (an error is
-        recorded; the next pass asks again).
-
-        ``None`` (``NVML_SUCCESS``) is current; ``RESET_REQUIRED`` (a pass-through VM) is
-        pending.  Any other status (nvml.h: ``IN_USE`` when the driver could not unbind or
-        reset a busy GPU, "idle the device and retry") is judged by reading the mode back: a
-        change the driver left pending (Ampere) is activated by the reset, one it did not
-        record (Hopper) is asked for again next pass -- resetting a GPU whose mode is not
-        pending would only make the creates that follow fail."""
-        if status is None:
-            return False
-        if status == NvmlErrorCode.RESET_REQUIRED:
-            return True
-        info = next((x for x in self._nvml.gpus(isolate=True) if x.index == g), None)
-        if info is not None and info.read_error is None:
-            if info.mig_pending and info.mig_target == enabled:
-                return True
-            if not info.mig_pending and info.mig_enabled == enabled:
-                return False
-        what = "enable" if enabled else "disable"
-        errors.append(
-            f"GPU {g}: MIG mode {what} was not activated (NVML activation status "
-            f"{status.name}: the GPU is not idle); asked again next pass"
-        )
-        return None
+        """:func:`mig_activation`; ``None`` records an error (the next pass asks again)."""
+        pending = mig_activation(self._nvml, g, enabled, status)
+        if pending is None:
+            assert status is not None
+            what = "enable" if enabled else "disable"
+            errors.append(
+                f"GPU {g}: MIG mode {what} was not activated (NVML activation status "
+                f"{status.name}: the GPU is not idle); asked again next pass"
+            )
+        return pending
 
     def _execute(
         self, obs: ObservedGpu, plan: GpuPlan, blocks: dict[int, Block], errors: list[str]
