@@ -435,6 +435,11 @@ def is_degraded(np: NodePartitioning) -> bool:
     return degraded is not None and degraded.status == "True"
 
 
+def _spec_plan(np: NodePartitioning | None) -> str:
+    """The plan id of the node's spec ("" if none)."""
+    return np.spec.planId if np is not None else ""
+
+
 def _planned_at(np: NodePartitioning) -> float | None:
     raw = np.metadata.annotations.get(PLANNED_AT_ANNOTATION)
     try:
@@ -673,7 +678,15 @@ def _reject_reason(
 ) -> str | None:
     """Why the pod can never be placed on the current nodes, or ``None``."""
     gpus = [(g.mode, g.model) for n in sorted(eligible) if (g := gpu_nodes[n].gpu) is not None]
-    return reject_reason(pod.slices, gpus)
+    reason = reject_reason(pod.slices, gpus)
+    if reason is not None and pod.other_requests and reason.startswith("no eligible node"):
+        asked = ", ".join(f"{r}: {v}" for r, v in pod.other_requests)
+        reason = reason.replace(
+            "affinity and tolerations",
+            f"affinity and tolerations and advertises what else it asks for ({asked})",
+            1,
+        )
+    return reason
 
 
 _COMPUTE_SLICES = 7
@@ -969,7 +982,9 @@ class _Step:
             np = np_info.np
             if np is not None and np.spec.mode != gpu.mode.value:
                 spec = NodePartitioningSpec(planId=self.next_id(), mode=gpu.mode.value)
-                self.actions.append(WriteSpec(name, spec, np.metadata.resourceVersion))
+                self.actions.append(
+                    WriteSpec(name, spec, np.metadata.resourceVersion, planned_at=self.now)
+                )
                 self.switching.add(name)
         for name in sorted(self.index.partitionings):
             node = self.index.nodes.get(name)
@@ -1022,7 +1037,15 @@ class _Step:
             if is_busy(np):
                 self.busy.add(name)
                 at = _planned_at(np)
-                if at is not None and self.now - at > self.config.apply_deadline_s:
+                observed = np.status.observedGeneration if np.status is not None else 0
+                if (
+                    at is not None
+                    and self.now - at > self.config.apply_deadline_s
+                    and observed < (np.metadata.generation or 0)
+                    and name not in self.switching
+                ):
+                    # not even observed: an agent that observed it reports why it waits (a
+                    # mode switch waiting for pods to leave) in its own conditions
                     applied = np.condition("Applied")
                     said = f" (Applied: {applied.reason})" if applied and applied.reason else ""
                     self.stuck[name] = NodeProblem(
@@ -1912,7 +1935,10 @@ class _Step:
                     why = f"node {r.node} has no {_units(r.units())} free for it" + (
                         " (it reports Degraded)" if ledger.degraded else ""
                     )
-                    if ledger.degraded:
+                    if ledger.degraded and r.plan and r.plan == _spec_plan(ledger.np):
+                        # the agent refused the very plan this promise was made with (a
+                        # Degraded condition about another GPU, and a free slice a bound pod
+                        # took, are no reason to leave the node out)
                         self._cool_degraded(ledger.name)
                     self._drop(h.pod, r, why)
         for ledger in self.ledgers.values():

@@ -63,7 +63,7 @@ import dataclasses
 import datetime
 import itertools
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -80,6 +80,7 @@ from partitioner.quantities import (
     container_slice_conflicts,
     cpu_milli,
     memory_mib,
+    parse_quantity,
     pod_requests,
 )
 from partitioner.reservations import (
@@ -150,6 +151,9 @@ class NodeInfo:
     reading: GpuNode | NodeProblem | None
     allocatable: Mapping[str, int]
     """Allocatable partitionable devices per resource, as kube-scheduler sees them."""
+    other_allocatable: Mapping[str, Decimal] = field(default_factory=dict)
+    """Allocatable of every other resource a pod may ask for beside its slice (extended
+    resources, hugepages, ephemeral storage; not CPU, memory, pods or GPUs)."""
     derived: tuple[object, Any] | None = None
     """Derived data cached by :mod:`partitioner.ledger` (its GPUs now) with its input key."""
 
@@ -165,6 +169,7 @@ class NodeInfo:
             repr(spec.get("taints")),
             bool(spec.get("unschedulable")),
             _reading_key(self.reading),
+            tuple(sorted(self.other_allocatable.items())),
         )
 
 
@@ -244,6 +249,32 @@ def _same_pod(old: PodInfo, new: PodInfo) -> bool:
     )
 
 
+_NOT_OTHER = frozenset({"cpu", "memory", "pods", _WHOLE_GPU})
+
+
+def _other_resource(name: str) -> bool:
+    """A resource checked against a node's allocatable beside the slices, CPU and memory."""
+    return name not in _NOT_OTHER and not is_partitionable_resource(name)
+
+
+def _allocatable_other(node: Obj) -> dict[str, Decimal]:
+    out: dict[str, Decimal] = {}
+    for name, value in ((node.get("status") or {}).get("allocatable") or {}).items():
+        if not _other_resource(str(name)):
+            continue
+        try:
+            out[str(name)] = parse_quantity(value)
+        except QuantityError:
+            continue
+    return out
+
+
+def covers(allocatable: Mapping[str, Decimal], asked: Sequence[tuple[str, Decimal]]) -> bool:
+    """A node with ``allocatable`` can hold what a pod asks beside its slice, CPU and memory
+    (kube-scheduler's NodeResourcesFit refuses a node without it)."""
+    return all(allocatable.get(name, Decimal(0)) >= amount for name, amount in asked)
+
+
 def _allocatable_slices(node: Obj) -> dict[str, int]:
     out: dict[str, int] = {}
     for name, value in ((node.get("status") or {}).get("allocatable") or {}).items():
@@ -296,6 +327,9 @@ class PodInfo:
     pods: a MIG request in extended resources never goes to a DRA node)."""
     claims: tuple[str, ...] = ()
     """Keys (``namespace/name``) of the pod's ResourceClaims."""
+    other_requests: tuple[tuple[str, Decimal], ...] = ()
+    """What it asks for beside slices, CPU, memory and GPUs (extended resources, hugepages,
+    ephemeral storage), sorted: only nodes whose allocatable covers it are eligible."""
     claims_pending: bool = False
     """Some claim of the pod is not known yet (its demand is unknown, not planned yet)."""
     claim_carriers: tuple[str, ...] = ()
@@ -566,6 +600,7 @@ def _read_pod(
     status = pod.get("status") or {}
     slices: dict[str, int] = {}
     cpu = mem = whole = 0
+    others: tuple[tuple[str, Decimal], ...] = ()
     error = ""
     claim_keys, complete = pod_claim_keys(pod)
     try:
@@ -582,6 +617,7 @@ def _read_pod(
                 slices[r] = int(v)
         cpu = cpu_milli(requests.get("cpu", 0))
         mem = memory_mib(requests.get("memory", 0))
+        others = tuple(sorted((r, v) for r, v in requests.items() if v > 0 and _other_resource(r)))
     except QuantityError as e:
         error = f"invalid resource request: {e}"
         slices = {}
@@ -695,6 +731,7 @@ def _read_pod(
         reservation_error=reservation_error,
         dra=dra,
         claims=claim_keys,
+        other_requests=others,
         claims_pending=pending,
         claim_carriers=followed if dra and not error else (),
         sandbox_ready=any(
@@ -819,7 +856,15 @@ or when the topology changes)."""
 def _constraints_key(pod: PodInfo) -> str:
     """What :func:`~partitioner.eligibility.pod_fits_node` reads of the pod, as one string."""
     spec = pod.obj.get("spec") or {}
-    return repr((pod.dra, spec.get("nodeSelector"), spec.get("affinity"), spec.get("tolerations")))
+    return repr(
+        (
+            pod.dra,
+            spec.get("nodeSelector"),
+            spec.get("affinity"),
+            spec.get("tolerations"),
+            pod.other_requests,
+        )
+    )
 
 
 class ClusterIndex:
@@ -1033,6 +1078,7 @@ class ClusterIndex:
             obj=trimmed,
             reading=read_node(trimmed, self.catalog),
             allocatable=_allocatable_slices(node),
+            other_allocatable=_allocatable_other(node),
         )
         self.nodes[name] = info
         if old is None or old.topology_key() != info.topology_key():
@@ -1321,6 +1367,7 @@ class ClusterIndex:
                 if info.gpu is not None
                 and info.gpu.dra == pod.dra
                 and pod_fits_node(pod.obj, info.obj)
+                and covers(info.other_allocatable, pod.other_requests)
             )
             shared[key] = names
         pod.eligible_cache = (self.topology, names)

@@ -893,8 +893,8 @@ def solve_batch(
             wall.charge(excess)
             limit = min(limit, wall.left())
             work = min(work - excess, limit)
-            if limit < MIN_SOLVE_WALL_S:
-                return None
+            if limit < MIN_SOLVE_WALL_S or work < MIN_SOLVE_WALL_S:
+                return None  # a negative deterministic limit was MODEL_INVALID
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = limit
     solver.parameters.max_deterministic_time = work * DETERMINISTIC_PER_SECOND

@@ -67,8 +67,7 @@ def apply_specs(c: Cluster, d: Decision, refuse: str) -> None:
                 "index": g["index"],
                 "migEnabled": True,
                 "mig": [
-                    {"profile": m["profile"], "start": m["start"], "used": False}
-                    for m in g["mig"]
+                    {"profile": m["profile"], "start": m["start"], "used": False} for m in g["mig"]
                 ],
             }
             for g in np["spec"]["gpus"]
@@ -211,3 +210,85 @@ def test_a_pod_whose_only_node_cannot_be_planned_is_told_why() -> None:
     assert "n1 (ApplyStuck)" in told[-1][1] and told[-1][0] >= 300 - 10  # past the deadline
     assert len(told) == 2  # told when the reason changes, not every step
     assert problems["n1"].reason == "ApplyStuck" and "plan 5" in problems["n1"].message
+
+
+def test_a_pod_asking_for_another_resource_goes_only_where_a_node_offers_it() -> None:
+    """p asks for a 1g and ``rdma/hca``.  Only the slice, CPU and memory were checked, so p was
+    released (pinned) to n1, which has no ``rdma/hca``, where kube-scheduler can never bind it,
+    holding n1's only free 1g for good; n2 offers both."""
+    p = gated("p", ONE_G)
+    p["spec"]["containers"][0]["resources"]["limits"]["rdma/hca"] = "1"
+    n1 = with_alloc(node("n1", ONE_GPU), **{"1g_10gb": 2})  # busier: the packing choice
+    n2 = with_alloc(node("n2", ONE_GPU), **{"1g_10gb": 1})
+    n2["status"]["allocatable"]["rdma/hca"] = "1000"
+    busy = status_gpu(0, ("1g.10gb", 0, False), ("1g.10gb", 1, True))
+    c = Cluster(
+        n1,
+        applied_np("n1", busy),
+        n2,
+        applied_np("n2", status_gpu(0, ("1g.10gb", 0, False))),
+        running("r", "n1", ONE_G),
+        p,
+    )
+    c.step(T0 + 5)
+    r = reservation(c, "p")
+    assert r is not None and r.node == "n2" and r.state is State.RELEASED
+
+
+def test_a_pod_asking_for_what_no_node_offers_is_told_and_given_back() -> None:
+    p = gated("p", ONE_G)
+    p["spec"]["containers"][0]["resources"]["limits"]["example.com/nic"] = "1"
+    n1 = with_alloc(node("n1", ONE_GPU), **{"1g_10gb": 1})
+    c = Cluster(n1, applied_np("n1", status_gpu(0, ("1g.10gb", 0, False))), p)
+    d = c.step(T0 + 5)
+    assert reservation(c, "p") is None
+    (why,) = [m for n, e, m in all_events(d) if n == "p" and e == "Unplaceable"]
+    assert "advertises what else it asks for (example.com/nic: 1)" in why
+    c.step(T0 + 70)  # a batch window later: kube-scheduler's to place (or to report)
+    assert "schedulingGates" not in c.pod("p")["spec"] and reservation(c, "p") is None
+
+
+def test_a_degraded_node_cools_down_only_for_the_plan_it_refused() -> None:
+    """n1 is Degraded about GPU 1 (an XID); p's hold on a free 1g of GPU 0 breaks because a
+    pod kube-scheduler bound took it.  That is churn, not the refusal: the node stays open."""
+    two = {**MIG, "nvidia.com/gpu.count": "2"}
+    np1 = applied_np("n1", status_gpu(0, ("1g.10gb", 0, False)), status_gpu(1))
+    np1["status"]["conditions"] = [
+        {"type": "Applied", "status": "False", "reason": "Degraded"},
+        {
+            "type": "Degraded",
+            "status": "True",
+            "reason": "XidError",
+            "message": "GPU 1: Xid 79 (fallen off the bus); its layout is not applied",
+        },
+    ]
+    c = Cluster(with_alloc(node("n1", two), **{"1g_10gb": 0}), np1, gated("p", ONE_G))
+    c.step(T0 + 5)
+    assert reservation(c, "p") is not None
+    c.put(running("other", "n1", ONE_G))
+    np1["status"]["gpus"][0]["mig"][0]["used"] = True
+    d = c.step(T0 + 15)
+    seen = all_events(d)
+    assert [e for n, e, _ in seen if n == "p"] == ["ReservationDropped"]
+    assert not [e for _, e, _ in seen if e == "DegradedCooldown"]
+
+
+def test_a_node_switching_mode_is_not_reported_stuck() -> None:
+    """A node relabelled MIG -> MPS: the switch carried no planned-at, so the last plan's time
+    (an hour ago) was read as its age and the node was ``ApplyStuck`` at once."""
+    from simulations.replay.kube_rules import merge_patch
+
+    np1 = applied_np("n1", status_gpu(0, ("1g.10gb", 0, True)), status_gpu(1))
+    np1["metadata"]["annotations"]["gpuslice.io/planned-at"] = f"{T0 - 3600:.3f}"
+    n1 = node("n1", {**MIG, "gpuslice.io/partitioning": "mps"})
+    c = Cluster(n1, np1, running("busy", "n1", ONE_G))
+    d = c.step(T0)
+    (w,) = [a for a in d.actions if isinstance(a, WriteSpec)]
+    assert w.planned_at == T0
+    ann = {"gpuslice.io/planned-pods": "[]", "gpuslice.io/planned-at": f"{w.planned_at:.3f}"}
+    spec = w.spec.model_dump(mode="json")
+    obj = merge_patch(np1, {"metadata": {"annotations": ann}, "spec": spec})
+    obj["metadata"]["generation"] += 1
+    c.put(obj)
+    d = c.step(T0 + 20)
+    assert "n1" not in d.problems

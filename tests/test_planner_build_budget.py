@@ -142,3 +142,25 @@ def test_hybrid_slice_patterns_are_enumerated_once_per_distinct_class(
     assert calls and len(calls) == len({(a[0], tuple(a[1]), tuple(a[2])) for a in calls})
     classes = {a[0] for a in calls}
     assert len(calls) == len(classes)
+
+
+def test_a_round_whose_build_exceeds_its_share_is_skipped_not_invalid(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Neighbourhood rounds of MPS GPUs with many slice sizes: a round's build excess beyond
+    its deterministic share gave CP-SAT a negative limit (MODEL_INVALID, the round wasted)."""
+    nodes = 24
+    snap = Snapshot(
+        tuple(
+            NodeState(f"n{i}", Mode.MPS, A100, tuple(GpuState(g) for g in range(8)))
+            for i in range(nodes)
+        ),
+        tuple(
+            PendingPod(f"p{j:04d}", {f"nvidia.com/gpu-{1 + j % 70}gb": 1})
+            for j in range(nodes * 20)
+        ),
+    )
+    models = Models(monkeypatch)
+    result = plan(snap, PlannerSettings(time_limit_s=1.0))
+    assert all(work > 0 and wall > 0 for _, wall, work in models.seen), models.seen
+    assert result.assignments
