@@ -1620,3 +1620,21 @@ def test_the_partitioner_lists_agent_leases_only_where_agents_keep_them(
     env = gpuslice_env(container(render(chart, VARIANTS["no-agent-lease"]), "Deployment"))
     apply_env(monkeypatch, env)
     assert PartitionerSettings().lease_poll_seconds == 0
+
+
+def test_webhook_is_called_again_when_a_later_webhook_adds_a_slice(chart: helm.Chart) -> None:
+    """``reinvocationPolicy: Never`` let a pod through ungated when a webhook after gpuslice's
+    (a policy engine's mutate rule) added its slice request: gpuslice's matchConditions had
+    not selected it yet.  ``IfNeeded`` calls it again; gating an already gated pod adds
+    nothing (no second gate for the API server to reject)."""
+    from partitioner.gating import GATE, admission_patch
+
+    assert webhook_of(render(chart, {}))["reinvocationPolicy"] == "IfNeeded"
+    gated_pod = {
+        "metadata": {"name": "p", "namespace": "ml"},
+        "spec": {
+            "schedulingGates": [{"name": GATE}],
+            "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}}],
+        },
+    }
+    assert not admission_patch(gated_pod)
