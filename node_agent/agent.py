@@ -82,6 +82,7 @@ import logging
 import math
 import os
 import random
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -614,7 +615,12 @@ class KubeApiError(Exception):
 def api_unavailable(e: BaseException) -> bool:
     """Whether an API call failed because the API server is unreachable or overloaded: no
     connection, a timeout, or HTTP 5xx / 429 (a :class:`KubeApiError` or ``ApiException``
-    status).  A restart of the agent fixes none of these (module docstring)."""
+    status).  A restart of the agent fixes none of these (module docstring).  A TLS failure is
+    not one: the client reads the cluster's CA once, when it is built, so after a CA rotation
+    every call fails verification until a restart reloads it -- going on with the spec last
+    read would have kept the agent alive, and stale, for good."""
+    if isinstance(e, ssl.SSLError):
+        return False
     status = getattr(e, "status", None)
     if isinstance(status, int) and (status == 429 or 500 <= status <= 599):
         return True
@@ -623,6 +629,8 @@ def api_unavailable(e: BaseException) -> bool:
     try:
         import aiohttp
     except ImportError:  # pragma: no cover - kubernetes_asyncio depends on it
+        return False
+    if isinstance(e, aiohttp.ClientSSLError | aiohttp.ServerFingerprintMismatch):
         return False
     return isinstance(e, aiohttp.ClientConnectionError | aiohttp.ClientPayloadError)
 

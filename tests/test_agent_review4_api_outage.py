@@ -183,3 +183,20 @@ def test_which_api_errors_are_an_unavailable_api_server() -> None:
     for status in (400, 401, 403, 404, 409, 422):
         assert not api_unavailable(KubeApiError("x", status, "m"))
     assert not api_unavailable(ValueError("a spec the agent cannot parse"))
+
+
+def test_a_tls_failure_is_not_an_outage_a_restart_reloads_the_ca() -> None:
+    """After a cluster CA rotation every call fails verification until the client is built
+    again: counted as an outage, the agent stayed alive on a stale spec for good."""
+    import ssl
+
+    from node_agent.agent import api_unavailable
+
+    key = aiohttp.client_reqrep.ConnectionKey("10.96.0.1", 443, True, None, None, None, None)
+    verify = ssl.SSLCertVerificationError(
+        1, "certificate verify failed: unable to get local issuer"
+    )
+    assert not api_unavailable(aiohttp.ClientConnectorCertificateError(key, verify))
+    assert not api_unavailable(aiohttp.ClientConnectorSSLError(key, ssl.SSLError(1, "bad")))
+    assert not api_unavailable(aiohttp.ServerFingerprintMismatch(b"a", b"b", "h", 443))
+    assert not api_unavailable(verify)
