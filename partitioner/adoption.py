@@ -661,11 +661,12 @@ def other_model(np: NodePartitioning | None, model: GpuModel, catalog: Catalog) 
         if found == model.name:
             continue
         what = found or f"{g.model!r}, a model the GPU catalog does not know"
+        node = (np.metadata.name if np is not None else "") or "<node>"
         return (
             f"the agent reports GPU {g.index} as {what} but the node's labels say "
             f"{model.name}: gpuslice plans one GPU model per node; keep GPUs of one model "
             "per node (a display GPU beside data-centre GPUs too), or opt the node out "
-            "(gpuslice.io/partitioning=off)"
+            f"(remove its label: kubectl label node {node} gpuslice.io/partitioning-)"
         )
     return None
 

@@ -327,3 +327,29 @@ def test_a_hand_edited_invalid_partitioning_leaves_its_node_out_with_the_control
     assert note.startswith("node gpu-1: InvalidPartitioning: NodePartitioning gpu-1 is invalid: ")
     assert error in note and "undo the hand edit (kubectl edit nodepartitioning gpu-1)" in note
     assert "not applied yet" not in err
+
+
+def test_pods_whose_nodes_are_all_left_out_are_unplaced_with_why(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The only node holds a spec its agent has not applied: the pod is not in the planner's
+    batch, and it was dropped ("Planned 0 pending pod(s)", "Unplaced (0)")."""
+    doc = kubectl_doc()
+    doc["items"].append(
+        {
+            "apiVersion": "gpuslice.io/v1alpha1",
+            "kind": "NodePartitioning",
+            "metadata": {"name": "gpu-1", "generation": 3, "annotations": {}},
+            "spec": {"planId": "5", "mode": "mig", "gpus": []},
+            "status": {"observedGeneration": 2, "gpus": [{"index": 0, "mig": []}]},
+        }
+    )
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps(doc))
+    rc, out, _ = run_cli(capsys, "plan", "--snapshot", str(path), "--json")
+    assert rc == 0
+    plan = json.loads(out)
+    assert plan["pending_pods"] == 1 and plan["assignments"] == {}
+    assert list(plan["unplaced"]) == ["ml/job"]
+    assert plan["unplaced"]["ml/job"].startswith("waiting: ")
+    assert "gpu-1" in plan["unplaced"]["ml/job"]

@@ -268,7 +268,7 @@ def test_a_reported_gpu_of_a_model_the_catalog_does_not_know_keeps_the_node_out(
     got = adopt(node, Mode.MIG, labels, np, (), CAT)
     assert isinstance(got, LabelProblem) and got.reason == "MixedGpuModels"
     assert "GPU 0 as 'NVIDIA T400 4GB', a model the GPU catalog does not know" in got.message
-    assert "gpuslice.io/partitioning=off" in got.message
+    assert "kubectl label node h100-0 gpuslice.io/partitioning-" in got.message
 
 
 def test_compute_instance_devices_wait_for_the_agent_then_its_report_rules() -> None:

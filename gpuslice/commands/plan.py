@@ -134,6 +134,9 @@ def _read_snapshot(
 
     _, reading, assumed = read_reading(path, catalog)
     refused = {p: f"cannot place: {r}" for p, r in reading.rejected.items()}
+    # pods whose every eligible node is left out (busy, stuck, a node problem) are not in the
+    # planner's batch: unplaced by this plan as much as the refused ones, with their reason
+    refused.update({p: f"waiting: {r}" for p, r in reading.waiting.items() if p not in refused})
     return (
         reading.snapshot(),
         reading_notes(reading),
