@@ -78,7 +78,7 @@ import logging
 import random
 import socket
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TextIO
 
@@ -107,7 +107,14 @@ from partitioner.webhook import register_webhook
 from partitioner.writer import NP_PATH, Outcome, WriteBackoff, execute
 from planner.catalog import Catalog
 
-__all__ = ["Controller", "build_registry", "configure_logging", "endpoint_from", "run_operator"]
+__all__ = [
+    "Controller",
+    "build_registry",
+    "configure_logging",
+    "cool_refused_specs",
+    "endpoint_from",
+    "run_operator",
+]
 
 log = logging.getLogger("gpuslice.partitioner")
 
@@ -176,6 +183,25 @@ def endpoint_from(info: kopf.ConnectionInfo) -> Endpoint:
         headers=info.as_http_headers(),
         ssl=info.as_ssl_context() if secure else True,
     )
+
+
+def cool_refused_specs(
+    state: ControllerState,
+    refused: Mapping[str, Sequence[str]],
+    now: float,
+    cooldown_s: float,
+) -> ControllerState:
+    """The state after spec writes the API server refused for good (an older CRD schema, an
+    admission policy; ``refused``: node -> the pods of that plan): each node cools down, so
+    the next plan puts its pods elsewhere, and the pods go back to the next window.  The same
+    write would be refused again: before, the same node was planned every batch and its pods
+    waited for good, told nothing but ``Gated``."""
+    until = now + cooldown_s
+    cooldown = dict(state.cooldown)
+    for node in refused:
+        cooldown[node] = max(cooldown.get(node, 0.0), until)
+    retry = [p for pods in refused.values() for p in pods]
+    return replace(state, cooldown=cooldown, window=forget(state.window, retry))
 
 
 class Controller:
@@ -428,6 +454,10 @@ class Controller:
         if outcome.conflicts:  # not written: plan those pods again in the next window
             retry = [p for pods in outcome.conflicts.values() for p in pods]
             self.state = replace(self.state, window=forget(self.state.window, retry))
+        if outcome.refused_specs:
+            self.state = cool_refused_specs(
+                self.state, outcome.refused_specs, now, self.config.cooldown_s
+            )
         stale = self.index.stale_response
         for obj in outcome.objects.values():
             if not stale("partitionings", obj, written_deletions):

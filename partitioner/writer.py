@@ -112,6 +112,11 @@ class Outcome:
     ``unreachable`` / ``timeout`` (:func:`answer_label`)."""
     held_back: list[str] = field(default_factory=list)
     """Writes not sent: their object's refusal is backed off (:class:`WriteBackoff`)."""
+    refused_specs: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Node whose spec write was refused for good (:data:`REFUSALS`) or held back for such a
+    refusal -> the pods that plan was for: the controller leaves the node out of plans for a
+    cool-down, so they are planned elsewhere (before, the same node was planned every batch
+    and its pods waited for good)."""
 
 
 def _np_ref(name: str) -> ObjectRef:
@@ -466,6 +471,8 @@ async def execute(
             if wait > 0:
                 log.debug("%s on %s held back %.0f s more", action_label(action), backed.node, wait)
                 out.held_back.append(f"{action_label(action)} {backed.node}")
+                if isinstance(action, WriteSpec):
+                    out.refused_specs[action.node] = action.planned_pods
                 continue
         try:
             await writer.run(action)
@@ -478,6 +485,8 @@ async def execute(
                 and isinstance(e, ApiError)
                 and e.status in REFUSALS
             ):
+                if isinstance(action, WriteSpec):
+                    out.refused_specs[action.node] = action.planned_pods
                 await _tell_write_refusal(writer, backoff, backed, e)
             else:
                 log.warning("%s failed: %s", type(action).__name__, e)
