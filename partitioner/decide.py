@@ -138,7 +138,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -210,6 +210,7 @@ __all__ = [
     "default_planner",
     "is_busy",
     "is_degraded",
+    "missing_claims",
 ]
 
 PlanFn = Callable[[Any, PlannerSettings, Catalog], Plan]
@@ -547,6 +548,32 @@ def _rv_patch(pod: PodInfo, annotations: Mapping[str, str | None]) -> dict[str, 
     if pod.rv is not None:
         meta["resourceVersion"] = pod.rv
     return {"metadata": meta}
+
+
+def missing_claims(pod: Mapping[str, Any], known: Container[str]) -> str:
+    """The ResourceClaims ``pod`` names that are not among the ``known`` claim keys, in words
+    (the ``WaitingForClaims`` Event's, and ``gpuslice status``'s)."""
+    spec = pod.get("spec") or {}
+    namespace = str((pod.get("metadata") or {}).get("namespace", ""))
+    made = {
+        str(s.get("name"))
+        for s in (pod.get("status") or {}).get("resourceClaimStatuses") or ()
+        if isinstance(s, Mapping) and s.get("resourceClaimName")
+    }
+    words: list[str] = []
+    for e in spec.get("resourceClaims") or ():
+        if not isinstance(e, Mapping):
+            continue
+        name = e.get("resourceClaimName")
+        template = e.get("resourceClaimTemplateName")
+        if name and f"{namespace}/{name}" not in known:
+            words.append(f"ResourceClaim {namespace}/{name}, which does not exist")
+        elif template and not name and str(e.get("name")) not in made:
+            words.append(
+                f"the claim of ResourceClaimTemplate {namespace}/{template} (not created yet: "
+                f"does the template exist?)"
+            )
+    return "; ".join(words) or "its ResourceClaims"
 
 
 def _held_whole(ledger: NodeLedger, index: int) -> DesiredGpu | None:
@@ -1747,27 +1774,7 @@ class _Step:
 
     def _missing_claims(self, pod: PodInfo) -> str:
         """The pod's ResourceClaims gpuslice does not know, in words."""
-        spec = pod.obj.get("spec") or {}
-        namespace = str((pod.obj.get("metadata") or {}).get("namespace", ""))
-        made = {
-            str(s.get("name"))
-            for s in (pod.obj.get("status") or {}).get("resourceClaimStatuses") or ()
-            if isinstance(s, Mapping) and s.get("resourceClaimName")
-        }
-        words: list[str] = []
-        for e in spec.get("resourceClaims") or ():
-            if not isinstance(e, Mapping):
-                continue
-            name = e.get("resourceClaimName")
-            template = e.get("resourceClaimTemplateName")
-            if name and f"{namespace}/{name}" not in self.index.claims:
-                words.append(f"ResourceClaim {namespace}/{name}, which does not exist")
-            elif template and not name and str(e.get("name")) not in made:
-                words.append(
-                    f"the claim of ResourceClaimTemplate {namespace}/{template} (not created yet: "
-                    f"does the template exist?)"
-                )
-        return "; ".join(words) or "its ResourceClaims"
+        return missing_claims(pod.obj, self.index.claims)
 
     def release_sharers(self) -> None:
         """Pods that share an unallocated ResourceClaim with the pod carrying its units

@@ -69,8 +69,14 @@ def objects() -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str
     odd["status"]["conditions"] = [
         {"type": "GpusliceReady", "status": "False", "reason": "UnknownModel", "message": "?"}
     ]
-    nodes = [node("n1", MIG), silent(node("n2", MIG)), odd, node("cpu-only", {})]
-    nps = [applying, applied_np("n2", status_gpu(0), status_gpu(1))]
+    # n4: the one node that can be planned now (without it every gated pod here waits for a
+    # node that is left out: n1 applying, n2 silent, n3 unreadable)
+    nodes = [node("n1", MIG), silent(node("n2", MIG)), odd, node("cpu-only", {}), node("n4", MIG)]
+    nps = [
+        applying,
+        applied_np("n2", status_gpu(0), status_gpu(1)),
+        applied_np("n4", status_gpu(0, ("3g.40gb", 0, True), ("3g.40gb", 4, True))),
+    ]
     return nodes, pods, nps
 
 
@@ -98,7 +104,7 @@ def test_each_waiting_pod_says_what_it_waits_for_in_the_order_it_is_served() -> 
     assert "node n2 AgentSilent: gone" in released["detail"]
     assert (rows["ns/no-gate"]["state"], rows["ns/no-gate"]["ahead"]) == ("ungated", None)
     assert "ns/running" not in rows
-    n1, n2, n3 = doc["nodes"]  # opted-in nodes only, the unreadable one too
+    n1, n2, n3, _ = doc["nodes"]  # opted-in nodes only, the unreadable one too
     assert (n3["node"], n3["mode"], n3["reason"]) == ("n3", "-", "UnknownModel")
     assert (n1["node"], n1["applied"], n1["generation"], n1["planned"]) == ("n1", False, 3, 1)
     assert (n2["ready"], n2["reason"], n2["released"]) == ("False", "AgentSilent", 1)
@@ -229,8 +235,13 @@ async def test_on_a_dra_cluster_the_command_reads_the_claims(
     rc, out = await asyncio.to_thread(run)
     assert rc == 0  # a 404 for the claims is no failure
     rows = [(r["pod"], r["state"], r["request"]) for r in json.loads(out)["pods"]]
-    # without its claim the pod's demand is unknown, so it is not listed as waiting
-    assert rows == ([("ns/train", "queued", "mig-3g.40gb")] if served else [])
+    # without its claim the pod's demand is unknown: listed as waiting for it (the controller
+    # tells it WaitingForClaims and gives it back after a batch window)
+    assert rows == (
+        [("ns/train", "queued", "mig-3g.40gb")]
+        if served
+        else [("ns/train", "waiting for claims", "-")]
+    )
 
 
 def test_a_bad_catalog_or_kubeconfig_is_bad_input(

@@ -50,7 +50,7 @@ import argparse
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from typing import TYPE_CHECKING, Any
 
 from gpuslice.cli import BadInput
@@ -213,6 +213,7 @@ def status_document(
     ResourceClaims (DRA mode: what a claim pod asks for, and which claim a prepare failure
     is of)."""
     from partitioner.claims import failed_claims
+    from partitioner.decide import is_busy, missing_claims
     from partitioner.index import ClusterIndex
     from partitioner.reservations import State
     from partitioner.snapshot import pod_key
@@ -268,13 +269,18 @@ def status_document(
     rejection = _Rejection(index)
     seen_by_request: dict[tuple[tuple[str, int], ...], int] = {}
     pod_rows = []
+    gpu_nodes = index.gpu_nodes()
+    busy = {n for n, info in index.partitionings.items() if info.np is None or is_busy(info.np)}
     for pod in waiting:
         shape = tuple(sorted(pod.slices.items()))
         r = pod.reservation
         ahead = None
         rejected = rejection.reason(pod)
         held = rejected is None and r is None and pod.gated and bool(pod.other_gates)
+        left_out = ""
         if rejected is None and r is None and pod.gated and not held:
+            left_out = _left_out(index.eligible(pod, gpu_nodes), problems, busy)
+        if rejected is None and r is None and pod.gated and not held and not left_out:
             ahead = seen_by_request.get(shape, 0)
             seen_by_request[shape] = ahead + 1
         if only and pod.key not in only:
@@ -289,6 +295,12 @@ def status_document(
                 "waiting for other scheduling gates to be removed ("
                 + ", ".join(sorted(pod.other_gates))
                 + "): gpuslice plans it once only its own gate is left"
+            )
+        elif left_out:
+            state = "waiting"
+            detail = (
+                f"every node it may use is left out of plans now: {left_out}; it is planned "
+                f"once one of them can be"
             )
         elif r is None:
             state = "queued" if pod.gated else "ungated"
@@ -315,6 +327,15 @@ def status_document(
             detail += f"; node {node} {problems[node]}"
         request = _units(pod.slices) or pod.request_error or "-"
         pod_rows.append(_pod_row(pod, state, node, detail, now, ahead=ahead, request=request))
+    for key in sorted(index.unclaimed):  # gated, naming a claim gpuslice does not know
+        pod = index.pods[key]
+        if only and key not in only:
+            continue
+        detail = (
+            f"cannot be planned yet: {missing_claims(pod.obj, index.claims)}; gpuslice gives it "
+            f"back to kube-scheduler after a batch window"
+        )
+        pod_rows.append(_pod_row(pod, "waiting for claims", None, detail, now))
     for name, np_info in sorted(index.partitionings.items()):  # bound, cannot start
         failed = failed_claims(
             np_info.np.status.prepareFailures if np_info.np and np_info.np.status else (),
@@ -354,6 +375,22 @@ def status_document(
         )
         pod_rows.append(_pod_row(named, state, named.node or None, detail, None))
     return {"nodes": node_rows, "pods": pod_rows}
+
+
+def _left_out(eligible: Iterable[str], problems: Mapping[str, str], busy: Set[str]) -> str:
+    """``n1 (ApplyStuck), n2 (applying a previous plan)`` when every node of ``eligible`` is
+    left out of plans (a node problem, or a spec not applied yet), as the controller's
+    ``Waiting`` Event says; ``""`` when one may be planned (or none is eligible)."""
+    names = sorted(eligible)
+    if not names or any(n not in problems and n not in busy for n in names):
+        return ""
+    whys = [
+        f"{n} ({problems[n].split(':', 1)[0]})"
+        if n in problems
+        else f"{n} (applying a previous plan)"
+        for n in names[:5]
+    ]
+    return ", ".join(whys) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
 class _Rejection:
