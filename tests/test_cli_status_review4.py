@@ -56,3 +56,20 @@ def test_a_pod_waiting_for_a_missing_claim_is_listed() -> None:
         (row,) = document(c, T0 + 10, only=only)["pods"]
         assert row["pod"] == "ns/typo" and row["state"] == "waiting for claims"
         assert "ResourceClaim ns/gpu-claim-tpyo, which does not exist" in row["detail"]
+
+
+def test_a_released_pod_whose_node_no_longer_accepts_it_is_stranded() -> None:
+    """Released to n1, which was then cordoned: the controller reports it ``Stranded``;
+    ``status`` said it waited for kube-scheduler."""
+    from test_partitioner_promises import ONE_G, reservation, status_gpu, with_alloc
+
+    n1 = with_alloc(node("n1", ONE_GPU), **{"1g_10gb": 1})
+    c = Cluster(n1, applied_np("n1", status_gpu(0, ("1g.10gb", 0, False))), gated("p", ONE_G))
+    c.step(T0)
+    r = reservation(c, "p")
+    assert r is not None and r.state.value == "released"
+    taint = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
+    c.objs[("Node", "n1")]["spec"] = {"unschedulable": True, "taints": [taint]}
+    (row,) = document(c, T0 + 5)["pods"]
+    assert row["state"] == "stranded" and "node n1 no longer accepts it" in row["detail"]
+    assert "delete the pod so its controller recreates it" in row["detail"]

@@ -317,6 +317,16 @@ def status_document(
             applied = np is not None and np.applied
             where = "applied it; the kubelet must list the slice" if applied else "applying it"
             detail = f"plan {r.plan or '-'}: node {where} (deadline {_in(r.deadline - now)})"
+        elif r.state is State.RELEASED and (
+            stranded := _stranded(index, pod, r.node, r.deadline, now, gpu_nodes)
+        ):
+            state = "stranded"
+            detail = (
+                f"released to node {r.node}, but {stranded}: its node affinity is pinned there "
+                f"and cannot be widened; delete the pod so its controller recreates it (gated and "
+                f"planned afresh; gpuslice evicts it after recreateStrandedSeconds if a "
+                f"controller owns it)"
+            )
         elif r.state is State.RELEASED:
             state = "released"
             detail = f"waiting for kube-scheduler (bind deadline {_in(r.deadline - now)})"
@@ -375,6 +385,20 @@ def status_document(
         )
         pod_rows.append(_pod_row(named, state, named.node or None, detail, None))
     return {"nodes": node_rows, "pods": pod_rows}
+
+
+def _stranded(
+    index: Any, pod: Any, node: str, deadline: float, now: float, gpu_nodes: Mapping[str, Any]
+) -> str:
+    """Why a released, unbound pod cannot bind on the node it is pinned to, as the controller
+    reports it ``Stranded``; ``""`` if it still may."""
+    if node not in gpu_nodes:
+        return f"node {node} is gone or no longer a gpuslice node"
+    if node not in index.eligible(pod, gpu_nodes):
+        return f"node {node} no longer accepts it (cordoned, tainted or relabelled)"
+    if pod.unschedulable and now >= deadline:
+        return "kube-scheduler found it unschedulable there past its bind deadline"
+    return ""
 
 
 def _left_out(eligible: Iterable[str], problems: Mapping[str, str], busy: Set[str]) -> str:
