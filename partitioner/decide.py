@@ -138,7 +138,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import Counter
-from collections.abc import Callable, Container, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -210,6 +210,7 @@ __all__ = [
     "default_planner",
     "is_busy",
     "is_degraded",
+    "left_out_words",
     "missing_claims",
 ]
 
@@ -548,6 +549,14 @@ def _rv_patch(pod: PodInfo, annotations: Mapping[str, str | None]) -> dict[str, 
     if pod.rv is not None:
         meta["resourceVersion"] = pod.rv
     return {"metadata": meta}
+
+
+def left_out_words(names: Sequence[str], why: Callable[[str], str], most: int = 5) -> str:
+    """``n1 (ApplyStuck), n2 (applying a previous plan) and 3 more``: the first ``most`` of
+    ``names``, each with ``why`` it is left out of plans (the ``Waiting`` Event's words, and
+    ``gpuslice status``'s)."""
+    words = ", ".join(f"{n} ({why(n)})" for n in names[:most])
+    return words + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def missing_claims(pod: Mapping[str, Any], known: Container[str]) -> str:
@@ -1026,14 +1035,7 @@ class _Step:
             have: Mapping[str, Any] = next(
                 (c for c in conditions if c.get("type") == NODE_CONDITION), {}
             )
-            problem = (
-                info.reading
-                if info.gpu is None
-                else self.invalid.get(name)
-                or self.unreadable.get(name)
-                or self.unserved.get(name)
-                or self.stuck.get(name)
-            )
+            problem = info.reading if info.gpu is None else self._node_problem(name)
             if problem is None:
                 if have.get("status") == "False":
                     self.actions.append(
@@ -1531,32 +1533,35 @@ class _Step:
             if p.dra and p.phase == "Pending" and not p.deleting and not p.sandbox_ready
         ]
 
+    def _node_problem(self, name: str) -> NodeProblem | None:
+        """The problem that keeps GPU node ``name`` out of plans, as its condition says it:
+        an invalid NodePartitioning, then an unreadable or unserved node, then a spec its
+        agent does not apply (``ApplyStuck``)."""
+        return (
+            self.invalid.get(name)
+            or self.unreadable.get(name)
+            or self.unserved.get(name)
+            or self.stuck.get(name)
+        )
+
     def _unplannable(self, eligible: Iterable[str]) -> str:
         """Why a pod whose eligible nodes are all left out of plans waits, node by node (no
         times in it: :meth:`once` tells it again only when a reason changes)."""
-        whys = []
-        names = sorted(eligible)
-        for name in names[:5]:
-            problem = (
-                self.invalid.get(name)
-                or self.unreadable.get(name)
-                or self.unserved.get(name)
-                or self.stuck.get(name)
-            )
+
+        def why(name: str) -> str:
+            problem = self._node_problem(name)
             if problem is not None:
-                why = problem.reason
-            elif name in self.cooldown:
-                why = "cooling down after a promise it did not keep"
-            elif name in self.switching:
-                why = "switching its partitioning mode"
-            else:
-                why = "applying a previous plan"
-            whys.append(f"{name} ({why})")
-        more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+                return problem.reason
+            if name in self.cooldown:
+                return "cooling down after a promise it did not keep"
+            if name in self.switching:
+                return "switching its partitioning mode"
+            return "applying a previous plan"
+
         return (
-            f"waiting: every node it may use is left out of plans now: {', '.join(whys)}{more}; "
-            f"it is planned once one of them can be (see the node's {NODE_CONDITION} condition "
-            f"and Events)"
+            f"waiting: every node it may use is left out of plans now: "
+            f"{left_out_words(sorted(eligible), why)}; it is planned once one of them can be "
+            f"(see the node's {NODE_CONDITION} condition and Events)"
         )
 
     def _open(self, node: str) -> bool:
@@ -1755,7 +1760,7 @@ class _Step:
         ungated pod once its claims exist."""
         for key in sorted(self.index.unclaimed):
             pod = self.index.pods[key]
-            missing = self._missing_claims(pod)
+            missing = missing_claims(pod.obj, self.index.claims)
             self.seen.add(key)  # its Events are kept while it waits (told once)
             self.once(pod, "WaitingForClaims", f"cannot be planned yet: {missing}")
             due = (
@@ -1771,10 +1776,6 @@ class _Step:
                 f"kube-scheduler reports the missing claim on the pod until it exists (check "
                 f"its spec.resourceClaims names)",
             )
-
-    def _missing_claims(self, pod: PodInfo) -> str:
-        """The pod's ResourceClaims gpuslice does not know, in words."""
-        return missing_claims(pod.obj, self.index.claims)
 
     def release_sharers(self) -> None:
         """Pods that share an unallocated ResourceClaim with the pod carrying its units

@@ -405,16 +405,15 @@ def _left_out(eligible: Iterable[str], problems: Mapping[str, str], busy: Set[st
     """``n1 (ApplyStuck), n2 (applying a previous plan)`` when every node of ``eligible`` is
     left out of plans (a node problem, or a spec not applied yet), as the controller's
     ``Waiting`` Event says; ``""`` when one may be planned (or none is eligible)."""
+    from partitioner.decide import left_out_words
+
     names = sorted(eligible)
     if not names or any(n not in problems and n not in busy for n in names):
         return ""
-    whys = [
-        f"{n} ({problems[n].split(':', 1)[0]})"
-        if n in problems
-        else f"{n} (applying a previous plan)"
-        for n in names[:5]
-    ]
-    return ", ".join(whys) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    return left_out_words(
+        names,
+        lambda n: problems[n].split(":", 1)[0] if n in problems else "applying a previous plan",
+    )
 
 
 class _Rejection:
