@@ -176,6 +176,35 @@ async def round_ok(driver: DraDriver) -> None:
     assert await driver.publish_once(), "the round failed"
 
 
+async def assert_mode_all_hides(
+    api: ApiServer,
+    driver: DraDriver,
+    *,
+    every: set[str],
+    gpu0: set[str],
+    held: str,
+    hit: set[str],
+    reason: str,
+    taints_kept: bool,
+) -> None:
+    """Mode ``all`` after devices of GPU 0 turned unusable (``hit``, for ``reason``) beside a
+    prepared device ``held``: never withdrawn; where the server keeps taints everything stays
+    published and exactly ``hit`` is tainted, else GPU 0 is withdrawn but ``held``; and a
+    second round writes nothing (settled)."""
+    assert held in published(api)  # prepared: never withdrawn
+    if taints_kept:
+        assert driver.publisher.taints
+        assert published(api) == every  # nothing withdrawn: the rest of GPU 0 serves on
+        assert tainted(api) == dict.fromkeys(hit, reason)
+    else:
+        assert not driver.publisher.taints
+        assert tainted(api) == {}
+        assert published(api) == (every - gpu0) | {held}  # GPU 1 untouched
+    writes = len(api.writes)
+    await round_ok(driver)
+    assert len(api.writes) == writes  # settled: no rewrite every round
+
+
 def mig_status(api: ApiServer) -> dict[int, list[tuple[str, int, bool]]]:
     return {
         g["index"]: [(m["profile"], m["start"], m["used"]) for m in g["mig"]]
@@ -428,8 +457,10 @@ async def test_the_loop_keeps_planned_instances_at_start_and_follows_spec_change
             # the status write is the round's last await: the round counts as finished only
             # when publish_once returns, so wait for both rather than read rounds in between
             await eventually(
-                lambda: np_of(kmock).get("status", {}).get("observedGeneration") == 2
-                and driver.rounds > rounds,
+                lambda: (
+                    np_of(kmock).get("status", {}).get("observedGeneration") == 2
+                    and driver.rounds > rounds
+                ),
                 what="the new spec published and its round finished",
                 timeout=20,
             )

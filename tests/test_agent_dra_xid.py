@@ -57,6 +57,7 @@ from tests.test_agent_dra_shaped import (
     H100,
     CountingNvml,
     alloc,
+    assert_mode_all_hides,
     kmock_options,  # noqa: F401  (the fixture: kmock serves tests/fake_apiserver.ApiServer)
     layout,
     np_of,
@@ -262,18 +263,16 @@ async def test_mode_all_taints_the_hit_devices_or_withdraws_their_gpu_but_the_pr
     gpu0 = {n for n, t in targets.items() if t.gpu == 0}
     assert {held, "gpu0", p(0, "7g.80gb", 0), p(0, "1g.10gb", 3)} <= shares_0_3
     assert p(0, "3g.40gb", 4) not in shares_0_3
-    assert held in published(kmock)  # prepared: never withdrawn
-    if taints_kept:
-        assert driver.publisher.taints
-        assert published(kmock) == every  # nothing withdrawn: the rest of GPU 0 serves on
-        assert tainted(kmock) == dict.fromkeys(shares_0_3, "xid")  # the prepared one too
-    else:
-        assert not driver.publisher.taints
-        assert tainted(kmock) == {}
-        assert published(kmock) == (every - gpu0) | {held}  # GPU 1 untouched
-    writes = len(kmock.writes)
-    await round_ok(driver)
-    assert len(kmock.writes) == writes  # settled: no rewrite every round
+    await assert_mode_all_hides(  # the prepared one is tainted too: it shares the slots
+        kmock,
+        driver,
+        every=every,
+        gpu0=gpu0,
+        held=held,
+        hit=shares_0_3,
+        reason="xid",
+        taints_kept=taints_kept,
+    )
     # the claim released: the hit stays (an XID lasts until the agent restarts)
     driver.preparer.unprepare("uid-1")
     await round_ok(driver)

@@ -63,6 +63,7 @@ from tests.test_agent_dra_shaped import (
     H100,
     CountingNvml,
     alloc,
+    assert_mode_all_hides,
     kmock_options,  # noqa: F401  (the fixture: kmock serves tests/fake_apiserver.ApiServer)
     layout,
     mig_status,
@@ -264,18 +265,16 @@ async def test_mode_all_taints_what_a_foreign_process_blocks_or_withdraws_its_gp
     }
     gpu0 = {n for n, t in targets.items() if t.gpu == 0}
     assert {p(0, "3g.40gb", 0), "gpu0", p(0, "7g.80gb", 0)} <= shares_0_3 and held not in shares_0_3
-    assert held in published(kmock)  # prepared: never withdrawn
-    if taints_kept:
-        assert driver.publisher.taints
-        assert published(kmock) == every  # nothing withdrawn
-        assert tainted(kmock) == dict.fromkeys(shares_0_3, "foreign")  # not the prepared one
-    else:
-        assert not driver.publisher.taints
-        assert tainted(kmock) == {}
-        assert published(kmock) == (every - gpu0) | {held}  # GPU 1 untouched
-    writes = len(kmock.writes)
-    await round_ok(driver)
-    assert len(kmock.writes) == writes  # settled: no rewrite every round
+    await assert_mode_all_hides(  # the prepared one is not among them (other slots)
+        kmock,
+        driver,
+        every=every,
+        gpu0=gpu0,
+        held=held,
+        hit=shares_0_3,
+        reason="foreign",
+        taints_kept=taints_kept,
+    )
     nv.stop_process(pid)
     await round_ok(driver)
     assert published(kmock) == every and tainted(kmock) == {}  # all back, as before
