@@ -23,10 +23,15 @@ before they read them:
   reports that node as a problem (``TooManyGpus``, the node left out) and plans the rest;
 * node selectors, node affinity terms, tolerations, taints, pod conditions, priority and the
   scalar fields next to them have the API's types;
-* a NodePartitioning's ``spec.gpus``/``status.gpus`` name only indices its node has
-  (``nvidia.com/gpu.count``, where it counts GPUs: not under GFD's MIG strategy ``single``),
-  and ``status.gpus`` each once, so no status is silently ignored (a spec naming a GPU twice,
+* a NodePartitioning's ``spec.gpus``/``status.gpus`` indices are GPU indices, and
+  ``status.gpus`` names each once, so no status is silently ignored (a spec naming a GPU twice,
   a hand edit the API server admits, is read: the plan leaves that node out with a note).
+  They are *not* checked against ``nvidia.com/gpu.count``: the reader takes them as the
+  controller does.  A status naming more GPUs than the label is the agent's report, which wins
+  (the count mismatch is a note with its fix, :func:`partitioner.adoption._reported`: a second
+  GPU model GFD does not count, a stale label); a spec naming a GPU the node no longer has (it
+  lost one, Xid 79: GFD relabels ``gpu.count``, the spec written before still names it) is the
+  agent's ``NoSuchGpu``, not a fault of the file, and exporting again would not change it.
 
 Fields gpuslice does not read (``managedFields``, container images, ...) are not checked.  The
 first problem found ends the check with a :class:`SnapshotFileError` naming the file, the item
@@ -47,9 +52,6 @@ __all__ = ["MAX_ITEMS", "SnapshotFileError", "check_kubectl_list", "read_snapsho
 
 MAX_ITEMS = 300_000
 """Objects in one dump (Kubernetes' limits: 5,000 nodes, 150,000 pods)."""
-MAX_GPU_COUNT_LABEL = 128
-"""Above this ``nvidia.com/gpu.count`` (16 GPUs x 7 MIG devices in GFD's single strategy, 128
-for headroom) NodePartitioning GPU indices are not checked against the label."""
 MAX_GPU_MEMORY_LABEL_MIB = 16 * 1024 * 1024
 MAX_NAME = 253
 """Kubernetes object names (DNS subdomain) are at most 253 characters."""
@@ -195,13 +197,6 @@ def _label_int(labels: Mapping[str, str], key: str, limit: int | None) -> int | 
     return value
 
 
-def _counts_gpus(labels: Mapping[str, str]) -> bool:
-    """``nvidia.com/gpu.count`` counts physical GPUs: not under GFD's MIG strategy ``single``,
-    where it counts MIG devices (facts/gpu-operator.md section 1)."""
-    product = labels.get("nvidia.com/gpu.product", "")
-    return labels.get("nvidia.com/mig.strategy") != "single" and "-MIG-" not in product
-
-
 def _taints(v: Any, at: str) -> None:
     for k, t in enumerate(_list(v, at)):
         t = _mapping(t, f"{at}[{k}]", optional=False)
@@ -290,11 +285,11 @@ def _gpu_indices(v: Any, at: str, once: bool = True) -> list[tuple[int, str]]:
     return out
 
 
-def _check_partitioning(item: Mapping[str, Any]) -> list[tuple[int, str]]:
+def _check_partitioning(item: Mapping[str, Any]) -> None:
     # A spec listing a GPU twice (a hand edit the API server admits) is read: the plan notes
     # the node as InvalidPartitioning and leaves it out, as the controller does.
-    indices = _gpu_indices(_mapping(item.get("spec"), "spec").get("gpus"), "spec.gpus", once=False)
-    return indices + _gpu_indices(_mapping(item.get("status"), "status").get("gpus"), "status.gpus")
+    _gpu_indices(_mapping(item.get("spec"), "spec").get("gpus"), "spec.gpus", once=False)
+    _gpu_indices(_mapping(item.get("status"), "status").get("gpus"), "status.gpus")
 
 
 def check_kubectl_list(doc: Any, where: str) -> None:
@@ -310,8 +305,6 @@ def check_kubectl_list(doc: Any, where: str) -> None:
             "the nodes, pods and nodepartitionings gpuslice plans with"
         )
     seen: dict[tuple[str, str], int] = {}
-    gpu_counts: dict[str, int] = {}
-    partitionings: list[tuple[int, str, list[tuple[int, str]]]] = []
     for i, item in enumerate(items):
         label = f"items[{i}]"
         try:
@@ -333,26 +326,15 @@ def check_kubectl_list(doc: Any, where: str) -> None:
                 )
             seen[key] = i
             if kind == "Node":
-                count = _label_int(labels, GPU_COUNT_LABEL, None)
+                _label_int(labels, GPU_COUNT_LABEL, None)
                 _label_int(labels, GPU_MEMORY_LABEL, MAX_GPU_MEMORY_LABEL_MIB)
-                if count and count <= MAX_GPU_COUNT_LABEL and _counts_gpus(labels):
-                    gpu_counts[name] = count
                 _check_node(item)
             elif kind == "Pod":
                 _check_pod(item)
             else:
-                partitionings.append((i, name, _check_partitioning(item)))
+                _check_partitioning(item)
         except _Bad as bad:
             at, problem = bad.args
             raise SnapshotFileError(
                 f"snapshot file {where}: {label}: {at + ': ' if at else ''}{problem}"
             ) from None
-    for i, name, indices in partitionings:
-        count = gpu_counts.get(name)
-        for index, at in indices:
-            if count is not None and index >= count:
-                raise SnapshotFileError(
-                    f"snapshot file {where}: items[{i}] ({NP_KIND} {name}): {at}: GPU {index}, "
-                    f"but node {name} has {GPU_COUNT_LABEL}={count} (GPUs 0..{count - 1}); the "
-                    "dump mixes objects of different moments or the label is wrong: " + _FIX
-                )

@@ -21,6 +21,7 @@ __all__ = [
     "DeletePartitioning",
     "EmitEvent",
     "EvictPod",
+    "MarkCooldown",
     "ObjectRef",
     "PatchPod",
     "SetNodeCondition",
@@ -127,6 +128,16 @@ class WriteReservations:
 
 
 @dataclass(frozen=True, slots=True)
+class MarkCooldown:
+    """Write (``until`` set) or remove (``None``) the cool-down annotation of a NodePartitioning
+    (:data:`partitioner.snapshot.COOLDOWN_ANNOTATION`): seconds since the epoch, and the reason."""
+
+    node: str
+    until: float | None
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class SetNodeCondition:
     node: str
     status: Literal["True", "False"]
@@ -141,6 +152,7 @@ Action = (
     | PatchPod
     | EvictPod
     | WriteReservations
+    | MarkCooldown
     | SetNodeCondition
     | SetNodeLabel
     | RemoveNodeCondition

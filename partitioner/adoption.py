@@ -361,6 +361,16 @@ def _nos_status(
         try:
             profile = model.profile(m.group("profile"))
         except CatalogError as e:
+            if re.fullmatch(r"[0-9]+gb", m.group("profile")):
+                # nos's MPS status (status-gpu-<index>-<N>gb-<free|used>): the node was nos's
+                # MPS node and is now opted in as MIG
+                return LabelProblem(
+                    "UnreadableNosStatus",
+                    f"annotation {key} is nos's status of an MPS slice "
+                    f"({m.group('profile')}) on a node now opted in as MIG: nos's annotations "
+                    f"from when it partitioned the node for MPS; remove the stale nos "
+                    f"annotations (docs/operations.md, 'Migrate from nos')",
+                )
             return LabelProblem("UnreadableNosStatus", f"annotation {key}: {e}")
         if k > profile.max_count:
             return LabelProblem(
@@ -589,13 +599,19 @@ def adopt(
         return use
     nvidia_held = bool(use.whole or use.mig or use.shared)  # names NVIDIA's plugin serves
     if nvidia_held and (sliced := _time_sliced(node, use)) is not None:
+        by_mps = ((node.get("metadata") or {}).get("labels") or {}).get(_SHARING_LABEL) == "mps"
+        config = (
+            "its MPS sharing config (sharing.mps)"
+            if by_mps
+            else "its time-slicing config (sharing.timeSlicing)"
+        )
         return LabelProblem(
             "TimeSlicedBeforeAgent",
             f"NVIDIA's device plugin shares this node's GPUs ({sliced}): running pods "
             f"{_some(use.holders)} hold replicas, not devices, and which device or GPU each "
             f"shares is unknown until the gpuslice agent reports (it reads them through NVML "
             f"and the kubelet); wait for its report, or drain them. gpuslice serves whole "
-            f"devices: drop the time-slicing config of NVIDIA's plugin on gpuslice nodes",
+            f"devices: drop {config} from NVIDIA's plugin on gpuslice nodes",
         )
     if mode is Mode.MPS:
         if use.mps or use.whole or use.mig:

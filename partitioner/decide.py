@@ -160,6 +160,7 @@ from partitioner.actions import (
     DeletePartitioning,
     EmitEvent,
     EvictPod,
+    MarkCooldown,
     ObjectRef,
     PatchPod,
     SetNodeCondition,
@@ -178,9 +179,11 @@ from partitioner.optout import node_lifecycle
 from partitioner.rejection import PausedNode, paused_fit, reject_reason
 from partitioner.reservations import RESERVATION_ANNOTATION, Reservation, State
 from partitioner.snapshot import (
+    COOLDOWN_ANNOTATION,
     PLANNED_AT_ANNOTATION,
     ClusterView,
     NodeProblem,
+    cooldown_of,
     invalid_partitioning_message,
     no_eligible_notes,
     opted_in,
@@ -327,7 +330,11 @@ class ControllerState:
     cooldown: Mapping[str, float] = field(default_factory=dict)
     """Node -> until when it is left out of plans (it missed an apply deadline, or its kubelet
     refused a pod released there: that end is read again from the pod on every step,
-    :meth:`_Step.notice_rejections`)."""
+    :meth:`_Step.notice_rejections`).  Also written on the node's NodePartitioning
+    (:meth:`_Step.write_cooldowns`), from which every step reads it back: a restarted
+    controller or a new leader keeps it."""
+    cooldown_why: Mapping[str, str] = field(default_factory=dict)
+    """Node -> the Event reason that started its cool-down (written beside its end)."""
     last_plan: tuple[object, Plan] | None = None
     """The last planner input (as :attr:`_Step.plan_key`) and its plan: an identical input (nothing
     changed since, e.g. a retry of pods no GPU can hold) reuses the plan instead of solving
@@ -440,6 +447,17 @@ def is_degraded(np: NodePartitioning) -> bool:
 def _spec_plan(np: NodePartitioning | None) -> str:
     """The plan id of the node's spec ("" if none)."""
     return np.spec.planId if np is not None else ""
+
+
+_COOLING = {
+    "ApplyDeadlineMissed": "cooling down: it did not apply its last plan in time",
+    "DegradedCooldown": "cooling down: its agent refused its last plan (Degraded)",
+    "AdmissionRejected": "cooling down: its kubelet refused a pod released there",
+    "WriteRefused": "cooling down: the API server refused its spec (WriteRefused on its "
+    "NodePartitioning: RBAC, a webhook or an admission policy)",
+}
+"""Why a cooling node is left out, by the reason that started its cool-down (the
+``Waiting`` Event names it, so the operator looks where the cause is)."""
 
 
 def _planned_at(np: NodePartitioning) -> float | None:
@@ -770,6 +788,8 @@ class _Step:
         """Pod -> reason -> last message; copied on the first change (copy on write)."""
         self._reported_own = False
         self.cooldown = {n: t for n, t in state.cooldown.items() if t > now}
+        self.cooldown_why = {n: w for n, w in state.cooldown_why.items() if n in self.cooldown}
+        self._recorded_cooldowns()
         self.rejecting: dict[str, str] = {}
         """Nodes whose kubelet refused a pod released there, noticed this step -> why."""
         self.rejection_marks: set[str] = set()
@@ -1384,7 +1404,7 @@ class _Step:
             if self.now >= until:
                 # An old refusal: its cooldown is over (the running controller's too).
                 continue
-            self.cooldown[r.node] = max(self.cooldown.get(r.node, 0.0), until)
+            self._cool(r.node, until, "AdmissionRejected")
             message = (
                 f"the kubelet of node {r.node} refused the pod released there ({pod.rejected}); "
                 f"no pod is promised a slice there for {self.config.cooldown_s:.0f} s from its "
@@ -1553,7 +1573,9 @@ class _Step:
             if problem is not None:
                 return problem.reason
             if name in self.cooldown:
-                return "cooling down after a promise it did not keep"
+                return _COOLING.get(
+                    self.cooldown_why.get(name, ""), "cooling down after a promise it did not keep"
+                )
             if name in self.switching:
                 return "switching its partitioning mode"
             return "applying a previous plan"
@@ -1570,12 +1592,15 @@ class _Step:
 
     def _missed(self, pod: PodInfo, r: Reservation) -> None:
         waited = self.now - r.since
+        # the plan the node has not applied: the one in flight there (a reservation of a slice
+        # that existed already has no plan of its own: it waited for that one all the same)
+        plan = _spec_plan(self.index.partitioning(r.node)) or r.plan or "-"
         message = (
-            f"node {r.node} did not apply plan {r.plan or '-'} within "
+            f"node {r.node} did not apply plan {plan} within "
             f"{self.config.apply_deadline_s:.0f} s (waited {waited:.0f} s)"
         )
         if r.node not in self.cooldown:
-            self.cooldown[r.node] = self.now + self.config.cooldown_s
+            self._cool(r.node, self.now + self.config.cooldown_s, "ApplyDeadlineMissed")
             self.node_event(
                 r.node,
                 "ApplyDeadlineMissed",
@@ -1702,7 +1727,7 @@ class _Step:
             at = _planned_at(np)
             if at is not None and self.now - at > self.config.apply_deadline_s:
                 if name not in self.cooldown:
-                    self.cooldown[name] = self.now + self.config.cooldown_s
+                    self._cool(name, self.now + self.config.cooldown_s, "ApplyDeadlineMissed")
                     self.node_event(
                         name,
                         "ApplyDeadlineMissed",
@@ -1959,7 +1984,7 @@ class _Step:
         refused layout again, every batch window, while another node stood empty."""
         if node in self.cooldown:
             return
-        self.cooldown[node] = self.now + self.config.cooldown_s
+        self._cool(node, self.now + self.config.cooldown_s, "DegradedCooldown")
         np = self.index.partitioning(node)
         cond = np.condition("Degraded") if np is not None else None
         said = ""
@@ -1976,6 +2001,7 @@ class _Step:
     def release(self) -> None:
         for ledger in self.ledgers.values():
             if ledger.busy:
+                self._release_while_busy(ledger)
                 continue
             for h in sorted(ledger.holds, key=Hold.order):
                 r = h.reservation
@@ -2000,6 +2026,43 @@ class _Step:
                         f"node {r.node} applied its plan but kube-scheduler does not see the "
                         f"slice (node allocatable) after {self.now - r.since:.0f} s",
                     )
+
+    def _release_while_busy(self, ledger: NodeLedger) -> None:
+        """A node applying a spec releases a gated pod whose slice exists already and that spec
+        does not touch: its reservation is of a free slice (no plan) or of the plan the agent
+        applied last, and every GPU with a device of its resources (the kubelet may hand it
+        any free one) keeps its layout in the spec in flight.  Before, it waited for the whole spec, and an agent slow on another GPU made it
+        miss its deadline with its slice listed free the whole time (a review's finding: its
+        node then cooled down and a full GPU elsewhere was drained for it).  Nothing else is
+        decided on a busy node until it applies (released pods, deadlines: :meth:`_hold`)."""
+        np = ledger.np
+        if np is None:
+            return
+        unchanged: set[int] | None = None
+        applied = np.status.planId if np.status is not None else ""
+        for h in sorted(ledger.holds, key=Hold.order):
+            r = h.reservation
+            if h.released or not h.pod.gated or r.plan not in ("", applied):
+                continue
+            if unchanged is None:
+                unchanged = self._unchanged_gpus(ledger, np)
+            units = r.units()
+            touched = {g.index for g in ledger.gpus for d in g.devices if d.resource in units}
+            touched.update(i for idx in r.gpus.values() for i in idx)
+            if not touched <= unchanged:
+                continue
+            if all(ledger.scheduler_room(res) >= k for res, k in units.items()):
+                self._release(ledger, h.pod, r)
+
+    def _unchanged_gpus(self, ledger: NodeLedger, np: NodePartitioning) -> set[int]:
+        """The GPUs of ``ledger``'s node whose layout its spec keeps as the agent reports it."""
+        mode, foreign = ledger.gpu.mode, ledger.foreign
+        count = ledger.gpu.gpu_count
+        spec = _layout_key(np.spec.gpus)
+        now = _layout_key(
+            d for i in range(count) if (d := _desired_now(np, i, mode, foreign)) is not None
+        )
+        return {i for i in range(count) if spec.get(i) == now.get(i)}
 
     def _release(
         self,
@@ -2336,7 +2399,9 @@ class _Step:
         instance cannot preempt ``1g`` pods (the GPU would have to be repartitioned; it waits,
         or gets a drain).  If kube-scheduler does not preempt after all, the pod is an ungated
         pod like one created while the webhook was down: planned, never released, bound when
-        its slice exists.
+        its slice exists.  No pod is handed over while a node it may use shows kube-scheduler
+        room for it (:meth:`_binds_without_preempting`: that room is promised to other pods,
+        which kube-scheduler would give it instead of preempting).
 
         Cost: the candidates that outrank the lowest-priority slice pod (the index keeps that
         priority; none where all share one), one pass over the pods when one of them may
@@ -2359,6 +2424,8 @@ class _Step:
             if pod.dra:  # a claim's devices: not modelled here (it waits, or gets a drain)
                 continue
             if not self._short_of_capacity(key, pod, plan):
+                continue
+            if self._binds_without_preempting(pod):
                 continue
             if room is None:  # once per step, and only when some pod could preempt
                 room = _PreemptionRoom(self.index, self.ledgers)
@@ -2403,6 +2470,8 @@ class _Step:
             waited = self.now - (pod.created if pod.created is not None else self.now)
             if waited < after or not self._short_of_capacity(key, pod, plan):
                 continue
+            if self._binds_without_preempting(pod):
+                continue
             message = (
                 f"waited {waited:.0f} s and no node has room for {_units(pod.slices)}: gpuslice "
                 f"removed its scheduling gate (scaleUpAfterSeconds {after:g}) so kube-scheduler "
@@ -2410,6 +2479,26 @@ class _Step:
                 f"is still planned, without a reservation"
             )
             self._hand_over(key, pod, message, "ReleasedForScaleUp", "scale_up")
+
+    def _binds_without_preempting(self, pod: PodInfo) -> bool:
+        """kube-scheduler would bind ``pod`` at once, ungated, on a node it may use: that
+        node's allocatable minus its bound (and nominated) pods' units covers its slices.  Such
+        room is slices gpuslice promised to other pods (held for gated ones, or released ones
+        not bound yet) or keeps for an older pod: kube-scheduler knows nothing of promises and
+        would give one away (a review's finding: a ``Preempting`` pod bound onto the slice
+        promised to a pod of higher priority, and nobody was preempted).  It is not handed
+        over while that lasts: the promised pods bind, and then it is."""
+        for name in self.index.eligible(pod, self.gpu_nodes):
+            ledger = self.ledgers.get(name)
+            if ledger is None:
+                continue
+            if all(
+                ledger.scheduler_room(r) + ledger.released_unbound[r] >= k
+                for r, k in pod.slices.items()
+            ):
+                self.counts["handover_deferred"] += 1
+                return True
+        return False
 
     def _hand_over(self, key: str, pod: PodInfo, message: str, reason: str, count: str) -> None:
         """Remove gpuslice's gate from candidate ``key`` (Event ``reason``: ``message``) so
@@ -3038,6 +3127,47 @@ class _Step:
             if want != have:
                 self.actions.append(WriteReservations(name, want))
 
+    def _cool(self, node: str, until: float, reason: str) -> None:
+        """Leave ``node`` out of new promises until ``until`` (a cool-down already ending later
+        stays, with its reason)."""
+        if until > self.cooldown.get(node, -math.inf):
+            self.cooldown[node] = until
+            self.cooldown_why[node] = reason
+
+    def _recorded_cooldowns(self) -> None:
+        """Cool-downs that a NodePartitioning records and this controller's state lacks (or ends
+        sooner: by more than the millisecond the record is floored to) are taken up: a
+        restarted controller or a new leader keeps the cool-downs the previous one started."""
+        for name, info in self.index.partitionings.items():
+            np = info.np
+            if np is None or not np.metadata.annotations:
+                continue
+            recorded = cooldown_of(np)
+            if recorded is None:
+                continue
+            until, reason = recorded
+            if until > self.now and until > self.cooldown.get(name, -math.inf) + 0.001:
+                self.cooldown[name] = until
+                self.cooldown_why[name] = reason
+
+    def write_cooldowns(self) -> None:
+        """Record each node's cool-down on its NodePartitioning, and remove a record whose
+        cool-down is over (:data:`partitioner.snapshot.COOLDOWN_ANNOTATION`).  A node that
+        has none (never planned) keeps its cool-down in memory only."""
+        for name, info in sorted(self.index.partitionings.items()):
+            np = info.np
+            if np is None:
+                continue
+            recorded = cooldown_of(np) if np.metadata.annotations else None
+            until = self.cooldown.get(name)
+            if until is None or until <= self.now:
+                if recorded is not None or COOLDOWN_ANNOTATION in np.metadata.annotations:
+                    self.actions.append(MarkCooldown(name, None))
+                continue
+            why = self.cooldown_why.get(name, "")
+            if recorded is None or abs(recorded[0] - until) > 0.001 or recorded[1] != why:
+                self.actions.append(MarkCooldown(name, until, why))
+
     # ------------------------------------------------------------------ the whole step
 
     def run(self) -> Decision:
@@ -3084,6 +3214,7 @@ class _Step:
             if key in self.index.pods and not self._give_back(self.index.pods[key], reason):
                 self.once(self.index.pods[key], "Unplaceable", f"cannot place: {reason}", "Warning")
         self.write_views()
+        self.write_cooldowns()
         self._window_wakeups()
         gone = self.reported.keys() - self.seen - self.rejection_marks
         if gone:
@@ -3098,6 +3229,7 @@ class _Step:
             reported,
             self.last_id,
             self.cooldown,
+            self.cooldown_why,
             self.last_plan,
             self.plan_version,
             self.replan_at,
@@ -3484,6 +3616,7 @@ def _same_state(a: ControllerState, b: ControllerState) -> bool:
         and a.plan_version == b.plan_version
         and a.replan_at == b.replan_at
         and a.cooldown == b.cooldown
+        and a.cooldown_why == b.cooldown_why
         and (a.reported is b.reported or a.reported == b.reported)
         and a.window == b.window
     )

@@ -62,8 +62,9 @@ state it kept may predate the other leader's plans).  On shutdown the leader sto
 first, then releases the Lease, so a rolling update hands over within one retry period.  Without
 election the controller always leads: run one replica (the chart then uses ``Recreate``).
 
-Restart: nothing lives only in memory except the batch window, the Events already emitted and
-node cool-downs.  The index is rebuilt from the API; every reservation is on its pod (annotation
+Restart: nothing lives only in memory except the batch window and the Events already emitted
+(node cool-downs are written on the node's NodePartitioning, annotation
+``gpuslice.io/cooldown``, where it has one).  The index is rebuilt from the API; every reservation is on its pod (annotation
 ``gpuslice.io/reservation``), so a gated pod planned before the restart is released when its
 node applies, a released pod keeps its slice, and nothing is planned twice; pods still waiting
 open a new window; plan ids continue after the largest in the cluster.
@@ -197,11 +198,12 @@ def cool_refused_specs(
     write would be refused again: before, the same node was planned every batch and its pods
     waited for good, told nothing but ``Gated``."""
     until = now + cooldown_s
-    cooldown = dict(state.cooldown)
+    cooldown, why = dict(state.cooldown), dict(state.cooldown_why)
     for node in refused:
-        cooldown[node] = max(cooldown.get(node, 0.0), until)
+        if until > cooldown.get(node, 0.0):
+            cooldown[node], why[node] = until, "WriteRefused"
     retry = [p for pods in refused.values() for p in pods]
-    return replace(state, cooldown=cooldown, window=forget(state.window, retry))
+    return replace(state, cooldown=cooldown, cooldown_why=why, window=forget(state.window, retry))
 
 
 class Controller:

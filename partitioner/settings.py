@@ -515,7 +515,7 @@ class PartitionerSettings(CommonSettings):
         description=(
             "Plan nodes labelled gpuslice.io/partitioning=dra for pods that ask through "
             "ResourceClaims of gpuslice's DRA driver: watch ResourceClaims (resource.k8s.io/v1, "
-            "Kubernetes >= 1.34) and write those nodes' NodePartitioning specs, which their "
+            "Kubernetes >= 1.35) and write those nodes' NodePartitioning specs, which their "
             "agents publish (the chart sets it with dra.enabled)."
         ),
     )

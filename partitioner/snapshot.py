@@ -25,20 +25,28 @@ it into a :class:`ClusterReading`:
 * **Candidates.** A pod is batchable when it requests a partitionable resource
   (``nvidia.com/mig-<profile>``, ``nvidia.com/gpu-<N>gb``; not every one of them as zero: such
   a pod is not gpuslice's, kube-scheduler places it like any pod), is ``Pending`` with no
-  ``nodeName``, its ``PodScheduled`` condition is ``False``/``Unschedulable``, it is not
-  nominated, not being deleted and not owned by a DaemonSet.  Its eligible nodes are the GPU
-  nodes passing nodeSelector, required node affinity and taints (:mod:`.eligibility`).  A
-  batchable pod is then either *rejected* with a reason (no eligible node of the right mode, a
-  MIG profile no eligible GPU has, a malformed quantity; a "no eligible node" reason names an
-  opted-in node the pod would fit that is left out for its labels, as the controller's
-  ``Unplaceable`` Event does), *waiting* (in flight, or all its
-  eligible nodes busy), or a *candidate* (:class:`~planner.snapshot.PendingPod`, eligible nodes
-  restricted to the nodes in the snapshot).
+  ``nodeName``, carries gpuslice's scheduling gate (``gpuslice.io/slice``: once gpuslice is
+  installed its webhook gates every such pod, ``PodScheduled`` reason ``SchedulingGated``) or
+  its ``PodScheduled`` condition is ``False``/``Unschedulable``, it is not nominated, not being
+  deleted and not owned by a DaemonSet.  Its eligible nodes are the GPU nodes passing
+  nodeSelector, required node affinity and taints (:mod:`.eligibility`) whose allocatable
+  covers what else it asks for (``rdma/...``, ``hugepages-*``: kube-scheduler's
+  NodeResourcesFit), as the controller's.  A batchable pod is then either *rejected* with a
+  reason (no eligible node of the right mode, a MIG profile no eligible GPU has, a malformed
+  quantity; a "no eligible node" reason names an opted-in node the pod would fit that is left
+  out for its labels, as the controller's ``Unplaceable`` Event does), *waiting* (in flight: a
+  plan for it not applied yet, or gpuslice promised it slices, reservation annotation
+  ``gpuslice.io/reservation`` ``planned`` or ``released``, whose devices are then held on
+  their node as the controller holds them; held back by another controller's scheduling gate;
+  or all its eligible nodes busy), or a *candidate* (:class:`~planner.snapshot.PendingPod`,
+  eligible nodes restricted to the nodes in the snapshot).
 """
 
 from __future__ import annotations
 
+import datetime
 import json
+import math
 from collections.abc import Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
@@ -51,6 +59,7 @@ from contract.nodepartitioning import KIND as NP_KIND
 from contract.nodepartitioning import NodePartitioning
 from partitioner.adoption import Adopted, adopt_all
 from partitioner.eligibility import eligible_nodes, pod_fits_node
+from partitioner.gating import has_gate, other_gates
 from partitioner.node_labels import (
     PRODUCT_LABEL,
     GpuLabels,
@@ -66,16 +75,21 @@ from partitioner.rejection import (
     product_selector_hint,
     reject_reason,
 )
-from planner.catalog import Catalog, GpuModel
+from partitioner.reservations import RESERVATION_ANNOTATION, Reservation, State
+from planner.catalog import Catalog, CatalogError, GpuModel
 from planner.snapshot import (
+    GpuState,
     Mode,
     NodeState,
     PendingPod,
     Snapshot,
     is_partitionable_resource,
+    mig_resource,
+    mps_resource,
 )
 
 __all__ = [
+    "COOLDOWN_ANNOTATION",
     "DRA_VALUE",
     "GPUSLICE_LABEL",
     "MANAGED_LABEL",
@@ -86,6 +100,8 @@ __all__ = [
     "ClusterView",
     "GpuNode",
     "NodeProblem",
+    "cooldown_annotation",
+    "cooldown_of",
     "invalid_partitioning_message",
     "is_batchable",
     "left_out_sentence",
@@ -111,6 +127,12 @@ PLANNED_PODS_ANNOTATION = "gpuslice.io/planned-pods"
 """On a NodePartitioning: JSON list of the pod keys its current spec was written for."""
 PLANNED_AT_ANNOTATION = "gpuslice.io/planned-at"
 """On a NodePartitioning: when its current spec was planned (seconds since the epoch)."""
+COOLDOWN_ANNOTATION = "gpuslice.io/cooldown"
+"""On a NodePartitioning, while its node cools down after a promise it did not keep: JSON
+``{"until": "<RFC 3339>", "reason": "<the Event that started it>"}``.  The controller keeps its
+cool-downs in memory and writes them here, so a restarted controller or a new leader keeps the
+cool-down the previous one started (:meth:`partitioner.decide._Step.write_cooldowns`); it is
+removed once the cool-down ends."""
 
 
 Obj = Mapping[str, Any]
@@ -333,20 +355,25 @@ def _asks_for_nothing(pod: Obj) -> bool:
 
 
 def is_batchable(pod: Obj) -> bool:
-    """Pending, unschedulable, unbound, not nominated, not a DaemonSet's, wants a slice (names
-    a slice resource, not every one of them as zero)."""
+    """Pending, unbound, not nominated, not a DaemonSet's, wants a slice (names a slice
+    resource, not every one of them as zero), and either gated by gpuslice (carries
+    :data:`~partitioner.gating.GATE`: once gpuslice is installed its webhook gates every such
+    pod, and the API server sets ``PodScheduled=False`` with reason ``SchedulingGated``) or
+    unschedulable (``PodScheduled=False``/``Unschedulable``: kube-scheduler tried it, as before
+    gpuslice is installed)."""
     meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
     if meta.get("deletionTimestamp") or spec.get("nodeName") or status.get("nominatedNodeName"):
         return False
     if status.get("phase") != "Pending" or _owned_by_daemonset(pod):
         return False
-    scheduled = next(
-        (c for c in status.get("conditions") or () if c.get("type") == "PodScheduled"), None
-    )
-    if scheduled is None or scheduled.get("status") != "False":
-        return False
-    if scheduled.get("reason") != "Unschedulable":
-        return False
+    if not has_gate(pod):
+        scheduled = next(
+            (c for c in status.get("conditions") or () if c.get("type") == "PodScheduled"), None
+        )
+        if scheduled is None or scheduled.get("status") != "False":
+            return False
+        if scheduled.get("reason") != "Unschedulable":
+            return False
     return bool(_partitionable(pod)) and not _asks_for_nothing(pod)
 
 
@@ -371,6 +398,44 @@ def planned_pods(np: NodePartitioning) -> list[str]:
     except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
         return []
     return [p for p in pods if isinstance(p, str)] if isinstance(pods, list) else []
+
+
+def cooldown_annotation(until: float, reason: str) -> str:
+    """The value of :data:`COOLDOWN_ANNOTATION` for a cool-down ending at ``until`` (seconds
+    since the epoch), floored to the millisecond: a controller that reads it back never cools
+    the node longer than the one that wrote it."""
+    ms = math.floor(until * 1000)
+    stamp = datetime.datetime.fromtimestamp(ms // 1000, datetime.UTC) + datetime.timedelta(
+        milliseconds=ms % 1000
+    )
+    text = stamp.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    return json.dumps({"until": text, "reason": reason})
+
+
+def cooldown_of(np: NodePartitioning) -> tuple[float, str] | None:
+    """The cool-down :data:`COOLDOWN_ANNOTATION` records: ``(until, reason)``; ``None`` if there
+    is none or it is unreadable (edited by hand: the controller writes it again while the node
+    cools down, and it never extends one by itself)."""
+    raw = np.metadata.annotations.get(COOLDOWN_ANNOTATION)
+    if not raw:
+        return None
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("until"), str):
+        return None
+    try:
+        stamp = datetime.datetime.fromisoformat(doc["until"].replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=datetime.UTC)
+    until = stamp.timestamp()
+    reason = doc.get("reason")
+    if not math.isfinite(until):
+        return None
+    return until, reason[:64] if isinstance(reason, str) else ""
 
 
 def _as_count(value: Decimal, resource: str) -> int:
@@ -426,7 +491,16 @@ def _classify_pod(
 ) -> PendingPod | str:
     """The pod as a planner input, or the reason it can never be placed now.  ``problems``:
     the opted-in nodes left out for their labels (not in ``gpu_nodes``), named in a "no
-    eligible node" reason when the pod would fit them (:func:`left_out_sentence`)."""
+    eligible node" reason when the pod would fit them (:func:`left_out_sentence`).
+
+    Its eligible nodes are those the controller allows (``ClusterIndex.eligible`` in
+    :mod:`partitioner.index`): past nodeSelector, affinity and taints, a node's allocatable
+    must cover what else the pod asks for beside slices, CPU and memory (``rdma/...``,
+    ``hugepages-*``, other extended resources; kube-scheduler's NodeResourcesFit refuses a
+    node without it), and a "no eligible node" reason names what it asks, as the controller's
+    ``Unplaceable`` Event does."""
+    from partitioner import index  # imports this module: read here, once both are loaded
+
     try:
         requests = pod_requests(pod)
         slices = {r: _as_count(v, r) for r, v in requests.items() if is_partitionable_resource(r)}
@@ -435,11 +509,26 @@ def _classify_pod(
     except QuantityError as e:
         return f"invalid resource request: {e}"
     slices = {r: n for r, n in slices.items() if n > 0}
+    others = tuple(
+        sorted((r, v) for r, v in requests.items() if v > 0 and index._other_resource(r))
+    )
     eligible = eligible_nodes(pod, (view.nodes[n] for n in sorted(gpu_nodes)))
+    if others:
+        eligible = frozenset(
+            n for n in eligible if index.covers(index._allocatable_other(view.nodes[n]), others)
+        )
     reason = reject_reason(
         slices, [(gpu_nodes[n].mode, gpu_nodes[n].model) for n in sorted(eligible)]
     )
     if reason is not None:
+        if reason.startswith("no eligible node") and others:
+            # worded as the controller's (decide._reject_reason)
+            asked = ", ".join(f"{r}: {v}" for r, v in others)
+            reason = reason.replace(
+                "affinity and tolerations",
+                f"affinity and tolerations and advertises what else it asks for ({asked})",
+                1,
+            )
         if reason.startswith("no eligible node"):
             left_out = sorted((problems or {}).items())
             opted = sorted({*gpu_nodes, *(problems or {})} & view.nodes.keys())
@@ -503,6 +592,103 @@ def _why_not_plannable(
     return name
 
 
+def _promise(pod: Obj, gpu_nodes: Mapping[str, GpuNode], view: ClusterView) -> Reservation | None:
+    """The slices gpuslice promised ``pod`` and holds for it, read as the controller reads
+    them (``partitioner.decide``, ``read_pods`` and ``_hold``): a valid reservation
+    (:mod:`partitioner.reservations`; one written for another pod's uid or for other units is
+    ignored, the pod planned again) in state ``planned`` or ``released``, on a pod waiting for
+    its slice (not bound, finished or being deleted; not a DaemonSet's, not nominated), whose
+    node is still a GPU node that accepts it, and that no other controller's scheduling gate
+    holds back (the controller waits for those first and holds nothing).  ``None`` otherwise:
+    a ``draining`` reservation promises nothing yet, and a gated pod whose node is gone or
+    refuses it now is planned again."""
+    meta = pod.get("metadata") or {}
+    if RESERVATION_ANNOTATION not in (meta.get("annotations") or {}):
+        return None
+    if _owned_by_daemonset(pod) or (pod.get("status") or {}).get("nominatedNodeName"):
+        return None
+    from partitioner import index  # imports this module: read here, once both are loaded
+
+    info = index._read_pod(pod)
+    r = info.reservation
+    if r is None or not info.waiting or r.state is State.DRAINING:
+        return None
+    if info.gated and info.other_gates:
+        return None
+    node = view.nodes.get(r.node)
+    if r.node not in gpu_nodes or node is None or not pod_fits_node(pod, node):
+        return None
+    return r
+
+
+def _units(r: Reservation) -> str:
+    return ", ".join(
+        f"{n} x {resource} on GPU {', '.join(str(i) for i in sorted(set(r.gpus[resource])))}"
+        for resource, n in sorted(r.units().items())
+    )
+
+
+def _in_flight_reason(r: Reservation) -> str:
+    how = (
+        "released: kube-scheduler binds it there"
+        if r.state is State.RELEASED
+        else f"planned{' in plan ' + r.plan if r.plan else ''}: released once the node shows it"
+    )
+    return (
+        f"in flight: gpuslice promised it {_units(r)} of node {r.node} ({how}); not planned again"
+    )
+
+
+def _resource_of(model: GpuModel, profile: str) -> str:
+    try:
+        return model.profile(profile).resource
+    except CatalogError:
+        return mig_resource(profile)
+
+
+def _hold(gpu: GpuState, resource: str, model: GpuModel) -> GpuState:
+    """``gpu`` with one free device of ``resource`` marked used (held for a promised pod, as
+    the controller's ledger holds it); with none free (not reported as the promise expects),
+    the GPU locked: its layout is kept as it is."""
+    for k, inst in enumerate(gpu.mig):
+        if not inst.used and not inst.mps and _resource_of(model, inst.profile) == resource:
+            mig = (*gpu.mig[:k], replace(inst, used=True), *gpu.mig[k + 1 :])
+            return replace(gpu, mig=mig)
+    for k, sl in enumerate(gpu.mps):
+        if not sl.used and mps_resource(sl.memory_mib // 1024) == resource:
+            return replace(gpu, mps=(*gpu.mps[:k], replace(sl, used=True), *gpu.mps[k + 1 :]))
+    for k, inst in enumerate(gpu.mig):
+        for j, sl in enumerate(inst.mps):
+            if not sl.used and mps_resource(sl.memory_mib // 1024) == resource:
+                host = replace(
+                    inst, mps=(*inst.mps[:j], replace(sl, used=True), *inst.mps[j + 1 :])
+                )
+                return replace(gpu, mig=(*gpu.mig[:k], host, *gpu.mig[k + 1 :]))
+    return replace(gpu, locked=True)
+
+
+def _hold_promises(
+    adopted: Adopted, model: GpuModel, promises: Iterable[tuple[str, Reservation]]
+) -> Adopted:
+    """``adopted`` with the devices of the promises (pod key, reservation) on its node held:
+    the controller never plans another pod onto a slice it promised, nor moves it."""
+    gpus = {g.index: g for g in adopted.gpus}
+    held: list[str] = []
+    for key, r in promises:
+        for resource, indices in sorted(r.gpus.items()):
+            for i in indices:
+                if i in gpus:
+                    gpus[i] = _hold(gpus[i], resource, model)
+        held.append(f"{key} ({_units(r)})")
+    if not held:
+        return adopted
+    note = (
+        f"held for {len(held)} pod(s) gpuslice promised slices and that are not bound yet: "
+        + "; ".join(held)
+    )
+    return replace(adopted, gpus=tuple(gpus[i] for i in sorted(gpus)), notes=(*adopted.notes, note))
+
+
 def read_cluster(view: ClusterView, catalog: Catalog) -> ClusterReading:
     gpu_nodes: dict[str, GpuNode] = {}
     problems: dict[str, NodeProblem] = {}
@@ -554,6 +740,14 @@ def read_cluster(view: ClusterView, catalog: Catalog) -> ClusterReading:
                 f"in flight: waiting for node {n} to apply plan {np.spec.planId if np else ''}"
             )
 
+    promises = {
+        key: r for key in sorted(view.pods) if (r := _promise(view.pods[key], gpu_nodes, view))
+    }
+    for n in sorted(current):
+        mine = [(k, r) for k, r in promises.items() if r.node == n]
+        if mine:
+            current[n] = _hold_promises(current[n], gpu_nodes[n].model, mine)
+
     free = _free_node_resources(view, gpu_nodes)
     nodes = tuple(
         NodeState(
@@ -582,6 +776,15 @@ def read_cluster(view: ClusterView, catalog: Catalog) -> ClusterReading:
         batchable.add(key)
         if key in in_flight:
             waiting[key] = in_flight[key]
+            continue
+        held_back = other_gates(pod) if has_gate(pod) else []
+        if held_back:  # worded as the controller's (decide, read_pods)
+            waiting[key] = "waiting for other scheduling gates to be removed: " + ", ".join(
+                held_back
+            )
+            continue
+        if key in promises:
+            waiting[key] = _in_flight_reason(promises[key])
             continue
         pending = _classify_pod(pod, gpu_nodes, view, label_problems)
         if isinstance(pending, str):

@@ -61,6 +61,7 @@ from partitioner.actions import (
     DeletePartitioning,
     EmitEvent,
     EvictPod,
+    MarkCooldown,
     ObjectRef,
     PatchPod,
     SetNodeCondition,
@@ -78,7 +79,12 @@ from partitioner.kubeapi import (
 )
 from partitioner.node_actions import RemoveNodeCondition, SetNodeLabel
 from partitioner.node_writes import execute as execute_node_write
-from partitioner.snapshot import PLANNED_AT_ANNOTATION, PLANNED_PODS_ANNOTATION
+from partitioner.snapshot import (
+    COOLDOWN_ANNOTATION,
+    PLANNED_AT_ANNOTATION,
+    PLANNED_PODS_ANNOTATION,
+    cooldown_annotation,
+)
 
 __all__ = ["NP_PATH", "Outcome", "WriteBackoff", "execute"]
 
@@ -135,6 +141,7 @@ BackedOff = (
     | DeletePartitioning
     | WriteSpec
     | WriteReservations
+    | MarkCooldown
     | SetNodeCondition
     | SetNodeLabel
     | RemoveNodeCondition
@@ -144,6 +151,7 @@ _BACKED_OFF = (
     DeletePartitioning,
     WriteSpec,
     WriteReservations,
+    MarkCooldown,
     SetNodeCondition,
     SetNodeLabel,
     RemoveNodeCondition,
@@ -245,6 +253,7 @@ _REFUSED_WHAT = {
     "delete_partitioning": f"deleting {KIND} {{node}}",
     "write_spec": f"writing the spec of {KIND} {{node}}",
     "write_reservations": f"writing status.reservations of {KIND} {{node}}",
+    "mark_cooldown": f"writing the cool-down annotation of {KIND} {{node}}",
     "set_node_condition": "setting the GpusliceReady condition of node {node}",
     "set_node_label": "setting a label of node {node}",
     "remove_node_condition": "removing a condition of node {node}",
@@ -415,6 +424,12 @@ class _Writer:
         obj = await self.api.patch(f"{NP_PATH}/{a.node}/status", body)
         self.out.objects[a.node] = obj
 
+    async def cooldown(self, a: MarkCooldown) -> None:
+        value = None if a.until is None else cooldown_annotation(a.until, a.reason)
+        patch = {"metadata": {"annotations": {COOLDOWN_ANNOTATION: value}}}
+        with contextlib.suppress(NotFound):  # deleted since it was read: nothing to keep it on
+            self.out.objects[a.node] = await self.api.patch(f"{NP_PATH}/{a.node}", patch)
+
     async def condition(self, a: SetNodeCondition) -> None:
         stamp = self.wall().astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         cond = {
@@ -448,6 +463,8 @@ class _Writer:
                 await self.evict(a)
             case WriteReservations():
                 await self.reservations(a)
+            case MarkCooldown():
+                await self.cooldown(a)
 
 
 async def execute(
@@ -506,11 +523,20 @@ async def _tell_write_refusal(
     if not first:
         log.debug("%s refused again (%s); next try in %.0f s", what, e, wait)
         return
+    if isinstance(a, WriteSpec):  # operator.cool_refused_specs
+        again = (
+            "its pods are planned on other nodes and the node is left out of plans for "
+            "cooldownSeconds, then planned again"
+        )
+    else:
+        again = (
+            f"gpuslice tries it again less and less often (next in {wait:.0f} s, then up to "
+            f"every {backoff.cap_s:.0f} s), and at once when it changes"
+        )
     message = (
         f"{what[0].upper()}{what[1:]} was refused ({e.status} {e.reason}: {e.message}); "
-        f"gpuslice tries it again less and less often (next in {wait:.0f} s, then up to every "
-        f"{backoff.cap_s:.0f} s), and at once when it changes: allow gpuslice's "
-        "ServiceAccount this write (RBAC, validating webhooks, admission policies)"
+        f"{again}: allow gpuslice's ServiceAccount this write (RBAC, validating webhooks, "
+        "admission policies)"
     )
     log.warning("%s", message, extra={"node": a.node})
     await writer.event(EmitEvent(_refused_ref(a), "Warning", "WriteRefused", message))

@@ -26,7 +26,8 @@ kube-scheduler around it, after every step:
 3. **Restart.**  A fresh controller (``ControllerState()`` and an index built from the same
    objects, as after a restart) stepped at the same time drops no reservation the running
    controller keeps, moves none to another node, and makes no second reservation for a pod
-   that holds one; its outcome satisfies 1 as well.
+   that holds one; it keeps every cool-down the running controller recorded on a
+   NodePartitioning; its outcome satisfies 1 as well.
 4. **Determinism.**  The same objects, state and time give the same actions.
 
 The running controller reads an index kept up to date the way the operator's is
@@ -104,6 +105,7 @@ from partitioner.actions import (
     DeletePartitioning,
     EmitEvent,
     EvictPod,
+    MarkCooldown,
     PatchPod,
     SetNodeCondition,
     WriteReservations,
@@ -113,6 +115,7 @@ from partitioner.decide import ControllerState, Decision, decide, is_busy
 from partitioner.gating import GATE, release_patch
 from partitioner.index import ClusterIndex
 from partitioner.reservations import RESERVATION_ANNOTATION, Reservation, State, parse_reservation
+from partitioner.snapshot import COOLDOWN_ANNOTATION, cooldown_annotation
 from planner.catalog import GpuModel, default_catalog
 from planner.geometry import enumerate_layouts
 from simulations.replay.kube_rules import merge_patch, validate_pod_update
@@ -472,6 +475,14 @@ def apply_decision(w: World, d: Decision) -> Applied:
         elif isinstance(a, WriteReservations):
             np = w.nps[a.node]
             np["status"]["reservations"] = [r.model_dump(mode="json") for r in a.reservations]
+            np["metadata"]["resourceVersion"] = w.next_rv()
+        elif isinstance(a, MarkCooldown):  # a merge patch of one annotation
+            np = w.nps[a.node]
+            annotations = dict(np["metadata"].get("annotations") or {})
+            annotations.pop(COOLDOWN_ANNOTATION, None)
+            if a.until is not None:
+                annotations[COOLDOWN_ANNOTATION] = cooldown_annotation(a.until, a.reason)
+            np["metadata"]["annotations"] = annotations
             np["metadata"]["resourceVersion"] = w.next_rv()
         elif isinstance(a, EvictPod):
             pod = w.pods.get(a.pod)
@@ -973,6 +984,15 @@ def decide_step[W: World](
     d_new = decide(ControllerState(), restarted.fresh_index(), now, CONFIG)
     applied_new = apply_decision(restarted, d_new)
     counts.add("restarts")
+    for name, np in w.nps.items():  # ... which keeps the cool-downs recorded on the objects
+        if COOLDOWN_ANNOTATION in (np["metadata"].get("annotations") or {}):
+            until = state.cooldown.get(name, 0.0)
+            if until > now:
+                assert d_new.state.cooldown.get(name, 0.0) >= until - 0.001, (
+                    f"{where}: after a restart node {name} no longer cools down "
+                    f"(the running controller: until {until})"
+                )
+                counts.add("restart_cooldowns_kept")
 
     d = decide(state, index, now, CONFIG)
     ctl.state = d.state
@@ -1100,6 +1120,7 @@ def test_promises_stay_sound_on_random_clusters() -> None:
             "steps": 5 * CLUSTERS,
             "restarts": 5 * CLUSTERS,
             "restart_kept": CLUSTERS,
+            "restart_cooldowns_kept": CLUSTERS // 4,
             "reservations_made": CLUSTERS,
             "fast_reservations": CLUSTERS // 2,
             "plans": CLUSTERS // 4,

@@ -20,6 +20,7 @@ from test_partitioner_snapshot import A100, node, np
 
 from partitioner.actions import (
     EmitEvent,
+    MarkCooldown,
     PatchPod,
     SetNodeCondition,
     WriteReservations,
@@ -30,6 +31,7 @@ from partitioner.decide import ControllerState, DecideConfig, Decision, decide
 from partitioner.gating import GATE
 from partitioner.index import ClusterIndex
 from partitioner.reservations import RESERVATION_ANNOTATION, State, parse_reservation
+from partitioner.snapshot import COOLDOWN_ANNOTATION, cooldown_annotation
 from planner.catalog import default_catalog
 from planner.greedy import plan_greedy
 from simulations.replay.kube_rules import merge_patch, validate_pod_update
@@ -177,6 +179,13 @@ class Cluster:
                 obj.setdefault("status", {})["reservations"] = [
                     r.model_dump(mode="json") for r in a.reservations
                 ]
+            elif isinstance(a, MarkCooldown):  # a merge patch of one annotation
+                meta = self.objs[("NodePartitioning", a.node)]["metadata"]
+                annotations = dict(meta.get("annotations") or {})
+                annotations.pop(COOLDOWN_ANNOTATION, None)
+                if a.until is not None:
+                    annotations[COOLDOWN_ANNOTATION] = cooldown_annotation(a.until, a.reason)
+                meta["annotations"] = annotations
         return d
 
 

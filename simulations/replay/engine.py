@@ -160,6 +160,7 @@ from partitioner.actions import (
     NODE_CONDITION,
     EmitEvent,
     EvictPod,
+    MarkCooldown,
     PatchPod,
     SetNodeCondition,
     WriteReservations,
@@ -170,7 +171,7 @@ from partitioner.claims import DRIVER, MIG_CLASS
 from partitioner.decide import ControllerState, DecideConfig, decide
 from partitioner.index import ClusterIndex
 from partitioner.reservations import State
-from partitioner.snapshot import DRA_VALUE
+from partitioner.snapshot import COOLDOWN_ANNOTATION, DRA_VALUE, cooldown_annotation
 from planner.catalog import Catalog, CatalogError, GpuModel, default_catalog
 from planner.settings import PlannerSettings, Policy
 from planner.snapshot import (
@@ -1412,6 +1413,14 @@ class _Engine:
                 )
                 if self.dra is not None:  # the DRA agent withholds draining GPUs' free devices
                     self.dra.pools[action.node].fits.clear()
+            elif isinstance(action, MarkCooldown):
+                self.api.annotate_np(
+                    action.node,
+                    COOLDOWN_ANNOTATION,
+                    None
+                    if action.until is None
+                    else cooldown_annotation(action.until, action.reason),
+                )
             elif isinstance(action, EmitEvent):
                 self.result.events[action.reason] = self.result.events.get(action.reason, 0) + 1
             elif isinstance(action, EvictPod):

@@ -351,13 +351,28 @@ class SimApi:
         annotations = {PLANNED_PODS_ANNOTATION: json.dumps(list(planned_pods))}
         if planned_at is not None:
             annotations[PLANNED_AT_ANNOTATION] = f"{planned_at:.3f}"
-        meta["annotations"] = annotations
+        meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}  # merge patch
         if np["spec"] != spec:
             meta["generation"] = int(meta["generation"]) + 1
         np["spec"] = dict(spec)
         self._stamp(np)
         self.index.upsert_partitioning(np)
         return np
+
+    def annotate_np(self, name: str, key: str, value: str | None) -> None:
+        """A merge patch of one annotation of a NodePartitioning (``None`` removes it)."""
+        np = self.partitionings.get(name)
+        if np is None:
+            return  # the API answers 404; the partitioner's writer passes it by
+        meta = np["metadata"]
+        annotations = dict(meta.get("annotations") or {})
+        if value is None:
+            annotations.pop(key, None)
+        else:
+            annotations[key] = value
+        meta["annotations"] = annotations
+        self._stamp(np)
+        self.index.upsert_partitioning(np)
 
     def patch_np_status(self, name: str, status: Mapping[str, Any]) -> None:
         """A merge patch of the status subresource (agent fields or the partitioner's).

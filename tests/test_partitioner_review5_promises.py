@@ -1,0 +1,204 @@
+"""Promises a review found broken (thirty-sixth session), driven through the real ``decide()``
+with the Cluster harness of tests/test_partitioner_promises.py.
+
+1. A gated pod promised a slice that exists was not released while its node applied a spec
+   for *another* GPU: a slow agent there made it miss its deadline with its slice listed free
+   the whole time (its node cooled down, "did not apply plan -").
+2. A pod handed to kube-scheduler's preemption (``Preempting``) or to the autoscaler
+   (``ReleasedForScaleUp``) loses its gate without a pin: where allocatable shows room only
+   because slices are promised to other pods, kube-scheduler binds it there at once, onto
+   another pod's promise, and nobody is preempted."""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import replace
+from typing import Any
+
+from test_partitioner_promises import (
+    CONFIG,
+    MIG,
+    ONE_G,
+    T0,
+    Cluster,
+    applied_np,
+    events,
+    gated,
+    reservation,
+    running,
+    status_gpu,
+)
+from test_partitioner_snapshot import node
+
+from partitioner.gating import release_patch
+from partitioner.reservations import RESERVATION_ANNOTATION, Reservation, State
+from simulations.replay.kube_rules import merge_patch
+
+ONE_GPU = {**MIG, "nvidia.com/gpu.count": "1"}
+TWO_GPUS = {**MIG, "nvidia.com/gpu.count": "2"}
+FOUR_G = "nvidia.com/mig-4g.40gb"
+
+
+def prio(pod: dict[str, Any], value: int) -> dict[str, Any]:
+    pod["spec"]["priority"] = value
+    return pod
+
+
+def busy_n2(gpu1_spec: list[dict[str, Any]], gpu0_spec: list[dict[str, Any]] | None = None):
+    """n2: GPU 0 holds 4g@0, 1g@4, 1g@5 used and 1g@6 free (the kubelet lists it); plan 5, in
+    flight (written 20 s ago, not observed), asks GPU 1 for ``gpu1_spec`` (GPU 0 as it is, or
+    ``gpu0_spec``)."""
+    np2 = applied_np(
+        "n2",
+        status_gpu(
+            0,
+            ("4g.40gb", 0, True),
+            ("1g.10gb", 4, True),
+            ("1g.10gb", 5, True),
+            ("1g.10gb", 6, False),
+        ),
+        status_gpu(1),
+    )
+    np2["spec"]["planId"] = "5"
+    if gpu0_spec is not None:
+        np2["spec"]["gpus"][0] = {"index": 0, "mig": gpu0_spec}
+    np2["spec"]["gpus"][1] = {"index": 1, "mig": gpu1_spec}
+    np2["metadata"]["generation"] = 3  # the agent observed 2
+    np2["metadata"]["annotations"] = {"gpuslice.io/planned-at": f"{T0 - 20:.3f}"}
+    n2 = node("n2", TWO_GPUS)
+    n2["status"]["allocatable"].update({FOUR_G: "1", ONE_G: "3"})
+    bound = [running("w0", "n2", FOUR_G), running("w1", "n2", ONE_G), running("w2", "n2", ONE_G)]
+    return n2, np2, bound
+
+
+def held(pod: dict[str, Any], node_name: str, since: float) -> dict[str, Any]:
+    pod["metadata"]["annotations"] = {
+        RESERVATION_ANNOTATION: json.dumps(
+            {
+                "node": node_name,
+                "state": "planned",
+                "gpus": {ONE_G: [0]},
+                "since": since,
+                "deadline": since + 300,
+                "pod": pod["metadata"]["uid"],
+            }
+        )
+    }
+    return pod
+
+
+def test_a_slice_that_exists_is_released_while_its_node_applies_a_spec_for_another_gpu() -> None:
+    n2, np2, bound = busy_n2([{"profile": "7g.80gb", "start": 0}])
+    c = Cluster(n2, np2, *bound, held(gated("L", ONE_G, created=T0 - 60), "n2", T0 - 15))
+    d = c.step(T0)
+    r = reservation(c, "L")
+    assert r is not None and r.state is State.RELEASED and r.node == "n2", events(d, "Released")
+    assert "schedulingGates" not in c.pod("L")["spec"]
+
+
+def test_not_while_the_spec_in_flight_changes_a_gpu_holding_its_resource() -> None:
+    """The kubelet may hand the pod any free 1g of the node: with the spec in flight
+    repartitioning GPU 0 (its 1g@6 becomes part of a new layout), it waits for that spec."""
+    gpu0 = [
+        {"profile": "4g.40gb", "start": 0},
+        {"profile": "1g.10gb", "start": 4},
+        {"profile": "1g.10gb", "start": 5},
+    ]  # 1g@6 destroyed by plan 5
+    n2, np2, bound = busy_n2([{"profile": "7g.80gb", "start": 0}], gpu0)
+    c = Cluster(n2, np2, *bound, held(gated("L", ONE_G, created=T0 - 60), "n2", T0 - 15))
+    c.step(T0)
+    r = reservation(c, "L")
+    assert r is not None and r.state is State.PLANNED
+    assert c.pod("L")["spec"]["schedulingGates"]
+
+
+def test_a_missed_deadline_names_the_plan_in_flight() -> None:
+    gpu0 = [
+        {"profile": "4g.40gb", "start": 0},
+        {"profile": "1g.10gb", "start": 4},
+        {"profile": "1g.10gb", "start": 5},
+    ]
+    n2, np2, bound = busy_n2([{"profile": "7g.80gb", "start": 0}], gpu0)
+    c = Cluster(n2, np2, *bound, held(gated("L", ONE_G, created=T0 - 400), "n2", T0 - 301))
+    d = c.step(T0)
+    (dropped,) = events(d, "ReservationDropped")
+    assert "did not apply plan 5 " in dropped and "plan -" not in dropped
+
+
+def released(pod: dict[str, Any], node_name: str, since: float) -> dict[str, Any]:
+    r = Reservation(node_name, State.RELEASED, {ONE_G: (0,)}, "", since, since + 120)
+    patch = release_patch(pod, node_name, {RESERVATION_ANNOTATION: r.to_json()})
+    return merge_patch(copy.deepcopy(pod), patch)
+
+
+def preemption_cluster(l_bound: bool) -> Cluster:
+    """n1: seven 1g, all held by priority-0 pods (victims).  n2: its one free 1g released to L
+    (priority 1000), bound or not yet.  H (priority 500, 1g) waits."""
+    n1 = node("n1", ONE_GPU)
+    n1["status"]["allocatable"][ONE_G] = "7"
+    np1 = applied_np("n1", status_gpu(0, *(("1g.10gb", s, True) for s in range(7))))
+    victims = [prio(running(f"v{s}", "n1", ONE_G), 0) for s in range(7)]
+    n2 = node("n2", ONE_GPU)
+    n2["status"]["allocatable"].update({FOUR_G: "1", ONE_G: "3"})
+    np2 = applied_np(
+        "n2",
+        status_gpu(
+            0,
+            ("4g.40gb", 0, True),
+            ("1g.10gb", 4, True),
+            ("1g.10gb", 5, True),
+            ("1g.10gb", 6, l_bound),
+        ),
+    )
+    w = [
+        prio(running("w0", "n2", FOUR_G), 2000),
+        prio(running("w1", "n2", ONE_G), 2000),
+        prio(running("w2", "n2", ONE_G), 2000),
+    ]
+    lpod = released(prio(gated("L", ONE_G, created=T0 - 60), 1000), "n2", T0 - 5)
+    if l_bound:
+        lpod["spec"]["nodeName"] = "n2"
+        lpod["status"] = {"phase": "Running"}
+    h = prio(gated("H", ONE_G, created=T0 - 5), 500)
+    return Cluster(n1, np1, *victims, n2, np2, *w, lpod, h)
+
+
+def first_preempting(c: Cluster) -> list[str]:
+    out: list[str] = []
+    for t in range(0, 200, 10):
+        d = c.step(T0 + t)
+        out += events(d, "Preempting")
+        if out:
+            break
+    return out
+
+
+def test_no_pod_is_handed_over_while_kube_scheduler_would_bind_it_onto_a_promise() -> None:
+    """L's released, unbound 1g on n2 is what kube-scheduler would give H, ungated, before
+    preempting anyone: H keeps its gate until L binds."""
+    c = preemption_cluster(l_bound=False)
+    assert first_preempting(c) == []
+    assert c.pod("H")["spec"]["schedulingGates"]
+
+
+def test_once_the_promised_pod_bound_it_is_handed_over_for_preemption() -> None:
+    """The same cluster with L bound: no room but the victims' slices, so H is handed over
+    (the check above is what held it back, not the rest of the preemption rule)."""
+    c = preemption_cluster(l_bound=True)
+    (message,) = first_preempting(c)
+    assert "node n1" in message
+    assert "schedulingGates" not in c.pod("H")["spec"]
+
+
+def test_scale_up_waits_too_while_a_promise_is_visible_room() -> None:
+    cfg = replace(CONFIG, scale_up_after_s=1.0, preemption=False)
+    c = preemption_cluster(l_bound=False)
+    told: list[str] = []
+    for t in range(0, 200, 10):
+        told += events(c.step(T0 + t, cfg), "ReleasedForScaleUp")
+    assert told == [] and c.pod("H")["spec"]["schedulingGates"]
+    c = preemption_cluster(l_bound=True)
+    for t in range(0, 200, 10):
+        told += events(c.step(T0 + t, cfg), "ReleasedForScaleUp")
+    assert len(told) == 1
