@@ -661,8 +661,9 @@ def _read_pod(
             f"resource per container (several units of it are fine), or split the container"
         )
         slices = {}
-    if whole and slices and not error:
+    if unbound and whole and slices and not error:
         # gpuslice nodes advertise no nvidia.com/gpu: released there, the pod could never bind
+        # (a bound pod got both from NVIDIA's mixed plugin, and holds both)
         error = (
             f"asks for whole GPUs ({_WHOLE_GPU}: {whole}) and slices at once; gpuslice nodes "
             f"advertise no {_WHOLE_GPU}, so kube-scheduler could never bind it there; ask for "

@@ -65,6 +65,7 @@ from contract.dra_devices import placement_device_name
 from contract.nodepartitioning import NodePartitioning
 from partitioner.adoption import (
     Adopted,
+    _is_shared,
     adopt,
     agent_reported,
     foreign_mode,
@@ -935,10 +936,17 @@ def _used_health(
 
 
 def _pseudo_pod(pod: PodInfo) -> dict[str, object]:
-    """What :func:`partitioner.adoption.adopt` reads of a bound pod: its name and GPU requests."""
-    limits = {r: str(k) for r, k in pod.slices.items()}
+    """What :func:`partitioner.adoption.adopt` reads of a bound pod: its name and GPU requests
+    (slices, whole GPUs, and the replicas of time-sliced GPUs that NVIDIA's plugin names
+    ``nvidia.com/gpu.shared`` under ``renameByDefault``, kept in
+    :attr:`~partitioner.index.PodInfo.other_requests`: held, they make the node
+    ``TimeSlicedBeforeAgent`` as they do in the what-if reader)."""
+    limits: dict[str, object] = {r: str(k) for r, k in pod.slices.items()}
     if pod.whole_gpus:
         limits["nvidia.com/gpu"] = str(pod.whole_gpus)
+    for r, v in pod.other_requests:
+        if _is_shared(r):  # the parsed quantity as it is: adopt reads it as the raw pod's
+            limits[r] = v
     return {
         "metadata": {"name": pod.name, "namespace": pod.namespace},
         "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]},
