@@ -148,7 +148,10 @@ class KubeApi:
         self._client: ApiClient | None = None
         self._client_for: tuple[str, ssl.SSLContext | bool] | None = None
         self._retired: list[ApiClient] = []
-        """Clients of an earlier login: requests may still be in flight on them."""
+        """Clients of an earlier login with requests still in flight on them: each is closed
+        when its last one ends (before, every re-login after a 401 left one open for good)."""
+        self._in_flight: dict[int, int] = {}
+        """``id(client)`` -> requests in flight on it."""
 
     async def close(self) -> None:
         clients = [*self._retired, *([self._client] if self._client is not None else [])]
@@ -160,10 +163,24 @@ class KubeApi:
         key = (ep.server, ep.ssl)
         if self._client is None or self._client_for != key:
             client = await _api_client(ep)
-            if self._client is not None:
-                self._retired.append(self._client)
-            self._client, self._client_for = client, key
+            old, self._client, self._client_for = self._client, client, key
+            if old is not None:
+                if self._in_flight.get(id(old)):
+                    self._retired.append(old)
+                else:
+                    await old.close()
         return self._client
+
+    async def _done(self, client: ApiClient) -> None:
+        """A request on ``client`` ended: a retired client with none left is closed."""
+        left = self._in_flight.get(id(client), 1) - 1
+        if left > 0:
+            self._in_flight[id(client)] = left
+            return
+        self._in_flight.pop(id(client), None)
+        if any(c is client for c in self._retired):
+            self._retired = [c for c in self._retired if c is not client]
+            await client.close()
 
     async def request(
         self,
@@ -177,6 +194,22 @@ class KubeApi:
         """``method path`` with a JSON ``body`` (sent as ``content_type``); the decoded answer."""
         ep = self._endpoint()
         client = await self._client_of(ep)
+        self._in_flight[id(client)] = self._in_flight.get(id(client), 0) + 1
+        try:
+            return await self._call(client, ep, method, path, body, content_type, query)
+        finally:
+            await self._done(client)
+
+    async def _call(
+        self,
+        client: ApiClient,
+        ep: Endpoint,
+        method: str,
+        path: str,
+        body: Mapping[str, Any] | None,
+        content_type: str,
+        query: Mapping[str, str] | None,
+    ) -> dict[str, Any]:
         headers = {**ep.headers, "Accept": "application/json", "Content-Type": content_type}
         where = f"{method} {path}"
         try:

@@ -214,11 +214,46 @@ async def test_a_new_login_gets_a_new_connection_and_the_old_one_is_closed(
     first = kube._client
     logins.append(Endpoint(server, {"Authorization": "Bearer two"}, ssl=False))
     await kube.create(NODES, node("b"))
-    assert kube._client is not first and kube._retired == [first]
-    assert [w.author for w in api.writes] == ["one", "two"]
-    await kube.close()
+    # nothing was in flight on the first login's client: closed at once, not kept for good
+    assert kube._client is not first and kube._retired == []
     assert first is not None and first.rest_client.pool_manager.closed
+    assert [w.author for w in api.writes] == ["one", "two"]
+    second = kube._client
+    await kube.close()
+    assert second is not None and second.rest_client.pool_manager.closed
     assert kube._client is None and kube._retired == []
+
+
+async def test_a_client_retired_mid_request_is_closed_when_its_request_ends(
+    api: ApiServer,
+) -> None:
+    """A re-login while a request is in flight on the old client: that request completes on
+    it, then the old client is closed (each re-login after a 401 left one open before)."""
+    server = str(api.url).rstrip("/")
+    logins = [Endpoint(server, {"Authorization": "Bearer one"}, ssl=ssl.create_default_context())]
+    kube = KubeApi(lambda: logins[-1])
+    await kube.create(NODES, node("a"))
+    first = kube._client
+    assert first is not None
+    started, go = asyncio.Event(), asyncio.Event()
+    real_call = first.call_api
+
+    async def slow_call(*args: Any, **kwargs: Any) -> Any:
+        started.set()
+        await go.wait()
+        return await real_call(*args, **kwargs)
+
+    first.call_api = slow_call  # type: ignore[method-assign]
+    slow = asyncio.create_task(kube.create(NODES, node("b")))
+    await started.wait()
+    logins.append(Endpoint(server, {"Authorization": "Bearer two"}, ssl=False))
+    await kube.create(NODES, node("c"))  # the new login: a new client, the old one retired
+    assert kube._retired == [first] and not first.rest_client.pool_manager.closed
+    go.set()
+    await slow
+    assert kube._retired == [] and first.rest_client.pool_manager.closed
+    assert sorted(w.author for w in api.writes) == ["one", "one", "two"]
+    await kube.close()
 
 
 # ------------------------------------------------------------------------------ retries
