@@ -14,7 +14,8 @@ so it is safe on a GPU that runs work, MIG mode on or off:
 
 * per GPU: ``nvmlDeviceGetName`` / ``GetPciInfo`` (device id ``pciDeviceId >> 16``) /
   ``GetMemoryInfo`` / ``GetMigMode`` (``NOT_SUPPORTED``: not MIG-capable);
-* per GPU-instance profile index ``0 .. NVML_GPU_INSTANCE_PROFILE_COUNT - 1``:
+* per GPU-instance profile index ``0 ..`` the binding's ``NVML_GPU_INSTANCE_PROFILE_COUNT - 1``
+  or the highest index the catalog knows, whichever is larger:
   ``nvmlDeviceGetGpuInstanceProfileInfoV`` (v2 struct: ``id``, ``sliceCount``,
   ``instanceCount``, ``memorySizeMB``, ``name`` such as ``MIG 1g.18gb``); ``NOT_SUPPORTED`` or
   ``INVALID_ARGUMENT`` means the GPU lacks that profile, any other error is recorded as the
@@ -137,8 +138,11 @@ def _probe_profile(m: ModuleType, h: Any, idx: int) -> ProbedProfile | None:
     return out
 
 
-def probe(m: ModuleType) -> list[ProbedGpu]:
-    """Read every GPU and its MIG profiles through the pynvml module ``m`` (read-only)."""
+def probe(m: ModuleType, profile_indices: int = 0) -> list[ProbedGpu]:
+    """Read every GPU and its MIG profiles through the pynvml module ``m`` (read-only): the
+    GPU-instance profile indices below the binding's count or ``profile_indices``, whichever is
+    larger (an older binding counts none of the RTX PRO ``+gfx`` profiles, 0xA and 0xB)."""
+    count = max(int(getattr(m, "NVML_GPU_INSTANCE_PROFILE_COUNT", 0)), profile_indices)
     m.nvmlInit()
     try:
         gpus: list[ProbedGpu] = []
@@ -161,7 +165,7 @@ def probe(m: ModuleType) -> list[ProbedGpu]:
                     gpu.error = f"MIG mode: {e}"
                 gpu.mig_capable = False
             if gpu.mig_capable:
-                for idx in range(int(m.NVML_GPU_INSTANCE_PROFILE_COUNT)):
+                for idx in range(count):
                     found = _probe_profile(m, h, idx)
                     if found is not None:
                         gpu.profiles.append(found)
@@ -275,7 +279,9 @@ def check(catalog: Catalog, nvml: ModuleType | None = None) -> int:
     """Probe, compare, print the report as JSON on stdout; the exit code of the module doc."""
     try:
         m = nvml if nvml is not None else importlib.import_module("pynvml")
-        gpus = probe(m)
+        gpus = probe(
+            m, 1 + max((p.nvml_index for g in catalog.models for p in g.profiles), default=-1)
+        )
     except Exception as e:  # no driver, no library: nothing to compare
         print(f"NVML unavailable: {e}", file=sys.stderr)
         return 2

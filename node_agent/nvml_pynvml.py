@@ -19,16 +19,21 @@ A thin translation of :class:`node_agent.nvml.Nvml` into driver calls; no policy
   NVML client holds the device, as any "monitoring application" would) and initialised again
   afterwards, whatever the outcome; cached handles and profiles are dropped.
 * Process names: ``nvmlSystemGetProcessName(pid)`` (``""`` when NVML cannot tell).
-* GPU instances are enumerated per profile: for every profile index ``0 ..
-  NVML_GPU_INSTANCE_PROFILE_COUNT`` the profile info (``NOT_SUPPORTED`` skipped) gives the
-  profile id and the maximum count, then ``nvmlDeviceGetGpuInstances(h, id, array, byref(n))``
-  and ``nvmlGpuInstanceGetInfo`` give GI id and placement.  Its compute instances are listed per
-  compute-instance profile (``nvmlGpuInstanceGetComputeInstanceProfileInfo`` for each
-  ``NVML_COMPUTE_INSTANCE_PROFILE_<n>_SLICE`` the GI offers, then
-  ``nvmlGpuInstanceGetComputeInstances`` / ``nvmlComputeInstanceGetInfo``); the profile's
-  ``sliceCount`` is each CI's size, which :meth:`PynvmlAdapter.gpu_instances_with_ci_slices`
-  reports: a CI smaller than its GI (``1c.3g.40gb``, made by ``nvidia-smi mig -cci`` or a
-  mig-parted config) is no full MIG device of the GI's profile.
+* GPU instances are enumerated per profile: for every profile index from 0 up to the larger
+  of the binding's ``NVML_GPU_INSTANCE_PROFILE_COUNT`` and the highest ``nvml_index`` of the
+  catalog + 1 (an older nvidia-ml-py stops at 0xA, before the RTX PRO ``+gfx`` indices 0xA/0xB
+  that the driver answers whatever the binding) the profile info (``NOT_SUPPORTED`` /
+  ``INVALID_ARGUMENT`` skipped) gives the profile id and the maximum count, then
+  ``nvmlDeviceGetGpuInstances(h, id, array, byref(n))`` and ``nvmlGpuInstanceGetInfo`` give GI
+  id and placement.  Its compute instances are listed per compute-instance profile, as NVIDIA's
+  go-nvlib visits them: ``nvmlGpuInstanceGetComputeInstanceProfileInfo`` for every index from 0
+  up to ``NVML_COMPUTE_INSTANCE_PROFILE_COUNT`` (at least 0..8, so ``1_SLICE_REV1`` and
+  ``7_SLICE_NVL`` too; ``NOT_SUPPORTED`` / ``INVALID_ARGUMENT`` skipped, a profile id answered
+  twice listed once), then ``nvmlGpuInstanceGetComputeInstances`` /
+  ``nvmlComputeInstanceGetInfo``; the profile's ``sliceCount`` is each CI's size, which
+  :meth:`PynvmlAdapter.gpu_instances_with_ci_slices` reports: a CI smaller than its GI
+  (``1c.3g.40gb``, made by ``nvidia-smi mig -cci`` or a mig-parted config) is no full MIG device
+  of the GI's profile.
 * Create: ``nvmlDeviceCreateGpuInstanceWithPlacement(h, id, byref(c_nvmlGpuInstancePlacement_t
   (start, size)))``, then the full-size CI: the compute-instance profile with the GI's slice
   count and the SHARED engine profile, ``nvmlGpuInstanceCreateComputeInstance``.
@@ -78,6 +83,7 @@ from node_agent.nvml import (
     XidEvent,
     XidRegistration,
 )
+from planner.catalog import Catalog, default_catalog
 
 __all__ = ["PynvmlAdapter"]
 
@@ -97,6 +103,10 @@ _CI_PROFILE_FOR_SLICES = {
     8: "NVML_COMPUTE_INSTANCE_PROFILE_8_SLICE",
 }
 
+_CI_PROFILE_INDEX_FLOOR = 9
+"""Compute-instance profile indexes always asked about: 0..8, through ``1_SLICE_REV1`` (0x7) and
+``7_SLICE_NVL`` (0x8), whatever ``NVML_COMPUTE_INSTANCE_PROFILE_COUNT`` the binding has."""
+
 log = logging.getLogger(__name__)
 
 
@@ -113,6 +123,11 @@ def _handle_key(h: Any) -> Any:
         return h
 
 
+def _gi_index_count(catalog: Catalog) -> int:
+    """One past the highest ``NVML_GPU_INSTANCE_PROFILE_*`` index the catalog knows."""
+    return 1 + max((p.nvml_index for m in catalog.models for p in m.profiles), default=-1)
+
+
 def _scope(v: Any) -> int | None:
     """A GI or CI id of an event; ``None`` for :data:`XID_NOT_MIG_SCOPED`."""
     value = int(v)
@@ -120,11 +135,23 @@ def _scope(v: Any) -> int | None:
 
 
 class PynvmlAdapter:
-    """:class:`node_agent.nvml.Nvml` over the pynvml module (``nvmlInit`` on construction)."""
+    """:class:`node_agent.nvml.Nvml` over the pynvml module (``nvmlInit`` on construction).
 
-    def __init__(self, nvml: ModuleType | None = None, smi: NvidiaSmi | None = None) -> None:
+    ``catalog`` (default: the built-in one) names the GPU-instance profile indexes asked about
+    beyond the binding's ``NVML_GPU_INSTANCE_PROFILE_COUNT``."""
+
+    def __init__(
+        self,
+        nvml: ModuleType | None = None,
+        smi: NvidiaSmi | None = None,
+        *,
+        catalog: Catalog | None = None,
+    ) -> None:
         self._m: Any = nvml if nvml is not None else importlib.import_module("pynvml")
         self._smi = smi if smi is not None else NvidiaSmi()
+        self._catalog_gi_indexes = _gi_index_count(
+            catalog if catalog is not None else default_catalog()
+        )
         self._uninitialised = False
         """NVML shut down for a GPU reset did not initialise again (:meth:`_init_after_reset`)."""
         self._call("init", self._m.nvmlInit)
@@ -347,11 +374,16 @@ class PynvmlAdapter:
 
         With MIG mode off NVML answers ``NOT_SUPPORTED`` for every profile; that empty answer
         is not kept, so the profiles are read again once MIG mode is on (a pending mode that
-        became current at a reset, or Hopper's immediate switch)."""
+        became current at a reset, or Hopper's immediate switch).  The indexes asked about reach
+        past the binding's ``NVML_GPU_INSTANCE_PROFILE_COUNT`` to every index the catalog knows:
+        nvidia-ml-py 12.535 stops at 0xA, yet the driver (R575+) answers the RTX PRO ``+gfx``
+        indices 0xA/0xB; an index the GPU lacks answers ``NOT_SUPPORTED`` or
+        ``INVALID_ARGUMENT`` and is skipped."""
         if gpu not in self._profiles:
             m = self._m
             infos = []
-            for idx in range(m.NVML_GPU_INSTANCE_PROFILE_COUNT):
+            count = max(int(m.NVML_GPU_INSTANCE_PROFILE_COUNT), self._catalog_gi_indexes)
+            for idx in range(count):
                 try:
                     infos.append(m.nvmlDeviceGetGpuInstanceProfileInfo(h, idx))
                 except m.NVMLError as e:
@@ -385,37 +417,46 @@ class PynvmlAdapter:
 
     def _compute_instances(self, gi: Any) -> list[tuple[Any, int, int]]:
         """``(CI handle, CI id, compute slices)`` of every compute instance of a GI, its size
-        from the compute-instance profile it is listed under."""
+        the ``sliceCount`` of the compute-instance profile it is listed under.
+
+        Every profile index is asked about, as NVIDIA's go-nvlib visits them: a CI made under
+        ``1_SLICE_REV1`` (0x7) or ``7_SLICE_NVL`` (0x8) -- by an admin's ``nvidia-smi mig -cci``
+        or a go-nvlib tool -- is listed only under that profile, and a GI read without it would
+        look CI-less (and idle) while its MIG device runs processes."""
         m = self._m
         out: list[tuple[Any, int, int]] = []
-        for slices, name in _CI_PROFILE_FOR_SLICES.items():
-            idx = getattr(m, name, None)
-            if idx is None:
-                continue
+        seen: set[int] = set()
+        count = max(
+            int(getattr(m, "NVML_COMPUTE_INSTANCE_PROFILE_COUNT", 0)), _CI_PROFILE_INDEX_FLOOR
+        )
+        for idx in range(count):
             try:
                 info = m.nvmlGpuInstanceGetComputeInstanceProfileInfo(
                     gi, idx, m.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
                 )
             except m.NVMLError as e:
                 if int(e.value) in (NvmlErrorCode.NOT_SUPPORTED, NvmlErrorCode.INVALID_ARGUMENT):
-                    continue  # profile not valid for this GI size
+                    continue  # profile not valid for this GI (or unknown to this driver)
                 # anything else (GPU lost, no permission) must not read as "no compute
                 # instance": the GI would look idle and a pass would try to destroy it under
                 # its processes
                 raise NvmlError(NvmlErrorCode.of(int(e.value)), "compute_instances", str(e)) from e
+            if int(info.id) in seen:
+                continue  # the same profile under a second index: its CIs are listed already
+            seen.add(int(info.id))
             n = max(int(info.instanceCount), 1)
             arr = (m.c_nvmlComputeInstance_t * n)()
-            count = ctypes.c_uint(0)
+            found = ctypes.c_uint(0)
             self._call(
                 "compute_instances",
                 m.nvmlGpuInstanceGetComputeInstances,
                 gi,
                 info.id,
                 arr,
-                ctypes.byref(count),
+                ctypes.byref(found),
             )
-            size = int(getattr(info, "sliceCount", slices) or slices)
-            for k in range(count.value):
+            size = int(info.sliceCount)
+            for k in range(found.value):
                 ci = arr[k]
                 ci_info = self._call("compute_instances", m.nvmlComputeInstanceGetInfo, ci)
                 out.append((ci, int(ci_info.id), size))

@@ -23,6 +23,7 @@ from node_agent.catalog_probe import (
     MEMORY_TOLERANCE_MIB,
     ProbedGpu,
     ProbedProfile,
+    check,
     compare,
     match_model,
     probe,
@@ -262,3 +263,19 @@ def test_the_catalog_agrees_with_every_real_capture(capture: Path) -> None:
             if p.memory_mib is not None
         }
         assert all(abs(d) <= MEMORY_TOLERANCE_MIB for d in off.values()), off
+
+
+def test_an_older_binding_still_probes_the_profiles_the_catalog_knows() -> None:
+    """nvidia-ml-py 12.535 (pyproject's lower bound) counts 0xA GPU-instance profiles: the
+    RTX PRO ``+gfx`` ones at 0xA and 0xB were never asked, and the check reported them
+    missing on a GPU that has them."""
+    model = CAT.model("RTX-PRO-6000-Blackwell")
+    assert max(p.nvml_index for p in model.profiles) >= 0xA
+    drv = FakeDriver(Gpu(model))
+    drv.NVML_GPU_INSTANCE_PROFILE_COUNT = 0xA  # type: ignore[misc]
+    with_catalog = 1 + max(p.nvml_index for m in CAT.models for p in m.profiles)
+    [probed] = probe(drv, with_catalog)  # type: ignore[arg-type]
+    assert compare(model, probed) == []
+    [old] = probe(drv)  # type: ignore[arg-type]  # the binding's count alone: what it was
+    assert any("+gfx" in d for d in compare(model, old))
+    assert check(CAT, drv) == 0  # type: ignore[arg-type]  # the command asks the catalog's

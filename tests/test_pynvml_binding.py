@@ -67,7 +67,7 @@ READS: dict[str, set[str]] = {
         "memorySizeMB",
     },
     "nvmlGpuInstanceGetInfo": {"id", "profileId", "placement"},
-    "nvmlGpuInstanceGetComputeInstanceProfileInfo": {"id", "instanceCount"},
+    "nvmlGpuInstanceGetComputeInstanceProfileInfo": {"id", "instanceCount", "sliceCount"},
     "nvmlComputeInstanceGetInfo": {"id"},
     "nvmlDeviceGetComputeRunningProcesses": {"pid"},
     "nvmlEventSetWait_v2": {

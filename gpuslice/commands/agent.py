@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="run as a DRA driver (also GPUSLICE_DRA=true): publish ResourceSlices and prepare "
         "ResourceClaims through the kubelet's DRA plugin API instead of device plugins and the "
-        "NodePartitioning (Kubernetes >= 1.34 with partitionable devices)",
+        "NodePartitioning (Kubernetes >= 1.35 with partitionable devices)",
     )
     parser.add_argument(
         "--dra-publish",
@@ -193,7 +193,10 @@ def check_catalog(catalog: Any, output: str, nvml: Any = None) -> int:
     from node_agent.catalog_probe import probe, report
 
     try:
-        gpus = probe(nvml if nvml is not None else importlib.import_module("pynvml"))
+        gpus = probe(
+            nvml if nvml is not None else importlib.import_module("pynvml"),
+            1 + max((p.nvml_index for m in catalog.models for p in m.profiles), default=-1),
+        )
     except Exception as e:  # no driver, no library: nothing to compare
         print(f"gpuslice agent: NVML unavailable: {e}", file=sys.stderr)
         return 2
@@ -489,7 +492,9 @@ async def _run_real_locked(args: argparse.Namespace, settings: Any, catalog: Any
     try:
         # in-cluster service account, else kubeconfig: fails at start
         custom = await source.connect()
-        nvml = MeteredNvml(PynvmlAdapter(smi=NvidiaSmi(binary=settings.nvidia_smi)), metrics)
+        nvml = MeteredNvml(
+            PynvmlAdapter(smi=NvidiaSmi(binary=settings.nvidia_smi), catalog=catalog), metrics
+        )
         xid_ledger = XidLedger()
         reconciler = Reconciler(
             nvml,
@@ -569,7 +574,9 @@ async def _run_dra_locked(settings: Any, catalog: Any, publish: str) -> int:
     metrics, health = _observability(settings)
     state = settings.state_dir.rstrip("/")
     try:
-        nvml = MeteredNvml(PynvmlAdapter(smi=NvidiaSmi(binary=settings.nvidia_smi)), metrics)
+        nvml = MeteredNvml(
+            PynvmlAdapter(smi=NvidiaSmi(binary=settings.nvidia_smi), catalog=catalog), metrics
+        )
         preparer = DraPreparer(
             nvml,
             catalog,
