@@ -143,7 +143,7 @@ class AgentSettings(CommonSettings):
     )
     dra: bool = Field(
         False,
-        description="Run as a DRA driver (Kubernetes >= 1.34 with partitionable devices): "
+        description="Run as a DRA driver (Kubernetes >= 1.35 with partitionable devices): "
         "publish ResourceSlices and prepare ResourceClaims through the kubelet's DRA plugin "
         "API, instead of device plugins and the NodePartitioning (node_agent.dra_driver).",
     )

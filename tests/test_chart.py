@@ -95,7 +95,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     },
     "digest-pinned": {"image": {"digest": "sha256:" + "a" * 64}},
     "json-logs": {"logging": {"format": "json", "level": "DEBUG"}},
-    "privileged-agent-no-mps": {"agent": {"privileged": True, "hostIPC": True}},
+    "privileged-agent-no-mps": {"agent": {"privileged": True, "hostIPC": True, "hostPID": False}},
     "policy-audit-only": {"admissionPolicy": {"validationActions": ["Warn", "Audit"]}},
     "network-policy-open": {
         "networkPolicy": {"metricsFrom": [], "extraIngress": [{"ports": [{"port": 9443}]}]}
@@ -748,7 +748,9 @@ def test_agent_privileges_are_the_documented_minimum(chart: helm.Chart) -> None:
     pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
     c = container(docs, "DaemonSet")
     assert pod["hostIPC"] is False  # MPS shares memory through <mpsPipeRoot>/shm instead
-    assert not pod.get("hostPID") and not pod.get("hostNetwork")
+    # NVML names a GPU's processes by host PID through /proc: without the host's PID namespace
+    # the agent cannot tell its idle MPS server from a pod's process
+    assert pod["hostPID"] is True and not pod.get("hostNetwork")
     assert pod["runtimeClassName"] == "nvidia"
     sc = c["securityContext"]
     assert sc["privileged"] is False and sc["runAsUser"] == 0 and sc["readOnlyRootFilesystem"]
@@ -798,6 +800,7 @@ def test_agent_privileged_and_mig_only_variant(chart: helm.Chart) -> None:
     sc = container(docs, "DaemonSet")["securityContext"]
     assert sc["privileged"] is True and "capabilities" not in sc
     assert pod["hostIPC"] is True  # still available for those who want it
+    assert pod["hostPID"] is False  # a cluster without MPS may leave the host's PID namespace
 
 
 def test_partitioner_is_unprivileged_and_elects_a_leader(chart: helm.Chart) -> None:
@@ -1539,6 +1542,8 @@ def test_webhook_settings_name_the_rendered_objects(
     pod = one(docs, "Deployment")["spec"]["template"]["spec"]
     (vol,) = [v for v in pod["volumes"] if v.get("secret", {}).get("secretName")]
     assert vol["secret"]["secretName"] == cert["spec"]["secretName"]
+    # not issued yet (an issuer not Ready): the partitioner starts and plans without it
+    assert vol["secret"]["optional"] is True
     (mount,) = [m for m in c["volumeMounts"] if m["name"] == vol["name"]]
     assert mount["mountPath"] == s.webhook_cert_dir and mount["readOnly"] is True
     # The chart's own CA signs the serving certificate, so its renewals keep the caBundle.
@@ -1587,7 +1592,7 @@ def test_pre_delete_hook_releases_every_gated_pod(chart: helm.Chart, variant: st
     assert c["image"] == container(docs, "Deployment")["image"]
     args = c["args"]
     deployment = one(docs, "Deployment")["metadata"]["name"]
-    stop = ["--stop-partitioner", f"{NAMESPACE}/{deployment}"]
+    stop = ["--stop-partitioner", f"{NAMESPACE}/{deployment}", "--wait-seconds", "120"]
     lease_name = env_of(container(docs, "Deployment"))["GPUSLICE_LEADER_ELECTION_LEASE_NAME"]
     lease = ["--delete-lease", f"{NAMESPACE}/{lease_name}"]
     if variant == "defaults":
@@ -1604,6 +1609,21 @@ def test_pre_delete_hook_releases_every_gated_pod(chart: helm.Chart, variant: st
         for d in render(chart, {"webhook": {"ungateOnUninstall": False}})
         if d["metadata"]["name"].endswith("-ungate")
     ]
+
+
+@pytest.mark.parametrize("delay", [0, 5, 200, 300])
+def test_the_ungate_hook_waits_out_the_partitioners_shutdown(chart: helm.Chart, delay: int) -> None:
+    """The hook removes the Lease and the NodePartitionings only once the partitioner's pods
+    ended: it waits at least their terminationGracePeriodSeconds (shutdownDelaySeconds + 30),
+    and its Job's deadline leaves room after that.  Before, it waited 120 s whatever the
+    delay, so with a delay of 200 s it deleted both under a partitioner still leading."""
+    docs = render(chart, {"partitioner": {"shutdownDelaySeconds": delay}})
+    grace = one(docs, "Deployment")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    job = one(docs, "Job", "-ungate")["spec"]
+    args = job["template"]["spec"]["containers"][0]["args"]
+    wait = float(args[args.index("--wait-seconds") + 1])
+    assert wait >= max(120, grace + 30)
+    assert job["activeDeadlineSeconds"] >= wait + 180
 
 
 def test_the_partitioner_lists_agent_leases_only_where_agents_keep_them(
