@@ -342,12 +342,16 @@ class NodePartitioning(BaseModel):
 
     @property
     def applied(self) -> bool:
-        """True when the agent has applied the current generation of the spec."""
+        """True when the agent has applied the current generation of the spec.  An
+        ``observedGeneration`` above the object's generation is an agent's write meant for an
+        earlier object of the same name (deleted and created again while its pass ran: the
+        status patch goes by name): not applied, until the agent's next pass reports on this
+        one."""
         if self.status is None or self.metadata.generation is None:
             return False
         c = self.condition("Applied")
         return (
-            self.status.observedGeneration >= self.metadata.generation
+            self.status.observedGeneration == self.metadata.generation
             and c is not None
             and c.status == "True"
         )

@@ -437,8 +437,10 @@ def is_busy(np: NodePartitioning) -> bool:
 
 
 def is_degraded(np: NodePartitioning) -> bool:
-    """The agent observed the current spec and reports it cannot apply (all of) it."""
-    if np.status is None or np.status.observedGeneration < (np.metadata.generation or 0):
+    """The agent observed the current spec and reports it cannot apply (all of) it (an
+    ``observedGeneration`` above the generation is about an earlier object of that name:
+    :attr:`~contract.nodepartitioning.NodePartitioning.applied`)."""
+    if np.status is None or np.status.observedGeneration != (np.metadata.generation or 0):
         return False
     degraded = np.condition("Degraded")
     return degraded is not None and degraded.status == "True"
@@ -2487,15 +2489,21 @@ class _Step:
         not bound yet) or keeps for an older pod: kube-scheduler knows nothing of promises and
         would give one away (a review's finding: a ``Preempting`` pod bound onto the slice
         promised to a pod of higher priority, and nobody was preempted).  It is not handed
-        over while that lasts: the promised pods bind, and then it is."""
+        over while that lasts: the promised pods bind, and then it is.  kube-scheduler's view
+        of the node's CPU and memory counts bound and nominated pods, not the held ones: a node
+        where the pod does not fit them is no such room (it would preempt elsewhere)."""
         for name in self.index.eligible(pod, self.gpu_nodes):
             ledger = self.ledgers.get(name)
             if ledger is None:
                 continue
-            if all(
+            if not all(
                 ledger.scheduler_room(r) + ledger.released_unbound[r] >= k
                 for r, k in pod.slices.items()
             ):
+                continue
+            cpu = ledger.cpu_free + sum(h.pod.cpu_milli for h in ledger.holds)
+            memory = ledger.memory_free + sum(h.pod.memory_mib for h in ledger.holds)
+            if pod.cpu_milli <= cpu and pod.memory_mib <= memory:
                 self.counts["handover_deferred"] += 1
                 return True
         return False
@@ -3146,6 +3154,9 @@ class _Step:
             if recorded is None:
                 continue
             until, reason = recorded
+            # at most one cool-down from now: a record written by a replica whose clock ran
+            # ahead, or under a longer cooldownSeconds, cannot keep a node out for longer
+            until = min(until, self.now + self.config.cooldown_s)
             if until > self.now and until > self.cooldown.get(name, -math.inf) + 0.001:
                 self.cooldown[name] = until
                 self.cooldown_why[name] = reason

@@ -383,7 +383,7 @@ def is_busy(np: NodePartitioning) -> bool:
         return False
     generation = np.metadata.generation or 0
     observed = np.status.observedGeneration if np.status else 0
-    if observed >= generation:
+    if observed == generation:  # above it: about an earlier object of that name
         degraded = np.condition("Degraded")
         return not (degraded is not None and degraded.status == "True")
     return True
@@ -740,6 +740,19 @@ def read_cluster(view: ClusterView, catalog: Catalog) -> ClusterReading:
                 f"in flight: waiting for node {n} to apply plan {np.spec.planId if np else ''}"
             )
 
+    # the controller removes the record when a cool-down ends: one in the dump was running
+    cooling: set[str] = set()
+    for n, np in sorted(partitionings.items()):
+        recorded = cooldown_of(np) if n in gpu_nodes and n not in busy else None
+        if recorded is not None and n not in problems:
+            cooling.add(n)
+            why = recorded[1] or "a promise it did not keep"
+            problems[n] = NodeProblem(
+                n,
+                "CoolingDown",
+                f"node {n} was cooling down when the dump was taken ({why}; annotation "
+                f"{COOLDOWN_ANNOTATION}): the partitioner makes no promise there until it ends",
+            )
     promises = {
         key: r for key in sorted(view.pods) if (r := _promise(view.pods[key], gpu_nodes, view))
     }
@@ -760,7 +773,7 @@ def read_cluster(view: ClusterView, catalog: Catalog) -> ClusterReading:
             gpu_memory_mib=g.gpu_memory_mib,
         )
         for g in gpu_nodes.values()
-        if g.name not in busy and g.name in current
+        if g.name not in busy and g.name in current and g.name not in cooling
     )
     plannable = frozenset(n.name for n in nodes)
 

@@ -240,3 +240,61 @@ def test_a_refused_cooldown_record_is_told_and_backed_off() -> None:
     assert out.held_back == ["mark_cooldown n1"]
     (told,) = [e for e in events if e["reason"] == "WriteRefused"]
     assert "cool-down annotation" in told["message"]
+
+
+def test_gpuslice_status_shows_the_cooldown_and_the_pod_waiting_for_it() -> None:
+    """`gpuslice status` reads the record: the node row says why and until when, and a pod
+    whose only node cools down is `waiting` with that reason (it said `queued`)."""
+    from gpuslice.commands.status import status_document
+
+    c = Cluster(node("n1", ONE_GPU), applied_np("n1", status_gpu0()), gated("p", SEVEN_G))
+    meta = c.objs[("NodePartitioning", "n1")]["metadata"]
+    meta["annotations"] = {COOLDOWN_ANNOTATION: cooldown_annotation(T0 + 240, "DegradedCooldown")}
+
+    def doc(now: float) -> dict[str, Any]:
+        objs = c.objs
+        return status_document(
+            [o for (k, _), o in objs.items() if k == "Node"],
+            [o for (k, _), o in objs.items() if k == "Pod"],
+            [o for (k, _), o in objs.items() if k == "NodePartitioning"],
+            now,
+        )
+
+    d = doc(T0)
+    (row,) = d["nodes"]
+    assert row["cooldown"] == "DegradedCooldown, ends in 4m"
+    (pod,) = d["pods"]
+    assert pod["state"] == "waiting" and "n1 (cooling down after DegradedCooldown)" in pod["detail"]
+    d = doc(T0 + 241)  # over
+    assert d["nodes"][0]["cooldown"] is None and d["pods"][0]["state"] == "queued"
+
+
+def test_a_record_never_cools_a_node_longer_than_one_cooldown_from_now() -> None:
+    """A record written by a replica whose clock ran ahead (or under a longer cooldownSeconds)
+    is capped at cooldownSeconds from now, and rewritten so."""
+    c = degraded_cluster()
+    meta = c.objs[("NodePartitioning", "n1")]["metadata"]
+    meta["annotations"] = {COOLDOWN_ANNOTATION: cooldown_annotation(T0 + 30 * 86400, "x")}
+    d = c.step(T0)
+    assert d.state.cooldown["n1"] == T0 + 300
+    assert marks(d) == [MarkCooldown("n1", T0 + 300, "x")]
+
+
+def test_the_what_if_leaves_a_cooling_node_out_as_the_controller_does() -> None:
+    from partitioner.snapshot import read_kubectl_list
+    from planner.catalog import default_catalog
+
+    c = Cluster(node("n1", ONE_GPU), applied_np("n1", status_gpu0()), gated("p", SEVEN_G))
+    items = [dict(o) for o in c.objs.values()]
+    for o in items:
+        o.setdefault(
+            "apiVersion", "gpuslice.io/v1alpha1" if o["kind"] == "NodePartitioning" else "v1"
+        )
+    reading = read_kubectl_list({"kind": "List", "items": items}, default_catalog())
+    assert "ns/p" in reading.candidates  # no record: planned
+    meta = c.objs[("NodePartitioning", "n1")]["metadata"]
+    meta["annotations"] = {COOLDOWN_ANNOTATION: cooldown_annotation(T0 + 240, "DegradedCooldown")}
+    reading = read_kubectl_list({"kind": "List", "items": items}, default_catalog())
+    assert reading.problems["n1"].reason == "CoolingDown"
+    assert "DegradedCooldown" in reading.problems["n1"].message
+    assert not reading.nodes and "n1 (CoolingDown)" in reading.waiting["ns/p"]

@@ -202,3 +202,68 @@ def test_scale_up_waits_too_while_a_promise_is_visible_room() -> None:
     for t in range(0, 200, 10):
         told += events(c.step(T0 + t, cfg), "ReleasedForScaleUp")
     assert len(told) == 1
+
+
+def test_a_status_written_for_an_earlier_object_of_the_name_is_not_applied() -> None:
+    """The NodePartitioning was deleted and created again (generation 1, a new plan) while the
+    agent's pass ran; the agent's status patch goes by name and lands on the new object with
+    the old object's observedGeneration 7 and Applied=True.  That is not this spec applied:
+    the pod planned for it keeps its promise until the agent reports on the new object (before,
+    the plan read as applied, the pod's slice as missing, and its promise was dropped)."""
+    n1 = node("n1", ONE_GPU)
+    np1 = applied_np("n1", status_gpu(0), generation=7)
+    np1["metadata"]["generation"] = 1
+    np1["spec"]["planId"] = "9"
+    np1["spec"]["gpus"] = [{"index": 0, "mig": [{"profile": "1g.10gb", "start": 0}]}]
+    np1["metadata"]["annotations"] = {"gpuslice.io/planned-at": f"{T0 - 5:.3f}"}
+    pod = gated("p", ONE_G, created=T0 - 30)
+    pod["metadata"]["annotations"] = {
+        RESERVATION_ANNOTATION: json.dumps(
+            {
+                "node": "n1",
+                "state": "planned",
+                "gpus": {ONE_G: [0]},
+                "plan": "9",
+                "since": T0 - 5,
+                "deadline": T0 + 295,
+                "pod": "uid-p",
+            }
+        )
+    }
+    c = Cluster(n1, np1, pod)
+    d = c.step(T0)
+    assert not events(d, "ReservationDropped")
+    r = reservation(c, "p")
+    assert r is not None and r.node == "n1" and r.state is State.PLANNED
+
+
+def _free_slice_without_cpu(h: dict[str, Any]) -> Cluster:
+    """n1: seven 1g held by priority-0 pods.  n2: one free, unpromised 1g, but a CPU-only pod
+    holds its CPU; ``h`` asks for a 1g and 4 CPUs."""
+    n2 = node("n2", ONE_GPU)
+    n2["status"]["allocatable"][ONE_G] = "7"
+    np2 = applied_np("n2", status_gpu(0, *(("1g.10gb", s, s < 6) for s in range(7))))
+    bound = [running(f"w{s}", "n2", ONE_G) for s in range(6)]
+    hog = running("cpuhog", "n2")
+    hog["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "15"}}
+    h["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "4", ONE_G: "1"}
+    n1 = node("n1", ONE_GPU)
+    n1["status"]["allocatable"][ONE_G] = "7"
+    np1 = applied_np("n1", status_gpu(0, *(("1g.10gb", s, True) for s in range(7))))
+    full = [prio(running(f"v{s}", "n1", ONE_G), 0) for s in range(7)]
+    return Cluster(n1, np1, *full, n2, np2, *bound, hog, h)
+
+
+def test_a_free_slice_on_a_node_without_the_pods_cpu_does_not_hold_back_a_hand_over() -> None:
+    """kube-scheduler cannot bind the pod where its CPU does not fit, so that slice is no
+    reason to keep it gated (a review of the rule above: it kept a priority pod from
+    preemption and the autoscaler for good)."""
+    c = _free_slice_without_cpu(prio(gated("H", ONE_G, created=T0 - 5), 1000))
+    (message,) = first_preempting(c)
+    assert "node n1" in message
+    cfg = replace(CONFIG, scale_up_after_s=30.0, preemption=False)
+    c = _free_slice_without_cpu(gated("H", ONE_G, created=T0 - 5))
+    told: list[str] = []
+    for t in range(0, 200, 10):
+        told += events(c.step(T0 + t, cfg), "ReleasedForScaleUp")
+    assert len(told) == 1

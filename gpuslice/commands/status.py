@@ -77,6 +77,7 @@ NODE_COLUMNS = (
     Column("released", "released", align="right"),
     Column("free", "free"),
     Column("withheld", "withheld", wide=True),
+    Column("cooldown", "cooldown", wide=True),
     Column("unprepared", "unprepared", wide=True, align="right"),
     Column("message", "message", wide=True),
 )
@@ -216,7 +217,7 @@ def status_document(
     from partitioner.decide import is_busy, missing_claims
     from partitioner.index import ClusterIndex
     from partitioner.reservations import State
-    from partitioner.snapshot import pod_key
+    from partitioner.snapshot import cooldown_of, pod_key
     from planner.catalog import default_catalog
 
     nodes, partitionings, pods = list(nodes), list(partitionings), list(pods)
@@ -246,6 +247,12 @@ def status_document(
             problems[name] = f"{cond.get('reason') or 'NotReady'}: {cond.get('message') or ''}"
         np_info = index.partitionings.get(name)
         np = np_info.np if np_info is not None else None
+        recorded = cooldown_of(np) if np is not None else None
+        cooldown = None
+        if recorded is not None and recorded[0] > now:
+            # the controller leaves it out of new promises until then (its Waiting Event)
+            cooldown = f"{recorded[1] or 'cooling down'}, ends {_in(recorded[0] - now)}"
+            problems.setdefault(name, f"cooling down after {recorded[1] or 'a broken promise'}")
         generation = np.metadata.generation if np is not None else None
         observed = np.status.observedGeneration if np is not None and np.status else None
         gpu = info.gpu
@@ -262,6 +269,7 @@ def status_document(
                 "applied": np.applied if np is not None else False,
                 **holds.get(name, {"planned": 0, "released": 0}),
                 "unprepared": len(np.status.prepareFailures) if np and np.status else 0,
+                "cooldown": cooldown,
                 **_slices(np.status if np is not None else None, reserved.get(name)),
             }
         )
