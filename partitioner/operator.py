@@ -530,7 +530,14 @@ class Controller:
                 d.plan.status or d.plan.policy,
                 extra={"plan": d.plan_id},
             )
-        m.warm_slices.inc(d.counts.get("warm", 0))
+        if d.counts.get("warm", 0):  # counted once its spec (one without pods) was written
+            written = set(outcome.written)
+            warm = sum(
+                1
+                for a in d.actions
+                if isinstance(a, WriteSpec) and not a.planned_pods and a.node in written
+            )
+            m.warm_slices.inc(min(d.counts["warm"], warm))
         if d.counts.get("warm_errors", 0):
             m.planner_errors.inc()
             log.error(

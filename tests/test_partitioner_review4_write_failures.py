@@ -22,7 +22,17 @@ from typing import Any
 
 import kopf
 import pytest
-from test_partitioner_promises import MIG, SEVEN_G, T0, applied_np, gated, status_gpu
+from test_partitioner_promises import (
+    MIG,
+    ONE_G,
+    SEVEN_G,
+    T0,
+    applied_np,
+    gated,
+    running,
+    status_gpu,
+    with_alloc,
+)
 from test_partitioner_snapshot import node
 
 from contract.nodepartitioning import NodePartitioningSpec
@@ -306,3 +316,45 @@ def test_a_plan_whose_spec_write_failed_is_counted_once_written(answer: int) -> 
     assert sample(c, "gpuslice_pods_planned_total") == 1.0
     assert sample(c, "gpuslice_batch_size_count") == 1.0
     assert sample(c, "gpuslice_write_failures_total", action="write_spec", code=str(answer)) == 1
+
+
+def test_a_warm_slice_is_counted_once_its_spec_is_written() -> None:
+    """``gpuslice_warm_slices_total`` counted each warm-slice spec the step asked for, also the
+    ones the API server did not take (each retry counted again)."""
+    api = Api(
+        {
+            "nodes": [with_alloc(node("n1", MIG), **{"1g_10gb": 1})],
+            "nodepartitionings": [
+                applied_np("n1", status_gpu(0, ("1g.10gb", 0, True)), status_gpu(1))
+            ],
+            "pods": [running("r1", "n1", ONE_G)],
+        }
+    )
+    left = [2]
+
+    def fault(method: str, path: str, body: Any) -> None:
+        if method == "PATCH" and "spec" in (body or {}) and left[0]:
+            left[0] -= 1
+            raise ApiError(500, "InternalError", "etcdserver: request timed out", path)
+
+    api.fault = fault
+    clock = Clock()
+    c = Controller(
+        PartitionerSettings(metrics_port=0, health_port=0, warm_slice_share=0.05),
+        connection=kopf.ConnectionInfo(server="https://example.invalid"),
+        offload=False,
+        monotonic=clock,
+    )
+    c.api.list_all = api.list_all  # type: ignore[method-assign]
+    c.api.request = api.request  # type: ignore[method-assign]
+    c.writer_api = api  # type: ignore[assignment]
+    asyncio.run(c.sync())
+    for i in range(30):
+        clock.now = 10.0 * i
+        asyncio.run(c.step(T0 + 10 * i))
+        asyncio.run(c.sync())
+    writes = [
+        r for r in api.requests if r == "PATCH /apis/gpuslice.io/v1alpha1/nodepartitionings/n1"
+    ]
+    assert len(writes) == 3  # refused twice, then written
+    assert sample(c, "gpuslice_warm_slices_total") == 1.0

@@ -260,7 +260,9 @@ class ReplaySettings:
     copies: int = 1
     """Overlaid copies of the trace (see the module docstring)."""
     seed: int = 0
-    """Seeds the copies' offsets (and nothing else: the replay is deterministic)."""
+    """Seeds every random choice of the replay, each from its own stream: the copies' offsets,
+    kube-scheduler's tie-breaks between equally scored nodes (as the real one picks at random)
+    and the phase of each node's kubelet status sync.  A replay is deterministic for a seed."""
     mapping: str | None = None
     """A :func:`simulations.inputs.mapping.make_mapping` rule; ``None``: ``mig-compute`` on MIG and
     hybrid nodes, ``mps-memory`` on MPS nodes."""
