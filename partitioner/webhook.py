@@ -31,6 +31,10 @@ Serving (:class:`GateServer`, a kopf admission server):
 * shutdown: kopf closes the listener as soon as it gets SIGTERM, while the endpoints may still
   route calls here for a few seconds; the chart's ``preStop`` sleep (``partitioner.
   shutdownDelaySeconds``) delays the SIGTERM until they have dropped the terminating pod.
+* request size: an AdmissionReview carries the whole pod (a pod may be up to etcd's 1.5 MiB,
+  the API server takes bodies of 3 MiB), beyond the 1 MiB aiohttp reads by default, which
+  answered 413 and let such a pod in ungated without a word; :class:`_Listener` reads up to
+  :data:`MAX_REVIEW_BYTES` and logs every review it cannot serve.
 * kopf's *managed* webhook configuration stays off: it cannot express the namespace selector or
   the match conditions, so the chart renders the configuration.
 
@@ -42,12 +46,14 @@ health and metrics, readiness follows the webhook and restored caBundles are cou
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import ssl
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import aiohttp.web
 import kopf
 
 from partitioner import gating
@@ -117,6 +123,51 @@ def gate_pod(body: Mapping[str, Any], patch: kopf.Patch, claims: bool = False) -
         log.exception("cannot decide whether to gate pod %s; admitted ungated", _pod_name(body))
 
 
+MAX_REVIEW_BYTES = 16 * 1024 * 1024
+"""Largest AdmissionReview read: the API server refuses request bodies over 3 MiB, and a
+review carries the object (and, on UPDATE, the old one) with its own envelope."""
+
+
+class _Listener(kopf.WebhookServer):
+    """kopf's listener, reading reviews of up to :data:`MAX_REVIEW_BYTES` (aiohttp's default
+    cap is 1 MiB) and logging each review it cannot answer (the API server then applies the
+    ``failurePolicy``: the pod is created ungated)."""
+
+    @staticmethod
+    async def _serve(fn: kopf.WebhookFn, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := await request.content.read(1 << 16):
+            size += len(chunk)
+            if size > MAX_REVIEW_BYTES:
+                log.warning(
+                    "admission review of more than %d bytes not read: the pod is created ungated",
+                    MAX_REVIEW_BYTES,
+                )
+                raise aiohttp.web.HTTPRequestEntityTooLarge(
+                    max_size=MAX_REVIEW_BYTES, actual_size=size
+                )
+            chunks.append(chunk)
+        raw = b"".join(chunks)
+        try:
+            review = json.loads(raw)
+        except ValueError as e:
+            log.warning("admission review is not JSON (%s): not answered", e)
+            raise aiohttp.web.HTTPBadRequest(reason="the AdmissionReview is not JSON") from None
+        peer = request.transport.get_extra_info("peercert") if request.transport else None
+        try:
+            answer = await fn(
+                review,
+                webhook=request.match_info.get("id"),
+                sslpeer=peer,
+                headers=dict(request.headers),
+            )
+        except Exception as e:  # a malformed review kopf refuses: the API server's policy applies
+            log.warning("admission review not answered: %s: %s", type(e).__name__, e)
+            raise aiohttp.web.HTTPBadRequest(reason=f"{type(e).__name__}: {e}"[:200]) from None
+        return aiohttp.web.json_response(answer)
+
+
 class GateServer:
     """A kopf admission server: certificates first, then kopf's WebhookServer (module docstring).
 
@@ -159,7 +210,7 @@ class GateServer:
             cafile = self.keeper.ca_file
         else:
             certfile, pkeyfile, cafile = (directory / n for n in ("tls.crt", "tls.key", "ca.crt"))
-        return kopf.WebhookServer(
+        return _Listener(
             port=s.webhook_port or None,
             host=host if s.webhook_service_name else None,
             certfile=certfile,
