@@ -200,7 +200,10 @@ def test_with_dra_the_partitioner_watches_claims_and_the_webhook_gates_claim_pod
     from partitioner.gating import MATCH_CONDITIONS, MATCH_CONDITIONS_DRA
 
     conditions = {"webhook", "self-managed-webhook", "leader-election", "stranded-eviction"}
-    for values, dra in (({}, False), (DRA, True)):
+    # with dra.publish=all the agents read no spec and write no status: the partitioner leaves
+    # DRA nodes and claim pods alone (gated, they waited for a status that never came)
+    publish_all = {"dra": {"enabled": True, "publish": "all"}}
+    for values, dra in (({}, False), (DRA, True), (publish_all, False)):
         docs = render(chart, values)
         (role,) = [
             d

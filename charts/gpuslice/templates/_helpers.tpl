@@ -153,6 +153,14 @@ there).  With partitioner.reservations.enabled=false nothing ever releases a gat
 partitioner only removes the gate again), so gating at admission would cost every slice pod a
 cycle for nothing: no MutatingWebhookConfiguration, Service or certificate, and the partitioner
 serves no webhook (GPUSLICE_WEBHOOK_ENABLED unset). */}}
+{{/* The partitioner plans DRA nodes and gates pods naming ResourceClaims: dra.enabled with
+planner-shaped publishing. With dra.publish=all the agents publish every placement and read no
+spec, so the partitioner leaves DRA nodes and claim pods alone (kube-scheduler allocates
+first-fit); gating those pods would keep them gated for good. */}}
+{{- define "gpuslice.draPlanned" -}}
+{{- if and .Values.dra.enabled (ne (.Values.dra.publish | default "shaped") "all") }}true{{ end }}
+{{- end }}
+
 {{- define "gpuslice.webhookEnabled" -}}
 {{- if and .Values.webhook.enabled .Values.partitioner.reservations.enabled (include "gpuslice.admissionPolicySupported" .) }}true{{ end }}
 {{- end }}
