@@ -17,17 +17,25 @@ with the kubelet through ``v1beta1.Registration/Register`` on ``<plugin_dir>/kub
   mounts of :func:`node_agent.devices.container_mounts` (MPS: the daemon's pipe directory at the
   same path and the daemons' shared memory at ``/dev/shm``, so clients need no ``hostIPC``).
   An id this plugin does not
-  advertise fails with ``NOT_FOUND`` naming it, an unhealthy one with ``FAILED_PRECONDITION``,
-  MPS slices of different GPUs in one container with ``INVALID_ARGUMENT``.
+  advertise fails with ``NOT_FOUND`` naming it, an unhealthy one with ``FAILED_PRECONDITION``.
+  A container request of more than one MPS slice fails with ``INVALID_ARGUMENT``, as NVIDIA's
+  plugin refuses more than one MPS replica per request (``failRequestsGreaterThanOne``): the
+  daemon caps each of its clients at one slice (its defaults are the largest slice's), so a
+  second slice would be held for nothing, and on a hybrid node two slices may belong to two
+  daemons, of which a container can reach one.  The kubelet fails such a pod at admission
+  (``UnexpectedAdmissionError``, phase Failed); the message names the fix, one slice of the
+  total size (``nvidia.com/gpu-<N>gb``).  The partitioner refuses such pods before they get
+  here (:func:`planner.demand.one_mps_slice`); this catches the ungated ones.
 * ``GetPreferredAllocation`` (advertised in the options) answers with
   :func:`preferred_allocation` over the devices no foreign process uses (those only when
   nothing else is free: :attr:`~node_agent.devices.AdvertisedDevice.foreign`), grouping
   devices by their parent GPU
-  (:attr:`~node_agent.devices.AdvertisedDevice.gpu`: the physical GPU of a MIG instance or an MPS
-  slice): all ``must_include`` ids, then devices of the GPUs already chosen, then whole GPUs that
-  fit the rest (smallest first), else largest GPUs first; so a container's devices span as few
-  GPUs as possible (MPS slices of one container must share a GPU). An id the plugin does not
-  advertise counts as a GPU of its own.
+  (:attr:`~node_agent.devices.AdvertisedDevice.gpu`: the physical GPU of a MIG instance) or,
+  for MPS slices, by their daemon (the GPU's, or on a hybrid node the MIG instance's): all
+  ``must_include`` ids, then devices of the groups already chosen, then whole groups that
+  fit the rest (smallest first), else largest groups first; so a container's devices span as
+  few GPUs (daemons) as possible. An id the plugin does not advertise counts as a group of its
+  own.
 * ``PreStartContainer`` is not required (``pre_start_required=false``) and answers empty.
 * Every id a successful ``Allocate`` returns is passed to ``on_allocate`` (the agent's
   :class:`~node_agent.allocations.AllocationLedger`) *before* the reply leaves: the kubelet
@@ -65,6 +73,8 @@ import grpc
 import grpc.aio
 
 from node_agent.devices import (
+    ENV_MPS_MEM_LIMIT,
+    ENV_MPS_PIPE,
     MAX_DEVICE_ID_LEN,
     AdvertisedDevice,
     container_env,
@@ -73,6 +83,7 @@ from node_agent.devices import (
 from node_agent.proto import deviceplugin_v1beta1_pb2 as pb
 from node_agent.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from node_agent.tasks import cancel
+from planner.snapshot import mps_gb_of
 
 __all__ = [
     "API_VERSION",
@@ -309,6 +320,9 @@ class _ResourcePlugin:
                     f"device {dev_id!r} of {self.resource} is Unhealthy and cannot be allocated",
                 )
             devices.append(dev)
+        refusal = _more_than_one_mps_slice(self.resource, devices)
+        if refusal is not None:
+            raise _RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, refusal)
         try:
             env = container_env(devices)
             mounts = [
@@ -322,12 +336,20 @@ class _ResourcePlugin:
         return pb.ContainerAllocateResponse(envs=env, mounts=mounts)
 
     def prefer(self, req: pb.ContainerPreferredAllocationRequest) -> list[str]:
+        parent: dict[str, str] = {}
+
         def gpu_of(dev_id: str) -> str:
+            """The group of a device: its GPU, or an MPS slice's daemon (module docstring)."""
             dev = self.devices.get(dev_id)
-            return dev.gpu if dev is not None else dev_id
+            if dev is None:
+                return dev_id
+            pipe = dev.env.get(ENV_MPS_PIPE) if ENV_MPS_MEM_LIMIT in dev.env else None
+            group = f"{dev.gpu} {pipe}" if pipe else dev.gpu
+            parent[group] = dev.gpu
+            return group
 
         avoided = self.avoided
-        avoid = (lambda gpu: gpu in avoided) if avoided else None
+        avoid = (lambda group: parent.get(group, group) in avoided) if avoided else None
         available = list(req.available_deviceIDs)
         clean = [d for d in available if not ((dev := self.devices.get(d)) and dev.foreign)]
         chosen = preferred_allocation(
@@ -338,6 +360,30 @@ class _ResourcePlugin:
             # partitioner promises none of them: its pods never need these)
             chosen = preferred_allocation(available, chosen, req.allocation_size, gpu_of, avoid)
         return chosen
+
+
+def _more_than_one_mps_slice(resource: str, devices: Sequence[AdvertisedDevice]) -> str | None:
+    """Why one container cannot be given ``devices`` (more than one MPS slice), or ``None``.
+
+    The kubelet reports the refusal as the pod's admission failure
+    (``UnexpectedAdmissionError``: "Allocate failed due to rpc error: code = InvalidArgument
+    desc = <this>, which is unexpected"), so the text says what to change in the pod."""
+    slices = [d for d in devices if ENV_MPS_MEM_LIMIT in d.env]
+    n = len(slices)
+    if n <= 1:
+        return None
+    gb = mps_gb_of(resource)
+    one = f"nvidia.com/gpu-{gb * n}gb: 1" if gb else "nvidia.com/gpu-<N>gb: 1, N the total GiB"
+    daemons = len({d.env.get(ENV_MPS_PIPE) for d in slices})
+    split = f" (and these {n} are served by {daemons} MPS daemons)" if daemons > 1 else ""
+    return (
+        f"a container of this pod requests {resource}: {n}, but gpuslice gives a container "
+        f"one MPS slice: a container reaches one MPS daemon, which caps each of its clients at "
+        f"one slice's memory and threads, so the other slices would be held for nothing{split}. "
+        f"The kubelet fails the pod at admission (UnexpectedAdmissionError, phase Failed). "
+        f"Fix: request one slice of the size needed ({one} instead of {resource}: {n}), or "
+        f"MIG instances (nvidia.com/mig-<profile>) to use several GPUs"
+    )
 
 
 class _RpcFailure(Exception):

@@ -252,9 +252,12 @@ def container_env(devices: Sequence[AdvertisedDevice]) -> dict[str, str]:
     """The env for one container that was allocated ``devices`` (one ``Allocate`` request).
 
     ``NVIDIA_VISIBLE_DEVICES`` lists each distinct MIG/GPU UUID once, in order.  MPS limits are
-    re-indexed by the GPU's position in that list; two slices of the same GPU add up (memory,
-    and thread percentage capped at 100).  Slices of different GPUs would need one MPS daemon
-    for both, which per-GPU daemons cannot give: that raises :class:`ValueError`.
+    re-indexed by the GPU's position in that list; two slices of the same GPU add up here
+    (memory, and thread percentage capped at 100), but the daemon caps each client at its
+    largest slice, so the device plugin's ``Allocate`` refuses a container more than one MPS
+    slice before it gets here (:mod:`node_agent.deviceplugin`).  Slices of different GPUs would
+    need one MPS daemon for both, which per-GPU daemons cannot give: that raises
+    :class:`ValueError`.
     """
     visible: list[str] = []
     mem: dict[str, int] = {}

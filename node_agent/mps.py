@@ -60,6 +60,13 @@ pass at once instead of at the next resync.  ``check`` is called off the event l
   after an agent restart (:meth:`~ProcessSupervisor.discover` probes the candidates' pipe
   directories with ``get_server_list``) is adopted -- counted as running, so it is never
   started twice nor left unknown -- and the next ``ensure`` sends it the limits again.
+  A ``quit`` that fails (``stop``, or the restart for another device) is followed by a
+  ``get_server_list``: a daemon that still answers is kept -- tracked, with its spec -- and
+  :class:`MpsError` is raised, so the reconciler neither destroys nor re-creates what it serves
+  this pass and the next pass quits it again; one that no longer answers is forgotten.  (A
+  daemon forgotten while it runs would serve on untracked: a destroyed MIG device's UUID
+  adopted as a new instance's daemon, an idle MPS server holding its instance for good, or a
+  drained GPU left in ``EXCLUSIVE_PROCESS``.)
   Commands go through an injectable runner so the logic is unit-testable
   (:class:`node_agent.mps_fake.FakeMpsControl` plays the control binary on the fake GPUs).
 * :class:`FakeSupervisor` keeps the set of running keys in memory, with failure knobs.  Given
@@ -136,7 +143,9 @@ class ProcessSupervisor(Protocol):
         ...
 
     def stop(self, key: str) -> None:
-        """Stop the daemon ``key`` if it runs (idempotent)."""
+        """Stop the daemon ``key`` if it runs (idempotent).  Raise :class:`MpsError` if it still
+        runs afterwards (its ``quit`` failed): it stays supervised, and a later ``stop`` tries
+        again."""
         ...
 
     def running(self) -> set[str]:
@@ -203,6 +212,17 @@ class MpsControlSupervisor:
             self._up.discard(key)
             self._deaths.append(key)
 
+    def _quit(self, spec: MpsDaemonSpec) -> None:
+        """Send ``quit``; raise :class:`MpsError` if it failed and the daemon still answers
+        (the caller keeps it supervised).  Accepted, or failed with the daemon gone: done."""
+        rc, out = self._run([CONTROL], self._env(spec), "quit\n")
+        if rc == 0 or not self._alive(spec):
+            return
+        raise MpsError(
+            f"MPS daemon {spec.key}: quit failed ({rc}): {out.strip()}; the daemon still runs "
+            f"(serving {spec.device_uuid}): kept, and quit again next pass"
+        )
+
     def _send(self, spec: MpsDaemonSpec, commands: list[str]) -> None:
         env = self._env(spec)
         for cmd in commands:
@@ -216,7 +236,7 @@ class MpsControlSupervisor:
         if old is not None:
             self._seen(spec.key, servers is not None)
         if servers is not None and old is not None and old.device_uuid != spec.device_uuid:
-            self._run([CONTROL], self._env(old), "quit\n")  # serves a device that is gone
+            self._quit(old)  # serves a device that is gone; still answering: kept, raises
             self._up.discard(spec.key)  # stopped, not dead
             servers = None
         self._specs[spec.key] = spec
@@ -247,12 +267,13 @@ class MpsControlSupervisor:
         self._pending.discard(spec.key)
 
     def stop(self, key: str) -> None:
-        spec = self._specs.pop(key, None)
+        spec = self._specs.get(key)
+        if spec is not None:
+            self._quit(spec)  # still answering: raises, and the daemon stays supervised
+        self._specs.pop(key, None)
         self._adopted.discard(key)
         self._pending.discard(key)
         self._up.discard(key)
-        if spec is not None:
-            self._run([CONTROL], self._env(spec), "quit\n")
 
     def running(self) -> set[str]:
         out: set[str] = set()

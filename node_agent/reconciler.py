@@ -673,7 +673,8 @@ class Reconciler:
                 if inst.ci_ids and workload(nv, g, inst.gi_id):
                     errors.append(f"GPU {g}: {inst} has processes now; not destroyed")
                     return ops
-                # hybrid: the instance's daemon and its idle MPS server hold the instance
+                # hybrid: the instance's daemon and its idle MPS server hold the instance; a
+                # daemon whose quit failed still serves it: MpsError, nothing destroyed
                 self._supervisor.stop(mps_key(g, inst.start))
                 for ci in inst.ci_ids:
                     nv.destroy_compute_instance(g, inst.gi_id, ci)
@@ -724,7 +725,7 @@ class Reconciler:
             for uuid, table in plan.hosted:
                 self._slices[uuid] = table
                 self._lost_hosts.discard(uuid)
-        except NvmlError as e:
+        except (NvmlError, MpsError) as e:  # MpsError: a daemon's quit failed (retried)
             errors.append(f"GPU {g}: {e}")
         return ops
 
@@ -824,13 +825,17 @@ class Reconciler:
         The devices published just before no longer name these daemons' pipes, so no new
         ``Allocate`` can make a client of them; a pod given such a device before that is in a
         fresh in-use read (PodResources or the allocation ledger), which keeps its daemon.
-        Unreadable in-use ids stop nothing (retried next pass)."""
+        Unreadable in-use ids stop nothing (retried next pass), nor does a ``quit`` that
+        fails: the daemon stays supervised, and the next pass stops it again (an error now)."""
         fresh = await self._read_in_use(errors)
         if fresh is None:
             return
         for key in sorted(keys):
             if not _daemon_in_use(key, observed, fresh):  # never kill the MPS clients of a pod
-                self._supervisor.stop(key)
+                try:
+                    self._supervisor.stop(key)
+                except MpsError as e:
+                    errors.append(str(e))
 
     def _discover(self, observed: list[ObservedGpu], complete: bool = True) -> None:
         """Once, on the first pass that read the GPUs: take over the MPS daemons an earlier

@@ -256,7 +256,8 @@ async def test_allocate_errors_name_the_device(
     with pytest.raises(grpc.aio.AioRpcError) as split:  # one container, slices of two GPUs
         await conn.allocate([ids[0], ids[1]])
     assert split.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "different GPUs" in str(split.value.details())
+    # refused as more than one MPS slice per container, before container_env's "different GPUs"
+    assert "served by 2 MPS daemons" in str(split.value.details())
 
     # one slice twice: its limits would add up to twice what it advertises
     with pytest.raises(grpc.aio.AioRpcError) as twice:
