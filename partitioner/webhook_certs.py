@@ -12,7 +12,15 @@ Model
    garbage-collected with a configuration deleted and created again) or unreadable while this
    replica holds sound material (:attr:`CertificateKeeper.material`) -> written back from that
    material, with a WARNING: every replica serves a certificate of that CA, and a new CA in the
-   caBundle alone would leave the others untrusted until their next sync.  Whenever a new CA
+   caBundle alone would leave the others untrusted until their next sync.  Not while the
+   configuration is missing too, though: that is an uninstall (the pre-delete hook deleted the
+   configuration, the garbage collector its Secret, and this replica has not stopped yet), and a
+   Secret written back then would have no owner and outlive the release with the CA key in it.
+   The replica keeps serving what it holds (the API server calls no webhook without a
+   configuration) and writes the Secret, owned, once the configuration exists again.  A Secret is
+   created without an owner only by a replica that holds nothing yet (its first sync: the
+   partitioner may start before the configuration exists); the uninstall hook deletes the Secret
+   by name after the partitioner stopped (``gpuslice ungate --delete-secret``).  Whenever a new CA
    *is* issued (nothing sound anywhere, or a rollover), the CAs of this replica's material and of
    the configuration's current caBundle that are still valid stay in the new bundle
    (:func:`partitioner.certs.with_cas`).  Due for renewal
@@ -158,6 +166,9 @@ class CertificateKeeper:
         """The configuration's uid at the last sync ("" while it was missing)."""
         self.last_error = ""
         """The last failed attempt's error ("" once one succeeded since)."""
+        self.secret_withheld = False
+        """The Secret and the configuration were both missing at the last sync, so the Secret
+        was not written back (module docstring); logged once per such absence."""
 
     @property
     def server_file(self) -> Path:
@@ -259,7 +270,9 @@ class CertificateKeeper:
 
     async def _secret_material(self) -> Material:
         """The Secret's material, created, restored or renewed first when needed; the Secret
-        gets its owner (the configuration, once it exists) in the same write, or alone."""
+        gets its owner (the configuration, once it exists) in the same write, or alone.  A
+        missing Secret is not written back while the configuration is missing too, unless this
+        replica holds nothing yet (:meth:`_withhold`)."""
         mwc = await self._configuration()
         owner = self._owner_of(mwc)
         trusted = b"".join(b for b in self._bundles_of(mwc) if b)
@@ -269,6 +282,9 @@ class CertificateKeeper:
             now = self.clock()
             reason = renewal_reason(material, self.names, now)
             owners = self._owners_to_set(secret, owner)
+            if secret is None and owner is None and self.material is not None:
+                return self._withhold(self.material)
+            self.secret_withheld = False
             if not reason and owners is None:
                 assert material is not None
                 self.configuration_uid = owner["uid"] if owner else ""
@@ -311,6 +327,21 @@ class CertificateKeeper:
         raise RuntimeError(
             f"Secret {self.secret_name} kept changing while being written ({_ATTEMPTS} tries)"
         )
+
+    def _withhold(self, held: Material) -> Material:
+        """The Secret and the configuration are both missing (an uninstall, most likely): keep
+        serving ``held`` and write nothing, as an unowned Secret would outlive the release."""
+        if not self.secret_withheld:
+            log.info(
+                "Secret %s and MutatingWebhookConfiguration %s are both missing (uninstalled?): "
+                "the Secret is not written back while the configuration is missing (it would "
+                "have no owner and outlive it); serving the certificate this replica holds",
+                self.secret_name,
+                self.configuration_path.rsplit("/", 1)[-1],
+            )
+        self.secret_withheld = True
+        self.configuration_uid = ""
+        return held
 
     def _secret_body(self, material: Material, owner: Mapping[str, Any] | None) -> dict[str, Any]:
         meta: dict[str, Any] = {

@@ -1597,7 +1597,10 @@ def test_pre_delete_hook_releases_every_gated_pod(chart: helm.Chart, variant: st
     lease = ["--delete-lease", f"{NAMESPACE}/{lease_name}"]
     if variant == "defaults":
         mwc = one(docs, "MutatingWebhookConfiguration")["metadata"]["name"]
-        assert args == ["ungate", "--all", "--remove-webhook", mwc, *stop, *lease, "--cleanup"]
+        secret_name = env_of(container(docs, "Deployment"))["GPUSLICE_WEBHOOK_SECRET_NAME"]
+        secret = ["--delete-secret", f"{NAMESPACE}/{secret_name}"]  # self-managed certificates
+        webhook = ["--remove-webhook", mwc]
+        assert args == ["ungate", "--all", *webhook, *stop, *lease, *secret, "--cleanup"]
     else:
         assert args == ["ungate", "--all", *stop, *lease, "--cleanup"]
     parser = argparse.ArgumentParser()

@@ -16,21 +16,40 @@ from the start is one: the name may be wrong).
 ``--remove-webhook NAME`` first deletes that MutatingWebhookConfiguration, so no pod created
 after the command started is gated (used on uninstall, before the partitioner is gone).
 
+``--all`` also looks at the pods gpuslice already *released* that are not bound yet (no
+``spec.nodeName``, not being deleted, the reservation annotation still on them): their required
+node affinity was narrowed to the node their slice waited on (``state: released``), and
+Kubernetes lets a pod's affinity change only while it is gated, so it can never widen again.
+Once gpuslice is gone nothing offers that slice any more (``--cleanup`` deletes the node's
+NodePartitioning; no partitioner evicts a stranded pod), so such a pod would stay Pending for
+good.  One a controller owns (an ownerReference with ``controller: true``) is evicted
+(``policy/v1`` Eviction, preconditions uid and resourceVersion; the API server evicts a Pending
+pod without consulting its PodDisruptionBudget) so that its controller creates it again: on
+uninstall the webhook is deleted and the partitioner stopped before, so the new pod is not gated
+and takes the ordinary path.  A pod nothing owns cannot be created again by anyone but its
+author: its reservation annotation is cleared and a warning names it and says what to do
+(delete it and create it again).  Any other such pod (annotation left by an earlier state,
+affinity not narrowed) only gets its annotation cleared.
+
 Uninstall (the chart's pre-delete hook) also passes:
 
 * ``--stop-partitioner NAMESPACE/DEPLOYMENT``: scale the partitioner to 0 replicas and wait (at
   most ``--wait-seconds``) until its pods have ended, before anything else is removed -- a
   running partitioner would gate, label and re-create what this command takes away;
   ``--delete-lease NAMESPACE/NAME`` then deletes its leader-election Lease (it would outlive
-  the release: the partitioner creates it at run time);
+  the release: the partitioner creates it at run time), and ``--delete-secret NAMESPACE/NAME``
+  the webhook's self-managed certificate Secret (owned by the webhook configuration, so the
+  garbage collector deletes it too, but a replica that starts while the configuration is gone
+  creates one without an owner);
 * ``--cleanup``: after releasing the pods, delete every NodePartitioning (each agent, finding
   none, drains its node: it advertises only what pods hold, stops idle MPS daemons and puts
   their GPUs back in compute mode DEFAULT), then remove the ``GpusliceReady`` condition and the
   ``gpuslice.io/managed`` label from every node that has them.  Pods that still use MPS slices
   are listed with a warning: their daemons run in the agent pods, which Helm deletes next.
 
-Order: webhook, partitioner, pods, NodePartitionings, nodes.  Every step runs even if an
-earlier one failed (each failure is printed and makes the exit code 1).
+Order: webhook, partitioner, Lease, Secret, pods (gated ones, then released ones not bound),
+NodePartitionings, nodes.  Every step runs even if an earlier one failed (each failure is
+printed and makes the exit code 1).
 
 Connection: ``--kubeconfig``/``--context`` (or ``$KUBECONFIG``), else the in-cluster service
 account.  Exit codes: 0 done (or nothing to do), 1 an API call failed (each failure names the
@@ -42,7 +61,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal
 
 from gpuslice.cli import BadInput
@@ -87,6 +106,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--delete-lease",
         metavar="NAMESPACE/NAME",
         help="after the partitioner stopped, delete its leader-election Lease (uninstall)",
+    )
+    parser.add_argument(
+        "--delete-secret",
+        metavar="NAMESPACE/NAME",
+        help="after the partitioner stopped, delete the webhook's certificate Secret (uninstall)",
     )
     parser.add_argument(
         "--wait-seconds",
@@ -252,17 +276,192 @@ def _delete_lease(cluster: Cluster, where: tuple[str, str], dry_run: bool) -> in
     return 0
 
 
-def _release_pods(
-    cluster: Cluster, args: argparse.Namespace, targets: list[tuple[str, str]]
-) -> tuple[int, int] | None:
-    """Release the gated (or named) pods: ``(released, failed)``, or ``None`` if they could not
-    be listed."""
-    verb = "would release" if args.dry_run else "released"
+def _delete_secret(cluster: Cluster, where: tuple[str, str], dry_run: bool) -> int:
+    ns, name = where
+    if dry_run:
+        print(f"would delete Secret {ns}/{name}")
+        return 0
     try:
-        found = list(cluster.gated(args.namespace)) if args.all else None
+        # Cluster has no call of its own for this: its generic delete (404 -> False).
+        gone = cluster._delete(
+            f"Secret {ns}/{name}", cluster.core.delete_namespaced_secret, name, ns
+        )
     except ApiFailure as e:
         _print_error(e)
+        return 1
+    print(f"Secret {ns}/{name} {'deleted' if gone else 'already absent'}")
+    return 0
+
+
+def reserved_unbound(pod: Mapping[str, Any]) -> bool:
+    """``pod`` carries gpuslice's reservation annotation but not its gate, is not bound, not
+    being deleted and has not ended: released by gpuslice (or reserved, then ungated by someone
+    else) and still waiting for kube-scheduler."""
+    from partitioner.gating import has_gate
+    from partitioner.reservations import RESERVATION_ANNOTATION
+
+    meta = pod.get("metadata") or {}
+    if has_gate(pod) or (pod.get("spec") or {}).get("nodeName") or meta.get("deletionTimestamp"):
+        return False
+    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return False
+    return RESERVATION_ANNOTATION in (meta.get("annotations") or {})
+
+
+def pinned_node(pod: Mapping[str, Any]) -> str | None:
+    """The node gpuslice narrowed ``pod``'s required node affinity to when it released it (the
+    reservation says ``state: released`` and the affinity holds ``metadata.name In [node]``);
+    ``None`` for any other pod (a malformed annotation included)."""
+    from partitioner.reservations import (
+        RESERVATION_ANNOTATION,
+        ReservationError,
+        State,
+        parse_reservation,
+    )
+
+    text = ((pod.get("metadata") or {}).get("annotations") or {}).get(RESERVATION_ANNOTATION)
+    if not isinstance(text, str):
         return None
+    try:
+        reservation = parse_reservation(text)
+    except ReservationError:
+        return None
+    if reservation.state is not State.RELEASED:
+        return None
+    pin = {"key": "metadata.name", "operator": "In", "values": [reservation.node]}
+    affinity = ((pod.get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {}
+    required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    for term in required.get("nodeSelectorTerms") or ():
+        if isinstance(term, Mapping) and pin in (term.get("matchFields") or ()):
+            return reservation.node
+    return None
+
+
+def controller_of(pod: Mapping[str, Any]) -> str | None:
+    """``"<kind> <name>"`` of the controller that owns ``pod`` (the ownerReference with
+    ``controller: true``: it creates the pod again once it is deleted); ``None`` if none."""
+    for o in (pod.get("metadata") or {}).get("ownerReferences") or ():
+        if isinstance(o, Mapping) and o.get("controller") is True:
+            return f"{o.get('kind') or ''} {o.get('name') or ''}".strip()
+    return None
+
+
+def _evict(cluster: Cluster, pod: Mapping[str, Any]) -> None:
+    """POST the pod's ``policy/v1`` Eviction, preconditions uid and resourceVersion as read."""
+    meta = pod.get("metadata") or {}
+    ns, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+    preconditions = {k: meta[k] for k in ("uid", "resourceVersion") if meta.get(k)}
+    body = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": name, "namespace": ns},
+        "deleteOptions": {"preconditions": preconditions},
+    }
+    # Cluster has no call of its own for this: its generic call (errors as ApiFailure).
+    cluster._call(f"pod {ns}/{name}", cluster.core.create_namespaced_pod_eviction, name, ns, body)
+
+
+def _settle(cluster: Cluster, pod: dict[str, Any], dry_run: bool) -> None:
+    """One released pod not bound yet (module docstring): evicted when gpuslice pinned it and a
+    controller owns it, else its reservation annotation cleared, with a warning when it is
+    pinned.  Prints what was (or would be) done; :class:`ApiFailure` when a call failed.  A 409
+    re-reads the pod (one bound or changed meanwhile is left alone); a 404 means it is gone."""
+    from partitioner.reservations import RESERVATION_ANNOTATION
+
+    meta = pod.get("metadata") or {}
+    ns, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+    for _ in range(_ATTEMPTS):
+        if not reserved_unbound(pod):
+            print(f"{ns}/{name} was bound or changed meanwhile: nothing to do")
+            return
+        node = pinned_node(pod)
+        owner = controller_of(pod) if node else None
+        try:
+            if node and owner:
+                if not dry_run:
+                    _evict(cluster, pod)
+                print(
+                    f"{'would evict' if dry_run else 'evicted'} {ns}/{name}: released to node "
+                    f"{node} but not bound, its node affinity pinned there for good; its "
+                    f"controller ({owner}) creates it again, ungated"
+                )
+                return
+            if not dry_run:
+                version = (pod.get("metadata") or {}).get("resourceVersion")
+                cluster.patch(
+                    ns,
+                    name,
+                    {
+                        "metadata": {
+                            "resourceVersion": version,
+                            "annotations": {RESERVATION_ANNOTATION: None},
+                        }
+                    },
+                )
+            print(
+                f"{'would clear' if dry_run else 'cleared'} the reservation of {ns}/{name} "
+                "(not bound)"
+            )
+            if node:
+                print(
+                    f"warning: pod {ns}/{name} was released to node {node} but is not bound: "
+                    f"its node affinity is pinned to {node} for good (Kubernetes changes it "
+                    "only while a pod is gated) and nothing owns it to create it again; without "
+                    f"gpuslice {node} may never offer its slice again, so it can stay Pending: "
+                    f"delete it and create it again (kubectl delete pod -n {ns} {name})",
+                    file=sys.stderr,
+                )
+            return
+        except ApiFailure as e:
+            if e.status == 404:
+                print(f"{ns}/{name} is gone (deleted meanwhile): nothing to do")
+                return
+            if e.status != 409:
+                raise
+        try:
+            pod = cluster.get(ns, name)
+        except ApiFailure as e:
+            if e.status == 404:
+                print(f"{ns}/{name} is gone (deleted meanwhile): nothing to do")
+                return
+            raise
+    raise ApiFailure(f"pod {ns}/{name}", 409, f"kept changing ({_ATTEMPTS} tries)")
+
+
+def _settle_all(cluster: Cluster, pods: list[dict[str, Any]], dry_run: bool) -> int:
+    """:func:`_settle` each released pod not bound yet; the number of failures."""
+    failed = 0
+    for pod in pods:
+        try:
+            _settle(cluster, pod, dry_run)
+        except ApiFailure as e:
+            _print_error(e)
+            failed += 1
+    return failed
+
+
+def _release_pods(
+    cluster: Cluster, args: argparse.Namespace, targets: list[tuple[str, str]]
+) -> tuple[int, int, list[dict[str, Any]]] | None:
+    """Release the gated (or named) pods: ``(released, failed, waiting)``, ``waiting`` being
+    (with ``--all``) the released pods not bound yet (:func:`reserved_unbound`), listed in the
+    same pass; or ``None`` if the pods could not be listed."""
+    from partitioner.gating import has_gate
+
+    verb = "would release" if args.dry_run else "released"
+    found: list[dict[str, Any]] | None = None
+    waiting: list[dict[str, Any]] = []
+    if args.all:
+        found = []
+        try:
+            for p in cluster.pods(args.namespace):
+                if has_gate(p):
+                    found.append(p)
+                elif reserved_unbound(p):
+                    waiting.append(p)
+        except ApiFailure as e:
+            _print_error(e)
+            return None
     candidates: list[tuple[str, str, dict[str, Any] | None]] = (
         [(p["metadata"].get("namespace", ""), p["metadata"]["name"], p) for p in found]
         if found is not None
@@ -284,7 +483,7 @@ def _release_pods(
         except ApiFailure as e:
             _print_error(e)
             failed += 1
-    return released, failed
+    return released, failed, waiting
 
 
 def mps_clients(pods: Iterator[dict[str, Any]]) -> list[str]:
@@ -403,9 +602,10 @@ def run(args: argparse.Namespace) -> int:
     targets = _targets(args)
     partitioner = _deployment(args)
     lease = _namespaced("--delete-lease", args.delete_lease, "NAME")
+    secret = _namespaced("--delete-secret", args.delete_secret, "NAME")
     cluster = Cluster(args.kubeconfig, args.context)
     try:
-        return _run(cluster, args, targets, partitioner, lease)
+        return _run(cluster, args, targets, partitioner, lease, secret)
     finally:
         cluster.close()
 
@@ -416,6 +616,7 @@ def _run(
     targets: list[tuple[str, str]],
     partitioner: tuple[str, str] | None,
     lease: tuple[str, str] | None,
+    secret: tuple[str, str] | None = None,
 ) -> int:
     """Every step, in order (module docstring); the exit code."""
     verb = "would release" if args.dry_run else "released"
@@ -426,14 +627,17 @@ def _run(
         failed += _stop_partitioner(cluster, partitioner, args.wait_seconds, args.dry_run)
     if lease is not None:
         failed += _delete_lease(cluster, lease, args.dry_run)
+    if secret is not None:
+        failed += _delete_secret(cluster, secret, args.dry_run)
     outcome = _release_pods(cluster, args, targets)
     if outcome is None:
         failed += 1
         released = 0
     else:
-        released, not_released = outcome
+        released, not_released, waiting = outcome
         failed += not_released
         print(f"{released} pod(s) {verb}" + (f", {not_released} failed" if not_released else ""))
+        failed += _settle_all(cluster, waiting, args.dry_run)
     if args.cleanup:
         failed += _cleanup(cluster, args.dry_run)
     return 1 if failed else 0
