@@ -93,6 +93,7 @@ __all__ = [
     "UNHEALTHY",
     "DevicePluginManager",
     "PluginStatus",
+    "more_than_one_mps_slice",
     "plugin_socket_name",
     "preferred_allocation",
     "socket_identity",
@@ -320,7 +321,7 @@ class _ResourcePlugin:
                     f"device {dev_id!r} of {self.resource} is Unhealthy and cannot be allocated",
                 )
             devices.append(dev)
-        refusal = _more_than_one_mps_slice(self.resource, devices)
+        refusal = more_than_one_mps_slice(self.resource, devices)
         if refusal is not None:
             raise _RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, refusal)
         try:
@@ -362,7 +363,7 @@ class _ResourcePlugin:
         return chosen
 
 
-def _more_than_one_mps_slice(resource: str, devices: Sequence[AdvertisedDevice]) -> str | None:
+def more_than_one_mps_slice(resource: str, devices: Sequence[AdvertisedDevice]) -> str | None:
     """Why one container cannot be given ``devices`` (more than one MPS slice), or ``None``.
 
     The kubelet reports the refusal as the pod's admission failure

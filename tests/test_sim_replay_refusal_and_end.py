@@ -86,7 +86,8 @@ def test_mps_slices_of_two_daemons_are_refused_and_the_pod_is_never_scheduled(
     for s in refusals:
         assert (s["phase"], s["reason"]) == ("Failed", "UnexpectedAdmissionError")
         assert "code = InvalidArgument" in s["message"]
-        assert "one MPS control daemon only" in s["message"]
+        assert "gives a container one MPS slice" in s["message"]
+        assert "served by 2 MPS daemons" in s["message"]
     # the refused pod's re-creations are no progress: the run ends once nothing else can
     # change (the settle time after its arrival), long before the horizon
     assert r.end < 3600
@@ -99,29 +100,24 @@ def test_mps_slices_of_two_daemons_are_refused_and_the_pod_is_never_scheduled(
         pytest.param(_hybrid({0: (10, 10), 4: (10,)}), 10, id="hybrid-one-instance"),
     ],
 )
-def test_mps_slices_of_one_daemon_are_admitted(fake: FakeCluster, request_gb: int) -> None:
-    # the preferred allocation keeps the pod's slices on one GPU (one instance here): served
+def test_mps_slices_of_one_daemon_are_refused_too(
+    fake: FakeCluster, request_gb: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the preferred allocation keeps the pod's slices on one GPU (one instance here), but the
+    # agent gives a container one MPS slice (its daemon caps each client at one slice's
+    # memory and threads: the second would be held for nothing), as production's Allocate
+    # does since 2026-12-07 (node_agent.deviceplugin.more_than_one_mps_slice); before, the
+    # replay admitted such a pod and production refused it
+    statuses = _statuses(monkeypatch)
     pods = [ReplayPod("two", {f"nvidia.com/gpu-{request_gb}gb": 2}, 0, 100)]
-    r = run_time_replay(EMPTY, fake, "greedy", pods=pods)
+    horizon = ReplaySettings(horizon_s=10 * 3600.0)
+    r = run_time_replay(EMPTY, fake, "greedy", horizon, pods=pods)
     (rec,) = r.pods
-    assert rec.first_bound == 0 and r.admission_rejections == 0
-    assert summarize(r).never_scheduled == 0 and r.end == 100
-
-
-def test_a_refused_pod_runs_once_a_departure_frees_slices_of_one_gpu() -> None:
-    # "a" takes two of GPU 0's three 20 GiB slices until 500; "b" asks for two more: one is
-    # free on GPU 0 and one on GPU 1, so Allocate refuses them until "a" ends; a replacement
-    # created after that gets GPU 0's slices
-    fake = _mps({0: (20, 20, 20), 1: (20,)})
-    pods = [
-        ReplayPod("a", {"nvidia.com/gpu-20gb": 2}, 0, 500),
-        ReplayPod("b", {"nvidia.com/gpu-20gb": 2}, 1, 100),
-    ]
-    r = run_time_replay(EMPTY, fake, "greedy", pods=pods)
-    rec = {p.name: p for p in r.pods}
-    assert rec["a"].first_bound == 0
-    assert rec["b"].first_bound is not None and rec["b"].first_bound >= 500
-    assert r.admission_rejections >= 2 and summarize(r).never_scheduled == 0
+    assert rec.first_bound is None and summarize(r).never_scheduled == 1
+    assert r.admission_rejections >= 2
+    refusals = [s for key, s in statuses if key.endswith("/two")]
+    assert refusals and all("gives a container one MPS slice" in s["message"] for s in refusals)
+    assert not any("MPS daemons" in s["message"] for s in refusals)  # one daemon here
 
 
 # ------------------------------------------------------------------ when the replay ends

@@ -45,17 +45,16 @@ kubelet (:class:`Kubelet`)
     device ids come from the node agent's own preferred-allocation rule
     (:func:`node_agent.deviceplugin.preferred_allocation`, with the GPUs the partitioner drains
     avoided, as the agent reads them from its NodePartitioning) among the free advertised
-    devices (an MPS slice inside a hybrid MIG instance is a device of its GPU like any other;
-    a host instance is not advertised); if there are not enough (the status the scheduler saw
+    devices, grouped as the agent groups them (by GPU; an MPS slice inside a hybrid MIG
+    instance by that instance's daemon; a host instance is not advertised); if there are not enough (the status the scheduler saw
     is stale) the pod is rejected (``OutOf<resource>``, phase Failed) and its controller
     creates it again.  The kubelet then asks the agent's ``Allocate`` for each resource's
     picked devices (one request per resource, as the kubelet's device manager does), and the
-    answer is the production rule itself: :func:`node_agent.devices.container_env` and
-    :func:`node_agent.devices.container_mounts` of the devices as
-    :func:`node_agent.devices.advertised_devices` builds them.  It refuses MPS slices of two
-    MPS daemons (two GPUs of an MPS node, two host instances of a hybrid node: a container can
-    use one daemon only), which the preferred allocation picks when no one GPU holds enough
-    free slices, or (hybrid) when one GPU's do not sit in one instance; the plugin answers
+    answer is the production rule itself: :func:`node_agent.deviceplugin.more_than_one_mps_slice`,
+    then :func:`node_agent.devices.container_env` and :func:`node_agent.devices.container_mounts`
+    of the devices as :func:`node_agent.devices.advertised_devices` builds them.  It refuses a
+    container more than one MPS slice (its daemon caps each client at one slice) and MPS slices
+    of two MPS daemons; the plugin answers
     ``INVALID_ARGUMENT`` and the kubelet fails the pod (``UnexpectedAdmissionError``, phase
     Failed, :meth:`Kubelet.refusal`).  Its controller creates it again, and it is refused
     again as long as the node's free devices stay as they are.
@@ -82,7 +81,7 @@ from contract.nodepartitioning import (
     ActualMigInstance,
     ActualMpsSlice,
 )
-from node_agent.deviceplugin import preferred_allocation
+from node_agent.deviceplugin import more_than_one_mps_slice, preferred_allocation
 from node_agent.devices import (
     advertised_devices,
     container_env,
@@ -807,17 +806,27 @@ class Kubelet:
         for resource in sorted(pod.slices):
             free = self.fake.free_devices(node, resource)
             ids = {f"{gi}:{d.device_id}": (gi, d) for gi, d in free}
+            # grouped as the agent groups them: by GPU, an MPS slice by its daemon (a hybrid
+            # slice's host instance); a group on a drained GPU is avoided
+            groups = {dev: _daemon_group(pick) for dev, pick in ids.items()}
             chosen = preferred_allocation(
                 sorted(ids),
                 [],
                 pod.slices[resource],
-                lambda dev: dev.split(":", 1)[0],
-                (lambda gpu: int(gpu) in avoid) if avoid else None,
+                groups.__getitem__,
+                (lambda group: int(group.split(" ", 1)[0]) in avoid) if avoid else None,
             )
             if len(chosen) < pod.slices[resource]:
                 return None
             picks.extend((resource, ids[c]) for c in chosen)
         return picks
+
+
+def _daemon_group(pick: tuple[int, Device]) -> str:
+    """The preferred-allocation group of a device, as the agent's ``prefer`` forms it: its GPU,
+    and for an MPS slice inside a hybrid host instance that instance's daemon."""
+    gi, d = pick
+    return f"{gi} host{d.host}" if d.host >= 0 else str(gi)
 
 
 def _allocate_error(node: FakeNode, picks: Sequence[tuple[str, tuple[int, Device]]]) -> str | None:
@@ -884,6 +893,9 @@ def _allocate_error(node: FakeNode, picks: Sequence[tuple[str, tuple[int, Device
     for resource, dev_ids in sorted(wanted.items()):
         by_id = {d.id: d for d in advertised.get(resource, ())}
         devices = [by_id[i] for i in dev_ids]
+        refusal = more_than_one_mps_slice(resource, devices)  # the agent's own rule
+        if refusal is not None:
+            return refusal
         try:
             container_env(devices)
             container_mounts(devices)

@@ -24,7 +24,10 @@ and gpuslice's profiles do not configure them):
 * **Which nodes are scored**: with ``n >= 100`` nodes the filter stops after
   ``max(100, n * max(5, 50 - n // 125) // 100)`` feasible nodes (percentageOfNodesToScore 0 =
   adaptive), starting where the previous cycle stopped (:func:`nodes_to_score`); below 100
-  nodes every node is scored.
+  nodes every node is scored.  The saturation protocol samples so
+  (:mod:`simulations.saturation.partitioned`); the time replay's kube-scheduler scores every
+  feasible node (its clusters are the issue's 4-8 nodes; on a what-if cluster of 100 nodes or
+  more its choice of node for an ungated pod is the best of all, not of a sample).
 """
 
 from __future__ import annotations
