@@ -19,6 +19,30 @@ Model
    that gate off no device slice is ever written: the publisher checks the counter slice alone,
    backing off, and refuses the rounds between without writing (:mod:`node_agent.dra_publish`).
 
+The kubelet's registration.  A device published on a node whose kubelet has not registered
+the plugin is allocatable, but the kubelet calls no prepare for it ("DRA driver ... is not
+registered"): its pod waits in ContainerCreating for good, with no prepare failure to report
+and a live agent.  So the loop publishes only for a registered plugin
+(:attr:`~node_agent.draplugin.DraKubeletPlugin.registered`):
+
+* while the plugin waits for the kubelet's first registration (after it started, or served
+  its registration socket anew) a round does nothing at all -- no slice written, no status:
+  on a new node nothing is published until the kubelet registers it, and after an agent
+  restart the slices stay as the last agent left them for the moment it takes -- and tells
+  the health check it waits (``/healthz`` turns unhealthy only once that lasted past its
+  limit);
+* once the kubelet refused the plugin (``NotifyRegistrationStatus`` with an error: a kubelet
+  that knows neither service version listed) or has not registered it within
+  ``registration_grace_s`` (default: the health check's limit, ``failure_resyncs`` resyncs; a
+  registry directory the kubelet does not watch -- a wrong ``dra.hostPaths.registryDir``, a
+  kubelet with another root directory), every round withdraws every free device (the
+  allocated and prepared ones stay published: their counters must keep counting), records
+  the failure with the health check, so ``/healthz`` fails naming the kubelet's error and
+  the sockets (:meth:`~node_agent.draplugin.DraKubeletPlugin.registration_problem`), and in
+  shaped mode reports ``Degraded`` with reason ``DriverNotRegistered``, every GPU
+  ``unhealthy``, so the partitioner promises nothing here.  A refusal wakes a round at once;
+  the end of the grace does too.  The next registration publishes as usual.
+
 Every round starts by listing the GPUs NVML cannot read
 (:meth:`~node_agent.dra_prepare.DraPreparer.unreadable`: one GPU's reads failing,
 ``GPU_IS_LOST`` typically).  Such a GPU is isolated for the round, the device-plugin agent's
@@ -67,12 +91,20 @@ devices, hand the spec's placements to the preparer (:attr:`DraPreparer.planned
 <node_agent.dra_prepare.DraPreparer.planned>`: kept at unprepare), destroy the idle instances no
 claim owns outside the planned and allocated placements (:attr:`DraDriver.idle_destroyed`
 counts them), create the planned placements' instances that are missing
-(:meth:`~node_agent.dra_prepare.DraPreparer.create_planned`, :attr:`DraDriver.planned_created`;
+(:meth:`~node_agent.dra_prepare.DraPreparer.make_planned`, :attr:`DraDriver.planned_created`;
 an NVML failure in either is logged, not fatal: prepare makes what is missing), publish the
 shaped set (the unreadable GPUs' free devices withheld, like drained ones), and write the
 status when it differs from the stored one (``Degraded``/``GpuUnreadable`` while a GPU is
-unreadable).  The start-up clean-up reads the NodePartitioning first, so it keeps idle
-instances at planned placements (unreadable: it destroys them all, as without shaping); it
+unreadable).  A planned placement the round could not make (:attr:`DraDriver.unmade`: its
+GPU's MIG mode could not be switched on -- a pass-through VM with no reset, an agent without
+nvidia-smi, another client holding the GPU -- or its creation failed) is withdrawn while free
+and reported: ``Degraded``/``MIGModePending`` naming the GPU and the remedy, the GPU
+``unhealthy`` (or ``InstanceNotCreated``, the placement ``unhealthy``), so the partitioner
+promises none of it; before, the status showed it free, and every pod released there failed
+its prepare, was stranded, and its replacement was promised the same placement.  Each round
+tries again, and the first that makes it publishes and reports it as usual.  The start-up
+clean-up reads the NodePartitioning first, so it keeps idle instances at planned placements
+(unreadable: it destroys them all, as without shaping); it
 skips a GPU NVML cannot read.  Rounds also run
 
 * when the NodePartitioning changes: every ``spec_poll_s`` it is read, and a uid,
@@ -149,10 +181,12 @@ from contract.nodepartitioning import PARTITIONER_STATUS_FIELDS, NodePartitionin
 from node_agent.agent import SpecSource, draining_gpus, now_rfc3339
 from node_agent.dra_claims import DeviceTarget
 from node_agent.dra_foreign import ForeignUse, foreign_devices, whole_gpus
+from node_agent.dra_prepare import PlannedOutcome
 from node_agent.dra_publish import SlicePublisher
 from node_agent.dra_shape import planned_devices, publish_set, shaped_status, unusable_taints
 from node_agent.dra_slices import UNUSABLE_TAINT_KEY, DraGpu
 from node_agent.draplugin import DraKubeletPlugin
+from node_agent.gpu_plan import Block
 from node_agent.health import AgentHealth
 from node_agent.nvml import NvmlError, XidEvent
 from node_agent.tasks import first_of
@@ -269,6 +303,7 @@ class DraDriver:
         spec_poll_s: float = 2.0,
         xids: XidWatcher | None = None,
         metrics: XidCounter | None = None,
+        registration_grace_s: float | None = None,
     ) -> None:
         """``plugin``'s registrations, prepares and unprepares wake the publish loop (its
         ``on_registered`` and ``on_claims_changed`` are set here); its preparer is the one the
@@ -276,7 +311,10 @@ class DraDriver:
         :class:`~node_agent.agent.KubeSpecSource`) and ``claims`` (``allocated()``:
         :class:`~node_agent.dra_shape.ShapeApi`) turn on planner-shaped publishing.  ``xids``
         watches NVML's XID events while :meth:`run` runs (on the preparer's NVML; ``None``: not
-        watched), ``metrics`` counts them."""
+        watched), ``metrics`` counts them.  ``registration_grace_s``: how long the plugin may
+        wait for the kubelet's first registration before the node reports it (module docstring,
+        "The kubelet's registration"; default: the health check's limit, else three
+        ``resync_s``)."""
         if (spec_source is None) != (claims is None):
             raise ValueError("shaped publishing needs both spec_source and claims")
         self.plugin = plugin
@@ -290,6 +328,12 @@ class DraDriver:
         self.spec_poll_s = spec_poll_s
         self.xids = xids
         self.metrics = metrics
+        if registration_grace_s is None:
+            registration_grace_s = health.limit_s if health is not None else 3 * resync_s
+        self.registration_grace_s = registration_grace_s
+        self.kubelet_problem: str | None = None
+        """Why the kubelet will not call the driver, as the last round found it (module
+        docstring, "The kubelet's registration"); ``None``: registered, or not waited for long."""
         self._xid_later: list[tuple[int | None, XidEvent]] = []
         """XID events of GPUs the preparer does not serve yet, with their ledger numbers, tried
         again each round."""
@@ -298,6 +342,7 @@ class DraDriver:
             self.preparer.xid_clock = lambda: ledger.added
         self._wake = asyncio.Event()
         plugin.on_registered = self._wake.set
+        plugin.on_refused = self._wake.set
         plugin.on_claims_changed = self._on_claims_changed
         self.rounds = 0
         self.failures = 0
@@ -312,6 +357,9 @@ class DraDriver:
         """The GPUs the last round found NVML cannot read, with the error (isolated)."""
         self.foreign: list[ForeignUse] = []
         """The placements the last round found running processes outside any claim."""
+        self.unmade: frozenset[str] = frozenset()
+        """The planned placements the last shaped round could not make (MIG mode not switched
+        on, the creation failed): withdrawn while free, reported ``unhealthy``."""
         self.lingering: frozenset[str] = frozenset()
         """The devices the last successful shaped round published only because a claim has
         them allocated, none prepared here (module docstring, "Lingering devices")."""
@@ -444,7 +492,9 @@ class DraDriver:
             d.device for rec in self.preparer.checkpoint for d in rec.devices if not d.admin_access
         }
 
-    async def _shaped_round(self) -> None:
+    async def _shaped_round(self, kubelet: str | None = None) -> None:
+        """One shaped round; ``kubelet``: why the kubelet will not call the driver (every free
+        device withdrawn, the status ``Degraded``)."""
         source, claims = self._sources()
         moved, self._claims_moved = self._claims_moved, False
         obj: NodePartitioning | None = await source.get()
@@ -478,19 +528,22 @@ class DraDriver:
             )
         foreign = await self._read_foreign(unreadable)
         try:
-            created = await asyncio.to_thread(
-                self.preparer.create_planned,
+            made = await asyncio.to_thread(
+                self.preparer.make_planned,
                 planned_names,
                 frozenset(allocated),
                 frozenset(unreadable) | whole_gpus(self.preparer.targets, foreign),
             )
         except Exception as e:  # NVML: prepare creates what is missing
             log.warning("creating the planned MIG instances failed: %s", e)
-            created = 0
-        self.planned_created += created
+            made = PlannedOutcome()
+        self.planned_created += made.created
+        self.unmade = made.unmade
         withheld = draining | unreadable.keys()
+        if kubelet is not None:
+            withheld |= {g.index for g in gpus}
         xid, busy = self.preparer.xid_devices(), foreign_devices(self.preparer.targets, foreign)
-        hidden = xid | busy
+        hidden = xid | busy | made.unmade
         want = publish_set(planned, allocated, withheld, hidden)
         await self.publisher.publish(want, self._taints(want, unreadable, xid, busy))
         self._narrowed = self.published is not None and bool(self.published - want)
@@ -511,6 +564,10 @@ class DraDriver:
             self.preparer.xid_marks,
             failed,
             foreign,
+            mig_enabled=made.mig_enabled or None,
+            mode_failed=made.mode_failed,
+            not_created=made.failed,
+            kubelet=Block("DriverNotRegistered", kubelet) if kubelet is not None else None,
         )
         ours = set(PARTITIONER_STATUS_FIELDS)
         if obj.status is None or status.model_dump(exclude=ours) != obj.status.model_dump(
@@ -547,12 +604,47 @@ class DraDriver:
             return
         self.preparer.planned = _planned(self.publisher.gpus, obj, self.preparer.pending)[2]
 
+    def _waiting(self) -> bool:
+        """The plugin waits for the kubelet's first registration, not for long yet: a round
+        publishes nothing and reports nothing (module docstring, "The kubelet's
+        registration")."""
+        return not self.plugin.registered and self.kubelet_problem is None
+
+    def _check_kubelet(self) -> str | None:
+        """Why the kubelet will not call the driver now (:attr:`kubelet_problem`), logged when
+        it changes."""
+        problem = self.plugin.registration_problem(time.monotonic(), self.registration_grace_s)
+        if problem != self.kubelet_problem:
+            if problem is not None:
+                log.error("%s", problem)
+            elif self.plugin.registered and self.kubelet_problem is not None:
+                log.info("the kubelet registered DRA driver %s: publishing", self.plugin.driver)
+        self.kubelet_problem = problem
+        return problem
+
+    def _until_problem(self) -> float | None:
+        """Seconds until a plugin that waits for its registration is reported (``None``: it
+        does not wait)."""
+        since = self.plugin.waiting_since
+        if self.plugin.registered or self.kubelet_problem is not None or since is None:
+            return None
+        return max(0.0, since + self.registration_grace_s - time.monotonic()) + 0.01
+
     async def publish_once(self) -> bool:
         """One publish round; return whether it succeeded (:attr:`rounds` counts finished
-        rounds)."""
+        rounds).  While the plugin waits for the kubelet's first registration the round does
+        nothing; once the kubelet refused it, or has not registered it in
+        :attr:`registration_grace_s`, every free device is withdrawn and ``/healthz`` learns
+        why (module docstring, "The kubelet's registration")."""
+        kubelet = self._check_kubelet()
+        if self._waiting():
+            self.rounds += 1
+            if self.health is not None:
+                self.health.record(False, self._waiting_text())
+            return True
         try:
             if self.shaped:
-                await self._shaped_round()
+                await self._shaped_round(kubelet)
             else:
                 self.plugin.prepare_failures(None, time.monotonic())  # stale ones go: the gauge
                 unreadable = await self._read_gpus()
@@ -560,10 +652,12 @@ class DraDriver:
                 xid = self.preparer.xid_devices()
                 busy = foreign_devices(self.preparer.targets, foreign)
                 prepared = self._prepared()
+                # the kubelet will not call the driver: every GPU's free devices withdrawn
+                gone = set(unreadable) if kubelet is None else set(self.preparer.models)
                 for _ in range(2):  # again at once if this round learnt taints are dropped
                     tainting = self.publisher.taints
                     every = _all_but_unhealthy(
-                        self.preparer.targets, prepared, unreadable, xid | busy, tainting
+                        self.preparer.targets, prepared, gone, xid | busy, tainting
                     )
                     # ``None``: every placement, none of them unusable
                     taints = (
@@ -581,8 +675,16 @@ class DraDriver:
             return False
         self.rounds += 1
         if self.health is not None:
-            self.health.record(True, "")
+            self.health.record(kubelet is None, kubelet or "")
         return True
+
+    def _waiting_text(self) -> str:
+        """What ``/healthz`` says while the plugin waits for its first registration."""
+        p = self.plugin
+        return (
+            f"waiting for the kubelet to register DRA driver {p.driver} (registration socket "
+            f"{p.registration_socket}); nothing is published until it does"
+        )
 
     async def run(self, stop: asyncio.Event) -> None:
         if self.shaped:
@@ -603,7 +705,9 @@ class DraDriver:
             ok = await self.publish_once()
             waits: list[Awaitable[object]] = [stop.wait(), self._wake.wait()]
             timeout = self.resync_s if ok else self.retry_s
-            if self.shaped:
+            if (until := self._until_problem()) is not None:
+                timeout = min(timeout, until)  # the wait for the kubelet turns into a problem
+            if self.shaped and not self._waiting():
                 waits.append(self._spec_changed())
                 if ok and self._narrowed:
                     timeout = min(timeout, self.spec_poll_s)

@@ -60,7 +60,10 @@ destroys idle unknown instances in its way.
 *Unknown instances at start* (:meth:`DraPreparer.clean_unknown`): idle ones are destroyed
 (except, under shaped publishing, those at planned placements), used ones kept and reported;
 ``started`` records are rolled back.  :meth:`DraPreparer.destroy_idle` (each shaped round)
-destroys the idle unknown instances outside a given set of placements.  Nothing a prepared
+destroys the idle unknown instances outside a given set of placements;
+:meth:`DraPreparer.make_planned` then creates the planned ones and returns what it could not
+make, with why (:class:`PlannedOutcome`: a GPU whose MIG mode could not be switched on, a
+creation that failed), and the MIG mode NVML reads on each GPU.  Nothing a prepared
 claim uses is ever destroyed: every destroy is of an unknown idle instance or of the claim's
 own, idle, at its unprepare.
 
@@ -139,6 +142,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from node_agent.cdi import cdi_device_id, cdi_spec, remove_spec, write_spec
@@ -162,11 +166,11 @@ from node_agent.nvml import (
     NvmlErrorCode,
     XidEvent,
 )
-from node_agent.reconciler import NVML_DOWN, mig_activation, workload
+from node_agent.reconciler import NVML_DOWN, RESET_REMEDY, mig_activation, workload
 from node_agent.xid import RECOVERY, XidMark, xid_text
 from planner.catalog import Catalog, GpuModel
 
-__all__ = ["DraPreparer", "GpuUnreadable", "gpu_models"]
+__all__ = ["DraPreparer", "GpuUnreadable", "PlannedOutcome", "gpu_models"]
 
 log = logging.getLogger(__name__)
 
@@ -211,6 +215,26 @@ class GpuUnreadable(ClaimError):
             f"GPU {gpu} cannot be read by NVML ({error}): nothing on it is prepared, released "
             "or cleaned up until it reads again"
         )
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedOutcome:
+    """What one :meth:`DraPreparer.make_planned` did: the instances it created, and the planned
+    placements it could not make, with why (shaped publishing withdraws those and its status
+    reports them: :mod:`node_agent.dra_shape`)."""
+
+    created: int = 0
+    mode_failed: Mapping[int, str] = field(default_factory=dict)
+    """GPU index -> why its MIG mode could not be switched on (a reset that cannot run, the
+    GPU not idle): none of its planned placements was made, and prepare fails the same way."""
+    failed: Mapping[str, str] = field(default_factory=dict)
+    """Device name -> why the instance of that planned placement could not be created."""
+    unmade: frozenset[str] = frozenset()
+    """The planned placements not made for those reasons (every placement tried on a
+    :attr:`mode_failed` GPU, and the :attr:`failed` ones)."""
+    mig_enabled: Mapping[int, bool] = field(default_factory=dict)
+    """The MIG mode NVML reads on each GPU after the round (a GPU it cannot read is left
+    out)."""
 
 
 def _isolated(gpu: int, e: NvmlError) -> NvmlError | GpuUnreadable:
@@ -537,10 +561,16 @@ class DraPreparer:
             try:
                 nv.reset_gpu(g)
             except NvmlError as e:
+                remedy = RESET_REMEDY.get(e.code)
                 raise ClaimError(
                     f"GPU {g}: MIG mode {'enable' if enabled else 'disable'} waits for a GPU "
-                    f"reset, which failed ({e}); give the agent nvidia-smi, or stop what holds "
-                    f"the GPU (nvidia-persistenced, DCGM), or reboot the node"
+                    f"reset, which failed ({e}); "
+                    + (
+                        remedy.format(gpu=g, bus=info.pci_bus_id or g)
+                        if remedy is not None
+                        else "give the agent nvidia-smi, or stop what holds the GPU "
+                        "(nvidia-persistenced, DCGM), or reboot the node"
+                    )
                 ) from None
         if self._info(g).mig_enabled != enabled:
             raise ClaimError(f"GPU {g}: MIG mode is still {'off' if enabled else 'on'}")
@@ -986,13 +1016,28 @@ class DraPreparer:
         allocated: Collection[str] = (),
         skip: Collection[int] = (),
     ) -> int:
+        """:meth:`make_planned`, returning how many instances it created."""
+        return self.make_planned(planned, allocated, skip).created
+
+    def make_planned(
+        self,
+        planned: Collection[str],
+        allocated: Collection[str] = (),
+        skip: Collection[int] = (),
+    ) -> PlannedOutcome:
         """Create the instances of the planned placements (device names) that have none, on
         GPUs in MIG mode or idle ones (switched to MIG), where no instance and no allocated
-        device overlaps the placement; return how many were created (shaped publishing, each
-        round, after :meth:`destroy_idle`).  A placement that cannot be made now (MIG mode
-        blocked, NVML out of resources, the GPU unreadable) is logged and left to prepare;
-        the GPUs in ``skip`` (unreadable this round) are not touched."""
+        device overlaps the placement (shaped publishing, each round, after
+        :meth:`destroy_idle`).  A placement that cannot be made now is logged and returned in
+        :attr:`PlannedOutcome.unmade`, with why: the GPU's MIG mode could not be switched on
+        (its other placements are then not tried this round: they would fail the same way) or
+        the creation failed; prepare tries again, and so does the next round.  The GPUs in
+        ``skip`` (unreadable this round) are not touched; one that turns unreadable meanwhile
+        is left to the next round's :meth:`unreadable`."""
         created = 0
+        mode_failed: dict[int, str] = {}
+        failed: dict[str, str] = {}
+        unmade: set[str] = set()
         with self._lock:
             spans: dict[int, set[int]] = {}
             for name in allocated:
@@ -1018,12 +1063,28 @@ class DraPreparer:
                 span = set(p.span(t.start))
                 if span & spans.get(g, set()):
                     continue  # an allocated device there: made by prepare once it is gone
+                if g in mode_failed:
+                    unmade.add(name)
+                    continue
                 try:
                     info = self._info(g)
                     if any(d.uuid == info.uuid for _, d in self._owners(g).values()):
                         continue  # prepared whole for a claim
                     if not info.mig_enabled:
-                        self._set_mig(info, True)
+                        try:
+                            self._set_mig(info, True)
+                        except GpuUnreadable:
+                            raise
+                        except (ClaimError, NvmlError) as e:
+                            log.warning(
+                                "GPU %d: planned placements not created now (prepare will "
+                                "fail the same way): %s",
+                                g,
+                                e,
+                            )
+                            mode_failed[g] = str(e)
+                            unmade.add(name)
+                            continue
                     instances = self._instances(g)
                     half = [
                         gi
@@ -1047,11 +1108,29 @@ class DraPreparer:
                         )
                         self._gi_changed_now(g, gi_id)
                         self._compute_on(g, gi_id)
+                except GpuUnreadable as e:
+                    log.warning("planned placement %s not created now: %s", name, e)
+                    continue
                 except (ClaimError, NvmlError) as e:
                     log.warning("planned placement %s not created now (prepare will): %s", name, e)
+                    failed[name] = str(e)
+                    unmade.add(name)
                     continue
                 created += 1
-        return created
+            modes = self._mig_modes()
+        return PlannedOutcome(created, mode_failed, failed, frozenset(unmade), modes)
+
+    def _mig_modes(self) -> dict[int, bool]:
+        """The MIG mode of every GPU served here that NVML reads now (a failed listing: none)."""
+        try:
+            listed = self._nvml.gpus(isolate=True)
+        except NvmlError:
+            return {}
+        return {
+            i.index: i.mig_enabled
+            for i in listed
+            if i.index in self.models and i.read_error is None
+        }
 
     def destroy_idle(self, keep: Collection[str], skip: Collection[int] = ()) -> int:
         """Destroy every idle MIG instance no claim owns whose placement (device name) is not

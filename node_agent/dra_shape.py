@@ -27,7 +27,7 @@ of the DRA agent (:class:`~node_agent.dra_driver.DraDriver`) reads that object a
   the status subresource: ``observedGeneration`` (the generation read), ``planId``, condition
   ``Applied`` ``True`` (``False``/``Degraded`` with ``Degraded`` ``True``, reason
   ``InvalidPlacement``, when some placement was skipped) and per MIG-capable GPU ``{index, uuid,
-  model, migEnabled: true, mig: [{profile, start, used}]}``: the allocated placements (``used``;
+  model, migEnabled (as NVML reads it), mig: [{profile, start, used}]}``: the allocated placements (``used``;
   so are those that run processes outside any claim, :mod:`node_agent.dra_foreign`) and then the planned placements the GPU's counters allow beside them (free), so the report is
   always a valid layout (a spec planned before an allocation was seen may overlap it; that
   placement is not free until the claim goes).  A GPU a claim holds whole (device
@@ -43,6 +43,17 @@ of the DRA agent (:class:`~node_agent.dra_driver.DraDriver`) reads that object a
   adopts the instance and a pod never holds its placement while the instance is made.
   Unprepare keeps a claim's idle instance when its placement is planned (the next claim
   allocated that placement adopts it).
+
+**A planned placement the round could not make** (:attr:`PlannedOutcome.unmade
+<node_agent.dra_prepare.PlannedOutcome.unmade>`) is not free: prepare there would fail as the
+round did.  A GPU whose MIG mode could not be switched on is reported ``Degraded`` with reason
+``MIGModePending`` (the device-plugin agent's reason), the message naming the GPU, the error
+and the remedy, and the GPU ``unhealthy`` (the partitioner locks it: nothing on it is promised
+and no plan changes it); a placement whose instance could not be created, ``Degraded``
+``InstanceNotCreated`` and the placement ``unhealthy``.  Their free devices are withdrawn.
+While the kubelet will not call the driver (:mod:`node_agent.dra_driver`, "The kubelet's
+registration") the status says ``Degraded``/``DriverNotRegistered`` first and every GPU
+``unhealthy``.
 
 **An unreadable GPU** (NVML cannot read that GPU alone, ``GPU_IS_LOST`` typically:
 :meth:`DraPreparer.unreadable <node_agent.dra_prepare.DraPreparer.unreadable>`, read at the start
@@ -142,6 +153,18 @@ XID_DEVICES = (
     "keeps device taints) and nothing there is created or destroyed"
 )
 """What the ``GpuXid`` block says became of the devices an XID hit in DRA mode."""
+MODE_DEVICES = (
+    "its planned placements are not made: their free devices are withdrawn from the "
+    "ResourceSlices and the GPU is reported unhealthy until its MIG mode switches (tried again "
+    "every round)"
+)
+"""What the ``MIGModePending`` block says became of a GPU whose MIG mode could not be switched
+on in DRA mode."""
+CREATE_DEVICES = (
+    "it is withdrawn from the ResourceSlices while free and reported unhealthy until it is "
+    "made (tried again every round)"
+)
+"""What the ``InstanceNotCreated`` block says became of a planned placement not made."""
 
 PUBLISH_MODES = ("shaped", "all")
 """``dra_publish``: planner-shaped (this module) or every placement."""
@@ -245,6 +268,20 @@ def claim_devices(claims: Iterable[Mapping[str, Any]], pool: str, driver: str = 
     return out
 
 
+def _mig_enabled(g: DraGpu, read: Mapping[int, bool] | None, last: ActualGpu | None) -> bool:
+    """GPU ``g``'s ``migEnabled``: as NVML ``read`` it, else as the status last said, else as
+    its model allows."""
+    if read is not None and g.index in read:
+        return read[g.index]
+    return last.migEnabled if last is not None else g.model.mig_capable
+
+
+def _add_block(blocks: dict[int, Block], gpu: int, block: Block) -> None:
+    """Add ``block`` to GPU ``gpu``'s (the reason of the first one stays)."""
+    had = blocks.get(gpu)
+    blocks[gpu] = block if had is None else Block(had.reason, f"{had.message}; {block.message}")
+
+
 def _keys(model: GpuModel, rows: Iterable[tuple[MigProfile | None, int]]) -> set[tuple[str, int]]:
     """``(profile, start)`` of placements as :func:`reported_layout` reports them (the whole GPU,
     ``None``, as the model's whole-GPU profile at 0)."""
@@ -270,6 +307,11 @@ def shaped_status(
     xid_marks: Sequence[XidMark] = (),
     prepare_failures: Sequence[PrepareFailure] = (),
     foreign: Sequence[ForeignUse] = (),
+    *,
+    mig_enabled: Mapping[int, bool] | None = None,
+    mode_failed: Mapping[int, str] | None = None,
+    not_created: Mapping[str, str] | None = None,
+    kubelet: Block | None = None,
 ) -> NodePartitioningStatus:
     """The status after publishing ``planned`` and ``allocated`` for ``obj`` (module
     docstring); ``lastTransitionTime`` is kept from ``obj.status`` while a condition holds.
@@ -283,9 +325,27 @@ def shaped_status(
     (:meth:`node_agent.dra_failures.PrepareFailures.report`), listed as they are; they change
     no condition (the GPUs' own problems do).  ``foreign``: the placements (or whole GPUs)
     running processes outside any claim (:mod:`node_agent.dra_foreign`), reported ``used``
-    like an allocated one."""
+    like an allocated one.
+
+    ``mig_enabled``: the MIG mode NVML reads per GPU (``migEnabled``; a GPU missing there is
+    reported as the object's status last listed it, else as its model allows).
+    ``mode_failed``: the GPUs whose MIG mode could not be switched on this round, with the
+    error (:attr:`~node_agent.dra_prepare.PlannedOutcome.mode_failed`): ``Degraded``
+    ``MIGModePending`` naming the GPU and the remedy, the GPU ``unhealthy`` as a whole (none of
+    its planned placements can be made, so none is free: the partitioner promises nothing
+    there and plans no change over it until the mode switches).  ``not_created``: planned
+    placements whose instance could not be created, with the error (``Degraded``
+    ``InstanceNotCreated``; the placement reported ``unhealthy``).  ``kubelet``: the kubelet
+    has not registered the plugin (:class:`~node_agent.dra_driver.DraDriver`): that block
+    first, every GPU ``unhealthy`` (their free devices are withdrawn)."""
     generation = obj.metadata.generation or 0
     unreadable = unreadable or {}
+    mode_failed = mode_failed or {}
+    not_created = not_created or {}
+    unmade: dict[int, set[tuple[str, int]]] = {}
+    for name in not_created:
+        if (t := targets.get(name)) is not None and t.profile is not None:
+            unmade.setdefault(t.gpu, set()).add((t.profile.name, t.start))
     held: dict[int, list[tuple[MigProfile | None, int]]] = {}
     for name in sorted(allocated):
         if (t := targets.get(name)) is not None:
@@ -301,7 +361,10 @@ def shaped_status(
         t = targets.get(m.device) if m.device else None
         if t is not None and t.profile is not None:
             hit.setdefault(t.gpu, []).append((t.profile, t.start))
-    sick = {m.gpu for m in xid_marks if not m.device} | set(unreadable)
+    sick = {m.gpu for m in xid_marks if not m.device} | set(unreadable) | set(mode_failed)
+    if kubelet is not None:
+        sick |= {g.index for g in gpus}
+    before = {g.index: g for g in obj.status.gpus} if obj.status is not None else {}
     out: list[ActualGpu] = []
     for g in sorted(gpus, key=lambda x: x.index):
         mig: list[ActualMigInstance] = []
@@ -312,6 +375,7 @@ def shaped_status(
                 g.model, claimed.get(g.index, ())
             )
             bad = {(p.name, s) for p, s in hit.get(g.index, [])}
+            broken = unmade.get(g.index, set())
             layout = reported_layout(
                 g.model,
                 [*held.get(g.index, []), *hit.get(g.index, [])],
@@ -326,7 +390,7 @@ def shaped_status(
                     profile=p,
                     start=s,
                     used=u and ((p, s) in used or (p, s) not in bad),
-                    unhealthy=(p, s) in bad,
+                    unhealthy=(p, s) in bad or (p, s) in broken,
                     foreign=u and (p, s) in only_theirs,
                 )
                 for p, s, u in layout
@@ -336,13 +400,12 @@ def shaped_status(
                 index=g.index,
                 uuid=g.uuid,
                 model=g.model.name,
-                migEnabled=g.model.mig_capable,
+                migEnabled=_mig_enabled(g, mig_enabled, before.get(g.index)),
                 mig=mig,
                 unhealthy=g.index in sick,
             )
         )
     listed = {g.index for g in gpus}
-    before = {g.index: g for g in obj.status.gpus} if obj.status is not None else {}
     for i in sorted(unreadable.keys() - listed):
         last = before.get(i)
         out.append(
@@ -356,7 +419,22 @@ def shaped_status(
         i: unreadable_block(i, e, UNREADABLE_DEVICES) for i, e in unreadable.items()
     }
     add_xid_blocks(blocks, xid_marks, XID_DEVICES)
+    for i, error in mode_failed.items():
+        _add_block(blocks, i, Block("MIGModePending", f"{error}; {MODE_DEVICES}"))
+    for name, error in sorted(not_created.items()):
+        if (t := targets.get(name)) is not None and t.profile is not None:
+            _add_block(
+                blocks,
+                t.gpu,
+                Block(
+                    "InstanceNotCreated",
+                    f"GPU {t.gpu}: the planned instance {t.profile.name} at {t.start} could "
+                    f"not be created ({error}); {CREATE_DEVICES}",
+                ),
+            )
     lost = [b for _, b in sorted(blocks.items())]
+    if kubelet is not None:
+        lost.insert(0, kubelet)
     if lost or skipped:
         message = "; ".join([b.message for b in lost] + list(skipped))
         reason = lost[0].reason if lost else "InvalidPlacement"

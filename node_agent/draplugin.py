@@ -1,4 +1,5 @@
-"""The DRA kubelet plugin: plugin registration (v1) and the DRA v1 service over unix sockets.
+"""The DRA kubelet plugin: plugin registration (v1) and the DRA v1 and v1beta1 services over
+unix sockets.
 
 Model
 -----
@@ -8,11 +9,16 @@ The kubelet discovers plugins by watching its ``plugins_registry`` directory
 * :class:`DraKubeletPlugin` serves ``pluginregistration.Registration`` on
   ``<registry_dir>/<driver>-reg.sock``.  ``GetInfo`` answers ``PluginInfo{type: "DRAPlugin",
   name: <driver>, endpoint: <plugin_dir>/<driver>/dra.sock, supported_versions:
-  ["v1.DRAPlugin"]}``; the kubelet dials the endpoint and calls ``NotifyRegistrationStatus``,
-  whose outcome is kept (:attr:`DraKubeletPlugin.registered`, :attr:`DraKubeletPlugin.error`) and
-  a success passed to ``on_registered`` (the ResourceSlice publisher republishes then: a
-  starting kubelet deletes its node's slices).
-* ``k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`` on the endpoint.  ``NodePrepareResources``: for
+  ["v1.DRAPlugin", "v1beta1.DRAPlugin"]}`` (the Go helper's list: a kubelet takes the first it
+  knows, so one older than 1.34 speaks v1beta1); the kubelet dials the endpoint and calls
+  ``NotifyRegistrationStatus``, whose outcome is kept (:attr:`DraKubeletPlugin.registered`,
+  :attr:`DraKubeletPlugin.error`, :attr:`DraKubeletPlugin.waiting_since`), a success passed to
+  ``on_registered`` (the ResourceSlice publisher republishes then: a starting kubelet deletes
+  its node's slices), a refusal to ``on_refused``.  The driver publishes nothing for new
+  claims while the kubelet has not registered the plugin
+  (:meth:`DraKubeletPlugin.registration_problem`, :mod:`node_agent.dra_driver`).
+* ``k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`` on the endpoint, and the same methods as
+  ``k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin`` (identical messages on the wire).  ``NodePrepareResources``: for
   each claim, read the ResourceClaim from the API (:class:`ClaimReader`), take this driver's
   results (:func:`node_agent.dra_claims.allocated_devices`), prepare them
   (:class:`node_agent.dra_prepare.DraPreparer`, in a worker thread: NVML blocks) and answer
@@ -71,8 +77,10 @@ if TYPE_CHECKING:
 __all__ = [
     "DRA_PLUGIN_DIR",
     "DRA_SERVICE",
+    "DRA_SERVICE_V1BETA1",
     "PLUGIN_TYPE",
     "REGISTRY_DIR",
+    "SUPPORTED_VERSIONS",
     "ClaimReader",
     "DraKubeletPlugin",
     "KubeClaimReader",
@@ -85,6 +93,15 @@ DRA_PLUGIN_DIR = "/var/lib/kubelet/plugins"
 PLUGIN_TYPE = "DRAPlugin"
 DRA_SERVICE = "v1.DRAPlugin"
 """What ``supported_versions`` lists for the v1 DRAPlugin service (kubelet ``types.go``)."""
+DRA_SERVICE_V1BETA1 = "v1beta1.DRAPlugin"
+"""What ``supported_versions`` lists for the v1beta1 DRAPlugin service (kubelets before 1.34
+know only this one)."""
+SUPPORTED_VERSIONS = (DRA_SERVICE, DRA_SERVICE_V1BETA1)
+"""Listed in this order, as the Go helper does: the kubelet takes the first it knows."""
+V1BETA1_SERVICE_NAME = "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin"
+"""The gRPC service of v1beta1: the same methods and messages as v1's (only the proto package
+differs, which the wire format does not carry; v1's optional ``share_id`` is a field a v1beta1
+kubelet skips as unknown)."""
 
 
 class ClaimReader(Protocol):
@@ -160,9 +177,17 @@ class DraKubeletPlugin:
         """Called after every NodePrepareResources and NodeUnprepareResources (the driver's
         shaped publishing runs a round then)."""
         self.poll_interval_s = poll_interval_s
+        self.on_refused: Callable[[], None] | None = None
+        """Called when the kubelet refuses the plugin (the driver runs a round then)."""
+        self.registry_dir = registry_dir
         self.registered = False
+        """The kubelet has registered the plugin (and not refused it since; its registration
+        socket was not served anew since)."""
         self.error = ""
         """The kubelet's last registration error (empty: none)."""
+        self.waiting_since: float | None = time.monotonic()
+        """When the plugin began to wait for the kubelet to register it (created, started,
+        its registration socket served anew); ``None`` once registered."""
         self.prepare_calls = 0
         self.unprepare_calls = 0
         self.failures = PrepareFailures()
@@ -179,6 +204,8 @@ class DraKubeletPlugin:
         endpoint as soon as it sees the registration socket), and watch both files."""
         await self._serve(self.dra_socket)
         await self._serve(self.registration_socket)
+        if not self.registered:
+            self.waiting_since = time.monotonic()
         self._task = asyncio.create_task(self._watch(), name="dra-plugin-sockets")
 
     async def stop(self) -> None:
@@ -195,7 +222,9 @@ class DraKubeletPlugin:
             os.unlink(path)
         server = grpc.aio.server()
         if path == self.dra_socket:
-            dra_grpc.add_DRAPluginServicer_to_server(_DraServicer(self), server)
+            servicer = _DraServicer(self)
+            dra_grpc.add_DRAPluginServicer_to_server(servicer, server)
+            server.add_generic_rpc_handlers((_v1beta1_handler(servicer),))
         else:
             reg_grpc.add_RegistrationServicer_to_server(_RegistrationServicer(self), server)
         server.add_insecure_port(f"unix:{path}")
@@ -224,6 +253,8 @@ class DraKubeletPlugin:
                 log.warning("DRA plugin socket %s vanished; serving it again", path)
                 if path == self.registration_socket:
                     self.registered = False
+                    self.error = ""
+                    self.waiting_since = time.monotonic()
                 await self._serve(path)
                 redone.append(path)
         return redone
@@ -235,18 +266,50 @@ class DraKubeletPlugin:
             type=PLUGIN_TYPE,
             name=self.driver,
             endpoint=self.dra_socket,
-            supported_versions=[DRA_SERVICE],
+            supported_versions=list(SUPPORTED_VERSIONS),
         )
 
     def notified(self, status: reg.RegistrationStatus) -> None:
         self.registered = status.plugin_registered
-        self.error = status.error
+        self.error = "" if status.plugin_registered else status.error or "no reason given"
         if status.plugin_registered:
+            self.waiting_since = None
             log.info("DRA driver %s registered with the kubelet", self.driver)
             if self.on_registered is not None:
                 self.on_registered()
         else:
-            log.error("the kubelet refused DRA driver %s: %s", self.driver, status.error)
+            if self.waiting_since is None:
+                self.waiting_since = time.monotonic()
+            log.error("the kubelet refused DRA driver %s: %s", self.driver, self.error)
+            if self.on_refused is not None:
+                self.on_refused()
+
+    def registration_problem(self, now: float, grace_s: float) -> str | None:
+        """Why the kubelet will not call this driver, in words naming the sockets: it refused
+        the plugin (its error), or has not registered it for over ``grace_s`` seconds (a
+        registry directory the kubelet does not watch); ``None`` while registered or waiting
+        less than that (:class:`~node_agent.dra_driver.DraDriver` publishes no device for new
+        claims then and fails ``/healthz``)."""
+        if self.registered:
+            return None
+        where = (
+            f"registration socket {self.registration_socket}, DRA socket {self.dra_socket}, "
+            f"versions {', '.join(SUPPORTED_VERSIONS)}"
+        )
+        if self.error:
+            return (
+                f"the kubelet refused DRA driver {self.driver}: {self.error} ({where}); it "
+                "calls no prepare here, so no device is published for new claims"
+            )
+        since = self.waiting_since
+        if since is None or now - since <= grace_s:
+            return None
+        return (
+            f"the kubelet has not registered DRA driver {self.driver} within {grace_s:.0f} s "
+            f"({where}): is {self.registry_dir} the kubelet's plugins_registry directory "
+            "(chart value dra.hostPaths.registryDir; <kubelet root dir>/plugins_registry)? No "
+            "device is published for new claims until it registers the driver"
+        )
 
     async def prepare(
         self, request: dra.NodePrepareResourcesRequest
@@ -360,6 +423,25 @@ class _RegistrationServicer(reg_grpc.RegistrationServicer):  # type: ignore[misc
     ) -> reg.RegistrationStatusResponse:
         self.plugin.notified(request)
         return reg.RegistrationStatusResponse()
+
+
+def _v1beta1_handler(servicer: _DraServicer) -> grpc.GenericRpcHandler:
+    """The v1beta1 DRAPlugin service (:data:`V1BETA1_SERVICE_NAME`) on ``servicer``."""
+    return grpc.method_handlers_generic_handler(
+        V1BETA1_SERVICE_NAME,
+        {
+            "NodePrepareResources": grpc.unary_unary_rpc_method_handler(
+                servicer.NodePrepareResources,
+                request_deserializer=dra.NodePrepareResourcesRequest.FromString,
+                response_serializer=dra.NodePrepareResourcesResponse.SerializeToString,
+            ),
+            "NodeUnprepareResources": grpc.unary_unary_rpc_method_handler(
+                servicer.NodeUnprepareResources,
+                request_deserializer=dra.NodeUnprepareResourcesRequest.FromString,
+                response_serializer=dra.NodeUnprepareResourcesResponse.SerializeToString,
+            ),
+        },
+    )
 
 
 class _DraServicer(dra_grpc.DRAPluginServicer):  # type: ignore[misc]

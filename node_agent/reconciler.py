@@ -637,7 +637,7 @@ class Reconciler:
         try:
             nv.reset_gpu(g)
         except NvmlError as e:
-            remedy = _RESET_REMEDY.get(e.code)
+            remedy = RESET_REMEDY.get(e.code)
             if remedy is None:
                 raise
             blocks[g] = Block(
@@ -1150,7 +1150,7 @@ class Reconciler:
         )
 
 
-_RESET_REMEDY = {
+RESET_REMEDY = {
     NvmlErrorCode.NOT_SUPPORTED: "give the agent the host driver's nvidia-smi "
     "(NVIDIA_DRIVER_CAPABILITIES=utility, or GPUSLICE_NVIDIA_SMI), or reset GPU {gpu} yourself "
     "(nvidia-smi -r -i {bus}) or reboot the node",

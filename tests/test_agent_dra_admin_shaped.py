@@ -86,6 +86,7 @@ def test_an_inspected_placement_is_not_used_and_gives_way_to_the_plan(tmp_path: 
         nv = FakeNvml([H100])
         prep = DraPreparer(nv, CAT, node=NODE, checkpoint=Checkpoint(None))
         plugin = DraKubeletPlugin(prep, None, registry_dir=str(tmp_path), plugin_dir=str(tmp_path))
+        plugin.registered = True  # as by the kubelet: an unregistered plugin publishes nothing
         src = InMemorySpecSource(NODE, _spec(("3g.40gb", 0), ("3g.40gb", 4)))
         claims, pub = _Claims(), _Publisher([DraGpu(0, nv.gpu_uuid(0), H100)])
         drv = DraDriver(plugin, pub, spec_source=src, claims=claims)  # type: ignore[arg-type]

@@ -216,10 +216,15 @@ async def test_driver_republishes_when_the_kubelet_registers_it_again(
         task = asyncio.create_task(driver.run(stop))
         kubelet = FakeDraKubelet(registry)
         try:
-            await eventually(lambda: len(slices(kmock)) == 3, what="first publication", timeout=30)
+            # nothing is published before the kubelet registers the plugin (review5: claims
+            # allocated here would never be prepared): the first round waits
+            await eventually(lambda: driver.rounds == 1, what="the first round", timeout=30)
+            assert slices(kmock) == {}
             await kubelet.scan()
             await eventually(
-                lambda: driver.rounds == 2, what="republish on registration", timeout=30
+                lambda: driver.rounds == 2 and len(slices(kmock)) == 3,
+                what="published on registration",
+                timeout=30,
             )
             for name in list(slices(kmock)):  # the kubelet's start wipes the node's slices
                 resp = await kmock.delete(f"{PATH}/{name}")

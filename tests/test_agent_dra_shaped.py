@@ -162,6 +162,7 @@ def setup(
         registry_dir=os.path.join(tmp, "r"),
         plugin_dir=os.path.join(tmp, "p"),
     )
+    plugin.registered = True  # as by the kubelet: an unregistered plugin publishes nothing
     return DraDriver(
         plugin,
         SlicePublisher(client, NODE, gpus),
@@ -259,7 +260,8 @@ async def test_spec_placements_plus_allocated_whole_gpu_elsewhere_and_the_status
         2: [("1g.10gb", 6, True)],
     }
     assert [g["uuid"] for g in status["gpus"]] == [nv.gpu_uuid(i) for i in range(3)]
-    assert {g["migEnabled"] for g in status["gpus"]} == {True}
+    # as NVML reads it (review5): on where the round made the planned instances, else off
+    assert [g["migEnabled"] for g in status["gpus"]] == [True, False, False]
     assert {g["model"] for g in status["gpus"]} == {"H100-80GB"}
     assert status["reservations"] == [{"pod": "team/w", "state": "planned"}]
     writes = driver.status_writes

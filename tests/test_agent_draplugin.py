@@ -132,7 +132,7 @@ async def test_registration(node: Node) -> None:
     (info,) = node.kubelet.infos
     assert info.type == "DRAPlugin" and info.name == DRIVER
     assert info.endpoint == os.path.join(node.plugins, DRIVER, "dra.sock")
-    assert list(info.supported_versions) == [DRA_SERVICE]
+    assert list(info.supported_versions) == [DRA_SERVICE, "v1beta1.DRAPlugin"]
     assert os.path.basename(node.plugin.registration_socket) == f"{DRIVER}-reg.sock"
     assert node.kubelet.plugins[DRIVER].service == "v1.DRAPlugin"
     assert node.plugin.registered and node.registered == 1 and node.plugin.error == ""
@@ -142,7 +142,8 @@ async def test_a_refused_registration_is_recorded(dirs: tuple[str, str, str]) ->
     n = Node(dirs, FakeNvml([H100]), Claims())
     await n.plugin.start()
     try:
-        old = FakeDraKubelet(n.registry, known_services=("v1beta1.DRAPlugin",))
+        # a kubelet that knows neither v1 nor v1beta1 (v1beta1 is served too: review5)
+        old = FakeDraKubelet(n.registry, known_services=("v1alpha4.DRAPlugin",))
         await old.scan()
         assert not n.plugin.registered and "supported versions" in n.plugin.error
         assert n.registered == 0 and DRIVER not in old.plugins

@@ -233,7 +233,12 @@ def _slots(prep: DraPreparer, name: str) -> set[str]:
 def _mode_all_driver(api: FakeApi) -> tuple[DraDriver, DraPreparer, FakeNvml]:
     nv = FakeNvml([H100], mig_enabled=True)
     prep = DraPreparer(nv, CAT, node="n1", checkpoint=Checkpoint(None))
-    plugin = types.SimpleNamespace(preparer=prep, prepare_failures=lambda *a: None)
+    plugin = types.SimpleNamespace(
+        preparer=prep,
+        prepare_failures=lambda *a: None,
+        registered=True,  # as by the kubelet: an unregistered plugin publishes nothing
+        registration_problem=lambda *a: None,
+    )
     pub = SlicePublisher(api, "n1", [DraGpu(0, "GPU-0", H100)])
     return DraDriver(plugin, pub), prep, nv  # type: ignore[arg-type]
 
