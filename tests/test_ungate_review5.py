@@ -173,7 +173,7 @@ async def test_a_pod_bound_between_the_list_and_the_eviction_is_left_alone(
         original(cluster, p)  # preconditions as listed: 409
 
     monkeypatch.setattr(ungate, "_evict", scheduler_binds_first)
-    rc, out, err = await cli(capsys, kubeconfig, "--all")
+    rc, out, err = await cli(capsys, kubeconfig, "--all", "--cleanup")
     assert (rc, err) == (0, "")
     assert "ml/train-owned was bound or changed meanwhile: nothing to do" in out
     assert stored(kmock, "v1/pods", "train-owned", "ml") is not None
@@ -189,11 +189,34 @@ async def test_a_refused_eviction_is_an_error_and_the_rest_still_runs(
     await create(kmock, running)
     await create(kmock, released("train-bare"))
     await create(kmock, pod("ours", "default", GATE))
-    rc, out, err = await cli(capsys, kubeconfig, "--all")
+    rc, out, err = await cli(capsys, kubeconfig, "--all", "--cleanup")
     assert rc == 1
     assert "gpuslice ungate: error: pod ml/train-owned: 429" in err
     assert "released default/ours" in out.splitlines()
     assert "cleared the reservation of ml/train-bare (not bound)" in out.splitlines()
+
+
+async def test_plain_all_leaves_released_pods_to_the_running_partitioner(
+    kmock: ApiServer,
+    kubeconfig: Path,  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Without --cleanup gpuslice stays: a released pod's node still offers its slice (and the
+    partitioner evicts one that cannot bind after recreateStrandedSeconds), so `ungate --all`
+    releases the gated pods and only lists the released ones (a review: it evicted them and
+    cleared their promises while the partitioner ran)."""
+    await create(kmock, released("train-owned", owner="train-7c5d"))
+    await create(kmock, released("train-bare"))
+    await create(kmock, pod("ours", "default", GATE))
+    before = len(kmock.writes)
+    rc, out, err = await cli(capsys, kubeconfig, "--all")
+    assert (rc, err) == (0, "")
+    assert "released default/ours" in out.splitlines()
+    assert "2 pod(s) released by gpuslice, not bound yet, left as they are" in out
+    assert len(kmock.writes) == before + 1  # the gated pod's patch only
+    for name in ("train-owned", "train-bare"):
+        kept = stored(kmock, "v1/pods", name, "ml")
+        assert kept is not None and RESERVATION_ANNOTATION in kept["metadata"]["annotations"]
 
 
 # -- finding 3: the webhook Secret -------------------------------------------------------------

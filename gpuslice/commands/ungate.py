@@ -16,8 +16,9 @@ from the start is one: the name may be wrong).
 ``--remove-webhook NAME`` first deletes that MutatingWebhookConfiguration, so no pod created
 after the command started is gated (used on uninstall, before the partitioner is gone).
 
-``--all`` also looks at the pods gpuslice already *released* that are not bound yet (no
-``spec.nodeName``, not being deleted, the reservation annotation still on them): their required
+``--all --cleanup`` (uninstall) also looks at the pods gpuslice already *released* that are
+not bound yet (no ``spec.nodeName``, not being deleted, the reservation annotation still on
+them): their required
 node affinity was narrowed to the node their slice waited on (``state: released``), and
 Kubernetes lets a pod's affinity change only while it is gated, so it can never widen again.
 Once gpuslice is gone nothing offers that slice any more (``--cleanup`` deletes the node's
@@ -637,7 +638,19 @@ def _run(
         released, not_released, waiting = outcome
         failed += not_released
         print(f"{released} pod(s) {verb}" + (f", {not_released} failed" if not_released else ""))
-        failed += _settle_all(cluster, waiting, args.dry_run)
+        if args.cleanup:
+            failed += _settle_all(cluster, waiting, args.dry_run)
+        elif waiting:
+            # gpuslice stays: their slices are still offered, and the partitioner strands
+            # (and after recreateStrandedSeconds evicts) one that cannot bind
+            names = ", ".join(
+                f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in waiting
+            )
+            print(
+                f"{len(waiting)} pod(s) released by gpuslice, not bound yet, left as they are "
+                f"(their node still offers their slice; --cleanup evicts or clears them on "
+                f"uninstall): {names}"
+            )
     if args.cleanup:
         failed += _cleanup(cluster, args.dry_run)
     return 1 if failed else 0
