@@ -287,6 +287,10 @@ class DecideConfig:
     scale_up_after_s: float = 0.0
     """A gated pod the cluster has no room for loses its gate after waiting this long, so the
     cluster autoscaler sees it unschedulable (module docstring, step 7c).  0: never."""
+    claims_watched: bool = True
+    """The controller lists ResourceClaims (DRA planning on: ``dra_enabled``).  Off
+    (``dra.enabled=false``, or ``dra.publish=all``), a gated pod naming claims (gated before
+    the switch) is given back at once: no claim is ever known, so it is no typo to wait for."""
     warm_share: float = 0.0
     """Warm slices (module docstring, step 10): while no slice pod waits and no node is applying
     a spec, keep one free slice of each request that at least this share of the bound
@@ -1787,6 +1791,15 @@ class _Step:
         ungated pod once its claims exist."""
         for key in sorted(self.index.unclaimed):
             pod = self.index.pods[key]
+            if not self.config.claims_watched:
+                self._ungate(
+                    pod,
+                    "gpuslice does not plan ResourceClaims in this installation (DRA planning "
+                    "is off: dra.enabled=false, or dra.publish=all, where the DRA agents publish "
+                    "every placement), so it removed its scheduling gate; kube-scheduler "
+                    "allocates its claims",
+                )
+                continue
             missing = missing_claims(pod.obj, self.index.claims)
             self.seen.add(key)  # its Events are kept while it waits (told once)
             self.once(pod, "WaitingForClaims", f"cannot be planned yet: {missing}")

@@ -481,6 +481,7 @@ class PartitionerSettings(CommonSettings):
             scale_up_after_s=self.scale_up_after_seconds,
             warm_share=self.warm_slice_share,
             node_lifecycle=True,
+            claims_watched=self.dra_enabled,
         )
 
     def batch_policy(self) -> BatchPolicy:

@@ -267,3 +267,21 @@ def test_a_free_slice_on_a_node_without_the_pods_cpu_does_not_hold_back_a_hand_o
     for t in range(0, 200, 10):
         told += events(c.step(T0 + t, cfg), "ReleasedForScaleUp")
     assert len(told) == 1
+
+
+def test_claim_pods_gated_before_dra_planning_was_turned_off_are_given_back_at_once() -> None:
+    """helm upgrade to dra.publish=all: the partitioner no longer lists ResourceClaims, so a
+    claim pod gated before was told its (existing) claim "does not exist" and held a batch
+    window; it is given back at once, told why."""
+    from test_partitioner_dra import DRA, claim_pod
+    from test_partitioner_snapshot import np as np_obj
+
+    c = Cluster(node("d1", DRA), np_obj("d1"), claim_pod("p", "cl"))
+    d = c.step(T0, replace(CONFIG, claims_watched=False))
+    assert not events(d, "WaitingForClaims")
+    (told,) = events(d, "Ungated")
+    assert "does not plan ResourceClaims" in told and "dra.publish=all" in told
+    assert "schedulingGates" not in c.pod("p")["spec"]
+    c = Cluster(node("d1", DRA), np_obj("d1"), claim_pod("p", "cl"))
+    d = c.step(T0)  # planning claims: an unknown claim is waited for, as before
+    assert events(d, "WaitingForClaims") and c.pod("p")["spec"]["schedulingGates"]
