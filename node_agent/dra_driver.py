@@ -29,19 +29,23 @@ and a live agent.  So the loop publishes only for a registered plugin
   its registration socket anew) a round does nothing at all -- no slice written, no status:
   on a new node nothing is published until the kubelet registers it, and after an agent
   restart the slices stay as the last agent left them for the moment it takes -- and tells
-  the health check it waits (``/healthz`` turns unhealthy only once that lasted past its
-  limit);
+  the health check it waits: ``/readyz`` says ``not ready`` with why, ``/healthz`` stays
+  ``ok``;
 * once the kubelet refused the plugin (``NotifyRegistrationStatus`` with an error: a kubelet
   that knows neither service version listed) or has not registered it within
   ``registration_grace_s`` (default: the health check's limit, ``failure_resyncs`` resyncs; a
   registry directory the kubelet does not watch -- a wrong ``dra.hostPaths.registryDir``, a
   kubelet with another root directory), every round withdraws every free device (the
-  allocated and prepared ones stay published: their counters must keep counting), records
-  the failure with the health check, so ``/healthz`` fails naming the kubelet's error and
-  the sockets (:meth:`~node_agent.draplugin.DraKubeletPlugin.registration_problem`), and in
+  allocated and prepared ones stay published: their counters must keep counting), logs the
+  problem once (at ERROR, when it changes), tells the health check, so ``/readyz`` fails
+  naming the kubelet's error and the sockets
+  (:meth:`~node_agent.draplugin.DraKubeletPlugin.registration_problem`), and in
   shaped mode reports ``Degraded`` with reason ``DriverNotRegistered``, every GPU
   ``unhealthy``, so the partitioner promises nothing here.  A refusal wakes a round at once;
-  the end of the grace does too.  The next registration publishes as usual.
+  the end of the grace does too.  The next registration publishes as usual.  Neither the wait
+  nor the problem fails liveness (``/healthz``, the chart's livenessProbe): a restart cannot
+  fix a kubelet that watches another registry directory, and each new container would only
+  wait the grace again -- a crash loop that also loses the logged explanation.
 
 Every round starts by listing the GPUs NVML cannot read
 (:meth:`~node_agent.dra_prepare.DraPreparer.unreadable`: one GPU's reads failing,
@@ -634,13 +638,16 @@ class DraDriver:
         """One publish round; return whether it succeeded (:attr:`rounds` counts finished
         rounds).  While the plugin waits for the kubelet's first registration the round does
         nothing; once the kubelet refused it, or has not registered it in
-        :attr:`registration_grace_s`, every free device is withdrawn and ``/healthz`` learns
-        why (module docstring, "The kubelet's registration")."""
+        :attr:`registration_grace_s`, every free device is withdrawn and ``/readyz`` (not
+        ``/healthz``) learns why (module docstring, "The kubelet's registration")."""
         kubelet = self._check_kubelet()
-        if self._waiting():
+        waiting = self._waiting()
+        if self.health is not None:  # readiness only: a restart cannot fix the kubelet
+            self.health.not_ready(self._waiting_text() if waiting else kubelet)
+        if waiting:
             self.rounds += 1
             if self.health is not None:
-                self.health.record(False, self._waiting_text())
+                self.health.record(True)
             return True
         try:
             if self.shaped:
@@ -675,11 +682,11 @@ class DraDriver:
             return False
         self.rounds += 1
         if self.health is not None:
-            self.health.record(kubelet is None, kubelet or "")
+            self.health.record(True)
         return True
 
     def _waiting_text(self) -> str:
-        """What ``/healthz`` says while the plugin waits for its first registration."""
+        """What ``/readyz`` says while the plugin waits for its first registration."""
         p = self.plugin
         return (
             f"waiting for the kubelet to register DRA driver {p.driver} (registration socket "

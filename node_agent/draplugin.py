@@ -289,7 +289,7 @@ class DraKubeletPlugin:
         the plugin (its error), or has not registered it for over ``grace_s`` seconds (a
         registry directory the kubelet does not watch); ``None`` while registered or waiting
         less than that (:class:`~node_agent.dra_driver.DraDriver` publishes no device for new
-        claims then and fails ``/healthz``)."""
+        claims then and fails ``/readyz``, not liveness)."""
         if self.registered:
             return None
         where = (

@@ -1,4 +1,5 @@
-"""The agent's liveness rule and the HTTP endpoint serving ``/healthz`` and ``/metrics``.
+"""The agent's liveness and readiness rules and the HTTP endpoint serving ``/healthz``,
+``/readyz`` and ``/metrics``.
 
 Model
 -----
@@ -17,11 +18,18 @@ Otherwise it is healthy; a restart cannot fix a Degraded spec, so Degraded is no
 The clock is injectable (monotonic seconds) and the state is guarded by a lock: the HTTP thread
 reads what the event loop writes.
 
+Readiness is liveness plus the problems a restart cannot fix but that keep the agent from
+serving (:meth:`AgentHealth.not_ready`: the DRA driver's kubelet that has not registered the
+plugin yet, or never will -- a wrong registry directory): the agent is *ready* when it is
+healthy and no such problem is set.  Such a problem never fails liveness: a restart would only
+start the wait again, a crash loop for a configuration error.
+
 :class:`MonitoringServer` is a stdlib ``ThreadingHTTPServer`` in a daemon thread, so it answers
 even while the event loop is blocked (and then reports the loop as stuck):
 
-* ``GET /healthz`` -> ``200 ok`` or ``503 unhealthy: <reason>`` (the chart's liveness and
-  readiness probes);
+* ``GET /healthz`` -> ``200 ok`` or ``503 unhealthy: <reason>`` (liveness);
+* ``GET /readyz`` -> ``200 ok``, or ``503 unhealthy: <reason>`` while ``/healthz`` fails, else
+  ``503 not ready: <reason>`` while a problem is set (readiness);
 * ``GET /metrics`` -> the Prometheus text format of the given registry;
 * anything else -> ``404``.
 """
@@ -60,6 +68,7 @@ class AgentHealth:
         self._last_pass = clock()
         self._failing_since: float | None = None
         self._last_error = ""
+        self._not_ready: str | None = None
 
     def record(self, ok: bool, error: str = "") -> None:
         """One pass finished: ``ok``, or failed with ``error``."""
@@ -73,6 +82,24 @@ class AgentHealth:
                 if self._failing_since is None:
                     self._failing_since = now
                 self._last_error = error
+
+    def not_ready(self, reason: str | None) -> None:
+        """Set (``reason``) or clear (``None``) the problem that keeps the agent from being
+        ready without failing liveness (module docstring)."""
+        with self._lock:
+            self._not_ready = reason
+
+    def ready(self) -> tuple[bool, str]:
+        """``(ready, reason)``: :meth:`check`'s answer while unhealthy (``"unhealthy: ..."``),
+        else ``"not ready: <problem>"`` while one is set, else ``(True, "ok")``."""
+        ok, reason = self.check()
+        if not ok:
+            return False, f"unhealthy: {reason}"
+        with self._lock:
+            problem = self._not_ready
+        if problem is not None:
+            return False, f"not ready: {problem}"
+        return True, "ok"
 
     def check(self) -> tuple[bool, str]:
         """``(healthy, reason)``; the reason is ``"ok"`` when healthy."""
@@ -92,7 +119,8 @@ class AgentHealth:
 
 
 class MonitoringServer(ThreadedHttpServer):
-    """``/healthz`` and ``/metrics`` over HTTP in a daemon thread (see the module docstring)."""
+    """``/healthz``, ``/readyz`` and ``/metrics`` over HTTP in a daemon thread (see the module
+    docstring)."""
 
     def __init__(
         self,
@@ -115,11 +143,17 @@ class MonitoringServer(ThreadedHttpServer):
                     ok, reason = health.check()
                     body = (reason if ok else f"unhealthy: {reason}").encode() + b"\n"
                     self._reply(200 if ok else 503, "text/plain; charset=utf-8", body)
+                elif path == "/readyz":
+                    ok, reason = health.ready()
+                    body = reason.encode() + b"\n"
+                    self._reply(200 if ok else 503, "text/plain; charset=utf-8", body)
                 elif path == "/metrics":
                     self._reply(200, CONTENT_TYPE_LATEST, generate_latest(registry))
                 else:
                     self._reply(
-                        404, "text/plain; charset=utf-8", b"not found: /healthz, /metrics\n"
+                        404,
+                        "text/plain; charset=utf-8",
+                        b"not found: /healthz, /readyz, /metrics\n",
                     )
 
         return Handler

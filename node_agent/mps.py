@@ -61,12 +61,15 @@ pass at once instead of at the next resync.  ``check`` is called off the event l
   directories with ``get_server_list``) is adopted -- counted as running, so it is never
   started twice nor left unknown -- and the next ``ensure`` sends it the limits again.
   A ``quit`` that fails (``stop``, or the restart for another device) is followed by a
-  ``get_server_list``: a daemon that still answers is kept -- tracked, with its spec -- and
-  :class:`MpsError` is raised, so the reconciler neither destroys nor re-creates what it serves
-  this pass and the next pass quits it again; one that no longer answers is forgotten.  (A
-  daemon forgotten while it runs would serve on untracked: a destroyed MIG device's UUID
-  adopted as a new instance's daemon, an idle MPS server holding its instance for good, or a
-  drained GPU left in ``EXCLUSIVE_PROCESS``.)
+  ``get_server_list``.  The daemon is forgotten only on a clear "no daemon" answer: the control
+  command's ``Cannot find MPS control daemon`` (:data:`NO_DAEMON`: what the binary prints when
+  nothing listens on the pipe directory's control socket), to the ``quit`` or to that probe.
+  Any other outcome -- the daemon still answers, or neither command is answered (a time-out, a
+  hung daemon, a control pipe silent for a moment) -- keeps it tracked, with its spec, and
+  raises :class:`MpsError`, so the reconciler neither destroys nor re-creates what it serves
+  this pass and the next pass quits it again.  (A daemon forgotten while it runs would serve
+  on untracked: a destroyed MIG device's UUID adopted as a new instance's daemon, an idle MPS
+  server holding its instance for good, or a drained GPU left in ``EXCLUSIVE_PROCESS``.)
   Commands go through an injectable runner so the logic is unit-testable
   (:class:`node_agent.mps_fake.FakeMpsControl` plays the control binary on the fake GPUs).
 * :class:`FakeSupervisor` keeps the set of running keys in memory, with failure knobs.  Given
@@ -101,6 +104,9 @@ __all__ = [
 ]
 
 CONTROL = "nvidia-cuda-mps-control"
+NO_DAEMON = "Cannot find MPS control daemon"
+"""What the control command prints (exit code 1) when no daemon serves its pipe directory:
+"Cannot find MPS control daemon process"."""
 
 
 class MpsError(RuntimeError):
@@ -213,14 +219,25 @@ class MpsControlSupervisor:
             self._deaths.append(key)
 
     def _quit(self, spec: MpsDaemonSpec) -> None:
-        """Send ``quit``; raise :class:`MpsError` if it failed and the daemon still answers
-        (the caller keeps it supervised).  Accepted, or failed with the daemon gone: done."""
-        rc, out = self._run([CONTROL], self._env(spec), "quit\n")
-        if rc == 0 or not self._alive(spec):
+        """Send ``quit``.  Accepted, or answered "no daemon" (:data:`NO_DAEMON`, by the quit
+        or by the ``get_server_list`` after a failed one): done.  Otherwise raise
+        :class:`MpsError` (the caller keeps the daemon supervised): it still answers, or
+        neither command was answered -- silence is not "gone" (module docstring)."""
+        env = self._env(spec)
+        rc, out = self._run([CONTROL], env, "quit\n")
+        if rc == 0 or NO_DAEMON in out:
             return
+        probe_rc, probe = self._run([CONTROL], env, "get_server_list\n")
+        if probe_rc != 0 and NO_DAEMON in probe:
+            return
+        state = (
+            "the daemon still runs"
+            if probe_rc == 0
+            else f"get_server_list was not answered either ({probe_rc}: {probe.strip()})"
+        )
         raise MpsError(
-            f"MPS daemon {spec.key}: quit failed ({rc}): {out.strip()}; the daemon still runs "
-            f"(serving {spec.device_uuid}): kept, and quit again next pass"
+            f"MPS daemon {spec.key}: quit failed ({rc}): {out.strip()}; {state} (serving "
+            f"{spec.device_uuid}): kept, and quit again next pass"
         )
 
     def _send(self, spec: MpsDaemonSpec, commands: list[str]) -> None:
@@ -257,6 +274,10 @@ class MpsControlSupervisor:
         os.makedirs(spec.log_dir, exist_ok=True)
         rc, out = self._run([CONTROL, "-d"], self._env(spec), None)
         if rc != 0:
+            if old is not None and old.device_uuid != spec.device_uuid:
+                # the old daemon may run on unanswering (hung): still tracked as serving the
+                # old device, so the next ensure quits it rather than taking it for this one
+                self._specs[spec.key] = old
             raise MpsError(
                 f"MPS daemon {spec.key}: '{CONTROL} -d' failed ({rc}): {out.strip()}; check that "
                 f"the agent runs privileged with the NVIDIA driver and {spec.pipe_dir} is writable"

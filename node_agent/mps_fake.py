@@ -31,9 +31,18 @@ invocation                                  effect (exit code, output)
                                             breaks them
 ==========================================  ===============================================
 
-Any command sent on stdin whose first word :attr:`FakeMpsControl.failing` counts above 0 fails
-instead (1, nothing recorded; each failure counts it down): a control pipe that does not
-answer for a moment, while the daemon runs on.
+Two failures are told apart, as on a real node:
+
+* a daemon that is gone (never started, quit, :meth:`FakeMpsControl.kill`): every command
+  sent on stdin answers 1, "Cannot find MPS control daemon process" -- what the binary prints
+  when nothing listens on the pipe directory's control socket;
+* a control pipe that does not answer while the daemon runs on: every command sent on stdin
+  to a daemon whose pipe directory is in :attr:`FakeMpsControl.hung` (a hung daemon, until
+  the test removes it), or whose first word :attr:`FakeMpsControl.failing` counts above 0
+  (silent for a moment; each failure counts it down), answers as
+  :func:`~node_agent.runner.subprocess_runner` does when the command hits its time limit
+  (:data:`~node_agent.runner.TIMED_OUT`, "... did not finish within 60 s"; nothing
+  recorded).  ``-d`` for a hung daemon's pipe directory answers "already running".
 
 Test controls stand for the rest of the node: :meth:`FakeMpsControl.connect` is a pod's CUDA
 process becoming a client (the daemon starts its MPS server on the first client; client and
@@ -57,6 +66,7 @@ from dataclasses import dataclass, field
 
 from node_agent.nvml import ComputeMode
 from node_agent.nvml_fake import FakeNvml
+from node_agent.runner import TIMED_OUT
 
 __all__ = ["FakeMpsControl"]
 
@@ -93,7 +103,10 @@ class FakeMpsControl:
     refuse_starts: int = 0
     """The next this many ``-d`` fail (a daemon that cannot come back)."""
     failing: dict[str, int] = field(default_factory=dict)
-    """Command (first word) -> how many of its next invocations fail (module docstring)."""
+    """Command (first word) -> how many of its next invocations go unanswered (time out) while
+    the daemon runs on (module docstring)."""
+    hung: set[str] = field(default_factory=set)
+    """Pipe directories whose daemon answers no command (each times out) while it runs."""
     _client_pipe: dict[int, str] = field(default_factory=dict)
 
     def __call__(
@@ -108,9 +121,11 @@ class FakeMpsControl:
         daemon = self.daemons.get(pipe)
         if daemon is None:
             return 1, NOT_RUNNING
-        if words and self.failing.get(words[0], 0) > 0:
-            self.failing[words[0]] -= 1
-            return 1, f"{words[0]}: no answer from the control daemon (injected)"
+        if pipe in self.hung or (words and self.failing.get(words[0], 0) > 0):
+            if pipe not in self.hung:
+                self.failing[words[0]] -= 1
+            # the control pipe does not answer: the runner's time limit (injected)
+            return TIMED_OUT, f"{argv[0]} did not finish within 60 s"
         if words == ["get_server_list"]:
             return 0, f"{daemon.server}\n" if daemon.server is not None else ""
         if words == ["quit"]:

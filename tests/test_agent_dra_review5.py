@@ -12,8 +12,14 @@ Finding 3: the kubelet refusing the plugin (or never seeing it: a wrong registry
 left the agent publishing every device and healthy, so claims were allocated to a node whose
 kubelet never calls the driver.  Now nothing is published until the kubelet registers the
 plugin; once it refused it, or has not registered it within the grace, every free device is
-withdrawn, ``/healthz`` fails naming the error and the sockets, and the shaped status says
+withdrawn, ``/readyz`` fails naming the error and the sockets, and the shaped status says
 ``Degraded``/``DriverNotRegistered``.  The v1beta1 DRAPlugin service is served too.
+
+Review diff36b finding 2: that problem used to fail ``/healthz``, the DRA DaemonSet's
+livenessProbe, so the kubelet killed the agent again and again (CrashLoopBackOff) for a
+configuration error no restart can fix, each new container waiting the grace from zero and
+losing the logged explanation.  Now the wait and the problem fail readiness only (``/readyz``,
+the readinessProbe); ``/healthz`` stays ``ok`` and the problem is logged once.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from node_agent.dra_prepare import DraPreparer
 from node_agent.dra_shape import claim_devices
 from node_agent.dra_slices import DRIVER, DraGpu, device_name
 from node_agent.draplugin import V1BETA1_SERVICE_NAME, DraKubeletPlugin
-from node_agent.health import AgentHealth
+from node_agent.health import AgentHealth, MonitoringServer
 from node_agent.nvml import NvmlErrorCode
 from node_agent.nvml_fake import FakeNvml
 from node_agent.proto import dra_v1_pb2 as dra
@@ -262,7 +268,7 @@ async def test_nothing_is_published_before_the_kubelet_registers_the_plugin(
 
 
 @pytest.mark.parametrize("shaped", [False, True])
-async def test_a_refused_plugin_withdraws_every_free_device_and_fails_healthz(
+async def test_a_refused_plugin_withdraws_every_free_device_and_fails_readiness(
     dirs: tuple[str, str], shaped: bool
 ) -> None:
     clock = _Clock()
@@ -280,9 +286,11 @@ async def test_a_refused_plugin_withdraws_every_free_device_and_fails_healthz(
         assert await drv.publish_once()
         assert pub.last == set()  # nothing free published; nothing was allocated
         clock.now += 91  # the health check's limit (3 resyncs of 30 s)
-        ok, why = health.check()
+        assert await drv.publish_once()
+        assert health.check() == (True, "ok")  # liveness: a restart cannot fix the kubelet
+        ok, why = health.ready()
         assert not ok
-        assert "the kubelet refused DRA driver gpu.gpuslice.io" in why
+        assert why.startswith("not ready: the kubelet refused DRA driver gpu.gpuslice.io")
         assert "supported versions" in why  # the kubelet's own error
         assert drv.plugin.registration_socket in why
         if shaped:
@@ -299,7 +307,7 @@ async def test_a_refused_plugin_withdraws_every_free_device_and_fails_healthz(
         good = FakeDraKubelet(dirs[0])
         await good.scan()
         assert drv.plugin.registered and await drv.publish_once()
-        assert health.check() == (True, "ok")
+        assert health.check() == (True, "ok") and health.ready() == (True, "ok")
         if shaped:
             assert src is not None
             assert _conditions(src)["Degraded"][:2] == ("False", "AsExpected")
@@ -328,6 +336,9 @@ async def test_a_plugin_the_kubelet_never_registers_is_reported_after_the_grace(
     try:
         assert await drv.publish_once()
         assert pub.calls == [] and drv.kubelet_problem is None
+        assert health.check() == (True, "ok")
+        ok, why = health.ready()
+        assert not ok and why.startswith("not ready: waiting for the kubelet to register")
         assert drv._until_problem() is not None  # the loop wakes when the grace ends
         assert drv.plugin.waiting_since is not None
         drv.plugin.waiting_since -= 91
@@ -338,7 +349,8 @@ async def test_a_plugin_the_kubelet_never_registers_is_reported_after_the_grace(
         clock.now += 30
         assert await drv.publish_once()
         assert drv.kubelet_problem == problem  # one message (a status is not rewritten)
-        ok, why = health.check()
+        assert health.check() == (True, "ok")
+        ok, why = health.ready()
         assert not ok and "has not registered DRA driver gpu.gpuslice.io" in why
         assert dirs[0] in why and "dra.hostPaths.registryDir" in why
     finally:
@@ -425,3 +437,107 @@ async def test_a_v1beta1_kubelet_registers_the_plugin_and_prepares_over_v1beta1(
     finally:
         await kubelet.close()
         await plugin.stop()
+
+
+# -- review diff36b finding 2: the registration problem fails readiness, never liveness ---------
+
+
+async def test_a_kubelet_that_never_registers_the_plugin_never_fails_liveness(
+    dirs: tuple[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A wrong registry directory: ten minutes of rounds (the chart's livenessProbe would have
+    killed the agent after about three) -- ``/healthz`` stays ``ok`` throughout, ``/readyz``
+    names the problem, every free device stays withdrawn and the ERROR is logged once."""
+    clock = _Clock()
+    health = AgentHealth(30, clock=clock)
+    nv = FakeNvml([H100, H100])
+    spec = _spec(("3g.40gb", 0), ("3g.40gb", 4))
+    drv, src, pub = _driver(nv, H100, dirs, spec=spec, registered=False, health=health)
+    caplog.set_level("INFO", logger="node_agent.dra_driver")
+    await drv.plugin.start()
+    try:
+        for _ in range(20):  # one round per resync, 30 s each
+            assert await drv.publish_once()
+            assert health.check() == (True, "ok")
+            clock.now += 30
+            assert drv.plugin.waiting_since is not None
+            drv.plugin.waiting_since -= 30
+        assert health.check() == (True, "ok")
+        ok, why = health.ready()
+        assert not ok and why.startswith("not ready: the kubelet has not registered DRA driver")
+        assert dirs[0] in why and "dra.hostPaths.registryDir" in why
+        assert pub.calls and all(c == set() for c in pub.calls)  # nothing free, ever
+        assert src is not None
+        degraded = _conditions(src)["Degraded"]
+        assert degraded[:2] == ("True", "DriverNotRegistered")
+        errors = [r for r in caplog.records if "has not registered DRA driver" in r.getMessage()]
+        assert [r.levelname for r in errors] == ["ERROR"]  # once, not every round
+    finally:
+        await drv.plugin.stop()
+
+
+async def test_healthz_stays_ok_and_readyz_fails_over_http_until_the_kubelet_registers(
+    dirs: tuple[str, str],
+) -> None:
+    import urllib.error
+    import urllib.request
+
+    def get(url: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(url, timeout=10) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    clock = _Clock()
+    health = AgentHealth(30, clock=clock)
+    nv = FakeNvml([H100])
+    drv, _, _ = _driver(nv, H100, dirs, registered=False, health=health)
+    from prometheus_client import CollectorRegistry
+
+    server = MonitoringServer(health, CollectorRegistry(), 0, "127.0.0.1")
+    server.start()
+    base = f"http://127.0.0.1:{server.port}"
+    await drv.plugin.start()
+    try:
+        assert await drv.publish_once()  # waiting for the first registration
+        code, body = await asyncio.to_thread(get, f"{base}/readyz")
+        assert code == 503 and body.startswith("not ready: waiting for the kubelet to register")
+        assert drv.plugin.waiting_since is not None
+        drv.plugin.waiting_since -= 300
+        for _ in range(10):
+            clock.now += 30
+            assert await drv.publish_once()
+        assert await asyncio.to_thread(get, f"{base}/healthz") == (200, "ok\n")
+        code, body = await asyncio.to_thread(get, f"{base}/readyz")
+        assert code == 503
+        assert body.startswith("not ready: the kubelet has not registered DRA driver")
+        kubelet = FakeDraKubelet(dirs[0])
+        await kubelet.scan()
+        assert drv.plugin.registered and await drv.publish_once()
+        assert await asyncio.to_thread(get, f"{base}/readyz") == (200, "ok\n")
+        assert await asyncio.to_thread(get, f"{base}/healthz") == (200, "ok\n")
+        await kubelet.close()
+        # a failing liveness shows on /readyz too, as such
+        health.record(False, "NVML down")
+        clock.now += 91
+        code, body = await asyncio.to_thread(get, f"{base}/readyz")
+        assert code == 503 and body.startswith("unhealthy: reconcile failing")
+    finally:
+        await drv.plugin.stop()
+        server.stop()
+
+
+def test_the_dra_agents_readiness_probe_is_readyz_and_its_liveness_probe_healthz() -> None:
+    import helm_python as helm
+    from test_chart import CHART, render
+    from test_chart_dra import DRA as DRA_VALUES
+    from test_chart_dra import dra_agent
+
+    with helm.Chart.load(CHART) as chart:
+        docs = render(chart, DRA_VALUES)
+    (c,) = [
+        c for c in dra_agent(docs)["spec"]["template"]["spec"]["containers"] if "livenessProbe" in c
+    ]
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"

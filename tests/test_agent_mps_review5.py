@@ -11,6 +11,13 @@
   slice) and, on a hybrid node, the preferred allocation could split two slices across two
   instances' daemons.  ``Allocate`` now refuses more than one MPS slice per container and
   says how to ask instead; the preferred allocation groups MPS slices by daemon.
+* Review diff36b finding 3: a failed ``quit`` followed by a failed ``get_server_list`` was read
+  as "the daemon is gone", but a control pipe that does not answer (a hung daemon: both
+  commands time out) fails the same way, so the daemon was forgotten while it ran and the
+  first bullet's outcome came back.  Now only a clear "no daemon" answer ("Cannot find MPS
+  control daemon process") forgets it; silence keeps it tracked and raises ``MpsError``.  A
+  restart for another device whose start fails because the old daemon runs on unanswering
+  keeps the old spec, so the next ``ensure`` quits it instead of adopting it.
 """
 
 from __future__ import annotations
@@ -25,8 +32,9 @@ from contract.nodepartitioning import NodePartitioningSpec
 from node_agent.deviceplugin import _ResourcePlugin, _RpcFailure
 from node_agent.devices import AdvertisedDevice
 from node_agent.mps import MpsControlSupervisor, MpsDaemonSpec, MpsError
-from node_agent.mps_fake import FakeMpsControl
+from node_agent.mps_fake import NOT_RUNNING, FakeMpsControl
 from node_agent.nvml import ComputeMode
+from node_agent.runner import TIMED_OUT
 from tests.test_agent_mps_server import mig_spec
 from tests.test_agent_rollout import Node, mps_spec
 
@@ -93,6 +101,76 @@ def test_a_restart_for_another_device_whose_quit_fails_keeps_the_old_daemon(
     assert control.starts == 2 and sup.running() == {new.key}
 
 
+def test_a_quit_and_probe_that_go_unanswered_keep_the_daemon(tmp_path: Path) -> None:
+    """The control pipe is silent for a moment: the quit and the probe after it time out."""
+    node = Node(tmp_path, "A100-SXM4-80GB", mig=True)
+    node.run(mig_spec("mig", ("3g.40gb", 0)))
+    control = node.mps
+    sup = MpsControlSupervisor(control)
+    spec = daemon_spec(tmp_path, control, instance_at(node, 0))
+    sup.ensure(spec)
+    control.failing.update({"quit": 1, "get_server_list": 1})
+    with pytest.raises(MpsError, match="get_server_list was not answered either"):
+        sup.stop(spec.key)
+    assert control.served(spec.pipe_dir) and sup.running() == {spec.key}  # still tracked
+    sup.stop(spec.key)  # the retry
+    assert not control.served(spec.pipe_dir) and sup.running() == set()
+    assert control.commands.count("quit") == 2
+
+
+def test_a_hung_daemon_is_kept_until_it_answers_and_then_quit(tmp_path: Path) -> None:
+    node = Node(tmp_path, "A100-SXM4-80GB", mig=True)
+    node.run(mig_spec("mig", ("3g.40gb", 0)))
+    control = node.mps
+    sup = MpsControlSupervisor(control)
+    spec = daemon_spec(tmp_path, control, instance_at(node, 0))
+    sup.ensure(spec)
+    control.hung.add(spec.pipe_dir)
+    for _ in range(2):
+        with pytest.raises(MpsError, match="quit failed \\(124\\)"):
+            sup.stop(spec.key)
+    control.hung.clear()
+    assert sup.running() == {spec.key}
+    sup.stop(spec.key)
+    assert not control.daemons and sup.running() == set()
+
+
+def test_the_fake_tells_a_gone_daemon_from_a_silent_one(tmp_path: Path) -> None:
+    node = Node(tmp_path, "A100-SXM4-80GB", mig=True)
+    node.run(mig_spec("hybrid", ("3g.40gb", 0)))
+    control, env = node.mps, {PIPE: f"{node.root}/gpu0-mig0"}
+    argv = ["nvidia-cuda-mps-control"]
+    control.hung.add(env[PIPE])
+    assert control(argv, env, "get_server_list\n") == (
+        TIMED_OUT,
+        "nvidia-cuda-mps-control did not finish within 60 s",
+    )
+    control.hung.clear()
+    control.kill(env[PIPE])
+    assert control(argv, env, "get_server_list\n") == (1, NOT_RUNNING)
+
+
+def test_a_restart_for_another_device_over_a_hung_daemon_never_adopts_it(
+    tmp_path: Path,
+) -> None:
+    """The old instance's daemon runs on, unanswering: the start for the new device fails
+    ("already running"); once it answers, it is quit, not taken for the new device's."""
+    node = Node(tmp_path, "A100-SXM4-80GB", mig=True)
+    node.run(mig_spec("mig", ("3g.40gb", 0), ("3g.40gb", 4)))
+    control = node.mps
+    sup = MpsControlSupervisor(control)
+    old = daemon_spec(tmp_path, control, instance_at(node, 0))
+    new = daemon_spec(tmp_path, control, instance_at(node, 4))
+    sup.ensure(old)
+    control.hung.add(old.pipe_dir)
+    with pytest.raises(MpsError, match="-d' failed"):
+        sup.ensure(new)
+    control.hung.clear()
+    sup.ensure(new)
+    assert control.daemons[new.pipe_dir].device == new.device_uuid
+    assert "quit" in control.commands and control.starts == 2
+
+
 # -- the reconciler ---------------------------------------------------------------------
 
 
@@ -113,6 +191,28 @@ def test_a_recreated_hybrid_instance_never_gets_the_destroyed_ones_daemon(
     new = instance_at(node, 0)
     assert res.applied and new != old
     assert node.mps.daemons[f"{node.root}/gpu0-mig0"].device == new
+    assert old not in node.nv.mig_uuids()
+
+
+def test_a_recreated_hybrid_instance_never_gets_a_hung_daemon(tmp_path: Path) -> None:
+    """Review diff36b finding 3 on the reconciler: the daemon of 3g.40gb@0 hangs (its quit and
+    every probe time out) while 3g.40gb@0 is re-created as 4g.40gb@0."""
+    node = Node(tmp_path, "A100-SXM4-80GB", mig=True)
+    assert node.run(mig_spec("hybrid", ("3g.40gb", 0), ("3g.40gb", 4))).applied
+    old = instance_at(node, 0)
+    pipe = f"{node.root}/gpu0-mig0"
+    node.mps.hung.add(pipe)
+    wider = mig_spec("hybrid", ("4g.40gb", 0), ("3g.40gb", 4))
+    for _ in range(2):
+        res = node.run(wider, gen=2)
+        assert not res.applied and any("quit failed" in e for e in res.errors)
+        assert instance_at(node, 0) == old  # what the daemon serves is not destroyed
+    node.mps.hung.clear()  # it answers again
+    for _ in range(2):
+        res = node.run(wider, gen=2)
+    new = instance_at(node, 0)
+    assert res.applied and new != old
+    assert node.mps.daemons[pipe].device == new
     assert old not in node.nv.mig_uuids()
 
 
