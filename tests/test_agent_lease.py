@@ -512,7 +512,7 @@ async def test_the_device_plugin_agent_renews_its_lease_while_it_runs(
     monkeypatch.setattr(
         node_agent.nvml_pynvml,
         "PynvmlAdapter",
-        lambda smi=None: FakeNvml([catalog.model("A100-SXM4-80GB")]),
+        lambda smi=None, **_: FakeNvml([catalog.model("A100-SXM4-80GB")]),
     )
     monkeypatch.setattr(node_agent.mps, "MpsControlSupervisor", FakeSupervisor)
     monkeypatch.setattr(
@@ -565,7 +565,7 @@ async def test_the_dra_agent_renews_its_lease_while_it_runs(
     monkeypatch.setattr(
         node_agent.nvml_pynvml,
         "PynvmlAdapter",
-        lambda smi=None: FakeNvml([catalog.model("H100-80GB")]),
+        lambda smi=None, **_: FakeNvml([catalog.model("H100-80GB")]),
     )
     settings = agent_settings(
         short_tmp,

@@ -356,7 +356,7 @@ async def test_the_device_plugin_agent_counts_the_kubelet_checkpoint(
     monkeypatch.setattr(
         node_agent.nvml_pynvml,
         "PynvmlAdapter",
-        lambda smi=None: FakeNvml([CAT.model("A100-SXM4-80GB")]),
+        lambda smi=None, **_: FakeNvml([CAT.model("A100-SXM4-80GB")]),
     )
     monkeypatch.setattr(node_agent.mps, "MpsControlSupervisor", FakeSupervisor)
     monkeypatch.setattr(
