@@ -37,7 +37,8 @@ it into a :class:`ClusterReading`:
   out for its labels, as the controller's ``Unplaceable`` Event does), *waiting* (in flight: a
   plan for it not applied yet, or gpuslice promised it slices, reservation annotation
   ``gpuslice.io/reservation`` ``planned`` or ``released``, whose devices are then held on
-  their node as the controller holds them; held back by another controller's scheduling gate;
+  their node as the controller holds them; ``draining``: its GPUs are being emptied for it, and
+  frozen here as the controller freezes them; held back by another controller's scheduling gate;
   or all its eligible nodes busy), or a *candidate* (:class:`~planner.snapshot.PendingPod`,
   eligible nodes restricted to the nodes in the snapshot).
 """
@@ -599,9 +600,9 @@ def _promise(pod: Obj, gpu_nodes: Mapping[str, GpuNode], view: ClusterView) -> R
     ignored, the pod planned again) in state ``planned`` or ``released``, on a pod waiting for
     its slice (not bound, finished or being deleted; not a DaemonSet's, not nominated), whose
     node is still a GPU node that accepts it, and that no other controller's scheduling gate
-    holds back (the controller waits for those first and holds nothing).  ``None`` otherwise:
-    a ``draining`` reservation promises nothing yet, and a gated pod whose node is gone or
-    refuses it now is planned again."""
+    holds back (the controller waits for those first and holds nothing); also a ``draining``
+    one (its GPUs are frozen: :func:`_freeze`).  ``None`` otherwise: a gated pod whose node is
+    gone or refuses it now is planned again."""
     meta = pod.get("metadata") or {}
     if RESERVATION_ANNOTATION not in (meta.get("annotations") or {}):
         return None
@@ -611,7 +612,7 @@ def _promise(pod: Obj, gpu_nodes: Mapping[str, GpuNode], view: ClusterView) -> R
 
     info = index._read_pod(pod)
     r = info.reservation
-    if r is None or not info.waiting or r.state is State.DRAINING:
+    if r is None or not info.waiting:
         return None
     if info.gated and info.other_gates:
         return None
@@ -665,6 +666,27 @@ def _hold(gpu: GpuState, resource: str, model: GpuModel) -> GpuState:
                 )
                 return replace(gpu, mig=(*gpu.mig[:k], host, *gpu.mig[k + 1 :]))
     return replace(gpu, locked=True)
+
+
+def _freeze(adopted: Adopted, indices: Iterable[int], keys: Iterable[str]) -> Adopted:
+    """``adopted`` with GPUs ``indices`` frozen for drains (pods ``keys``): every free device
+    on them held and their layout kept, as the controller's ledger freezes them (nothing is
+    promised or planned there until they empty and the drained pod is planned onto them)."""
+    frozen = set(indices)
+
+    def held(gpu: GpuState) -> GpuState:
+        mig = tuple(
+            replace(m, used=True, mps=tuple(replace(s, used=True) for s in m.mps)) for m in gpu.mig
+        )
+        mps = tuple(replace(s, used=True) for s in gpu.mps)
+        return replace(gpu, mig=mig, mps=mps, locked=True)
+
+    gpus = tuple(held(g) if g.index in frozen else g for g in adopted.gpus)
+    note = (
+        f"GPU {', '.join(str(i) for i in sorted(frozen))} drained for "
+        f"{', '.join(sorted(keys))}: no other pod is planned there"
+    )
+    return replace(adopted, gpus=gpus, notes=(*adopted.notes, note))
 
 
 def _hold_promises(
@@ -753,13 +775,17 @@ def read_cluster(view: ClusterView, catalog: Catalog) -> ClusterReading:
                 f"node {n} was cooling down when the dump was taken ({why}; annotation "
                 f"{COOLDOWN_ANNOTATION}): the partitioner makes no promise there until it ends",
             )
-    promises = {
-        key: r for key in sorted(view.pods) if (r := _promise(view.pods[key], gpu_nodes, view))
-    }
+    kept = {key: r for key in sorted(view.pods) if (r := _promise(view.pods[key], gpu_nodes, view))}
+    promises = {k: r for k, r in kept.items() if r.state is not State.DRAINING}
+    drains = {k: r for k, r in kept.items() if r.state is State.DRAINING}
     for n in sorted(current):
         mine = [(k, r) for k, r in promises.items() if r.node == n]
         if mine:
             current[n] = _hold_promises(current[n], gpu_nodes[n].model, mine)
+        draining = [(k, r) for k, r in drains.items() if r.node == n]
+        if draining:
+            frozen_gpus = {i for _, r in draining for idx in r.gpus.values() for i in idx}
+            current[n] = _freeze(current[n], frozen_gpus, [k for k, _ in draining])
 
     free = _free_node_resources(view, gpu_nodes)
     nodes = tuple(
@@ -798,6 +824,14 @@ def read_cluster(view: ClusterView, catalog: Catalog) -> ClusterReading:
             continue
         if key in promises:
             waiting[key] = _in_flight_reason(promises[key])
+            continue
+        if key in drains:
+            r = drains[key]
+            gpus = sorted({i for idx in r.gpus.values() for i in idx})
+            waiting[key] = (
+                f"draining: gpuslice empties node {r.node} GPU {', '.join(map(str, gpus))} for "
+                f"it (planned onto them once their pods end); not planned again"
+            )
             continue
         pending = _classify_pod(pod, gpu_nodes, view, label_problems)
         if isinstance(pending, str):

@@ -217,17 +217,16 @@ def test_a_promised_mps_slice_is_held() -> None:
 
 
 def test_reservations_the_controller_ignores_are_planned_again() -> None:
-    """A draining reservation promises nothing yet; one copied from another pod (uid) holds
-    nothing; a gated pod whose node is gone is planned again: candidates, nothing held."""
-    draining = gated("draining", {"nvidia.com/mig-7g.80gb": "1"})
-    reserve(draining, "n1", "draining", {"nvidia.com/mig-7g.80gb": [0]})
+    """A reservation copied from another pod (uid) holds nothing; a gated pod whose node is gone
+    is planned again: candidates, nothing held.  (A draining one freezes its GPUs:
+    ``test_the_what_if_plans_no_pod_onto_a_gpu_being_drained``.)"""
     copied = gated("copied", {"nvidia.com/mig-7g.80gb": "1"})
     reserve(copied, "n1", "planned", {"nvidia.com/mig-7g.80gb": [0]})
     copied["metadata"]["uid"] = "u-someone-else"
     gone = gated("gone", {"nvidia.com/mig-7g.80gb": "1"})
     reserve(gone, "n9", "planned", {"nvidia.com/mig-7g.80gb": [0]})
-    r = read(mixed("n1", count=1), one_7g("n1"), draining, copied, gone)
-    assert {"default/draining", "default/copied", "default/gone"} <= r.candidates.keys()
+    r = read(mixed("n1", count=1), one_7g("n1"), copied, gone)
+    assert {"default/copied", "default/gone"} <= r.candidates.keys()
     assert not r.waiting
     assert [i.used for i in r.nodes[0].gpus[0].mig] == [False]
 
@@ -356,3 +355,49 @@ def test_time_sliced_by_mps_names_the_mps_sharing_config() -> None:
     node["metadata"]["labels"]["nvidia.com/gpu.sharing-strategy"] = "time-slicing"
     problem = read(node, running("x", "s", {"nvidia.com/gpu": "1"})).problems["s"]
     assert "time-slicing config" in problem.message
+
+
+def test_the_what_if_plans_no_pod_onto_a_gpu_being_drained() -> None:
+    """A GPU frozen for a drain (reservation ``state: draining``) takes no other pod in the
+    controller; the what-if put a younger 1g pod on its free 1g (a review of this session)."""
+    import json as _json
+
+    from test_partitioner_promises import (
+        CAT,
+        MIG,
+        ONE_G,
+        SEVEN_G,
+        T0,
+        applied_np,
+        gated,
+        running,
+        status_gpu,
+        with_alloc,
+    )
+    from test_partitioner_snapshot import node as _node
+
+    from partitioner.reservations import RESERVATION_ANNOTATION
+    from partitioner.snapshot import read_kubectl_list
+    from planner.greedy import plan_greedy
+
+    free_1g = status_gpu(0, ("1g.10gb", 0, False), ("3g.40gb", 4, True))
+    objs = [
+        with_alloc(_node("n1", MIG), **{"1g_10gb": 1}),
+        applied_np("n1", free_1g, status_gpu(1, ("7g.80gb", 0, True))),
+        gated("big", SEVEN_G, created=T0),
+        gated("small", ONE_G, created=T0 + 700),
+        running("a", "n1", "nvidia.com/mig-3g.40gb"),
+        running("b", "n1", SEVEN_G),
+    ]
+    objs[2]["metadata"]["annotations"] = {
+        RESERVATION_ANNOTATION: _json.dumps(
+            {"node": "n1", "state": "draining", "gpus": {SEVEN_G: [0]}, "since": T0 + 650}
+        )
+    }
+    for o in objs:
+        if o["kind"] == "NodePartitioning":
+            o.setdefault("apiVersion", "gpuslice.io/v1alpha1")
+    reading = read_kubectl_list({"apiVersion": "v1", "kind": "List", "items": objs}, CAT)
+    assert reading.waiting["ns/big"].startswith("draining: gpuslice empties node n1 GPU 0")
+    assert plan_greedy(reading.snapshot()).assignments == {}  # the free 1g is frozen
+    assert any("drained for ns/big" in note for note in reading.adopted["n1"].notes)
