@@ -279,9 +279,7 @@ def check(catalog: Catalog, nvml: ModuleType | None = None) -> int:
     """Probe, compare, print the report as JSON on stdout; the exit code of the module doc."""
     try:
         m = nvml if nvml is not None else importlib.import_module("pynvml")
-        gpus = probe(
-            m, 1 + max((p.nvml_index for g in catalog.models for p in g.profiles), default=-1)
-        )
+        gpus = probe(m, catalog.gi_profile_count())
     except Exception as e:  # no driver, no library: nothing to compare
         print(f"NVML unavailable: {e}", file=sys.stderr)
         return 2

@@ -123,11 +123,6 @@ def _handle_key(h: Any) -> Any:
         return h
 
 
-def _gi_index_count(catalog: Catalog) -> int:
-    """One past the highest ``NVML_GPU_INSTANCE_PROFILE_*`` index the catalog knows."""
-    return 1 + max((p.nvml_index for m in catalog.models for p in m.profiles), default=-1)
-
-
 def _scope(v: Any) -> int | None:
     """A GI or CI id of an event; ``None`` for :data:`XID_NOT_MIG_SCOPED`."""
     value = int(v)
@@ -149,9 +144,9 @@ class PynvmlAdapter:
     ) -> None:
         self._m: Any = nvml if nvml is not None else importlib.import_module("pynvml")
         self._smi = smi if smi is not None else NvidiaSmi()
-        self._catalog_gi_indexes = _gi_index_count(
+        self._catalog_gi_indexes = (
             catalog if catalog is not None else default_catalog()
-        )
+        ).gi_profile_count()
         self._uninitialised = False
         """NVML shut down for a GPU reset did not initialise again (:meth:`_init_after_reset`)."""
         self._call("init", self._m.nvmlInit)

@@ -3158,12 +3158,16 @@ class _Step:
     def _recorded_cooldowns(self) -> None:
         """Cool-downs that a NodePartitioning records and this controller's state lacks (or ends
         sooner: by more than the millisecond the record is floored to) are taken up: a
-        restarted controller or a new leader keeps the cool-downs the previous one started."""
+        restarted controller or a new leader keeps the cool-downs the previous one started.
+        Each annotation is read once a step (:attr:`recorded`, for :meth:`write_cooldowns`)."""
+        self.recorded: dict[str, tuple[float, str] | None] = {}
+        """Node -> its record (``None``: an annotation that cannot be read), for the
+        NodePartitionings that carry the annotation."""
         for name, info in self.index.partitionings.items():
             np = info.np
-            if np is None or not np.metadata.annotations:
+            if np is None or COOLDOWN_ANNOTATION not in np.metadata.annotations:
                 continue
-            recorded = cooldown_of(np)
+            recorded = self.recorded[name] = cooldown_of(np)
             if recorded is None:
                 continue
             until, reason = recorded
@@ -3178,16 +3182,16 @@ class _Step:
         """Record each node's cool-down on its NodePartitioning, and remove a record whose
         cool-down is over (:data:`partitioner.snapshot.COOLDOWN_ANNOTATION`).  A node that
         has none (never planned) keeps its cool-down in memory only."""
-        for name, info in sorted(self.index.partitionings.items()):
-            np = info.np
-            if np is None:
+        for name in sorted(self.recorded.keys() | self.cooldown.keys()):
+            info = self.index.partitionings.get(name)
+            if info is None or info.np is None:
                 continue
-            recorded = cooldown_of(np) if np.metadata.annotations else None
             until = self.cooldown.get(name)
             if until is None or until <= self.now:
-                if recorded is not None or COOLDOWN_ANNOTATION in np.metadata.annotations:
+                if name in self.recorded:
                     self.actions.append(MarkCooldown(name, None))
                 continue
+            recorded = self.recorded.get(name)
             why = self.cooldown_why.get(name, "")
             if recorded is None or abs(recorded[0] - until) > 0.001 or recorded[1] != why:
                 self.actions.append(MarkCooldown(name, until, why))

@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import datetime
 import itertools
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -90,7 +89,14 @@ from partitioner.reservations import (
     State,
     parse_reservation,
 )
-from partitioner.snapshot import NOS_AGENT_LABEL, GpuNode, NodeProblem, pod_key, read_node
+from partitioner.snapshot import (
+    NOS_AGENT_LABEL,
+    GpuNode,
+    NodeProblem,
+    parse_time,
+    pod_key,
+    read_node,
+)
 from planner.catalog import Catalog
 from planner.snapshot import is_partitionable_resource, mig_profile_of
 
@@ -108,19 +114,6 @@ KINDS = ("nodes", "pods", "partitionings", "claims")
 _WHOLE_GPU = "nvidia.com/gpu"
 _MAX_UNITS = 1 << 20
 """A device count above this is an input error, not a number to count with."""
-
-
-def parse_time(text: object) -> float | None:
-    """RFC 3339 (``2026-11-23T10:00:00Z``) -> seconds since the epoch; ``None`` if unreadable."""
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        stamp = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if stamp.tzinfo is None:
-        stamp = stamp.replace(tzinfo=datetime.UTC)
-    return stamp.timestamp()
 
 
 def _newer(incoming: str | None, held: str | None) -> bool:

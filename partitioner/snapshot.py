@@ -108,6 +108,7 @@ __all__ = [
     "left_out_sentence",
     "no_eligible_notes",
     "opted_in",
+    "parse_time",
     "pod_key",
     "read_cluster",
     "read_kubectl_list",
@@ -401,6 +402,19 @@ def planned_pods(np: NodePartitioning) -> list[str]:
     return [p for p in pods if isinstance(p, str)] if isinstance(pods, list) else []
 
 
+def parse_time(text: object) -> float | None:
+    """RFC 3339 (``2026-11-23T10:00:00Z``) -> seconds since the epoch; ``None`` if unreadable."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        stamp = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=datetime.UTC)
+    return stamp.timestamp()
+
+
 def cooldown_annotation(until: float, reason: str) -> str:
     """The value of :data:`COOLDOWN_ANNOTATION` for a cool-down ending at ``until`` (seconds
     since the epoch), floored to the millisecond: a controller that reads it back never cools
@@ -424,18 +438,10 @@ def cooldown_of(np: NodePartitioning) -> tuple[float, str] | None:
         doc = json.loads(raw)
     except (ValueError, RecursionError):
         return None
-    if not isinstance(doc, dict) or not isinstance(doc.get("until"), str):
+    until = parse_time(doc.get("until")) if isinstance(doc, dict) else None
+    if until is None or not math.isfinite(until):
         return None
-    try:
-        stamp = datetime.datetime.fromisoformat(doc["until"].replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if stamp.tzinfo is None:
-        stamp = stamp.replace(tzinfo=datetime.UTC)
-    until = stamp.timestamp()
     reason = doc.get("reason")
-    if not math.isfinite(until):
-        return None
     return until, reason[:64] if isinstance(reason, str) else ""
 
 

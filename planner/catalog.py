@@ -310,6 +310,12 @@ class Catalog:
                 by_pci[_norm_pci(pci)] = m
         return cls(ms, by_name, by_alias, by_pci, max_gpus_per_node)
 
+    def gi_profile_count(self) -> int:
+        """One past the highest ``NVML_GPU_INSTANCE_PROFILE_*`` index any model's profile has:
+        the indices an NVML reader must ask about, whatever its binding counts (an older
+        nvidia-ml-py counts none of the RTX PRO ``+gfx`` ones)."""
+        return 1 + max((p.nvml_index for m in self.models for p in m.profiles), default=-1)
+
     def model(self, name: str) -> GpuModel:
         """Look a model up by its catalog name, falling back to product-label matching."""
         found = self._by_name.get(name.upper())

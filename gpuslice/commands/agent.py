@@ -195,7 +195,7 @@ def check_catalog(catalog: Any, output: str, nvml: Any = None) -> int:
     try:
         gpus = probe(
             nvml if nvml is not None else importlib.import_module("pynvml"),
-            1 + max((p.nvml_index for m in catalog.models for p in m.profiles), default=-1),
+            catalog.gi_profile_count(),
         )
     except Exception as e:  # no driver, no library: nothing to compare
         print(f"gpuslice agent: NVML unavailable: {e}", file=sys.stderr)
